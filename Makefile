@@ -1,0 +1,76 @@
+# dhsa build. `make` builds build/libdhsa.a, build/libdhsa.so and build/dhsa;
+# `make test` builds and runs every tests/test_*.c and ends with
+# "N passed, N failed"; `make asan` / `make ubsan` run the tests under
+# sanitizers (in build-asan/ and build-ubsan/).
+#
+# Sources are found by wildcard: src/*/*.c. Files named *_avx512.c and
+# *_avx2.c are per-ISA kernels compiled with their own flags (x86-64 only;
+# on other machines they compile to nothing and the scalar path runs).
+
+CC      ?= cc
+BUILD   ?= build
+OPT     ?= -O2
+WERROR  ?= -Werror
+CFLAGS_BASE = -std=c11 -g $(OPT) -fPIC -Wall -Wextra -Wpedantic -Wshadow $(WERROR) \
+              -D_GNU_SOURCE -Iinclude -Isrc $(EXTRA_CFLAGS)
+LDLIBS  = -lpthread -lm $(EXTRA_LDFLAGS)
+
+ARCH := $(shell uname -m)
+ifeq ($(ARCH),x86_64)
+  AVX512_FLAGS = -mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma -mf16c
+  AVX2_FLAGS   = -mavx2 -mfma -mf16c
+else
+  AVX512_FLAGS =
+  AVX2_FLAGS   =
+endif
+
+SRCS  := $(sort $(wildcard src/*/*.c))
+OBJS  := $(patsubst src/%.c,$(BUILD)/obj/%.o,$(SRCS))
+HDRS  := $(wildcard include/*.h src/*/*.h)
+TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(sort $(wildcard tests/test_*.c)))
+TOOLS_SRCS := $(sort $(wildcard tools/*.c))
+
+.PHONY: all test asan ubsan clean fuzz
+all: $(BUILD)/libdhsa.a $(BUILD)/libdhsa.so $(BUILD)/dhsa
+
+$(BUILD)/obj/%_avx512.o: src/%_avx512.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(AVX512_FLAGS) -c $< -o $@
+
+$(BUILD)/obj/%_avx2.o: src/%_avx2.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(AVX2_FLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: src/%.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -c $< -o $@
+
+$(BUILD)/libdhsa.a: $(OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/libdhsa.so: $(OBJS)
+	$(CC) -shared -o $@ $^ $(LDLIBS)
+
+$(BUILD)/dhsa: $(TOOLS_SRCS) $(BUILD)/libdhsa.a $(HDRS)
+	$(CC) $(CFLAGS_BASE) -o $@ $(TOOLS_SRCS) $(BUILD)/libdhsa.a $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c tests/t.h $(BUILD)/libdhsa.a $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -o $@ $< $(BUILD)/libdhsa.a $(LDLIBS)
+
+test: all $(TESTS)
+	@sh tests/run.sh $(BUILD) $(TESTS)
+
+asan:
+	$(MAKE) BUILD=build-asan OPT=-O1 \
+	  EXTRA_CFLAGS="-fsanitize=address -fno-omit-frame-pointer" \
+	  EXTRA_LDFLAGS="-fsanitize=address" test
+
+ubsan:
+	$(MAKE) BUILD=build-ubsan OPT=-O1 \
+	  EXTRA_CFLAGS="-fsanitize=undefined -fno-sanitize-recover=all" \
+	  EXTRA_LDFLAGS="-fsanitize=undefined" test
+
+clean:
+	rm -rf build build-asan build-ubsan

@@ -1,0 +1,238 @@
+/* dhsa.h: the one public header of dhsa, a C11 library for long-context LLM
+ * inference on a memory budget.
+ *
+ * Contract, in short:
+ *   - Every fallible call returns dhsa_status (0 = DHSA_OK, negative = error);
+ *     dhsa_last_error() then holds a sentence for humans (thread-local).
+ *     The library never exits or aborts.
+ *   - A dhsa_ctx owns the thread pool, the memory arena and its statistics,
+ *     and an optional memory budget. Kernels allocate only through it, and
+ *     every kernel has an exact workspace query, so an over-budget call fails
+ *     with DHSA_ERR_MEMORY_BUDGET before doing any work.
+ *   - Tensors are strided views in logical order [batch, heads, seq, dim]
+ *     (PyTorch SDPA order); strides are in elements, so a batch-first buffer
+ *     [batch, seq, heads, dim] is passed without a copy.
+ *   - Results do not depend on the number of threads.
+ *
+ * Tests: make test (tests/test_*.c); see README.md.
+ */
+#ifndef DHSA_H
+#define DHSA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DHSA_VERSION "0.1.0"
+
+/* ------------------------------------------------------------------------ */
+/* Status codes                                                              */
+
+typedef enum {
+    DHSA_OK = 0,
+    DHSA_ERR_INVALID_ARG = -1,   /* a parameter is out of its domain */
+    DHSA_ERR_SHAPE = -2,         /* tensor shapes or strides disagree */
+    DHSA_ERR_OUT_OF_MEMORY = -3, /* the system allocator refused */
+    DHSA_ERR_MEMORY_BUDGET = -4, /* the call would exceed the ctx budget */
+    DHSA_ERR_UNSUPPORTED = -5,   /* valid request this build cannot do */
+    DHSA_ERR_TOO_LARGE = -6,     /* size above a safety cap (raise it) */
+    DHSA_ERR_IO = -7,            /* a file could not be read or written */
+    DHSA_ERR_FORMAT = -8,        /* a file or string is malformed */
+    DHSA_ERR_NONFINITE = -9,     /* NaN or Inf where a finite value is due */
+    DHSA_ERR_INTERNAL = -10      /* a bug in dhsa: please report it */
+} dhsa_status;
+
+/* Name of a status ("DHSA_ERR_SHAPE"); never NULL. */
+const char *dhsa_status_str(dhsa_status s);
+/* The last error sentence set on this thread ("" if none). The pointer stays
+ * valid until the next failing dhsa call on the same thread. */
+const char *dhsa_last_error(void);
+
+/* ------------------------------------------------------------------------ */
+/* CPU features and kernels                                                  */
+
+typedef enum {
+    DHSA_ISA_SCALAR = 0,
+    DHSA_ISA_AVX2 = 1,   /* AVX2 + FMA */
+    DHSA_ISA_AVX512 = 2  /* AVX-512 F */
+} dhsa_isa;
+
+/* The ISA the kernels use: the best this CPU and build support, or SCALAR
+ * when the environment variable DHSA_FORCE_SCALAR=1 is set (read once). */
+dhsa_isa dhsa_active_isa(void);
+const char *dhsa_isa_name(dhsa_isa isa);
+/* Override the ISA for this process (tests, benchmarks). Returns
+ * DHSA_ERR_UNSUPPORTED if the CPU or build lacks it. Not thread-safe with
+ * running kernels. */
+dhsa_status dhsa_set_isa(dhsa_isa isa);
+
+/* ------------------------------------------------------------------------ */
+/* Context: threads, memory arena, statistics, budget                        */
+
+typedef struct dhsa_ctx dhsa_ctx;
+
+typedef struct {
+    int n_threads;     /* 0 = number of online CPUs */
+    size_t mem_budget; /* bytes the ctx may hold at once; 0 = unlimited */
+} dhsa_ctx_params;
+
+typedef struct {
+    size_t in_use;       /* bytes currently allocated through the ctx */
+    size_t peak;         /* highest in_use since creation or reset */
+    size_t largest;      /* largest single allocation */
+    uint64_t n_allocs;   /* allocations made */
+    size_t budget;       /* 0 = unlimited */
+} dhsa_mem_stats;
+
+dhsa_ctx_params dhsa_ctx_default_params(void);
+/* Creates a context; *out is NULL on failure. */
+dhsa_status dhsa_ctx_create(const dhsa_ctx_params *p, dhsa_ctx **out);
+/* Frees the context and its arena. NULL is allowed. */
+void dhsa_ctx_free(dhsa_ctx *ctx);
+int dhsa_ctx_n_threads(const dhsa_ctx *ctx);
+dhsa_mem_stats dhsa_ctx_mem_stats(const dhsa_ctx *ctx);
+/* Sets peak = in_use. */
+void dhsa_ctx_reset_peak(dhsa_ctx *ctx);
+/* 0 = unlimited. Fails with DHSA_ERR_MEMORY_BUDGET if in_use already
+ * exceeds the new budget (the budget is left unchanged). */
+dhsa_status dhsa_ctx_set_budget(dhsa_ctx *ctx, size_t bytes);
+/* Tracked allocation, 64-byte aligned, counted in the statistics and held to
+ * the budget. Returns NULL and sets the last error on failure. */
+void *dhsa_ctx_alloc(dhsa_ctx *ctx, size_t bytes);
+void dhsa_ctx_release(dhsa_ctx *ctx, void *ptr);
+/* Kernels keep their workspace in a grow-only scratch arena between calls
+ * (it counts in in_use); trim gives it back. */
+void dhsa_ctx_trim(dhsa_ctx *ctx);
+
+/* Runs fn(arg, task, thread) for task in [0, n_tasks) on the ctx's threads;
+ * tasks are handed out in increasing order; thread is in [0, n_threads).
+ * Returns when all tasks are done. Not reentrant from inside fn. */
+typedef void (*dhsa_task_fn)(void *arg, int64_t task, int thread);
+void dhsa_parallel_for(dhsa_ctx *ctx, int64_t n_tasks, dhsa_task_fn fn, void *arg);
+
+/* ------------------------------------------------------------------------ */
+/* Tensors                                                                   */
+
+typedef enum { DHSA_F32 = 0, DHSA_F16 = 1, DHSA_BF16 = 2 } dhsa_type;
+
+/* A strided view. shape and stride are in logical order
+ * [batch, heads, seq, dim]; strides are in elements and may be 0 (broadcast)
+ * where a call says so. data == NULL means "absent" for optional tensors. */
+typedef struct {
+    void *data;
+    dhsa_type type;
+    int64_t shape[4];
+    int64_t stride[4];
+} dhsa_tensor;
+
+size_t dhsa_type_size(dhsa_type t);
+const char *dhsa_type_name(dhsa_type t);
+/* A contiguous [B, H, L, D] view. */
+dhsa_tensor dhsa_tensor_bhld(void *data, dhsa_type t, int64_t B, int64_t H, int64_t L, int64_t D);
+/* A view of a contiguous batch-first buffer [B, L, H, D] (no copy). */
+dhsa_tensor dhsa_tensor_blhd(void *data, dhsa_type t, int64_t B, int64_t L, int64_t H, int64_t D);
+/* Conversions (round to nearest even). */
+uint16_t dhsa_f32_to_f16(float x);
+float dhsa_f16_to_f32(uint16_t h);
+uint16_t dhsa_f32_to_bf16(float x);
+float dhsa_bf16_to_f32(uint16_t h);
+
+/* ------------------------------------------------------------------------ */
+/* Attention                                                                 */
+
+/* Polarity of a boolean key mask. There is no default: a mask given with
+ * DHSA_MASK_NO_POLARITY is an error, because mixing the two conventions
+ * silently corrupts outputs. */
+typedef enum {
+    DHSA_MASK_NO_POLARITY = 0,
+    DHSA_MASK_TRUE_IGNORES = 1, /* nonzero = padding, ignore the key
+                                   (PyTorch nn.MultiheadAttention key_padding_mask) */
+    DHSA_MASK_TRUE_KEEPS = 2    /* nonzero = the key takes part
+                                   (F.scaled_dot_product_attention bool attn_mask) */
+} dhsa_mask_polarity;
+
+typedef enum {
+    DHSA_BACKEND_AUTO = 0,      /* = TILED; env DHSA_ATTN=tiled|reference overrides */
+    DHSA_BACKEND_TILED = 1,     /* online softmax over tiles, O(threads x tile) memory */
+    DHSA_BACKEND_REFERENCE = 2  /* materialises scores, double accumulation (oracle) */
+} dhsa_backend;
+
+/* One attention call. Shapes (logical order):
+ *   q    [B, Hq, Lq, d]      F32 / F16 / BF16
+ *   k    [B, Hkv, Lk, d]     Hq % Hkv == 0 (GQA/MQA: query head h reads
+ *                            K/V head h / (Hq / Hkv); nothing is copied)
+ *   v    [B, Hkv, Lk, dv]    dv may differ from d
+ *   o    [B, Hq, Lq, dv]     output, F32 / F16 / BF16
+ *   lse  [B, Hq, Lq, 1]      optional F32 output: natural-log sum of exp of
+ *                            the final scores; -inf for rows with no key
+ * Scores: s = scale * q.k; if softcap > 0, s = softcap * tanh(s / softcap);
+ * then s += key_bias[b, j] + attn_mask[b, h, i, j]; keys excluded by the key
+ * mask, causality or the window get s = -inf.
+ * Positions: query i sits at q_pos0 + i, key j at j. causal keeps
+ * j <= q_pos0 + i; window > 0 keeps j > q_pos0 + i - window.
+ * A row with no allowed key gets o = 0 and lse = -inf (never NaN). */
+typedef struct {
+    dhsa_tensor q, k, v, o;
+    dhsa_tensor lse;               /* optional (data NULL) */
+
+    float scale;                   /* 0 = 1/sqrt(d) */
+    float softcap;                 /* 0 = none */
+    int causal;
+    int64_t q_pos0;                /* absolute position of query row 0 */
+    int64_t window;                /* 0 = none */
+
+    /* Boolean key mask [B, Lk] (bytes, nonzero = true), REQUIRED polarity. */
+    const uint8_t *key_mask;
+    int64_t key_mask_batch_stride; /* elements between batches; 0 = broadcast */
+    dhsa_mask_polarity key_mask_polarity;
+
+    /* Additive per-key bias [B, Lk] (0 / -inf, ALiBi-like terms). */
+    const float *key_bias;
+    int64_t key_bias_batch_stride;
+
+    /* Optional dense additive mask, F32, shape [B|1, Hq|1, Lq, Lk]
+     * (a dimension of 1 broadcasts). Caller-given for compatibility; the
+     * library never builds one. */
+    dhsa_tensor attn_mask;
+
+    dhsa_backend backend;
+    /* Nonzero: scan q, k, v first and fail with DHSA_ERR_NONFINITE (naming
+     * the element) on NaN or Inf. Costs one extra read of the inputs. */
+    int check_finite;
+    /* REFERENCE refuses calls whose score matrix needs more than this many
+     * bytes (0 = default 1 GiB). */
+    size_t reference_max_bytes;
+} dhsa_attn_desc;
+
+/* A descriptor with defaults: nothing set but backend AUTO. */
+dhsa_attn_desc dhsa_attn_default_desc(void);
+
+/* Exact bytes of workspace the call will allocate from the ctx (for the
+ * backend it will use). Checks the descriptor first. */
+dhsa_status dhsa_attn_workspace_size(const dhsa_ctx *ctx, const dhsa_attn_desc *a, size_t *bytes);
+
+/* Computes attention. Validates everything first; on error nothing is
+ * written. */
+dhsa_status dhsa_attention(dhsa_ctx *ctx, const dhsa_attn_desc *a);
+
+/* The backend AUTO resolves to in this process (after DHSA_ATTN). */
+dhsa_backend dhsa_attn_resolve_backend(dhsa_backend b);
+const char *dhsa_backend_name(dhsa_backend b);
+
+/* ------------------------------------------------------------------------ */
+/* Process memory (Linux /proc; 0 elsewhere)                                 */
+
+/* Peak resident set (VmHWM) in bytes, or 0 if unknown. */
+size_t dhsa_proc_peak_rss(void);
+/* Current resident set (VmRSS) in bytes, or 0 if unknown. */
+size_t dhsa_proc_rss(void);
+/* Resets VmHWM to the current RSS (writes 5 to /proc/self/clear_refs). */
+dhsa_status dhsa_proc_reset_peak_rss(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DHSA_H */

@@ -1,0 +1,211 @@
+/* attn_tiled.c: dense attention by tiles with an online softmax. Never
+ * builds an Lq x Lk matrix: the extra memory is one workspace per thread of
+ * O(W * (d + dv + BC)) floats, independent of Lq and Lk.
+ *
+ * A task is (batch, KV head, query tile). The queries of one KV group (the
+ * G = Hq/Hkv query heads that read the same K/V) are stacked as columns
+ * u = row * G + head_in_group, W per tile (W = 64, or 16 when the whole
+ * group has at most 16 queries: decode), so each K/V block is loaded once
+ * for all heads of the group. Keys are visited in blocks of BC rows over the
+ * union of the tile's allowed ranges; the per-ISA micro-kernels (kern.h) do
+ * the scores, the softmax step and the P.V update. Each task's arithmetic is
+ * fixed, so results do not depend on the thread count.
+ *
+ * Tested by tests/test_attn.c against the double-precision reference.
+ */
+#include "attn/attn_internal.h"
+#include "attn/kern.h"
+
+#define ALIGNF 16 /* floats per 64 bytes */
+
+typedef struct {
+    const dhsa_attn_desc *a;
+    const dhsa__attn_problem *p;
+    const dhsa_attn_kernels *kern;
+    int W;
+    int64_t n_tiles; /* per (batch, KV head) */
+    int k_direct, v_direct;
+    char *ws;
+    size_t ws_per_thread;
+} job;
+
+/* Per-thread workspace, in floats, each part rounded to 64 bytes. */
+typedef struct {
+    size_t qt, ot, s, kbuf, vbuf, mla, kadd, bounds, total;
+} ws_layout;
+
+static int64_t tile_width(const dhsa__attn_problem *p) { return p->Lq * p->G <= 16 ? 16 : 64; }
+
+static int direct_rows(const dhsa_tensor *t) { return t->type == DHSA_F32 && t->stride[3] == 1; }
+
+static ws_layout layout(const dhsa__attn_problem *p, int k_direct, int v_direct) {
+    size_t W = (size_t)tile_width(p);
+    ws_layout l;
+    l.qt = dhsa__align_up((size_t)p->d * W, ALIGNF);
+    l.ot = dhsa__align_up((size_t)p->dv * W, ALIGNF);
+    l.s = dhsa__align_up((size_t)DHSA_BC * W, ALIGNF);
+    l.kbuf = k_direct ? 0 : dhsa__align_up((size_t)DHSA_BC * (size_t)p->d, ALIGNF);
+    l.vbuf = v_direct ? 0 : dhsa__align_up((size_t)DHSA_BC * (size_t)p->dv, ALIGNF);
+    l.mla = dhsa__align_up(3 * W, ALIGNF);
+    l.kadd = dhsa__align_up(DHSA_BC, ALIGNF);
+    l.bounds = dhsa__align_up(2 * W * 2, ALIGNF); /* 2*W int64 = 4*W floats */
+    l.total = l.qt + l.ot + l.s + l.kbuf + l.vbuf + l.mla + l.kadd + l.bounds;
+    return l;
+}
+
+size_t dhsa__attn_tiled_workspace(const dhsa_ctx *ctx, const dhsa__attn_problem *p,
+                                  const dhsa_attn_desc *a) {
+    ws_layout l = layout(p, direct_rows(&a->k), direct_rows(&a->v));
+    return (size_t)dhsa_ctx_n_threads(ctx) * l.total * sizeof(float);
+}
+
+static const dhsa_attn_kernels *kernels(void) {
+    switch (dhsa_active_isa()) {
+#if defined(__x86_64__)
+    case DHSA_ISA_AVX512: return &dhsa__kern_avx512;
+    case DHSA_ISA_AVX2: return &dhsa__kern_avx2;
+#endif
+    default: return &dhsa__kern_scalar;
+    }
+}
+
+/* Copies n rows of a strided typed view into dst[n][cols] as F32. */
+static void load_rows(const dhsa_tensor *t, int64_t b, int64_t h, int64_t j0, int n, int64_t cols,
+                      float *dst) {
+    for (int j = 0; j < n; j++) {
+        const void *row = dhsa__at(t, b, h, j0 + j);
+        for (int64_t c = 0; c < cols; c++) dst[j * cols + c] = dhsa__load(row, t->type, c * t->stride[3]);
+    }
+}
+
+static void tile_task(void *arg, int64_t task, int thread) {
+    const job *jb = arg;
+    const dhsa_attn_desc *a = jb->a;
+    const dhsa__attn_problem *p = jb->p;
+    const dhsa_attn_kernels *kern = jb->kern;
+    const int W = jb->W;
+    const int64_t G = p->G, d = p->d, dv = p->dv;
+
+    /* Causal tiles grow with their index: hand the big ones out first. */
+    int64_t t = task % jb->n_tiles, bg = task / jb->n_tiles;
+    if (a->causal) t = jb->n_tiles - 1 - t;
+    const int64_t b = bg / p->Hkv, g = bg % p->Hkv;
+    const int64_t u0 = t * W;
+    const int ncols = (int)(p->Lq * G - u0 < W ? p->Lq * G - u0 : W);
+
+    ws_layout L = layout(p, jb->k_direct, jb->v_direct);
+    float *base = (float *)(jb->ws + (size_t)thread * jb->ws_per_thread);
+    float *Qt = base;                 /* [d][W] */
+    float *Ot = Qt + L.qt;            /* [dv][W] */
+    float *S = Ot + L.ot;             /* [BC][W] */
+    float *Kbuf = S + L.s;            /* [BC][d] when K is not direct */
+    float *Vbuf = Kbuf + L.kbuf;      /* [BC][dv] when V is not direct */
+    float *m = Vbuf + L.vbuf;         /* [W] */
+    float *l = m + W, *alpha = l + W; /* [W] */
+    float *kadd = m + L.mla;          /* [BC] */
+    int64_t *lo = (int64_t *)(kadd + L.kadd), *hi = lo + W; /* [W] */
+
+    /* Pack the tile's queries, scaled and transposed; pad with zeros. */
+    int64_t jlo = p->Lk, jhi = 0, inner_lo = 0, inner_hi = p->Lk;
+    for (int i = 0; i < W; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+        if (i >= ncols) {
+            for (int64_t c = 0; c < d; c++) Qt[c * W + i] = 0.0f;
+            continue;
+        }
+        int64_t u = u0 + i, row = u / G, hq = g * G + u % G;
+        const void *q = dhsa__at(&a->q, b, hq, row);
+        for (int64_t c = 0; c < d; c++)
+            Qt[c * W + i] = p->scale * dhsa__load(q, a->q.type, c * a->q.stride[3]);
+        dhsa__attn_key_range(a, p->Lk, a->q_pos0 + row, &lo[i], &hi[i]);
+        if (lo[i] < hi[i]) {
+            if (lo[i] < jlo) jlo = lo[i];
+            if (hi[i] > jhi) jhi = hi[i];
+        }
+        if (lo[i] > inner_lo) inner_lo = lo[i];
+        if (hi[i] < inner_hi) inner_hi = hi[i];
+    }
+    memset(Ot, 0, (size_t)dv * W * sizeof(float));
+
+    for (int64_t j0 = jlo; j0 < jhi; j0 += DHSA_BC) {
+        int n = (int)(jhi - j0 < DHSA_BC ? jhi - j0 : DHSA_BC);
+
+        const float *K;
+        int64_t ldk;
+        if (jb->k_direct) {
+            K = dhsa__at(&a->k, b, g, j0);
+            ldk = a->k.stride[2];
+        } else {
+            load_rows(&a->k, b, g, j0, n, d, Kbuf);
+            K = Kbuf;
+            ldk = d;
+        }
+        kern->qk(K, ldk, n, (int)d, Qt, W, S);
+        if (a->softcap > 0) kern->softcap(S, (int64_t)n * W, a->softcap);
+
+        if (a->key_mask || a->key_bias) {
+            for (int j = 0; j < n; j++) {
+                float add = dhsa__attn_key_add(a, b, j0 + j);
+                if (add != 0.0f)
+                    for (int i = 0; i < W; i++) S[(int64_t)j * W + i] += add;
+            }
+        }
+        if (a->attn_mask.data) {
+            const int64_t *ms = p->mstride;
+            for (int i = 0; i < ncols; i++) {
+                int64_t u = u0 + i, row = u / G, hq = g * G + u % G;
+                const float *mrow = (const float *)a->attn_mask.data + b * ms[0] + hq * ms[1] +
+                                    row * ms[2] + j0 * ms[3];
+                for (int j = 0; j < n; j++) S[(int64_t)j * W + i] += mrow[j * ms[3]];
+            }
+        }
+        if (!(j0 >= inner_lo && j0 + n <= inner_hi)) {
+            for (int j = 0; j < n; j++) {
+                int64_t key = j0 + j;
+                for (int i = 0; i < ncols; i++)
+                    if (key < lo[i] || key >= hi[i]) S[(int64_t)j * W + i] = -INFINITY;
+            }
+        }
+        kern->softmax(S, n, W, m, l, alpha);
+
+        const float *V;
+        int64_t ldv;
+        if (jb->v_direct) {
+            V = dhsa__at(&a->v, b, g, j0);
+            ldv = a->v.stride[2];
+        } else {
+            load_rows(&a->v, b, g, j0, n, dv, Vbuf);
+            V = Vbuf;
+            ldv = dv;
+        }
+        kern->pv(V, ldv, n, (int)dv, S, W, alpha, Ot);
+    }
+
+    for (int i = 0; i < ncols; i++) {
+        int64_t u = u0 + i, row = u / G, hq = g * G + u % G;
+        float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+        void *o = dhsa__at(&a->o, b, hq, row);
+        for (int64_t c = 0; c < dv; c++) dhsa__store(o, a->o.type, c * a->o.stride[3], Ot[c * W + i] * inv);
+        if (a->lse.data) {
+            float *lse = dhsa__at(&a->lse, b, hq, row);
+            *lse = l[i] > 0.0f ? m[i] + logf(l[i]) : -INFINITY;
+        }
+    }
+}
+
+dhsa_status dhsa__attn_tiled_run(dhsa_ctx *ctx, const dhsa_attn_desc *a,
+                                 const dhsa__attn_problem *p, void *ws) {
+    job jb;
+    jb.a = a;
+    jb.p = p;
+    jb.kern = kernels();
+    jb.W = (int)tile_width(p);
+    jb.n_tiles = (p->Lq * p->G + jb.W - 1) / jb.W;
+    jb.k_direct = direct_rows(&a->k);
+    jb.v_direct = direct_rows(&a->v);
+    jb.ws = ws;
+    jb.ws_per_thread = layout(p, jb.k_direct, jb.v_direct).total * sizeof(float);
+    dhsa_parallel_for(ctx, p->B * p->Hkv * jb.n_tiles, tile_task, &jb);
+    return DHSA_OK;
+}

@@ -1,0 +1,89 @@
+/* kern.h: the per-ISA micro-kernels of the tiled attention and the scalar
+ * exp they all approximate the same way.
+ *
+ * Layout (see attn_tiled.c): a tile holds W query columns (W = 16 or 64;
+ * queries of one KV group, stacked). Buffers, all F32 and row-major:
+ *   Qt [d][W]    scaled queries, transposed (column i = one query)
+ *   K  [n][ldk]  key rows of the current block (n <= BC)
+ *   V  [n][ldv]  value rows
+ *   S  [n][W]    scores, then probabilities, of the block
+ *   Ot [dv][W]   unnormalised output, transposed
+ *   m, l, alpha [W]  running max, running sum, rescale of this block
+ * Every kernel works column-wise, so lanes never interact: results per
+ * query do not depend on the tile a query lands in.
+ * Scalar versions are the reference for the SIMD ones (tests/test_attn.c
+ * runs every ISA against the double-precision reference).
+ */
+#ifndef DHSA_KERN_H
+#define DHSA_KERN_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define DHSA_BC 64 /* keys per block */
+
+typedef struct {
+    /* S[j][i] = sum_k K[j][k] * Qt[k][i],  j < n, i < W */
+    void (*qk)(const float *K, int64_t ldk, int n, int d, const float *Qt, int W, float *S);
+    /* Online-softmax step over S (n rows): per column i, m_new =
+     * max(m[i], max_j S[j][i]); alpha[i] = exp(m[i] - m_new);
+     * S[j][i] = exp(S[j][i] - m_new); l[i] = l[i]*alpha[i] + sum_j S[j][i];
+     * m[i] = m_new. A column whose scores are all -inf keeps m = -inf and
+     * gets zeros, never NaN. */
+    void (*softmax)(float *S, int n, int W, float *m, float *l, float *alpha);
+    /* Ot[c][i] = Ot[c][i] * alpha[i] + sum_j V[j][c] * S[j][i] */
+    void (*pv)(const float *V, int64_t ldv, int n, int dv, const float *S, int W,
+               const float *alpha, float *Ot);
+    /* S = cap * tanh(S / cap) over n*W values */
+    void (*softcap)(float *S, int64_t count, float cap);
+} dhsa_attn_kernels;
+
+extern const dhsa_attn_kernels dhsa__kern_scalar;
+#if defined(__x86_64__)
+extern const dhsa_attn_kernels dhsa__kern_avx2;
+extern const dhsa_attn_kernels dhsa__kern_avx512;
+#endif
+
+/* exp(x) as every kernel computes it: range reduction x = n ln2 + r,
+ * |r| <= ln2/2, degree-7 Taylor polynomial (relative error < 1e-8 before
+ * rounding), times 2^n. exp(-inf) = 0 exactly; inputs below -104 give 0. */
+#define DHSA_EXP_LO (-104.0f)
+#define DHSA_EXP_HI (88.0f)
+#define DHSA_LN2_HI 0.693145751953125f
+#define DHSA_LN2_LO 1.428606765330187e-06f
+#define DHSA_LOG2E 1.44269504088896341f
+#define DHSA_EXP_C2 (1.0f / 2)
+#define DHSA_EXP_C3 (1.0f / 6)
+#define DHSA_EXP_C4 (1.0f / 24)
+#define DHSA_EXP_C5 (1.0f / 120)
+#define DHSA_EXP_C6 (1.0f / 720)
+#define DHSA_EXP_C7 (1.0f / 5040)
+
+static inline float dhsa__pow2i(int n) { /* 2^n for n in [-126, 127] */
+    uint32_t u = (uint32_t)(n + 127) << 23;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline float dhsa__expf(float x) {
+    if (!(x > DHSA_EXP_LO)) return x != x ? x : 0.0f; /* NaN stays NaN */
+    if (x > DHSA_EXP_HI) x = DHSA_EXP_HI;
+    float t = x * DHSA_LOG2E;
+    int n = (int)(t + (t >= 0 ? 0.5f : -0.5f));
+    float r = x - (float)n * DHSA_LN2_HI;
+    r = r - (float)n * DHSA_LN2_LO;
+    float p = DHSA_EXP_C7;
+    p = p * r + DHSA_EXP_C6;
+    p = p * r + DHSA_EXP_C5;
+    p = p * r + DHSA_EXP_C4;
+    p = p * r + DHSA_EXP_C3;
+    p = p * r + DHSA_EXP_C2;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    if (n < -126) return p * dhsa__pow2i(n + 64) * dhsa__pow2i(-64);
+    return p * dhsa__pow2i(n);
+}
+
+#endif

@@ -1,0 +1,146 @@
+/* kern_avx2.c: AVX2 + FMA micro-kernels of the tiled attention (contracts
+ * in kern.h). With 16 ymm registers the blocks are 4 rows x 16 columns
+ * (8 accumulators), walked over the W columns in slices of 16. exp differs
+ * from dhsa__expf only below -87.3, where it returns 0 instead of a
+ * subnormal (no effect on a softmax whose largest term is 1).
+ * Held to the double reference by tests/test_attn.c.
+ */
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+#include "attn/kern.h"
+
+#define UNROLL _Pragma("GCC unroll 16")
+#define EXP_MIN (-87.3f)
+
+static inline __m256 exp256(__m256 x) {
+    __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_MIN), _CMP_LT_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(EXP_MIN));
+    x = _mm256_min_ps(x, _mm256_set1_ps(DHSA_EXP_HI));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(DHSA_LOG2E)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(DHSA_LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(DHSA_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(DHSA_EXP_C7);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(DHSA_EXP_C6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(DHSA_EXP_C5));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(DHSA_EXP_C4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(DHSA_EXP_C3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(DHSA_EXP_C2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(under, y);
+}
+
+/* rows [0, MR) of a 16-column slice: S[r][0..16) = K[r] . Qt[:, 0..16) */
+#define QK_BLOCK(MR)                                                             \
+    static inline void qk_##MR(const float *K, int64_t ldk, int d, const float *Qt, \
+                               int W, float *S) {                                \
+        __m256 acc[MR][2];                                                       \
+        UNROLL for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps(); \
+        for (int c = 0; c < d; c++) {                                            \
+            __m256 q0 = _mm256_loadu_ps(Qt + (int64_t)c * W);                    \
+            __m256 q1 = _mm256_loadu_ps(Qt + (int64_t)c * W + 8);                \
+            UNROLL for (int r = 0; r < MR; r++) {                                \
+                __m256 kb = _mm256_broadcast_ss(K + r * ldk + c);                \
+                acc[r][0] = _mm256_fmadd_ps(kb, q0, acc[r][0]);                  \
+                acc[r][1] = _mm256_fmadd_ps(kb, q1, acc[r][1]);                  \
+            }                                                                    \
+        }                                                                        \
+        UNROLL for (int r = 0; r < MR; r++) {                                    \
+            _mm256_storeu_ps(S + (int64_t)r * W, acc[r][0]);                     \
+            _mm256_storeu_ps(S + (int64_t)r * W + 8, acc[r][1]);                 \
+        }                                                                        \
+    }
+
+QK_BLOCK(4)
+QK_BLOCK(1)
+
+static void qk(const float *K, int64_t ldk, int n, int d, const float *Qt, int W, float *S) {
+    for (int x = 0; x < W; x += 16) {
+        int j = 0;
+        for (; j + 4 <= n; j += 4) qk_4(K + j * ldk, ldk, d, Qt + x, W, S + (int64_t)j * W + x);
+        for (; j < n; j++) qk_1(K + j * ldk, ldk, d, Qt + x, W, S + (int64_t)j * W + x);
+    }
+}
+
+static void softmax(float *S, int n, int W, float *m, float *l, float *alpha) {
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    for (int x = 0; x < W; x += 8) {
+        __m256 mold = _mm256_loadu_ps(m + x), mx = mold;
+        for (int j = 0; j < n; j++) mx = _mm256_max_ps(mx, _mm256_loadu_ps(S + (int64_t)j * W + x));
+        __m256 none = _mm256_cmp_ps(mx, ninf, _CMP_EQ_OQ);
+        __m256 base = _mm256_andnot_ps(none, mx);
+        __m256 al = exp256(_mm256_sub_ps(mold, base));
+        __m256 sum = _mm256_setzero_ps();
+        for (int j = 0; j < n; j++) {
+            float *s = S + (int64_t)j * W + x;
+            __m256 p = exp256(_mm256_sub_ps(_mm256_loadu_ps(s), base));
+            _mm256_storeu_ps(s, p);
+            sum = _mm256_add_ps(sum, p);
+        }
+        _mm256_storeu_ps(l + x, _mm256_fmadd_ps(_mm256_loadu_ps(l + x), al, sum));
+        _mm256_storeu_ps(m + x, mx);
+        _mm256_storeu_ps(alpha + x, al);
+    }
+}
+
+#define PV_BLOCK(MR)                                                             \
+    static inline void pv_##MR(const float *V, int64_t ldv, int n, const float *S, \
+                               int W, const float *alpha, float *Ot) {           \
+        __m256 acc[MR][2];                                                       \
+        __m256 a0 = _mm256_loadu_ps(alpha), a1 = _mm256_loadu_ps(alpha + 8);     \
+        UNROLL for (int r = 0; r < MR; r++) {                                    \
+            acc[r][0] = _mm256_mul_ps(_mm256_loadu_ps(Ot + (int64_t)r * W), a0); \
+            acc[r][1] = _mm256_mul_ps(_mm256_loadu_ps(Ot + (int64_t)r * W + 8), a1); \
+        }                                                                        \
+        for (int j = 0; j < n; j++) {                                            \
+            __m256 p0 = _mm256_loadu_ps(S + (int64_t)j * W);                     \
+            __m256 p1 = _mm256_loadu_ps(S + (int64_t)j * W + 8);                 \
+            const float *v = V + j * ldv;                                        \
+            UNROLL for (int r = 0; r < MR; r++) {                                \
+                __m256 vb = _mm256_broadcast_ss(v + r);                          \
+                acc[r][0] = _mm256_fmadd_ps(vb, p0, acc[r][0]);                  \
+                acc[r][1] = _mm256_fmadd_ps(vb, p1, acc[r][1]);                  \
+            }                                                                    \
+        }                                                                        \
+        UNROLL for (int r = 0; r < MR; r++) {                                    \
+            _mm256_storeu_ps(Ot + (int64_t)r * W, acc[r][0]);                    \
+            _mm256_storeu_ps(Ot + (int64_t)r * W + 8, acc[r][1]);                \
+        }                                                                        \
+    }
+
+PV_BLOCK(4)
+PV_BLOCK(1)
+
+static void pv(const float *V, int64_t ldv, int n, int dv, const float *S, int W, const float *alpha,
+               float *Ot) {
+    for (int x = 0; x < W; x += 16) {
+        int c = 0;
+        for (; c + 4 <= dv; c += 4) pv_4(V + c, ldv, n, S + x, W, alpha + x, Ot + (int64_t)c * W + x);
+        for (; c < dv; c++) pv_1(V + c, ldv, n, S + x, W, alpha + x, Ot + (int64_t)c * W + x);
+    }
+}
+
+static void softcap(float *S, int64_t count, float cap) {
+    const __m256 inv2 = _mm256_set1_ps(2.0f / cap), vc = _mm256_set1_ps(cap);
+    const __m256 one = _mm256_set1_ps(1.0f), two = _mm256_set1_ps(2.0f);
+    int64_t t = 0;
+    for (; t + 8 <= count; t += 8) {
+        __m256 e = exp256(_mm256_mul_ps(_mm256_loadu_ps(S + t), inv2));
+        __m256 th = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(e, one)));
+        _mm256_storeu_ps(S + t, _mm256_mul_ps(vc, th));
+    }
+    for (; t < count; t++) {
+        float e = dhsa__expf(S[t] * (2.0f / cap));
+        S[t] = cap * (1.0f - 2.0f / (e + 1.0f));
+    }
+}
+
+const dhsa_attn_kernels dhsa__kern_avx2 = {qk, softmax, pv, softcap};
+
+#else
+typedef int dhsa__kern_avx2_unused; /* ISO C forbids an empty file */
+#endif

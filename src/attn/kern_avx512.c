@@ -1,0 +1,172 @@
+/* kern_avx512.c: AVX-512 micro-kernels of the tiled attention (contracts in
+ * kern.h; compiled with -mavx512f... and used only when the CPU has it).
+ * Register blocking: scores and P.V keep a 6 x 64 (W = 64) or 12 x 16
+ * (W = 16) block of accumulators in zmm registers; each K or V element is
+ * broadcast once per block and each Qt / S vector loaded once per row
+ * group. Held to the scalar kernels and the double reference by
+ * tests/test_attn.c.
+ */
+#if defined(__x86_64__) && defined(__AVX512F__)
+#include <immintrin.h>
+
+#include "attn/kern.h"
+
+#define UNROLL _Pragma("GCC unroll 16")
+
+/* exp as in dhsa__expf: x <= -104 (and -inf) gives 0 through scalef. */
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(DHSA_EXP_LO));
+    x = _mm512_min_ps(x, _mm512_set1_ps(DHSA_EXP_HI));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(DHSA_LOG2E)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(DHSA_LN2_HI), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(DHSA_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(DHSA_EXP_C7);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(DHSA_EXP_C6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(DHSA_EXP_C5));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(DHSA_EXP_C4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(DHSA_EXP_C3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(DHSA_EXP_C2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* ------------------------------------------------------------- scores --- */
+
+/* S[j0..j0+MR) = K rows . Qt, NV vectors (16*NV columns) */
+#define QK_BLOCK(MR, NV)                                                         \
+    static inline void qk_##MR##_##NV(const float *K, int64_t ldk, int d,        \
+                                      const float *Qt, float *S) {               \
+        __m512 acc[MR][NV];                                                      \
+        UNROLL for (int r = 0; r < MR; r++) UNROLL for (int x = 0; x < NV; x++)  \
+            acc[r][x] = _mm512_setzero_ps();                                     \
+        for (int c = 0; c < d; c++) {                                            \
+            __m512 q[NV];                                                        \
+            UNROLL for (int x = 0; x < NV; x++) q[x] =                           \
+                _mm512_loadu_ps(Qt + (int64_t)c * 16 * NV + 16 * x);             \
+            UNROLL for (int r = 0; r < MR; r++) {                                \
+                __m512 kb = _mm512_set1_ps(K[r * ldk + c]);                      \
+                UNROLL for (int x = 0; x < NV; x++) acc[r][x] =                  \
+                    _mm512_fmadd_ps(kb, q[x], acc[r][x]);                        \
+            }                                                                    \
+        }                                                                        \
+        UNROLL for (int r = 0; r < MR; r++) UNROLL for (int x = 0; x < NV; x++)  \
+            _mm512_storeu_ps(S + (int64_t)r * 16 * NV + 16 * x, acc[r][x]);      \
+    }
+
+QK_BLOCK(6, 4)
+QK_BLOCK(1, 4)
+QK_BLOCK(12, 1)
+QK_BLOCK(1, 1)
+
+static void qk(const float *K, int64_t ldk, int n, int d, const float *Qt, int W, float *S) {
+    int j = 0;
+    if (W == 64) {
+        for (; j + 6 <= n; j += 6) qk_6_4(K + j * ldk, ldk, d, Qt, S + (int64_t)j * W);
+        for (; j < n; j++) qk_1_4(K + j * ldk, ldk, d, Qt, S + (int64_t)j * W);
+    } else {
+        for (; j + 12 <= n; j += 12) qk_12_1(K + j * ldk, ldk, d, Qt, S + (int64_t)j * W);
+        for (; j < n; j++) qk_1_1(K + j * ldk, ldk, d, Qt, S + (int64_t)j * W);
+    }
+}
+
+/* ------------------------------------------------------------ softmax --- */
+
+static void softmax(float *S, int n, int W, float *m, float *l, float *alpha) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    for (int x = 0; x < W; x += 16) {
+        __m512 mold = _mm512_loadu_ps(m + x);
+        __m512 mx = mold;
+        for (int j = 0; j < n; j++) mx = _mm512_max_ps(mx, _mm512_loadu_ps(S + (int64_t)j * W + x));
+        /* columns still all -inf subtract 0 so that exp gives 0, not NaN */
+        __mmask16 none = _mm512_cmp_ps_mask(mx, ninf, _CMP_EQ_OQ);
+        __m512 base = _mm512_mask_mov_ps(mx, none, _mm512_setzero_ps());
+        __m512 al = exp512(_mm512_sub_ps(mold, base));
+        __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+        int j = 0;
+        for (; j + 2 <= n; j += 2) {
+            float *s0 = S + (int64_t)j * W + x, *s1 = s0 + W;
+            __m512 p0 = exp512(_mm512_sub_ps(_mm512_loadu_ps(s0), base));
+            __m512 p1 = exp512(_mm512_sub_ps(_mm512_loadu_ps(s1), base));
+            _mm512_storeu_ps(s0, p0);
+            _mm512_storeu_ps(s1, p1);
+            sum0 = _mm512_add_ps(sum0, p0);
+            sum1 = _mm512_add_ps(sum1, p1);
+        }
+        if (j < n) {
+            float *s0 = S + (int64_t)j * W + x;
+            __m512 p0 = exp512(_mm512_sub_ps(_mm512_loadu_ps(s0), base));
+            _mm512_storeu_ps(s0, p0);
+            sum0 = _mm512_add_ps(sum0, p0);
+        }
+        __m512 lv = _mm512_fmadd_ps(_mm512_loadu_ps(l + x), al, _mm512_add_ps(sum0, sum1));
+        _mm512_storeu_ps(l + x, lv);
+        _mm512_storeu_ps(m + x, mx);
+        _mm512_storeu_ps(alpha + x, al);
+    }
+}
+
+/* ---------------------------------------------------------------- P.V --- */
+
+#define PV_BLOCK(MR, NV)                                                         \
+    static inline void pv_##MR##_##NV(const float *V, int64_t ldv, int n,        \
+                                      const float *S, const float *alpha,        \
+                                      float *Ot) {                               \
+        __m512 acc[MR][NV], al[NV];                                              \
+        UNROLL for (int x = 0; x < NV; x++) al[x] = _mm512_loadu_ps(alpha + 16 * x); \
+        UNROLL for (int r = 0; r < MR; r++) UNROLL for (int x = 0; x < NV; x++)  \
+            acc[r][x] = _mm512_mul_ps(                                           \
+                _mm512_loadu_ps(Ot + (int64_t)r * 16 * NV + 16 * x), al[x]);     \
+        for (int j = 0; j < n; j++) {                                            \
+            __m512 p[NV];                                                        \
+            UNROLL for (int x = 0; x < NV; x++) p[x] =                           \
+                _mm512_loadu_ps(S + (int64_t)j * 16 * NV + 16 * x);              \
+            const float *v = V + j * ldv;                                        \
+            UNROLL for (int r = 0; r < MR; r++) {                                \
+                __m512 vb = _mm512_set1_ps(v[r]);                                \
+                UNROLL for (int x = 0; x < NV; x++) acc[r][x] =                  \
+                    _mm512_fmadd_ps(vb, p[x], acc[r][x]);                        \
+            }                                                                    \
+        }                                                                        \
+        UNROLL for (int r = 0; r < MR; r++) UNROLL for (int x = 0; x < NV; x++)  \
+            _mm512_storeu_ps(Ot + (int64_t)r * 16 * NV + 16 * x, acc[r][x]);     \
+    }
+
+PV_BLOCK(6, 4)
+PV_BLOCK(1, 4)
+PV_BLOCK(12, 1)
+PV_BLOCK(1, 1)
+
+static void pv(const float *V, int64_t ldv, int n, int dv, const float *S, int W, const float *alpha,
+               float *Ot) {
+    int c = 0;
+    if (W == 64) {
+        for (; c + 6 <= dv; c += 6) pv_6_4(V + c, ldv, n, S, alpha, Ot + (int64_t)c * W);
+        for (; c < dv; c++) pv_1_4(V + c, ldv, n, S, alpha, Ot + (int64_t)c * W);
+    } else {
+        for (; c + 12 <= dv; c += 12) pv_12_1(V + c, ldv, n, S, alpha, Ot + (int64_t)c * W);
+        for (; c < dv; c++) pv_1_1(V + c, ldv, n, S, alpha, Ot + (int64_t)c * W);
+    }
+}
+
+static void softcap(float *S, int64_t count, float cap) {
+    const __m512 inv2 = _mm512_set1_ps(2.0f / cap), vc = _mm512_set1_ps(cap);
+    const __m512 one = _mm512_set1_ps(1.0f), two = _mm512_set1_ps(2.0f);
+    int64_t t = 0;
+    for (; t + 16 <= count; t += 16) {
+        __m512 e = exp512(_mm512_mul_ps(_mm512_loadu_ps(S + t), inv2));
+        __m512 th = _mm512_sub_ps(one, _mm512_div_ps(two, _mm512_add_ps(e, one)));
+        _mm512_storeu_ps(S + t, _mm512_mul_ps(vc, th));
+    }
+    for (; t < count; t++) {
+        float e = dhsa__expf(S[t] * (2.0f / cap));
+        S[t] = cap * (1.0f - 2.0f / (e + 1.0f));
+    }
+}
+
+const dhsa_attn_kernels dhsa__kern_avx512 = {qk, softmax, pv, softcap};
+
+#else
+typedef int dhsa__kern_avx512_unused; /* ISO C forbids an empty file */
+#endif

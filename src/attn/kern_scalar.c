@@ -1,0 +1,60 @@
+/* kern_scalar.c: portable C micro-kernels of the tiled attention; the
+ * reference the SIMD kernels are held to, and the path non-x86 machines and
+ * DHSA_FORCE_SCALAR=1 run. Contracts in kern.h.
+ */
+#include "attn/kern.h"
+
+static void qk(const float *K, int64_t ldk, int n, int d, const float *Qt, int W, float *S) {
+    for (int j = 0; j < n; j++) {
+        float *s = S + (int64_t)j * W;
+        const float *k = K + j * ldk;
+        for (int i = 0; i < W; i++) s[i] = 0.0f;
+        for (int c = 0; c < d; c++) {
+            float kc = k[c];
+            const float *q = Qt + (int64_t)c * W;
+            for (int i = 0; i < W; i++) s[i] += kc * q[i];
+        }
+    }
+}
+
+static void softmax(float *S, int n, int W, float *m, float *l, float *alpha) {
+    for (int i = 0; i < W; i++) {
+        float mx = m[i];
+        for (int j = 0; j < n; j++) mx = S[(int64_t)j * W + i] > mx ? S[(int64_t)j * W + i] : mx;
+        /* all -inf so far: subtract 0 so exp gives 0, not NaN */
+        float base = mx == -INFINITY ? 0.0f : mx;
+        alpha[i] = dhsa__expf(m[i] - base);
+        float sum = 0.0f;
+        for (int j = 0; j < n; j++) {
+            float p = dhsa__expf(S[(int64_t)j * W + i] - base);
+            S[(int64_t)j * W + i] = p;
+            sum += p;
+        }
+        l[i] = l[i] * alpha[i] + sum;
+        m[i] = mx;
+    }
+}
+
+static void pv(const float *V, int64_t ldv, int n, int dv, const float *S, int W, const float *alpha,
+               float *Ot) {
+    for (int c = 0; c < dv; c++) {
+        float *o = Ot + (int64_t)c * W;
+        for (int i = 0; i < W; i++) o[i] *= alpha[i];
+        for (int j = 0; j < n; j++) {
+            float vc = V[j * ldv + c];
+            const float *p = S + (int64_t)j * W;
+            for (int i = 0; i < W; i++) o[i] += vc * p[i];
+        }
+    }
+}
+
+static void softcap(float *S, int64_t count, float cap) {
+    float inv = 1.0f / cap;
+    for (int64_t t = 0; t < count; t++) {
+        /* tanh(y) = 1 - 2 / (exp(2y) + 1): exact limits +-1, no overflow */
+        float e = dhsa__expf(2.0f * S[t] * inv);
+        S[t] = cap * (1.0f - 2.0f / (e + 1.0f));
+    }
+}
+
+const dhsa_attn_kernels dhsa__kern_scalar = {qk, softmax, pv, softcap};

@@ -1,0 +1,61 @@
+/* internal.h: private helpers shared by the library's source files (never
+ * installed). Error reporting, the ctx's scratch arena, conversions.
+ */
+#ifndef DHSA_INTERNAL_H
+#define DHSA_INTERNAL_H
+
+#include "dhsa.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__GNUC__)
+#define DHSA_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define DHSA_PRINTF(a, b)
+#endif
+
+/* Sets this thread's last error sentence and returns s, so that callers can
+ * write `return dhsa__fail(DHSA_ERR_SHAPE, "k has %lld rows", n);`. */
+dhsa_status dhsa__fail(dhsa_status s, const char *fmt, ...) DHSA_PRINTF(2, 3);
+
+/* The ctx's scratch arena: one grow-only buffer kept between calls so that
+ * hot paths (decode) do not fault pages in on every call. It counts in the
+ * ctx's in_use and is held to the budget. Returns NULL (last error set,
+ * DHSA_ERR_MEMORY_BUDGET or DHSA_ERR_OUT_OF_MEMORY in *st) on failure.
+ * Only one user at a time: kernels take it for the length of a call. */
+void *dhsa__scratch(dhsa_ctx *ctx, size_t bytes, dhsa_status *st);
+
+/* Checks, without allocating, whether `bytes` of scratch would fit the
+ * budget. */
+dhsa_status dhsa__scratch_check(const dhsa_ctx *ctx, size_t bytes);
+
+/* One warning line on stderr per distinct key for the whole process. */
+void dhsa__warn_once(const char *key, const char *fmt, ...) DHSA_PRINTF(2, 3);
+
+static inline size_t dhsa__align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+/* Loads element i of a typed row as float. */
+static inline float dhsa__load(const void *p, dhsa_type t, int64_t i) {
+    switch (t) {
+    case DHSA_F16: return dhsa_f16_to_f32(((const uint16_t *)p)[i]);
+    case DHSA_BF16: return dhsa_bf16_to_f32(((const uint16_t *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+static inline void dhsa__store(void *p, dhsa_type t, int64_t i, float x) {
+    switch (t) {
+    case DHSA_F16: ((uint16_t *)p)[i] = dhsa_f32_to_f16(x); break;
+    case DHSA_BF16: ((uint16_t *)p)[i] = dhsa_f32_to_bf16(x); break;
+    default: ((float *)p)[i] = x; break;
+    }
+}
+
+/* Address of element (b, h, l, 0) of a view. */
+static inline void *dhsa__at(const dhsa_tensor *t, int64_t b, int64_t h, int64_t l) {
+    int64_t off = b * t->stride[0] + h * t->stride[1] + l * t->stride[2];
+    return (char *)t->data + off * (int64_t)dhsa_type_size(t->type);
+}
+
+#endif
