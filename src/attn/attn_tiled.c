@@ -8,7 +8,9 @@
  * group has at most 16 queries: decode), so each K/V block is loaded once
  * for all heads of the group. Keys are visited in blocks of BC rows over the
  * union of the tile's allowed ranges; the per-ISA micro-kernels (kern.h) do
- * the scores, the softmax step and the P.V update. Each task's arithmetic is
+ * the scores, the softmax step and the P.V update. A tile of at most
+ * DHSA_NARROW queries (decode) keeps them as rows instead, so K and V rows
+ * stream through full-width vector loads. Each task's arithmetic is
  * fixed, so results do not depend on the thread count.
  *
  * Tested by tests/test_attn.c against the double-precision reference.
@@ -41,7 +43,9 @@ static int direct_rows(const dhsa_tensor *t) { return t->type == DHSA_F32 && t->
 static ws_layout layout(const dhsa__attn_problem *p, int k_direct, int v_direct) {
     size_t W = (size_t)tile_width(p);
     ws_layout l;
-    l.qt = dhsa__align_up((size_t)p->d * W, ALIGNF);
+    size_t dq = dhsa__align_up((size_t)p->d, 16);
+    size_t qt = (size_t)p->d * W, qr = DHSA_NARROW * dq;
+    l.qt = dhsa__align_up(qt > qr ? qt : qr, ALIGNF);
     l.ot = dhsa__align_up((size_t)p->dv * W, ALIGNF);
     l.s = dhsa__align_up((size_t)DHSA_BC * W, ALIGNF);
     l.kbuf = k_direct ? 0 : dhsa__align_up((size_t)DHSA_BC * (size_t)p->d, ALIGNF);
@@ -105,19 +109,32 @@ static void tile_task(void *arg, int64_t task, int thread) {
     float *kadd = m + L.mla;          /* [BC] */
     int64_t *lo = (int64_t *)(kadd + L.kadd), *hi = lo + W; /* [W] */
 
-    /* Pack the tile's queries, scaled and transposed; pad with zeros. */
+    /* Pack the tile's queries, scaled: transposed (Qt) for wide tiles, as
+     * zero-padded rows (Qr) for narrow ones. */
+    const int narrow = ncols <= DHSA_NARROW;
+    const int64_t dq = (int64_t)dhsa__align_up((size_t)d, 16);
     int64_t jlo = p->Lk, jhi = 0, inner_lo = 0, inner_hi = p->Lk;
+    if (narrow) {
+        memset(Qt, 0, (size_t)ncols * dq * sizeof(float));
+        memset(S, 0, (size_t)DHSA_BC * W * sizeof(float));
+    }
     for (int i = 0; i < W; i++) {
         m[i] = -INFINITY;
         l[i] = 0.0f;
         if (i >= ncols) {
-            for (int64_t c = 0; c < d; c++) Qt[c * W + i] = 0.0f;
+            if (!narrow)
+                for (int64_t c = 0; c < d; c++) Qt[c * W + i] = 0.0f;
             continue;
         }
         int64_t u = u0 + i, row = u / G, hq = g * G + u % G;
         const void *q = dhsa__at(&a->q, b, hq, row);
-        for (int64_t c = 0; c < d; c++)
-            Qt[c * W + i] = p->scale * dhsa__load(q, a->q.type, c * a->q.stride[3]);
+        for (int64_t c = 0; c < d; c++) {
+            float x = p->scale * dhsa__load(q, a->q.type, c * a->q.stride[3]);
+            if (narrow)
+                Qt[i * dq + c] = x;
+            else
+                Qt[c * W + i] = x;
+        }
         dhsa__attn_key_range(a, p->Lk, a->q_pos0 + row, &lo[i], &hi[i]);
         if (lo[i] < hi[i]) {
             if (lo[i] < jlo) jlo = lo[i];
@@ -141,7 +158,10 @@ static void tile_task(void *arg, int64_t task, int thread) {
             K = Kbuf;
             ldk = d;
         }
-        kern->qk(K, ldk, n, (int)d, Qt, W, S);
+        if (narrow)
+            kern->qk_rows(K, ldk, n, (int)d, Qt, dq, ncols, S, W);
+        else
+            kern->qk(K, ldk, n, (int)d, Qt, W, S);
         if (a->softcap > 0) kern->softcap(S, (int64_t)n * W, a->softcap);
 
         if (a->key_mask || a->key_bias) {
@@ -179,14 +199,20 @@ static void tile_task(void *arg, int64_t task, int thread) {
             V = Vbuf;
             ldv = dv;
         }
-        kern->pv(V, ldv, n, (int)dv, S, W, alpha, Ot);
+        if (narrow)
+            kern->pv_rows(V, ldv, n, (int)dv, S, W, ncols, alpha, Ot);
+        else
+            kern->pv(V, ldv, n, (int)dv, S, W, alpha, Ot);
     }
 
     for (int i = 0; i < ncols; i++) {
         int64_t u = u0 + i, row = u / G, hq = g * G + u % G;
         float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
         void *o = dhsa__at(&a->o, b, hq, row);
-        for (int64_t c = 0; c < dv; c++) dhsa__store(o, a->o.type, c * a->o.stride[3], Ot[c * W + i] * inv);
+        for (int64_t c = 0; c < dv; c++) {
+            float x = narrow ? Ot[i * dv + c] : Ot[c * W + i];
+            dhsa__store(o, a->o.type, c * a->o.stride[3], x * inv);
+        }
         if (a->lse.data) {
             float *lse = dhsa__at(&a->lse, b, hq, row);
             *lse = l[i] > 0.0f ? m[i] + logf(l[i]) : -INFINITY;

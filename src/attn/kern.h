@@ -37,7 +37,20 @@ typedef struct {
                const float *alpha, float *Ot);
     /* S = cap * tanh(S / cap) over n*W values */
     void (*softcap)(float *S, int64_t count, float cap);
+
+    /* Narrow tiles (at most DHSA_NARROW queries: decode) keep queries and
+     * outputs as rows, so K and V rows are read with full vectors:
+     *   Qr [nq][dq]  scaled queries, dq = d rounded up to 16, zero padded
+     *   Or [nq][dv]  unnormalised outputs
+     * S[j][i] = K[j] . Qr[i] for i < nq (other columns are not written);
+     * Or[i][c] = Or[i][c] * alpha[i] + sum_j S[j][i] * V[j][c]. */
+    void (*qk_rows)(const float *K, int64_t ldk, int n, int d, const float *Qr, int64_t dq, int nq,
+                    float *S, int W);
+    void (*pv_rows)(const float *V, int64_t ldv, int n, int dv, const float *S, int W, int nq,
+                    const float *alpha, float *Or);
 } dhsa_attn_kernels;
+
+#define DHSA_NARROW 8
 
 extern const dhsa_attn_kernels dhsa__kern_scalar;
 #if defined(__x86_64__)

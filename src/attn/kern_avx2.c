@@ -139,7 +139,64 @@ static void softcap(float *S, int64_t count, float cap) {
     }
 }
 
-const dhsa_attn_kernels dhsa__kern_avx2 = {qk, softmax, pv, softcap};
+/* ------------------------------------------------------- narrow tiles --- */
+
+/* Loads the first `left` (< 8) floats of p, zeros elsewhere. */
+static inline __m256 load_tail(const float *p, int64_t left) {
+    if (left >= 8) return _mm256_loadu_ps(p);
+    __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(left > 0 ? left : 0)), idx);
+    return _mm256_maskload_ps(p, m);
+}
+
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static void qk_rows(const float *K, int64_t ldk, int n, int d, const float *Qr, int64_t dq, int nq,
+                    float *S, int W) {
+    for (int i = 0; i < nq; i++) {
+        const float *q = Qr + (int64_t)i * dq;
+        for (int j = 0; j < n; j++) {
+            const float *k = K + j * ldk;
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+            int c = 0;
+            for (; c + 16 <= d; c += 16) {
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(k + c), _mm256_loadu_ps(q + c), a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(k + c + 8), _mm256_loadu_ps(q + c + 8), a1);
+            }
+            for (; c < d; c += 8) a0 = _mm256_fmadd_ps(load_tail(k + c, d - c), _mm256_loadu_ps(q + c), a0);
+            S[(int64_t)j * W + i] = hsum256(_mm256_add_ps(a0, a1));
+        }
+    }
+}
+
+static void pv_rows(const float *V, int64_t ldv, int n, int dv, const float *S, int W, int nq,
+                    const float *alpha, float *Or) {
+    for (int i = 0; i < nq; i++) {
+        __m256 al = _mm256_set1_ps(alpha[i]);
+        for (int c0 = 0; c0 < dv; c0 += 32) {
+            float *o = Or + (int64_t)i * dv + c0;
+            int64_t left = dv - c0;
+            __m256 acc[4];
+            UNROLL for (int x = 0; x < 4; x++) acc[x] = _mm256_mul_ps(load_tail(o + 8 * x, left - 8 * x), al);
+            for (int j = 0; j < n; j++) {
+                __m256 p = _mm256_set1_ps(S[(int64_t)j * W + i]);
+                const float *v = V + j * ldv + c0;
+                UNROLL for (int x = 0; x < 4; x++) acc[x] =
+                    _mm256_fmadd_ps(p, load_tail(v + 8 * x, left - 8 * x), acc[x]);
+            }
+            float tmp[32];
+            UNROLL for (int x = 0; x < 4; x++) _mm256_storeu_ps(tmp + 8 * x, acc[x]);
+            memcpy(o, tmp, (size_t)(left < 32 ? left : 32) * sizeof(float));
+        }
+    }
+}
+
+const dhsa_attn_kernels dhsa__kern_avx2 = {qk, softmax, pv, softcap, qk_rows, pv_rows};
 
 #else
 typedef int dhsa__kern_avx2_unused; /* ISO C forbids an empty file */

@@ -56,17 +56,23 @@ static inline __m512 exp512(__m512 x) {
     }
 
 QK_BLOCK(6, 4)
+QK_BLOCK(4, 4)
+QK_BLOCK(2, 4)
 QK_BLOCK(1, 4)
 QK_BLOCK(12, 1)
+QK_BLOCK(4, 1)
 QK_BLOCK(1, 1)
 
 static void qk(const float *K, int64_t ldk, int n, int d, const float *Qt, int W, float *S) {
     int j = 0;
     if (W == 64) {
         for (; j + 6 <= n; j += 6) qk_6_4(K + j * ldk, ldk, d, Qt, S + (int64_t)j * W);
-        for (; j < n; j++) qk_1_4(K + j * ldk, ldk, d, Qt, S + (int64_t)j * W);
+        if (j + 4 <= n) qk_4_4(K + j * ldk, ldk, d, Qt, S + (int64_t)j * W), j += 4;
+        if (j + 2 <= n) qk_2_4(K + j * ldk, ldk, d, Qt, S + (int64_t)j * W), j += 2;
+        if (j < n) qk_1_4(K + j * ldk, ldk, d, Qt, S + (int64_t)j * W);
     } else {
         for (; j + 12 <= n; j += 12) qk_12_1(K + j * ldk, ldk, d, Qt, S + (int64_t)j * W);
+        for (; j + 4 <= n; j += 4) qk_4_1(K + j * ldk, ldk, d, Qt, S + (int64_t)j * W);
         for (; j < n; j++) qk_1_1(K + j * ldk, ldk, d, Qt, S + (int64_t)j * W);
     }
 }
@@ -134,8 +140,11 @@ static void softmax(float *S, int n, int W, float *m, float *l, float *alpha) {
     }
 
 PV_BLOCK(6, 4)
+PV_BLOCK(4, 4)
+PV_BLOCK(2, 4)
 PV_BLOCK(1, 4)
 PV_BLOCK(12, 1)
+PV_BLOCK(4, 1)
 PV_BLOCK(1, 1)
 
 static void pv(const float *V, int64_t ldv, int n, int dv, const float *S, int W, const float *alpha,
@@ -143,9 +152,12 @@ static void pv(const float *V, int64_t ldv, int n, int dv, const float *S, int W
     int c = 0;
     if (W == 64) {
         for (; c + 6 <= dv; c += 6) pv_6_4(V + c, ldv, n, S, alpha, Ot + (int64_t)c * W);
-        for (; c < dv; c++) pv_1_4(V + c, ldv, n, S, alpha, Ot + (int64_t)c * W);
+        if (c + 4 <= dv) pv_4_4(V + c, ldv, n, S, alpha, Ot + (int64_t)c * W), c += 4;
+        if (c + 2 <= dv) pv_2_4(V + c, ldv, n, S, alpha, Ot + (int64_t)c * W), c += 2;
+        if (c < dv) pv_1_4(V + c, ldv, n, S, alpha, Ot + (int64_t)c * W);
     } else {
         for (; c + 12 <= dv; c += 12) pv_12_1(V + c, ldv, n, S, alpha, Ot + (int64_t)c * W);
+        for (; c + 4 <= dv; c += 4) pv_4_1(V + c, ldv, n, S, alpha, Ot + (int64_t)c * W);
         for (; c < dv; c++) pv_1_1(V + c, ldv, n, S, alpha, Ot + (int64_t)c * W);
     }
 }
@@ -165,7 +177,79 @@ static void softcap(float *S, int64_t count, float cap) {
     }
 }
 
-const dhsa_attn_kernels dhsa__kern_avx512 = {qk, softmax, pv, softcap};
+/* ------------------------------------------------------- narrow tiles --- */
+
+static inline __mmask16 tail_mask(int64_t left) {
+    return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+}
+
+/* Each K row is loaded once into registers (128 floats at a time) and
+ * dotted with every query; the query rows stay in L1. */
+static void qk_rows(const float *K, int64_t ldk, int n, int d, const float *Qr, int64_t dq, int nq,
+                    float *S, int W) {
+    for (int j = 0; j < n; j++) {
+        const float *k = K + j * ldk;
+        float *s = S + (int64_t)j * W;
+        for (int i = 0; i < nq; i++) s[i] = 0.0f;
+        for (int c0 = 0; c0 < d; c0 += 128) {
+            int left = d - c0;
+            __m512 kv[8];
+            UNROLL for (int x = 0; x < 8; x++) kv[x] =
+                16 * x < left ? _mm512_maskz_loadu_ps(tail_mask(left - 16 * x), k + c0 + 16 * x)
+                              : _mm512_setzero_ps();
+            for (int i = 0; i < nq; i++) {
+                const float *q = Qr + (int64_t)i * dq + c0; /* zero padded to dq */
+                __m512 a0 = _mm512_mul_ps(kv[0], _mm512_loadu_ps(q));
+                __m512 a1 = _mm512_setzero_ps();
+                UNROLL for (int x = 1; x < 8; x++) if (16 * x < left) {
+                    if (x & 1)
+                        a1 = _mm512_fmadd_ps(kv[x], _mm512_loadu_ps(q + 16 * x), a1);
+                    else
+                        a0 = _mm512_fmadd_ps(kv[x], _mm512_loadu_ps(q + 16 * x), a0);
+                }
+                s[i] += _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+            }
+        }
+    }
+}
+
+/* Output columns in slices of 32; all (up to 8) queries' accumulators of a
+ * slice live in registers, so each V element is loaded once. */
+static void pv_rows(const float *V, int64_t ldv, int n, int dv, const float *S, int W, int nq,
+                    const float *alpha, float *Or) {
+    for (int c0 = 0; c0 < dv; c0 += 32) {
+        int left = dv - c0;
+        __mmask16 m0 = tail_mask(left), m1 = left > 16 ? tail_mask(left - 16) : 0;
+        __m512 acc[DHSA_NARROW][2];
+        UNROLL for (int i = 0; i < DHSA_NARROW; i++) {
+            if (i < nq) {
+                __m512 al = _mm512_set1_ps(alpha[i]);
+                const float *o = Or + (int64_t)i * dv + c0;
+                acc[i][0] = _mm512_mul_ps(_mm512_maskz_loadu_ps(m0, o), al);
+                acc[i][1] = _mm512_mul_ps(_mm512_maskz_loadu_ps(m1, o + 16), al);
+            } else {
+                acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+            }
+        }
+        for (int j = 0; j < n; j++) {
+            const float *v = V + j * ldv + c0;
+            __m512 v0 = _mm512_maskz_loadu_ps(m0, v), v1 = _mm512_maskz_loadu_ps(m1, v + 16);
+            const float *s = S + (int64_t)j * W;
+            UNROLL for (int i = 0; i < DHSA_NARROW; i++) if (i < nq) {
+                __m512 p = _mm512_set1_ps(s[i]);
+                acc[i][0] = _mm512_fmadd_ps(p, v0, acc[i][0]);
+                acc[i][1] = _mm512_fmadd_ps(p, v1, acc[i][1]);
+            }
+        }
+        UNROLL for (int i = 0; i < DHSA_NARROW; i++) if (i < nq) {
+            float *o = Or + (int64_t)i * dv + c0;
+            _mm512_mask_storeu_ps(o, m0, acc[i][0]);
+            _mm512_mask_storeu_ps(o + 16, m1, acc[i][1]);
+        }
+    }
+}
+
+const dhsa_attn_kernels dhsa__kern_avx512 = {qk, softmax, pv, softcap, qk_rows, pv_rows};
 
 #else
 typedef int dhsa__kern_avx512_unused; /* ISO C forbids an empty file */

@@ -57,4 +57,26 @@ static void softcap(float *S, int64_t count, float cap) {
     }
 }
 
-const dhsa_attn_kernels dhsa__kern_scalar = {qk, softmax, pv, softcap};
+static void qk_rows(const float *K, int64_t ldk, int n, int d, const float *Qr, int64_t dq, int nq,
+                    float *S, int W) {
+    for (int i = 0; i < nq; i++)
+        for (int j = 0; j < n; j++) {
+            float acc = 0.0f;
+            for (int c = 0; c < d; c++) acc += K[j * ldk + c] * Qr[i * dq + c];
+            S[(int64_t)j * W + i] = acc;
+        }
+}
+
+static void pv_rows(const float *V, int64_t ldv, int n, int dv, const float *S, int W, int nq,
+                    const float *alpha, float *Or) {
+    for (int i = 0; i < nq; i++) {
+        float *o = Or + (int64_t)i * dv;
+        for (int c = 0; c < dv; c++) o[c] *= alpha[i];
+        for (int j = 0; j < n; j++) {
+            float p = S[(int64_t)j * W + i];
+            for (int c = 0; c < dv; c++) o[c] += p * V[j * ldv + c];
+        }
+    }
+}
+
+const dhsa_attn_kernels dhsa__kern_scalar = {qk, softmax, pv, softcap, qk_rows, pv_rows};
