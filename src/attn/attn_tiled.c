@@ -74,11 +74,14 @@ static const dhsa_attn_kernels *kernels(void) {
 }
 
 /* Copies n rows of a strided typed view into dst[n][cols] as F32. */
-static void load_rows(const dhsa_tensor *t, int64_t b, int64_t h, int64_t j0, int n, int64_t cols,
-                      float *dst) {
+static void load_rows(const dhsa_attn_kernels *kern, const dhsa_tensor *t, int64_t b, int64_t h,
+                      int64_t j0, int n, int64_t cols, float *dst) {
     for (int j = 0; j < n; j++) {
         const void *row = dhsa__at(t, b, h, j0 + j);
-        for (int64_t c = 0; c < cols; c++) dst[j * cols + c] = dhsa__load(row, t->type, c * t->stride[3]);
+        if (t->type != DHSA_F32 && t->stride[3] == 1)
+            kern->widen(row, t->type == DHSA_BF16, cols, dst + j * cols);
+        else
+            for (int64_t c = 0; c < cols; c++) dst[j * cols + c] = dhsa__load(row, t->type, c * t->stride[3]);
     }
 }
 
@@ -154,7 +157,7 @@ static void tile_task(void *arg, int64_t task, int thread) {
             K = dhsa__at(&a->k, b, g, j0);
             ldk = a->k.stride[2];
         } else {
-            load_rows(&a->k, b, g, j0, n, d, Kbuf);
+            load_rows(kern, &a->k, b, g, j0, n, d, Kbuf);
             K = Kbuf;
             ldk = d;
         }
@@ -195,7 +198,7 @@ static void tile_task(void *arg, int64_t task, int thread) {
             V = dhsa__at(&a->v, b, g, j0);
             ldv = a->v.stride[2];
         } else {
-            load_rows(&a->v, b, g, j0, n, dv, Vbuf);
+            load_rows(kern, &a->v, b, g, j0, n, dv, Vbuf);
             V = Vbuf;
             ldv = dv;
         }

@@ -48,6 +48,10 @@ typedef struct {
                     float *S, int W);
     void (*pv_rows)(const float *V, int64_t ldv, int n, int dv, const float *S, int W, int nq,
                     const float *alpha, float *Or);
+
+    /* dst[c] = (float)src[c] for c < n; src is F16 (is_bf16 = 0) or BF16
+     * (is_bf16 = 1), contiguous. Exact: both widen without rounding. */
+    void (*widen)(const uint16_t *src, int is_bf16, int64_t n, float *dst);
 } dhsa_attn_kernels;
 
 #define DHSA_NARROW 8

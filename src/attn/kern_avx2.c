@@ -9,6 +9,7 @@
 #include <immintrin.h>
 
 #include "attn/kern.h"
+#include "dhsa.h"
 
 #define UNROLL _Pragma("GCC unroll 16")
 #define EXP_MIN (-87.3f)
@@ -196,7 +197,18 @@ static void pv_rows(const float *V, int64_t ldv, int n, int dv, const float *S, 
     }
 }
 
-const dhsa_attn_kernels dhsa__kern_avx2 = {qk, softmax, pv, softcap, qk_rows, pv_rows};
+static void widen(const uint16_t *src, int is_bf16, int64_t n, float *dst) {
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8) {
+        __m128i h = _mm_loadu_si128((const __m128i *)(src + c));
+        __m256 f = is_bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                           : _mm256_cvtph_ps(h);
+        _mm256_storeu_ps(dst + c, f);
+    }
+    for (; c < n; c++) dst[c] = is_bf16 ? dhsa_bf16_to_f32(src[c]) : dhsa_f16_to_f32(src[c]);
+}
+
+const dhsa_attn_kernels dhsa__kern_avx2 = {qk, softmax, pv, softcap, qk_rows, pv_rows, widen};
 
 #else
 typedef int dhsa__kern_avx2_unused; /* ISO C forbids an empty file */

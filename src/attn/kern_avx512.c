@@ -10,6 +10,7 @@
 #include <immintrin.h>
 
 #include "attn/kern.h"
+#include "dhsa.h"
 
 #define UNROLL _Pragma("GCC unroll 16")
 
@@ -249,7 +250,18 @@ static void pv_rows(const float *V, int64_t ldv, int n, int dv, const float *S, 
     }
 }
 
-const dhsa_attn_kernels dhsa__kern_avx512 = {qk, softmax, pv, softcap, qk_rows, pv_rows};
+static void widen(const uint16_t *src, int is_bf16, int64_t n, float *dst) {
+    int64_t c = 0;
+    for (; c + 16 <= n; c += 16) {
+        __m256i h = _mm256_loadu_si256((const __m256i *)(src + c));
+        __m512 f = is_bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+                           : _mm512_cvtph_ps(h);
+        _mm512_storeu_ps(dst + c, f);
+    }
+    for (; c < n; c++) dst[c] = is_bf16 ? dhsa_bf16_to_f32(src[c]) : dhsa_f16_to_f32(src[c]);
+}
+
+const dhsa_attn_kernels dhsa__kern_avx512 = {qk, softmax, pv, softcap, qk_rows, pv_rows, widen};
 
 #else
 typedef int dhsa__kern_avx512_unused; /* ISO C forbids an empty file */

@@ -3,6 +3,7 @@
  * DHSA_FORCE_SCALAR=1 run. Contracts in kern.h.
  */
 #include "attn/kern.h"
+#include "dhsa.h"
 
 static void qk(const float *K, int64_t ldk, int n, int d, const float *Qt, int W, float *S) {
     for (int j = 0; j < n; j++) {
@@ -79,4 +80,8 @@ static void pv_rows(const float *V, int64_t ldv, int n, int dv, const float *S, 
     }
 }
 
-const dhsa_attn_kernels dhsa__kern_scalar = {qk, softmax, pv, softcap, qk_rows, pv_rows};
+static void widen(const uint16_t *src, int is_bf16, int64_t n, float *dst) {
+    for (int64_t c = 0; c < n; c++) dst[c] = is_bf16 ? dhsa_bf16_to_f32(src[c]) : dhsa_f16_to_f32(src[c]);
+}
+
+const dhsa_attn_kernels dhsa__kern_scalar = {qk, softmax, pv, softcap, qk_rows, pv_rows, widen};
