@@ -199,19 +199,23 @@ dhsa_status dhsa_ctx_set_budget(dhsa_ctx *ctx, size_t bytes) {
     return DHSA_OK;
 }
 
-/* Accounts for `add` new bytes (after `sub` are given back); caller holds
- * mem_mu. */
-static dhsa_status account(dhsa_ctx *ctx, size_t add, size_t sub) {
-    size_t after = ctx->st.in_use - sub + add;
-    if (ctx->st.budget && after > ctx->st.budget)
+/* Reserves `add` new bytes (after `sub` are given back) against the
+ * budget; caller holds mem_mu. Statistics other than in_use change only in
+ * commit(), once the allocation succeeded. */
+static dhsa_status reserve(dhsa_ctx *ctx, size_t add, size_t sub) {
+    size_t base = ctx->st.in_use - sub;
+    if (add > SIZE_MAX - base || (ctx->st.budget && base + add > ctx->st.budget))
         return dhsa__fail(DHSA_ERR_MEMORY_BUDGET,
-                          "memory budget exceeded: %zu bytes needed, %zu in use, budget %zu", add,
-                          ctx->st.in_use - sub, ctx->st.budget);
-    ctx->st.in_use = after;
-    if (after > ctx->st.peak) ctx->st.peak = after;
-    if (add > ctx->st.largest) ctx->st.largest = add;
-    if (add) ctx->st.n_allocs++;
+                          "memory budget exceeded: %zu bytes needed, %zu in use, budget %zu", add, base,
+                          ctx->st.budget);
+    ctx->st.in_use = base + add;
     return DHSA_OK;
+}
+
+static void commit(dhsa_ctx *ctx, size_t add) {
+    if (ctx->st.in_use > ctx->st.peak) ctx->st.peak = ctx->st.in_use;
+    if (add > ctx->st.largest) ctx->st.largest = add;
+    ctx->st.n_allocs++;
 }
 
 static void *raw_alloc(size_t bytes) {
@@ -228,16 +232,17 @@ void *dhsa_ctx_alloc(dhsa_ctx *ctx, size_t bytes) {
         return NULL;
     }
     pthread_mutex_lock(&ctx->mem_mu);
-    dhsa_status st = account(ctx, bytes, 0);
+    dhsa_status st = reserve(ctx, bytes, 0);
     pthread_mutex_unlock(&ctx->mem_mu);
     if (st != DHSA_OK) return NULL;
     void *p = raw_alloc(bytes);
-    if (!p) {
-        pthread_mutex_lock(&ctx->mem_mu);
+    pthread_mutex_lock(&ctx->mem_mu);
+    if (p)
+        commit(ctx, bytes);
+    else
         ctx->st.in_use -= bytes;
-        pthread_mutex_unlock(&ctx->mem_mu);
-        dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory allocating %zu bytes", bytes);
-    }
+    pthread_mutex_unlock(&ctx->mem_mu);
+    if (!p) dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory allocating %zu bytes", bytes);
     return p;
 }
 
@@ -272,16 +277,16 @@ void *dhsa__scratch(dhsa_ctx *ctx, size_t bytes, dhsa_status *st) {
     if (bytes <= ctx->scratch_cap) return ctx->scratch;
     pthread_mutex_lock(&ctx->mem_mu);
     /* The old buffer is dropped first so the budget sees only the new one. */
-    *st = account(ctx, bytes, ctx->scratch_cap);
+    *st = reserve(ctx, bytes, ctx->scratch_cap);
     if (*st == DHSA_OK) {
         if (ctx->scratch) free((char *)ctx->scratch - HDR);
-        ctx->scratch = NULL;
-        ctx->scratch_cap = 0;
         ctx->scratch = raw_alloc(bytes);
         if (ctx->scratch) {
             ctx->scratch_cap = bytes;
+            commit(ctx, bytes);
         } else {
             ctx->st.in_use -= bytes;
+            ctx->scratch_cap = 0;
             *st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory allocating %zu bytes of workspace",
                              bytes);
         }
