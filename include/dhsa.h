@@ -225,7 +225,7 @@ const char *dhsa_backend_name(dhsa_backend b);
 /* ------------------------------------------------------------------------ */
 /* Process memory (Linux /proc; 0 elsewhere)                                 */
 
-/* Peak resident set (VmHWM) in bytes, or 0 if unknown. */
+/* Peak resident set in bytes: max(VmHWM, VmRSS), or 0 if unknown. */
 size_t dhsa_proc_peak_rss(void);
 /* Current resident set (VmRSS) in bytes, or 0 if unknown. */
 size_t dhsa_proc_rss(void);

@@ -7,6 +7,9 @@
 
 #include <stdatomic.h>
 #include <stdlib.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 static atomic_int active = -1;
 
@@ -19,8 +22,10 @@ static dhsa_isa detect(void) {
         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("fma"))
         return DHSA_ISA_AVX512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
+    /* F16C (CPUID.1:ECX bit 29): not every compiler's builtin knows it */
+    unsigned a, b, c, d;
+    int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)
         return DHSA_ISA_AVX2;
 #endif
     return DHSA_ISA_SCALAR;

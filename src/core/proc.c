@@ -22,7 +22,12 @@ static size_t read_status_kb(const char *key) {
     return kb * 1024;
 }
 
-size_t dhsa_proc_peak_rss(void) { return read_status_kb("VmHWM"); }
+/* Right after a clear_refs reset the kernel can report VmHWM below VmRSS
+ * until the next page fault updates it; the peak is at least the current. */
+size_t dhsa_proc_peak_rss(void) {
+    size_t hwm = read_status_kb("VmHWM"), rss = read_status_kb("VmRSS");
+    return hwm > rss ? hwm : rss;
+}
 size_t dhsa_proc_rss(void) { return read_status_kb("VmRSS"); }
 
 dhsa_status dhsa_proc_reset_peak_rss(void) {

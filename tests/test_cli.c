@@ -1,0 +1,233 @@
+/* test_cli.c: runs the built CLI (env DHSA_CLI, set by tests/run.sh;
+ * default build/dhsa) and checks what a user sees: every --help exits 0
+ * with a usage text; bad numbers and unknown options exit 2 with a message
+ * naming the option; `bench attn` prints JSON with every documented key and
+ * an error under tolerance, and refuses (exit 1, no timing) when its output
+ * is deliberately corrupted; `peak --json` has its keys; `demo` runs and
+ * shows the mask polarity refusal. Skips when the binary is missing.
+ * Run: make test (or DHSA_CLI=build/dhsa build/tests/test_cli).
+ */
+#include "t.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static const char *cli;
+
+/* Runs `cli ARGS 2>&1`; returns the exit status (-1 if it did not exit
+ * normally) and the output in *out (caller frees). */
+static int run(const char *args, char **out) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", cli, args);
+    FILE *p = popen(cmd, "r");
+    size_t cap = 1 << 14, n = 0;
+    char *buf = malloc(cap);
+    if (!p || !buf) {
+        if (p) pclose(p);
+        free(buf);
+        *out = NULL;
+        return -1;
+    }
+    size_t got;
+    while ((got = fread(buf + n, 1, cap - n - 1, p)) > 0) {
+        n += got;
+        if (cap - n < 1024) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) break;
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    buf[n] = '\0';
+    int st = pclose(p);
+    *out = buf;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* The value text after "key": in a flat JSON object, or NULL. */
+static const char *json_find(const char *js, const char *key) {
+    char pat[128];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(js, pat);
+    if (!p) return NULL;
+    p += strlen(pat);
+    while (*p == ' ') p++;
+    return p;
+}
+
+/* 1 and *v if "key" holds a number. */
+static int json_number(const char *js, const char *key, double *v) {
+    const char *p = json_find(js, key);
+    if (!p) return 0;
+    char *end;
+    *v = strtod(p, &end);
+    return end != p && (*end == ',' || *end == '}' || *end == ' ');
+}
+
+/* --------------------------------------------------------------- help --- */
+
+static void test_help(void) {
+    static const char *cases[] = {"--help", "help", "help peak", "help bench", "help demo",
+                                  "peak --help", "bench --help", "bench attn --help",
+                                  "demo --help", "demo -h"};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out;
+        int rc = run(cases[i], &out);
+        T_CHECK(rc == 0, "dhsa %s: exit %d, want 0", cases[i], rc);
+        T_CHECK(out && strstr(out, "usage: dhsa"), "dhsa %s: no usage text in:\n%s", cases[i],
+                out ? out : "(none)");
+        free(out);
+    }
+    char *out;
+    int rc = run("", &out);
+    T_CHECK(rc == 2 && out && strstr(out, "usage: dhsa"), "dhsa with no command: exit %d", rc);
+    free(out);
+}
+
+/* ---------------------------------------------------------- bad input --- */
+
+static void test_bad_input(void) {
+    static const struct {
+        const char *args, *want; /* want: a substring of the message */
+    } cases[] = {
+        {"bench attn --L 12x --heads 2 --dim 64", "--L: \"12x\""},
+        {"bench attn --L '' --heads 2 --dim 64", "--L: \"\""},
+        {"bench attn --L -1 --heads 2 --dim 64", "out of range"},
+        {"bench attn --L 0 --heads 2 --dim 64", "out of range"},
+        {"bench attn --L 99999999999999999999 --heads 2 --dim 64", "out of range"},
+        {"bench attn --L 9999999999999999K --heads 2 --dim 64", "out of range"},
+        {"bench attn --L ' 64' --heads 2 --dim 64", "not an integer"},
+        {"bench attn --L 64 --heads 2x --dim 64", "--heads"},
+        {"bench attn --L 64 --heads 2 --dim 64 --runs 2", "--runs"},
+        {"bench attn --L 64 --heads 2 --dim 64 --softcap abc", "--softcap"},
+        {"bench attn --L 64 --heads 2 --dim 64 --softcap nan", "--softcap"},
+        {"bench attn --L 64 --heads 2 --dim 64 --threads 0", "--threads"},
+        {"bench attn --L 64 --heads 2 --dim 64 --dtype f8", "--dtype"},
+        {"bench attn --L 64 --heads 3 --kv-heads 2 --dim 64", "multiple"},
+        {"bench attn --heads 2 --dim 64", "--L is required"},
+        {"bench attn --L 64 --heads 2 --dim", "needs a value"},
+        {"bench attn --L 64 --heads 2 --dim 64 --causal=1", "takes no value"},
+        {"bench attn --L 64 --heads 2 --dim 64 --bogus", "usage: dhsa bench attn"},
+        {"bench nope", "unknown benchmark"},
+        {"peak --threads abc", "--threads"},
+        {"peak --threads 1.5", "--threads"},
+        {"peak --bogus", "usage: dhsa peak"},
+        {"peak stray", "unexpected argument"},
+        {"demo --L 12x", "--L"},
+        {"demo --bogus", "usage: dhsa demo"},
+        {"frobnicate", "unknown command"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out;
+        int rc = run(cases[i].args, &out);
+        T_CHECK(rc == 2, "dhsa %s: exit %d, want 2; output:\n%s", cases[i].args, rc,
+                out ? out : "(none)");
+        T_CHECK(out && strstr(out, cases[i].want), "dhsa %s: message lacks \"%s\":\n%s",
+                cases[i].args, cases[i].want, out ? out : "(none)");
+        free(out);
+    }
+}
+
+/* --------------------------------------------------------- bench attn --- */
+
+static void test_bench_json(void) {
+    static const char *keys[] = {
+        "median_ms", "gflops", "peak_gflops", "peak_fraction", "workspace_bytes",
+        "peak_rss_bytes", "max_abs_err", "L", "Lq", "heads", "kv_heads", "dim", "dv", "causal",
+        "window", "dtype", "threads", "isa", "backend", "qkvo_bytes", "extra_rss_bytes", "kv_gbps"};
+    char *out;
+    const char *args =
+        "bench attn --L 256 --heads 2 --kv-heads 1 --dim 64 --causal --runs 3 --json";
+    int rc = run(args, &out);
+    T_CHECK(rc == 0, "dhsa %s: exit %d; output:\n%s", args, rc, out ? out : "(none)");
+    if (!out) return;
+    const char *js = strchr(out, '{');
+    T_CHECK(js != NULL, "no JSON object in:\n%s", out);
+    if (!js) js = out;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        T_CHECK(json_find(js, keys[i]) != NULL, "bench JSON lacks \"%s\":\n%s", keys[i], js);
+    double v = -1;
+    T_CHECK(json_number(js, "max_abs_err", &v) && v >= 0 && v < 1e-3, "max_abs_err = %g", v);
+    T_CHECK(json_number(js, "gflops", &v) && v > 0, "gflops = %g", v);
+    T_CHECK(json_number(js, "median_ms", &v) && v > 0, "median_ms = %g", v);
+    T_CHECK(json_number(js, "peak_fraction", &v) && v > 0, "peak_fraction = %g", v);
+    T_CHECK(json_number(js, "workspace_bytes", &v) && v > 0, "workspace_bytes = %g", v);
+    T_CHECK(json_number(js, "L", &v) && v == 256, "L = %g", v);
+    T_CHECK(json_number(js, "qkvo_bytes", &v) && v == 4.0 * (2 * 256 * 64 * 2 + 256 * 64 * 2),
+            "qkvo_bytes = %g", v);
+    const char *c = json_find(js, "causal");
+    T_CHECK(c && strncmp(c, "true", 4) == 0, "causal is not true");
+    /* The key finder itself can fail: a key that is not there. */
+    T_CHECK(json_find(js, "no_such_key") == NULL && !json_number(js, "dtype", &v),
+            "json_find accepts what is not there");
+    free(out);
+
+    /* Decode shape, K suffix, f16: the decode keys appear. */
+    args = "bench attn --L 1K --Lq 1 --heads 4 --kv-heads 2 --dim 32 --dtype f16 --runs 3 --json "
+           "--peak-seconds 0.02 --peak-bytes 16M";
+    rc = run(args, &out);
+    T_CHECK(rc == 0, "dhsa %s: exit %d; output:\n%s", args, rc, out ? out : "(none)");
+    if (out) {
+        T_CHECK(json_number(out, "L", &v) && v == 1024, "--L 1K gave L = %g", v);
+        T_CHECK(json_number(out, "read_gbps", &v) && v > 0, "decode read_gbps = %g", v);
+        T_CHECK(json_number(out, "kv_gbps", &v) && v > 0, "decode kv_gbps = %g", v);
+        T_CHECK(json_number(out, "max_abs_err", &v) && v < 2e-3, "f16 max_abs_err = %g", v);
+        free(out);
+    }
+
+    /* The correctness gate: a corrupted output element must stop the run. */
+    args = "bench attn --L 128 --heads 2 --dim 32 --runs 3 --json --corrupt";
+    rc = run(args, &out);
+    T_CHECK(rc == 1, "dhsa %s: exit %d, want 1", args, rc);
+    T_CHECK(out && strstr(out, "FAILED") && !strstr(out, "median_ms"),
+            "corrupted run still reported timing:\n%s", out ? out : "(none)");
+    free(out);
+}
+
+/* ---------------------------------------------------------- peak, demo --- */
+
+static void test_peak_json(void) {
+    char *out;
+    const char *args = "peak --json --threads 2 --seconds 0.05 --bytes 16M";
+    int rc = run(args, &out);
+    T_CHECK(rc == 0, "dhsa %s: exit %d; output:\n%s", args, rc, out ? out : "(none)");
+    if (!out) return;
+    double v = 0;
+    T_CHECK(json_find(out, "isa") && *json_find(out, "isa") == '"', "peak JSON: isa:\n%s", out);
+    T_CHECK(json_number(out, "gflops_1t", &v) && v > 0, "gflops_1t = %g", v);
+    T_CHECK(json_number(out, "gflops_all", &v) && v > 0, "gflops_all = %g", v);
+    T_CHECK(json_number(out, "threads", &v) && v == 2, "threads = %g", v);
+    T_CHECK(json_number(out, "read_gbps", &v) && v > 0, "read_gbps = %g", v);
+    free(out);
+}
+
+static void test_demo(void) {
+    char *out;
+    int rc = run("demo --L 1024", &out);
+    T_CHECK(rc == 0, "dhsa demo --L 1024: exit %d; output:\n%s", rc, out ? out : "(none)");
+    T_CHECK(out && strstr(out, "max_abs_err"), "demo prints no error figure");
+    T_CHECK(out && strstr(out, "DHSA_MASK_NO_POLARITY ->") && !strstr(out, "ACCEPTED"),
+            "demo does not show the polarity refusal:\n%s", out ? out : "(none)");
+    free(out);
+}
+
+int main(void) {
+    cli = getenv("DHSA_CLI");
+    if (!cli || !cli[0]) cli = "build/dhsa";
+    if (strchr(cli, '\'')) {
+        T_SKIP("DHSA_CLI path contains a quote: %s", cli);
+        return t_report("test_cli");
+    }
+    if (access(cli, X_OK) != 0) {
+        T_SKIP("no CLI binary at %s (set DHSA_CLI or run make)", cli);
+        return t_report("test_cli");
+    }
+    test_help();
+    test_bad_input();
+    test_bench_json();
+    test_peak_json();
+    test_demo();
+    return t_report("test_cli");
+}
