@@ -24,6 +24,20 @@
 
 #define MIB ((size_t)1 << 20)
 
+/* Under AddressSanitizer (make asan) an impossible allocation aborts by
+ * default; the 1 PiB test below needs malloc to return NULL instead. */
+#if defined(__SANITIZE_ADDRESS__)
+#define TEST_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TEST_UNDER_ASAN 1
+#endif
+#endif
+#ifdef TEST_UNDER_ASAN
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+#endif
+
 /* ------------------------------------------------------------------------ */
 /* Process memory probes. Runs first, while the process is small, so that the
  * peak (VmHWM) is close to the current RSS and a 64 MiB touch must move it. */
