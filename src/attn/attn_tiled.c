@@ -147,6 +147,10 @@ static void tile_task(void *arg, int64_t task, int thread) {
         if (hi[i] < inner_hi) inner_hi = hi[i];
     }
     memset(Ot, 0, (size_t)dv * W * sizeof(float));
+    /* Element (key j, query i) of the score block: S[j * sj + i * si]. Wide
+     * tiles store a key per row ([BC][W]), narrow ones a query per row
+     * ([nq][BC]). */
+    const int64_t sj = narrow ? 1 : W, si = narrow ? DHSA_BC : 1;
 
     for (int64_t j0 = jlo; j0 < jhi; j0 += DHSA_BC) {
         int n = (int)(jhi - j0 < DHSA_BC ? jhi - j0 : DHSA_BC);
@@ -162,16 +166,16 @@ static void tile_task(void *arg, int64_t task, int thread) {
             ldk = d;
         }
         if (narrow)
-            kern->qk_rows(K, ldk, n, (int)d, Qt, dq, ncols, S, W);
+            kern->qk_rows(K, ldk, n, (int)d, Qt, dq, ncols, S);
         else
             kern->qk(K, ldk, n, (int)d, Qt, W, S);
-        if (a->softcap > 0) kern->softcap(S, (int64_t)n * W, a->softcap);
+        if (a->softcap > 0) kern->softcap(S, narrow ? (int64_t)ncols * DHSA_BC : (int64_t)n * W, a->softcap);
 
         if (a->key_mask || a->key_bias) {
             for (int j = 0; j < n; j++) {
                 float add = dhsa__attn_key_add(a, b, j0 + j);
                 if (add != 0.0f)
-                    for (int i = 0; i < W; i++) S[(int64_t)j * W + i] += add;
+                    for (int i = 0; i < (narrow ? ncols : W); i++) S[j * sj + i * si] += add;
             }
         }
         if (a->attn_mask.data) {
@@ -180,17 +184,20 @@ static void tile_task(void *arg, int64_t task, int thread) {
                 int64_t u = u0 + i, row = u / G, hq = g * G + u % G;
                 const float *mrow = (const float *)a->attn_mask.data + b * ms[0] + hq * ms[1] +
                                     row * ms[2] + j0 * ms[3];
-                for (int j = 0; j < n; j++) S[(int64_t)j * W + i] += mrow[j * ms[3]];
+                for (int j = 0; j < n; j++) S[j * sj + i * si] += mrow[j * ms[3]];
             }
         }
         if (!(j0 >= inner_lo && j0 + n <= inner_hi)) {
             for (int j = 0; j < n; j++) {
                 int64_t key = j0 + j;
                 for (int i = 0; i < ncols; i++)
-                    if (key < lo[i] || key >= hi[i]) S[(int64_t)j * W + i] = -INFINITY;
+                    if (key < lo[i] || key >= hi[i]) S[j * sj + i * si] = -INFINITY;
             }
         }
-        kern->softmax(S, n, W, m, l, alpha);
+        if (narrow)
+            kern->softmax_rows(S, n, ncols, m, l, alpha);
+        else
+            kern->softmax(S, n, W, m, l, alpha);
 
         const float *V;
         int64_t ldv;
@@ -203,7 +210,7 @@ static void tile_task(void *arg, int64_t task, int thread) {
             ldv = dv;
         }
         if (narrow)
-            kern->pv_rows(V, ldv, n, (int)dv, S, W, ncols, alpha, Ot);
+            kern->pv_rows(V, ldv, n, (int)dv, S, ncols, alpha, Ot);
         else
             kern->pv(V, ldv, n, (int)dv, S, W, alpha, Ot);
     }

@@ -38,15 +38,19 @@ typedef struct {
     /* S = cap * tanh(S / cap) over n*W values */
     void (*softcap)(float *S, int64_t count, float cap);
 
-    /* Narrow tiles (at most DHSA_NARROW queries: decode) keep queries and
-     * outputs as rows, so K and V rows are read with full vectors:
+    /* Narrow tiles (at most DHSA_NARROW queries: decode) keep queries,
+     * scores and outputs as rows, so K and V rows stream through full-width
+     * vector loads and the softmax works on keys, not on mostly idle lanes:
      *   Qr [nq][dq]  scaled queries, dq = d rounded up to 16, zero padded
+     *   Sr [nq][BC]  scores of the block, one row per query
      *   Or [nq][dv]  unnormalised outputs
-     * S[j][i] = K[j] . Qr[i] for i < nq (other columns are not written);
-     * Or[i][c] = Or[i][c] * alpha[i] + sum_j S[j][i] * V[j][c]. */
+     * qk_rows:      Sr[i][j] = K[j] . Qr[i]
+     * softmax_rows: as softmax, per row i over j < n
+     * pv_rows:      Or[i][c] = Or[i][c] * alpha[i] + sum_j Sr[i][j] V[j][c] */
     void (*qk_rows)(const float *K, int64_t ldk, int n, int d, const float *Qr, int64_t dq, int nq,
-                    float *S, int W);
-    void (*pv_rows)(const float *V, int64_t ldv, int n, int dv, const float *S, int W, int nq,
+                    float *Sr);
+    void (*softmax_rows)(float *Sr, int n, int nq, float *m, float *l, float *alpha);
+    void (*pv_rows)(const float *V, int64_t ldv, int n, int dv, const float *Sr, int nq,
                     const float *alpha, float *Or);
 
     /* dst[c] = (float)src[c] for c < n; src is F16 (is_bf16 = 0) or BF16

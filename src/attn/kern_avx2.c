@@ -158,7 +158,7 @@ static inline float hsum256(__m256 v) {
 }
 
 static void qk_rows(const float *K, int64_t ldk, int n, int d, const float *Qr, int64_t dq, int nq,
-                    float *S, int W) {
+                    float *Sr) {
     for (int i = 0; i < nq; i++) {
         const float *q = Qr + (int64_t)i * dq;
         for (int j = 0; j < n; j++) {
@@ -170,12 +170,12 @@ static void qk_rows(const float *K, int64_t ldk, int n, int d, const float *Qr, 
                 a1 = _mm256_fmadd_ps(_mm256_loadu_ps(k + c + 8), _mm256_loadu_ps(q + c + 8), a1);
             }
             for (; c < d; c += 8) a0 = _mm256_fmadd_ps(load_tail(k + c, d - c), _mm256_loadu_ps(q + c), a0);
-            S[(int64_t)j * W + i] = hsum256(_mm256_add_ps(a0, a1));
+            Sr[i * DHSA_BC + j] = hsum256(_mm256_add_ps(a0, a1));
         }
     }
 }
 
-static void pv_rows(const float *V, int64_t ldv, int n, int dv, const float *S, int W, int nq,
+static void pv_rows(const float *V, int64_t ldv, int n, int dv, const float *Sr, int nq,
                     const float *alpha, float *Or) {
     for (int i = 0; i < nq; i++) {
         __m256 al = _mm256_set1_ps(alpha[i]);
@@ -185,7 +185,7 @@ static void pv_rows(const float *V, int64_t ldv, int n, int dv, const float *S, 
             __m256 acc[4];
             UNROLL for (int x = 0; x < 4; x++) acc[x] = _mm256_mul_ps(load_tail(o + 8 * x, left - 8 * x), al);
             for (int j = 0; j < n; j++) {
-                __m256 p = _mm256_set1_ps(S[(int64_t)j * W + i]);
+                __m256 p = _mm256_set1_ps(Sr[i * DHSA_BC + j]);
                 const float *v = V + j * ldv + c0;
                 UNROLL for (int x = 0; x < 4; x++) acc[x] =
                     _mm256_fmadd_ps(p, load_tail(v + 8 * x, left - 8 * x), acc[x]);
@@ -194,6 +194,30 @@ static void pv_rows(const float *V, int64_t ldv, int n, int dv, const float *S, 
             UNROLL for (int x = 0; x < 4; x++) _mm256_storeu_ps(tmp + 8 * x, acc[x]);
             memcpy(o, tmp, (size_t)(left < 32 ? left : 32) * sizeof(float));
         }
+    }
+}
+
+static void softmax_rows(float *Sr, int n, int nq, float *m, float *l, float *alpha) {
+    for (int i = 0; i < nq; i++) {
+        float *s = Sr + i * DHSA_BC;
+        float mx = m[i];
+        for (int j = 0; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+        float base = mx == -INFINITY ? 0.0f : mx; /* all -inf: exp gives 0, not NaN */
+        __m256 vb = _mm256_set1_ps(base), sum = _mm256_setzero_ps();
+        int j = 0;
+        for (; j + 8 <= n; j += 8) {
+            __m256 p = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), vb));
+            _mm256_storeu_ps(s + j, p);
+            sum = _mm256_add_ps(sum, p);
+        }
+        float tail = 0.0f;
+        for (; j < n; j++) {
+            s[j] = dhsa__expf(s[j] - base);
+            tail += s[j];
+        }
+        alpha[i] = dhsa__expf(m[i] - base);
+        l[i] = l[i] * alpha[i] + hsum256(sum) + tail;
+        m[i] = mx;
     }
 }
 
@@ -208,7 +232,7 @@ static void widen(const uint16_t *src, int is_bf16, int64_t n, float *dst) {
     for (; c < n; c++) dst[c] = is_bf16 ? dhsa_bf16_to_f32(src[c]) : dhsa_f16_to_f32(src[c]);
 }
 
-const dhsa_attn_kernels dhsa__kern_avx2 = {qk, softmax, pv, softcap, qk_rows, pv_rows, widen};
+const dhsa_attn_kernels dhsa__kern_avx2 = {qk, softmax, pv, softcap, qk_rows, softmax_rows, pv_rows, widen};
 
 #else
 typedef int dhsa__kern_avx2_unused; /* ISO C forbids an empty file */

@@ -209,7 +209,7 @@ static inline __m512 reduce16(__m512 *a) {
  * one load and one FMA; the 16 K rows stay in L1 across queries), then one
  * transpose-reduce gives the 16 scores. */
 static void qk_rows(const float *K, int64_t ldk, int n, int d, const float *Qr, int64_t dq, int nq,
-                    float *S, int W) {
+                    float *Sr) {
     int j = 0;
     for (; j + 16 <= n; j += 16) {
         const float *k = K + j * ldk;
@@ -231,9 +231,7 @@ static void qk_rows(const float *K, int64_t ldk, int n, int d, const float *Qr, 
                         _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail_mask(left - 16 * x), kr + 16 * x), qv[x], acc[r]);
                 }
             }
-            float t[16];
-            _mm512_storeu_ps(t, reduce16(acc));
-            for (int r = 0; r < 16; r++) S[(int64_t)(j + r) * W + i] = t[r];
+            _mm512_storeu_ps(Sr + i * DHSA_BC + j, reduce16(acc));
         }
     }
     for (; j < n; j++) {
@@ -243,14 +241,14 @@ static void qk_rows(const float *K, int64_t ldk, int n, int d, const float *Qr, 
             __m512 a = _mm512_setzero_ps();
             for (int c = 0; c < d; c += 16)
                 a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail_mask(d - c), k + c), _mm512_loadu_ps(q + c), a);
-            S[(int64_t)j * W + i] = _mm512_reduce_add_ps(a);
+            Sr[i * DHSA_BC + j] = _mm512_reduce_add_ps(a);
         }
     }
 }
 
 /* Queries in pairs, 128 output columns at a time: 16 accumulators and one V
  * row (8 vectors) in registers. V is read row by row, a sequential stream. */
-static void pv_rows(const float *V, int64_t ldv, int n, int dv, const float *S, int W, int nq,
+static void pv_rows(const float *V, int64_t ldv, int n, int dv, const float *Sr, int nq,
                     const float *alpha, float *Or) {
     for (int c0 = 0; c0 < dv; c0 += 128) {
         int left = dv - c0;
@@ -265,11 +263,11 @@ static void pv_rows(const float *V, int64_t ldv, int n, int dv, const float *S, 
                 a0[x] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk[x], o0 + 16 * x), al0);
                 a1[x] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk[x], o1 + 16 * x), al1);
             }
-            const float *s = S + i;
+            const float *s0 = Sr + i * DHSA_BC, *s1 = s0 + two * DHSA_BC;
             for (int j = 0; j < n; j++) {
                 const float *v = V + j * ldv + c0;
-                __m512 p0 = _mm512_set1_ps(s[(int64_t)j * W]);
-                __m512 p1 = _mm512_set1_ps(s[(int64_t)j * W + two]);
+                __m512 p0 = _mm512_set1_ps(s0[j]);
+                __m512 p1 = _mm512_set1_ps(s1[j]);
                 UNROLL for (int x = 0; x < 8; x++) if (16 * x < left) {
                     __m512 vv = _mm512_maskz_loadu_ps(mk[x], v + 16 * x);
                     a0[x] = _mm512_fmadd_ps(p0, vv, a0[x]);
@@ -284,6 +282,28 @@ static void pv_rows(const float *V, int64_t ldv, int n, int dv, const float *S, 
     }
 }
 
+static void softmax_rows(float *Sr, int n, int nq, float *m, float *l, float *alpha) {
+    for (int i = 0; i < nq; i++) {
+        float *s = Sr + i * DHSA_BC;
+        __m512 mx = _mm512_set1_ps(m[i]);
+        int j = 0;
+        for (; j + 16 <= n; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
+        if (j < n) mx = _mm512_mask_max_ps(mx, tail_mask(n - j), mx, _mm512_loadu_ps(s + j));
+        float mxs = _mm512_reduce_max_ps(mx);
+        float base = mxs == -INFINITY ? 0.0f : mxs; /* all -inf: exp gives 0, not NaN */
+        __m512 vb = _mm512_set1_ps(base), sum = _mm512_setzero_ps();
+        for (j = 0; j < n; j += 16) {
+            __mmask16 mk = tail_mask(n - j);
+            __m512 p = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), vb));
+            _mm512_mask_storeu_ps(s + j, mk, p);
+            sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(mk, p));
+        }
+        alpha[i] = dhsa__expf(m[i] - base);
+        l[i] = l[i] * alpha[i] + _mm512_reduce_add_ps(sum);
+        m[i] = mxs;
+    }
+}
+
 static void widen(const uint16_t *src, int is_bf16, int64_t n, float *dst) {
     int64_t c = 0;
     for (; c + 16 <= n; c += 16) {
@@ -295,7 +315,7 @@ static void widen(const uint16_t *src, int is_bf16, int64_t n, float *dst) {
     for (; c < n; c++) dst[c] = is_bf16 ? dhsa_bf16_to_f32(src[c]) : dhsa_f16_to_f32(src[c]);
 }
 
-const dhsa_attn_kernels dhsa__kern_avx512 = {qk, softmax, pv, softcap, qk_rows, pv_rows, widen};
+const dhsa_attn_kernels dhsa__kern_avx512 = {qk, softmax, pv, softcap, qk_rows, softmax_rows, pv_rows, widen};
 
 #else
 typedef int dhsa__kern_avx512_unused; /* ISO C forbids an empty file */

@@ -59,22 +59,39 @@ static void softcap(float *S, int64_t count, float cap) {
 }
 
 static void qk_rows(const float *K, int64_t ldk, int n, int d, const float *Qr, int64_t dq, int nq,
-                    float *S, int W) {
+                    float *Sr) {
     for (int i = 0; i < nq; i++)
         for (int j = 0; j < n; j++) {
             float acc = 0.0f;
             for (int c = 0; c < d; c++) acc += K[j * ldk + c] * Qr[i * dq + c];
-            S[(int64_t)j * W + i] = acc;
+            Sr[i * DHSA_BC + j] = acc;
         }
 }
 
-static void pv_rows(const float *V, int64_t ldv, int n, int dv, const float *S, int W, int nq,
+static void softmax_rows(float *Sr, int n, int nq, float *m, float *l, float *alpha) {
+    for (int i = 0; i < nq; i++) {
+        float *s = Sr + i * DHSA_BC;
+        float mx = m[i];
+        for (int j = 0; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+        float base = mx == -INFINITY ? 0.0f : mx;
+        alpha[i] = dhsa__expf(m[i] - base);
+        float sum = 0.0f;
+        for (int j = 0; j < n; j++) {
+            s[j] = dhsa__expf(s[j] - base);
+            sum += s[j];
+        }
+        l[i] = l[i] * alpha[i] + sum;
+        m[i] = mx;
+    }
+}
+
+static void pv_rows(const float *V, int64_t ldv, int n, int dv, const float *Sr, int nq,
                     const float *alpha, float *Or) {
     for (int i = 0; i < nq; i++) {
         float *o = Or + (int64_t)i * dv;
         for (int c = 0; c < dv; c++) o[c] *= alpha[i];
         for (int j = 0; j < n; j++) {
-            float p = S[(int64_t)j * W + i];
+            float p = Sr[i * DHSA_BC + j];
             for (int c = 0; c < dv; c++) o[c] += p * V[j * ldv + c];
         }
     }
@@ -84,4 +101,4 @@ static void widen(const uint16_t *src, int is_bf16, int64_t n, float *dst) {
     for (int64_t c = 0; c < n; c++) dst[c] = is_bf16 ? dhsa_bf16_to_f32(src[c]) : dhsa_f16_to_f32(src[c]);
 }
 
-const dhsa_attn_kernels dhsa__kern_scalar = {qk, softmax, pv, softcap, qk_rows, pv_rows, widen};
+const dhsa_attn_kernels dhsa__kern_scalar = {qk, softmax, pv, softcap, qk_rows, softmax_rows, pv_rows, widen};
