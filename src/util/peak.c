@@ -234,7 +234,10 @@ double dhsa_peak_read_gbps(dhsa_ctx *ctx, int n_threads, size_t bytes, double se
     dhsa_parallel_for(run, n_threads, read_task, &j);
     j.fill = 0;
 
-    double best = 0.0, start = now_s();
+    /* The median pass, not the best: on a shared VM single passes burst
+     * well above what a sustained stream gets (seen: 51 vs 32 GB/s). */
+    double rate[100], start = now_s();
+    int passes = 0;
     for (int pass = 0; pass < 100; pass++) {
         for (int t = 0; t < n_threads; t++) slots[t].work = 0;
         double t0 = now_s();
@@ -247,12 +250,65 @@ double dhsa_peak_read_gbps(dhsa_ctx *ctx, int n_threads, size_t bytes, double se
             floats += slots[t].work;
         }
         peak_sink = sink;
-        best = fmax(best, (double)floats * sizeof(float) / (t1 - t0) * 1e-9);
-        if (pass >= 2 && t1 - start >= seconds) break;
+        rate[passes++] = (double)floats * sizeof(float) / (t1 - t0) * 1e-9;
+        if (pass >= 4 && t1 - start >= seconds) break;
     }
+    for (int a = 1; a < passes; a++) /* insertion sort: at most 100 values */
+        for (int b = a; b > 0 && rate[b] < rate[b - 1]; b--) {
+            double x = rate[b];
+            rate[b] = rate[b - 1];
+            rate[b - 1] = x;
+        }
+    double best = passes % 2 ? rate[passes / 2] : 0.5 * (rate[passes / 2 - 1] + rate[passes / 2]);
 
     dhsa_ctx_release(run, buf);
     dhsa_ctx_release(run, slots);
     dhsa_ctx_free(owned);
     return best;
+}
+
+/* ------------------------------------------------- existing buffers --- */
+
+typedef struct {
+    dhsa_isa isa;
+    const float *const *bufs;
+    const size_t *n;
+    int count, parts;
+    float *sinks; /* [parts] */
+} bufs_job;
+
+static void bufs_task(void *arg, int64_t task, int thread) {
+    (void)thread;
+    bufs_job *j = arg;
+    float acc = 0.0f;
+    for (int b = 0; b < j->count; b++) {
+        size_t per = (j->n[b] + (size_t)j->parts - 1) / (size_t)j->parts;
+        size_t lo = (size_t)task * per, hi = lo + per < j->n[b] ? lo + per : j->n[b];
+        if (lo >= hi) continue;
+        const float *p = j->bufs[b] + lo;
+        switch (j->isa) {
+        case DHSA_ISA_AVX512: acc += dhsa__peak_sum_avx512(p, hi - lo); break;
+        case DHSA_ISA_AVX2: acc += dhsa__peak_sum_avx2(p, hi - lo); break;
+        default: acc += sum_scalar(p, hi - lo); break;
+        }
+    }
+    j->sinks[task] = acc;
+}
+
+double dhsa_peak_read_buffers_s(dhsa_ctx *ctx, int n_threads, const float *const *bufs,
+                                const size_t *n_floats, int count) {
+    dhsa_ctx *owned;
+    dhsa_ctx *run = pick_ctx(ctx, &n_threads, &owned);
+    if (!run) return -1.0;
+    float sinks[1024];
+    if (n_threads > 1024) n_threads = 1024;
+    bufs_job j = {dhsa_active_isa(), bufs, n_floats, count, n_threads, sinks};
+    double t0 = now_s();
+    dhsa_parallel_for(run, n_threads, bufs_task, &j);
+    double t = now_s() - t0;
+    float s = 0.0f;
+    for (int i = 0; i < n_threads; i++) s += sinks[i];
+    peak_sink = s;
+    dhsa_ctx_free(owned);
+    return t;
 }

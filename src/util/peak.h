@@ -38,8 +38,18 @@ double dhsa_peak_fma_gflops(dhsa_ctx *ctx, int n_threads, double seconds);
  * the active ISA. The buffer comes from the ctx (it counts in its
  * statistics and budget) and is written by the threads that later read it
  * before any pass is timed. Passes repeat until `seconds` have passed (at
- * least 3, at most 100); the best pass is returned. */
+ * least 5, at most 100); the median pass is returned (single passes burst
+ * above the sustained rate on a shared machine). */
 double dhsa_peak_read_gbps(dhsa_ctx *ctx, int n_threads, size_t bytes, double seconds);
+
+/* Seconds n_threads threads take to read `count` existing buffers once
+ * (buffer b has n_floats[b] floats, any alignment; each is split into one
+ * slice per thread), with the same summing loops: the baseline a
+ * memory-bound kernel reading those buffers is compared with, measured in
+ * the same run. The bytes are summed as floats whatever they hold. Returns
+ * a negative value (last error set) on failure. */
+double dhsa_peak_read_buffers_s(dhsa_ctx *ctx, int n_threads, const float *const *bufs,
+                                const size_t *n_floats, int count);
 
 /* ---- per-ISA loops (peak_avx512.c, peak_avx2.c); each file compiles to a
  * stub returning 0 where its ISA cannot be built. Private to peak.c. ---- */
@@ -55,7 +65,7 @@ float dhsa__peak_fma_loop_avx512(int64_t n_iter, float a, float b);
 #define DHSA_PEAK_AVX2_FLOPS_PER_ITER (DHSA_PEAK_AVX2_CHAINS * 8 * 2)
 float dhsa__peak_fma_loop_avx2(int64_t n_iter, float a, float b);
 
-/* Sum of n floats at p (p 64-byte aligned; any n). */
+/* Sum of n floats at p (any alignment; any n). */
 float dhsa__peak_sum_avx512(const float *p, size_t n);
 float dhsa__peak_sum_avx2(const float *p, size_t n);
 

@@ -41,14 +41,14 @@ float dhsa__peak_sum_avx2(const float *p, size_t n) {
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
     size_t i = 0;
     for (; i + 64 <= n; i += 64) {
-        s0 = _mm256_add_ps(s0, _mm256_load_ps(p + i));
-        s1 = _mm256_add_ps(s1, _mm256_load_ps(p + i + 8));
-        s2 = _mm256_add_ps(s2, _mm256_load_ps(p + i + 16));
-        s3 = _mm256_add_ps(s3, _mm256_load_ps(p + i + 24));
-        s4 = _mm256_add_ps(s4, _mm256_load_ps(p + i + 32));
-        s5 = _mm256_add_ps(s5, _mm256_load_ps(p + i + 40));
-        s6 = _mm256_add_ps(s6, _mm256_load_ps(p + i + 48));
-        s7 = _mm256_add_ps(s7, _mm256_load_ps(p + i + 56));
+        s0 = _mm256_add_ps(s0, _mm256_loadu_ps(p + i));
+        s1 = _mm256_add_ps(s1, _mm256_loadu_ps(p + i + 8));
+        s2 = _mm256_add_ps(s2, _mm256_loadu_ps(p + i + 16));
+        s3 = _mm256_add_ps(s3, _mm256_loadu_ps(p + i + 24));
+        s4 = _mm256_add_ps(s4, _mm256_loadu_ps(p + i + 32));
+        s5 = _mm256_add_ps(s5, _mm256_loadu_ps(p + i + 40));
+        s6 = _mm256_add_ps(s6, _mm256_loadu_ps(p + i + 48));
+        s7 = _mm256_add_ps(s7, _mm256_loadu_ps(p + i + 56));
     }
     __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)),
                              _mm256_add_ps(_mm256_add_ps(s4, s5), _mm256_add_ps(s6, s7)));

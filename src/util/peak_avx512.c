@@ -50,14 +50,14 @@ float dhsa__peak_sum_avx512(const float *p, size_t n) {
     __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
     size_t i = 0;
     for (; i + 128 <= n; i += 128) {
-        s0 = _mm512_add_ps(s0, _mm512_load_ps(p + i));
-        s1 = _mm512_add_ps(s1, _mm512_load_ps(p + i + 16));
-        s2 = _mm512_add_ps(s2, _mm512_load_ps(p + i + 32));
-        s3 = _mm512_add_ps(s3, _mm512_load_ps(p + i + 48));
-        s4 = _mm512_add_ps(s4, _mm512_load_ps(p + i + 64));
-        s5 = _mm512_add_ps(s5, _mm512_load_ps(p + i + 80));
-        s6 = _mm512_add_ps(s6, _mm512_load_ps(p + i + 96));
-        s7 = _mm512_add_ps(s7, _mm512_load_ps(p + i + 112));
+        s0 = _mm512_add_ps(s0, _mm512_loadu_ps(p + i));
+        s1 = _mm512_add_ps(s1, _mm512_loadu_ps(p + i + 16));
+        s2 = _mm512_add_ps(s2, _mm512_loadu_ps(p + i + 32));
+        s3 = _mm512_add_ps(s3, _mm512_loadu_ps(p + i + 48));
+        s4 = _mm512_add_ps(s4, _mm512_loadu_ps(p + i + 64));
+        s5 = _mm512_add_ps(s5, _mm512_loadu_ps(p + i + 80));
+        s6 = _mm512_add_ps(s6, _mm512_loadu_ps(p + i + 96));
+        s7 = _mm512_add_ps(s7, _mm512_loadu_ps(p + i + 112));
     }
     __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)),
                              _mm512_add_ps(_mm512_add_ps(s4, s5), _mm512_add_ps(s6, s7)));
