@@ -155,6 +155,20 @@ static void tile_task(void *arg, int64_t task, int thread) {
     for (int64_t j0 = jlo; j0 < jhi; j0 += DHSA_BC) {
         int n = (int)(jhi - j0 < DHSA_BC ? jhi - j0 : DHSA_BC);
 
+        /* Per-key additive terms. A block whose keys are all masked out
+         * changes nothing (its softmax step would rescale by exactly 1 and
+         * add exact zeros), so it is skipped: padding costs no arithmetic. */
+        int any_key_add = 0;
+        if (a->key_mask || a->key_bias) {
+            int open = 0;
+            for (int j = 0; j < n; j++) {
+                kadd[j] = dhsa__attn_key_add(a, b, j0 + j);
+                open += kadd[j] != -INFINITY;
+                any_key_add |= kadd[j] != 0.0f;
+            }
+            if (!open) continue;
+        }
+
         const float *K;
         int64_t ldk;
         if (jb->k_direct) {
@@ -171,12 +185,10 @@ static void tile_task(void *arg, int64_t task, int thread) {
             kern->qk(K, ldk, n, (int)d, Qt, W, S);
         if (a->softcap > 0) kern->softcap(S, narrow ? (int64_t)ncols * DHSA_BC : (int64_t)n * W, a->softcap);
 
-        if (a->key_mask || a->key_bias) {
-            for (int j = 0; j < n; j++) {
-                float add = dhsa__attn_key_add(a, b, j0 + j);
-                if (add != 0.0f)
-                    for (int i = 0; i < (narrow ? ncols : W); i++) S[j * sj + i * si] += add;
-            }
+        if (any_key_add) {
+            for (int j = 0; j < n; j++)
+                if (kadd[j] != 0.0f)
+                    for (int i = 0; i < (narrow ? ncols : W); i++) S[j * sj + i * si] += kadd[j];
         }
         if (a->attn_mask.data) {
             const int64_t *ms = p->mstride;
