@@ -134,6 +134,13 @@ const char *dhsa_type_name(dhsa_type t);
 dhsa_tensor dhsa_tensor_bhld(void *data, dhsa_type t, int64_t B, int64_t H, int64_t L, int64_t D);
 /* A view of a contiguous batch-first buffer [B, L, H, D] (no copy). */
 dhsa_tensor dhsa_tensor_blhd(void *data, dhsa_type t, int64_t B, int64_t L, int64_t H, int64_t D);
+/* Large tensor buffers (K/V caches, activations), owned by the caller and
+ * not tracked by any ctx: 64-byte aligned, and from 2 MiB up 2 MiB aligned
+ * and advised as transparent huge pages on Linux, so that streaming long
+ * K/V does not thrash the TLB. NULL (last error set) on failure; free with
+ * dhsa_buffer_free (NULL allowed). */
+void *dhsa_buffer_alloc(size_t bytes);
+void dhsa_buffer_free(void *p);
 /* Conversions (round to nearest even). */
 uint16_t dhsa_f32_to_f16(float x);
 float dhsa_f16_to_f32(uint16_t h);

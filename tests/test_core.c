@@ -719,8 +719,28 @@ static void test_isa(void) {
     T_CHECK(dhsa_set_isa(orig) == DHSA_OK && dhsa_active_isa() == orig, "could not restore ISA");
 }
 
+/* dhsa_buffer_alloc: alignment by size class, usable memory, NULL free. */
+static void test_buffers(void) {
+    size_t sizes[] = {1, 100, 4096, ((size_t)2 << 20) - 1, (size_t)2 << 20, (size_t)3 << 20};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        unsigned char *p = dhsa_buffer_alloc(sizes[i]);
+        T_CHECK(p != NULL, "dhsa_buffer_alloc(%zu) failed: %s", sizes[i], dhsa_last_error());
+        if (!p) continue;
+        size_t want = sizes[i] >= ((size_t)2 << 20) ? ((size_t)2 << 20) : 64;
+        T_CHECK((uintptr_t)p % want == 0, "buffer of %zu bytes at %p is not %zu-aligned", sizes[i],
+                (void *)p, want);
+        memset(p, 0xa5, sizes[i]);
+        T_CHECK(p[0] == 0xa5 && p[sizes[i] - 1] == 0xa5, "buffer of %zu bytes not writable", sizes[i]);
+        dhsa_buffer_free(p);
+    }
+    dhsa_buffer_free(NULL);
+    T_CHECK(dhsa_buffer_alloc(SIZE_MAX - 10) == NULL, "an impossible buffer was granted");
+    T_CHECK(dhsa_last_error()[0] != '\0', "a refused buffer left no error sentence");
+}
+
 int main(void) {
     test_proc_rss(); /* first: needs a small process */
+    test_buffers();
     test_status_names();
     test_last_error_thread_local();
     test_ctx_create();

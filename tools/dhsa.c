@@ -455,7 +455,7 @@ static host_buf host_alloc(dhsa_ctx *ctx, const char *name, dhsa_type t, int64_t
     host_buf b = {NULL, t, n};
     size_t bytes = (size_t)n * dhsa_type_size(t);
     size_t rounded = (bytes + 63) / 64 * 64;
-    b.data = aligned_alloc(64, rounded ? rounded : 64);
+    b.data = dhsa_buffer_alloc(rounded ? rounded : 64);
     if (!b.data) {
         char s[32];
         run_error("could not allocate %s for %s", fmt_bytes(s, sizeof s, (double)bytes), name);
@@ -953,10 +953,10 @@ static int cmd_bench_attn(int argc, char **argv) {
                fmt_bytes(s3, sizeof s3, extra_rss > 0 ? extra_rss : 0.0),
                rss_reset ? "" : " (peak RSS could not be reset: it covers the whole process)");
     }
-    free(q.data);
-    free(k.data);
-    free(v.data);
-    free(out.data);
+    dhsa_buffer_free(q.data);
+    dhsa_buffer_free(k.data);
+    dhsa_buffer_free(v.data);
+    dhsa_buffer_free(out.data);
     dhsa_ctx_free(ctx);
     return 0;
 }
@@ -1112,10 +1112,10 @@ static int cmd_demo(int argc, char **argv) {
     int ok = bad_st != DHSA_OK && !zero_rows_bad && !chk.nonfinite && chk.max_abs_err <= tol;
     if (!ok) fprintf(stderr, "%s: FAILED (see above)\n", cur_cmd);
     free(mask);
-    free(q.data);
-    free(k.data);
-    free(v.data);
-    free(out.data);
+    dhsa_buffer_free(q.data);
+    dhsa_buffer_free(k.data);
+    dhsa_buffer_free(v.data);
+    dhsa_buffer_free(out.data);
     dhsa_ctx_free(ctx);
     return ok ? 0 : EXIT_RUN;
 }
