@@ -29,6 +29,8 @@ OBJS  := $(patsubst src/%.c,$(BUILD)/obj/%.o,$(SRCS))
 HDRS  := $(wildcard include/*.h src/*/*.h)
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(sort $(wildcard tests/test_*.c)))
 TOOLS_SRCS := $(sort $(wildcard tools/*.c))
+# Small programs the tests drive (memory-probe targets and the like).
+PROGS := $(patsubst tests/progs/%.c,$(BUILD)/progs/%,$(sort $(wildcard tests/progs/*.c)))
 
 .PHONY: all test asan ubsan clean fuzz
 all: $(BUILD)/libdhsa.a $(BUILD)/libdhsa.so $(BUILD)/dhsa
@@ -55,11 +57,15 @@ $(BUILD)/libdhsa.so: $(OBJS)
 $(BUILD)/dhsa: $(TOOLS_SRCS) $(BUILD)/libdhsa.a $(HDRS)
 	$(CC) $(CFLAGS_BASE) -o $@ $(TOOLS_SRCS) $(BUILD)/libdhsa.a $(LDLIBS)
 
+$(BUILD)/progs/%: tests/progs/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -o $@ $< $(LDLIBS)
+
 $(BUILD)/tests/%: tests/%.c tests/t.h $(BUILD)/libdhsa.a $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -o $@ $< $(BUILD)/libdhsa.a $(LDLIBS)
 
-test: all $(TESTS)
+test: all $(TESTS) $(PROGS)
 	@sh tests/run.sh $(BUILD) $(TESTS)
 
 asan:
