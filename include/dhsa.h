@@ -167,6 +167,10 @@ typedef enum {
     DHSA_BACKEND_REFERENCE = 2  /* materialises scores, double accumulation (oracle) */
 } dhsa_backend;
 
+/* A sparse layout (see "Sparse layouts" below): per (batch, KV head, query
+ * block) a sorted list of disjoint key ranges. */
+typedef struct dhsa_layout dhsa_layout;
+
 /* One attention call. Shapes (logical order):
  *   q    [B, Hq, Lq, d]      F32 / F16 / BF16
  *   k    [B, Hkv, Lk, d]     Hq % Hkv == 0 (GQA/MQA: query head h reads
@@ -205,6 +209,14 @@ typedef struct {
      * library never builds one. */
     dhsa_tensor attn_mask;
 
+    /* Sparse attention: NULL = dense. Otherwise each query row attends only
+     * to the keys in the ranges of its (batch, KV head, query block), with
+     * every rule above still applied (causal, window, masks); cost is
+     * proportional to the selected keys. The layout must have been made for
+     * these B, Hkv, Lq and Lk. The REFERENCE backend honours it too (keys
+     * outside the ranges get -inf), so it remains the oracle. */
+    const dhsa_layout *layout;
+
     dhsa_backend backend;
     /* Nonzero: scan q, k, v first and fail with DHSA_ERR_NONFINITE (naming
      * the element) on NaN or Inf. Costs one extra read of the inputs. */
@@ -228,6 +240,54 @@ dhsa_status dhsa_attention(dhsa_ctx *ctx, const dhsa_attn_desc *a);
 /* The backend AUTO resolves to in this process (after DHSA_ATTN). */
 dhsa_backend dhsa_attn_resolve_backend(dhsa_backend b);
 const char *dhsa_backend_name(dhsa_backend b);
+
+/* ------------------------------------------------------------------------ */
+/* Sparse layouts                                                            */
+
+/* Query rows are cut into blocks of q_block rows (the last may be shorter):
+ * block qb holds rows [qb * q_block, min((qb + 1) * q_block, Lq)). For each
+ * (batch b, KV head g, block qb) the layout holds at most max_ranges sorted,
+ * disjoint, non-adjacent key ranges [start, end) within [0, Lk). */
+
+/* Exact bytes dhsa_layout_create allocates from the ctx for these sizes. */
+dhsa_status dhsa_layout_size(int64_t B, int64_t Hkv, int64_t Lq, int64_t Lk, int64_t q_block,
+                             int64_t max_ranges, size_t *bytes);
+/* An empty layout (every block selects nothing) owned by the caller,
+ * allocated from ctx (held to its budget). */
+dhsa_status dhsa_layout_create(dhsa_ctx *ctx, int64_t B, int64_t Hkv, int64_t Lq, int64_t Lk,
+                               int64_t q_block, int64_t max_ranges, dhsa_layout **out);
+void dhsa_layout_free(dhsa_layout *layout);
+/* Sets the ranges of one block: `ranges` holds n pairs (start, end). They are
+ * sorted and merged here (overlapping or adjacent ranges join), then checked
+ * against [0, Lk) and max_ranges; on error the block is left unchanged. */
+dhsa_status dhsa_layout_set(dhsa_layout *layout, int64_t b, int64_t g, int64_t qb,
+                            const int64_t *ranges, int64_t n);
+/* The ranges of one block: *ranges points to n pairs inside the layout
+ * (valid until the layout is changed or freed). */
+dhsa_status dhsa_layout_get(const dhsa_layout *layout, int64_t b, int64_t g, int64_t qb,
+                            const int64_t **ranges, int64_t *n);
+
+typedef struct {
+    int64_t B, Hkv, Lq, Lk, q_block, n_blocks, max_ranges;
+    int64_t q_pos0;        /* positions the layout was routed for (0 if set by hand) */
+    int causal;            /* routed for causal attention */
+    int64_t window;
+    double selected;       /* sum over (b, g, query row) of selected keys the
+                              row may attend to (after causality/window) */
+    double available;      /* same sum over all keys the row may attend to */
+    double density;        /* selected / available (1 when available is 0) */
+    int64_t ranges;        /* total ranges */
+    int64_t dense_blocks;  /* blocks that ended up dense */
+    /* chunks of the routing, when a router made the layout (else 0) */
+    int64_t chunks;
+    double chunk_mean;
+    int64_t chunk_min, chunk_max;
+} dhsa_layout_stats;
+
+/* Statistics; density counts, for every query row, the keys it could attend
+ * to under the layout's causal/window/q_pos0 (as recorded by the router, or
+ * none for a hand-made layout: then every key is available). */
+dhsa_status dhsa_layout_get_stats(const dhsa_layout *layout, dhsa_layout_stats *st);
 
 /* ------------------------------------------------------------------------ */
 /* Process memory (Linux /proc; 0 elsewhere)                                 */

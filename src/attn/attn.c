@@ -5,6 +5,7 @@
  * runs the backend. Tested by tests/test_attn.c.
  */
 #include "attn/attn_internal.h"
+#include "route/layout_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -157,6 +158,15 @@ dhsa_status dhsa__attn_check(const dhsa_attn_desc *a, dhsa__attn_problem *p) {
                               (long long)m->shape[3], (long long)p->B, (long long)p->Hq,
                               (long long)p->Lq, (long long)p->Lk);
         for (int i = 0; i < 4; i++) p->mstride[i] = m->shape[i] == 1 ? 0 : m->stride[i];
+    }
+    if (a->layout) {
+        const dhsa_layout *l = a->layout;
+        if (l->B != p->B || l->Hkv != p->Hkv || l->Lq != p->Lq || l->Lk != p->Lk)
+            return dhsa__fail(DHSA_ERR_SHAPE,
+                              "layout was built for B=%lld Hkv=%lld Lq=%lld Lk=%lld but the call has "
+                              "B=%lld Hkv=%lld Lq=%lld Lk=%lld",
+                              (long long)l->B, (long long)l->Hkv, (long long)l->Lq, (long long)l->Lk,
+                              (long long)p->B, (long long)p->Hkv, (long long)p->Lq, (long long)p->Lk);
     }
     if (a->backend != DHSA_BACKEND_AUTO && a->backend != DHSA_BACKEND_TILED &&
         a->backend != DHSA_BACKEND_REFERENCE)

@@ -5,6 +5,7 @@
  * memory is Lq*Lk*8 bytes, so it refuses calls above a cap (attn.c).
  */
 #include "attn/attn_internal.h"
+#include "route/layout_internal.h"
 
 size_t dhsa__attn_ref_workspace(const dhsa__attn_problem *p) {
     return (size_t)(p->Lq * p->Lk + p->dv) * sizeof(double);
@@ -27,9 +28,17 @@ dhsa_status dhsa__attn_ref_run(dhsa_ctx *ctx, const dhsa_attn_desc *a, const dhs
                                         ? (const float *)a->attn_mask.data + b * p->mstride[0] +
                                               h * p->mstride[1] + i * p->mstride[2]
                                         : NULL;
+                const int64_t *rg = NULL;
+                int64_t nrg = 0, ri = 0;
+                if (a->layout) dhsa_layout_get(a->layout, b, g, i / a->layout->q_block, &rg, &nrg);
                 for (int64_t j = 0; j < p->Lk; j++) {
                     double s = -INFINITY;
-                    if (j >= lo && j < hi) {
+                    int selected = 1;
+                    if (a->layout) { /* ranges are sorted: walk them with j */
+                        while (ri < nrg && rg[2 * ri + 1] <= j) ri++;
+                        selected = ri < nrg && rg[2 * ri] <= j;
+                    }
+                    if (selected && j >= lo && j < hi) {
                         const void *k = dhsa__at(&a->k, b, g, j);
                         double dot = 0.0;
                         for (int64_t c = 0; c < p->d; c++)

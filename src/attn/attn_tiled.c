@@ -17,6 +17,7 @@
  */
 #include "attn/attn_internal.h"
 #include "attn/kern.h"
+#include "route/layout_internal.h"
 
 #define ALIGNF 16 /* floats per 64 bytes */
 
@@ -25,7 +26,9 @@ typedef struct {
     const dhsa__attn_problem *p;
     const dhsa_attn_kernels *kern;
     int W;
-    int64_t n_tiles; /* per (batch, KV head) */
+    int64_t n_tiles;   /* per (batch, KV head) */
+    int64_t q_block;   /* query rows per block: the layout's, or Lq (dense) */
+    int64_t sub_tiles; /* tiles per query block */
     int k_direct, v_direct;
     char *ws;
     size_t ws_per_thread;
@@ -36,12 +39,21 @@ typedef struct {
     size_t qt, ot, s, kbuf, vbuf, mla, kadd, bounds, total;
 } ws_layout;
 
-static int64_t tile_width(const dhsa__attn_problem *p) { return p->Lq * p->G <= 16 ? 16 : 64; }
+/* Query rows per block: a tile never spans two blocks of a layout. */
+static int64_t q_block_of(const dhsa__attn_problem *p, const dhsa_attn_desc *a) {
+    return a->layout ? a->layout->q_block : (p->Lq > 0 ? p->Lq : 1);
+}
+
+static int64_t tile_width(const dhsa__attn_problem *p, const dhsa_attn_desc *a) {
+    int64_t rows = q_block_of(p, a) < p->Lq ? q_block_of(p, a) : p->Lq;
+    return rows * p->G <= 16 ? 16 : 64;
+}
 
 static int direct_rows(const dhsa_tensor *t) { return t->type == DHSA_F32 && t->stride[3] == 1; }
 
-static ws_layout layout(const dhsa__attn_problem *p, int k_direct, int v_direct) {
-    size_t W = (size_t)tile_width(p);
+static ws_layout layout(const dhsa__attn_problem *p, const dhsa_attn_desc *a, int k_direct,
+                        int v_direct) {
+    size_t W = (size_t)tile_width(p, a);
     ws_layout l;
     size_t dq = dhsa__align_up((size_t)p->d, 16);
     size_t qt = (size_t)p->d * W, qr = DHSA_NARROW * dq;
@@ -59,7 +71,7 @@ static ws_layout layout(const dhsa__attn_problem *p, int k_direct, int v_direct)
 
 size_t dhsa__attn_tiled_workspace(const dhsa_ctx *ctx, const dhsa__attn_problem *p,
                                   const dhsa_attn_desc *a) {
-    ws_layout l = layout(p, direct_rows(&a->k), direct_rows(&a->v));
+    ws_layout l = layout(p, a, direct_rows(&a->k), direct_rows(&a->v));
     return (size_t)dhsa_ctx_n_threads(ctx) * l.total * sizeof(float);
 }
 
@@ -97,10 +109,14 @@ static void tile_task(void *arg, int64_t task, int thread) {
     int64_t t = task % jb->n_tiles, bg = task / jb->n_tiles;
     if (a->causal) t = jb->n_tiles - 1 - t;
     const int64_t b = bg / p->Hkv, g = bg % p->Hkv;
-    const int64_t u0 = t * W;
-    const int ncols = (int)(p->Lq * G - u0 < W ? p->Lq * G - u0 : W);
+    /* tile t = sub-tile s of query block qb; columns u0.. of the block */
+    const int64_t qb = t / jb->sub_tiles, r0 = qb * jb->q_block;
+    const int64_t r1 = r0 + jb->q_block < p->Lq ? r0 + jb->q_block : p->Lq;
+    const int64_t u0 = (t % jb->sub_tiles) * W, block_cols = (r1 - r0) * G;
+    if (u0 >= block_cols) return; /* the last block is shorter */
+    const int ncols = (int)(block_cols - u0 < W ? block_cols - u0 : W);
 
-    ws_layout L = layout(p, jb->k_direct, jb->v_direct);
+    ws_layout L = layout(p, a, jb->k_direct, jb->v_direct);
     float *base = (float *)(jb->ws + (size_t)thread * jb->ws_per_thread);
     float *Qt = base;                 /* [d][W] */
     float *Ot = Qt + L.qt;            /* [dv][W] */
@@ -129,7 +145,7 @@ static void tile_task(void *arg, int64_t task, int thread) {
                 for (int64_t c = 0; c < d; c++) Qt[c * W + i] = 0.0f;
             continue;
         }
-        int64_t u = u0 + i, row = u / G, hq = g * G + u % G;
+        int64_t u = u0 + i, row = r0 + u / G, hq = g * G + u % G;
         const void *q = dhsa__at(&a->q, b, hq, row);
         for (int64_t c = 0; c < d; c++) {
             float x = p->scale * dhsa__load(q, a->q.type, c * a->q.stride[3]);
@@ -152,8 +168,16 @@ static void tile_task(void *arg, int64_t task, int thread) {
      * ([nq][BC]). */
     const int64_t sj = narrow ? 1 : W, si = narrow ? DHSA_BC : 1;
 
-    for (int64_t j0 = jlo; j0 < jhi; j0 += DHSA_BC) {
-        int n = (int)(jhi - j0 < DHSA_BC ? jhi - j0 : DHSA_BC);
+    /* The key segments to visit: the tile's allowed span, or the layout's
+     * ranges of this block clipped to it. */
+    int64_t dense_seg[2] = {jlo, jhi}, nseg = 1;
+    const int64_t *seg = dense_seg;
+    if (a->layout) dhsa_layout_get(a->layout, b, g, qb, &seg, &nseg);
+    for (int64_t sg = 0; sg < nseg; sg++) {
+    const int64_t seg_lo = seg[2 * sg] > jlo ? seg[2 * sg] : jlo;
+    const int64_t seg_hi = seg[2 * sg + 1] < jhi ? seg[2 * sg + 1] : jhi;
+    for (int64_t j0 = seg_lo; j0 < seg_hi; j0 += DHSA_BC) {
+        int n = (int)(seg_hi - j0 < DHSA_BC ? seg_hi - j0 : DHSA_BC);
 
         /* Per-key additive terms. A block whose keys are all masked out
          * changes nothing (its softmax step would rescale by exactly 1 and
@@ -193,7 +217,7 @@ static void tile_task(void *arg, int64_t task, int thread) {
         if (a->attn_mask.data) {
             const int64_t *ms = p->mstride;
             for (int i = 0; i < ncols; i++) {
-                int64_t u = u0 + i, row = u / G, hq = g * G + u % G;
+                int64_t u = u0 + i, row = r0 + u / G, hq = g * G + u % G;
                 const float *mrow = (const float *)a->attn_mask.data + b * ms[0] + hq * ms[1] +
                                     row * ms[2] + j0 * ms[3];
                 for (int j = 0; j < n; j++) S[j * sj + i * si] += mrow[j * ms[3]];
@@ -226,9 +250,10 @@ static void tile_task(void *arg, int64_t task, int thread) {
         else
             kern->pv(V, ldv, n, (int)dv, S, W, alpha, Ot);
     }
+    }
 
     for (int i = 0; i < ncols; i++) {
-        int64_t u = u0 + i, row = u / G, hq = g * G + u % G;
+        int64_t u = u0 + i, row = r0 + u / G, hq = g * G + u % G;
         float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
         void *o = dhsa__at(&a->o, b, hq, row);
         for (int64_t c = 0; c < dv; c++) {
@@ -248,12 +273,15 @@ dhsa_status dhsa__attn_tiled_run(dhsa_ctx *ctx, const dhsa_attn_desc *a,
     jb.a = a;
     jb.p = p;
     jb.kern = kernels();
-    jb.W = (int)tile_width(p);
-    jb.n_tiles = (p->Lq * p->G + jb.W - 1) / jb.W;
+    jb.W = (int)tile_width(p, a);
+    jb.q_block = q_block_of(p, a);
+    int64_t full_rows = jb.q_block < p->Lq ? jb.q_block : p->Lq;
+    jb.sub_tiles = (full_rows * p->G + jb.W - 1) / jb.W;
+    jb.n_tiles = (p->Lq + jb.q_block - 1) / jb.q_block * jb.sub_tiles;
     jb.k_direct = direct_rows(&a->k);
     jb.v_direct = direct_rows(&a->v);
     jb.ws = ws;
-    jb.ws_per_thread = layout(p, jb.k_direct, jb.v_direct).total * sizeof(float);
+    jb.ws_per_thread = layout(p, a, jb.k_direct, jb.v_direct).total * sizeof(float);
     dhsa_parallel_for(ctx, p->B * p->Hkv * jb.n_tiles, tile_task, &jb);
     return DHSA_OK;
 }

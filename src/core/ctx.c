@@ -227,13 +227,19 @@ static void *raw_alloc(size_t bytes) {
 }
 
 void *dhsa_ctx_alloc(dhsa_ctx *ctx, size_t bytes) {
+    dhsa_status st;
+    return dhsa__alloc(ctx, bytes, &st);
+}
+
+void *dhsa__alloc(dhsa_ctx *ctx, size_t bytes, dhsa_status *status) {
     if (!ctx) {
-        dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_ctx_alloc: ctx is NULL");
+        *status = dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_ctx_alloc: ctx is NULL");
         return NULL;
     }
     pthread_mutex_lock(&ctx->mem_mu);
     dhsa_status st = reserve(ctx, bytes, 0);
     pthread_mutex_unlock(&ctx->mem_mu);
+    *status = st;
     if (st != DHSA_OK) return NULL;
     void *p = raw_alloc(bytes);
     pthread_mutex_lock(&ctx->mem_mu);
@@ -242,7 +248,7 @@ void *dhsa_ctx_alloc(dhsa_ctx *ctx, size_t bytes) {
     else
         ctx->st.in_use -= bytes;
     pthread_mutex_unlock(&ctx->mem_mu);
-    if (!p) dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory allocating %zu bytes", bytes);
+    if (!p) *status = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory allocating %zu bytes", bytes);
     return p;
 }
 

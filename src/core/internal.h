@@ -26,6 +26,9 @@ dhsa_status dhsa__fail(dhsa_status s, const char *fmt, ...) DHSA_PRINTF(2, 3);
  * Only one user at a time: kernels take it for the length of a call. */
 void *dhsa__scratch(dhsa_ctx *ctx, size_t bytes, dhsa_status *st);
 
+/* dhsa_ctx_alloc with the failure's status in *st. */
+void *dhsa__alloc(dhsa_ctx *ctx, size_t bytes, dhsa_status *st);
+
 /* Checks, without allocating, whether `bytes` of scratch would fit the
  * budget. */
 dhsa_status dhsa__scratch_check(const dhsa_ctx *ctx, size_t bytes);
