@@ -290,6 +290,115 @@ typedef struct {
 dhsa_status dhsa_layout_get_stats(const dhsa_layout *layout, dhsa_layout_stats *st);
 
 /* ------------------------------------------------------------------------ */
+/* DHSA routing (prefill)                                                    */
+
+typedef enum {
+    DHSA_BOUNDARY_FIXED = 0,      /* chunks of `chunk` keys (block-sparse baseline) */
+    DHSA_BOUNDARY_SIMILARITY = 1, /* training-free: change of the mean key (default) */
+    DHSA_BOUNDARY_LEARNED = 2     /* the DHSA boundary predictor (not built yet) */
+} dhsa_boundary;
+
+typedef enum {
+    DHSA_ROUTE_DHSA = 0,   /* chunks scored by pooled q.k, budget filled by score;
+                              with FIXED boundaries this is the block-sparse baseline */
+    DHSA_ROUTE_STREAM = 1, /* sinks + the most recent keys (StreamingLLM) */
+    DHSA_ROUTE_ORACLE = 2  /* chunks ranked by their true attention mass
+                              (costs a dense pass: evaluation only) */
+} dhsa_route_method;
+
+typedef struct {
+    dhsa_route_method method;
+    dhsa_boundary boundary;
+    int64_t chunk;         /* FIXED chunk length (default 64) */
+    int64_t sim_window;    /* SIMILARITY: keys on each side of a candidate (default 8) */
+    float threshold;       /* SIMILARITY: a candidate boundary needs a score of at
+                              least mean + threshold * stddev of the sequence (default 1) */
+    int64_t nms_window;    /* kept boundaries are more than this apart (default 16) */
+    int64_t min_chunk;     /* no chunk shorter (default 16) */
+    int64_t max_chunk;     /* longer spans are split evenly (default 256) */
+    int causal_boundaries; /* SIMILARITY compares each key with the mean of the
+                              w keys before it only (streaming, decode) */
+    int64_t q_block;       /* query rows per block (default 64) */
+    int64_t budget_tokens; /* > 0: keys per query block, sinks and local included */
+    double density;        /* when budget_tokens = 0: share of the keys available to
+                              the block (default 0.0625) */
+    int64_t sink_tokens;   /* always the first keys (default 64) */
+    int64_t local_tokens;  /* always the keys just before the block, and the
+                              block's own (the diagonal) (default 256) */
+    int64_t dense_below;   /* Lk below this: every block dense (default 2048) */
+    int share_heads;       /* one routing for all heads (published) instead of
+                              one per KV group (default 0) */
+} dhsa_router_params;
+
+dhsa_router_params dhsa_router_default_params(void);
+
+/* Checks the params and gives the exact layout size and routing workspace
+ * (both allocated from the ctx by dhsa_route) for the call described by `a`
+ * (q, k, causal, window and q_pos0 are used; v and o are not). */
+dhsa_status dhsa_route_sizes(const dhsa_ctx *ctx, const dhsa_router_params *rp,
+                             const dhsa_attn_desc *a, size_t *layout_bytes, size_t *workspace_bytes);
+
+/* Routes one layer: builds a layout for `a` (q, k post-RoPE) that
+ * dhsa_attention then uses through a->layout. The caller frees it with
+ * dhsa_layout_free. */
+dhsa_status dhsa_route(dhsa_ctx *ctx, const dhsa_router_params *rp, const dhsa_attn_desc *a,
+                       dhsa_layout **out);
+
+/* Whether query row `row` of (batch b, KV head g) may attend to key `key`
+ * under the layout (its block's ranges; causality/window not applied).
+ * Returns 1, 0, or a negative status on bad arguments. */
+int dhsa_layout_selects(const dhsa_layout *layout, int64_t b, int64_t g, int64_t row, int64_t key);
+
+/* ------------------------------------------------------------------------ */
+/* Synthetic workloads and fidelity                                          */
+
+#define DHSA_SYNTH_MAX_NEEDLES 64
+
+/* Q/K/V with segment structure: the sequence is cut into segments of
+ * [seg_min, seg_max] tokens; every segment has a random topic direction per
+ * KV head; keys are their segment's topic plus noise, so real boundaries
+ * exist. Each query mixes its own segment's topic with the topic of one
+ * earlier segment (a retrieval), so attention mass sits on the diagonal and
+ * on chunks far back. Needles: the key at position depth * L carries a
+ * unique direction per KV head that one late query (in the last query block
+ * of q_block rows) matches strongly. Values are random. */
+typedef struct {
+    int64_t B, Hq, Hkv, L, d;
+    int64_t seg_min, seg_max;      /* default 32, 512 */
+    int n_needles;                 /* default 4 */
+    double depths[DHSA_SYNTH_MAX_NEEDLES]; /* default 0.1, 0.35, 0.6, 0.85 */
+    int64_t q_block;               /* needle queries land in the last block (default 64) */
+    uint64_t seed;
+} dhsa_synth_params;
+
+typedef struct {
+    int64_t key;   /* position of the needle key */
+    int64_t row;   /* the query row (same for all heads) that looks for it */
+} dhsa_synth_needle;
+
+dhsa_synth_params dhsa_synth_default_params(void);
+/* Fills q [B, Hq, L, d], k and v [B, Hkv, L, d] (contiguous F32, caller
+ * allocated) and needles[n_needles]. Deterministic for a seed. */
+dhsa_status dhsa_synth_generate(const dhsa_synth_params *sp, float *q, float *k, float *v,
+                                dhsa_synth_needle *needles);
+
+typedef struct {
+    double recall;      /* mean over rows and heads of the dense softmax mass on
+                           the keys the sparse call attended to: exp(lse_sparse
+                           - lse_dense), computed from the two LSE outputs */
+    double recall_min;  /* the worst row */
+    double rel_err;     /* ||o_sparse - o_dense||_F / ||o_dense||_F */
+    int64_t rows;       /* rows counted (rows with no allowed key are not) */
+} dhsa_fidelity;
+
+/* Compares a sparse result with the dense one: o [B, H, L, dv] F32 views,
+ * lse [B, H, L, 1] F32 views, from dhsa_attention with and without a
+ * layout. */
+dhsa_status dhsa_fidelity_compare(const dhsa_tensor *o_dense, const dhsa_tensor *lse_dense,
+                                  const dhsa_tensor *o_sparse, const dhsa_tensor *lse_sparse,
+                                  dhsa_fidelity *out);
+
+/* ------------------------------------------------------------------------ */
 /* Process memory (Linux /proc; 0 elsewhere)                                 */
 
 /* Peak resident set in bytes: max(VmHWM, VmRSS), or 0 if unknown. */

@@ -75,7 +75,7 @@ size_t dhsa__attn_tiled_workspace(const dhsa_ctx *ctx, const dhsa__attn_problem 
     return (size_t)dhsa_ctx_n_threads(ctx) * l.total * sizeof(float);
 }
 
-static const dhsa_attn_kernels *kernels(void) {
+const dhsa_attn_kernels *dhsa__attn_kernels(void) {
     switch (dhsa_active_isa()) {
 #if defined(__x86_64__)
     case DHSA_ISA_AVX512: return &dhsa__kern_avx512;
@@ -272,7 +272,7 @@ dhsa_status dhsa__attn_tiled_run(dhsa_ctx *ctx, const dhsa_attn_desc *a,
     job jb;
     jb.a = a;
     jb.p = p;
-    jb.kern = kernels();
+    jb.kern = dhsa__attn_kernels();
     jb.W = (int)tile_width(p, a);
     jb.q_block = q_block_of(p, a);
     int64_t full_rows = jb.q_block < p->Lq ? jb.q_block : p->Lq;

@@ -61,6 +61,8 @@ typedef struct {
 #define DHSA_NARROW 8
 
 extern const dhsa_attn_kernels dhsa__kern_scalar;
+/* The kernels of the active ISA (dhsa_active_isa). */
+const dhsa_attn_kernels *dhsa__attn_kernels(void);
 #if defined(__x86_64__)
 extern const dhsa_attn_kernels dhsa__kern_avx2;
 extern const dhsa_attn_kernels dhsa__kern_avx512;

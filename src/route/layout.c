@@ -198,3 +198,18 @@ dhsa_status dhsa_layout_get_stats(const dhsa_layout *l, dhsa_layout_stats *st) {
     st->density = st->available > 0 ? st->selected / st->available : 1.0;
     return DHSA_OK;
 }
+
+int dhsa_layout_selects(const dhsa_layout *l, int64_t b, int64_t g, int64_t row, int64_t key) {
+    if (!l || row < 0 || row >= l->Lq) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_layout_selects: bad row");
+    const int64_t *r;
+    int64_t n;
+    dhsa_status st = dhsa_layout_get(l, b, g, row / l->q_block, &r, &n);
+    if (st) return st;
+    int64_t lo = 0, hi = n; /* first range whose end > key */
+    while (lo < hi) {
+        int64_t mid = (lo + hi) / 2;
+        if (r[2 * mid + 1] <= key) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < n && r[2 * lo] <= key;
+}

@@ -1,0 +1,733 @@
+/* route.c: DHSA routing for prefill (DESIGN.md section 5) and the
+ * streaming and oracle baselines, all producing a dhsa_layout.
+ *
+ * Per batch: (1) key chunk boundaries, shared by all KV heads (FIXED, or
+ * SIMILARITY from the change of the mean key across a candidate, then NMS,
+ * min_chunk, max_chunk); (2) length-normalised pooling, sum / sqrt(n), of
+ * each chunk's keys per KV head and of each query block's queries (rows of
+ * the block, averaged over the query heads of the group); (3) chunk scores
+ * S[qb, c] = q~ . k~ with the tiled attention's own qk micro-kernel, 64 query
+ * blocks at a time; (4) per block a token budget filled by sinks, the local
+ * diagonal, then chunks in score order, never overwriting anything already
+ * selected, merged into sorted disjoint ranges.
+ *
+ * Cost: O(L d Hkv) for boundaries and pooling, O((L / q_block) x chunks x d)
+ * for the scores, O(chunks) per block for the selection (quickselect). The
+ * oracle baseline replaces the scores by the true attention mass of each
+ * chunk, which costs two dense QK passes: evaluation only.
+ *
+ * Not looked at: key_mask, key_bias and attn_mask (routing sees raw q.k).
+ * Tested by tests/test_route.c.
+ */
+#include "route/layout_internal.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "attn/attn_internal.h"
+#include "attn/kern.h"
+
+#define GROUP 64 /* query blocks scored together: one Qt tile of the qk kernel */
+
+dhsa_router_params dhsa_router_default_params(void) {
+    dhsa_router_params r;
+    memset(&r, 0, sizeof r);
+    r.method = DHSA_ROUTE_DHSA;
+    r.boundary = DHSA_BOUNDARY_SIMILARITY;
+    r.chunk = 64;
+    r.sim_window = 8;
+    r.threshold = 1.0f;
+    r.nms_window = 16;
+    r.min_chunk = 16;
+    r.max_chunk = 256;
+    r.q_block = 64;
+    r.density = 0.0625;
+    r.sink_tokens = 64;
+    r.local_tokens = 256;
+    r.dense_below = 2048;
+    return r;
+}
+
+/* ------------------------------------------------------------ checking --- */
+
+typedef struct {
+    dhsa__attn_problem p;
+    int64_t n_qb;        /* query blocks per (b, g) */
+    int64_t max_chunks;  /* chunks per batch, at most */
+    int64_t max_ranges;  /* per block */
+    int64_t min_len;     /* shortest chunk boundaries can make */
+} plan;
+
+static dhsa_status check(const dhsa_router_params *rp, const dhsa_attn_desc *a, plan *pl) {
+    if (!rp || !a) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_route: NULL params or descriptor");
+    if (rp->method != DHSA_ROUTE_DHSA && rp->method != DHSA_ROUTE_STREAM && rp->method != DHSA_ROUTE_ORACLE)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "unknown routing method %d", (int)rp->method);
+    if (rp->boundary == DHSA_BOUNDARY_LEARNED)
+        return dhsa__fail(DHSA_ERR_UNSUPPORTED,
+                          "learned boundaries are not built yet: use fixed or similarity");
+    if (rp->boundary != DHSA_BOUNDARY_FIXED && rp->boundary != DHSA_BOUNDARY_SIMILARITY)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "unknown boundary method %d", (int)rp->boundary);
+    if (rp->q_block < 1 || rp->q_block > (1 << 20))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "q_block = %lld: use 1..2^20", (long long)rp->q_block);
+    if (rp->chunk < 1 || rp->min_chunk < 1 || rp->max_chunk < rp->min_chunk || rp->sim_window < 1 ||
+        rp->nms_window < 0 || rp->max_chunk > ((int64_t)1 << 40))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG,
+                          "chunk sizes: need chunk >= 1, 1 <= min_chunk <= max_chunk, sim_window >= 1, "
+                          "nms_window >= 0 (got chunk %lld, min %lld, max %lld, w %lld, nms %lld)",
+                          (long long)rp->chunk, (long long)rp->min_chunk, (long long)rp->max_chunk,
+                          (long long)rp->sim_window, (long long)rp->nms_window);
+    if (!isfinite(rp->threshold))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "threshold must be finite");
+    if (rp->budget_tokens < 0 || rp->sink_tokens < 0 || rp->local_tokens < 0 || rp->dense_below < 0)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "budget, sink, local and dense_below must be >= 0");
+    if (rp->budget_tokens == 0 && !(rp->density > 0.0 && rp->density <= 1.0))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG,
+                          "density = %g: give budget_tokens > 0 or a density in (0, 1]", rp->density);
+    /* The attention check wants v and o: route needs only q and k. */
+    dhsa_attn_desc d = *a;
+    d.v = a->k;
+    d.o = a->q;
+    d.o.shape[3] = a->k.shape[3];
+    d.lse.data = NULL;
+    d.layout = NULL;
+    dhsa_status st = dhsa__attn_check(&d, &pl->p);
+    if (st) return st;
+    const dhsa__attn_problem *p = &pl->p;
+    if (p->Lq < 1) return dhsa__fail(DHSA_ERR_SHAPE, "dhsa_route needs at least one query row");
+    pl->n_qb = (p->Lq + rp->q_block - 1) / rp->q_block;
+    pl->min_len = rp->boundary == DHSA_BOUNDARY_FIXED ? rp->chunk : rp->min_chunk;
+    int64_t smallest = rp->boundary == DHSA_BOUNDARY_FIXED ? rp->chunk : rp->min_chunk;
+    /* SIMILARITY chunks are >= min_chunk, except that splitting a long span
+     * evenly by max_chunk can give pieces down to max_chunk / 2. */
+    if (rp->boundary == DHSA_BOUNDARY_SIMILARITY && rp->max_chunk / 2 < smallest)
+        smallest = rp->max_chunk / 2 > 0 ? rp->max_chunk / 2 : 1;
+    pl->max_chunks = p->Lk / smallest + 2;
+    if (p->Lk < rp->dense_below) {
+        pl->max_ranges = 1;
+    } else {
+        double budget = rp->budget_tokens > 0 ? (double)rp->budget_tokens : ceil(rp->density * (double)p->Lk);
+        double r = budget / (double)smallest + 5.0; /* + sink, local, two clipped chunks, one overshoot */
+        pl->max_ranges = r > (double)pl->max_chunks + 2 ? pl->max_chunks + 2 : (int64_t)r;
+    }
+    return DHSA_OK;
+}
+
+/* Workspace, in bytes, laid out by carve(). */
+typedef struct {
+    size_t scores, starts, kp, per_thread, total;
+} ws_plan;
+
+static ws_plan workspace(const dhsa_ctx *ctx, const plan *pl) {
+    const dhsa__attn_problem *p = &pl->p;
+    ws_plan w;
+    size_t nt = (size_t)dhsa_ctx_n_threads(ctx);
+    size_t nc = (size_t)pl->max_chunks;
+    w.scores = dhsa__align_up((size_t)p->Lk * sizeof(float) + 64, 64);
+    w.starts = dhsa__align_up((nc + 1) * sizeof(int64_t), 64);
+    w.kp = dhsa__align_up((size_t)p->Hkv * nc * (size_t)p->d * sizeof(float), 64);
+    /* per thread: Qt [d][64], S [nc][64], candidate order [nc], ranges,
+     * oracle column LSE [64] and per-chunk mass [nc] doubles */
+    w.per_thread = dhsa__align_up((size_t)p->d * GROUP * sizeof(float), 64) +
+                   dhsa__align_up(nc * GROUP * sizeof(float), 64) +
+                   dhsa__align_up(nc * sizeof(int64_t), 64) +
+                   dhsa__align_up((size_t)(pl->max_ranges + 8) * 2 * sizeof(int64_t), 64) +
+                   dhsa__align_up((size_t)GROUP * 2 * sizeof(float), 64) +
+                   dhsa__align_up(nc * sizeof(double), 64) +
+                   dhsa__align_up((size_t)DHSA_BC * GROUP * sizeof(float), 64) +
+                   dhsa__align_up((size_t)DHSA_BC * (size_t)p->d * sizeof(float), 64);
+    w.total = w.scores + w.starts + w.kp + nt * w.per_thread;
+    return w;
+}
+
+dhsa_status dhsa_route_sizes(const dhsa_ctx *ctx, const dhsa_router_params *rp, const dhsa_attn_desc *a,
+                             size_t *layout_bytes, size_t *workspace_bytes) {
+    if (!ctx) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_route_sizes: ctx is NULL");
+    plan pl;
+    dhsa_status st = check(rp, a, &pl);
+    if (st) return st;
+    size_t lb;
+    st = dhsa_layout_size(pl.p.B, pl.p.Hkv, pl.p.Lq, pl.p.Lk, rp->q_block, pl.max_ranges, &lb);
+    if (st) return st;
+    if (layout_bytes) *layout_bytes = lb;
+    if (workspace_bytes) *workspace_bytes = workspace(ctx, &pl).total;
+    return DHSA_OK;
+}
+
+/* ---------------------------------------------------------- boundaries --- */
+
+/* Cosine of two d-vectors given as double sums (scale does not matter). */
+static double cosine(const double *x, const double *y, int64_t d) {
+    double xy = 0, xx = 0, yy = 0;
+    for (int64_t c = 0; c < d; c++) {
+        xy += x[c] * y[c];
+        xx += x[c] * x[c];
+        yy += y[c] * y[c];
+    }
+    return xx > 0 && yy > 0 ? xy / sqrt(xx * yy) : 1.0;
+}
+
+/* score[t], t in [1, Lk): how much the keys change between t-1 and t:
+ * mean over KV heads of 1 - cos(mean of k[t-w, t), mean of k[t, t+w)) (the
+ * right window is k[t] alone when causal). score[0] = 0. Sliding sums in
+ * double keep this O(Lk d Hkv). */
+static dhsa_status similarity_scores(const dhsa_router_params *rp, const dhsa_attn_desc *a,
+                                     const dhsa__attn_problem *p, int64_t b, float *score) {
+    const int64_t Lk = p->Lk, d = p->d, w = rp->sim_window;
+    double *L = calloc((size_t)(2 * d), sizeof(double));
+    if (!L) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory in the boundary scorer");
+    double *R = L + d;
+    for (int64_t t = 0; t < Lk; t++) score[t] = 0.0f;
+    for (int64_t g = 0; g < p->Hkv; g++) {
+        memset(L, 0, (size_t)(2 * d) * sizeof(double));
+        /* L = sum k[t-w, t), R = sum k[t, t+w) (or k[t]) as t slides */
+        for (int64_t j = 0; j < w && j < Lk; j++) {
+            const void *k = dhsa__at(&a->k, b, g, j);
+            if (!rp->causal_boundaries || j == 0)
+                for (int64_t c = 0; c < d; c++) R[c] += dhsa__load(k, a->k.type, c * a->k.stride[3]);
+        }
+        for (int64_t t = 1; t < Lk; t++) {
+            const void *kin = dhsa__at(&a->k, b, g, t - 1); /* leaves R, enters L */
+            for (int64_t c = 0; c < d; c++) {
+                double x = dhsa__load(kin, a->k.type, c * a->k.stride[3]);
+                L[c] += x;
+                R[c] -= x;
+            }
+            if (t - 1 - w >= 0) {
+                const void *kout = dhsa__at(&a->k, b, g, t - 1 - w);
+                for (int64_t c = 0; c < d; c++) L[c] -= dhsa__load(kout, a->k.type, c * a->k.stride[3]);
+            }
+            int64_t enter = rp->causal_boundaries ? t : t + w - 1;
+            if (enter < Lk && (rp->causal_boundaries || enter >= w)) {
+                const void *k = dhsa__at(&a->k, b, g, enter);
+                for (int64_t c = 0; c < d; c++) R[c] += dhsa__load(k, a->k.type, c * a->k.stride[3]);
+            }
+            score[t] += (float)((1.0 - cosine(L, R, d)) / (double)p->Hkv);
+        }
+    }
+    free(L);
+    return DHSA_OK;
+}
+
+typedef struct {
+    float s;
+    int64_t t;
+} cand;
+
+static int cmp_cand_desc(const void *x, const void *y) {
+    const cand *a = x, *b = y;
+    if (a->s != b->s) return a->s > b->s ? -1 : 1;
+    return a->t < b->t ? -1 : a->t > b->t; /* ties: earlier first, deterministic */
+}
+
+/* Chunk starts of batch b: starts[0] = 0 < starts[1] < ... < starts[n] = Lk.
+ * Returns n (the chunk count) or -1 (last error set). */
+static int64_t boundaries(const dhsa_router_params *rp, const dhsa_attn_desc *a, const plan *pl,
+                          int64_t b, float *score, int64_t *starts) {
+    const int64_t Lk = pl->p.Lk;
+    int64_t n = 0;
+    if (Lk == 0) {
+        starts[0] = 0;
+        return 0;
+    }
+    if (rp->boundary == DHSA_BOUNDARY_FIXED) {
+        for (int64_t s = 0; s < Lk; s += rp->chunk) starts[n++] = s;
+        starts[n] = Lk;
+        return n;
+    }
+    if (similarity_scores(rp, a, &pl->p, b, score)) return -1;
+    /* candidates: local maxima at or above mean + threshold * std */
+    double mean = 0, var = 0;
+    for (int64_t t = 1; t < Lk; t++) mean += score[t];
+    mean /= (double)(Lk > 1 ? Lk - 1 : 1);
+    for (int64_t t = 1; t < Lk; t++) var += (score[t] - mean) * (score[t] - mean);
+    double cut = mean + rp->threshold * sqrt(var / (double)(Lk > 1 ? Lk - 1 : 1));
+    cand *c = malloc((size_t)Lk * sizeof(cand));
+    int64_t *kept = malloc((size_t)(Lk + 2) * sizeof(int64_t));
+    if (!c || !kept) {
+        free(c);
+        free(kept);
+        dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory in NMS");
+        return -1;
+    }
+    int64_t nc = 0;
+    for (int64_t t = 1; t < Lk; t++) {
+        float s = score[t];
+        if (s < cut) continue;
+        if ((t > 1 && score[t - 1] > s) || (t + 1 < Lk && score[t + 1] > s)) continue;
+        c[nc].s = s;
+        c[nc].t = t;
+        nc++;
+    }
+    qsort(c, (size_t)nc, sizeof *c, cmp_cand_desc);
+    /* NMS in score order: keep t if it is more than nms_window from every
+     * kept boundary and at least min_chunk from every kept boundary and from
+     * both ends. kept[] stays sorted (insertion). */
+    int64_t nk = 0, gap = rp->nms_window + 1 > rp->min_chunk ? rp->nms_window + 1 : rp->min_chunk;
+    for (int64_t i = 0; i < nc; i++) {
+        int64_t t = c[i].t;
+        if (t < rp->min_chunk || Lk - t < rp->min_chunk) continue;
+        int64_t lo = 0, hi = nk; /* first kept >= t */
+        while (lo < hi) {
+            int64_t mid = (lo + hi) / 2;
+            if (kept[mid] < t) lo = mid + 1;
+            else hi = mid;
+        }
+        if (lo < nk && kept[lo] - t < gap) continue;
+        if (lo > 0 && t - kept[lo - 1] < gap) continue;
+        memmove(kept + lo + 1, kept + lo, (size_t)(nk - lo) * sizeof(int64_t));
+        kept[lo] = t;
+        nk++;
+    }
+    free(c);
+    /* chunks, with spans longer than max_chunk split evenly */
+    int64_t prev = 0;
+    for (int64_t i = 0; i <= nk; i++) {
+        int64_t end = i < nk ? kept[i] : Lk;
+        int64_t len = end - prev, parts = (len + rp->max_chunk - 1) / rp->max_chunk;
+        for (int64_t k = 0; k < parts; k++) starts[n++] = prev + len * k / parts;
+        prev = end;
+    }
+    starts[n] = Lk;
+    free(kept);
+    return n;
+}
+
+/* ------------------------------------------------------------- pooling --- */
+
+typedef struct {
+    const dhsa_router_params *rp;
+    const dhsa_attn_desc *a;
+    const plan *pl;
+    int64_t b, nc;
+    const int64_t *starts;
+    float *kp; /* [Hkv or 1][nc][d] */
+} pool_job;
+
+/* kp[g][c] = sum of the chunk's keys / sqrt(len) (KV head g, or the mean
+ * over KV heads when heads are shared). */
+static void pool_keys_task(void *arg, int64_t g, int thread) {
+    (void)thread;
+    const pool_job *j = arg;
+    const dhsa__attn_problem *p = &j->pl->p;
+    const int64_t d = p->d;
+    int shared = j->rp->share_heads;
+    int64_t h0 = shared ? 0 : g, h1 = shared ? p->Hkv : g + 1;
+    for (int64_t c = 0; c < j->nc; c++) {
+        float *out = j->kp + (g * j->nc + c) * d;
+        int64_t s = j->starts[c], e = j->starts[c + 1];
+        for (int64_t x = 0; x < d; x++) out[x] = 0.0f;
+        for (int64_t h = h0; h < h1; h++)
+            for (int64_t t = s; t < e; t++) {
+                const void *k = dhsa__at(&j->a->k, j->b, h, t);
+                for (int64_t x = 0; x < d; x++) out[x] += dhsa__load(k, j->a->k.type, x * j->a->k.stride[3]);
+            }
+        float norm = (float)(1.0 / (sqrt((double)(e - s)) * (double)(h1 - h0)));
+        for (int64_t x = 0; x < d; x++) out[x] *= norm;
+    }
+}
+
+/* ----------------------------------------------------------- selection --- */
+
+/* Size of [s, e) minus the parts in the two intervals A and B. */
+static int64_t uncovered(int64_t s, int64_t e, int64_t a0, int64_t a1, int64_t b0, int64_t b1) {
+    if (e <= s) return 0;
+    int64_t n = e - s;
+    int64_t ia0 = s > a0 ? s : a0, ia1 = e < a1 ? e : a1;
+    int64_t ib0 = s > b0 ? s : b0, ib1 = e < b1 ? e : b1;
+    int64_t ia = ia1 > ia0 ? ia1 - ia0 : 0, ib = ib1 > ib0 ? ib1 - ib0 : 0;
+    int64_t i0 = ia0 > ib0 ? ia0 : ib0, i1 = ia1 < ib1 ? ia1 : ib1;
+    int64_t iab = (ia && ib && i1 > i0) ? i1 - i0 : 0;
+    return n - ia - ib + iab;
+}
+
+/* Ranking of chunks by score, descending; ties go to the lower index, so
+ * the order (and the layout) is deterministic. */
+static int before(const float *sc, int64_t a, int64_t b) {
+    float sa = sc[a * GROUP], sb = sc[b * GROUP];
+    return sa != sb ? sa > sb : a < b;
+}
+
+static void sort_desc(int64_t *idx, int64_t n, const float *sc) {
+    while (n > 16) {
+        int64_t pv = idx[n / 2], i = 0, j = n - 1;
+        while (i <= j) {
+            while (before(sc, idx[i], pv)) i++;
+            while (before(sc, pv, idx[j])) j--;
+            if (i <= j) {
+                int64_t t = idx[i];
+                idx[i] = idx[j];
+                idx[j] = t;
+                i++;
+                j--;
+            }
+        }
+        /* recurse into the smaller side, loop on the larger */
+        if (j + 1 < n - i) {
+            sort_desc(idx, j + 1, sc);
+            idx += i;
+            n -= i;
+        } else {
+            sort_desc(idx + i, n - i, sc);
+            n = j + 1;
+        }
+    }
+    for (int64_t a = 1; a < n; a++)
+        for (int64_t b = a; b > 0 && before(sc, idx[b], idx[b - 1]); b--) {
+            int64_t t = idx[b];
+            idx[b] = idx[b - 1];
+            idx[b - 1] = t;
+        }
+}
+
+/* Moves the k highest-ranked of idx[0, n) to the front (in any order):
+ * quickselect. */
+static void top_k(int64_t *idx, int64_t n, int64_t k, const float *sc) {
+    if (k > n) k = n;
+    int64_t lo = 0, hi = n - 1;
+    while (lo < hi && k < n) {
+        int64_t pv = idx[lo + (hi - lo) / 2], i = lo, j = hi;
+        while (i <= j) {
+            while (before(sc, idx[i], pv)) i++;
+            while (before(sc, pv, idx[j])) j--;
+            if (i <= j) {
+                int64_t t = idx[i];
+                idx[i] = idx[j];
+                idx[j] = t;
+                i++;
+                j--;
+            }
+        }
+        if (k - 1 <= j) hi = j;
+        else if (k - 1 >= i) lo = i;
+        else break;
+    }
+}
+
+typedef struct {
+    const dhsa_router_params *rp;
+    const dhsa_attn_desc *a;
+    const plan *pl;
+    const dhsa_attn_kernels *kern;
+    dhsa_layout *lay;
+    int64_t b, nc;
+    const int64_t *starts;
+    const float *kp;
+    char *ws;
+    size_t ws_per_thread;
+    int64_t n_groups; /* ceil(n_qb / GROUP) */
+    int64_t dense_blocks[1024]; /* per thread */
+} sel_job;
+
+typedef struct {
+    float *qt, *S, *lse, *sblk, *kbuf;
+    int64_t *order, *rg;
+    double *mass;
+} thread_bufs;
+
+static thread_bufs bufs_of(const sel_job *j, int thread) {
+    const plan *pl = j->pl;
+    size_t nc = (size_t)pl->max_chunks;
+    char *w = j->ws + (size_t)thread * j->ws_per_thread;
+    thread_bufs t;
+    t.qt = (float *)w;
+    w += dhsa__align_up((size_t)pl->p.d * GROUP * sizeof(float), 64);
+    t.S = (float *)w;
+    w += dhsa__align_up(nc * GROUP * sizeof(float), 64);
+    t.order = (int64_t *)w;
+    w += dhsa__align_up(nc * sizeof(int64_t), 64);
+    t.rg = (int64_t *)w;
+    w += dhsa__align_up((size_t)(pl->max_ranges + 8) * 2 * sizeof(int64_t), 64);
+    t.lse = (float *)w;
+    w += dhsa__align_up((size_t)GROUP * 2 * sizeof(float), 64);
+    t.mass = (double *)w;
+    w += dhsa__align_up(nc * sizeof(double), 64);
+    t.sblk = (float *)w;
+    w += dhsa__align_up((size_t)DHSA_BC * GROUP * sizeof(float), 64);
+    t.kbuf = (float *)w;
+    return t;
+}
+
+/* Keys block qb may attend to: [lo, hi). */
+static void block_span(const dhsa_attn_desc *a, const dhsa__attn_problem *p, int64_t r0, int64_t r1,
+                       int64_t *lo, int64_t *hi) {
+    int64_t l0, h0, l1, h1;
+    dhsa__attn_key_range(a, p->Lk, a->q_pos0 + r0, &l0, &h0);
+    dhsa__attn_key_range(a, p->Lk, a->q_pos0 + r1 - 1, &l1, &h1);
+    *lo = l0 < l1 ? l0 : l1;
+    *hi = h0 > h1 ? h0 : h1;
+}
+
+/* Fills block (b, g, qb) from the chunk scores sc[c * GROUP] (column of
+ * this block). */
+static void select_block(sel_job *j, thread_bufs *t, int64_t g, int64_t qb, const float *sc, int thread) {
+    const dhsa_router_params *rp = j->rp;
+    const dhsa__attn_problem *p = &j->pl->p;
+    int64_t r0 = qb * rp->q_block, r1 = r0 + rp->q_block < p->Lq ? r0 + rp->q_block : p->Lq;
+    int64_t alo, ahi;
+    block_span(j->a, p, r0, r1, &alo, &ahi);
+    int64_t *rg = t->rg, n = 0;
+    int64_t avail = ahi - alo;
+    if (avail <= 0) {
+        dhsa_layout_set(j->lay, j->b, g, qb, rg, 0);
+        return;
+    }
+    int64_t budget = rp->budget_tokens > 0 ? rp->budget_tokens : (int64_t)ceil(rp->density * (double)avail);
+    if (p->Lk < rp->dense_below || budget >= avail) {
+        rg[0] = alo;
+        rg[1] = ahi;
+        j->dense_blocks[thread]++;
+        dhsa_layout_set(j->lay, j->b, g, qb, rg, 1);
+        return;
+    }
+    /* sinks and the local diagonal, clipped to what the block may see */
+    int64_t s0 = alo, s1 = rp->sink_tokens < ahi ? rp->sink_tokens : ahi;
+    if (s1 < s0) s1 = s0;
+    int64_t pos0 = j->a->q_pos0 + r0, pos1 = j->a->q_pos0 + r1; /* block positions [pos0, pos1) */
+    int64_t l0 = pos0 - rp->local_tokens > alo ? pos0 - rp->local_tokens : alo;
+    int64_t l1 = pos1 < ahi ? pos1 : ahi;
+    if (l0 > l1) l0 = l1;
+    if (rp->method == DHSA_ROUTE_STREAM) { /* sinks + the most recent keys */
+        int64_t sink = s1 - s0, recent = budget - sink > 0 ? budget - sink : 0;
+        rg[n++] = s0;
+        rg[n++] = s1;
+        rg[n++] = ahi - recent > alo ? ahi - recent : alo;
+        rg[n++] = ahi;
+        dhsa_layout_set(j->lay, j->b, g, qb, rg, n / 2);
+        return;
+    }
+    rg[n++] = s0;
+    rg[n++] = s1;
+    rg[n++] = l0;
+    rg[n++] = l1;
+    int64_t used = (s1 - s0) + (l1 - l0);
+    {
+        int64_t i0 = s0 > l0 ? s0 : l0, i1 = s1 < l1 ? s1 : l1;
+        if (i1 > i0) used -= i1 - i0;
+    }
+    /* candidate chunks: those overlapping [alo, ahi) */
+    int64_t nc = 0;
+    for (int64_t c = 0; c < j->nc; c++) {
+        if (j->starts[c + 1] <= alo || j->starts[c] >= ahi) continue;
+        t->order[nc++] = c;
+    }
+    int64_t cap = j->pl->max_ranges - 2; /* ranges left for chunks */
+    int64_t want = (budget - used) / (j->pl->min_len > 0 ? j->pl->min_len : 1) + 4;
+    if (want > nc) want = nc;
+    int64_t taken = 0, i = 0;
+    while (used < budget && i < nc && taken < cap) {
+        if (i == 0 || i == want) { /* order the next slice of candidates */
+            int64_t rest = nc - i, k = want - i > 0 ? want - i : rest;
+            if (i > 0) k = rest;
+            top_k(t->order + i, rest, k, sc);
+            sort_desc(t->order + i, k < rest ? k : rest, sc);
+        }
+        int64_t c = t->order[i++];
+        int64_t cs = j->starts[c] > alo ? j->starts[c] : alo;
+        int64_t ce = j->starts[c + 1] < ahi ? j->starts[c + 1] : ahi;
+        int64_t fresh = uncovered(cs, ce, s0, s1, l0, l1);
+        if (fresh == 0) continue;
+        rg[n++] = cs;
+        rg[n++] = ce;
+        used += fresh;
+        taken++;
+    }
+    dhsa_layout_set(j->lay, j->b, g, qb, rg, n / 2);
+}
+
+/* Oracle scores: the attention mass every chunk receives from the block's
+ * rows and the group's heads, by two QK passes (LSE, then mass). */
+static void oracle_scores(sel_job *j, thread_bufs *t, int64_t g, int64_t qb, float *col) {
+    const dhsa__attn_problem *p = &j->pl->p;
+    const dhsa_attn_desc *a = j->a;
+    const dhsa_router_params *rp = j->rp;
+    const int64_t d = p->d, G = p->G;
+    int64_t r0 = qb * rp->q_block, r1 = r0 + rp->q_block < p->Lq ? r0 + rp->q_block : p->Lq;
+    int64_t cols = (r1 - r0) * G;
+    for (int64_t c = 0; c < j->nc; c++) t->mass[c] = 0.0;
+    float *m = t->lse, *l = t->lse + GROUP;
+    for (int64_t u0 = 0; u0 < cols; u0 += GROUP) {
+        int64_t w = cols - u0 < GROUP ? cols - u0 : GROUP;
+        int64_t lo[GROUP], hi[GROUP], jlo = p->Lk, jhi = 0;
+        for (int64_t i = 0; i < GROUP; i++) {
+            m[i] = -INFINITY;
+            l[i] = 0.0f;
+            if (i >= w) {
+                for (int64_t x = 0; x < d; x++) t->qt[x * GROUP + i] = 0.0f;
+                lo[i] = hi[i] = 0;
+                continue;
+            }
+            int64_t u = u0 + i, row = r0 + u / G, hq = g * G + u % G;
+            const void *q = dhsa__at(&a->q, j->b, hq, row);
+            for (int64_t x = 0; x < d; x++)
+                t->qt[x * GROUP + i] = p->scale * dhsa__load(q, a->q.type, x * a->q.stride[3]);
+            dhsa__attn_key_range(a, p->Lk, a->q_pos0 + row, &lo[i], &hi[i]);
+            if (lo[i] < jlo) jlo = lo[i];
+            if (hi[i] > jhi) jhi = hi[i];
+        }
+        for (int pass = 0; pass < 2; pass++) {
+            int64_t c = 0;
+            if (pass == 1)
+                for (int64_t i = 0; i < w; i++) m[i] = l[i] > 0.0f ? m[i] + logf(l[i]) : INFINITY; /* LSE */
+            for (int64_t j0 = jlo; j0 < jhi; j0 += DHSA_BC) {
+                int n = (int)(jhi - j0 < DHSA_BC ? jhi - j0 : DHSA_BC);
+                float *kb = t->kbuf; /* [BC][d] as F32 */
+                for (int r = 0; r < n; r++) {
+                    const void *k = dhsa__at(&a->k, j->b, g, j0 + r);
+                    for (int64_t x = 0; x < d; x++) kb[r * d + x] = dhsa__load(k, a->k.type, x * a->k.stride[3]);
+                }
+                j->kern->qk(kb, d, n, (int)d, t->qt, GROUP, t->sblk);
+                for (int r = 0; r < n; r++) {
+                    int64_t key = j0 + r;
+                    while (j->starts[c + 1] <= key) c++;
+                    float add = 0.0f;
+                    const float *sr = t->sblk + r * GROUP;
+                    for (int64_t i = 0; i < w; i++) {
+                        if (key < lo[i] || key >= hi[i]) continue;
+                        float s = sr[i];
+                        if (pass == 0) { /* online log-sum-exp per column */
+                            if (s > m[i]) {
+                                l[i] = l[i] * dhsa__expf(m[i] - s) + 1.0f;
+                                m[i] = s;
+                            } else {
+                                l[i] += dhsa__expf(s - m[i]);
+                            }
+                        } else {
+                            add += dhsa__expf(s - m[i]); /* probability of this key */
+                        }
+                    }
+                    if (pass == 1) t->mass[c] += add;
+                }
+            }
+        }
+    }
+    for (int64_t c = 0; c < j->nc; c++) col[c * GROUP] = (float)t->mass[c];
+}
+
+/* One task: GROUP consecutive query blocks of one KV head (g), or of the
+ * shared routing (g = 0, copied to every head afterwards). */
+static void select_task(void *arg, int64_t task, int thread) {
+    sel_job *j = arg;
+    const dhsa__attn_problem *p = &j->pl->p;
+    const dhsa_router_params *rp = j->rp;
+    const int64_t d = p->d;
+    int64_t g = task / j->n_groups, grp = task % j->n_groups;
+    int64_t qb0 = grp * GROUP, qb1 = qb0 + GROUP < j->pl->n_qb ? qb0 + GROUP : j->pl->n_qb;
+    thread_bufs t = bufs_of(j, thread);
+
+    if (rp->method == DHSA_ROUTE_DHSA && p->Lk >= rp->dense_below) {
+        /* pooled queries, transposed: qt[x][i] for block qb0 + i */
+        int64_t h0 = rp->share_heads ? 0 : g * p->G, h1 = rp->share_heads ? p->Hq : (g + 1) * p->G;
+        for (int64_t i = 0; i < GROUP; i++) {
+            int64_t qb = qb0 + i;
+            for (int64_t x = 0; x < d; x++) t.qt[x * GROUP + i] = 0.0f;
+            if (qb >= qb1) continue;
+            int64_t r0 = qb * rp->q_block, r1 = r0 + rp->q_block < p->Lq ? r0 + rp->q_block : p->Lq;
+            for (int64_t h = h0; h < h1; h++)
+                for (int64_t r = r0; r < r1; r++) {
+                    const void *q = dhsa__at(&j->a->q, j->b, h, r);
+                    for (int64_t x = 0; x < d; x++)
+                        t.qt[x * GROUP + i] += dhsa__load(q, j->a->q.type, x * j->a->q.stride[3]);
+                }
+            float norm = (float)(1.0 / (sqrt((double)(r1 - r0)) * (double)(h1 - h0)));
+            for (int64_t x = 0; x < d; x++) t.qt[x * GROUP + i] *= norm;
+        }
+        /* S[c][i] = k~(c) . q~(qb0 + i) */
+        j->kern->qk(j->kp + (rp->share_heads ? 0 : g) * j->nc * d, d, (int)j->nc, (int)d, t.qt, GROUP, t.S);
+    }
+    for (int64_t qb = qb0; qb < qb1; qb++) {
+        float *col = t.S + (qb - qb0);
+        if (rp->method == DHSA_ROUTE_ORACLE && p->Lk >= rp->dense_below) oracle_scores(j, &t, g, qb, col);
+        select_block(j, &t, g, qb, col, thread);
+    }
+}
+
+/* ---------------------------------------------------------------- route --- */
+
+dhsa_status dhsa_route(dhsa_ctx *ctx, const dhsa_router_params *rp, const dhsa_attn_desc *a,
+                       dhsa_layout **out) {
+    if (!ctx || !out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_route: NULL ctx or out");
+    *out = NULL;
+    plan pl;
+    dhsa_status st = check(rp, a, &pl);
+    if (st) return st;
+    ws_plan wp = workspace(ctx, &pl);
+    if (dhsa_ctx_n_threads(ctx) > 1024)
+        return dhsa__fail(DHSA_ERR_UNSUPPORTED, "routing supports at most 1024 threads");
+    dhsa_layout *lay;
+    st = dhsa_layout_create(ctx, pl.p.B, pl.p.Hkv, pl.p.Lq, pl.p.Lk, rp->q_block, pl.max_ranges, &lay);
+    if (st) return st;
+    char *ws = dhsa__alloc(ctx, wp.total, &st);
+    if (!ws) {
+        dhsa_layout_free(lay);
+        return st;
+    }
+    lay->q_pos0 = a->q_pos0;
+    lay->causal = a->causal;
+    lay->window = a->window;
+    lay->chunk_min = INT64_MAX;
+    float *score = (float *)ws;
+    int64_t *starts = (int64_t *)(ws + wp.scores);
+    float *kp = (float *)(ws + wp.scores + wp.starts);
+    double chunk_sum = 0;
+    sel_job *sj = calloc(1, sizeof *sj);
+    if (!sj) {
+        dhsa_ctx_release(ctx, ws);
+        dhsa_layout_free(lay);
+        return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    for (int64_t b = 0; b < pl.p.B; b++) {
+        int64_t nc = boundaries(rp, a, &pl, b, score, starts);
+        if (nc < 0) {
+            st = DHSA_ERR_OUT_OF_MEMORY;
+            break;
+        }
+        lay->chunks += nc;
+        for (int64_t c = 0; c < nc; c++) {
+            int64_t len = starts[c + 1] - starts[c];
+            chunk_sum += (double)len;
+            if (len < lay->chunk_min) lay->chunk_min = len;
+            if (len > lay->chunk_max) lay->chunk_max = len;
+        }
+        int64_t heads = rp->share_heads ? 1 : pl.p.Hkv;
+        if (rp->method == DHSA_ROUTE_DHSA && pl.p.Lk >= rp->dense_below) {
+            pool_job pj = {rp, a, &pl, b, nc, starts, kp};
+            dhsa_parallel_for(ctx, heads, pool_keys_task, &pj);
+        }
+        memset(sj, 0, sizeof *sj);
+        sj->rp = rp;
+        sj->a = a;
+        sj->pl = &pl;
+        sj->kern = dhsa__attn_kernels();
+        sj->lay = lay;
+        sj->b = b;
+        sj->nc = nc;
+        sj->starts = starts;
+        sj->kp = kp;
+        sj->ws = ws + wp.scores + wp.starts + wp.kp;
+        sj->ws_per_thread = wp.per_thread;
+        sj->n_groups = (pl.n_qb + GROUP - 1) / GROUP;
+        dhsa_parallel_for(ctx, heads * sj->n_groups, select_task, sj);
+        for (int t = 0; t < dhsa_ctx_n_threads(ctx); t++) lay->dense_blocks += sj->dense_blocks[t];
+        if (rp->share_heads) {
+            for (int64_t g = 1; g < pl.p.Hkv; g++)
+                for (int64_t qb = 0; qb < pl.n_qb; qb++) {
+                    const int64_t *r;
+                    int64_t n;
+                    dhsa_layout_get(lay, b, 0, qb, &r, &n);
+                    dhsa_layout_set(lay, b, g, qb, r, n);
+                }
+            lay->dense_blocks *= pl.p.Hkv;
+        }
+    }
+    free(sj);
+    dhsa_ctx_release(ctx, ws);
+    if (st) {
+        dhsa_layout_free(lay);
+        return st;
+    }
+    lay->chunk_mean = lay->chunks ? chunk_sum / (double)lay->chunks : 0.0;
+    if (lay->chunk_min == INT64_MAX) lay->chunk_min = 0;
+    *out = lay;
+    return DHSA_OK;
+}
