@@ -60,11 +60,14 @@ static ws_layout layout(const dhsa__attn_problem *p, const dhsa_attn_desc *a, in
     l.qt = dhsa__align_up(qt > qr ? qt : qr, ALIGNF);
     l.ot = dhsa__align_up((size_t)p->dv * W, ALIGNF);
     l.s = dhsa__align_up((size_t)DHSA_BC * W, ALIGNF);
-    l.kbuf = k_direct ? 0 : dhsa__align_up((size_t)DHSA_BC * (size_t)p->d, ALIGNF);
-    l.vbuf = v_direct ? 0 : dhsa__align_up((size_t)DHSA_BC * (size_t)p->dv, ALIGNF);
+    /* gathering buffers: for converted K/V, and for sparse blocks that span
+     * several ranges */
+    int gather = a->layout != NULL;
+    l.kbuf = k_direct && !gather ? 0 : dhsa__align_up((size_t)DHSA_BC * (size_t)p->d, ALIGNF);
+    l.vbuf = v_direct && !gather ? 0 : dhsa__align_up((size_t)DHSA_BC * (size_t)p->dv, ALIGNF);
     l.mla = dhsa__align_up(3 * W, ALIGNF);
     l.kadd = dhsa__align_up(DHSA_BC, ALIGNF);
-    l.bounds = dhsa__align_up(2 * W * 2, ALIGNF); /* 2*W int64 = 4*W floats */
+    l.bounds = dhsa__align_up(2 * W * 2 + 2 * DHSA_BC, ALIGNF); /* lo, hi [W], keys [BC]: int64 */
     l.total = l.qt + l.ot + l.s + l.kbuf + l.vbuf + l.mla + l.kadd + l.bounds;
     return l;
 }
@@ -85,12 +88,14 @@ const dhsa_attn_kernels *dhsa__attn_kernels(void) {
     }
 }
 
-/* Copies n rows of a strided typed view into dst[n][cols] as F32. */
-static void load_rows(const dhsa_attn_kernels *kern, const dhsa_tensor *t, int64_t b, int64_t h,
-                      int64_t j0, int n, int64_t cols, float *dst) {
+/* Copies rows keys[0..n) of a strided typed view into dst[n][cols] as F32. */
+static void gather_rows(const dhsa_attn_kernels *kern, const dhsa_tensor *t, int64_t b, int64_t h,
+                        const int64_t *keys, int n, int64_t cols, float *dst) {
     for (int j = 0; j < n; j++) {
-        const void *row = dhsa__at(t, b, h, j0 + j);
-        if (t->type != DHSA_F32 && t->stride[3] == 1)
+        const void *row = dhsa__at(t, b, h, keys[j]);
+        if (t->type == DHSA_F32 && t->stride[3] == 1)
+            memcpy(dst + j * cols, row, (size_t)cols * sizeof(float));
+        else if (t->stride[3] == 1)
             kern->widen(row, t->type == DHSA_BF16, cols, dst + j * cols);
         else
             for (int64_t c = 0; c < cols; c++) dst[j * cols + c] = dhsa__load(row, t->type, c * t->stride[3]);
@@ -127,6 +132,7 @@ static void tile_task(void *arg, int64_t task, int thread) {
     float *l = m + W, *alpha = l + W; /* [W] */
     float *kadd = m + L.mla;          /* [BC] */
     int64_t *lo = (int64_t *)(kadd + L.kadd), *hi = lo + W; /* [W] */
+    int64_t *keys = hi + W;                                  /* [BC] */
 
     /* Pack the tile's queries, scaled: transposed (Qt) for wide tiles, as
      * zero-padded rows (Qr) for narrow ones. */
@@ -169,15 +175,33 @@ static void tile_task(void *arg, int64_t task, int thread) {
     const int64_t sj = narrow ? 1 : W, si = narrow ? DHSA_BC : 1;
 
     /* The key segments to visit: the tile's allowed span, or the layout's
-     * ranges of this block clipped to it. */
+     * ranges of this block clipped to it. Blocks of up to BC keys are cut
+     * from them in order; a block that spans several ranges (short content
+     * chunks) is gathered into Kbuf/Vbuf, so that sparse layouts keep full
+     * blocks instead of paying per-block costs for every short range. */
     int64_t dense_seg[2] = {jlo, jhi}, nseg = 1;
     const int64_t *seg = dense_seg;
     if (a->layout) dhsa_layout_get(a->layout, b, g, qb, &seg, &nseg);
-    for (int64_t sg = 0; sg < nseg; sg++) {
-    const int64_t seg_lo = seg[2 * sg] > jlo ? seg[2 * sg] : jlo;
-    const int64_t seg_hi = seg[2 * sg + 1] < jhi ? seg[2 * sg + 1] : jhi;
-    for (int64_t j0 = seg_lo; j0 < seg_hi; j0 += DHSA_BC) {
-        int n = (int)(seg_hi - j0 < DHSA_BC ? seg_hi - j0 : DHSA_BC);
+    int64_t sg = 0, cur = nseg > 0 ? seg[0] : 0;
+    for (;;) {
+        /* next block: keys[0..n), ascending */
+        int n = 0, contiguous = 1;
+        while (n < DHSA_BC && sg < nseg) {
+            int64_t lo_k = seg[2 * sg] > jlo ? seg[2 * sg] : jlo;
+            int64_t hi_k = seg[2 * sg + 1] < jhi ? seg[2 * sg + 1] : jhi;
+            if (cur < lo_k) cur = lo_k;
+            if (cur >= hi_k) {
+                sg++;
+                if (sg < nseg) cur = seg[2 * sg];
+                continue;
+            }
+            if (n > 0 && cur != keys[n - 1] + 1) contiguous = 0;
+            int64_t take = hi_k - cur < DHSA_BC - n ? hi_k - cur : DHSA_BC - n;
+            for (int64_t x = 0; x < take; x++) keys[n++] = cur + x;
+            cur += take;
+        }
+        if (n == 0) break;
+        const int64_t j0 = keys[0];
 
         /* Per-key additive terms. A block whose keys are all masked out
          * changes nothing (its softmax step would rescale by exactly 1 and
@@ -186,7 +210,7 @@ static void tile_task(void *arg, int64_t task, int thread) {
         if (a->key_mask || a->key_bias) {
             int open = 0;
             for (int j = 0; j < n; j++) {
-                kadd[j] = dhsa__attn_key_add(a, b, j0 + j);
+                kadd[j] = dhsa__attn_key_add(a, b, keys[j]);
                 open += kadd[j] != -INFINITY;
                 any_key_add |= kadd[j] != 0.0f;
             }
@@ -195,11 +219,11 @@ static void tile_task(void *arg, int64_t task, int thread) {
 
         const float *K;
         int64_t ldk;
-        if (jb->k_direct) {
+        if (jb->k_direct && contiguous) {
             K = dhsa__at(&a->k, b, g, j0);
             ldk = a->k.stride[2];
         } else {
-            load_rows(kern, &a->k, b, g, j0, n, d, Kbuf);
+            gather_rows(kern, &a->k, b, g, keys, n, d, Kbuf);
             K = Kbuf;
             ldk = d;
         }
@@ -218,14 +242,13 @@ static void tile_task(void *arg, int64_t task, int thread) {
             const int64_t *ms = p->mstride;
             for (int i = 0; i < ncols; i++) {
                 int64_t u = u0 + i, row = r0 + u / G, hq = g * G + u % G;
-                const float *mrow = (const float *)a->attn_mask.data + b * ms[0] + hq * ms[1] +
-                                    row * ms[2] + j0 * ms[3];
-                for (int j = 0; j < n; j++) S[j * sj + i * si] += mrow[j * ms[3]];
+                const float *mrow = (const float *)a->attn_mask.data + b * ms[0] + hq * ms[1] + row * ms[2];
+                for (int j = 0; j < n; j++) S[j * sj + i * si] += mrow[keys[j] * ms[3]];
             }
         }
-        if (!(j0 >= inner_lo && j0 + n <= inner_hi)) {
+        if (!(keys[0] >= inner_lo && keys[n - 1] < inner_hi)) {
             for (int j = 0; j < n; j++) {
-                int64_t key = j0 + j;
+                int64_t key = keys[j];
                 for (int i = 0; i < ncols; i++)
                     if (key < lo[i] || key >= hi[i]) S[j * sj + i * si] = -INFINITY;
             }
@@ -237,11 +260,11 @@ static void tile_task(void *arg, int64_t task, int thread) {
 
         const float *V;
         int64_t ldv;
-        if (jb->v_direct) {
+        if (jb->v_direct && contiguous) {
             V = dhsa__at(&a->v, b, g, j0);
             ldv = a->v.stride[2];
         } else {
-            load_rows(kern, &a->v, b, g, j0, n, dv, Vbuf);
+            gather_rows(kern, &a->v, b, g, keys, n, dv, Vbuf);
             V = Vbuf;
             ldv = dv;
         }
@@ -249,7 +272,6 @@ static void tile_task(void *arg, int64_t task, int thread) {
             kern->pv_rows(V, ldv, n, (int)dv, S, ncols, alpha, Ot);
         else
             kern->pv(V, ldv, n, (int)dv, S, W, alpha, Ot);
-    }
     }
 
     for (int i = 0; i < ncols; i++) {

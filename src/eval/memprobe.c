@@ -497,9 +497,17 @@ const char *dhsa_memprobe_verdict_name(dhsa_memprobe_verdict v) {
     return "unknown";
 }
 
-/* "12.0 MiB" for reasons. */
+/* "12.0 MiB", "-312 KiB" for the reasons. */
 static const char *fmt_mib(char *buf, size_t cap, double b) {
-    snprintf(buf, cap, "%.2f MiB", b / 1048576.0);
+    static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    const char *sign = b < 0 ? "-" : "";
+    b = fabs(b);
+    int u = 0;
+    while (b >= 1024.0 && u < 5) {
+        b /= 1024.0;
+        u++;
+    }
+    snprintf(buf, cap, "%s%.*f %s", sign, u == 0 ? 0 : b < 10 ? 2 : b < 100 ? 1 : 0, b, unit[u]);
     return buf;
 }
 

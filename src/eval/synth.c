@@ -51,6 +51,7 @@ dhsa_synth_params dhsa_synth_default_params(void) {
     p.depths[2] = 0.6;
     p.depths[3] = 0.85;
     p.q_block = 64;
+    p.needle_len = 16;
     p.seed = 1;
     return p;
 }
@@ -63,7 +64,7 @@ dhsa_synth_params dhsa_synth_default_params(void) {
 #define Q_OWN 0.8
 #define Q_REF 0.6
 #define Q_GAIN 6.0
-#define NEEDLE_GAIN 14.0
+#define NEEDLE_Q 0.9 /* a question row: 0.9 needle + own topic; scores ~8 on the passage */
 
 dhsa_status dhsa_synth_generate(const dhsa_synth_params *sp, float *q, float *k, float *v,
                                 dhsa_synth_needle *needles) {
@@ -75,9 +76,13 @@ dhsa_status dhsa_synth_generate(const dhsa_synth_params *sp, float *q, float *k,
                           (long long)B, (long long)Hq, (long long)Hkv, (long long)L, (long long)d);
     if (sp->seg_min < 1 || sp->seg_max < sp->seg_min)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "segment lengths need 1 <= seg_min <= seg_max");
-    if (sp->n_needles < 0 || sp->n_needles > DHSA_SYNTH_MAX_NEEDLES || sp->q_block < 1)
-        return dhsa__fail(DHSA_ERR_INVALID_ARG, "n_needles must be in [0, %d] and q_block >= 1",
+    if (sp->n_needles < 0 || sp->n_needles > DHSA_SYNTH_MAX_NEEDLES || sp->q_block < 1 || sp->needle_len < 1)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "n_needles must be in [0, %d], q_block and needle_len >= 1",
                           DHSA_SYNTH_MAX_NEEDLES);
+    int64_t n_qb = (L + sp->q_block - 1) / sp->q_block;
+    if (sp->n_needles > n_qb)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "%d needles need as many query blocks (L has %lld)",
+                          sp->n_needles, (long long)n_qb);
     for (int i = 0; i < sp->n_needles; i++)
         if (!(sp->depths[i] >= 0.0 && sp->depths[i] < 1.0))
             return dhsa__fail(DHSA_ERR_INVALID_ARG, "needle depth %g is not in [0, 1)", sp->depths[i]);
@@ -128,22 +133,31 @@ dhsa_status dhsa_synth_generate(const dhsa_synth_params *sp, float *q, float *k,
             }
         }
     }
-    /* needles: key at depth * L, its query in the last query block */
-    int64_t last0 = (L - 1) / sp->q_block * sp->q_block;
+    /* needles: a passage at depth * L, asked for by query block (last - i) */
     for (int i = 0; i < sp->n_needles; i++) {
         int64_t key = (int64_t)(sp->depths[i] * (double)L);
-        int64_t row = last0 + (int64_t)i % (L - last0);
+        int64_t len = key + sp->needle_len <= L ? sp->needle_len : L - key;
+        int64_t qb = n_qb - 1 - i, r0 = qb * sp->q_block, r1 = r0 + sp->q_block < L ? r0 + sp->q_block : L;
         needles[i].key = key;
-        needles[i].row = row;
+        needles[i].len = len;
+        needles[i].row = r0;
+        needles[i].rows = r1 - r0;
         for (int64_t b = 0; b < B; b++)
             for (int64_t g = 0; g < Hkv; g++) {
                 unit(&rng, dir, d);
-                float *kr = k + ((b * Hkv + g) * L + key) * d;
-                for (int64_t c = 0; c < d; c++) kr[c] = (float)(dir[c] * sqrt(ksc));
-                for (int64_t h = g * (Hq / Hkv); h < (g + 1) * (Hq / Hkv); h++) {
-                    float *qr = q + ((b * Hq + h) * L + row) * d;
-                    for (int64_t c = 0; c < d; c++) qr[c] = (float)(dir[c] * NEEDLE_GAIN * sqrt(ksc));
+                for (int64_t t = key; t < key + len; t++) {
+                    float *kr = k + ((b * Hkv + g) * L + t) * d;
+                    for (int64_t c = 0; c < d; c++)
+                        kr[c] = (float)((dir[c] + noise * normal(&rng) / ksc) * sqrt(ksc));
                 }
+                for (int64_t h = g * (Hq / Hkv); h < (g + 1) * (Hq / Hkv); h++)
+                    for (int64_t row = r0; row < r1; row++) {
+                        float *qr = q + ((b * Hq + h) * L + row) * d;
+                        const float *own = topic + (seg_of[row] * Hkv + g) * d;
+                        for (int64_t c = 0; c < d; c++)
+                            qr[c] = (float)((NEEDLE_Q * dir[c] + 0.45 * own[c] + 0.3 * normal(&rng) / ksc) *
+                                            Q_GAIN * 1.5 * sqrt(ksc));
+                    }
             }
     }
     free(ref);

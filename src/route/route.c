@@ -38,7 +38,7 @@ dhsa_router_params dhsa_router_default_params(void) {
     r.chunk = 64;
     r.sim_window = 8;
     r.threshold = 1.0f;
-    r.nms_window = 16;
+    r.nms_window = 8;
     r.min_chunk = 16;
     r.max_chunk = 256;
     r.q_block = 64;
