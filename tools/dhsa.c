@@ -15,6 +15,7 @@
  * sizes accept K/M/G suffixes (powers of 1024: --L 32K).
  * Tested by tests/test_cli.c (make test).
  */
+#include "cli.h"
 #include "dhsa.h"
 #include "util/peak.h"
 
@@ -43,6 +44,8 @@ static const char usage_main[] =
     "commands:\n"
     "  peak         measured fp32 FMA peak and memory read bandwidth\n"
     "  bench attn   attention benchmark (checked against the reference first)\n"
+    "  bench sparse DHSA / block / streaming / oracle vs dense on a synthetic\n"
+    "               long sequence: speed, density, recall, needles\n"
     "  demo         tiled attention at long context on synthetic data\n"
     "  help [CMD]   this text, or the usage of CMD\n"
     "\n"
@@ -964,13 +967,14 @@ static int cmd_bench_attn(int argc, char **argv) {
 static int cmd_bench(int argc, char **argv) {
     cur_cmd = "dhsa bench";
     cur_usage = usage_bench;
-    if (argc < 3) usage_error("which benchmark? (attn)");
+    if (argc < 3) usage_error("which benchmark? (attn, sparse)");
     if (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0) {
         fputs(usage_bench_attn, stdout);
         return 0;
     }
     if (strcmp(argv[2], "attn") == 0) return cmd_bench_attn(argc, argv);
-    usage_error("unknown benchmark \"%s\" (known: attn)", argv[2]);
+    if (strcmp(argv[2], "sparse") == 0) return dhsa_cli_bench_sparse(argc, argv);
+    usage_error("unknown benchmark \"%s\" (known: attn, sparse)", argv[2]);
     return EXIT_USAGE;
 }
 
@@ -1126,6 +1130,7 @@ static const char *usage_of(const char *cmd) {
     if (strcmp(cmd, "peak") == 0) return usage_peak;
     if (strcmp(cmd, "bench") == 0) return usage_bench_attn;
     if (strcmp(cmd, "demo") == 0) return usage_demo;
+    if (strcmp(cmd, "memprobe") == 0) return dhsa_cli_memprobe_usage;
     return NULL;
 }
 
@@ -1156,6 +1161,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "peak") == 0) return cmd_peak(argc, argv);
     if (strcmp(cmd, "bench") == 0) return cmd_bench(argc, argv);
     if (strcmp(cmd, "demo") == 0) return cmd_demo(argc, argv);
+    if (strcmp(cmd, "memprobe") == 0) return dhsa_cli_memprobe(argc, argv);
     usage_error("unknown command \"%s\"", cmd);
     return EXIT_USAGE;
 }

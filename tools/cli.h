@@ -1,0 +1,17 @@
+/* cli.h: subcommands of the dhsa CLI that live in their own files under
+ * tools/ (tools/dhsa.c dispatches to them). Each takes main's argc and argv
+ * unchanged (argv[1] is the subcommand's name) and returns the process exit
+ * status: 0 success, 1 a run failed, 2 a usage error.
+ */
+#ifndef DHSA_TOOLS_CLI_H
+#define DHSA_TOOLS_CLI_H
+
+/* dhsa memprobe (tools/memprobe.c): peak memory of a command as n grows. */
+int dhsa_cli_memprobe(int argc, char **argv);
+extern const char dhsa_cli_memprobe_usage[]; /* for `dhsa help memprobe` */
+
+/* dhsa bench sparse (tools/sparse.c): dense vs a sparse method, same run. */
+int dhsa_cli_bench_sparse(int argc, char **argv);
+extern const char dhsa_cli_bench_sparse_usage[];
+
+#endif

@@ -1,0 +1,292 @@
+/* sparse.c: `dhsa bench sparse`, dense vs a sparse method on the same
+ * synthetic long-context workload in the same run: routing time, kernel
+ * time, dense time, speedup, the density actually used, attention recall,
+ * output error and needle hits. See `dhsa bench sparse --help`.
+ * Tested by tests/test_cli.c; numbers in docs/results.md.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "dhsa.h"
+
+const char dhsa_cli_bench_sparse_usage[] =
+    "usage: dhsa bench sparse --L N [--heads H] [--kv-heads H] [--dim D]\n"
+    "                         [--method dhsa|block|stream|oracle|dense]\n"
+    "                         [--density F | --budget N]\n"
+    "                         [--boundary fixed|similarity|learned:FILE]\n"
+    "                         [--q-block N] [--chunk N] [--min-chunk N] [--max-chunk N]\n"
+    "                         [--sink N] [--local N] [--dense-below N] [--share-heads]\n"
+    "                         [--no-causal] [--needles N] [--seed S] [--threads T]\n"
+    "                         [--runs N] [--dense-runs N] [--json]\n"
+    "\n"
+    "Generates a synthetic workload (dhsa_synth_generate: segments of 32..512\n"
+    "tokens with their own key directions, queries that retrieve one earlier\n"
+    "segment, needle passages of 16 keys at depths 0.1, 0.35, 0.6, 0.85 asked\n"
+    "for by the last query blocks), runs dense tiled attention and the chosen\n"
+    "method on it in the same process, and prints:\n"
+    "  route_ms    routing time (median of --runs)\n"
+    "  kernel_ms   sparse attention time with the layout (median of --runs)\n"
+    "  dense_ms    dense attention time (median of --dense-runs)\n"
+    "  speedup     dense_ms / (route_ms + kernel_ms)\n"
+    "  density     keys attended / keys available, over all rows and heads\n"
+    "  recall      mean share of each row's dense softmax mass on the keys it\n"
+    "              attended to (exp(lse_sparse - lse_dense): no L x L matrix)\n"
+    "  rel_err     ||o_sparse - o_dense|| / ||o_dense||\n"
+    "  needle_hits (needle, KV head) pairs whose passage (its middle key) the\n"
+    "              asking block selected, of needles x kv-heads\n"
+    "Methods: dhsa = DHSA routing (similarity boundaries unless --boundary),\n"
+    "block = fixed blocks of --chunk keys (default 64) with the same budget\n"
+    "rules, stream = sinks + recent keys, oracle = chunks ranked by their true\n"
+    "attention mass (a dense pass: slow), dense = no routing.\n"
+    "Defaults: heads 8, kv-heads 2, dim 128, causal, density 0.0625, q-block\n"
+    "64, sink 64, local 256, dense-below 2048, runs 3, dense-runs 1, threads =\n"
+    "online CPUs. learned:FILE is not built yet and is refused.\n";
+
+#define EXIT_RUN 1
+#define EXIT_USAGE 2
+
+static void die(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("dhsa bench sparse: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    if (code == EXIT_USAGE) fputs("(see dhsa bench sparse --help)\n", stderr);
+    exit(code);
+}
+
+static int64_t parse_i64(const char *opt, const char *s, int64_t lo, int64_t hi) {
+    if (!s || !*s) die(EXIT_USAGE, "%s needs a number", opt);
+    errno = 0;
+    char *end;
+    long long v = strtoll(s, &end, 10);
+    int64_t mul = 1;
+    if (*end == 'K' || *end == 'k') mul = 1024, end++;
+    else if (*end == 'M' || *end == 'm') mul = 1024 * 1024, end++;
+    if (errno || *end || end == s) die(EXIT_USAGE, "%s: \"%s\" is not an integer", opt, s);
+    if (v > 0 && v > INT64_MAX / mul) die(EXIT_USAGE, "%s: %s is too large", opt, s);
+    v *= mul;
+    if (v < lo || v > hi) die(EXIT_USAGE, "%s: %lld is outside [%lld, %lld]", opt, v, (long long)lo, (long long)hi);
+    return v;
+}
+
+static double parse_f64(const char *opt, const char *s, double lo, double hi) {
+    if (!s || !*s) die(EXIT_USAGE, "%s needs a number", opt);
+    errno = 0;
+    char *end;
+    double v = strtod(s, &end);
+    if (errno || *end || end == s || !isfinite(v)) die(EXIT_USAGE, "%s: \"%s\" is not a number", opt, s);
+    if (v < lo || v > hi) die(EXIT_USAGE, "%s: %g is outside [%g, %g]", opt, v, lo, hi);
+    return v;
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *t, int n) {
+    qsort(t, (size_t)n, sizeof *t, cmp_d);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+static void check(dhsa_status st, const char *what) {
+    if (st != DHSA_OK) die(EXIT_RUN, "%s: %s: %s", what, dhsa_status_str(st), dhsa_last_error());
+}
+
+int dhsa_cli_bench_sparse(int argc, char **argv) {
+    int64_t L = 0, H = 8, Hkv = 2, D = 128, budget = 0, needles = 4, seed = 1;
+    int threads = 0, runs = 3, dense_runs = 1, json = 0, causal = 1;
+    double density = 0.0625;
+    const char *method = "dhsa", *boundary = NULL;
+    dhsa_router_params rp = dhsa_router_default_params();
+    for (int i = 3; i < argc; i++) {
+        const char *o = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+#define OPT(name) (strcmp(o, name) == 0 && (val || (die(EXIT_USAGE, "%s needs a value", name), 0)) && ++i)
+        if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0) {
+            fputs(dhsa_cli_bench_sparse_usage, stdout);
+            return 0;
+        } else if (strcmp(o, "--json") == 0) json = 1;
+        else if (strcmp(o, "--no-causal") == 0) causal = 0;
+        else if (strcmp(o, "--share-heads") == 0) rp.share_heads = 1;
+        else if (OPT("--L")) L = parse_i64(o, val, 1, (int64_t)1 << 24);
+        else if (OPT("--heads")) H = parse_i64(o, val, 1, 1024);
+        else if (OPT("--kv-heads")) Hkv = parse_i64(o, val, 1, 1024);
+        else if (OPT("--dim")) D = parse_i64(o, val, 1, 4096);
+        else if (OPT("--method")) method = val;
+        else if (OPT("--density")) density = parse_f64(o, val, 1e-9, 1.0);
+        else if (OPT("--budget")) budget = parse_i64(o, val, 1, (int64_t)1 << 40);
+        else if (OPT("--boundary")) boundary = val;
+        else if (OPT("--q-block")) rp.q_block = parse_i64(o, val, 1, 1 << 20);
+        else if (OPT("--chunk")) rp.chunk = parse_i64(o, val, 1, (int64_t)1 << 30);
+        else if (OPT("--min-chunk")) rp.min_chunk = parse_i64(o, val, 1, (int64_t)1 << 30);
+        else if (OPT("--max-chunk")) rp.max_chunk = parse_i64(o, val, 1, (int64_t)1 << 30);
+        else if (OPT("--sink")) rp.sink_tokens = parse_i64(o, val, 0, (int64_t)1 << 40);
+        else if (OPT("--local")) rp.local_tokens = parse_i64(o, val, 0, (int64_t)1 << 40);
+        else if (OPT("--dense-below")) rp.dense_below = parse_i64(o, val, 0, (int64_t)1 << 40);
+        else if (OPT("--needles")) needles = parse_i64(o, val, 0, 16);
+        else if (OPT("--seed")) seed = parse_i64(o, val, 0, INT64_MAX);
+        else if (OPT("--threads")) threads = (int)parse_i64(o, val, 1, 1024);
+        else if (OPT("--runs")) runs = (int)parse_i64(o, val, 1, 1000);
+        else if (OPT("--dense-runs")) dense_runs = (int)parse_i64(o, val, 1, 1000);
+        else die(EXIT_USAGE, "unknown option \"%s\"", o);
+#undef OPT
+    }
+    if (L == 0) die(EXIT_USAGE, "--L is required");
+    if (H % Hkv) die(EXIT_USAGE, "--heads %lld is not a multiple of --kv-heads %lld", (long long)H, (long long)Hkv);
+    int route = 1;
+    if (strcmp(method, "dhsa") == 0) rp.method = DHSA_ROUTE_DHSA;
+    else if (strcmp(method, "block") == 0) rp.method = DHSA_ROUTE_DHSA, rp.boundary = DHSA_BOUNDARY_FIXED;
+    else if (strcmp(method, "stream") == 0) rp.method = DHSA_ROUTE_STREAM;
+    else if (strcmp(method, "oracle") == 0) rp.method = DHSA_ROUTE_ORACLE;
+    else if (strcmp(method, "dense") == 0) route = 0;
+    else die(EXIT_USAGE, "--method %s: use dhsa, block, stream, oracle or dense", method);
+    if (boundary) {
+        if (strcmp(boundary, "fixed") == 0) rp.boundary = DHSA_BOUNDARY_FIXED;
+        else if (strcmp(boundary, "similarity") == 0) rp.boundary = DHSA_BOUNDARY_SIMILARITY;
+        else if (strncmp(boundary, "learned:", 8) == 0)
+            die(EXIT_RUN, "--boundary %s: learned boundary predictors are not built yet", boundary);
+        else die(EXIT_USAGE, "--boundary %s: use fixed, similarity or learned:FILE", boundary);
+    }
+    rp.budget_tokens = budget;
+    rp.density = density;
+
+    dhsa_synth_params sp = dhsa_synth_default_params();
+    sp.Hq = H;
+    sp.Hkv = Hkv;
+    sp.L = L;
+    sp.d = D;
+    sp.q_block = rp.q_block;
+    sp.seed = (uint64_t)seed;
+    sp.n_needles = (int)needles;
+    int64_t n_qb = (L + rp.q_block - 1) / rp.q_block;
+    if (sp.n_needles > n_qb) sp.n_needles = (int)n_qb;
+    static const double depth[16] = {0.1, 0.35, 0.6, 0.85, 0.2, 0.45, 0.7, 0.95,
+                                     0.05, 0.3, 0.55, 0.8, 0.15, 0.4, 0.65, 0.9};
+    for (int i = 0; i < sp.n_needles; i++) sp.depths[i] = depth[i];
+
+    size_t nq = (size_t)(H * L * D), nk = (size_t)(Hkv * L * D);
+    float *q = dhsa_buffer_alloc(nq * 4), *k = dhsa_buffer_alloc(nk * 4), *v = dhsa_buffer_alloc(nk * 4);
+    float *od = dhsa_buffer_alloc(nq * 4), *os = dhsa_buffer_alloc(nq * 4);
+    float *ld = dhsa_buffer_alloc((size_t)(H * L) * 4), *ls = dhsa_buffer_alloc((size_t)(H * L) * 4);
+    if (!q || !k || !v || !od || !os || !ld || !ls) die(EXIT_RUN, "out of memory for L = %lld", (long long)L);
+    dhsa_synth_needle nd[DHSA_SYNTH_MAX_NEEDLES];
+    check(dhsa_synth_generate(&sp, q, k, v, nd), "generating the workload");
+
+    dhsa_ctx_params cp = dhsa_ctx_default_params();
+    cp.n_threads = threads;
+    dhsa_ctx *ctx;
+    check(dhsa_ctx_create(&cp, &ctx), "creating the context");
+    threads = dhsa_ctx_n_threads(ctx);
+
+    dhsa_attn_desc a = dhsa_attn_default_desc();
+    a.q = dhsa_tensor_bhld(q, DHSA_F32, 1, H, L, D);
+    a.k = dhsa_tensor_bhld(k, DHSA_F32, 1, Hkv, L, D);
+    a.v = dhsa_tensor_bhld(v, DHSA_F32, 1, Hkv, L, D);
+    a.o = dhsa_tensor_bhld(od, DHSA_F32, 1, H, L, D);
+    a.lse = dhsa_tensor_bhld(ld, DHSA_F32, 1, H, L, 1);
+    a.causal = causal;
+
+    double *t = malloc(sizeof(double) * (size_t)(runs > dense_runs ? runs : dense_runs) * 2);
+    if (!t) die(EXIT_RUN, "out of memory");
+    for (int r = 0; r < dense_runs; r++) {
+        double t0 = now_s();
+        check(dhsa_attention(ctx, &a), "dense attention");
+        t[r] = now_s() - t0;
+    }
+    double dense_ms = median(t, dense_runs) * 1e3;
+
+    double route_ms = 0, kernel_ms = dense_ms;
+    dhsa_layout *lay = NULL;
+    dhsa_layout_stats st;
+    memset(&st, 0, sizeof st);
+    st.density = 1.0;
+    dhsa_fidelity fid = {1.0, 1.0, 0.0, 0};
+    int hits = 0, total = sp.n_needles * (int)Hkv;
+    if (route) {
+        for (int r = 0; r < runs; r++) {
+            if (lay) dhsa_layout_free(lay);
+            double t0 = now_s();
+            check(dhsa_route(ctx, &rp, &a, &lay), "routing");
+            t[r] = now_s() - t0;
+        }
+        route_ms = median(t, runs) * 1e3;
+        dhsa_attn_desc s = a;
+        s.layout = lay;
+        s.o.data = os;
+        s.lse.data = ls;
+        for (int r = 0; r < runs; r++) {
+            double t0 = now_s();
+            check(dhsa_attention(ctx, &s), "sparse attention");
+            t[r] = now_s() - t0;
+        }
+        kernel_ms = median(t, runs) * 1e3;
+        check(dhsa_layout_get_stats(lay, &st), "layout statistics");
+        check(dhsa_fidelity_compare(&a.o, &a.lse, &s.o, &s.lse, &fid), "fidelity");
+        for (int i = 0; i < sp.n_needles; i++)
+            for (int64_t g = 0; g < Hkv; g++)
+                hits += dhsa_layout_selects(lay, 0, g, nd[i].row, nd[i].key + nd[i].len / 2) == 1;
+    } else {
+        hits = total;
+    }
+    double speedup = dense_ms / (route_ms + kernel_ms);
+    const char *bname = rp.boundary == DHSA_BOUNDARY_FIXED ? "fixed" : "similarity";
+    if (json) {
+        printf("{\"L\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"dim\": %lld, \"causal\": %s, "
+               "\"method\": \"%s\", \"boundary\": \"%s\", \"threads\": %d, \"q_block\": %lld, "
+               "\"budget\": %lld, \"target_density\": %g, \"dense_ms\": %.3f, \"route_ms\": %.3f, "
+               "\"kernel_ms\": %.3f, \"speedup\": %.3f, \"route_share\": %.4f, \"density\": %.5f, "
+               "\"recall\": %.5f, \"recall_min\": %.5f, \"rel_err\": %.5f, \"needle_hits\": %d, "
+               "\"needles\": %d, \"chunks\": %lld, \"chunk_mean\": %.2f, \"chunk_min\": %lld, "
+               "\"chunk_max\": %lld, \"dense_blocks\": %lld, \"ranges\": %lld}\n",
+               (long long)L, (long long)H, (long long)Hkv, (long long)D, causal ? "true" : "false", method,
+               bname, threads, (long long)rp.q_block, (long long)budget, density, dense_ms, route_ms,
+               kernel_ms, speedup, kernel_ms > 0 ? route_ms / kernel_ms : 0.0, st.density, fid.recall,
+               fid.recall_min, fid.rel_err, hits, total, (long long)st.chunks, st.chunk_mean,
+               (long long)st.chunk_min, (long long)st.chunk_max, (long long)st.dense_blocks,
+               (long long)st.ranges);
+    } else {
+        printf("dhsa bench sparse: %s (%s boundaries) vs dense, %d thread%s\n", method, bname, threads,
+               threads > 1 ? "s" : "");
+        printf("  %-12s L=%lld Hq=%lld Hkv=%lld d=%lld f32%s, q_block %lld, %s %g\n", "shape", (long long)L,
+               (long long)H, (long long)Hkv, (long long)D, causal ? ", causal" : "", (long long)rp.q_block,
+               budget ? "budget" : "density", budget ? (double)budget : density);
+        printf("  %-12s dense %.1f ms (median of %d)\n", "dense", dense_ms, dense_runs);
+        printf("  %-12s route %.1f ms + kernel %.1f ms (medians of %d): speedup %.2fx, routing %.1f%% of "
+               "the kernel\n", "sparse", route_ms, kernel_ms, runs, speedup,
+               kernel_ms > 0 ? 100.0 * route_ms / kernel_ms : 0.0);
+        printf("  %-12s %.4f of available keys, %lld ranges, %lld dense blocks\n", "density", st.density,
+               (long long)st.ranges, (long long)st.dense_blocks);
+        if (st.chunks)
+            printf("  %-12s %lld chunks, length mean %.1f, min %lld, max %lld\n", "chunks",
+                   (long long)st.chunks, st.chunk_mean, (long long)st.chunk_min, (long long)st.chunk_max);
+        printf("  %-12s recall %.4f (worst row %.4f), output rel_err %.4f\n", "fidelity", fid.recall,
+               fid.recall_min, fid.rel_err);
+        printf("  %-12s %d of %d (needle, KV head) passages selected by the block asking for them\n",
+               "needles", hits, total);
+    }
+    dhsa_layout_free(lay);
+    dhsa_ctx_free(ctx);
+    free(t);
+    dhsa_buffer_free(q);
+    dhsa_buffer_free(k);
+    dhsa_buffer_free(v);
+    dhsa_buffer_free(od);
+    dhsa_buffer_free(os);
+    dhsa_buffer_free(ld);
+    dhsa_buffer_free(ls);
+    return 0;
+}
