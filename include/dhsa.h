@@ -313,7 +313,7 @@ typedef struct {
     int64_t sim_window;    /* SIMILARITY: keys on each side of a candidate (default 8) */
     float threshold;       /* SIMILARITY: a candidate boundary needs a score of at
                               least mean + threshold * stddev of the sequence (default 1) */
-    int64_t nms_window;    /* kept boundaries are more than this apart (default 16) */
+    int64_t nms_window;    /* kept boundaries are more than this apart (default 8) */
     int64_t min_chunk;     /* no chunk shorter (default 16) */
     int64_t max_chunk;     /* longer spans are split evenly (default 256) */
     int causal_boundaries; /* SIMILARITY compares each key with the mean of the
@@ -359,21 +359,26 @@ int dhsa_layout_selects(const dhsa_layout *layout, int64_t b, int64_t g, int64_t
  * KV head; keys are their segment's topic plus noise, so real boundaries
  * exist. Each query mixes its own segment's topic with the topic of one
  * earlier segment (a retrieval), so attention mass sits on the diagonal and
- * on chunks far back. Needles: the key at position depth * L carries a
- * unique direction per KV head that one late query (in the last query block
- * of q_block rows) matches strongly. Values are random. */
+ * on chunks far back. Needles: a passage of needle_len keys starting at
+ * depth * L carries a unique direction per KV head; needle i is asked for by
+ * every query row of query block (last - i) (blocks of q_block rows), whose
+ * queries mix that direction into their own topic: a question about a fact
+ * far back. Values are random. */
 typedef struct {
     int64_t B, Hq, Hkv, L, d;
     int64_t seg_min, seg_max;      /* default 32, 512 */
     int n_needles;                 /* default 4 */
     double depths[DHSA_SYNTH_MAX_NEEDLES]; /* default 0.1, 0.35, 0.6, 0.85 */
-    int64_t q_block;               /* needle queries land in the last block (default 64) */
+    int64_t needle_len;            /* keys per needle passage (default 16) */
+    int64_t q_block;               /* default 64 */
     uint64_t seed;
 } dhsa_synth_params;
 
 typedef struct {
-    int64_t key;   /* position of the needle key */
-    int64_t row;   /* the query row (same for all heads) that looks for it */
+    int64_t key;   /* first key of the needle passage */
+    int64_t len;   /* its length */
+    int64_t row;   /* first query row of the block that asks for it */
+    int64_t rows;  /* rows in that block */
 } dhsa_synth_needle;
 
 dhsa_synth_params dhsa_synth_default_params(void);
