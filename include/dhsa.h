@@ -363,7 +363,7 @@ int dhsa_layout_selects(const dhsa_layout *layout, int64_t b, int64_t g, int64_t
  * depth * L carries a unique direction per KV head; needle i is asked for by
  * every query row of query block (last - i) (blocks of q_block rows), whose
  * queries mix that direction into their own topic: a question about a fact
- * far back. Values are random. */
+ * far back. Values carry their segment's own direction plus noise. */
 typedef struct {
     int64_t B, Hq, Hkv, L, d;
     int64_t seg_min, seg_max;      /* default 32, 512 */

@@ -6,6 +6,8 @@
 #ifndef DHSA_TOOLS_CLI_H
 #define DHSA_TOOLS_CLI_H
 
+#include <stdint.h>
+
 /* dhsa memprobe (tools/memprobe.c): peak memory of a command as n grows. */
 int dhsa_cli_memprobe(int argc, char **argv);
 extern const char dhsa_cli_memprobe_usage[]; /* for `dhsa help memprobe` */
@@ -13,5 +15,8 @@ extern const char dhsa_cli_memprobe_usage[]; /* for `dhsa help memprobe` */
 /* dhsa bench sparse (tools/sparse.c): dense vs a sparse method, same run. */
 int dhsa_cli_bench_sparse(int argc, char **argv);
 extern const char dhsa_cli_bench_sparse_usage[];
+/* The sparse part of `dhsa demo`: dense vs DHSA vs block vs streaming on a
+ * synthetic sequence of L tokens, as a short table. */
+int dhsa_cli_sparse_demo(int64_t L, int threads);
 
 #endif

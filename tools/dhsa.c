@@ -1121,6 +1121,11 @@ static int cmd_demo(int argc, char **argv) {
     dhsa_buffer_free(v.data);
     dhsa_buffer_free(out.data);
     dhsa_ctx_free(ctx);
+    if (ok) {
+        printf("\n");
+        fflush(stdout);
+        ok = dhsa_cli_sparse_demo(L, threads) == 0;
+    }
     return ok ? 0 : EXIT_RUN;
 }
 

@@ -116,9 +116,12 @@ dhsa_status dhsa_synth_generate(const dhsa_synth_params *sp, float *q, float *k,
             for (int64_t t = 0; t < L; t++) {
                 float *kr = k + ((b * Hkv + g) * L + t) * d, *vr = v + ((b * Hkv + g) * L + t) * d;
                 const float *u = topic + (seg_of[t] * Hkv + g) * d;
+                /* values: the segment's value direction (the second half of
+                 * its topic vector, rotated) plus as much noise, so outputs
+                 * carry what the attended segments say */
                 for (int64_t c = 0; c < d; c++) {
                     kr[c] = (float)((u[c] + noise * normal(&rng) / ksc) * ksc / sqrt(ksc));
-                    vr[c] = (float)normal(&rng);
+                    vr[c] = (float)(u[(c + d / 2) % d] * ksc + normal(&rng));
                 }
             }
         for (int64_t h = 0; h < Hq; h++) {
