@@ -29,4 +29,13 @@ static inline int64_t dhsa__layout_index(const dhsa_layout *l, int64_t b, int64_
  * new count. Empty ranges are dropped. */
 int64_t dhsa__ranges_normalise(int64_t *r, int64_t n);
 
+/* Shared by route.c and kv_index.c. */
+dhsa_status dhsa__route_check_params(const dhsa_router_params *rp);
+void dhsa__route_limits(const dhsa_router_params *rp, int64_t Lk, int64_t *min_len, int64_t *max_chunks,
+                        int64_t *max_ranges);
+int64_t dhsa__select_ranges(const dhsa_router_params *rp, int64_t max_ranges, int64_t min_len, int64_t Lk,
+                            int64_t alo, int64_t ahi, int64_t pos0, int64_t pos1, const int64_t *starts,
+                            int64_t nc_all, const float *score, int64_t stride, int64_t *order, int64_t *rg,
+                            int *dense);
+
 #endif

@@ -51,6 +51,24 @@ dhsa_router_params dhsa_router_default_params(void) {
 
 /* ------------------------------------------------------------ checking --- */
 
+void dhsa__route_limits(const dhsa_router_params *rp, int64_t Lk, int64_t *min_len, int64_t *max_chunks,
+                        int64_t *max_ranges) {
+    *min_len = rp->boundary == DHSA_BOUNDARY_FIXED ? rp->chunk : rp->min_chunk;
+    int64_t smallest = *min_len;
+    /* SIMILARITY chunks are >= min_chunk, except that splitting a long span
+     * evenly by max_chunk can give pieces down to max_chunk / 2. */
+    if (rp->boundary == DHSA_BOUNDARY_SIMILARITY && rp->max_chunk / 2 < smallest)
+        smallest = rp->max_chunk / 2 > 0 ? rp->max_chunk / 2 : 1;
+    *max_chunks = Lk / smallest + 2;
+    if (Lk < rp->dense_below) {
+        *max_ranges = 1;
+    } else {
+        double budget = rp->budget_tokens > 0 ? (double)rp->budget_tokens : ceil(rp->density * (double)Lk);
+        double r = budget / (double)smallest + 5.0; /* + sink, local, two clipped chunks, one overshoot */
+        *max_ranges = r > (double)*max_chunks + 2 ? *max_chunks + 2 : (int64_t)r;
+    }
+}
+
 typedef struct {
     dhsa__attn_problem p;
     int64_t n_qb;        /* query blocks per (b, g) */
@@ -59,8 +77,8 @@ typedef struct {
     int64_t min_len;     /* shortest chunk boundaries can make */
 } plan;
 
-static dhsa_status check(const dhsa_router_params *rp, const dhsa_attn_desc *a, plan *pl) {
-    if (!rp || !a) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_route: NULL params or descriptor");
+dhsa_status dhsa__route_check_params(const dhsa_router_params *rp) {
+    if (!rp) return dhsa__fail(DHSA_ERR_INVALID_ARG, "router params are NULL");
     if (rp->method != DHSA_ROUTE_DHSA && rp->method != DHSA_ROUTE_STREAM && rp->method != DHSA_ROUTE_ORACLE)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "unknown routing method %d", (int)rp->method);
     if (rp->boundary == DHSA_BOUNDARY_LEARNED)
@@ -84,6 +102,13 @@ static dhsa_status check(const dhsa_router_params *rp, const dhsa_attn_desc *a, 
     if (rp->budget_tokens == 0 && !(rp->density > 0.0 && rp->density <= 1.0))
         return dhsa__fail(DHSA_ERR_INVALID_ARG,
                           "density = %g: give budget_tokens > 0 or a density in (0, 1]", rp->density);
+    return DHSA_OK;
+}
+
+static dhsa_status check(const dhsa_router_params *rp, const dhsa_attn_desc *a, plan *pl) {
+    if (!rp || !a) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_route: NULL params or descriptor");
+    dhsa_status st = dhsa__route_check_params(rp);
+    if (st) return st;
     /* The attention check wants v and o: route needs only q and k. */
     dhsa_attn_desc d = *a;
     d.v = a->k;
@@ -91,25 +116,12 @@ static dhsa_status check(const dhsa_router_params *rp, const dhsa_attn_desc *a, 
     d.o.shape[3] = a->k.shape[3];
     d.lse.data = NULL;
     d.layout = NULL;
-    dhsa_status st = dhsa__attn_check(&d, &pl->p);
+    st = dhsa__attn_check(&d, &pl->p);
     if (st) return st;
     const dhsa__attn_problem *p = &pl->p;
     if (p->Lq < 1) return dhsa__fail(DHSA_ERR_SHAPE, "dhsa_route needs at least one query row");
     pl->n_qb = (p->Lq + rp->q_block - 1) / rp->q_block;
-    pl->min_len = rp->boundary == DHSA_BOUNDARY_FIXED ? rp->chunk : rp->min_chunk;
-    int64_t smallest = rp->boundary == DHSA_BOUNDARY_FIXED ? rp->chunk : rp->min_chunk;
-    /* SIMILARITY chunks are >= min_chunk, except that splitting a long span
-     * evenly by max_chunk can give pieces down to max_chunk / 2. */
-    if (rp->boundary == DHSA_BOUNDARY_SIMILARITY && rp->max_chunk / 2 < smallest)
-        smallest = rp->max_chunk / 2 > 0 ? rp->max_chunk / 2 : 1;
-    pl->max_chunks = p->Lk / smallest + 2;
-    if (p->Lk < rp->dense_below) {
-        pl->max_ranges = 1;
-    } else {
-        double budget = rp->budget_tokens > 0 ? (double)rp->budget_tokens : ceil(rp->density * (double)p->Lk);
-        double r = budget / (double)smallest + 5.0; /* + sink, local, two clipped chunks, one overshoot */
-        pl->max_ranges = r > (double)pl->max_chunks + 2 ? pl->max_chunks + 2 : (int64_t)r;
-    }
+    dhsa__route_limits(rp, p->Lk, &pl->min_len, &pl->max_chunks, &pl->max_ranges);
     return DHSA_OK;
 }
 
@@ -343,12 +355,17 @@ static int64_t uncovered(int64_t s, int64_t e, int64_t a0, int64_t a1, int64_t b
 
 /* Ranking of chunks by score, descending; ties go to the lower index, so
  * the order (and the layout) is deterministic. */
-static int before(const float *sc, int64_t a, int64_t b) {
-    float sa = sc[a * GROUP], sb = sc[b * GROUP];
+typedef struct {
+    const float *s;
+    int64_t stride;
+} scores;
+
+static int before(scores sc, int64_t a, int64_t b) {
+    float sa = sc.s[a * sc.stride], sb = sc.s[b * sc.stride];
     return sa != sb ? sa > sb : a < b;
 }
 
-static void sort_desc(int64_t *idx, int64_t n, const float *sc) {
+static void sort_desc(int64_t *idx, int64_t n, scores sc) {
     while (n > 16) {
         int64_t pv = idx[n / 2], i = 0, j = n - 1;
         while (i <= j) {
@@ -382,7 +399,7 @@ static void sort_desc(int64_t *idx, int64_t n, const float *sc) {
 
 /* Moves the k highest-ranked of idx[0, n) to the front (in any order):
  * quickselect. */
-static void top_k(int64_t *idx, int64_t n, int64_t k, const float *sc) {
+static void top_k(int64_t *idx, int64_t n, int64_t k, scores sc) {
     if (k > n) k = n;
     int64_t lo = 0, hi = n - 1;
     while (lo < hi && k < n) {
@@ -458,32 +475,31 @@ static void block_span(const dhsa_attn_desc *a, const dhsa__attn_problem *p, int
     *hi = h0 > h1 ? h0 : h1;
 }
 
-/* Fills block (b, g, qb) from the chunk scores sc[c * GROUP] (column of
- * this block). */
-static void select_block(sel_job *j, thread_bufs *t, int64_t g, int64_t qb, const float *sc, int thread) {
-    const dhsa_router_params *rp = j->rp;
-    const dhsa__attn_problem *p = &j->pl->p;
-    int64_t r0 = qb * rp->q_block, r1 = r0 + rp->q_block < p->Lq ? r0 + rp->q_block : p->Lq;
-    int64_t alo, ahi;
-    block_span(j->a, p, r0, r1, &alo, &ahi);
-    int64_t *rg = t->rg, n = 0;
+/* Selection for one query block (see the file comment and dhsa.h): the
+ * block may see keys [alo, ahi) and sits at positions [pos0, pos1); chunks
+ * c < nc are [starts[c], starts[c + 1]) with scores sc.s[c * sc.stride].
+ * Writes up to max_ranges pairs to rg (unsorted, may overlap: the layout
+ * normalises them); returns their count; *dense = 1 if the block is dense.
+ * order has room for nc indices. */
+int64_t dhsa__select_ranges(const dhsa_router_params *rp, int64_t max_ranges, int64_t min_len, int64_t Lk,
+                            int64_t alo, int64_t ahi, int64_t pos0, int64_t pos1, const int64_t *starts,
+                            int64_t nc_all, const float *score, int64_t stride, int64_t *order, int64_t *rg,
+                            int *dense) {
+    scores sc = {score, stride};
+    int64_t n = 0;
     int64_t avail = ahi - alo;
-    if (avail <= 0) {
-        dhsa_layout_set(j->lay, j->b, g, qb, rg, 0);
-        return;
-    }
+    *dense = 0;
+    if (avail <= 0) return 0;
     int64_t budget = rp->budget_tokens > 0 ? rp->budget_tokens : (int64_t)ceil(rp->density * (double)avail);
-    if (p->Lk < rp->dense_below || budget >= avail) {
+    if (Lk < rp->dense_below || budget >= avail) {
         rg[0] = alo;
         rg[1] = ahi;
-        j->dense_blocks[thread]++;
-        dhsa_layout_set(j->lay, j->b, g, qb, rg, 1);
-        return;
+        *dense = 1;
+        return 1;
     }
     /* sinks and the local diagonal, clipped to what the block may see */
     int64_t s0 = alo, s1 = rp->sink_tokens < ahi ? rp->sink_tokens : ahi;
     if (s1 < s0) s1 = s0;
-    int64_t pos0 = j->a->q_pos0 + r0, pos1 = j->a->q_pos0 + r1; /* block positions [pos0, pos1) */
     int64_t l0 = pos0 - rp->local_tokens > alo ? pos0 - rp->local_tokens : alo;
     int64_t l1 = pos1 < ahi ? pos1 : ahi;
     if (l0 > l1) l0 = l1;
@@ -493,8 +509,7 @@ static void select_block(sel_job *j, thread_bufs *t, int64_t g, int64_t qb, cons
         rg[n++] = s1;
         rg[n++] = ahi - recent > alo ? ahi - recent : alo;
         rg[n++] = ahi;
-        dhsa_layout_set(j->lay, j->b, g, qb, rg, n / 2);
-        return;
+        return n / 2;
     }
     rg[n++] = s0;
     rg[n++] = s1;
@@ -507,24 +522,23 @@ static void select_block(sel_job *j, thread_bufs *t, int64_t g, int64_t qb, cons
     }
     /* candidate chunks: those overlapping [alo, ahi) */
     int64_t nc = 0;
-    for (int64_t c = 0; c < j->nc; c++) {
-        if (j->starts[c + 1] <= alo || j->starts[c] >= ahi) continue;
-        t->order[nc++] = c;
+    for (int64_t c = 0; c < nc_all; c++) {
+        if (starts[c + 1] <= alo || starts[c] >= ahi) continue;
+        order[nc++] = c;
     }
-    int64_t cap = j->pl->max_ranges - 2; /* ranges left for chunks */
-    int64_t want = (budget - used) / (j->pl->min_len > 0 ? j->pl->min_len : 1) + 4;
+    int64_t cap = max_ranges - 2; /* ranges left for chunks */
+    int64_t want = (budget - used) / (min_len > 0 ? min_len : 1) + 4;
     if (want > nc) want = nc;
     int64_t taken = 0, i = 0;
     while (used < budget && i < nc && taken < cap) {
         if (i == 0 || i == want) { /* order the next slice of candidates */
-            int64_t rest = nc - i, k = want - i > 0 ? want - i : rest;
-            if (i > 0) k = rest;
-            top_k(t->order + i, rest, k, sc);
-            sort_desc(t->order + i, k < rest ? k : rest, sc);
+            int64_t rest = nc - i, k = i == 0 ? want : rest;
+            top_k(order + i, rest, k, sc);
+            sort_desc(order + i, k < rest ? k : rest, sc);
         }
-        int64_t c = t->order[i++];
-        int64_t cs = j->starts[c] > alo ? j->starts[c] : alo;
-        int64_t ce = j->starts[c + 1] < ahi ? j->starts[c + 1] : ahi;
+        int64_t c = order[i++];
+        int64_t cs = starts[c] > alo ? starts[c] : alo;
+        int64_t ce = starts[c + 1] < ahi ? starts[c + 1] : ahi;
         int64_t fresh = uncovered(cs, ce, s0, s1, l0, l1);
         if (fresh == 0) continue;
         rg[n++] = cs;
@@ -532,7 +546,22 @@ static void select_block(sel_job *j, thread_bufs *t, int64_t g, int64_t qb, cons
         used += fresh;
         taken++;
     }
-    dhsa_layout_set(j->lay, j->b, g, qb, rg, n / 2);
+    return n / 2;
+}
+
+/* Fills block (b, g, qb) from the chunk scores sc[c * GROUP] (column of
+ * this block). */
+static void select_block(sel_job *j, thread_bufs *t, int64_t g, int64_t qb, const float *sc, int thread) {
+    const dhsa_router_params *rp = j->rp;
+    const dhsa__attn_problem *p = &j->pl->p;
+    int64_t r0 = qb * rp->q_block, r1 = r0 + rp->q_block < p->Lq ? r0 + rp->q_block : p->Lq;
+    int64_t alo, ahi;
+    block_span(j->a, p, r0, r1, &alo, &ahi);
+    int dense;
+    int64_t n = dhsa__select_ranges(rp, j->pl->max_ranges, j->pl->min_len, p->Lk, alo, ahi, j->a->q_pos0 + r0,
+                                    j->a->q_pos0 + r1, j->starts, j->nc, sc, GROUP, t->order, t->rg, &dense);
+    j->dense_blocks[thread] += dense;
+    dhsa_layout_set(j->lay, j->b, g, qb, t->rg, n);
 }
 
 /* Oracle scores: the attention mass every chunk receives from the block's
