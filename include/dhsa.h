@@ -325,7 +325,8 @@ typedef struct {
     int64_t sink_tokens;   /* always the first keys (default 64) */
     int64_t local_tokens;  /* always the keys just before the block, and the
                               block's own (the diagonal) (default 256) */
-    int64_t dense_below;   /* Lk below this: every block dense (default 2048) */
+    int64_t dense_below;   /* a block that may see fewer keys is dense (default
+                              2048): short sequences run dense */
     int share_heads;       /* one routing for all heads (published) instead of
                               one per KV group (default 0) */
 } dhsa_router_params;
@@ -343,6 +344,43 @@ dhsa_status dhsa_route_sizes(const dhsa_ctx *ctx, const dhsa_router_params *rp,
  * dhsa_layout_free. */
 dhsa_status dhsa_route(dhsa_ctx *ctx, const dhsa_router_params *rp, const dhsa_attn_desc *a,
                        dhsa_layout **out);
+
+/* ------------------------------------------------------------------------ */
+/* DHSA at decode time: an index beside the KV cache                         */
+
+/* One sequence's index. As keys are appended it scores boundaries in the
+ * causal form (each key against the mean of the sim_window keys before it;
+ * or FIXED chunks), decides them online (a candidate is kept once the
+ * nms_window keys after it are seen: it must be the highest score within
+ * nms_window on both sides, reach mean + threshold * stddev of the scores so
+ * far, and be min_chunk after the previous boundary; a chunk reaching
+ * max_chunk closes there), and keeps each closed chunk's pooled key
+ * (sum / sqrt(n)) per KV head. Routing a query block then costs
+ * O(chunks x d) per KV head, not O(L d). A chunk is a candidate for a query
+ * block only once it was closed at or before the block's last position, so
+ * routing after every ubatch and routing the whole prefill at once give the
+ * same layouts. */
+typedef struct dhsa_kv_index dhsa_kv_index;
+
+/* capacity: most keys the index will hold. rp: boundary (FIXED or
+ * SIMILARITY, always causal), windows, chunk limits, q_block, budget,
+ * sinks, local, dense_below, share_heads, as for dhsa_route. Memory comes
+ * from ctx. */
+dhsa_status dhsa_kv_index_create(dhsa_ctx *ctx, const dhsa_router_params *rp, int64_t Hkv, int64_t d,
+                                 int64_t capacity, dhsa_kv_index **out);
+void dhsa_kv_index_free(dhsa_kv_index *ix);
+/* Appends keys k [1, Hkv, n, d] (any strides and type) at positions
+ * length .. length + n - 1. */
+dhsa_status dhsa_kv_index_append(dhsa_kv_index *ix, const dhsa_tensor *k);
+int64_t dhsa_kv_index_length(const dhsa_kv_index *ix);
+/* Closed chunks so far; with starts != NULL, their first positions. */
+int64_t dhsa_kv_index_chunks(const dhsa_kv_index *ix, const int64_t **starts);
+/* Routes the queries of `a` (q [1, Hq, Lq, d] at positions q_pos0 ..;
+ * k [1, Hkv, Lk, d] must be the cache the index describes: Lk = length)
+ * into a new layout (free with dhsa_layout_free). Only causal attention
+ * (a->causal = 1) is supported. */
+dhsa_status dhsa_kv_index_route(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
+                                dhsa_layout **out);
 
 /* Whether query row `row` of (batch b, KV head g) may attend to key `key`
  * under the layout (its block's ranges; causality/window not applied).

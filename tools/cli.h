@@ -18,5 +18,8 @@ extern const char dhsa_cli_bench_sparse_usage[];
 /* The sparse part of `dhsa demo`: dense vs DHSA vs block vs streaming on a
  * synthetic sequence of L tokens, as a short table. */
 int dhsa_cli_sparse_demo(int64_t L, int threads);
+/* dhsa bench decode (tools/sparse.c): one decode step, index vs dense. */
+int dhsa_cli_bench_decode(int argc, char **argv);
+extern const char dhsa_cli_bench_decode_usage[];
 
 #endif

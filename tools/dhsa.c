@@ -46,6 +46,7 @@ static const char usage_main[] =
     "  bench attn   attention benchmark (checked against the reference first)\n"
     "  bench sparse DHSA / block / streaming / oracle vs dense on a synthetic\n"
     "               long sequence: speed, density, recall, needles\n"
+    "  bench decode one decode step routed through a dhsa_kv_index vs dense\n"
     "  demo         tiled attention at long context on synthetic data\n"
     "  help [CMD]   this text, or the usage of CMD\n"
     "\n"
@@ -967,14 +968,15 @@ static int cmd_bench_attn(int argc, char **argv) {
 static int cmd_bench(int argc, char **argv) {
     cur_cmd = "dhsa bench";
     cur_usage = usage_bench;
-    if (argc < 3) usage_error("which benchmark? (attn, sparse)");
+    if (argc < 3) usage_error("which benchmark? (attn, sparse, decode)");
     if (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0) {
         fputs(usage_bench_attn, stdout);
         return 0;
     }
     if (strcmp(argv[2], "attn") == 0) return cmd_bench_attn(argc, argv);
     if (strcmp(argv[2], "sparse") == 0) return dhsa_cli_bench_sparse(argc, argv);
-    usage_error("unknown benchmark \"%s\" (known: attn, sparse)", argv[2]);
+    if (strcmp(argv[2], "decode") == 0) return dhsa_cli_bench_decode(argc, argv);
+    usage_error("unknown benchmark \"%s\" (known: attn, sparse, decode)", argv[2]);
     return EXIT_USAGE;
 }
 

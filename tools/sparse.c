@@ -361,3 +361,169 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
     dhsa_buffer_free(ls);
     return 0;
 }
+
+/* ------------------------------------------------------------- decode --- */
+
+const char dhsa_cli_bench_decode_usage[] =
+    "usage: dhsa bench decode --L N [--heads H] [--kv-heads H] [--dim D]\n"
+    "                         [--density F | --budget N] [--boundary fixed|similarity]\n"
+    "                         [--ubatch N] [--threads T] [--runs N] [--json]\n"
+    "\n"
+    "One decode step at position L-1 of the synthetic workload (see dhsa bench\n"
+    "sparse --help): the keys are appended to a dhsa_kv_index in ubatches of\n"
+    "--ubatch (default 512), then the last query is routed through the index\n"
+    "and run sparse, against dense decode over all L keys in the same run.\n"
+    "Prints append cost per token, route and kernel time, dense time, speedup,\n"
+    "bytes of K/V read by each (dense: all L keys; sparse: the selected keys),\n"
+    "recall, output error, and whether the needle the last block asks for was\n"
+    "selected. Defaults: heads 32, kv-heads 8, dim 128, density 0.0625, runs 9.\n";
+
+int dhsa_cli_bench_decode(int argc, char **argv) {
+    int64_t L = 0, H = 32, Hkv = 8, D = 128, budget = 0, ubatch = 512;
+    int threads = 0, runs = 9, json = 0;
+    double density = 0.0625;
+    dhsa_router_params rp = dhsa_router_default_params();
+    rp.causal_boundaries = 1;
+    for (int i = 3; i < argc; i++) {
+        const char *o = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+#define OPT(name) (strcmp(o, name) == 0 && (val || (die(EXIT_USAGE, "%s needs a value", name), 0)) && ++i)
+        if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0) {
+            fputs(dhsa_cli_bench_decode_usage, stdout);
+            return 0;
+        } else if (strcmp(o, "--json") == 0) json = 1;
+        else if (OPT("--L")) L = parse_i64(o, val, 2, (int64_t)1 << 24);
+        else if (OPT("--heads")) H = parse_i64(o, val, 1, 1024);
+        else if (OPT("--kv-heads")) Hkv = parse_i64(o, val, 1, 1024);
+        else if (OPT("--dim")) D = parse_i64(o, val, 1, 4096);
+        else if (OPT("--density")) density = parse_f64(o, val, 1e-9, 1.0);
+        else if (OPT("--budget")) budget = parse_i64(o, val, 1, (int64_t)1 << 40);
+        else if (OPT("--ubatch")) ubatch = parse_i64(o, val, 1, (int64_t)1 << 24);
+        else if (OPT("--boundary")) {
+            if (strcmp(val, "fixed") == 0) rp.boundary = DHSA_BOUNDARY_FIXED;
+            else if (strcmp(val, "similarity") == 0) rp.boundary = DHSA_BOUNDARY_SIMILARITY;
+            else die(EXIT_USAGE, "--boundary %s: use fixed or similarity", val);
+        } else if (OPT("--threads")) threads = (int)parse_i64(o, val, 1, 1024);
+        else if (OPT("--runs")) runs = (int)parse_i64(o, val, 1, 1000);
+        else die(EXIT_USAGE, "unknown option \"%s\"", o);
+#undef OPT
+    }
+    if (L == 0) die(EXIT_USAGE, "--L is required");
+    if (H % Hkv) die(EXIT_USAGE, "--heads %lld is not a multiple of --kv-heads %lld", (long long)H, (long long)Hkv);
+    rp.budget_tokens = budget;
+    rp.density = density;
+
+    dhsa_synth_params sp = dhsa_synth_default_params();
+    sp.Hq = H;
+    sp.Hkv = Hkv;
+    sp.L = L;
+    sp.d = D;
+    sp.n_needles = 1;
+    sp.depths[0] = 0.35;
+    size_t nq = (size_t)(H * L * D), nk = (size_t)(Hkv * L * D);
+    float *q = dhsa_buffer_alloc(nq * 4), *k = dhsa_buffer_alloc(nk * 4), *v = dhsa_buffer_alloc(nk * 4);
+    float od[4096], os[4096], ld[1024], ls[1024];
+    if (!q || !k || !v) die(EXIT_RUN, "out of memory for L = %lld", (long long)L);
+    if (H * D > 4096 || H > 1024) die(EXIT_USAGE, "heads x dim above 4096 is not supported here");
+    dhsa_synth_needle nd[1];
+    check(dhsa_synth_generate(&sp, q, k, v, nd), "generating the workload");
+
+    dhsa_ctx_params cp = dhsa_ctx_default_params();
+    cp.n_threads = threads;
+    dhsa_ctx *ctx;
+    check(dhsa_ctx_create(&cp, &ctx), "creating the context");
+    threads = dhsa_ctx_n_threads(ctx);
+    dhsa_kv_index *ix;
+    check(dhsa_kv_index_create(ctx, &rp, Hkv, D, L, &ix), "creating the index");
+    dhsa_tensor K = dhsa_tensor_bhld(k, DHSA_F32, 1, Hkv, L, D);
+    double t0 = now_s();
+    for (int64_t u0 = 0; u0 < L; u0 += ubatch) {
+        dhsa_tensor part = K;
+        part.data = k + u0 * D;
+        part.shape[2] = ubatch < L - u0 ? ubatch : L - u0;
+        check(dhsa_kv_index_append(ix, &part), "appending keys");
+    }
+    double append_us = (now_s() - t0) * 1e6 / (double)L;
+
+    /* the last query row of every head: q [1, H, 1, D] is a view */
+    dhsa_attn_desc a = dhsa_attn_default_desc();
+    a.q = dhsa_tensor_bhld(q, DHSA_F32, 1, H, L, D);
+    a.q.data = q + (L - 1) * D;
+    a.q.shape[2] = 1;
+    a.k = K;
+    a.v = dhsa_tensor_bhld(v, DHSA_F32, 1, Hkv, L, D);
+    a.o = dhsa_tensor_bhld(od, DHSA_F32, 1, H, 1, D);
+    a.lse = dhsa_tensor_bhld(ld, DHSA_F32, 1, H, 1, 1);
+    a.causal = 1;
+    a.q_pos0 = L - 1;
+    double *t = malloc(sizeof(double) * (size_t)runs);
+    if (!t) die(EXIT_RUN, "out of memory");
+    check(dhsa_attention(ctx, &a), "dense decode");
+    for (int r = 0; r < runs; r++) {
+        t0 = now_s();
+        check(dhsa_attention(ctx, &a), "dense decode");
+        t[r] = now_s() - t0;
+    }
+    double dense_ms = median(t, runs) * 1e3;
+    dhsa_layout *lay = NULL;
+    for (int r = 0; r < runs; r++) {
+        if (lay) dhsa_layout_free(lay);
+        t0 = now_s();
+        check(dhsa_kv_index_route(ctx, ix, &a, &lay), "routing the query");
+        t[r] = now_s() - t0;
+    }
+    double route_ms = median(t, runs) * 1e3;
+    dhsa_attn_desc s = a;
+    s.layout = lay;
+    s.o.data = os;
+    s.lse.data = ls;
+    check(dhsa_attention(ctx, &s), "sparse decode");
+    for (int r = 0; r < runs; r++) {
+        t0 = now_s();
+        check(dhsa_attention(ctx, &s), "sparse decode");
+        t[r] = now_s() - t0;
+    }
+    double kernel_ms = median(t, runs) * 1e3;
+    dhsa_layout_stats st;
+    check(dhsa_layout_get_stats(lay, &st), "layout statistics");
+    dhsa_fidelity fid;
+    check(dhsa_fidelity_compare(&a.o, &a.lse, &s.o, &s.lse, &fid), "fidelity");
+    int hits = 0;
+    for (int64_t g = 0; g < Hkv; g++) hits += dhsa_layout_selects(lay, 0, g, 0, nd[0].key + nd[0].len / 2) == 1;
+    double bytes_dense = 2.0 * (double)Hkv * (double)L * (double)D * 4.0;
+    double bytes_sparse = 2.0 * st.selected * (double)D * 4.0; /* selected sums over KV heads */
+    double speedup = dense_ms / (route_ms + kernel_ms);
+    const int64_t *starts;
+    int64_t chunks = dhsa_kv_index_chunks(ix, &starts);
+    if (json) {
+        printf("{\"L\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"dim\": %lld, \"threads\": %d, "
+               "\"boundary\": \"%s\", \"ubatch\": %lld, \"append_us_per_token\": %.3f, \"dense_ms\": %.4f, "
+               "\"route_ms\": %.4f, \"kernel_ms\": %.4f, \"speedup\": %.3f, \"density\": %.5f, "
+               "\"kv_bytes_dense\": %.0f, \"kv_bytes_sparse\": %.0f, \"bytes_ratio\": %.3f, "
+               "\"recall\": %.5f, \"rel_err\": %.5f, \"needle_hits\": %d, \"needles\": %lld, \"chunks\": %lld}\n",
+               (long long)L, (long long)H, (long long)Hkv, (long long)D, threads,
+               rp.boundary == DHSA_BOUNDARY_FIXED ? "fixed" : "similarity", (long long)ubatch, append_us,
+               dense_ms, route_ms, kernel_ms, speedup, st.density, bytes_dense, bytes_sparse,
+               bytes_dense / bytes_sparse, fid.recall, fid.rel_err, hits, (long long)Hkv, (long long)chunks);
+    } else {
+        printf("dhsa bench decode: one query at position %lld, %d thread%s\n", (long long)(L - 1), threads,
+               threads > 1 ? "s" : "");
+        printf("  %-10s Hq=%lld Hkv=%lld d=%lld f32, %s boundaries, %lld chunks, density %g\n", "shape",
+               (long long)H, (long long)Hkv, (long long)D,
+               rp.boundary == DHSA_BOUNDARY_FIXED ? "fixed" : "similarity", (long long)chunks, density);
+        printf("  %-10s %.2f us per token appended (ubatches of %lld)\n", "index", append_us, (long long)ubatch);
+        printf("  %-10s dense %.3f ms; route %.3f ms + kernel %.3f ms (medians of %d): speedup %.2fx\n",
+               "time", dense_ms, route_ms, kernel_ms, runs, speedup);
+        printf("  %-10s dense %.1f MiB, sparse %.2f MiB of K/V: %.1fx fewer (density %.4f)\n", "bytes",
+               bytes_dense / 1048576.0, bytes_sparse / 1048576.0, bytes_dense / bytes_sparse, st.density);
+        printf("  %-10s recall %.4f, output rel_err %.4f, needle selected for %d of %lld KV heads\n",
+               "fidelity", fid.recall, fid.rel_err, hits, (long long)Hkv);
+    }
+    dhsa_layout_free(lay);
+    dhsa_kv_index_free(ix);
+    dhsa_ctx_free(ctx);
+    free(t);
+    dhsa_buffer_free(q);
+    dhsa_buffer_free(k);
+    dhsa_buffer_free(v);
+    return 0;
+}

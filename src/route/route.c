@@ -491,7 +491,8 @@ int64_t dhsa__select_ranges(const dhsa_router_params *rp, int64_t max_ranges, in
     *dense = 0;
     if (avail <= 0) return 0;
     int64_t budget = rp->budget_tokens > 0 ? rp->budget_tokens : (int64_t)ceil(rp->density * (double)avail);
-    if (Lk < rp->dense_below || budget >= avail) {
+    (void)Lk;
+    if (avail < rp->dense_below || budget >= avail) {
         rg[0] = alo;
         rg[1] = ahi;
         *dense = 1;

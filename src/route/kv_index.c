@@ -1,0 +1,333 @@
+/* kv_index.c: DHSA at decode time (DESIGN.md section 6). An index beside
+ * one sequence's KV cache: appending keys scores boundaries in the causal
+ * form, decides them online with a fixed delay of nms_window keys, and keeps
+ * each closed chunk's pooled key; routing a query block costs O(chunks x d)
+ * per KV head and reads no keys. Contract in include/dhsa.h.
+ *
+ * The online decision for a candidate at t is made when key t + nms_window
+ * arrives and uses only scores up to then, so the boundaries do not depend
+ * on how the keys were split into appends; chunks carry the position at
+ * which they were closed, and a query block only sees chunks closed at or
+ * before its last position: routing after each ubatch equals routing once.
+ * Tested by tests/test_kv_index.c.
+ */
+#include "route/layout_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "attn/attn_internal.h"
+
+struct dhsa_kv_index {
+    dhsa_ctx *ctx;
+    dhsa_router_params rp;
+    int64_t Hkv, d, capacity, len;
+    int64_t max_chunks, min_len, max_ranges_cap;
+    /* closed chunks: [starts[c], starts[c + 1]); starts[n_chunks] = start of
+     * the open tail. decided[c] = position of the key that closed chunk c. */
+    int64_t n_chunks;
+    int64_t *starts;  /* [max_chunks + 1] */
+    int64_t *decided; /* [max_chunks] */
+    float *pooled;    /* [max_chunks][Hkv][d]: sum / sqrt(n) */
+    /* the open tail: sum of its keys per head (double), and the recent keys
+     * kept for the similarity window and the delayed split */
+    double *tail_sum; /* [Hkv][d] */
+    int64_t ring_len; /* keys kept: max(sim_window, nms_window) + 1 */
+    float *ring;      /* [ring_len][Hkv][d], key t at t % ring_len */
+    float *score;     /* [2 * nms_window + 1] ring of scores, t at t % size */
+    int64_t score_size;
+    double s_n, s_mean, s_m2; /* running score statistics (Welford) */
+};
+
+static float *ring_key(const dhsa_kv_index *ix, int64_t t) {
+    return ix->ring + (t % ix->ring_len) * ix->Hkv * ix->d;
+}
+
+dhsa_status dhsa_kv_index_create(dhsa_ctx *ctx, const dhsa_router_params *rp, int64_t Hkv, int64_t d,
+                                 int64_t capacity, dhsa_kv_index **out) {
+    if (!ctx || !out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_kv_index_create: NULL argument");
+    *out = NULL;
+    dhsa_status st = dhsa__route_check_params(rp);
+    if (st) return st;
+    if (rp->method != DHSA_ROUTE_DHSA)
+        return dhsa__fail(DHSA_ERR_UNSUPPORTED, "the decode index routes with the DHSA method only");
+    if (Hkv < 1 || Hkv > 65536 || d < 1 || d > 65536 || capacity < 1 || capacity > ((int64_t)1 << 34))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "index sizes Hkv=%lld d=%lld capacity=%lld",
+                          (long long)Hkv, (long long)d, (long long)capacity);
+    dhsa_kv_index *ix = calloc(1, sizeof *ix);
+    if (!ix) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
+    ix->ctx = ctx;
+    ix->rp = *rp;
+    ix->rp.causal_boundaries = 1;
+    ix->Hkv = Hkv;
+    ix->d = d;
+    ix->capacity = capacity;
+    /* online closing can cut at min_len or at max_chunk: chunks >= min_len
+     * except the FIXED/max cut, which is exactly max_chunk */
+    ix->min_len = rp->boundary == DHSA_BOUNDARY_FIXED ? rp->chunk : rp->min_chunk;
+    ix->max_chunks = capacity / ix->min_len + 2;
+    ix->ring_len = rp->sim_window + 1 > rp->nms_window + 1 ? rp->sim_window + 1 : rp->nms_window + 1;
+    ix->score_size = 2 * rp->nms_window + 1;
+    size_t hd = (size_t)Hkv * (size_t)d;
+    size_t bytes = (size_t)(ix->max_chunks + 1) * 8 + (size_t)ix->max_chunks * 8 +
+                   (size_t)ix->max_chunks * hd * 4 + hd * 8 + (size_t)ix->ring_len * hd * 4 +
+                   (size_t)ix->score_size * 4 + 64 * 6;
+    char *m = dhsa__alloc(ctx, bytes, &st);
+    if (!m) {
+        free(ix);
+        return st;
+    }
+    memset(m, 0, bytes);
+    ix->starts = (int64_t *)m;
+    ix->decided = ix->starts + ix->max_chunks + 1;
+    ix->tail_sum = (double *)(ix->decided + ix->max_chunks);
+    ix->pooled = (float *)(ix->tail_sum + hd);
+    ix->ring = ix->pooled + (size_t)ix->max_chunks * hd;
+    ix->score = ix->ring + (size_t)ix->ring_len * hd;
+    *out = ix;
+    return DHSA_OK;
+}
+
+void dhsa_kv_index_free(dhsa_kv_index *ix) {
+    if (!ix) return;
+    dhsa_ctx_release(ix->ctx, ix->starts);
+    free(ix);
+}
+
+int64_t dhsa_kv_index_length(const dhsa_kv_index *ix) { return ix ? ix->len : 0; }
+
+int64_t dhsa_kv_index_chunks(const dhsa_kv_index *ix, const int64_t **starts) {
+    if (!ix) return 0;
+    if (starts) *starts = ix->starts;
+    return ix->n_chunks;
+}
+
+/* Closes the open tail at position t (a chunk [start, t)), decided when key
+ * `now` arrived: the keys [t, now] leave the tail sum for the new tail. */
+static dhsa_status close_chunk(dhsa_kv_index *ix, int64_t t, int64_t now) {
+    if (ix->n_chunks >= ix->max_chunks)
+        return dhsa__fail(DHSA_ERR_INTERNAL, "decode index: chunk table full (%lld)", (long long)ix->max_chunks);
+    const int64_t Hkv = ix->Hkv, d = ix->d, c = ix->n_chunks;
+    int64_t start = ix->starts[c], n = t - start;
+    float *out = ix->pooled + c * Hkv * d;
+    double *later = calloc((size_t)(Hkv * d), sizeof(double));
+    if (!later) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
+    for (int64_t u = t; u <= now; u++) {
+        const float *k = ring_key(ix, u);
+        for (int64_t x = 0; x < Hkv * d; x++) later[x] += k[x];
+    }
+    double norm = 1.0 / sqrt((double)n);
+    for (int64_t x = 0; x < Hkv * d; x++) {
+        out[x] = (float)((ix->tail_sum[x] - later[x]) * norm);
+        ix->tail_sum[x] = later[x];
+    }
+    free(later);
+    ix->decided[c] = now;
+    ix->n_chunks = c + 1;
+    ix->starts[c + 1] = t;
+    return DHSA_OK;
+}
+
+/* Score of key t (t >= 1): mean over heads of 1 - cos(mean of the keys
+ * [t - w, t), k[t]). */
+static float causal_score(const dhsa_kv_index *ix, int64_t t) {
+    const int64_t w = ix->rp.sim_window < t ? ix->rp.sim_window : t, d = ix->d;
+    double total = 0;
+    for (int64_t g = 0; g < ix->Hkv; g++) {
+        const float *kt = ring_key(ix, t) + g * d;
+        double xy = 0, xx = 0, yy = 0;
+        for (int64_t x = 0; x < d; x++) {
+            double m = 0;
+            for (int64_t u = t - w; u < t; u++) m += ring_key(ix, u)[g * d + x];
+            xy += m * kt[x];
+            xx += m * m;
+            yy += (double)kt[x] * kt[x];
+        }
+        total += xx > 0 && yy > 0 ? 1.0 - xy / sqrt(xx * yy) : 0.0;
+    }
+    return (float)(total / (double)ix->Hkv);
+}
+
+/* Key `now` has just entered the ring and the tail sum: decide. */
+static dhsa_status step(dhsa_kv_index *ix, int64_t now) {
+    const dhsa_router_params *rp = &ix->rp;
+    int64_t open = ix->starts[ix->n_chunks];
+    if (rp->boundary == DHSA_BOUNDARY_FIXED) {
+        if (now + 1 - open == rp->chunk) return close_chunk(ix, now + 1, now);
+        return DHSA_OK;
+    }
+    if (now >= 1) {
+        float s = causal_score(ix, now);
+        ix->score[now % ix->score_size] = s;
+        ix->s_n += 1;
+        double delta = s - ix->s_mean;
+        ix->s_mean += delta / ix->s_n;
+        ix->s_m2 += delta * (s - ix->s_mean);
+    }
+    /* the candidate nms_window keys back can now be judged */
+    int64_t t = now - rp->nms_window;
+    if (t >= 1) {
+        float s = ix->score[t % ix->score_size];
+        double sd = ix->s_n > 1 ? sqrt(ix->s_m2 / ix->s_n) : 0.0;
+        int keep = s >= ix->s_mean + rp->threshold * sd && t - open >= rp->min_chunk &&
+                   t - open >= rp->nms_window + 1;
+        for (int64_t u = t - rp->nms_window; keep && u <= now; u++) {
+            if (u < 1 || u == t) continue;
+            float su = ix->score[u % ix->score_size];
+            if (su > s || (su == s && u < t)) keep = 0; /* not the (earliest) maximum */
+        }
+        if (keep) return close_chunk(ix, t, now);
+    }
+    /* a chunk reaching max_chunk closes here, with no delay */
+    if (now + 1 - open >= rp->max_chunk) return close_chunk(ix, now + 1, now);
+    return DHSA_OK;
+}
+
+dhsa_status dhsa_kv_index_append(dhsa_kv_index *ix, const dhsa_tensor *k) {
+    if (!ix || !k || !k->data) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_kv_index_append: NULL argument");
+    if (k->shape[0] != 1 || k->shape[1] != ix->Hkv || k->shape[3] != ix->d || k->shape[2] < 0)
+        return dhsa__fail(DHSA_ERR_SHAPE, "keys are [%lld, %lld, %lld, %lld], the index wants [1, %lld, n, %lld]",
+                          (long long)k->shape[0], (long long)k->shape[1], (long long)k->shape[2],
+                          (long long)k->shape[3], (long long)ix->Hkv, (long long)ix->d);
+    if (k->type != DHSA_F32 && k->type != DHSA_F16 && k->type != DHSA_BF16)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "keys have an unknown type");
+    if (k->shape[2] > ix->capacity - ix->len)
+        return dhsa__fail(DHSA_ERR_TOO_LARGE, "appending %lld keys to %lld exceeds the capacity %lld",
+                          (long long)k->shape[2], (long long)ix->len, (long long)ix->capacity);
+    for (int64_t j = 0; j < k->shape[2]; j++) {
+        int64_t t = ix->len;
+        float *slot = ring_key(ix, t);
+        for (int64_t g = 0; g < ix->Hkv; g++) {
+            const void *row = dhsa__at(k, 0, g, j);
+            for (int64_t x = 0; x < ix->d; x++) {
+                float v = dhsa__load(row, k->type, x * k->stride[3]);
+                slot[g * ix->d + x] = v;
+                ix->tail_sum[g * ix->d + x] += v;
+            }
+        }
+        ix->len = t + 1;
+        dhsa_status st = step(ix, t);
+        if (st) return st;
+    }
+    return DHSA_OK;
+}
+
+dhsa_status dhsa_kv_index_route(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
+                                dhsa_layout **out) {
+    if (!ctx || !ix || !a || !out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_kv_index_route: NULL argument");
+    *out = NULL;
+    if (!a->causal) return dhsa__fail(DHSA_ERR_UNSUPPORTED, "the decode index routes causal attention only");
+    dhsa_attn_desc dd = *a;
+    dd.v = a->k;
+    dd.o = a->q;
+    dd.o.shape[3] = a->k.shape[3];
+    dd.lse.data = NULL;
+    dd.layout = NULL;
+    dhsa__attn_problem p;
+    dhsa_status st = dhsa__attn_check(&dd, &p);
+    if (st) return st;
+    if (p.B != 1 || p.Hkv != ix->Hkv || p.d != ix->d || p.Lk != ix->len)
+        return dhsa__fail(DHSA_ERR_SHAPE,
+                          "the index holds %lld keys of [1, %lld, *, %lld]; the call has B=%lld Hkv=%lld "
+                          "Lk=%lld d=%lld",
+                          (long long)ix->len, (long long)ix->Hkv, (long long)ix->d, (long long)p.B,
+                          (long long)p.Hkv, (long long)p.Lk, (long long)p.d);
+    const dhsa_router_params *rp = &ix->rp;
+    int64_t min_len, max_chunks, max_ranges;
+    dhsa__route_limits(rp, p.Lk, &min_len, &max_chunks, &max_ranges);
+    /* chunks closed at max_chunk can be shorter than the split pieces the
+     * whole-sequence router assumes: size by the index's own count */
+    if (max_ranges > ix->n_chunks + 4 && p.Lk >= rp->dense_below) max_ranges = ix->n_chunks + 4;
+    dhsa_layout *lay;
+    st = dhsa_layout_create(ctx, 1, p.Hkv, p.Lq, p.Lk, rp->q_block, max_ranges, &lay);
+    if (st) return st;
+    lay->q_pos0 = a->q_pos0;
+    lay->causal = 1;
+    lay->window = a->window;
+    const int64_t d = p.d, nc = ix->n_chunks, n_qb = (p.Lq + rp->q_block - 1) / rp->q_block;
+    float *qp = malloc((size_t)d * sizeof(float));
+    float *sc = malloc((size_t)(nc + 1) * sizeof(float));
+    int64_t *order = malloc((size_t)(nc + 1) * sizeof(int64_t));
+    int64_t *rg = malloc((size_t)(max_ranges + 8) * 2 * sizeof(int64_t));
+    if (!qp || !sc || !order || !rg) {
+        free(qp);
+        free(sc);
+        free(order);
+        free(rg);
+        dhsa_layout_free(lay);
+        return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory routing with the index");
+    }
+    int64_t heads = rp->share_heads ? 1 : p.Hkv;
+    for (int64_t g = 0; g < heads; g++) {
+        int64_t h0 = rp->share_heads ? 0 : g * p.G, h1 = rp->share_heads ? p.Hq : (g + 1) * p.G;
+        for (int64_t qb = 0; qb < n_qb; qb++) {
+            int64_t r0 = qb * rp->q_block, r1 = r0 + rp->q_block < p.Lq ? r0 + rp->q_block : p.Lq;
+            int64_t last = a->q_pos0 + r1 - 1;
+            /* chunks this block may know: closed at or before its last position */
+            int64_t visible = nc;
+            while (visible > 0 && ix->decided[visible - 1] > last) visible--;
+            /* pooled query of the block */
+            for (int64_t x = 0; x < d; x++) qp[x] = 0.0f;
+            for (int64_t h = h0; h < h1; h++)
+                for (int64_t r = r0; r < r1; r++) {
+                    const void *q = dhsa__at(&a->q, 0, h, r);
+                    for (int64_t x = 0; x < d; x++) qp[x] += dhsa__load(q, a->q.type, x * a->q.stride[3]);
+                }
+            float norm = (float)(1.0 / (sqrt((double)(r1 - r0)) * (double)(h1 - h0)));
+            for (int64_t c = 0; c < visible; c++) {
+                double s = 0;
+                if (rp->share_heads) {
+                    for (int64_t gg = 0; gg < p.Hkv; gg++) {
+                        const float *kp = ix->pooled + (c * p.Hkv + gg) * d;
+                        for (int64_t x = 0; x < d; x++) s += (double)qp[x] * kp[x];
+                    }
+                    s /= (double)p.Hkv;
+                } else {
+                    const float *kp = ix->pooled + (c * p.Hkv + g) * d;
+                    for (int64_t x = 0; x < d; x++) s += (double)qp[x] * kp[x];
+                }
+                sc[c] = (float)(s * norm);
+            }
+            int64_t alo, ahi, l0, h0r, l1, h1r;
+            dhsa__attn_key_range(a, p.Lk, a->q_pos0 + r0, &l0, &h0r);
+            dhsa__attn_key_range(a, p.Lk, last, &l1, &h1r);
+            alo = l0 < l1 ? l0 : l1;
+            ahi = h0r > h1r ? h0r : h1r;
+            int dense;
+            int64_t n = dhsa__select_ranges(rp, max_ranges, min_len, p.Lk, alo, ahi, a->q_pos0 + r0, last + 1,
+                                            ix->starts, visible, sc, 1, order, rg, &dense);
+            lay->dense_blocks += dense;
+            st = dhsa_layout_set(lay, 0, g, qb, rg, n);
+            if (st) break;
+        }
+        if (st) break;
+    }
+    if (!st && rp->share_heads)
+        for (int64_t g = 1; g < p.Hkv && !st; g++)
+            for (int64_t qb = 0; qb < n_qb && !st; qb++) {
+                const int64_t *r;
+                int64_t n;
+                dhsa_layout_get(lay, 0, 0, qb, &r, &n);
+                st = dhsa_layout_set(lay, 0, g, qb, r, n);
+            }
+    lay->chunks = nc;
+    if (nc) {
+        lay->chunk_min = INT64_MAX;
+        for (int64_t c = 0; c < nc; c++) {
+            int64_t l = ix->starts[c + 1] - ix->starts[c];
+            if (l < lay->chunk_min) lay->chunk_min = l;
+            if (l > lay->chunk_max) lay->chunk_max = l;
+        }
+        lay->chunk_mean = (double)ix->starts[nc] / (double)nc;
+    }
+    free(qp);
+    free(sc);
+    free(order);
+    free(rg);
+    if (st) {
+        dhsa_layout_free(lay);
+        return st;
+    }
+    *out = lay;
+    return DHSA_OK;
+}
