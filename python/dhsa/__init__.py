@@ -1,0 +1,34 @@
+"""dhsa: Python binding of the dhsa C library (memory-bounded attention).
+
+ctypes over build/libdhsa.so and numpy arrays; no compiled extension. The
+library is found through the environment variable DHSA_LIB, else
+../../build/libdhsa.so relative to this package, else the system's library
+path; it is loaded on first use.
+
+    PYTHONPATH=python DHSA_LIB=build/libdhsa.so python3 -c '
+    import numpy as np, dhsa
+    q = k = v = np.random.rand(1, 8, 1024, 64).astype(np.float32)
+    print(dhsa.attention(q, k, v, causal=True).shape)'
+
+Mask conventions follow PyTorch by name: key_padding_mask bool True =
+ignore the key (nn.MultiheadAttention); attn_mask bool True = take part
+(F.scaled_dot_product_attention); float masks are added. See docs/python.md.
+Tests: python3 -m pytest -q python/tests (make test runs them).
+"""
+
+from ._capi import DhsaError, lib_path
+from ._context import (Context, active_isa, default_context, mem_stats, peak_rss,
+                       reset_peak_rss, rss, set_isa)
+from ._attention import (attention, backend_in_use, from_bfloat16, to_bfloat16,
+                         workspace_size)
+
+__all__ = [
+    "attention", "workspace_size", "backend_in_use",
+    "Context", "default_context", "mem_stats",
+    "peak_rss", "rss", "reset_peak_rss",
+    "active_isa", "set_isa",
+    "to_bfloat16", "from_bfloat16",
+    "DhsaError", "lib_path",
+]
+
+__version__ = "0.1.0"  # include/dhsa.h DHSA_VERSION
