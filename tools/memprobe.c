@@ -422,10 +422,12 @@ static int write_svg(const char *path, char *const *cmd, const size_rec *sz, int
         len += snprintf(title + len, sizeof title - (size_t)len, "%s%s", i ? " " : "", cmd[i]);
     int failed = 0;
     for (int i = 0; i < k; i++) failed += sz[i].state != DHSA_MEMPROBE_OK;
+    char cb[32];
     if (an->fitted)
         snprintf(sub, sizeof sub,
-                 "%s: a = %.4g B per n^2, b = %.4g B per n, c = %.4g B; slope %.2f%s",
-                 dhsa_memprobe_verdict_name(an->verdict), an->a, an->b, an->c, an->slope,
+                 "%s: a = %.4g B per n^2, b = %.4g B per n, c = %s; slope %.2f%s",
+                 dhsa_memprobe_verdict_name(an->verdict), an->a, an->b,
+                 fmt_bytes(cb, sizeof cb, an->c), an->slope,
                  failed ? "; failed sizes not shown" : "");
     else
         snprintf(sub, sizeof sub, "no fit: %s", an->reason);

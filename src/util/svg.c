@@ -180,6 +180,8 @@ typedef struct {
     double tick[MAX_TICKS];
     int n_ticks;
     double px0, px1;       /* pixel positions of lo and hi */
+    double unit;           /* BYTES on a linear axis: every label in this unit
+                              (0.2 GiB, 0.4 GiB...); 0 = each label its own */
 } axis_layout;
 
 /* A value can be placed on the axis at all (before range checks). */
@@ -217,6 +219,7 @@ static void layout_linear(axis_layout *ax, int auto_lo, int auto_hi) {
                       ? byte_unit(fabs(ax->lo) > fabs(ax->hi) ? ax->lo : ax->hi)
                       : 1.0;
     double step = nice_step((ax->hi - ax->lo) / unit / 6.0) * unit;
+    if (ax->format == DHSA_AXIS_BYTES) ax->unit = unit;
     if (auto_lo) ax->lo = floor(ax->lo / step + 1e-9) * step;
     if (auto_hi) ax->hi = ceil(ax->hi / step - 1e-9) * step;
     double first = ceil(ax->lo / step - 1e-9);
@@ -353,15 +356,16 @@ static void put_text(FILE *f, const char *text) {
 }
 
 /* A tick label: plain numbers exact while they are integers below 1e9,
- * else 4 significant digits; bytes in the largest binary unit <= v. */
-static void tick_label(char *buf, size_t cap, double v, dhsa_axis_format fmt) {
+ * else 4 significant digits; bytes in the axis' unit, or else in the
+ * largest binary unit <= v. */
+static void tick_label(char *buf, size_t cap, double v, const axis_layout *ax) {
     if (v == 0.0) {
         snprintf(buf, cap, "0");
         return;
     }
-    if (fmt == DHSA_AXIS_BYTES) {
+    if (ax->format == DHSA_AXIS_BYTES) {
         static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-        double u = byte_unit(v);
+        double u = ax->unit > 0 ? ax->unit : byte_unit(v);
         int k = (int)lround(log2(u) / 10.0);
         snprintf(buf, cap, "%.4g %s", v / u, unit[k]);
         return;
@@ -465,12 +469,12 @@ dhsa_status dhsa_plot_write(const dhsa_plot *p, FILE *f) {
     }
     fputs("</g>\n<g fill=\"#333\">\n", f);
     for (int i = 0; i < ax[0].n_ticks; i++) {
-        tick_label(lab, sizeof lab, ax[0].tick[i], ax[0].format);
+        tick_label(lab, sizeof lab, ax[0].tick[i], &ax[0]);
         fprintf(f, "<text x=\"%.2f\" y=\"%.2f\" text-anchor=\"middle\">%s</text>\n",
                 to_px(&ax[0], ax[0].tick[i]), top + ph + 16.0, lab);
     }
     for (int i = 0; i < ax[1].n_ticks; i++) {
-        tick_label(lab, sizeof lab, ax[1].tick[i], ax[1].format);
+        tick_label(lab, sizeof lab, ax[1].tick[i], &ax[1]);
         fprintf(f, "<text x=\"%.2f\" y=\"%.2f\" text-anchor=\"end\">%s</text>\n", left - 6.0,
                 to_px(&ax[1], ax[1].tick[i]) + 4.0, lab);
     }
