@@ -295,7 +295,7 @@ dhsa_status dhsa_layout_get_stats(const dhsa_layout *layout, dhsa_layout_stats *
 typedef enum {
     DHSA_BOUNDARY_FIXED = 0,      /* chunks of `chunk` keys (block-sparse baseline) */
     DHSA_BOUNDARY_SIMILARITY = 1, /* training-free: change of the mean key (default) */
-    DHSA_BOUNDARY_LEARNED = 2     /* the DHSA boundary predictor (not built yet) */
+    DHSA_BOUNDARY_LEARNED = 2     /* the DHSA boundary predictor (dhsa_predictor) */
 } dhsa_boundary;
 
 typedef enum {
@@ -306,9 +306,42 @@ typedef enum {
                               (costs a dense pass: evaluation only) */
 } dhsa_route_method;
 
+/* The learned boundary predictor (DHSA). Input: the keys of all KV heads
+ * of one token concatenated (C = Hkv * d), over a window of 2w tokens
+ * [t - w, t + w) around a candidate boundary t (a chunk would start at t;
+ * rows outside the sequence are zeros). Network, all F32:
+ *   Q, K, V = X Wq + bq, X Wk + bk, X Wv + bv          X, Q, K, V [2w][C]
+ *   H = LayerNorm(X + softmax(Q K^T / sqrt(C)) V)      gamma, beta [C], eps 1e-5
+ *   l = mean of H[0, w), r = mean of H[w, 2w)
+ *   f = [l, r, |l - r|, l * r, cos(l, r)]              [4C + 1]
+ *   p = sigmoid(ReLU(f W1 + b1) . w2 + b2)              W1 [4C+1][hidden]
+ * The file format (docs/predictor.md): "DHSAPRD1", u32 version 1, u32 C,
+ * u32 w, u32 hidden, u32 reserved 0, then Wq [C][C] (row = input), bq,
+ * Wk, bk, Wv, bv, gamma, beta, W1 [4C+1][hidden], b1 [hidden], w2 [hidden],
+ * b2 [1] as little-endian F32, then a u32 CRC-32 of every byte before it. */
+typedef struct dhsa_predictor dhsa_predictor;
+
+/* Reads a predictor file; every size is checked against the file before
+ * use, every weight must be finite, the CRC must match. */
+dhsa_status dhsa_predictor_load(const char *path, dhsa_predictor **out);
+dhsa_status dhsa_predictor_load_memory(const void *data, size_t size, dhsa_predictor **out);
+dhsa_status dhsa_predictor_save(const dhsa_predictor *pr, const char *path);
+/* Random weights (Xavier-like, fixed seed): tests and training starts. */
+dhsa_status dhsa_predictor_create_random(int64_t C, int64_t w, int64_t hidden, uint64_t seed,
+                                         dhsa_predictor **out);
+void dhsa_predictor_free(dhsa_predictor *pr);
+int64_t dhsa_predictor_width(const dhsa_predictor *pr);  /* C */
+int64_t dhsa_predictor_window(const dhsa_predictor *pr); /* w */
+/* Boundary probabilities p[t] for t in [0, L) of batch b of k [B, Hkv, L, d]
+ * (p[0] = 0: nothing starts before the first key). Hkv * d must equal C. */
+dhsa_status dhsa_predictor_score(dhsa_ctx *ctx, const dhsa_predictor *pr, const dhsa_tensor *k, int64_t b,
+                                 float *p);
+
 typedef struct {
     dhsa_route_method method;
     dhsa_boundary boundary;
+    const dhsa_predictor *predictor; /* LEARNED: the predictor (not owned) */
+    float learned_threshold;         /* LEARNED: candidates need p >= this (default 0.5) */
     int64_t chunk;         /* FIXED chunk length (default 64) */
     int64_t sim_window;    /* SIMILARITY: keys on each side of a candidate (default 8) */
     float threshold;       /* SIMILARITY: a candidate boundary needs a score of at

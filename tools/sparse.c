@@ -46,7 +46,8 @@ const char dhsa_cli_bench_sparse_usage[] =
     "attention mass (a dense pass: slow), dense = no routing.\n"
     "Defaults: heads 8, kv-heads 2, dim 128, causal, density 0.0625, q-block\n"
     "64, sink 64, local 256, dense-below 2048, runs 3, dense-runs 1, threads =\n"
-    "online CPUs. learned:FILE is not built yet and is refused.\n";
+    "online CPUs. learned:FILE reads a predictor file (docs/predictor.md) whose\n"
+    "width must be kv-heads x dim.\n";
 
 #define EXIT_RUN 1
 #define EXIT_USAGE 2
@@ -251,8 +252,12 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
     if (boundary) {
         if (strcmp(boundary, "fixed") == 0) rp.boundary = DHSA_BOUNDARY_FIXED;
         else if (strcmp(boundary, "similarity") == 0) rp.boundary = DHSA_BOUNDARY_SIMILARITY;
-        else if (strncmp(boundary, "learned:", 8) == 0)
-            die(EXIT_RUN, "--boundary %s: learned boundary predictors are not built yet", boundary);
+        else if (strncmp(boundary, "learned:", 8) == 0) {
+            dhsa_predictor *pr;
+            check(dhsa_predictor_load(boundary + 8, &pr), "loading the predictor");
+            rp.boundary = DHSA_BOUNDARY_LEARNED;
+            rp.predictor = pr; /* freed at exit */
+        }
         else die(EXIT_USAGE, "--boundary %s: use fixed, similarity or learned:FILE", boundary);
     }
     rp.budget_tokens = budget;
@@ -282,6 +287,7 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
 
     dhsa_ctx_params cp = dhsa_ctx_default_params();
     cp.n_threads = threads;
+    /* learned:FILE was loaded above; its predictor lives until exit */
     dhsa_ctx *ctx;
     check(dhsa_ctx_create(&cp, &ctx), "creating the context");
     threads = dhsa_ctx_n_threads(ctx);
@@ -315,7 +321,9 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
         hits = total;
     }
     double speedup = dense_ms / (route_ms + kernel_ms);
-    const char *bname = rp.boundary == DHSA_BOUNDARY_FIXED ? "fixed" : "similarity";
+    const char *bname = rp.boundary == DHSA_BOUNDARY_FIXED      ? "fixed"
+                        : rp.boundary == DHSA_BOUNDARY_LEARNED ? "learned"
+                                                               : "similarity";
     if (json) {
         printf("{\"L\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"dim\": %lld, \"causal\": %s, "
                "\"method\": \"%s\", \"boundary\": \"%s\", \"threads\": %d, \"q_block\": %lld, "
@@ -352,6 +360,7 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
     }
     dhsa_ctx_free(ctx);
     free(t);
+    dhsa_predictor_free((dhsa_predictor *)rp.predictor);
     dhsa_buffer_free(q);
     dhsa_buffer_free(k);
     dhsa_buffer_free(v);

@@ -49,6 +49,9 @@ dhsa_status dhsa_kv_index_create(dhsa_ctx *ctx, const dhsa_router_params *rp, in
     *out = NULL;
     dhsa_status st = dhsa__route_check_params(rp);
     if (st) return st;
+    if (rp->boundary == DHSA_BOUNDARY_LEARNED)
+        return dhsa__fail(DHSA_ERR_UNSUPPORTED,
+                          "the decode index does not run the learned predictor yet: use similarity or fixed");
     if (rp->method != DHSA_ROUTE_DHSA)
         return dhsa__fail(DHSA_ERR_UNSUPPORTED, "the decode index routes with the DHSA method only");
     if (Hkv < 1 || Hkv > 65536 || d < 1 || d > 65536 || capacity < 1 || capacity > ((int64_t)1 << 34))

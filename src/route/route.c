@@ -38,6 +38,7 @@ dhsa_router_params dhsa_router_default_params(void) {
     r.chunk = 64;
     r.sim_window = 8;
     r.threshold = 1.0f;
+    r.learned_threshold = 0.5f;
     r.nms_window = 8;
     r.min_chunk = 16;
     r.max_chunk = 256;
@@ -81,10 +82,12 @@ dhsa_status dhsa__route_check_params(const dhsa_router_params *rp) {
     if (!rp) return dhsa__fail(DHSA_ERR_INVALID_ARG, "router params are NULL");
     if (rp->method != DHSA_ROUTE_DHSA && rp->method != DHSA_ROUTE_STREAM && rp->method != DHSA_ROUTE_ORACLE)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "unknown routing method %d", (int)rp->method);
-    if (rp->boundary == DHSA_BOUNDARY_LEARNED)
-        return dhsa__fail(DHSA_ERR_UNSUPPORTED,
-                          "learned boundaries are not built yet: use fixed or similarity");
-    if (rp->boundary != DHSA_BOUNDARY_FIXED && rp->boundary != DHSA_BOUNDARY_SIMILARITY)
+    if (rp->boundary == DHSA_BOUNDARY_LEARNED && !rp->predictor)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "learned boundaries need a predictor (router params .predictor)");
+    if (rp->boundary == DHSA_BOUNDARY_LEARNED && !(rp->learned_threshold >= 0.0f && rp->learned_threshold <= 1.0f))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "learned_threshold must be a probability in [0, 1]");
+    if (rp->boundary != DHSA_BOUNDARY_FIXED && rp->boundary != DHSA_BOUNDARY_SIMILARITY &&
+        rp->boundary != DHSA_BOUNDARY_LEARNED)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "unknown boundary method %d", (int)rp->boundary);
     if (rp->q_block < 1 || rp->q_block > (1 << 20))
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "q_block = %lld: use 1..2^20", (long long)rp->q_block);
@@ -234,8 +237,9 @@ static int cmp_cand_desc(const void *x, const void *y) {
 
 /* Chunk starts of batch b: starts[0] = 0 < starts[1] < ... < starts[n] = Lk.
  * Returns n (the chunk count) or -1 (last error set). */
-static int64_t boundaries(const dhsa_router_params *rp, const dhsa_attn_desc *a, const plan *pl,
-                          int64_t b, float *score, int64_t *starts) {
+static int64_t boundaries(dhsa_ctx *ctx, const dhsa_router_params *rp, const dhsa_attn_desc *a,
+                          const plan *pl, int64_t b, float *score, int64_t *starts, dhsa_status *err) {
+    *err = DHSA_OK;
     const int64_t Lk = pl->p.Lk;
     int64_t n = 0;
     if (Lk == 0) {
@@ -247,19 +251,26 @@ static int64_t boundaries(const dhsa_router_params *rp, const dhsa_attn_desc *a,
         starts[n] = Lk;
         return n;
     }
-    if (similarity_scores(rp, a, &pl->p, b, score)) return -1;
-    /* candidates: local maxima at or above mean + threshold * std */
-    double mean = 0, var = 0;
-    for (int64_t t = 1; t < Lk; t++) mean += score[t];
-    mean /= (double)(Lk > 1 ? Lk - 1 : 1);
-    for (int64_t t = 1; t < Lk; t++) var += (score[t] - mean) * (score[t] - mean);
-    double cut = mean + rp->threshold * sqrt(var / (double)(Lk > 1 ? Lk - 1 : 1));
+    double cut;
+    if (rp->boundary == DHSA_BOUNDARY_LEARNED) {
+        /* candidates: local maxima of the boundary probability >= threshold */
+        if ((*err = dhsa_predictor_score(ctx, rp->predictor, &a->k, b, score))) return -1;
+        cut = rp->learned_threshold;
+    } else {
+        if ((*err = similarity_scores(rp, a, &pl->p, b, score))) return -1;
+        /* candidates: local maxima at or above mean + threshold * std */
+        double mean = 0, var = 0;
+        for (int64_t t = 1; t < Lk; t++) mean += score[t];
+        mean /= (double)(Lk > 1 ? Lk - 1 : 1);
+        for (int64_t t = 1; t < Lk; t++) var += (score[t] - mean) * (score[t] - mean);
+        cut = mean + rp->threshold * sqrt(var / (double)(Lk > 1 ? Lk - 1 : 1));
+    }
     cand *c = malloc((size_t)Lk * sizeof(cand));
     int64_t *kept = malloc((size_t)(Lk + 2) * sizeof(int64_t));
     if (!c || !kept) {
         free(c);
         free(kept);
-        dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory in NMS");
+        *err = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory in NMS");
         return -1;
     }
     int64_t nc = 0;
@@ -707,11 +718,8 @@ dhsa_status dhsa_route(dhsa_ctx *ctx, const dhsa_router_params *rp, const dhsa_a
         return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
     }
     for (int64_t b = 0; b < pl.p.B; b++) {
-        int64_t nc = boundaries(rp, a, &pl, b, score, starts);
-        if (nc < 0) {
-            st = DHSA_ERR_OUT_OF_MEMORY;
-            break;
-        }
+        int64_t nc = boundaries(ctx, rp, a, &pl, b, score, starts, &st);
+        if (nc < 0) break;
         lay->chunks += nc;
         for (int64_t c = 0; c < nc; c++) {
             int64_t len = starts[c + 1] - starts[c];
