@@ -17,7 +17,7 @@
 
 const char dhsa_cli_bench_sparse_usage[] =
     "usage: dhsa bench sparse --L N [--heads H] [--kv-heads H] [--dim D]\n"
-    "                         [--method dhsa|block|stream|oracle|dense]\n"
+    "                         [--method dhsa|block|stream|oracle|dense[,...]]\n"
     "                         [--density F | --budget N]\n"
     "                         [--boundary fixed|similarity|learned:FILE]\n"
     "                         [--q-block N] [--chunk N] [--min-chunk N] [--max-chunk N]\n"
@@ -43,7 +43,9 @@ const char dhsa_cli_bench_sparse_usage[] =
     "Methods: dhsa = DHSA routing (similarity boundaries unless --boundary),\n"
     "block = fixed blocks of --chunk keys (default 64) with the same budget\n"
     "rules, stream = sinks + recent keys, oracle = chunks ranked by their true\n"
-    "attention mass (a dense pass: slow), dense = no routing.\n"
+    "attention mass (a dense pass: slow), dense = no routing. A comma list\n"
+    "(--method dhsa,block,stream) runs each against one dense run; --json then\n"
+    "prints one object per line.\n"
     "Defaults: heads 8, kv-heads 2, dim 128, causal, density 0.0625, q-block\n"
     "64, sink 64, local 256, dense-below 2048, runs 3, dense-runs 1, threads =\n"
     "online CPUs. learned:FILE reads a predictor file (docs/predictor.md) whose\n"
@@ -242,13 +244,26 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
     }
     if (L == 0) die(EXIT_USAGE, "--L is required");
     if (H % Hkv) die(EXIT_USAGE, "--heads %lld is not a multiple of --kv-heads %lld", (long long)H, (long long)Hkv);
-    int route = 1;
-    if (strcmp(method, "dhsa") == 0) rp.method = DHSA_ROUTE_DHSA;
-    else if (strcmp(method, "block") == 0) rp.method = DHSA_ROUTE_DHSA, rp.boundary = DHSA_BOUNDARY_FIXED;
-    else if (strcmp(method, "stream") == 0) rp.method = DHSA_ROUTE_STREAM;
-    else if (strcmp(method, "oracle") == 0) rp.method = DHSA_ROUTE_ORACLE;
-    else if (strcmp(method, "dense") == 0) route = 0;
-    else die(EXIT_USAGE, "--method %s: use dhsa, block, stream, oracle or dense", method);
+    /* --method takes one name or a comma list: one dense run serves all */
+    char methods[8][16];
+    int n_methods = 0;
+    {
+        const char *m = method;
+        while (*m) {
+            size_t len = strcspn(m, ",");
+            if (len == 0 || len >= 16 || n_methods == 8) die(EXIT_USAGE, "--method %s: bad list", method);
+            memcpy(methods[n_methods], m, len);
+            methods[n_methods][len] = '\0';
+            const char *x = methods[n_methods];
+            if (strcmp(x, "dhsa") && strcmp(x, "block") && strcmp(x, "stream") && strcmp(x, "oracle") &&
+                strcmp(x, "dense"))
+                die(EXIT_USAGE, "--method %s: use dhsa, block, stream, oracle or dense (or a comma list)", x);
+            n_methods++;
+            m += len;
+            if (*m == ',') m++;
+        }
+        if (n_methods == 0) die(EXIT_USAGE, "--method is empty");
+    }
     if (boundary) {
         if (strcmp(boundary, "fixed") == 0) rp.boundary = DHSA_BOUNDARY_FIXED;
         else if (strcmp(boundary, "similarity") == 0) rp.boundary = DHSA_BOUNDARY_SIMILARITY;
@@ -309,6 +324,14 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
     }
     double dense_ms = median(t, dense_runs) * 1e3;
 
+    dhsa_router_params base = rp;
+    for (int mi = 0; mi < n_methods; mi++) {
+    const char *method_i = methods[mi];
+    int route = strcmp(method_i, "dense") != 0;
+    rp = base;
+    if (strcmp(method_i, "block") == 0) rp.boundary = DHSA_BOUNDARY_FIXED;
+    if (strcmp(method_i, "stream") == 0) rp.method = DHSA_ROUTE_STREAM;
+    if (strcmp(method_i, "oracle") == 0) rp.method = DHSA_ROUTE_ORACLE;
     double route_ms = 0, kernel_ms = dense_ms;
     dhsa_layout_stats st;
     memset(&st, 0, sizeof st);
@@ -332,14 +355,14 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
                "\"recall\": %.5f, \"recall_min\": %.5f, \"rel_err\": %.5f, \"needle_hits\": %d, "
                "\"needles\": %d, \"chunks\": %lld, \"chunk_mean\": %.2f, \"chunk_min\": %lld, "
                "\"chunk_max\": %lld, \"dense_blocks\": %lld, \"ranges\": %lld}\n",
-               (long long)L, (long long)H, (long long)Hkv, (long long)D, causal ? "true" : "false", method,
+               (long long)L, (long long)H, (long long)Hkv, (long long)D, causal ? "true" : "false", method_i,
                bname, threads, (long long)rp.q_block, (long long)budget, density, dense_ms, route_ms,
                kernel_ms, speedup, kernel_ms > 0 ? route_ms / kernel_ms : 0.0, st.density, fid.recall,
                fid.recall_min, fid.rel_err, hits, total, (long long)st.chunks, st.chunk_mean,
                (long long)st.chunk_min, (long long)st.chunk_max, (long long)st.dense_blocks,
                (long long)st.ranges);
     } else {
-        printf("dhsa bench sparse: %s (%s boundaries) vs dense, %d thread%s\n", method, bname, threads,
+        printf("dhsa bench sparse: %s (%s boundaries) vs dense, %d thread%s\n", method_i, bname, threads,
                threads > 1 ? "s" : "");
         printf("  %-12s L=%lld Hq=%lld Hkv=%lld d=%lld f32%s, q_block %lld, %s %g\n", "shape", (long long)L,
                (long long)H, (long long)Hkv, (long long)D, causal ? ", causal" : "", (long long)rp.q_block,
@@ -358,6 +381,8 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
         printf("  %-12s %d of %d (needle, KV head) passages selected by the block asking for them\n",
                "needles", hits, total);
     }
+    }
+    rp = base;
     dhsa_ctx_free(ctx);
     free(t);
     dhsa_predictor_free((dhsa_predictor *)rp.predictor);

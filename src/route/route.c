@@ -553,6 +553,10 @@ int64_t dhsa__select_ranges(const dhsa_router_params *rp, int64_t max_ranges, in
         int64_t ce = starts[c + 1] < ahi ? starts[c + 1] : ahi;
         int64_t fresh = uncovered(cs, ce, s0, s1, l0, l1);
         if (fresh == 0) continue;
+        /* a chunk that would overshoot the budget by more than half of
+         * itself is passed over for lower-ranked ones that fit better, so
+         * long content chunks do not buy extra density */
+        if (used + fresh > budget && budget - used < fresh / 2) continue;
         rg[n++] = cs;
         rg[n++] = ce;
         used += fresh;
