@@ -69,12 +69,12 @@ test: all $(TESTS) $(PROGS)
 	@sh tests/run.sh $(BUILD) $(TESTS)
 
 asan:
-	$(MAKE) BUILD=build-asan OPT=-O1 \
+	DHSA_SANITIZED=1 $(MAKE) BUILD=build-asan OPT=-O1 \
 	  EXTRA_CFLAGS="-fsanitize=address -fno-omit-frame-pointer" \
 	  EXTRA_LDFLAGS="-fsanitize=address" test
 
 ubsan:
-	$(MAKE) BUILD=build-ubsan OPT=-O1 \
+	DHSA_SANITIZED=1 $(MAKE) BUILD=build-ubsan OPT=-O1 \
 	  EXTRA_CFLAGS="-fsanitize=undefined -fno-sanitize-recover=all" \
 	  EXTRA_LDFLAGS="-fsanitize=undefined" test
 

@@ -219,6 +219,19 @@ static const char *fmt_bytes(char *buf, size_t cap, double b) {
     return buf;
 }
 
+/* Appends to a NUL-terminated buffer of cap bytes; cuts what does not fit. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static void appendf(char *buf, size_t cap, const char *fmt, ...) {
+    size_t len = strlen(buf);
+    if (len + 1 >= cap) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + len, cap - len, fmt, ap);
+    va_end(ap);
+}
+
 /* A coefficient for the table: whole numbers from 100 up, else 4
  * significant digits. */
 static const char *fmt_num(char *buf, size_t cap, double v) {
@@ -366,7 +379,7 @@ static void measure_size(char *const *argv_tmpl, int64_t n, const probe_opts *o,
             size_t len = strlen(r.tail);
             s->tail = malloc(len + 1);
             if (s->tail) memcpy(s->tail, r.tail, len + 1);
-            char how[48];
+            char how[96];
             if (r.state == DHSA_MEMPROBE_EXIT)
                 snprintf(how, sizeof how, "exited with status %d", r.exit_code);
             else if (r.state == DHSA_MEMPROBE_SIGNAL)
@@ -595,30 +608,29 @@ int dhsa_cli_memprobe(int argc, char **argv) {
     }
     double max_n = an.fitted && isfinite(budget) ? dhsa_memprobe_max_n(an.a, an.b, an.c, budget)
                                                  : NAN;
+    /* A peak that does not grow has no meaningful curvature to extrapolate
+     * (with 3 sizes the fit would be a parabola through noise). */
+    if (an.verdict == DHSA_MEMPROBE_CONSTANT && isfinite(budget))
+        max_n = (an.a * an.n_max + an.b) * an.n_max + an.c <= budget ? INFINITY : 0.0;
     int ok = failed == 0 && an.fitted && (!baseline_text || base_ok);
 
     /* What failed, in one sentence, for the verdict line and the JSON. */
     char failures[512] = "";
-    if (failed || (baseline_text && !base_ok)) {
-        int len = 0;
-        if (baseline_text && !base_ok) {
+    if (baseline_text && !base_ok) {
+        char st[32];
+        appendf(failures, sizeof failures,
+                "the baseline command failed (%s), so the fitted c stands in for it",
+                status_text(st, sizeof st, &base));
+    }
+    if (failed) {
+        appendf(failures, sizeof failures, "%sleft out of the fit (%d of %d sizes):",
+                failures[0] ? "; " : "", failed, n_sizes);
+        int listed = 0;
+        for (int k = 0; k < n_sizes; k++) {
+            if (sz[k].state == DHSA_MEMPROBE_OK) continue;
             char st[32];
-            len += snprintf(failures + len, sizeof failures - (size_t)len,
-                            "the baseline command failed (%s), so the fitted c stands in for it",
-                            status_text(st, sizeof st, &base));
-        }
-        if (failed) {
-            len += snprintf(failures + len, sizeof failures - (size_t)len,
-                            "%sleft out of the fit (%d of %d sizes):", len ? "; " : "", failed,
-                            n_sizes);
-            int listed = 0;
-            for (int k = 0; k < n_sizes && len < (int)sizeof failures - 1; k++) {
-                if (sz[k].state == DHSA_MEMPROBE_OK) continue;
-                char st[32];
-                len += snprintf(failures + len, sizeof failures - (size_t)len, "%s n=%lld %s",
-                                listed++ ? "," : "", (long long)sz[k].n,
-                                status_text(st, sizeof st, &sz[k]));
-            }
+            appendf(failures, sizeof failures, "%s n=%lld %s", listed++ ? "," : "",
+                    (long long)sz[k].n, status_text(st, sizeof st, &sz[k]));
         }
     }
 
@@ -682,7 +694,11 @@ int dhsa_cli_memprobe(int argc, char **argv) {
                 printf("%s{\"status\": \"%s\", \"peak_bytes\": ", r ? ", " : "",
                        dhsa_memprobe_state_name(rr->state));
                 json_number(rr->peak);
-                printf(", \"wall_s\": ");
+                printf(", \"ru_maxrss_bytes\": ");
+                json_number(rr->ru_maxrss);
+                printf(", \"vmhwm_bytes\": ");
+                json_number(rr->vmhwm > 0 ? rr->vmhwm : NAN);
+                printf(", \"vmhwm_samples\": %d, \"wall_s\": ", rr->vmhwm_samples);
                 json_number(rr->wall);
                 printf("}");
             }
@@ -722,7 +738,8 @@ int dhsa_cli_memprobe(int argc, char **argv) {
         printf(", \"budget_bytes\": ");
         json_number(budget);
         printf(", \"max_n_for_budget\": ");
-        json_number(max_n); /* null: no fit, or the fit never reaches the budget */
+        json_number(max_n); /* null: no fit, or no limit (below) */
+        printf(", \"budget_unbounded\": %s", isinf(max_n) ? "true" : "false");
         printf(", \"ok\": %s}\n", ok ? "true" : "false");
     } else {
         char b1[32], b2[32], b3[32];
@@ -780,7 +797,10 @@ int dhsa_cli_memprobe(int argc, char **argv) {
                an.reason);
         if (failures[0]) printf("  %-9s %s\n", "FAILED", failures);
         if (an.fitted && isfinite(budget)) {
-            if (isinf(max_n))
+            if (isinf(max_n) && an.verdict == DHSA_MEMPROBE_CONSTANT)
+                printf("  %-9s the peak does not grow with n: any n fits within %s (%s)\n",
+                       "budget", fmt_bytes(b1, sizeof b1, budget), budget_src);
+            else if (isinf(max_n))
                 printf("  %-9s the fitted peak never reaches %s (%s)\n", "budget",
                        fmt_bytes(b1, sizeof b1, budget), budget_src);
             else
