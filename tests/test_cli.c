@@ -71,7 +71,8 @@ static int json_number(const char *js, const char *key, double *v) {
 static void test_help(void) {
     static const char *cases[] = {"--help", "help", "help peak", "help bench", "help demo",
                                   "peak --help", "bench --help", "bench attn --help",
-                                  "demo --help", "demo -h"};
+                                  "demo --help", "demo -h", "bench sparse --help",
+                                  "bench decode --help", "memprobe --help", "help memprobe"};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *out;
         int rc = run(cases[i], &out);
@@ -213,6 +214,44 @@ static void test_demo(void) {
     free(out);
 }
 
+/* bench sparse / decode: the JSON keys, sane values, and errors */
+static void test_sparse_json(void) {
+    static const char *keys[] = {"dense_ms", "route_ms", "kernel_ms", "speedup", "density", "recall",
+                                 "rel_err", "needle_hits", "needles"};
+    char *out;
+    const char *args = "bench sparse --L 3K --heads 4 --kv-heads 2 --dim 32 --method dhsa,block,stream "
+                       "--dense-below 256 --runs 1 --json";
+    int rc = run(args, &out);
+    T_CHECK(rc == 0, "dhsa %s: exit %d; output:\n%s", args, rc, out ? out : "(none)");
+    int lines = 0;
+    for (const char *l = out ? out : ""; (l = strchr(l, '{')) != NULL; l++) {
+        lines++;
+        for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+            T_CHECK(json_find(l, keys[i]) != NULL, "bench sparse JSON lacks \"%s\":\n%s", keys[i], l);
+        double v;
+        T_CHECK(json_number(l, "recall", &v) && v > 0 && v <= 1, "recall = %g", v);
+        T_CHECK(json_number(l, "density", &v) && v > 0 && v < 1, "density = %g", v);
+        T_CHECK(json_number(l, "needles", &v) && v == 8, "needles = %g", v);
+    }
+    T_CHECK(lines == 3, "bench sparse printed %d objects for 3 methods:\n%s", lines, out ? out : "");
+    free(out);
+    args = "bench decode --L 4K --heads 8 --kv-heads 2 --dim 32 --dense-below 512 --runs 3 --json";
+    rc = run(args, &out);
+    T_CHECK(rc == 0, "dhsa %s: exit %d; output:\n%s", args, rc, out ? out : "(none)");
+    double v;
+    T_CHECK(out && json_number(out, "bytes_ratio", &v) && v > 1, "decode bytes_ratio = %g", v);
+    T_CHECK(out && json_number(out, "recall", &v) && v > 0 && v <= 1, "decode recall = %g", v);
+    free(out);
+    static const char *bad[] = {"bench sparse --L 1K --method nope", "bench sparse --L 1K --boundary learned:/nonexistent",
+                                "bench sparse --L 1K --density 2", "bench decode --L 1K --heads 3 --kv-heads 2",
+                                "bench sparse --heads 4"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        rc = run(bad[i], &out);
+        T_CHECK(rc == 1 || rc == 2, "dhsa %s: exit %d, want 1 or 2", bad[i], rc);
+        free(out);
+    }
+}
+
 int main(void) {
     cli = getenv("DHSA_CLI");
     if (!cli || !cli[0]) cli = "build/dhsa";
@@ -229,5 +268,6 @@ int main(void) {
     test_bench_json();
     test_peak_json();
     test_demo();
+    test_sparse_json();
     return t_report("test_cli");
 }

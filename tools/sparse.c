@@ -54,14 +54,16 @@ const char dhsa_cli_bench_sparse_usage[] =
 #define EXIT_RUN 1
 #define EXIT_USAGE 2
 
+static const char *cur_bench = "sparse";
+
 static void die(int code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fputs("dhsa bench sparse: ", stderr);
+    fprintf(stderr, "dhsa bench %s: ", cur_bench);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
-    if (code == EXIT_USAGE) fputs("(see dhsa bench sparse --help)\n", stderr);
+    if (code == EXIT_USAGE) fprintf(stderr, "(see dhsa bench %s --help)\n", cur_bench);
     exit(code);
 }
 
@@ -401,7 +403,8 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
 const char dhsa_cli_bench_decode_usage[] =
     "usage: dhsa bench decode --L N [--heads H] [--kv-heads H] [--dim D]\n"
     "                         [--density F | --budget N] [--boundary fixed|similarity]\n"
-    "                         [--ubatch N] [--threads T] [--runs N] [--json]\n"
+    "                         [--ubatch N] [--sink N] [--local N] [--dense-below N]\n"
+    "                         [--threads T] [--runs N] [--json]\n"
     "\n"
     "One decode step at position L-1 of the synthetic workload (see dhsa bench\n"
     "sparse --help): the keys are appended to a dhsa_kv_index in ubatches of\n"
@@ -413,6 +416,7 @@ const char dhsa_cli_bench_decode_usage[] =
     "selected. Defaults: heads 32, kv-heads 8, dim 128, density 0.0625, runs 9.\n";
 
 int dhsa_cli_bench_decode(int argc, char **argv) {
+    cur_bench = "decode";
     int64_t L = 0, H = 32, Hkv = 8, D = 128, budget = 0, ubatch = 512;
     int threads = 0, runs = 9, json = 0;
     double density = 0.0625;
@@ -432,6 +436,9 @@ int dhsa_cli_bench_decode(int argc, char **argv) {
         else if (OPT("--density")) density = parse_f64(o, val, 1e-9, 1.0);
         else if (OPT("--budget")) budget = parse_i64(o, val, 1, (int64_t)1 << 40);
         else if (OPT("--ubatch")) ubatch = parse_i64(o, val, 1, (int64_t)1 << 24);
+        else if (OPT("--sink")) rp.sink_tokens = parse_i64(o, val, 0, (int64_t)1 << 40);
+        else if (OPT("--local")) rp.local_tokens = parse_i64(o, val, 0, (int64_t)1 << 40);
+        else if (OPT("--dense-below")) rp.dense_below = parse_i64(o, val, 0, (int64_t)1 << 40);
         else if (OPT("--boundary")) {
             if (strcmp(val, "fixed") == 0) rp.boundary = DHSA_BOUNDARY_FIXED;
             else if (strcmp(val, "similarity") == 0) rp.boundary = DHSA_BOUNDARY_SIMILARITY;
