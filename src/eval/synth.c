@@ -141,6 +141,17 @@ dhsa_status dhsa_synth_generate(const dhsa_synth_params *sp, float *q, float *k,
         int64_t key = (int64_t)(sp->depths[i] * (double)L);
         int64_t len = key + sp->needle_len <= L ? sp->needle_len : L - key;
         int64_t qb = n_qb - 1 - i, r0 = qb * sp->q_block, r1 = r0 + sp->q_block < L ? r0 + sp->q_block : L;
+        if (key + len > r0) {
+            free(ref);
+            free(topic);
+            free(dir);
+            free(seg_start);
+            free(seg_of);
+            return dhsa__fail(DHSA_ERR_INVALID_ARG,
+                              "needle %d at depth %g ([%lld, %lld)) does not end before the block that asks "
+                              "for it (rows from %lld): use a smaller depth",
+                              i, sp->depths[i], (long long)key, (long long)(key + len), (long long)r0);
+        }
         needles[i].key = key;
         needles[i].len = len;
         needles[i].row = r0;

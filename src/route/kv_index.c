@@ -291,11 +291,8 @@ dhsa_status dhsa_kv_index_route(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dh
                 }
                 sc[c] = (float)(s * norm);
             }
-            int64_t alo, ahi, l0, h0r, l1, h1r;
-            dhsa__attn_key_range(a, p.Lk, a->q_pos0 + r0, &l0, &h0r);
-            dhsa__attn_key_range(a, p.Lk, last, &l1, &h1r);
-            alo = l0 < l1 ? l0 : l1;
-            ahi = h0r > h1r ? h0r : h1r;
+            int64_t alo, ahi;
+            dhsa__block_span(a, p.Lk, r0, r1, &alo, &ahi);
             int dense;
             int64_t n = dhsa__select_ranges(rp, max_ranges, min_len, p.Lk, alo, ahi, a->q_pos0 + r0, last + 1,
                                             ix->starts, visible, sc, 1, order, rg, &dense);

@@ -30,6 +30,7 @@ static inline int64_t dhsa__layout_index(const dhsa_layout *l, int64_t b, int64_
 int64_t dhsa__ranges_normalise(int64_t *r, int64_t n);
 
 /* Shared by route.c and kv_index.c. */
+void dhsa__block_span(const dhsa_attn_desc *a, int64_t Lk, int64_t r0, int64_t r1, int64_t *lo, int64_t *hi);
 dhsa_status dhsa__route_check_params(const dhsa_router_params *rp);
 void dhsa__route_limits(const dhsa_router_params *rp, int64_t Lk, int64_t *min_len, int64_t *max_chunks,
                         int64_t *max_ranges);

@@ -476,14 +476,18 @@ static thread_bufs bufs_of(const sel_job *j, int thread) {
     return t;
 }
 
-/* Keys block qb may attend to: [lo, hi). */
-static void block_span(const dhsa_attn_desc *a, const dhsa__attn_problem *p, int64_t r0, int64_t r1,
-                       int64_t *lo, int64_t *hi) {
-    int64_t l0, h0, l1, h1;
-    dhsa__attn_key_range(a, p->Lk, a->q_pos0 + r0, &l0, &h0);
-    dhsa__attn_key_range(a, p->Lk, a->q_pos0 + r1 - 1, &l1, &h1);
-    *lo = l0 < l1 ? l0 : l1;
-    *hi = h0 > h1 ? h0 : h1;
+/* Keys the rows [r0, r1) may attend to, together: [lo, hi) within
+ * [0, Lk) (empty when lo >= hi). The first row has the lowest window start
+ * and the last row the highest causal end; rows that see nothing (placed
+ * beyond the keys with a window) do not widen it. */
+void dhsa__block_span(const dhsa_attn_desc *a, int64_t Lk, int64_t r0, int64_t r1, int64_t *lo, int64_t *hi) {
+    int64_t first = a->q_pos0 + r0, last = a->q_pos0 + r1 - 1;
+    int64_t l = a->window > 0 && first - a->window + 1 > 0 ? first - a->window + 1 : 0;
+    int64_t h = a->causal && last + 1 < Lk ? last + 1 : Lk;
+    if (l > Lk) l = Lk;
+    if (h < l) h = l;
+    *lo = l;
+    *hi = h;
 }
 
 /* Selection for one query block (see the file comment and dhsa.h): the
@@ -557,6 +561,20 @@ int64_t dhsa__select_ranges(const dhsa_router_params *rp, int64_t max_ranges, in
          * itself is passed over for lower-ranked ones that fit better, so
          * long content chunks do not buy extra density */
         if (used + fresh > budget && budget - used < fresh / 2) continue;
+        order[i - 1] = -1; /* taken */
+        rg[n++] = cs;
+        rg[n++] = ce;
+        used += fresh;
+        taken++;
+    }
+    /* budget still not met: the best-ranked chunks passed over fill it */
+    for (int64_t i2 = 0; used < budget && i2 < i && taken < cap; i2++) {
+        int64_t c = order[i2];
+        if (c < 0) continue;
+        int64_t cs = starts[c] > alo ? starts[c] : alo;
+        int64_t ce = starts[c + 1] < ahi ? starts[c + 1] : ahi;
+        int64_t fresh = uncovered(cs, ce, s0, s1, l0, l1);
+        if (fresh == 0) continue;
         rg[n++] = cs;
         rg[n++] = ce;
         used += fresh;
@@ -572,7 +590,7 @@ static void select_block(sel_job *j, thread_bufs *t, int64_t g, int64_t qb, cons
     const dhsa__attn_problem *p = &j->pl->p;
     int64_t r0 = qb * rp->q_block, r1 = r0 + rp->q_block < p->Lq ? r0 + rp->q_block : p->Lq;
     int64_t alo, ahi;
-    block_span(j->a, p, r0, r1, &alo, &ahi);
+    dhsa__block_span(j->a, p->Lk, r0, r1, &alo, &ahi);
     int dense;
     int64_t n = dhsa__select_ranges(rp, j->pl->max_ranges, j->pl->min_len, p->Lk, alo, ahi, j->a->q_pos0 + r0,
                                     j->a->q_pos0 + r1, j->starts, j->nc, sc, GROUP, t->order, t->rg, &dense);
@@ -750,7 +768,9 @@ dhsa_status dhsa_route(dhsa_ctx *ctx, const dhsa_router_params *rp, const dhsa_a
         sj->ws_per_thread = wp.per_thread;
         sj->n_groups = (pl.n_qb + GROUP - 1) / GROUP;
         dhsa_parallel_for(ctx, heads * sj->n_groups, select_task, sj);
-        for (int t = 0; t < dhsa_ctx_n_threads(ctx); t++) lay->dense_blocks += sj->dense_blocks[t];
+        int64_t dense_b = 0;
+        for (int t = 0; t < dhsa_ctx_n_threads(ctx); t++) dense_b += sj->dense_blocks[t];
+        lay->dense_blocks += rp->share_heads ? dense_b * pl.p.Hkv : dense_b;
         if (rp->share_heads) {
             for (int64_t g = 1; g < pl.p.Hkv; g++)
                 for (int64_t qb = 0; qb < pl.n_qb; qb++) {
@@ -759,7 +779,6 @@ dhsa_status dhsa_route(dhsa_ctx *ctx, const dhsa_router_params *rp, const dhsa_a
                     dhsa_layout_get(lay, b, 0, qb, &r, &n);
                     dhsa_layout_set(lay, b, g, qb, r, n);
                 }
-            lay->dense_blocks *= pl.p.Hkv;
         }
     }
     free(sj);
