@@ -431,8 +431,9 @@ int dhsa_layout_selects(const dhsa_layout *layout, int64_t b, int64_t g, int64_t
  * exist. Each query mixes its own segment's topic with the topic of one
  * earlier segment (a retrieval), so attention mass sits on the diagonal and
  * on chunks far back. Needles: a passage of needle_len keys starting at
- * depth * L carries a unique direction per KV head; needle i is asked for by
- * every query row of query block (last - i) (blocks of q_block rows), whose
+ * depth * L carries a unique direction per KV head; the deepest needle is
+ * asked for by every query row of the last query block (blocks of q_block
+ * rows), the next deepest by the block before it, and so on; their
  * queries mix that direction into their own topic: a question about a fact
  * far back. Values carry their segment's own direction plus noise. */
 typedef struct {

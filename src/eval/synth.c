@@ -140,7 +140,12 @@ dhsa_status dhsa_synth_generate(const dhsa_synth_params *sp, float *q, float *k,
     for (int i = 0; i < sp->n_needles; i++) {
         int64_t key = (int64_t)(sp->depths[i] * (double)L);
         int64_t len = key + sp->needle_len <= L ? sp->needle_len : L - key;
-        int64_t qb = n_qb - 1 - i, r0 = qb * sp->q_block, r1 = r0 + sp->q_block < L ? r0 + sp->q_block : L;
+        /* the deepest needle is asked by the last block, the next deepest
+         * by the one before, and so on: questions come after their facts */
+        int rank = 0;
+        for (int o = 0; o < sp->n_needles; o++)
+            rank += sp->depths[o] > sp->depths[i] || (sp->depths[o] == sp->depths[i] && o < i);
+        int64_t qb = n_qb - 1 - rank, r0 = qb * sp->q_block, r1 = r0 + sp->q_block < L ? r0 + sp->q_block : L;
         if (key + len > r0) {
             free(ref);
             free(topic);

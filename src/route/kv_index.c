@@ -294,9 +294,11 @@ dhsa_status dhsa_kv_index_route(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dh
             int64_t alo, ahi;
             dhsa__block_span(a, p.Lk, r0, r1, &alo, &ahi);
             int dense;
+            /* keys after the last visible chunk (the open tail, and chunks
+             * closed after this block) are always read */
             int64_t n = dhsa__select_ranges(rp, max_ranges, min_len, p.Lk, alo, ahi, a->q_pos0 + r0, last + 1,
-                                            ix->starts, visible, sc, 1, order, rg, &dense);
-            lay->dense_blocks += dense;
+                                            ix->starts, visible, sc, 1, ix->starts[visible], order, rg, &dense);
+            lay->dense_blocks += rp->share_heads ? dense * p.Hkv : dense;
             st = dhsa_layout_set(lay, 0, g, qb, rg, n);
             if (st) break;
         }

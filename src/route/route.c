@@ -498,8 +498,8 @@ void dhsa__block_span(const dhsa_attn_desc *a, int64_t Lk, int64_t r0, int64_t r
  * order has room for nc indices. */
 int64_t dhsa__select_ranges(const dhsa_router_params *rp, int64_t max_ranges, int64_t min_len, int64_t Lk,
                             int64_t alo, int64_t ahi, int64_t pos0, int64_t pos1, const int64_t *starts,
-                            int64_t nc_all, const float *score, int64_t stride, int64_t *order, int64_t *rg,
-                            int *dense) {
+                            int64_t nc_all, const float *score, int64_t stride, int64_t tail_lo,
+                            int64_t *order, int64_t *rg, int *dense) {
     scores sc = {score, stride};
     int64_t n = 0;
     int64_t avail = ahi - alo;
@@ -518,6 +518,9 @@ int64_t dhsa__select_ranges(const dhsa_router_params *rp, int64_t max_ranges, in
     if (s1 < s0) s1 = s0;
     int64_t l0 = pos0 - rp->local_tokens > alo ? pos0 - rp->local_tokens : alo;
     int64_t l1 = pos1 < ahi ? pos1 : ahi;
+    /* the decode index's open tail (keys not in a closed chunk yet) is
+     * always read: it extends the local diagonal back to its start */
+    if (tail_lo >= 0 && tail_lo < l0) l0 = tail_lo > alo ? tail_lo : alo;
     if (l0 > l1) l0 = l1;
     if (rp->method == DHSA_ROUTE_STREAM) { /* sinks + the most recent keys */
         int64_t sink = s1 - s0, recent = budget - sink > 0 ? budget - sink : 0;
@@ -593,7 +596,7 @@ static void select_block(sel_job *j, thread_bufs *t, int64_t g, int64_t qb, cons
     dhsa__block_span(j->a, p->Lk, r0, r1, &alo, &ahi);
     int dense;
     int64_t n = dhsa__select_ranges(rp, j->pl->max_ranges, j->pl->min_len, p->Lk, alo, ahi, j->a->q_pos0 + r0,
-                                    j->a->q_pos0 + r1, j->starts, j->nc, sc, GROUP, t->order, t->rg, &dense);
+                                    j->a->q_pos0 + r1, j->starts, j->nc, sc, GROUP, -1, t->order, t->rg, &dense);
     j->dense_blocks[thread] += dense;
     dhsa_layout_set(j->lay, j->b, g, qb, t->rg, n);
 }
