@@ -32,6 +32,7 @@ struct dhsa_kv_index {
     /* the open tail: sum of its keys per head (double), and the recent keys
      * kept for the similarity window and the delayed split */
     double *tail_sum; /* [Hkv][d] */
+    double *later;    /* [Hkv][d] scratch of close_chunk */
     int64_t ring_len; /* keys kept: max(sim_window, nms_window) + 1 */
     float *ring;      /* [ring_len][Hkv][d], key t at t % ring_len */
     float *score;     /* [2 * nms_window + 1] ring of scores, t at t % size */
@@ -74,7 +75,7 @@ dhsa_status dhsa_kv_index_create(dhsa_ctx *ctx, const dhsa_router_params *rp, in
     size_t hd = (size_t)Hkv * (size_t)d;
     size_t bytes = (size_t)(ix->max_chunks + 1) * 8 + (size_t)ix->max_chunks * 8 +
                    (size_t)ix->max_chunks * hd * 4 + hd * 8 + (size_t)ix->ring_len * hd * 4 +
-                   (size_t)ix->score_size * 4 + 64 * 6;
+                   (size_t)ix->score_size * 4 + hd * 8 + 64 * 7;
     char *m = dhsa__alloc(ctx, bytes, &st);
     if (!m) {
         free(ix);
@@ -84,7 +85,8 @@ dhsa_status dhsa_kv_index_create(dhsa_ctx *ctx, const dhsa_router_params *rp, in
     ix->starts = (int64_t *)m;
     ix->decided = ix->starts + ix->max_chunks + 1;
     ix->tail_sum = (double *)(ix->decided + ix->max_chunks);
-    ix->pooled = (float *)(ix->tail_sum + hd);
+    ix->later = ix->tail_sum + hd;
+    ix->pooled = (float *)(ix->later + hd);
     ix->ring = ix->pooled + (size_t)ix->max_chunks * hd;
     ix->score = ix->ring + (size_t)ix->ring_len * hd;
     *out = ix;
@@ -113,8 +115,8 @@ static dhsa_status close_chunk(dhsa_kv_index *ix, int64_t t, int64_t now) {
     const int64_t Hkv = ix->Hkv, d = ix->d, c = ix->n_chunks;
     int64_t start = ix->starts[c], n = t - start;
     float *out = ix->pooled + c * Hkv * d;
-    double *later = calloc((size_t)(Hkv * d), sizeof(double));
-    if (!later) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
+    double *later = ix->later;
+    memset(later, 0, (size_t)(Hkv * d) * sizeof(double));
     for (int64_t u = t; u <= now; u++) {
         const float *k = ring_key(ix, u);
         for (int64_t x = 0; x < Hkv * d; x++) later[x] += k[x];
@@ -124,7 +126,6 @@ static dhsa_status close_chunk(dhsa_kv_index *ix, int64_t t, int64_t now) {
         out[x] = (float)((ix->tail_sum[x] - later[x]) * norm);
         ix->tail_sum[x] = later[x];
     }
-    free(later);
     ix->decided[c] = now;
     ix->n_chunks = c + 1;
     ix->starts[c + 1] = t;

@@ -125,7 +125,7 @@ dhsa_status dhsa_layout_set(dhsa_layout *l, int64_t b, int64_t g, int64_t qb, co
         int64_t tmp[2 * 64];
         int64_t *w = n <= 64 ? tmp : malloc((size_t)n * 2 * sizeof(int64_t));
         if (!w) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
-        memcpy(w, ranges, (size_t)n * 2 * sizeof(int64_t));
+        if (n > 0) memcpy(w, ranges, (size_t)n * 2 * sizeof(int64_t));
         int64_t m = dhsa__ranges_normalise(w, n);
         memcpy(dst, w, (size_t)m * 2 * sizeof(int64_t));
         l->count[idx] = m;
