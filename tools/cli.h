@@ -6,7 +6,16 @@
 #ifndef DHSA_TOOLS_CLI_H
 #define DHSA_TOOLS_CLI_H
 
+#include <stddef.h>
 #include <stdint.h>
+
+/* Strict numbers (tools/cli_num.c): the whole string must be the number;
+ * integers may take a K/M/G/T suffix (powers of 1024) when suffix != 0.
+ * Return 0, or -1 with a sentence naming the option in msg. */
+int dhsa_cli_parse_int(const char *opt, const char *s, int64_t min, int64_t max, int suffix, int64_t *out,
+                       char *msg, size_t msg_len);
+int dhsa_cli_parse_real(const char *opt, const char *s, double min, double max, double *out, char *msg,
+                        size_t msg_len);
 
 /* dhsa memprobe (tools/memprobe.c): peak memory of a command as n grows. */
 int dhsa_cli_memprobe(int argc, char **argv);

@@ -209,43 +209,17 @@ static int cmp_double(const void *a, const void *b) {
  * text, spaces, trailing characters, overflow, out of range) is a usage
  * error that names the option. */
 static int64_t parse_int(const char *opt, const char *s, int64_t min, int64_t max, int suffix) {
-    if (!s[0] || isspace((unsigned char)s[0]))
-        usage_error("%s: \"%s\" is not an integer", opt, s);
-    errno = 0;
-    char *end;
-    long long v = strtoll(s, &end, 10);
-    if (end == s) usage_error("%s: \"%s\" is not an integer", opt, s);
-    int64_t mult = 1;
-    if (suffix && *end) {
-        switch (*end) {
-        case 'k': case 'K': mult = (int64_t)1 << 10; end++; break;
-        case 'm': case 'M': mult = (int64_t)1 << 20; end++; break;
-        case 'g': case 'G': mult = (int64_t)1 << 30; end++; break;
-        default: break;
-        }
-    }
-    if (*end)
-        usage_error("%s: \"%s\" is not an integer%s", opt, s,
-                    suffix ? " (optionally followed by K, M or G)" : "");
-    if (errno == ERANGE || (v > 0 && v > INT64_MAX / mult) || (v < 0 && v < INT64_MIN / mult))
-        usage_error("%s: \"%s\" is out of range (must be in [%lld, %lld])", opt, s,
-                    (long long)min, (long long)max);
-    int64_t r = (int64_t)v * mult;
-    if (r < min || r > max)
-        usage_error("%s: %s is out of range (must be in [%lld, %lld])", opt, s, (long long)min,
-                    (long long)max);
-    return r;
+    int64_t v;
+    char msg[256];
+    if (dhsa_cli_parse_int(opt, s, min, max, suffix, &v, msg, sizeof msg)) usage_error("%s", msg);
+    return v;
 }
 
 /* Parses a finite real number in [min, max]. */
 static double parse_real(const char *opt, const char *s, double min, double max) {
-    if (!s[0] || isspace((unsigned char)s[0])) usage_error("%s: \"%s\" is not a number", opt, s);
-    errno = 0;
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || *end) usage_error("%s: \"%s\" is not a number", opt, s);
-    if (errno == ERANGE || !isfinite(v) || v < min || v > max)
-        usage_error("%s: %s is out of range (must be in [%g, %g])", opt, s, min, max);
+    double v;
+    char msg[256];
+    if (dhsa_cli_parse_real(opt, s, min, max, &v, msg, sizeof msg)) usage_error("%s", msg);
     return v;
 }
 

@@ -103,44 +103,16 @@ static void usage_error(const char *fmt, ...) {
 /* A whole-text integer in [min, max], with an optional K/M/G/T suffix
  * (powers of 1024) when `suffix`; anything else is a usage error naming opt. */
 static int64_t parse_int(const char *opt, const char *s, int64_t min, int64_t max, int suffix) {
-    if (!s[0] || isspace((unsigned char)s[0]))
-        usage_error("%s: \"%s\" is not an integer", opt, s);
-    errno = 0;
-    char *end;
-    long long v = strtoll(s, &end, 10);
-    if (end == s) usage_error("%s: \"%s\" is not an integer", opt, s);
-    int shift = 0;
-    if (suffix && *end) {
-        switch (*end) {
-        case 'k': case 'K': shift = 10; end++; break;
-        case 'm': case 'M': shift = 20; end++; break;
-        case 'g': case 'G': shift = 30; end++; break;
-        case 't': case 'T': shift = 40; end++; break;
-        default: break;
-        }
-    }
-    if (*end)
-        usage_error("%s: \"%s\" is not an integer%s", opt, s,
-                    suffix ? " (optionally followed by K, M, G or T)" : "");
-    int64_t mult = (int64_t)1 << shift;
-    if (errno == ERANGE || (v > 0 && v > INT64_MAX / mult) || (v < 0 && v < INT64_MIN / mult))
-        usage_error("%s: \"%s\" is out of range (must be in [%lld, %lld])", opt, s,
-                    (long long)min, (long long)max);
-    int64_t r = (int64_t)v * mult;
-    if (r < min || r > max)
-        usage_error("%s: %s is out of range (must be in [%lld, %lld])", opt, s, (long long)min,
-                    (long long)max);
-    return r;
+    int64_t v;
+    char msg[256];
+    if (dhsa_cli_parse_int(opt, s, min, max, suffix, &v, msg, sizeof msg)) usage_error("%s", msg);
+    return v;
 }
 
 static double parse_real(const char *opt, const char *s, double min, double max) {
-    if (!s[0] || isspace((unsigned char)s[0])) usage_error("%s: \"%s\" is not a number", opt, s);
-    errno = 0;
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || *end) usage_error("%s: \"%s\" is not a number", opt, s);
-    if (errno == ERANGE || !isfinite(v) || v < min || v > max)
-        usage_error("%s: %s is out of range (must be in [%g, %g])", opt, s, min, max);
+    double v;
+    char msg[256];
+    if (dhsa_cli_parse_real(opt, s, min, max, &v, msg, sizeof msg)) usage_error("%s", msg);
     return v;
 }
 

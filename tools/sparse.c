@@ -68,27 +68,16 @@ static void die(int code, const char *fmt, ...) {
 }
 
 static int64_t parse_i64(const char *opt, const char *s, int64_t lo, int64_t hi) {
-    if (!s || !*s) die(EXIT_USAGE, "%s needs a number", opt);
-    errno = 0;
-    char *end;
-    long long v = strtoll(s, &end, 10);
-    int64_t mul = 1;
-    if (*end == 'K' || *end == 'k') mul = 1024, end++;
-    else if (*end == 'M' || *end == 'm') mul = 1024 * 1024, end++;
-    if (errno || *end || end == s) die(EXIT_USAGE, "%s: \"%s\" is not an integer", opt, s);
-    if (v > 0 && v > INT64_MAX / mul) die(EXIT_USAGE, "%s: %s is too large", opt, s);
-    v *= mul;
-    if (v < lo || v > hi) die(EXIT_USAGE, "%s: %lld is outside [%lld, %lld]", opt, v, (long long)lo, (long long)hi);
+    int64_t v;
+    char msg[256];
+    if (dhsa_cli_parse_int(opt, s, lo, hi, 1, &v, msg, sizeof msg)) die(EXIT_USAGE, "%s", msg);
     return v;
 }
 
 static double parse_f64(const char *opt, const char *s, double lo, double hi) {
-    if (!s || !*s) die(EXIT_USAGE, "%s needs a number", opt);
-    errno = 0;
-    char *end;
-    double v = strtod(s, &end);
-    if (errno || *end || end == s || !isfinite(v)) die(EXIT_USAGE, "%s: \"%s\" is not a number", opt, s);
-    if (v < lo || v > hi) die(EXIT_USAGE, "%s: %g is outside [%g, %g]", opt, v, lo, hi);
+    double v;
+    char msg[256];
+    if (dhsa_cli_parse_real(opt, s, lo, hi, &v, msg, sizeof msg)) die(EXIT_USAGE, "%s", msg);
     return v;
 }
 
