@@ -13,6 +13,11 @@ path; it is loaded on first use.
 Mask conventions follow PyTorch by name: key_padding_mask bool True =
 ignore the key (nn.MultiheadAttention); attn_mask bool True = take part
 (F.scaled_dot_product_attention); float masks are added. See docs/python.md.
+
+Sparse attention: lay = dhsa.route(q, k, causal=True, density=0.0625)
+(DHSA routing) gives a dhsa.Layout; dhsa.attention(q, k, v, causal=True,
+sparse=lay) attends only to its key ranges. Also dhsa.KVIndex (decode),
+dhsa.Predictor (learned boundaries), dhsa.synth() and dhsa.fidelity().
 Tests: python3 -m pytest -q python/tests (make test runs them).
 """
 
@@ -21,9 +26,13 @@ from ._context import (Context, active_isa, default_context, mem_stats, peak_rss
                        reset_peak_rss, rss, set_isa)
 from ._attention import (attention, backend_in_use, from_bfloat16, to_bfloat16,
                          workspace_size)
+from ._route import (KVIndex, Layout, Predictor, RouterParams, fidelity, layout_size, route,
+                     route_sizes, synth)
 
 __all__ = [
     "attention", "workspace_size", "backend_in_use",
+    "route", "route_sizes", "RouterParams", "Layout", "layout_size",
+    "Predictor", "KVIndex", "synth", "fidelity",
     "Context", "default_context", "mem_stats",
     "peak_rss", "rss", "reset_peak_rss",
     "active_isa", "set_isa",

@@ -15,9 +15,13 @@ Contract (details in docs/python.md):
     float32 at the mask's own (unexpanded) shape.
   - The output is a new array in q's layout; float16 for float16 q, else
     float32. return_lse adds lse [B, Hq, Lq] float32.
-Tested by python/tests/test_attention.py and test_masks.py.
+  - sparse= (or layout= given a dhsa.Layout) sets desc.layout: each query
+    row attends only to its block's key ranges; C checks that the layout
+    was made for these B, Hkv, Lq, Lk. The layout is locked during the call.
+Tested by python/tests/test_attention.py and test_masks.py (sparse= by test_route.py).
 """
 
+import contextlib
 import ctypes
 
 import numpy as np
@@ -201,13 +205,36 @@ def _int64(name, x):
     return v
 
 
+def _split_layout(layout, sparse):
+    """(tensor layout name, sparse Layout or None) from attention()'s layout=
+    and sparse= arguments: layout= may be a dhsa.Layout, then it is the
+    sparse layout and the tensors are BHLD."""
+    from ._route import Layout  # here: _route imports this module
+    if isinstance(layout, Layout):
+        if sparse is not None:
+            raise ValueError("a dhsa.Layout given both as layout= and sparse=: pass it once "
+                             "(sparse=, with layout='BHLD' or 'BLHD' for the tensors)")
+        layout, sparse = "BHLD", layout
+    if sparse is not None and not isinstance(sparse, Layout):
+        raise TypeError("sparse must be a dhsa.Layout (from dhsa.route(), KVIndex.route() or "
+                        "Layout.empty()), not %s" % type(sparse).__name__)
+    return layout, sparse
+
+
+def _using(sparse):
+    """Context manager yielding the C handle of a sparse layout (locked) or
+    None."""
+    return sparse._use() if sparse is not None else contextlib.nullcontext(None)
+
+
 def _build(q, k, v, *, causal, scale, key_padding_mask, attn_mask, window, softcap, layout,
            backend, q_pos0, return_lse, dtype, check_finite, reference_max_bytes, query_only):
-    """(desc, keep, o, lse): a filled dhsa_attn_desc, the arrays it points
-    into, and the output arrays (lse None unless return_lse)."""
+    """(desc, keep, o, lse): a filled dhsa_attn_desc (dense: its layout field
+    is set by the caller), the arrays it points into, and the output arrays
+    (lse None unless return_lse)."""
     if layout not in ("BHLD", "BLHD"):
-        raise ValueError("layout must be 'BHLD' ([B, H, L, D]) or 'BLHD' ([B, L, H, D]), not %r"
-                         % (layout,))
+        raise ValueError("layout must be 'BHLD' ([B, H, L, D]) or 'BLHD' ([B, L, H, D]) (or, in "
+                         "attention(), a dhsa.Layout), not %r" % (layout,))
     if dtype not in (None, "bfloat16"):
         raise ValueError("dtype must be None or 'bfloat16' (uint16 arrays holding bfloat16 bits), "
                          "not %r" % (dtype,))
@@ -266,7 +293,8 @@ def _build(q, k, v, *, causal, scale, key_padding_mask, attn_mask, window, softc
 
 def attention(q, k, v, *, causal=False, scale=None, key_padding_mask=None, attn_mask=None,
               window=0, softcap=0.0, layout="BHLD", backend=None, q_pos0=0, return_lse=False,
-              threads=None, ctx=None, dtype=None, check_finite=False, reference_max_bytes=None):
+              threads=None, ctx=None, dtype=None, check_finite=False, reference_max_bytes=None,
+              sparse=None):
     """Scaled dot-product attention without an Lq x Lk matrix (tiled online
     softmax in C).
 
@@ -289,6 +317,12 @@ def attention(q, k, v, *, causal=False, scale=None, key_padding_mask=None, attn_
         "reference" (materialises scores in double: the test oracle).
     threads / ctx: which context runs the call (see dhsa.Context).
     check_finite: scan q, k, v for NaN/Inf first (DhsaError DHSA_ERR_NONFINITE).
+    sparse: a dhsa.Layout (from dhsa.route(), KVIndex.route(), Layout.empty()):
+        each query row attends only to the key ranges of its (batch, KV
+        head, query block), every rule above still applied; cost follows
+        the selected keys. It must have been made for these B, Hkv, Lq, Lk
+        (else DhsaError DHSA_ERR_SHAPE). layout= also takes a dhsa.Layout
+        (then the tensors are BHLD): attention(q, k, v, layout=lay).
 
     Returns o in q's layout ([B, Hq, Lq, dv] or [B, Lq, Hq, dv]), float16 if
     q is float16 else float32; with return_lse=True, (o, lse) where lse
@@ -298,13 +332,15 @@ def attention(q, k, v, *, causal=False, scale=None, key_padding_mask=None, attn_
     multiple of k's 4"); malformed Python arguments raise ValueError or
     TypeError before C is called.
     """
+    layout, sparse = _split_layout(layout, sparse)
     desc, keep, o, lse = _build(
         q, k, v, causal=causal, scale=scale, key_padding_mask=key_padding_mask,
         attn_mask=attn_mask, window=window, softcap=softcap, layout=layout, backend=backend,
         q_pos0=q_pos0, return_lse=return_lse, dtype=dtype, check_finite=check_finite,
         reference_max_bytes=reference_max_bytes, query_only=False)
     c = resolve(ctx, threads)
-    with c._lock:
+    with c._lock, _using(sparse) as lay:
+        desc.layout = lay
         check(lib().dhsa_attention(c._live_handle(), ctypes.byref(desc)))
     del keep  # the inputs C read stay alive until here
     return (o, lse) if return_lse else o
@@ -313,12 +349,13 @@ def attention(q, k, v, *, causal=False, scale=None, key_padding_mask=None, attn_
 def workspace_size(q, k, v, *, causal=False, scale=None, key_padding_mask=None, attn_mask=None,
                    window=0, softcap=0.0, layout="BHLD", backend=None, q_pos0=0, return_lse=False,
                    threads=None, ctx=None, dtype=None, check_finite=False,
-                   reference_max_bytes=None):
+                   reference_max_bytes=None, sparse=None):
     """Exact bytes of workspace attention() with the same arguments would
     take from its context (dhsa_attn_workspace_size). The arguments are
     checked as attention() would; nothing is computed, and a dense bool
     attn_mask is not converted (only its shape matters). Outputs are not
     counted: they are numpy arrays, outside the context."""
+    layout, sparse = _split_layout(layout, sparse)
     desc, keep, _, _ = _build(
         q, k, v, causal=causal, scale=scale, key_padding_mask=key_padding_mask,
         attn_mask=attn_mask, window=window, softcap=softcap, layout=layout, backend=backend,
@@ -326,7 +363,8 @@ def workspace_size(q, k, v, *, causal=False, scale=None, key_padding_mask=None, 
         reference_max_bytes=reference_max_bytes, query_only=True)
     c = resolve(ctx, threads)
     n = ctypes.c_size_t()
-    with c._lock:
+    with c._lock, _using(sparse) as lay:
+        desc.layout = lay
         check(lib().dhsa_attn_workspace_size(c._live_handle(), ctypes.byref(desc), ctypes.byref(n)))
     del keep
     return int(n.value)

@@ -102,9 +102,91 @@ class MemStats(ctypes.Structure):
     ]
 
 
+# Routing, layouts, synthetic workloads (the "Sparse layouts" to "Synthetic
+# workloads and fidelity" sections of dhsa.h).
+
+DHSA_BOUNDARY_FIXED, DHSA_BOUNDARY_SIMILARITY, DHSA_BOUNDARY_LEARNED = 0, 1, 2
+DHSA_ROUTE_DHSA, DHSA_ROUTE_STREAM, DHSA_ROUTE_ORACLE = 0, 1, 2
+DHSA_SYNTH_MAX_NEEDLES = 64
+
+
+class RouterParams(ctypes.Structure):
+    """dhsa_router_params, field for field."""
+    _fields_ = [
+        ("method", c_int),                  # dhsa_route_method
+        ("boundary", c_int),                # dhsa_boundary
+        ("predictor", c_void_p),            # const dhsa_predictor * (not owned)
+        ("learned_threshold", c_float),
+        ("chunk", c_int64),
+        ("sim_window", c_int64),
+        ("threshold", c_float),
+        ("nms_window", c_int64),
+        ("min_chunk", c_int64),
+        ("max_chunk", c_int64),
+        ("causal_boundaries", c_int),
+        ("q_block", c_int64),
+        ("budget_tokens", c_int64),
+        ("density", ctypes.c_double),
+        ("sink_tokens", c_int64),
+        ("local_tokens", c_int64),
+        ("dense_below", c_int64),
+        ("share_heads", c_int),
+    ]
+
+
+class LayoutStats(ctypes.Structure):
+    """dhsa_layout_stats, field for field."""
+    _fields_ = [
+        ("B", c_int64), ("Hkv", c_int64), ("Lq", c_int64), ("Lk", c_int64),
+        ("q_block", c_int64), ("n_blocks", c_int64), ("max_ranges", c_int64),
+        ("q_pos0", c_int64),
+        ("causal", c_int),
+        ("window", c_int64),
+        ("selected", ctypes.c_double),
+        ("available", ctypes.c_double),
+        ("density", ctypes.c_double),
+        ("ranges", c_int64),
+        ("dense_blocks", c_int64),
+        ("chunks", c_int64),
+        ("chunk_mean", ctypes.c_double),
+        ("chunk_min", c_int64),
+        ("chunk_max", c_int64),
+    ]
+
+
+class SynthParams(ctypes.Structure):
+    """dhsa_synth_params, field for field."""
+    _fields_ = [
+        ("B", c_int64), ("Hq", c_int64), ("Hkv", c_int64), ("L", c_int64), ("d", c_int64),
+        ("seg_min", c_int64), ("seg_max", c_int64),
+        ("n_needles", c_int),
+        ("depths", ctypes.c_double * DHSA_SYNTH_MAX_NEEDLES),
+        ("needle_len", c_int64),
+        ("q_block", c_int64),
+        ("seed", ctypes.c_uint64),
+    ]
+
+
+class SynthNeedle(ctypes.Structure):
+    """dhsa_synth_needle."""
+    _fields_ = [("key", c_int64), ("len", c_int64), ("row", c_int64), ("rows", c_int64)]
+
+
+class Fidelity(ctypes.Structure):
+    """dhsa_fidelity."""
+    _fields_ = [
+        ("recall", ctypes.c_double),
+        ("recall_min", ctypes.c_double),
+        ("rel_err", ctypes.c_double),
+        ("rows", c_int64),
+    ]
+
+
 # Sizes on LP64 (x86-64 / aarch64 Linux), computed by hand from dhsa.h and
 # checked by the tests against both ctypes and a compiled C program.
-LP64_SIZES = {"Tensor": 80, "AttnDesc": 576, "CtxParams": 16, "MemStats": 40}
+LP64_SIZES = {"Tensor": 80, "AttnDesc": 576, "CtxParams": 16, "MemStats": 40,
+              "RouterParams": 136, "LayoutStats": 152, "SynthParams": 600,
+              "SynthNeedle": 32, "Fidelity": 32}
 
 # ------------------------------------------------------------ prototypes ---
 
@@ -140,6 +222,48 @@ _PROTOTYPES = {
     "dhsa_proc_peak_rss": (c_size_t, []),
     "dhsa_proc_rss": (c_size_t, []),
     "dhsa_proc_reset_peak_rss": (c_int, []),
+}
+
+_p = ctypes.POINTER
+# Routing and layouts: set when the library has them (an older library still
+# serves dense attention; calling one of these on it raises AttributeError
+# naming the symbol).
+_ROUTE_PROTOTYPES = {
+    "dhsa_layout_size": (c_int, [c_int64, c_int64, c_int64, c_int64, c_int64, c_int64,
+                                 _p(c_size_t)]),
+    "dhsa_layout_create": (c_int, [c_void_p, c_int64, c_int64, c_int64, c_int64, c_int64, c_int64,
+                                   _p(c_void_p)]),
+    "dhsa_layout_free": (None, [c_void_p]),
+    "dhsa_layout_set": (c_int, [c_void_p, c_int64, c_int64, c_int64, c_void_p, c_int64]),
+    "dhsa_layout_get": (c_int, [c_void_p, c_int64, c_int64, c_int64, _p(_p(c_int64)),
+                                _p(c_int64)]),
+    "dhsa_layout_get_stats": (c_int, [c_void_p, _p(LayoutStats)]),
+    "dhsa_layout_selects": (c_int, [c_void_p, c_int64, c_int64, c_int64, c_int64]),
+    "dhsa_predictor_load": (c_int, [c_char_p, _p(c_void_p)]),
+    "dhsa_predictor_load_memory": (c_int, [c_void_p, c_size_t, _p(c_void_p)]),
+    "dhsa_predictor_save": (c_int, [c_void_p, c_char_p]),
+    "dhsa_predictor_create_random": (c_int, [c_int64, c_int64, c_int64, ctypes.c_uint64,
+                                             _p(c_void_p)]),
+    "dhsa_predictor_free": (None, [c_void_p]),
+    "dhsa_predictor_width": (c_int64, [c_void_p]),
+    "dhsa_predictor_window": (c_int64, [c_void_p]),
+    "dhsa_predictor_score": (c_int, [c_void_p, c_void_p, _p(Tensor), c_int64, _p(c_float)]),
+    "dhsa_router_default_params": (RouterParams, []),
+    "dhsa_route_sizes": (c_int, [c_void_p, _p(RouterParams), _p(AttnDesc), _p(c_size_t),
+                                 _p(c_size_t)]),
+    "dhsa_route": (c_int, [c_void_p, _p(RouterParams), _p(AttnDesc), _p(c_void_p)]),
+    "dhsa_kv_index_create": (c_int, [c_void_p, _p(RouterParams), c_int64, c_int64, c_int64,
+                                     _p(c_void_p)]),
+    "dhsa_kv_index_free": (None, [c_void_p]),
+    "dhsa_kv_index_append": (c_int, [c_void_p, _p(Tensor)]),
+    "dhsa_kv_index_length": (c_int64, [c_void_p]),
+    "dhsa_kv_index_chunks": (c_int64, [c_void_p, _p(_p(c_int64))]),
+    "dhsa_kv_index_route": (c_int, [c_void_p, c_void_p, _p(AttnDesc), _p(c_void_p)]),
+    "dhsa_synth_default_params": (SynthParams, []),
+    "dhsa_synth_generate": (c_int, [_p(SynthParams), c_void_p, c_void_p, c_void_p,
+                                    _p(SynthNeedle)]),
+    "dhsa_fidelity_compare": (c_int, [_p(Tensor), _p(Tensor), _p(Tensor), _p(Tensor),
+                                      _p(Fidelity)]),
 }
 
 # ---------------------------------------------------------------- loading ---
@@ -192,6 +316,11 @@ def lib():
                 fn = getattr(handle, name)  # AttributeError names a missing symbol
                 fn.restype = res
                 fn.argtypes = args
+            for name, (res, args) in _ROUTE_PROTOTYPES.items():
+                if hasattr(handle, name):
+                    fn = getattr(handle, name)
+                    fn.restype = res
+                    fn.argtypes = args
             _lib, _lib_path = handle, path
             return _lib
         raise OSError("libdhsa not found; build it with `make` in the repository root or "

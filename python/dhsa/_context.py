@@ -9,6 +9,11 @@ online CPUs, no budget), created on first use and freed at exit.
 A context serialises its own calls with a lock: the C thread pool is not
 reentrant, and ctypes releases the GIL during the call, so two Python threads
 sharing a context would otherwise race.
+
+Objects allocated from a context (dhsa.Layout, dhsa.KVIndex: _route.py)
+free themselves through it, so they keep it alive, and closing the context
+closes them first (the C library cannot free them once the context is gone).
+Lock order: a context's lock before any of its objects' locks.
 """
 
 import contextvars
@@ -57,6 +62,11 @@ class Context:
         self._handle = handle.value
         self._lock = threading.Lock()
         self._tokens = []
+        # objects allocated from this context: key -> (their lock, their
+        # finalizer). Reentrant: a finalizer run by the garbage collector
+        # (which calls _disown) may interrupt this thread while it holds it.
+        self._deps = {}
+        self._deps_lock = threading.RLock()
         self._finalizer = weakref.finalize(self, _free_handle, self._handle)
 
     # -- lifecycle --
@@ -66,11 +76,27 @@ class Context:
         return self._handle is None
 
     def close(self):
-        """Frees the context (joins its threads, frees its arena). Idempotent."""
+        """Frees the context (joins its threads, frees its arena), after
+        closing the layouts and decode indexes allocated from it. Idempotent."""
         with self._lock:
             if self._handle is not None:
+                with self._deps_lock:
+                    deps, self._deps = self._deps, {}
+                for lock, fin in deps.values():
+                    with lock:
+                        fin()
                 self._handle = None
                 self._finalizer()
+
+    # -- objects allocated from the context (see the module comment) --
+
+    def _adopt(self, key, lock, finalizer):
+        with self._deps_lock:
+            self._deps[key] = (lock, finalizer)
+
+    def _disown(self, key):
+        with self._deps_lock:
+            self._deps.pop(key, None)
 
     def __enter__(self):
         if self._handle is None:
