@@ -580,7 +580,20 @@ dhsa_status dhsa_memprobe_analyze(const double *n, const double *peak, int m, do
     const char *exact = distinct == 3 ? " (3 sizes for 3 unknowns: the fit is exact by "
                                         "construction; more sizes test it)"
                                       : "";
-    if (res > DHSA_MEMPROBE_MAX_RESIDUAL) {
+    /* Peaks that all lie within a constant's tolerance of each other are
+     * constant whatever the fit says: for a program of ~1 MiB, page-sized
+     * noise alone misses a 5% residual limit. */
+    double pmin = peak[0], pmax = peak[0];
+    for (int i = 1; i < m; i++) {
+        if (peak[i] < pmin) pmin = peak[i];
+        if (peak[i] > pmax) pmax = peak[i];
+    }
+    if (pmax - pmin < DHSA_MEMPROBE_CONSTANT_BYTES) {
+        out->verdict = DHSA_MEMPROBE_CONSTANT;
+        snprintf(out->reason, sizeof out->reason,
+                 "the measured peaks stay within %s of each other from n=%.0f to n=%.0f (peak %s)",
+                 fmt_mib(g, sizeof g, pmax - pmin), out->n_min, out->n_max, fmt_mib(pk, sizeof pk, pmax));
+    } else if (res > DHSA_MEMPROBE_MAX_RESIDUAL) {
         out->verdict = DHSA_MEMPROBE_OTHER;
         snprintf(out->reason, sizeof out->reason,
                  "the fit misses a measured peak by %.1f%% (limit %.0f%%): the peak is not "
