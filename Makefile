@@ -78,5 +78,23 @@ ubsan:
 	  EXTRA_CFLAGS="-fsanitize=undefined -fno-sanitize-recover=all" \
 	  EXTRA_LDFLAGS="-fsanitize=undefined" test
 
+# Parsers under libFuzzer (clang): each harness in fuzz/ runs FUZZ_SECONDS
+# (default 30) from a seed corpus in build-fuzz/corpus-NAME (seeded with
+# ../shared/models where present). Not part of `make test`.
+FUZZ_SECONDS ?= 30
+FUZZ_CC ?= clang
+FUZZ_SAN = -fsanitize=address,undefined -fno-omit-frame-pointer
+fuzz:
+	$(MAKE) CC=$(FUZZ_CC) BUILD=build-fuzz OPT=-O1 WERROR= \
+	  EXTRA_CFLAGS="$(FUZZ_SAN) -fsanitize=fuzzer-no-link" build-fuzz/libdhsa.a
+	$(FUZZ_CC) -std=c11 -g -O1 -Iinclude -Isrc $(FUZZ_SAN) -fsanitize=fuzzer \
+	  -o build-fuzz/gguf_fuzz fuzz/gguf_fuzz.c build-fuzz/libdhsa.a -lpthread -lm
+	$(FUZZ_CC) -std=c11 -g -O1 -Iinclude -Isrc $(FUZZ_SAN) -fsanitize=fuzzer \
+	  -o build-fuzz/predictor_fuzz fuzz/predictor_fuzz.c build-fuzz/libdhsa.a -lpthread -lm
+	@mkdir -p build-fuzz/corpus-gguf build-fuzz/corpus-predictor
+	@if [ -f ../shared/models/stories260K.gguf ]; then cp ../shared/models/stories260K.gguf build-fuzz/corpus-gguf/; fi
+	build-fuzz/gguf_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=1300000 build-fuzz/corpus-gguf
+	build-fuzz/predictor_fuzz -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus-predictor
+
 clean:
-	rm -rf build build-asan build-ubsan
+	rm -rf build build-asan build-ubsan build-fuzz
