@@ -1,0 +1,1194 @@
+/* tokenizer.c: tokenizers built from GGUF metadata (tokenizer.ggml.*).
+ *
+ *   - "llama" (SentencePiece style, DHSA_TOKENIZER_SPM): spaces become
+ *     U+2581 '▁', a '▁' is prepended when add_space_prefix, then adjacent
+ *     symbols (UTF-8 characters at first) are merged greedily, always the
+ *     pair whose concatenation is a vocab token of the highest score
+ *     (ties: leftmost); a final symbol that is not a token becomes its
+ *     bytes' <0xXX> tokens (or unk).
+ *   - "gpt2" (byte-level BPE, DHSA_TOKENIZER_BPE): the text is split into
+ *     words by the pre-tokenizer named by tokenizer.ggml.pre (hand-written
+ *     matchers of the published regexes, Unicode letter/number tables
+ *     below), each word's bytes are mapped to printable code points (the
+ *     GPT-2 byte-to-unicode table), and adjacent symbols are merged by the
+ *     lowest merge rank (ties: leftmost).
+ *   - Both: USER_DEFINED tokens (and CONTROL tokens with
+ *     DHSA_TOKENIZE_PARSE_SPECIAL) are cut out of the text first, longest
+ *     match at the leftmost position.
+ *
+ * Contract: the API is the "Tokenizer" block of include/dhsa.h; errors are
+ * values with a sentence, never an abort; sizes are checked before they
+ * are allocated. Tests: tests/test_tokenizer.c (every vector of
+ * ../shared/vocab, round trips, malformed input); docs/tokenizer.md.
+ */
+#include "model/tokenizer.h"
+#include "core/internal.h"
+#include "dhsa.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* --------------------------------------------------------------------- */
+/* Unicode tables (generated from Python's unicodedata, Unicode 14.0)      */
+
+/* General_Category L* (letters): 648 ranges [lo, hi] of code points, sorted. */
+static const uint32_t uni_letter[][2] = {
+    {0x41, 0x5A}, {0x61, 0x7A}, {0xAA, 0xAA}, {0xB5, 0xB5}, {0xBA, 0xBA}, {0xC0, 0xD6},
+    {0xD8, 0xF6}, {0xF8, 0x2C1}, {0x2C6, 0x2D1}, {0x2E0, 0x2E4}, {0x2EC, 0x2EC}, {0x2EE, 0x2EE},
+    {0x370, 0x374}, {0x376, 0x377}, {0x37A, 0x37D}, {0x37F, 0x37F}, {0x386, 0x386}, {0x388, 0x38A},
+    {0x38C, 0x38C}, {0x38E, 0x3A1}, {0x3A3, 0x3F5}, {0x3F7, 0x481}, {0x48A, 0x52F}, {0x531, 0x556},
+    {0x559, 0x559}, {0x560, 0x588}, {0x5D0, 0x5EA}, {0x5EF, 0x5F2}, {0x620, 0x64A}, {0x66E, 0x66F},
+    {0x671, 0x6D3}, {0x6D5, 0x6D5}, {0x6E5, 0x6E6}, {0x6EE, 0x6EF}, {0x6FA, 0x6FC}, {0x6FF, 0x6FF},
+    {0x710, 0x710}, {0x712, 0x72F}, {0x74D, 0x7A5}, {0x7B1, 0x7B1}, {0x7CA, 0x7EA}, {0x7F4, 0x7F5},
+    {0x7FA, 0x7FA}, {0x800, 0x815}, {0x81A, 0x81A}, {0x824, 0x824}, {0x828, 0x828}, {0x840, 0x858},
+    {0x860, 0x86A}, {0x870, 0x887}, {0x889, 0x88E}, {0x8A0, 0x8C9}, {0x904, 0x939}, {0x93D, 0x93D},
+    {0x950, 0x950}, {0x958, 0x961}, {0x971, 0x980}, {0x985, 0x98C}, {0x98F, 0x990}, {0x993, 0x9A8},
+    {0x9AA, 0x9B0}, {0x9B2, 0x9B2}, {0x9B6, 0x9B9}, {0x9BD, 0x9BD}, {0x9CE, 0x9CE}, {0x9DC, 0x9DD},
+    {0x9DF, 0x9E1}, {0x9F0, 0x9F1}, {0x9FC, 0x9FC}, {0xA05, 0xA0A}, {0xA0F, 0xA10}, {0xA13, 0xA28},
+    {0xA2A, 0xA30}, {0xA32, 0xA33}, {0xA35, 0xA36}, {0xA38, 0xA39}, {0xA59, 0xA5C}, {0xA5E, 0xA5E},
+    {0xA72, 0xA74}, {0xA85, 0xA8D}, {0xA8F, 0xA91}, {0xA93, 0xAA8}, {0xAAA, 0xAB0}, {0xAB2, 0xAB3},
+    {0xAB5, 0xAB9}, {0xABD, 0xABD}, {0xAD0, 0xAD0}, {0xAE0, 0xAE1}, {0xAF9, 0xAF9}, {0xB05, 0xB0C},
+    {0xB0F, 0xB10}, {0xB13, 0xB28}, {0xB2A, 0xB30}, {0xB32, 0xB33}, {0xB35, 0xB39}, {0xB3D, 0xB3D},
+    {0xB5C, 0xB5D}, {0xB5F, 0xB61}, {0xB71, 0xB71}, {0xB83, 0xB83}, {0xB85, 0xB8A}, {0xB8E, 0xB90},
+    {0xB92, 0xB95}, {0xB99, 0xB9A}, {0xB9C, 0xB9C}, {0xB9E, 0xB9F}, {0xBA3, 0xBA4}, {0xBA8, 0xBAA},
+    {0xBAE, 0xBB9}, {0xBD0, 0xBD0}, {0xC05, 0xC0C}, {0xC0E, 0xC10}, {0xC12, 0xC28}, {0xC2A, 0xC39},
+    {0xC3D, 0xC3D}, {0xC58, 0xC5A}, {0xC5D, 0xC5D}, {0xC60, 0xC61}, {0xC80, 0xC80}, {0xC85, 0xC8C},
+    {0xC8E, 0xC90}, {0xC92, 0xCA8}, {0xCAA, 0xCB3}, {0xCB5, 0xCB9}, {0xCBD, 0xCBD}, {0xCDD, 0xCDE},
+    {0xCE0, 0xCE1}, {0xCF1, 0xCF2}, {0xD04, 0xD0C}, {0xD0E, 0xD10}, {0xD12, 0xD3A}, {0xD3D, 0xD3D},
+    {0xD4E, 0xD4E}, {0xD54, 0xD56}, {0xD5F, 0xD61}, {0xD7A, 0xD7F}, {0xD85, 0xD96}, {0xD9A, 0xDB1},
+    {0xDB3, 0xDBB}, {0xDBD, 0xDBD}, {0xDC0, 0xDC6}, {0xE01, 0xE30}, {0xE32, 0xE33}, {0xE40, 0xE46},
+    {0xE81, 0xE82}, {0xE84, 0xE84}, {0xE86, 0xE8A}, {0xE8C, 0xEA3}, {0xEA5, 0xEA5}, {0xEA7, 0xEB0},
+    {0xEB2, 0xEB3}, {0xEBD, 0xEBD}, {0xEC0, 0xEC4}, {0xEC6, 0xEC6}, {0xEDC, 0xEDF}, {0xF00, 0xF00},
+    {0xF40, 0xF47}, {0xF49, 0xF6C}, {0xF88, 0xF8C}, {0x1000, 0x102A}, {0x103F, 0x103F},
+    {0x1050, 0x1055}, {0x105A, 0x105D}, {0x1061, 0x1061}, {0x1065, 0x1066}, {0x106E, 0x1070},
+    {0x1075, 0x1081}, {0x108E, 0x108E}, {0x10A0, 0x10C5}, {0x10C7, 0x10C7}, {0x10CD, 0x10CD},
+    {0x10D0, 0x10FA}, {0x10FC, 0x1248}, {0x124A, 0x124D}, {0x1250, 0x1256}, {0x1258, 0x1258},
+    {0x125A, 0x125D}, {0x1260, 0x1288}, {0x128A, 0x128D}, {0x1290, 0x12B0}, {0x12B2, 0x12B5},
+    {0x12B8, 0x12BE}, {0x12C0, 0x12C0}, {0x12C2, 0x12C5}, {0x12C8, 0x12D6}, {0x12D8, 0x1310},
+    {0x1312, 0x1315}, {0x1318, 0x135A}, {0x1380, 0x138F}, {0x13A0, 0x13F5}, {0x13F8, 0x13FD},
+    {0x1401, 0x166C}, {0x166F, 0x167F}, {0x1681, 0x169A}, {0x16A0, 0x16EA}, {0x16F1, 0x16F8},
+    {0x1700, 0x1711}, {0x171F, 0x1731}, {0x1740, 0x1751}, {0x1760, 0x176C}, {0x176E, 0x1770},
+    {0x1780, 0x17B3}, {0x17D7, 0x17D7}, {0x17DC, 0x17DC}, {0x1820, 0x1878}, {0x1880, 0x1884},
+    {0x1887, 0x18A8}, {0x18AA, 0x18AA}, {0x18B0, 0x18F5}, {0x1900, 0x191E}, {0x1950, 0x196D},
+    {0x1970, 0x1974}, {0x1980, 0x19AB}, {0x19B0, 0x19C9}, {0x1A00, 0x1A16}, {0x1A20, 0x1A54},
+    {0x1AA7, 0x1AA7}, {0x1B05, 0x1B33}, {0x1B45, 0x1B4C}, {0x1B83, 0x1BA0}, {0x1BAE, 0x1BAF},
+    {0x1BBA, 0x1BE5}, {0x1C00, 0x1C23}, {0x1C4D, 0x1C4F}, {0x1C5A, 0x1C7D}, {0x1C80, 0x1C88},
+    {0x1C90, 0x1CBA}, {0x1CBD, 0x1CBF}, {0x1CE9, 0x1CEC}, {0x1CEE, 0x1CF3}, {0x1CF5, 0x1CF6},
+    {0x1CFA, 0x1CFA}, {0x1D00, 0x1DBF}, {0x1E00, 0x1F15}, {0x1F18, 0x1F1D}, {0x1F20, 0x1F45},
+    {0x1F48, 0x1F4D}, {0x1F50, 0x1F57}, {0x1F59, 0x1F59}, {0x1F5B, 0x1F5B}, {0x1F5D, 0x1F5D},
+    {0x1F5F, 0x1F7D}, {0x1F80, 0x1FB4}, {0x1FB6, 0x1FBC}, {0x1FBE, 0x1FBE}, {0x1FC2, 0x1FC4},
+    {0x1FC6, 0x1FCC}, {0x1FD0, 0x1FD3}, {0x1FD6, 0x1FDB}, {0x1FE0, 0x1FEC}, {0x1FF2, 0x1FF4},
+    {0x1FF6, 0x1FFC}, {0x2071, 0x2071}, {0x207F, 0x207F}, {0x2090, 0x209C}, {0x2102, 0x2102},
+    {0x2107, 0x2107}, {0x210A, 0x2113}, {0x2115, 0x2115}, {0x2119, 0x211D}, {0x2124, 0x2124},
+    {0x2126, 0x2126}, {0x2128, 0x2128}, {0x212A, 0x212D}, {0x212F, 0x2139}, {0x213C, 0x213F},
+    {0x2145, 0x2149}, {0x214E, 0x214E}, {0x2183, 0x2184}, {0x2C00, 0x2CE4}, {0x2CEB, 0x2CEE},
+    {0x2CF2, 0x2CF3}, {0x2D00, 0x2D25}, {0x2D27, 0x2D27}, {0x2D2D, 0x2D2D}, {0x2D30, 0x2D67},
+    {0x2D6F, 0x2D6F}, {0x2D80, 0x2D96}, {0x2DA0, 0x2DA6}, {0x2DA8, 0x2DAE}, {0x2DB0, 0x2DB6},
+    {0x2DB8, 0x2DBE}, {0x2DC0, 0x2DC6}, {0x2DC8, 0x2DCE}, {0x2DD0, 0x2DD6}, {0x2DD8, 0x2DDE},
+    {0x2E2F, 0x2E2F}, {0x3005, 0x3006}, {0x3031, 0x3035}, {0x303B, 0x303C}, {0x3041, 0x3096},
+    {0x309D, 0x309F}, {0x30A1, 0x30FA}, {0x30FC, 0x30FF}, {0x3105, 0x312F}, {0x3131, 0x318E},
+    {0x31A0, 0x31BF}, {0x31F0, 0x31FF}, {0x3400, 0x4DBF}, {0x4E00, 0xA48C}, {0xA4D0, 0xA4FD},
+    {0xA500, 0xA60C}, {0xA610, 0xA61F}, {0xA62A, 0xA62B}, {0xA640, 0xA66E}, {0xA67F, 0xA69D},
+    {0xA6A0, 0xA6E5}, {0xA717, 0xA71F}, {0xA722, 0xA788}, {0xA78B, 0xA7CA}, {0xA7D0, 0xA7D1},
+    {0xA7D3, 0xA7D3}, {0xA7D5, 0xA7D9}, {0xA7F2, 0xA801}, {0xA803, 0xA805}, {0xA807, 0xA80A},
+    {0xA80C, 0xA822}, {0xA840, 0xA873}, {0xA882, 0xA8B3}, {0xA8F2, 0xA8F7}, {0xA8FB, 0xA8FB},
+    {0xA8FD, 0xA8FE}, {0xA90A, 0xA925}, {0xA930, 0xA946}, {0xA960, 0xA97C}, {0xA984, 0xA9B2},
+    {0xA9CF, 0xA9CF}, {0xA9E0, 0xA9E4}, {0xA9E6, 0xA9EF}, {0xA9FA, 0xA9FE}, {0xAA00, 0xAA28},
+    {0xAA40, 0xAA42}, {0xAA44, 0xAA4B}, {0xAA60, 0xAA76}, {0xAA7A, 0xAA7A}, {0xAA7E, 0xAAAF},
+    {0xAAB1, 0xAAB1}, {0xAAB5, 0xAAB6}, {0xAAB9, 0xAABD}, {0xAAC0, 0xAAC0}, {0xAAC2, 0xAAC2},
+    {0xAADB, 0xAADD}, {0xAAE0, 0xAAEA}, {0xAAF2, 0xAAF4}, {0xAB01, 0xAB06}, {0xAB09, 0xAB0E},
+    {0xAB11, 0xAB16}, {0xAB20, 0xAB26}, {0xAB28, 0xAB2E}, {0xAB30, 0xAB5A}, {0xAB5C, 0xAB69},
+    {0xAB70, 0xABE2}, {0xAC00, 0xD7A3}, {0xD7B0, 0xD7C6}, {0xD7CB, 0xD7FB}, {0xF900, 0xFA6D},
+    {0xFA70, 0xFAD9}, {0xFB00, 0xFB06}, {0xFB13, 0xFB17}, {0xFB1D, 0xFB1D}, {0xFB1F, 0xFB28},
+    {0xFB2A, 0xFB36}, {0xFB38, 0xFB3C}, {0xFB3E, 0xFB3E}, {0xFB40, 0xFB41}, {0xFB43, 0xFB44},
+    {0xFB46, 0xFBB1}, {0xFBD3, 0xFD3D}, {0xFD50, 0xFD8F}, {0xFD92, 0xFDC7}, {0xFDF0, 0xFDFB},
+    {0xFE70, 0xFE74}, {0xFE76, 0xFEFC}, {0xFF21, 0xFF3A}, {0xFF41, 0xFF5A}, {0xFF66, 0xFFBE},
+    {0xFFC2, 0xFFC7}, {0xFFCA, 0xFFCF}, {0xFFD2, 0xFFD7}, {0xFFDA, 0xFFDC}, {0x10000, 0x1000B},
+    {0x1000D, 0x10026}, {0x10028, 0x1003A}, {0x1003C, 0x1003D}, {0x1003F, 0x1004D},
+    {0x10050, 0x1005D}, {0x10080, 0x100FA}, {0x10280, 0x1029C}, {0x102A0, 0x102D0},
+    {0x10300, 0x1031F}, {0x1032D, 0x10340}, {0x10342, 0x10349}, {0x10350, 0x10375},
+    {0x10380, 0x1039D}, {0x103A0, 0x103C3}, {0x103C8, 0x103CF}, {0x10400, 0x1049D},
+    {0x104B0, 0x104D3}, {0x104D8, 0x104FB}, {0x10500, 0x10527}, {0x10530, 0x10563},
+    {0x10570, 0x1057A}, {0x1057C, 0x1058A}, {0x1058C, 0x10592}, {0x10594, 0x10595},
+    {0x10597, 0x105A1}, {0x105A3, 0x105B1}, {0x105B3, 0x105B9}, {0x105BB, 0x105BC},
+    {0x10600, 0x10736}, {0x10740, 0x10755}, {0x10760, 0x10767}, {0x10780, 0x10785},
+    {0x10787, 0x107B0}, {0x107B2, 0x107BA}, {0x10800, 0x10805}, {0x10808, 0x10808},
+    {0x1080A, 0x10835}, {0x10837, 0x10838}, {0x1083C, 0x1083C}, {0x1083F, 0x10855},
+    {0x10860, 0x10876}, {0x10880, 0x1089E}, {0x108E0, 0x108F2}, {0x108F4, 0x108F5},
+    {0x10900, 0x10915}, {0x10920, 0x10939}, {0x10980, 0x109B7}, {0x109BE, 0x109BF},
+    {0x10A00, 0x10A00}, {0x10A10, 0x10A13}, {0x10A15, 0x10A17}, {0x10A19, 0x10A35},
+    {0x10A60, 0x10A7C}, {0x10A80, 0x10A9C}, {0x10AC0, 0x10AC7}, {0x10AC9, 0x10AE4},
+    {0x10B00, 0x10B35}, {0x10B40, 0x10B55}, {0x10B60, 0x10B72}, {0x10B80, 0x10B91},
+    {0x10C00, 0x10C48}, {0x10C80, 0x10CB2}, {0x10CC0, 0x10CF2}, {0x10D00, 0x10D23},
+    {0x10E80, 0x10EA9}, {0x10EB0, 0x10EB1}, {0x10F00, 0x10F1C}, {0x10F27, 0x10F27},
+    {0x10F30, 0x10F45}, {0x10F70, 0x10F81}, {0x10FB0, 0x10FC4}, {0x10FE0, 0x10FF6},
+    {0x11003, 0x11037}, {0x11071, 0x11072}, {0x11075, 0x11075}, {0x11083, 0x110AF},
+    {0x110D0, 0x110E8}, {0x11103, 0x11126}, {0x11144, 0x11144}, {0x11147, 0x11147},
+    {0x11150, 0x11172}, {0x11176, 0x11176}, {0x11183, 0x111B2}, {0x111C1, 0x111C4},
+    {0x111DA, 0x111DA}, {0x111DC, 0x111DC}, {0x11200, 0x11211}, {0x11213, 0x1122B},
+    {0x11280, 0x11286}, {0x11288, 0x11288}, {0x1128A, 0x1128D}, {0x1128F, 0x1129D},
+    {0x1129F, 0x112A8}, {0x112B0, 0x112DE}, {0x11305, 0x1130C}, {0x1130F, 0x11310},
+    {0x11313, 0x11328}, {0x1132A, 0x11330}, {0x11332, 0x11333}, {0x11335, 0x11339},
+    {0x1133D, 0x1133D}, {0x11350, 0x11350}, {0x1135D, 0x11361}, {0x11400, 0x11434},
+    {0x11447, 0x1144A}, {0x1145F, 0x11461}, {0x11480, 0x114AF}, {0x114C4, 0x114C5},
+    {0x114C7, 0x114C7}, {0x11580, 0x115AE}, {0x115D8, 0x115DB}, {0x11600, 0x1162F},
+    {0x11644, 0x11644}, {0x11680, 0x116AA}, {0x116B8, 0x116B8}, {0x11700, 0x1171A},
+    {0x11740, 0x11746}, {0x11800, 0x1182B}, {0x118A0, 0x118DF}, {0x118FF, 0x11906},
+    {0x11909, 0x11909}, {0x1190C, 0x11913}, {0x11915, 0x11916}, {0x11918, 0x1192F},
+    {0x1193F, 0x1193F}, {0x11941, 0x11941}, {0x119A0, 0x119A7}, {0x119AA, 0x119D0},
+    {0x119E1, 0x119E1}, {0x119E3, 0x119E3}, {0x11A00, 0x11A00}, {0x11A0B, 0x11A32},
+    {0x11A3A, 0x11A3A}, {0x11A50, 0x11A50}, {0x11A5C, 0x11A89}, {0x11A9D, 0x11A9D},
+    {0x11AB0, 0x11AF8}, {0x11C00, 0x11C08}, {0x11C0A, 0x11C2E}, {0x11C40, 0x11C40},
+    {0x11C72, 0x11C8F}, {0x11D00, 0x11D06}, {0x11D08, 0x11D09}, {0x11D0B, 0x11D30},
+    {0x11D46, 0x11D46}, {0x11D60, 0x11D65}, {0x11D67, 0x11D68}, {0x11D6A, 0x11D89},
+    {0x11D98, 0x11D98}, {0x11EE0, 0x11EF2}, {0x11FB0, 0x11FB0}, {0x12000, 0x12399},
+    {0x12480, 0x12543}, {0x12F90, 0x12FF0}, {0x13000, 0x1342E}, {0x14400, 0x14646},
+    {0x16800, 0x16A38}, {0x16A40, 0x16A5E}, {0x16A70, 0x16ABE}, {0x16AD0, 0x16AED},
+    {0x16B00, 0x16B2F}, {0x16B40, 0x16B43}, {0x16B63, 0x16B77}, {0x16B7D, 0x16B8F},
+    {0x16E40, 0x16E7F}, {0x16F00, 0x16F4A}, {0x16F50, 0x16F50}, {0x16F93, 0x16F9F},
+    {0x16FE0, 0x16FE1}, {0x16FE3, 0x16FE3}, {0x17000, 0x187F7}, {0x18800, 0x18CD5},
+    {0x18D00, 0x18D08}, {0x1AFF0, 0x1AFF3}, {0x1AFF5, 0x1AFFB}, {0x1AFFD, 0x1AFFE},
+    {0x1B000, 0x1B122}, {0x1B150, 0x1B152}, {0x1B164, 0x1B167}, {0x1B170, 0x1B2FB},
+    {0x1BC00, 0x1BC6A}, {0x1BC70, 0x1BC7C}, {0x1BC80, 0x1BC88}, {0x1BC90, 0x1BC99},
+    {0x1D400, 0x1D454}, {0x1D456, 0x1D49C}, {0x1D49E, 0x1D49F}, {0x1D4A2, 0x1D4A2},
+    {0x1D4A5, 0x1D4A6}, {0x1D4A9, 0x1D4AC}, {0x1D4AE, 0x1D4B9}, {0x1D4BB, 0x1D4BB},
+    {0x1D4BD, 0x1D4C3}, {0x1D4C5, 0x1D505}, {0x1D507, 0x1D50A}, {0x1D50D, 0x1D514},
+    {0x1D516, 0x1D51C}, {0x1D51E, 0x1D539}, {0x1D53B, 0x1D53E}, {0x1D540, 0x1D544},
+    {0x1D546, 0x1D546}, {0x1D54A, 0x1D550}, {0x1D552, 0x1D6A5}, {0x1D6A8, 0x1D6C0},
+    {0x1D6C2, 0x1D6DA}, {0x1D6DC, 0x1D6FA}, {0x1D6FC, 0x1D714}, {0x1D716, 0x1D734},
+    {0x1D736, 0x1D74E}, {0x1D750, 0x1D76E}, {0x1D770, 0x1D788}, {0x1D78A, 0x1D7A8},
+    {0x1D7AA, 0x1D7C2}, {0x1D7C4, 0x1D7CB}, {0x1DF00, 0x1DF1E}, {0x1E100, 0x1E12C},
+    {0x1E137, 0x1E13D}, {0x1E14E, 0x1E14E}, {0x1E290, 0x1E2AD}, {0x1E2C0, 0x1E2EB},
+    {0x1E7E0, 0x1E7E6}, {0x1E7E8, 0x1E7EB}, {0x1E7ED, 0x1E7EE}, {0x1E7F0, 0x1E7FE},
+    {0x1E800, 0x1E8C4}, {0x1E900, 0x1E943}, {0x1E94B, 0x1E94B}, {0x1EE00, 0x1EE03},
+    {0x1EE05, 0x1EE1F}, {0x1EE21, 0x1EE22}, {0x1EE24, 0x1EE24}, {0x1EE27, 0x1EE27},
+    {0x1EE29, 0x1EE32}, {0x1EE34, 0x1EE37}, {0x1EE39, 0x1EE39}, {0x1EE3B, 0x1EE3B},
+    {0x1EE42, 0x1EE42}, {0x1EE47, 0x1EE47}, {0x1EE49, 0x1EE49}, {0x1EE4B, 0x1EE4B},
+    {0x1EE4D, 0x1EE4F}, {0x1EE51, 0x1EE52}, {0x1EE54, 0x1EE54}, {0x1EE57, 0x1EE57},
+    {0x1EE59, 0x1EE59}, {0x1EE5B, 0x1EE5B}, {0x1EE5D, 0x1EE5D}, {0x1EE5F, 0x1EE5F},
+    {0x1EE61, 0x1EE62}, {0x1EE64, 0x1EE64}, {0x1EE67, 0x1EE6A}, {0x1EE6C, 0x1EE72},
+    {0x1EE74, 0x1EE77}, {0x1EE79, 0x1EE7C}, {0x1EE7E, 0x1EE7E}, {0x1EE80, 0x1EE89},
+    {0x1EE8B, 0x1EE9B}, {0x1EEA1, 0x1EEA3}, {0x1EEA5, 0x1EEA9}, {0x1EEAB, 0x1EEBB},
+    {0x20000, 0x2A6DF}, {0x2A700, 0x2B738}, {0x2B740, 0x2B81D}, {0x2B820, 0x2CEA1},
+    {0x2CEB0, 0x2EBE0}, {0x2F800, 0x2FA1D}, {0x30000, 0x3134A},
+};
+/* General_Category N* (numbers): 134 ranges [lo, hi] of code points, sorted. */
+static const uint32_t uni_number[][2] = {
+    {0x30, 0x39}, {0xB2, 0xB3}, {0xB9, 0xB9}, {0xBC, 0xBE}, {0x660, 0x669}, {0x6F0, 0x6F9},
+    {0x7C0, 0x7C9}, {0x966, 0x96F}, {0x9E6, 0x9EF}, {0x9F4, 0x9F9}, {0xA66, 0xA6F}, {0xAE6, 0xAEF},
+    {0xB66, 0xB6F}, {0xB72, 0xB77}, {0xBE6, 0xBF2}, {0xC66, 0xC6F}, {0xC78, 0xC7E}, {0xCE6, 0xCEF},
+    {0xD58, 0xD5E}, {0xD66, 0xD78}, {0xDE6, 0xDEF}, {0xE50, 0xE59}, {0xED0, 0xED9}, {0xF20, 0xF33},
+    {0x1040, 0x1049}, {0x1090, 0x1099}, {0x1369, 0x137C}, {0x16EE, 0x16F0}, {0x17E0, 0x17E9},
+    {0x17F0, 0x17F9}, {0x1810, 0x1819}, {0x1946, 0x194F}, {0x19D0, 0x19DA}, {0x1A80, 0x1A89},
+    {0x1A90, 0x1A99}, {0x1B50, 0x1B59}, {0x1BB0, 0x1BB9}, {0x1C40, 0x1C49}, {0x1C50, 0x1C59},
+    {0x2070, 0x2070}, {0x2074, 0x2079}, {0x2080, 0x2089}, {0x2150, 0x2182}, {0x2185, 0x2189},
+    {0x2460, 0x249B}, {0x24EA, 0x24FF}, {0x2776, 0x2793}, {0x2CFD, 0x2CFD}, {0x3007, 0x3007},
+    {0x3021, 0x3029}, {0x3038, 0x303A}, {0x3192, 0x3195}, {0x3220, 0x3229}, {0x3248, 0x324F},
+    {0x3251, 0x325F}, {0x3280, 0x3289}, {0x32B1, 0x32BF}, {0xA620, 0xA629}, {0xA6E6, 0xA6EF},
+    {0xA830, 0xA835}, {0xA8D0, 0xA8D9}, {0xA900, 0xA909}, {0xA9D0, 0xA9D9}, {0xA9F0, 0xA9F9},
+    {0xAA50, 0xAA59}, {0xABF0, 0xABF9}, {0xFF10, 0xFF19}, {0x10107, 0x10133}, {0x10140, 0x10178},
+    {0x1018A, 0x1018B}, {0x102E1, 0x102FB}, {0x10320, 0x10323}, {0x10341, 0x10341},
+    {0x1034A, 0x1034A}, {0x103D1, 0x103D5}, {0x104A0, 0x104A9}, {0x10858, 0x1085F},
+    {0x10879, 0x1087F}, {0x108A7, 0x108AF}, {0x108FB, 0x108FF}, {0x10916, 0x1091B},
+    {0x109BC, 0x109BD}, {0x109C0, 0x109CF}, {0x109D2, 0x109FF}, {0x10A40, 0x10A48},
+    {0x10A7D, 0x10A7E}, {0x10A9D, 0x10A9F}, {0x10AEB, 0x10AEF}, {0x10B58, 0x10B5F},
+    {0x10B78, 0x10B7F}, {0x10BA9, 0x10BAF}, {0x10CFA, 0x10CFF}, {0x10D30, 0x10D39},
+    {0x10E60, 0x10E7E}, {0x10F1D, 0x10F26}, {0x10F51, 0x10F54}, {0x10FC5, 0x10FCB},
+    {0x11052, 0x1106F}, {0x110F0, 0x110F9}, {0x11136, 0x1113F}, {0x111D0, 0x111D9},
+    {0x111E1, 0x111F4}, {0x112F0, 0x112F9}, {0x11450, 0x11459}, {0x114D0, 0x114D9},
+    {0x11650, 0x11659}, {0x116C0, 0x116C9}, {0x11730, 0x1173B}, {0x118E0, 0x118F2},
+    {0x11950, 0x11959}, {0x11C50, 0x11C6C}, {0x11D50, 0x11D59}, {0x11DA0, 0x11DA9},
+    {0x11FC0, 0x11FD4}, {0x12400, 0x1246E}, {0x16A60, 0x16A69}, {0x16AC0, 0x16AC9},
+    {0x16B50, 0x16B59}, {0x16B5B, 0x16B61}, {0x16E80, 0x16E96}, {0x1D2E0, 0x1D2F3},
+    {0x1D360, 0x1D378}, {0x1D7CE, 0x1D7FF}, {0x1E140, 0x1E149}, {0x1E2F0, 0x1E2F9},
+    {0x1E8C7, 0x1E8CF}, {0x1E950, 0x1E959}, {0x1EC71, 0x1ECAB}, {0x1ECAD, 0x1ECAF},
+    {0x1ECB1, 0x1ECB4}, {0x1ED01, 0x1ED2D}, {0x1ED2F, 0x1ED3D}, {0x1F100, 0x1F10C},
+    {0x1FBF0, 0x1FBF9},
+};
+
+static int in_ranges(const uint32_t (*r)[2], size_t n, uint32_t cp) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (cp < r[mid][0]) hi = mid;
+        else if (cp > r[mid][1]) lo = mid + 1;
+        else return 1;
+    }
+    return 0;
+}
+
+enum { CAT_OTHER = 0, CAT_LETTER = 1, CAT_NUMBER = 2, CAT_SPACE = 3 };
+
+/* \s as the published regexes (and llama.cpp) use it. */
+static int is_space_cp(uint32_t cp) {
+    return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+           (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
+           cp == 0x3000;
+}
+
+static int cp_category(uint32_t cp) {
+    if (cp < 0x80) {
+        if ((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z') return CAT_LETTER;
+        if (cp >= '0' && cp <= '9') return CAT_NUMBER;
+        return is_space_cp(cp) ? CAT_SPACE : CAT_OTHER;
+    }
+    if (is_space_cp(cp)) return CAT_SPACE;
+    if (in_ranges(uni_letter, sizeof uni_letter / sizeof uni_letter[0], cp)) return CAT_LETTER;
+    if (in_ranges(uni_number, sizeof uni_number / sizeof uni_number[0], cp)) return CAT_NUMBER;
+    return CAT_OTHER;
+}
+
+/* Strict UTF-8 decode of one code point at s[0..left): *n = bytes used.
+ * An invalid or truncated sequence decodes as one byte, code point
+ * 0xFFFD (category OTHER), so every byte lands in exactly one word. */
+static uint32_t utf8_decode(const uint8_t *s, int64_t left, int64_t *n) {
+    uint8_t b = s[0];
+    *n = 1;
+    if (b < 0x80) return b;
+    int len = b >= 0xF0 && b <= 0xF4 ? 4 : b >= 0xE0 ? 3 : b >= 0xC2 && b < 0xE0 ? 2 : 0;
+    if (len == 0 || len > left || (len == 4 && b > 0xF4)) return 0xFFFD;
+    uint32_t cp = b & (0x7F >> len);
+    for (int i = 1; i < len; i++) {
+        if ((s[i] & 0xC0) != 0x80) return 0xFFFD;
+        cp = (cp << 6) | (s[i] & 0x3F);
+    }
+    static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min_cp[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0xFFFD;
+    *n = len;
+    return cp;
+}
+
+/* Bytes of the character at s: its UTF-8 length when valid, else 1. (llama.cpp
+ * trusts the lead byte, so an invalid lead byte swallows the '▁' of a
+ * following space and the round trip loses it; strict splitting keeps it:
+ * the two agree on valid UTF-8.) */
+static int64_t spm_char_len(const char *s, int64_t left) {
+    int64_t n;
+    (void)utf8_decode((const uint8_t *)s, left, &n);
+    return n;
+}
+
+static int utf8_encode(uint32_t cp, char *out) {
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        out[0] = (char)(0xC0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        out[0] = (char)(0xE0 | (cp >> 12));
+        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        out[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    out[0] = (char)(0xF0 | (cp >> 18));
+    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    out[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+/* --------------------------------------------------------------------- */
+/* String table: (text, len) -> index, open addressing                    */
+
+typedef struct {
+    const char *arena;
+    const int64_t *off; /* (n,) start of string i in arena */
+    const int32_t *len; /* (n,) */
+    int64_t n;
+    int32_t *slots; /* (mask+1,) index+1, 0 = empty */
+    uint64_t mask;
+} strtab;
+
+static uint64_t hash_bytes(const char *s, int64_t n) {
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (int64_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 0x100000001b3ull;
+    return h ^ (h >> 29);
+}
+
+/* last_wins: a duplicate string maps to its last index (the token map of
+ * llama.cpp) or to its first (merge ranks). */
+static dhsa_status strtab_build(strtab *st, int last_wins) {
+    uint64_t cap = 16;
+    while (cap < (uint64_t)st->n * 2) cap <<= 1;
+    st->slots = calloc(cap, sizeof *st->slots);
+    if (!st->slots) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "tokenizer: out of memory for a %llu-slot table",
+                                      (unsigned long long)cap);
+    st->mask = cap - 1;
+    for (int64_t i = 0; i < st->n; i++) {
+        const char *s = st->arena + st->off[i];
+        uint64_t h = hash_bytes(s, st->len[i]) & st->mask;
+        for (;; h = (h + 1) & st->mask) {
+            int32_t k = st->slots[h];
+            if (k == 0) {
+                st->slots[h] = (int32_t)(i + 1);
+                break;
+            }
+            if (st->len[k - 1] == st->len[i] && memcmp(st->arena + st->off[k - 1], s, (size_t)st->len[i]) == 0) {
+                if (last_wins) st->slots[h] = (int32_t)(i + 1);
+                break;
+            }
+        }
+    }
+    return DHSA_OK;
+}
+
+static int32_t strtab_find(const strtab *st, const char *s, int64_t n) {
+    if (!st->slots) return -1;
+    for (uint64_t h = hash_bytes(s, n) & st->mask;; h = (h + 1) & st->mask) {
+        int32_t k = st->slots[h];
+        if (k == 0) return -1;
+        if (st->len[k - 1] == n && memcmp(st->arena + st->off[k - 1], s, (size_t)n) == 0) return k - 1;
+    }
+}
+
+/* --------------------------------------------------------------------- */
+/* The tokenizer                                                          */
+
+struct dhsa_tokenizer {
+    dhsa_tokenizer_kind kind;
+    dhsa_tok_pre pre;
+    int64_t n_vocab;
+    char *tok_arena;  /* all token texts, each NUL-terminated */
+    int64_t *tok_off; /* (n_vocab,) */
+    int32_t *tok_len; /* (n_vocab,) */
+    float *scores;    /* (n_vocab,) SPM merge priority; 0 when absent */
+    uint8_t *types;   /* (n_vocab,) dhsa_token_type */
+    strtab tokens;
+    /* BPE merges "left right", rank = index */
+    char *merge_arena;
+    int64_t *merge_off;
+    int32_t *merge_len;
+    strtab merges;
+    int32_t bos, eos, unk;
+    int add_bos, add_eos, add_space_prefix;
+    int32_t byte_tok[256]; /* SPM: id of <0xXX>, -1 when absent */
+    uint8_t cp_to_byte[512]; /* BPE: inverse byte-to-unicode map (cp < 512) */
+    uint8_t cp_is_byte[512];
+    uint16_t byte_to_cp[256];
+    /* CONTROL and USER_DEFINED tokens, by first byte then length desc */
+    int32_t *specials;
+    int64_t n_specials;
+    int64_t special_start[257];
+};
+
+static void gpt2_byte_map(dhsa_tokenizer *t) {
+    /* Printable bytes map to themselves; the rest to 256, 257, ... */
+    int n = 0;
+    for (int b = 0; b < 256; b++) {
+        int printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+        uint16_t cp = (uint16_t)(printable ? b : 256 + n++);
+        t->byte_to_cp[b] = cp;
+        t->cp_to_byte[cp] = (uint8_t)b;
+        t->cp_is_byte[cp] = 1;
+    }
+}
+
+void dhsa_tokenizer_free(dhsa_tokenizer *t) {
+    if (!t) return;
+    free(t->tok_arena);
+    free(t->tok_off);
+    free(t->tok_len);
+    free(t->scores);
+    free(t->types);
+    free(t->tokens.slots);
+    free(t->merge_arena);
+    free(t->merge_off);
+    free(t->merge_len);
+    free(t->merges.slots);
+    free(t->specials);
+    free(t);
+}
+
+/* Copies n GGUF strings into one arena (NUL after each). */
+static dhsa_status copy_strings(const dhsa_gguf_str *src, int64_t n, const char *key, char **arena, int64_t **off,
+                                int32_t **len) {
+    uint64_t total = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (src[i].len < 0 || src[i].len > DHSA_TOKENIZER_MAX_TOKEN_BYTES)
+            return dhsa__fail(DHSA_ERR_TOO_LARGE, "tokenizer: %s[%lld] is %lld bytes long (limit %d)", key,
+                              (long long)i, (long long)src[i].len, DHSA_TOKENIZER_MAX_TOKEN_BYTES);
+        total += (uint64_t)src[i].len + 1;
+    }
+    *arena = malloc(total ? total : 1);
+    *off = malloc(sizeof **off * (size_t)(n ? n : 1));
+    *len = malloc(sizeof **len * (size_t)(n ? n : 1));
+    if (!*arena || !*off || !*len)
+        return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "tokenizer: out of memory copying %s", key);
+    uint64_t pos = 0;
+    for (int64_t i = 0; i < n; i++) {
+        (*off)[i] = (int64_t)pos;
+        (*len)[i] = (int32_t)src[i].len;
+        if (src[i].len) memcpy(*arena + pos, src[i].str, (size_t)src[i].len);
+        (*arena)[pos + (uint64_t)src[i].len] = 0;
+        pos += (uint64_t)src[i].len + 1;
+    }
+    return DHSA_OK;
+}
+
+/* An optional id key: absent -> def; a value outside the vocab -> -1
+ * (files write 0xFFFFFFFF for "none"). */
+static dhsa_status opt_id(const dhsa_gguf *g, const char *key, int64_t n_vocab, int32_t def, int32_t *out) {
+    *out = def;
+    if (dhsa_gguf_find_kv(g, key) < 0) return DHSA_OK;
+    int64_t v;
+    uint64_t u;
+    if (dhsa_gguf_get_i64(g, key, &v) == DHSA_OK) {
+        *out = v >= 0 && v < n_vocab ? (int32_t)v : -1;
+        return DHSA_OK;
+    }
+    if (dhsa_gguf_get_u64(g, key, &u) == DHSA_OK) {
+        *out = u < (uint64_t)n_vocab ? (int32_t)u : -1;
+        return DHSA_OK;
+    }
+    return dhsa__fail(DHSA_ERR_FORMAT, "tokenizer: %s is not an integer", key);
+}
+
+static dhsa_status opt_bool(const dhsa_gguf *g, const char *key, int def, int *out) {
+    *out = def;
+    if (dhsa_gguf_find_kv(g, key) < 0) return DHSA_OK;
+    return dhsa_gguf_get_bool(g, key, out);
+}
+
+static const char *const pre_names[] = {"default", "gpt-2", "starcoder", "llama-bpe", "llama3", "qwen2"};
+static const dhsa_tok_pre pre_kinds[] = {DHSA_TOK_PRE_GPT2, DHSA_TOK_PRE_GPT2, DHSA_TOK_PRE_STARCODER,
+                                         DHSA_TOK_PRE_LLAMA3, DHSA_TOK_PRE_LLAMA3, DHSA_TOK_PRE_QWEN2};
+
+typedef struct {
+    uint8_t first;
+    int32_t len, id;
+} special_key;
+
+static int special_order(const void *pa, const void *pb) {
+    const special_key *a = pa, *b = pb;
+    if (a->first != b->first) return a->first < b->first ? -1 : 1;
+    if (a->len != b->len) return a->len > b->len ? -1 : 1;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
+dhsa_status dhsa_tokenizer_from_gguf(const dhsa_gguf *g, dhsa_tokenizer **out) {
+    if (!out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_tokenizer_from_gguf: out is NULL");
+    *out = NULL;
+    if (!g) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_tokenizer_from_gguf: g is NULL");
+    const char *model;
+    dhsa_status st = dhsa_gguf_get_str(g, "tokenizer.ggml.model", &model, NULL);
+    if (st) return st;
+    dhsa_tokenizer_kind kind;
+    if (strcmp(model, "llama") == 0) kind = DHSA_TOKENIZER_SPM;
+    else if (strcmp(model, "gpt2") == 0) kind = DHSA_TOKENIZER_BPE;
+    else
+        return dhsa__fail(DHSA_ERR_UNSUPPORTED,
+                          "tokenizer: tokenizer.ggml.model is '%.64s'; dhsa knows 'llama' (SentencePiece) and "
+                          "'gpt2' (byte-level BPE)",
+                          model);
+    dhsa_gguf_array toks;
+    if ((st = dhsa_gguf_get_arr(g, "tokenizer.ggml.tokens", &toks))) return st;
+    if (toks.type != DHSA_GGUF_STRING || toks.n < 1)
+        return dhsa__fail(DHSA_ERR_FORMAT, "tokenizer: tokenizer.ggml.tokens must be a non-empty array of strings");
+    if (toks.n > DHSA_TOKENIZER_MAX_VOCAB)
+        return dhsa__fail(DHSA_ERR_TOO_LARGE, "tokenizer: %lld tokens (limit %d)", (long long)toks.n,
+                          DHSA_TOKENIZER_MAX_VOCAB);
+    dhsa_tokenizer *t = calloc(1, sizeof *t);
+    if (!t) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "tokenizer: out of memory");
+    t->kind = kind;
+    t->n_vocab = toks.n;
+    int64_t n = toks.n;
+    if ((st = copy_strings(toks.data, n, "tokenizer.ggml.tokens", &t->tok_arena, &t->tok_off, &t->tok_len))) goto fail;
+    t->scores = calloc((size_t)n, sizeof *t->scores);
+    t->types = malloc((size_t)n);
+    if (!t->scores || !t->types) {
+        st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "tokenizer: out of memory");
+        goto fail;
+    }
+    memset(t->types, DHSA_TOKEN_NORMAL, (size_t)n);
+    if (dhsa_gguf_find_kv(g, "tokenizer.ggml.scores") >= 0) {
+        dhsa_gguf_array a;
+        if ((st = dhsa_gguf_get_arr(g, "tokenizer.ggml.scores", &a))) goto fail;
+        if (a.n != n || (a.type != DHSA_GGUF_FLOAT32 && a.type != DHSA_GGUF_FLOAT64)) {
+            st = dhsa__fail(DHSA_ERR_FORMAT, "tokenizer: tokenizer.ggml.scores must be %lld floats (has %lld %s)",
+                            (long long)n, (long long)a.n, dhsa_gguf_type_name(a.type));
+            goto fail;
+        }
+        for (int64_t i = 0; i < n; i++)
+            t->scores[i] = a.type == DHSA_GGUF_FLOAT32 ? ((const float *)a.data)[i] : (float)((const double *)a.data)[i];
+    } else if (kind == DHSA_TOKENIZER_SPM) {
+        st = dhsa__fail(DHSA_ERR_FORMAT, "tokenizer: a 'llama' vocabulary needs tokenizer.ggml.scores");
+        goto fail;
+    }
+    if (dhsa_gguf_find_kv(g, "tokenizer.ggml.token_type") >= 0) {
+        dhsa_gguf_array a;
+        if ((st = dhsa_gguf_get_arr(g, "tokenizer.ggml.token_type", &a))) goto fail;
+        if (a.n != n || (a.type != DHSA_GGUF_INT32 && a.type != DHSA_GGUF_UINT32)) {
+            st = dhsa__fail(DHSA_ERR_FORMAT, "tokenizer: tokenizer.ggml.token_type must be %lld INT32 (has %lld %s)",
+                            (long long)n, (long long)a.n, dhsa_gguf_type_name(a.type));
+            goto fail;
+        }
+        for (int64_t i = 0; i < n; i++) {
+            int32_t v = ((const int32_t *)a.data)[i];
+            t->types[i] = (uint8_t)(v >= DHSA_TOKEN_NORMAL && v <= DHSA_TOKEN_BYTE ? v : DHSA_TOKEN_NORMAL);
+        }
+    }
+    t->tokens = (strtab){t->tok_arena, t->tok_off, t->tok_len, n, NULL, 0};
+    if ((st = strtab_build(&t->tokens, 1))) goto fail;
+
+    int spm = kind == DHSA_TOKENIZER_SPM;
+    if ((st = opt_id(g, "tokenizer.ggml.bos_token_id", n, spm ? 1 : -1, &t->bos))) goto fail;
+    if ((st = opt_id(g, "tokenizer.ggml.eos_token_id", n, spm ? 2 : -1, &t->eos))) goto fail;
+    if ((st = opt_id(g, "tokenizer.ggml.unknown_token_id", n, spm ? 0 : -1, &t->unk))) goto fail;
+    if ((st = opt_bool(g, "tokenizer.ggml.add_bos_token", spm, &t->add_bos))) goto fail;
+    if ((st = opt_bool(g, "tokenizer.ggml.add_eos_token", 0, &t->add_eos))) goto fail;
+    if ((st = opt_bool(g, "tokenizer.ggml.add_space_prefix", spm, &t->add_space_prefix))) goto fail;
+
+    if (spm) {
+        for (int b = 0; b < 256; b++) {
+            char name[8];
+            snprintf(name, sizeof name, "<0x%02X>", b);
+            t->byte_tok[b] = strtab_find(&t->tokens, name, 6);
+        }
+    } else {
+        const char *pre = "default";
+        if (dhsa_gguf_find_kv(g, "tokenizer.ggml.pre") >= 0 &&
+            (st = dhsa_gguf_get_str(g, "tokenizer.ggml.pre", &pre, NULL)))
+            goto fail;
+        t->pre = DHSA_TOK_PRE_NONE;
+        for (size_t i = 0; i < sizeof pre_names / sizeof pre_names[0]; i++)
+            if (strcmp(pre, pre_names[i]) == 0) t->pre = pre_kinds[i];
+        if (t->pre == DHSA_TOK_PRE_NONE) {
+            st = dhsa__fail(DHSA_ERR_UNSUPPORTED,
+                            "tokenizer: pre-tokenizer tokenizer.ggml.pre = '%.64s' is not implemented (dhsa knows "
+                            "default, gpt-2, starcoder, llama-bpe, qwen2)",
+                            pre);
+            goto fail;
+        }
+        dhsa_gguf_array m;
+        if ((st = dhsa_gguf_get_arr(g, "tokenizer.ggml.merges", &m))) goto fail;
+        if (m.type != DHSA_GGUF_STRING) {
+            st = dhsa__fail(DHSA_ERR_FORMAT, "tokenizer: tokenizer.ggml.merges must be an array of strings");
+            goto fail;
+        }
+        if (m.n > DHSA_TOKENIZER_MAX_VOCAB) {
+            st = dhsa__fail(DHSA_ERR_TOO_LARGE, "tokenizer: %lld merges (limit %d)", (long long)m.n,
+                            DHSA_TOKENIZER_MAX_VOCAB);
+            goto fail;
+        }
+        if ((st = copy_strings(m.data, m.n, "tokenizer.ggml.merges", &t->merge_arena, &t->merge_off,
+                               &t->merge_len)))
+            goto fail;
+        t->merges = (strtab){t->merge_arena, t->merge_off, t->merge_len, m.n, NULL, 0};
+        if ((st = strtab_build(&t->merges, 0))) goto fail;
+        gpt2_byte_map(t);
+    }
+
+    /* Special tokens, bucketed by first byte, longest first. */
+    int64_t ns = 0;
+    for (int64_t i = 0; i < n; i++)
+        ns += (t->types[i] == DHSA_TOKEN_CONTROL || t->types[i] == DHSA_TOKEN_USER_DEFINED) && t->tok_len[i] > 0;
+    special_key *keys = malloc(sizeof *keys * (size_t)(ns ? ns : 1));
+    t->specials = malloc(sizeof *t->specials * (size_t)(ns ? ns : 1));
+    if (!keys || !t->specials) {
+        free(keys);
+        st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "tokenizer: out of memory");
+        goto fail;
+    }
+    ns = 0;
+    for (int64_t i = 0; i < n; i++)
+        if ((t->types[i] == DHSA_TOKEN_CONTROL || t->types[i] == DHSA_TOKEN_USER_DEFINED) && t->tok_len[i] > 0)
+            keys[ns++] = (special_key){(uint8_t)t->tok_arena[t->tok_off[i]], t->tok_len[i], (int32_t)i};
+    qsort(keys, (size_t)ns, sizeof *keys, special_order);
+    t->n_specials = ns;
+    int64_t k = 0;
+    for (int b = 0; b <= 256; b++) {
+        while (b < 256 && k < ns && keys[k].first < b) k++;
+        t->special_start[b] = b == 256 ? ns : k;
+    }
+    for (int64_t i = 0; i < ns; i++) t->specials[i] = keys[i].id;
+    free(keys);
+    *out = t;
+    return DHSA_OK;
+fail:
+    dhsa_tokenizer_free(t);
+    return st;
+}
+
+dhsa_tokenizer_kind dhsa_tokenizer_kind_of(const dhsa_tokenizer *t) { return t->kind; }
+int64_t dhsa_tokenizer_n_vocab(const dhsa_tokenizer *t) { return t->n_vocab; }
+int32_t dhsa_tokenizer_bos(const dhsa_tokenizer *t) { return t->bos; }
+int32_t dhsa_tokenizer_eos(const dhsa_tokenizer *t) { return t->eos; }
+int32_t dhsa_tokenizer_unk(const dhsa_tokenizer *t) { return t->unk; }
+unsigned dhsa_tokenizer_default_flags(const dhsa_tokenizer *t) {
+    return (t->add_bos ? DHSA_TOKENIZE_ADD_BOS : 0u) | (t->add_eos ? DHSA_TOKENIZE_ADD_EOS : 0u);
+}
+const char *dhsa_tokenizer_text(const dhsa_tokenizer *t, int32_t id, int64_t *len) {
+    if (!t || id < 0 || id >= t->n_vocab) return NULL;
+    if (len) *len = t->tok_len[id];
+    return t->tok_arena + t->tok_off[id];
+}
+int dhsa_tokenizer_type(const dhsa_tokenizer *t, int32_t id) {
+    if (!t || id < 0 || id >= t->n_vocab) return 0;
+    return t->types[id];
+}
+
+/* --------------------------------------------------------------------- */
+/* Growable arrays and the merge queue                                    */
+
+typedef struct {
+    int32_t *v;
+    int64_t n, cap;
+} ivec;
+
+static int ivec_push(ivec *a, int32_t x) {
+    if (a->n == a->cap) {
+        int64_t c = a->cap ? a->cap * 2 : 64;
+        int32_t *p = realloc(a->v, sizeof *p * (size_t)c);
+        if (!p) return -1;
+        a->v = p;
+        a->cap = c;
+    }
+    a->v[a->n++] = x;
+    return 0;
+}
+
+typedef struct {
+    int64_t start, n; /* bytes of the symbol in the (normalised) word */
+    int32_t prev, next;
+} symbol;
+
+typedef struct {
+    double key; /* higher merges first: SPM score, or -rank for BPE */
+    int32_t left, right;
+    int64_t size;
+} bigram;
+
+typedef struct {
+    bigram *h;
+    int64_t n, cap;
+} heap;
+
+static int bigram_before(const bigram *a, const bigram *b) {
+    return a->key > b->key || (a->key == b->key && a->left < b->left);
+}
+
+static void heap_push(heap *q, bigram b) { /* cap is sized by the caller */
+    int64_t i = q->n++;
+    while (i > 0) {
+        int64_t p = (i - 1) / 2;
+        if (!bigram_before(&b, &q->h[p])) break;
+        q->h[i] = q->h[p];
+        i = p;
+    }
+    q->h[i] = b;
+}
+
+static bigram heap_pop(heap *q) {
+    bigram top = q->h[0], last = q->h[--q->n];
+    int64_t i = 0;
+    for (;;) {
+        int64_t c = 2 * i + 1;
+        if (c >= q->n) break;
+        if (c + 1 < q->n && bigram_before(&q->h[c + 1], &q->h[c])) c++;
+        if (!bigram_before(&q->h[c], &last)) break;
+        q->h[i] = q->h[c];
+        i = c;
+    }
+    if (q->n > 0) q->h[i] = last;
+    return top;
+}
+
+/* Work buffers of one tokenize call, grown as needed. */
+typedef struct {
+    const dhsa_tokenizer *t;
+    ivec *out;
+    char *buf; /* normalised / byte-mapped word */
+    int64_t buf_cap;
+    symbol *sym;
+    int64_t sym_cap;
+    heap q;
+    char *key; /* BPE merge key "left right" */
+    int64_t key_cap;
+    uint32_t *cp; /* pre-tokenizer: code points of the fragment */
+    int64_t *cp_off;
+    uint8_t *cat;
+    int64_t cp_cap;
+} work;
+
+static int grow(void **p, int64_t *cap, int64_t need, size_t elem) {
+    if (need <= *cap) return 0;
+    int64_t c = need < 64 ? 64 : need + need / 2;
+    void *q = realloc(*p, (size_t)c * elem);
+    if (!q) return -1;
+    *p = q;
+    *cap = c;
+    return 0;
+}
+
+static void work_free(work *w) {
+    free(w->buf);
+    free(w->sym);
+    free(w->q.h);
+    free(w->key);
+    free(w->cp);
+    free(w->cp_off);
+    free(w->cat);
+}
+
+#define OOM() dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "tokenizer: out of memory")
+
+/* Splits w->buf[0..len) into one symbol per character (SPM rule) and
+ * sizes the queue: every merge adds at most two bigrams. */
+static dhsa_status symbols_init(work *w, int64_t len, int64_t *n_sym) {
+    if (grow((void **)&w->sym, &w->sym_cap, len + 1, sizeof *w->sym)) return OOM();
+    int64_t n = 0;
+    for (int64_t i = 0; i < len;) {
+        int64_t c = spm_char_len(w->buf + i, len - i);
+        w->sym[n] = (symbol){i, c, (int32_t)(n - 1), (int32_t)(n + 1)};
+        n++;
+        i += c;
+    }
+    if (n > 0) w->sym[n - 1].next = -1;
+    int64_t qcap = w->q.cap;
+    if (grow((void **)&w->q.h, &qcap, 3 * n + 1, sizeof *w->q.h)) return OOM();
+    w->q.cap = qcap;
+    w->q.n = 0;
+    *n_sym = n;
+    return DHSA_OK;
+}
+
+static dhsa_status push_id(work *w, int32_t id) { return ivec_push(w->out, id) ? OOM() : DHSA_OK; }
+
+/* --------------------------------------------------------------------- */
+/* SentencePiece                                                          */
+
+static void spm_try_bigram(work *w, int32_t l, int32_t r) {
+    if (l < 0 || r < 0) return;
+    int64_t size = w->sym[l].n + w->sym[r].n;
+    int32_t id = strtab_find(&w->t->tokens, w->buf + w->sym[l].start, size);
+    if (id < 0) return;
+    heap_push(&w->q, (bigram){w->t->scores[id], l, r, size});
+}
+
+static dhsa_status spm_encode(work *w, const char *text, int64_t len, int add_prefix) {
+    const dhsa_tokenizer *t = w->t;
+    int64_t blen = 0;
+    if (grow((void **)&w->buf, &w->buf_cap, 3 * len + 3, 1)) return OOM();
+    if (add_prefix) {
+        memcpy(w->buf, "\xE2\x96\x81", 3);
+        blen = 3;
+    }
+    for (int64_t i = 0; i < len; i++) {
+        if (text[i] == ' ') {
+            memcpy(w->buf + blen, "\xE2\x96\x81", 3);
+            blen += 3;
+        } else {
+            w->buf[blen++] = text[i];
+        }
+    }
+    int64_t n;
+    dhsa_status st = symbols_init(w, blen, &n);
+    if (st) return st;
+    for (int64_t i = 1; i < n; i++) spm_try_bigram(w, (int32_t)(i - 1), (int32_t)i);
+    while (w->q.n > 0) {
+        bigram b = heap_pop(&w->q);
+        symbol *L = &w->sym[b.left], *R = &w->sym[b.right];
+        if (L->n == 0 || R->n == 0 || L->n + R->n != b.size) continue; /* stale */
+        L->n += R->n;
+        R->n = 0;
+        L->next = R->next;
+        if (R->next >= 0) w->sym[R->next].prev = b.left;
+        spm_try_bigram(w, L->prev, b.left);
+        spm_try_bigram(w, b.left, L->next);
+    }
+    for (int32_t i = n > 0 ? 0 : -1; i >= 0; i = w->sym[i].next) {
+        const symbol *s = &w->sym[i];
+        int32_t id = strtab_find(&t->tokens, w->buf + s->start, s->n);
+        if (id >= 0) {
+            if ((st = push_id(w, id))) return st;
+            continue;
+        }
+        for (int64_t j = 0; j < s->n; j++) { /* byte fallback */
+            int32_t bt = t->byte_tok[(uint8_t)w->buf[s->start + j]];
+            if (bt < 0) bt = t->unk;
+            if (bt >= 0 && (st = push_id(w, bt))) return st;
+        }
+    }
+    return DHSA_OK;
+}
+
+/* --------------------------------------------------------------------- */
+/* Pre-tokenizers: each returns the length (in code points) of the word   */
+/* that starts at i, looking no further than n.                           */
+
+static int64_t run_of(const uint8_t *cat, int64_t i, int64_t n, int c) {
+    while (i < n && cat[i] == c) i++;
+    return i;
+}
+
+static int is_crlf(uint32_t c) { return c == '\r' || c == '\n'; }
+
+/* 's|'t|'re|'ve|'m|'ll|'d, optionally case-insensitive. */
+static int64_t contraction(const uint32_t *cp, int64_t i, int64_t n, int icase) {
+    if (cp[i] != '\'' || i + 1 >= n) return 0;
+    uint32_t a = cp[i + 1], b = i + 2 < n ? cp[i + 2] : 0;
+    if (icase) {
+        if (a < 128) a = (uint32_t)(a | 0x20);
+        if (b < 128 && b) b = (uint32_t)(b | 0x20);
+    }
+    if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+    if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
+    return 0;
+}
+
+/* \s+(?!\S)|\s+ at a whitespace character. */
+static int64_t trailing_space(const uint8_t *cat, int64_t i, int64_t n) {
+    int64_t k = run_of(cat, i, n, CAT_SPACE);
+    if (k < n && k - i >= 2) return k - 1 - i;
+    return k - i;
+}
+
+/* GPT-2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
+static int64_t match_gpt2(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+    int64_t m = contraction(cp, i, n, 0);
+    if (m) return m;
+    int64_t j = cp[i] == ' ' && i + 1 < n ? i + 1 : i;
+    if (cat[j] == CAT_LETTER || cat[j] == CAT_NUMBER || cat[j] == CAT_OTHER) {
+        if (j > i || cat[i] != CAT_SPACE) return run_of(cat, j, n, cat[j]) - i;
+    }
+    return trailing_space(cat, i, n);
+}
+
+/* Llama 3 / Qwen2: (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,max_digits}|
+ * ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
+static int64_t match_llama3(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n, int64_t max_digits) {
+    int64_t m = contraction(cp, i, n, 1);
+    if (m) return m;
+    if (cat[i] == CAT_LETTER) return run_of(cat, i, n, CAT_LETTER) - i;
+    if (cat[i] != CAT_NUMBER && !is_crlf(cp[i]) && i + 1 < n && cat[i + 1] == CAT_LETTER)
+        return run_of(cat, i + 1, n, CAT_LETTER) - i;
+    if (cat[i] == CAT_NUMBER) {
+        int64_t k = run_of(cat, i, n, CAT_NUMBER) - i;
+        return k < max_digits ? k : max_digits;
+    }
+    int64_t j = cp[i] == ' ' && i + 1 < n ? i + 1 : i;
+    if (cat[j] == CAT_OTHER) {
+        int64_t k = run_of(cat, j, n, CAT_OTHER);
+        while (k < n && is_crlf(cp[k])) k++;
+        return k - i;
+    }
+    /* cat[i] is whitespace here */
+    int64_t k = run_of(cat, i, n, CAT_SPACE), last_nl = -1;
+    for (int64_t x = i; x < k; x++)
+        if (is_crlf(cp[x])) last_nl = x;
+    if (last_nl >= 0) return last_nl + 1 - i;
+    return trailing_space(cat, i, n);
+}
+
+static int64_t match_word(dhsa_tok_pre pre, const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+    switch (pre) {
+    case DHSA_TOK_PRE_LLAMA3: return match_llama3(cp, cat, i, n, 3);
+    case DHSA_TOK_PRE_QWEN2: return match_llama3(cp, cat, i, n, 1);
+    default: return match_gpt2(cp, cat, i, n);
+    }
+}
+
+dhsa_status dhsa_tok__pretokenize(dhsa_tok_pre pre, const char *text, int64_t len, int64_t *ends, int64_t cap,
+                                  int64_t *n_words, void *scratch_) {
+    work *w = scratch_;
+    work local = {0};
+    if (!w) w = &local;
+    if (len + 1 > w->cp_cap) {
+        int64_t c = len + 1 + (len + 1) / 2;
+        uint32_t *a = realloc(w->cp, sizeof *a * (size_t)c);
+        if (a) w->cp = a;
+        int64_t *b = realloc(w->cp_off, sizeof *b * (size_t)c);
+        if (b) w->cp_off = b;
+        uint8_t *d = realloc(w->cat, (size_t)c);
+        if (d) w->cat = d;
+        if (!a || !b || !d) {
+            if (w == &local) work_free(&local);
+            return OOM();
+        }
+        w->cp_cap = c;
+    }
+    int64_t n = 0;
+    for (int64_t i = 0; i < len;) {
+        int64_t k;
+        uint32_t c = utf8_decode((const uint8_t *)text + i, len - i, &k);
+        w->cp[n] = c;
+        w->cat[n] = (uint8_t)cp_category(c);
+        w->cp_off[n++] = i;
+        i += k;
+    }
+    w->cp_off[n] = len;
+    int64_t nw = 0;
+    for (int64_t seg = 0; seg < n;) {
+        /* starcoder splits every digit off first, then runs GPT-2 per piece */
+        int64_t seg_end = n;
+        if (pre == DHSA_TOK_PRE_STARCODER) {
+            seg_end = seg + 1;
+            if (w->cat[seg] != CAT_NUMBER)
+                while (seg_end < n && w->cat[seg_end] != CAT_NUMBER) seg_end++;
+        }
+        for (int64_t i = seg; i < seg_end;) {
+            int64_t m = match_word(pre, w->cp, w->cat, i, seg_end);
+            if (m <= 0) m = 1;
+            i += m;
+            if (nw < cap) ends[nw] = w->cp_off[i];
+            nw++;
+        }
+        seg = seg_end;
+    }
+    *n_words = nw;
+    if (w == &local) work_free(&local);
+    return DHSA_OK;
+}
+
+/* --------------------------------------------------------------------- */
+/* Byte-level BPE                                                         */
+
+static void bpe_try_bigram(work *w, int32_t l, int32_t r) {
+    if (l < 0 || r < 0) return;
+    const symbol *L = &w->sym[l], *R = &w->sym[r];
+    int64_t kl = L->n + 1 + R->n;
+    memcpy(w->key, w->buf + L->start, (size_t)L->n);
+    w->key[L->n] = ' ';
+    memcpy(w->key + L->n + 1, w->buf + R->start, (size_t)R->n);
+    int32_t rank = strtab_find(&w->t->merges, w->key, kl);
+    if (rank < 0) return;
+    heap_push(&w->q, (bigram){-(double)rank, l, r, L->n + R->n});
+}
+
+/* One pre-tokenized word: bytes -> GPT-2 code points, then merges. */
+static dhsa_status bpe_word(work *w, const char *text, int64_t len) {
+    const dhsa_tokenizer *t = w->t;
+    if (grow((void **)&w->buf, &w->buf_cap, 2 * len + 1, 1) || grow((void **)&w->key, &w->key_cap, 4 * len + 2, 1))
+        return OOM();
+    int64_t blen = 0;
+    for (int64_t i = 0; i < len; i++) blen += utf8_encode(t->byte_to_cp[(uint8_t)text[i]], w->buf + blen);
+    dhsa_status st;
+    if (t->pre == DHSA_TOK_PRE_LLAMA3) { /* llama.cpp's ignore_merges: a whole-word token wins */
+        int32_t id = strtab_find(&t->tokens, w->buf, blen);
+        if (id >= 0) return push_id(w, id);
+    }
+    int64_t n;
+    if ((st = symbols_init(w, blen, &n))) return st;
+    for (int64_t i = 1; i < n; i++) bpe_try_bigram(w, (int32_t)(i - 1), (int32_t)i);
+    while (w->q.n > 0) {
+        bigram b = heap_pop(&w->q);
+        symbol *L = &w->sym[b.left], *R = &w->sym[b.right];
+        if (L->n == 0 || R->n == 0 || L->n + R->n != b.size) continue; /* stale */
+        L->n += R->n;
+        R->n = 0;
+        L->next = R->next;
+        if (R->next >= 0) w->sym[R->next].prev = b.left;
+        bpe_try_bigram(w, L->prev, b.left);
+        bpe_try_bigram(w, b.left, L->next);
+    }
+    for (int32_t i = n > 0 ? 0 : -1; i >= 0; i = w->sym[i].next) {
+        const symbol *s = &w->sym[i];
+        int32_t id = strtab_find(&t->tokens, w->buf + s->start, s->n);
+        if (id >= 0) {
+            if ((st = push_id(w, id))) return st;
+            continue;
+        }
+        for (int64_t j = 0; j < s->n;) { /* a symbol no token covers: its characters */
+            int64_t c = spm_char_len(w->buf + s->start + j, s->n - j);
+            id = strtab_find(&t->tokens, w->buf + s->start + j, c);
+            if (id < 0) id = t->unk;
+            if (id >= 0 && (st = push_id(w, id))) return st;
+            j += c;
+        }
+    }
+    return DHSA_OK;
+}
+
+static dhsa_status bpe_encode(work *w, const char *text, int64_t len) {
+    int64_t n_words;
+    dhsa_status st = dhsa_tok__pretokenize(w->t->pre, text, len, NULL, 0, &n_words, w);
+    if (st) return st;
+    int64_t *ends = malloc(sizeof *ends * (size_t)(n_words ? n_words : 1));
+    if (!ends) return OOM();
+    st = dhsa_tok__pretokenize(w->t->pre, text, len, ends, n_words, &n_words, w);
+    for (int64_t i = 0, start = 0; st == DHSA_OK && i < n_words; start = ends[i++])
+        st = bpe_word(w, text + start, ends[i] - start);
+    free(ends);
+    return st;
+}
+
+/* --------------------------------------------------------------------- */
+/* Tokenize                                                               */
+
+/* The special token whose text starts text[0..left), longest first; -1. */
+static int32_t match_special(const dhsa_tokenizer *t, const char *text, int64_t left, unsigned flags) {
+    uint8_t b = (uint8_t)text[0];
+    for (int64_t k = t->special_start[b]; k < t->special_start[b + 1]; k++) {
+        int32_t id = t->specials[k];
+        if (t->types[id] == DHSA_TOKEN_CONTROL && !(flags & DHSA_TOKENIZE_PARSE_SPECIAL)) continue;
+        if (t->tok_len[id] <= left && memcmp(t->tok_arena + t->tok_off[id], text, (size_t)t->tok_len[id]) == 0)
+            return id;
+    }
+    return -1;
+}
+
+static dhsa_status encode_fragment(work *w, const char *text, int64_t len, int prev_special) {
+    if (w->t->kind == DHSA_TOKENIZER_SPM) return spm_encode(w, text, len, w->t->add_space_prefix && prev_special);
+    return bpe_encode(w, text, len);
+}
+
+int64_t dhsa_tokenize_max_ids(int64_t len) { return len < 0 ? 0 : 3 * len + 5; }
+
+dhsa_status dhsa_tokenize(const dhsa_tokenizer *t, const char *text, int64_t len, unsigned flags, int32_t *ids,
+                          int64_t cap, int64_t *n_ids) {
+    if (!t || !n_ids || len < 0 || (!text && len > 0) || cap < 0 || (!ids && cap > 0))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_tokenize: t, n_ids and text must be given, len and cap >= 0");
+    *n_ids = 0;
+    if (len > DHSA_TOKENIZER_MAX_TEXT)
+        return dhsa__fail(DHSA_ERR_TOO_LARGE, "dhsa_tokenize: %lld bytes of text (limit %lld)", (long long)len,
+                          (long long)DHSA_TOKENIZER_MAX_TEXT);
+    ivec out = {0};
+    work w = {0};
+    w.t = t;
+    w.out = &out;
+    dhsa_status st = DHSA_OK;
+    if ((flags & DHSA_TOKENIZE_ADD_BOS) && t->bos >= 0) st = push_id(&w, t->bos);
+    int prev_special = 1;
+    int64_t frag = 0;
+    for (int64_t pos = 0; st == DHSA_OK && pos < len;) {
+        int32_t id = t->n_specials ? match_special(t, text + pos, len - pos, flags) : -1;
+        if (id < 0) {
+            pos++;
+            continue;
+        }
+        if (pos > frag) st = encode_fragment(&w, text + frag, pos - frag, prev_special);
+        if (st == DHSA_OK) st = push_id(&w, id);
+        prev_special = 1;
+        pos += t->tok_len[id];
+        frag = pos;
+    }
+    if (st == DHSA_OK && frag < len) st = encode_fragment(&w, text + frag, len - frag, prev_special);
+    if (st == DHSA_OK && (flags & DHSA_TOKENIZE_ADD_EOS) && t->eos >= 0) st = push_id(&w, t->eos);
+    work_free(&w);
+    if (st == DHSA_OK) {
+        *n_ids = out.n;
+        if (out.n) memcpy(ids, out.v, sizeof *ids * (size_t)(out.n < cap ? out.n : cap));
+        if (out.n > cap)
+            st = dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_tokenize: the text needs %lld ids, cap is %lld",
+                            (long long)out.n, (long long)cap);
+    }
+    free(out.v);
+    return st;
+}
+
+/* --------------------------------------------------------------------- */
+/* Detokenize                                                             */
+
+typedef struct {
+    char *out;
+    int64_t cap, len;
+    int strip; /* drop the next byte if it is a space */
+} sink;
+
+static void put(sink *s, const char *p, int64_t n) {
+    if (n > 0 && s->strip) {
+        s->strip = 0;
+        if (p[0] == ' ') {
+            p++;
+            n--;
+        }
+    }
+    for (int64_t i = 0; i < n; i++, s->len++)
+        if (s->len < s->cap) s->out[s->len] = p[i];
+}
+
+static int hexval(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
+static void piece(const dhsa_tokenizer *t, int32_t id, unsigned flags, sink *s) {
+    const char *p = t->tok_arena + t->tok_off[id];
+    int64_t n = t->tok_len[id];
+    int type = t->types[id];
+    if (type == DHSA_TOKEN_CONTROL) {
+        if (flags & DHSA_DETOKENIZE_SPECIAL) put(s, p, n);
+        return;
+    }
+    if (type == DHSA_TOKEN_USER_DEFINED) {
+        put(s, p, n);
+        return;
+    }
+    if (t->kind == DHSA_TOKENIZER_SPM) {
+        if (type == DHSA_TOKEN_BYTE && n == 6 && p[0] == '<' && p[1] == '0' && p[2] == 'x' && p[5] == '>' &&
+            hexval(p[3]) >= 0 && hexval(p[4]) >= 0) {
+            char b = (char)(hexval(p[3]) * 16 + hexval(p[4]));
+            put(s, &b, 1);
+            return;
+        }
+        if (type == DHSA_TOKEN_UNKNOWN) {
+            put(s, " \xE2\x81\x87 ", 5); /* " ⁇ ", as SentencePiece renders unk */
+            return;
+        }
+        for (int64_t i = 0; i < n;) {
+            if (n - i >= 3 && memcmp(p + i, "\xE2\x96\x81", 3) == 0) {
+                put(s, " ", 1);
+                i += 3;
+            } else {
+                put(s, p + i, 1);
+                i++;
+            }
+        }
+        return;
+    }
+    for (int64_t i = 0; i < n;) { /* BPE: code points back to bytes */
+        int64_t k;
+        uint32_t c = utf8_decode((const uint8_t *)p + i, n - i, &k);
+        if (c < 512 && t->cp_is_byte[c]) {
+            char b = (char)t->cp_to_byte[c];
+            put(s, &b, 1);
+        } else {
+            put(s, p + i, k);
+        }
+        i += k;
+    }
+}
+
+dhsa_status dhsa_token_to_piece(const dhsa_tokenizer *t, int32_t id, unsigned flags, char *out, int64_t cap,
+                                int64_t *len) {
+    if (!t || !len || cap < 0 || (!out && cap > 0))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_token_to_piece: t and len must be given, cap >= 0");
+    *len = 0;
+    if (id < 0 || id >= t->n_vocab)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_token_to_piece: id %d is outside the vocab (%lld tokens)",
+                          (int)id, (long long)t->n_vocab);
+    sink s = {out, cap, 0, 0};
+    piece(t, id, flags, &s);
+    *len = s.len;
+    if (s.len > cap)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_token_to_piece: the piece is %lld bytes, cap is %lld",
+                          (long long)s.len, (long long)cap);
+    return DHSA_OK;
+}
+
+dhsa_status dhsa_detokenize(const dhsa_tokenizer *t, const int32_t *ids, int64_t n, unsigned flags, char *out,
+                            int64_t cap, int64_t *len) {
+    if (!t || !len || n < 0 || (!ids && n > 0) || cap < 0 || (!out && cap > 0))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_detokenize: t, ids and len must be given, n and cap >= 0");
+    *len = 0;
+    sink s = {out, cap, 0, t->add_space_prefix && !(flags & DHSA_DETOKENIZE_KEEP_SPACE)};
+    for (int64_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= t->n_vocab)
+            return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_detokenize: ids[%lld] = %d is outside the vocab (%lld)",
+                              (long long)i, (int)ids[i], (long long)t->n_vocab);
+        piece(t, ids[i], flags, &s);
+    }
+    *len = s.len;
+    if (s.len > cap)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_detokenize: the text is %lld bytes, cap is %lld",
+                          (long long)s.len, (long long)cap);
+    return DHSA_OK;
+}
