@@ -1073,7 +1073,7 @@ dhsa_status dhsa_tokenize(const dhsa_tokenizer *t, const char *text, int64_t len
     work_free(&w);
     if (st == DHSA_OK) {
         *n_ids = out.n;
-        if (out.n) memcpy(ids, out.v, sizeof *ids * (size_t)(out.n < cap ? out.n : cap));
+        if (out.n && cap > 0) memcpy(ids, out.v, sizeof *ids * (size_t)(out.n < cap ? out.n : cap));
         if (out.n > cap)
             st = dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_tokenize: the text needs %lld ids, cap is %lld",
                             (long long)out.n, (long long)cap);
