@@ -386,8 +386,10 @@ dhsa_status dhsa_route(dhsa_ctx *ctx, const dhsa_router_params *rp, const dhsa_a
  * or FIXED chunks), decides them online (a candidate is kept once the
  * nms_window keys after it are seen: it must be the highest score within
  * nms_window on both sides, reach mean + threshold * stddev of the scores so
- * far, and be min_chunk after the previous boundary; a chunk reaching
- * max_chunk closes there), and keeps each closed chunk's pooled key
+ * far, and be min_chunk (and at most max_chunk) after the previous
+ * boundary; a chunk that grows past max_chunk is cut at max_chunk once the
+ * candidates inside it are judged, nms_window keys later), and keeps each
+ * closed chunk's pooled key
  * (sum / sqrt(n)) per KV head. Routing a query block then costs
  * O(chunks x d) per KV head, not O(L d). A chunk is a candidate for a query
  * block only once it was closed at or before the block's last position, so

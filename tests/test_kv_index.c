@@ -830,7 +830,9 @@ static void check_delay(const dhsa_kv_index *ix, const dhsa_router_params *rp, c
     for (int64_t c = 1; c < n; c++) {
         int64_t t = s[c], len = t - s[c - 1];
         int cut = rp->boundary == DHSA_BOUNDARY_FIXED || len == rp->max_chunk;
-        int64_t m = cut ? t : t + rp->nms_window + 1;
+        /* a cut at t closes when key t + nms - 1 arrives (it waits for the
+         * candidates inside its chunk); a decided boundary at key t + nms */
+        int64_t m = cut ? (rp->boundary == DHSA_BOUNDARY_FIXED ? t : t + rp->nms_window) : t + rp->nms_window + 1;
         cuts += cut;
         decided += !cut;
         if (m > L) {
@@ -844,7 +846,7 @@ static void check_delay(const dhsa_kv_index *ix, const dhsa_router_params *rp, c
                 (long long)t, (long long)len, cut ? "cut" : "decided", (long long)cnt[m - 1], (long long)(m - 1),
                 (long long)cnt[m], (long long)m, (long long)(c - 1), (long long)c);
     }
-    VIOL_REPORT(v, "a boundary closes nms_window keys after it (a cut: at its last key)", label);
+    VIOL_REPORT(v, "a boundary closes nms_window keys after it (a max_chunk cut: nms_window keys after its last key)", label);
     /* a similarity boundary needs gap = max(min_chunk, nms + 1) keys before
      * it and must be decided (nms keys later) before the max_chunk cut */
     int64_t gap = rp->min_chunk > rp->nms_window + 1 ? rp->min_chunk : rp->nms_window + 1;
@@ -922,9 +924,10 @@ static int64_t model_starts(const int64_t *st, int nseg, const dhsa_router_param
     exp[n++] = 0;
     for (int i = 1; i < nseg; i++) {
         const int64_t s = st[i];
-        /* the cut closes at key open + mx - 1, s is decided at key s + nms:
-         * the cut comes first iff s >= open + mx - nms */
-        while (s >= open + mx - nms) {
+        /* the cut closes at key open + mx + nms - 1, s is decided at key
+         * s + nms: the cut comes first iff s >= open + mx (and a start is
+         * only kept within max_chunk of the open chunk's start) */
+        while (s >= open + mx) {
             open += mx;
             exp[n++] = open;
             if (open >= s) break;
@@ -935,7 +938,7 @@ static int64_t model_starts(const int64_t *st, int nseg, const dhsa_router_param
             open = s;
         }
     }
-    while (open + mx <= L) { /* the last segment: cut when it reaches max_chunk */
+    while (open + mx + nms <= L) { /* the last segment: cut nms keys after it passes max_chunk */
         open += mx;
         exp[n++] = open;
     }
@@ -1055,7 +1058,7 @@ static int64_t model_online(const float *k, int64_t Hkv, int64_t L, int64_t d, c
         if (t >= 1) {
             const double sd = sn > 1 ? sqrt(sm2 / sn) : 0.0;
             int keep = score[t] >= smean + (double)rp->threshold * sd && t - open >= rp->min_chunk &&
-                       t - open >= rp->nms_window + 1;
+                       t - open >= rp->nms_window + 1 && t - open <= rp->max_chunk;
             for (int64_t u = t - rp->nms_window > 1 ? t - rp->nms_window : 1; keep && u <= now; u++)
                 if (u != t && (score[u] > score[t] || (score[u] == score[t] && u < t))) keep = 0;
             if (keep) {
@@ -1063,7 +1066,7 @@ static int64_t model_online(const float *k, int64_t Hkv, int64_t L, int64_t d, c
                 continue;
             }
         }
-        if (now + 1 - open >= rp->max_chunk) out[n++] = open = now + 1;
+        if (now + 1 - open >= rp->max_chunk + rp->nms_window) out[n++] = open = open + rp->max_chunk;
     }
     free(m);
     free(score);
@@ -1136,7 +1139,7 @@ static void test_similarity_lengths(void) {
             dhsa_layout_get_stats(lay, &ls);
             int64_t tail0 = llround(ls.chunk_mean * (double)ls.chunks);
             T_CHECK(ls.chunks == n && ls.chunk_min >= rp.min_chunk && ls.chunk_max <= rp.max_chunk &&
-                        W.L - tail0 >= 0 && W.L - tail0 < rp.max_chunk,
+                        W.L - tail0 >= 0 && W.L - tail0 < rp.max_chunk + rp.nms_window,
                     "%s: stats: %lld chunks (index %lld), lengths %lld..%lld, open tail %lld keys", label,
                     (long long)ls.chunks, (long long)n, (long long)ls.chunk_min, (long long)ls.chunk_max,
                     (long long)(W.L - tail0));

@@ -174,7 +174,7 @@ static dhsa_status step(dhsa_kv_index *ix, int64_t now) {
         float s = ix->score[t % ix->score_size];
         double sd = ix->s_n > 1 ? sqrt(ix->s_m2 / ix->s_n) : 0.0;
         int keep = s >= ix->s_mean + rp->threshold * sd && t - open >= rp->min_chunk &&
-                   t - open >= rp->nms_window + 1;
+                   t - open >= rp->nms_window + 1 && t - open <= rp->max_chunk;
         for (int64_t u = t - rp->nms_window; keep && u <= now; u++) {
             if (u < 1 || u == t) continue;
             float su = ix->score[u % ix->score_size];
@@ -182,8 +182,11 @@ static dhsa_status step(dhsa_kv_index *ix, int64_t now) {
         }
         if (keep) return close_chunk(ix, t, now);
     }
-    /* a chunk reaching max_chunk closes here, with no delay */
-    if (now + 1 - open >= rp->max_chunk) return close_chunk(ix, now + 1, now);
+    /* A chunk longer than max_chunk is cut at max_chunk, but only once every
+     * candidate inside it has been judged (nms_window keys later): cutting at
+     * once could split a boundary about to be decided (seen at 128K: a
+     * 16-key needle passage starting 3 keys before the cut was lost). */
+    if (now + 1 - open >= rp->max_chunk + rp->nms_window) return close_chunk(ix, open + rp->max_chunk, now);
     return DHSA_OK;
 }
 
