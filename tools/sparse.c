@@ -134,27 +134,51 @@ static void run_method(dhsa_ctx *ctx, const dhsa_attn_desc *a, const dhsa_router
     dhsa_layout_free(lay);
 }
 
+/* A synthetic workload in memory: q/k/v from dhsa_synth_generate, dense and
+ * sparse outputs and LSEs, and the dense descriptor a (o/lse = the dense
+ * buffers). Shared by the demo table and `bench sparse`. */
+typedef struct {
+    float *q, *k, *v, *od, *os, *ld, *ls;
+    dhsa_synth_needle nd[DHSA_SYNTH_MAX_NEEDLES];
+    dhsa_attn_desc a;
+} workload;
+
+static void workload_make(workload *w, const dhsa_synth_params *sp, int causal) {
+    const int64_t L = sp->L;
+    size_t nq = (size_t)(sp->Hq * L * sp->d), nk = (size_t)(sp->Hkv * L * sp->d), nl = (size_t)(sp->Hq * L);
+    w->q = dhsa_buffer_alloc(nq * 4), w->k = dhsa_buffer_alloc(nk * 4), w->v = dhsa_buffer_alloc(nk * 4);
+    w->od = dhsa_buffer_alloc(nq * 4), w->os = dhsa_buffer_alloc(nq * 4);
+    w->ld = dhsa_buffer_alloc(nl * 4), w->ls = dhsa_buffer_alloc(nl * 4);
+    if (!w->q || !w->k || !w->v || !w->od || !w->os || !w->ld || !w->ls)
+        die(EXIT_RUN, "out of memory for L = %lld", (long long)L);
+    check(dhsa_synth_generate(sp, w->q, w->k, w->v, w->nd), "generating the workload");
+    dhsa_attn_desc *a = &w->a;
+    *a = dhsa_attn_default_desc();
+    a->q = dhsa_tensor_bhld(w->q, DHSA_F32, 1, sp->Hq, L, sp->d);
+    a->k = dhsa_tensor_bhld(w->k, DHSA_F32, 1, sp->Hkv, L, sp->d);
+    a->v = dhsa_tensor_bhld(w->v, DHSA_F32, 1, sp->Hkv, L, sp->d);
+    a->o = dhsa_tensor_bhld(w->od, DHSA_F32, 1, sp->Hq, L, sp->d);
+    a->lse = dhsa_tensor_bhld(w->ld, DHSA_F32, 1, sp->Hq, L, 1);
+    a->causal = causal;
+}
+
+static void workload_free(workload *w) {
+    float *bufs[7] = {w->q, w->k, w->v, w->od, w->os, w->ld, w->ls};
+    for (int i = 0; i < 7; i++) dhsa_buffer_free(bufs[i]);
+}
+
 int dhsa_cli_sparse_demo(int64_t L, int threads) {
     dhsa_synth_params sp = dhsa_synth_default_params();
     sp.L = L;
-    size_t nq = (size_t)(sp.Hq * L * sp.d), nk = (size_t)(sp.Hkv * L * sp.d);
-    float *q = dhsa_buffer_alloc(nq * 4), *k = dhsa_buffer_alloc(nk * 4), *v = dhsa_buffer_alloc(nk * 4);
-    float *od = dhsa_buffer_alloc(nq * 4), *os = dhsa_buffer_alloc(nq * 4);
-    float *ld = dhsa_buffer_alloc((size_t)(sp.Hq * L) * 4), *ls = dhsa_buffer_alloc((size_t)(sp.Hq * L) * 4);
-    if (!q || !k || !v || !od || !os || !ld || !ls) die(EXIT_RUN, "out of memory for L = %lld", (long long)L);
-    dhsa_synth_needle nd[DHSA_SYNTH_MAX_NEEDLES];
-    check(dhsa_synth_generate(&sp, q, k, v, nd), "generating the workload");
+    workload w;
+    workload_make(&w, &sp, 1);
+    const dhsa_synth_needle *nd = w.nd;
+    float *os = w.os, *ls = w.ls;
     dhsa_ctx_params cp = dhsa_ctx_default_params();
     cp.n_threads = threads;
     dhsa_ctx *ctx;
     check(dhsa_ctx_create(&cp, &ctx), "creating the context");
-    dhsa_attn_desc a = dhsa_attn_default_desc();
-    a.q = dhsa_tensor_bhld(q, DHSA_F32, 1, sp.Hq, L, sp.d);
-    a.k = dhsa_tensor_bhld(k, DHSA_F32, 1, sp.Hkv, L, sp.d);
-    a.v = dhsa_tensor_bhld(v, DHSA_F32, 1, sp.Hkv, L, sp.d);
-    a.o = dhsa_tensor_bhld(od, DHSA_F32, 1, sp.Hq, L, sp.d);
-    a.lse = dhsa_tensor_bhld(ld, DHSA_F32, 1, sp.Hq, L, 1);
-    a.causal = 1;
+    dhsa_attn_desc a = w.a;
     double t[1], t0 = now_s();
     check(dhsa_attention(ctx, &a), "dense attention");
     double dense_ms = (now_s() - t0) * 1e3;
@@ -185,13 +209,7 @@ int dhsa_cli_sparse_demo(int64_t L, int threads) {
            "  mass on the keys it attended to; needles = (needle, KV head) passages found.\n"
            "  More: dhsa bench sparse --help\n");
     dhsa_ctx_free(ctx);
-    dhsa_buffer_free(q);
-    dhsa_buffer_free(k);
-    dhsa_buffer_free(v);
-    dhsa_buffer_free(od);
-    dhsa_buffer_free(os);
-    dhsa_buffer_free(ld);
-    dhsa_buffer_free(ls);
+    workload_free(&w);
     return 0;
 }
 
@@ -283,13 +301,10 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
                                      0.05, 0.3, 0.55, 0.8, 0.15, 0.4, 0.65, 0.9};
     for (int i = 0; i < sp.n_needles; i++) sp.depths[i] = depth[i];
 
-    size_t nq = (size_t)(H * L * D), nk = (size_t)(Hkv * L * D);
-    float *q = dhsa_buffer_alloc(nq * 4), *k = dhsa_buffer_alloc(nk * 4), *v = dhsa_buffer_alloc(nk * 4);
-    float *od = dhsa_buffer_alloc(nq * 4), *os = dhsa_buffer_alloc(nq * 4);
-    float *ld = dhsa_buffer_alloc((size_t)(H * L) * 4), *ls = dhsa_buffer_alloc((size_t)(H * L) * 4);
-    if (!q || !k || !v || !od || !os || !ld || !ls) die(EXIT_RUN, "out of memory for L = %lld", (long long)L);
-    dhsa_synth_needle nd[DHSA_SYNTH_MAX_NEEDLES];
-    check(dhsa_synth_generate(&sp, q, k, v, nd), "generating the workload");
+    workload w;
+    workload_make(&w, &sp, causal);
+    const dhsa_synth_needle *nd = w.nd;
+    float *os = w.os, *ls = w.ls;
 
     dhsa_ctx_params cp = dhsa_ctx_default_params();
     cp.n_threads = threads;
@@ -298,13 +313,7 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
     check(dhsa_ctx_create(&cp, &ctx), "creating the context");
     threads = dhsa_ctx_n_threads(ctx);
 
-    dhsa_attn_desc a = dhsa_attn_default_desc();
-    a.q = dhsa_tensor_bhld(q, DHSA_F32, 1, H, L, D);
-    a.k = dhsa_tensor_bhld(k, DHSA_F32, 1, Hkv, L, D);
-    a.v = dhsa_tensor_bhld(v, DHSA_F32, 1, Hkv, L, D);
-    a.o = dhsa_tensor_bhld(od, DHSA_F32, 1, H, L, D);
-    a.lse = dhsa_tensor_bhld(ld, DHSA_F32, 1, H, L, 1);
-    a.causal = causal;
+    dhsa_attn_desc a = w.a;
 
     double *t = malloc(sizeof(double) * (size_t)(runs > dense_runs ? runs : dense_runs) * 2);
     if (!t) die(EXIT_RUN, "out of memory");
@@ -377,13 +386,7 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
     dhsa_ctx_free(ctx);
     free(t);
     dhsa_predictor_free((dhsa_predictor *)rp.predictor);
-    dhsa_buffer_free(q);
-    dhsa_buffer_free(k);
-    dhsa_buffer_free(v);
-    dhsa_buffer_free(od);
-    dhsa_buffer_free(os);
-    dhsa_buffer_free(ld);
-    dhsa_buffer_free(ls);
+    workload_free(&w);
     return 0;
 }
 
