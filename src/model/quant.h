@@ -1,0 +1,68 @@
+/* quant.h: weight types of the model runner (ggml block formats) and the
+ * matrix products over them (src/model/quant.c, quant_avx2.c,
+ * quant_avx512.c). Private to the library.
+ *
+ * Types are ggml ids (dhsa_ggml_type): F32, F16, BF16, Q8_0, Q4_0, Q4_K,
+ * Q6_K, with ggml's exact block layouts, so GGUF files from llama.cpp load
+ * as they are. Dequantization is exact (the float each weight stands for);
+ * products dequantize into F32 and accumulate in F32 with FMA, so the only
+ * difference from a double-precision reference is F32 summation.
+ *
+ * Every SIMD path is compared with the scalar one (tests/test_quant.c), and
+ * results do not depend on the number of threads: each output element is
+ * one fixed-order reduction, whatever thread computes it.
+ * DHSA_FORCE_SCALAR=1 / dhsa_set_isa() choose the path, as for attention.
+ */
+#ifndef DHSA_MODEL_QUANT_H
+#define DHSA_MODEL_QUANT_H
+
+#include "dhsa.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* 1 when dhsa runs products over this ggml type (the seven above). */
+int dhsa__wt_supported(uint32_t type);
+/* Values per block (1 for F32/F16/BF16, 32 for Q8_0/Q4_0, 256 for the K
+ * types) and bytes per block. 0 for an unsupported type. */
+int64_t dhsa__wt_block(uint32_t type);
+int64_t dhsa__wt_block_bytes(uint32_t type);
+/* Bytes of a row of n values (n a multiple of the block); -1 otherwise. */
+int64_t dhsa__wt_row_bytes(uint32_t type, int64_t n);
+
+/* dst[0..n) = the values of a row of n weights (n a multiple of the block). */
+dhsa_status dhsa__dequantize_row(uint32_t type, const void *src, float *dst, int64_t n);
+/* The inverse, for conversion and test fixtures: the nearest encoding by
+ * ggml's reference rules (round to nearest, scales from the block's
+ * maximum). F32/F16/BF16 round to nearest even. */
+dhsa_status dhsa__quantize_row(uint32_t type, const float *src, void *dst, int64_t n);
+/* DHSA_ERR_NONFINITE (naming the first bad row) when a value or block scale
+ * is NaN or Inf. Linear in the size; the loader runs it once per tensor. */
+dhsa_status dhsa__wt_check_finite(uint32_t type, const void *data, int64_t n_rows, int64_t n_cols);
+
+/* A weight matrix as a GGUF tensor stores it: n_out rows of n_in values,
+ * row r at data + r * row_bytes (GGUF dims [n_in, n_out]). */
+typedef struct {
+    uint32_t type;
+    const void *data;
+    int64_t n_in, n_out;
+    int64_t row_bytes;
+} dhsa_wmat;
+
+/* y[t][o] = sum_i W[o][i] * x[t][i]   for t < n_tok, o < W.n_out
+ *   x: [n_tok][n_in] F32, row t at x + t * ldx
+ *   y: [n_tok][n_out] F32, row t at y + t * ldy
+ * Runs on the ctx's threads (split over output rows); workspace from the
+ * ctx's scratch (dhsa__matmul_workspace bytes at most). n_tok = 1 (decode)
+ * streams each weight once; larger n_tok dequantizes a panel of rows once
+ * and reuses it for every token. x and y must not overlap. */
+dhsa_status dhsa__matmul(dhsa_ctx *ctx, const dhsa_wmat *W, const float *x, int64_t ldx, int64_t n_tok, float *y,
+                         int64_t ldy);
+/* Exact upper bound of the scratch dhsa__matmul takes for these sizes with
+ * n_threads threads. */
+size_t dhsa__matmul_workspace(uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok, int n_threads);
+
+/* dst[0..n_in) = row r of W, dequantized (embedding lookup). */
+dhsa_status dhsa__wmat_row(const dhsa_wmat *W, int64_t r, float *dst);
+
+#endif
