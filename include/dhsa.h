@@ -752,10 +752,151 @@ dhsa_status dhsa_detokenize(const dhsa_tokenizer *t, const int32_t *ids, int64_t
                             int64_t cap, int64_t *len);
 /* ---- Tokenizer block end ---- */
 
+/* ---- Chat block begin ---- */
+/* ---- Chat block end ---- */
+
 /* ---- llama2.c block begin ---- */
 /* ---- llama2.c block end ---- */
 
 /* ---- Model block begin ---- */
+/* ------------------------------------------------------------------------ */
+/* Model runner (src/model/model.c, docs/model.md)                          */
+
+typedef enum { DHSA_ARCH_LLAMA = 1, DHSA_ARCH_QWEN2 = 2, DHSA_ARCH_GEMMA2 = 3 } dhsa_arch;
+
+/* Hyperparameters read from the GGUF metadata (docs/model.md). */
+typedef struct {
+    dhsa_arch arch;
+    const char *arch_name;      /* "llama", "qwen2", "gemma2" */
+    int64_t n_vocab, n_ctx_train, n_embd, n_layer, n_ff;
+    int64_t n_head, n_head_kv, head_dim_k, head_dim_v, n_rot;
+    float rms_eps, rope_base, rope_linear_factor;
+    int rope_neox;              /* 1: split-half pairs (qwen2, gemma2) */
+    int has_rope_freqs;         /* rope_freqs.weight present */
+    float attn_softcap, final_softcap; /* 0 = none */
+    int64_t sliding_window;     /* gemma2: window of the even layers; 0 = none */
+    int tied_output;            /* output.weight absent: token_embd used */
+    uint32_t weight_type;       /* ggml type of most matrix bytes */
+    int64_t n_params;           /* values in all tensors */
+    int64_t weight_bytes;       /* bytes of all tensors */
+} dhsa_model_info;
+
+typedef struct dhsa_model dhsa_model;
+
+typedef struct {
+    /* A llama2.c checkpoint (a file without the GGUF magic) needs its
+     * tokenizer file (tok*.bin); it is converted in memory. */
+    const char *tokenizer_path;
+    int check_finite;           /* scan every weight for NaN/Inf (default 1) */
+} dhsa_model_params;
+
+dhsa_model_params dhsa_model_default_params(void);
+/* Loads a GGUF model (mmap; weights are used in place) or a llama2.c
+ * checkpoint. Every tensor the architecture needs is checked for presence,
+ * type and shape before anything runs. *out is NULL on failure. */
+dhsa_status dhsa_model_load(const char *path, const dhsa_model_params *p, dhsa_model **out);
+/* The same from an open GGUF, which the model takes over (it is closed
+ * with the model, or at once on failure). */
+dhsa_status dhsa_model_from_gguf(dhsa_gguf *g, const dhsa_model_params *p, dhsa_model **out);
+/* NULL is allowed. */
+void dhsa_model_free(dhsa_model *m);
+const dhsa_model_info *dhsa_model_get_info(const dhsa_model *m);
+const dhsa_gguf *dhsa_model_gguf(const dhsa_model *m);
+/* The model's tokenizer (owned by the model). */
+const dhsa_tokenizer *dhsa_model_tokenizer(const dhsa_model *m);
+
+/* How a session attends. */
+typedef enum {
+    DHSA_ATTN_DENSE = 0,  /* every causal key */
+    DHSA_ATTN_DHSA = 1,   /* content chunks routed by pooled scores */
+    DHSA_ATTN_BLOCK = 2,  /* fixed chunks routed the same way (baseline) */
+    DHSA_ATTN_STREAM = 3, /* sinks + recent keys (baseline) */
+    DHSA_ATTN_ORACLE = 4  /* chunks by their true mass (evaluation only) */
+} dhsa_attn_method;
+/* "dense", "dhsa", ...; "?" otherwise. */
+const char *dhsa_attn_method_name(dhsa_attn_method m);
+
+typedef struct {
+    int64_t n_ctx;          /* tokens the KV cache holds; 0 = the trained context */
+    int64_t n_ubatch;       /* tokens per prefill step; 0 = the largest <= 512 that
+                               fits mem_limit */
+    dhsa_type kv_type;      /* DHSA_F32 (default) or DHSA_F16 */
+    size_t mem_limit;       /* bytes for weights + everything the session
+                               allocates; 0 = none */
+    dhsa_attn_method attn;  /* default DENSE */
+    /* Routing of the sparse methods: budget/density, sinks, local,
+     * dense_below, q_block, boundary detection (method and boundary are
+     * set from attn: DHSA = SIMILARITY or LEARNED, BLOCK = FIXED). */
+    dhsa_router_params router;
+    int logits_all;         /* eval writes logits for every token (default: last) */
+    /* Called after each ubatch of a prefill (done tokens of total). */
+    void (*progress)(void *user, int64_t done, int64_t total);
+    void *progress_user;
+} dhsa_session_params;
+
+dhsa_session_params dhsa_session_default_params(void);
+
+/* Memory of a session, computed before anything is allocated. */
+typedef struct {
+    int64_t n_ctx, n_ubatch;
+    size_t weights;          /* tensor bytes (mapped from the file) */
+    size_t kv_cache;         /* K and V of every layer for n_ctx tokens */
+    size_t activations;      /* per-ubatch buffers and logits */
+    size_t attn_workspace;   /* attention scratch at n_ctx */
+    size_t matmul_workspace; /* weight-product scratch */
+    size_t routing;          /* indexes and layouts of the sparse methods */
+    size_t total;            /* the sum */
+} dhsa_mem_plan;
+
+/* Plans a session. With n_ubatch = 0 it picks the largest ubatch (a power
+ * of two <= 512) that fits mem_limit; when nothing fits it fails with
+ * DHSA_ERR_MEMORY_BUDGET and a sentence saying what would (a smaller
+ * --ctx, F16 K/V, a larger limit). A context longer than the trained one
+ * is allowed (the caller warns). */
+dhsa_status dhsa_session_plan(const dhsa_model *m, const dhsa_session_params *p, int n_threads,
+                              dhsa_mem_plan *out);
+
+typedef struct dhsa_session dhsa_session;
+
+/* One sequence: KV cache, activations and routing state, allocated from
+ * ctx (whose budget is set from mem_limit minus the weights when that is
+ * tighter). The model must outlive the session. */
+dhsa_status dhsa_session_create(dhsa_ctx *ctx, const dhsa_model *m, const dhsa_session_params *p,
+                                dhsa_session **out);
+void dhsa_session_free(dhsa_session *s);
+const dhsa_mem_plan *dhsa_session_get_plan(const dhsa_session *s);
+/* Tokens in the cache. */
+int64_t dhsa_session_length(const dhsa_session *s);
+/* Empties the cache (and the routing indexes). */
+void dhsa_session_reset(dhsa_session *s);
+/* Runs ids[0..n) at positions length .. length + n - 1 in ubatches and
+ * appends them to the cache. logits: [n][n_vocab] when logits_all, else
+ * [n_vocab] for the last token; NULL skips the output projection where it
+ * can. Ids out of range are DHSA_ERR_INVALID_ARG, more than n_ctx tokens
+ * DHSA_ERR_TOO_LARGE, both before anything runs. */
+dhsa_status dhsa_session_eval(dhsa_session *s, const int32_t *ids, int64_t n, float *logits);
+
+/* Sampling. Order: repetition penalty, temperature (0 = greedy: argmax,
+ * lowest id on ties), top-k, top-p, min-p, then a draw from the seeded
+ * generator. */
+typedef struct {
+    float temperature;      /* default 0.8; 0 = greedy */
+    int64_t top_k;          /* default 40; 0 = off */
+    float top_p;            /* default 0.95; 1 = off */
+    float min_p;            /* default 0.05; 0 = off */
+    float repeat_penalty;   /* default 1.0 (off) */
+    int64_t repeat_last_n;  /* tokens of history it looks at (default 64) */
+    uint64_t seed;
+} dhsa_sampler_params;
+
+typedef struct dhsa_sampler dhsa_sampler;
+dhsa_sampler_params dhsa_sampler_default_params(void);
+dhsa_status dhsa_sampler_create(const dhsa_sampler_params *p, int64_t n_vocab, dhsa_sampler **out);
+void dhsa_sampler_free(dhsa_sampler *s);
+/* Picks the next id from logits[n_vocab] (not modified); history is the
+ * sequence so far (for the repetition penalty; may be NULL with n = 0). */
+dhsa_status dhsa_sampler_sample(dhsa_sampler *s, const float *logits, const int32_t *history, int64_t n_history,
+                                int32_t *out);
 /* ---- Model block end ---- */
 
 #ifdef __cplusplus
