@@ -404,6 +404,9 @@ typedef struct dhsa_kv_index dhsa_kv_index;
 dhsa_status dhsa_kv_index_create(dhsa_ctx *ctx, const dhsa_router_params *rp, int64_t Hkv, int64_t d,
                                  int64_t capacity, dhsa_kv_index **out);
 void dhsa_kv_index_free(dhsa_kv_index *ix);
+/* Exact bytes dhsa_kv_index_create allocates from the ctx (checks rp). */
+dhsa_status dhsa_kv_index_size(const dhsa_router_params *rp, int64_t Hkv, int64_t d, int64_t capacity,
+                               size_t *bytes);
 /* Appends keys k [1, Hkv, n, d] (any strides and type) at positions
  * length .. length + n - 1. */
 dhsa_status dhsa_kv_index_append(dhsa_kv_index *ix, const dhsa_tensor *k);
@@ -756,6 +759,56 @@ dhsa_status dhsa_detokenize(const dhsa_tokenizer *t, const int32_t *ids, int64_t
 /* ---- Chat block end ---- */
 
 /* ---- llama2.c block begin ---- */
+/* ------------------------------------------------------------------------ */
+/* llama2.c checkpoints (src/model/llama2c.c, docs/llama2c.md)              */
+
+/* The header of a llama2.c checkpoint (run.c's Config: 7 int32), checked
+ * against the file: every field positive, n_heads divides dim, n_kv_heads
+ * divides n_heads, the head size even, 3 <= vocab_size <= 2^24, and the
+ * file exactly as long as the header implies. */
+typedef struct {
+    int32_t dim, hidden_dim, n_layers, n_heads, n_kv_heads;
+    int32_t vocab_size;     /* |vocab_size| of the file */
+    int32_t seq_len;        /* the trained context (llama.context_length) */
+    int shared_classifier;  /* 1 (vocab_size > 0 in the file): the output
+                               projection is token_embd; 0: its own weights
+                               at the end of the file */
+    int32_t head_size;      /* dim / n_heads */
+    uint64_t file_size;     /* bytes of the checkpoint, header included */
+    int64_t n_params;       /* floats of the weights the model uses (the
+                               RoPE tables the file also holds excluded) */
+} dhsa_llama2c_config;
+
+/* Reads and checks the header of the checkpoint at bin_path (only the
+ * header is read; the size comes from the file system). A GGUF file, a
+ * llama2.c "ak42" export (version 1/2) and a malformed header are
+ * DHSA_ERR_FORMAT with a sentence naming the field; missing files
+ * DHSA_ERR_IO. */
+dhsa_status dhsa_llama2c_read_config(const char *bin_path, dhsa_llama2c_config *out);
+/* The same over the checkpoint's bytes. */
+dhsa_status dhsa_llama2c_config_from_memory(const void *bin, size_t size, dhsa_llama2c_config *out);
+
+/* Converts a llama2.c checkpoint and its tokenizer file (tok*.bin: int32
+ * max_token_length, then per token float score, int32 length, bytes) into
+ * a GGUF image in memory (architecture llama, F32 tensors, llama.cpp
+ * names; docs/llama2c.md) and opens it: *out is an ordinary dhsa_gguf that
+ * owns the image (dhsa_gguf_close frees it). Both files are checked
+ * completely before anything is built: the header as above, every token's
+ * length within the file and <= max_token_length, finite scores, no NUL
+ * in a token's text, and exactly vocab_size tokens in the tokenizer file.
+ * A bad file is DHSA_ERR_FORMAT (DHSA_ERR_TOO_LARGE above a limit) with a
+ * sentence that starts with the file's path. Memory: the checkpoint is
+ * mapped, the image is about its size. *out is NULL on failure. */
+dhsa_status dhsa_llama2c_open(const char *bin_path, const char *tok_path, dhsa_gguf **out);
+/* The same over the files' bytes, which are only read during the call.
+ * name is general.name (NULL: "llama2.c"). */
+dhsa_status dhsa_llama2c_open_memory(const void *bin, size_t bin_size, const void *tok, size_t tok_size,
+                                     const char *name, dhsa_gguf **out);
+/* Writes the GGUF file dhsa_llama2c_open would build at out_gguf_path
+ * (through out_gguf_path + ".part", renamed when complete, so a failure
+ * leaves no partial file); general.name is the checkpoint's file name
+ * without directory and extension. The output may not be either input. */
+dhsa_status dhsa_convert_llama2c(const char *bin_path, const char *tok_path, const char *out_gguf_path);
 /* ---- llama2.c block end ---- */
 
 /* ---- Model block begin ---- */
@@ -848,12 +901,12 @@ typedef struct {
     size_t total;            /* the sum */
 } dhsa_mem_plan;
 
-/* Plans a session. With n_ubatch = 0 it picks the largest ubatch (a power
+/* Plans a session for the ctx's threads. With n_ubatch = 0 it picks the largest ubatch (a power
  * of two <= 512) that fits mem_limit; when nothing fits it fails with
  * DHSA_ERR_MEMORY_BUDGET and a sentence saying what would (a smaller
  * --ctx, F16 K/V, a larger limit). A context longer than the trained one
  * is allowed (the caller warns). */
-dhsa_status dhsa_session_plan(const dhsa_model *m, const dhsa_session_params *p, int n_threads,
+dhsa_status dhsa_session_plan(const dhsa_ctx *ctx, const dhsa_model *m, const dhsa_session_params *p,
                               dhsa_mem_plan *out);
 
 typedef struct dhsa_session dhsa_session;

@@ -44,10 +44,14 @@ static float *ring_key(const dhsa_kv_index *ix, int64_t t) {
     return ix->ring + (t % ix->ring_len) * ix->Hkv * ix->d;
 }
 
-dhsa_status dhsa_kv_index_create(dhsa_ctx *ctx, const dhsa_router_params *rp, int64_t Hkv, int64_t d,
-                                 int64_t capacity, dhsa_kv_index **out) {
-    if (!ctx || !out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_kv_index_create: NULL argument");
-    *out = NULL;
+/* Sizes of an index's arrays (one allocation, laid out in create). */
+typedef struct {
+    int64_t min_len, max_chunks, ring_len, score_size;
+    size_t bytes;
+} ix_sizes;
+
+static dhsa_status index_sizes(const dhsa_router_params *rp, int64_t Hkv, int64_t d, int64_t capacity,
+                               ix_sizes *z) {
     dhsa_status st = dhsa__route_check_params(rp);
     if (st) return st;
     if (rp->boundary == DHSA_BOUNDARY_LEARNED)
@@ -58,6 +62,35 @@ dhsa_status dhsa_kv_index_create(dhsa_ctx *ctx, const dhsa_router_params *rp, in
     if (Hkv < 1 || Hkv > 65536 || d < 1 || d > 65536 || capacity < 1 || capacity > ((int64_t)1 << 34))
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "index sizes Hkv=%lld d=%lld capacity=%lld",
                           (long long)Hkv, (long long)d, (long long)capacity);
+    /* online closing can cut at min_len or at max_chunk: chunks >= min_len
+     * except the FIXED/max cut, which is exactly max_chunk */
+    z->min_len = rp->boundary == DHSA_BOUNDARY_FIXED ? rp->chunk : rp->min_chunk;
+    z->max_chunks = capacity / z->min_len + 2;
+    z->ring_len = rp->sim_window + 1 > rp->nms_window + 1 ? rp->sim_window + 1 : rp->nms_window + 1;
+    z->score_size = 2 * rp->nms_window + 1;
+    size_t hd = (size_t)Hkv * (size_t)d;
+    z->bytes = (size_t)(z->max_chunks + 1) * 8 + (size_t)z->max_chunks * 8 + (size_t)z->max_chunks * hd * 4 +
+               hd * 8 + (size_t)z->ring_len * hd * 4 + (size_t)z->score_size * 4 + hd * 8 + 64 * 7;
+    return DHSA_OK;
+}
+
+dhsa_status dhsa_kv_index_size(const dhsa_router_params *rp, int64_t Hkv, int64_t d, int64_t capacity,
+                               size_t *bytes) {
+    if (!rp || !bytes) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_kv_index_size: NULL argument");
+    ix_sizes z;
+    dhsa_status st = index_sizes(rp, Hkv, d, capacity, &z);
+    if (st) return st;
+    *bytes = z.bytes;
+    return DHSA_OK;
+}
+
+dhsa_status dhsa_kv_index_create(dhsa_ctx *ctx, const dhsa_router_params *rp, int64_t Hkv, int64_t d,
+                                 int64_t capacity, dhsa_kv_index **out) {
+    if (!ctx || !out || !rp) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_kv_index_create: NULL argument");
+    *out = NULL;
+    ix_sizes z;
+    dhsa_status st = index_sizes(rp, Hkv, d, capacity, &z);
+    if (st) return st;
     dhsa_kv_index *ix = calloc(1, sizeof *ix);
     if (!ix) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
     ix->ctx = ctx;
@@ -66,16 +99,11 @@ dhsa_status dhsa_kv_index_create(dhsa_ctx *ctx, const dhsa_router_params *rp, in
     ix->Hkv = Hkv;
     ix->d = d;
     ix->capacity = capacity;
-    /* online closing can cut at min_len or at max_chunk: chunks >= min_len
-     * except the FIXED/max cut, which is exactly max_chunk */
-    ix->min_len = rp->boundary == DHSA_BOUNDARY_FIXED ? rp->chunk : rp->min_chunk;
-    ix->max_chunks = capacity / ix->min_len + 2;
-    ix->ring_len = rp->sim_window + 1 > rp->nms_window + 1 ? rp->sim_window + 1 : rp->nms_window + 1;
-    ix->score_size = 2 * rp->nms_window + 1;
-    size_t hd = (size_t)Hkv * (size_t)d;
-    size_t bytes = (size_t)(ix->max_chunks + 1) * 8 + (size_t)ix->max_chunks * 8 +
-                   (size_t)ix->max_chunks * hd * 4 + hd * 8 + (size_t)ix->ring_len * hd * 4 +
-                   (size_t)ix->score_size * 4 + hd * 8 + 64 * 7;
+    ix->min_len = z.min_len;
+    ix->max_chunks = z.max_chunks;
+    ix->ring_len = z.ring_len;
+    ix->score_size = z.score_size;
+    size_t hd = (size_t)Hkv * (size_t)d, bytes = z.bytes;
     char *m = dhsa__alloc(ctx, bytes, &st);
     if (!m) {
         free(ix);
