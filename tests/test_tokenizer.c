@@ -412,6 +412,27 @@ static void test_metadata_errors(void) {
     dhsa_status st = build("gpt2", "no-such-pre", &t);
     T_CHECK(st == DHSA_ERR_UNSUPPORTED && t == NULL && strstr(dhsa_last_error(), "no-such-pre"),
             "an unknown pre-tokenizer is a clear error: %s", dhsa_last_error());
+    /* the pre-tokenizers named in files load; llama-bpe adds BOS by default
+     * (llama.cpp) unless add_bos_token says otherwise */
+    static const char *const known[] = {"default", "gpt-2", "starcoder", "llama-bpe", "llama3", "qwen2",
+                                        "deepseek-llm", "falcon"};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        st = build("gpt2", known[i], &t);
+        T_CHECK(st == DHSA_OK, "pre '%s' loads: %s", known[i], dhsa_last_error());
+        if (t) {
+            unsigned want = strncmp(known[i], "llama", 5) == 0 ? DHSA_TOKENIZE_ADD_BOS : 0u;
+            T_CHECK(dhsa_tokenizer_default_flags(t) == want, "pre '%s': default flags %u", known[i],
+                    dhsa_tokenizer_default_flags(t));
+            int32_t ids[8];
+            int64_t k = tok(t, "ab a", 4, 0, ids, 8);
+            T_CHECK(k == 3 && ids[0] == 2 && ids[1] == 3 && ids[2] == 0, "pre '%s': 'ab a' (k = %lld)", known[i],
+                    (long long)k);
+        }
+        dhsa_tokenizer_free(t);
+    }
+    st = build("gpt2", "deepseek-coder", &t);
+    T_CHECK(st == DHSA_ERR_UNSUPPORTED && t == NULL && strstr(dhsa_last_error(), "deepseek-coder"),
+            "a pre-tokenizer dhsa lacks stays a clear error: %s", dhsa_last_error());
     st = build("wordpiece", NULL, &t);
     T_CHECK(st == DHSA_ERR_UNSUPPORTED && strstr(dhsa_last_error(), "wordpiece"), "unknown model: %s",
             dhsa_last_error());
@@ -464,6 +485,35 @@ static void test_pretokenizers(void) {
     check_words(DHSA_TOK_PRE_STARCODER, "x 123 y", "x| |1|2|3| y");
     check_words(DHSA_TOK_PRE_LLAMA3, "I'LL pay 12345.\n\n  ok", "I|'LL| pay| |123|45|.\n\n| | ok");
     check_words(DHSA_TOK_PRE_QWEN2, "ab 12", "ab| |1|2");
+    /* deepseek-llm: [\r\n], \s?[letters]+, \s?[punctuation]+, \s+$, [CJK]+,
+     * \p{N}+, each regex splitting every piece the one before left */
+    check_words(DHSA_TOK_PRE_DEEPSEEK_LLM, "Hello, world!\n", "Hello|,| world|!|\n");
+    check_words(DHSA_TOK_PRE_DEEPSEEK_LLM, "abc 123 def", "abc| |123| def");
+    check_words(DHSA_TOK_PRE_DEEPSEEK_LLM, "x\r\ny  z", "x|\r|\n|y| | z");
+    check_words(DHSA_TOK_PRE_DEEPSEEK_LLM, "x 2024\xE5\xB9\xB4", "x| |2024|\xE5\xB9\xB4"); /* 年 */
+    check_words(DHSA_TOK_PRE_DEEPSEEK_LLM, "\xE4\xB8\xAD\xE6\x96\x87" "abc", "\xE4\xB8\xAD\xE6\x96\x87|abc"); /* 中文 */
+    check_words(DHSA_TOK_PRE_DEEPSEEK_LLM, "\xEF\xBC\xA1\xEF\xBC\xA2\xEF\xBC\x81", "\xEF\xBC\xA1\xEF\xBC\xA2|\xEF\xBC\x81");
+    check_words(DHSA_TOK_PRE_DEEPSEEK_LLM, "a\xE3\x80\x80" "b", "a|\xE3\x80\x80" "b"); /* U+3000 is \s */
+    check_words(DHSA_TOK_PRE_DEEPSEEK_LLM, "end  ", "end|  ");
+    /* its quirks, as llama.cpp (and the tokenizer.json) have them: the
+     * punctuation class :-~ holds the ASCII letters, so a word mixing ASCII
+     * and other letters is cut; U+1F7D is a letter but also in the CJK
+     * range U+0800-U+4E00; Armenian small letters are in no class */
+    check_words(DHSA_TOK_PRE_DEEPSEEK_LLM, "caf\xC3\xA9", "caf|\xC3\xA9");
+    check_words(DHSA_TOK_PRE_DEEPSEEK_LLM, " \xE1\xBD\xBD \xCF\x8E", " |\xE1\xBD\xBD| \xCF\x8E");
+    check_words(DHSA_TOK_PRE_DEEPSEEK_LLM, "Ayb \xD5\xA1\xD5\xA2", "Ayb| \xD5\xA1\xD5\xA2");
+    /* falcon: [\p{P}$+<=>^~|`]+, then GPT-2 on each piece, then [0-9]{3} */
+    check_words(DHSA_TOK_PRE_FALCON, "Hello, world!", "Hello|,| world|!");
+    check_words(DHSA_TOK_PRE_FALCON, "I'm 12345 ok", "I|'|m| |123|45| ok");
+    check_words(DHSA_TOK_PRE_FALCON, "a...b 1234567", "a|...|b| |123|456|7");
+    check_words(DHSA_TOK_PRE_FALCON, "x  \xE2\x82\xAC" "5", "x| | \xE2\x82\xAC|5"); /* € is a symbol */
+    check_words(DHSA_TOK_PRE_FALCON, "\xC2\xABq\xC2\xBB 1,000\n\n", "\xC2\xAB|q|\xC2\xBB| 1|,|000|\n\n");
+    /* the checks can fail: GPT-2 splits a word falcon keeps whole */
+    int64_t ends[8], n = 0;
+    dhsa_tok__pretokenize(DHSA_TOK_PRE_FALCON, "I'm", 3, ends, 8, &n, NULL);
+    int64_t ends2[8], n2 = 0;
+    dhsa_tok__pretokenize(DHSA_TOK_PRE_GPT2, "I'm", 3, ends2, 8, &n2, NULL);
+    T_CHECK(n == 3 && n2 == 2, "falcon and GPT-2 differ on \"I'm\" (%lld vs %lld words)", (long long)n, (long long)n2);
 }
 
 int main(void) {

@@ -8,8 +8,9 @@
  *     bytes' <0xXX> tokens (or unk).
  *   - "gpt2" (byte-level BPE, DHSA_TOKENIZER_BPE): the text is split into
  *     words by the pre-tokenizer named by tokenizer.ggml.pre (hand-written
- *     matchers of the published regexes, Unicode letter/number tables
- *     below), each word's bytes are mapped to printable code points (the
+ *     matchers of the published regexes, run as a list where llama.cpp
+ *     has several; Unicode letter/number/punctuation tables below), each
+ *     word's bytes are mapped to printable code points (the
  *     GPT-2 byte-to-unicode table), and adjacent symbols are merged by the
  *     lowest merge rank (ties: leftmost).
  *   - Both: USER_DEFINED tokens (and CONTROL tokens with
@@ -206,6 +207,60 @@ static const uint32_t uni_number[][2] = {
     {0x1E8C7, 0x1E8CF}, {0x1E950, 0x1E959}, {0x1EC71, 0x1ECAB}, {0x1ECAD, 0x1ECAF},
     {0x1ECB1, 0x1ECB4}, {0x1ED01, 0x1ED2D}, {0x1ED2F, 0x1ED3D}, {0x1F100, 0x1F10C},
     {0x1FBF0, 0x1FBF9},
+};
+/* General_Category P* (punctuation) above ASCII: 180 ranges, sorted. */
+static const uint32_t uni_punct[][2] = {
+    {0xA1, 0xA1}, {0xA7, 0xA7}, {0xAB, 0xAB}, {0xB6, 0xB7}, {0xBB, 0xBB}, {0xBF, 0xBF}, {0x37E, 0x37E},
+    {0x387, 0x387}, {0x55A, 0x55F}, {0x589, 0x58A}, {0x5BE, 0x5BE}, {0x5C0, 0x5C0}, {0x5C3, 0x5C3},
+    {0x5C6, 0x5C6}, {0x5F3, 0x5F4}, {0x609, 0x60A}, {0x60C, 0x60D}, {0x61B, 0x61B}, {0x61D, 0x61F},
+    {0x66A, 0x66D}, {0x6D4, 0x6D4}, {0x700, 0x70D}, {0x7F7, 0x7F9}, {0x830, 0x83E}, {0x85E, 0x85E},
+    {0x964, 0x965}, {0x970, 0x970}, {0x9FD, 0x9FD}, {0xA76, 0xA76}, {0xAF0, 0xAF0}, {0xC77, 0xC77},
+    {0xC84, 0xC84}, {0xDF4, 0xDF4}, {0xE4F, 0xE4F}, {0xE5A, 0xE5B}, {0xF04, 0xF12}, {0xF14, 0xF14},
+    {0xF3A, 0xF3D}, {0xF85, 0xF85}, {0xFD0, 0xFD4}, {0xFD9, 0xFDA}, {0x104A, 0x104F}, {0x10FB, 0x10FB},
+    {0x1360, 0x1368}, {0x1400, 0x1400}, {0x166E, 0x166E}, {0x169B, 0x169C}, {0x16EB, 0x16ED}, {0x1735, 0x1736},
+    {0x17D4, 0x17D6}, {0x17D8, 0x17DA}, {0x1800, 0x180A}, {0x1944, 0x1945}, {0x1A1E, 0x1A1F}, {0x1AA0, 0x1AA6},
+    {0x1AA8, 0x1AAD}, {0x1B5A, 0x1B60}, {0x1B7D, 0x1B7E}, {0x1BFC, 0x1BFF}, {0x1C3B, 0x1C3F}, {0x1C7E, 0x1C7F},
+    {0x1CC0, 0x1CC7}, {0x1CD3, 0x1CD3}, {0x2010, 0x2027}, {0x2030, 0x2043}, {0x2045, 0x2051}, {0x2053, 0x205E},
+    {0x207D, 0x207E}, {0x208D, 0x208E}, {0x2308, 0x230B}, {0x2329, 0x232A}, {0x2768, 0x2775}, {0x27C5, 0x27C6},
+    {0x27E6, 0x27EF}, {0x2983, 0x2998}, {0x29D8, 0x29DB}, {0x29FC, 0x29FD}, {0x2CF9, 0x2CFC}, {0x2CFE, 0x2CFF},
+    {0x2D70, 0x2D70}, {0x2E00, 0x2E2E}, {0x2E30, 0x2E4F}, {0x2E52, 0x2E5D}, {0x3001, 0x3003}, {0x3008, 0x3011},
+    {0x3014, 0x301F}, {0x3030, 0x3030}, {0x303D, 0x303D}, {0x30A0, 0x30A0}, {0x30FB, 0x30FB}, {0xA4FE, 0xA4FF},
+    {0xA60D, 0xA60F}, {0xA673, 0xA673}, {0xA67E, 0xA67E}, {0xA6F2, 0xA6F7}, {0xA874, 0xA877}, {0xA8CE, 0xA8CF},
+    {0xA8F8, 0xA8FA}, {0xA8FC, 0xA8FC}, {0xA92E, 0xA92F}, {0xA95F, 0xA95F}, {0xA9C1, 0xA9CD}, {0xA9DE, 0xA9DF},
+    {0xAA5C, 0xAA5F}, {0xAADE, 0xAADF}, {0xAAF0, 0xAAF1}, {0xABEB, 0xABEB}, {0xFD3E, 0xFD3F}, {0xFE10, 0xFE19},
+    {0xFE30, 0xFE52}, {0xFE54, 0xFE61}, {0xFE63, 0xFE63}, {0xFE68, 0xFE68}, {0xFE6A, 0xFE6B}, {0xFF01, 0xFF03},
+    {0xFF05, 0xFF0A}, {0xFF0C, 0xFF0F}, {0xFF1A, 0xFF1B}, {0xFF1F, 0xFF20}, {0xFF3B, 0xFF3D}, {0xFF3F, 0xFF3F},
+    {0xFF5B, 0xFF5B}, {0xFF5D, 0xFF5D}, {0xFF5F, 0xFF65}, {0x10100, 0x10102}, {0x1039F, 0x1039F},
+    {0x103D0, 0x103D0}, {0x1056F, 0x1056F}, {0x10857, 0x10857}, {0x1091F, 0x1091F}, {0x1093F, 0x1093F},
+    {0x10A50, 0x10A58}, {0x10A7F, 0x10A7F}, {0x10AF0, 0x10AF6}, {0x10B39, 0x10B3F}, {0x10B99, 0x10B9C},
+    {0x10EAD, 0x10EAD}, {0x10F55, 0x10F59}, {0x10F86, 0x10F89}, {0x11047, 0x1104D}, {0x110BB, 0x110BC},
+    {0x110BE, 0x110C1}, {0x11140, 0x11143}, {0x11174, 0x11175}, {0x111C5, 0x111C8}, {0x111CD, 0x111CD},
+    {0x111DB, 0x111DB}, {0x111DD, 0x111DF}, {0x11238, 0x1123D}, {0x112A9, 0x112A9}, {0x1144B, 0x1144F},
+    {0x1145A, 0x1145B}, {0x1145D, 0x1145D}, {0x114C6, 0x114C6}, {0x115C1, 0x115D7}, {0x11641, 0x11643},
+    {0x11660, 0x1166C}, {0x116B9, 0x116B9}, {0x1173C, 0x1173E}, {0x1183B, 0x1183B}, {0x11944, 0x11946},
+    {0x119E2, 0x119E2}, {0x11A3F, 0x11A46}, {0x11A9A, 0x11A9C}, {0x11A9E, 0x11AA2}, {0x11C41, 0x11C45},
+    {0x11C70, 0x11C71}, {0x11EF7, 0x11EF8}, {0x11FFF, 0x11FFF}, {0x12470, 0x12474}, {0x12FF1, 0x12FF2},
+    {0x16A6E, 0x16A6F}, {0x16AF5, 0x16AF5}, {0x16B37, 0x16B3B}, {0x16B44, 0x16B44}, {0x16E97, 0x16E9A},
+    {0x16FE2, 0x16FE2}, {0x1BC9F, 0x1BC9F}, {0x1DA87, 0x1DA8B}, {0x1E95E, 0x1E95F},
+};
+/* deepseek-llm's letter class (the Lu/Ll/Lt letters its tokenizer.json lists, copied
+ * as code points, not glyphs: several have look-alikes): 84 ranges, sorted. */
+static const uint32_t ds_letter[][2] = {
+    {0x41, 0x5A}, {0x61, 0x7A}, {0xB5, 0xB5}, {0xC0, 0xD6}, {0xD8, 0xF6}, {0xF8, 0x1BA}, {0x1BC, 0x1BF},
+    {0x1C4, 0x293}, {0x295, 0x2AF}, {0x370, 0x373}, {0x376, 0x377}, {0x37B, 0x37D}, {0x37F, 0x37F},
+    {0x386, 0x386}, {0x388, 0x38A}, {0x38C, 0x38C}, {0x38E, 0x3A1}, {0x3A3, 0x3F5}, {0x3F7, 0x481},
+    {0x48A, 0x52F}, {0x531, 0x556}, {0x10A0, 0x10C5}, {0x13A0, 0x13F5}, {0x13F8, 0x13FD}, {0x1C90, 0x1CBA},
+    {0x1CBD, 0x1CBF}, {0x1D00, 0x1D2B}, {0x1D6B, 0x1D77}, {0x1D79, 0x1D9A}, {0x1E00, 0x1F15}, {0x1F18, 0x1F1D},
+    {0x1F20, 0x1F45}, {0x1F48, 0x1F4D}, {0x1F50, 0x1F57}, {0x1F59, 0x1F59}, {0x1F5B, 0x1F5B}, {0x1F5D, 0x1F5D},
+    {0x1F5F, 0x1F7D}, {0x1F80, 0x1FB4}, {0x1FB6, 0x1FBC}, {0x1FBE, 0x1FBE}, {0x1FC2, 0x1FC4}, {0x1FC6, 0x1FCC},
+    {0x1FD0, 0x1FD3}, {0x1FD6, 0x1FDB}, {0x1FE0, 0x1FEC}, {0x1FF2, 0x1FF4}, {0x1FF6, 0x1FFC}, {0x2102, 0x2102},
+    {0x2107, 0x2107}, {0x210A, 0x2113}, {0x2115, 0x2115}, {0x2119, 0x211D}, {0x2124, 0x2124}, {0x2126, 0x2126},
+    {0x2128, 0x2128}, {0x212A, 0x212D}, {0x212F, 0x2134}, {0x2139, 0x2139}, {0x213C, 0x213F}, {0x2145, 0x2149},
+    {0x214E, 0x214E}, {0x2183, 0x2184}, {0x2C00, 0x2C7B}, {0x2C7E, 0x2CE4}, {0x2CEB, 0x2CEE}, {0x2CF2, 0x2CF3},
+    {0xA640, 0xA66D}, {0xA680, 0xA69B}, {0xA722, 0xA76F}, {0xA771, 0xA787}, {0xA78B, 0xA78E}, {0xAB70, 0xABBF},
+    {0xFB00, 0xFB06}, {0xFB13, 0xFB17}, {0xFF21, 0xFF3A}, {0xFF41, 0xFF5A}, {0x10400, 0x1044F},
+    {0x104B0, 0x104D3}, {0x104D8, 0x104FB}, {0x10C80, 0x10CB2}, {0x10CC0, 0x10CF2}, {0x118A0, 0x118DF},
+    {0x1E900, 0x1E943},
 };
 
 static int in_ranges(const uint32_t (*r)[2], size_t n, uint32_t cp) {
@@ -455,9 +510,11 @@ static dhsa_status opt_bool(const dhsa_gguf *g, const char *key, int def, int *o
     return dhsa_gguf_get_bool(g, key, out);
 }
 
-static const char *const pre_names[] = {"default", "gpt-2", "starcoder", "llama-bpe", "llama3", "qwen2"};
-static const dhsa_tok_pre pre_kinds[] = {DHSA_TOK_PRE_GPT2, DHSA_TOK_PRE_GPT2, DHSA_TOK_PRE_STARCODER,
-                                         DHSA_TOK_PRE_LLAMA3, DHSA_TOK_PRE_LLAMA3, DHSA_TOK_PRE_QWEN2};
+static const char *const pre_names[] = {"default", "gpt-2",  "starcoder",    "llama-bpe",
+                                        "llama3",  "qwen2", "deepseek-llm", "falcon"};
+static const dhsa_tok_pre pre_kinds[] = {DHSA_TOK_PRE_GPT2,   DHSA_TOK_PRE_GPT2,  DHSA_TOK_PRE_STARCODER,
+                                         DHSA_TOK_PRE_LLAMA3, DHSA_TOK_PRE_LLAMA3, DHSA_TOK_PRE_QWEN2,
+                                         DHSA_TOK_PRE_DEEPSEEK_LLM, DHSA_TOK_PRE_FALCON};
 
 typedef struct {
     uint8_t first;
@@ -561,10 +618,12 @@ dhsa_status dhsa_tokenizer_from_gguf(const dhsa_gguf *g, dhsa_tokenizer **out) {
         if (t->pre == DHSA_TOK_PRE_NONE) {
             st = dhsa__fail(DHSA_ERR_UNSUPPORTED,
                             "tokenizer: pre-tokenizer tokenizer.ggml.pre = '%.64s' is not implemented (dhsa knows "
-                            "default, gpt-2, starcoder, llama-bpe, qwen2)",
+                            "default, gpt-2, starcoder, llama-bpe, qwen2, deepseek-llm, falcon)",
                             pre);
             goto fail;
         }
+        /* llama.cpp: a llama-bpe vocabulary adds BOS unless the file says no */
+        if (t->pre == DHSA_TOK_PRE_LLAMA3 && dhsa_gguf_find_kv(g, "tokenizer.ggml.add_bos_token") < 0) t->add_bos = 1;
         dhsa_gguf_array m;
         if ((st = dhsa_gguf_get_arr(g, "tokenizer.ggml.merges", &m))) goto fail;
         if (m.type != DHSA_GGUF_STRING) {
@@ -627,6 +686,10 @@ const char *dhsa_tokenizer_text(const dhsa_tokenizer *t, int32_t id, int64_t *le
     if (!t || id < 0 || id >= t->n_vocab) return NULL;
     if (len) *len = t->tok_len[id];
     return t->tok_arena + t->tok_off[id];
+}
+int32_t dhsa_tok__find(const dhsa_tokenizer *t, const char *text, int64_t len) {
+    if (!t || (!text && len > 0) || len < 0) return -1;
+    return strtab_find(&t->tokens, text, len);
 }
 int dhsa_tokenizer_type(const dhsa_tokenizer *t, int32_t id) {
     if (!t || id < 0 || id >= t->n_vocab) return 0;
@@ -713,6 +776,7 @@ typedef struct {
     uint32_t *cp; /* pre-tokenizer: code points of the fragment */
     int64_t *cp_off;
     uint8_t *cat;
+    int64_t *piece[2]; /* pre-tokenizer: piece ends, before / after a regex */
     int64_t cp_cap;
 } work;
 
@@ -734,6 +798,8 @@ static void work_free(work *w) {
     free(w->cp);
     free(w->cp_off);
     free(w->cat);
+    free(w->piece[0]);
+    free(w->piece[1]);
 }
 
 #define OOM() dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "tokenizer: out of memory")
@@ -819,8 +885,17 @@ static dhsa_status spm_encode(work *w, const char *text, int64_t len, int add_pr
 }
 
 /* --------------------------------------------------------------------- */
-/* Pre-tokenizers: each returns the length (in code points) of the word   */
-/* that starts at i, looking no further than n.                           */
+/* Pre-tokenizers. llama.cpp runs a list of regexes in turn: each one splits
+ * every piece the previous one left, its matches becoming pieces and so the
+ * text between two matches (leftmost-first, as std::regex searches). Here
+ * each regex is a hand-written matcher, stage_fn: the length (in code
+ * points) of its match at i, looking no further than the piece end n; 0 for
+ * no match at i; -k when no match can start in [i, i + k) (so long runs are
+ * skipped in one step and every stage stays linear). The GPT-2 and Llama 3
+ * regexes cover all text (every position starts a word): their stages never
+ * return 0. */
+
+typedef int64_t (*stage_fn)(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n);
 
 static int64_t run_of(const uint8_t *cat, int64_t i, int64_t n, int c) {
     while (i < n && cat[i] == c) i++;
@@ -850,7 +925,7 @@ static int64_t trailing_space(const uint8_t *cat, int64_t i, int64_t n) {
 }
 
 /* GPT-2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
-static int64_t match_gpt2(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+static int64_t stage_gpt2(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
     int64_t m = contraction(cp, i, n, 0);
     if (m) return m;
     int64_t j = cp[i] == ' ' && i + 1 < n ? i + 1 : i;
@@ -886,12 +961,158 @@ static int64_t match_llama3(const uint32_t *cp, const uint8_t *cat, int64_t i, i
     return trailing_space(cat, i, n);
 }
 
-static int64_t match_word(dhsa_tok_pre pre, const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
-    switch (pre) {
-    case DHSA_TOK_PRE_LLAMA3: return match_llama3(cp, cat, i, n, 3);
-    case DHSA_TOK_PRE_QWEN2: return match_llama3(cp, cat, i, n, 1);
-    default: return match_gpt2(cp, cat, i, n);
+static int64_t stage_llama3(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+    return match_llama3(cp, cat, i, n, 3);
+}
+
+static int64_t stage_qwen2(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+    return match_llama3(cp, cat, i, n, 1);
+}
+
+/* \p{N}: each number character alone (starcoder). */
+static int64_t stage_digit(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+    (void)cp;
+    (void)n;
+    return cat[i] == CAT_NUMBER;
+}
+
+/* \p{N}+ (deepseek-llm's last regex). */
+static int64_t stage_numbers(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+    (void)cp;
+    return run_of(cat, i, n, CAT_NUMBER) - i;
+}
+
+/* A class test for code points; whitespace never belongs to a class here:
+ * llama.cpp hands a regex without \p{..} to std::wregex after replacing
+ * every non-ASCII whitespace character by 0x0B, so only \s can match it. */
+typedef int (*class_fn)(uint32_t c);
+
+/* \s?[class]+, where the class holds no whitespace. */
+static int64_t space_opt_run(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n, class_fn in) {
+    int64_t j = i;
+    if (cat[i] == CAT_SPACE) {
+        if (i + 1 >= n || cat[i + 1] == CAT_SPACE || !in(cp[i + 1])) return 0;
+        j = i + 1;
+    } else if (!in(cp[i])) {
+        return 0;
     }
+    while (j < n && cat[j] != CAT_SPACE && in(cp[j])) j++;
+    return j - i;
+}
+
+/* ---- falcon: [\p{P}\$\+<=>\^~\|`]+, then GPT-2, then [0-9][0-9][0-9] */
+
+/* \p{P} or $+<=>^~|`: every ASCII punctuation or symbol character, and the
+ * Unicode punctuation (not the symbols) above ASCII. */
+static int falcon_punct(uint32_t c) {
+    if (c < 0x80) return (c >= 0x21 && c <= 0x2F) || (c >= 0x3A && c <= 0x40) || (c >= 0x5B && c <= 0x60) ||
+                          (c >= 0x7B && c <= 0x7E);
+    return !is_space_cp(c) && in_ranges(uni_punct, sizeof uni_punct / sizeof uni_punct[0], c);
+}
+
+static int64_t stage_falcon_punct(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+    (void)cat;
+    int64_t j = i;
+    while (j < n && falcon_punct(cp[j])) j++;
+    return j - i;
+}
+
+static int64_t stage_three_digits(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+    (void)cat;
+    for (int64_t k = 0; k < 3; k++)
+        if (i + k >= n || cp[i + k] < '0' || cp[i + k] > '9') return 0;
+    return 3;
+}
+
+/* ---- deepseek-llm: [\r\n], \s?[letters]+, \s?[punctuation]+, \s+$,
+ * [CJK]+, \p{N}+ (the classes are literal lists in its tokenizer.json) */
+
+static int64_t stage_newline(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+    (void)cat;
+    (void)n;
+    return is_crlf(cp[i]);
+}
+
+static int ds_is_letter(uint32_t c) {
+    if (c < 0x80) return (c | 0x20) >= 'a' && (c | 0x20) <= 'z';
+    return in_ranges(ds_letter, sizeof ds_letter / sizeof ds_letter[0], c);
+}
+
+static int64_t stage_ds_letters(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+    return space_opt_run(cp, cat, i, n, ds_is_letter);
+}
+
+/* [!-/:-~！-／：-～‘-‟　-。]: note :-~ holds the ASCII letters too (the
+ * letters stage has isolated them already) and U+3000 is whitespace. */
+static int ds_is_punct(uint32_t c) {
+    return (c >= 0x21 && c <= 0x2F) || (c >= 0x3A && c <= 0x7E) || (c >= 0xFF01 && c <= 0xFF0F) ||
+           (c >= 0xFF1A && c <= 0xFF5E) || (c >= 0x2018 && c <= 0x201F) || (c >= 0x3001 && c <= 0x3002);
+}
+
+static int64_t stage_ds_punct(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+    return space_opt_run(cp, cat, i, n, ds_is_punct);
+}
+
+/* \s+$: the whitespace run at the end of the piece. */
+static int64_t stage_trailing_ws(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+    (void)cp;
+    if (cat[i] != CAT_SPACE) return 0;
+    int64_t k = run_of(cat, i, n, CAT_SPACE);
+    return k == n ? k - i : -(k - i); /* no match starts inside an inner run */
+}
+
+/* [一-龥ࠀ-一가-퟿]: U+4E00-9FA5, U+0800-4E00, U+AC00-D7FF. */
+static int ds_is_cjk(uint32_t c) {
+    return (c >= 0x800 && c <= 0x9FA5) || (c >= 0xAC00 && c <= 0xD7FF);
+}
+
+static int64_t stage_ds_cjk(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+    int64_t j = i;
+    while (j < n && cat[j] != CAT_SPACE && ds_is_cjk(cp[j])) j++;
+    return j - i;
+}
+
+/* The regexes of each pre-tokenizer, in order (NULL-terminated). */
+static const stage_fn *pre_stages(dhsa_tok_pre pre) {
+    static const stage_fn gpt2[] = {stage_gpt2, NULL};
+    static const stage_fn starcoder[] = {stage_digit, stage_gpt2, NULL};
+    static const stage_fn llama3[] = {stage_llama3, NULL};
+    static const stage_fn qwen2[] = {stage_qwen2, NULL};
+    static const stage_fn deepseek[] = {stage_newline, stage_ds_letters, stage_ds_punct, stage_trailing_ws,
+                                        stage_ds_cjk,  stage_numbers,    NULL};
+    static const stage_fn falcon[] = {stage_falcon_punct, stage_gpt2, stage_three_digits, NULL};
+    switch (pre) {
+    case DHSA_TOK_PRE_STARCODER: return starcoder;
+    case DHSA_TOK_PRE_LLAMA3: return llama3;
+    case DHSA_TOK_PRE_QWEN2: return qwen2;
+    case DHSA_TOK_PRE_DEEPSEEK_LLM: return deepseek;
+    case DHSA_TOK_PRE_FALCON: return falcon;
+    default: return gpt2;
+    }
+}
+
+/* One regex over every piece: in[0..n_in) are piece ends (code points);
+ * writes the new ends to out (at most one per code point); returns their
+ * count. */
+static int64_t split_pieces(stage_fn f, const uint32_t *cp, const uint8_t *cat, const int64_t *in, int64_t n_in,
+                            int64_t *out) {
+    int64_t n_out = 0;
+    for (int64_t p = 0, start = 0; p < n_in; start = in[p++]) {
+        int64_t end = in[p], gap = start;
+        for (int64_t i = start; i < end;) {
+            int64_t m = f(cp, cat, i, end);
+            if (m <= 0) {
+                i += m < 0 ? -m : 1;
+                continue;
+            }
+            if (i > gap) out[n_out++] = i;
+            i += m;
+            out[n_out++] = i;
+            gap = i;
+        }
+        if (gap < end) out[n_out++] = end;
+    }
+    return n_out;
 }
 
 dhsa_status dhsa_tok__pretokenize(dhsa_tok_pre pre, const char *text, int64_t len, int64_t *ends, int64_t cap,
@@ -907,7 +1128,11 @@ dhsa_status dhsa_tok__pretokenize(dhsa_tok_pre pre, const char *text, int64_t le
         if (b) w->cp_off = b;
         uint8_t *d = realloc(w->cat, (size_t)c);
         if (d) w->cat = d;
-        if (!a || !b || !d) {
+        int64_t *e = realloc(w->piece[0], sizeof *e * (size_t)c);
+        if (e) w->piece[0] = e;
+        int64_t *f = realloc(w->piece[1], sizeof *f * (size_t)c);
+        if (f) w->piece[1] = f;
+        if (!a || !b || !d || !e || !f) {
             if (w == &local) work_free(&local);
             return OOM();
         }
@@ -923,25 +1148,17 @@ dhsa_status dhsa_tok__pretokenize(dhsa_tok_pre pre, const char *text, int64_t le
         i += k;
     }
     w->cp_off[n] = len;
-    int64_t nw = 0;
-    for (int64_t seg = 0; seg < n;) {
-        /* starcoder splits every digit off first, then runs GPT-2 per piece */
-        int64_t seg_end = n;
-        if (pre == DHSA_TOK_PRE_STARCODER) {
-            seg_end = seg + 1;
-            if (w->cat[seg] != CAT_NUMBER)
-                while (seg_end < n && w->cat[seg_end] != CAT_NUMBER) seg_end++;
-        }
-        for (int64_t i = seg; i < seg_end;) {
-            int64_t m = match_word(pre, w->cp, w->cat, i, seg_end);
-            if (m <= 0) m = 1;
-            i += m;
-            if (nw < cap) ends[nw] = w->cp_off[i];
-            nw++;
-        }
-        seg = seg_end;
+    /* pieces ping-pong between the two buffers, one regex at a time */
+    int64_t *cur = w->piece[0], *next = w->piece[1], n_cur = 0;
+    if (n > 0) cur[n_cur++] = n;
+    for (const stage_fn *s = pre_stages(pre); *s; s++) {
+        n_cur = split_pieces(*s, w->cp, w->cat, cur, n_cur, next);
+        int64_t *t = cur;
+        cur = next;
+        next = t;
     }
-    *n_words = nw;
+    for (int64_t i = 0; i < n_cur && i < cap; i++) ends[i] = w->cp_off[cur[i]];
+    *n_words = n_cur;
     if (w == &local) work_free(&local);
     return DHSA_OK;
 }

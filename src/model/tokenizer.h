@@ -19,7 +19,9 @@ typedef enum {
     DHSA_TOK_PRE_GPT2 = 1,      /* "gpt-2", "default" */
     DHSA_TOK_PRE_STARCODER = 2, /* digits split off, then GPT-2 */
     DHSA_TOK_PRE_LLAMA3 = 3,    /* "llama-bpe": Llama 3 regex, whole-word tokens first */
-    DHSA_TOK_PRE_QWEN2 = 4      /* Llama 3 regex with single digits */
+    DHSA_TOK_PRE_QWEN2 = 4,     /* Llama 3 regex with single digits */
+    DHSA_TOK_PRE_DEEPSEEK_LLM = 5, /* "deepseek-llm": six regexes in turn (docs/tokenizer.md) */
+    DHSA_TOK_PRE_FALCON = 6     /* "falcon": punctuation runs, GPT-2, then digit triples */
 } dhsa_tok_pre;
 
 /* Splits text[0..len) into words: ends[i] is the byte offset where word i
@@ -28,5 +30,10 @@ typedef enum {
  * Exposed for tests. */
 dhsa_status dhsa_tok__pretokenize(dhsa_tok_pre pre, const char *text, int64_t len, int64_t *ends, int64_t cap,
                                   int64_t *n_words, void *scratch);
+
+/* Id of the token whose vocabulary text is text[0..len) (the last one when
+ * the text repeats, as llama.cpp's map keeps it), or -1. For the chat
+ * templates (src/model/chat.c), which look up <|eot_id|> and the like. */
+int32_t dhsa_tok__find(const dhsa_tokenizer *t, const char *text, int64_t len);
 
 #endif
