@@ -1,0 +1,1449 @@
+/* llm_ref.h: the independent reference the model runner is tested against.
+ *
+ * A naive transformer forward pass in double precision, written from
+ * docs/model.md alone (plain loops, no KV cache, every weight dequantized to
+ * double once), plus what the tests around it need:
+ *
+ *   - llmref_dequant / llmref_quantize: the ggml block formats F32, F16,
+ *     BF16, Q8_0, Q4_0, Q4_K, Q6_K, decoded here from the byte layouts (f16
+ *     included), and a simple encoder for fixtures;
+ *   - llmref_model: hyperparameters and weights from an open dhsa_gguf
+ *     (architectures llama, qwen2, gemma2) or from a llama2.c checkpoint;
+ *     every field is plain data, so a test can build a model by hand or
+ *     change one field to make a deliberately wrong variant;
+ *   - llmref_forward / llmref_forward_ex: logits [n][n_vocab] of a sequence;
+ *   - llmref_fixture_build: tiny random GGUF models (test fixtures) for any
+ *     architecture and weight type, deterministic for a seed;
+ *   - llmref_compare: float logits against double reference logits,
+ *     |a-b| <= atol + rtol*|ref| per element and NMSE overall, printing the
+ *     worst element on failure.
+ *
+ * Independence is the point: this file uses only include/dhsa.h's public
+ * GGUF reader/writer (and nothing of src/model/), so a bug in the runner or
+ * in its quantization kernels cannot hide in a shared helper.
+ *
+ * Header-only: every function is `static inline`, so a test that includes it
+ * and uses a part compiles without unused-function warnings. Errors are
+ * return values (0 = ok, -1 = failed) with a sentence in llmref_error().
+ * Not thread-safe (one error buffer). Not fast: a forward is
+ * O(n^2 d + n P) with P the parameter count, fine for fixtures and the
+ * 260K-parameter real model.
+ *
+ * Validated by tests/test_llm_ref.c:
+ *   make build/tests/test_llm_ref && build/tests/test_llm_ref
+ */
+#ifndef DHSA_TESTS_LLM_REF_H
+#define DHSA_TESTS_LLM_REF_H
+
+#include "dhsa.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* --------------------------------------------------------------------- */
+/* Errors                                                                 */
+
+static char llmref_errbuf[512];
+
+/* The sentence of the last failure of an llmref_* call. */
+static inline const char *llmref_error(void) { return llmref_errbuf; }
+
+static inline int llmref__fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(llmref_errbuf, sizeof llmref_errbuf, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* --------------------------------------------------------------------- */
+/* Scalars: IEEE half and bfloat16, decoded from their bits               */
+
+/* f16: 1 sign, 5 exponent (bias 15), 10 mantissa bits. Exact in double. */
+static inline double llmref_f16_to_double(uint16_t h) {
+    int e = (h >> 10) & 31, f = h & 1023;
+    double v;
+    if (e == 0) v = ldexp((double)f, -24); /* zero and subnormals: f * 2^-24 */
+    else if (e == 31) v = f ? NAN : INFINITY;
+    else v = ldexp((double)(f + 1024), e - 25); /* (1 + f/1024) * 2^(e-15) */
+    return (h >> 15) ? -v : v;
+}
+
+/* bf16: the top 16 bits of an IEEE float. */
+static inline double llmref_bf16_to_double(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* Nearest f16 (ties to even; overflow to inf). For the fixture encoder. */
+static inline uint16_t llmref_double_to_f16(double x) {
+    uint16_t sign = signbit(x) ? 0x8000 : 0;
+    double a = fabs(x);
+    if (isnan(x)) return 0x7e00;
+    if (a >= 65520.0) return sign | 0x7c00; /* half-way above 65504 rounds up */
+    if (a < 0x1p-14) return sign | (uint16_t)nearbyint(a * 0x1p24); /* 1024 = smallest normal */
+    int e;
+    double f = frexp(a, &e); /* a = f * 2^e, f in [0.5, 1) */
+    double mant = nearbyint((2.0 * f - 1.0) * 1024.0);
+    int E = e - 1 + 15;
+    if (mant == 1024.0) {
+        mant = 0;
+        E++;
+    }
+    if (E >= 31) return sign | 0x7c00;
+    return (uint16_t)(sign | (E << 10) | (int)mant);
+}
+
+/* Nearest bf16 of (float)x (ties to even). */
+static inline uint16_t llmref_double_to_bf16(double x) {
+    float f = (float)x;
+    uint32_t b;
+    memcpy(&b, &f, 4);
+    if (isnan(f)) return (uint16_t)((b >> 16) | 0x40);
+    b += 0x7fffu + ((b >> 16) & 1u);
+    return (uint16_t)(b >> 16);
+}
+
+static inline uint16_t llmref__rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline void llmref__wr16(uint8_t *p, uint16_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+/* --------------------------------------------------------------------- */
+/* Weight types: the ggml block formats                                   */
+
+enum {
+    LLMREF_F32 = 0,
+    LLMREF_F16 = 1,
+    LLMREF_Q4_0 = 2,
+    LLMREF_Q8_0 = 8,
+    LLMREF_Q4_K = 12,
+    LLMREF_Q6_K = 14,
+    LLMREF_BF16 = 30
+};
+
+/* Values per block (1 for the float types); 0 for a type not known here. */
+static inline int64_t llmref_type_block(uint32_t type) {
+    switch (type) {
+    case LLMREF_F32: case LLMREF_F16: case LLMREF_BF16: return 1;
+    case LLMREF_Q8_0: case LLMREF_Q4_0: return 32;
+    case LLMREF_Q4_K: case LLMREF_Q6_K: return 256;
+    default: return 0;
+    }
+}
+
+/* Bytes per block; 0 for a type not known here.
+ *   Q8_0 (34): f16 d, int8 qs[32]                    x = d q
+ *   Q4_0 (18): f16 d, uint8 qs[16]                   x[j] = d (lo4 - 8), x[j+16] = d (hi4 - 8)
+ *   Q4_K (144): f16 d, f16 dmin, scales[12], qs[128] x = d sc q - dmin m (8 sub-blocks of 32)
+ *   Q6_K (210): ql[128], qh[64], int8 scales[16], f16 d   x = d sc (q - 32) (16 sub-blocks of 16) */
+static inline int64_t llmref_type_block_bytes(uint32_t type) {
+    switch (type) {
+    case LLMREF_F32: return 4;
+    case LLMREF_F16: case LLMREF_BF16: return 2;
+    case LLMREF_Q8_0: return 34;
+    case LLMREF_Q4_0: return 18;
+    case LLMREF_Q4_K: return 144;
+    case LLMREF_Q6_K: return 210;
+    default: return 0;
+    }
+}
+
+/* Bytes of n values; -1 when the type is unknown or n not a whole number of
+ * blocks. */
+static inline int64_t llmref_type_bytes(uint32_t type, int64_t n) {
+    int64_t blk = llmref_type_block(type);
+    if (!blk || n < 0 || n % blk) return -1;
+    return n / blk * llmref_type_block_bytes(type);
+}
+
+static inline const char *llmref_type_name(uint32_t type) {
+    switch (type) {
+    case LLMREF_F32: return "F32";
+    case LLMREF_F16: return "F16";
+    case LLMREF_BF16: return "BF16";
+    case LLMREF_Q8_0: return "Q8_0";
+    case LLMREF_Q4_0: return "Q4_0";
+    case LLMREF_Q4_K: return "Q4_K";
+    case LLMREF_Q6_K: return "Q6_K";
+    default: return "?";
+    }
+}
+
+/* Q4_K packs 8 six-bit scales and 8 six-bit mins in 12 bytes: bytes 0-3
+ * hold scales 0-3 (low 6 bits) and the top 2 bits of scales 4-7; bytes
+ * 4-7 the same for the mins; bytes 8-11 the low 4 bits of scale 4-7 (low
+ * nibble) and min 4-7 (high nibble). */
+static inline void llmref__q4k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Q6_K: value v (0..255) of a block: which bytes and bits hold it. The
+ * block is two halves of 128; in a half, value r = 32 quarter + l takes
+ * the low (quarters 0, 1) or high (2, 3) nibble of ql[64 half + l +
+ * 32 (quarter & 1)] and bits 2 quarter, 2 quarter + 1 of qh[32 half + l]. */
+static inline void llmref__q6k_where(int v, int *ql_i, int *ql_shift, int *qh_i, int *qh_shift) {
+    int half = v / 128, r = v % 128, quarter = r / 32, l = r % 32;
+    *ql_i = 64 * half + l + 32 * (quarter & 1);
+    *ql_shift = quarter >= 2 ? 4 : 0;
+    *qh_i = 32 * half + l;
+    *qh_shift = 2 * quarter;
+}
+
+/* out[0..n) = the values of n weights stored as ggml type `type` at src (n
+ * a whole number of blocks). Exact: every product of f16 scales and small
+ * integers is representable in double. -1 for an unknown type or a ragged
+ * n. */
+static inline int llmref_dequant(uint32_t type, const void *src, int64_t n, double *out) {
+    const uint8_t *p = src;
+    if (llmref_type_bytes(type, n) < 0)
+        return llmref__fail("dequant: %lld values of type %u (%s): unknown type or not whole blocks", (long long)n,
+                            type, llmref_type_name(type));
+    switch (type) {
+    case LLMREF_F32:
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t b = (uint32_t)p[4 * i] | (uint32_t)p[4 * i + 1] << 8 | (uint32_t)p[4 * i + 2] << 16 |
+                         (uint32_t)p[4 * i + 3] << 24;
+            float f;
+            memcpy(&f, &b, 4);
+            out[i] = f;
+        }
+        return 0;
+    case LLMREF_F16:
+        for (int64_t i = 0; i < n; i++) out[i] = llmref_f16_to_double(llmref__rd16(p + 2 * i));
+        return 0;
+    case LLMREF_BF16:
+        for (int64_t i = 0; i < n; i++) out[i] = llmref_bf16_to_double(llmref__rd16(p + 2 * i));
+        return 0;
+    case LLMREF_Q8_0:
+        for (int64_t b = 0; b < n / 32; b++, p += 34) {
+            double d = llmref_f16_to_double(llmref__rd16(p));
+            for (int j = 0; j < 32; j++) out[32 * b + j] = d * (double)(int8_t)p[2 + j];
+        }
+        return 0;
+    case LLMREF_Q4_0:
+        for (int64_t b = 0; b < n / 32; b++, p += 18) {
+            double d = llmref_f16_to_double(llmref__rd16(p));
+            for (int j = 0; j < 16; j++) {
+                out[32 * b + j] = d * ((p[2 + j] & 15) - 8);
+                out[32 * b + j + 16] = d * ((p[2 + j] >> 4) - 8);
+            }
+        }
+        return 0;
+    case LLMREF_Q4_K:
+        for (int64_t b = 0; b < n / 256; b++, p += 144) {
+            double d = llmref_f16_to_double(llmref__rd16(p)), dmin = llmref_f16_to_double(llmref__rd16(p + 2));
+            const uint8_t *qs = p + 16;
+            for (int j = 0; j < 8; j++) { /* sub-block j: nibble j&1 of bytes 32 (j/2) .. +32 */
+                int sc, mn;
+                llmref__q4k_scale_min(p + 4, j, &sc, &mn);
+                for (int l = 0; l < 32; l++) {
+                    int q = (qs[32 * (j / 2) + l] >> (4 * (j & 1))) & 15;
+                    out[256 * b + 32 * j + l] = d * sc * q - dmin * mn;
+                }
+            }
+        }
+        return 0;
+    case LLMREF_Q6_K:
+        for (int64_t b = 0; b < n / 256; b++, p += 210) {
+            const uint8_t *ql = p, *qh = p + 128;
+            const int8_t *sc = (const int8_t *)(p + 192);
+            double d = llmref_f16_to_double(llmref__rd16(p + 208));
+            for (int v = 0; v < 256; v++) {
+                int qli, qls, qhi, qhs;
+                llmref__q6k_where(v, &qli, &qls, &qhi, &qhs);
+                int q = ((ql[qli] >> qls) & 15) | (((qh[qhi] >> qhs) & 3) << 4);
+                out[256 * b + v] = d * sc[v / 16] * (q - 32);
+            }
+        }
+        return 0;
+    default:
+        return -1;
+    }
+}
+
+static inline int llmref__clampi(double v, int lo, int hi) {
+    double r = nearbyint(v);
+    return r < lo ? lo : r > hi ? hi : (int)r;
+}
+
+/* dst = an encoding of src[0..n) as ggml type `type` (n a whole number of
+ * blocks; dst holds llmref_type_bytes(type, n) bytes). Simple rules, not
+ * ggml's: a block's scale from its largest magnitude, values rounded to
+ * the nearest code. Any valid block serves a fixture: the reference reads
+ * back whatever bytes were written. */
+static inline int llmref_quantize(uint32_t type, const double *src, int64_t n, void *dst) {
+    uint8_t *p = dst;
+    if (llmref_type_bytes(type, n) < 0)
+        return llmref__fail("quantize: %lld values of type %u: unknown type or not whole blocks", (long long)n, type);
+    switch (type) {
+    case LLMREF_F32:
+        for (int64_t i = 0; i < n; i++) {
+            float f = (float)src[i];
+            uint32_t b;
+            memcpy(&b, &f, 4);
+            for (int k = 0; k < 4; k++) p[4 * i + k] = (uint8_t)(b >> (8 * k));
+        }
+        return 0;
+    case LLMREF_F16:
+        for (int64_t i = 0; i < n; i++) llmref__wr16(p + 2 * i, llmref_double_to_f16(src[i]));
+        return 0;
+    case LLMREF_BF16:
+        for (int64_t i = 0; i < n; i++) llmref__wr16(p + 2 * i, llmref_double_to_bf16(src[i]));
+        return 0;
+    case LLMREF_Q8_0:
+        for (int64_t b = 0; b < n / 32; b++, p += 34) {
+            const double *x = src + 32 * b;
+            double amax = 0;
+            for (int j = 0; j < 32; j++) amax = fmax(amax, fabs(x[j]));
+            uint16_t dh = llmref_double_to_f16(amax / 127);
+            double d = llmref_f16_to_double(dh);
+            llmref__wr16(p, dh);
+            for (int j = 0; j < 32; j++) p[2 + j] = (uint8_t)(int8_t)(d > 0 ? llmref__clampi(x[j] / d, -127, 127) : 0);
+        }
+        return 0;
+    case LLMREF_Q4_0:
+        for (int64_t b = 0; b < n / 32; b++, p += 18) {
+            const double *x = src + 32 * b;
+            double amax = 0;
+            for (int j = 0; j < 32; j++) amax = fmax(amax, fabs(x[j]));
+            uint16_t dh = llmref_double_to_f16(amax / 7);
+            double d = llmref_f16_to_double(dh);
+            llmref__wr16(p, dh);
+            for (int j = 0; j < 16; j++) {
+                int lo = d > 0 ? llmref__clampi(x[j] / d, -8, 7) + 8 : 8;
+                int hi = d > 0 ? llmref__clampi(x[j + 16] / d, -8, 7) + 8 : 8;
+                p[2 + j] = (uint8_t)(lo | (hi << 4));
+            }
+        }
+        return 0;
+    case LLMREF_Q4_K:
+        for (int64_t b = 0; b < n / 256; b++, p += 144) {
+            const double *x = src + 256 * b;
+            double scale[8], minv[8], smax = 0, mmax = 0;
+            for (int j = 0; j < 8; j++) { /* sub-block j covers [lo, hi] with lo <= 0 */
+                double lo = 0, hi = 0;
+                for (int l = 0; l < 32; l++) {
+                    lo = fmin(lo, x[32 * j + l]);
+                    hi = fmax(hi, x[32 * j + l]);
+                }
+                scale[j] = (hi - lo) / 15;
+                minv[j] = -lo;
+                smax = fmax(smax, scale[j]);
+                mmax = fmax(mmax, minv[j]);
+            }
+            uint16_t dh = llmref_double_to_f16(smax / 63), mh = llmref_double_to_f16(mmax / 63);
+            double d = llmref_f16_to_double(dh), dmin = llmref_f16_to_double(mh);
+            int sc[8], mn[8];
+            for (int j = 0; j < 8; j++) {
+                sc[j] = d > 0 ? llmref__clampi(scale[j] / d, 0, 63) : 0;
+                mn[j] = dmin > 0 ? llmref__clampi(minv[j] / dmin, 0, 63) : 0;
+            }
+            llmref__wr16(p, dh);
+            llmref__wr16(p + 2, mh);
+            uint8_t *s = p + 4;
+            for (int j = 0; j < 4; j++) {
+                s[j] = (uint8_t)((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+                s[j + 4] = (uint8_t)((mn[j] & 63) | ((mn[j + 4] >> 4) << 6));
+                s[j + 8] = (uint8_t)((sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4));
+            }
+            uint8_t *qs = p + 16;
+            memset(qs, 0, 128);
+            for (int j = 0; j < 8; j++) {
+                double step = d * sc[j], off = dmin * mn[j];
+                for (int l = 0; l < 32; l++) {
+                    int q = step > 0 ? llmref__clampi((x[32 * j + l] + off) / step, 0, 15) : 0;
+                    qs[32 * (j / 2) + l] |= (uint8_t)(q << (4 * (j & 1)));
+                }
+            }
+        }
+        return 0;
+    case LLMREF_Q6_K:
+        for (int64_t b = 0; b < n / 256; b++, p += 210) {
+            const double *x = src + 256 * b;
+            double scale[16], smax = 0;
+            for (int j = 0; j < 16; j++) {
+                double amax = 0;
+                for (int l = 0; l < 16; l++) amax = fmax(amax, fabs(x[16 * j + l]));
+                scale[j] = amax / 31;
+                smax = fmax(smax, scale[j]);
+            }
+            uint16_t dh = llmref_double_to_f16(smax / 127);
+            double d = llmref_f16_to_double(dh);
+            int8_t *sc = (int8_t *)(p + 192);
+            for (int j = 0; j < 16; j++) sc[j] = (int8_t)(d > 0 ? llmref__clampi(scale[j] / d, -128, 127) : 0);
+            llmref__wr16(p + 208, dh);
+            memset(p, 0, 192);
+            for (int v = 0; v < 256; v++) {
+                double step = d * sc[v / 16];
+                int q = step > 0 ? llmref__clampi(x[v] / step, -32, 31) + 32 : 32;
+                int qli, qls, qhi, qhs;
+                llmref__q6k_where(v, &qli, &qls, &qhi, &qhs);
+                p[qli] |= (uint8_t)((q & 15) << qls);
+                p[128 + qhi] |= (uint8_t)((q >> 4) << qhs);
+            }
+        }
+        return 0;
+    default:
+        return -1;
+    }
+}
+
+/* --------------------------------------------------------------------- */
+/* Deterministic random numbers (splitmix64; no libm, so the same bits on */
+/* every platform)                                                        */
+
+static inline uint64_t llmref_rand_u64(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+/* Uniform in [0, 1). */
+static inline double llmref_rand_uniform(uint64_t *s) { return (double)(llmref_rand_u64(s) >> 11) * 0x1p-53; }
+/* Mean 0, variance 1, bounded by +-2 sqrt(3): the sum of four uniforms. */
+static inline double llmref_rand_normal(uint64_t *s) {
+    double u = 0;
+    for (int i = 0; i < 4; i++) u += llmref_rand_uniform(s);
+    return (u - 2.0) * sqrt(3.0);
+}
+static inline uint64_t llmref__hash(uint64_t seed, const char *name) { /* FNV-1a, then mixed */
+    uint64_t h = 0xcbf29ce484222325ull ^ seed;
+    for (; *name; name++) h = (h ^ (uint8_t)*name) * 0x100000001b3ull;
+    return llmref_rand_u64(&h);
+}
+
+/* --------------------------------------------------------------------- */
+/* The model                                                              */
+
+typedef enum { LLMREF_ARCH_LLAMA = 1, LLMREF_ARCH_QWEN2 = 2, LLMREF_ARCH_GEMMA2 = 3 } llmref_arch;
+
+/* One block. Matrices are row-major [n_out][n_in] (a GGUF [n_in, n_out]
+ * tensor as stored); NULL = absent. */
+typedef struct {
+    double *attn_norm;      /* [n_embd] */
+    double *wq;             /* [n_head*hd_k][n_embd] */
+    double *wk;             /* [n_head_kv*hd_k][n_embd] */
+    double *wv;             /* [n_head_kv*hd_v][n_embd] */
+    double *bq, *bk, *bv;   /* [n_head*hd_k], [n_head_kv*hd_k], [n_head_kv*hd_v]; NULL = no bias */
+    double *wo;             /* [n_embd][n_head*hd_v] */
+    double *post_attn_norm; /* [n_embd]; NULL = none (gemma2 has it) */
+    double *ffn_norm;       /* [n_embd] */
+    double *w_gate, *w_up;  /* [n_ff][n_embd] */
+    double *w_down;         /* [n_embd][n_ff] */
+    double *post_ffw_norm;  /* [n_embd]; NULL = none (gemma2 has it) */
+} llmref_layer;
+
+/* The whole model. The loader sets every field from the file and
+ * docs/model.md; a test may change any of them (e.g. rope_neox = 1 on a
+ * llama model) to get a deliberately wrong or an equivalent variant. */
+typedef struct {
+    llmref_arch arch;
+    int64_t n_vocab, n_ctx_train, n_embd, n_layer, n_ff;
+    int64_t n_head, n_head_kv, hd_k, hd_v, n_rot;
+    double rms_eps;
+    double rope_base;       /* theta */
+    double rope_factor;     /* linear scaling: positions are divided by it (1 = none) */
+    int rope_neox;          /* 0: pairs (2i, 2i+1) (llama); 1: (i, i + n_rot/2) (qwen2, gemma2) */
+    double embd_scale;      /* x = token_embd[t] * embd_scale (gemma2 sqrt(n_embd), else 1) */
+    double attn_scale;      /* scores = q.k * attn_scale (1/sqrt(hd_k)) */
+    double attn_softcap;    /* s = cap tanh(s / cap); 0 = none */
+    double final_softcap;   /* same on the logits; 0 = none */
+    int64_t sliding_window; /* > 0: layers with even index see keys at p' > p - window */
+    int gelu;               /* FFN activation: 1 GELU (tanh form, gemma2), 0 SiLU */
+    /* Which optional arrays llmref_model_alloc allocates. */
+    int has_biases;         /* bq, bk, bv in every layer */
+    int has_post_norms;     /* post_attn_norm, post_ffw_norm in every layer */
+    int has_rope_freqs;     /* rope_freqs */
+    int tied;               /* output == tok_embd */
+    double *tok_embd;       /* [n_vocab][n_embd] */
+    double *output_norm;    /* [n_embd] */
+    double *output;         /* [n_vocab][n_embd]; the tok_embd pointer when tied */
+    double *rope_freqs;     /* [n_rot/2]: theta_i is divided by it; NULL = none */
+    llmref_layer *layers;   /* [n_layer] */
+} llmref_model;
+
+/* Frees every array of m (NULL pointers are skipped) and zeroes m. The
+ * arrays must come from malloc (llmref_model_alloc, or a test's own). */
+static inline void llmref_model_free(llmref_model *m) {
+    if (!m) return;
+    if (m->layers) {
+        for (int64_t l = 0; l < m->n_layer; l++) {
+            llmref_layer *L = &m->layers[l];
+            double *arrs[] = {L->attn_norm, L->wq, L->wk,       L->wv,     L->bq,     L->bk,
+                              L->bv,        L->wo, L->post_attn_norm, L->ffn_norm, L->w_gate, L->w_up,
+                              L->w_down,    L->post_ffw_norm};
+            for (size_t i = 0; i < sizeof arrs / sizeof arrs[0]; i++) free(arrs[i]);
+        }
+        free(m->layers);
+    }
+    if (m->output != m->tok_embd) free(m->output);
+    free(m->tok_embd);
+    free(m->output_norm);
+    free(m->rope_freqs);
+    memset(m, 0, sizeof *m);
+}
+
+static inline double *llmref__zeros(int64_t n, int *ok) {
+    double *p = calloc((size_t)(n > 0 ? n : 1), sizeof *p);
+    if (!p) *ok = 0;
+    return p;
+}
+
+/* Allocates every weight array the hyperparameters and has_* / tied flags
+ * of m call for, zero-filled (norms too; rope_freqs filled with 1), and
+ * overwrites the pointers (whatever they held is not freed). -1 when out
+ * of memory (m is freed then). */
+static inline int llmref_model_alloc(llmref_model *m) {
+    int ok = 1;
+    int64_t E = m->n_embd, F = m->n_ff, dq = m->n_head * m->hd_k, dk = m->n_head_kv * m->hd_k,
+            dv = m->n_head_kv * m->hd_v, da = m->n_head * m->hd_v;
+    m->layers = NULL;
+    m->rope_freqs = NULL;
+    m->tok_embd = llmref__zeros(m->n_vocab * E, &ok);
+    m->output_norm = llmref__zeros(E, &ok);
+    m->output = m->tied ? m->tok_embd : llmref__zeros(m->n_vocab * E, &ok);
+    if (m->has_rope_freqs) {
+        m->rope_freqs = llmref__zeros(m->n_rot / 2, &ok);
+        if (m->rope_freqs)
+            for (int64_t i = 0; i < m->n_rot / 2; i++) m->rope_freqs[i] = 1;
+    }
+    m->layers = calloc((size_t)(m->n_layer > 0 ? m->n_layer : 1), sizeof *m->layers);
+    if (!m->layers) ok = 0;
+    for (int64_t l = 0; ok && l < m->n_layer; l++) {
+        llmref_layer *L = &m->layers[l];
+        L->attn_norm = llmref__zeros(E, &ok);
+        L->wq = llmref__zeros(dq * E, &ok);
+        L->wk = llmref__zeros(dk * E, &ok);
+        L->wv = llmref__zeros(dv * E, &ok);
+        if (m->has_biases) {
+            L->bq = llmref__zeros(dq, &ok);
+            L->bk = llmref__zeros(dk, &ok);
+            L->bv = llmref__zeros(dv, &ok);
+        }
+        L->wo = llmref__zeros(E * da, &ok);
+        L->ffn_norm = llmref__zeros(E, &ok);
+        L->w_gate = llmref__zeros(F * E, &ok);
+        L->w_up = llmref__zeros(F * E, &ok);
+        L->w_down = llmref__zeros(E * F, &ok);
+        if (m->has_post_norms) {
+            L->post_attn_norm = llmref__zeros(E, &ok);
+            L->post_ffw_norm = llmref__zeros(E, &ok);
+        }
+    }
+    if (!ok) {
+        llmref_model_free(m);
+        return llmref__fail("model: out of memory");
+    }
+    return 0;
+}
+
+/* Sets the fields docs/model.md derives from the architecture and the
+ * sizes (call after n_embd and hd_k are set): RoPE pairing, embedding
+ * scale, activation, attention scale. Does not touch eps, caps or window. */
+static inline void llmref_model_derive(llmref_model *m) {
+    m->rope_neox = m->arch != LLMREF_ARCH_LLAMA;
+    m->embd_scale = m->arch == LLMREF_ARCH_GEMMA2 ? sqrt((double)m->n_embd) : 1.0;
+    m->gelu = m->arch == LLMREF_ARCH_GEMMA2;
+    m->attn_scale = 1.0 / sqrt((double)m->hd_k);
+}
+
+/* ---- reading GGUF metadata ---- */
+
+static inline int llmref__kv_int(const dhsa_gguf *g, const char *key, int64_t def, int required, int64_t *out) {
+    int64_t i = dhsa_gguf_find_kv(g, key);
+    if (i < 0) {
+        if (required) return llmref__fail("model: required key %s is absent", key);
+        *out = def;
+        return 0;
+    }
+    const dhsa_gguf_kv *kv = dhsa_gguf_kv_at(g, i);
+    switch (kv->type) {
+    case DHSA_GGUF_UINT8: case DHSA_GGUF_UINT16: case DHSA_GGUF_UINT32: case DHSA_GGUF_UINT64:
+        if (kv->u > (uint64_t)INT64_MAX) return llmref__fail("model: %s = %llu is too large", key, (unsigned long long)kv->u);
+        *out = (int64_t)kv->u;
+        return 0;
+    case DHSA_GGUF_INT8: case DHSA_GGUF_INT16: case DHSA_GGUF_INT32: case DHSA_GGUF_INT64:
+        if (kv->i < 0) return llmref__fail("model: %s = %lld is negative", key, (long long)kv->i);
+        *out = kv->i;
+        return 0;
+    default:
+        return llmref__fail("model: %s is %s, not an integer", key, dhsa_gguf_type_name(kv->type));
+    }
+}
+
+static inline int llmref__kv_float(const dhsa_gguf *g, const char *key, double def, double *out) {
+    int64_t i = dhsa_gguf_find_kv(g, key);
+    if (i < 0) {
+        *out = def;
+        return 0;
+    }
+    const dhsa_gguf_kv *kv = dhsa_gguf_kv_at(g, i);
+    if (kv->type != DHSA_GGUF_FLOAT32 && kv->type != DHSA_GGUF_FLOAT64)
+        return llmref__fail("model: %s is %s, not a float", key, dhsa_gguf_type_name(kv->type));
+    *out = kv->f;
+    return 0;
+}
+
+/* Dequantizes tensor `name` into dst after checking it is [d0] (d1 = 0) or
+ * [d0, d1]. Absent: -1, or 0 with *found = 0 when found is not NULL. */
+static inline int llmref__load_tensor(const dhsa_gguf *g, const char *name, int64_t d0, int64_t d1, double *dst,
+                                      int *found) {
+    int64_t i = dhsa_gguf_find_tensor(g, name);
+    if (found) *found = i >= 0;
+    if (i < 0) return found ? 0 : llmref__fail("model: tensor %s is absent", name);
+    const dhsa_gguf_tensor *t = dhsa_gguf_tensor_at(g, i);
+    int64_t want_n = d1 ? d0 * d1 : d0;
+    if (t->dims[0] != d0 || (d1 && t->dims[1] != d1) || t->n_elements != want_n)
+        return llmref__fail("model: %s is [%lld, %lld, %lld, %lld], expected [%lld, %lld]", name,
+                            (long long)t->dims[0], (long long)t->dims[1], (long long)t->dims[2],
+                            (long long)t->dims[3], (long long)d0, (long long)(d1 ? d1 : 1));
+    int64_t bytes = llmref_type_bytes(t->type, t->n_elements);
+    if (bytes < 0)
+        return llmref__fail("model: %s has type %u (%s), which the reference does not read, or a ragged row", name,
+                            t->type, llmref_type_name(t->type));
+    if (!t->data || t->bytes != bytes)
+        return llmref__fail("model: %s holds %lld bytes, expected %lld", name, (long long)t->bytes, (long long)bytes);
+    return llmref_dequant(t->type, t->data, t->n_elements, dst);
+}
+
+/* Fills m from an open GGUF by docs/model.md (architectures llama, qwen2,
+ * gemma2; missing keys take the table's defaults). Every tensor is checked
+ * for shape and dequantized to double; g may be closed after. Where the
+ * table is silent, llama.cpp's rule is taken: a rope.scaling.factor
+ * applies unless rope.scaling.type says "none" (an absent type counts as
+ * linear). Returns 0, or -1 with llmref_error() (m is then zeroed). */
+static inline int llmref_model_load(const dhsa_gguf *g, llmref_model *m) {
+    memset(m, 0, sizeof *m);
+    const char *arch = NULL;
+    if (dhsa_gguf_get_str(g, "general.architecture", &arch, NULL) != DHSA_OK)
+        return llmref__fail("model: general.architecture is absent or not a string");
+    if (strcmp(arch, "llama") == 0) m->arch = LLMREF_ARCH_LLAMA;
+    else if (strcmp(arch, "qwen2") == 0) m->arch = LLMREF_ARCH_QWEN2;
+    else if (strcmp(arch, "gemma2") == 0) m->arch = LLMREF_ARCH_GEMMA2;
+    else return llmref__fail("model: architecture '%.64s' is not llama, qwen2 or gemma2", arch);
+    int gemma = m->arch == LLMREF_ARCH_GEMMA2;
+    char key[160];
+#define LLMREF_KEY(suffix) (snprintf(key, sizeof key, "%s.%s", arch, suffix), key)
+    if (llmref__kv_int(g, LLMREF_KEY("context_length"), 0, 1, &m->n_ctx_train) ||
+        llmref__kv_int(g, LLMREF_KEY("embedding_length"), 0, 1, &m->n_embd) ||
+        llmref__kv_int(g, LLMREF_KEY("block_count"), 0, 1, &m->n_layer) ||
+        llmref__kv_int(g, LLMREF_KEY("feed_forward_length"), 0, 1, &m->n_ff) ||
+        llmref__kv_int(g, LLMREF_KEY("attention.head_count"), 0, 1, &m->n_head))
+        return -1;
+    if (m->n_embd < 1 || m->n_layer < 1 || m->n_ff < 1 || m->n_head < 1)
+        return llmref__fail("model: a size is 0 (n_embd %lld, n_layer %lld, n_ff %lld, n_head %lld)",
+                            (long long)m->n_embd, (long long)m->n_layer, (long long)m->n_ff, (long long)m->n_head);
+    if (llmref__kv_int(g, LLMREF_KEY("attention.head_count_kv"), m->n_head, 0, &m->n_head_kv) ||
+        llmref__kv_int(g, LLMREF_KEY("attention.key_length"), m->n_embd / m->n_head, 0, &m->hd_k) ||
+        llmref__kv_int(g, LLMREF_KEY("attention.value_length"), m->hd_k, 0, &m->hd_v) ||
+        llmref__kv_int(g, LLMREF_KEY("rope.dimension_count"), m->hd_k, 0, &m->n_rot) ||
+        llmref__kv_float(g, LLMREF_KEY("attention.layer_norm_rms_epsilon"), gemma ? 1e-6 : 1e-5, &m->rms_eps) ||
+        llmref__kv_float(g, LLMREF_KEY("rope.freq_base"), 10000.0, &m->rope_base) ||
+        llmref__kv_float(g, LLMREF_KEY("rope.scaling.factor"), 1.0, &m->rope_factor))
+        return -1;
+    if (m->n_head_kv < 1 || m->n_head % m->n_head_kv)
+        return llmref__fail("model: %lld query heads do not split into %lld KV heads", (long long)m->n_head,
+                            (long long)m->n_head_kv);
+    if (m->hd_k < 1 || m->hd_v < 1 || m->n_rot < 0 || m->n_rot > m->hd_k || m->n_rot % 2)
+        return llmref__fail("model: head dims %lld/%lld with n_rot %lld", (long long)m->hd_k, (long long)m->hd_v,
+                            (long long)m->n_rot);
+    if (dhsa_gguf_find_kv(g, LLMREF_KEY("rope.scaling.type")) >= 0) {
+        const char *type = NULL;
+        if (dhsa_gguf_get_str(g, key, &type, NULL) != DHSA_OK) return llmref__fail("model: %s is not a string", key);
+        if (strcmp(type, "none") == 0) m->rope_factor = 1.0;
+        else if (strcmp(type, "linear") != 0)
+            return llmref__fail("model: rope scaling '%.32s' is not supported (none, linear)", type);
+    }
+    if (m->rope_factor == 0) m->rope_factor = 1.0; /* llama.cpp: 0 = unset */
+    if (!(m->rope_factor > 0) || !(m->rope_base > 0))
+        return llmref__fail("model: rope base %g / factor %g", m->rope_base, m->rope_factor);
+    if (gemma) {
+        if (llmref__kv_float(g, "gemma2.attn_logit_softcapping", 50.0, &m->attn_softcap) ||
+            llmref__kv_float(g, "gemma2.final_logit_softcapping", 30.0, &m->final_softcap) ||
+            llmref__kv_int(g, "gemma2.attention.sliding_window", 4096, 0, &m->sliding_window))
+            return -1;
+    }
+#undef LLMREF_KEY
+    int64_t ti = dhsa_gguf_find_tensor(g, "token_embd.weight");
+    if (ti < 0) return llmref__fail("model: tensor token_embd.weight is absent");
+    m->n_vocab = dhsa_gguf_tensor_at(g, ti)->dims[1];
+    if (m->n_vocab < 1) return llmref__fail("model: token_embd.weight has no rows");
+    m->tied = dhsa_gguf_find_tensor(g, "output.weight") < 0;
+    m->has_rope_freqs = dhsa_gguf_find_tensor(g, "rope_freqs.weight") >= 0;
+    m->has_post_norms = gemma;
+    m->has_biases = 0; /* biases are loaded one by one below */
+    llmref_model_derive(m);
+    if (llmref_model_alloc(m)) return -1;
+
+    int64_t E = m->n_embd, F = m->n_ff, dq = m->n_head * m->hd_k, dk = m->n_head_kv * m->hd_k,
+            dv = m->n_head_kv * m->hd_v, da = m->n_head * m->hd_v;
+    char name[96];
+    if (llmref__load_tensor(g, "token_embd.weight", E, m->n_vocab, m->tok_embd, NULL) ||
+        llmref__load_tensor(g, "output_norm.weight", E, 0, m->output_norm, NULL) ||
+        (!m->tied && llmref__load_tensor(g, "output.weight", E, m->n_vocab, m->output, NULL)) ||
+        (m->rope_freqs && llmref__load_tensor(g, "rope_freqs.weight", m->n_rot / 2, 0, m->rope_freqs, NULL)))
+        goto fail;
+    for (int64_t l = 0; l < m->n_layer; l++) {
+        llmref_layer *L = &m->layers[l];
+#define LLMREF_T(suffix) (snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, suffix), name)
+        if (llmref__load_tensor(g, LLMREF_T("attn_norm.weight"), E, 0, L->attn_norm, NULL) ||
+            llmref__load_tensor(g, LLMREF_T("attn_q.weight"), E, dq, L->wq, NULL) ||
+            llmref__load_tensor(g, LLMREF_T("attn_k.weight"), E, dk, L->wk, NULL) ||
+            llmref__load_tensor(g, LLMREF_T("attn_v.weight"), E, dv, L->wv, NULL) ||
+            llmref__load_tensor(g, LLMREF_T("attn_output.weight"), da, E, L->wo, NULL) ||
+            llmref__load_tensor(g, LLMREF_T("ffn_norm.weight"), E, 0, L->ffn_norm, NULL) ||
+            llmref__load_tensor(g, LLMREF_T("ffn_gate.weight"), E, F, L->w_gate, NULL) ||
+            llmref__load_tensor(g, LLMREF_T("ffn_up.weight"), E, F, L->w_up, NULL) ||
+            llmref__load_tensor(g, LLMREF_T("ffn_down.weight"), F, E, L->w_down, NULL))
+            goto fail;
+        if (gemma && (llmref__load_tensor(g, LLMREF_T("post_attention_norm.weight"), E, 0, L->post_attn_norm, NULL) ||
+                      llmref__load_tensor(g, LLMREF_T("post_ffw_norm.weight"), E, 0, L->post_ffw_norm, NULL)))
+            goto fail;
+        const char *bname[3] = {"attn_q.bias", "attn_k.bias", "attn_v.bias"};
+        int64_t bn[3] = {dq, dk, dv};
+        double **bdst[3] = {&L->bq, &L->bk, &L->bv};
+        for (int b = 0; b < 3; b++) {
+            int ok = 1, found = 0;
+            double *buf = llmref__zeros(bn[b], &ok);
+            if (!ok) {
+                llmref__fail("model: out of memory");
+                goto fail;
+            }
+            if (llmref__load_tensor(g, LLMREF_T(bname[b]), bn[b], 0, buf, &found)) {
+                free(buf);
+                goto fail;
+            }
+            if (!found) {
+                free(buf);
+                if (m->arch == LLMREF_ARCH_QWEN2) {
+                    llmref__fail("model: qwen2 needs %s", name);
+                    goto fail;
+                }
+                continue;
+            }
+            *bdst[b] = buf;
+        }
+#undef LLMREF_T
+    }
+    return 0;
+fail:
+    llmref_model_free(m);
+    return -1;
+}
+
+/* llmref_model_load over a file's bytes (opened and closed here). */
+static inline int llmref_model_load_memory(const void *bytes, size_t size, llmref_model *m) {
+    dhsa_gguf *g = NULL;
+    memset(m, 0, sizeof *m);
+    if (dhsa_gguf_open_memory(bytes, size, &g) != DHSA_OK) return llmref__fail("model: %s", dhsa_last_error());
+    int rc = llmref_model_load(g, m);
+    dhsa_gguf_close(g);
+    return rc;
+}
+
+static inline int llmref_model_load_file(const char *path, llmref_model *m) {
+    dhsa_gguf *g = NULL;
+    memset(m, 0, sizeof *m);
+    if (dhsa_gguf_open(path, &g) != DHSA_OK) return llmref__fail("model: %s", dhsa_last_error());
+    int rc = llmref_model_load(g, m);
+    dhsa_gguf_close(g);
+    return rc;
+}
+
+/* A llama2.c checkpoint (run.c's format, read here independently of the
+ * library's converter): a header of 7 int32 (dim, hidden_dim, n_layers,
+ * n_heads, n_kv_heads, vocab_size (negative = separate classifier),
+ * seq_len), then F32 weights in llama2.c order: token embedding, attention
+ * RMS weights, wq, wk, wv, wo, FFN RMS weights, w1 (gate), w2 (down), w3
+ * (up), final RMS weight, two RoPE tables (skipped), classifier. Read as a
+ * llama: eps 1e-5 (rounded to F32, as GGUF files store it), theta 10000,
+ * adjacent pairs. */
+static inline int llmref_model_load_llama2c(const char *path, llmref_model *m) {
+    memset(m, 0, sizeof *m);
+    FILE *f = fopen(path, "rb");
+    if (!f) return llmref__fail("llama2.c: cannot open %s", path);
+    int32_t h[7];
+    if (fread(h, 4, 7, f) != 7) {
+        fclose(f);
+        return llmref__fail("llama2.c: %s is shorter than its header", path);
+    }
+    for (int i = 0; i < 7; i++)
+        if (i != 5 && h[i] <= 0) {
+            fclose(f);
+            return llmref__fail("llama2.c: header field %d is %d", i, h[i]);
+        }
+    m->arch = LLMREF_ARCH_LLAMA;
+    m->n_embd = h[0];
+    m->n_ff = h[1];
+    m->n_layer = h[2];
+    m->n_head = h[3];
+    m->n_head_kv = h[4];
+    m->tied = h[5] > 0;
+    m->n_vocab = h[5] > 0 ? h[5] : -(int64_t)h[5];
+    m->n_ctx_train = h[6];
+    m->hd_k = m->hd_v = m->n_rot = m->n_embd / m->n_head;
+    m->rms_eps = (double)1e-5f; /* as a GGUF stores it (F32) */
+    m->rope_base = 10000;
+    m->rope_factor = 1;
+    llmref_model_derive(m);
+    if (m->n_vocab < 1 || m->n_head % m->n_head_kv || m->n_embd % m->n_head) {
+        fclose(f);
+        memset(m, 0, sizeof *m);
+        return llmref__fail("llama2.c: inconsistent header");
+    }
+    if (llmref_model_alloc(m)) {
+        fclose(f);
+        return -1;
+    }
+    int64_t E = m->n_embd, F = m->n_ff, dk = m->n_head_kv * m->hd_k, NL = m->n_layer;
+    float *buf = NULL;
+    int ok = 1;
+    /* Reads n floats into dst (skips them when dst is NULL). */
+#define LLMREF_RD(dst, n)                                                                    \
+    do {                                                                                     \
+        int64_t n_ = (n);                                                                    \
+        float *b_ = ok ? realloc(buf, (size_t)(n_ > 0 ? n_ : 1) * sizeof *b_) : NULL;        \
+        if (!b_ || fread(b_, sizeof *b_, (size_t)n_, f) != (size_t)n_) ok = 0;                \
+        if (b_) buf = b_;                                                                    \
+        if (ok && (dst))                                                                     \
+            for (int64_t i_ = 0; i_ < n_; i_++) ((double *)(dst))[i_] = b_[i_];               \
+    } while (0)
+    LLMREF_RD(m->tok_embd, m->n_vocab * E);
+    for (int64_t l = 0; l < NL; l++) LLMREF_RD(m->layers[l].attn_norm, E);
+    for (int64_t l = 0; l < NL; l++) LLMREF_RD(m->layers[l].wq, E * E);
+    for (int64_t l = 0; l < NL; l++) LLMREF_RD(m->layers[l].wk, dk * E);
+    for (int64_t l = 0; l < NL; l++) LLMREF_RD(m->layers[l].wv, dk * E);
+    for (int64_t l = 0; l < NL; l++) LLMREF_RD(m->layers[l].wo, E * E);
+    for (int64_t l = 0; l < NL; l++) LLMREF_RD(m->layers[l].ffn_norm, E);
+    for (int64_t l = 0; l < NL; l++) LLMREF_RD(m->layers[l].w_gate, F * E);
+    for (int64_t l = 0; l < NL; l++) LLMREF_RD(m->layers[l].w_down, E * F);
+    for (int64_t l = 0; l < NL; l++) LLMREF_RD(m->layers[l].w_up, F * E);
+    LLMREF_RD(m->output_norm, E);
+    LLMREF_RD((double *)NULL, m->n_ctx_train * m->hd_k); /* freq_cis_real, freq_cis_imag */
+    if (!m->tied) LLMREF_RD(m->output, m->n_vocab * E);
+#undef LLMREF_RD
+    free(buf);
+    fclose(f);
+    if (!ok) {
+        llmref_model_free(m);
+        return llmref__fail("llama2.c: %s is truncated (or out of memory)", path);
+    }
+    return 0;
+}
+
+/* --------------------------------------------------------------------- */
+/* The forward pass                                                       */
+
+/* out[0..n) = v / sqrt(mean(v^2) + eps) * w   (out may alias v) */
+static inline void llmref_rmsnorm(double *out, const double *v, const double *w, int64_t n, double eps) {
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++) ss += v[i] * v[i];
+    double r = 1.0 / sqrt(ss / (double)n + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = v[i] * r * w[i];
+}
+
+/* W [n_out][n_in] @ x [n_in] (+ b [n_out]) -> y [n_out] */
+static inline void llmref_matvec(double *y, const double *W, const double *x, const double *b, int64_t n_out,
+                                 int64_t n_in) {
+    for (int64_t o = 0; o < n_out; o++) {
+        const double *w = W + o * n_in;
+        double s = 0;
+        for (int64_t i = 0; i < n_in; i++) s += w[i] * x[i];
+        y[o] = s + (b ? b[o] : 0.0);
+    }
+}
+
+/* Rotates one head vector v [hd_k] for position pos: pair i < n_rot/2 turns
+ * by theta_i = (pos / rope_factor) * base^(-2i/n_rot) / rope_freqs[i];
+ * dims at or above n_rot stay. */
+static inline void llmref_rope(const llmref_model *m, double *v, int64_t pos) {
+    int64_t half = m->n_rot / 2;
+    double p = (double)pos / m->rope_factor;
+    for (int64_t i = 0; i < half; i++) {
+        double theta = p * pow(m->rope_base, -2.0 * (double)i / (double)m->n_rot);
+        if (m->rope_freqs) theta /= m->rope_freqs[i];
+        double c = cos(theta), s = sin(theta);
+        int64_t ia = m->rope_neox ? i : 2 * i, ib = m->rope_neox ? i + half : 2 * i + 1;
+        double a = v[ia], b = v[ib];
+        v[ia] = a * c - b * s;
+        v[ib] = a * s + b * c;
+    }
+}
+
+static inline double llmref_silu(double z) { return z / (1.0 + exp(-z)); }
+static inline double llmref_gelu_tanh(double z) {
+    const double k = 0.79788456080286535588; /* sqrt(2/pi) */
+    return 0.5 * z * (1.0 + tanh(k * (z + 0.044715 * z * z * z)));
+}
+
+/* Options of llmref_forward_ex; zeros are the defaults. */
+typedef struct {
+    int64_t pos0;   /* position of ids[0] (no tokens before it): RoPE and the window see pos0 + t */
+    int64_t row0;   /* logits only for rows row0..n-1: logits is [n - row0][n_vocab] */
+    double *hidden; /* optional [n][n_embd]: the residual stream after the last layer (before output_norm) */
+} llmref_opts;
+
+/* Full causal forward of ids[0..n), no cache: logits [n - row0][n_vocab]
+ * for rows row0..n-1 (logits may be NULL to get only o->hidden). Every
+ * intermediate is double. -1 for an id out of range, a bad option or no
+ * memory. */
+static inline int llmref_forward_ex(const llmref_model *m, const int32_t *ids, int64_t n, const llmref_opts *o,
+                                    double *logits) {
+    llmref_opts def = {0, 0, NULL};
+    if (!o) o = &def;
+    if (n < 1 || o->row0 < 0 || o->row0 > n || o->pos0 < 0)
+        return llmref__fail("forward: n = %lld, row0 = %lld, pos0 = %lld", (long long)n, (long long)o->row0,
+                            (long long)o->pos0);
+    for (int64_t t = 0; t < n; t++)
+        if (ids[t] < 0 || ids[t] >= m->n_vocab)
+            return llmref__fail("forward: id %d at %lld is outside [0, %lld)", ids[t], (long long)t,
+                                (long long)m->n_vocab);
+    const int64_t E = m->n_embd, F = m->n_ff, H = m->n_head, Hkv = m->n_head_kv, dk = m->hd_k, dv = m->hd_v;
+    const int64_t group = H / Hkv;
+    double *x = malloc((size_t)(n * E) * sizeof *x);         /* [n][E] residual */
+    double *h = malloc((size_t)E * sizeof *h);               /* [E] normed input of a sublayer */
+    double *q = malloc((size_t)(n * H * dk) * sizeof *q);    /* [n][H*dk] */
+    double *k = malloc((size_t)(n * Hkv * dk) * sizeof *k);  /* [n][Hkv*dk] */
+    double *v = malloc((size_t)(n * Hkv * dv) * sizeof *v);  /* [n][Hkv*dv] */
+    double *a = malloc((size_t)(H * dv) * sizeof *a);        /* [H*dv] attention output of one token */
+    double *ob = malloc((size_t)(n * E) * sizeof *ob);       /* [n][E] sublayer outputs */
+    double *gt = malloc((size_t)F * sizeof *gt);             /* [F] gate */
+    double *up = malloc((size_t)F * sizeof *up);             /* [F] up */
+    double *w = malloc((size_t)n * sizeof *w);               /* [n] scores of one query */
+    int rc = 0;
+    if (!x || !h || !q || !k || !v || !a || !ob || !gt || !up || !w) {
+        rc = llmref__fail("forward: out of memory");
+        goto done;
+    }
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t i = 0; i < E; i++) x[t * E + i] = m->tok_embd[(int64_t)ids[t] * E + i] * m->embd_scale;
+
+    for (int64_t il = 0; il < m->n_layer; il++) {
+        const llmref_layer *L = &m->layers[il];
+        /* attention: q, k, v of every token, rotated */
+        for (int64_t t = 0; t < n; t++) {
+            llmref_rmsnorm(h, x + t * E, L->attn_norm, E, m->rms_eps);
+            llmref_matvec(q + t * H * dk, L->wq, h, L->bq, H * dk, E);
+            llmref_matvec(k + t * Hkv * dk, L->wk, h, L->bk, Hkv * dk, E);
+            llmref_matvec(v + t * Hkv * dv, L->wv, h, L->bv, Hkv * dv, E);
+            for (int64_t hh = 0; hh < H; hh++) llmref_rope(m, q + (t * H + hh) * dk, o->pos0 + t);
+            for (int64_t hh = 0; hh < Hkv; hh++) llmref_rope(m, k + (t * Hkv + hh) * dk, o->pos0 + t);
+        }
+        int sliding = m->sliding_window > 0 && il % 2 == 0;
+        for (int64_t t = 0; t < n; t++) {
+            int64_t p = o->pos0 + t;
+            for (int64_t hh = 0; hh < H; hh++) {
+                const double *qh = q + (t * H + hh) * dk;
+                int64_t kvh = hh / group;
+                double smax = -INFINITY;
+                for (int64_t j = 0; j <= t; j++) {
+                    int64_t pj = o->pos0 + j;
+                    if (sliding && !(pj > p - m->sliding_window)) {
+                        w[j] = -INFINITY;
+                        continue;
+                    }
+                    const double *kj = k + (j * Hkv + kvh) * dk;
+                    double s = 0;
+                    for (int64_t d = 0; d < dk; d++) s += qh[d] * kj[d];
+                    s *= m->attn_scale;
+                    if (m->attn_softcap > 0) s = m->attn_softcap * tanh(s / m->attn_softcap);
+                    w[j] = s;
+                    if (s > smax) smax = s;
+                }
+                double sum = 0;
+                for (int64_t j = 0; j <= t; j++) {
+                    w[j] = w[j] == -INFINITY ? 0.0 : exp(w[j] - smax);
+                    sum += w[j];
+                }
+                double *ah = a + hh * dv;
+                for (int64_t d = 0; d < dv; d++) ah[d] = 0;
+                for (int64_t j = 0; j <= t; j++) {
+                    if (w[j] == 0) continue;
+                    const double *vj = v + (j * Hkv + kvh) * dv;
+                    double pw = w[j] / sum;
+                    for (int64_t d = 0; d < dv; d++) ah[d] += pw * vj[d];
+                }
+            }
+            llmref_matvec(ob + t * E, L->wo, a, NULL, E, H * dv);
+        }
+        for (int64_t t = 0; t < n; t++) {
+            if (L->post_attn_norm) llmref_rmsnorm(ob + t * E, ob + t * E, L->post_attn_norm, E, m->rms_eps);
+            for (int64_t i = 0; i < E; i++) x[t * E + i] += ob[t * E + i];
+        }
+        /* feed-forward */
+        for (int64_t t = 0; t < n; t++) {
+            llmref_rmsnorm(h, x + t * E, L->ffn_norm, E, m->rms_eps);
+            llmref_matvec(gt, L->w_gate, h, NULL, F, E);
+            llmref_matvec(up, L->w_up, h, NULL, F, E);
+            for (int64_t i = 0; i < F; i++) gt[i] = (m->gelu ? llmref_gelu_tanh(gt[i]) : llmref_silu(gt[i])) * up[i];
+            double *f = ob + t * E;
+            llmref_matvec(f, L->w_down, gt, NULL, E, F);
+            if (L->post_ffw_norm) llmref_rmsnorm(f, f, L->post_ffw_norm, E, m->rms_eps);
+            for (int64_t i = 0; i < E; i++) x[t * E + i] += f[i];
+        }
+    }
+    if (o->hidden) memcpy(o->hidden, x, (size_t)(n * E) * sizeof *x);
+    if (logits)
+        for (int64_t t = o->row0; t < n; t++) {
+            double *lg = logits + (t - o->row0) * m->n_vocab;
+            llmref_rmsnorm(h, x + t * E, m->output_norm, E, m->rms_eps);
+            llmref_matvec(lg, m->output, h, NULL, m->n_vocab, E);
+            if (m->final_softcap > 0)
+                for (int64_t i = 0; i < m->n_vocab; i++) lg[i] = m->final_softcap * tanh(lg[i] / m->final_softcap);
+        }
+done:
+    free(x);
+    free(h);
+    free(q);
+    free(k);
+    free(v);
+    free(a);
+    free(ob);
+    free(gt);
+    free(up);
+    free(w);
+    return rc;
+}
+
+/* logits [n][n_vocab] of ids[0..n) at positions 0..n-1. */
+static inline int llmref_forward(const llmref_model *m, const int32_t *ids, int64_t n, double *logits) {
+    return llmref_forward_ex(m, ids, n, NULL, logits);
+}
+
+/* Index of the largest x[i]; the lowest index on ties. */
+static inline int64_t llmref_argmax(const double *x, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* Greedy decoding: seq [n_prompt + n_gen] starts with the prompt; each new
+ * id is the argmax of the last row of a full forward over seq so far. */
+static inline int llmref_greedy(const llmref_model *m, int32_t *seq, int64_t n_prompt, int64_t n_gen) {
+    double *lg = malloc((size_t)m->n_vocab * sizeof *lg);
+    if (!lg) return llmref__fail("greedy: out of memory");
+    for (int64_t i = 0; i < n_gen; i++) {
+        int64_t n = n_prompt + i;
+        llmref_opts o = {0, n - 1, NULL};
+        if (llmref_forward_ex(m, seq, n, &o, lg)) {
+            free(lg);
+            return -1;
+        }
+        seq[n] = (int32_t)llmref_argmax(lg, m->n_vocab);
+    }
+    free(lg);
+    return 0;
+}
+
+/* --------------------------------------------------------------------- */
+/* Fixtures: tiny random GGUF models                                      */
+
+/* What a fixture holds. Fields that name an optional key: 0 (or NULL)
+ * leaves the key out, so the reader's default applies. */
+typedef struct {
+    const char *arch;          /* general.architecture: "llama", "qwen2", "gemma2" (written as given) */
+    uint32_t wtype;            /* ggml type of the layer matrices */
+    uint32_t embd_type;        /* token_embd.weight */
+    uint32_t output_type;      /* output.weight (when not tied) */
+    uint32_t norm_type;        /* norms and biases (F32; F16/BF16 also read) */
+    int64_t n_vocab, n_embd, n_layer, n_head, n_ff, n_ctx_train;
+    int64_t n_head_kv;         /* 0: key out (= n_head) */
+    int64_t head_dim;          /* attention.key_length; 0: key out (= n_embd / n_head) */
+    int64_t head_dim_v;        /* attention.value_length; 0: key out (= key length) */
+    int64_t n_rot;             /* rope.dimension_count; 0: key out (= key length) */
+    double rope_base;          /* rope.freq_base; 0: key out (10000) */
+    const char *rope_scaling_type; /* rope.scaling.type; NULL: key out */
+    double rope_scaling_factor;    /* rope.scaling.factor; 0: key out */
+    int rope_freqs;            /* write rope_freqs.weight [n_rot/2], values in [1, 4) */
+    int biases;                /* write attn_q/k/v.bias (qwen2 needs them) */
+    double rms_eps;            /* attention.layer_norm_rms_epsilon; 0: key out */
+    double attn_softcap;       /* gemma2.attn_logit_softcapping; 0: key out (50) */
+    double final_softcap;      /* gemma2.final_logit_softcapping; 0: key out (30) */
+    int64_t sliding_window;    /* gemma2.attention.sliding_window; 0: key out (4096) */
+    int tied;                  /* 1: no output.weight */
+    dhsa_gguf_type int_type;   /* type of the integer keys; 0 (UINT8, too small) means UINT32 */
+    int f64_keys;              /* 1: float keys as FLOAT64 (else FLOAT32) */
+    const char *omit_tensor;   /* leave this tensor out (loader tests); NULL: none */
+    uint64_t seed;
+} llmref_spec;
+
+/* A small spec for arch and matrix type. The float types and the 32-blocks
+ * get n_embd 64, n_ff 96, 4 query heads of 16 on 2 KV heads; the K types
+ * (rows must be multiples of 256) n_embd 256, n_ff 512, 4 heads of 64 on 2.
+ * n_vocab 320 (3 control, 256 byte tokens, 61 pieces), 2 layers, separate
+ * output, every optional key written except rope scaling; qwen2 gets
+ * biases; gemma2 gets caps small enough to act (attn 5, final 3) and a
+ * window of 5. */
+static inline llmref_spec llmref_spec_default(const char *arch, uint32_t wtype) {
+    llmref_spec s;
+    memset(&s, 0, sizeof s);
+    int kq = llmref_type_block(wtype) == 256;
+    s.arch = arch;
+    s.wtype = s.embd_type = s.output_type = wtype;
+    s.norm_type = LLMREF_F32;
+    s.n_vocab = 320;
+    s.n_embd = kq ? 256 : 64;
+    s.n_ff = kq ? 512 : 96;
+    s.n_layer = 2;
+    s.n_head = 4;
+    s.n_head_kv = 2;
+    s.head_dim = kq ? 64 : 16;
+    s.head_dim_v = s.head_dim;
+    s.n_rot = s.head_dim;
+    s.n_ctx_train = 256;
+    s.rope_base = 10000;
+    s.rms_eps = strcmp(arch, "gemma2") == 0 ? 1e-6 : 1e-5;
+    s.biases = strcmp(arch, "qwen2") == 0;
+    if (strcmp(arch, "gemma2") == 0) {
+        s.attn_softcap = 5;
+        s.final_softcap = 3;
+        s.sliding_window = 5;
+    }
+    s.int_type = DHSA_GGUF_UINT32;
+    s.seed = 1;
+    return s;
+}
+
+/* The sizes a spec implies (defaults applied as the reader would). */
+static inline void llmref__spec_dims(const llmref_spec *s, int64_t *n_kv, int64_t *hdk, int64_t *hdv, int64_t *rot) {
+    *n_kv = s->n_head_kv ? s->n_head_kv : s->n_head;
+    *hdk = s->head_dim ? s->head_dim : (s->n_head ? s->n_embd / s->n_head : 0);
+    *hdv = s->head_dim_v ? s->head_dim_v : *hdk;
+    *rot = s->n_rot ? s->n_rot : *hdk;
+}
+
+/* Token texts of a fixture vocabulary (n strings, malloc'd, and an array of
+ * them): <unk>, <s>, </s>, <0x00>..<0xFF> when n >= 259 + 29, then
+ * pieces: words ("▁the", ...), letters, "▁", ",", ".", then "▁w<i>". */
+#define LLMREF_SPACE "\xe2\x96\x81" /* U+2581, the SentencePiece space */
+static inline char **llmref__vocab(int64_t n, float *scores, int32_t *types) {
+    static const char *const words[] = {
+        LLMREF_SPACE "the",  LLMREF_SPACE "a",     LLMREF_SPACE "and",    LLMREF_SPACE "to",    LLMREF_SPACE "was",
+        LLMREF_SPACE "he",   LLMREF_SPACE "she",   LLMREF_SPACE "it",     LLMREF_SPACE "of",    LLMREF_SPACE "in",
+        LLMREF_SPACE "time", LLMREF_SPACE "once",  LLMREF_SPACE "upon",   LLMREF_SPACE "there", LLMREF_SPACE "little",
+        LLMREF_SPACE "girl", LLMREF_SPACE "named", LLMREF_SPACE "play",   LLMREF_SPACE "park",  LLMREF_SPACE,
+        ",",                ".",                 "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m",
+        "n", "o", "p", "q", "r", "s", "t", "u", "v", "w", "x", "y", "z"};
+    const int64_t n_words = (int64_t)(sizeof words / sizeof words[0]);
+    char **tok = calloc((size_t)n, sizeof *tok);
+    if (!tok) return NULL;
+    int bytes = n >= 259 + 29;
+    for (int64_t i = 0; i < n; i++) {
+        char buf[32];
+        int32_t type = DHSA_TOKEN_NORMAL;
+        float score = 0;
+        if (i == 0) snprintf(buf, sizeof buf, "<unk>"), type = DHSA_TOKEN_UNKNOWN;
+        else if (i == 1) snprintf(buf, sizeof buf, "<s>"), type = DHSA_TOKEN_CONTROL;
+        else if (i == 2) snprintf(buf, sizeof buf, "</s>"), type = DHSA_TOKEN_CONTROL;
+        else if (bytes && i < 259) snprintf(buf, sizeof buf, "<0x%02X>", (unsigned)(i - 3)), type = DHSA_TOKEN_BYTE;
+        else {
+            int64_t wi = i - (bytes ? 259 : 3);
+            if (wi < n_words) snprintf(buf, sizeof buf, "%s", words[wi]);
+            else snprintf(buf, sizeof buf, LLMREF_SPACE "w%lld", (long long)wi);
+            score = -(float)wi;
+        }
+        tok[i] = malloc(strlen(buf) + 1);
+        if (!tok[i]) {
+            for (int64_t j = 0; j < i; j++) free(tok[j]);
+            free(tok);
+            return NULL;
+        }
+        strcpy(tok[i], buf);
+        scores[i] = score;
+        types[i] = type;
+    }
+    return tok;
+}
+
+/* Builder state: the writer borrows tensor bytes until the write. */
+typedef struct {
+    dhsa_gguf_writer *w;
+    void **bufs;
+    int64_t n_bufs, cap_bufs;
+    const llmref_spec *s;
+    int failed;
+} llmref__fx;
+
+static inline void llmref__fx_tensor(llmref__fx *fx, const char *name, uint32_t type, int64_t n_in, int64_t n_out,
+                                     int kind /* 0 matrix, 1 norm, 2 bias, 3 rope_freqs */) {
+    if (fx->failed) return;
+    if (fx->s->omit_tensor && strcmp(fx->s->omit_tensor, name) == 0) return;
+    int64_t n = n_in * (n_out ? n_out : 1);
+    int64_t bytes = llmref_type_bytes(type, n);
+    if (bytes < 0 || (n_in % llmref_type_block(type))) {
+        fx->failed = llmref__fail("fixture: %s [%lld, %lld] cannot be stored as %s (rows of %lld values)", name,
+                                  (long long)n_in, (long long)n_out, llmref_type_name(type),
+                                  (long long)llmref_type_block(type));
+        return;
+    }
+    double *val = malloc((size_t)n * sizeof *val);
+    void *buf = malloc((size_t)(bytes ? bytes : 1));
+    if (fx->n_bufs == fx->cap_bufs) {
+        int64_t cap = fx->cap_bufs * 2 + 16;
+        void **nb = realloc(fx->bufs, (size_t)cap * sizeof *nb);
+        if (nb) {
+            fx->bufs = nb;
+            fx->cap_bufs = cap;
+        }
+    }
+    if (!val || !buf || fx->n_bufs == fx->cap_bufs) {
+        free(val);
+        free(buf);
+        fx->failed = llmref__fail("fixture: out of memory");
+        return;
+    }
+    fx->bufs[fx->n_bufs++] = buf;
+    uint64_t st = llmref__hash(fx->s->seed, name); /* per tensor: the others' presence changes nothing */
+    double sd = 1.0 / sqrt((double)n_in);
+    for (int64_t i = 0; i < n; i++) {
+        switch (kind) {
+        case 0: val[i] = sd * llmref_rand_normal(&st); break;
+        case 1: val[i] = 0.8 + 0.4 * llmref_rand_uniform(&st); break;
+        case 2: val[i] = 0.3 * (2.0 * llmref_rand_uniform(&st) - 1.0); break;
+        default: val[i] = 1.0 + 3.0 * llmref_rand_uniform(&st); break;
+        }
+    }
+    int rc = llmref_quantize(type, val, n, buf);
+    free(val);
+    if (rc) {
+        fx->failed = -1;
+        return;
+    }
+    int64_t dims[2] = {n_in, n_out};
+    if (dhsa_gguf_writer_add_tensor(fx->w, name, type, n_out ? 2 : 1, dims, buf, bytes) != DHSA_OK)
+        fx->failed = llmref__fail("fixture: add %s: %s", name, dhsa_last_error());
+}
+
+static inline void llmref__fx_int(llmref__fx *fx, const char *key, int64_t v) {
+    if (fx->failed) return;
+    dhsa_status st;
+    switch (fx->s->int_type) {
+    case DHSA_GGUF_UINT16: st = dhsa_gguf_writer_set_u16(fx->w, key, (uint16_t)v); break;
+    case DHSA_GGUF_INT16: st = dhsa_gguf_writer_set_i16(fx->w, key, (int16_t)v); break;
+    case DHSA_GGUF_INT32: st = dhsa_gguf_writer_set_i32(fx->w, key, (int32_t)v); break;
+    case DHSA_GGUF_UINT64: st = dhsa_gguf_writer_set_u64(fx->w, key, (uint64_t)v); break;
+    case DHSA_GGUF_INT64: st = dhsa_gguf_writer_set_i64(fx->w, key, v); break;
+    default: st = dhsa_gguf_writer_set_u32(fx->w, key, (uint32_t)v); break;
+    }
+    if (st != DHSA_OK) fx->failed = llmref__fail("fixture: set %s: %s", key, dhsa_last_error());
+}
+
+static inline void llmref__fx_float(llmref__fx *fx, const char *key, double v) {
+    if (fx->failed) return;
+    dhsa_status st = fx->s->f64_keys ? dhsa_gguf_writer_set_f64(fx->w, key, v)
+                                     : dhsa_gguf_writer_set_f32(fx->w, key, (float)v);
+    if (st != DHSA_OK) fx->failed = llmref__fail("fixture: set %s: %s", key, dhsa_last_error());
+}
+
+static inline void llmref__fx_str(llmref__fx *fx, const char *key, const char *v) {
+    if (fx->failed) return;
+    if (dhsa_gguf_writer_set_str(fx->w, key, v) != DHSA_OK)
+        fx->failed = llmref__fail("fixture: set %s: %s", key, dhsa_last_error());
+}
+
+/* Builds the GGUF file of spec s in memory: *bytes (malloc'd, the caller
+ * frees) of *size bytes. Weights are random and deterministic for
+ * (seed, tensor name): matrices ~ N(0, 1/n_in) (token_embd and output
+ * too, so logits stay O(1)), norms uniform in [0.8, 1.2), biases in
+ * [-0.3, 0.3), stored in the spec's types. Metadata: the architecture's
+ * keys and a SentencePiece ("llama") vocabulary of n_vocab tokens with
+ * scores, token types and bos 1 / eos 2 / unk 0. -1 with llmref_error()
+ * when the spec cannot be written (e.g. a K type with rows not a multiple
+ * of 256). */
+static inline int llmref_fixture_build(const llmref_spec *s, uint8_t **bytes, size_t *size) {
+    *bytes = NULL;
+    *size = 0;
+    int64_t n_kv, hdk, hdv, rot;
+    llmref__spec_dims(s, &n_kv, &hdk, &hdv, &rot);
+    if (!s->arch || s->n_vocab < 3 || s->n_embd < 1 || s->n_layer < 1 || s->n_head < 1 || s->n_ff < 1 ||
+        hdk < 1 || hdv < 1 || rot < 0 || rot % 2)
+        return llmref__fail("fixture: bad spec (arch %s, n_vocab %lld, n_embd %lld, n_head %lld, hd %lld, n_rot %lld)",
+                            s->arch ? s->arch : "NULL", (long long)s->n_vocab, (long long)s->n_embd,
+                            (long long)s->n_head, (long long)hdk, (long long)rot);
+    llmref__fx fx;
+    memset(&fx, 0, sizeof fx);
+    fx.s = s;
+    if (dhsa_gguf_writer_create(&fx.w) != DHSA_OK) return llmref__fail("fixture: %s", dhsa_last_error());
+    const char *A = s->arch;
+    char key[160], name[96];
+#define LLMREF_K(suffix) (snprintf(key, sizeof key, "%s.%s", A, suffix), key)
+    llmref__fx_str(&fx, "general.architecture", A);
+    llmref__fx_str(&fx, "general.name", "llmref fixture");
+    llmref__fx_int(&fx, LLMREF_K("context_length"), s->n_ctx_train);
+    llmref__fx_int(&fx, LLMREF_K("embedding_length"), s->n_embd);
+    llmref__fx_int(&fx, LLMREF_K("block_count"), s->n_layer);
+    llmref__fx_int(&fx, LLMREF_K("feed_forward_length"), s->n_ff);
+    llmref__fx_int(&fx, LLMREF_K("attention.head_count"), s->n_head);
+    if (s->n_head_kv) llmref__fx_int(&fx, LLMREF_K("attention.head_count_kv"), s->n_head_kv);
+    if (s->head_dim) llmref__fx_int(&fx, LLMREF_K("attention.key_length"), s->head_dim);
+    if (s->head_dim_v) llmref__fx_int(&fx, LLMREF_K("attention.value_length"), s->head_dim_v);
+    if (s->n_rot) llmref__fx_int(&fx, LLMREF_K("rope.dimension_count"), s->n_rot);
+    if (s->rms_eps != 0) llmref__fx_float(&fx, LLMREF_K("attention.layer_norm_rms_epsilon"), s->rms_eps);
+    if (s->rope_base != 0) llmref__fx_float(&fx, LLMREF_K("rope.freq_base"), s->rope_base);
+    if (s->rope_scaling_type) llmref__fx_str(&fx, LLMREF_K("rope.scaling.type"), s->rope_scaling_type);
+    if (s->rope_scaling_factor != 0) llmref__fx_float(&fx, LLMREF_K("rope.scaling.factor"), s->rope_scaling_factor);
+    if (s->attn_softcap != 0) llmref__fx_float(&fx, LLMREF_K("attn_logit_softcapping"), s->attn_softcap);
+    if (s->final_softcap != 0) llmref__fx_float(&fx, LLMREF_K("final_logit_softcapping"), s->final_softcap);
+    if (s->sliding_window) llmref__fx_int(&fx, LLMREF_K("attention.sliding_window"), s->sliding_window);
+#undef LLMREF_K
+
+    /* vocabulary */
+    float *scores = malloc((size_t)s->n_vocab * sizeof *scores);
+    int32_t *types = malloc((size_t)s->n_vocab * sizeof *types);
+    char **tok = scores && types ? llmref__vocab(s->n_vocab, scores, types) : NULL;
+    if (!tok && !fx.failed) fx.failed = llmref__fail("fixture: out of memory");
+    llmref__fx_str(&fx, "tokenizer.ggml.model", "llama");
+    if (!fx.failed &&
+        (dhsa_gguf_writer_set_arr_str(fx.w, "tokenizer.ggml.tokens", (const char *const *)tok, s->n_vocab) ||
+         dhsa_gguf_writer_set_arr(fx.w, "tokenizer.ggml.scores", DHSA_GGUF_FLOAT32, scores, s->n_vocab) ||
+         dhsa_gguf_writer_set_arr(fx.w, "tokenizer.ggml.token_type", DHSA_GGUF_INT32, types, s->n_vocab) ||
+         dhsa_gguf_writer_set_u32(fx.w, "tokenizer.ggml.bos_token_id", 1) ||
+         dhsa_gguf_writer_set_u32(fx.w, "tokenizer.ggml.eos_token_id", 2) ||
+         dhsa_gguf_writer_set_u32(fx.w, "tokenizer.ggml.unknown_token_id", 0)))
+        fx.failed = llmref__fail("fixture: tokenizer keys: %s", dhsa_last_error());
+    if (tok)
+        for (int64_t i = 0; i < s->n_vocab; i++) free(tok[i]);
+    free(tok);
+    free(scores);
+    free(types);
+
+    /* tensors */
+    int64_t E = s->n_embd;
+    llmref__fx_tensor(&fx, "token_embd.weight", s->embd_type, E, s->n_vocab, 0);
+    llmref__fx_tensor(&fx, "output_norm.weight", s->norm_type, E, 0, 1);
+    if (!s->tied) llmref__fx_tensor(&fx, "output.weight", s->output_type, E, s->n_vocab, 0);
+    if (s->rope_freqs) llmref__fx_tensor(&fx, "rope_freqs.weight", LLMREF_F32, rot / 2, 0, 3);
+    int gemma = strcmp(A, "gemma2") == 0;
+    for (int64_t l = 0; l < s->n_layer; l++) {
+#define LLMREF_N(suffix) (snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, suffix), name)
+        llmref__fx_tensor(&fx, LLMREF_N("attn_norm.weight"), s->norm_type, E, 0, 1);
+        llmref__fx_tensor(&fx, LLMREF_N("attn_q.weight"), s->wtype, E, s->n_head * hdk, 0);
+        llmref__fx_tensor(&fx, LLMREF_N("attn_k.weight"), s->wtype, E, n_kv * hdk, 0);
+        llmref__fx_tensor(&fx, LLMREF_N("attn_v.weight"), s->wtype, E, n_kv * hdv, 0);
+        if (s->biases) {
+            llmref__fx_tensor(&fx, LLMREF_N("attn_q.bias"), s->norm_type, s->n_head * hdk, 0, 2);
+            llmref__fx_tensor(&fx, LLMREF_N("attn_k.bias"), s->norm_type, n_kv * hdk, 0, 2);
+            llmref__fx_tensor(&fx, LLMREF_N("attn_v.bias"), s->norm_type, n_kv * hdv, 0, 2);
+        }
+        llmref__fx_tensor(&fx, LLMREF_N("attn_output.weight"), s->wtype, s->n_head * hdv, E, 0);
+        if (gemma) llmref__fx_tensor(&fx, LLMREF_N("post_attention_norm.weight"), s->norm_type, E, 0, 1);
+        llmref__fx_tensor(&fx, LLMREF_N("ffn_norm.weight"), s->norm_type, E, 0, 1);
+        llmref__fx_tensor(&fx, LLMREF_N("ffn_gate.weight"), s->wtype, E, s->n_ff, 0);
+        llmref__fx_tensor(&fx, LLMREF_N("ffn_up.weight"), s->wtype, E, s->n_ff, 0);
+        llmref__fx_tensor(&fx, LLMREF_N("ffn_down.weight"), s->wtype, s->n_ff, E, 0);
+        if (gemma) llmref__fx_tensor(&fx, LLMREF_N("post_ffw_norm.weight"), s->norm_type, E, 0, 1);
+#undef LLMREF_N
+    }
+
+    if (!fx.failed) {
+        size_t n = 0;
+        if (dhsa_gguf_writer_size(fx.w, &n) != DHSA_OK || !(*bytes = malloc(n)) ||
+            dhsa_gguf_writer_write_memory(fx.w, *bytes, n) != DHSA_OK) {
+            fx.failed = llmref__fail("fixture: write: %s", dhsa_last_error());
+            free(*bytes);
+            *bytes = NULL;
+        } else {
+            *size = n;
+        }
+    }
+    for (int64_t i = 0; i < fx.n_bufs; i++) free(fx.bufs[i]);
+    free(fx.bufs);
+    dhsa_gguf_writer_free(fx.w);
+    return fx.failed ? -1 : 0;
+}
+
+/* The fixture of s written to path. */
+static inline int llmref_fixture_write_file(const llmref_spec *s, const char *path) {
+    uint8_t *b;
+    size_t n;
+    if (llmref_fixture_build(s, &b, &n)) return -1;
+    FILE *f = fopen(path, "wb");
+    int ok = f && fwrite(b, 1, n, f) == n;
+    if (f && fclose(f) != 0) ok = 0;
+    free(b);
+    return ok ? 0 : llmref__fail("fixture: cannot write %s", path);
+}
+
+/* --------------------------------------------------------------------- */
+/* Comparison                                                             */
+
+typedef struct {
+    int64_t n_bad;             /* elements with |a-b| > atol + rtol |ref| (NaN/Inf counts) */
+    int64_t worst_row, worst_col; /* the element furthest over its bound */
+    double worst_got, worst_ref, worst_ratio; /* |a-b| / (atol + rtol |ref|) there */
+    double max_abs;            /* max |a-b| */
+    double nmse;               /* sum (a-b)^2 / sum ref^2 */
+} llmref_cmp;
+
+static inline int llmref__compare(const char *what, const float *gf, const double *gd, const double *ref,
+                                  int64_t rows, int64_t cols, double atol, double rtol, double nmse_max,
+                                  llmref_cmp *out) {
+    llmref_cmp c;
+    memset(&c, 0, sizeof c);
+    c.worst_ratio = -1;
+    double se = 0, sr = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < cols; j++) {
+            int64_t i = r * cols + j;
+            double a = gf ? (double)gf[i] : gd[i], b = ref[i];
+            double d = fabs(a - b), lim = atol + rtol * fabs(b);
+            double ratio = isfinite(a) ? (lim > 0 ? d / lim : (d > 0 ? INFINITY : 0)) : INFINITY;
+            if (!(d <= lim) || !isfinite(a)) c.n_bad++;
+            if (ratio > c.worst_ratio) {
+                c.worst_ratio = ratio;
+                c.worst_row = r;
+                c.worst_col = j;
+                c.worst_got = a;
+                c.worst_ref = b;
+            }
+            if (d > c.max_abs || !isfinite(a)) c.max_abs = isfinite(a) ? d : INFINITY;
+            se += isfinite(a) ? d * d : INFINITY;
+            sr += b * b;
+        }
+    c.nmse = sr > 0 ? se / sr : (se > 0 ? INFINITY : 0);
+    int ok = c.n_bad == 0 && c.nmse <= nmse_max;
+    if (!ok && c.n_bad == 0)
+        fprintf(stderr, "%s: every element within atol %g + rtol %g * |ref|, but NMSE %.3g > %.3g (max |diff| %.3g)\n",
+                what, atol, rtol, c.nmse, nmse_max, c.max_abs);
+    else if (!ok)
+        fprintf(stderr,
+                "%s: %lld of %lld elements off; worst at (row %lld, col %lld): got %.9g, ref %.9g, |diff| %.3g > "
+                "%.3g (atol %g + rtol %g * |ref|); max |diff| %.3g; NMSE %.3g (max %.3g)\n",
+                what, (long long)c.n_bad, (long long)(rows * cols), (long long)c.worst_row, (long long)c.worst_col,
+                c.worst_got, c.worst_ref, fabs(c.worst_got - c.worst_ref), atol + rtol * fabs(c.worst_ref), atol,
+                rtol, c.max_abs, c.nmse, nmse_max);
+    if (out) *out = c;
+    return ok;
+}
+
+/* 1 when every element of got [rows][cols] (float: the runner's logits) is
+ * within atol + rtol*|ref| of ref and the NMSE is <= nmse_max; else prints
+ * "what", the worst element (row, col) and the NMSE to stderr and returns
+ * 0. out (may be NULL) receives the statistics either way. */
+static inline int llmref_compare(const char *what, const float *got, const double *ref, int64_t rows, int64_t cols,
+                                 double atol, double rtol, double nmse_max, llmref_cmp *out) {
+    return llmref__compare(what, got, NULL, ref, rows, cols, atol, rtol, nmse_max, out);
+}
+
+/* The same for double results (reference against reference). */
+static inline int llmref_compare_d(const char *what, const double *got, const double *ref, int64_t rows, int64_t cols,
+                                   double atol, double rtol, double nmse_max, llmref_cmp *out) {
+    return llmref__compare(what, NULL, got, ref, rows, cols, atol, rtol, nmse_max, out);
+}
+
+#endif
