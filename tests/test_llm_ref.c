@@ -535,6 +535,26 @@ static void test_loader_rules(void) {
             llmref_model_free(&m);
         }
     }
+    /* mixed types, as in a Q4_K_M file: Q6_K embedding, Q8_0 output, F16
+     * norms and biases */
+    {
+        llmref_spec sm = llmref_spec_default("qwen2", LLMREF_Q4_K);
+        sm.embd_type = LLMREF_Q6_K;
+        sm.output_type = LLMREF_Q8_0;
+        sm.norm_type = LLMREF_F16;
+        uint8_t *bm;
+        size_t nm;
+        dhsa_gguf *g = NULL;
+        if (llmref_fixture_build(&sm, &bm, &nm) == 0 && dhsa_gguf_open_memory(bm, nm, &g) == DHSA_OK) {
+            check_fixture_contents(g, &sm);
+            T_CHECK(llmref_model_load(g, &m) == 0 && m.layers[1].bv, "mixed types load: %s", llmref_error());
+            llmref_model_free(&m);
+            dhsa_gguf_close(g);
+        } else {
+            T_CHECK(0, "mixed-type fixture: %s", llmref_error());
+        }
+        free(bm);
+    }
     /* a K type needs rows of 256 */
     llmref_spec s = llmref_spec_default("llama", LLMREF_F32);
     s.wtype = LLMREF_Q4_K;
