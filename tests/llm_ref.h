@@ -1128,7 +1128,7 @@ static inline void llmref__spec_dims(const llmref_spec *s, int64_t *n_kv, int64_
 }
 
 /* Token texts of a fixture vocabulary (n strings, malloc'd, and an array of
- * them): <unk>, <s>, </s>, <0x00>..<0xFF> when n >= 259 + 29, then
+ * them): <unk>, <s>, </s>, <0x00>..<0xFF> when n >= 288, then
  * pieces: words ("▁the", ...), letters, "▁", ",", ".", then "▁w<i>". */
 #define LLMREF_SPACE "\xe2\x96\x81" /* U+2581, the SentencePiece space */
 static inline char **llmref__vocab(int64_t n, float *scores, int32_t *types) {
@@ -1147,11 +1147,14 @@ static inline char **llmref__vocab(int64_t n, float *scores, int32_t *types) {
         char buf[32];
         int32_t type = DHSA_TOKEN_NORMAL;
         float score = 0;
-        if (i == 0) snprintf(buf, sizeof buf, "<unk>"), type = DHSA_TOKEN_UNKNOWN;
-        else if (i == 1) snprintf(buf, sizeof buf, "<s>"), type = DHSA_TOKEN_CONTROL;
-        else if (i == 2) snprintf(buf, sizeof buf, "</s>"), type = DHSA_TOKEN_CONTROL;
-        else if (bytes && i < 259) snprintf(buf, sizeof buf, "<0x%02X>", (unsigned)(i - 3)), type = DHSA_TOKEN_BYTE;
-        else {
+        static const char *const special[3] = {"<unk>", "<s>", "</s>"};
+        if (i < 3) {
+            snprintf(buf, sizeof buf, "%s", special[i]);
+            type = i == 0 ? DHSA_TOKEN_UNKNOWN : DHSA_TOKEN_CONTROL;
+        } else if (bytes && i < 259) {
+            snprintf(buf, sizeof buf, "<0x%02X>", (unsigned)(i - 3));
+            type = DHSA_TOKEN_BYTE;
+        } else {
             int64_t wi = i - (bytes ? 259 : 3);
             if (wi < n_words) snprintf(buf, sizeof buf, "%s", words[wi]);
             else snprintf(buf, sizeof buf, LLMREF_SPACE "w%lld", (long long)wi);
