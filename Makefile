@@ -91,10 +91,20 @@ fuzz:
 	  -o build-fuzz/gguf_fuzz fuzz/gguf_fuzz.c build-fuzz/libdhsa.a -lpthread -lm
 	$(FUZZ_CC) -std=c11 -g -O1 -Iinclude -Isrc $(FUZZ_SAN) -fsanitize=fuzzer \
 	  -o build-fuzz/predictor_fuzz fuzz/predictor_fuzz.c build-fuzz/libdhsa.a -lpthread -lm
-	@mkdir -p build-fuzz/corpus-gguf build-fuzz/corpus-predictor
+	$(FUZZ_CC) -std=c11 -g -O1 -Iinclude -Isrc $(FUZZ_SAN) -fsanitize=fuzzer \
+	  -o build-fuzz/llama2c_fuzz fuzz/llama2c_fuzz.c build-fuzz/libdhsa.a -lpthread -lm
+	@mkdir -p build-fuzz/corpus-gguf build-fuzz/corpus-predictor build-fuzz/corpus-llama2c
 	@if [ -f ../shared/models/stories260K.gguf ]; then cp ../shared/models/stories260K.gguf build-fuzz/corpus-gguf/; fi
 	build-fuzz/gguf_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=1300000 build-fuzz/corpus-gguf
 	build-fuzz/predictor_fuzz -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus-predictor
+	@# llama2.c seeds: a 212-byte checkpoint (dim 2, vocab 4) + its tokenizer, and stories260K.
+	@{ printf '\002\000\000\000\002\000\000\000\001\000\000\000\001\000\000\000\001\000\000\000\004\000\000\000\002\000\000\000'; \
+	   head -c 184 /dev/zero; printf '\010\000\000\000'; \
+	   for t in a b c; do printf '\000\000\000\000\001\000\000\000%s' $$t; done; \
+	   printf '\000\000\000\000\002\000\000\000 d'; } > build-fuzz/corpus-llama2c/tiny
+	@if [ -f ../shared/models/stories260K.bin ] && [ -f ../shared/models/tok512.bin ]; then \
+	  cat ../shared/models/stories260K.bin ../shared/models/tok512.bin > build-fuzz/corpus-llama2c/stories260K; fi
+	build-fuzz/llama2c_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=1100000 build-fuzz/corpus-llama2c
 
 clean:
 	rm -rf build build-asan build-ubsan build-fuzz

@@ -31,4 +31,12 @@ int dhsa_cli_sparse_demo(int64_t L, int threads);
 int dhsa_cli_bench_decode(int argc, char **argv);
 extern const char dhsa_cli_bench_decode_usage[];
 
+/* dhsa convert (tools/convert.c): llama2.c checkpoint + tokenizer -> GGUF. */
+int dhsa_cli_convert(int argc, char **argv);
+extern const char dhsa_cli_convert_usage[];
+/* dhsa inspect (tools/inspect.c): what a GGUF file or llama2.c checkpoint
+ * holds (metadata, tensors, totals). */
+int dhsa_cli_inspect(int argc, char **argv);
+extern const char dhsa_cli_inspect_usage[];
+
 #endif

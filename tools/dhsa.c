@@ -48,6 +48,8 @@ static const char usage_main[] =
     "               long sequence: speed, density, recall, needles\n"
     "  bench decode one decode step routed through a dhsa_kv_index vs dense\n"
     "  demo         tiled attention at long context on synthetic data\n"
+    "  convert      llama2.c checkpoint + tokenizer -> GGUF file\n"
+    "  inspect      a GGUF file's (or llama2.c checkpoint's) metadata and tensors\n"
     "  help [CMD]   this text, or the usage of CMD\n"
     "\n"
     "`dhsa CMD --help` describes each command. Exit status: 0 ok, 1 the run\n"
@@ -1112,6 +1114,8 @@ static const char *usage_of(const char *cmd) {
     if (strcmp(cmd, "bench") == 0) return usage_bench_attn;
     if (strcmp(cmd, "demo") == 0) return usage_demo;
     if (strcmp(cmd, "memprobe") == 0) return dhsa_cli_memprobe_usage;
+    if (strcmp(cmd, "convert") == 0) return dhsa_cli_convert_usage;
+    if (strcmp(cmd, "inspect") == 0) return dhsa_cli_inspect_usage;
     return NULL;
 }
 
@@ -1143,6 +1147,8 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "bench") == 0) return cmd_bench(argc, argv);
     if (strcmp(cmd, "demo") == 0) return cmd_demo(argc, argv);
     if (strcmp(cmd, "memprobe") == 0) return dhsa_cli_memprobe(argc, argv);
+    if (strcmp(cmd, "convert") == 0) return dhsa_cli_convert(argc, argv);
+    if (strcmp(cmd, "inspect") == 0) return dhsa_cli_inspect(argc, argv);
     usage_error("unknown command \"%s\"", cmd);
     return EXIT_USAGE;
 }

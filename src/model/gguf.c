@@ -637,6 +637,24 @@ dhsa_status dhsa_gguf_open_memory(const void *data, size_t size, dhsa_gguf **out
     return open_common(g, out);
 }
 
+dhsa_status dhsa_gguf__open_memory_owned(void *data, size_t size, dhsa_gguf **out) {
+    if (!out) {
+        free(data);
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_gguf__open_memory_owned: out is NULL");
+    }
+    *out = NULL;
+    if (!data && size) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_gguf__open_memory_owned: data is NULL");
+    dhsa_gguf *g = calloc(1, sizeof *g);
+    if (!g) {
+        free(data);
+        return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "GGUF: out of memory");
+    }
+    g->base = data;
+    g->size = size;
+    g->owned = data; /* freed by dhsa_gguf_close, also when the parse fails */
+    return open_common(g, out);
+}
+
 dhsa_status dhsa_gguf_open(const char *path, dhsa_gguf **out) {
     if (!out || !path) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_gguf_open: NULL argument");
     *out = NULL;

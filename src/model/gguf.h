@@ -21,6 +21,12 @@
 uint64_t dhsa_gguf__last_open_alloc(void);
 #define DHSA_GGUF_ALLOC_CAP(size) ((uint64_t)(size) * 32 + ((uint64_t)1 << 18))
 
+/* dhsa_gguf_open_memory over a malloc'd buffer that the dhsa_gguf takes
+ * over: freed by dhsa_gguf_close, or at once when the open fails (also on
+ * a bad argument). Used by the llama2.c importer (src/model/llama2c.c),
+ * which converts a checkpoint into a GGUF image in memory. */
+dhsa_status dhsa_gguf__open_memory_owned(void *data, size_t size, dhsa_gguf **out);
+
 /* Fuzz harness body (libFuzzer's LLVMFuzzerTestOneInput calls it): opens
  * data[0..size) from memory and, when that succeeds, walks every key,
  * value, array element, tensor and tensor byte range, and checks the
