@@ -65,4 +65,41 @@ size_t dhsa__matmul_workspace(uint32_t type, int64_t n_in, int64_t n_out, int64_
 /* dst[0..n_in) = row r of W, dequantized (embedding lookup). */
 dhsa_status dhsa__wmat_row(const dhsa_wmat *W, int64_t r, float *dst);
 
+/* ---- Per-ISA kernels (private to quant.c, quant_avx2.c, quant_avx512.c) ----
+ *
+ * Summation order, the same for every route of one ISA: the n_in columns are
+ * cut into K blocks of DHSA_QK_KC; within a block, lane j of one vector
+ * accumulator (16 lanes AVX-512, 8 AVX2 and scalar) sums w*x over columns
+ * j, j + lanes, ... in increasing order with FMA (scalar: multiply, then
+ * add); the lanes are then summed by a fixed tree, and y = s_0 + s_1 + ...
+ * over the blocks in order. So the fused route (few tokens) and the panel
+ * route (many) give bitwise the same y, and so does any thread count. */
+#define DHSA_QK_KC 512
+
+typedef struct {
+    const char *name;
+    /* Panel route micro-tile: mr tokens x nr rows. */
+    int mr, nr;
+    /* n_tok up to which the fused route runs (0: never). */
+    int max_tok_fused;
+    /* dst[0..kn) = columns [k0, k0 + kn) of a row. k0 and kn are multiples
+     * of the block (k0 of 16 as well); writes exactly kn floats. */
+    void (*dequant)(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, float *dst);
+    /* Fused route: y[t][r] for rows r < nrows at w + r * row_bytes, tokens
+     * t < n_tok (<= max_tok_fused); weights dequantized in registers. */
+    void (*gemv)(uint32_t type, const uint8_t *w, int64_t row_bytes, int64_t nrows, int64_t n_in,
+                 const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy);
+    /* Panel route: out[t * nr + r] = lane-tree sum over k < kp (a multiple of
+     * 16, zero padded) of W[r][k] * X[t][k], t < mr, r < nr. */
+    void (*tile)(const float *W, int64_t ldw, const float *X, int64_t ldxp, int64_t kp, float *out);
+} dhsa__quant_kernels;
+
+extern const dhsa__quant_kernels dhsa__quant_scalar;
+#if defined(__x86_64__)
+extern const dhsa__quant_kernels dhsa__quant_avx2;
+extern const dhsa__quant_kernels dhsa__quant_avx512;
+#endif
+/* The kernels of dhsa_active_isa(). */
+const dhsa__quant_kernels *dhsa__quant_kernels_active(void);
+
 #endif

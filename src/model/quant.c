@@ -1,0 +1,693 @@
+/* quant.c: weight types of the model runner (ggml block formats) and the
+ * matrix products over them; contract in quant.h, formats and numbers in
+ * docs/quant.md.
+ *
+ * This file holds the scalar reference (dequantization by the format's
+ * formulas, a plain-C micro-tile), the quantizers used for conversion and
+ * test fixtures, the finite check, run-time dispatch, and the driver of
+ * dhsa__matmul: argument checks, the choice of route, the split into tasks
+ * and the workspace. The SIMD kernels live in quant_avx2.c / quant_avx512.c
+ * and are compared with this file's by tests/test_quant.c.
+ *
+ * Routes (the same arithmetic per output element, see quant.h):
+ *   fused  n_tok <= kernels->max_tok_fused: each task streams a chunk of
+ *          rows once, dequantizing in registers (decode);
+ *   panel  otherwise: a task dequantizes a panel of up to DHSA_QK_PANEL rows,
+ *          one K block at a time, into an L2-sized F32 buffer and runs the
+ *          mr x nr micro-tile against every token (prefill).
+ *
+ * Run: make build/tests/test_quant && build/tests/test_quant;
+ *      build/dhsa bench matmul --help.
+ */
+#include "model/quant.h"
+
+#include "core/internal.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Rows per panel of the panel route (a multiple of every ISA's nr). */
+#define DHSA_QK_PANEL 64
+/* Task sizes: fewer tasks than this much work each are not worth a thread
+ * wake-up (a 64 x 64 matrix runs inline on the caller). */
+#define FUSED_CHUNK_BYTES (64 * 1024)
+#define FUSED_TASK_BYTES (128 * 1024)
+#define PANEL_TASK_FLOPS (4.0e6)
+
+/* ---------------------------------------------------------------- types --- */
+
+typedef struct {
+    uint32_t type;
+    const char *name;
+    int64_t block, bytes;
+} type_info;
+
+static const type_info types[] = {
+    {DHSA_GGML_F32, "F32", 1, 4},       {DHSA_GGML_F16, "F16", 1, 2},
+    {DHSA_GGML_BF16, "BF16", 1, 2},     {DHSA_GGML_Q8_0, "Q8_0", 32, 34},
+    {DHSA_GGML_Q4_0, "Q4_0", 32, 18},   {DHSA_GGML_Q4_K, "Q4_K", 256, 144},
+    {DHSA_GGML_Q6_K, "Q6_K", 256, 210},
+};
+
+static const type_info *info(uint32_t type) {
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (types[i].type == type) return &types[i];
+    return NULL;
+}
+
+int dhsa__wt_supported(uint32_t type) { return info(type) != NULL; }
+int64_t dhsa__wt_block(uint32_t type) { return info(type) ? info(type)->block : 0; }
+int64_t dhsa__wt_block_bytes(uint32_t type) { return info(type) ? info(type)->bytes : 0; }
+
+int64_t dhsa__wt_row_bytes(uint32_t type, int64_t n) {
+    const type_info *ti = info(type);
+    if (!ti || n < 0 || n % ti->block) return -1;
+    if (n / ti->block > INT64_MAX / ti->bytes) return -1;
+    return n / ti->block * ti->bytes;
+}
+
+/* "Q4_K" or "type 17" for error sentences. */
+static const char *type_label(uint32_t type, char *buf, size_t n) {
+    const type_info *ti = info(type);
+    if (ti) return ti->name;
+    const char *g = dhsa_ggml_type_name(type);
+    if (g && strcmp(g, "?") != 0) snprintf(buf, n, "%s (ggml type %u)", g, (unsigned)type);
+    else snprintf(buf, n, "ggml type %u", (unsigned)type);
+    return buf;
+}
+
+static dhsa_status unsupported(const char *fn, uint32_t type) {
+    char b[48];
+    return dhsa__fail(DHSA_ERR_UNSUPPORTED,
+                      "%s: weights of type %s are not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K are)", fn,
+                      type_label(type, b, sizeof b));
+}
+
+static inline float half(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return dhsa_f16_to_f32(h);
+}
+
+/* Q4_K sub-block j (0..7): 6-bit scale and min from the 12 packed bytes. */
+static inline void q4k_scale_min(const uint8_t *s, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* ------------------------------------------------------ scalar dequant --- */
+
+/* Block layouts (byte offsets), ggml's:
+ *   Q8_0 [34]:  d f16 @0, qs int8[32] @2                 x = d*q
+ *   Q4_0 [18]:  d f16 @0, qs u8[16] @2                   x[j] = d*((qs[j]&15)-8), x[j+16] = d*((qs[j]>>4)-8)
+ *   Q4_K [144]: d @0, dmin @2, scales[12] @4, qs[128] @16; value i = 64u + 32h + l (u < 4, h < 2, l < 32)
+ *               is nibble h of qs[32u + l], sub-block 2u + h: x = (d*sc)*q - dmin*m
+ *   Q6_K [210]: ql[128] @0, qh[64] @128, scales int8[16] @192, d @208; value i = 128n + 32p + l
+ *               (n < 2, p < 4, l < 32): low 4 bits = nibble p>>1 of ql[64n + 32(p&1) + l], high 2 bits =
+ *               bits 2p..2p+1 of qh[32n + l]; x = (d*scales[i/16])*(q-32)
+ * Every product here is exact in F32 (at most 24 significant bits), so these
+ * formulas give the same floats whatever the order or FMA. */
+static void dequant_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, float *dst) {
+    switch (type) {
+    case DHSA_GGML_F32: memcpy(dst, (const float *)row + k0, (size_t)kn * sizeof(float)); return;
+    case DHSA_GGML_F16: {
+        const uint8_t *p = row + 2 * k0;
+        for (int64_t i = 0; i < kn; i++) dst[i] = half(p + 2 * i);
+        return;
+    }
+    case DHSA_GGML_BF16: {
+        const uint8_t *p = row + 2 * k0;
+        for (int64_t i = 0; i < kn; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            dst[i] = dhsa_bf16_to_f32(h);
+        }
+        return;
+    }
+    case DHSA_GGML_Q8_0:
+        for (int64_t b = 0; b < kn / 32; b++, dst += 32) {
+            const uint8_t *blk = row + (k0 / 32 + b) * 34;
+            float d = half(blk);
+            for (int j = 0; j < 32; j++) dst[j] = d * (float)(int8_t)blk[2 + j];
+        }
+        return;
+    case DHSA_GGML_Q4_0:
+        for (int64_t b = 0; b < kn / 32; b++, dst += 32) {
+            const uint8_t *blk = row + (k0 / 32 + b) * 18;
+            float d = half(blk);
+            for (int j = 0; j < 16; j++) {
+                dst[j] = d * (float)((blk[2 + j] & 15) - 8);
+                dst[j + 16] = d * (float)((blk[2 + j] >> 4) - 8);
+            }
+        }
+        return;
+    case DHSA_GGML_Q4_K:
+        for (int64_t b = 0; b < kn / 256; b++, dst += 256) {
+            const uint8_t *blk = row + (k0 / 256 + b) * 144;
+            float d = half(blk), dmin = half(blk + 2);
+            const uint8_t *qs = blk + 16;
+            for (int u = 0; u < 4; u++)
+                for (int h = 0; h < 2; h++) {
+                    int sc, m;
+                    q4k_scale_min(blk + 4, 2 * u + h, &sc, &m);
+                    float d1 = d * (float)sc, m1 = dmin * (float)m;
+                    for (int l = 0; l < 32; l++) {
+                        int q = h ? qs[32 * u + l] >> 4 : qs[32 * u + l] & 15;
+                        dst[64 * u + 32 * h + l] = d1 * (float)q - m1;
+                    }
+                }
+        }
+        return;
+    case DHSA_GGML_Q6_K:
+        for (int64_t b = 0; b < kn / 256; b++, dst += 256) {
+            const uint8_t *blk = row + (k0 / 256 + b) * 210;
+            const uint8_t *ql = blk, *qh = blk + 128;
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            float d = half(blk + 208);
+            for (int n = 0; n < 2; n++)
+                for (int p = 0; p < 4; p++)
+                    for (int l = 0; l < 32; l++) {
+                        int i = 128 * n + 32 * p + l;
+                        int lo = ql[64 * n + 32 * (p & 1) + l] >> (4 * (p >> 1)) & 15;
+                        int hi = qh[32 * n + l] >> (2 * p) & 3;
+                        dst[i] = d * (float)sc[i / 16] * (float)((lo | hi << 4) - 32);
+                    }
+        }
+        return;
+    default: return;
+    }
+}
+
+/* ---------------------------------------------------- scalar micro-tile --- */
+
+/* 8 lanes summed by the tree (l0 + l4, l1 + l5, ...), then (a0 + a2) + (a1 + a3):
+ * the AVX2 order, with multiply and add instead of FMA. */
+static float tree8(const float *s) {
+    float a0 = s[0] + s[4], a1 = s[1] + s[5], a2 = s[2] + s[6], a3 = s[3] + s[7];
+    return (a0 + a2) + (a1 + a3);
+}
+
+/* mr = 1 token x nr = 4 rows */
+static void tile_scalar(const float *W, int64_t ldw, const float *X, int64_t ldxp, int64_t kp, float *out) {
+    (void)ldxp;
+    float s[4][8] = {{0}};
+    for (int64_t k = 0; k < kp; k += 8)
+        for (int r = 0; r < 4; r++)
+            for (int j = 0; j < 8; j++) s[r][j] += W[r * ldw + k + j] * X[k + j];
+    for (int r = 0; r < 4; r++) out[r] = tree8(s[r]);
+}
+
+const dhsa__quant_kernels dhsa__quant_scalar = {"scalar", 1, 4, 0, dequant_scalar, NULL, tile_scalar};
+
+const dhsa__quant_kernels *dhsa__quant_kernels_active(void) {
+    switch (dhsa_active_isa()) {
+#if defined(__x86_64__)
+    case DHSA_ISA_AVX512: return &dhsa__quant_avx512;
+    case DHSA_ISA_AVX2: return &dhsa__quant_avx2;
+#endif
+    default: return &dhsa__quant_scalar;
+    }
+}
+
+/* ------------------------------------------------- dequantize, row API --- */
+
+static dhsa_status check_n(const char *fn, uint32_t type, int64_t n) {
+    const type_info *ti = info(type);
+    if (!ti) return unsupported(fn, type);
+    if (n < 0 || n % ti->block)
+        return dhsa__fail(DHSA_ERR_SHAPE, "%s: n = %lld is not a non-negative multiple of the %s block (%lld values)",
+                          fn, (long long)n, ti->name, (long long)ti->block);
+    if (dhsa__wt_row_bytes(type, n) < 0)
+        return dhsa__fail(DHSA_ERR_TOO_LARGE, "%s: a row of %lld values is too large", fn, (long long)n);
+    return DHSA_OK;
+}
+
+dhsa_status dhsa__dequantize_row(uint32_t type, const void *src, float *dst, int64_t n) {
+    dhsa_status st = check_n("dhsa__dequantize_row", type, n);
+    if (st != DHSA_OK) return st;
+    if (n && (!src || !dst)) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__dequantize_row: src or dst is NULL");
+    const dhsa__quant_kernels *k = dhsa__quant_kernels_active();
+    /* in K blocks, so every kernel sees the k0/kn it is written for */
+    for (int64_t k0 = 0; k0 < n; k0 += DHSA_QK_KC) {
+        int64_t kn = n - k0 < DHSA_QK_KC ? n - k0 : DHSA_QK_KC;
+        k->dequant(type, src, k0, kn, dst + k0);
+    }
+    return DHSA_OK;
+}
+
+dhsa_status dhsa__wmat_row(const dhsa_wmat *W, int64_t r, float *dst) {
+    if (!W || !W->data || !dst) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__wmat_row: W, its data or dst is NULL");
+    if (r < 0 || r >= W->n_out)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__wmat_row: row %lld is outside [0, %lld)", (long long)r,
+                          (long long)W->n_out);
+    dhsa_status st = check_n("dhsa__wmat_row", W->type, W->n_in);
+    if (st != DHSA_OK) return st;
+    if (W->row_bytes < dhsa__wt_row_bytes(W->type, W->n_in))
+        return dhsa__fail(DHSA_ERR_SHAPE, "dhsa__wmat_row: row_bytes %lld is less than a row of %lld values (%lld)",
+                          (long long)W->row_bytes, (long long)W->n_in,
+                          (long long)dhsa__wt_row_bytes(W->type, W->n_in));
+    return dhsa__dequantize_row(W->type, (const uint8_t *)W->data + r * W->row_bytes, dst, W->n_in);
+}
+
+/* ----------------------------------------------------------- quantize --- */
+
+static inline void put_half(uint8_t *p, float x) {
+    uint16_t h = dhsa_f32_to_f16(x);
+    memcpy(p, &h, 2);
+}
+
+/* The f16 value a scale is stored as (clamped to the largest finite half). */
+static inline float as_half(float x) {
+    if (x > 65504.0f) x = 65504.0f;
+    if (x < -65504.0f) x = -65504.0f;
+    return dhsa_f16_to_f32(dhsa_f32_to_f16(x));
+}
+
+static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* Nearest q in [lo, hi] with x ~ s*q + o (s > 0), or q0 when s == 0. */
+static inline int nearest_q(float x, float s, float o, int lo, int hi, int q0) {
+    if (!(s != 0.0f)) return q0;
+    return clampi((int)lrintf((x - o) / s), lo, hi);
+}
+
+/* Q8_0 / Q4_0: one scale per block of 32 from the block's extreme value. */
+static void quant_q8_0(const float *x, uint8_t *blk) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+    float d = as_half(amax / 127.0f);
+    put_half(blk, d);
+    for (int j = 0; j < 32; j++) blk[2 + j] = (uint8_t)(int8_t)nearest_q(x[j], d, 0.0f, -127, 127, 0);
+}
+
+static void quant_q4_0(const float *x, uint8_t *blk) {
+    /* the value of largest magnitude maps to -8 exactly, the other side to
+     * at most +7 (ggml's rule), so d carries the sign of -extreme */
+    float ext = 0.0f;
+    for (int j = 0; j < 32; j++)
+        if (fabsf(x[j]) > fabsf(ext)) ext = x[j];
+    float d = as_half(ext / -8.0f);
+    put_half(blk, d);
+    for (int j = 0; j < 16; j++) {
+        int lo = 8 + (d != 0.0f ? clampi((int)lrintf(x[j] / d), -8, 7) : 0);
+        int hi = 8 + (d != 0.0f ? clampi((int)lrintf(x[j + 16] / d), -8, 7) : 0);
+        blk[2 + j] = (uint8_t)(lo | hi << 4);
+    }
+}
+
+/* Squared error of a sub-block of n values coded as s*q + o, q in [lo, hi]. */
+static double sub_err(const float *x, int n, float s, float o, int lo, int hi, int q0) {
+    double e = 0.0;
+    for (int j = 0; j < n; j++) {
+        float v = s * (float)nearest_q(x[j], s, o, lo, hi, q0) + o;
+        e += ((double)x[j] - v) * ((double)x[j] - v);
+    }
+    return e;
+}
+
+/* Q4_K: per sub-block of 32, x ~ sc*d*q - m*dmin with q in [0, 15]; the
+ * unrounded sub-block scale is (max - min)/15 and the min is -min(0, min x);
+ * d and dmin take the largest of each over 63; each rounded 6-bit (sc, m)
+ * is then moved by -1..+1 if that lowers the sub-block's squared error. */
+static void quant_q4_k(const float *x, uint8_t *blk) {
+    float scale[8], mn[8], smax = 0.0f, mmax = 0.0f;
+    for (int j = 0; j < 8; j++) {
+        float lo = 0.0f, hi = -INFINITY;
+        for (int l = 0; l < 32; l++) {
+            lo = fminf(lo, x[32 * j + l]);
+            hi = fmaxf(hi, x[32 * j + l]);
+        }
+        scale[j] = (hi - lo) / 15.0f;
+        mn[j] = -lo;
+        smax = fmaxf(smax, scale[j]);
+        mmax = fmaxf(mmax, mn[j]);
+    }
+    float d = as_half(smax / 63.0f), dmin = as_half(mmax / 63.0f);
+    put_half(blk, d);
+    put_half(blk + 2, dmin);
+    int sc[8], m[8];
+    for (int j = 0; j < 8; j++) {
+        int sc0 = d > 0.0f ? clampi((int)lrintf(scale[j] / d), 0, 63) : 0;
+        int m0 = dmin > 0.0f ? clampi((int)lrintf(mn[j] / dmin), 0, 63) : 0;
+        double best = INFINITY;
+        sc[j] = sc0;
+        m[j] = m0;
+        for (int a = sc0 - 1; a <= sc0 + 1; a++)
+            for (int b = m0 - 1; b <= m0 + 1; b++) {
+                if (a < 0 || a > 63 || b < 0 || b > 63) continue;
+                double e = sub_err(x + 32 * j, 32, d * (float)a, -(dmin * (float)b), 0, 15, 0);
+                if (e < best) {
+                    best = e;
+                    sc[j] = a;
+                    m[j] = b;
+                }
+            }
+    }
+    uint8_t *s = blk + 4;
+    for (int j = 0; j < 4; j++) {
+        s[j] = (uint8_t)((sc[j] & 63) | (sc[j + 4] >> 4) << 6);
+        s[j + 4] = (uint8_t)((m[j] & 63) | (m[j + 4] >> 4) << 6);
+        s[j + 8] = (uint8_t)((sc[j + 4] & 15) | (m[j + 4] & 15) << 4);
+    }
+    uint8_t q[256];
+    for (int i = 0; i < 256; i++) {
+        int j = i / 32;
+        q[i] = (uint8_t)nearest_q(x[i], d * (float)sc[j], -(dmin * (float)m[j]), 0, 15, 0);
+    }
+    for (int u = 0; u < 4; u++)
+        for (int l = 0; l < 32; l++) blk[16 + 32 * u + l] = (uint8_t)(q[64 * u + l] | q[64 * u + 32 + l] << 4);
+}
+
+/* Q6_K: per sub-block of 16, x ~ sc*d*(q-32) with q in [0, 63]; the value
+ * of largest magnitude maps to -32 exactly (scale = extreme / -32), d is the
+ * largest |scale| over 127, and each rounded int8 scale is moved by -1..+1
+ * if that lowers the sub-block's squared error. */
+static void quant_q6_k(const float *x, uint8_t *blk) {
+    float scale[16], amax = 0.0f;
+    for (int j = 0; j < 16; j++) {
+        float ext = 0.0f;
+        for (int l = 0; l < 16; l++)
+            if (fabsf(x[16 * j + l]) > fabsf(ext)) ext = x[16 * j + l];
+        scale[j] = ext / -32.0f;
+        amax = fmaxf(amax, fabsf(scale[j]));
+    }
+    float d = as_half(amax / 127.0f);
+    put_half(blk + 208, d);
+    int sc[16];
+    for (int j = 0; j < 16; j++) {
+        int s0 = d > 0.0f ? clampi((int)lrintf(scale[j] / d), -127, 127) : 0;
+        double best = INFINITY;
+        sc[j] = s0;
+        for (int a = s0 - 1; a <= s0 + 1; a++) {
+            if (a < -127 || a > 127) continue;
+            double e = sub_err(x + 16 * j, 16, d * (float)a, 0.0f, -32, 31, 0);
+            if (e < best) {
+                best = e;
+                sc[j] = a;
+            }
+        }
+        blk[192 + j] = (uint8_t)(int8_t)sc[j];
+    }
+    uint8_t q[256];
+    for (int i = 0; i < 256; i++) q[i] = (uint8_t)(nearest_q(x[i], d * (float)sc[i / 16], 0.0f, -32, 31, 0) + 32);
+    for (int n = 0; n < 2; n++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t *v = q + 128 * n + l; /* v[0], v[32], v[64], v[96] */
+            blk[64 * n + l] = (uint8_t)((v[0] & 15) | (v[64] & 15) << 4);
+            blk[64 * n + 32 + l] = (uint8_t)((v[32] & 15) | (v[96] & 15) << 4);
+            blk[128 + 32 * n + l] = (uint8_t)(v[0] >> 4 | (v[32] >> 4) << 2 | (v[64] >> 4) << 4 | (v[96] >> 4) << 6);
+        }
+}
+
+dhsa_status dhsa__quantize_row(uint32_t type, const float *src, void *dst, int64_t n) {
+    dhsa_status st = check_n("dhsa__quantize_row", type, n);
+    if (st != DHSA_OK) return st;
+    if (n && (!src || !dst)) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__quantize_row: src or dst is NULL");
+    uint8_t *out = dst;
+    switch (type) {
+    case DHSA_GGML_F32: memcpy(dst, src, (size_t)n * sizeof(float)); return DHSA_OK;
+    case DHSA_GGML_F16:
+        for (int64_t i = 0; i < n; i++) put_half(out + 2 * i, src[i]);
+        return DHSA_OK;
+    case DHSA_GGML_BF16:
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h = dhsa_f32_to_bf16(src[i]);
+            memcpy(out + 2 * i, &h, 2);
+        }
+        return DHSA_OK;
+    default: break;
+    }
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(src[i]))
+            return dhsa__fail(DHSA_ERR_NONFINITE, "dhsa__quantize_row: value %lld is %s; a %s block needs finite values",
+                              (long long)i, isnan(src[i]) ? "NaN" : "infinite", info(type)->name);
+    int64_t blk = info(type)->block, bytes = info(type)->bytes;
+    for (int64_t b = 0; b < n / blk; b++) {
+        const float *x = src + b * blk;
+        uint8_t *o = out + b * bytes;
+        switch (type) {
+        case DHSA_GGML_Q8_0: quant_q8_0(x, o); break;
+        case DHSA_GGML_Q4_0: quant_q4_0(x, o); break;
+        case DHSA_GGML_Q4_K: quant_q4_k(x, o); break;
+        case DHSA_GGML_Q6_K: quant_q6_k(x, o); break;
+        default: break;
+        }
+    }
+    return DHSA_OK;
+}
+
+/* ------------------------------------------------------- finite check --- */
+
+static inline int half_bad(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return (h & 0x7c00u) == 0x7c00u;
+}
+
+/* Column of the first non-finite value or block scale of a row, -1 if none. */
+static int64_t row_bad(uint32_t type, const uint8_t *row, int64_t n, const char **what) {
+    *what = "value";
+    switch (type) {
+    case DHSA_GGML_F32: {
+        uint32_t acc = 0;
+        for (int64_t i = 0; i < n; i++) { /* branch-free scan first: rows are long */
+            uint32_t u;
+            memcpy(&u, row + 4 * i, 4);
+            acc |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+        }
+        if (!acc) return -1;
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, row + 4 * i, 4);
+            if ((u & 0x7f800000u) == 0x7f800000u) return i;
+        }
+        return -1;
+    }
+    case DHSA_GGML_F16:
+    case DHSA_GGML_BF16: {
+        uint16_t mask = type == DHSA_GGML_F16 ? 0x7c00u : 0x7f80u;
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, row + 2 * i, 2);
+            if ((h & mask) == mask) return i;
+        }
+        return -1;
+    }
+    default: break;
+    }
+    *what = "block scale";
+    int64_t blk = info(type)->block, bytes = info(type)->bytes;
+    for (int64_t b = 0; b < n / blk; b++) {
+        const uint8_t *p = row + b * bytes;
+        int bad = 0;
+        switch (type) {
+        case DHSA_GGML_Q8_0:
+        case DHSA_GGML_Q4_0: bad = half_bad(p); break;
+        case DHSA_GGML_Q4_K: bad = half_bad(p) || half_bad(p + 2); break;
+        case DHSA_GGML_Q6_K: bad = half_bad(p + 208); break;
+        default: break;
+        }
+        if (bad) return b * blk;
+    }
+    return -1;
+}
+
+dhsa_status dhsa__wt_check_finite(uint32_t type, const void *data, int64_t n_rows, int64_t n_cols) {
+    dhsa_status st = check_n("dhsa__wt_check_finite", type, n_cols);
+    if (st != DHSA_OK) return st;
+    if (n_rows < 0) return dhsa__fail(DHSA_ERR_SHAPE, "dhsa__wt_check_finite: n_rows = %lld", (long long)n_rows);
+    if (n_rows && n_cols && !data) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__wt_check_finite: data is NULL");
+    int64_t rb = dhsa__wt_row_bytes(type, n_cols);
+    for (int64_t r = 0; r < n_rows; r++) {
+        const char *what;
+        int64_t c = row_bad(type, (const uint8_t *)data + r * rb, n_cols, &what);
+        if (c >= 0)
+            return dhsa__fail(DHSA_ERR_NONFINITE, "%s weights: row %lld of %lld has a NaN or infinite %s at column %lld",
+                              info(type)->name, (long long)r, (long long)n_rows, what, (long long)c);
+    }
+    return DHSA_OK;
+}
+
+/* ------------------------------------------------------------- matmul --- */
+
+typedef struct {
+    int fused;
+    int64_t unit_rows; /* rows per unit: a fused chunk or a panel */
+    int64_t n_units, n_tasks;
+    int64_t ldb;       /* panel buffer row stride, floats */
+    size_t per_thread; /* bytes of scratch per thread (panel route) */
+    size_t ws;         /* bytes of scratch in all */
+} plan;
+
+static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+static plan make_plan(const dhsa__quant_kernels *k, uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok,
+                      int n_threads) {
+    plan p;
+    memset(&p, 0, sizeof p);
+    int64_t row_bytes = dhsa__wt_row_bytes(type, n_in);
+    p.fused = n_tok <= k->max_tok_fused && k->gemv != NULL;
+    if (p.fused) {
+        p.unit_rows = round_up(ceil_div(FUSED_CHUNK_BYTES, row_bytes > 0 ? row_bytes : 1), 4);
+        p.n_units = ceil_div(n_out, p.unit_rows);
+        double bytes = (double)row_bytes * (double)n_out;
+        double t = bytes / FUSED_TASK_BYTES;
+        p.n_tasks = t < 1.0 ? 1 : t > (double)p.n_units ? p.n_units : (int64_t)t;
+        return p;
+    }
+    int64_t rows = n_out < DHSA_QK_PANEL ? n_out : DHSA_QK_PANEL;
+    p.unit_rows = round_up(rows, k->nr);
+    p.n_units = ceil_div(n_out, p.unit_rows);
+    double t = 2.0 * (double)n_in * (double)n_out * (double)n_tok / PANEL_TASK_FLOPS;
+    p.n_tasks = t < 1.0 ? 1 : t > (double)p.n_units ? p.n_units : (int64_t)t;
+    int64_t kc = n_in < DHSA_QK_KC ? n_in : DHSA_QK_KC;
+    /* +16 floats: rows 64 bytes apart modulo 4 KiB, so the tile's rows do not
+     * fight over the same L1 sets */
+    p.ldb = round_up(kc, 16) + 16;
+    p.per_thread = (size_t)(p.unit_rows + k->mr) * (size_t)p.ldb * sizeof(float);
+    int users = p.n_tasks == 1 || n_threads <= 1 ? 1 : n_threads;
+    p.ws = (size_t)users * p.per_thread;
+    return p;
+}
+
+typedef struct {
+    const dhsa__quant_kernels *k;
+    const dhsa_wmat *W;
+    const float *x;
+    int64_t ldx, n_tok;
+    float *y;
+    int64_t ldy;
+    plan p;
+    char *ws;
+} mm_job;
+
+static void fused_units(const mm_job *j, int64_t u0, int64_t u1) {
+    const dhsa_wmat *W = j->W;
+    int64_t o0 = u0 * j->p.unit_rows, o1 = u1 * j->p.unit_rows;
+    if (o1 > W->n_out) o1 = W->n_out;
+    j->k->gemv(W->type, (const uint8_t *)W->data + o0 * W->row_bytes, W->row_bytes, o1 - o0, W->n_in, j->x, j->ldx,
+               j->n_tok, j->y + o0, j->ldy);
+}
+
+/* One panel: rows [o0, o0 + np), every K block, every token. */
+static void panel(const mm_job *j, int64_t o0, int64_t np, float *buf, float *xp) {
+    const dhsa__quant_kernels *k = j->k;
+    const dhsa_wmat *W = j->W;
+    const int mr = k->mr, nr = k->nr;
+    const int64_t ldb = j->p.ldb, n_in = W->n_in, n_tok = j->n_tok;
+    const int64_t np_pad = round_up(np, nr);
+    float out[64]; /* mr * nr */
+    for (int64_t k0 = 0; k0 < n_in; k0 += DHSA_QK_KC) {
+        const int64_t kn = n_in - k0 < DHSA_QK_KC ? n_in - k0 : DHSA_QK_KC, kp = round_up(kn, 16);
+        const int first = k0 == 0;
+        /* buf [np_pad][ldb]: W rows o0.., columns k0..k0+kn, zero padded */
+        for (int64_t r = 0; r < np; r++) {
+            float *b = buf + r * ldb;
+            k->dequant(W->type, (const uint8_t *)W->data + (o0 + r) * W->row_bytes, k0, kn, b);
+            for (int64_t c = kn; c < kp; c++) b[c] = 0.0f;
+        }
+        for (int64_t r = np; r < np_pad; r++) memset(buf + r * ldb, 0, (size_t)kp * sizeof(float));
+        for (int64_t t0 = 0; t0 < n_tok; t0 += mr) {
+            const int nt = n_tok - t0 < mr ? (int)(n_tok - t0) : mr;
+            /* xp [mr][ldb]: tokens t0.. (the last one repeated to fill the tile) */
+            for (int t = 0; t < mr; t++) {
+                const float *src = j->x + (t0 + (t < nt ? t : nt - 1)) * j->ldx + k0;
+                float *d = xp + t * ldb;
+                memcpy(d, src, (size_t)kn * sizeof(float));
+                for (int64_t c = kn; c < kp; c++) d[c] = 0.0f;
+            }
+            for (int64_t r0 = 0; r0 < np; r0 += nr) {
+                k->tile(buf + r0 * ldb, ldb, xp, ldb, kp, out);
+                const int vr = np - r0 < nr ? (int)(np - r0) : nr;
+                for (int t = 0; t < nt; t++) {
+                    float *yr = j->y + (t0 + t) * j->ldy + o0 + r0;
+                    for (int r = 0; r < vr; r++) yr[r] = first ? out[t * nr + r] : yr[r] + out[t * nr + r];
+                }
+            }
+        }
+    }
+}
+
+static void mm_task(void *arg, int64_t task, int thread) {
+    const mm_job *j = arg;
+    int64_t u0 = task * j->p.n_units / j->p.n_tasks, u1 = (task + 1) * j->p.n_units / j->p.n_tasks;
+    if (j->p.fused) {
+        fused_units(j, u0, u1);
+        return;
+    }
+    float *buf = (float *)(j->ws + (size_t)thread * j->p.per_thread);
+    float *xp = buf + j->p.unit_rows * j->p.ldb;
+    for (int64_t u = u0; u < u1; u++) {
+        int64_t o0 = u * j->p.unit_rows;
+        int64_t np = j->W->n_out - o0 < j->p.unit_rows ? j->W->n_out - o0 : j->p.unit_rows;
+        panel(j, o0, np, buf, xp);
+    }
+}
+
+/* Checks shared by dhsa__matmul and the workspace query. */
+static dhsa_status check_mm(uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok) {
+    const type_info *ti = info(type);
+    if (!ti) return unsupported("dhsa__matmul", type);
+    if (n_in <= 0 || n_out <= 0 || n_tok < 0)
+        return dhsa__fail(DHSA_ERR_SHAPE, "dhsa__matmul: n_in = %lld, n_out = %lld, n_tok = %lld (need n_in, n_out >= 1, "
+                          "n_tok >= 0)", (long long)n_in, (long long)n_out, (long long)n_tok);
+    if (n_in % ti->block)
+        return dhsa__fail(DHSA_ERR_SHAPE, "dhsa__matmul: n_in = %lld is not a multiple of the %s block (%lld values)",
+                          (long long)n_in, ti->name, (long long)ti->block);
+    if (n_in > ((int64_t)1 << 40) || n_out > ((int64_t)1 << 40) || n_tok > ((int64_t)1 << 40))
+        return dhsa__fail(DHSA_ERR_TOO_LARGE, "dhsa__matmul: a dimension is above 2^40");
+    return DHSA_OK;
+}
+
+size_t dhsa__matmul_workspace(uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok, int n_threads) {
+    if (check_mm(type, n_in, n_out, n_tok) != DHSA_OK || n_tok == 0) return 0;
+    plan p = make_plan(dhsa__quant_kernels_active(), type, n_in, n_out, n_tok, n_threads);
+    return p.fused ? 0 : p.ws;
+}
+
+dhsa_status dhsa__matmul(dhsa_ctx *ctx, const dhsa_wmat *W, const float *x, int64_t ldx, int64_t n_tok, float *y,
+                         int64_t ldy) {
+    if (!ctx || !W || !x || !y || !W->data)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__matmul: ctx, W, W->data, x and y must not be NULL");
+    dhsa_status st = check_mm(W->type, W->n_in, W->n_out, n_tok);
+    if (st != DHSA_OK) return st;
+    if (ldx < W->n_in || ldy < W->n_out)
+        return dhsa__fail(DHSA_ERR_SHAPE, "dhsa__matmul: ldx = %lld must be >= n_in = %lld and ldy = %lld >= n_out = %lld",
+                          (long long)ldx, (long long)W->n_in, (long long)ldy, (long long)W->n_out);
+    int64_t rb = dhsa__wt_row_bytes(W->type, W->n_in);
+    if (W->row_bytes < rb)
+        return dhsa__fail(DHSA_ERR_SHAPE, "dhsa__matmul: row_bytes = %lld is less than a %s row of %lld values (%lld bytes)",
+                          (long long)W->row_bytes, info(W->type)->name, (long long)W->n_in, (long long)rb);
+    if (n_tok == 0) return DHSA_OK;
+    if (ldx > INT64_MAX / n_tok || ldy > INT64_MAX / n_tok || W->row_bytes > INT64_MAX / W->n_out)
+        return dhsa__fail(DHSA_ERR_TOO_LARGE, "dhsa__matmul: a buffer size overflows 64 bits");
+    /* x and y must not overlap (y is written while x is still read) */
+    uintptr_t xa = (uintptr_t)x, xb = (uintptr_t)(x + (n_tok - 1) * ldx + W->n_in);
+    uintptr_t ya = (uintptr_t)y, yb = (uintptr_t)(y + (n_tok - 1) * ldy + W->n_out);
+    if (xa < yb && ya < xb) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__matmul: x and y overlap");
+
+    mm_job j;
+    j.k = dhsa__quant_kernels_active();
+    j.W = W;
+    j.x = x;
+    j.ldx = ldx;
+    j.n_tok = n_tok;
+    j.y = y;
+    j.ldy = ldy;
+    j.p = make_plan(j.k, W->type, W->n_in, W->n_out, n_tok, dhsa_ctx_n_threads(ctx));
+    j.ws = NULL;
+    if (!j.p.fused) {
+        j.ws = dhsa__scratch(ctx, j.p.ws, &st);
+        if (!j.ws) return st;
+    }
+    dhsa_parallel_for(ctx, j.p.n_tasks, mm_task, &j);
+    return DHSA_OK;
+}

@@ -1,0 +1,339 @@
+/* quant_avx2.c: AVX2 + FMA + F16C kernels of the weight products, for x86
+ * machines without AVX-512 (contract and summation order in quant.h).
+ * Compiled with -mavx2 -mfma -mf16c by the Makefile; elsewhere this file is
+ * empty and the scalar path runs.
+ *
+ * 8 lanes. Codes are widened to int32 and converted; Q4_K's scale and min
+ * go in with one FMA, (d*sc)*q - dmin*m, whose product is exact, so the
+ * values are the format's exactly (the sign of zero included). Fused route:
+ * 4 rows x up to 2 tokens of accumulators (16 ymm registers). Panel route:
+ * 3 tokens x 4 rows. Both reduce the 8 lanes by the tree of quant.c's
+ * scalar tile, so they agree bitwise with each other; they differ from the
+ * scalar path only by FMA rounding.
+ * Held to the scalar path by tests/test_quant.c.
+ */
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#include <string.h>
+
+#include "model/quant.h"
+
+#define INLINE static inline __attribute__((always_inline))
+#define UNROLL _Pragma("GCC unroll 16")
+#define R 4
+#define TMAX 2
+#define MR 3
+#define NR 4
+
+/* ----------------------------------------------------------- lane tree --- */
+
+/* (v[j] + v[j+4]) -> (a0 + a2, a1 + a3) -> c0 + c1 */
+INLINE __m128 tree4(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
+    __m256 a01 = _mm256_add_ps(_mm256_permute2f128_ps(v0, v1, 0x20), _mm256_permute2f128_ps(v0, v1, 0x31));
+    __m256 a23 = _mm256_add_ps(_mm256_permute2f128_ps(v2, v3, 0x20), _mm256_permute2f128_ps(v2, v3, 0x31));
+    __m256 c = _mm256_add_ps(_mm256_shuffle_ps(a01, a23, _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(a01, a23, _MM_SHUFFLE(3, 2, 3, 2)));
+    __m256 g = _mm256_add_ps(_mm256_shuffle_ps(c, c, _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm256_shuffle_ps(c, c, _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm_unpacklo_ps(_mm256_castps256_ps128(g), _mm256_extractf128_ps(g, 1));
+}
+
+/* ------------------------------------------------------------- decoders --- */
+
+INLINE float half(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+INLINE __m256i tail_mask(int64_t n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* 8 values of an F32/F16/BF16 row at column k; n < 8 reads only n (rest 0) */
+INLINE __m256 load_float(uint32_t type, const uint8_t *row, int64_t k, int64_t n) {
+    if (type == DHSA_GGML_F32) {
+        if (n >= 8) return _mm256_loadu_ps((const float *)row + k);
+        return _mm256_maskload_ps((const float *)row + k, tail_mask(n));
+    }
+    __m128i h;
+    if (n >= 8) {
+        h = _mm_loadu_si128((const __m128i *)(row + 2 * k));
+    } else {
+        uint16_t tmp[8] = {0};
+        memcpy(tmp, row + 2 * k, (size_t)n * 2);
+        h = _mm_loadu_si128((const __m128i *)tmp);
+    }
+    if (type == DHSA_GGML_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+INLINE __m256i bytes8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+INLINE __m256i sbytes8(const uint8_t *p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+
+/* Q8_0 block -> 32 values */
+INLINE void dec_q8_0(const uint8_t *blk, __m256 w[4]) {
+    __m256 d = _mm256_set1_ps(half(blk));
+    UNROLL for (int j = 0; j < 4; j++) w[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(sbytes8(blk + 2 + 8 * j)), d);
+}
+
+/* Q4_0 block -> 32 values, (q - 8) * d: d*q - 8d would give +0 where the
+ * format's formula gives -0 (d < 0, q = 8) */
+INLINE void dec_q4_0(const uint8_t *blk, __m256 w[4]) {
+    __m256 d = _mm256_set1_ps(half(blk));
+    const __m256i m = _mm256_set1_epi32(15), c8 = _mm256_set1_epi32(8);
+    __m256i va = bytes8(blk + 2), vb = bytes8(blk + 10);
+    w[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(va, m), c8)), d);
+    w[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(vb, m), c8)), d);
+    w[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(va, 4), c8)), d);
+    w[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(vb, 4), c8)), d);
+}
+
+/* Q4_K header -> cf[0..8) = d*sc_j, cf[8..16) = -(dmin*m_j) */
+INLINE void prep_q4_k(const uint8_t *blk, float *cf) {
+    uint32_t s[3];
+    memcpy(s, blk + 4, 12);
+    uint32_t sc_lo = s[0] & 0x3f3f3f3fu, m_lo = s[1] & 0x3f3f3f3fu;
+    uint32_t sc_hi = (s[2] & 0x0f0f0f0fu) | ((s[0] >> 2) & 0x30303030u);
+    uint32_t m_hi = ((s[2] >> 4) & 0x0f0f0f0fu) | ((s[1] >> 2) & 0x30303030u);
+    __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo)));
+    __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo)));
+    _mm256_storeu_ps(cf, _mm256_mul_ps(sc, _mm256_set1_ps(half(blk))));
+    _mm256_storeu_ps(cf + 8, _mm256_mul_ps(mn, _mm256_set1_ps(-half(blk + 2))));
+}
+
+/* Q4_K unit u (values 64u .. 64u+63) -> 8 vectors */
+INLINE void dec_q4_k(const uint8_t *blk, const float *cf, int u, __m256 w[8]) {
+    const uint8_t *qs = blk + 16 + 32 * u;
+    __m256 da = _mm256_set1_ps(cf[2 * u]), oa = _mm256_set1_ps(cf[8 + 2 * u]);
+    __m256 db = _mm256_set1_ps(cf[2 * u + 1]), ob = _mm256_set1_ps(cf[9 + 2 * u]);
+    const __m256i m = _mm256_set1_epi32(15);
+    UNROLL for (int j = 0; j < 4; j++) {
+        __m256i v = bytes8(qs + 8 * j);
+        w[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m)), da, oa);
+        w[4 + j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), db, ob);
+    }
+}
+
+/* Q6_K header -> ds[j] = d * scales[j] */
+INLINE void prep_q6_k(const uint8_t *blk, float *ds) {
+    __m256 d = _mm256_set1_ps(half(blk + 208));
+    _mm256_storeu_ps(ds, _mm256_mul_ps(_mm256_cvtepi32_ps(sbytes8(blk + 192)), d));
+    _mm256_storeu_ps(ds + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(sbytes8(blk + 200)), d));
+}
+
+/* Q6_K unit u (values 64u .. 64u+63) -> 8 vectors; see quant.c for the layout */
+INLINE void dec_q6_k(const uint8_t *blk, const float *ds, int u, __m256 w[8]) {
+    const int n = u >> 1;
+    __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * n));
+    __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * n + 32));
+    __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
+    const __m256i lo4 = _mm256_set1_epi8(0x0f);
+    __m256i z0, z1;
+    if (!(u & 1)) {
+        z0 = _mm256_or_si256(_mm256_and_si256(ql0, lo4),
+                             _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x03)), 4));
+        z1 = _mm256_or_si256(_mm256_and_si256(ql1, lo4),
+                             _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x0c)), 2));
+    } else {
+        z0 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), lo4),
+                             _mm256_and_si256(qh, _mm256_set1_epi8(0x30)));
+        z1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), lo4),
+                             _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8((char)0xc0)), 2));
+    }
+    const __m256i c32 = _mm256_set1_epi8(32);
+    z0 = _mm256_sub_epi8(z0, c32);
+    z1 = _mm256_sub_epi8(z1, c32);
+    __m128i q[4] = {_mm256_castsi256_si128(z0), _mm256_extracti128_si256(z0, 1), _mm256_castsi256_si128(z1),
+                    _mm256_extracti128_si256(z1, 1)};
+    UNROLL for (int j = 0; j < 4; j++) {
+        __m256 s = _mm256_set1_ps(ds[4 * u + j]);
+        w[2 * j] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q[j])), s);
+        w[2 * j + 1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(q[j], q[j]))), s);
+    }
+}
+
+/* ------------------------------------------------------------- dequant --- */
+
+static void dequant(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, float *dst) {
+    int64_t k = 0;
+    __m256 w[8];
+    switch (type) {
+    case DHSA_GGML_F32:
+    case DHSA_GGML_F16:
+    case DHSA_GGML_BF16:
+        for (; k + 8 <= kn; k += 8) _mm256_storeu_ps(dst + k, load_float(type, row, k0 + k, 8));
+        if (k < kn) _mm256_maskstore_ps(dst + k, tail_mask(kn - k), load_float(type, row, k0 + k, kn - k));
+        return;
+    case DHSA_GGML_Q8_0:
+    case DHSA_GGML_Q4_0:
+        for (; k < kn; k += 32) {
+            const uint8_t *blk = row + (k0 + k) / 32 * (type == DHSA_GGML_Q8_0 ? 34 : 18);
+            if (type == DHSA_GGML_Q8_0) dec_q8_0(blk, w);
+            else dec_q4_0(blk, w);
+            for (int v = 0; v < 4; v++) _mm256_storeu_ps(dst + k + 8 * v, w[v]);
+        }
+        return;
+    case DHSA_GGML_Q4_K:
+    case DHSA_GGML_Q6_K: {
+        float cf[16];
+        for (; k < kn; k += 256) {
+            const uint8_t *blk = row + (k0 + k) / 256 * (type == DHSA_GGML_Q4_K ? 144 : 210);
+            if (type == DHSA_GGML_Q4_K) prep_q4_k(blk, cf);
+            else prep_q6_k(blk, cf);
+            for (int u = 0; u < 4; u++) {
+                if (type == DHSA_GGML_Q4_K) dec_q4_k(blk, cf, u, w);
+                else dec_q6_k(blk, cf, u, w);
+                for (int v = 0; v < 8; v++) _mm256_storeu_ps(dst + k + 64 * u + 8 * v, w[v]);
+            }
+        }
+        return;
+    }
+    default: return;
+    }
+}
+
+/* ---------------------------------------------------------- panel tile --- */
+
+static void tile(const float *W, int64_t ldw, const float *X, int64_t ldxp, int64_t kp, float *out) {
+    __m256 acc[MR][NR];
+    UNROLL for (int t = 0; t < MR; t++) UNROLL for (int r = 0; r < NR; r++) acc[t][r] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < kp; k += 8) {
+        __m256 xv[MR];
+        UNROLL for (int t = 0; t < MR; t++) xv[t] = _mm256_loadu_ps(X + t * ldxp + k);
+        UNROLL for (int r = 0; r < NR; r++) {
+            __m256 wv = _mm256_loadu_ps(W + r * ldw + k);
+            UNROLL for (int t = 0; t < MR; t++) acc[t][r] = _mm256_fmadd_ps(wv, xv[t], acc[t][r]);
+        }
+    }
+    UNROLL for (int t = 0; t < MR; t++) _mm_storeu_ps(out + t * NR, tree4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]));
+}
+
+/* ---------------------------------------------------------- fused tile --- */
+
+INLINE void fused_block(const uint32_t type, const int T, const uint8_t *const *w, const float *xk, int64_t ldx,
+                        int64_t k0, int64_t kn, __m256 acc[R][TMAX]) {
+    switch (type) {
+    case DHSA_GGML_F32:
+    case DHSA_GGML_F16:
+    case DHSA_GGML_BF16:
+        for (int64_t k = 0; k < kn; k += 8) {
+            const int64_t n = kn - k;
+            __m256 xv[TMAX];
+            UNROLL for (int t = 0; t < T; t++) xv[t] = n >= 8 ? _mm256_loadu_ps(xk + t * ldx + k)
+                                                             : _mm256_maskload_ps(xk + t * ldx + k, tail_mask(n));
+            UNROLL for (int r = 0; r < R; r++) {
+                __m256 wv = load_float(type, w[r], k0 + k, n);
+                UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+            }
+        }
+        return;
+    case DHSA_GGML_Q8_0:
+    case DHSA_GGML_Q4_0: {
+        const int64_t bb = type == DHSA_GGML_Q8_0 ? 34 : 18;
+        for (int64_t k = 0; k < kn; k += 32) {
+            const int64_t off = (k0 + k) / 32 * bb;
+            UNROLL for (int r = 0; r < R; r++) {
+                __m256 wv[4];
+                if (type == DHSA_GGML_Q8_0) dec_q8_0(w[r] + off, wv);
+                else dec_q4_0(w[r] + off, wv);
+                UNROLL for (int t = 0; t < T; t++) UNROLL for (int v = 0; v < 4; v++)
+                    acc[r][t] = _mm256_fmadd_ps(wv[v], _mm256_loadu_ps(xk + t * ldx + k + 8 * v), acc[r][t]);
+            }
+        }
+        return;
+    }
+    case DHSA_GGML_Q4_K:
+    case DHSA_GGML_Q6_K: {
+        const int64_t bb = type == DHSA_GGML_Q4_K ? 144 : 210;
+        for (int64_t k = 0; k < kn; k += 256) {
+            const int64_t off = (k0 + k) / 256 * bb;
+            float cf[R][16] __attribute__((aligned(32)));
+            UNROLL for (int r = 0; r < R; r++) {
+                if (type == DHSA_GGML_Q4_K) prep_q4_k(w[r] + off, cf[r]);
+                else prep_q6_k(w[r] + off, cf[r]);
+            }
+            for (int u = 0; u < 4; u++) {
+                const float *xu = xk + k + 64 * u;
+                UNROLL for (int r = 0; r < R; r++) {
+                    __m256 wv[8];
+                    if (type == DHSA_GGML_Q4_K) dec_q4_k(w[r] + off, cf[r], u, wv);
+                    else dec_q6_k(w[r] + off, cf[r], u, wv);
+                    UNROLL for (int t = 0; t < T; t++) UNROLL for (int v = 0; v < 8; v++)
+                        acc[r][t] = _mm256_fmadd_ps(wv[v], _mm256_loadu_ps(xu + t * ldx + 8 * v), acc[r][t]);
+                }
+            }
+        }
+        return;
+    }
+    default: return;
+    }
+}
+
+INLINE void fused_tile(const uint32_t type, const int T, const uint8_t *const *w, const float *x, int64_t ldx,
+                       int64_t n_in, float *y, int64_t ldy, int nr) {
+    for (int64_t k0 = 0; k0 < n_in; k0 += DHSA_QK_KC) {
+        const int64_t kn = n_in - k0 < DHSA_QK_KC ? n_in - k0 : DHSA_QK_KC;
+        __m256 acc[R][TMAX];
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < TMAX; t++) acc[r][t] = _mm256_setzero_ps();
+        fused_block(type, T, w, x + k0, ldx, k0, kn, acc);
+        UNROLL for (int t = 0; t < T; t++) {
+            float s[4];
+            _mm_storeu_ps(s, tree4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
+            float *yt = y + t * ldy;
+            for (int r = 0; r < nr; r++) yt[r] = k0 == 0 ? s[r] : yt[r] + s[r];
+        }
+    }
+}
+
+typedef void (*fused_fn)(const uint8_t *const *w, const float *x, int64_t ldx, int64_t n_in, float *y, int64_t ldy,
+                         int nr);
+
+#define FUSED(NAME, TYPE)                                                                                           \
+    static void NAME##_1(const uint8_t *const *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,   \
+                         int nr) {                                                                                  \
+        fused_tile(TYPE, 1, w, x, ldx, n, y, ldy, nr);                                                              \
+    }                                                                                                               \
+    static void NAME##_2(const uint8_t *const *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,   \
+                         int nr) {                                                                                  \
+        fused_tile(TYPE, 2, w, x, ldx, n, y, ldy, nr);                                                              \
+    }                                                                                                               \
+    static const fused_fn NAME[TMAX + 1] = {NULL, NAME##_1, NAME##_2};
+
+FUSED(f_f32, DHSA_GGML_F32)
+FUSED(f_f16, DHSA_GGML_F16)
+FUSED(f_bf16, DHSA_GGML_BF16)
+FUSED(f_q8_0, DHSA_GGML_Q8_0)
+FUSED(f_q4_0, DHSA_GGML_Q4_0)
+FUSED(f_q4_k, DHSA_GGML_Q4_K)
+FUSED(f_q6_k, DHSA_GGML_Q6_K)
+
+static void gemv(uint32_t type, const uint8_t *w, int64_t row_bytes, int64_t nrows, int64_t n_in, const float *x,
+                 int64_t ldx, int64_t n_tok, float *y, int64_t ldy) {
+    const fused_fn *f;
+    switch (type) {
+    case DHSA_GGML_F32: f = f_f32; break;
+    case DHSA_GGML_F16: f = f_f16; break;
+    case DHSA_GGML_BF16: f = f_bf16; break;
+    case DHSA_GGML_Q8_0: f = f_q8_0; break;
+    case DHSA_GGML_Q4_0: f = f_q4_0; break;
+    case DHSA_GGML_Q4_K: f = f_q4_k; break;
+    case DHSA_GGML_Q6_K: f = f_q6_k; break;
+    default: return;
+    }
+    for (int64_t r0 = 0; r0 < nrows; r0 += R) {
+        const int nr = nrows - r0 < R ? (int)(nrows - r0) : R;
+        const uint8_t *rows[R];
+        for (int r = 0; r < R; r++) rows[r] = w + (r0 + (r < nr ? r : nr - 1)) * row_bytes;
+        for (int64_t t0 = 0; t0 < n_tok; t0 += TMAX) {
+            const int T = n_tok - t0 < TMAX ? (int)(n_tok - t0) : TMAX;
+            f[T](rows, x + t0 * ldx, ldx, n_in, y + t0 * ldy + r0, ldy, nr);
+        }
+    }
+}
+
+const dhsa__quant_kernels dhsa__quant_avx2 = {"avx2", MR, NR, 4, dequant, gemv, tile};
+
+#else
+typedef int dhsa__quant_avx2_unused; /* ISO C forbids an empty file */
+#endif

@@ -1,0 +1,394 @@
+/* quant_avx512.c: AVX-512 kernels of the weight products (contract and
+ * summation order in quant.h). Compiled with -mavx512f/bw/dq/vl -mfma -mf16c
+ * by the Makefile; elsewhere this file is empty and the scalar path runs.
+ *
+ * Dequantization in registers, exact (see quant.c's layout comment):
+ *   Q4_0 / Q4_K  a 16-entry table per (sub-)block, (q-8)*d or (d*sc)*q - dmin*m,
+ *                indexed by the nibbles with vpermps (which reads only the
+ *                low 4 bits of each index, so no masking);
+ *   Q6_K         the 6-bit codes of 64 values built with byte operations on
+ *                one zmm, then widened 16 at a time and scaled;
+ *   Q8_0, F16, BF16  widen and convert.
+ * Fused route (decode): 4 rows x up to 4 tokens of accumulators, each row
+ * streamed once. Panel route (prefill): a 6 token x 4 row tile over
+ * dequantized rows, 24 accumulators. Both sum lane j of a K block in column
+ * order with FMA and reduce the 16 lanes by the same tree, so they agree
+ * bitwise. Held to the scalar path by tests/test_quant.c.
+ */
+#if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
+    defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#include <string.h>
+
+#include "model/quant.h"
+
+#define INLINE static inline __attribute__((always_inline))
+#define UNROLL _Pragma("GCC unroll 16")
+#define R 4    /* rows per fused tile */
+#define TMAX 4 /* tokens per fused tile */
+#define MR 6   /* panel tile: tokens */
+#define NR 4   /* panel tile: rows */
+
+/* ----------------------------------------------------------- lane tree --- */
+
+/* s = ((v[j] + v[j+8]) for j < 8) -> (a[j] + a[j+4]) -> (b0 + b2, b1 + b3) -> c0 + c1 */
+INLINE float tree1(__m512 v) {
+    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+}
+
+/* The same tree for four vectors at once: [tree1(v0), ..., tree1(v3)]. */
+INLINE __m128 tree4(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
+    __m256 a0 = _mm256_add_ps(_mm512_castps512_ps256(v0), _mm512_extractf32x8_ps(v0, 1));
+    __m256 a1 = _mm256_add_ps(_mm512_castps512_ps256(v1), _mm512_extractf32x8_ps(v1, 1));
+    __m256 a2 = _mm256_add_ps(_mm512_castps512_ps256(v2), _mm512_extractf32x8_ps(v2, 1));
+    __m256 a3 = _mm256_add_ps(_mm512_castps512_ps256(v3), _mm512_extractf32x8_ps(v3, 1));
+    /* b01 = [b0 | b1], b_k[j] = a_k[j] + a_k[j+4] */
+    __m256 b01 = _mm256_add_ps(_mm256_permute2f128_ps(a0, a1, 0x20), _mm256_permute2f128_ps(a0, a1, 0x31));
+    __m256 b23 = _mm256_add_ps(_mm256_permute2f128_ps(a2, a3, 0x20), _mm256_permute2f128_ps(a2, a3, 0x31));
+    /* c = [c0[0] c0[1] c2[0] c2[1] | c1[0] c1[1] c3[0] c3[1]], c_k[i] = b_k[i] + b_k[i+2] */
+    __m256 c = _mm256_add_ps(_mm256_shuffle_ps(b01, b23, _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(b01, b23, _MM_SHUFFLE(3, 2, 3, 2)));
+    /* g = [r0 r2 r0 r2 | r1 r3 r1 r3] */
+    __m256 g = _mm256_add_ps(_mm256_shuffle_ps(c, c, _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm256_shuffle_ps(c, c, _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm_unpacklo_ps(_mm256_castps256_ps128(g), _mm256_extractf128_ps(g, 1));
+}
+
+/* ------------------------------------------------------------- decoders --- */
+
+INLINE __m512 bcast_half(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _mm512_set1_ps(_cvtsh_ss(h));
+}
+
+INLINE __mmask16 tail_mask(int64_t n) { return (__mmask16)((1u << n) - 1u); }
+
+INLINE __m512 load_f32(const uint8_t *row, int64_t k) { return _mm512_loadu_ps((const float *)row + k); }
+INLINE __m512 load_f32_m(const uint8_t *row, int64_t k, __mmask16 m) {
+    return _mm512_maskz_loadu_ps(m, (const float *)row + k);
+}
+INLINE __m512 load_f16(const uint8_t *row, int64_t k) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 2 * k)));
+}
+INLINE __m512 load_f16_m(const uint8_t *row, int64_t k, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row + 2 * k));
+}
+INLINE __m512 widen_bf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+INLINE __m512 load_bf16(const uint8_t *row, int64_t k) {
+    return widen_bf16(_mm256_loadu_si256((const __m256i *)(row + 2 * k)));
+}
+INLINE __m512 load_bf16_m(const uint8_t *row, int64_t k, __mmask16 m) {
+    return widen_bf16(_mm256_maskz_loadu_epi16(m, row + 2 * k));
+}
+
+/* Q8_0 block (34 bytes) -> 32 values */
+INLINE void dec_q8_0(const uint8_t *blk, __m512 w[2]) {
+    __m512 d = bcast_half(blk);
+    w[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)))), d);
+    w[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18)))), d);
+}
+
+/* Q4_0 block (18 bytes) -> 32 values: table[q] = (q - 8) * d */
+INLINE void dec_q4_0(const uint8_t *blk, __m512 w[2]) {
+    const __m512 iota8 = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    __m512 tab = _mm512_mul_ps(iota8, bcast_half(blk));
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)));
+    w[0] = _mm512_permutexvar_ps(v, tab);
+    w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tab);
+}
+
+/* Q4_K super-block header -> cf[0..8) = d*sc_j, cf[8..16) = -(dmin*m_j) */
+INLINE void prep_q4_k(const uint8_t *blk, float *cf) {
+    uint32_t s[3];
+    memcpy(s, blk + 4, 12);
+    uint32_t sc_lo = s[0] & 0x3f3f3f3fu, m_lo = s[1] & 0x3f3f3f3fu;
+    uint32_t sc_hi = (s[2] & 0x0f0f0f0fu) | ((s[0] >> 2) & 0x30303030u);
+    uint32_t m_hi = ((s[2] >> 4) & 0x0f0f0f0fu) | ((s[1] >> 2) & 0x30303030u);
+    __m128i b = _mm_set_epi32((int)m_hi, (int)m_lo, (int)sc_hi, (int)sc_lo);
+    uint16_t h[2];
+    memcpy(h, blk, 4);
+    __m512 dd = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(_cvtsh_ss(h[0])), _mm512_set1_ps(-_cvtsh_ss(h[1])));
+    _mm512_storeu_ps(cf, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)), dd));
+}
+
+/* Q4_K unit u (values 64u .. 64u+63) from the prepared header */
+INLINE void dec_q4_k(const uint8_t *blk, const float *cf, int u, __m512 w[4]) {
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const uint8_t *qs = blk + 16 + 32 * u;
+    __m512 ta = _mm512_fmadd_ps(iota, _mm512_set1_ps(cf[2 * u]), _mm512_set1_ps(cf[8 + 2 * u]));
+    __m512 tb = _mm512_fmadd_ps(iota, _mm512_set1_ps(cf[2 * u + 1]), _mm512_set1_ps(cf[9 + 2 * u]));
+    __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qs));
+    __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qs + 16)));
+    w[0] = _mm512_permutexvar_ps(v0, ta);
+    w[1] = _mm512_permutexvar_ps(v1, ta);
+    w[2] = _mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), tb);
+    w[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), tb);
+}
+
+/* Q6_K super-block header -> ds[j] = d * scales[j] */
+INLINE void prep_q6_k(const uint8_t *blk, float *ds) {
+    __m512 s = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192))));
+    _mm512_storeu_ps(ds, _mm512_mul_ps(s, bcast_half(blk + 208)));
+}
+
+/* Q6_K unit u (values 64u .. 64u+63): n = u/2 picks the 128-value half, u&1
+ * the low (parts 0, 1) or high (parts 2, 3) nibbles of ql; byte b of the
+ * 64-byte code vector is value 64u + b, so 16-byte lane k is sub-block 4u+k. */
+INLINE void dec_q6_k(const uint8_t *blk, const float *ds, int u, __m512 w[4]) {
+    const int n = u >> 1;
+    __m512i ql = _mm512_loadu_si512((const void *)(blk + 64 * n));
+    __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n)));
+    const __m512i lo4 = _mm512_set1_epi8(0x0f);
+    __m512i z;
+    if (!(u & 1)) {
+        /* parts 0 | 1: high bits (qh & 3) << 4 | (qh & 12) << 2 */
+        __m512i m = _mm512_mask_blend_epi64(0xf0, _mm512_set1_epi8(0x03), _mm512_set1_epi8(0x0c));
+        __m512i sh = _mm512_mask_blend_epi64(0xf0, _mm512_set1_epi16(4), _mm512_set1_epi16(2));
+        __m512i hi = _mm512_sllv_epi16(_mm512_and_si512(qh, m), sh);
+        z = _mm512_ternarylogic_epi32(ql, hi, lo4, 0xec); /* (ql & 15) | hi */
+    } else {
+        /* parts 2 | 3: qh & 0x30 | (qh & 0xc0) >> 2 */
+        __m512i m = _mm512_mask_blend_epi64(0xf0, _mm512_set1_epi8(0x30), _mm512_set1_epi8((char)0xc0));
+        __m512i sh = _mm512_mask_blend_epi64(0xf0, _mm512_set1_epi16(0), _mm512_set1_epi16(2));
+        __m512i hi = _mm512_srlv_epi16(_mm512_and_si512(qh, m), sh);
+        z = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), hi, lo4, 0xec);
+    }
+    z = _mm512_sub_epi8(z, _mm512_set1_epi8(32));
+    w[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_castsi512_si128(z))),
+                         _mm512_set1_ps(ds[4 * u]));
+    w[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(z, 1))),
+                         _mm512_set1_ps(ds[4 * u + 1]));
+    w[2] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(z, 2))),
+                         _mm512_set1_ps(ds[4 * u + 2]));
+    w[3] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(z, 3))),
+                         _mm512_set1_ps(ds[4 * u + 3]));
+}
+
+/* ------------------------------------------------------------- dequant --- */
+
+static void dequant(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, float *dst) {
+    int64_t k = 0;
+    __m512 w[4];
+    switch (type) {
+    case DHSA_GGML_F32:
+    case DHSA_GGML_F16:
+    case DHSA_GGML_BF16:
+        for (; k + 16 <= kn; k += 16)
+            _mm512_storeu_ps(dst + k, type == DHSA_GGML_F32   ? load_f32(row, k0 + k)
+                                      : type == DHSA_GGML_F16 ? load_f16(row, k0 + k)
+                                                              : load_bf16(row, k0 + k));
+        if (k < kn) {
+            __mmask16 m = tail_mask(kn - k);
+            _mm512_mask_storeu_ps(dst + k, m, type == DHSA_GGML_F32   ? load_f32_m(row, k0 + k, m)
+                                              : type == DHSA_GGML_F16 ? load_f16_m(row, k0 + k, m)
+                                                                      : load_bf16_m(row, k0 + k, m));
+        }
+        return;
+    case DHSA_GGML_Q8_0:
+    case DHSA_GGML_Q4_0:
+        for (; k < kn; k += 32) {
+            const uint8_t *blk = row + (k0 + k) / 32 * (type == DHSA_GGML_Q8_0 ? 34 : 18);
+            if (type == DHSA_GGML_Q8_0) dec_q8_0(blk, w);
+            else dec_q4_0(blk, w);
+            _mm512_storeu_ps(dst + k, w[0]);
+            _mm512_storeu_ps(dst + k + 16, w[1]);
+        }
+        return;
+    case DHSA_GGML_Q4_K:
+    case DHSA_GGML_Q6_K: {
+        float cf[16];
+        for (; k < kn; k += 256) {
+            const uint8_t *blk = row + (k0 + k) / 256 * (type == DHSA_GGML_Q4_K ? 144 : 210);
+            if (type == DHSA_GGML_Q4_K) prep_q4_k(blk, cf);
+            else prep_q6_k(blk, cf);
+            for (int u = 0; u < 4; u++) {
+                if (type == DHSA_GGML_Q4_K) dec_q4_k(blk, cf, u, w);
+                else dec_q6_k(blk, cf, u, w);
+                for (int v = 0; v < 4; v++) _mm512_storeu_ps(dst + k + 64 * u + 16 * v, w[v]);
+            }
+        }
+        return;
+    }
+    default: return;
+    }
+}
+
+/* ---------------------------------------------------------- panel tile --- */
+
+static void tile(const float *W, int64_t ldw, const float *X, int64_t ldxp, int64_t kp, float *out) {
+    __m512 acc[MR][NR];
+    UNROLL for (int t = 0; t < MR; t++) UNROLL for (int r = 0; r < NR; r++) acc[t][r] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < kp; k += 16) {
+        __m512 w[NR];
+        UNROLL for (int r = 0; r < NR; r++) w[r] = _mm512_loadu_ps(W + r * ldw + k);
+        UNROLL for (int t = 0; t < MR; t++) {
+            __m512 xv = _mm512_loadu_ps(X + t * ldxp + k);
+            UNROLL for (int r = 0; r < NR; r++) acc[t][r] = _mm512_fmadd_ps(w[r], xv, acc[t][r]);
+        }
+    }
+    UNROLL for (int t = 0; t < MR; t++) _mm_storeu_ps(out + t * NR, tree4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]));
+}
+
+/* ---------------------------------------------------------- fused tile --- */
+
+/* acc[r][t] += W_r[k0 .. k0+kn) . x_t[k0 .. k0+kn) in unit order; xk = x + k0 */
+INLINE void fused_block(const uint32_t type, const int T, const uint8_t *const *w, const float *xk, int64_t ldx,
+                        int64_t k0, int64_t kn, __m512 acc[R][TMAX]) {
+    switch (type) {
+    case DHSA_GGML_F32:
+    case DHSA_GGML_F16:
+    case DHSA_GGML_BF16: {
+        int64_t k = 0;
+        for (; k + 16 <= kn; k += 16) {
+            __m512 xv[TMAX];
+            UNROLL for (int t = 0; t < T; t++) xv[t] = _mm512_loadu_ps(xk + t * ldx + k);
+            UNROLL for (int r = 0; r < R; r++) {
+                __m512 wv = type == DHSA_GGML_F32   ? load_f32(w[r], k0 + k)
+                            : type == DHSA_GGML_F16 ? load_f16(w[r], k0 + k)
+                                                    : load_bf16(w[r], k0 + k);
+                UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+            }
+        }
+        if (k < kn) {
+            __mmask16 m = tail_mask(kn - k);
+            __m512 xv[TMAX];
+            UNROLL for (int t = 0; t < T; t++) xv[t] = _mm512_maskz_loadu_ps(m, xk + t * ldx + k);
+            UNROLL for (int r = 0; r < R; r++) {
+                __m512 wv = type == DHSA_GGML_F32   ? load_f32_m(w[r], k0 + k, m)
+                            : type == DHSA_GGML_F16 ? load_f16_m(w[r], k0 + k, m)
+                                                    : load_bf16_m(w[r], k0 + k, m);
+                UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+            }
+        }
+        return;
+    }
+    case DHSA_GGML_Q8_0:
+    case DHSA_GGML_Q4_0: {
+        const int64_t bb = type == DHSA_GGML_Q8_0 ? 34 : 18;
+        for (int64_t k = 0; k < kn; k += 32) {
+            const int64_t off = (k0 + k) / 32 * bb;
+            __m512 xv[TMAX][2];
+            UNROLL for (int t = 0; t < T; t++) {
+                xv[t][0] = _mm512_loadu_ps(xk + t * ldx + k);
+                xv[t][1] = _mm512_loadu_ps(xk + t * ldx + k + 16);
+            }
+            UNROLL for (int r = 0; r < R; r++) {
+                __m512 wv[2];
+                if (type == DHSA_GGML_Q8_0) dec_q8_0(w[r] + off, wv);
+                else dec_q4_0(w[r] + off, wv);
+                UNROLL for (int t = 0; t < T; t++) {
+                    acc[r][t] = _mm512_fmadd_ps(wv[0], xv[t][0], acc[r][t]);
+                    acc[r][t] = _mm512_fmadd_ps(wv[1], xv[t][1], acc[r][t]);
+                }
+            }
+        }
+        return;
+    }
+    case DHSA_GGML_Q4_K:
+    case DHSA_GGML_Q6_K: {
+        const int64_t bb = type == DHSA_GGML_Q4_K ? 144 : 210;
+        for (int64_t k = 0; k < kn; k += 256) {
+            const int64_t off = (k0 + k) / 256 * bb;
+            float cf[R][16] __attribute__((aligned(64)));
+            UNROLL for (int r = 0; r < R; r++) {
+                if (type == DHSA_GGML_Q4_K) prep_q4_k(w[r] + off, cf[r]);
+                else prep_q6_k(w[r] + off, cf[r]);
+            }
+            UNROLL for (int u = 0; u < 4; u++) {
+                const float *xu = xk + k + 64 * u;
+                UNROLL for (int r = 0; r < R; r++) {
+                    __m512 wv[4];
+                    if (type == DHSA_GGML_Q4_K) dec_q4_k(w[r] + off, cf[r], u, wv);
+                    else dec_q6_k(w[r] + off, cf[r], u, wv);
+                    UNROLL for (int t = 0; t < T; t++) UNROLL for (int v = 0; v < 4; v++)
+                        acc[r][t] = _mm512_fmadd_ps(wv[v], _mm512_loadu_ps(xu + t * ldx + 16 * v), acc[r][t]);
+                }
+            }
+        }
+        return;
+    }
+    default: return;
+    }
+}
+
+/* R rows (w[r] = row r; rows >= nr repeat the last one) x T tokens, all K
+ * blocks; y[t * ldy + r] for r < nr */
+INLINE void fused_tile(const uint32_t type, const int T, const uint8_t *const *w, const float *x, int64_t ldx,
+                       int64_t n_in, float *y, int64_t ldy, int nr) {
+    for (int64_t k0 = 0; k0 < n_in; k0 += DHSA_QK_KC) {
+        const int64_t kn = n_in - k0 < DHSA_QK_KC ? n_in - k0 : DHSA_QK_KC;
+        __m512 acc[R][TMAX];
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < TMAX; t++) acc[r][t] = _mm512_setzero_ps();
+        fused_block(type, T, w, x + k0, ldx, k0, kn, acc);
+        UNROLL for (int t = 0; t < T; t++) {
+            float s[4];
+            _mm_storeu_ps(s, tree4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
+            float *yt = y + t * ldy;
+            for (int r = 0; r < nr; r++) yt[r] = k0 == 0 ? s[r] : yt[r] + s[r];
+        }
+    }
+}
+
+typedef void (*fused_fn)(const uint8_t *const *w, const float *x, int64_t ldx, int64_t n_in, float *y, int64_t ldy,
+                         int nr);
+
+#define FUSED(NAME, TYPE)                                                                                           \
+    static void NAME##_1(const uint8_t *const *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,   \
+                         int nr) {                                                                                  \
+        fused_tile(TYPE, 1, w, x, ldx, n, y, ldy, nr);                                                              \
+    }                                                                                                               \
+    static void NAME##_2(const uint8_t *const *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,   \
+                         int nr) {                                                                                  \
+        fused_tile(TYPE, 2, w, x, ldx, n, y, ldy, nr);                                                              \
+    }                                                                                                               \
+    static void NAME##_3(const uint8_t *const *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,   \
+                         int nr) {                                                                                  \
+        fused_tile(TYPE, 3, w, x, ldx, n, y, ldy, nr);                                                              \
+    }                                                                                                               \
+    static void NAME##_4(const uint8_t *const *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,   \
+                         int nr) {                                                                                  \
+        fused_tile(TYPE, 4, w, x, ldx, n, y, ldy, nr);                                                              \
+    }                                                                                                               \
+    static const fused_fn NAME[TMAX + 1] = {NULL, NAME##_1, NAME##_2, NAME##_3, NAME##_4};
+
+FUSED(f_f32, DHSA_GGML_F32)
+FUSED(f_f16, DHSA_GGML_F16)
+FUSED(f_bf16, DHSA_GGML_BF16)
+FUSED(f_q8_0, DHSA_GGML_Q8_0)
+FUSED(f_q4_0, DHSA_GGML_Q4_0)
+FUSED(f_q4_k, DHSA_GGML_Q4_K)
+FUSED(f_q6_k, DHSA_GGML_Q6_K)
+
+static void gemv(uint32_t type, const uint8_t *w, int64_t row_bytes, int64_t nrows, int64_t n_in, const float *x,
+                 int64_t ldx, int64_t n_tok, float *y, int64_t ldy) {
+    const fused_fn *f;
+    switch (type) {
+    case DHSA_GGML_F32: f = f_f32; break;
+    case DHSA_GGML_F16: f = f_f16; break;
+    case DHSA_GGML_BF16: f = f_bf16; break;
+    case DHSA_GGML_Q8_0: f = f_q8_0; break;
+    case DHSA_GGML_Q4_0: f = f_q4_0; break;
+    case DHSA_GGML_Q4_K: f = f_q4_k; break;
+    case DHSA_GGML_Q6_K: f = f_q6_k; break;
+    default: return;
+    }
+    for (int64_t r0 = 0; r0 < nrows; r0 += R) {
+        const int nr = nrows - r0 < R ? (int)(nrows - r0) : R;
+        const uint8_t *rows[R];
+        for (int r = 0; r < R; r++) rows[r] = w + (r0 + (r < nr ? r : nr - 1)) * row_bytes;
+        for (int64_t t0 = 0; t0 < n_tok; t0 += TMAX) {
+            const int T = n_tok - t0 < TMAX ? (int)(n_tok - t0) : TMAX;
+            f[T](rows, x + t0 * ldx, ldx, n_in, y + t0 * ldy + r0, ldy, nr);
+        }
+    }
+}
+
+const dhsa__quant_kernels dhsa__quant_avx512 = {"avx512", MR, NR, 8, dequant, gemv, tile};
+
+#else
+typedef int dhsa__quant_avx512_unused; /* ISO C forbids an empty file */
+#endif
