@@ -756,6 +756,70 @@ dhsa_status dhsa_detokenize(const dhsa_tokenizer *t, const int32_t *ids, int64_t
 /* ---- Tokenizer block end ---- */
 
 /* ---- Chat block begin ---- */
+/* ------------------------------------------------------------------------ */
+/* Chat templates (src/model/chat.c, docs/chat.md)                          */
+
+/* The prompt formats dhsa writes itself (no Jinja). */
+typedef enum {
+    DHSA_CHAT_NONE = 0,    /* no known format */
+    DHSA_CHAT_LLAMA3 = 1,  /* <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> */
+    DHSA_CHAT_CHATML = 2,  /* <|im_start|>role\ncontent<|im_end|>\n (Qwen2, ...) */
+    DHSA_CHAT_GEMMA = 3,   /* <start_of_turn>user\n...<end_of_turn>\n; assistant is "model" */
+    DHSA_CHAT_MISTRAL = 4, /* [INST] user [/INST] answer</s> */
+    DHSA_CHAT_LLAMA2 = 5   /* [INST] <<SYS>>\nsystem\n<</SYS>>\n\nuser [/INST] answer </s><s>... */
+} dhsa_chat_template;
+
+/* One message: role "system", "user" or "assistant" (Llama 3 also takes
+ * "ipython"); content is UTF-8 text. Both NUL-terminated, borrowed. */
+typedef struct {
+    const char *role;
+    const char *content;
+} dhsa_chat_message;
+
+/* The format a model's metadata names: tokenizer.chat_template's markers
+ * first, in llama.cpp's order (<|im_start|> -> CHATML; [INST] -> LLAMA2
+ * when the template also has <<SYS>>, NONE with Mistral's v3/v7 markers
+ * [AVAILABLE_TOOLS] or [SYSTEM_PROMPT], else MISTRAL; <start_of_turn> ->
+ * GEMMA; <|start_header_id|> and <|end_header_id|> -> LLAMA3); a template
+ * with none of them is NONE (a format dhsa does not write is not guessed
+ * over). Without a template,
+ * general.architecture: qwen/qwen2/qwen2moe/qwen3/qwen3moe -> CHATML,
+ * gemma/gemma2/gemma3 -> GEMMA, llama -> LLAMA3 when the vocabulary has a
+ * <|start_header_id|> token, else MISTRAL when general.name says
+ * "mistral", else LLAMA2. Anything else (or g = NULL) is NONE. */
+dhsa_chat_template dhsa_chat_detect(const dhsa_gguf *g);
+/* "llama3", "chatml" (or "qwen2"), "gemma", "mistral", "llama2", "none";
+ * another name is DHSA_ERR_UNSUPPORTED listing these. */
+dhsa_status dhsa_chat_template_from_name(const char *name, dhsa_chat_template *out);
+/* "llama3", "chatml", ...; "none" for NONE; "?" outside the enum. */
+const char *dhsa_chat_template_name(dhsa_chat_template t);
+
+/* Writes msgs[0..n) in format t, then, with add_generation_prompt, the
+ * opening of the assistant's turn (LLAMA3, CHATML, GEMMA; MISTRAL and
+ * LLAMA2 have none: a user turn already ends in [/INST]).
+ * BOS: the text never starts with it. Tokenize the text with
+ * dhsa_tokenizer_default_flags(tok) | DHSA_TOKENIZE_PARSE_SPECIAL: the
+ * tokenizer adds BOS once where the vocabulary wants it, and the special
+ * texts (<|eot_id|>, </s>, the <s> that opens each later LLAMA2 turn, ...)
+ * become their tokens. Content is copied as is, so a special text inside
+ * a message becomes that token too: tokenize untrusted content apart.
+ * Contents are trimmed where the model's own template trims (LLAMA3,
+ * GEMMA, LLAMA2). Roles: see docs/chat.md; GEMMA, MISTRAL and LLAMA2 take
+ * one optional system message first, then user and assistant in turn from
+ * user. A role or order the format does not allow, NONE, or a NULL role or
+ * content is DHSA_ERR_INVALID_ARG naming the message. Writes at most cap
+ * bytes (no NUL); *len is the full length; more than cap is
+ * DHSA_ERR_INVALID_ARG (out = NULL, cap = 0 sizes the buffer). */
+dhsa_status dhsa_chat_apply(dhsa_chat_template t, const dhsa_chat_message *msgs, int64_t n,
+                            int add_generation_prompt, char *out, int64_t cap, int64_t *len);
+
+/* The ids that end a model's turn in format t with vocabulary tok: the
+ * vocabulary's EOS, then those of the format's end-of-turn texts that are
+ * tokens of tok (LLAMA3: <|eot_id|>, <|eom_id|>, <|end_of_text|>; CHATML:
+ * <|im_end|>, <|endoftext|>; GEMMA: <end_of_turn>, <eos>; MISTRAL,
+ * LLAMA2, NONE: </s>), each once. Writes at most cap ids; *n is the full
+ * count; more than cap is DHSA_ERR_INVALID_ARG. */
+dhsa_status dhsa_chat_stop_ids(dhsa_chat_template t, const dhsa_tokenizer *tok, int32_t *ids, int cap, int *n);
 /* ---- Chat block end ---- */
 
 /* ---- llama2.c block begin ---- */

@@ -1,0 +1,412 @@
+/* chat.c: chat templates written by hand (no Jinja): the prompt formats of
+ * Llama 3, ChatML (Qwen2), Gemma, Mistral and Llama 2, the detection of a
+ * model's format from its GGUF metadata, and the token ids that end a turn.
+ *
+ * Contract: the "Chat" block of include/dhsa.h. The text never holds the
+ * leading BOS (the tokenizer adds it, once, per the vocabulary's flags);
+ * every other special text is written as text and becomes its token when
+ * the caller tokenizes with DHSA_TOKENIZE_PARSE_SPECIAL. Each format and
+ * the model template it follows are in docs/chat.md.
+ * Tests: tests/test_chat.c (exact strings of every format, detection from
+ * GGUFs written in memory, roles and order refused, the cap/len contract).
+ */
+#include "core/internal.h"
+#include "dhsa.h"
+#include "model/tokenizer.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* --------------------------------------------------------------------- */
+/* A growable output buffer                                               */
+
+typedef struct {
+    char *p;
+    int64_t n, cap;
+    int oom;
+} sbuf;
+
+static void put(sbuf *b, const char *s, int64_t n) {
+    if (b->oom || n <= 0) return;
+    if (b->n + n > b->cap) {
+        int64_t c = b->cap ? b->cap : 256;
+        while (c < b->n + n) c *= 2;
+        char *q = realloc(b->p, (size_t)c);
+        if (!q) {
+            b->oom = 1;
+            return;
+        }
+        b->p = q;
+        b->cap = c;
+    }
+    memcpy(b->p + b->n, s, (size_t)n);
+    b->n += n;
+}
+
+static void puts_(sbuf *b, const char *s) { put(b, s, (int64_t)strlen(s)); }
+
+/* --------------------------------------------------------------------- */
+/* Trimming as Jinja's |trim and Python's str.strip() do it               */
+
+/* Bytes of the whitespace character (Python's str.isspace) that starts
+ * s[0..n), or 0. */
+static int ws_at(const unsigned char *s, int64_t n) {
+    if (n >= 1 && ((s[0] >= 0x09 && s[0] <= 0x0D) || (s[0] >= 0x1C && s[0] <= 0x20))) return 1;
+    if (n >= 2 && s[0] == 0xC2 && (s[1] == 0x85 || s[1] == 0xA0)) return 2;
+    if (n >= 3 && s[0] == 0xE1 && s[1] == 0x9A && s[2] == 0x80) return 3; /* U+1680 */
+    if (n >= 3 && s[0] == 0xE2 && s[1] == 0x80 &&
+        ((s[2] >= 0x80 && s[2] <= 0x8A) || s[2] == 0xA8 || s[2] == 0xA9 || s[2] == 0xAF))
+        return 3; /* U+2000-200A, U+2028, U+2029, U+202F */
+    if (n >= 3 && s[0] == 0xE2 && s[1] == 0x81 && s[2] == 0x9F) return 3; /* U+205F */
+    if (n >= 3 && s[0] == 0xE3 && s[1] == 0x80 && s[2] == 0x80) return 3; /* U+3000 */
+    return 0;
+}
+
+/* Bytes of the whitespace character that ends s[0..n), or 0. */
+static int ws_before(const unsigned char *s, int64_t n) {
+    for (int k = 1; k <= 3 && k <= n; k++)
+        if (ws_at(s + n - k, k) == k) return k;
+    return 0;
+}
+
+/* Strips s[*start..*end) in place (offsets into s). */
+static void strip_span(const char *s, int64_t *start, int64_t *end) {
+    const unsigned char *u = (const unsigned char *)s;
+    int k;
+    while (*start < *end && (k = ws_at(u + *start, *end - *start)) > 0) *start += k;
+    while (*end > *start && (k = ws_before(u + *start, *end - *start)) > 0) *end -= k;
+}
+
+static void put_trimmed(sbuf *b, const char *s) {
+    int64_t a = 0, e = (int64_t)strlen(s);
+    strip_span(s, &a, &e);
+    put(b, s + a, e - a);
+}
+
+/* --------------------------------------------------------------------- */
+/* Roles and their order                                                  */
+
+static int is_role(const char *r, const char *name) { return strcmp(r, name) == 0; }
+
+/* Formats with one optional system message first, then user, assistant,
+ * user, ... (GEMMA, MISTRAL, LLAMA2: their own templates raise otherwise). */
+static dhsa_status check_alternating(const char *fmt, const dhsa_chat_message *m, int64_t n) {
+    int64_t first = n > 0 && is_role(m[0].role, "system") ? 1 : 0;
+    if (first == 1 && n == 1)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG,
+                          "dhsa_chat_apply: %s puts the system message into the first user turn, but no user "
+                          "message follows it",
+                          fmt);
+    for (int64_t i = first; i < n; i++) {
+        const char *want = (i - first) % 2 == 0 ? "user" : "assistant";
+        if (!is_role(m[i].role, want))
+            return dhsa__fail(DHSA_ERR_INVALID_ARG,
+                              "dhsa_chat_apply: message %lld has role '%.32s' where %s wants '%s' (one optional "
+                              "system message first, then user and assistant in turn)",
+                              (long long)i, m[i].role, fmt, want);
+    }
+    return DHSA_OK;
+}
+
+static dhsa_status check_roles(const char *fmt, const dhsa_chat_message *m, int64_t n, const char *const *ok) {
+    for (int64_t i = 0; i < n; i++) {
+        int found = 0;
+        for (const char *const *r = ok; *r && !found; r++) found = is_role(m[i].role, *r);
+        if (!found)
+            return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_chat_apply: message %lld has role '%.32s', which %s does not know",
+                              (long long)i, m[i].role, fmt);
+    }
+    return DHSA_OK;
+}
+
+/* --------------------------------------------------------------------- */
+/* The formats                                                            */
+
+/* Meta-Llama-3-8B-Instruct: each message is
+ * <|start_header_id|>role<|end_header_id|>\n\n{content|trim}<|eot_id|>. */
+static void write_llama3(sbuf *b, const dhsa_chat_message *m, int64_t n, int gen) {
+    for (int64_t i = 0; i < n; i++) {
+        puts_(b, "<|start_header_id|>");
+        puts_(b, m[i].role);
+        puts_(b, "<|end_header_id|>\n\n");
+        put_trimmed(b, m[i].content);
+        puts_(b, "<|eot_id|>");
+    }
+    if (gen) puts_(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+/* ChatML (Qwen2-Instruct without its default system message). */
+static void write_chatml(sbuf *b, const dhsa_chat_message *m, int64_t n, int gen) {
+    for (int64_t i = 0; i < n; i++) {
+        puts_(b, "<|im_start|>");
+        puts_(b, m[i].role);
+        puts_(b, "\n");
+        puts_(b, m[i].content);
+        puts_(b, "<|im_end|>\n");
+    }
+    if (gen) puts_(b, "<|im_start|>assistant\n");
+}
+
+/* Gemma 3 (and 2, which has no system role): the system message, as is,
+ * plus "\n\n" opens the first user turn; assistant is "model". */
+static void write_gemma(sbuf *b, const dhsa_chat_message *m, int64_t n, int gen) {
+    const char *sys = NULL;
+    int64_t i = 0;
+    if (n > 0 && is_role(m[0].role, "system")) sys = m[i++].content;
+    for (; i < n; i++) {
+        int user = is_role(m[i].role, "user");
+        puts_(b, user ? "<start_of_turn>user\n" : "<start_of_turn>model\n");
+        if (sys && user) {
+            puts_(b, sys);
+            puts_(b, "\n\n");
+            sys = NULL;
+        }
+        put_trimmed(b, m[i].content);
+        puts_(b, "<end_of_turn>\n");
+    }
+    if (gen) puts_(b, "<start_of_turn>model\n");
+}
+
+/* Mistral's v1 format (Mistral-7B-Instruct v0.1/v0.2, mistral-common's
+ * InstructTokenizerV1): [INST] user [/INST] answer</s>[INST] user [/INST];
+ * the system message and "\n\n" open the first user message. Contents as
+ * they are. With the tokenizer's space prefix at the start and after each
+ * special token this is v1's token stream exactly:
+ * <s>▁[INST]▁user▁[/INST]▁answer</s>▁[INST]... */
+static void write_mistral(sbuf *b, const dhsa_chat_message *m, int64_t n) {
+    const char *sys = NULL;
+    int64_t i = 0;
+    if (n > 0 && is_role(m[0].role, "system")) sys = m[i++].content;
+    for (; i < n; i++) {
+        if (is_role(m[i].role, "user")) {
+            puts_(b, "[INST] ");
+            if (sys) {
+                puts_(b, sys);
+                puts_(b, "\n\n");
+                sys = NULL;
+            }
+            puts_(b, m[i].content);
+            puts_(b, " [/INST]");
+        } else {
+            puts_(b, " ");
+            puts_(b, m[i].content);
+            puts_(b, "</s>");
+        }
+    }
+}
+
+/* Llama 2 chat (Meta's chat_completion and the HF template): each user
+ * turn is <s>[INST] {strip(<<SYS>>... + content)} [/INST], each answer
+ * " {strip(content)} </s>"; the first <s> is left to the tokenizer. */
+static void write_llama2(sbuf *b, const dhsa_chat_message *m, int64_t n) {
+    const char *sys = NULL;
+    int64_t i = 0;
+    if (n > 0 && is_role(m[0].role, "system")) sys = m[i++].content;
+    for (int64_t turn = 0; i < n; i++) {
+        if (is_role(m[i].role, "user")) {
+            puts_(b, turn++ ? "<s>[INST] " : "[INST] ");
+            int64_t start = b->n; /* strip() covers the <<SYS>> block and the content together */
+            if (sys) {
+                puts_(b, "<<SYS>>\n");
+                puts_(b, sys);
+                puts_(b, "\n<</SYS>>\n\n");
+                sys = NULL;
+            }
+            puts_(b, m[i].content);
+            if (!b->oom) {
+                int64_t a = start, e = b->n;
+                strip_span(b->p, &a, &e);
+                memmove(b->p + start, b->p + a, (size_t)(e - a));
+                b->n = start + (e - a);
+            }
+            puts_(b, " [/INST]");
+        } else {
+            puts_(b, " ");
+            put_trimmed(b, m[i].content);
+            puts_(b, " </s>");
+        }
+    }
+}
+
+/* --------------------------------------------------------------------- */
+/* Public                                                                 */
+
+static const char *const template_names[] = {"none", "llama3", "chatml", "gemma", "mistral", "llama2"};
+
+const char *dhsa_chat_template_name(dhsa_chat_template t) {
+    if ((int)t < 0 || (size_t)t >= sizeof template_names / sizeof template_names[0]) return "?";
+    return template_names[t];
+}
+
+dhsa_status dhsa_chat_template_from_name(const char *name, dhsa_chat_template *out) {
+    if (!name || !out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_chat_template_from_name: NULL argument");
+    for (size_t i = 0; i < sizeof template_names / sizeof template_names[0]; i++)
+        if (strcmp(name, template_names[i]) == 0) {
+            *out = (dhsa_chat_template)i;
+            return DHSA_OK;
+        }
+    if (strcmp(name, "qwen2") == 0) {
+        *out = DHSA_CHAT_CHATML;
+        return DHSA_OK;
+    }
+    return dhsa__fail(DHSA_ERR_UNSUPPORTED,
+                      "chat template '%.64s' is not one dhsa writes (llama3, chatml or qwen2, gemma, mistral, "
+                      "llama2, none)",
+                      name);
+}
+
+dhsa_status dhsa_chat_apply(dhsa_chat_template t, const dhsa_chat_message *msgs, int64_t n,
+                            int add_generation_prompt, char *out, int64_t cap, int64_t *len) {
+    if (len) *len = 0;
+    if (!len || n < 0 || (!msgs && n > 0) || cap < 0 || (!out && cap > 0))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_chat_apply: len and msgs must be given, n and cap >= 0");
+    for (int64_t i = 0; i < n; i++)
+        if (!msgs[i].role || !msgs[i].content)
+            return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_chat_apply: message %lld has a NULL %s", (long long)i,
+                              msgs[i].role ? "content" : "role");
+    static const char *const roles_llama3[] = {"system", "user", "assistant", "ipython", NULL};
+    static const char *const roles_chatml[] = {"system", "user", "assistant", NULL};
+    const char *name = dhsa_chat_template_name(t);
+    dhsa_status st;
+    switch (t) {
+    case DHSA_CHAT_LLAMA3: st = check_roles(name, msgs, n, roles_llama3); break;
+    case DHSA_CHAT_CHATML: st = check_roles(name, msgs, n, roles_chatml); break;
+    case DHSA_CHAT_GEMMA:
+    case DHSA_CHAT_MISTRAL:
+    case DHSA_CHAT_LLAMA2: st = check_alternating(name, msgs, n); break;
+    default:
+        return dhsa__fail(DHSA_ERR_INVALID_ARG,
+                          "dhsa_chat_apply: template %d is not a format (DHSA_CHAT_NONE means none is known: "
+                          "choose one with dhsa_chat_template_from_name)",
+                          (int)t);
+    }
+    if (st) return st;
+    sbuf b = {0};
+    switch (t) {
+    case DHSA_CHAT_LLAMA3: write_llama3(&b, msgs, n, add_generation_prompt); break;
+    case DHSA_CHAT_CHATML: write_chatml(&b, msgs, n, add_generation_prompt); break;
+    case DHSA_CHAT_GEMMA: write_gemma(&b, msgs, n, add_generation_prompt); break;
+    case DHSA_CHAT_MISTRAL: write_mistral(&b, msgs, n); break;
+    default: write_llama2(&b, msgs, n); break;
+    }
+    if (b.oom) {
+        free(b.p);
+        return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "dhsa_chat_apply: out of memory");
+    }
+    *len = b.n;
+    if (b.n > 0 && cap > 0) memcpy(out, b.p, (size_t)(b.n < cap ? b.n : cap));
+    free(b.p);
+    if (*len > cap)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_chat_apply: the prompt is %lld bytes, cap is %lld",
+                          (long long)*len, (long long)cap);
+    return DHSA_OK;
+}
+
+/* --------------------------------------------------------------------- */
+/* Detection                                                              */
+
+static int has(const char *s, const char *marker) { return s && strstr(s, marker) != NULL; }
+
+static int has_icase(const char *s, const char *lower_marker) {
+    size_t m = strlen(lower_marker);
+    for (; s && *s; s++) {
+        size_t k = 0;
+        while (k < m && s[k] && (s[k] | (s[k] >= 'A' && s[k] <= 'Z' ? 0x20 : 0)) == lower_marker[k]) k++;
+        if (k == m) return 1;
+    }
+    return 0;
+}
+
+static const char *opt_str(const dhsa_gguf *g, const char *key) {
+    const char *s = NULL;
+    if (dhsa_gguf_find_kv(g, key) < 0 || dhsa_gguf_get_str(g, key, &s, NULL) != DHSA_OK) return NULL;
+    return s;
+}
+
+static int vocab_has(const dhsa_gguf *g, const char *text) {
+    dhsa_gguf_array a;
+    if (dhsa_gguf_find_kv(g, "tokenizer.ggml.tokens") < 0 || dhsa_gguf_get_arr(g, "tokenizer.ggml.tokens", &a) ||
+        a.type != DHSA_GGUF_STRING)
+        return 0;
+    const dhsa_gguf_str *s = a.data;
+    int64_t n = (int64_t)strlen(text);
+    for (int64_t i = 0; i < a.n; i++)
+        if (s[i].len == n && memcmp(s[i].str, text, (size_t)n) == 0) return 1;
+    return 0;
+}
+
+static int is_one_of(const char *s, const char *const *names) {
+    for (; s && *names; names++)
+        if (strcmp(s, *names) == 0) return 1;
+    return 0;
+}
+
+dhsa_chat_template dhsa_chat_detect(const dhsa_gguf *g) {
+    if (!g) return DHSA_CHAT_NONE;
+    const char *tmpl = opt_str(g, "tokenizer.chat_template");
+    if (tmpl) { /* llama.cpp's order of markers */
+        if (has(tmpl, "<|im_start|>")) return DHSA_CHAT_CHATML;
+        if (has(tmpl, "[INST]")) {
+            if (has(tmpl, "<<SYS>>")) return DHSA_CHAT_LLAMA2;
+            /* Mistral's v3 and v7 formats ([AVAILABLE_TOOLS], [SYSTEM_PROMPT])
+             * space [INST] differently: not written here */
+            if (has(tmpl, "[SYSTEM_PROMPT]") || has(tmpl, "[AVAILABLE_TOOLS]")) return DHSA_CHAT_NONE;
+            return DHSA_CHAT_MISTRAL;
+        }
+        if (has(tmpl, "<start_of_turn>")) return DHSA_CHAT_GEMMA;
+        if (has(tmpl, "<|start_header_id|>") && has(tmpl, "<|end_header_id|>")) return DHSA_CHAT_LLAMA3;
+        return DHSA_CHAT_NONE;
+    }
+    static const char *const qwen[] = {"qwen", "qwen2", "qwen2moe", "qwen3", "qwen3moe", NULL};
+    static const char *const gemma[] = {"gemma", "gemma2", "gemma3", NULL};
+    const char *arch = opt_str(g, "general.architecture");
+    if (is_one_of(arch, qwen)) return DHSA_CHAT_CHATML;
+    if (is_one_of(arch, gemma)) return DHSA_CHAT_GEMMA;
+    if (arch && strcmp(arch, "llama") == 0) {
+        if (vocab_has(g, "<|start_header_id|>")) return DHSA_CHAT_LLAMA3;
+        if (has_icase(opt_str(g, "general.name"), "mistral") || has_icase(opt_str(g, "general.basename"), "mistral"))
+            return DHSA_CHAT_MISTRAL;
+        return DHSA_CHAT_LLAMA2;
+    }
+    return DHSA_CHAT_NONE;
+}
+
+/* --------------------------------------------------------------------- */
+/* Stop tokens                                                            */
+
+dhsa_status dhsa_chat_stop_ids(dhsa_chat_template t, const dhsa_tokenizer *tok, int32_t *ids, int cap, int *n) {
+    if (n) *n = 0;
+    if (!tok || !n || cap < 0 || (!ids && cap > 0))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_chat_stop_ids: tok and n must be given, cap >= 0");
+    static const char *const llama3[] = {"<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", NULL};
+    static const char *const chatml[] = {"<|im_end|>", "<|endoftext|>", NULL};
+    static const char *const gemma[] = {"<end_of_turn>", "<eos>", NULL};
+    static const char *const sentencepiece[] = {"</s>", NULL};
+    static const char *const none[] = {NULL};
+    const char *const *texts;
+    switch (t) {
+    case DHSA_CHAT_NONE: texts = none; break;
+    case DHSA_CHAT_LLAMA3: texts = llama3; break;
+    case DHSA_CHAT_CHATML: texts = chatml; break;
+    case DHSA_CHAT_GEMMA: texts = gemma; break;
+    case DHSA_CHAT_MISTRAL:
+    case DHSA_CHAT_LLAMA2: texts = sentencepiece; break;
+    default: return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_chat_stop_ids: template %d is out of range", (int)t);
+    }
+    int32_t found[8];
+    int k = 0;
+    int32_t eos = dhsa_tokenizer_eos(tok);
+    if (eos >= 0) found[k++] = eos;
+    for (; *texts; texts++) {
+        int32_t id = dhsa_tok__find(tok, *texts, (int64_t)strlen(*texts));
+        int dup = id < 0;
+        for (int j = 0; j < k && !dup; j++) dup = found[j] == id;
+        if (!dup) found[k++] = id;
+    }
+    *n = k;
+    for (int j = 0; j < k && j < cap; j++) ids[j] = found[j];
+    if (k > cap)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_chat_stop_ids: %d stop ids, cap is %d", k, cap);
+    return DHSA_OK;
+}
