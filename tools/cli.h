@@ -39,4 +39,9 @@ extern const char dhsa_cli_convert_usage[];
 int dhsa_cli_inspect(int argc, char **argv);
 extern const char dhsa_cli_inspect_usage[];
 
+/* dhsa tokenize (tools/tokenize.c): a text's token ids and pieces with a
+ * GGUF model's tokenizer. */
+int dhsa_cli_tokenize(int argc, char **argv);
+extern const char dhsa_cli_tokenize_usage[];
+
 #endif

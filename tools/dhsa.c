@@ -50,6 +50,7 @@ static const char usage_main[] =
     "  demo         tiled attention at long context on synthetic data\n"
     "  convert      llama2.c checkpoint + tokenizer -> GGUF file\n"
     "  inspect      a GGUF file's (or llama2.c checkpoint's) metadata and tensors\n"
+    "  tokenize     a text's token ids and pieces with a GGUF model's tokenizer\n"
     "  help [CMD]   this text, or the usage of CMD\n"
     "\n"
     "`dhsa CMD --help` describes each command. Exit status: 0 ok, 1 the run\n"
@@ -1116,6 +1117,7 @@ static const char *usage_of(const char *cmd) {
     if (strcmp(cmd, "memprobe") == 0) return dhsa_cli_memprobe_usage;
     if (strcmp(cmd, "convert") == 0) return dhsa_cli_convert_usage;
     if (strcmp(cmd, "inspect") == 0) return dhsa_cli_inspect_usage;
+    if (strcmp(cmd, "tokenize") == 0) return dhsa_cli_tokenize_usage;
     return NULL;
 }
 
@@ -1149,6 +1151,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "memprobe") == 0) return dhsa_cli_memprobe(argc, argv);
     if (strcmp(cmd, "convert") == 0) return dhsa_cli_convert(argc, argv);
     if (strcmp(cmd, "inspect") == 0) return dhsa_cli_inspect(argc, argv);
+    if (strcmp(cmd, "tokenize") == 0) return dhsa_cli_tokenize(argc, argv);
     usage_error("unknown command \"%s\"", cmd);
     return EXIT_USAGE;
 }
