@@ -30,6 +30,9 @@ int dhsa_cli_sparse_demo(int64_t L, int threads);
 /* dhsa bench decode (tools/sparse.c): one decode step, index vs dense. */
 int dhsa_cli_bench_decode(int argc, char **argv);
 extern const char dhsa_cli_bench_decode_usage[];
+/* dhsa bench matmul (tools/matmul.c): the weight products, per weight type. */
+int dhsa_cli_bench_matmul(int argc, char **argv);
+extern const char dhsa_cli_bench_matmul_usage[];
 
 /* dhsa convert (tools/convert.c): llama2.c checkpoint + tokenizer -> GGUF. */
 int dhsa_cli_convert(int argc, char **argv);

@@ -945,7 +945,7 @@ static int cmd_bench_attn(int argc, char **argv) {
 static int cmd_bench(int argc, char **argv) {
     cur_cmd = "dhsa bench";
     cur_usage = usage_bench;
-    if (argc < 3) usage_error("which benchmark? (attn, sparse, decode)");
+    if (argc < 3) usage_error("which benchmark? (attn, sparse, decode, matmul)");
     if (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0) {
         fputs(usage_bench_attn, stdout);
         return 0;
@@ -953,7 +953,9 @@ static int cmd_bench(int argc, char **argv) {
     if (strcmp(argv[2], "attn") == 0) return cmd_bench_attn(argc, argv);
     if (strcmp(argv[2], "sparse") == 0) return dhsa_cli_bench_sparse(argc, argv);
     if (strcmp(argv[2], "decode") == 0) return dhsa_cli_bench_decode(argc, argv);
-    usage_error("unknown benchmark \"%s\" (known: attn, sparse, decode)", argv[2]);
+    /* bench matmul: the weight products of the model runner, per weight type */
+    if (strcmp(argv[2], "matmul") == 0) return dhsa_cli_bench_matmul(argc, argv);
+    usage_error("unknown benchmark \"%s\" (known: attn, sparse, decode, matmul)", argv[2]);
     return EXIT_USAGE;
 }
 

@@ -211,8 +211,13 @@ static void tile(const float *W, int64_t ldw, const float *X, int64_t ldxp, int6
 
 /* ---------------------------------------------------------- fused tile --- */
 
+/* Prefetch of [p, p + n) in the next row group (see quant_avx512.c). */
+INLINE void prefetch(const uint8_t *p, int n) {
+    for (int b = 0; b < n; b += 64) _mm_prefetch((const char *)(p + b), _MM_HINT_T0);
+}
+
 INLINE void fused_block(const uint32_t type, const int T, const uint8_t *const *w, const float *xk, int64_t ldx,
-                        int64_t k0, int64_t kn, __m256 acc[R][TMAX]) {
+                        int64_t k0, int64_t kn, int64_t pf, __m256 acc[R][TMAX]) {
     switch (type) {
     case DHSA_GGML_F32:
     case DHSA_GGML_F16:
@@ -224,6 +229,7 @@ INLINE void fused_block(const uint32_t type, const int T, const uint8_t *const *
                                                              : _mm256_maskload_ps(xk + t * ldx + k, tail_mask(n));
             UNROLL for (int r = 0; r < R; r++) {
                 __m256 wv = load_float(type, w[r], k0 + k, n);
+                if (type == DHSA_GGML_F32 || !(k & 8)) prefetch(w[r] + pf + (type == DHSA_GGML_F32 ? 4 : 2) * (k0 + k), 1);
                 UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
             }
         }
@@ -235,6 +241,7 @@ INLINE void fused_block(const uint32_t type, const int T, const uint8_t *const *
             const int64_t off = (k0 + k) / 32 * bb;
             UNROLL for (int r = 0; r < R; r++) {
                 __m256 wv[4];
+                prefetch(w[r] + off + pf, 1);
                 if (type == DHSA_GGML_Q8_0) dec_q8_0(w[r] + off, wv);
                 else dec_q4_0(w[r] + off, wv);
                 UNROLL for (int t = 0; t < T; t++) UNROLL for (int v = 0; v < 4; v++)
@@ -250,9 +257,11 @@ INLINE void fused_block(const uint32_t type, const int T, const uint8_t *const *
             const int64_t off = (k0 + k) / 256 * bb;
             float cf[R][16] __attribute__((aligned(32)));
             UNROLL for (int r = 0; r < R; r++) {
+                prefetch(w[r] + off + pf, (int)bb);
                 if (type == DHSA_GGML_Q4_K) prep_q4_k(w[r] + off, cf[r]);
                 else prep_q6_k(w[r] + off, cf[r]);
             }
+            __asm__ volatile("" ::: "memory"); /* scales broadcast from memory, not by shuffles */
             for (int u = 0; u < 4; u++) {
                 const float *xu = xk + k + 64 * u;
                 UNROLL for (int r = 0; r < R; r++) {
@@ -271,12 +280,12 @@ INLINE void fused_block(const uint32_t type, const int T, const uint8_t *const *
 }
 
 INLINE void fused_tile(const uint32_t type, const int T, const uint8_t *const *w, const float *x, int64_t ldx,
-                       int64_t n_in, float *y, int64_t ldy, int nr) {
+                       int64_t n_in, int64_t pf, float *y, int64_t ldy, int nr) {
     for (int64_t k0 = 0; k0 < n_in; k0 += DHSA_QK_KC) {
         const int64_t kn = n_in - k0 < DHSA_QK_KC ? n_in - k0 : DHSA_QK_KC;
         __m256 acc[R][TMAX];
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < TMAX; t++) acc[r][t] = _mm256_setzero_ps();
-        fused_block(type, T, w, x + k0, ldx, k0, kn, acc);
+        fused_block(type, T, w, x + k0, ldx, k0, kn, pf, acc);
         UNROLL for (int t = 0; t < T; t++) {
             float s[4];
             _mm_storeu_ps(s, tree4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
@@ -286,17 +295,17 @@ INLINE void fused_tile(const uint32_t type, const int T, const uint8_t *const *w
     }
 }
 
-typedef void (*fused_fn)(const uint8_t *const *w, const float *x, int64_t ldx, int64_t n_in, float *y, int64_t ldy,
-                         int nr);
+typedef void (*fused_fn)(const uint8_t *const *w, const float *x, int64_t ldx, int64_t n_in, int64_t pf, float *y,
+                         int64_t ldy, int nr);
 
 #define FUSED(NAME, TYPE)                                                                                           \
-    static void NAME##_1(const uint8_t *const *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,   \
-                         int nr) {                                                                                  \
-        fused_tile(TYPE, 1, w, x, ldx, n, y, ldy, nr);                                                              \
+    static void NAME##_1(const uint8_t *const *w, const float *x, int64_t ldx, int64_t n, int64_t pf, float *y,  \
+                         int64_t ldy, int nr) {                                                                      \
+        fused_tile(TYPE, 1, w, x, ldx, n, pf, y, ldy, nr);                                                          \
     }                                                                                                               \
-    static void NAME##_2(const uint8_t *const *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,   \
-                         int nr) {                                                                                  \
-        fused_tile(TYPE, 2, w, x, ldx, n, y, ldy, nr);                                                              \
+    static void NAME##_2(const uint8_t *const *w, const float *x, int64_t ldx, int64_t n, int64_t pf, float *y,  \
+                         int64_t ldy, int nr) {                                                                      \
+        fused_tile(TYPE, 2, w, x, ldx, n, pf, y, ldy, nr);                                                          \
     }                                                                                                               \
     static const fused_fn NAME[TMAX + 1] = {NULL, NAME##_1, NAME##_2};
 
@@ -327,7 +336,7 @@ static void gemv(uint32_t type, const uint8_t *w, int64_t row_bytes, int64_t nro
         for (int r = 0; r < R; r++) rows[r] = w + (r0 + (r < nr ? r : nr - 1)) * row_bytes;
         for (int64_t t0 = 0; t0 < n_tok; t0 += TMAX) {
             const int T = n_tok - t0 < TMAX ? (int)(n_tok - t0) : TMAX;
-            f[T](rows, x + t0 * ldx, ldx, n_in, y + t0 * ldy + r0, ldy, nr);
+            f[T](rows, x + t0 * ldx, ldx, n_in, R * row_bytes, y + t0 * ldy + r0, ldy, nr);
         }
     }
 }

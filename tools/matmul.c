@@ -1,0 +1,333 @@
+/* matmul.c: `dhsa bench matmul`, the weight products of the model runner
+ * (src/model/quant.h) on one shape, per weight type: checks the active ISA
+ * against the scalar path first (refusing to time a wrong result), then
+ * times dhsa__matmul and prints a table: median of --runs, GFLOP/s, the share
+ * of the fp32 FMA peak measured in the same run and, for few tokens, the
+ * weight bytes per second against a plain read of the same weight buffer
+ * after each timed call (the median of the per-run ratios).
+ * See `dhsa bench matmul --help`; numbers in docs/quant.md.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "dhsa.h"
+#include "model/quant.h"
+#include "util/peak.h"
+
+const char dhsa_cli_bench_matmul_usage[] =
+    "usage: dhsa bench matmul [--type F32|F16|BF16|Q8_0|Q4_0|Q4_K|Q6_K|all] [--n-in N] [--n-out N]\n"
+    "                         [--tok N] [--threads T] [--runs R] [--isa scalar|avx2|avx512] [--seed S]\n"
+    "\n"
+    "y[t][o] = sum_i W[o][i] x[t][i] with W (n_out x n_in) stored in the weight type\n"
+    "and x, y in F32: the products of the model runner. Weights are random valid\n"
+    "blocks (random codes, finite scales). For each type:\n"
+    "  check     the first and last 64 rows against the scalar path (the\n"
+    "            reference): |a - b| <= 2 * gamma * sum |w x| per element (the\n"
+    "            worst-case bound of each summation order); a failure exits 1\n"
+    "            and prints no timing\n"
+    "  ms        median of --runs timed calls after one warm-up\n"
+    "  GFLOP/s   2 * n_in * n_out * tok / time, and %% of the fp32 FMA peak\n"
+    "            measured in this run with the same threads (the larger of a\n"
+    "            measurement before and after the calls)\n"
+    "  W GB/s    (tok <= 8) weight bytes / time; read GB/s is a plain read of\n"
+    "            the same weight buffer with the same threads right after each\n"
+    "            call, and %% read the median of the per-call ratios\n"
+    "Defaults: --type all, --n-in 4096, --n-out 4096, --tok 1, --runs 7,\n"
+    "threads = online CPUs. Sizes accept K/M suffixes (--n-out 11008).\n";
+
+#define EXIT_RUN 1
+#define EXIT_USAGE 2
+
+static void die(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "dhsa bench matmul: ");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    if (code == EXIT_USAGE) fprintf(stderr, "(see dhsa bench matmul --help)\n");
+    exit(code);
+}
+
+static int64_t parse_i64(const char *opt, const char *s, int64_t lo, int64_t hi) {
+    int64_t v;
+    char msg[256];
+    if (dhsa_cli_parse_int(opt, s, lo, hi, 1, &v, msg, sizeof msg)) die(EXIT_USAGE, "%s", msg);
+    return v;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Random valid weights: random bytes, then every float value and block
+ * scale forced finite and of a modest size. */
+static void fill_weights(uint32_t type, uint8_t *p, int64_t n_out, int64_t row_bytes, uint64_t seed) {
+    int64_t total = n_out * row_bytes;
+    uint64_t s = seed;
+    for (int64_t i = 0; i < total; i += 8) {
+        uint64_t r = splitmix(&s);
+        memcpy(p + i, &r, (size_t)(total - i < 8 ? total - i : 8));
+    }
+    int64_t n = total / dhsa__wt_block_bytes(type);
+    for (int64_t b = 0; b < n; b++) {
+        uint8_t *q = p + b * dhsa__wt_block_bytes(type);
+        uint16_t h;
+        uint32_t u;
+        switch (type) {
+        case DHSA_GGML_F32: /* |x| in [2^-7, 2^0) */
+            memcpy(&u, q, 4);
+            u = (u & 0x807fffffu) | ((120u + (u >> 23) % 7u) << 23);
+            memcpy(q, &u, 4);
+            break;
+        case DHSA_GGML_F16:
+            memcpy(&h, q, 2);
+            h = (uint16_t)((h & 0x83ffu) | ((8u + (h >> 10) % 7u) << 10));
+            memcpy(q, &h, 2);
+            break;
+        case DHSA_GGML_BF16:
+            memcpy(&h, q, 2);
+            h = (uint16_t)((h & 0x807fu) | ((120u + (h >> 7) % 7u) << 7));
+            memcpy(q, &h, 2);
+            break;
+        case DHSA_GGML_Q8_0:
+        case DHSA_GGML_Q4_0:
+        case DHSA_GGML_Q4_K:
+        case DHSA_GGML_Q6_K: {
+            int off = type == DHSA_GGML_Q6_K ? 208 : 0;
+            for (int k = 0; k < (type == DHSA_GGML_Q4_K ? 2 : 1); k++) {
+                memcpy(&h, q + off + 2 * k, 2);
+                h = (uint16_t)((h & 0x83ffu) | (4u << 10)); /* about 2^-11 */
+                memcpy(q + off + 2 * k, &h, 2);
+            }
+            break;
+        }
+        default: break;
+        }
+    }
+}
+
+/* The check: rows [r0, r0 + nr) of y against the scalar path on the same
+ * rows. Returns the worst |a - b| / tolerance. */
+static double check_rows(dhsa_ctx *ctx, const dhsa_wmat *W, int64_t r0, int64_t nr, const float *x, int64_t tok,
+                         const float *y, int64_t ldy, int64_t *wt, int64_t *wo) {
+    dhsa_isa isa = dhsa_active_isa();
+    dhsa_wmat S = *W;
+    S.data = (const uint8_t *)W->data + r0 * W->row_bytes;
+    S.n_out = nr;
+    float *ys = malloc((size_t)(tok * nr) * sizeof(float)), *w = malloc((size_t)W->n_in * sizeof(float));
+    if (!ys || !w) die(EXIT_RUN, "out of memory");
+    dhsa_set_isa(DHSA_ISA_SCALAR);
+    dhsa_status st = dhsa__matmul(ctx, &S, x, W->n_in, tok, ys, nr);
+    dhsa_set_isa(isa);
+    if (st != DHSA_OK) die(EXIT_RUN, "scalar reference: %s", dhsa_last_error());
+    /* both orders are within gamma_D sum |w x| of the exact sum (quant.h,
+     * tests/test_quant.c), so they are within twice that of each other */
+    const double u = 0x1p-24;
+    const int depth = DHSA_QK_KC / 8 + 3 + (int)((W->n_in + DHSA_QK_KC - 1) / DHSA_QK_KC) + 1;
+    double worst = 0.0;
+    for (int64_t o = 0; o < nr; o++) {
+        if (dhsa__wmat_row(&S, o, w) != DHSA_OK) die(EXIT_RUN, "%s", dhsa_last_error());
+        for (int64_t t = 0; t < tok; t++) {
+            double a = 0.0;
+            for (int64_t i = 0; i < W->n_in; i++) a += fabs((double)w[i] * x[t * W->n_in + i]);
+            double tol = 2.0 * depth * u * a + 1e-30;
+            double got = y[t * ldy + r0 + o], err = fabs(got - ys[t * nr + o]);
+            double ratio = isfinite(got) ? err / tol : INFINITY;
+            if (ratio > worst || (worst == 0.0 && *wt < 0)) {
+                worst = ratio;
+                *wt = t;
+                *wo = r0 + o;
+            }
+        }
+    }
+    free(ys);
+    free(w);
+    return worst;
+}
+
+static const uint32_t all_types[] = {DHSA_GGML_F32,  DHSA_GGML_F16,  DHSA_GGML_BF16, DHSA_GGML_Q8_0,
+                                     DHSA_GGML_Q4_0, DHSA_GGML_Q4_K, DHSA_GGML_Q6_K};
+
+int dhsa_cli_bench_matmul(int argc, char **argv) {
+    int64_t n_in = 4096, n_out = 4096, tok = 1, seed = 1;
+    int threads = 0, runs = 7, isa = -1, corrupt = 0;
+    const char *type_arg = "all";
+    for (int i = 3; i < argc; i++) {
+        const char *o = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+#define OPT(name) (strcmp(o, name) == 0 && (val || (die(EXIT_USAGE, "%s needs a value", name), 0)) && ++i)
+        if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0) {
+            fputs(dhsa_cli_bench_matmul_usage, stdout);
+            return 0;
+        } else if (strcmp(o, "--corrupt") == 0) corrupt = 1; /* test hook: one wrong output before the check */
+        else if (OPT("--type")) type_arg = val;
+        else if (OPT("--n-in")) n_in = parse_i64(o, val, 1, (int64_t)1 << 20);
+        else if (OPT("--n-out")) n_out = parse_i64(o, val, 1, (int64_t)1 << 24);
+        else if (OPT("--tok")) tok = parse_i64(o, val, 1, 1 << 16);
+        else if (OPT("--threads")) threads = (int)parse_i64(o, val, 1, 1024);
+        else if (OPT("--runs")) runs = (int)parse_i64(o, val, 1, 100000);
+        else if (OPT("--seed")) seed = parse_i64(o, val, 0, INT64_MAX);
+        else if (OPT("--isa")) {
+            if (strcmp(val, "scalar") == 0) isa = DHSA_ISA_SCALAR;
+            else if (strcmp(val, "avx2") == 0) isa = DHSA_ISA_AVX2;
+            else if (strcmp(val, "avx512") == 0) isa = DHSA_ISA_AVX512;
+            else die(EXIT_USAGE, "--isa: \"%s\" is not scalar, avx2 or avx512", val);
+        } else die(EXIT_USAGE, "unknown option \"%s\"", o);
+#undef OPT
+    }
+    uint32_t types[7];
+    int n_types = 0, all = strcmp(type_arg, "all") == 0;
+    for (int k = 0; k < 7; k++) {
+        if (!all && strcmp(type_arg, dhsa_ggml_type_name(all_types[k])) != 0) continue;
+        if (n_in % dhsa__wt_block(all_types[k])) {
+            if (!all)
+                die(EXIT_USAGE, "--n-in %lld is not a multiple of the %s block (%lld)", (long long)n_in,
+                    dhsa_ggml_type_name(all_types[k]), (long long)dhsa__wt_block(all_types[k]));
+            printf("(%s skipped: --n-in %lld is not a multiple of its block of %lld)\n",
+                   dhsa_ggml_type_name(all_types[k]), (long long)n_in, (long long)dhsa__wt_block(all_types[k]));
+            continue;
+        }
+        types[n_types++] = all_types[k];
+    }
+    if (!n_types && !all)
+        die(EXIT_USAGE, "--type: \"%s\" is not F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K or all", type_arg);
+    if (!n_types) die(EXIT_USAGE, "no type has a block dividing --n-in %lld", (long long)n_in);
+    if (isa >= 0 && dhsa_set_isa((dhsa_isa)isa) != DHSA_OK) die(EXIT_RUN, "%s", dhsa_last_error());
+
+    dhsa_ctx_params cp = dhsa_ctx_default_params();
+    cp.n_threads = threads;
+    dhsa_ctx *ctx;
+    if (dhsa_ctx_create(&cp, &ctx) != DHSA_OK) die(EXIT_RUN, "dhsa_ctx_create: %s", dhsa_last_error());
+    threads = dhsa_ctx_n_threads(ctx);
+    const dhsa__quant_kernels *k = dhsa__quant_kernels_active();
+    const int bw = tok <= 8;
+
+    float *x = dhsa_buffer_alloc((size_t)(tok * n_in) * sizeof(float));
+    float *y = dhsa_buffer_alloc((size_t)(tok * n_out) * sizeof(float));
+    if (!x || !y) die(EXIT_RUN, "out of memory for x and y");
+    uint64_t s = (uint64_t)seed * 7919u + 17u;
+    for (int64_t i = 0; i < tok * n_in; i++) x[i] = (float)((double)(splitmix(&s) >> 11) * 0x1p-52 - 1.0);
+
+    double peak = dhsa_peak_fma_gflops(ctx, threads, 0.3);
+    if (!(peak > 0.0)) die(EXIT_RUN, "measuring the FMA peak failed: %s", dhsa_last_error());
+    printf("dhsa bench matmul: isa %s, %d thread%s, n_in %lld, n_out %lld, tok %lld, %s route, %d runs\n",
+           dhsa_isa_name(dhsa_active_isa()), threads, threads > 1 ? "s" : "", (long long)n_in, (long long)n_out,
+           (long long)tok, tok <= k->max_tok_fused ? "fused (decode)" : "panel (prefill)", runs);
+
+    double *t = malloc((size_t)runs * sizeof *t), *tr = malloc((size_t)runs * sizeof *tr),
+           *ratio = malloc((size_t)runs * sizeof *ratio);
+    struct {
+        double mib, ms, gflops, wgbps, rdgbps, rdshare, check;
+    } res[7];
+    if (!t || !tr || !ratio) die(EXIT_RUN, "out of memory");
+    int rc = 0;
+    for (int ti = 0; ti < n_types; ti++) {
+        dhsa_wmat W;
+        W.type = types[ti];
+        W.n_in = n_in;
+        W.n_out = n_out;
+        W.row_bytes = dhsa__wt_row_bytes(W.type, n_in);
+        size_t wbytes = (size_t)(W.row_bytes * n_out);
+        uint8_t *wd = dhsa_buffer_alloc(wbytes);
+        if (!wd) die(EXIT_RUN, "out of memory for %zu bytes of weights", wbytes);
+        fill_weights(W.type, wd, n_out, W.row_bytes, (uint64_t)seed + (uint64_t)ti);
+        W.data = wd;
+        const char *tn = dhsa_ggml_type_name(W.type);
+
+        /* 1. correctness first */
+        dhsa_status st = dhsa__matmul(ctx, &W, x, n_in, tok, y, n_out);
+        if (st != DHSA_OK) die(EXIT_RUN, "%s: %s", tn, dhsa_last_error());
+        if (corrupt) y[(tok - 1) * n_out + n_out - 1] += 1.0f;
+        int64_t wt = -1, wo = -1, nr = n_out < 64 ? n_out : 64;
+        double worst = check_rows(ctx, &W, 0, nr, x, tok, y, n_out, &wt, &wo);
+        int64_t wt2 = -1, wo2 = -1;
+        double worst2 = check_rows(ctx, &W, n_out - nr, nr, x, tok, y, n_out, &wt2, &wo2);
+        if (worst2 > worst) {
+            worst = worst2;
+            wt = wt2;
+            wo = wo2;
+        }
+        if (!(worst <= 1.0)) {
+            fprintf(stderr,
+                    "dhsa bench matmul: %s: check FAILED against the scalar path: token %lld, row %lld is %.3g of its "
+                    "tolerance. No timing is reported for a wrong result.\n",
+                    tn, (long long)wt, (long long)wo, worst);
+            rc = EXIT_RUN;
+            dhsa_buffer_free(wd);
+            break;
+        }
+
+        /* 2. timing */
+        st = dhsa__matmul(ctx, &W, x, n_in, tok, y, n_out);
+        float *wf = (float *)wd;
+        size_t nf = wbytes / 4;
+        for (int r = 0; r < runs; r++) {
+            double t0 = now_s();
+            st = dhsa__matmul(ctx, &W, x, n_in, tok, y, n_out);
+            t[r] = now_s() - t0;
+            if (st != DHSA_OK) die(EXIT_RUN, "%s: %s", tn, dhsa_last_error());
+            if (bw) {
+                const float *bufs[1] = {wf};
+                tr[r] = dhsa_peak_read_buffers_s(ctx, threads, bufs, &nf, 1);
+                if (!(tr[r] > 0.0)) die(EXIT_RUN, "plain read: %s", dhsa_last_error());
+                ratio[r] = tr[r] / t[r];
+            }
+        }
+        double med = median(t, runs);
+        double flops = 2.0 * (double)n_in * (double)n_out * (double)tok;
+        res[ti].mib = (double)wbytes / 1048576.0;
+        res[ti].ms = med * 1e3;
+        res[ti].gflops = flops / med * 1e-9;
+        res[ti].wgbps = (double)wbytes / med * 1e-9;
+        res[ti].rdgbps = bw ? (double)wbytes / median(tr, runs) * 1e-9 : 0.0;
+        res[ti].rdshare = bw ? median(ratio, runs) : 0.0;
+        res[ti].check = worst;
+        dhsa_buffer_free(wd);
+    }
+    if (rc == 0) {
+        double peak2 = dhsa_peak_fma_gflops(ctx, threads, 0.3);
+        if (peak2 > peak) peak = peak2;
+        printf("%-6s %9s %10s %9s %7s %8s%s %11s\n", "type", "W MiB", "median ms", "GFLOP/s", "% peak", "W GB/s",
+               bw ? " read GB/s  % read" : "", "check");
+        for (int ti = 0; ti < n_types; ti++) {
+            printf("%-6s %9.1f %10.3f %9.1f %6.1f%% %8.2f", dhsa_ggml_type_name(types[ti]), res[ti].mib, res[ti].ms,
+                   res[ti].gflops, 100.0 * res[ti].gflops / peak, res[ti].wgbps);
+            if (bw) printf(" %9.2f %6.1f%%", res[ti].rdgbps, 100.0 * res[ti].rdshare);
+            printf(" %6.3f tol\n", res[ti].check);
+        }
+        printf("fp32 FMA peak, %d thread%s: %.1f GFLOP/s (the larger of before and after); check: worst |a - b| as a "
+               "share of its tolerance vs the scalar path, first and last 64 rows\n",
+               threads, threads > 1 ? "s" : "", peak);
+    }
+    free(t);
+    free(tr);
+    free(ratio);
+    dhsa_buffer_free(x);
+    dhsa_buffer_free(y);
+    dhsa_ctx_free(ctx);
+    return rc;
+}
