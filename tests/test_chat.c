@@ -356,7 +356,8 @@ static void test_detect(void) {
     /* stories260K has no template and arch llama, no header token */
     dhsa_gguf *g = NULL;
     if (dhsa_gguf_open(MODEL, &g) == DHSA_OK) {
-        T_CHECK(dhsa_chat_detect(g) == DHSA_CHAT_LLAMA2, "stories260K: %s", dhsa_chat_template_name(dhsa_chat_detect(g)));
+        dhsa_chat_template t = dhsa_chat_detect(g);
+        T_CHECK(t == DHSA_CHAT_LLAMA2, "stories260K: %s", dhsa_chat_template_name(t));
         dhsa_gguf_close(g);
     } else {
         T_SKIP("%s is missing", MODEL);

@@ -80,7 +80,8 @@ static char *write_gguf_without_tokenizer(void) {
     size_t size = 0;
     void *buf = NULL;
     char *path = NULL;
-    if (dhsa_gguf_writer_create(&w) == DHSA_OK && dhsa_gguf_writer_set_str(w, "general.architecture", "llama") == DHSA_OK &&
+    if (dhsa_gguf_writer_create(&w) == DHSA_OK &&
+        dhsa_gguf_writer_set_str(w, "general.architecture", "llama") == DHSA_OK &&
         dhsa_gguf_writer_size(w, &size) == DHSA_OK && (buf = malloc(size)) &&
         dhsa_gguf_writer_write_memory(w, buf, size) == DHSA_OK)
         path = write_temp(buf, size);

@@ -491,8 +491,10 @@ static void test_pretokenizers(void) {
     check_words(DHSA_TOK_PRE_DEEPSEEK_LLM, "abc 123 def", "abc| |123| def");
     check_words(DHSA_TOK_PRE_DEEPSEEK_LLM, "x\r\ny  z", "x|\r|\n|y| | z");
     check_words(DHSA_TOK_PRE_DEEPSEEK_LLM, "x 2024\xE5\xB9\xB4", "x| |2024|\xE5\xB9\xB4"); /* 年 */
-    check_words(DHSA_TOK_PRE_DEEPSEEK_LLM, "\xE4\xB8\xAD\xE6\x96\x87" "abc", "\xE4\xB8\xAD\xE6\x96\x87|abc"); /* 中文 */
-    check_words(DHSA_TOK_PRE_DEEPSEEK_LLM, "\xEF\xBC\xA1\xEF\xBC\xA2\xEF\xBC\x81", "\xEF\xBC\xA1\xEF\xBC\xA2|\xEF\xBC\x81");
+    check_words(DHSA_TOK_PRE_DEEPSEEK_LLM, "\xE4\xB8\xAD\xE6\x96\x87" "abc", /* 中文abc */
+                "\xE4\xB8\xAD\xE6\x96\x87|abc");
+    check_words(DHSA_TOK_PRE_DEEPSEEK_LLM, "\xEF\xBC\xA1\xEF\xBC\xA2\xEF\xBC\x81", /* ＡＢ！ */
+                "\xEF\xBC\xA1\xEF\xBC\xA2|\xEF\xBC\x81");
     check_words(DHSA_TOK_PRE_DEEPSEEK_LLM, "a\xE3\x80\x80" "b", "a|\xE3\x80\x80" "b"); /* U+3000 is \s */
     check_words(DHSA_TOK_PRE_DEEPSEEK_LLM, "end  ", "end|  ");
     /* its quirks, as llama.cpp (and the tokenizer.json) have them: the

@@ -114,8 +114,9 @@ static dhsa_status check_roles(const char *fmt, const dhsa_chat_message *m, int6
         int found = 0;
         for (const char *const *r = ok; *r && !found; r++) found = is_role(m[i].role, *r);
         if (!found)
-            return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_chat_apply: message %lld has role '%.32s', which %s does not know",
-                              (long long)i, m[i].role, fmt);
+            return dhsa__fail(DHSA_ERR_INVALID_ARG,
+                              "dhsa_chat_apply: message %lld has role '%.32s', which %s does not know", (long long)i,
+                              m[i].role, fmt);
     }
     return DHSA_OK;
 }
