@@ -86,8 +86,9 @@ dhsa_status dhsa_kv_index_size(const dhsa_router_params *rp, int64_t Hkv, int64_
 
 dhsa_status dhsa_kv_index_create(dhsa_ctx *ctx, const dhsa_router_params *rp, int64_t Hkv, int64_t d,
                                  int64_t capacity, dhsa_kv_index **out) {
-    if (!ctx || !out || !rp) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_kv_index_create: NULL argument");
+    if (!ctx || !out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_kv_index_create: NULL argument");
     *out = NULL;
+    if (!rp) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_kv_index_create: params are NULL");
     ix_sizes z;
     dhsa_status st = index_sizes(rp, Hkv, d, capacity, &z);
     if (st) return st;
