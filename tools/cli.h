@@ -47,4 +47,14 @@ extern const char dhsa_cli_inspect_usage[];
 int dhsa_cli_tokenize(int argc, char **argv);
 extern const char dhsa_cli_tokenize_usage[];
 
+/* dhsa run / plan / bench model (tools/run.c): the model runner. */
+int dhsa_cli_run(int argc, char **argv);
+int dhsa_cli_plan(int argc, char **argv);
+extern const char dhsa_cli_run_usage[];
+int dhsa_cli_bench_model(int argc, char **argv);
+extern const char dhsa_cli_bench_model_usage[];
+/* dhsa gen-model (tools/genmodel.c): random-weight GGUF for benchmarks. */
+int dhsa_cli_gen_model(int argc, char **argv);
+extern const char dhsa_cli_gen_model_usage[];
+
 #endif

@@ -42,11 +42,18 @@ static const char usage_main[] =
     "usage: dhsa <command> [options]\n"
     "\n"
     "commands:\n"
+    "  run          generate text with a GGUF (or llama2.c) model, dense or DHSA\n"
+    "               attention, under a memory limit\n"
+    "  plan         the memory plan of a run, without running it\n"
     "  peak         measured fp32 FMA peak and memory read bandwidth\n"
     "  bench attn   attention benchmark (checked against the reference first)\n"
     "  bench sparse DHSA / block / streaming / oracle vs dense on a synthetic\n"
     "               long sequence: speed, density, recall, needles\n"
     "  bench decode one decode step routed through a dhsa_kv_index vs dense\n"
+    "  bench matmul weight products per weight type (F32 ... Q6_K)\n"
+    "  bench model  time to first token, decode tok/s and peak memory of a model\n"
+    "               at several lengths, dense vs DHSA\n"
+    "  gen-model    a random-weight GGUF of a real model's shape (benchmarks)\n"
     "  demo         tiled attention at long context on synthetic data\n"
     "  convert      llama2.c checkpoint + tokenizer -> GGUF file\n"
     "  inspect      a GGUF file's (or llama2.c checkpoint's) metadata and tensors\n"
@@ -945,7 +952,7 @@ static int cmd_bench_attn(int argc, char **argv) {
 static int cmd_bench(int argc, char **argv) {
     cur_cmd = "dhsa bench";
     cur_usage = usage_bench;
-    if (argc < 3) usage_error("which benchmark? (attn, sparse, decode, matmul)");
+    if (argc < 3) usage_error("which benchmark? (attn, sparse, decode, matmul, model)");
     if (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0) {
         fputs(usage_bench_attn, stdout);
         return 0;
@@ -953,9 +960,10 @@ static int cmd_bench(int argc, char **argv) {
     if (strcmp(argv[2], "attn") == 0) return cmd_bench_attn(argc, argv);
     if (strcmp(argv[2], "sparse") == 0) return dhsa_cli_bench_sparse(argc, argv);
     if (strcmp(argv[2], "decode") == 0) return dhsa_cli_bench_decode(argc, argv);
+    if (strcmp(argv[2], "model") == 0) return dhsa_cli_bench_model(argc, argv);
     /* bench matmul: the weight products of the model runner, per weight type */
     if (strcmp(argv[2], "matmul") == 0) return dhsa_cli_bench_matmul(argc, argv);
-    usage_error("unknown benchmark \"%s\" (known: attn, sparse, decode, matmul)", argv[2]);
+    usage_error("unknown benchmark \"%s\" (known: attn, sparse, decode, matmul, model)", argv[2]);
     return EXIT_USAGE;
 }
 
@@ -1117,6 +1125,8 @@ static const char *usage_of(const char *cmd) {
     if (strcmp(cmd, "bench") == 0) return usage_bench_attn;
     if (strcmp(cmd, "demo") == 0) return usage_demo;
     if (strcmp(cmd, "memprobe") == 0) return dhsa_cli_memprobe_usage;
+    if (strcmp(cmd, "run") == 0 || strcmp(cmd, "plan") == 0) return dhsa_cli_run_usage;
+    if (strcmp(cmd, "gen-model") == 0) return dhsa_cli_gen_model_usage;
     if (strcmp(cmd, "convert") == 0) return dhsa_cli_convert_usage;
     if (strcmp(cmd, "inspect") == 0) return dhsa_cli_inspect_usage;
     if (strcmp(cmd, "tokenize") == 0) return dhsa_cli_tokenize_usage;
@@ -1151,6 +1161,9 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "bench") == 0) return cmd_bench(argc, argv);
     if (strcmp(cmd, "demo") == 0) return cmd_demo(argc, argv);
     if (strcmp(cmd, "memprobe") == 0) return dhsa_cli_memprobe(argc, argv);
+    if (strcmp(cmd, "run") == 0) return dhsa_cli_run(argc, argv);
+    if (strcmp(cmd, "plan") == 0) return dhsa_cli_plan(argc, argv);
+    if (strcmp(cmd, "gen-model") == 0) return dhsa_cli_gen_model(argc, argv);
     if (strcmp(cmd, "convert") == 0) return dhsa_cli_convert(argc, argv);
     if (strcmp(cmd, "inspect") == 0) return dhsa_cli_inspect(argc, argv);
     if (strcmp(cmd, "tokenize") == 0) return dhsa_cli_tokenize(argc, argv);

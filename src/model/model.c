@@ -1,0 +1,404 @@
+/* model.c: loading a model. Reads the hyperparameters of a GGUF file
+ * (docs/model.md), binds every tensor the architecture needs after checking
+ * its presence, type and shape, and keeps the file mapped: matrices are
+ * used in place. A llama2.c checkpoint is converted in memory first.
+ * Tested by tests/test_model.c (against the naive forward in
+ * tests/llm_ref.h, the real stories260K model and corrupted fixtures).
+ */
+#include "core/internal.h"
+#include "model/model_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_DIM ((int64_t)1 << 20)      /* n_embd, n_ff, head dims */
+#define MAX_LAYERS 4096
+#define MAX_HEADS 4096
+#define MAX_VOCAB ((int64_t)1 << 24)
+
+dhsa_model_params dhsa_model_default_params(void) {
+    dhsa_model_params p;
+    memset(&p, 0, sizeof p);
+    p.check_finite = 1;
+    return p;
+}
+
+/* ---------------------------------------------------------- metadata --- */
+
+static _Thread_local char key_buf[256];
+
+static const char *key_of(const char *arch, const char *suffix) {
+    snprintf(key_buf, sizeof key_buf, "%s.%s", arch, suffix);
+    return key_buf;
+}
+
+/* An integer key in [lo, hi]; absent keys take def (required: def < 0). */
+static dhsa_status get_int(const dhsa_gguf *g, const char *key, int64_t def, int64_t lo, int64_t hi, int64_t *out) {
+    if (dhsa_gguf_find_kv(g, key) < 0) {
+        if (def < 0) return dhsa__fail(DHSA_ERR_FORMAT, "the model has no \"%s\"", key);
+        *out = def;
+        return DHSA_OK;
+    }
+    int64_t v;
+    dhsa_status st = dhsa_gguf_get_i64(g, key, &v);
+    if (st) return st;
+    if (v < lo || v > hi)
+        return dhsa__fail(DHSA_ERR_FORMAT, "\"%s\" = %lld is outside [%lld, %lld]", key, (long long)v, (long long)lo,
+                          (long long)hi);
+    *out = v;
+    return DHSA_OK;
+}
+
+static dhsa_status get_real(const dhsa_gguf *g, const char *key, float def, float lo, float hi, float *out) {
+    if (dhsa_gguf_find_kv(g, key) < 0) {
+        *out = def;
+        return DHSA_OK;
+    }
+    float v;
+    dhsa_status st = dhsa_gguf_get_f32(g, key, &v);
+    if (st) return st;
+    if (!(v >= lo && v <= hi))
+        return dhsa__fail(DHSA_ERR_FORMAT, "\"%s\" = %g is outside [%g, %g]", key, (double)v, (double)lo,
+                          (double)hi);
+    *out = v;
+    return DHSA_OK;
+}
+
+static dhsa_status read_hparams(const dhsa_gguf *g, dhsa_model_info *in) {
+    const char *arch;
+    dhsa_status st = dhsa_gguf_get_str(g, "general.architecture", &arch, NULL);
+    if (st) return st;
+    if (strcmp(arch, "llama") == 0) {
+        in->arch = DHSA_ARCH_LLAMA;
+        in->arch_name = "llama";
+    } else if (strcmp(arch, "qwen2") == 0) {
+        in->arch = DHSA_ARCH_QWEN2;
+        in->arch_name = "qwen2";
+    } else if (strcmp(arch, "gemma2") == 0) {
+        in->arch = DHSA_ARCH_GEMMA2;
+        in->arch_name = "gemma2";
+    } else {
+        return dhsa__fail(DHSA_ERR_UNSUPPORTED, "architecture \"%s\" is not supported (llama, qwen2, gemma2 are)",
+                          arch);
+    }
+    const char *a = in->arch_name;
+    int gemma = in->arch == DHSA_ARCH_GEMMA2;
+    if ((st = get_int(g, key_of(a, "context_length"), -1, 1, (int64_t)1 << 32, &in->n_ctx_train)) ||
+        (st = get_int(g, key_of(a, "embedding_length"), -1, 1, MAX_DIM, &in->n_embd)) ||
+        (st = get_int(g, key_of(a, "block_count"), -1, 1, MAX_LAYERS, &in->n_layer)) ||
+        (st = get_int(g, key_of(a, "feed_forward_length"), -1, 1, MAX_DIM, &in->n_ff)) ||
+        (st = get_int(g, key_of(a, "attention.head_count"), -1, 1, MAX_HEADS, &in->n_head)) ||
+        (st = get_int(g, key_of(a, "attention.head_count_kv"), in->n_head, 1, MAX_HEADS, &in->n_head_kv)))
+        return st;
+    if (in->n_head % in->n_head_kv)
+        return dhsa__fail(DHSA_ERR_FORMAT, "%lld query heads are not a multiple of %lld KV heads",
+                          (long long)in->n_head, (long long)in->n_head_kv);
+    if (in->n_embd % in->n_head && dhsa_gguf_find_kv(g, key_of(a, "attention.key_length")) < 0)
+        return dhsa__fail(DHSA_ERR_FORMAT, "n_embd %lld is not a multiple of %lld heads and no key_length is given",
+                          (long long)in->n_embd, (long long)in->n_head);
+    if ((st = get_int(g, key_of(a, "attention.key_length"), in->n_embd / in->n_head, 1, 4096, &in->head_dim_k)) ||
+        (st = get_int(g, key_of(a, "attention.value_length"), in->head_dim_k, 1, 4096, &in->head_dim_v)) ||
+        (st = get_int(g, key_of(a, "rope.dimension_count"), in->head_dim_k, 0, in->head_dim_k, &in->n_rot)))
+        return st;
+    if (in->n_rot % 2) return dhsa__fail(DHSA_ERR_FORMAT, "rope.dimension_count %lld is odd", (long long)in->n_rot);
+    if ((st = get_real(g, key_of(a, "attention.layer_norm_rms_epsilon"), gemma ? 1e-6f : 1e-5f, 0.0f, 1.0f,
+                       &in->rms_eps)) ||
+        (st = get_real(g, key_of(a, "rope.freq_base"), 10000.0f, 1e-3f, 1e12f, &in->rope_base)))
+        return st;
+    /* RoPE scaling: as llama.cpp, a factor without a type means linear */
+    in->rope_linear_factor = 1.0f;
+    const char *type = NULL;
+    if (dhsa_gguf_find_kv(g, key_of(a, "rope.scaling.type")) >= 0 && (st = dhsa_gguf_get_str(g, key_buf, &type, NULL)))
+        return st;
+    if (type && strcmp(type, "none") != 0 && strcmp(type, "linear") != 0)
+        return dhsa__fail(DHSA_ERR_UNSUPPORTED, "RoPE scaling \"%s\" is not supported (none, linear are; llama3 "
+                          "scaling comes as rope_freqs.weight)", type);
+    if (!type || strcmp(type, "linear") == 0) {
+        float f;
+        if ((st = get_real(g, key_of(a, "rope.scaling.factor"), 1.0f, 0.0f, 1e6f, &f))) return st;
+        in->rope_linear_factor = f > 0.0f ? f : 1.0f; /* 0 means none */
+    }
+    in->rope_neox = in->arch != DHSA_ARCH_LLAMA;
+    if (gemma) {
+        if ((st = get_real(g, "gemma2.attn_logit_softcapping", 50.0f, 0.0f, 1e9f, &in->attn_softcap)) ||
+            (st = get_real(g, "gemma2.final_logit_softcapping", 30.0f, 0.0f, 1e9f, &in->final_softcap)) ||
+            (st = get_int(g, "gemma2.attention.sliding_window", 4096, 0, (int64_t)1 << 32, &in->sliding_window)))
+            return st;
+    }
+    return DHSA_OK;
+}
+
+/* ----------------------------------------------------------- tensors --- */
+
+typedef struct {
+    dhsa_model *m;
+    int64_t n_vectors;   /* floats of F32 copies handed out so far */
+    int64_t cap_vectors; /* 0 while counting */
+    char name[96];
+} binder;
+
+static const dhsa_gguf_tensor *find(const dhsa_gguf *g, const char *name, int64_t *idx) {
+    int64_t i = dhsa_gguf_find_tensor(g, name);
+    *idx = i;
+    return i < 0 ? NULL : dhsa_gguf_tensor_at(g, i);
+}
+
+/* A matrix [n_in, n_out] (GGUF order). */
+static dhsa_status bind_matrix(binder *b, const char *name, int64_t n_in, int64_t n_out, int optional,
+                               dhsa_wmat *out) {
+    memset(out, 0, sizeof *out);
+    int64_t idx;
+    const dhsa_gguf_tensor *t = find(b->m->g, name, &idx);
+    if (!t) {
+        if (optional) return DHSA_OK;
+        return dhsa__fail(DHSA_ERR_FORMAT, "the model has no tensor \"%s\"", name);
+    }
+    if (!dhsa__wt_supported(t->type))
+        return dhsa__fail(DHSA_ERR_UNSUPPORTED, "tensor \"%s\" has type %s (%u); supported: F32 F16 BF16 Q8_0 Q4_0 "
+                          "Q4_K Q6_K", name, dhsa_ggml_type_name(t->type), t->type);
+    if (t->n_dims > 2 || t->dims[0] != n_in || t->dims[1] != n_out)
+        return dhsa__fail(DHSA_ERR_SHAPE, "tensor \"%s\" has dims [%lld, %lld] (%u dims); expected [%lld, %lld]", name,
+                          (long long)t->dims[0], (long long)t->dims[1], (unsigned)t->n_dims, (long long)n_in,
+                          (long long)n_out);
+    const void *data;
+    int64_t bytes;
+    dhsa_status st = dhsa_gguf_tensor_data(b->m->g, idx, &data, &bytes);
+    if (st) return st;
+    out->type = t->type;
+    out->data = data;
+    out->n_in = n_in;
+    out->n_out = n_out;
+    out->row_bytes = dhsa__wt_row_bytes(t->type, n_in);
+    if (out->row_bytes < 0 || out->row_bytes * n_out != bytes)
+        return dhsa__fail(DHSA_ERR_SHAPE, "tensor \"%s\": rows of %lld values do not fit type %s", name, (long long)n_in,
+                          dhsa_ggml_type_name(t->type));
+    return DHSA_OK;
+}
+
+/* A vector of n values (F32/F16/BF16), copied into the model's F32 block.
+ * While counting (cap 0) only the size is recorded. */
+static dhsa_status bind_vector(binder *b, const char *name, int64_t n, int optional, const float **out) {
+    *out = NULL;
+    int64_t idx;
+    const dhsa_gguf_tensor *t = find(b->m->g, name, &idx);
+    if (!t) {
+        if (optional) return DHSA_OK;
+        return dhsa__fail(DHSA_ERR_FORMAT, "the model has no tensor \"%s\"", name);
+    }
+    if (t->type != DHSA_GGML_F32 && t->type != DHSA_GGML_F16 && t->type != DHSA_GGML_BF16)
+        return dhsa__fail(DHSA_ERR_UNSUPPORTED, "vector \"%s\" has type %s; F32, F16 or BF16 expected", name,
+                          dhsa_ggml_type_name(t->type));
+    int64_t count = 1;
+    for (int i = 0; i < t->n_dims; i++) count *= t->dims[i];
+    if (t->dims[0] != n || count != n)
+        return dhsa__fail(DHSA_ERR_SHAPE, "tensor \"%s\" has %lld values in %u dims; expected a vector of %lld", name,
+                          (long long)count, (unsigned)t->n_dims, (long long)n);
+    if (b->cap_vectors == 0) {
+        b->n_vectors += n;
+        return DHSA_OK;
+    }
+    const void *data;
+    int64_t bytes;
+    dhsa_status st = dhsa_gguf_tensor_data(b->m->g, idx, &data, &bytes);
+    if (st) return st;
+    float *dst = b->m->vectors + b->n_vectors;
+    st = dhsa__dequantize_row(t->type, data, dst, n);
+    if (st) return st;
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(dst[i]))
+            return dhsa__fail(DHSA_ERR_NONFINITE, "tensor \"%s\" holds %g at %lld", name, (double)dst[i], (long long)i);
+    b->n_vectors += n;
+    *out = dst;
+    return DHSA_OK;
+}
+
+static const char *blk(binder *b, int64_t l, const char *what) {
+    snprintf(b->name, sizeof b->name, "blk.%lld.%s", (long long)l, what);
+    return b->name;
+}
+
+/* Binds everything; run twice: counting vectors (cap 0), then for real. */
+static dhsa_status bind_all(binder *b) {
+    dhsa_model *m = b->m;
+    dhsa_model_info *in = &m->info;
+    const int64_t E = in->n_embd, F = in->n_ff, nq = in->n_head * in->head_dim_k,
+                  nk = in->n_head_kv * in->head_dim_k, nv = in->n_head_kv * in->head_dim_v,
+                  no = in->n_head * in->head_dim_v;
+    const int gemma = in->arch == DHSA_ARCH_GEMMA2, qwen = in->arch == DHSA_ARCH_QWEN2;
+    dhsa_status st;
+    if ((st = bind_matrix(b, "token_embd.weight", E, in->n_vocab, 0, &m->tok_embd)) ||
+        (st = bind_vector(b, "output_norm.weight", E, 0, &m->output_norm)) ||
+        (st = bind_matrix(b, "output.weight", E, in->n_vocab, 1, &m->output)) ||
+        (st = bind_vector(b, "rope_freqs.weight", in->n_rot / 2, 1, &m->rope_freqs)))
+        return st;
+    in->tied_output = m->output.data == NULL;
+    if (in->tied_output) m->output = m->tok_embd;
+    if (b->cap_vectors == 0) in->has_rope_freqs = dhsa_gguf_find_tensor(m->g, "rope_freqs.weight") >= 0;
+    for (int64_t l = 0; l < in->n_layer; l++) {
+        dhsa__layer *L = &m->layers[l];
+        if ((st = bind_vector(b, blk(b, l, "attn_norm.weight"), E, 0, &L->attn_norm)) ||
+            (st = bind_vector(b, blk(b, l, "ffn_norm.weight"), E, 0, &L->ffn_norm)) ||
+            (st = bind_vector(b, blk(b, l, "post_attention_norm.weight"), E, !gemma, &L->post_attn_norm)) ||
+            (st = bind_vector(b, blk(b, l, "post_ffw_norm.weight"), E, !gemma, &L->post_ffw_norm)) ||
+            (st = bind_vector(b, blk(b, l, "attn_q.bias"), nq, !qwen, &L->bq)) ||
+            (st = bind_vector(b, blk(b, l, "attn_k.bias"), nk, !qwen, &L->bk)) ||
+            (st = bind_vector(b, blk(b, l, "attn_v.bias"), nv, !qwen, &L->bv)) ||
+            (st = bind_matrix(b, blk(b, l, "attn_q.weight"), E, nq, 0, &L->wq)) ||
+            (st = bind_matrix(b, blk(b, l, "attn_k.weight"), E, nk, 0, &L->wk)) ||
+            (st = bind_matrix(b, blk(b, l, "attn_v.weight"), E, nv, 0, &L->wv)) ||
+            (st = bind_matrix(b, blk(b, l, "attn_output.weight"), no, E, 0, &L->wo)) ||
+            (st = bind_matrix(b, blk(b, l, "ffn_gate.weight"), E, F, 0, &L->w_gate)) ||
+            (st = bind_matrix(b, blk(b, l, "ffn_up.weight"), E, F, 0, &L->w_up)) ||
+            (st = bind_matrix(b, blk(b, l, "ffn_down.weight"), F, E, 0, &L->w_down)))
+            return st;
+        L->window = gemma && l % 2 == 0 ? in->sliding_window : 0;
+    }
+    return DHSA_OK;
+}
+
+static dhsa_status check_finite_all(const dhsa_model *m) {
+    const dhsa_wmat *mats[8];
+    int n = 0;
+    mats[n++] = &m->tok_embd;
+    if (!m->info.tied_output) mats[n++] = &m->output;
+    for (int i = 0; i < n; i++) {
+        dhsa_status st = dhsa__wt_check_finite(mats[i]->type, mats[i]->data, mats[i]->n_out, mats[i]->n_in);
+        if (st) return st;
+    }
+    for (int64_t l = 0; l < m->info.n_layer; l++) {
+        const dhsa__layer *L = &m->layers[l];
+        const dhsa_wmat *lm[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) {
+            dhsa_status st = dhsa__wt_check_finite(lm[i]->type, lm[i]->data, lm[i]->n_out, lm[i]->n_in);
+            if (st) return dhsa__fail(st, "layer %lld: %s", (long long)l, dhsa_last_error());
+        }
+    }
+    return DHSA_OK;
+}
+
+/* The type holding most matrix bytes, and the totals. */
+static void weight_stats(dhsa_model *m) {
+    int64_t by_type[64] = {0};
+    const dhsa_gguf *g = m->g;
+    m->info.n_params = 0;
+    m->info.weight_bytes = 0;
+    for (int64_t i = 0; i < dhsa_gguf_n_tensors(g); i++) {
+        const dhsa_gguf_tensor *t = dhsa_gguf_tensor_at(g, i);
+        int64_t count = 1;
+        for (int k = 0; k < t->n_dims; k++) count *= t->dims[k];
+        m->info.n_params += count;
+        m->info.weight_bytes += (int64_t)t->bytes;
+        if (t->n_dims == 2 && t->type < 64) by_type[t->type] += (int64_t)t->bytes;
+    }
+    uint32_t best = 0;
+    for (uint32_t t = 1; t < 64; t++)
+        if (by_type[t] > by_type[best]) best = t;
+    m->info.weight_type = best;
+}
+
+/* -------------------------------------------------------------- load --- */
+
+dhsa_status dhsa_model_from_gguf(dhsa_gguf *g, const dhsa_model_params *p, dhsa_model **out) {
+    if (!out) {
+        dhsa_gguf_close(g);
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_model_from_gguf: out is NULL");
+    }
+    *out = NULL;
+    if (!g) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_model_from_gguf: no GGUF");
+    dhsa_model_params dp = dhsa_model_default_params();
+    if (!p) p = &dp;
+    dhsa_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        dhsa_gguf_close(g);
+        return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    m->g = g;
+    dhsa_status st = read_hparams(g, &m->info);
+    if (st) goto fail;
+    int64_t idx;
+    const dhsa_gguf_tensor *te = find(g, "token_embd.weight", &idx);
+    if (!te || te->n_dims != 2) {
+        st = dhsa__fail(DHSA_ERR_FORMAT, "the model has no 2-D tensor \"token_embd.weight\"");
+        goto fail;
+    }
+    m->info.n_vocab = te->dims[1];
+    if (m->info.n_vocab < 1 || m->info.n_vocab > MAX_VOCAB) {
+        st = dhsa__fail(DHSA_ERR_FORMAT, "vocabulary of %lld tokens", (long long)m->info.n_vocab);
+        goto fail;
+    }
+    m->layers = calloc((size_t)m->info.n_layer, sizeof *m->layers);
+    if (!m->layers) {
+        st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
+        goto fail;
+    }
+    binder b = {.m = m};
+    if ((st = bind_all(&b))) goto fail;
+    m->vectors = malloc((size_t)(b.n_vectors > 0 ? b.n_vectors : 1) * sizeof(float));
+    if (!m->vectors) {
+        st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
+        goto fail;
+    }
+    b.cap_vectors = b.n_vectors > 0 ? b.n_vectors : 1;
+    b.n_vectors = 0;
+    if ((st = bind_all(&b))) goto fail;
+    if (m->rope_freqs)
+        for (int64_t i = 0; i < m->info.n_rot / 2; i++)
+            if (!(m->rope_freqs[i] > 0)) {
+                st = dhsa__fail(DHSA_ERR_FORMAT, "rope_freqs.weight[%lld] = %g is not positive", (long long)i,
+                                (double)m->rope_freqs[i]);
+                goto fail;
+            }
+    if (p->check_finite && (st = check_finite_all(m))) goto fail;
+    if ((st = dhsa_tokenizer_from_gguf(g, &m->tok))) goto fail;
+    if (dhsa_tokenizer_n_vocab(m->tok) > m->info.n_vocab) {
+        st = dhsa__fail(DHSA_ERR_FORMAT, "the tokenizer has %lld tokens but token_embd only %lld rows",
+                        (long long)dhsa_tokenizer_n_vocab(m->tok), (long long)m->info.n_vocab);
+        goto fail;
+    }
+    weight_stats(m);
+    *out = m;
+    return DHSA_OK;
+fail:
+    dhsa_model_free(m);
+    return st;
+}
+
+dhsa_status dhsa_model_load(const char *path, const dhsa_model_params *p, dhsa_model **out) {
+    if (!out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_model_load: out is NULL");
+    *out = NULL;
+    if (!path) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_model_load: path is NULL");
+    dhsa_model_params dp = dhsa_model_default_params();
+    if (!p) p = &dp;
+    FILE *f = fopen(path, "rb");
+    if (!f) return dhsa__fail(DHSA_ERR_IO, "cannot open \"%s\"", path);
+    char magic[4] = {0};
+    size_t got = fread(magic, 1, 4, f);
+    fclose(f);
+    dhsa_gguf *g = NULL;
+    dhsa_status st;
+    if (got == 4 && memcmp(magic, "GGUF", 4) == 0) {
+        st = dhsa_gguf_open(path, &g);
+    } else if (p->tokenizer_path) {
+        st = dhsa_llama2c_open(path, p->tokenizer_path, &g);
+    } else {
+        return dhsa__fail(DHSA_ERR_FORMAT, "\"%s\" is not a GGUF file (a llama2.c checkpoint needs its tokenizer "
+                          "file: --tokenizer tok.bin)", path);
+    }
+    if (st) return st;
+    return dhsa_model_from_gguf(g, p, out);
+}
+
+void dhsa_model_free(dhsa_model *m) {
+    if (!m) return;
+    dhsa_tokenizer_free(m->tok);
+    dhsa_gguf_close(m->g);
+    free(m->layers);
+    free(m->vectors);
+    free(m);
+}
+
+const dhsa_model_info *dhsa_model_get_info(const dhsa_model *m) { return m ? &m->info : NULL; }
+const dhsa_gguf *dhsa_model_gguf(const dhsa_model *m) { return m ? m->g : NULL; }
+const dhsa_tokenizer *dhsa_model_tokenizer(const dhsa_model *m) { return m ? m->tok : NULL; }

@@ -1,0 +1,39 @@
+/* model_internal.h: the loaded model as the forward pass sees it
+ * (src/model/model.c fills it, src/model/session.c runs it).
+ */
+#ifndef DHSA_MODEL_INTERNAL_H
+#define DHSA_MODEL_INTERNAL_H
+
+#include "dhsa.h"
+#include "model/quant.h"
+
+/* One decoder layer. Vectors are F32 copies owned by the model (NULL when
+ * the architecture has none); matrices point into the mapped file. */
+typedef struct {
+    const float *attn_norm;      /* [n_embd] */
+    const float *post_attn_norm; /* [n_embd] gemma2 */
+    const float *ffn_norm;       /* [n_embd] */
+    const float *post_ffw_norm;  /* [n_embd] gemma2 */
+    const float *bq, *bk, *bv;   /* [n_head*hd_k], [n_head_kv*hd_k], [n_head_kv*hd_v] */
+    dhsa_wmat wq;                /* [n_embd] -> [n_head * hd_k] */
+    dhsa_wmat wk;                /* [n_embd] -> [n_head_kv * hd_k] */
+    dhsa_wmat wv;                /* [n_embd] -> [n_head_kv * hd_v] */
+    dhsa_wmat wo;                /* [n_head * hd_v] -> [n_embd] */
+    dhsa_wmat w_gate, w_up;      /* [n_embd] -> [n_ff] */
+    dhsa_wmat w_down;            /* [n_ff] -> [n_embd] */
+    int64_t window;              /* sliding window of this layer; 0 = none */
+} dhsa__layer;
+
+struct dhsa_model {
+    dhsa_gguf *g;
+    dhsa_model_info info;
+    dhsa_tokenizer *tok;
+    dhsa_wmat tok_embd;          /* [n_vocab] rows of [n_embd] */
+    dhsa_wmat output;            /* [n_embd] -> [n_vocab] (tok_embd when tied) */
+    const float *output_norm;    /* [n_embd] */
+    const float *rope_freqs;     /* [n_rot / 2] or NULL */
+    dhsa__layer *layers;         /* [n_layer] */
+    float *vectors;              /* the F32 copies, one allocation */
+};
+
+#endif

@@ -1,0 +1,185 @@
+/* sample.c: choosing the next token from logits. Order of the steps:
+ * repetition penalty over the last repeat_last_n ids (positive logits are
+ * divided by the penalty, negative ones multiplied), then temperature 0 =
+ * argmax (lowest id on ties), else softmax(logits / T), top-k, top-p
+ * (smallest set of the most likely ids whose mass reaches p), min-p (ids
+ * below min_p x the largest probability go), renormalise, draw with a
+ * seeded xoshiro256** generator. Deterministic for a seed.
+ * Tested by tests/test_model.c (distributions on hand-made logits).
+ */
+#include "core/internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct dhsa_sampler {
+    dhsa_sampler_params p;
+    int64_t n_vocab;
+    uint64_t rng[4];
+    float *work;     /* [n_vocab] penalised logits */
+    int32_t *order;  /* [n_vocab] candidate ids */
+    float *prob;     /* [n_vocab] their probabilities */
+};
+
+dhsa_sampler_params dhsa_sampler_default_params(void) {
+    dhsa_sampler_params p;
+    memset(&p, 0, sizeof p);
+    p.temperature = 0.8f;
+    p.top_k = 40;
+    p.top_p = 0.95f;
+    p.min_p = 0.05f;
+    p.repeat_penalty = 1.0f;
+    p.repeat_last_n = 64;
+    p.seed = 42;
+    return p;
+}
+
+static uint64_t splitmix(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t next_u64(uint64_t *s) {
+    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return r;
+}
+
+/* Uniform in [0, 1). */
+static double next_unit(uint64_t *s) { return (double)(next_u64(s) >> 11) * (1.0 / 9007199254740992.0); }
+
+dhsa_status dhsa_sampler_create(const dhsa_sampler_params *p, int64_t n_vocab, dhsa_sampler **out) {
+    if (!out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_sampler_create: out is NULL");
+    *out = NULL;
+    dhsa_sampler_params dp = dhsa_sampler_default_params();
+    if (!p) p = &dp;
+    if (n_vocab < 1 || n_vocab > ((int64_t)1 << 24))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "vocabulary of %lld ids", (long long)n_vocab);
+    if (!(p->temperature >= 0.0f && p->temperature <= 1e6f))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "temperature %g (0 = greedy, or positive)", (double)p->temperature);
+    if (p->top_k < 0) return dhsa__fail(DHSA_ERR_INVALID_ARG, "top-k %lld (0 = off)", (long long)p->top_k);
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "top-p %g must be in (0, 1]", (double)p->top_p);
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "min-p %g must be in [0, 1]", (double)p->min_p);
+    if (!(p->repeat_penalty > 0.0f && p->repeat_penalty <= 1e6f))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "repetition penalty %g must be positive", (double)p->repeat_penalty);
+    if (p->repeat_last_n < 0)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "repeat-last-n %lld", (long long)p->repeat_last_n);
+    dhsa_sampler *s = calloc(1, sizeof *s);
+    if (!s) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
+    s->p = *p;
+    s->n_vocab = n_vocab;
+    s->work = malloc((size_t)n_vocab * sizeof(float));
+    s->order = malloc((size_t)n_vocab * sizeof(int32_t));
+    s->prob = malloc((size_t)n_vocab * sizeof(float));
+    if (!s->work || !s->order || !s->prob) {
+        dhsa_sampler_free(s);
+        return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    uint64_t x = p->seed;
+    for (int i = 0; i < 4; i++) s->rng[i] = splitmix(&x);
+    *out = s;
+    return DHSA_OK;
+}
+
+void dhsa_sampler_free(dhsa_sampler *s) {
+    if (!s) return;
+    free(s->work);
+    free(s->order);
+    free(s->prob);
+    free(s);
+}
+
+/* Sorts ids by descending value, ties by ascending id (a heap would do for
+ * top-k; the vocabulary sort is a small cost next to a forward pass). */
+static _Thread_local const float *sort_vals;
+static int by_value(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    float vx = sort_vals[x], vy = sort_vals[y];
+    if (vx != vy) return vx > vy ? -1 : 1;
+    return (x > y) - (x < y);
+}
+
+dhsa_status dhsa_sampler_sample(dhsa_sampler *s, const float *logits, const int32_t *history, int64_t n_history,
+                                int32_t *out) {
+    if (!s || !logits || !out || (n_history > 0 && !history))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_sampler_sample: NULL argument");
+    const int64_t V = s->n_vocab;
+    float *w = s->work;
+    for (int64_t i = 0; i < V; i++) {
+        if (isnan(logits[i])) return dhsa__fail(DHSA_ERR_NONFINITE, "logit %lld is NaN", (long long)i);
+        w[i] = logits[i];
+    }
+    if (s->p.repeat_penalty != 1.0f && n_history > 0) {
+        int64_t from = n_history > s->p.repeat_last_n ? n_history - s->p.repeat_last_n : 0;
+        /* each id once, however often it occurs */
+        for (int64_t j = from; j < n_history; j++) {
+            int32_t id = history[j];
+            if (id < 0 || id >= V) continue;
+            int seen = 0;
+            for (int64_t k = from; k < j && !seen; k++) seen = history[k] == id;
+            if (seen) continue;
+            w[id] = w[id] > 0 ? w[id] / s->p.repeat_penalty : w[id] * s->p.repeat_penalty;
+        }
+    }
+    int64_t best = 0;
+    for (int64_t i = 1; i < V; i++)
+        if (w[i] > w[best]) best = i;
+    if (s->p.temperature == 0.0f || !isfinite(w[best]) || w[best] == -INFINITY) {
+        *out = (int32_t)best;
+        return DHSA_OK;
+    }
+    /* candidates, best first */
+    int64_t n = 0;
+    for (int64_t i = 0; i < V; i++)
+        if (w[i] > -INFINITY) s->order[n++] = (int32_t)i;
+    sort_vals = w;
+    qsort(s->order, (size_t)n, sizeof(int32_t), by_value);
+    if (s->p.top_k > 0 && n > s->p.top_k) n = s->p.top_k;
+    double mx = (double)w[s->order[0]], sum = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double e = exp(((double)w[s->order[i]] - mx) / (double)s->p.temperature);
+        s->prob[i] = (float)e;
+        sum += e;
+    }
+    if (s->p.top_p < 1.0f) {
+        double acc = 0;
+        int64_t keep = n;
+        for (int64_t i = 0; i < n; i++) {
+            acc += (double)s->prob[i] / sum;
+            if (acc >= (double)s->p.top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+        n = keep;
+    }
+    if (s->p.min_p > 0.0f) {
+        int64_t keep = 1;
+        while (keep < n && (double)s->prob[keep] >= (double)s->p.min_p * (double)s->prob[0]) keep++;
+        n = keep;
+    }
+    sum = 0;
+    for (int64_t i = 0; i < n; i++) sum += s->prob[i];
+    double r = next_unit(s->rng) * sum, acc = 0;
+    for (int64_t i = 0; i < n; i++) {
+        acc += s->prob[i];
+        if (r < acc) {
+            *out = s->order[i];
+            return DHSA_OK;
+        }
+    }
+    *out = s->order[n - 1];
+    return DHSA_OK;
+}

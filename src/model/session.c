@@ -1,0 +1,538 @@
+/* session.c: one sequence through a loaded model: the memory plan, the KV
+ * cache, prefill in ubatches and decode, with dense or routed attention.
+ *
+ * Buffers (per ubatch of n <= n_ubatch tokens, row-major, F32):
+ *   x   [n][n_embd]        residual stream
+ *   xb  [n][n_embd]        normed input / branch output
+ *   q   [n][n_head][hd_k]  queries (post-RoPE)
+ *   kt  [n][n_head_kv][hd_k], vt [n][n_head_kv][hd_v]  new keys / values
+ *   att [n][n_head][hd_v]  attention output
+ *   hb, hb2 [n][n_ff]      FFN gate / up
+ *   rc, rs [n][n_rot/2]    RoPE cos / sin of the ubatch's positions
+ * KV cache per layer, head-major so that decode streams each head's keys:
+ *   K [n_head_kv][n_ctx][hd_k], V [n_head_kv][n_ctx][hd_v]   (F32 or F16)
+ * Sparse methods route each layer's queries over its cache: DHSA and BLOCK
+ * through a dhsa_kv_index per layer (O(chunks) per query block, online
+ * causal boundaries, so ubatch and decode see the same chunks), STREAM,
+ * ORACLE and LEARNED boundaries through dhsa_route over the cache.
+ * Sliding-window layers (gemma2) always run dense within their window.
+ * Tested by tests/test_model.c.
+ */
+#include "core/internal.h"
+#include "model/model_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_UBATCH 512
+
+struct dhsa_session {
+    dhsa_ctx *ctx;
+    const dhsa_model *m;
+    dhsa_session_params p;
+    dhsa_mem_plan plan;
+    int64_t len;                /* tokens in the cache */
+    void *kv;                   /* dhsa_buffer_alloc: every layer's K then V */
+    size_t k_layer, v_layer;    /* bytes of one layer's K / V */
+    float *x, *xb, *q, *kt, *vt, *att, *hb, *hb2, *rc, *rs, *inv_freq; /* one ctx allocation */
+    dhsa_kv_index **ix;         /* [n_layer] or NULL */
+    dhsa_router_params rp;      /* routing of the sparse methods */
+    int broken;                 /* an ubatch failed halfway: reset first */
+};
+
+dhsa_session_params dhsa_session_default_params(void) {
+    dhsa_session_params p;
+    memset(&p, 0, sizeof p);
+    p.kv_type = DHSA_F32;
+    p.attn = DHSA_ATTN_DENSE;
+    p.router = dhsa_router_default_params();
+    return p;
+}
+
+const char *dhsa_attn_method_name(dhsa_attn_method m) {
+    switch (m) {
+    case DHSA_ATTN_DENSE: return "dense";
+    case DHSA_ATTN_DHSA: return "dhsa";
+    case DHSA_ATTN_BLOCK: return "block";
+    case DHSA_ATTN_STREAM: return "stream";
+    case DHSA_ATTN_ORACLE: return "oracle";
+    }
+    return "?";
+}
+
+/* ------------------------------------------------------------- plan --- */
+
+/* The router parameters a method runs with. */
+static dhsa_router_params method_router(const dhsa_session_params *p) {
+    dhsa_router_params rp = p->router;
+    switch (p->attn) {
+    case DHSA_ATTN_BLOCK:
+        rp.method = DHSA_ROUTE_DHSA;
+        rp.boundary = DHSA_BOUNDARY_FIXED;
+        break;
+    case DHSA_ATTN_STREAM: rp.method = DHSA_ROUTE_STREAM; break;
+    case DHSA_ATTN_ORACLE: rp.method = DHSA_ROUTE_ORACLE; break;
+    default:
+        rp.method = DHSA_ROUTE_DHSA;
+        if (rp.boundary == DHSA_BOUNDARY_FIXED) rp.boundary = DHSA_BOUNDARY_SIMILARITY;
+        break;
+    }
+    rp.causal_boundaries = 1;
+    return rp;
+}
+
+/* Whether the method routes through per-layer indexes. */
+static int uses_index(const dhsa_session_params *p, const dhsa_router_params *rp) {
+    return (p->attn == DHSA_ATTN_DHSA || p->attn == DHSA_ATTN_BLOCK) && rp->boundary != DHSA_BOUNDARY_LEARNED;
+}
+
+static size_t act_floats(const dhsa_model_info *in, int64_t ub) {
+    return (size_t)ub * (size_t)(2 * in->n_embd + in->n_head * in->head_dim_k + in->n_head_kv * in->head_dim_k +
+                                 in->n_head_kv * in->head_dim_v + in->n_head * in->head_dim_v + 2 * in->n_ff +
+                                 in->n_rot) +
+           (size_t)in->n_rot / 2 + 16 * 12;
+}
+
+static float plan_dummy[16];
+
+/* An attention descriptor of the shapes a layer call has: ub queries at
+ * position n_ctx - ub over n_ctx keys (the largest call). Data pointers
+ * are placeholders: only sizes are asked of it. */
+static dhsa_attn_desc shape_desc(const dhsa_model_info *in, dhsa_type kv_type, int64_t n_ctx, int64_t ub) {
+    dhsa_attn_desc a = dhsa_attn_default_desc();
+    a.q = dhsa_tensor_blhd(plan_dummy, DHSA_F32, 1, ub, in->n_head, in->head_dim_k);
+    a.k = dhsa_tensor_bhld(plan_dummy, kv_type, 1, in->n_head_kv, n_ctx, in->head_dim_k);
+    a.v = dhsa_tensor_bhld(plan_dummy, kv_type, 1, in->n_head_kv, n_ctx, in->head_dim_v);
+    a.o = dhsa_tensor_blhd(plan_dummy, DHSA_F32, 1, ub, in->n_head, in->head_dim_v);
+    a.causal = 1;
+    a.q_pos0 = n_ctx - ub;
+    a.softcap = in->attn_softcap;
+    return a;
+}
+
+static dhsa_status plan_for(const dhsa_ctx *ctx, const dhsa_model *m, const dhsa_session_params *p, int64_t n_ctx,
+                            int64_t ub, dhsa_mem_plan *pl) {
+    const dhsa_model_info *in = &m->info;
+    memset(pl, 0, sizeof *pl);
+    pl->n_ctx = n_ctx;
+    pl->n_ubatch = ub;
+    pl->weights = (size_t)in->weight_bytes;
+    size_t es = dhsa_type_size(p->kv_type);
+    pl->kv_cache = (size_t)in->n_layer * (size_t)n_ctx * (size_t)in->n_head_kv *
+                   (size_t)(in->head_dim_k + in->head_dim_v) * es;
+    pl->activations = act_floats(in, ub) * sizeof(float) + 64 * 16;
+    dhsa_attn_desc a = shape_desc(in, p->kv_type, n_ctx, ub);
+    dhsa_status st = dhsa_attn_workspace_size(ctx, &a, &pl->attn_workspace);
+    if (st) return st;
+    int nt = dhsa_ctx_n_threads(ctx);
+    size_t mw = 0;
+    const dhsa__layer *L = &m->layers[0];
+    const dhsa_wmat *mats[8] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down, &m->output};
+    for (int i = 0; i < 8; i++) {
+        size_t w = dhsa__matmul_workspace(mats[i]->type, mats[i]->n_in, mats[i]->n_out, i == 7 ? 1 : ub, nt);
+        if (p->logits_all && i == 7)
+            w = dhsa__matmul_workspace(mats[i]->type, mats[i]->n_in, mats[i]->n_out, ub, nt);
+        if (w > mw) mw = w;
+    }
+    pl->matmul_workspace = mw;
+    if (p->attn != DHSA_ATTN_DENSE) {
+        dhsa_router_params rp = method_router(p);
+        size_t layout_bytes = 0, route_ws = 0;
+        if ((st = dhsa_route_sizes(ctx, &rp, &a, &layout_bytes, &route_ws))) return st;
+        if (uses_index(p, &rp)) {
+            size_t ixb;
+            if ((st = dhsa_kv_index_size(&rp, in->n_head_kv, in->head_dim_k, n_ctx, &ixb))) return st;
+            pl->routing = (size_t)in->n_layer * ixb + layout_bytes;
+        } else {
+            pl->routing = layout_bytes + route_ws;
+        }
+    }
+    pl->total = pl->weights + pl->kv_cache + pl->activations + pl->attn_workspace + pl->matmul_workspace +
+                pl->routing;
+    return DHSA_OK;
+}
+
+static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
+
+dhsa_status dhsa_session_plan(const dhsa_ctx *ctx, const dhsa_model *m, const dhsa_session_params *p,
+                              dhsa_mem_plan *out) {
+    if (!ctx || !m || !p || !out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_session_plan: NULL argument");
+    const dhsa_model_info *in = &m->info;
+    int64_t n_ctx = p->n_ctx > 0 ? p->n_ctx : in->n_ctx_train;
+    if (n_ctx < 1 || n_ctx > ((int64_t)1 << 31))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "context of %lld tokens (1 .. 2^31)", (long long)n_ctx);
+    if (p->kv_type != DHSA_F32 && p->kv_type != DHSA_F16)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "the KV cache is F32 or F16");
+    if ((int)p->attn < DHSA_ATTN_DENSE || (int)p->attn > DHSA_ATTN_ORACLE)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "unknown attention method %d", (int)p->attn);
+    if (p->n_ubatch < 0 || p->n_ubatch > 65536)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "ubatch of %lld tokens (0 = automatic, at most 65536)",
+                          (long long)p->n_ubatch);
+    if (p->attn == DHSA_ATTN_DHSA && p->router.boundary == DHSA_BOUNDARY_LEARNED) {
+        if (!p->router.predictor)
+            return dhsa__fail(DHSA_ERR_INVALID_ARG, "learned boundaries need a predictor");
+        if (dhsa_predictor_width(p->router.predictor) != in->n_head_kv * in->head_dim_k)
+            return dhsa__fail(DHSA_ERR_SHAPE, "the predictor reads %lld values per token; this model's keys have "
+                              "%lld (KV heads x head dim)", (long long)dhsa_predictor_width(p->router.predictor),
+                              (long long)(in->n_head_kv * in->head_dim_k));
+    }
+    dhsa_status st;
+    if (p->n_ubatch > 0) {
+        int64_t ub = p->n_ubatch < n_ctx ? p->n_ubatch : n_ctx;
+        if ((st = plan_for(ctx, m, p, n_ctx, ub, out))) return st;
+        if (p->mem_limit && out->total > p->mem_limit)
+            return dhsa__fail(DHSA_ERR_MEMORY_BUDGET, "ubatch %lld needs %.1f MiB, above --mem-limit %.1f MiB",
+                              (long long)ub, mib(out->total), mib(p->mem_limit));
+        return DHSA_OK;
+    }
+    int64_t ub = MAX_UBATCH < n_ctx ? MAX_UBATCH : n_ctx;
+    for (;; ub /= 2) {
+        if ((st = plan_for(ctx, m, p, n_ctx, ub, out))) return st;
+        if (!p->mem_limit || out->total <= p->mem_limit) return DHSA_OK;
+        if (ub == 1) break;
+    }
+    /* Nothing fits: say what would. */
+    size_t per_tok = (size_t)in->n_layer * (size_t)in->n_head_kv * (size_t)(in->head_dim_k + in->head_dim_v) *
+                     dhsa_type_size(p->kv_type);
+    size_t rest = out->total - out->kv_cache;
+    char hint[256] = "";
+    if (p->mem_limit > rest) {
+        int64_t fit = (int64_t)((p->mem_limit - rest) / per_tok);
+        snprintf(hint, sizeof hint, "; a context of about %lld tokens would fit%s", (long long)(fit * 9 / 10),
+                 p->kv_type == DHSA_F32 ? " (twice that with --kv f16)" : "");
+    } else {
+        snprintf(hint, sizeof hint, "; the weights and buffers alone need %.1f MiB", mib(rest));
+    }
+    return dhsa__fail(DHSA_ERR_MEMORY_BUDGET,
+                      "%.1f MiB needed at ubatch 1 (weights %.1f, KV cache %.1f for %lld tokens, activations "
+                      "%.1f, attention %.1f, products %.1f, routing %.1f) but --mem-limit is %.1f MiB%s",
+                      mib(out->total), mib(out->weights), mib(out->kv_cache), (long long)n_ctx,
+                      mib(out->activations), mib(out->attn_workspace), mib(out->matmul_workspace),
+                      mib(out->routing), mib(p->mem_limit), hint);
+}
+
+/* ----------------------------------------------------------- create --- */
+
+static void free_indexes(dhsa_session *s) {
+    if (!s->ix) return;
+    for (int64_t l = 0; l < s->m->info.n_layer; l++) dhsa_kv_index_free(s->ix[l]);
+    free(s->ix);
+    s->ix = NULL;
+}
+
+static dhsa_status make_indexes(dhsa_session *s) {
+    const dhsa_model_info *in = &s->m->info;
+    s->ix = calloc((size_t)in->n_layer, sizeof *s->ix);
+    if (!s->ix) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
+    for (int64_t l = 0; l < in->n_layer; l++) {
+        if (s->m->layers[l].window) continue;
+        dhsa_status st = dhsa_kv_index_create(s->ctx, &s->rp, in->n_head_kv, in->head_dim_k, s->plan.n_ctx, &s->ix[l]);
+        if (st) {
+            free_indexes(s);
+            return st;
+        }
+    }
+    return DHSA_OK;
+}
+
+dhsa_status dhsa_session_create(dhsa_ctx *ctx, const dhsa_model *m, const dhsa_session_params *p,
+                                dhsa_session **out) {
+    if (!out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_session_create: out is NULL");
+    *out = NULL;
+    if (!ctx || !m) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_session_create: NULL argument");
+    dhsa_session_params dp = dhsa_session_default_params();
+    if (!p) p = &dp;
+    dhsa_mem_plan plan;
+    dhsa_status st = dhsa_session_plan(ctx, m, p, &plan);
+    if (st) return st;
+    const dhsa_model_info *in = &m->info;
+    dhsa_session *s = calloc(1, sizeof *s);
+    if (!s) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
+    s->ctx = ctx;
+    s->m = m;
+    s->p = *p;
+    s->plan = plan;
+    s->rp = method_router(p);
+    if (p->mem_limit) {
+        /* what the ctx may hold besides the mapped weights and the cache */
+        size_t room = p->mem_limit - plan.weights - plan.kv_cache;
+        dhsa_mem_stats ms = dhsa_ctx_mem_stats(ctx);
+        if ((ms.budget == 0 || ms.budget > ms.in_use + room) && (st = dhsa_ctx_set_budget(ctx, ms.in_use + room)))
+            goto fail;
+    }
+    size_t es = dhsa_type_size(p->kv_type);
+    s->k_layer = (size_t)in->n_head_kv * (size_t)plan.n_ctx * (size_t)in->head_dim_k * es;
+    s->v_layer = (size_t)in->n_head_kv * (size_t)plan.n_ctx * (size_t)in->head_dim_v * es;
+    s->kv = dhsa_buffer_alloc(plan.kv_cache > 0 ? plan.kv_cache : 64);
+    if (!s->kv) {
+        st = DHSA_ERR_OUT_OF_MEMORY;
+        goto fail;
+    }
+    const int64_t ub = plan.n_ubatch;
+    float *a = dhsa__alloc(ctx, act_floats(in, ub) * sizeof(float) + 64 * 16, &st);
+    if (!a) goto fail;
+    /* carve, each buffer 64-byte aligned */
+#define CARVE(ptr, count)                                  \
+    do {                                                   \
+        (ptr) = a;                                         \
+        a += dhsa__align_up((size_t)(count), 16);          \
+    } while (0)
+    CARVE(s->x, ub * in->n_embd);
+    CARVE(s->xb, ub * in->n_embd);
+    CARVE(s->q, ub * in->n_head * in->head_dim_k);
+    CARVE(s->kt, ub * in->n_head_kv * in->head_dim_k);
+    CARVE(s->vt, ub * in->n_head_kv * in->head_dim_v);
+    CARVE(s->att, ub * in->n_head * in->head_dim_v);
+    CARVE(s->hb, ub * in->n_ff);
+    CARVE(s->hb2, ub * in->n_ff);
+    CARVE(s->rc, ub * (in->n_rot / 2));
+    CARVE(s->rs, ub * (in->n_rot / 2));
+    CARVE(s->inv_freq, in->n_rot / 2);
+#undef CARVE
+    for (int64_t i = 0; i < in->n_rot / 2; i++) {
+        double f = pow((double)in->rope_base, -2.0 * (double)i / (double)in->n_rot);
+        if (m->rope_freqs) f /= (double)m->rope_freqs[i];
+        s->inv_freq[i] = (float)(f / (double)in->rope_linear_factor);
+    }
+    if (p->attn != DHSA_ATTN_DENSE && uses_index(p, &s->rp) && (st = make_indexes(s))) goto fail;
+    *out = s;
+    return DHSA_OK;
+fail:
+    dhsa_session_free(s);
+    return st;
+}
+
+void dhsa_session_free(dhsa_session *s) {
+    if (!s) return;
+    free_indexes(s);
+    dhsa_ctx_release(s->ctx, s->x);
+    dhsa_buffer_free(s->kv);
+    free(s);
+}
+
+const dhsa_mem_plan *dhsa_session_get_plan(const dhsa_session *s) { return s ? &s->plan : NULL; }
+int64_t dhsa_session_length(const dhsa_session *s) { return s ? s->len : 0; }
+
+void dhsa_session_reset(dhsa_session *s) {
+    if (!s) return;
+    s->len = 0;
+    s->broken = 0;
+    if (s->ix) {
+        free_indexes(s);
+        if (make_indexes(s) != DHSA_OK) s->ix = NULL; /* eval reports it */
+    }
+}
+
+/* ---------------------------------------------------------- forward --- */
+
+/* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, rows of n. */
+static void rmsnorm(float *out, const float *x, const float *w, int64_t rows, int64_t n, float eps) {
+    for (int64_t t = 0; t < rows; t++) {
+        const float *xr = x + t * n;
+        float *o = out + t * n;
+        double ss = 0;
+        for (int64_t i = 0; i < n; i++) ss += (double)xr[i] * xr[i];
+        float r = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+        for (int64_t i = 0; i < n; i++) o[i] = xr[i] * r * w[i];
+    }
+}
+
+static void add_bias(float *y, const float *b, int64_t rows, int64_t n) {
+    if (!b) return;
+    for (int64_t t = 0; t < rows; t++)
+        for (int64_t i = 0; i < n; i++) y[t * n + i] += b[i];
+}
+
+/* Rotates heads [rows][heads][hd] by the ubatch's cos/sin [rows][n_rot/2]. */
+static void rope(float *x, int64_t rows, int64_t heads, int64_t hd, int64_t n_rot, int neox, const float *rc,
+                 const float *rs) {
+    const int64_t half = n_rot / 2;
+    for (int64_t t = 0; t < rows; t++)
+        for (int64_t h = 0; h < heads; h++) {
+            float *v = x + (t * heads + h) * hd;
+            const float *c = rc + t * half, *s = rs + t * half;
+            for (int64_t i = 0; i < half; i++) {
+                int64_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+                float a = v[i0], b = v[i1];
+                v[i0] = a * c[i] - b * s[i];
+                v[i1] = a * s[i] + b * c[i];
+            }
+        }
+}
+
+/* Copies rows [rows][heads][hd] into the head-major cache at pos. */
+static void store_cache(void *cache, dhsa_type t, int64_t n_ctx, const float *src, int64_t rows, int64_t heads,
+                        int64_t hd, int64_t pos) {
+    for (int64_t h = 0; h < heads; h++)
+        for (int64_t r = 0; r < rows; r++) {
+            const float *s = src + (r * heads + h) * hd;
+            size_t off = ((size_t)h * (size_t)n_ctx + (size_t)(pos + r)) * (size_t)hd;
+            if (t == DHSA_F32) {
+                memcpy((float *)cache + off, s, (size_t)hd * sizeof(float));
+            } else {
+                uint16_t *d = (uint16_t *)cache + off;
+                for (int64_t i = 0; i < hd; i++) d[i] = dhsa_f32_to_f16(s[i]);
+            }
+        }
+}
+
+static float gelu_tanh(float z) {
+    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
+    return 0.5f * z * (1.0f + tanhf(c * (z + 0.044715f * z * z * z)));
+}
+
+/* The view of layer l's cache holding its first n keys. */
+static dhsa_tensor cache_view(const dhsa_session *s, int64_t l, int is_v, int64_t n) {
+    const dhsa_model_info *in = &s->m->info;
+    int64_t hd = is_v ? in->head_dim_v : in->head_dim_k;
+    char *base = (char *)s->kv + (size_t)in->n_layer * s->k_layer * (size_t)is_v +
+                 (size_t)l * (is_v ? s->v_layer : s->k_layer);
+    dhsa_tensor t = dhsa_tensor_bhld(base, s->p.kv_type, 1, in->n_head_kv, s->plan.n_ctx, hd);
+    t.shape[2] = n;
+    return t;
+}
+
+static dhsa_status attend(dhsa_session *s, int64_t l, int64_t n, int64_t pos0) {
+    const dhsa_model_info *in = &s->m->info;
+    const dhsa__layer *L = &s->m->layers[l];
+    dhsa_attn_desc a = dhsa_attn_default_desc();
+    a.q = dhsa_tensor_blhd(s->q, DHSA_F32, 1, n, in->n_head, in->head_dim_k);
+    a.k = cache_view(s, l, 0, pos0 + n);
+    a.v = cache_view(s, l, 1, pos0 + n);
+    a.o = dhsa_tensor_blhd(s->att, DHSA_F32, 1, n, in->n_head, in->head_dim_v);
+    a.causal = 1;
+    a.q_pos0 = pos0;
+    a.window = L->window;
+    a.softcap = in->attn_softcap;
+    a.scale = (float)(1.0 / sqrt((double)in->head_dim_k));
+    dhsa_layout *lay = NULL;
+    dhsa_status st = DHSA_OK;
+    if (s->p.attn != DHSA_ATTN_DENSE && !L->window) {
+        if (s->ix) {
+            if (!s->ix[l]) return dhsa__fail(DHSA_ERR_INTERNAL, "routing index of layer %lld missing", (long long)l);
+            st = dhsa_kv_index_route(s->ctx, s->ix[l], &a, &lay);
+        } else {
+            st = dhsa_route(s->ctx, &s->rp, &a, &lay);
+        }
+        if (st) return st;
+        a.layout = lay;
+    }
+    st = dhsa_attention(s->ctx, &a);
+    dhsa_layout_free(lay);
+    return st;
+}
+
+static dhsa_status matmul(dhsa_session *s, const dhsa_wmat *W, const float *x, int64_t n, float *y) {
+    return dhsa__matmul(s->ctx, W, x, W->n_in, n, y, W->n_out);
+}
+
+/* One ubatch: ids[0..n) at positions pos0.. . out_rows: logits rows to
+ * produce (the last `out_rows` tokens of the ubatch) into logits. */
+static dhsa_status ubatch(dhsa_session *s, const int32_t *ids, int64_t n, int64_t pos0, float *logits,
+                          int64_t out_rows) {
+    const dhsa_model *m = s->m;
+    const dhsa_model_info *in = &m->info;
+    const int64_t E = in->n_embd, F = in->n_ff, hk = in->head_dim_k, hv = in->head_dim_v, half = in->n_rot / 2;
+    const int gemma = in->arch == DHSA_ARCH_GEMMA2;
+    dhsa_status st;
+    for (int64_t t = 0; t < n; t++) {
+        if ((st = dhsa__wmat_row(&m->tok_embd, ids[t], s->x + t * E))) return st;
+        if (gemma) {
+            float sc = sqrtf((float)E);
+            for (int64_t i = 0; i < E; i++) s->x[t * E + i] *= sc;
+        }
+        for (int64_t i = 0; i < half; i++) {
+            double ang = (double)(pos0 + t) * (double)s->inv_freq[i];
+            s->rc[t * half + i] = (float)cos(ang);
+            s->rs[t * half + i] = (float)sin(ang);
+        }
+    }
+    for (int64_t l = 0; l < in->n_layer; l++) {
+        const dhsa__layer *L = &m->layers[l];
+        rmsnorm(s->xb, s->x, L->attn_norm, n, E, in->rms_eps);
+        if ((st = matmul(s, &L->wq, s->xb, n, s->q)) || (st = matmul(s, &L->wk, s->xb, n, s->kt)) ||
+            (st = matmul(s, &L->wv, s->xb, n, s->vt)))
+            return st;
+        add_bias(s->q, L->bq, n, in->n_head * hk);
+        add_bias(s->kt, L->bk, n, in->n_head_kv * hk);
+        add_bias(s->vt, L->bv, n, in->n_head_kv * hv);
+        rope(s->q, n, in->n_head, hk, in->n_rot, in->rope_neox, s->rc, s->rs);
+        rope(s->kt, n, in->n_head_kv, hk, in->n_rot, in->rope_neox, s->rc, s->rs);
+        dhsa_tensor kv = cache_view(s, l, 0, s->plan.n_ctx);
+        store_cache(kv.data, s->p.kv_type, s->plan.n_ctx, s->kt, n, in->n_head_kv, hk, pos0);
+        dhsa_tensor vv = cache_view(s, l, 1, s->plan.n_ctx);
+        store_cache(vv.data, s->p.kv_type, s->plan.n_ctx, s->vt, n, in->n_head_kv, hv, pos0);
+        if (s->ix && s->ix[l]) {
+            dhsa_tensor kn = cache_view(s, l, 0, pos0 + n);
+            kn.data = (char *)kn.data + (size_t)pos0 * (size_t)hk * dhsa_type_size(s->p.kv_type);
+            kn.shape[2] = n;
+            if ((st = dhsa_kv_index_append(s->ix[l], &kn))) return st;
+        }
+        if ((st = attend(s, l, n, pos0))) return st;
+        if ((st = matmul(s, &L->wo, s->att, n, s->xb))) return st;
+        if (L->post_attn_norm) rmsnorm(s->xb, s->xb, L->post_attn_norm, n, E, in->rms_eps);
+        for (int64_t i = 0; i < n * E; i++) s->x[i] += s->xb[i];
+        rmsnorm(s->xb, s->x, L->ffn_norm, n, E, in->rms_eps);
+        if ((st = matmul(s, &L->w_gate, s->xb, n, s->hb)) || (st = matmul(s, &L->w_up, s->xb, n, s->hb2))) return st;
+        for (int64_t i = 0; i < n * F; i++) {
+            float g = s->hb[i];
+            g = gemma ? gelu_tanh(g) : g / (1.0f + expf(-g));
+            s->hb[i] = g * s->hb2[i];
+        }
+        if ((st = matmul(s, &L->w_down, s->hb, n, s->xb))) return st;
+        if (L->post_ffw_norm) rmsnorm(s->xb, s->xb, L->post_ffw_norm, n, E, in->rms_eps);
+        for (int64_t i = 0; i < n * E; i++) s->x[i] += s->xb[i];
+    }
+    if (!logits || out_rows == 0) return DHSA_OK;
+    const float *last = s->x + (n - out_rows) * E;
+    rmsnorm(s->xb, last, m->output_norm, out_rows, E, in->rms_eps);
+    if ((st = matmul(s, &m->output, s->xb, out_rows, logits))) return st;
+    if (in->final_softcap > 0) {
+        float cap = in->final_softcap;
+        for (int64_t i = 0; i < out_rows * in->n_vocab; i++) logits[i] = cap * tanhf(logits[i] / cap);
+    }
+    return DHSA_OK;
+}
+
+dhsa_status dhsa_session_eval(dhsa_session *s, const int32_t *ids, int64_t n, float *logits) {
+    if (!s || (!ids && n > 0)) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_session_eval: NULL argument");
+    if (n < 0) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_session_eval: n = %lld", (long long)n);
+    if (n == 0) return DHSA_OK;
+    const dhsa_model_info *in = &s->m->info;
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= in->n_vocab)
+            return dhsa__fail(DHSA_ERR_INVALID_ARG, "token %lld is id %d, outside [0, %lld)", (long long)i, ids[i],
+                              (long long)in->n_vocab);
+    if (n > s->plan.n_ctx - s->len)
+        return dhsa__fail(DHSA_ERR_TOO_LARGE, "%lld more tokens do not fit: the cache holds %lld of %lld",
+                          (long long)n, (long long)s->len, (long long)s->plan.n_ctx);
+    if (s->broken)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "an earlier eval failed halfway: dhsa_session_reset first");
+    if (s->p.attn != DHSA_ATTN_DENSE && uses_index(&s->p, &s->rp) && !s->ix)
+        return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "the routing indexes could not be rebuilt after a reset");
+    for (int64_t done = 0; done < n;) {
+        int64_t step = n - done < s->plan.n_ubatch ? n - done : s->plan.n_ubatch;
+        float *out = NULL;
+        int64_t rows = 0;
+        if (logits && s->p.logits_all) {
+            out = logits + done * in->n_vocab;
+            rows = step;
+        } else if (logits && done + step == n) {
+            out = logits;
+            rows = 1;
+        }
+        dhsa_status st = ubatch(s, ids + done, step, s->len, out, rows);
+        if (st) {
+            /* earlier ubatches stay in the cache, but this one may have
+             * reached some layers' indexes: refuse to go on */
+            if (s->ix) s->broken = 1;
+            return st;
+        }
+        s->len += step;
+        done += step;
+        if (s->p.progress) s->p.progress(s->p.progress_user, done, n);
+    }
+    return DHSA_OK;
+}

@@ -1,0 +1,395 @@
+/* test_model.c: the model runner (src/model/model.c, session.c, sample.c).
+ *
+ *   - the real stories260K model (../shared/models; skipped where absent):
+ *     greedy decoding from "Once upon a time" is the peer's (llama2.c run.c)
+ *     exact token sequence; the GGUF and the llama2.c files give identical
+ *     logits; KV-cached decode equals recomputing the whole sequence;
+ *     chunked prefill (any ubatch) equals whole prefill; F16 K/V stays close;
+ *     DHSA with a budget covering everything equals dense;
+ *   - the memory plan: totals add up, --mem-limit picks a smaller ubatch or
+ *     refuses with a sentence that says what would fit;
+ *   - the sampler on hand-made logits (greedy ties, top-k/top-p/min-p sets,
+ *     temperature, seeds, repetition penalty);
+ *   - bad input: ids out of range, too many tokens, missing tensors, wrong
+ *     shapes, unknown architectures, NaN weights.
+ * Fixture models of every architecture and weight type against the naive
+ * double-precision forward of tests/llm_ref.h are in test_model_ref.c.
+ */
+#include "dhsa.h"
+#include "t.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MODEL "../shared/models/stories260K.gguf"
+#define MODEL_BIN "../shared/models/stories260K.bin"
+#define MODEL_TOK "../shared/models/tok512.bin"
+
+static dhsa_ctx *ctx;
+
+static int exists(const char *p) {
+    FILE *f = fopen(p, "rb");
+    if (f) fclose(f);
+    return f != NULL;
+}
+
+/* max |a - b| / (1 + max |b|) over n values. */
+static double rel_diff(const float *a, const float *b, int64_t n) {
+    double md = 0, mb = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= md)) md = d; /* NaN propagates */
+        if (fabs((double)b[i]) > mb) mb = fabs((double)b[i]);
+    }
+    return md / (1.0 + mb);
+}
+
+static int32_t argmax(const float *x, int64_t n) {
+    int64_t b = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return (int32_t)b;
+}
+
+/* Evaluates ids with a fresh session, logits of every position. */
+static dhsa_status eval_all(const dhsa_model *m, dhsa_session_params sp, const int32_t *ids, int64_t n,
+                            float *logits) {
+    sp.logits_all = 1;
+    dhsa_session *s;
+    dhsa_status st = dhsa_session_create(ctx, m, &sp, &s);
+    if (st) return st;
+    st = dhsa_session_eval(s, ids, n, logits);
+    dhsa_session_free(s);
+    return st;
+}
+
+/* Greedy decoding of n_gen tokens after ids[0..n_prompt) (ids has room). */
+static dhsa_status greedy(const dhsa_model *m, dhsa_session_params sp, int32_t *ids, int64_t n_prompt,
+                          int64_t n_gen, float *step_logits /* [n_gen][V] or NULL */) {
+    int64_t V = dhsa_model_get_info(m)->n_vocab;
+    float *lg = malloc((size_t)V * sizeof(float));
+    dhsa_session *s;
+    dhsa_status st = dhsa_session_create(ctx, m, &sp, &s);
+    if (st) {
+        free(lg);
+        return st;
+    }
+    st = dhsa_session_eval(s, ids, n_prompt, lg);
+    for (int64_t i = 0; i < n_gen && !st; i++) {
+        if (step_logits) memcpy(step_logits + i * V, lg, (size_t)V * sizeof(float));
+        ids[n_prompt + i] = argmax(lg, V);
+        if (i + 1 < n_gen) st = dhsa_session_eval(s, ids + n_prompt + i, 1, lg);
+    }
+    dhsa_session_free(s);
+    free(lg);
+    return st;
+}
+
+/* ------------------------------------------------------------- real --- */
+
+static const int32_t prompt_ids[] = {1, 403, 407, 261, 378}; /* BOS "Once upon a time" */
+
+static void test_real(void) {
+    if (!exists(MODEL)) {
+        T_SKIP("%s is absent: real-model checks skipped", MODEL);
+        return;
+    }
+    dhsa_model *m;
+    dhsa_status st = dhsa_model_load(MODEL, NULL, &m);
+    T_CHECK(st == DHSA_OK, "load %s: %s", MODEL, dhsa_last_error());
+    if (st) return;
+    const dhsa_model_info *in = dhsa_model_get_info(m);
+    T_CHECK(in->arch == DHSA_ARCH_LLAMA && in->n_layer == 5 && in->n_embd == 64 && in->n_head == 8 &&
+                in->n_head_kv == 4 && in->head_dim_k == 8 && in->n_vocab == 512 && in->n_ff == 172 &&
+                !in->rope_neox,
+            "stories260K hyperparameters");
+    const int64_t V = in->n_vocab, NP = 5, NG = 60, N = NP + NG;
+
+    /* tokenizer agrees with the ids the peer uses */
+    int32_t tk[16];
+    int64_t nt = 0;
+    st = dhsa_tokenize(dhsa_model_tokenizer(m), "Once upon a time", 16, DHSA_TOKENIZE_ADD_BOS, tk, 16, &nt);
+    T_CHECK(st == DHSA_OK && nt == NP && memcmp(tk, prompt_ids, sizeof prompt_ids) == 0, "prompt ids");
+
+    /* greedy decoding: the text */
+    dhsa_session_params sp = dhsa_session_default_params();
+    int32_t ids[64 + 8];
+    memcpy(ids, prompt_ids, sizeof prompt_ids);
+    float *step = malloc((size_t)NG * V * sizeof(float));
+    st = greedy(m, sp, ids, NP, NG, step);
+    T_CHECK(st == DHSA_OK, "greedy: %s", dhsa_last_error());
+    char text[4096];
+    int64_t tl = 0;
+    st = dhsa_detokenize(dhsa_model_tokenizer(m), ids + NP, NG, 0, text, sizeof text - 1, &tl);
+    text[st == DHSA_OK ? tl : 0] = 0;
+    const char *want = ", there was a little girl named Lily. She loved to play outside in the park.";
+    T_CHECK(strncmp(text, want, strlen(want)) == 0, "greedy continuation is \"%.120s\"", text);
+
+    /* KV-cached decode == recomputing the whole sequence at once */
+    float *all = malloc((size_t)N * V * sizeof(float));
+    st = eval_all(m, sp, ids, N, all);
+    T_CHECK(st == DHSA_OK, "whole eval: %s", dhsa_last_error());
+    double worst = 0;
+    int agree = 1;
+    for (int64_t i = 0; i < NG; i++) {
+        double d = rel_diff(step + i * V, all + (NP - 1 + i) * V, V);
+        if (d > worst) worst = d;
+        agree &= argmax(all + (NP - 1 + i) * V, V) == ids[NP + i];
+    }
+    T_CHECK(worst < 1e-5 && agree, "cached decode vs recompute: rel diff %.3g, argmax agree %d", worst, agree);
+
+    /* chunked prefill == whole prefill, for several ubatch sizes */
+    float *chunk = malloc((size_t)N * V * sizeof(float));
+    int64_t ubs[] = {1, 3, 16, 64};
+    for (int u = 0; u < 4; u++) {
+        dhsa_session_params cp = sp;
+        cp.n_ubatch = ubs[u];
+        st = eval_all(m, cp, ids, N, chunk);
+        double d = st ? 1 : rel_diff(chunk, all, N * V);
+        T_CHECK(st == DHSA_OK && d < 1e-5, "ubatch %lld vs whole: %s rel diff %.3g", (long long)ubs[u],
+                st ? dhsa_last_error() : "", d);
+    }
+
+    /* F16 K/V: close, same greedy tokens over this stretch */
+    dhsa_session_params hp = sp;
+    hp.kv_type = DHSA_F16;
+    st = eval_all(m, hp, ids, N, chunk);
+    double dh = st ? 1 : rel_diff(chunk, all, N * V);
+    T_CHECK(st == DHSA_OK && dh < 2e-2, "F16 K/V vs F32: rel diff %.3g", dh);
+
+    /* sparse methods with a budget covering every key: identical to dense */
+    dhsa_attn_method methods[] = {DHSA_ATTN_DHSA, DHSA_ATTN_BLOCK, DHSA_ATTN_STREAM};
+    for (int k = 0; k < 3; k++) {
+        dhsa_session_params dp = sp;
+        dp.attn = methods[k];
+        dp.router.dense_below = 0;
+        dp.router.budget_tokens = 1 << 20;
+        dp.router.q_block = 16;
+        st = eval_all(m, dp, ids, N, chunk);
+        double d = st ? 1 : rel_diff(chunk, all, N * V);
+        T_CHECK(st == DHSA_OK && d == 0.0, "%s with a full budget vs dense: %s rel diff %.3g",
+                dhsa_attn_method_name(methods[k]), st ? dhsa_last_error() : "", d);
+    }
+    /* a small budget changes the result (the routing is live) */
+    {
+        dhsa_session_params dp = sp;
+        dp.attn = DHSA_ATTN_STREAM;
+        dp.router.dense_below = 0;
+        dp.router.budget_tokens = 8;
+        dp.router.sink_tokens = 2;
+        dp.router.local_tokens = 4;
+        dp.router.q_block = 4;
+        st = eval_all(m, dp, ids, N, chunk);
+        double d = st ? 0 : rel_diff(chunk, all, N * V);
+        T_CHECK(st == DHSA_OK && d > 1e-3, "stream with 8 keys differs from dense: %s rel diff %.3g",
+                st ? dhsa_last_error() : "", d);
+    }
+
+    /* the llama2.c files: identical logits */
+    if (exists(MODEL_BIN) && exists(MODEL_TOK)) {
+        dhsa_model_params mp = dhsa_model_default_params();
+        mp.tokenizer_path = MODEL_TOK;
+        dhsa_model *mb;
+        st = dhsa_model_load(MODEL_BIN, &mp, &mb);
+        T_CHECK(st == DHSA_OK, "load %s: %s", MODEL_BIN, dhsa_last_error());
+        if (!st) {
+            st = eval_all(mb, sp, ids, N, chunk);
+            T_CHECK(st == DHSA_OK && memcmp(chunk, all, (size_t)N * V * sizeof(float)) == 0,
+                    "llama2.c checkpoint logits identical to the GGUF's");
+            dhsa_model_free(mb);
+        }
+        /* without the tokenizer: a clear error */
+        st = dhsa_model_load(MODEL_BIN, NULL, &mb);
+        T_CHECK(st == DHSA_ERR_FORMAT && mb == NULL && strstr(dhsa_last_error(), "tokenizer"),
+                "llama2.c without a tokenizer: %s", dhsa_last_error());
+    } else {
+        T_SKIP("%s or %s absent: llama2.c comparison skipped", MODEL_BIN, MODEL_TOK);
+    }
+
+    /* errors: ids out of range, context overflow, refusal after failure */
+    {
+        dhsa_session_params ep = sp;
+        ep.n_ctx = 8;
+        dhsa_session *s;
+        st = dhsa_session_create(ctx, m, &ep, &s);
+        T_CHECK(st == DHSA_OK, "session n_ctx 8");
+        if (!st) {
+            int32_t bad[2] = {1, 512};
+            T_CHECK(dhsa_session_eval(s, bad, 2, chunk) == DHSA_ERR_INVALID_ARG && dhsa_session_length(s) == 0,
+                    "id 512 refused before running");
+            T_CHECK(dhsa_session_eval(s, ids, 9, chunk) == DHSA_ERR_TOO_LARGE && dhsa_session_length(s) == 0,
+                    "9 tokens in a cache of 8 refused");
+            T_CHECK(dhsa_session_eval(s, ids, 8, chunk) == DHSA_OK && dhsa_session_length(s) == 8, "8 tokens fit");
+            T_CHECK(dhsa_session_eval(s, ids, 1, chunk) == DHSA_ERR_TOO_LARGE, "a 9th token refused");
+            dhsa_session_reset(s);
+            T_CHECK(dhsa_session_length(s) == 0 && dhsa_session_eval(s, ids, NP, chunk) == DHSA_OK &&
+                        rel_diff(chunk, all + (NP - 1) * V, V) < 1e-5,
+                    "after reset the cache starts over");
+            dhsa_session_free(s);
+        }
+    }
+
+    /* memory plan */
+    {
+        dhsa_session_params pp = sp;
+        pp.n_ctx = 4096;
+        dhsa_mem_plan pl;
+        st = dhsa_session_plan(ctx, m, &pp, &pl);
+        size_t kv = (size_t)5 * 4096 * 4 * (8 + 8) * 4;
+        T_CHECK(st == DHSA_OK && pl.n_ubatch == 512 && pl.kv_cache == kv &&
+                    pl.total == pl.weights + pl.kv_cache + pl.activations + pl.attn_workspace +
+                                    pl.matmul_workspace + pl.routing &&
+                    pl.weights == (size_t)in->weight_bytes,
+                "plan at 4096: ubatch %lld kv %zu (want %zu) total %zu", (long long)pl.n_ubatch, pl.kv_cache, kv,
+                pl.total);
+        dhsa_mem_plan small;
+        pp.mem_limit = pl.total - pl.activations / 2;
+        st = dhsa_session_plan(ctx, m, &pp, &small);
+        T_CHECK(st == DHSA_OK && small.n_ubatch < 512 && small.total <= pp.mem_limit,
+                "a tighter limit picks ubatch %lld (%zu <= %zu)", (long long)small.n_ubatch, small.total,
+                pp.mem_limit);
+        pp.mem_limit = pl.weights + pl.kv_cache / 4;
+        st = dhsa_session_plan(ctx, m, &pp, &small);
+        T_CHECK(st == DHSA_ERR_MEMORY_BUDGET && strstr(dhsa_last_error(), "would fit"),
+                "a limit below the cache is refused with a hint: %s", dhsa_last_error());
+        dhsa_session *s = NULL;
+        T_CHECK(dhsa_session_create(ctx, m, &pp, &s) == DHSA_ERR_MEMORY_BUDGET && s == NULL,
+                "session refused under the same limit");
+        /* the session's real allocations stay within its plan */
+        dhsa_ctx_trim(ctx);
+        dhsa_mem_stats before = dhsa_ctx_mem_stats(ctx);
+        dhsa_ctx_reset_peak(ctx);
+        pp.mem_limit = 0;
+        pp.n_ctx = 256;
+        st = dhsa_session_create(ctx, m, &pp, &s);
+        if (!st) {
+            st = dhsa_session_eval(s, ids, N, chunk);
+            dhsa_mem_stats after = dhsa_ctx_mem_stats(ctx);
+            const dhsa_mem_plan *sp2 = dhsa_session_get_plan(s);
+            size_t tracked = sp2->activations + sp2->attn_workspace + sp2->matmul_workspace + sp2->routing;
+            T_CHECK(st == DHSA_OK && after.peak - before.in_use <= tracked,
+                    "ctx peak during eval %zu <= planned %zu", after.peak - before.in_use, tracked);
+            dhsa_session_free(s);
+        }
+        dhsa_ctx_set_budget(ctx, 0);
+    }
+    free(chunk);
+    free(all);
+    free(step);
+    dhsa_model_free(m);
+}
+
+/* ---------------------------------------------------------- sampler --- */
+
+static void test_sampler(void) {
+    float lg[6] = {1.0f, 3.0f, 3.0f, 0.5f, -2.0f, 2.9f};
+    dhsa_sampler_params p = dhsa_sampler_default_params();
+    p.temperature = 0;
+    dhsa_sampler *s;
+    T_CHECK(dhsa_sampler_create(&p, 6, &s) == DHSA_OK, "greedy sampler");
+    int32_t id = -1;
+    T_CHECK(dhsa_sampler_sample(s, lg, NULL, 0, &id) == DHSA_OK && id == 1, "greedy: lowest id on ties (%d)", id);
+    dhsa_sampler_free(s);
+    /* repetition penalty: id 1 and 2 seen, both divided: 5 wins */
+    p.repeat_penalty = 2.0f;
+    dhsa_sampler_create(&p, 6, &s);
+    int32_t hist[3] = {1, 2, 1};
+    T_CHECK(dhsa_sampler_sample(s, lg, hist, 3, &id) == DHSA_OK && id == 5, "penalty moves to id 5 (%d)", id);
+    dhsa_sampler_free(s);
+    /* top-k 2 at high temperature: only ids 1 and 2 ever */
+    p = dhsa_sampler_default_params();
+    p.temperature = 100.0f;
+    p.top_k = 2;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    dhsa_sampler_create(&p, 6, &s);
+    int counts[6] = {0};
+    for (int i = 0; i < 2000; i++) {
+        dhsa_sampler_sample(s, lg, NULL, 0, &id);
+        counts[id]++;
+    }
+    T_CHECK(counts[1] + counts[2] == 2000 && counts[1] > 800 && counts[2] > 800, "top-k 2: %d %d", counts[1],
+            counts[2]);
+    dhsa_sampler_free(s);
+    /* temperature 1, no filters: frequencies follow softmax */
+    p.temperature = 1.0f;
+    p.top_k = 0;
+    dhsa_sampler_create(&p, 6, &s);
+    memset(counts, 0, sizeof counts);
+    const int N = 20000;
+    for (int i = 0; i < N; i++) {
+        dhsa_sampler_sample(s, lg, NULL, 0, &id);
+        counts[id]++;
+    }
+    double z = 0;
+    for (int i = 0; i < 6; i++) z += exp(lg[i]);
+    int ok = 1;
+    for (int i = 0; i < 6; i++) {
+        double pr = exp(lg[i]) / z, sd = sqrt(pr * (1 - pr) / N);
+        if (fabs((double)counts[i] / N - pr) > 5 * sd + 1e-4) ok = 0;
+    }
+    T_CHECK(ok, "softmax frequencies within 5 sigma");
+    dhsa_sampler_free(s);
+    /* top-p 0.5: the smallest set reaching half the mass: ids 1, 2 */
+    p.top_p = 0.5f;
+    dhsa_sampler_create(&p, 6, &s);
+    memset(counts, 0, sizeof counts);
+    for (int i = 0; i < 2000; i++) {
+        dhsa_sampler_sample(s, lg, NULL, 0, &id);
+        counts[id]++;
+    }
+    T_CHECK(counts[1] + counts[2] == 2000, "top-p 0.5 keeps ids 1, 2 (%d %d %d)", counts[1], counts[2], counts[5]);
+    dhsa_sampler_free(s);
+    /* min-p 0.5: ids with p >= half of the best: 1, 2, 5 */
+    p.top_p = 1.0f;
+    p.min_p = 0.5f;
+    dhsa_sampler_create(&p, 6, &s);
+    memset(counts, 0, sizeof counts);
+    for (int i = 0; i < 3000; i++) {
+        dhsa_sampler_sample(s, lg, NULL, 0, &id);
+        counts[id]++;
+    }
+    T_CHECK(counts[1] + counts[2] + counts[5] == 3000 && counts[5] > 500, "min-p 0.5 keeps 1, 2, 5");
+    dhsa_sampler_free(s);
+    /* seeds: same seed same sequence, different seed differs */
+    int32_t a[64], b[64], c[64];
+    for (int r = 0; r < 3; r++) {
+        dhsa_sampler_params q = dhsa_sampler_default_params();
+        q.temperature = 1.5f;
+        q.top_k = 0;
+        q.min_p = 0;
+        q.top_p = 1;
+        q.seed = r == 2 ? 7 : 3;
+        dhsa_sampler_create(&q, 6, &s);
+        for (int i = 0; i < 64; i++) dhsa_sampler_sample(s, lg, NULL, 0, r == 0 ? &a[i] : r == 1 ? &b[i] : &c[i]);
+        dhsa_sampler_free(s);
+    }
+    T_CHECK(memcmp(a, b, sizeof a) == 0 && memcmp(a, c, sizeof a) != 0, "seeded sequences");
+    /* bad input */
+    p = dhsa_sampler_default_params();
+    p.top_p = 0;
+    T_CHECK(dhsa_sampler_create(&p, 6, &s) == DHSA_ERR_INVALID_ARG && s == NULL, "top-p 0 refused");
+    p = dhsa_sampler_default_params();
+    p.temperature = NAN;
+    T_CHECK(dhsa_sampler_create(&p, 6, &s) == DHSA_ERR_INVALID_ARG, "NaN temperature refused");
+    p = dhsa_sampler_default_params();
+    dhsa_sampler_create(&p, 6, &s);
+    float bad[6] = {0, 1, NAN, 0, 0, 0};
+    T_CHECK(dhsa_sampler_sample(s, bad, NULL, 0, &id) == DHSA_ERR_NONFINITE, "NaN logit refused");
+    dhsa_sampler_free(s);
+}
+
+int main(void) {
+    dhsa_ctx_params cp = dhsa_ctx_default_params();
+    cp.n_threads = 2;
+    if (dhsa_ctx_create(&cp, &ctx)) {
+        printf("test_model: 0 passed, 1 failed\n");
+        return 1;
+    }
+    test_sampler();
+    test_real();
+    dhsa_ctx_free(ctx);
+    return t_report("test_model");
+}

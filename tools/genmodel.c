@@ -1,0 +1,218 @@
+/* genmodel.c: `dhsa gen-model`, a Llama-shaped GGUF with random weights
+ * for speed and memory benchmarks of the runner (no trained model of that
+ * size ships with the tests). The numbers it produces are timings only:
+ * random weights write random text.
+ * Presets: smollm-135m (SmolLM-135M's shape: 30 layers, n_embd 576, 9/3
+ * heads of 64, n_ff 1536, vocab 49152, tied output), tiny (2 layers, 64).
+ * Tested by tests/test_model.c (a tiny generated model loads and runs).
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#include "cli.h"
+#include "dhsa.h"
+#include "model/quant.h"
+
+#define EXIT_RUN 1
+#define EXIT_USAGE 2
+
+const char dhsa_cli_gen_model_usage[] =
+    "usage: dhsa gen-model -o OUT.gguf [--preset smollm-135m|tiny] [--type F32|F16|BF16|Q8_0|Q4_0|Q4_K|Q6_K]\n"
+    "                      [--arch llama|qwen2] [--n-embd N] [--n-layer N] [--n-head N] [--n-head-kv N]\n"
+    "                      [--n-ff N] [--vocab N] [--ctx N] [--seed S]\n"
+    "\n"
+    "Writes a GGUF model of the given shape with random weights (matrices\n"
+    "~ N(0, 1/n_in), norms 1), a byte-level SentencePiece vocabulary padded\n"
+    "with made-up tokens, for benchmarks (dhsa bench model, dhsa run).\n"
+    "Default preset smollm-135m (about 135 M parameters), type Q8_0.\n";
+
+static void die(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "dhsa gen-model: ");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(code);
+}
+
+static uint64_t rng_state;
+static uint64_t next_u64(void) {
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+/* Approximately normal (sum of 4 uniforms, variance 1). */
+static float gauss(void) {
+    double s = 0;
+    for (int i = 0; i < 4; i++) s += (double)(next_u64() >> 11) * (1.0 / 9007199254740992.0);
+    return (float)((s - 2.0) * sqrt(3.0));
+}
+
+typedef struct {
+    void **bufs;
+    int n, cap;
+} keep_list;
+
+static void *keep(keep_list *k, size_t bytes) {
+    if (k->n == k->cap) {
+        k->cap = k->cap ? 2 * k->cap : 64;
+        k->bufs = realloc(k->bufs, (size_t)k->cap * sizeof(void *));
+        if (!k->bufs) die(EXIT_RUN, "out of memory");
+    }
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) die(EXIT_RUN, "out of memory (%zu bytes)", bytes);
+    k->bufs[k->n++] = p;
+    return p;
+}
+
+static void add_matrix(dhsa_gguf_writer *w, keep_list *k, const char *name, uint32_t type, int64_t n_in,
+                       int64_t n_out) {
+    int64_t rb = dhsa__wt_row_bytes(type, n_in);
+    if (rb < 0) die(EXIT_USAGE, "%s: %lld values per row do not fit type %s", name, (long long)n_in,
+                    dhsa_ggml_type_name(type));
+    char *data = keep(k, (size_t)(rb * n_out));
+    float *row = malloc((size_t)n_in * sizeof(float));
+    if (!row) die(EXIT_RUN, "out of memory");
+    float sc = (float)(1.0 / sqrt((double)n_in));
+    for (int64_t r = 0; r < n_out; r++) {
+        for (int64_t i = 0; i < n_in; i++) row[i] = gauss() * sc;
+        if (dhsa__quantize_row(type, row, data + r * rb, n_in)) die(EXIT_RUN, "%s", dhsa_last_error());
+    }
+    free(row);
+    int64_t dims[2] = {n_in, n_out};
+    if (dhsa_gguf_writer_add_tensor(w, name, type, 2, dims, data, rb * n_out)) die(EXIT_RUN, "%s", dhsa_last_error());
+}
+
+static void add_vector(dhsa_gguf_writer *w, keep_list *k, const char *name, int64_t n, float base, float noise) {
+    float *v = keep(k, (size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) v[i] = base + noise * gauss();
+    int64_t dims[1] = {n};
+    if (dhsa_gguf_writer_add_tensor(w, name, DHSA_GGML_F32, 1, dims, v, n * 4)) die(EXIT_RUN, "%s", dhsa_last_error());
+}
+
+static int64_t num(const char *opt, const char *s, int64_t lo, int64_t hi) {
+    int64_t v;
+    char msg[256];
+    if (dhsa_cli_parse_int(opt, s, lo, hi, 1, &v, msg, sizeof msg)) die(EXIT_USAGE, "%s", msg);
+    return v;
+}
+
+int dhsa_cli_gen_model(int argc, char **argv) {
+    const char *out = NULL, *arch = "llama";
+    int64_t E = 576, L = 30, H = 9, Hkv = 3, F = 1536, V = 49152, C = 32768;
+    uint64_t seed = 1;
+    uint32_t type = DHSA_GGML_Q8_0;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(dhsa_cli_gen_model_usage, stdout);
+            return 0;
+        }
+        if (i + 1 >= argc) die(EXIT_USAGE, "%s needs a value (or is unknown)", a);
+        const char *v = argv[++i];
+        if (strcmp(a, "-o") == 0) out = v;
+        else if (strcmp(a, "--preset") == 0) {
+            if (strcmp(v, "smollm-135m") == 0) {
+                E = 576; L = 30; H = 9; Hkv = 3; F = 1536; V = 49152; C = 32768;
+            } else if (strcmp(v, "tiny") == 0) {
+                E = 64; L = 2; H = 4; Hkv = 2; F = 128; V = 512; C = 2048;
+            } else die(EXIT_USAGE, "unknown preset \"%s\" (smollm-135m, tiny)", v);
+        } else if (strcmp(a, "--type") == 0) {
+            uint32_t t;
+            for (t = 0; t < 64; t++)
+                if (dhsa__wt_supported(t) && strcmp(dhsa_ggml_type_name(t), v) == 0) break;
+            if (t == 64) die(EXIT_USAGE, "--type: \"%s\" is not one of F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K", v);
+            type = t;
+        } else if (strcmp(a, "--arch") == 0) {
+            if (strcmp(v, "llama") && strcmp(v, "qwen2")) die(EXIT_USAGE, "--arch is llama or qwen2");
+            arch = v;
+        } else if (strcmp(a, "--n-embd") == 0) E = num(a, v, 1, 1 << 16);
+        else if (strcmp(a, "--n-layer") == 0) L = num(a, v, 1, 1024);
+        else if (strcmp(a, "--n-head") == 0) H = num(a, v, 1, 1024);
+        else if (strcmp(a, "--n-head-kv") == 0) Hkv = num(a, v, 1, 1024);
+        else if (strcmp(a, "--n-ff") == 0) F = num(a, v, 1, 1 << 18);
+        else if (strcmp(a, "--vocab") == 0) V = num(a, v, 260, 1 << 20);
+        else if (strcmp(a, "--ctx") == 0) C = num(a, v, 1, (int64_t)1 << 31);
+        else if (strcmp(a, "--seed") == 0) seed = (uint64_t)num(a, v, 0, INT64_MAX);
+        else die(EXIT_USAGE, "unknown option \"%s\"", a);
+    }
+    if (!out) die(EXIT_USAGE, "-o OUT.gguf is required");
+    if (E % H || H % Hkv) die(EXIT_USAGE, "n_embd %% n_head and n_head %% n_head_kv must be 0");
+    rng_state = seed;
+    const int64_t hd = E / H;
+    dhsa_gguf_writer *w;
+    if (dhsa_gguf_writer_create(&w)) die(EXIT_RUN, "%s", dhsa_last_error());
+    keep_list k = {0};
+    char key[128];
+#define KEY(s) (snprintf(key, sizeof key, "%s.%s", arch, s), key)
+    dhsa_gguf_writer_set_str(w, "general.architecture", arch);
+    dhsa_gguf_writer_set_str(w, "general.name", "dhsa random benchmark model");
+    dhsa_gguf_writer_set_u32(w, KEY("context_length"), (uint32_t)C);
+    dhsa_gguf_writer_set_u32(w, KEY("embedding_length"), (uint32_t)E);
+    dhsa_gguf_writer_set_u32(w, KEY("block_count"), (uint32_t)L);
+    dhsa_gguf_writer_set_u32(w, KEY("feed_forward_length"), (uint32_t)F);
+    dhsa_gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)H);
+    dhsa_gguf_writer_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)Hkv);
+    dhsa_gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)hd);
+    dhsa_gguf_writer_set_f32(w, KEY("rope.freq_base"), 10000.0f);
+    dhsa_gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
+#undef KEY
+    /* vocabulary: <unk> <s> </s>, 256 byte tokens, then made-up pieces */
+    char **toks = keep(&k, (size_t)V * sizeof(char *));
+    float *scores = keep(&k, (size_t)V * sizeof(float));
+    int32_t *types = keep(&k, (size_t)V * sizeof(int32_t));
+    for (int64_t i = 0; i < V; i++) {
+        toks[i] = keep(&k, 24);
+        scores[i] = -(float)i;
+        types[i] = 1;
+        if (i == 0) strcpy(toks[i], "<unk>"), types[i] = 2;
+        else if (i == 1) strcpy(toks[i], "<s>"), types[i] = 3;
+        else if (i == 2) strcpy(toks[i], "</s>"), types[i] = 3;
+        else if (i < 259) snprintf(toks[i], 24, "<0x%02X>", (unsigned)(i - 3)), types[i] = 6;
+        else snprintf(toks[i], 24, "\xe2\x96\x81w%lld", (long long)i);
+    }
+    dhsa_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama");
+    dhsa_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)toks, V);
+    dhsa_gguf_writer_set_arr(w, "tokenizer.ggml.scores", DHSA_GGUF_FLOAT32, scores, V);
+    dhsa_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", DHSA_GGUF_INT32, types, V);
+    dhsa_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1);
+    dhsa_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2);
+    dhsa_gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 0);
+    /* tensors */
+    add_matrix(w, &k, "token_embd.weight", type, E, V);
+    add_vector(w, &k, "output_norm.weight", E, 1.0f, 0.0f);
+    char name[96];
+    for (int64_t l = 0; l < L; l++) {
+#define NAME(s) (snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, s), name)
+        add_vector(w, &k, NAME("attn_norm.weight"), E, 1.0f, 0.1f);
+        add_matrix(w, &k, NAME("attn_q.weight"), type, E, H * hd);
+        add_matrix(w, &k, NAME("attn_k.weight"), type, E, Hkv * hd);
+        add_matrix(w, &k, NAME("attn_v.weight"), type, E, Hkv * hd);
+        if (strcmp(arch, "qwen2") == 0) {
+            add_vector(w, &k, NAME("attn_q.bias"), H * hd, 0.0f, 0.1f);
+            add_vector(w, &k, NAME("attn_k.bias"), Hkv * hd, 0.0f, 0.1f);
+            add_vector(w, &k, NAME("attn_v.bias"), Hkv * hd, 0.0f, 0.1f);
+        }
+        add_matrix(w, &k, NAME("attn_output.weight"), type, H * hd, E);
+        add_vector(w, &k, NAME("ffn_norm.weight"), E, 1.0f, 0.1f);
+        add_matrix(w, &k, NAME("ffn_gate.weight"), type, E, F);
+        add_matrix(w, &k, NAME("ffn_up.weight"), type, E, F);
+        add_matrix(w, &k, NAME("ffn_down.weight"), type, F, E);
+#undef NAME
+    }
+    if (dhsa_gguf_writer_write_file(w, out)) die(EXIT_RUN, "%s", dhsa_last_error());
+    size_t bytes = 0;
+    dhsa_gguf_writer_size(w, &bytes);
+    printf("wrote %s: %s, %lld layers, n_embd %lld, heads %lld/%lld, n_ff %lld, vocab %lld, %s, %.1f MiB\n", out, arch,
+           (long long)L, (long long)E, (long long)H, (long long)Hkv, (long long)F, (long long)V,
+           dhsa_ggml_type_name(type), (double)bytes / 1048576.0);
+    dhsa_gguf_writer_free(w);
+    for (int i = 0; i < k.n; i++) free(k.bufs[i]);
+    free(k.bufs);
+    return 0;
+}

@@ -1,0 +1,556 @@
+/* run.c: `dhsa run` (generate text with a GGUF or llama2.c model, dense or
+ * routed attention, under a memory limit) and `dhsa plan` (the memory plan
+ * of the same command line, without running). See `dhsa help run`.
+ * Tested by tests/test_model.c (CLI part); docs/model.md, docs/results.md.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "dhsa.h"
+
+#define EXIT_RUN 1
+#define EXIT_USAGE 2
+
+const char dhsa_cli_run_usage[] =
+    "usage: dhsa run -m MODEL [-p TEXT | -f FILE] [-n N] [options]\n"
+    "       dhsa plan -m MODEL [options] [--prompt-tokens N]\n"
+    "\n"
+    "Generates text: tokenizes the prompt (BOS first when the vocabulary asks\n"
+    "for it), prefills it in ubatches, then decodes up to N tokens (default\n"
+    "128), streaming the text to stdout; stops at EOS (or a chat turn's end).\n"
+    "At the end it prints prompt and decode tok/s, the time to the first token\n"
+    "and the peak memory on stderr. `dhsa plan` prints the memory plan of the\n"
+    "same options and exits.\n"
+    "Model:\n"
+    "  -m MODEL            GGUF file, or a llama2.c checkpoint with --tokenizer\n"
+    "  --tokenizer FILE    the llama2.c tokenizer (tok*.bin)\n"
+    "Prompt:\n"
+    "  -p TEXT | -f FILE   the prompt (default: empty: BOS only)\n"
+    "  --no-bos            do not add BOS\n"
+    "  --chat              wrap the prompt in the model's chat template\n"
+    "  --system TEXT       system message for --chat\n"
+    "  --template NAME     chat template: llama3 chatml gemma mistral llama2\n"
+    "Sampling:\n"
+    "  -n N                tokens to generate (default 128)\n"
+    "  --temp T            0 = greedy (default 0.8)\n"
+    "  --top-k K           (default 40; 0 = off)  --top-p P (default 0.95)\n"
+    "  --min-p P           (default 0.05)         --seed S (default 42)\n"
+    "  --repeat-penalty R  (default 1 = off)      --repeat-last-n N (default 64)\n"
+    "  --ignore-eos        keep going past EOS\n"
+    "Memory and speed:\n"
+    "  --ctx N             KV cache length (default: the trained context; the\n"
+    "                      prompt + N must fit); longer than trained: a warning\n"
+    "  --ubatch N          prefill tokens per step (default: largest <= 512\n"
+    "                      that fits --mem-limit)\n"
+    "  --kv f32|f16        KV cache type (default f32)\n"
+    "  --mem-limit SIZE    bytes (K/M/G suffix) for weights + everything else;\n"
+    "                      refused before running if the plan exceeds it\n"
+    "  --threads T         (default: online CPUs)\n"
+    "Attention:\n"
+    "  --attn dense|dhsa|block|stream|oracle   (default dense)\n"
+    "  --density F | --budget N                keys per query block (default\n"
+    "                                          density 0.0625)\n"
+    "  --boundary fixed|similarity|learned:FILE\n"
+    "  --sink N --local N --dense-below N --q-block N\n"
+    "Output:\n"
+    "  --ids               print token ids (prompt, then generated) instead of text\n"
+    "  --verbose           print the model, the plan and the timings\n"
+    "  --no-echo           do not print the prompt before the continuation\n";
+
+static const char *cur_cmd = "run";
+
+static void die(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "dhsa %s: ", cur_cmd);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(code);
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
+
+static char *read_file(const char *path, int64_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) die(EXIT_RUN, "cannot open \"%s\": %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (!buf) die(EXIT_RUN, "out of memory reading \"%s\"", path);
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap) break;
+        cap *= 2;
+        buf = realloc(buf, cap);
+    }
+    if (ferror(f)) die(EXIT_RUN, "cannot read \"%s\"", path);
+    fclose(f);
+    *len = (int64_t)n;
+    return buf;
+}
+
+typedef struct {
+    const char *model, *tokenizer, *prompt, *prompt_file, *system, *template_name;
+    int64_t n_predict, threads, prompt_tokens;
+    int no_bos, chat, ids, verbose, ignore_eos, no_echo;
+    dhsa_sampler_params sp;
+    dhsa_session_params ses;
+    const char *predictor_path;
+} run_opts;
+
+static int64_t num(const char *opt, const char *s, int64_t lo, int64_t hi, int suffix) {
+    int64_t v;
+    char msg[256];
+    if (dhsa_cli_parse_int(opt, s, lo, hi, suffix, &v, msg, sizeof msg)) die(EXIT_USAGE, "%s", msg);
+    return v;
+}
+
+static double real(const char *opt, const char *s, double lo, double hi) {
+    double v;
+    char msg[256];
+    if (dhsa_cli_parse_real(opt, s, lo, hi, &v, msg, sizeof msg)) die(EXIT_USAGE, "%s", msg);
+    return v;
+}
+
+static void parse(int argc, char **argv, run_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->n_predict = 128;
+    o->sp = dhsa_sampler_default_params();
+    o->ses = dhsa_session_default_params();
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(dhsa_cli_run_usage, stdout);
+            exit(0);
+        }
+        /* flags */
+        if (strcmp(a, "--no-bos") == 0) { o->no_bos = 1; continue; }
+        if (strcmp(a, "--chat") == 0) { o->chat = 1; continue; }
+        if (strcmp(a, "--ids") == 0) { o->ids = 1; continue; }
+        if (strcmp(a, "--verbose") == 0 || strcmp(a, "-v") == 0) { o->verbose = 1; continue; }
+        if (strcmp(a, "--ignore-eos") == 0) { o->ignore_eos = 1; continue; }
+        if (strcmp(a, "--no-echo") == 0) { o->no_echo = 1; continue; }
+        if (i + 1 >= argc) die(EXIT_USAGE, "%s needs a value (or is unknown: see dhsa help run)", a);
+        const char *v = argv[++i];
+        if (strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0) o->model = v;
+        else if (strcmp(a, "--tokenizer") == 0) o->tokenizer = v;
+        else if (strcmp(a, "-p") == 0 || strcmp(a, "--prompt") == 0) o->prompt = v;
+        else if (strcmp(a, "-f") == 0 || strcmp(a, "--file") == 0) o->prompt_file = v;
+        else if (strcmp(a, "--system") == 0) o->system = v;
+        else if (strcmp(a, "--template") == 0) o->template_name = v;
+        else if (strcmp(a, "-n") == 0) o->n_predict = num(a, v, 0, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "--temp") == 0) o->sp.temperature = (float)real(a, v, 0, 1e6);
+        else if (strcmp(a, "--top-k") == 0) o->sp.top_k = num(a, v, 0, (int64_t)1 << 24, 0);
+        else if (strcmp(a, "--top-p") == 0) o->sp.top_p = (float)real(a, v, 1e-9, 1);
+        else if (strcmp(a, "--min-p") == 0) o->sp.min_p = (float)real(a, v, 0, 1);
+        else if (strcmp(a, "--repeat-penalty") == 0) o->sp.repeat_penalty = (float)real(a, v, 1e-6, 1e6);
+        else if (strcmp(a, "--repeat-last-n") == 0) o->sp.repeat_last_n = num(a, v, 0, (int64_t)1 << 31, 0);
+        else if (strcmp(a, "--seed") == 0) o->sp.seed = (uint64_t)num(a, v, 0, INT64_MAX, 0);
+        else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) o->threads = num(a, v, 1, 1024, 0);
+        else if (strcmp(a, "--ctx") == 0 || strcmp(a, "-c") == 0) o->ses.n_ctx = num(a, v, 1, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "--ubatch") == 0) o->ses.n_ubatch = num(a, v, 1, 65536, 1);
+        else if (strcmp(a, "--mem-limit") == 0) o->ses.mem_limit = (size_t)num(a, v, 1, INT64_MAX, 1);
+        else if (strcmp(a, "--prompt-tokens") == 0) o->prompt_tokens = num(a, v, 0, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "--kv") == 0) {
+            if (strcmp(v, "f32") == 0) o->ses.kv_type = DHSA_F32;
+            else if (strcmp(v, "f16") == 0) o->ses.kv_type = DHSA_F16;
+            else die(EXIT_USAGE, "--kv is f32 or f16, not \"%s\"", v);
+        } else if (strcmp(a, "--attn") == 0) {
+            dhsa_attn_method m;
+            for (m = DHSA_ATTN_DENSE; m <= DHSA_ATTN_ORACLE; m++)
+                if (strcmp(v, dhsa_attn_method_name(m)) == 0) break;
+            if (m > DHSA_ATTN_ORACLE) die(EXIT_USAGE, "--attn is dense, dhsa, block, stream or oracle, not \"%s\"", v);
+            o->ses.attn = m;
+        } else if (strcmp(a, "--density") == 0) {
+            o->ses.router.density = real(a, v, 1e-6, 1);
+            o->ses.router.budget_tokens = 0;
+        } else if (strcmp(a, "--budget") == 0) {
+            o->ses.router.budget_tokens = num(a, v, 1, (int64_t)1 << 31, 1);
+        } else if (strcmp(a, "--boundary") == 0) {
+            if (strcmp(v, "fixed") == 0) o->ses.router.boundary = DHSA_BOUNDARY_FIXED;
+            else if (strcmp(v, "similarity") == 0) o->ses.router.boundary = DHSA_BOUNDARY_SIMILARITY;
+            else if (strncmp(v, "learned:", 8) == 0 && v[8]) {
+                o->ses.router.boundary = DHSA_BOUNDARY_LEARNED;
+                o->predictor_path = v + 8;
+            } else die(EXIT_USAGE, "--boundary is fixed, similarity or learned:FILE, not \"%s\"", v);
+        } else if (strcmp(a, "--sink") == 0) o->ses.router.sink_tokens = num(a, v, 0, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "--local") == 0) o->ses.router.local_tokens = num(a, v, 0, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "--dense-below") == 0) o->ses.router.dense_below = num(a, v, 0, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "--q-block") == 0) o->ses.router.q_block = num(a, v, 1, 65536, 0);
+        else die(EXIT_USAGE, "unknown option \"%s\" (see dhsa help run)", a);
+    }
+    if (!o->model) die(EXIT_USAGE, "-m MODEL is required");
+    if (o->prompt && o->prompt_file) die(EXIT_USAGE, "give -p or -f, not both");
+    if (o->ses.router.boundary == DHSA_BOUNDARY_FIXED && o->ses.attn == DHSA_ATTN_DHSA)
+        o->ses.attn = DHSA_ATTN_BLOCK; /* dhsa with fixed chunks is the block baseline */
+}
+
+/* Progress bar for long prefills, on a terminal only. */
+static void progress(void *user, int64_t done, int64_t total) {
+    double t0 = *(double *)user;
+    int width = 30, fill = (int)(width * done / (total > 0 ? total : 1));
+    double el = now() - t0;
+    fprintf(stderr, "\rprefill [%.*s%*s] %lld/%lld  %.0f tok/s ", fill, "##############################", width - fill,
+            "", (long long)done, (long long)total, el > 0 ? (double)done / el : 0.0);
+    if (done == total) fputc('\n', stderr);
+}
+
+static void print_plan(FILE *f, const dhsa_mem_plan *pl) {
+    fprintf(f, "memory plan: ctx %lld tokens, ubatch %lld\n", (long long)pl->n_ctx, (long long)pl->n_ubatch);
+    fprintf(f, "  weights           %10.1f MiB (mapped from the file)\n", mib(pl->weights));
+    fprintf(f, "  KV cache          %10.1f MiB\n", mib(pl->kv_cache));
+    fprintf(f, "  activations       %10.1f MiB\n", mib(pl->activations));
+    fprintf(f, "  attention scratch %10.1f MiB\n", mib(pl->attn_workspace));
+    fprintf(f, "  product scratch   %10.1f MiB\n", mib(pl->matmul_workspace));
+    fprintf(f, "  routing           %10.1f MiB\n", mib(pl->routing));
+    fprintf(f, "  total             %10.1f MiB\n", mib(pl->total));
+}
+
+static void print_model(FILE *f, const char *path, const dhsa_model_info *in) {
+    fprintf(f, "model: %s: %s, %lld layers, n_embd %lld, n_ff %lld, heads %lld/%lld (kv), head dim %lld, vocab %lld, "
+            "trained ctx %lld, %s weights, %.1f M parameters, %.1f MiB\n",
+            path, in->arch_name, (long long)in->n_layer, (long long)in->n_embd, (long long)in->n_ff,
+            (long long)in->n_head, (long long)in->n_head_kv, (long long)in->head_dim_k, (long long)in->n_vocab,
+            (long long)in->n_ctx_train, dhsa_ggml_type_name(in->weight_type), (double)in->n_params / 1e6,
+            mib((size_t)in->weight_bytes));
+}
+
+/* Writes the bytes of one token to stdout. */
+static void emit(const dhsa_tokenizer *tok, int32_t id, int first) {
+    char buf[512];
+    int64_t len;
+    if (dhsa_token_to_piece(tok, id, 0, buf, sizeof buf, &len) != DHSA_OK) return;
+    const char *p = buf;
+    /* SentencePiece: the first piece's added space is not the user's text */
+    if (first && len > 0 && buf[0] == ' ' && dhsa_tokenizer_kind_of(tok) == DHSA_TOKENIZER_SPM) {
+        p++;
+        len--;
+    }
+    fwrite(p, 1, (size_t)len, stdout);
+    fflush(stdout);
+}
+
+/* Wraps the prompt in the chat template (named, or detected from the
+ * model) as one user turn (after an optional system turn) with the
+ * assistant's turn opened; adds the template's end-of-turn ids to stop. */
+static void chat_wrap(const dhsa_gguf *g, const dhsa_tokenizer *tok, const char *name, const char *system,
+                      char **text, int64_t *len, int32_t *stop, int *n_stop, int cap) {
+    dhsa_chat_template t = dhsa_chat_detect(g);
+    if (name && dhsa_chat_template_from_name(name, &t)) die(EXIT_USAGE, "%s", dhsa_last_error());
+    if (t == DHSA_CHAT_NONE)
+        die(EXIT_RUN, "the model names no chat template I know: give --template llama3|chatml|gemma|mistral|llama2");
+    dhsa_chat_message msgs[2];
+    int n = 0;
+    if (system) msgs[n++] = (dhsa_chat_message){"system", system};
+    msgs[n++] = (dhsa_chat_message){"user", *text ? *text : ""};
+    int64_t need = 0;
+    dhsa_chat_apply(t, msgs, n, 1, NULL, 0, &need);
+    char *out = malloc((size_t)need + 1);
+    if (!out) die(EXIT_RUN, "out of memory");
+    if (dhsa_chat_apply(t, msgs, n, 1, out, need, &need)) die(EXIT_RUN, "%s", dhsa_last_error());
+    out[need] = 0;
+    free(*text);
+    *text = out;
+    *len = need;
+    int extra = 0;
+    if (dhsa_chat_stop_ids(t, tok, stop + *n_stop, cap - *n_stop, &extra)) die(EXIT_RUN, "%s", dhsa_last_error());
+    *n_stop += extra;
+}
+
+static int run_main(int argc, char **argv, int plan_only) {
+    run_opts o;
+    parse(argc, argv, &o);
+    dhsa_model_params mp = dhsa_model_default_params();
+    mp.tokenizer_path = o.tokenizer;
+    dhsa_model *m;
+    double t_load = now();
+    if (dhsa_model_load(o.model, &mp, &m)) die(EXIT_RUN, "%s", dhsa_last_error());
+    t_load = now() - t_load;
+    const dhsa_model_info *in = dhsa_model_get_info(m);
+    const dhsa_tokenizer *tok = dhsa_model_tokenizer(m);
+    dhsa_predictor *pred = NULL;
+    if (o.predictor_path) {
+        if (dhsa_predictor_load(o.predictor_path, &pred)) die(EXIT_RUN, "%s", dhsa_last_error());
+        o.ses.router.predictor = pred;
+    }
+
+    /* the prompt */
+    char *text = NULL;
+    int64_t text_len = 0;
+    if (o.prompt_file) text = read_file(o.prompt_file, &text_len);
+    else if (o.prompt) {
+        text_len = (int64_t)strlen(o.prompt);
+        text = malloc((size_t)text_len + 1);
+        if (!text) die(EXIT_RUN, "out of memory");
+        memcpy(text, o.prompt, (size_t)text_len + 1);
+    }
+    unsigned flags = dhsa_tokenizer_default_flags(tok) & DHSA_TOKENIZE_ADD_BOS;
+    if (o.no_bos) flags &= ~DHSA_TOKENIZE_ADD_BOS;
+    int32_t stop_ids[8];
+    int n_stop = 0;
+    if (dhsa_tokenizer_eos(tok) >= 0) stop_ids[n_stop++] = dhsa_tokenizer_eos(tok);
+    if (o.chat) {
+        chat_wrap(dhsa_model_gguf(m), tok, o.template_name, o.system, &text, &text_len, stop_ids, &n_stop,
+                  (int)(sizeof stop_ids / sizeof stop_ids[0]));
+        flags |= DHSA_TOKENIZE_PARSE_SPECIAL;
+    }
+    int64_t n_prompt = 0;
+    if (dhsa_tokenize(tok, text ? text : "", text_len, flags, NULL, 0, &n_prompt) != DHSA_OK && n_prompt == 0)
+        die(EXIT_RUN, "%s", dhsa_last_error());
+    int64_t cap = n_prompt + o.n_predict + 1;
+    int32_t *ids = malloc((size_t)cap * sizeof(int32_t));
+    if (!ids) die(EXIT_RUN, "out of memory for %lld tokens", (long long)cap);
+    if (dhsa_tokenize(tok, text ? text : "", text_len, flags, ids, cap, &n_prompt))
+        die(EXIT_RUN, "%s", dhsa_last_error());
+    if (plan_only && o.prompt_tokens) n_prompt = o.prompt_tokens;
+    if (n_prompt == 0) die(EXIT_RUN, "the prompt is empty and the vocabulary adds no BOS: give -p TEXT");
+
+    if (o.ses.n_ctx == 0) {
+        o.ses.n_ctx = in->n_ctx_train;
+        if (n_prompt + o.n_predict > o.ses.n_ctx) o.ses.n_ctx = n_prompt + o.n_predict;
+    }
+    if (o.ses.n_ctx > in->n_ctx_train)
+        fprintf(stderr, "dhsa %s: warning: context %lld is longer than the model's trained context %lld: quality "
+                "may drop\n", cur_cmd, (long long)o.ses.n_ctx, (long long)in->n_ctx_train);
+    if (n_prompt > o.ses.n_ctx)
+        die(EXIT_RUN, "the prompt has %lld tokens but --ctx is %lld", (long long)n_prompt, (long long)o.ses.n_ctx);
+
+    dhsa_ctx_params cp = dhsa_ctx_default_params();
+    cp.n_threads = (int)o.threads;
+    dhsa_ctx *ctx;
+    if (dhsa_ctx_create(&cp, &ctx)) die(EXIT_RUN, "%s", dhsa_last_error());
+    dhsa_mem_plan plan;
+    dhsa_status st = dhsa_session_plan(ctx, m, &o.ses, &plan);
+    if (plan_only) {
+        print_model(stdout, o.model, in);
+        printf("attention: %s, KV %s, %d threads\n", dhsa_attn_method_name(o.ses.attn),
+               dhsa_type_name(o.ses.kv_type), dhsa_ctx_n_threads(ctx));
+        if (st) die(EXIT_RUN, "%s", dhsa_last_error());
+        print_plan(stdout, &plan);
+        if (o.ses.mem_limit) printf("  --mem-limit       %10.1f MiB: fits\n", mib(o.ses.mem_limit));
+        dhsa_ctx_free(ctx);
+        dhsa_model_free(m);
+        dhsa_predictor_free(pred);
+        free(ids);
+        free(text);
+        return 0;
+    }
+    if (st) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (o.verbose) {
+        print_model(stderr, o.model, in);
+        fprintf(stderr, "attention: %s, KV %s, %d threads, %s; loaded in %.2f s\n", dhsa_attn_method_name(o.ses.attn),
+                dhsa_type_name(o.ses.kv_type), dhsa_ctx_n_threads(ctx), dhsa_isa_name(dhsa_active_isa()), t_load);
+        print_plan(stderr, &plan);
+    }
+    double t0 = now();
+    if (isatty(2) && n_prompt >= 1024) {
+        o.ses.progress = progress;
+        o.ses.progress_user = &t0;
+    }
+    dhsa_session *s;
+    if (dhsa_session_create(ctx, m, &o.ses, &s)) die(EXIT_RUN, "%s", dhsa_last_error());
+    dhsa_sampler *smp;
+    if (dhsa_sampler_create(&o.sp, in->n_vocab, &smp)) die(EXIT_RUN, "%s", dhsa_last_error());
+    float *logits = malloc((size_t)in->n_vocab * sizeof(float));
+    if (!logits) die(EXIT_RUN, "out of memory");
+
+    if (o.ids) {
+        for (int64_t i = 0; i < n_prompt; i++) printf("%s%d", i ? " " : "", ids[i]);
+        fflush(stdout);
+    } else if (!o.no_echo) {
+        for (int64_t i = 0; i < n_prompt; i++) emit(tok, ids[i], i == 0 || (i == 1 && ids[0] == dhsa_tokenizer_bos(tok)));
+    }
+    t0 = now();
+    if (dhsa_session_eval(s, ids, n_prompt, logits)) die(EXIT_RUN, "%s", dhsa_last_error());
+    double t_prompt = now() - t0, t_first = 0;
+    int64_t n_gen = 0, n_dec = 0;
+    double t_dec = 0;
+    while (n_gen < o.n_predict) {
+        int32_t next;
+        if (dhsa_sampler_sample(smp, logits, ids, n_prompt + n_gen, &next)) die(EXIT_RUN, "%s", dhsa_last_error());
+        if (n_gen == 0) t_first = now() - t0;
+        int stop = 0;
+        for (int i = 0; i < n_stop; i++) stop |= next == stop_ids[i];
+        if (stop && !o.ignore_eos) break;
+        ids[n_prompt + n_gen++] = next;
+        if (o.ids) {
+            printf(" %d", next);
+            fflush(stdout);
+        } else {
+            emit(tok, next, n_prompt + n_gen == 1);
+        }
+        if (n_gen == o.n_predict) break;
+        if (dhsa_session_length(s) >= plan.n_ctx) {
+            fprintf(stderr, "\ndhsa %s: the context is full (%lld tokens)\n", cur_cmd, (long long)plan.n_ctx);
+            break;
+        }
+        double t2 = now();
+        if (dhsa_session_eval(s, &next, 1, logits)) die(EXIT_RUN, "%s", dhsa_last_error());
+        t_dec += now() - t2;
+        n_dec++;
+    }
+    printf("\n");
+    fflush(stdout);
+    fprintf(stderr,
+            "prompt: %lld tokens in %.3f s (%.1f tok/s), first token after %.3f s; decode: %lld tokens, %.1f tok/s; "
+            "peak RSS %.1f MiB\n",
+            (long long)n_prompt, t_prompt, t_prompt > 0 ? (double)n_prompt / t_prompt : 0.0, t_first,
+            (long long)n_gen, t_dec > 0 && n_dec > 0 ? (double)n_dec / t_dec : 0.0, mib(dhsa_proc_peak_rss()));
+    free(logits);
+    dhsa_sampler_free(smp);
+    dhsa_session_free(s);
+    dhsa_ctx_free(ctx);
+    dhsa_predictor_free(pred);
+    dhsa_model_free(m);
+    free(ids);
+    free(text);
+    return 0;
+}
+
+int dhsa_cli_run(int argc, char **argv) {
+    cur_cmd = "run";
+    return run_main(argc, argv, 0);
+}
+
+int dhsa_cli_plan(int argc, char **argv) {
+    cur_cmd = "plan";
+    return run_main(argc, argv, 1);
+}
+
+/* ------------------------------------------------------- bench model --- */
+
+const char dhsa_cli_bench_model_usage[] =
+    "usage: dhsa bench model -m MODEL [--tokenizer tok.bin] [--lengths 4K,16K,32K]\n"
+    "                        [--attn dense,dhsa] [--decode N] [--density F | --budget N]\n"
+    "                        [--kv f32|f16] [--threads T] [--seed S]\n"
+    "\n"
+    "For each length L and attention method, in one process: a fresh session\n"
+    "of L + decode tokens, a prefill of L random token ids (seeded), then N\n"
+    "greedy decode steps (default 16). Prints the time to first token (prefill\n"
+    "+ the first sample), prefill tok/s, decode tok/s, the session's planned\n"
+    "memory, the process peak RSS during that run (reset before each), and the\n"
+    "prefill speedup against the first method of the list at the same length.\n";
+
+int dhsa_cli_bench_model(int argc, char **argv) {
+    cur_cmd = "bench model";
+    const char *model = NULL, *tokp = NULL, *lengths = "4K,16K,32K", *methods = "dense,dhsa";
+    int64_t n_dec = 16, threads = 0, seed = 1, budget = 0;
+    double density = 0;
+    dhsa_type kv = DHSA_F32;
+    for (int i = 3; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(dhsa_cli_bench_model_usage, stdout);
+            return 0;
+        }
+        if (i + 1 >= argc) die(EXIT_USAGE, "%s needs a value (or is unknown)", a);
+        const char *v = argv[++i];
+        if (strcmp(a, "-m") == 0) model = v;
+        else if (strcmp(a, "--tokenizer") == 0) tokp = v;
+        else if (strcmp(a, "--lengths") == 0) lengths = v;
+        else if (strcmp(a, "--attn") == 0) methods = v;
+        else if (strcmp(a, "--decode") == 0) n_dec = num(a, v, 1, 1 << 20, 1);
+        else if (strcmp(a, "--threads") == 0) threads = num(a, v, 1, 1024, 0);
+        else if (strcmp(a, "--seed") == 0) seed = num(a, v, 0, INT64_MAX, 0);
+        else if (strcmp(a, "--density") == 0) density = real(a, v, 1e-6, 1);
+        else if (strcmp(a, "--budget") == 0) budget = num(a, v, 1, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "--kv") == 0) {
+            if (strcmp(v, "f32") == 0) kv = DHSA_F32;
+            else if (strcmp(v, "f16") == 0) kv = DHSA_F16;
+            else die(EXIT_USAGE, "--kv is f32 or f16");
+        } else die(EXIT_USAGE, "unknown option \"%s\"", a);
+    }
+    if (!model) die(EXIT_USAGE, "-m MODEL is required");
+    int64_t Ls[32];
+    int nL = 0;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", lengths);
+    for (char *t = strtok(buf, ","); t && nL < 32; t = strtok(NULL, ",")) Ls[nL++] = num("--lengths", t, 1, (int64_t)1 << 31, 1);
+    dhsa_attn_method ms[8];
+    int nm = 0;
+    char mbuf[128];
+    snprintf(mbuf, sizeof mbuf, "%s", methods);
+    for (char *t = strtok(mbuf, ","); t && nm < 8; t = strtok(NULL, ",")) {
+        dhsa_attn_method m;
+        for (m = DHSA_ATTN_DENSE; m <= DHSA_ATTN_ORACLE; m++)
+            if (strcmp(t, dhsa_attn_method_name(m)) == 0) break;
+        if (m > DHSA_ATTN_ORACLE) die(EXIT_USAGE, "--attn: unknown method \"%s\"", t);
+        ms[nm++] = m;
+    }
+    dhsa_model_params mp = dhsa_model_default_params();
+    mp.tokenizer_path = tokp;
+    dhsa_model *m;
+    if (dhsa_model_load(model, &mp, &m)) die(EXIT_RUN, "%s", dhsa_last_error());
+    const dhsa_model_info *in = dhsa_model_get_info(m);
+    dhsa_ctx_params cp = dhsa_ctx_default_params();
+    cp.n_threads = (int)threads;
+    dhsa_ctx *ctx;
+    if (dhsa_ctx_create(&cp, &ctx)) die(EXIT_RUN, "%s", dhsa_last_error());
+    print_model(stdout, model, in);
+    printf("threads %d, %s, KV %s, decode %lld tokens\n\n", dhsa_ctx_n_threads(ctx), dhsa_isa_name(dhsa_active_isa()),
+           dhsa_type_name(kv), (long long)n_dec);
+    printf("%8s %-7s %10s %12s %11s %12s %12s %9s\n", "L", "attn", "ttft_s", "prefill_t/s", "decode_t/s",
+           "plan_MiB", "peakRSS_MiB", "speedup");
+    float *logits = malloc((size_t)in->n_vocab * sizeof(float));
+    if (!logits) die(EXIT_RUN, "out of memory");
+    for (int li = 0; li < nL; li++) {
+        int64_t L = Ls[li];
+        int32_t *ids = malloc((size_t)(L + n_dec) * sizeof(int32_t));
+        if (!ids) die(EXIT_RUN, "out of memory");
+        uint64_t x = (uint64_t)seed;
+        for (int64_t i = 0; i < L; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            ids[i] = (int32_t)(3 + (x >> 33) % (uint64_t)(in->n_vocab - 3));
+        }
+        double base = 0;
+        for (int mi = 0; mi < nm; mi++) {
+            dhsa_session_params sp = dhsa_session_default_params();
+            sp.n_ctx = L + n_dec;
+            sp.kv_type = kv;
+            sp.attn = ms[mi];
+            if (density > 0) sp.router.density = density;
+            if (budget > 0) sp.router.budget_tokens = budget;
+            dhsa_proc_reset_peak_rss();
+            dhsa_session *s;
+            if (dhsa_session_create(ctx, m, &sp, &s)) die(EXIT_RUN, "%s", dhsa_last_error());
+            double t0 = now();
+            if (dhsa_session_eval(s, ids, L, logits)) die(EXIT_RUN, "%s", dhsa_last_error());
+            int32_t next = 0;
+            for (int64_t i = 1; i < in->n_vocab; i++)
+                if (logits[i] > logits[next]) next = (int32_t)i;
+            double ttft = now() - t0, t1 = now();
+            for (int64_t i = 0; i < n_dec; i++) {
+                if (dhsa_session_eval(s, &next, 1, logits)) die(EXIT_RUN, "%s", dhsa_last_error());
+                int32_t b = 0;
+                for (int64_t k = 1; k < in->n_vocab; k++)
+                    if (logits[k] > logits[b]) b = (int32_t)k;
+                next = b;
+            }
+            double td = now() - t1;
+            if (mi == 0) base = ttft;
+            printf("%8lld %-7s %10.3f %12.1f %11.2f %12.1f %12.1f %8.2fx\n", (long long)L,
+                   dhsa_attn_method_name(ms[mi]), ttft, (double)L / ttft, (double)n_dec / td,
+                   mib(dhsa_session_get_plan(s)->total), mib(dhsa_proc_peak_rss()), base / ttft);
+            fflush(stdout);
+            dhsa_session_free(s);
+            dhsa_ctx_trim(ctx);
+        }
+        free(ids);
+    }
+    free(logits);
+    dhsa_ctx_free(ctx);
+    dhsa_model_free(m);
+    return 0;
+}
