@@ -91,6 +91,38 @@ static dhsa_status greedy(const dhsa_model *m, dhsa_session_params sp, int32_t *
 
 static const int32_t prompt_ids[] = {1, 403, 407, 261, 378}; /* BOS "Once upon a time" */
 
+/* The peer: llama2.c run.c (karpathy/llama2.c 350e04fe, gcc -O3), greedy
+ * (-t 0 -n 256 -i "Once upon a time") on stories260K.bin + tok512.bin,
+ * with a print of each id added: BOS, the prompt, 252 generated ids. */
+static const int32_t peer_ids[257] = {
+    1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337, 410,
+    408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394, 261, 370, 432, 352, 266, 268,
+    388, 426, 338, 391, 266, 267, 337, 335, 312, 432, 398, 312, 286, 267, 414, 270, 333, 415, 426, 13, 438,
+    310, 439, 419, 357, 336, 432, 313, 438, 310, 432, 278, 316, 439, 419, 298, 414, 267, 265, 282, 295, 433,
+    426, 436, 317, 286, 296, 418, 269, 279, 292, 416, 439, 413, 409, 416, 327, 263, 415, 294, 267, 400, 426,
+    338, 336, 432, 313, 442, 391, 267, 337, 335, 364, 420, 268, 388, 432, 398, 359, 280, 303, 439, 413, 272,
+    417, 264, 312, 426, 436, 13, 438, 310, 286, 296, 418, 269, 279, 292, 416, 439, 413, 409, 416, 327, 263,
+    415, 294, 267, 400, 426, 338, 336, 432, 313, 442, 439, 423, 262, 304, 420, 422, 432, 317, 426, 359, 279,
+    292, 416, 439, 413, 409, 416, 327, 263, 415, 294, 267, 400, 426, 436, 13, 438, 310, 279, 292, 416, 439,
+    413, 391, 267, 281, 421, 427, 311, 357, 432, 384, 358, 336, 432, 313, 442, 439, 423, 262, 304, 420, 422,
+    432, 357, 426, 359, 279, 292, 416, 439, 413, 409, 416, 327, 263, 415, 294, 267, 400, 426, 436, 320, 285,
+    357, 336, 432, 313, 455, 289, 439, 413, 263, 304, 420, 422, 432, 317, 426, 410, 448, 411, 280, 303, 281,
+    421, 427, 364, 426};
+
+/* Greedy decoding of 252 tokens equals the peer's ids, token for token. */
+static void test_peer(const dhsa_model *m, const char *what) {
+    int32_t ids[257];
+    memcpy(ids, prompt_ids, sizeof prompt_ids);
+    dhsa_session_params sp = dhsa_session_default_params();
+    dhsa_status st = greedy(m, sp, ids, 5, 252, NULL);
+    int64_t first_bad = -1;
+    for (int64_t i = 0; i < 257 && first_bad < 0; i++)
+        if (ids[i] != peer_ids[i]) first_bad = i;
+    T_CHECK(st == DHSA_OK && first_bad < 0, "%s: greedy ids equal llama2.c run.c's for 252 tokens (first "
+            "difference at %lld: %d vs %d)", what, (long long)first_bad, first_bad >= 0 ? ids[first_bad] : 0,
+            first_bad >= 0 ? peer_ids[first_bad] : 0);
+}
+
 static void test_real(void) {
     if (!exists(MODEL)) {
         T_SKIP("%s is absent: real-model checks skipped", MODEL);
@@ -112,6 +144,8 @@ static void test_real(void) {
     int64_t nt = 0;
     st = dhsa_tokenize(dhsa_model_tokenizer(m), "Once upon a time", 16, DHSA_TOKENIZE_ADD_BOS, tk, 16, &nt);
     T_CHECK(st == DHSA_OK && nt == NP && memcmp(tk, prompt_ids, sizeof prompt_ids) == 0, "prompt ids");
+
+    test_peer(m, "GGUF");
 
     /* greedy decoding: the text */
     dhsa_session_params sp = dhsa_session_default_params();
@@ -198,6 +232,7 @@ static void test_real(void) {
             st = eval_all(mb, sp, ids, N, chunk);
             T_CHECK(st == DHSA_OK && memcmp(chunk, all, (size_t)N * V * sizeof(float)) == 0,
                     "llama2.c checkpoint logits identical to the GGUF's");
+            test_peer(mb, "llama2.c checkpoint");
             dhsa_model_free(mb);
         }
         /* without the tokenizer: a clear error */
