@@ -405,9 +405,10 @@ static int run_main(int argc, char **argv, int plan_only) {
     fflush(stdout);
     fprintf(stderr,
             "prompt: %lld tokens in %.3f s (%.1f tok/s), first token after %.3f s; decode: %lld tokens, %.1f tok/s; "
-            "peak RSS %.1f MiB\n",
+            "all forward passes: %.1f tok/s; peak RSS %.1f MiB\n",
             (long long)n_prompt, t_prompt, t_prompt > 0 ? (double)n_prompt / t_prompt : 0.0, t_first,
-            (long long)n_gen, t_dec > 0 && n_dec > 0 ? (double)n_dec / t_dec : 0.0, mib(dhsa_proc_peak_rss()));
+            (long long)n_gen, t_dec > 0 && n_dec > 0 ? (double)n_dec / t_dec : 0.0,
+            t_prompt + t_dec > 0 ? (double)(n_prompt + n_dec) / (t_prompt + t_dec) : 0.0, mib(dhsa_proc_peak_rss()));
     free(logits);
     dhsa_sampler_free(smp);
     dhsa_session_free(s);
