@@ -10,8 +10,10 @@
  *     refuses with a sentence that says what would fit;
  *   - the sampler on hand-made logits (greedy ties, top-k/top-p/min-p sets,
  *     temperature, seeds, repetition penalty);
- *   - bad input: ids out of range, too many tokens, missing tensors, wrong
- *     shapes, unknown architectures, NaN weights.
+ *   - bad input: ids out of range, too many tokens, a session after reset;
+ *   - the CLI (env DHSA_CLI): dhsa run text and --ids against the peer,
+ *     summary line, plan, --mem-limit refusal, usage errors, gen-model +
+ *     run + bench model on a generated model.
  * Fixture models of every architecture and weight type against the naive
  * double-precision forward of tests/llm_ref.h are in test_model_ref.c.
  */
@@ -22,6 +24,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define MODEL "../shared/models/stories260K.gguf"
 #define MODEL_BIN "../shared/models/stories260K.bin"
@@ -416,6 +420,112 @@ static void test_sampler(void) {
     dhsa_sampler_free(s);
 }
 
+/* -------------------------------------------------------------- CLI --- */
+
+/* Runs `$DHSA_CLI args 2>&1` (or 2>/dev/null with quiet); exit status
+ * (-1 abnormal) and the output in *out (caller frees). */
+static int cli_run(const char *args, int quiet, char **out) {
+    const char *cli = getenv("DHSA_CLI");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' %s %s", cli, args, quiet ? "2>/dev/null" : "2>&1");
+    FILE *p = popen(cmd, "r");
+    size_t cap = 1 << 16, n = 0, got;
+    char *buf = malloc(cap);
+    *out = buf;
+    if (!p || !buf) {
+        if (p) pclose(p);
+        return -1;
+    }
+    while ((got = fread(buf + n, 1, cap - n - 1, p)) > 0) {
+        n += got;
+        if (cap - n < 1024) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) break;
+            *out = buf = nb;
+            cap *= 2;
+        }
+    }
+    buf[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void test_cli(void) {
+    const char *cli = getenv("DHSA_CLI");
+    if (!cli || strchr(cli, '\'')) {
+        T_SKIP("DHSA_CLI unset: run/plan/gen-model CLI checks skipped (make test sets it)");
+        return;
+    }
+    char *out;
+    int rc;
+    if (exists(MODEL)) {
+        rc = cli_run("run -m " MODEL " -p 'Once upon a time' -n 20 --temp 0", 1, &out);
+        T_CHECK(rc == 0 && strncmp(out, "Once upon a time, there was a little girl named Lily.", 53) == 0,
+                "dhsa run greedy text: rc %d \"%.100s\"", rc, out);
+        free(out);
+        rc = cli_run("run -m " MODEL " -p 'Once upon a time' -n 20 --temp 0 --ids", 1, &out);
+        char want[512] = "";
+        for (int i = 0; i < 25; i++) snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", i ? " " : "",
+                                              peer_ids[i]);
+        T_CHECK(rc == 0 && strncmp(out, want, strlen(want)) == 0, "dhsa run --ids: \"%.120s\"", out);
+        free(out);
+        rc = cli_run("run -m " MODEL " -p 'Once upon a time' -n 8 --temp 0 --attn dhsa --ubatch 2 --kv f16", 0, &out);
+        T_CHECK(rc == 0 && strstr(out, "decode: 8 tokens") && strstr(out, "peak RSS"), "dhsa run summary: %.300s",
+                out);
+        free(out);
+        rc = cli_run("plan -m " MODEL " --ctx 4K", 1, &out);
+        T_CHECK(rc == 0 && strstr(out, "KV cache") && strstr(out, "5.0 MiB") && strstr(out, "total"),
+                "dhsa plan: %.400s", out);
+        free(out);
+        rc = cli_run("run -m " MODEL " -p x --mem-limit 2M", 0, &out);
+        T_CHECK(rc == 1 && strstr(out, "mem-limit") && strstr(out, "would fit"), "--mem-limit too small: %.300s", out);
+        free(out);
+        rc = cli_run("run -m " MODEL " --attn sparse", 0, &out);
+        T_CHECK(rc == 2 && strstr(out, "--attn"), "bad --attn is a usage error: %.200s", out);
+        free(out);
+        rc = cli_run("run -m " MODEL " --temp -1", 0, &out);
+        T_CHECK(rc == 2, "negative temperature is a usage error: %.200s", out);
+        free(out);
+        rc = cli_run("run -m " MODEL " -p x --ctx 3000 -n 1", 0, &out);
+        T_CHECK(rc == 0 && strstr(out, "longer than the model's trained context"), "long context warns: %.300s",
+                out);
+        free(out);
+        if (exists(MODEL_BIN)) {
+            rc = cli_run("run -m " MODEL_BIN " --tokenizer " MODEL_TOK " -p 'Once upon a time' -n 20 --temp 0", 1,
+                         &out);
+            T_CHECK(rc == 0 && strncmp(out, "Once upon a time, there was a little girl named Lily.", 53) == 0,
+                    "dhsa run on the llama2.c files: \"%.100s\"", out);
+            free(out);
+        }
+    } else {
+        T_SKIP("%s is absent: CLI runs on the real model skipped", MODEL);
+    }
+    rc = cli_run("run -m /no/such/model.gguf", 0, &out);
+    T_CHECK(rc == 1 && strstr(out, "/no/such/model.gguf"), "missing model: %.200s", out);
+    free(out);
+    /* gen-model writes a model that runs */
+    char path[] = "/tmp/dhsa_test_genmodel_XXXXXX";
+    int fd = mkstemp(path);
+    if (fd >= 0) {
+        close(fd);
+        char args[512];
+        snprintf(args, sizeof args, "gen-model --preset tiny --type Q4_K --n-embd 256 --n-ff 512 -o %s", path);
+        rc = cli_run(args, 0, &out);
+        T_CHECK(rc == 0 && strstr(out, "wrote"), "gen-model: %.200s", out);
+        free(out);
+        snprintf(args, sizeof args, "run -m %s -p 'a b c' -n 4 --temp 0", path);
+        rc = cli_run(args, 0, &out);
+        T_CHECK(rc == 0 && strstr(out, "decode: 4 tokens"), "run on a generated model: %.300s", out);
+        free(out);
+        snprintf(args, sizeof args, "bench model -m %s --lengths 64 --attn dense,dhsa --decode 2", path);
+        rc = cli_run(args, 0, &out);
+        T_CHECK(rc == 0 && strstr(out, "dense") && strstr(out, "dhsa") && strstr(out, "1.00x"), "bench model: %.400s",
+                out);
+        free(out);
+        remove(path);
+    }
+}
+
 int main(void) {
     dhsa_ctx_params cp = dhsa_ctx_default_params();
     cp.n_threads = 2;
@@ -425,6 +535,7 @@ int main(void) {
     }
     test_sampler();
     test_real();
+    test_cli();
     dhsa_ctx_free(ctx);
     return t_report("test_model");
 }

@@ -61,7 +61,8 @@ const char dhsa_cli_run_usage[] =
     "Output:\n"
     "  --ids               print token ids (prompt, then generated) instead of text\n"
     "  --verbose           print the model, the plan and the timings\n"
-    "  --no-echo           do not print the prompt before the continuation\n";
+    "  --no-echo           do not print the prompt before the continuation (--chat\n"
+    "                      never does)\n";
 
 static const char *cur_cmd = "run";
 
@@ -369,7 +370,7 @@ static int run_main(int argc, char **argv, int plan_only) {
     if (o.ids) {
         for (int64_t i = 0; i < n_prompt; i++) printf("%s%d", i ? " " : "", ids[i]);
         fflush(stdout);
-    } else if (!o.no_echo) {
+    } else if (!o.no_echo && !o.chat) { /* a chat shows only the reply */
         for (int64_t i = 0; i < n_prompt; i++) emit(tok, ids[i], i == 0 || (i == 1 && ids[0] == dhsa_tokenizer_bos(tok)));
     }
     t0 = now();
