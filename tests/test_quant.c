@@ -561,7 +561,7 @@ static void test_matmul_bitwise(void) {
     for (int ti = 0; ti < N_TYPES; ti++) {
         uint32_t type = all_types[ti];
         int kq = dhsa__wt_block(type) == 256;
-        const int64_t n_in = kq ? 1024 : dhsa__wt_block(type) == 32 ? 1056 : 1000, n_out = 300, n_tok = 20;
+        const int64_t n_in = kq ? 1024 : dhsa__wt_block(type) == 32 ? 1056 : 1000, n_out = 300, n_tok = 40;
         dhsa_wmat W = make_w(type, n_out, n_in, 4000 + (uint64_t)ti);
         float *x = make_x(n_tok, n_in, 4100 + (uint64_t)ti);
         size_t ybytes = (size_t)(n_tok * n_out) * sizeof(float);
@@ -570,6 +570,9 @@ static void test_matmul_bitwise(void) {
             if (!isa_ok(isas[k])) continue;
             dhsa_set_isa(isas[k]);
             const char *in = dhsa_isa_name(isas[k]);
+            /* both routes are exercised: 1 and 3 tokens fused (SIMD), 40 by panels */
+            T_CHECK(!dhsa__matmul_fused(type, n_tok) && (isas[k] == DHSA_ISA_SCALAR || dhsa__matmul_fused(type, 3)),
+                    "%s %s: the route test does not cover both routes", tname(type), in);
             /* panel route, then the fused route's first token */
             for (int64_t nt = n_tok; nt >= 1; nt = nt == n_tok ? 1 : 0) {
                 dhsa__matmul(c1, &W, x, n_in, nt, y1, n_out);

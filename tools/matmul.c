@@ -223,7 +223,6 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
     dhsa_ctx *ctx;
     if (dhsa_ctx_create(&cp, &ctx) != DHSA_OK) die(EXIT_RUN, "dhsa_ctx_create: %s", dhsa_last_error());
     threads = dhsa_ctx_n_threads(ctx);
-    const dhsa__quant_kernels *k = dhsa__quant_kernels_active();
     const int bw = tok <= 8;
 
     float *x = dhsa_buffer_alloc((size_t)(tok * n_in) * sizeof(float));
@@ -234,14 +233,15 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
 
     double peak = dhsa_peak_fma_gflops(ctx, threads, 0.3);
     if (!(peak > 0.0)) die(EXIT_RUN, "measuring the FMA peak failed: %s", dhsa_last_error());
-    printf("dhsa bench matmul: isa %s, %d thread%s, n_in %lld, n_out %lld, tok %lld, %s route, %d runs\n",
+    printf("dhsa bench matmul: isa %s, %d thread%s, n_in %lld, n_out %lld, tok %lld, %d runs\n",
            dhsa_isa_name(dhsa_active_isa()), threads, threads > 1 ? "s" : "", (long long)n_in, (long long)n_out,
-           (long long)tok, tok <= k->max_tok_fused ? "fused (decode)" : "panel (prefill)", runs);
+           (long long)tok, runs);
 
     double *t = malloc((size_t)runs * sizeof *t), *tr = malloc((size_t)runs * sizeof *tr),
            *ratio = malloc((size_t)runs * sizeof *ratio);
     struct {
         double mib, ms, gflops, wgbps, rdgbps, rdshare, check;
+        int fused;
     } res[7];
     if (!t || !tr || !ratio) die(EXIT_RUN, "out of memory");
     int rc = 0;
@@ -306,15 +306,17 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
         res[ti].rdgbps = bw ? (double)wbytes / median(tr, runs) * 1e-9 : 0.0;
         res[ti].rdshare = bw ? median(ratio, runs) : 0.0;
         res[ti].check = worst;
+        res[ti].fused = dhsa__matmul_fused(W.type, tok);
         dhsa_buffer_free(wd);
     }
     if (rc == 0) {
         double peak2 = dhsa_peak_fma_gflops(ctx, threads, 0.3);
         if (peak2 > peak) peak = peak2;
-        printf("%-6s %9s %10s %9s %7s %8s%s %11s\n", "type", "W MiB", "median ms", "GFLOP/s", "% peak", "W GB/s",
-               bw ? " read GB/s  % read" : "", "check");
+        printf("%-6s %6s %9s %10s %9s %7s %8s%s %11s\n", "type", "route", "W MiB", "median ms", "GFLOP/s", "% peak",
+               "W GB/s", bw ? " read GB/s  % read" : "", "check");
         for (int ti = 0; ti < n_types; ti++) {
-            printf("%-6s %9.1f %10.3f %9.1f %6.1f%% %8.2f", dhsa_ggml_type_name(types[ti]), res[ti].mib, res[ti].ms,
+            printf("%-6s %6s %9.1f %10.3f %9.1f %6.1f%% %8.2f", dhsa_ggml_type_name(types[ti]),
+                   res[ti].fused ? "fused" : "panel", res[ti].mib, res[ti].ms,
                    res[ti].gflops, 100.0 * res[ti].gflops / peak, res[ti].wgbps);
             if (bw) printf(" %9.2f %6.1f%%", res[ti].rdgbps, 100.0 * res[ti].rdshare);
             printf(" %6.3f tol\n", res[ti].check);

@@ -57,6 +57,9 @@ static const type_info *info(uint32_t type) {
     return NULL;
 }
 
+/* Index of a supported type in types[] (the order of max_tok_fused). */
+static int type_index(uint32_t type) { return (int)(info(type) - types); }
+
 int dhsa__wt_supported(uint32_t type) { return info(type) != NULL; }
 int64_t dhsa__wt_block(uint32_t type) { return info(type) ? info(type)->block : 0; }
 int64_t dhsa__wt_block_bytes(uint32_t type) { return info(type) ? info(type)->bytes : 0; }
@@ -204,7 +207,7 @@ static void tile_scalar(const float *W, int64_t ldw, const float *X, int64_t ldx
     for (int r = 0; r < 4; r++) out[r] = tree8(s[r]);
 }
 
-const dhsa__quant_kernels dhsa__quant_scalar = {"scalar", 1, 4, 0, dequant_scalar, NULL, tile_scalar};
+const dhsa__quant_kernels dhsa__quant_scalar = {"scalar", 1, 4, {0, 0, 0, 0, 0, 0, 0}, dequant_scalar, NULL, tile_scalar};
 
 const dhsa__quant_kernels *dhsa__quant_kernels_active(void) {
     switch (dhsa_active_isa()) {
@@ -534,7 +537,7 @@ static plan make_plan(const dhsa__quant_kernels *k, uint32_t type, int64_t n_in,
     plan p;
     memset(&p, 0, sizeof p);
     int64_t row_bytes = dhsa__wt_row_bytes(type, n_in);
-    p.fused = n_tok <= k->max_tok_fused && k->gemv != NULL;
+    p.fused = n_tok <= k->max_tok_fused[type_index(type)] && k->gemv != NULL;
     if (p.fused) {
         p.unit_rows = round_up(ceil_div(FUSED_CHUNK_BYTES, row_bytes > 0 ? row_bytes : 1), 4);
         p.n_units = ceil_div(n_out, p.unit_rows);
@@ -577,6 +580,42 @@ static void fused_units(const mm_job *j, int64_t u0, int64_t u1) {
                j->n_tok, j->y + o0, j->ldy);
 }
 
+/* Bytes of a row holding columns [k0, k0 + kn) (k0, kn multiples of the block). */
+static inline int64_t seg_bytes(uint32_t type, int64_t kn) {
+    return kn / dhsa__wt_block(type) * dhsa__wt_block_bytes(type);
+}
+
+/* Prefetches, a slice at a time, the W segments the next K block (or the
+ * next panel's first) will dequantize: np short row segments that would
+ * otherwise each wait on memory when there are few tokens to hide it. */
+typedef struct {
+    const uint8_t *base; /* first row's segment */
+    int64_t row_bytes, lines, total, done;
+} w_prefetch;
+
+static w_prefetch w_prefetch_next(const mm_job *j, int64_t o0, int64_t np, int64_t k0) {
+    const dhsa_wmat *W = j->W;
+    w_prefetch f = {NULL, W->row_bytes, 0, 0, 0};
+    int64_t nk0 = k0 + DHSA_QK_KC, no0 = o0, nnp = np;
+    if (nk0 >= W->n_in) { /* the next panel */
+        nk0 = 0;
+        no0 = o0 + np;
+        nnp = W->n_out - no0 < np ? W->n_out - no0 : np;
+        if (nnp <= 0) return f;
+    }
+    int64_t nkn = W->n_in - nk0 < DHSA_QK_KC ? W->n_in - nk0 : DHSA_QK_KC;
+    int64_t off = seg_bytes(W->type, nk0);
+    f.base = (const uint8_t *)W->data + no0 * W->row_bytes + off;
+    f.lines = ceil_div(seg_bytes(W->type, nkn), 64);
+    f.total = nnp * f.lines;
+    return f;
+}
+
+static inline void w_prefetch_some(w_prefetch *f, int64_t n) {
+    for (int64_t e = 0; e < n && f->done < f->total; e++, f->done++)
+        __builtin_prefetch(f->base + f->done / f->lines * f->row_bytes + 64 * (f->done % f->lines));
+}
+
 /* One panel: rows [o0, o0 + np), every K block, every token. */
 static void panel(const mm_job *j, int64_t o0, int64_t np, float *buf, float *xp) {
     const dhsa__quant_kernels *k = j->k;
@@ -584,8 +623,11 @@ static void panel(const mm_job *j, int64_t o0, int64_t np, float *buf, float *xp
     const int mr = k->mr, nr = k->nr;
     const int64_t ldb = j->p.ldb, n_in = W->n_in, n_tok = j->n_tok;
     const int64_t np_pad = round_up(np, nr);
+    const int64_t n_tiles = ceil_div(n_tok, mr) * ceil_div(np, nr);
     float out[64]; /* mr * nr */
     for (int64_t k0 = 0; k0 < n_in; k0 += DHSA_QK_KC) {
+        w_prefetch wpf = w_prefetch_next(j, o0, np, k0);
+        const int64_t wpf_per_tile = ceil_div(wpf.total, n_tiles);
         const int64_t kn = n_in - k0 < DHSA_QK_KC ? n_in - k0 : DHSA_QK_KC, kp = round_up(kn, 16);
         const int first = k0 == 0;
         /* buf [np_pad][ldb]: W rows o0.., columns k0..k0+kn, zero padded */
@@ -604,7 +646,17 @@ static void panel(const mm_job *j, int64_t o0, int64_t np, float *buf, float *xp
                 memcpy(d, src, (size_t)kn * sizeof(float));
                 for (int64_t c = kn; c < kp; c++) d[c] = 0.0f;
             }
+            /* the next tile of tokens comes from L3 or memory (x of 512 tokens is
+             * megabytes): fetch it while this one computes, a slice per tile */
+            const int64_t t_next = t0 + mr, lines = ceil_div(kn, 16); /* 64-byte lines per x row */
+            const int64_t n_pf = t_next < n_tok ? mr * lines : 0, per_tile = ceil_div(n_pf, ceil_div(np, nr));
+            int64_t pf_i = 0;
             for (int64_t r0 = 0; r0 < np; r0 += nr) {
+                for (int64_t e = 0; e < per_tile && pf_i < n_pf; e++, pf_i++) {
+                    int64_t tt = t_next + pf_i / lines;
+                    if (tt < n_tok) __builtin_prefetch(j->x + tt * j->ldx + k0 + 16 * (pf_i % lines));
+                }
+                w_prefetch_some(&wpf, wpf_per_tile);
                 k->tile(buf + r0 * ldb, ldb, xp, ldb, kp, out);
                 const int vr = np - r0 < nr ? (int)(np - r0) : nr;
                 for (int t = 0; t < nt; t++) {
@@ -645,6 +697,11 @@ static dhsa_status check_mm(uint32_t type, int64_t n_in, int64_t n_out, int64_t 
     if (n_in > ((int64_t)1 << 40) || n_out > ((int64_t)1 << 40) || n_tok > ((int64_t)1 << 40))
         return dhsa__fail(DHSA_ERR_TOO_LARGE, "dhsa__matmul: a dimension is above 2^40");
     return DHSA_OK;
+}
+
+int dhsa__matmul_fused(uint32_t type, int64_t n_tok) {
+    const dhsa__quant_kernels *k = dhsa__quant_kernels_active();
+    return info(type) && k->gemv && n_tok <= k->max_tok_fused[type_index(type)];
 }
 
 size_t dhsa__matmul_workspace(uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok, int n_threads) {

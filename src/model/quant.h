@@ -80,8 +80,10 @@ typedef struct {
     const char *name;
     /* Panel route micro-tile: mr tokens x nr rows. */
     int mr, nr;
-    /* n_tok up to which the fused route runs (0: never). */
-    int max_tok_fused;
+    /* n_tok up to which the fused route runs (0: never), per type in the
+     * order F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K: where it beats the panel
+     * route (measured, docs/quant.md). */
+    int max_tok_fused[7];
     /* dst[0..kn) = columns [k0, k0 + kn) of a row. k0 and kn are multiples
      * of the block (k0 of 16 as well); writes exactly kn floats. */
     void (*dequant)(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, float *dst);
@@ -101,5 +103,8 @@ extern const dhsa__quant_kernels dhsa__quant_avx512;
 #endif
 /* The kernels of dhsa_active_isa(). */
 const dhsa__quant_kernels *dhsa__quant_kernels_active(void);
+/* 1 when dhsa__matmul takes the fused route for this type and n_tok with the
+ * active ISA (for benchmarks and tests). */
+int dhsa__matmul_fused(uint32_t type, int64_t n_tok);
 
 #endif

@@ -341,7 +341,8 @@ static void gemv(uint32_t type, const uint8_t *w, int64_t row_bytes, int64_t nro
     }
 }
 
-const dhsa__quant_kernels dhsa__quant_avx2 = {"avx2", MR, NR, 4, dequant, gemv, tile};
+/* fused-route limits: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K (docs/quant.md) */
+const dhsa__quant_kernels dhsa__quant_avx2 = {"avx2", MR, NR, {8, 4, 4, 8, 4, 4, 4}, dequant, gemv, tile};
 
 #else
 typedef int dhsa__quant_avx2_unused; /* ISO C forbids an empty file */
