@@ -949,6 +949,16 @@ typedef struct {
     /* Called after each ubatch of a prefill (done tokens of total). */
     void (*progress)(void *user, int64_t done, int64_t total);
     void *progress_user;
+    /* Called for every layer of every ubatch right after its attention
+     * ran, with the call it made: a->q the ubatch's post-RoPE queries
+     * [1, n_head, n, hd_k], a->k / a->v the layer's cache up to the last
+     * of them [1, n_head_kv, q_pos0 + n, hd], a->o the output, a->layout
+     * the routing (NULL when dense), a->q_pos0, window, softcap, scale as
+     * used. Everything is read-only and valid during the call only. For
+     * evaluation and training (attention recall, boundary labels, layout
+     * pictures); a nonzero return stops the eval with DHSA_ERR_INVALID_ARG. */
+    int (*layer_hook)(void *user, int64_t layer, const dhsa_attn_desc *a);
+    void *layer_hook_user;
 } dhsa_session_params;
 
 dhsa_session_params dhsa_session_default_params(void);

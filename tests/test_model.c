@@ -91,6 +91,56 @@ static dhsa_status greedy(const dhsa_model *m, dhsa_session_params sp, int32_t *
     return st;
 }
 
+typedef struct {
+    int calls, bad, with_layout, stop_at;
+    int64_t last_pos0;
+} hook_state;
+
+static int hook(void *user, int64_t layer, const dhsa_attn_desc *a) {
+    hook_state *h = user;
+    h->calls++;
+    if (a->q.shape[1] != 8 || a->k.shape[1] != 4 || a->k.shape[2] != a->q_pos0 + a->q.shape[2] || layer < 0 ||
+        layer >= 5 || !a->causal)
+        h->bad++;
+    if (a->layout) h->with_layout++;
+    h->last_pos0 = a->q_pos0;
+    return h->stop_at && h->calls == h->stop_at;
+}
+
+static void test_hook(const dhsa_model *m) {
+    hook_state h = {0};
+    dhsa_session_params sp = dhsa_session_default_params();
+    sp.layer_hook = hook;
+    sp.layer_hook_user = &h;
+    sp.n_ubatch = 4;
+    sp.attn = DHSA_ATTN_DHSA;
+    sp.router.dense_below = 0;
+    int32_t ids[10] = {1, 403, 407, 261, 378, 432, 383, 286, 261, 376};
+    float *lg = malloc(512 * sizeof(float));
+    dhsa_session *s;
+    dhsa_status st = dhsa_session_create(ctx, m, &sp, &s);
+    if (!st) st = dhsa_session_eval(s, ids, 10, lg);
+    T_CHECK(st == DHSA_OK && h.calls == 15 && h.bad == 0 && h.with_layout == 15 && h.last_pos0 == 8,
+            "layer hook: %d calls (15), %d bad, %d with a layout, last q_pos0 %lld", h.calls, h.bad, h.with_layout,
+            (long long)h.last_pos0);
+    if (!st) dhsa_session_free(s);
+    hook_state h2 = {.stop_at = 7};
+    sp.layer_hook_user = &h2;
+    st = dhsa_session_create(ctx, m, &sp, &s);
+    if (!st) {
+        st = dhsa_session_eval(s, ids, 10, lg);
+        T_CHECK(st == DHSA_ERR_INVALID_ARG && h2.calls == 7 && dhsa_session_length(s) == 4 &&
+                    dhsa_session_eval(s, ids, 1, lg) == DHSA_ERR_INVALID_ARG,
+                "a hook that stops: status %d after %d calls, length %lld, then refused until reset", st, h2.calls,
+                (long long)dhsa_session_length(s));
+        dhsa_session_reset(s);
+        h2.stop_at = 0;
+        T_CHECK(dhsa_session_eval(s, ids, 10, lg) == DHSA_OK, "after reset it runs");
+        dhsa_session_free(s);
+    }
+    free(lg);
+}
+
 /* ------------------------------------------------------------- real --- */
 
 static const int32_t prompt_ids[] = {1, 403, 407, 261, 378}; /* BOS "Once upon a time" */
@@ -150,6 +200,7 @@ static void test_real(void) {
     T_CHECK(st == DHSA_OK && nt == NP && memcmp(tk, prompt_ids, sizeof prompt_ids) == 0, "prompt ids");
 
     test_peer(m, "GGUF");
+    test_hook(m);
 
     /* greedy decoding: the text */
     dhsa_session_params sp = dhsa_session_default_params();

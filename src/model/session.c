@@ -420,6 +420,8 @@ static dhsa_status attend(dhsa_session *s, int64_t l, int64_t n, int64_t pos0) {
         a.layout = lay;
     }
     st = dhsa_attention(s->ctx, &a);
+    if (!st && s->p.layer_hook && s->p.layer_hook(s->p.layer_hook_user, l, &a))
+        st = dhsa__fail(DHSA_ERR_INVALID_ARG, "the layer hook stopped the eval at layer %lld", (long long)l);
     dhsa_layout_free(lay);
     return st;
 }
