@@ -21,6 +21,9 @@
 #define INLINE static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 16")
 #define R 4
+/* prefetch distance of the fused route, in row groups; into L2 (T1), so
+ * that prefetches do not hold the L1 fill buffers the loads need */
+#define PF_GROUPS 2
 #define TMAX 2
 #define MR 3
 #define NR 4
@@ -213,7 +216,7 @@ static void tile(const float *W, int64_t ldw, const float *X, int64_t ldxp, int6
 
 /* Prefetch of [p, p + n) in the next row group (see quant_avx512.c). */
 INLINE void prefetch(const uint8_t *p, int n) {
-    for (int b = 0; b < n; b += 64) _mm_prefetch((const char *)(p + b), _MM_HINT_T0);
+    for (int b = 0; b < n; b += 64) _mm_prefetch((const char *)(p + b), _MM_HINT_T1);
 }
 
 INLINE void fused_block(const uint32_t type, const int T, const uint8_t *const *w, const float *xk, int64_t ldx,
@@ -336,7 +339,7 @@ static void gemv(uint32_t type, const uint8_t *w, int64_t row_bytes, int64_t nro
         for (int r = 0; r < R; r++) rows[r] = w + (r0 + (r < nr ? r : nr - 1)) * row_bytes;
         for (int64_t t0 = 0; t0 < n_tok; t0 += TMAX) {
             const int T = n_tok - t0 < TMAX ? (int)(n_tok - t0) : TMAX;
-            f[T](rows, x + t0 * ldx, ldx, n_in, R * row_bytes, y + t0 * ldy + r0, ldy, nr);
+            f[T](rows, x + t0 * ldx, ldx, n_in, PF_GROUPS * R * row_bytes, y + t0 * ldy + r0, ldy, nr);
         }
     }
 }

@@ -25,6 +25,9 @@
 #define INLINE static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 16")
 #define R 4    /* rows per fused tile */
+/* prefetch distance of the fused route, in row groups; into L2 (T1), so
+ * that prefetches do not hold the L1 fill buffers the loads need */
+#define PF_GROUPS 2
 #define TMAX 4 /* tokens per fused tile */
 #define MR 6   /* panel tile: tokens */
 #define NR 4   /* panel tile: rows */
@@ -59,10 +62,12 @@ INLINE __m128 tree4(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
 
 /* ------------------------------------------------------------- decoders --- */
 
+/* vpbroadcastw from memory + vcvtph2ps: two instructions, where a scalar
+ * conversion then a broadcast takes three */
 INLINE __m512 bcast_half(const uint8_t *p) {
-    uint16_t h;
+    int16_t h;
     memcpy(&h, p, 2);
-    return _mm512_set1_ps(_cvtsh_ss(h));
+    return _mm512_cvtph_ps(_mm256_set1_epi16(h));
 }
 
 INLINE __mmask16 tail_mask(int64_t n) { return (__mmask16)((1u << n) - 1u); }
@@ -235,15 +240,15 @@ static void tile(const float *W, int64_t ldw, const float *X, int64_t ldxp, int6
 
 /* ---------------------------------------------------------- fused tile --- */
 
-/* Prefetch of the bytes [p, p + n) of the next row group (pf bytes ahead):
+/* Prefetch of the bytes [p, p + n) of a later row group (pf bytes ahead):
  * a row of a quantized matrix is only a few KiB, too short for the hardware
  * prefetcher to ramp up on four interleaved streams. */
 INLINE void prefetch(const uint8_t *p, int n) {
-    for (int b = 0; b < n; b += 64) _mm_prefetch((const char *)(p + b), _MM_HINT_T0);
+    for (int b = 0; b < n; b += 64) _mm_prefetch((const char *)(p + b), _MM_HINT_T1);
 }
 
 /* acc[r][t] += W_r[k0 .. k0+kn) . x_t[k0 .. k0+kn) in unit order; xk = x + k0;
- * pf = R * row_bytes (the same place in the next row group) */
+ * pf = PF_GROUPS * R * row_bytes (the same place in a later row group) */
 INLINE void fused_block(const uint32_t type, const int T, const uint8_t *const *w, const float *xk, int64_t ldx,
                         int64_t k0, int64_t kn, int64_t pf, __m512 acc[R][TMAX]) {
     switch (type) {
@@ -397,7 +402,7 @@ static void gemv(uint32_t type, const uint8_t *w, int64_t row_bytes, int64_t nro
         for (int r = 0; r < R; r++) rows[r] = w + (r0 + (r < nr ? r : nr - 1)) * row_bytes;
         for (int64_t t0 = 0; t0 < n_tok; t0 += TMAX) {
             const int T = n_tok - t0 < TMAX ? (int)(n_tok - t0) : TMAX;
-            f[T](rows, x + t0 * ldx, ldx, n_in, R * row_bytes, y + t0 * ldy + r0, ldy, nr);
+            f[T](rows, x + t0 * ldx, ldx, n_in, PF_GROUPS * R * row_bytes, y + t0 * ldy + r0, ldy, nr);
         }
     }
 }
