@@ -224,19 +224,27 @@ INLINE void fused_block(const uint32_t type, const int T, const uint8_t *const *
     switch (type) {
     case DHSA_GGML_F32:
     case DHSA_GGML_F16:
-    case DHSA_GGML_BF16:
-        for (int64_t k = 0; k < kn; k += 8) {
-            const int64_t n = kn - k;
+    case DHSA_GGML_BF16: {
+        int64_t k = 0;
+        for (; k + 8 <= kn; k += 8) {
             __m256 xv[TMAX];
-            UNROLL for (int t = 0; t < T; t++) xv[t] = n >= 8 ? _mm256_loadu_ps(xk + t * ldx + k)
-                                                             : _mm256_maskload_ps(xk + t * ldx + k, tail_mask(n));
+            UNROLL for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(xk + t * ldx + k);
             UNROLL for (int r = 0; r < R; r++) {
-                __m256 wv = load_float(type, w[r], k0 + k, n);
+                __m256 wv = load_float(type, w[r], k0 + k, 8);
                 if (type == DHSA_GGML_F32 || !(k & 8)) prefetch(w[r] + pf + (type == DHSA_GGML_F32 ? 4 : 2) * (k0 + k), 1);
                 UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
             }
         }
+        if (k < kn) { /* the last 1..7 columns, zero padded (no read past the row) */
+            __m256 xv[TMAX];
+            UNROLL for (int t = 0; t < T; t++) xv[t] = _mm256_maskload_ps(xk + t * ldx + k, tail_mask(kn - k));
+            UNROLL for (int r = 0; r < R; r++) {
+                __m256 wv = load_float(type, w[r], k0 + k, kn - k);
+                UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+            }
+        }
         return;
+    }
     case DHSA_GGML_Q8_0:
     case DHSA_GGML_Q4_0: {
         const int64_t bb = type == DHSA_GGML_Q8_0 ? 34 : 18;
