@@ -337,6 +337,99 @@ int64_t dhsa_predictor_window(const dhsa_predictor *pr); /* w */
 dhsa_status dhsa_predictor_score(dhsa_ctx *ctx, const dhsa_predictor *pr, const dhsa_tensor *k, int64_t b,
                                  float *p);
 
+/* ---- Predictor training block begin (src/route/predictor_train.c, docs/predictor.md) ---- */
+/* Soft boundary labels from dense attention (the published recipe). For a
+ * candidate c with window w, compare the attention mass that the queries
+ * at positions >= c + w put on the keys [c - w, c) with the mass on
+ * [c, c + w), summed over query heads: r = max / min, and
+ * y = sigmoid(2 * (log r - log 2)) (r = 1 gives 0.2, r = 2 gives 0.5).
+ *
+ * Step 1, once per attention call (e.g. from a session's layer_hook, per
+ * ubatch): adds the mass that a's queries put on each key, by the query's
+ * distance, to mass [n_keys][2w]: mass[j * 2w + d - 1] for d in 1 .. 2w - 1
+ * is the mass the query at position j + d puts on key j, mass[j * 2w +
+ * 2w - 1] that of all queries at j + 2w or later (queries at or before j
+ * are not counted). a: q [1, Hq, Lq, hd] at positions q_pos0 .., k [1,
+ * Hkv, Lk, hd] (any type and strides), scale (0 = 1/sqrt(hd)), softcap,
+ * causal, window as in dhsa_attn_desc; dense attention is recomputed here
+ * in double with an explicit softmax per query row (a->layout is ignored;
+ * masks and biases are refused). Lk and q_pos0 + Lq must be <= n_keys.
+ * The result does not depend on the ctx's threads. Workspace from ctx:
+ * (Hq * Lq + Hq * Lq * hd + Hkv * Lk * hd) doubles. */
+dhsa_status dhsa_boundary_mass_add(dhsa_ctx *ctx, const dhsa_attn_desc *a, int64_t w, double *mass,
+                                   int64_t n_keys);
+/* Step 2, once all n_keys queries were added: y[c] for c in [0, n_keys)
+ * (and log r in log_ratio[c], may be NULL). A candidate is labelled when
+ * its windows hold no key before `sink` (the first keys draw attention
+ * whatever the content: sink 1 leaves out BOS) and at least w queries
+ * follow it: c - w >= sink and c + 2w <= n_keys; others get y = -1. A zero
+ * mass on one side (a sliding window) gives log r = 50; on both sides 0. */
+dhsa_status dhsa_boundary_labels(const double *mass, int64_t n_keys, int64_t w, int64_t sink, float *y,
+                                 float *log_ratio);
+
+/* One sequence of training data for one layer. */
+typedef struct {
+    const float *keys; /* [n][C]: token t's post-RoPE keys, KV heads
+                          concatenated (head g at g * hd), as
+                          dhsa_predictor_score reads them */
+    const float *y;    /* [n]: label of candidate t in [0, 1]; < 0 = none */
+    int64_t n;
+    int64_t split;     /* candidates with t + w <= split train, those with
+                          t - w >= split validate, the rest (their window
+                          crosses the split) are left out */
+} dhsa_train_seq;
+
+typedef struct {
+    int64_t step;
+    double train_loss; /* mean focal loss over a fixed subset of at most
+                          8192 training samples */
+    double val_loss;   /* mean over all validation samples */
+} dhsa_train_point;
+
+typedef struct {
+    double lr;                /* Adam step (default 1e-4) */
+    double beta1, beta2, eps; /* Adam (0.9, 0.999, 1e-8) */
+    double gamma;             /* focal exponent (default 2) */
+    double pos_weight;        /* weight of the positive term (default 1.3) */
+    int64_t batch;            /* samples per step (default 64) */
+    int64_t steps;            /* (default 2000) */
+    int64_t eval_every;       /* a progress point every N steps (default 100;
+                                 0 = only before and after) */
+    uint64_t seed;            /* minibatch order (shuffled epochs) */
+    void (*progress)(void *user, const dhsa_train_point *pt);
+    void *progress_user;
+} dhsa_train_params;
+
+typedef struct {
+    int64_t n_train, n_val;      /* samples */
+    double train_pos, val_pos;   /* share of samples with y >= 0.5 */
+    double val_y_mean;
+    dhsa_train_point first;      /* before the first step */
+    dhsa_train_point last;       /* after the last, with the F32 weights
+                                    the predictor now holds */
+    double const_p;              /* the best constant prediction on the
+                                    training samples, */
+    double val_loss_const;       /* and its validation loss: the floor a
+                                    predictor that learned nothing reaches */
+    int64_t tp, fp, fn, tn;      /* validation, (p >= 0.5) vs (y >= 0.5) */
+    double precision, recall, f1; /* 0 where undefined */
+    double auc;                  /* ROC AUC of p for y >= 0.5 (validation) */
+    double seconds;
+} dhsa_train_report;
+
+dhsa_train_params dhsa_train_default_params(void);
+/* Trains pr in place (from its current weights, e.g. those of
+ * dhsa_predictor_create_random) on the candidates of seqs[0 .. n_seqs):
+ * each sample is the window of 2w keys around t (as in
+ * dhsa_predictor_score) and its label; focal BCE (docs/predictor.md),
+ * Adam on shuffled minibatches, hand-written backprop in double; the
+ * weights are rounded to F32 at the end. Needs at least one training and
+ * one validation sample; keys must be finite, labels <= 1. Deterministic
+ * for a seed, whatever the ctx's threads. report may be NULL. */
+dhsa_status dhsa_predictor_train(dhsa_ctx *ctx, dhsa_predictor *pr, const dhsa_train_seq *seqs, int64_t n_seqs,
+                                 const dhsa_train_params *p, dhsa_train_report *report);
+/* ---- Predictor training block end ---- */
+
 typedef struct {
     dhsa_route_method method;
     dhsa_boundary boundary;

@@ -613,7 +613,7 @@ static w_prefetch w_prefetch_next(const mm_job *j, int64_t o0, int64_t np, int64
 
 static inline void w_prefetch_some(w_prefetch *f, int64_t n) {
     for (int64_t e = 0; e < n && f->done < f->total; e++, f->done++)
-        __builtin_prefetch(f->base + f->done / f->lines * f->row_bytes + 64 * (f->done % f->lines));
+        __builtin_prefetch(f->base + f->done / f->lines * f->row_bytes + 64 * (f->done % f->lines), 0, 2); /* to L2 */
 }
 
 /* One panel: rows [o0, o0 + np), every K block, every token. */

@@ -9,9 +9,13 @@
  * tiled attention's qk micro-kernel against weights packed once at load
  * into [tiles][rows][64] column panels; the 2w x 2w window attention,
  * LayerNorm and pooling are small loops. Slabs run in parallel.
- * Tested by tests/test_predictor.c (naive double forward, parser fuzzing).
+ * The struct is in predictor_internal.h, shared with the trainer
+ * (predictor_train.c, which keeps its own double-precision forward).
+ * Tested by tests/test_predictor.c (naive double forward, parser fuzzing)
+ * and tests/test_train.c (the trainer's forward agrees with this one).
  */
 #include "route/layout_internal.h"
+#include "route/predictor_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -23,17 +27,6 @@
 #define HEADER 28 /* magic 8 + 5 x u32 */
 #define PANEL 64
 #define SLAB 512
-
-struct dhsa_predictor {
-    int64_t C, w, hidden;
-    /* raw weights, as in the file */
-    float *wq, *bq, *wk, *bk, *wv, *bv, *gamma, *beta, *w1, *b1, *w2;
-    float b2;
-    /* packed panels: proj [3][tilesC][C][64], mlp [tilesH][4C+1][64] */
-    float *proj, *mlp;
-    int64_t tiles_c, tiles_h;
-    float *mem; /* one allocation for everything above */
-};
 
 /* ---------------------------------------------------------------- crc32 --- */
 
@@ -48,13 +41,12 @@ static uint32_t crc32_update(uint32_t crc, const unsigned char *p, size_t n) {
 
 /* ------------------------------------------------------------- layout --- */
 
-/* Floats of the raw weights for (C, hidden). */
-static size_t raw_floats(int64_t C, int64_t hidden) {
+size_t dhsa__predictor_raw_floats(int64_t C, int64_t hidden) {
     size_t c = (size_t)C, h = (size_t)hidden, f = 4 * c + 1;
     return 3 * (c * c + c) + 2 * c + f * h + h + h + 1;
 }
 
-static dhsa_status alloc_predictor(int64_t C, int64_t w, int64_t hidden, dhsa_predictor **out) {
+dhsa_status dhsa__predictor_alloc(int64_t C, int64_t w, int64_t hidden, dhsa_predictor **out) {
     *out = NULL;
     if (C < 1 || C > 8192 || w < 1 || w > 64 || hidden < 1 || hidden > 4096)
         return dhsa__fail(DHSA_ERR_FORMAT,
@@ -70,7 +62,7 @@ static dhsa_status alloc_predictor(int64_t C, int64_t w, int64_t hidden, dhsa_pr
     pr->tiles_h = (hidden + PANEL - 1) / PANEL;
     size_t c = (size_t)C, f = 4 * c + 1;
     size_t packed = 3 * (size_t)pr->tiles_c * c * PANEL + (size_t)pr->tiles_h * f * PANEL;
-    pr->mem = calloc(raw_floats(C, hidden) + packed, sizeof(float));
+    pr->mem = calloc(dhsa__predictor_raw_floats(C, hidden) + packed, sizeof(float));
     if (!pr->mem) {
         free(pr);
         return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory for a predictor of C = %lld", (long long)C);
@@ -105,7 +97,7 @@ static void pack(const float *src, int64_t rows, int64_t cols, float *dst) {
             }
 }
 
-static void pack_all(dhsa_predictor *pr) {
+void dhsa__predictor_pack(dhsa_predictor *pr) {
     int64_t C = pr->C, tc = pr->tiles_c;
     pack(pr->wq, C, C, pr->proj);
     pack(pr->wk, C, C, pr->proj + tc * C * PANEL);
@@ -153,7 +145,7 @@ dhsa_status dhsa_predictor_load_memory(const void *data, size_t size, dhsa_predi
                           "predictor sizes C=%u w=%u hidden=%u: need 1 <= C <= 8192, 1 <= w <= 64, "
                           "1 <= hidden <= 4096",
                           C, w, hidden);
-    size_t n = raw_floats(C, hidden), want = HEADER + 4 * n + 4;
+    size_t n = dhsa__predictor_raw_floats(C, hidden), want = HEADER + 4 * n + 4;
     if (size != want)
         return dhsa__fail(DHSA_ERR_FORMAT,
                           "predictor file is %zu bytes; C=%u, hidden=%u need exactly %zu (truncated or "
@@ -163,7 +155,7 @@ dhsa_status dhsa_predictor_load_memory(const void *data, size_t size, dhsa_predi
     if (crc != stored)
         return dhsa__fail(DHSA_ERR_FORMAT, "predictor file is corrupt: CRC-32 %08x, stored %08x", crc, stored);
     dhsa_predictor *pr;
-    dhsa_status st = alloc_predictor(C, w, hidden, &pr);
+    dhsa_status st = dhsa__predictor_alloc(C, w, hidden, &pr);
     if (st) return st;
     const unsigned char *q = p + HEADER;
     for (size_t i = 0; i < n; i++) {
@@ -177,7 +169,7 @@ dhsa_status dhsa_predictor_load_memory(const void *data, size_t size, dhsa_predi
         if (i + 1 == n) pr->b2 = f;
         else pr->mem[i] = f;
     }
-    pack_all(pr);
+    dhsa__predictor_pack(pr);
     *out = pr;
     return DHSA_OK;
 }
@@ -197,7 +189,7 @@ dhsa_status dhsa_predictor_load(const char *path, dhsa_predictor **out) {
         return dhsa__fail(DHSA_ERR_IO, "cannot size %s", path);
     }
     /* the largest legal file: C = 8192, hidden = 4096 */
-    if ((unsigned long)len > HEADER + 4 * raw_floats(8192, 4096) + 4) {
+    if ((unsigned long)len > HEADER + 4 * dhsa__predictor_raw_floats(8192, 4096) + 4) {
         fclose(f);
         return dhsa__fail(DHSA_ERR_FORMAT, "%s is %ld bytes, larger than any predictor file", path, len);
     }
@@ -219,7 +211,7 @@ dhsa_status dhsa_predictor_load(const char *path, dhsa_predictor **out) {
 
 dhsa_status dhsa_predictor_save(const dhsa_predictor *pr, const char *path) {
     if (!pr || !path) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_predictor_save: NULL argument");
-    size_t n = raw_floats(pr->C, pr->hidden), size = HEADER + 4 * n + 4;
+    size_t n = dhsa__predictor_raw_floats(pr->C, pr->hidden), size = HEADER + 4 * n + 4;
     unsigned char *buf = malloc(size);
     if (!buf) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
     memcpy(buf, MAGIC, 8);
@@ -262,7 +254,7 @@ dhsa_status dhsa_predictor_create_random(int64_t C, int64_t w, int64_t hidden, u
                                          dhsa_predictor **out) {
     if (!out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_predictor_create_random: out is NULL");
     dhsa_predictor *pr;
-    dhsa_status st = alloc_predictor(C, w, hidden, &pr);
+    dhsa_status st = dhsa__predictor_alloc(C, w, hidden, &pr);
     if (st) return st;
     uint64_t s = seed;
     size_t c = (size_t)C, f = 4 * c + 1, h = (size_t)hidden;
@@ -272,7 +264,7 @@ dhsa_status dhsa_predictor_create_random(int64_t C, int64_t w, int64_t hidden, u
     for (size_t i = 0; i < f * h; i++) pr->w1[i] = uni(&s, af);
     for (size_t i = 0; i < h; i++) pr->w2[i] = uni(&s, ah);
     pr->b2 = 0.0f;
-    pack_all(pr);
+    dhsa__predictor_pack(pr);
     *out = pr;
     return DHSA_OK;
 }
