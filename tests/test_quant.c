@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #define N_TYPES 7
 static const uint32_t all_types[N_TYPES] = {DHSA_GGML_F32,  DHSA_GGML_F16,  DHSA_GGML_BF16, DHSA_GGML_Q8_0,
@@ -770,6 +771,27 @@ static void test_bad_args(void) {
     dhsa_ctx_free(ctx);
 }
 
+/* The benchmark checks before it times: a small run passes, and one wrong
+ * output (the --corrupt hook) fails with exit 1 and no timing. Needs the CLI
+ * (DHSA_CLI, set by tests/run.sh). */
+static void test_bench_cli(void) {
+    const char *cli = getenv("DHSA_CLI");
+    if (!cli) {
+        T_SKIP("bench matmul: DHSA_CLI is not set (make test sets it)");
+        return;
+    }
+    char cmd[512];
+    const char *args = "bench matmul --type Q4_K --n-in 512 --n-out 70 --tok 3 --runs 1 --threads 2";
+    snprintf(cmd, sizeof cmd, "%s %s > /dev/null 2>&1", cli, args);
+    int rc = system(cmd);
+    T_CHECK(rc == 0, "`dhsa %s` exits 0 (status %d)", args, rc);
+    snprintf(cmd, sizeof cmd, "%s %s --corrupt 2>&1 | grep -q 'check FAILED'", cli, args);
+    T_CHECK(system(cmd) == 0, "`dhsa %s --corrupt` reports a failed check", args);
+    snprintf(cmd, sizeof cmd, "%s %s --corrupt > /dev/null 2>&1", cli, args);
+    rc = system(cmd);
+    T_CHECK(rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 1, "`dhsa %s --corrupt` exits 1 (status %d)", args, rc);
+}
+
 int main(void) {
     printf("test_quant: active ISA %s\n", dhsa_isa_name(dhsa_active_isa()));
     test_dequant_known();
@@ -781,6 +803,7 @@ int main(void) {
     test_workspace();
     test_matmul_bitwise();
     test_matmul_shapes();
+    test_bench_cli();
     printf("test_quant: products vs double: largest error %.3f of its tolerance, largest NMSE %.2g\n", g_worst_ratio,
            g_worst_nmse);
     return t_report("test_quant");
