@@ -471,6 +471,17 @@ dhsa_status dhsa_route_sizes(const dhsa_ctx *ctx, const dhsa_router_params *rp,
 dhsa_status dhsa_route(dhsa_ctx *ctx, const dhsa_router_params *rp, const dhsa_attn_desc *a,
                        dhsa_layout **out);
 
+/* The chunk starts dhsa_route uses for batch b of the call `a` (rp's
+ * boundary method, windows and chunk limits; q and k as for dhsa_route):
+ * starts[0] = 0 < starts[1] < ... < starts[*n - 1] < Lk, *n = the chunk
+ * count (0 when Lk = 0). A layout keeps only the selected ranges, so this
+ * is how a picture or an evaluation gets the boundaries. Writes at most cap
+ * starts; more chunks than cap is DHSA_ERR_INVALID_ARG with *n set;
+ * starts = NULL with cap = 0 only sizes (DHSA_OK). Scratch comes from the
+ * ctx and is given back before the call returns. */
+dhsa_status dhsa_route_boundaries(dhsa_ctx *ctx, const dhsa_router_params *rp, const dhsa_attn_desc *a,
+                                  int64_t b, int64_t *starts, int64_t cap, int64_t *n);
+
 /* ------------------------------------------------------------------------ */
 /* DHSA at decode time: an index beside the KV cache                         */
 

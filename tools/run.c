@@ -2,6 +2,8 @@
  * routed attention, under a memory limit) and `dhsa plan` (the memory plan
  * of the same command line, without running). See `dhsa help run`.
  * Tested by tests/test_model.c (CLI part); docs/model.md, docs/results.md.
+ * --dump-layout (run) and --svg (bench model) write figures; tested by
+ * tests/test_plots.c.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -13,6 +15,7 @@
 
 #include "cli.h"
 #include "dhsa.h"
+#include "util/svg.h"
 
 #define EXIT_RUN 1
 #define EXIT_USAGE 2
@@ -62,7 +65,13 @@ const char dhsa_cli_run_usage[] =
     "  --ids               print token ids (prompt, then generated) instead of text\n"
     "  --verbose           print the model, the plan and the timings\n"
     "  --no-echo           do not print the prompt before the continuation (--chat\n"
-    "                      never does)\n";
+    "                      never does)\n"
+    "  --dump-layout FILE  an SVG of the attention layout of one layer during the\n"
+    "                      prefill of the prompt: per query block the key ranges\n"
+    "                      it attended to (dense: the causal triangle), the chunk\n"
+    "                      starts of the routing, sinks, local window, diagonal\n"
+    "  --dump-layer N      the layer drawn (default 0)\n"
+    "  --dump-head H       the KV head drawn (default 0)\n";
 
 static const char *cur_cmd = "run";
 
@@ -109,6 +118,8 @@ typedef struct {
     dhsa_sampler_params sp;
     dhsa_session_params ses;
     const char *predictor_path;
+    const char *dump_path;      /* --dump-layout */
+    int64_t dump_layer, dump_head;
 } run_opts;
 
 static int64_t num(const char *opt, const char *s, int64_t lo, int64_t hi, int suffix) {
@@ -190,6 +201,11 @@ static void parse(int argc, char **argv, run_opts *o) {
         else if (strcmp(a, "--local") == 0) o->ses.router.local_tokens = num(a, v, 0, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--dense-below") == 0) o->ses.router.dense_below = num(a, v, 0, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--q-block") == 0) o->ses.router.q_block = num(a, v, 1, 65536, 0);
+        else if (strcmp(a, "--dump-layout") == 0) {
+            if (!v[0]) die(EXIT_USAGE, "--dump-layout needs a file name");
+            o->dump_path = v;
+        } else if (strcmp(a, "--dump-layer") == 0) o->dump_layer = num(a, v, 0, 1 << 20, 0);
+        else if (strcmp(a, "--dump-head") == 0) o->dump_head = num(a, v, 0, 1 << 20, 0);
         else die(EXIT_USAGE, "unknown option \"%s\" (see dhsa help run)", a);
     }
     if (!o->model) die(EXIT_USAGE, "-m MODEL is required");
@@ -268,6 +284,154 @@ static void chat_wrap(const dhsa_gguf *g, const dhsa_tokenizer *tok, const char 
     int extra = 0;
     if (dhsa_chat_stop_ids(t, tok, stop + *n_stop, cap - *n_stop, &extra)) die(EXIT_RUN, "%s", dhsa_last_error());
     *n_stop += extra;
+}
+
+/* --------------------------------------------------------- dump layout --- */
+
+/* --dump-layout: the session's layer hook collects the layout of one layer
+ * and KV head for every ubatch of the prompt into a picture (each ubatch's
+ * blocks placed at its q_pos0), written after the prefill. The chunk
+ * starts drawn are those of the routing: for dhsa and block (routed through
+ * a per-layer dhsa_kv_index) a second index with the same parameters is fed
+ * the same keys, so it closes the same chunks; for oracle and learned
+ * boundaries (dhsa_route over the cache) dhsa_route_boundaries of the last
+ * ubatch, which sees the whole prompt; stream and dense have none. Both
+ * mirror session.c's method_router (causal boundaries, BLOCK = FIXED). The
+ * mirror index lives in its own ctx, outside --mem-limit. */
+typedef struct {
+    const char *path;
+    int64_t layer, head, q_block;
+    int active;                 /* set while the prompt is prefilled */
+    int causal_window;          /* a dense call had a window (gemma2 layers) */
+    dhsa_attn_method attn;
+    dhsa_router_params rp;      /* as the session routes */
+    dhsa_ctx *ctx;
+    dhsa_kv_index *ix;          /* dhsa, block: the mirror index */
+    int64_t *starts, n_starts;  /* oracle, learned: the last ubatch's */
+    dhsa_layout_picture *pic;
+    int64_t ubatches;
+    char error[512];
+} layout_dump;
+
+static int dump_fail(layout_dump *d, const char *what) {
+    snprintf(d->error, sizeof d->error, "--dump-layout: %s: %s", what, dhsa_last_error());
+    return 1; /* stops the eval; run_main prints d->error */
+}
+
+static int dump_hook(void *user, int64_t layer, const dhsa_attn_desc *a) {
+    layout_dump *d = user;
+    if (!d->active || layer != d->layer) return 0;
+    const int64_t n = a->q.shape[2], pos0 = a->q_pos0;
+    d->ubatches++;
+    if (d->ix) { /* the ubatch's new keys: cache rows [pos0, pos0 + n) */
+        dhsa_tensor kn = a->k;
+        kn.data = (char *)kn.data + (size_t)(pos0 * kn.stride[2]) * dhsa_type_size(kn.type);
+        kn.shape[2] = n;
+        if (dhsa_kv_index_append(d->ix, &kn)) return dump_fail(d, "the mirror index");
+    } else if (a->layout && d->rp.method != DHSA_ROUTE_STREAM) {
+        int64_t nc = 0;
+        if (dhsa_route_boundaries(d->ctx, &d->rp, a, 0, NULL, 0, &nc)) return dump_fail(d, "chunk starts");
+        int64_t *st = realloc(d->starts, (size_t)(nc > 0 ? nc : 1) * sizeof *st);
+        if (!st) return dump_fail(d, "out of memory");
+        d->starts = st;
+        if (dhsa_route_boundaries(d->ctx, &d->rp, a, 0, st, nc, &d->n_starts)) return dump_fail(d, "chunk starts");
+    }
+    if (a->layout) {
+        if (dhsa_layout_picture_add_layout(d->pic, a->layout, 0, d->head, pos0)) return dump_fail(d, "the picture");
+        return 0;
+    }
+    /* dense: every causal key (inside the window, if any) */
+    if (a->window > 0) d->causal_window = 1;
+    for (int64_t r0 = 0; r0 < n; r0 += d->q_block) {
+        int64_t r1 = r0 + d->q_block < n ? r0 + d->q_block : n;
+        int64_t rg[2] = {a->window > 0 ? pos0 + r0 - a->window + 1 : 0, pos0 + r1};
+        if (dhsa_layout_picture_add_block(d->pic, pos0 + r0, pos0 + r1, rg, 1)) return dump_fail(d, "the picture");
+    }
+    return 0;
+}
+
+/* Prepares the dump for a prompt of n_prompt tokens; the hook goes into
+ * the session params. */
+static void dump_begin(layout_dump *d, const run_opts *o, const dhsa_model_info *in, int64_t n_prompt,
+                       dhsa_session_params *ses) {
+    memset(d, 0, sizeof *d);
+    d->path = o->dump_path;
+    d->layer = o->dump_layer;
+    d->head = o->dump_head;
+    d->attn = o->ses.attn;
+    if (d->layer >= in->n_layer)
+        die(EXIT_USAGE, "--dump-layer %lld: the model has %lld layers", (long long)d->layer, (long long)in->n_layer);
+    if (d->head >= in->n_head_kv)
+        die(EXIT_USAGE, "--dump-head %lld: the model has %lld KV heads", (long long)d->head, (long long)in->n_head_kv);
+    d->rp = o->ses.router; /* session.c's method_router */
+    switch (d->attn) {
+    case DHSA_ATTN_BLOCK:
+        d->rp.method = DHSA_ROUTE_DHSA;
+        d->rp.boundary = DHSA_BOUNDARY_FIXED;
+        break;
+    case DHSA_ATTN_STREAM: d->rp.method = DHSA_ROUTE_STREAM; break;
+    case DHSA_ATTN_ORACLE: d->rp.method = DHSA_ROUTE_ORACLE; break;
+    default:
+        d->rp.method = DHSA_ROUTE_DHSA;
+        if (d->rp.boundary == DHSA_BOUNDARY_FIXED) d->rp.boundary = DHSA_BOUNDARY_SIMILARITY;
+        break;
+    }
+    d->rp.causal_boundaries = 1;
+    d->q_block = d->rp.q_block > 0 ? d->rp.q_block : 64;
+    dhsa_ctx_params cp = dhsa_ctx_default_params();
+    cp.n_threads = 1;
+    if (dhsa_ctx_create(&cp, &d->ctx)) die(EXIT_RUN, "%s", dhsa_last_error());
+    if ((d->attn == DHSA_ATTN_DHSA || d->attn == DHSA_ATTN_BLOCK) && d->rp.boundary != DHSA_BOUNDARY_LEARNED &&
+        dhsa_kv_index_create(d->ctx, &d->rp, in->n_head_kv, in->head_dim_k, n_prompt, &d->ix))
+        die(EXIT_RUN, "--dump-layout: %s", dhsa_last_error());
+    d->pic = dhsa_layout_picture_create(NULL, n_prompt, n_prompt);
+    if (!d->pic) die(EXIT_RUN, "--dump-layout: %s", dhsa_last_error());
+    ses->layer_hook = dump_hook;
+    ses->layer_hook_user = d;
+}
+
+/* Writes the picture (after the prefill) and frees the dump. */
+static void dump_end(layout_dump *d, const char *model_path, const dhsa_model_info *in, int64_t n_prompt,
+                     int64_t n_ubatch) {
+    const dhsa_router_params *rp = &d->rp;
+    int routed = d->attn != DHSA_ATTN_DENSE;
+    const int64_t *starts = d->starts;
+    int64_t n_starts = d->n_starts;
+    if (d->ix) n_starts = dhsa_kv_index_chunks(d->ix, &starts);
+    if (n_starts && dhsa_layout_picture_set_boundaries(d->pic, starts, n_starts))
+        die(EXIT_RUN, "--dump-layout: %s", dhsa_last_error());
+    dhsa_layout_picture_set_marks(d->pic, 1, routed ? rp->sink_tokens : 0, routed ? rp->local_tokens : 0);
+    char title[256], sub[512], chunks[128] = "";
+    snprintf(title, sizeof title, "dhsa run: layer %lld, %s, L = %lld, density %.4f", (long long)d->layer,
+             dhsa_attn_method_name(d->attn), (long long)n_prompt, dhsa_layout_picture_density(d->pic));
+    const char *base = strrchr(model_path, '/');
+    if (routed && d->attn != DHSA_ATTN_STREAM)
+        snprintf(chunks, sizeof chunks, "; %s boundaries: %lld chunks",
+                 rp->boundary == DHSA_BOUNDARY_FIXED ? "fixed" : rp->boundary == DHSA_BOUNDARY_LEARNED ? "learned"
+                                                                                                      : "similarity",
+                 (long long)n_starts);
+    if (routed)
+        snprintf(sub, sizeof sub,
+                 "%s; KV head %lld of %lld; prompt prefilled in %lld ubatch%s of %lld; q_block %lld%s; sink %lld, "
+                 "local %lld, dense below %lld",
+                 base ? base + 1 : model_path, (long long)d->head, (long long)in->n_head_kv, (long long)d->ubatches,
+                 d->ubatches == 1 ? "" : "es", (long long)n_ubatch, (long long)d->q_block, chunks,
+                 (long long)rp->sink_tokens, (long long)rp->local_tokens, (long long)rp->dense_below);
+    else
+        snprintf(sub, sizeof sub, "%s; KV head %lld of %lld; prompt prefilled in %lld ubatch%s of %lld; dense%s",
+                 base ? base + 1 : model_path, (long long)d->head, (long long)in->n_head_kv, (long long)d->ubatches,
+                 d->ubatches == 1 ? "" : "es", (long long)n_ubatch,
+                 d->causal_window ? " in a sliding window" : ": every causal key");
+    if (dhsa_layout_picture_set_title(d->pic, title) || dhsa_layout_picture_set_subtitle(d->pic, sub) ||
+        dhsa_layout_picture_save(d->pic, d->path))
+        die(EXIT_RUN, "--dump-layout: %s", dhsa_last_error());
+    fprintf(stderr, "dhsa run: layout of layer %lld, KV head %lld (%lld query blocks) written to %s\n",
+            (long long)d->layer, (long long)d->head, (long long)dhsa_layout_picture_blocks(d->pic), d->path);
+    dhsa_layout_picture_free(d->pic);
+    dhsa_kv_index_free(d->ix);
+    dhsa_ctx_free(d->ctx);
+    free(d->starts);
+    memset(d, 0, sizeof *d);
 }
 
 static int run_main(int argc, char **argv, int plan_only) {
@@ -360,6 +524,9 @@ static int run_main(int argc, char **argv, int plan_only) {
         o.ses.progress = progress;
         o.ses.progress_user = &t0;
     }
+    layout_dump dump;
+    memset(&dump, 0, sizeof dump);
+    if (o.dump_path) dump_begin(&dump, &o, in, n_prompt, &o.ses);
     dhsa_session *s;
     if (dhsa_session_create(ctx, m, &o.ses, &s)) die(EXIT_RUN, "%s", dhsa_last_error());
     dhsa_sampler *smp;
@@ -374,7 +541,10 @@ static int run_main(int argc, char **argv, int plan_only) {
         for (int64_t i = 0; i < n_prompt; i++) emit(tok, ids[i], i == 0 || (i == 1 && ids[0] == dhsa_tokenizer_bos(tok)));
     }
     t0 = now();
-    if (dhsa_session_eval(s, ids, n_prompt, logits)) die(EXIT_RUN, "%s", dhsa_last_error());
+    dump.active = 1;
+    if (dhsa_session_eval(s, ids, n_prompt, logits))
+        die(EXIT_RUN, "%s", dump.error[0] ? dump.error : dhsa_last_error());
+    dump.active = 0;
     double t_prompt = now() - t0, t_first = 0;
     int64_t n_gen = 0, n_dec = 0;
     double t_dec = 0;
@@ -404,6 +574,7 @@ static int run_main(int argc, char **argv, int plan_only) {
     }
     printf("\n");
     fflush(stdout);
+    if (o.dump_path) dump_end(&dump, o.model, in, n_prompt, plan.n_ubatch);
     fprintf(stderr,
             "prompt: %lld tokens in %.3f s (%.1f tok/s), first token after %.3f s; decode: %lld tokens, %.1f tok/s; "
             "all forward passes: %.1f tok/s; peak RSS %.1f MiB\n",
@@ -436,18 +607,73 @@ int dhsa_cli_plan(int argc, char **argv) {
 const char dhsa_cli_bench_model_usage[] =
     "usage: dhsa bench model -m MODEL [--tokenizer tok.bin] [--lengths 4K,16K,32K]\n"
     "                        [--attn dense,dhsa] [--decode N] [--density F | --budget N]\n"
-    "                        [--kv f32|f16] [--threads T] [--seed S]\n"
+    "                        [--kv f32|f16] [--threads T] [--seed S] [--svg FILE]\n"
     "\n"
     "For each length L and attention method, in one process: a fresh session\n"
     "of L + decode tokens, a prefill of L random token ids (seeded), then N\n"
     "greedy decode steps (default 16). Prints the time to first token (prefill\n"
     "+ the first sample), prefill tok/s, decode tok/s, the session's planned\n"
     "memory, the process peak RSS during that run (reset before each), and the\n"
-    "prefill speedup against the first method of the list at the same length.\n";
+    "prefill speedup against the first method of the list at the same length.\n"
+    "--svg FILE also writes two plots against L, one line per method:\n"
+    "FILE-time.svg (time to first token, log-log) and FILE-mem.svg (peak RSS\n"
+    "solid, planned session memory dashed); a trailing .svg of FILE is\n"
+    "dropped first.\n";
+
+/* The plot files of --svg: FILE without a trailing ".svg", then suffix. */
+static void svg_name(char *out, size_t cap, const char *file, const char *suffix) {
+    size_t n = strlen(file);
+    if (n > 4 && strcmp(file + n - 4, ".svg") == 0) n -= 4;
+    snprintf(out, cap, "%.*s%s", (int)n, file, suffix);
+}
+
+/* --svg of bench model: x = lengths, per method ttft / rss / plan
+ * [n_methods][nL]. */
+static void write_model_plots(const char *file, const char *model, const dhsa_attn_method *ms, int nm,
+                              const int64_t *Ls, int nL, const double *ttft, const double *rss,
+                              const double *plan_b, int threads, dhsa_type kv) {
+    char path[1024], title[512], sub[512];
+    double x[32];
+    for (int i = 0; i < nL; i++) x[i] = (double)Ls[i];
+    const char *base = strrchr(model, '/');
+    base = base ? base + 1 : model;
+    snprintf(sub, sizeof sub, "dhsa bench model -m %s: prefill of L random ids, %d threads, KV %s", base, threads,
+             dhsa_type_name(kv));
+    for (int which = 0; which < 2; which++) {
+        snprintf(title, sizeof title, "%s against prompt length", which ? "Memory" : "Time to first token");
+        dhsa_plot *p = dhsa_plot_create(title, "prompt length L (tokens)", which ? "bytes" : "time to first token (s)");
+        if (!p) die(EXIT_RUN, "%s", dhsa_last_error());
+        dhsa_status st = dhsa_plot_set_subtitle(p, sub);
+        dhsa_plot_set_log(p, DHSA_AXIS_X, 1);
+        dhsa_plot_set_log(p, DHSA_AXIS_Y, 1);
+        if (which) dhsa_plot_set_format(p, DHSA_AXIS_Y, DHSA_AXIS_BYTES);
+        for (int m = 0; m < nm && st == DHSA_OK; m++) {
+            char name[64];
+            if (which == 0) {
+                st = dhsa_plot_add(p, dhsa_attn_method_name(ms[m]), DHSA_PLOT_POINTS | DHSA_PLOT_LINE, x,
+                                   ttft + (size_t)m * (size_t)nL, nL);
+            } else {
+                snprintf(name, sizeof name, "%s: peak RSS", dhsa_attn_method_name(ms[m]));
+                st = dhsa_plot_add(p, name, DHSA_PLOT_POINTS | DHSA_PLOT_LINE, x, rss + (size_t)m * (size_t)nL, nL);
+            }
+        }
+        for (int m = 0; which && m < nm && st == DHSA_OK; m++) {
+            char name[64];
+            snprintf(name, sizeof name, "%s: plan", dhsa_attn_method_name(ms[m]));
+            st = dhsa_plot_add(p, name, DHSA_PLOT_POINTS | DHSA_PLOT_LINE | DHSA_PLOT_DASHED, x,
+                               plan_b + (size_t)m * (size_t)nL, nL);
+        }
+        svg_name(path, sizeof path, file, which ? "-mem.svg" : "-time.svg");
+        if (st == DHSA_OK) st = dhsa_plot_save(p, path);
+        dhsa_plot_free(p);
+        if (st) die(EXIT_RUN, "--svg: %s", dhsa_last_error());
+        fprintf(stderr, "dhsa bench model: wrote %s\n", path);
+    }
+}
 
 int dhsa_cli_bench_model(int argc, char **argv) {
     cur_cmd = "bench model";
-    const char *model = NULL, *tokp = NULL, *lengths = "4K,16K,32K", *methods = "dense,dhsa";
+    const char *model = NULL, *tokp = NULL, *lengths = "4K,16K,32K", *methods = "dense,dhsa", *svg = NULL;
     int64_t n_dec = 16, threads = 0, seed = 1, budget = 0;
     double density = 0;
     dhsa_type kv = DHSA_F32;
@@ -468,7 +694,10 @@ int dhsa_cli_bench_model(int argc, char **argv) {
         else if (strcmp(a, "--seed") == 0) seed = num(a, v, 0, INT64_MAX, 0);
         else if (strcmp(a, "--density") == 0) density = real(a, v, 1e-6, 1);
         else if (strcmp(a, "--budget") == 0) budget = num(a, v, 1, (int64_t)1 << 31, 1);
-        else if (strcmp(a, "--kv") == 0) {
+        else if (strcmp(a, "--svg") == 0) {
+            if (!v[0]) die(EXIT_USAGE, "--svg needs a file name");
+            svg = v;
+        } else if (strcmp(a, "--kv") == 0) {
             if (strcmp(v, "f32") == 0) kv = DHSA_F32;
             else if (strcmp(v, "f16") == 0) kv = DHSA_F16;
             else die(EXIT_USAGE, "--kv is f32 or f16");
@@ -507,6 +736,7 @@ int dhsa_cli_bench_model(int argc, char **argv) {
            "plan_MiB", "peakRSS_MiB", "speedup");
     float *logits = malloc((size_t)in->n_vocab * sizeof(float));
     if (!logits) die(EXIT_RUN, "out of memory");
+    double svg_ttft[8 * 32], svg_rss[8 * 32], svg_plan[8 * 32]; /* [method][length] for --svg */
     for (int li = 0; li < nL; li++) {
         int64_t L = Ls[li];
         int32_t *ids = malloc((size_t)(L + n_dec) * sizeof(int32_t));
@@ -546,11 +776,16 @@ int dhsa_cli_bench_model(int argc, char **argv) {
                    dhsa_attn_method_name(ms[mi]), ttft, (double)L / ttft, (double)n_dec / td,
                    mib(dhsa_session_get_plan(s)->total), mib(dhsa_proc_peak_rss()), base / ttft);
             fflush(stdout);
+            svg_ttft[mi * nL + li] = ttft;
+            svg_rss[mi * nL + li] = (double)dhsa_proc_peak_rss();
+            svg_plan[mi * nL + li] = (double)dhsa_session_get_plan(s)->total;
             dhsa_session_free(s);
             dhsa_ctx_trim(ctx);
         }
         free(ids);
     }
+    if (svg)
+        write_model_plots(svg, model, ms, nm, Ls, nL, svg_ttft, svg_rss, svg_plan, dhsa_ctx_n_threads(ctx), kv);
     free(logits);
     dhsa_ctx_free(ctx);
     dhsa_model_free(m);

@@ -2,6 +2,7 @@
  * synthetic long-context workload in the same run: routing time, kernel
  * time, dense time, speedup, the density actually used, attention recall,
  * output error and needle hits. See `dhsa bench sparse --help`.
+ * --svg draws the first method's layout (tests/test_plots.c).
  * Tested by tests/test_cli.c; numbers in docs/results.md.
  */
 #include <errno.h>
@@ -14,6 +15,7 @@
 
 #include "cli.h"
 #include "dhsa.h"
+#include "util/svg.h"
 
 const char dhsa_cli_bench_sparse_usage[] =
     "usage: dhsa bench sparse --L N [--heads H] [--kv-heads H] [--dim D]\n"
@@ -24,6 +26,7 @@ const char dhsa_cli_bench_sparse_usage[] =
     "                         [--sink N] [--local N] [--dense-below N] [--share-heads]\n"
     "                         [--no-causal] [--needles N] [--seed S] [--threads T]\n"
     "                         [--runs N] [--dense-runs N] [--json]\n"
+    "                         [--svg FILE [--svg-head H]]\n"
     "\n"
     "Generates a synthetic workload (dhsa_synth_generate: segments of 32..512\n"
     "tokens with their own key directions, queries that retrieve one earlier\n"
@@ -49,7 +52,11 @@ const char dhsa_cli_bench_sparse_usage[] =
     "Defaults: heads 8, kv-heads 2, dim 128, causal, density 0.0625, q-block\n"
     "64, sink 64, local 256, dense-below 2048, runs 3, dense-runs 1, threads =\n"
     "online CPUs. learned:FILE reads a predictor file (docs/predictor.md) whose\n"
-    "width must be kv-heads x dim.\n";
+    "width must be kv-heads x dim.\n"
+    "--svg FILE draws the layout of the first method of --method for KV head\n"
+    "--svg-head (default 0): per query block its selected key ranges, the\n"
+    "chunk starts of the routing (dhsa_route_boundaries), sinks, the local\n"
+    "window and the causal diagonal (docs/results.md, Figures).\n";
 
 #define EXIT_RUN 1
 #define EXIT_USAGE 2
@@ -106,7 +113,7 @@ static void check(dhsa_status st, const char *what) {
 static void run_method(dhsa_ctx *ctx, const dhsa_attn_desc *a, const dhsa_router_params *rp, float *os,
                        float *ls, const dhsa_synth_needle *nd, int n_needles, int runs, double *t,
                        double *route_ms, double *kernel_ms, dhsa_layout_stats *st, dhsa_fidelity *fid,
-                       int *hits) {
+                       int *hits, dhsa_layout **keep) {
     dhsa_layout *lay = NULL;
     for (int r = 0; r < runs; r++) {
         if (lay) dhsa_layout_free(lay);
@@ -131,7 +138,10 @@ static void run_method(dhsa_ctx *ctx, const dhsa_attn_desc *a, const dhsa_router
     for (int i = 0; i < n_needles; i++)
         for (int64_t g = 0; g < a->k.shape[1]; g++)
             *hits += dhsa_layout_selects(lay, 0, g, nd[i].row, nd[i].key + nd[i].len / 2) == 1;
-    dhsa_layout_free(lay);
+    if (keep)
+        *keep = lay; /* the caller frees it */
+    else
+        dhsa_layout_free(lay);
 }
 
 /* A synthetic workload in memory: q/k/v from dhsa_synth_generate, dense and
@@ -197,7 +207,7 @@ int dhsa_cli_sparse_demo(int64_t L, int threads) {
         dhsa_layout_stats st;
         dhsa_fidelity fid;
         int hits;
-        run_method(ctx, &a, &rp, os, ls, nd, sp.n_needles, 1, t, &route_ms, &kernel_ms, &st, &fid, &hits);
+        run_method(ctx, &a, &rp, os, ls, nd, sp.n_needles, 1, t, &route_ms, &kernel_ms, &st, &fid, &hits, NULL);
         char needles[32], chunks[32];
         snprintf(needles, sizeof needles, "%d/%d", hits, sp.n_needles * (int)sp.Hkv);
         snprintf(chunks, sizeof chunks, "%lld", (long long)st.chunks);
@@ -213,11 +223,59 @@ int dhsa_cli_sparse_demo(int64_t L, int threads) {
     return 0;
 }
 
+/* The picture of one KV head of a layout (NULL: dense, every allowed key)
+ * with the routing's chunk starts (none for stream and dense), written to
+ * path. */
+static void write_layout_svg(const char *path, dhsa_ctx *ctx, const dhsa_attn_desc *a, const dhsa_router_params *rp,
+                             const dhsa_layout *lay, const char *method, const char *bname, int64_t head,
+                             double density, uint64_t seed) {
+    const int64_t L = a->q.shape[2], Hkv = a->k.shape[1];
+    char title[256], sub[512];
+    snprintf(title, sizeof title, "dhsa bench sparse: %s layout, L = %lld, density %.4f", method, (long long)L,
+             density);
+    dhsa_layout_picture *pic = dhsa_layout_picture_create(title, L, L);
+    if (!pic) die(EXIT_RUN, "layout picture: %s", dhsa_last_error());
+    int64_t n_starts = 0, *starts = NULL;
+    int chunks = lay && rp->method != DHSA_ROUTE_STREAM;
+    if (chunks) {
+        check(dhsa_route_boundaries(ctx, rp, a, 0, NULL, 0, &n_starts), "sizing the boundaries");
+        starts = malloc((size_t)(n_starts > 0 ? n_starts : 1) * sizeof *starts);
+        if (!starts) die(EXIT_RUN, "out of memory");
+        check(dhsa_route_boundaries(ctx, rp, a, 0, starts, n_starts, &n_starts), "chunk boundaries");
+        check(dhsa_layout_picture_set_boundaries(pic, starts, n_starts), "picture boundaries");
+    }
+    if (lay) {
+        dhsa_layout_picture_set_marks(pic, a->causal, rp->sink_tokens, rp->local_tokens);
+        check(dhsa_layout_picture_add_layout(pic, lay, 0, head, 0), "picture of the layout");
+    } else {
+        dhsa_layout_picture_set_marks(pic, a->causal, 0, 0);
+        for (int64_t r0 = 0; r0 < L; r0 += rp->q_block) {
+            int64_t r1 = r0 + rp->q_block < L ? r0 + rp->q_block : L, all[2] = {0, a->causal ? r1 : L};
+            check(dhsa_layout_picture_add_block(pic, r0, r1, all, 1), "picture of dense attention");
+        }
+    }
+    if (chunks)
+        snprintf(sub, sizeof sub,
+                 "KV head %lld of %lld; q_block %lld; %s boundaries: %lld chunks; sink %lld, local %lld; synthetic "
+                 "workload, seed %llu",
+                 (long long)head, (long long)Hkv, (long long)rp->q_block, bname, (long long)n_starts,
+                 (long long)rp->sink_tokens, (long long)rp->local_tokens, (unsigned long long)seed);
+    else
+        snprintf(sub, sizeof sub, "KV head %lld of %lld; q_block %lld; %s; synthetic workload, seed %llu",
+                 (long long)head, (long long)Hkv, (long long)rp->q_block,
+                 lay ? "sinks + recent keys" : "dense: every allowed key", (unsigned long long)seed);
+    check(dhsa_layout_picture_set_subtitle(pic, sub), "picture subtitle");
+    check(dhsa_layout_picture_save(pic, path), "writing the layout picture");
+    dhsa_layout_picture_free(pic);
+    free(starts);
+}
+
 int dhsa_cli_bench_sparse(int argc, char **argv) {
     int64_t L = 0, H = 8, Hkv = 2, D = 128, budget = 0, needles = 4, seed = 1;
     int threads = 0, runs = 3, dense_runs = 1, json = 0, causal = 1;
     double density = 0.0625;
-    const char *method = "dhsa", *boundary = NULL;
+    const char *method = "dhsa", *boundary = NULL, *svg = NULL;
+    int64_t svg_head = 0;
     dhsa_router_params rp = dhsa_router_default_params();
     for (int i = 3; i < argc; i++) {
         const char *o = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -248,10 +306,15 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
         else if (OPT("--threads")) threads = (int)parse_i64(o, val, 1, 1024);
         else if (OPT("--runs")) runs = (int)parse_i64(o, val, 1, 1000);
         else if (OPT("--dense-runs")) dense_runs = (int)parse_i64(o, val, 1, 1000);
+        else if (OPT("--svg")) svg = val;
+        else if (OPT("--svg-head")) svg_head = parse_i64(o, val, 0, 1023);
         else die(EXIT_USAGE, "unknown option \"%s\"", o);
 #undef OPT
     }
     if (L == 0) die(EXIT_USAGE, "--L is required");
+    if (svg && !svg[0]) die(EXIT_USAGE, "--svg needs a file name");
+    if (svg_head >= Hkv)
+        die(EXIT_USAGE, "--svg-head %lld: the workload has %lld KV heads", (long long)svg_head, (long long)Hkv);
     if (H % Hkv) die(EXIT_USAGE, "--heads %lld is not a multiple of --kv-heads %lld", (long long)H, (long long)Hkv);
     /* --method takes one name or a comma list: one dense run serves all */
     char methods[8][16];
@@ -338,8 +401,10 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
     st.density = 1.0;
     dhsa_fidelity fid = {1.0, 1.0, 0.0, 0};
     int hits = 0, total = sp.n_needles * (int)Hkv;
+    dhsa_layout *keep = NULL;
     if (route) {
-        run_method(ctx, &a, &rp, os, ls, nd, sp.n_needles, runs, t, &route_ms, &kernel_ms, &st, &fid, &hits);
+        run_method(ctx, &a, &rp, os, ls, nd, sp.n_needles, runs, t, &route_ms, &kernel_ms, &st, &fid, &hits,
+                   svg && mi == 0 ? &keep : NULL);
     } else {
         hits = total;
     }
@@ -347,6 +412,10 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
     const char *bname = rp.boundary == DHSA_BOUNDARY_FIXED      ? "fixed"
                         : rp.boundary == DHSA_BOUNDARY_LEARNED ? "learned"
                                                                : "similarity";
+    if (svg && mi == 0) {
+        write_layout_svg(svg, ctx, &a, &rp, keep, method_i, bname, svg_head, st.density, (uint64_t)seed);
+        dhsa_layout_free(keep);
+    }
     if (json) {
         printf("{\"L\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"dim\": %lld, \"causal\": %s, "
                "\"method\": \"%s\", \"boundary\": \"%s\", \"threads\": %d, \"q_block\": %lld, "

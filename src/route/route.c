@@ -795,3 +795,35 @@ dhsa_status dhsa_route(dhsa_ctx *ctx, const dhsa_router_params *rp, const dhsa_a
     *out = lay;
     return DHSA_OK;
 }
+
+/* ----------------------------------------------------- boundaries only --- */
+
+dhsa_status dhsa_route_boundaries(dhsa_ctx *ctx, const dhsa_router_params *rp, const dhsa_attn_desc *a, int64_t b,
+                                  int64_t *starts, int64_t cap, int64_t *n) {
+    if (!ctx || !n || cap < 0 || (cap > 0 && !starts))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_route_boundaries: NULL ctx or n, or starts NULL with cap %lld",
+                          (long long)cap);
+    *n = 0;
+    plan pl;
+    dhsa_status st = check(rp, a, &pl);
+    if (st) return st;
+    if (b < 0 || b >= pl.p.B)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_route_boundaries: batch %lld of %lld", (long long)b,
+                          (long long)pl.p.B);
+    /* the same buffers dhsa_route carves: scores [Lk], starts [max_chunks + 1] */
+    size_t sb = dhsa__align_up((size_t)pl.p.Lk * sizeof(float) + 64, 64);
+    char *ws = dhsa__alloc(ctx, sb + (size_t)(pl.max_chunks + 1) * sizeof(int64_t), &st);
+    if (!ws) return st;
+    int64_t *all = (int64_t *)(ws + sb);
+    int64_t nc = boundaries(ctx, rp, a, &pl, b, (float *)ws, all, &st);
+    if (nc >= 0) {
+        *n = nc;
+        if (nc > cap && starts) /* starts NULL (cap 0) only sizes */
+            st = dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_route_boundaries: %lld chunks do not fit cap %lld",
+                            (long long)nc, (long long)cap);
+        else if (nc > 0 && starts)
+            memcpy(starts, all, (size_t)nc * sizeof(int64_t));
+    }
+    dhsa_ctx_release(ctx, ws);
+    return st;
+}

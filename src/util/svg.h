@@ -78,4 +78,87 @@ dhsa_status dhsa_plot_write(const dhsa_plot *p, FILE *f);
  * written. */
 dhsa_status dhsa_plot_save(const dhsa_plot *p, const char *path);
 
+/* ---- Layout pictures ---------------------------------------------------
+ * Which keys each query block attends to: query positions down the y axis
+ * (row 0 on top), key positions along the x axis, and for every block of
+ * query rows its selected key ranges as filled bars spanning the block's
+ * rows. Optional marks: chunk boundaries as vertical ticks above the plot
+ * (and faint lines through it), the causal diagonal (key = query
+ * position), the sink keys [0, sink) and the local window (the `local`
+ * keys before each row, and the row's own) as light bands under the bars.
+ * One picture shows one (batch, KV head); small multiples are several
+ * pictures.
+ *
+ * Contract:
+ *   - The picture owns copies of everything given to it; rows may be added
+ *     in any order (they are drawn sorted by their first position) and may
+ *     come from several layouts (a prefill in ubatches: one call per
+ *     ubatch with its q_pos0).
+ *   - Large pictures stay small files: ranges are drawn, never cells;
+ *     ranges of one row closer than a pixel are drawn as one bar; when
+ *     there are more rows than max_rows (default 128) or more bars than
+ *     max_bars (default 2000), only the first row of every k consecutive
+ *     rows is drawn, stretched over the k rows, and a line under the
+ *     subtitle says so ("the first of every k drawn"). Boundaries closer
+ *     than 2 pixels are drawn once. So the file is at most about
+ *     max_bars x 65 bytes + 40 KB (170 KB by default).
+ *   - Every drawn bar is one `<rect class="rg" .../>`, every boundary tick
+ *     one `<line class="bd" .../>`, the diagonal one `<line class="diag"
+ *     .../>`, so a reader can count them.
+ *   - Text is XML-escaped; the output starts with "<svg" and ends with
+ *     "</svg>\n", like dhsa_plot_write.
+ * Tested by tests/test_plots.c (the writer on hand-made layouts and the
+ * CLI's --svg / --dump-layout). */
+
+typedef struct dhsa_layout_picture dhsa_layout_picture;
+
+/* An empty picture of query positions [0, n_queries) and key positions
+ * [0, n_keys) (both >= 1). Title may be NULL. NULL on failure (last
+ * error set). */
+dhsa_layout_picture *dhsa_layout_picture_create(const char *title, int64_t n_queries,
+                                                int64_t n_keys);
+void dhsa_layout_picture_free(dhsa_layout_picture *p); /* NULL allowed */
+/* Title and subtitle (NULL = none), replacing earlier ones. */
+dhsa_status dhsa_layout_picture_set_title(dhsa_layout_picture *p, const char *title);
+dhsa_status dhsa_layout_picture_set_subtitle(dhsa_layout_picture *p, const char *subtitle);
+/* Pixel size; each in [200, 10000]. Default 760 x 820. */
+dhsa_status dhsa_layout_picture_set_size(dhsa_layout_picture *p, int width, int height);
+/* Caps on drawn rows (>= 1) and bars (>= 16); see the contract. */
+dhsa_status dhsa_layout_picture_set_caps(dhsa_layout_picture *p, int64_t max_rows,
+                                         int64_t max_bars);
+/* The marks: causal draws the diagonal and makes dhsa_layout_picture_density
+ * count only keys <= the row's position; sink > 0 and local > 0 draw their
+ * bands. */
+void dhsa_layout_picture_set_marks(dhsa_layout_picture *p, int causal, int64_t sink,
+                                   int64_t local);
+/* Chunk starts (any order, duplicates allowed; 0 and positions outside
+ * [1, n_keys) are not drawn: they mark no boundary). */
+dhsa_status dhsa_layout_picture_set_boundaries(dhsa_layout_picture *p, const int64_t *starts,
+                                               int64_t n);
+/* One block: query positions [q0, q1) attend to the n key ranges
+ * ranges[2i] .. ranges[2i + 1] (half open). Ranges are clipped to
+ * [0, n_keys); empty ones are dropped; they need not be sorted. */
+dhsa_status dhsa_layout_picture_add_block(dhsa_layout_picture *p, int64_t q0, int64_t q1,
+                                          const int64_t *ranges, int64_t n);
+/* Every block of (batch b, KV head g) of a layout, its rows placed at
+ * q_pos0 + row (the q_pos0 of the attention call the layout was made for). */
+dhsa_status dhsa_layout_picture_add_layout(dhsa_layout_picture *p, const dhsa_layout *layout,
+                                           int64_t b, int64_t g, int64_t q_pos0);
+/* Blocks added so far. */
+int64_t dhsa_layout_picture_blocks(const dhsa_layout_picture *p);
+/* Bars dhsa_layout_picture_write will draw (after the merging and the
+ * caps). */
+int64_t dhsa_layout_picture_count_bars(const dhsa_layout_picture *p);
+/* Selected keys / available keys over every added row (available: the
+ * keys <= the row's position when causal, else all n_keys; a selected key
+ * counts only where it is available). 1 when nothing is available. */
+double dhsa_layout_picture_density(const dhsa_layout_picture *p);
+/* Writes the SVG document; a picture with no block gets its frame and a
+ * "no data" note. */
+dhsa_status dhsa_layout_picture_write(const dhsa_layout_picture *p, FILE *f);
+/* Same, to a file (created or truncated); DHSA_ERR_IO if it cannot be
+ * written. */
+dhsa_status dhsa_layout_picture_save(const dhsa_layout_picture *p, const char *path);
+/* ---- Layout pictures end ---- */
+
 #endif
