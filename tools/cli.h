@@ -53,6 +53,9 @@ int dhsa_cli_plan(int argc, char **argv);
 extern const char dhsa_cli_run_usage[];
 int dhsa_cli_bench_model(int argc, char **argv);
 extern const char dhsa_cli_bench_model_usage[];
+/* dhsa train-boundary (tools/train.c): the learned boundary predictor. */
+int dhsa_cli_train_boundary(int argc, char **argv);
+extern const char dhsa_cli_train_boundary_usage[];
 /* dhsa gen-model (tools/genmodel.c): random-weight GGUF for benchmarks. */
 int dhsa_cli_gen_model(int argc, char **argv);
 extern const char dhsa_cli_gen_model_usage[];

@@ -54,6 +54,7 @@ static const char usage_main[] =
     "  bench model  time to first token, decode tok/s and peak memory of a model\n"
     "               at several lengths, dense vs DHSA\n"
     "  gen-model    a random-weight GGUF of a real model's shape (benchmarks)\n"
+    "  train-boundary  train the learned boundary predictor for a model on a text\n"
     "  demo         tiled attention at long context on synthetic data\n"
     "  convert      llama2.c checkpoint + tokenizer -> GGUF file\n"
     "  inspect      a GGUF file's (or llama2.c checkpoint's) metadata and tensors\n"
@@ -1127,6 +1128,7 @@ static const char *usage_of(const char *cmd) {
     if (strcmp(cmd, "memprobe") == 0) return dhsa_cli_memprobe_usage;
     if (strcmp(cmd, "run") == 0 || strcmp(cmd, "plan") == 0) return dhsa_cli_run_usage;
     if (strcmp(cmd, "gen-model") == 0) return dhsa_cli_gen_model_usage;
+    if (strcmp(cmd, "train-boundary") == 0) return dhsa_cli_train_boundary_usage;
     if (strcmp(cmd, "convert") == 0) return dhsa_cli_convert_usage;
     if (strcmp(cmd, "inspect") == 0) return dhsa_cli_inspect_usage;
     if (strcmp(cmd, "tokenize") == 0) return dhsa_cli_tokenize_usage;
@@ -1164,6 +1166,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "run") == 0) return dhsa_cli_run(argc, argv);
     if (strcmp(cmd, "plan") == 0) return dhsa_cli_plan(argc, argv);
     if (strcmp(cmd, "gen-model") == 0) return dhsa_cli_gen_model(argc, argv);
+    if (strcmp(cmd, "train-boundary") == 0) return dhsa_cli_train_boundary(argc, argv);
     if (strcmp(cmd, "convert") == 0) return dhsa_cli_convert(argc, argv);
     if (strcmp(cmd, "inspect") == 0) return dhsa_cli_inspect(argc, argv);
     if (strcmp(cmd, "tokenize") == 0) return dhsa_cli_tokenize(argc, argv);

@@ -636,7 +636,7 @@ dhsa_status dhsa_predictor_train(dhsa_ctx *ctx, dhsa_predictor *pr, const dhsa_t
                      + (size_t)SHARDS * n + n                /* shard gradients, sum */
                      + (size_t)threads * ws_stride + (size_t)n_eval /* ws, p */
                      + (size_t)(n_eval / EVAL_CHUNK + 1);    /* chunk losses */
-    size_t bytes = doubles * sizeof(double) + (size_t)(n_train + n_val + n_sub) * sizeof(sample) +
+    size_t bytes = doubles * sizeof(double) + (size_t)(2 * n_train + n_val) * sizeof(sample) +
                    (size_t)n_val * sizeof(scored);
     char *mem = dhsa__alloc(ctx, bytes, &st);
     if (!mem) return st;
@@ -644,7 +644,7 @@ dhsa_status dhsa_predictor_train(dhsa_ctx *ctx, dhsa_predictor *pr, const dhsa_t
     double *ws = gsum + n, *eval_p = ws + (size_t)threads * ws_stride;
     double *chunk_loss = eval_p + n_eval;
     sample *train = (sample *)(chunk_loss + n_eval / EVAL_CHUNK + 1), *val = train + n_train, *sub = val + n_val;
-    scored *sc = (scored *)(sub + n_sub);
+    scored *sc = (scored *)(sub + n_train); /* sub: a shuffled copy of train; its first n_sub are the subset */
 
     int64_t a = 0, b = 0;
     for (int64_t s = 0; s < n_seqs; s++)
@@ -655,7 +655,7 @@ dhsa_status dhsa_predictor_train(dhsa_ctx *ctx, dhsa_predictor *pr, const dhsa_t
             }
     uint64_t rng = p->seed ^ 0x5eed5eed5eedull;
     memcpy(sub, train, (size_t)n_train * sizeof(sample));
-    shuffle(sub, n_train, &rng); /* the fixed train-loss subset: its first n_sub */
+    shuffle(sub, n_train, &rng);
     memset(am, 0, 2 * n * sizeof(double));
     dhsa__predictor_get_params(pr, theta);
 

@@ -1,0 +1,37 @@
+#!/bin/sh
+# bench/train_stories260k.sh: the documented, reproducible training run of
+# the learned boundary predictor for stories260K (docs/predictor.md).
+#
+# There is no dataset in this repository, so the text is the model's own:
+# STORIES samples of 500 tokens (temperature 1, seeds 1..STORIES, default
+# 200, about 100K tokens), concatenated. Then `dhsa train-boundary` labels
+# every candidate of all 5 layers from dense attention at context 512 (the
+# model's real training context), trains on the first 80% of the text and
+# validates on the last 20%.
+#
+# Usage: sh bench/train_stories260k.sh [OUT.prd]   (default build/stories260K.prd)
+# Env: STORIES (200), STEPS (20000), LR (1e-4, the published rate), BATCH
+# (64), HIDDEN (32), THREADS (all). Writes the text to build/train/stories260K.txt
+# and the log next to the predictor (OUT.log). Model-derived files stay
+# under build/ (never committed): this script regenerates them bit for bit
+# (sampling and training are seeded; training does not depend on threads).
+set -e
+out=${1:-build/stories260K.prd}
+stories=${STORIES:-200}
+steps=${STEPS:-20000}
+lr=${LR:-1e-4}
+batch=${BATCH:-64}
+hidden=${HIDDEN:-32}
+m=../shared/models/stories260K.gguf
+[ -f $m ] || { echo "SKIP: $m absent"; exit 0; }
+make -s build/dhsa
+mkdir -p build/train
+text=build/train/stories260K.txt
+: > $text
+for s in $(seq 1 "$stories"); do
+    build/dhsa run -m $m --temp 1 --seed "$s" -n 500 --ctx 512 2>/dev/null >> $text
+done
+th=
+[ -n "$THREADS" ] && th="--threads $THREADS"
+build/dhsa train-boundary -m $m --text $text --ctx 512 --layers all --window 4 --hidden "$hidden" \
+    --steps "$steps" --batch "$batch" --lr "$lr" --eval-every 1000 --seed 1 $th -o "$out" | tee "$out.log"

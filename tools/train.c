@@ -1,0 +1,409 @@
+/* train.c: `dhsa train-boundary`, training of the learned boundary
+ * predictor for one model (docs/predictor.md).
+ *
+ * Runs the model densely over a text cut into segments of --ctx tokens
+ * (BOS first when the vocabulary adds one), and from each selected layer's
+ * attention call (the session's layer_hook) keeps the post-RoPE keys and
+ * the attention mass later queries put on each key
+ * (dhsa_boundary_mass_add); labels each candidate boundary from the two
+ * masses around it (dhsa_boundary_labels), trains a fresh predictor on the
+ * first part of the text and validates on the rest
+ * (dhsa_predictor_train), prints losses, precision/recall and ROC AUC
+ * next to the training-free similarity score's AUC on the same samples,
+ * and writes the predictor file `--boundary learned:FILE` reads.
+ *
+ * Exit status: 0 ok, 1 the run failed, 2 a usage error.
+ * Tested by tests/test_train.c (the library, and a short run of this
+ * command on stories260K); bench/train_stories260k.sh is the documented,
+ * reproducible run.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "dhsa.h"
+
+#define EXIT_RUN 1
+#define EXIT_USAGE 2
+#define MAX_LAYERS 1024
+
+const char dhsa_cli_train_boundary_usage[] =
+    "usage: dhsa train-boundary -m MODEL --text FILE -o PREDICTOR [options]\n"
+    "\n"
+    "Trains the learned boundary predictor (docs/predictor.md) for MODEL: runs\n"
+    "it densely over FILE in segments of --ctx tokens, labels every candidate\n"
+    "boundary c of each selected layer from dense attention (the mass the\n"
+    "queries at c + w or later put on keys [c - w, c) against [c, c + w):\n"
+    "r = max / min, y = sigmoid(2 (log r - log 2))), trains with focal BCE and\n"
+    "Adam on the first part of the text and validates on the last --val share.\n"
+    "Prints losses, precision/recall of (p >= 0.5) against (y >= 0.5), ROC AUC\n"
+    "of the predictor and of the training-free similarity score, and writes\n"
+    "PREDICTOR for --boundary learned:PREDICTOR. One predictor per model: its\n"
+    "input width is KV heads x head dim.\n"
+    "\n"
+    "  -m MODEL           GGUF file, or a llama2.c checkpoint with --tokenizer\n"
+    "  --tokenizer FILE   the llama2.c tokenizer (tok*.bin)\n"
+    "  --text FILE        training text (UTF-8)\n"
+    "  -o FILE            the predictor file to write\n"
+    "  --layers L,L,..|all  layers whose keys and labels are used (default all)\n"
+    "  --window W         w: keys on each side of a candidate (default 4)\n"
+    "  --hidden H         MLP width (default 32)\n"
+    "  --ctx N            tokens per segment (default: the trained context)\n"
+    "  --val F            share of the text, at its end, for validation\n"
+    "                     (default 0.2)\n"
+    "  --sink N           no label whose window holds a key before N (default 1:\n"
+    "                     BOS draws attention whatever the content)\n"
+    "  --steps N          Adam steps (default 2000)   --batch B (default 64)\n"
+    "  --lr F             (default 1e-4)              --eval-every N (default 100)\n"
+    "  --gamma G          focal exponent (default 2)  --pos-weight P (default 1.3)\n"
+    "  --seed S           initial weights and minibatch order (default 1)\n"
+    "  --max-tokens N     use only the first N tokens of the text\n"
+    "  --threads T        (default: online CPUs)\n";
+
+static void die(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "dhsa train-boundary: ");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    if (code == EXIT_USAGE) fputs("(see dhsa train-boundary --help)\n", stderr);
+    exit(code);
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int64_t num(const char *opt, const char *s, int64_t lo, int64_t hi) {
+    int64_t v;
+    char msg[256];
+    if (dhsa_cli_parse_int(opt, s, lo, hi, 1, &v, msg, sizeof msg)) die(EXIT_USAGE, "%s", msg);
+    return v;
+}
+
+static double real(const char *opt, const char *s, double lo, double hi) {
+    double v;
+    char msg[256];
+    if (dhsa_cli_parse_real(opt, s, lo, hi, &v, msg, sizeof msg)) die(EXIT_USAGE, "%s", msg);
+    return v;
+}
+
+static char *read_file(const char *path, int64_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) die(EXIT_RUN, "cannot open \"%s\": %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (!buf) die(EXIT_RUN, "out of memory reading \"%s\"", path);
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap) break;
+        cap *= 2;
+        buf = realloc(buf, cap);
+    }
+    if (ferror(f)) die(EXIT_RUN, "cannot read \"%s\"", path);
+    fclose(f);
+    *len = (int64_t)n;
+    return buf;
+}
+
+/* ------------------------------------------------------- collection --- */
+
+/* What the layer hook fills for the segment being evaluated. */
+typedef struct {
+    dhsa_ctx *ctx;
+    int64_t n_layer, C, hd, w, n; /* n: tokens of the segment */
+    const int *use;               /* [n_layer]: layer selected */
+    float **keys;                 /* [n_layer] -> [n][C] of this segment */
+    double **mass;                /* [n_layer] -> [n][2w] */
+    int failed;
+} hook_state;
+
+static int hook(void *user, int64_t layer, const dhsa_attn_desc *a) {
+    hook_state *h = user;
+    if (!h->use[layer]) return 0;
+    if (dhsa_boundary_mass_add(h->ctx, a, h->w, h->mass[layer], h->n)) {
+        h->failed = 1;
+        return 1;
+    }
+    /* the ubatch's new keys: positions [q_pos0, q_pos0 + Lq) of the cache */
+    const dhsa_tensor *k = &a->k;
+    size_t es = k->type == DHSA_F32 ? 4 : 2;
+    for (int64_t t = a->q_pos0; t < a->q_pos0 + a->q.shape[2]; t++)
+        for (int64_t g = 0; g < k->shape[1]; g++) {
+            const char *row = (const char *)k->data + (size_t)(g * k->stride[1] + t * k->stride[2]) * es;
+            float *dst = h->keys[layer] + t * h->C + g * h->hd;
+            for (int64_t c = 0; c < h->hd; c++) {
+                const char *e = row + (size_t)(c * k->stride[3]) * es;
+                if (k->type == DHSA_F32) memcpy(&dst[c], e, 4);
+                else {
+                    uint16_t u;
+                    memcpy(&u, e, 2);
+                    dst[c] = k->type == DHSA_F16 ? dhsa_f16_to_f32(u) : dhsa_bf16_to_f32(u);
+                }
+            }
+        }
+    return 0;
+}
+
+/* --------------------------------------------------------- baselines --- */
+
+/* The training-free score at t: mean over KV heads of 1 - cos(mean of
+ * k[t - w, t), mean of k[t, t + w)), as DHSA_BOUNDARY_SIMILARITY with
+ * sim_window = w. */
+static double similarity(const float *keys, int64_t n, int64_t C, int64_t hd, int64_t w, int64_t t) {
+    double sum = 0;
+    for (int64_t g = 0; g < C / hd; g++) {
+        double ll = 0, rr = 0, lr = 0;
+        for (int64_t c = 0; c < hd; c++) {
+            double l = 0, r = 0;
+            for (int64_t i = 1; i <= w; i++) {
+                if (t - i >= 0) l += keys[(t - i) * C + g * hd + c];
+                if (t + i - 1 < n) r += keys[(t + i - 1) * C + g * hd + c];
+            }
+            ll += l * l, rr += r * r, lr += l * r;
+        }
+        sum += ll > 0 && rr > 0 ? 1 - lr / sqrt(ll * rr) : 0;
+    }
+    return sum / (double)(C / hd);
+}
+
+typedef struct {
+    double s;
+    int pos;
+} scored;
+
+static int cmp_scored(const void *a, const void *b) {
+    double x = ((const scored *)a)->s, y = ((const scored *)b)->s;
+    return x < y ? -1 : x > y;
+}
+
+/* ROC AUC (Mann-Whitney, ties count half). */
+static double auc(scored *v, int64_t n) {
+    int64_t np = 0;
+    for (int64_t i = 0; i < n; i++) np += v[i].pos;
+    if (np == 0 || np == n) return 0.5;
+    qsort(v, (size_t)n, sizeof *v, cmp_scored);
+    double ranks = 0;
+    for (int64_t i = 0; i < n;) {
+        int64_t k = i;
+        while (k < n && v[k].s == v[i].s) k++;
+        for (int64_t e = i; e < k; e++)
+            if (v[e].pos) ranks += 0.5 * (double)(i + 1 + k);
+        i = k;
+    }
+    return (ranks - (double)np * ((double)np + 1) / 2) / ((double)np * (double)(n - np));
+}
+
+static void progress(void *user, const dhsa_train_point *pt) {
+    double t0 = *(const double *)user;
+    printf("step %6lld  train loss %.5f  val loss %.5f  (%.1f s)\n", (long long)pt->step, pt->train_loss, pt->val_loss,
+           now() - t0);
+    fflush(stdout);
+}
+
+/* ------------------------------------------------------------- main --- */
+
+int dhsa_cli_train_boundary(int argc, char **argv) {
+    const char *model = NULL, *tokp = NULL, *text_path = NULL, *out = NULL, *layers_arg = "all";
+    int64_t w = 4, hidden = 32, n_ctx = 0, sink = 1, threads = 0, max_tokens = 0;
+    double val = 0.2;
+    dhsa_train_params tp = dhsa_train_default_params();
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(dhsa_cli_train_boundary_usage, stdout);
+            return 0;
+        }
+        if (i + 1 >= argc) die(EXIT_USAGE, "%s needs a value (or is unknown)", a);
+        const char *v = argv[++i];
+        if (strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0) model = v;
+        else if (strcmp(a, "--tokenizer") == 0) tokp = v;
+        else if (strcmp(a, "--text") == 0) text_path = v;
+        else if (strcmp(a, "-o") == 0 || strcmp(a, "--output") == 0) out = v;
+        else if (strcmp(a, "--layers") == 0) layers_arg = v;
+        else if (strcmp(a, "--window") == 0) w = num(a, v, 1, 64);
+        else if (strcmp(a, "--hidden") == 0) hidden = num(a, v, 1, 4096);
+        else if (strcmp(a, "--ctx") == 0) n_ctx = num(a, v, 16, (int64_t)1 << 24);
+        else if (strcmp(a, "--val") == 0) val = real(a, v, 0.01, 0.99);
+        else if (strcmp(a, "--sink") == 0) sink = num(a, v, 0, (int64_t)1 << 20);
+        else if (strcmp(a, "--steps") == 0) tp.steps = num(a, v, 0, (int64_t)1 << 40);
+        else if (strcmp(a, "--batch") == 0) tp.batch = num(a, v, 1, (int64_t)1 << 20);
+        else if (strcmp(a, "--lr") == 0) tp.lr = real(a, v, 1e-12, 10);
+        else if (strcmp(a, "--eval-every") == 0) tp.eval_every = num(a, v, 0, (int64_t)1 << 40);
+        else if (strcmp(a, "--gamma") == 0) tp.gamma = real(a, v, 0, 16);
+        else if (strcmp(a, "--pos-weight") == 0) tp.pos_weight = real(a, v, 1e-6, 1e6);
+        else if (strcmp(a, "--seed") == 0) tp.seed = (uint64_t)num(a, v, 0, INT64_MAX);
+        else if (strcmp(a, "--max-tokens") == 0) max_tokens = num(a, v, 1, INT64_MAX);
+        else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) threads = num(a, v, 1, 1024);
+        else die(EXIT_USAGE, "unknown option \"%s\"", a);
+    }
+    if (!model) die(EXIT_USAGE, "-m MODEL is required");
+    if (!text_path) die(EXIT_USAGE, "--text FILE is required");
+    if (!out) die(EXIT_USAGE, "-o PREDICTOR is required");
+
+    double t_start = now();
+    dhsa_model_params mp = dhsa_model_default_params();
+    mp.tokenizer_path = tokp;
+    dhsa_model *m;
+    if (dhsa_model_load(model, &mp, &m)) die(EXIT_RUN, "%s", dhsa_last_error());
+    const dhsa_model_info *in = dhsa_model_get_info(m);
+    const int64_t L = in->n_layer, hd = in->head_dim_k, C = in->n_head_kv * hd;
+    if (L > MAX_LAYERS) die(EXIT_RUN, "the model has %lld layers (at most %d here)", (long long)L, MAX_LAYERS);
+    if (C > 8192) die(EXIT_RUN, "KV heads x head dim = %lld: the predictor takes at most 8192", (long long)C);
+    if (n_ctx == 0) n_ctx = in->n_ctx_train;
+    if (n_ctx > in->n_ctx_train)
+        fprintf(stderr, "dhsa train-boundary: warning: --ctx %lld is longer than the trained context %lld\n",
+                (long long)n_ctx, (long long)in->n_ctx_train);
+    if (n_ctx < 4 * w + 2) die(EXIT_USAGE, "--ctx %lld is too short for --window %lld", (long long)n_ctx, (long long)w);
+
+    /* layers */
+    static int use[MAX_LAYERS];
+    int64_t n_use = 0;
+    if (strcmp(layers_arg, "all") == 0) {
+        for (int64_t l = 0; l < L; l++) use[l] = 1;
+        n_use = L;
+    } else {
+        char buf[4096];
+        if (strlen(layers_arg) >= sizeof buf) die(EXIT_USAGE, "--layers is too long");
+        snprintf(buf, sizeof buf, "%s", layers_arg);
+        for (char *t = strtok(buf, ","); t; t = strtok(NULL, ",")) {
+            int64_t l = num("--layers", t, 0, L - 1);
+            if (!use[l]) use[l] = 1, n_use++;
+        }
+        if (n_use == 0) die(EXIT_USAGE, "--layers names no layer");
+    }
+
+    /* the text, cut into segments of n_ctx tokens (BOS first when the vocabulary adds one) */
+    const dhsa_tokenizer *tok = dhsa_model_tokenizer(m);
+    int64_t text_len, n_text = 0;
+    char *text = read_file(text_path, &text_len);
+    if (dhsa_tokenize(tok, text, text_len, 0, NULL, 0, &n_text) != DHSA_OK && n_text == 0)
+        die(EXIT_RUN, "%s", dhsa_last_error());
+    int32_t *ids = malloc((size_t)(n_text + 1) * sizeof(int32_t));
+    if (!ids) die(EXIT_RUN, "out of memory for %lld tokens", (long long)n_text);
+    if (dhsa_tokenize(tok, text, text_len, 0, ids, n_text + 1, &n_text)) die(EXIT_RUN, "%s", dhsa_last_error());
+    free(text);
+    if (max_tokens && n_text > max_tokens) n_text = max_tokens;
+    const int bos = (dhsa_tokenizer_default_flags(tok) & DHSA_TOKENIZE_ADD_BOS) && dhsa_tokenizer_bos(tok) >= 0;
+    const int64_t per_seg = n_ctx - bos, n_seg = (n_text + per_seg - 1) / per_seg;
+    const int64_t split_tok = (int64_t)floor((double)n_text * (1.0 - val));
+    if (n_seg == 0) die(EXIT_RUN, "the text has no tokens");
+
+    dhsa_ctx_params cp = dhsa_ctx_default_params();
+    cp.n_threads = (int)threads;
+    dhsa_ctx *ctx;
+    if (dhsa_ctx_create(&cp, &ctx)) die(EXIT_RUN, "%s", dhsa_last_error());
+    printf("model: %s: %lld layers, %lld KV heads x head dim %lld = C %lld; layers used: %lld\n", model, (long long)L,
+           (long long)in->n_head_kv, (long long)hd, (long long)C, (long long)n_use);
+    printf("text: %s: %lld tokens in %lld segments of <= %lld (BOS %s); validation: tokens from %lld (last %.0f%%)\n",
+           text_path, (long long)n_text, (long long)n_seg, (long long)n_ctx, bos ? "first" : "none",
+           (long long)split_tok, 100 * val);
+    printf("labels: w %lld, sink %lld; predictor: C %lld, w %lld, hidden %lld; %d threads\n", (long long)w,
+           (long long)sink, (long long)C, (long long)w, (long long)hidden, dhsa_ctx_n_threads(ctx));
+    fflush(stdout);
+
+    dhsa_session_params sp = dhsa_session_default_params();
+    sp.n_ctx = n_ctx;
+    sp.attn = DHSA_ATTN_DENSE;
+    sp.kv_type = DHSA_F32;
+    hook_state hs = {ctx, L, C, hd, w, 0, use, NULL, NULL, 0};
+    sp.layer_hook = hook;
+    sp.layer_hook_user = &hs;
+    dhsa_session *s;
+    if (dhsa_session_create(ctx, m, &sp, &s)) die(EXIT_RUN, "%s", dhsa_last_error());
+
+    /* per (segment, used layer): keys [n][C] and labels [n] */
+    const int64_t n_seqs = n_seg * n_use;
+    dhsa_train_seq *seqs = calloc((size_t)n_seqs, sizeof *seqs);
+    float **keys_of = calloc((size_t)L, sizeof(float *));
+    double **mass_of = calloc((size_t)L, sizeof(double *));
+    int32_t *seg_ids = malloc((size_t)n_ctx * sizeof(int32_t));
+    if (!seqs || !keys_of || !mass_of || !seg_ids) die(EXIT_RUN, "out of memory");
+    for (int64_t l = 0; l < L; l++)
+        if (use[l] && !(mass_of[l] = malloc((size_t)(n_ctx * 2 * w) * sizeof(double)))) die(EXIT_RUN, "out of memory");
+    hs.keys = keys_of, hs.mass = mass_of;
+    double t_lab = now(), pos_sum = 0, y_sum = 0;
+    int64_t n_lab = 0, q = 0;
+    int64_t *lay_pos = calloc((size_t)L, sizeof(int64_t)), *lay_n = calloc((size_t)L, sizeof(int64_t));
+    for (int64_t sg = 0; sg < n_seg; sg++) {
+        int64_t a = sg * per_seg, b = a + per_seg < n_text ? a + per_seg : n_text, n = (b - a) + bos;
+        if (bos) seg_ids[0] = dhsa_tokenizer_bos(tok);
+        memcpy(seg_ids + bos, ids + a, (size_t)(b - a) * sizeof(int32_t));
+        /* local split: the position of text token split_tok in this segment, clamped */
+        int64_t split = split_tok <= a ? 0 : split_tok >= b ? n : split_tok - a + bos;
+        hs.n = n;
+        for (int64_t l = 0; l < L; l++) {
+            if (!use[l]) continue;
+            if (!(keys_of[l] = malloc((size_t)(n * C) * sizeof(float)))) die(EXIT_RUN, "out of memory");
+            memset(mass_of[l], 0, (size_t)(n * 2 * w) * sizeof(double));
+        }
+        dhsa_session_reset(s);
+        if (dhsa_session_eval(s, seg_ids, n, NULL)) die(EXIT_RUN, "segment %lld: %s", (long long)sg, dhsa_last_error());
+        for (int64_t l = 0; l < L; l++) {
+            if (!use[l]) continue;
+            float *y = malloc((size_t)n * sizeof(float));
+            if (!y) die(EXIT_RUN, "out of memory");
+            if (dhsa_boundary_labels(mass_of[l], n, w, sink, y, NULL)) die(EXIT_RUN, "%s", dhsa_last_error());
+            for (int64_t t = 0; t < n; t++)
+                if (y[t] >= 0) n_lab++, lay_n[l]++, y_sum += y[t], pos_sum += y[t] >= 0.5f, lay_pos[l] += y[t] >= 0.5f;
+            seqs[q++] = (dhsa_train_seq){keys_of[l], y, n, split};
+        }
+    }
+    t_lab = now() - t_lab;
+    printf("labels: %lld candidates in %.1f s; mean y %.3f, y >= 0.5: %.3f; per layer y >= 0.5:", (long long)n_lab, t_lab,
+           n_lab ? y_sum / (double)n_lab : 0.0, n_lab ? pos_sum / (double)n_lab : 0.0);
+    for (int64_t l = 0; l < L; l++)
+        if (use[l]) printf(" %lld:%.3f", (long long)l, lay_n[l] ? (double)lay_pos[l] / (double)lay_n[l] : 0.0);
+    printf("\n");
+    fflush(stdout);
+
+    dhsa_predictor *pr;
+    if (dhsa_predictor_create_random(C, w, hidden, tp.seed, &pr)) die(EXIT_RUN, "%s", dhsa_last_error());
+    double t_train = now();
+    tp.progress = progress;
+    tp.progress_user = &t_train;
+    dhsa_train_report r;
+    if (dhsa_predictor_train(ctx, pr, seqs, n_seqs, &tp, &r)) die(EXIT_RUN, "%s", dhsa_last_error());
+
+    /* the similarity score on the same validation samples */
+    scored *sv = malloc((size_t)r.n_val * sizeof(scored));
+    int64_t nv = 0;
+    if (!sv) die(EXIT_RUN, "out of memory");
+    for (int64_t i = 0; i < n_seqs; i++)
+        for (int64_t t = 0; t < seqs[i].n; t++)
+            if (seqs[i].y[t] >= 0 && t - w >= seqs[i].split && nv < r.n_val)
+                sv[nv++] = (scored){similarity(seqs[i].keys, seqs[i].n, C, hd, w, t), seqs[i].y[t] >= 0.5f};
+    double sim_auc = auc(sv, nv);
+    free(sv);
+
+    printf("samples: %lld train (y >= 0.5: %.3f), %lld validation (y >= 0.5: %.3f, mean y %.3f)\n",
+           (long long)r.n_train, r.train_pos, (long long)r.n_val, r.val_pos, r.val_y_mean);
+    printf("loss: train %.5f -> %.5f, validation %.5f -> %.5f; best constant p = %.3f: validation %.5f\n",
+           r.first.train_loss, r.last.train_loss, r.first.val_loss, r.last.val_loss, r.const_p, r.val_loss_const);
+    printf("validation, p >= 0.5 vs y >= 0.5: precision %.3f recall %.3f F1 %.3f (tp %lld fp %lld fn %lld tn %lld)\n",
+           r.precision, r.recall, r.f1, (long long)r.tp, (long long)r.fp, (long long)r.fn, (long long)r.tn);
+    printf("validation ROC AUC: learned %.4f, similarity (1 - cos of the mean keys, window %lld) %.4f\n", r.auc,
+           (long long)w, sim_auc);
+    if (dhsa_predictor_save(pr, out)) die(EXIT_RUN, "%s", dhsa_last_error());
+    printf("wrote %s; labels %.1f s, training %.1f s, total %.1f s\n", out, t_lab, r.seconds, now() - t_start);
+
+    for (int64_t i = 0; i < n_seqs; i++) {
+        free((void *)seqs[i].keys);
+        free((void *)seqs[i].y);
+    }
+    for (int64_t l = 0; l < L; l++) free(mass_of[l]);
+    free(seqs), free(keys_of), free(mass_of), free(seg_ids), free(ids), free(lay_pos), free(lay_n);
+    dhsa_predictor_free(pr);
+    dhsa_session_free(s);
+    dhsa_ctx_free(ctx);
+    dhsa_model_free(m);
+    return 0;
+}
