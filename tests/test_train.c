@@ -15,13 +15,17 @@
  *   - training on a synthetic problem with real boundaries lowers the
  *     validation loss below the best constant; same result on 1 and 2
  *     threads; a trained predictor survives save/load;
- *   - bad inputs are refused with a sentence.
+ *   - bad inputs are refused with a sentence;
+ *   - `dhsa train-boundary` (env DHSA_CLI, which make test sets) on a short
+ *     text stories260K writes itself: a predictor of C = 32, w = 4 that
+ *     loads, the same bytes on 1 and 2 threads, usage errors exit 2.
  * Run: make build/tests/test_train && build/tests/test_train
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "dhsa.h"
@@ -58,7 +62,8 @@ typedef struct {
 /* Summed loss of the samples at theta. */
 static double loss_at(const dhsa__pmap *m, const double *theta, const sample_in *s, int ns, double *ws) {
     double l = 0;
-    for (int i = 0; i < ns; i++) l += dhsa__predictor_pass(m, theta, s[i].X, s[i].y, s[i].gamma, s[i].pw, 0, NULL, ws, NULL);
+    for (int i = 0; i < ns; i++)
+        l += dhsa__predictor_pass(m, theta, s[i].X, s[i].y, s[i].gamma, s[i].pw, 0, NULL, ws, NULL);
     return l;
 }
 
@@ -164,10 +169,12 @@ static void test_focal(void) {
                 double p = 1 / (1 + exp(-s));
                 double ref = -(pw * y * pow(1 - p, g) * log(p) + (1 - y) * pow(p, g) * log(1 - p));
                 double h = 1e-5;
-                double fd = (dhsa__focal_loss(s + h, y, g, pw, NULL) - dhsa__focal_loss(s - h, y, g, pw, NULL)) / (2 * h);
+                double fd =
+                    (dhsa__focal_loss(s + h, y, g, pw, NULL) - dhsa__focal_loss(s - h, y, g, pw, NULL)) / (2 * h);
                 worst_l = fmax(worst_l, fabs(l - ref) / (1 + fabs(ref)));
                 worst_d = fmax(worst_d, fabs(d - fd) / (1 + fabs(fd)));
-                if (g == 0 && pw == 1) T_CHECK(fabs(d - (p - y)) < 1e-14, "plain BCE: dL/ds %.17g != p - y %.17g", d, p - y);
+                if (g == 0 && pw == 1)
+                    T_CHECK(fabs(d - (p - y)) < 1e-14, "plain BCE: dL/ds %.17g != p - y %.17g", d, p - y);
             }
     T_CHECK(worst_l < 1e-12, "focal loss vs its formula: worst relative %.3g", worst_l);
     T_CHECK(worst_d < 1e-8, "focal loss derivative vs finite differences: worst relative %.3g", worst_d);
@@ -245,7 +252,7 @@ static dhsa_attn_desc desc_of(float *q, float *k, int64_t Hq, int64_t Hkv, int64
     return a;
 }
 
-static void test_mass(dhsa_ctx *ctx) {
+static void test_mass(dhsa_ctx *ctx, dhsa_ctx *ctx1) {
     const int64_t Hq = 4, Hkv = 2, L = 37, d = 3, w = 3, W2 = 2 * w;
     float *q = malloc((size_t)(Hq * L * d) * sizeof(float)), *k = malloc((size_t)(Hkv * L * d) * sizeof(float));
     for (int64_t i = 0; i < Hq * L * d; i++) q[i] = (float)(2 * drand());
@@ -268,7 +275,18 @@ static void test_mass(dhsa_ctx *ctx) {
         for (int64_t i = 0; i < L * W2; i++)
             if (fabs(got[i] - ref[i]) > err) err = fabs(got[i] - ref[i]), at = i;
         T_CHECK(err < 1e-12, "mass (softcap %g, window %lld) vs brute force: key %lld slot %lld: %.17g vs %.17g",
-                cases[ci].softcap, (long long)cases[ci].window, (long long)(at / W2), (long long)(at % W2), got[at], ref[at]);
+                cases[ci].softcap, (long long)cases[ci].window, (long long)(at / W2), (long long)(at % W2), got[at],
+                ref[at]);
+        /* the same sums on one thread, bit for bit */
+        memset(ref, 0, (size_t)(L * W2) * sizeof(double));
+        a.q.data = q, a.q.shape[2] = L, a.q_pos0 = 0;
+        dhsa_attn_desc a2 = a;
+        a2.q.shape[2] = 16, a2.k.shape[2] = 16;
+        st = dhsa_boundary_mass_add(ctx1, &a2, w, ref, L);
+        a2.q.data = q + 16 * d, a2.q.shape[2] = L - 16, a2.k.shape[2] = L, a2.q_pos0 = 16;
+        st = st ? st : dhsa_boundary_mass_add(ctx1, &a2, w, ref, L);
+        T_CHECK(st == DHSA_OK && memcmp(ref, got, (size_t)(L * W2) * sizeof(double)) == 0,
+                "mass on 1 thread differs from %d threads", dhsa_ctx_n_threads(ctx));
     }
     free(q), free(k), free(ref), free(got);
 }
@@ -291,7 +309,8 @@ static void test_labels(dhsa_ctx *ctx) {
     T_CHECK(fabs(y[10] - flat) < 1e-6 && fabs(y[28] - flat) < 1e-6, "flat regions: y %g, %g (want %g)", y[10], y[28],
             flat);
     /* candidates near the boundary see part of it: 0.2 < y < 1, rising towards it */
-    T_CHECK(y[17] > (float)flat && y[18] > y[17] && y[19] > y[18] && y[c0] > y[19], "y does not rise towards the boundary");
+    T_CHECK(y[17] > (float)flat && y[18] > y[17] && y[19] > y[18] && y[c0] > y[19],
+            "y does not rise towards the boundary");
     int none_ok = 1;
     for (int64_t c = 0; c < L; c++)
         if (c - w < 1 || c + 2 * w > L) none_ok &= y[c] == -1.0f;
@@ -499,6 +518,91 @@ static void test_bad(dhsa_ctx *ctx) {
     free_synth(&s);
 }
 
+/* ------------------------------------------------------------------ CLI --- */
+
+#define MODEL "../shared/models/stories260K.gguf"
+
+/* Runs `$DHSA_CLI args 2>&1`; exit status (-1 abnormal), output in out. */
+static int cli_run(const char *args, char *out, size_t cap) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", getenv("DHSA_CLI"), args);
+    FILE *p = popen(cmd, "r");
+    size_t n = 0, got;
+    out[0] = 0;
+    if (!p) return -1;
+    while (n + 1 < cap && (got = fread(out + n, 1, cap - n - 1, p)) > 0) n += got;
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static unsigned char *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    unsigned char *b = malloc(1 << 20);
+    *n = b ? fread(b, 1, 1 << 20, f) : 0;
+    fclose(f);
+    return b;
+}
+
+static void test_cli(void) {
+    const char *cli = getenv("DHSA_CLI");
+    if (!cli || strchr(cli, '\'')) {
+        T_SKIP("DHSA_CLI unset: train-boundary CLI checks skipped (make test sets it)");
+        return;
+    }
+    if (access(MODEL, R_OK) != 0) {
+        T_SKIP("%s absent: train-boundary CLI checks skipped", MODEL);
+        return;
+    }
+    static char out[1 << 16];
+    char args[1024], txt[64], p1[64], p2[64];
+    int pid = (int)getpid();
+    snprintf(txt, sizeof txt, "/tmp/dhsa_tt_%d.txt", pid);
+    snprintf(p1, sizeof p1, "/tmp/dhsa_tt_%d_1.prd", pid);
+    snprintf(p2, sizeof p2, "/tmp/dhsa_tt_%d_2.prd", pid);
+    /* the model's own text: two samples of 300 tokens */
+    snprintf(args, sizeof args,
+             "run -m %s --temp 1 --seed 1 -n 300 --ctx 512 2>/dev/null > %s && "
+             "'%s' run -m %s --temp 1 --seed 2 -n 300 --ctx 512 >> %s",
+             MODEL, txt, cli, MODEL, txt);
+    int rc = cli_run(args, out, sizeof out);
+    T_CHECK(rc == 0, "dhsa run for the text: rc %d: %.300s", rc, out);
+    snprintf(args, sizeof args, "train-boundary -m %s --text %s --ctx 256 --steps 40 --eval-every 20 --threads 2 -o %s",
+             MODEL, txt, p1);
+    rc = cli_run(args, out, sizeof out);
+    T_CHECK(rc == 0 && strstr(out, "step     20") && strstr(out, "precision") && strstr(out, "validation ROC AUC"),
+            "train-boundary: rc %d: %.2000s", rc, out);
+    dhsa_predictor *pr = NULL;
+    T_CHECK(dhsa_predictor_load(p1, &pr) == DHSA_OK && dhsa_predictor_width(pr) == 32 &&
+                dhsa_predictor_window(pr) == 4,
+            "the written predictor: %s (C %lld, w %lld; want 32, 4)", dhsa_last_error(),
+            (long long)dhsa_predictor_width(pr), (long long)dhsa_predictor_window(pr));
+    dhsa_predictor_free(pr);
+    snprintf(args, sizeof args, "train-boundary -m %s --text %s --ctx 256 --steps 40 --eval-every 20 --threads 1 -o %s",
+             MODEL, txt, p2);
+    rc = cli_run(args, out, sizeof out);
+    size_t n1 = 0, n2 = 0;
+    unsigned char *b1 = slurp(p1, &n1), *b2 = slurp(p2, &n2);
+    T_CHECK(rc == 0 && b1 && b2 && n1 == n2 && n1 > 0 && memcmp(b1, b2, n1) == 0,
+            "train-boundary on 1 and 2 threads wrote different files (%zu, %zu bytes)", n1, n2);
+    free(b1), free(b2);
+    const struct { const char *args; int rc; } bad[] = {
+        {"train-boundary -m " MODEL " --text /dev/null", 2},          /* no -o */
+        {"train-boundary -m " MODEL " -o /tmp/x.prd", 2},             /* no --text */
+        {"train-boundary -m " MODEL " --text /dev/null --window 0 -o /tmp/x.prd", 2},
+        {"train-boundary -m " MODEL " --text /dev/null --layers 7 -o /tmp/x.prd", 2},
+        {"train-boundary -m " MODEL " --text /nonexistent -o /tmp/x.prd", 1},
+        {"train-boundary -m " MODEL " --text /dev/null --bogus 1 -o /tmp/x.prd", 2},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        rc = cli_run(bad[i].args, out, sizeof out);
+        T_CHECK(rc == bad[i].rc && strstr(out, "train-boundary"), "`dhsa %s`: rc %d (want %d): %.300s", bad[i].args, rc,
+                bad[i].rc, out);
+    }
+    unlink(txt), unlink(p1), unlink(p2);
+}
+
 int main(void) {
     dhsa_ctx_params cp = dhsa_ctx_default_params();
     cp.n_threads = 2;
@@ -509,11 +613,12 @@ int main(void) {
     test_gradients();
     test_focal();
     test_adam();
-    test_mass(ctx);
+    test_mass(ctx, ctx1);
     test_labels(ctx);
     test_agreement(ctx);
     test_training(ctx, ctx1);
     test_bad(ctx);
+    test_cli();
     dhsa_ctx_free(ctx);
     dhsa_ctx_free(ctx1);
     return t_report("test_train");

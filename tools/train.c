@@ -358,8 +358,8 @@ int dhsa_cli_train_boundary(int argc, char **argv) {
         }
     }
     t_lab = now() - t_lab;
-    printf("labels: %lld candidates in %.1f s; mean y %.3f, y >= 0.5: %.3f; per layer y >= 0.5:", (long long)n_lab, t_lab,
-           n_lab ? y_sum / (double)n_lab : 0.0, n_lab ? pos_sum / (double)n_lab : 0.0);
+    printf("labels: %lld candidates in %.1f s; mean y %.3f, y >= 0.5: %.3f; per layer y >= 0.5:", (long long)n_lab,
+           t_lab, n_lab ? y_sum / (double)n_lab : 0.0, n_lab ? pos_sum / (double)n_lab : 0.0);
     for (int64_t l = 0; l < L; l++)
         if (use[l]) printf(" %lld:%.3f", (long long)l, lay_n[l] ? (double)lay_pos[l] / (double)lay_n[l] : 0.0);
     printf("\n");

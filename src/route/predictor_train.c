@@ -26,7 +26,6 @@
 #define SHARDS 16        /* gradient shards per minibatch (fixed: thread-count independent) */
 #define EVAL_CHUNK 256   /* samples per evaluation task */
 #define TRAIN_SUBSET 8192 /* training samples in each progress point's train loss */
-#define KEY_BLOCK 64     /* keys per task of the mass pass */
 #define LOG_R_MAX 50.0   /* log r when one side has no mass */
 
 /* ------------------------------------------------------------ params --- */
@@ -271,66 +270,54 @@ double dhsa__predictor_pass(const dhsa__pmap *m, const double *th, const double 
 
 /* -------------------------------------------------------------- labels --- */
 
+/* Query rows are cut into at most MASS_BLOCKS blocks (a count that does not
+ * depend on the threads); each block sums its rows' mass into its own
+ * [Lk][2w] partial, and the partials are added in block order: the same
+ * sums in the same order for any thread count. */
+#define MASS_BLOCKS 16
+
 typedef struct {
     const double *Q, *K; /* [Hq][Lq][hd], [Hkv][Lk][hd] */
-    double *lse;         /* [Hq][Lq] */
-    double *mass;
-    int64_t Hq, Hkv, Lq, Lk, hd, q_pos0, window, w;
+    double *part;        /* [blocks][Lk][2w] */
+    double *row;         /* [threads][Lk] */
+    int64_t Hq, Hkv, Lq, Lk, hd, q_pos0, window, w, rows_per_block;
     int causal;
     double scale, softcap;
 } mass_job;
 
-static double mass_score(const mass_job *j, int64_t h, int64_t i, int64_t key) {
-    const double *q = j->Q + (h * j->Lq + i) * j->hd, *k = j->K + ((h / (j->Hq / j->Hkv)) * j->Lk + key) * j->hd;
-    double s = 0;
-    for (int64_t c = 0; c < j->hd; c++) s += q[c] * k[c];
-    s *= j->scale;
-    if (j->softcap > 0) s = j->softcap * tanh(s / j->softcap);
-    return s;
-}
-
-/* Keys [lo, hi) that query row i (position q_pos0 + i) may attend to. */
-static void mass_span(const mass_job *j, int64_t i, int64_t *lo, int64_t *hi) {
-    int64_t pos = j->q_pos0 + i;
-    *hi = j->causal ? (pos + 1 < j->Lk ? pos + 1 : j->Lk) : j->Lk;
-    *lo = j->window > 0 && pos - j->window + 1 > 0 ? pos - j->window + 1 : 0;
-}
-
-/* Pass 1: the log-sum-exp of each (head, query row). */
-static void lse_task(void *arg, int64_t i, int thread) {
-    (void)thread;
+/* One block of query rows: per (row, head) an explicit softmax over the
+ * keys the row may see, in double; what it puts on each earlier key goes
+ * to the slot of the key's distance. */
+static void mass_task(void *arg, int64_t blk, int thread) {
     const mass_job *j = arg;
-    int64_t lo, hi;
-    mass_span(j, i, &lo, &hi);
-    for (int64_t h = 0; h < j->Hq; h++) {
-        double mx = -INFINITY, sum = 0;
-        for (int64_t k = lo; k < hi; k++) {
-            double s = mass_score(j, h, i, k);
-            if (s > mx) mx = s;
-        }
-        for (int64_t k = lo; k < hi; k++) sum += exp(mass_score(j, h, i, k) - mx);
-        j->lse[h * j->Lq + i] = hi > lo ? mx + log(sum) : INFINITY; /* no key: nothing to add */
-    }
-}
-
-/* Pass 2: each task owns KEY_BLOCK keys and sums, in a fixed order, what
- * every later query row puts on them. */
-static void colmass_task(void *arg, int64_t blk, int thread) {
-    (void)thread;
-    const mass_job *j = arg;
-    const int64_t W2 = 2 * j->w;
-    int64_t k0 = blk * KEY_BLOCK, k1 = k0 + KEY_BLOCK < j->Lk ? k0 + KEY_BLOCK : j->Lk;
-    for (int64_t key = k0; key < k1; key++) {
-        double *slot = j->mass + key * W2;
-        int64_t i0 = key + 1 - j->q_pos0; /* first row at a later position */
-        for (int64_t i = i0 > 0 ? i0 : 0; i < j->Lq; i++) {
-            int64_t lo, hi;
-            mass_span(j, i, &lo, &hi);
-            if (key < lo || key >= hi) continue;
-            int64_t d = j->q_pos0 + i - key;
-            double acc = 0;
-            for (int64_t h = 0; h < j->Hq; h++) acc += exp(mass_score(j, h, i, key) - j->lse[h * j->Lq + i]);
-            slot[(d < W2 ? d : W2) - 1] += acc;
+    const int64_t W2 = 2 * j->w, hd = j->hd, group = j->Hq / j->Hkv;
+    double *part = j->part + (size_t)blk * (size_t)(j->Lk * W2), *e = j->row + (size_t)thread * (size_t)j->Lk;
+    memset(part, 0, (size_t)(j->Lk * W2) * sizeof(double));
+    int64_t r0 = blk * j->rows_per_block, r1 = r0 + j->rows_per_block < j->Lq ? r0 + j->rows_per_block : j->Lq;
+    for (int64_t i = r0; i < r1; i++) {
+        const int64_t pos = j->q_pos0 + i;
+        const int64_t hi = j->causal ? (pos + 1 < j->Lk ? pos + 1 : j->Lk) : j->Lk;
+        const int64_t lo = j->window > 0 && pos - j->window + 1 > 0 ? pos - j->window + 1 : 0;
+        const int64_t top = hi < pos ? hi : pos; /* keys before the query's position */
+        if (lo >= hi || lo >= top) continue;
+        for (int64_t h = 0; h < j->Hq; h++) {
+            const double *q = j->Q + (h * j->Lq + i) * hd, *K = j->K + (h / group) * j->Lk * hd;
+            double mx = -INFINITY, sum = 0;
+            for (int64_t k = lo; k < hi; k++) {
+                const double *kk = K + k * hd;
+                double sc = 0;
+                for (int64_t c = 0; c < hd; c++) sc += q[c] * kk[c];
+                sc *= j->scale;
+                if (j->softcap > 0) sc = j->softcap * tanh(sc / j->softcap);
+                e[k] = sc;
+                if (sc > mx) mx = sc;
+            }
+            for (int64_t k = lo; k < hi; k++) sum += e[k] = exp(e[k] - mx);
+            const double inv = 1.0 / sum;
+            for (int64_t k = lo; k < top; k++) {
+                int64_t d = pos - k;
+                part[k * W2 + (d < W2 ? d : W2) - 1] += e[k] * inv;
+            }
         }
     }
 }
@@ -357,7 +344,8 @@ static void load_heads(const dhsa_tensor *t, double *dst) {
 dhsa_status dhsa_boundary_mass_add(dhsa_ctx *ctx, const dhsa_attn_desc *a, int64_t w, double *mass,
                                    int64_t n_keys) {
     if (!ctx || !a || !mass) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_boundary_mass_add: NULL argument");
-    if (w < 1 || w > 64) return dhsa__fail(DHSA_ERR_INVALID_ARG, "label window w = %lld: need 1 <= w <= 64", (long long)w);
+    if (w < 1 || w > 64)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "label window w = %lld: need 1 <= w <= 64", (long long)w);
     dhsa_status st;
     if ((st = check_view(&a->q, "q")) || (st = check_view(&a->k, "k"))) return st;
     if (a->key_mask || a->key_bias || a->attn_mask.data)
@@ -374,22 +362,29 @@ dhsa_status dhsa_boundary_mass_add(dhsa_ctx *ctx, const dhsa_attn_desc *a, int64
                           (long long)Hq, (long long)Lq, (long long)hd, (long long)Hkv, (long long)Lk,
                           (long long)a->k.shape[3]);
     if (a->q_pos0 < 0 || a->window < 0 || !(a->scale >= 0) || !(a->softcap >= 0))
-        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_boundary_mass_add: q_pos0, window, scale and softcap must be >= 0");
+        return dhsa__fail(DHSA_ERR_INVALID_ARG,
+                          "dhsa_boundary_mass_add: q_pos0, window, scale and softcap must be >= 0");
     if (Lk > n_keys || a->q_pos0 + Lq > n_keys)
         return dhsa__fail(DHSA_ERR_SHAPE,
                           "dhsa_boundary_mass_add: the call has %lld keys and queries up to position %lld but "
                           "mass holds %lld keys",
                           (long long)Lk, (long long)(a->q_pos0 + Lq), (long long)n_keys);
     if (Lq == 0 || Lk == 0 || Hq == 0) return DHSA_OK;
-    size_t nq = (size_t)(Hq * Lq * hd), nk = (size_t)(Hkv * Lk * hd), nl = (size_t)(Hq * Lq);
-    double *buf = dhsa__alloc(ctx, (nq + nk + nl) * sizeof(double), &st);
+    const int64_t W2 = 2 * w, blocks = Lq < MASS_BLOCKS ? Lq : MASS_BLOCKS;
+    const int threads = dhsa_ctx_n_threads(ctx);
+    size_t nq = (size_t)(Hq * Lq * hd), nk = (size_t)(Hkv * Lk * hd), np = (size_t)(blocks * Lk * W2);
+    double *buf = dhsa__alloc(ctx, (nq + nk + np + (size_t)threads * (size_t)Lk) * sizeof(double), &st);
     if (!buf) return st;
-    mass_job j = {buf, buf + nq, buf + nq + nk, mass, Hq, Hkv, Lq, Lk, hd, a->q_pos0, a->window, w, a->causal,
-                  a->scale > 0 ? (double)a->scale : 1.0 / sqrt((double)hd), (double)a->softcap};
+    mass_job j = {buf, buf + nq, buf + nq + nk, buf + nq + nk + np, Hq, Hkv, Lq, Lk, hd, a->q_pos0, a->window, w,
+                  (Lq + blocks - 1) / blocks, a->causal, a->scale > 0 ? (double)a->scale : 1.0 / sqrt((double)hd),
+                  (double)a->softcap};
     load_heads(&a->q, buf);
     load_heads(&a->k, buf + nq);
-    dhsa_parallel_for(ctx, Lq, lse_task, &j);
-    dhsa_parallel_for(ctx, (Lk + KEY_BLOCK - 1) / KEY_BLOCK, colmass_task, &j);
+    dhsa_parallel_for(ctx, blocks, mass_task, &j);
+    for (int64_t b = 0; b < blocks; b++) {
+        const double *part = j.part + (size_t)(b * Lk * W2);
+        for (int64_t i = 0; i < Lk * W2; i++) mass[i] += part[i];
+    }
     dhsa_ctx_release(ctx, buf);
     return DHSA_OK;
 }
@@ -415,8 +410,8 @@ dhsa_status dhsa_boundary_labels(const double *mass, int64_t n_keys, int64_t w, 
         }
         double hi = left > right ? left : right, lo = left > right ? right : left, lr;
         if (!(hi >= 0 && lo >= 0) || !isfinite(hi))
-            return dhsa__fail(DHSA_ERR_NONFINITE, "dhsa_boundary_labels: the mass near key %lld is %g / %g", (long long)c,
-                              left, right);
+            return dhsa__fail(DHSA_ERR_NONFINITE, "dhsa_boundary_labels: the mass near key %lld is %g / %g",
+                              (long long)c, left, right);
         lr = hi == 0 ? 0.0 : lo == 0 ? LOG_R_MAX : log(hi) - log(lo);
         if (lr > LOG_R_MAX) lr = LOG_R_MAX;
         y[c] = (float)sigmoid(2.0 * (lr - log(2.0)));
@@ -592,19 +587,22 @@ static dhsa_status check_train_args(const dhsa_predictor *pr, const dhsa_train_s
                           "pos_weight > 0 (got lr %g, betas %g %g, eps %g, gamma %g, pos_weight %g)",
                           p->lr, p->beta1, p->beta2, p->eps, p->gamma, p->pos_weight);
     if (p->batch < 1 || p->batch > (1 << 20) || p->steps < 0 || p->eval_every < 0)
-        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_predictor_train: need 1 <= batch <= 2^20, steps >= 0, eval_every >= 0");
+        return dhsa__fail(DHSA_ERR_INVALID_ARG,
+                          "dhsa_predictor_train: need 1 <= batch <= 2^20, steps >= 0, eval_every >= 0");
     for (int64_t s = 0; s < n_seqs; s++) {
         const dhsa_train_seq *q = &seqs[s];
         if (q->n < 0 || (q->n && (!q->keys || !q->y)))
             return dhsa__fail(DHSA_ERR_INVALID_ARG, "training sequence %lld: n < 0 or NULL keys/labels", (long long)s);
         for (int64_t i = 0; i < q->n * pr->C; i++)
             if (!isfinite(q->keys[i]))
-                return dhsa__fail(DHSA_ERR_NONFINITE, "training sequence %lld: key value %lld (token %lld) is not finite",
-                                  (long long)s, (long long)i, (long long)(i / pr->C));
+                return dhsa__fail(DHSA_ERR_NONFINITE,
+                                  "training sequence %lld: key value %lld (token %lld) is not finite", (long long)s,
+                                  (long long)i, (long long)(i / pr->C));
         for (int64_t t = 0; t < q->n; t++)
             if (!(q->y[t] <= 1.0f) || isnan(q->y[t]))
-                return dhsa__fail(DHSA_ERR_INVALID_ARG, "training sequence %lld: label %lld is %g (need <= 1; < 0 = none)",
-                                  (long long)s, (long long)t, (double)q->y[t]);
+                return dhsa__fail(DHSA_ERR_INVALID_ARG,
+                                  "training sequence %lld: label %lld is %g (need <= 1; < 0 = none)", (long long)s,
+                                  (long long)t, (double)q->y[t]);
     }
     return DHSA_OK;
 }
