@@ -60,4 +60,9 @@ extern const char dhsa_cli_train_boundary_usage[];
 int dhsa_cli_gen_model(int argc, char **argv);
 extern const char dhsa_cli_gen_model_usage[];
 
+/* dhsa eval fidelity|copy|niah (tools/eval.c): quality of the sparse
+ * methods on a real model against dense (KL, copy retrieval, needles). */
+int dhsa_cli_eval(int argc, char **argv);
+extern const char dhsa_cli_eval_usage[];
+
 #endif

@@ -59,6 +59,8 @@ static const char usage_main[] =
     "  convert      llama2.c checkpoint + tokenizer -> GGUF file\n"
     "  inspect      a GGUF file's (or llama2.c checkpoint's) metadata and tensors\n"
     "  tokenize     a text's token ids and pieces with a GGUF model's tokenizer\n"
+    "  eval         quality of the sparse methods against dense on a model:\n"
+    "               fidelity (KL, top-1, perplexity, recall), copy, niah\n"
     "  help [CMD]   this text, or the usage of CMD\n"
     "\n"
     "`dhsa CMD --help` describes each command. Exit status: 0 ok, 1 the run\n"
@@ -1132,6 +1134,7 @@ static const char *usage_of(const char *cmd) {
     if (strcmp(cmd, "convert") == 0) return dhsa_cli_convert_usage;
     if (strcmp(cmd, "inspect") == 0) return dhsa_cli_inspect_usage;
     if (strcmp(cmd, "tokenize") == 0) return dhsa_cli_tokenize_usage;
+    if (strcmp(cmd, "eval") == 0) return dhsa_cli_eval_usage;
     return NULL;
 }
 
@@ -1170,6 +1173,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "convert") == 0) return dhsa_cli_convert(argc, argv);
     if (strcmp(cmd, "inspect") == 0) return dhsa_cli_inspect(argc, argv);
     if (strcmp(cmd, "tokenize") == 0) return dhsa_cli_tokenize(argc, argv);
+    if (strcmp(cmd, "eval") == 0) return dhsa_cli_eval(argc, argv);
     usage_error("unknown command \"%s\"", cmd);
     return EXIT_USAGE;
 }

@@ -161,4 +161,40 @@ dhsa_status dhsa_layout_picture_write(const dhsa_layout_picture *p, FILE *f);
 dhsa_status dhsa_layout_picture_save(const dhsa_layout_picture *p, const char *path);
 /* ---- Layout pictures end ---- */
 
+/* ---- Heat maps (dhsa eval copy / niah) ---- */
+
+/* A heat map: one or more panels (one per method, say) side by side, each
+ * a grid of nx columns x ny rows of cells sharing one colour scale
+ * (viridis-like, dark = low), a colour bar with ticks on the right, column
+ * labels under each panel, row labels left of the first, panel names
+ * above. Row 0 is drawn at the top. Every cell with a finite value is one
+ * `<rect class="cell" .../>` with a <title> tooltip (panel, column, row,
+ * value) and, unless digits < 0, the value printed in it; a NaN cell is a
+ * light grey `<rect class="nocell" .../>` marked "n/a". Values outside the
+ * scale are coloured as its ends but printed as they are. The size follows
+ * from the grid (cells of 56 x 30 pixels). Copies are made of everything
+ * given; text is XML-escaped. */
+typedef struct dhsa_heatmap dhsa_heatmap;
+
+/* nx, ny in [1, 256]. Any text may be NULL. NULL on failure (last error set). */
+dhsa_heatmap *dhsa_heatmap_create(const char *title, const char *x_label, const char *y_label, int nx,
+                                  int ny);
+void dhsa_heatmap_free(dhsa_heatmap *h); /* NULL allowed */
+dhsa_status dhsa_heatmap_set_subtitle(dhsa_heatmap *h, const char *subtitle);
+/* Labels of the columns (axis X: nx strings) or rows (axis Y: ny strings). */
+dhsa_status dhsa_heatmap_set_labels(dhsa_heatmap *h, dhsa_axis axis, const char *const *labels);
+/* The colour scale [lo, hi] (lo < hi, both finite) and the colour bar's
+ * label; default [0, 1], no label. */
+dhsa_status dhsa_heatmap_set_scale(dhsa_heatmap *h, double lo, double hi, const char *label);
+/* Decimals of the printed values (default 2); negative: no numbers. */
+void dhsa_heatmap_set_digits(dhsa_heatmap *h, int digits);
+/* Adds a panel: values[ny][nx] row-major (NaN = no value), copied. At most
+ * 16 panels. */
+dhsa_status dhsa_heatmap_add_panel(dhsa_heatmap *h, const char *name, const double *values);
+/* Cells with a finite value over all panels (the "cell" rects written). */
+int64_t dhsa_heatmap_count_cells(const dhsa_heatmap *h);
+dhsa_status dhsa_heatmap_write(const dhsa_heatmap *h, FILE *f);
+/* Same, to a file (created or truncated); DHSA_ERR_IO if it cannot be written. */
+dhsa_status dhsa_heatmap_save(const dhsa_heatmap *h, const char *path);
+
 #endif

@@ -1,0 +1,42 @@
+/* niah.h: the library side of `dhsa eval niah` (tools/eval.c): scoring an
+ * answer against the needle's number, and placing the needle at a depth.
+ * Internal: not in the public header. How the evaluation works:
+ * docs/eval.md.
+ *
+ * Contract:
+ *   - Pure functions: no allocation, no I/O, deterministic.
+ *   - dhsa__niah_answer_has reads exactly len bytes of answer (NULs are
+ *     ordinary bytes; answer may be NULL when len is 0).
+ * Tested by tests/test_eval.c (crafted answers, placements).
+ */
+#ifndef DHSA_EVAL_NIAH_H
+#define DHSA_EVAL_NIAH_H
+
+#include <stdint.h>
+
+/* Whether the answer states the needle's number. `number` is the needle's
+ * value as ASCII decimal digits (1..32 of them, NUL-terminated; anything
+ * else returns -1).
+ *
+ * The answer is read as a sequence of numbers: a number is a maximal run
+ * of ASCII digits that may hold thousands separators (a ',' followed by
+ * exactly three digits and then a non-digit, as in "4,821" or
+ * "1,234,567") and may end in a decimal part ('.' followed by digits).
+ * The answer has the needle when one number without a decimal part has
+ * exactly the needle's digits, separators removed. So:
+ *   "4821", "is 4821.", "(4821)", "x4821y", "4,821", "-4821" -> 1
+ *   "48210", "14821", "482", "4821.5", "4 8 2 1", "48 21", "" -> 0
+ * Digits spelled apart by spaces do not count: tokenizers of the models
+ * evaluated here write digits without spaces, and "12 4821" must not read
+ * as a longer number. Leading zeros are part of the run ("04821" is not
+ * 4821). Returns 1 or 0. */
+int dhsa__niah_answer_has(const char *answer, int64_t len, const char *number);
+
+/* Where the needle goes: with a haystack of n sentences whose token counts
+ * are tokens[0..n), the index k in [0, n] of the sentence boundary
+ * (before sentence k; k = n is the end) whose token offset is nearest to
+ * depth x (total tokens); ties go to the earlier boundary. depth is
+ * clamped to [0, 1]; n = 0 gives 0. */
+int64_t dhsa__niah_boundary(const int64_t *tokens, int64_t n, double depth);
+
+#endif

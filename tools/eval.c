@@ -1,0 +1,1559 @@
+/* eval.c: `dhsa eval fidelity|copy|niah`, quality of the sparse attention
+ * methods on a real model, each against dense in the same process.
+ *
+ *   fidelity  next-token KL(dense || method), top-1 agreement, perplexity of
+ *             both, attention recall per layer and the density really used,
+ *             over windows of a text file
+ *   copy      in-context copying: a random passage early, filler, the
+ *             passage again; how much lower the loss is on the repetition
+ *             (works with tiny models that have induction heads)
+ *   niah      needle in a haystack for instruction models: a needle
+ *             sentence at each depth, the question through the chat
+ *             template, scored by whether the greedy answer has the number
+ *
+ * Every method of a command runs with the same routing parameters, scaled
+ * to the evaluated length unless given (docs/eval.md says which and why).
+ * Recall and density come from the session's layer hook: after each
+ * layer's attention the hook reruns the call dense and sparse with LSE
+ * outputs (dhsa_fidelity_compare) and reads the layout's statistics.
+ * Heat maps (length x depth, one panel per method) through src/util/svg.c.
+ * Tested by tests/test_eval.c (CLI part through DHSA_CLI, on stories260K).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "dhsa.h"
+#include "eval/niah.h"
+#include "util/svg.h"
+
+#define EXIT_RUN 1
+#define EXIT_USAGE 2
+#define MAX_LIST 16
+
+const char dhsa_cli_eval_usage[] =
+    "usage: dhsa eval fidelity -m MODEL -f TEXT [--attn METHOD,...] [--density F,...] [--ctx N] [options]\n"
+    "       dhsa eval copy -m MODEL [--lengths 512,1K,...] [--depths 0.1,...] [options]\n"
+    "       dhsa eval niah -m MODEL [--lengths ...] [--depths ...] [--haystack FILE] [options]\n"
+    "\n"
+    "fidelity: the text is tokenized and cut into windows of --ctx tokens (BOS\n"
+    "  first); each window runs dense and then every method; prints per method\n"
+    "  and density: next-token KL(dense || method) in nats, top-1 agreement,\n"
+    "  perplexity of the method and of dense, the same KL and top-1 over the\n"
+    "  second half of each window (where the budget binds), attention recall\n"
+    "  per layer, and the density used (selected / available keys).\n"
+    "copy: per length and depth, [BOS] filler, a passage of --passage random\n"
+    "  tokens at the depth, filler, the passage again at the end. Score = mean\n"
+    "  loss on the first occurrence minus mean loss on the repetition (nats per\n"
+    "  token, the passage's first token left out). A method keeps the copy where\n"
+    "  dense's score is at least --min-score and the method's is at least half\n"
+    "  of dense's. Filler: --filler FILE, or stories sampled from the model\n"
+    "  itself (fixed seed).\n"
+    "niah: per length and depth, a haystack (built-in sentences or --haystack\n"
+    "  FILE) with \"The secret number is NNNN.\" at the depth, then the question\n"
+    "  through the chat template (or a plain completion prompt), a greedy answer\n"
+    "  of up to --answer-tokens tokens; a hit when it states the number.\n"
+    "\n"
+    "Model and run:\n"
+    "  -m MODEL            GGUF file, or a llama2.c checkpoint with --tokenizer FILE\n"
+    "  --threads T         (default: online CPUs)\n"
+    "  --attn LIST         dense,dhsa,block,stream,oracle (default: all; fidelity:\n"
+    "                      dhsa,block,stream; dense always runs as the reference)\n"
+    "  --density LIST      densities (default 0.125)   --budget N: keys per block\n"
+    "  --boundary fixed|similarity|learned:FILE   dhsa's boundaries (default similarity)\n"
+    "Routing (defaults scaled to the evaluated length L, docs/eval.md):\n"
+    "  --q-block N (16)  --sink N (4)  --local N (16; 32 when L > 1024)\n"
+    "  --dense-below N (0)  --min-chunk N (8)  --max-chunk N (64)\n"
+    "  --chunk N (16: block's fixed chunk)  --sim-window N (4)  --nms-window N (4)\n"
+    "fidelity:\n"
+    "  -f FILE             the text        --ctx N  window (default: trained context)\n"
+    "  --windows N         most windows (default 8)\n"
+    "copy and niah:\n"
+    "  --lengths LIST      tokens (default 512,1K,2K,4K)\n"
+    "  --depths LIST       where the first copy / needle sits, 0..1\n"
+    "                      (default 0.05,0.25,0.5,0.75,0.95)\n"
+    "  --trials N          passages / needles per cell (default 2)\n"
+    "  --seed S            (default 1)\n"
+    "  --svg FILE          heat map (length x depth, a panel per method)\n"
+    "  --passage N         copy: passage tokens (default 32)\n"
+    "  --passage-kind K    copy: tokens (random ordinary tokens, default), words\n"
+    "                      (random whole-word tokens) or text (model-sampled text)\n"
+    "  --svg-attn FILE     copy: heat map of the share of dense's attention on the\n"
+    "                      first copy that each method keeps\n"
+    "  --min-score S       copy: dense must reach this score (default 1.0 nats)\n"
+    "  --filler FILE       copy: filler text instead of model samples\n"
+    "  --haystack FILE     niah: haystack text instead of the built-in sentences\n"
+    "  --answer-tokens N   niah: longest answer (default 12)\n"
+    "  --template auto|plain|NAME  niah: chat template (auto: the model's when its\n"
+    "                      GGUF has tokenizer.chat_template, else a plain prompt)\n"
+    "  --show              niah: print every answer\n"
+    "Output:\n"
+    "  --json              one JSON object instead of the tables\n";
+
+static const char *cur_cmd = "eval";
+
+static void die(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "dhsa %s: ", cur_cmd);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(code);
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) die(EXIT_RUN, "out of memory (%zu bytes)", n);
+    return p;
+}
+
+static char *read_file(const char *path, int64_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) die(EXIT_RUN, "cannot open \"%s\": %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = xmalloc(cap + 1);
+    for (;;) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap) break;
+        cap *= 2;
+        char *nb = realloc(buf, cap + 1);
+        if (!nb) die(EXIT_RUN, "out of memory reading \"%s\"", path);
+        buf = nb;
+    }
+    if (ferror(f)) die(EXIT_RUN, "cannot read \"%s\"", path);
+    fclose(f);
+    buf[n] = 0;
+    *len = (int64_t)n;
+    return buf;
+}
+
+/* ------------------------------------------------------------- options --- */
+
+/* One method at one density: a row of the tables, a panel of the heat maps.
+ * Dense runs once whatever the densities. */
+typedef struct {
+    dhsa_attn_method method;
+    double density;
+    char name[48];
+} variant;
+
+#define MAX_VAR (MAX_LIST * MAX_LIST)
+
+typedef struct {
+    const char *model, *tokenizer, *text_file, *filler_file, *haystack_file, *svg, *svg_attn, *template_name;
+    const char *predictor_path;
+    int64_t threads, ctx, windows, passage, trials, answer_tokens, budget;
+    uint64_t seed;
+    dhsa_attn_method methods[MAX_LIST];
+    int n_methods;
+    double densities[MAX_LIST];
+    int n_densities;
+    int64_t lengths[MAX_LIST];
+    int n_lengths;
+    double depths[MAX_LIST];
+    int n_depths;
+    double min_score;
+    dhsa_boundary boundary;
+    /* routing overrides; -1 = the scaled default */
+    int64_t q_block, sink, local, dense_below, min_chunk, max_chunk, chunk, sim_window, nms_window;
+    int json, show, passage_kind; /* 0 tokens, 1 words, 2 text */
+    variant var[MAX_VAR];
+    int n_var;
+    dhsa_predictor *predictor;
+} eval_opts;
+
+static int64_t num(const char *opt, const char *s, int64_t lo, int64_t hi, int suffix) {
+    int64_t v;
+    char msg[256];
+    if (dhsa_cli_parse_int(opt, s, lo, hi, suffix, &v, msg, sizeof msg)) die(EXIT_USAGE, "%s", msg);
+    return v;
+}
+
+static double real(const char *opt, const char *s, double lo, double hi) {
+    double v;
+    char msg[256];
+    if (dhsa_cli_parse_real(opt, s, lo, hi, &v, msg, sizeof msg)) die(EXIT_USAGE, "%s", msg);
+    return v;
+}
+
+/* Splits a comma list into at most MAX_LIST items (copied into buf). */
+static int split_list(const char *opt, const char *s, char *buf, size_t cap, char **items) {
+    if (strlen(s) >= cap) die(EXIT_USAGE, "%s: list too long", opt);
+    strcpy(buf, s);
+    int n = 0;
+    for (char *p = buf;;) {
+        char *c = strchr(p, ',');
+        if (c) *c = 0;
+        if (!*p) die(EXIT_USAGE, "%s: empty item in \"%s\"", opt, s);
+        if (n == MAX_LIST) die(EXIT_USAGE, "%s: at most %d items", opt, MAX_LIST);
+        items[n++] = p;
+        if (!c) break;
+        p = c + 1;
+    }
+    return n;
+}
+
+static dhsa_attn_method parse_method(const char *v) {
+    for (dhsa_attn_method m = DHSA_ATTN_DENSE; m <= DHSA_ATTN_ORACLE; m++)
+        if (strcmp(v, dhsa_attn_method_name(m)) == 0) return m;
+    die(EXIT_USAGE, "--attn takes dense, dhsa, block, stream or oracle, not \"%s\"", v);
+    return DHSA_ATTN_DENSE;
+}
+
+static const char *method_label(const eval_opts *o, dhsa_attn_method m);
+
+static void parse(int argc, char **argv, eval_opts *o, const char *sub) {
+    memset(o, 0, sizeof *o);
+    o->windows = 8;
+    o->passage = 32;
+    o->trials = 2;
+    o->answer_tokens = 12;
+    o->seed = 1;
+    o->min_score = 1.0;
+    o->boundary = DHSA_BOUNDARY_SIMILARITY;
+    o->q_block = o->sink = o->local = o->dense_below = o->min_chunk = o->max_chunk = o->chunk = o->sim_window =
+        o->nms_window = -1;
+    char buf[1024], *items[MAX_LIST];
+    for (int i = 3; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(dhsa_cli_eval_usage, stdout);
+            exit(0);
+        }
+        if (strcmp(a, "--json") == 0) { o->json = 1; continue; }
+        if (strcmp(a, "--show") == 0) { o->show = 1; continue; }
+        if (i + 1 >= argc) die(EXIT_USAGE, "%s needs a value (or is unknown: see dhsa help eval)", a);
+        const char *v = argv[++i];
+        if (strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0) o->model = v;
+        else if (strcmp(a, "--tokenizer") == 0) o->tokenizer = v;
+        else if (strcmp(a, "-f") == 0 || strcmp(a, "--file") == 0) o->text_file = v;
+        else if (strcmp(a, "--filler") == 0) o->filler_file = v;
+        else if (strcmp(a, "--haystack") == 0) o->haystack_file = v;
+        else if (strcmp(a, "--passage-kind") == 0) {
+            if (strcmp(v, "words") == 0) o->passage_kind = 1;
+            else if (strcmp(v, "tokens") == 0) o->passage_kind = 0;
+            else if (strcmp(v, "text") == 0) o->passage_kind = 2;
+            else die(EXIT_USAGE, "--passage-kind is words or tokens, not \"%s\"", v);
+        }
+        else if (strcmp(a, "--svg") == 0) o->svg = v;
+        else if (strcmp(a, "--svg-attn") == 0) o->svg_attn = v;
+        else if (strcmp(a, "--template") == 0) o->template_name = v;
+        else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) o->threads = num(a, v, 1, 1024, 0);
+        else if (strcmp(a, "--ctx") == 0 || strcmp(a, "-c") == 0) o->ctx = num(a, v, 2, (int64_t)1 << 24, 1);
+        else if (strcmp(a, "--windows") == 0) o->windows = num(a, v, 1, 1 << 20, 0);
+        else if (strcmp(a, "--passage") == 0) o->passage = num(a, v, 2, 4096, 0);
+        else if (strcmp(a, "--trials") == 0) o->trials = num(a, v, 1, 1000, 0);
+        else if (strcmp(a, "--answer-tokens") == 0) o->answer_tokens = num(a, v, 1, 1024, 0);
+        else if (strcmp(a, "--seed") == 0) o->seed = (uint64_t)num(a, v, 0, INT64_MAX, 0);
+        else if (strcmp(a, "--min-score") == 0) o->min_score = real(a, v, 0, 100);
+        else if (strcmp(a, "--budget") == 0) o->budget = num(a, v, 1, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "--q-block") == 0) o->q_block = num(a, v, 1, 65536, 0);
+        else if (strcmp(a, "--sink") == 0) o->sink = num(a, v, 0, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "--local") == 0) o->local = num(a, v, 0, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "--dense-below") == 0) o->dense_below = num(a, v, 0, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "--min-chunk") == 0) o->min_chunk = num(a, v, 1, 1 << 20, 0);
+        else if (strcmp(a, "--max-chunk") == 0) o->max_chunk = num(a, v, 1, 1 << 20, 0);
+        else if (strcmp(a, "--chunk") == 0) o->chunk = num(a, v, 1, 1 << 20, 0);
+        else if (strcmp(a, "--sim-window") == 0) o->sim_window = num(a, v, 1, 4096, 0);
+        else if (strcmp(a, "--nms-window") == 0) o->nms_window = num(a, v, 0, 4096, 0);
+        else if (strcmp(a, "--boundary") == 0) {
+            if (strcmp(v, "fixed") == 0) o->boundary = DHSA_BOUNDARY_FIXED;
+            else if (strcmp(v, "similarity") == 0) o->boundary = DHSA_BOUNDARY_SIMILARITY;
+            else if (strncmp(v, "learned:", 8) == 0 && v[8]) {
+                o->boundary = DHSA_BOUNDARY_LEARNED;
+                o->predictor_path = v + 8;
+            } else die(EXIT_USAGE, "--boundary is fixed, similarity or learned:FILE, not \"%s\"", v);
+        } else if (strcmp(a, "--attn") == 0) {
+            o->n_methods = split_list(a, v, buf, sizeof buf, items);
+            for (int k = 0; k < o->n_methods; k++) o->methods[k] = parse_method(items[k]);
+        } else if (strcmp(a, "--density") == 0) {
+            o->n_densities = split_list(a, v, buf, sizeof buf, items);
+            for (int k = 0; k < o->n_densities; k++) o->densities[k] = real(a, items[k], 1e-6, 1);
+        } else if (strcmp(a, "--lengths") == 0) {
+            o->n_lengths = split_list(a, v, buf, sizeof buf, items);
+            for (int k = 0; k < o->n_lengths; k++) o->lengths[k] = num(a, items[k], 16, (int64_t)1 << 24, 1);
+        } else if (strcmp(a, "--depths") == 0) {
+            o->n_depths = split_list(a, v, buf, sizeof buf, items);
+            for (int k = 0; k < o->n_depths; k++) o->depths[k] = real(a, items[k], 0, 1);
+        } else die(EXIT_USAGE, "unknown option \"%s\" (see dhsa help eval)", a);
+    }
+    if (!o->model) die(EXIT_USAGE, "-m MODEL is required");
+    if (strcmp(sub, "fidelity") == 0 && !o->text_file) die(EXIT_USAGE, "fidelity needs -f TEXT");
+    if (!o->n_methods) {
+        static const dhsa_attn_method fid[] = {DHSA_ATTN_DHSA, DHSA_ATTN_BLOCK, DHSA_ATTN_STREAM};
+        static const dhsa_attn_method all[] = {DHSA_ATTN_DENSE, DHSA_ATTN_DHSA, DHSA_ATTN_BLOCK, DHSA_ATTN_STREAM,
+                                               DHSA_ATTN_ORACLE};
+        int fidelity = strcmp(sub, "fidelity") == 0;
+        o->n_methods = fidelity ? 3 : 5;
+        memcpy(o->methods, fidelity ? fid : all, (size_t)o->n_methods * sizeof o->methods[0]);
+    }
+    if (!o->n_densities) o->densities[o->n_densities++] = 0.125;
+    if (!o->n_lengths) {
+        static const int64_t def[] = {512, 1024, 2048, 4096};
+        memcpy(o->lengths, def, sizeof def);
+        o->n_lengths = 4;
+    }
+    if (!o->n_depths) {
+        static const double def[] = {0.05, 0.25, 0.5, 0.75, 0.95};
+        memcpy(o->depths, def, sizeof def);
+        o->n_depths = 5;
+    }
+    if (o->budget && o->n_densities > 1) die(EXIT_USAGE, "give --budget or a list of densities, not both");
+    for (int mi = 0; mi < o->n_methods; mi++)
+        for (int dn = 0; dn < o->n_densities; dn++) {
+            int dense = o->methods[mi] == DHSA_ATTN_DENSE;
+            if (dense && dn > 0) continue;
+            variant *v = &o->var[o->n_var++];
+            v->method = o->methods[mi];
+            v->density = dense ? 1.0 : o->densities[dn];
+            const char *name = method_label(o, v->method);
+            if (dense || o->n_densities == 1) snprintf(v->name, sizeof v->name, "%s", name);
+            else snprintf(v->name, sizeof v->name, "%s %.3g", name, v->density);
+        }
+}
+
+/* The routing a method runs with at length L: the scaled defaults of
+ * docs/eval.md unless an option set a value. */
+static dhsa_router_params router_for(const eval_opts *o, int64_t L, double density) {
+    dhsa_router_params rp = dhsa_router_default_params();
+    rp.q_block = o->q_block >= 0 ? o->q_block : 16;
+    rp.sink_tokens = o->sink >= 0 ? o->sink : 4;
+    rp.local_tokens = o->local >= 0 ? o->local : (L <= 1024 ? 16 : 32);
+    rp.dense_below = o->dense_below >= 0 ? o->dense_below : 0;
+    rp.min_chunk = o->min_chunk >= 0 ? o->min_chunk : 8;
+    rp.max_chunk = o->max_chunk >= 0 ? o->max_chunk : 64;
+    rp.chunk = o->chunk >= 0 ? o->chunk : 16;
+    rp.sim_window = o->sim_window >= 0 ? o->sim_window : 4;
+    rp.nms_window = o->nms_window >= 0 ? o->nms_window : 4;
+    rp.density = density;
+    rp.budget_tokens = o->budget;
+    rp.boundary = o->boundary == DHSA_BOUNDARY_FIXED ? DHSA_BOUNDARY_SIMILARITY : o->boundary;
+    rp.predictor = o->predictor;
+    return rp;
+}
+
+/* A method as evaluated: dhsa with fixed boundaries is the block baseline. */
+static dhsa_attn_method effective(const eval_opts *o, dhsa_attn_method m) {
+    return m == DHSA_ATTN_DHSA && o->boundary == DHSA_BOUNDARY_FIXED ? DHSA_ATTN_BLOCK : m;
+}
+
+static const char *method_label(const eval_opts *o, dhsa_attn_method m) {
+    if (m == DHSA_ATTN_DHSA && o->boundary == DHSA_BOUNDARY_LEARNED) return "dhsa-learned";
+    return dhsa_attn_method_name(effective(o, m));
+}
+
+static void print_router(FILE *f, const dhsa_router_params *rp, int64_t L) {
+    fprintf(f, "routing at L = %lld: q_block %lld, sink %lld, local %lld, dense_below %lld, min_chunk %lld, "
+            "max_chunk %lld, block chunk %lld, sim_window %lld, nms_window %lld\n",
+            (long long)L, (long long)rp->q_block, (long long)rp->sink_tokens, (long long)rp->local_tokens,
+            (long long)rp->dense_below, (long long)rp->min_chunk, (long long)rp->max_chunk, (long long)rp->chunk,
+            (long long)rp->sim_window, (long long)rp->nms_window);
+}
+
+/* ------------------------------------------------------ the layer hook --- */
+
+/* What the hook gathers over a session's evals:
+ *   - per layer, the selected and available keys (summed over KV heads and
+ *     query rows, as dhsa_layout_get_stats counts them), and the same for
+ *     the rows at positions >= late_from only (0: not counted);
+ *   - with want_recall, the attention recall per layer, summed over query
+ *     rows and heads;
+ *   - with copy_len > 0 (eval copy), for the queries of the repetition
+ *     (positions [copy_at2, copy_at2 + copy_len - 1), each predicting the
+ *     next passage token): the share of the first copy's keys
+ *     [copy_at1, copy_at1 + copy_len) the layout selects, the softmax mass
+ *     a dense attention over the same states puts on the first copy, the
+ *     part of that mass on keys the layout selects, and (a control) the
+ *     dense mass on as many filler keys at about the same distance:
+ *     [copy_ctl, copy_ctl + copy_len). */
+typedef struct {
+    dhsa_ctx *ctx;
+    int want_recall;
+    int64_t n_layer, late_from, copy_at1, copy_at2, copy_len, copy_ctl;
+    double *selected, *available, *recall, *rows; /* [n_layer] each */
+    double late_selected, late_available;
+    double copy_cover, copy_cover_n, copy_mass, copy_kept, copy_ctl_mass, copy_rows;
+    float *buf; /* attention outputs and LSEs of the reruns */
+    size_t cap;
+    char err[256];
+} layer_acc;
+
+static void acc_init(layer_acc *h, dhsa_ctx *ctx, int64_t n_layer, int want_recall) {
+    memset(h, 0, sizeof *h);
+    h->ctx = ctx;
+    h->n_layer = n_layer;
+    h->want_recall = want_recall;
+    h->selected = calloc((size_t)n_layer * 4, sizeof(double));
+    if (!h->selected) die(EXIT_RUN, "out of memory");
+    h->available = h->selected + n_layer;
+    h->recall = h->available + n_layer;
+    h->rows = h->recall + n_layer;
+}
+
+/* Zeroes the sums (the settings stay). */
+static void acc_clear(layer_acc *h) {
+    memset(h->selected, 0, (size_t)h->n_layer * 4 * sizeof(double));
+    h->late_selected = h->late_available = 0;
+    h->copy_cover = h->copy_cover_n = h->copy_mass = h->copy_kept = h->copy_ctl_mass = h->copy_rows = 0;
+}
+
+static void acc_free(layer_acc *h) {
+    free(h->selected);
+    free(h->buf);
+}
+
+static double acc_density(const layer_acc *h) {
+    double s = 0, a = 0;
+    for (int64_t l = 0; l < h->n_layer; l++) {
+        s += h->selected[l];
+        a += h->available[l];
+    }
+    return a > 0 ? s / a : 1.0;
+}
+
+static double acc_late_density(const layer_acc *h) {
+    return h->late_available > 0 ? h->late_selected / h->late_available : NAN;
+}
+
+static double acc_recall(const layer_acc *h, int64_t l) { return h->rows[l] > 0 ? h->recall[l] / h->rows[l] : NAN; }
+
+/* The keys [lo, hi) query row `pos` may see under a causal (windowed) call. */
+static void visible_span(const dhsa_attn_desc *a, int64_t pos, int64_t *lo, int64_t *hi) {
+    *hi = a->causal && pos + 1 < a->k.shape[2] ? pos + 1 : a->k.shape[2];
+    *lo = a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
+    if (*lo > *hi) *lo = *hi;
+}
+
+/* Keys of [lo, hi) inside the n ranges r (pairs start, end). */
+static int64_t keys_in(const int64_t *r, int64_t n, int64_t lo, int64_t hi) {
+    int64_t c = 0;
+    for (int64_t k = 0; k < n; k++) {
+        int64_t s = r[2 * k] > lo ? r[2 * k] : lo, e = r[2 * k + 1] < hi ? r[2 * k + 1] : hi;
+        if (e > s) c += e - s;
+    }
+    return c;
+}
+
+/* Makes sure buf holds n floats. */
+static int acc_reserve(layer_acc *h, size_t n) {
+    if (n <= h->cap) return 0;
+    free(h->buf);
+    h->buf = malloc(n * sizeof(float));
+    h->cap = h->buf ? n : 0;
+    if (!h->buf) snprintf(h->err, sizeof h->err, "out of memory for the hook's buffers");
+    return h->buf ? 0 : 1;
+}
+
+/* Recall of the call's layout: the call rerun dense and sparse with LSE. */
+static int hook_recall(layer_acc *h, int64_t layer, const dhsa_attn_desc *a) {
+    const int64_t Hq = a->q.shape[1], n = a->q.shape[2], dv = a->v.shape[3];
+    size_t o_n = (size_t)(Hq * n * dv), l_n = (size_t)(Hq * n);
+    if (acc_reserve(h, 2 * (o_n + l_n))) return 1;
+    dhsa_tensor od = dhsa_tensor_bhld(h->buf, DHSA_F32, 1, Hq, n, dv);
+    dhsa_tensor ld = dhsa_tensor_bhld(h->buf + o_n, DHSA_F32, 1, Hq, n, 1);
+    dhsa_tensor os = dhsa_tensor_bhld(h->buf + o_n + l_n, DHSA_F32, 1, Hq, n, dv);
+    dhsa_tensor lsp = dhsa_tensor_bhld(h->buf + 2 * o_n + l_n, DHSA_F32, 1, Hq, n, 1);
+    dhsa_attn_desc d = *a;
+    d.o = od;
+    d.lse = ld;
+    d.layout = NULL;
+    dhsa_status st = dhsa_attention(h->ctx, &d);
+    if (!st) {
+        d.o = os;
+        d.lse = lsp;
+        d.layout = a->layout;
+        st = dhsa_attention(h->ctx, &d);
+    }
+    dhsa_fidelity fr;
+    if (!st) st = dhsa_fidelity_compare(&od, &ld, &os, &lsp, &fr);
+    if (st) {
+        snprintf(h->err, sizeof h->err, "recall at layer %lld: %s", (long long)layer, dhsa_last_error());
+        return 1;
+    }
+    h->recall[layer] += fr.recall * (double)fr.rows;
+    h->rows[layer] += (double)fr.rows;
+    return 0;
+}
+
+/* The copy measurements for the repetition's rows of this call (see
+ * layer_acc): four reruns with LSE, over all keys, the first copy, the
+ * first copy's keys the layout selects and the control span (three
+ * hand-made layouts). */
+static int hook_copy(layer_acc *h, int64_t layer, const dhsa_attn_desc *a) {
+    const int64_t Hq = a->q.shape[1], n = a->q.shape[2], Hkv = a->k.shape[1], dv = a->v.shape[3];
+    const int64_t c0 = h->copy_at1, c1 = h->copy_at1 + h->copy_len;
+    int64_t r0 = h->copy_at2 - a->q_pos0, r1 = h->copy_at2 + h->copy_len - 1 - a->q_pos0;
+    if (r0 < 0) r0 = 0;
+    if (r1 > n) r1 = n;
+    if (r0 >= r1 || c1 > a->k.shape[2]) return 0;
+    int64_t qb = 16, max_r = 1;
+    if (a->layout) {
+        dhsa_layout_stats ls;
+        if (dhsa_layout_get_stats(a->layout, &ls)) return 1;
+        qb = ls.q_block;
+        max_r = ls.max_ranges;
+    }
+    /* coverage of the first copy's keys */
+    for (int64_t g = 0; g < Hkv; g++)
+        for (int64_t i = r0; i < r1; i++) {
+            int64_t got = h->copy_len;
+            if (a->layout) {
+                const int64_t *r;
+                int64_t nr;
+                if (dhsa_layout_get(a->layout, 0, g, i / qb, &r, &nr)) return 1;
+                got = keys_in(r, nr, c0, c1);
+            }
+            h->copy_cover += (double)got / (double)h->copy_len;
+            h->copy_cover_n += 1;
+        }
+    /* the masses */
+    size_t o_n = (size_t)(Hq * n * dv), l_n = (size_t)(Hq * n);
+    if (acc_reserve(h, o_n + 4 * l_n)) return 1;
+    float *lse_all = h->buf + o_n, *lse_copy = lse_all + l_n, *lse_ctl = lse_copy + l_n, *lse_kept = lse_ctl + l_n;
+    dhsa_layout *only = NULL, *ctl = NULL, *kept = NULL;
+    dhsa_status st = dhsa_layout_create(h->ctx, 1, Hkv, n, a->k.shape[2], qb, 1, &only);
+    if (!st) st = dhsa_layout_create(h->ctx, 1, Hkv, n, a->k.shape[2], qb, 1, &ctl);
+    if (!st && a->layout) st = dhsa_layout_create(h->ctx, 1, Hkv, n, a->k.shape[2], qb, max_r, &kept);
+    int64_t span[2] = {c0, c1}, cspan[2] = {h->copy_ctl, h->copy_ctl + h->copy_len};
+    int64_t *cut = malloc((size_t)(2 * max_r) * sizeof(int64_t));
+    if (!cut && !st) st = DHSA_ERR_OUT_OF_MEMORY;
+    for (int64_t g = 0; g < Hkv && !st; g++)
+        for (int64_t b = r0 / qb; b <= (r1 - 1) / qb && !st; b++) {
+            st = dhsa_layout_set(only, 0, g, b, span, 1);
+            if (!st) st = dhsa_layout_set(ctl, 0, g, b, cspan, 1);
+            if (st || !kept) continue;
+            const int64_t *r;
+            int64_t nr, nc = 0;
+            st = dhsa_layout_get(a->layout, 0, g, b, &r, &nr);
+            for (int64_t k = 0; k < nr && !st; k++) {
+                int64_t s = r[2 * k] > c0 ? r[2 * k] : c0, e = r[2 * k + 1] < c1 ? r[2 * k + 1] : c1;
+                if (e > s) {
+                    cut[2 * nc] = s;
+                    cut[2 * nc++ + 1] = e;
+                }
+            }
+            if (!st) st = dhsa_layout_set(kept, 0, g, b, cut, nc);
+        }
+    dhsa_attn_desc d = *a;
+    d.o = dhsa_tensor_bhld(h->buf, DHSA_F32, 1, Hq, n, dv);
+    float *outs[4] = {lse_all, lse_copy, lse_ctl, lse_kept};
+    const dhsa_layout *lays[4] = {NULL, only, ctl, kept};
+    for (int k = 0; k < (kept ? 4 : 3) && !st; k++) {
+        d.lse = dhsa_tensor_bhld(outs[k], DHSA_F32, 1, Hq, n, 1);
+        d.layout = lays[k];
+        st = dhsa_attention(h->ctx, &d);
+    }
+    if (!st)
+        for (int64_t q = 0; q < Hq; q++)
+            for (int64_t i = r0; i < r1; i++) {
+                size_t at = (size_t)(q * n + i);
+                double m = exp((double)lse_copy[at] - (double)lse_all[at]);
+                h->copy_mass += m;
+                h->copy_kept += kept ? exp((double)lse_kept[at] - (double)lse_all[at]) : m;
+                h->copy_ctl_mass += exp((double)lse_ctl[at] - (double)lse_all[at]);
+                h->copy_rows += 1;
+            }
+    free(cut);
+    dhsa_layout_free(only);
+    dhsa_layout_free(ctl);
+    dhsa_layout_free(kept);
+    if (st) snprintf(h->err, sizeof h->err, "copy mass at layer %lld: %s", (long long)layer, dhsa_last_error());
+    return st != DHSA_OK;
+}
+
+static int acc_hook(void *user, int64_t layer, const dhsa_attn_desc *a) {
+    layer_acc *h = user;
+    const int64_t Hq = a->q.shape[1], n = a->q.shape[2], Hkv = a->k.shape[1];
+    if (layer < 0 || layer >= h->n_layer) return 1;
+    int64_t qb = 1;
+    if (a->layout) {
+        dhsa_layout_stats ls;
+        if (dhsa_layout_get_stats(a->layout, &ls)) {
+            snprintf(h->err, sizeof h->err, "layout stats: %s", dhsa_last_error());
+            return 1;
+        }
+        h->selected[layer] += ls.selected;
+        h->available[layer] += ls.available;
+        qb = ls.q_block;
+    }
+    double vis_all = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t pos = a->q_pos0 + i, lo, hi;
+        visible_span(a, pos, &lo, &hi);
+        vis_all += (double)(hi - lo);
+        if (!h->late_from || pos < h->late_from) continue;
+        for (int64_t g = 0; g < Hkv; g++) {
+            int64_t sel = hi - lo;
+            if (a->layout) {
+                const int64_t *r;
+                int64_t nr;
+                if (dhsa_layout_get(a->layout, 0, g, i / qb, &r, &nr)) return 1;
+                sel = keys_in(r, nr, lo, hi);
+            }
+            h->late_selected += (double)sel;
+            h->late_available += (double)(hi - lo);
+        }
+    }
+    if (!a->layout) { /* dense call: everything selected, recall 1 */
+        h->selected[layer] += vis_all * (double)Hkv;
+        h->available[layer] += vis_all * (double)Hkv;
+        h->recall[layer] += (double)(Hq * n);
+        h->rows[layer] += (double)(Hq * n);
+    } else if (h->want_recall && hook_recall(h, layer, a)) {
+        return 1;
+    }
+    if (h->copy_len > 0 && hook_copy(h, layer, a)) return 1;
+    return 0;
+}
+
+/* ------------------------------------------------------------ sessions --- */
+
+typedef struct {
+    dhsa_ctx *ctx;
+    dhsa_model *m;
+    const dhsa_model_info *in;
+    const dhsa_tokenizer *tok;
+    eval_opts *o;
+    int warned_ctx;
+} eval_env;
+
+/* Session parameters of method m at density for sequences of L tokens in
+ * a cache of n_ctx, reporting to acc (may be NULL). */
+static dhsa_session_params session_params(eval_env *e, dhsa_attn_method m, double density, int64_t L,
+                                          int64_t n_ctx, int logits_all, layer_acc *acc) {
+    dhsa_session_params sp = dhsa_session_default_params();
+    sp.n_ctx = n_ctx;
+    sp.attn = effective(e->o, m);
+    sp.router = router_for(e->o, L, density);
+    sp.logits_all = logits_all;
+    if (acc) {
+        sp.layer_hook = acc_hook;
+        sp.layer_hook_user = acc;
+    }
+    if (n_ctx > e->in->n_ctx_train && !e->warned_ctx) {
+        fprintf(stderr, "dhsa %s: warning: context %lld is longer than the model's trained context %lld: quality "
+                "may drop (dense included)\n", cur_cmd, (long long)n_ctx, (long long)e->in->n_ctx_train);
+        e->warned_ctx = 1;
+    }
+    return sp;
+}
+
+/* Runs ids[0..n) in a fresh session; logits [n][V] (logits_all) into out. */
+static void run_all(eval_env *e, const dhsa_session_params *sp, const int32_t *ids, int64_t n, float *out,
+                    layer_acc *acc) {
+    dhsa_session *s;
+    if (dhsa_session_create(e->ctx, e->m, sp, &s)) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (dhsa_session_eval(s, ids, n, out))
+        die(EXIT_RUN, "%s%s%s", dhsa_last_error(), acc && acc->err[0] ? ": " : "", acc ? acc->err : "");
+    dhsa_session_free(s);
+}
+
+/* log-softmax of one row into lp (double). */
+static void log_softmax(const float *x, int64_t V, double *lp) {
+    double mx = -INFINITY;
+    for (int64_t i = 0; i < V; i++)
+        if (x[i] > mx) mx = x[i];
+    double s = 0;
+    for (int64_t i = 0; i < V; i++) s += exp((double)x[i] - mx);
+    double lse = mx + log(s);
+    for (int64_t i = 0; i < V; i++) lp[i] = (double)x[i] - lse;
+}
+
+static int64_t argmax_f(const float *x, int64_t V) {
+    int64_t b = 0;
+    for (int64_t i = 1; i < V; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Prints a JSON string (quotes, escapes). */
+static void json_str(FILE *f, const char *s) {
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+        else fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+static void json_num(FILE *f, double v) {
+    if (isfinite(v)) fprintf(f, "%.6g", v);
+    else fputs("null", f);
+}
+
+/* ------------------------------------------------------------ fidelity --- */
+
+typedef struct {
+    double kl, top1, nll, nll_dense, n;  /* sums over predicted positions */
+    double kl2, top1_2, n2;              /* the second half of each window */
+    double density, density_late;
+    double *recall; /* [n_layer] */
+} fid_result;
+
+static int cmd_fidelity(eval_env *e) {
+    eval_opts *o = e->o;
+    const int64_t V = e->in->n_vocab, NL = e->in->n_layer;
+    int64_t len;
+    char *text = read_file(o->text_file, &len);
+    int64_t n_text = 0;
+    dhsa_tokenize(e->tok, text, len, 0, NULL, 0, &n_text);
+    int32_t *stream = xmalloc((size_t)(n_text + 1) * sizeof(int32_t));
+    if (dhsa_tokenize(e->tok, text, len, 0, stream, n_text + 1, &n_text)) die(EXIT_RUN, "%s", dhsa_last_error());
+    free(text);
+    int32_t bos = dhsa_tokenizer_bos(e->tok);
+    int64_t W = o->ctx ? o->ctx : e->in->n_ctx_train, body = bos >= 0 ? W - 1 : W;
+    int64_t n_win = n_text / body;
+    if (n_win > o->windows) n_win = o->windows;
+    if (n_win == 0) die(EXIT_RUN, "the text has %lld tokens: fewer than one window of %lld (give a longer text or "
+                        "a smaller --ctx)", (long long)n_text, (long long)W);
+    if (!o->json) {
+        printf("fidelity: %s, %lld windows of %lld tokens from %s (%lld tokens)\n", o->model, (long long)n_win,
+               (long long)W, o->text_file, (long long)n_text);
+        dhsa_router_params rp = router_for(o, W, o->densities[0]);
+        print_router(stdout, &rp, W);
+    }
+    const int n_var = o->n_var;
+    fid_result *res = calloc((size_t)n_var, sizeof *res);
+    double *rec = calloc((size_t)n_var * (size_t)NL, sizeof(double));
+    float *ld = xmalloc((size_t)W * (size_t)V * sizeof(float)), *lm = xmalloc((size_t)W * (size_t)V * sizeof(float));
+    double *pd = xmalloc((size_t)V * sizeof(double)), *pm = xmalloc((size_t)V * sizeof(double));
+    int32_t *ids = xmalloc((size_t)W * sizeof(int32_t));
+    if (!res || !rec) die(EXIT_RUN, "out of memory");
+    layer_acc acc;
+    acc_init(&acc, e->ctx, NL, 1);
+    double dense_nll = 0, dense_n = 0, t0 = now();
+    for (int64_t w = 0; w < n_win; w++) {
+        int64_t n = 0;
+        if (bos >= 0) ids[n++] = bos;
+        memcpy(ids + n, stream + w * body, (size_t)body * sizeof(int32_t));
+        n += body;
+        dhsa_session_params sp = session_params(e, DHSA_ATTN_DENSE, 1.0, W, W, 1, NULL);
+        run_all(e, &sp, ids, n, ld, NULL);
+        for (int64_t t = 0; t + 1 < n; t++) {
+            log_softmax(ld + t * V, V, pd);
+            dense_nll -= pd[ids[t + 1]];
+            dense_n += 1;
+        }
+        for (int vi = 0; vi < n_var; vi++) {
+            const variant *va = &o->var[vi];
+            fid_result *r = &res[vi];
+            r->recall = rec + (size_t)vi * (size_t)NL;
+            acc_clear(&acc);
+            acc.late_from = n / 2;
+            sp = session_params(e, va->method, va->density, W, W, 1, &acc);
+            run_all(e, &sp, ids, n, lm, &acc);
+            for (int64_t t = 0; t + 1 < n; t++) {
+                log_softmax(ld + t * V, V, pd);
+                log_softmax(lm + t * V, V, pm);
+                double kl = 0;
+                for (int64_t v = 0; v < V; v++) kl += exp(pd[v]) * (pd[v] - pm[v]);
+                int agree = argmax_f(ld + t * V, V) == argmax_f(lm + t * V, V);
+                r->kl += kl;
+                r->top1 += agree;
+                r->nll -= pm[ids[t + 1]];
+                r->nll_dense -= pd[ids[t + 1]];
+                r->n += 1;
+                if (t >= n / 2) {
+                    r->kl2 += kl;
+                    r->top1_2 += agree;
+                    r->n2 += 1;
+                }
+            }
+            /* density and recall: weighted by the windows' rows */
+            r->density += acc_density(&acc) / (double)n_win;
+            r->density_late += acc_late_density(&acc) / (double)n_win;
+            for (int64_t l = 0; l < NL; l++) r->recall[l] += acc_recall(&acc, l) / (double)n_win;
+        }
+    }
+    double secs = now() - t0;
+    if (o->json) {
+        printf("{\"command\": \"fidelity\", \"model\": ");
+        json_str(stdout, o->model);
+        printf(", \"text\": ");
+        json_str(stdout, o->text_file);
+        printf(", \"ctx\": %lld, \"windows\": %lld, \"ppl_dense\": ", (long long)W, (long long)n_win);
+        json_num(stdout, exp(dense_nll / dense_n));
+        printf(", \"results\": [");
+    } else {
+        printf("dense perplexity %.4f over %.0f predicted tokens; %.1f s\n\n", exp(dense_nll / dense_n), dense_n,
+               secs);
+        printf("| method | density | used | KL nats | top-1 | ppl | ppl dense | used 2nd half | KL 2nd half | "
+               "top-1 2nd half |");
+        for (int64_t l = 0; l < NL; l++) printf(" recall L%lld |", (long long)l);
+        printf("\n|---|---|---|---|---|---|---|---|---|---|");
+        for (int64_t l = 0; l < NL; l++) printf("---|");
+        printf("\n");
+    }
+    for (int vi = 0; vi < n_var; vi++) {
+        const variant *va = &o->var[vi];
+        fid_result *r = &res[vi];
+        const char *name = method_label(o, va->method);
+        int dense = va->method == DHSA_ATTN_DENSE;
+        if (o->json) {
+            printf("%s{\"method\": ", vi ? ", " : "");
+            json_str(stdout, name);
+            printf(", \"density\": %g, \"density_used\": %.6f, \"kl\": %.6g, \"top1\": %.6f, \"ppl\": %.6f, "
+                   "\"ppl_dense\": %.6f, \"density_used_late\": %.6f, \"kl_late\": %.6g, \"top1_late\": %.6f, "
+                   "\"recall\": [",
+                   o->budget && !dense ? 0.0 : va->density, r->density, r->kl / r->n, r->top1 / r->n,
+                   exp(r->nll / r->n), exp(r->nll_dense / r->n), r->density_late, r->kl2 / r->n2,
+                   r->top1_2 / r->n2);
+            for (int64_t l = 0; l < NL; l++) {
+                if (l) printf(", ");
+                json_num(stdout, r->recall[l]);
+            }
+            printf("]}");
+        } else {
+            char dens[32];
+            if (dense) snprintf(dens, sizeof dens, "1");
+            else if (o->budget) snprintf(dens, sizeof dens, "%lld keys", (long long)o->budget);
+            else snprintf(dens, sizeof dens, "%.3g", va->density);
+            printf("| %s | %s | %.3f | %.4f | %.3f | %.4f | %.4f | %.3f | %.4f | %.3f |", name, dens, r->density,
+                   r->kl / r->n, r->top1 / r->n, exp(r->nll / r->n), exp(r->nll_dense / r->n), r->density_late,
+                   r->kl2 / r->n2, r->top1_2 / r->n2);
+            for (int64_t l = 0; l < NL; l++) printf(" %.3f |", r->recall[l]);
+            printf("\n");
+        }
+    }
+    if (o->json) printf("], \"seconds\": %.3f}\n", secs);
+    acc_free(&acc);
+    free(res);
+    free(rec);
+    free(ld);
+    free(lm);
+    free(pd);
+    free(pm);
+    free(ids);
+    free(stream);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- prng --- */
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* ---------------------------------------------------------------- copy --- */
+
+/* Filler: the tokens of --filler FILE, or stories sampled from the model
+ * (temperature 1, the sampler's other defaults, a fresh session of 256
+ * tokens per piece; BOS and EOS are dropped so the stories run on). At
+ * least `need` tokens. */
+static int32_t *make_filler(eval_env *e, int64_t need, uint64_t seed, int from_file, int64_t *n_out) {
+    int32_t *f = xmalloc((size_t)need * sizeof(int32_t));
+    int64_t n = 0;
+    if (from_file) {
+        int64_t len, nt = 0;
+        char *text = read_file(e->o->filler_file, &len);
+        dhsa_tokenize(e->tok, text, len, 0, NULL, 0, &nt);
+        int32_t *t = xmalloc((size_t)(nt + 1) * sizeof(int32_t));
+        if (dhsa_tokenize(e->tok, text, len, 0, t, nt + 1, &nt)) die(EXIT_RUN, "%s", dhsa_last_error());
+        if (nt == 0) die(EXIT_RUN, "the filler file \"%s\" has no tokens", e->o->filler_file);
+        while (n < need) { /* repeated when short */
+            int64_t k = nt < need - n ? nt : need - n;
+            memcpy(f + n, t, (size_t)k * sizeof(int32_t));
+            n += k;
+        }
+        free(t);
+        free(text);
+        *n_out = n;
+        return f;
+    }
+    const int64_t piece = 256, V = e->in->n_vocab;
+    int32_t bos = dhsa_tokenizer_bos(e->tok), eos = dhsa_tokenizer_eos(e->tok);
+    dhsa_sampler_params smp = dhsa_sampler_default_params();
+    smp.temperature = 1.0f;
+    float *lg = xmalloc((size_t)V * sizeof(float));
+    for (uint64_t round = 0; n < need; round++) {
+        smp.seed = seed * 1000003u + round;
+        dhsa_sampler *s;
+        if (dhsa_sampler_create(&smp, V, &s)) die(EXIT_RUN, "%s", dhsa_last_error());
+        dhsa_session_params sp = dhsa_session_default_params();
+        sp.n_ctx = piece + 1;
+        dhsa_session *ses;
+        if (dhsa_session_create(e->ctx, e->m, &sp, &ses)) die(EXIT_RUN, "%s", dhsa_last_error());
+        int32_t cur = bos >= 0 ? bos : 0;
+        for (int64_t i = 0; i < piece && n < need; i++) {
+            if (dhsa_session_eval(ses, &cur, 1, lg)) die(EXIT_RUN, "%s", dhsa_last_error());
+            if (dhsa_sampler_sample(s, lg, NULL, 0, &cur)) die(EXIT_RUN, "%s", dhsa_last_error());
+            if (cur != bos && cur != eos) f[n++] = cur;
+        }
+        dhsa_session_free(ses);
+        dhsa_sampler_free(s);
+    }
+    free(lg);
+    *n_out = n;
+    return f;
+}
+
+/* Mean loss (nats) on tokens ids[at + 1 .. at + P) from logits [n][V]. */
+static double passage_loss(const float *lg, int64_t V, const int32_t *ids, int64_t at, int64_t P, double *lp) {
+    double s = 0;
+    for (int64_t i = 1; i < P; i++) {
+        log_softmax(lg + (at + i - 1) * V, V, lp);
+        s -= lp[ids[at + i]];
+    }
+    return s / (double)(P - 1);
+}
+
+typedef struct {
+    double first, rep, score, density; /* means over trials */
+    double cover, mass, kept, ctl;     /* first copy: keys selected, dense mass on it, share of that kept;
+                                          dense mass on the control span */
+} copy_cell;
+
+static void write_heatmap(const eval_opts *o, const char *title, const char *subtitle, const char *scale_label,
+                          double lo, double hi, int digits, const double *values /* [var][depth][length] */,
+                          const char *const *names, int n_var) {
+    dhsa_heatmap *h = dhsa_heatmap_create(title, "length (tokens)", "depth", o->n_lengths, o->n_depths);
+    if (!h) die(EXIT_RUN, "%s", dhsa_last_error());
+    char lbuf[MAX_LIST][32], dbuf[MAX_LIST][32];
+    const char *ll[MAX_LIST], *dl[MAX_LIST];
+    for (int i = 0; i < o->n_lengths; i++) {
+        if (o->lengths[i] % 1024 == 0) snprintf(lbuf[i], sizeof lbuf[i], "%lldK", (long long)(o->lengths[i] / 1024));
+        else snprintf(lbuf[i], sizeof lbuf[i], "%lld", (long long)o->lengths[i]);
+        ll[i] = lbuf[i];
+    }
+    for (int i = 0; i < o->n_depths; i++) {
+        snprintf(dbuf[i], sizeof dbuf[i], "%.0f%%", 100.0 * o->depths[i]);
+        dl[i] = dbuf[i];
+    }
+    dhsa_status st = dhsa_heatmap_set_labels(h, DHSA_AXIS_X, ll);
+    if (!st) st = dhsa_heatmap_set_labels(h, DHSA_AXIS_Y, dl);
+    if (!st) st = dhsa_heatmap_set_scale(h, lo, hi, scale_label);
+    if (!st) st = dhsa_heatmap_set_subtitle(h, subtitle);
+    dhsa_heatmap_set_digits(h, digits);
+    for (int v = 0; v < n_var && !st; v++)
+        st = dhsa_heatmap_add_panel(h, names[v], values + (size_t)v * o->n_depths * o->n_lengths);
+    if (!st) st = dhsa_heatmap_save(h, o->svg);
+    if (st) die(EXIT_RUN, "%s", dhsa_last_error());
+    dhsa_heatmap_free(h);
+    if (!o->json) printf("wrote %s\n", o->svg);
+}
+
+static int cmd_copy(eval_env *e) {
+    eval_opts *o = e->o;
+    const int64_t V = e->in->n_vocab, P = o->passage;
+    int64_t max_len = 0;
+    for (int i = 0; i < o->n_lengths; i++) {
+        if (o->lengths[i] < 2 * P + 2) die(EXIT_USAGE, "length %lld is too short for two passages of %lld tokens",
+                                           (long long)o->lengths[i], (long long)P);
+        if (o->lengths[i] > max_len) max_len = o->lengths[i];
+    }
+    /* the passage vocabulary: ordinary tokens only */
+    int32_t *normal = xmalloc((size_t)V * sizeof(int32_t));
+    int64_t n_normal = 0;
+    for (int32_t id = 0; id < V; id++) {
+        if (dhsa_tokenizer_type(e->tok, id) != DHSA_TOKEN_NORMAL) continue;
+        if (o->passage_kind == 1) { /* whole words: an SPM piece "▁" + 2 or more letters */
+            int64_t tl = 0;
+            const char *t = dhsa_tokenizer_text(e->tok, id, &tl);
+            if (!t || tl < 5 || memcmp(t, "\xe2\x96\x81", 3) != 0) continue;
+            int letters = 1;
+            for (int64_t k = 3; k < tl; k++)
+                letters &= (t[k] >= 'a' && t[k] <= 'z') || (t[k] >= 'A' && t[k] <= 'Z');
+            if (!letters) continue;
+        }
+        normal[n_normal++] = id;
+    }
+    if (n_normal < 2) die(EXIT_RUN, "the vocabulary has fewer than 2 ordinary tokens");
+    double t0 = now();
+    int64_t n_fill;
+    int32_t *filler = make_filler(e, max_len, o->seed, o->filler_file != NULL, &n_fill);
+    if (!o->json) {
+        printf("copy: %s; passage %lld random tokens (of %lld ordinary ones), %lld trials; filler: %s\n", o->model,
+               (long long)P, (long long)n_normal, (long long)o->trials,
+               o->filler_file ? o->filler_file : "stories sampled from the model (temperature 1)");
+        for (int i = 0; i < o->n_lengths; i++) {
+            dhsa_router_params rp = router_for(o, o->lengths[i], o->densities[0]);
+            print_router(stdout, &rp, o->lengths[i]);
+        }
+    }
+    const int n_var = o->n_var, nL = o->n_lengths, nD = o->n_depths;
+    copy_cell *cells = calloc((size_t)n_var * nL * nD, sizeof *cells);
+    int32_t *ids = xmalloc((size_t)max_len * sizeof(int32_t)), *passage = xmalloc((size_t)P * sizeof(int32_t));
+    float *lg = xmalloc((size_t)max_len * (size_t)V * sizeof(float));
+    double *lp = xmalloc((size_t)V * sizeof(double));
+    if (!cells) die(EXIT_RUN, "out of memory");
+    layer_acc acc;
+    acc_init(&acc, e->ctx, e->in->n_layer, 0);
+    int32_t bos = dhsa_tokenizer_bos(e->tok);
+    for (int64_t tr = 0; tr < o->trials; tr++) {
+        uint64_t rs = o->seed * 7919u + (uint64_t)tr;
+        if (o->passage_kind == 2) { /* model text: P tokens from the middle of a sampled story */
+            int64_t nt;
+            int32_t *t = make_filler(e, 100 + P, o->seed + 1000 + (uint64_t)tr, 0, &nt);
+            memcpy(passage, t + 100, (size_t)P * sizeof(int32_t));
+            free(t);
+        } else {
+            for (int64_t i = 0; i < P; i++) passage[i] = normal[splitmix(&rs) % (uint64_t)n_normal];
+        }
+        for (int li = 0; li < nL; li++)
+            for (int di = 0; di < nD; di++) {
+                /* [BOS] F1 passage F2 passage, F1 = depth share of the filler */
+                int64_t L = o->lengths[li], n = 0;
+                if (bos >= 0) ids[n++] = bos;
+                int64_t fill = L - n - 2 * P, f1 = (int64_t)llround(o->depths[di] * (double)fill);
+                memcpy(ids + n, filler, (size_t)f1 * sizeof(int32_t));
+                n += f1;
+                int64_t at1 = n;
+                memcpy(ids + n, passage, (size_t)P * sizeof(int32_t));
+                n += P;
+                memcpy(ids + n, filler + f1, (size_t)(fill - f1) * sizeof(int32_t));
+                n += fill - f1;
+                int64_t at2 = n;
+                memcpy(ids + n, passage, (size_t)P * sizeof(int32_t));
+                n += P;
+                for (int v = 0; v < n_var; v++) {
+                    copy_cell *c = &cells[((size_t)v * nD + di) * nL + li];
+                    acc_clear(&acc);
+                    acc.copy_at1 = at1;
+                    acc.copy_at2 = at2;
+                    acc.copy_len = P;
+                    /* control: filler keys as far from the repetition, after the copy (else before) */
+                    acc.copy_ctl = at2 - at1 - P >= P ? at1 + P : at1 >= P ? at1 - P : 0;
+                    dhsa_session_params sp = session_params(e, o->var[v].method, o->var[v].density, L, L, 1, &acc);
+                    run_all(e, &sp, ids, n, lg, &acc);
+                    c->cover += acc.copy_cover / acc.copy_cover_n / (double)o->trials;
+                    c->mass += acc.copy_mass / acc.copy_rows / (double)o->trials;
+                    c->kept += (acc.copy_mass > 0 ? acc.copy_kept / acc.copy_mass : 1.0) / (double)o->trials;
+                    c->ctl += acc.copy_ctl_mass / acc.copy_rows / (double)o->trials;
+                    double first = passage_loss(lg, V, ids, at1, P, lp), rep = passage_loss(lg, V, ids, at2, P, lp);
+                    c->first += first / (double)o->trials;
+                    c->rep += rep / (double)o->trials;
+                    c->score += (first - rep) / (double)o->trials;
+                    c->density += acc_density(&acc) / (double)o->trials;
+                }
+            }
+    }
+    double secs = now() - t0;
+    /* dense's cells, when dense ran, decide "kept" */
+    int dense_var = -1;
+    const char *names[MAX_VAR];
+    for (int v = 0; v < n_var; v++) {
+        if (o->var[v].method == DHSA_ATTN_DENSE && dense_var < 0) dense_var = v;
+        names[v] = o->var[v].name;
+    }
+    if (o->json) {
+        printf("{\"command\": \"copy\", \"model\": ");
+        json_str(stdout, o->model);
+        printf(", \"passage\": %lld, \"trials\": %lld, \"min_score\": %g, \"cells\": [", (long long)P,
+               (long long)o->trials, o->min_score);
+    }
+    int first_json = 1;
+    for (int v = 0; v < n_var; v++) {
+        int dense = o->var[v].method == DHSA_ATTN_DENSE;
+        if (!o->json) {
+            double used = 0;
+            for (int k = 0; k < nD * nL; k++) used += cells[(size_t)v * nD * nL + k].density / (nD * nL);
+            printf("\n%s", names[v]);
+            if (!dense && o->budget) printf(" (budget %lld keys, density used %.3f)", (long long)o->budget, used);
+            else if (!dense) printf(" (density %.3g, used %.3f)", o->var[v].density, used);
+            if (dense)
+                printf(": loss drop (nats/token) / attention mass of the repetition's queries on the first copy "
+                       "(on as many filler keys nearby)\n\n| depth |");
+            else
+                printf(": loss drop (nats/token) / share of dense's mass on the first copy on keys the method "
+                       "selects; * kept, x lost\n\n| depth |");
+            for (int li = 0; li < nL; li++) printf(" %lld |", (long long)o->lengths[li]);
+            printf("\n|---|");
+            for (int li = 0; li < nL; li++) printf("---|");
+            printf("\n");
+        }
+        for (int di = 0; di < nD; di++) {
+            if (!o->json) printf("| %.2f |", o->depths[di]);
+            for (int li = 0; li < nL; li++) {
+                const copy_cell *c = &cells[((size_t)v * nD + di) * nL + li];
+                const copy_cell *d = dense_var >= 0 ? &cells[((size_t)dense_var * nD + di) * nL + li] : NULL;
+                /* by the loss: dense copies, the method keeps half of its drop */
+                int kept = d && d->score >= o->min_score && c->score >= 0.5 * d->score;
+                int na = !d || d->score < o->min_score;
+                /* by attention: dense attends the copy (twice the control), the method keeps half of it */
+                int attended = d && d->mass >= 2.0 * d->ctl, kept_attn = c->kept >= 0.5;
+                if (o->json) {
+                    printf("%s{\"method\": ", first_json ? "" : ", ");
+                    first_json = 0;
+                    json_str(stdout, method_label(o, o->var[v].method));
+                    printf(", \"density\": %g, \"length\": %lld, \"depth\": %g, \"first_loss\": %.5f, "
+                           "\"rep_loss\": %.5f, \"score\": %.5f, \"density_used\": %.5f, \"copy_keys_selected\": "
+                           "%.5f, \"copy_mass\": %.5f, \"control_mass\": %.5f, \"copy_mass_kept\": %.5f, "
+                           "\"kept_loss\": %s, \"kept_attention\": %s}",
+                           o->var[v].density, (long long)o->lengths[li], o->depths[di], c->first, c->rep,
+                           c->score, c->density, c->cover, c->mass, c->ctl, c->kept,
+                           na ? "null" : kept ? "true" : "false",
+                           !attended ? "null" : kept_attn ? "true" : "false");
+                } else if (dense) {
+                    printf(" %.2f%s / %.1f%% (%.1f%%) |", c->score, na ? "" : "*", 100.0 * c->mass, 100.0 * c->ctl);
+                } else {
+                    printf(" %.2f%s / %.0f%%%s |", c->score, na ? "" : kept ? "*" : "x", 100.0 * c->kept,
+                           !attended ? "" : kept_attn ? "*" : "x");
+                }
+            }
+            if (!o->json) printf("\n");
+        }
+    }
+    if (o->json) printf("], \"seconds\": %.3f}\n", secs);
+    else printf("\n%.1f s. Marks: after the loss drop, * where dense's drop is >= %.2f and the method's at least "
+                "half of it (x: less); after the share, * where dense puts at least twice the control's mass on the "
+                "first copy and the method keeps at least half of it (x: less). No mark: dense does not copy / "
+                "attend (or did not run).\n", secs, o->min_score);
+    if (o->svg_attn) {
+        double *vals = xmalloc((size_t)n_var * nD * nL * sizeof(double));
+        for (size_t i = 0; i < (size_t)n_var * nD * nL; i++) vals[i] = cells[i].kept;
+        char sub[256];
+        snprintf(sub, sizeof sub, "%s; passage %lld tokens, %lld trials; density %.3g", o->model, (long long)P,
+                 (long long)o->trials, o->densities[0]);
+        const char *keep = o->svg;
+        o->svg = o->svg_attn;
+        write_heatmap(o, "Copy retrieval: share of the attention on the first copy that each method keeps", sub,
+                      "share", 0, 1, 2, vals, names, n_var);
+        o->svg = keep;
+        free(vals);
+    }
+    if (o->svg) {
+        double *vals = xmalloc((size_t)n_var * nD * nL * sizeof(double)), hi = 0;
+        for (size_t i = 0; i < (size_t)n_var * nD * nL; i++) {
+            vals[i] = cells[i].score;
+            if (vals[i] > hi) hi = vals[i];
+        }
+        char sub[256];
+        snprintf(sub, sizeof sub, "%s; passage %lld tokens, %lld trials; density %.3g", o->model, (long long)P,
+                 (long long)o->trials, o->densities[0]);
+        write_heatmap(o, "Copy retrieval: loss drop on the repeated passage (nats/token)", sub, "nats",
+                      0, hi > 0 ? ceil(hi) : 1, 1, vals, names, n_var);
+        free(vals);
+    }
+    acc_free(&acc);
+    free(cells);
+    free(ids);
+    free(passage);
+    free(lg);
+    free(lp);
+    free(filler);
+    free(normal);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- niah --- */
+
+/* Built-in haystack: plain sentences written for this tool (public
+ * domain), about nothing in particular and free of numbers. */
+static const char *const builtin_haystack[] = {
+    "The morning market opened early, and the baker set out loaves of bread on a long wooden table.",
+    "A light rain fell over the hills while the farmers checked the fences along the northern field.",
+    "In the library, a quiet student turned the pages of an old atlas and traced the rivers with a finger.",
+    "The harbor was busy with small boats that carried fish, rope and barrels of fresh water.",
+    "Children ran along the path to the pond, where ducks waited for crumbs near the reeds.",
+    "The old clock in the square rang at noon, and the shopkeepers stepped outside to talk.",
+    "A gardener planted rows of beans and watered them slowly with a green can.",
+    "On the train, a traveler watched the forests pass and wrote short notes in a small book.",
+    "The kitchen smelled of onions and thyme as the soup warmed on the stove.",
+    "Far to the west, the mountains held snow on their peaks even in the middle of summer.",
+    "A painter mixed blue and yellow on a board and tried to catch the color of the sea.",
+    "The postman rode his bicycle from house to house, ringing the bell at every gate.",
+    "In the evening, the wind turned cool and the lamps along the street were lit one by one.",
+    "A teacher drew a map of the village on the board and asked the class to name each road.",
+    "The river bent around the mill, where a wheel turned slowly under the falling water.",
+    "Two friends shared a pot of tea and talked about the books they wanted to read.",
+    "The museum kept a collection of old coins, maps and tools behind tall glass cases.",
+    "At the edge of the forest, a fox watched the road and then slipped back into the ferns.",
+    "The carpenter measured the board twice before he cut it with a steady hand.",
+    "Clouds gathered over the bay, and the sailors tied their boats more tightly to the dock.",
+    "A choir practiced in the church hall, and their voices carried into the empty street.",
+    "The orchard was full of apples, and the pickers filled their baskets before the sun was high.",
+    "A cat slept on the warm stone steps while the town went about its business.",
+    "The engineer checked the bridge after the storm and found that every beam still held.",
+};
+
+/* Sentences of a haystack file: split after '.', '!' or '?' followed by
+ * white space, and at blank lines; trimmed; empty ones dropped. The
+ * sentences point into text, which is modified (NULs written). */
+static int64_t split_sentences(char *text, int64_t len, char ***out) {
+    int64_t cap = 256, n = 0;
+    char **s = xmalloc((size_t)cap * sizeof(char *));
+    int64_t start = 0;
+    for (int64_t i = 0; i <= len; i++) {
+        int end = i == len;
+        if (!end && (text[i] == '.' || text[i] == '!' || text[i] == '?') &&
+            (i + 1 == len || text[i + 1] == ' ' || text[i + 1] == '\n' || text[i + 1] == '\t')) {
+            i++;
+            end = 1;
+        } else if (!end && text[i] == '\n' && i + 1 < len && text[i + 1] == '\n') {
+            end = 1;
+        }
+        if (!end) continue;
+        int64_t a = start, b = i;
+        while (a < b && (text[a] == ' ' || text[a] == '\n' || text[a] == '\t' || text[a] == '\r')) a++;
+        while (b > a && (text[b - 1] == ' ' || text[b - 1] == '\n' || text[b - 1] == '\t' || text[b - 1] == '\r')) b--;
+        if (b > a) {
+            if (n == cap) {
+                cap *= 2;
+                char **ns = realloc(s, (size_t)cap * sizeof(char *));
+                if (!ns) die(EXIT_RUN, "out of memory");
+                s = ns;
+            }
+            for (int64_t k = a; k < b; k++) /* one line per sentence */
+                if (text[k] == '\n' || text[k] == '\t' || text[k] == '\r') text[k] = ' ';
+            s[n++] = text + a;
+        }
+        if (i < len) text[i] = 0;
+        start = i + 1;
+    }
+    *out = s;
+    return n;
+}
+
+/* A growing text buffer. */
+typedef struct {
+    char *p;
+    size_t n, cap;
+} sbuf;
+
+static void sb_add(sbuf *b, const char *s) {
+    size_t k = strlen(s);
+    if (b->n + k + 1 > b->cap) {
+        b->cap = (b->n + k + 1) * 2;
+        char *np = realloc(b->p, b->cap);
+        if (!np) die(EXIT_RUN, "out of memory");
+        b->p = np;
+    }
+    memcpy(b->p + b->n, s, k + 1);
+    b->n += k;
+}
+
+typedef struct {
+    dhsa_chat_template tmpl; /* NONE: plain prompt */
+    unsigned flags;
+    int32_t stop[16];
+    int n_stop;
+} niah_prompt;
+
+static const char niah_question[] = "What is the secret number mentioned in the text above?";
+
+/* The prompt's text for a haystack: through the chat template, or plain. */
+static char *niah_text(const niah_prompt *np, const char *haystack) {
+    sbuf b = {0};
+    if (np->tmpl == DHSA_CHAT_NONE) {
+        sb_add(&b, haystack);
+        sb_add(&b, "\n\nQuestion: ");
+        sb_add(&b, niah_question);
+        sb_add(&b, "\nAnswer: The secret number is");
+        return b.p;
+    }
+    sb_add(&b, haystack);
+    sb_add(&b, "\n\n");
+    sb_add(&b, niah_question);
+    sb_add(&b, " Answer with the number only.");
+    dhsa_chat_message msg = {"user", b.p};
+    int64_t need = 0;
+    dhsa_chat_apply(np->tmpl, &msg, 1, 1, NULL, 0, &need);
+    char *out = xmalloc((size_t)need + 1);
+    if (dhsa_chat_apply(np->tmpl, &msg, 1, 1, out, need, &need)) die(EXIT_RUN, "%s", dhsa_last_error());
+    out[need] = 0;
+    free(b.p);
+    return out;
+}
+
+static int64_t count_tokens(const dhsa_tokenizer *tok, const char *s, unsigned flags) {
+    int64_t n = 0;
+    dhsa_tokenize(tok, s, (int64_t)strlen(s), flags, NULL, 0, &n);
+    return n;
+}
+
+/* Builds the prompt of about L tokens with the needle at depth: sentences
+ * taken in order (cycling) while they fit, the needle at the sentence
+ * boundary nearest the depth, then trimmed from the end until the prompt
+ * fits L. Returns the token ids (n_out of them). */
+static int32_t *niah_build(eval_env *e, const niah_prompt *np, char *const *sent, const int64_t *sent_tok,
+                           int64_t n_sent, int64_t L, double depth, const char *needle, int64_t *n_out,
+                           double *depth_used) {
+    const dhsa_tokenizer *tok = e->tok;
+    char *empty = niah_text(np, needle);
+    int64_t overhead = count_tokens(tok, empty, np->flags);
+    free(empty);
+    int64_t budget = L - overhead, cnt = 0, total = 0;
+    int64_t *counts = xmalloc(sizeof(int64_t) * (size_t)(L + 1));
+    while (total + sent_tok[cnt % n_sent] <= budget && cnt < L) {
+        counts[cnt] = sent_tok[cnt % n_sent];
+        total += counts[cnt++];
+    }
+    for (;;) {
+        int64_t k = dhsa__niah_boundary(counts, cnt, depth);
+        sbuf b = {0};
+        sb_add(&b, "");
+        int64_t before = 0, all = 0;
+        for (int64_t i = 0; i <= cnt; i++) {
+            if (i == k) {
+                if (b.n) sb_add(&b, " ");
+                sb_add(&b, needle);
+            }
+            if (i == cnt) break;
+            if (b.n) sb_add(&b, " ");
+            sb_add(&b, sent[i % n_sent]);
+            if (i < k) before += counts[i];
+            all += counts[i];
+        }
+        char *text = niah_text(np, b.p);
+        free(b.p);
+        int64_t n = 0;
+        dhsa_tokenize(tok, text, (int64_t)strlen(text), np->flags, NULL, 0, &n);
+        if (n <= L || cnt == 0) {
+            int32_t *ids = xmalloc((size_t)(n + 1) * sizeof(int32_t));
+            if (dhsa_tokenize(tok, text, (int64_t)strlen(text), np->flags, ids, n + 1, &n))
+                die(EXIT_RUN, "%s", dhsa_last_error());
+            free(text);
+            free(counts);
+            *n_out = n;
+            *depth_used = all > 0 ? (double)before / (double)all : 0;
+            return ids;
+        }
+        free(text);
+        cnt--; /* too long: one sentence fewer */
+    }
+}
+
+static int cmd_niah(eval_env *e) {
+    eval_opts *o = e->o;
+    const int64_t V = e->in->n_vocab;
+    /* the haystack's sentences */
+    char *file_text = NULL, **sent;
+    int64_t n_sent;
+    if (o->haystack_file) {
+        int64_t len;
+        file_text = read_file(o->haystack_file, &len);
+        n_sent = split_sentences(file_text, len, &sent);
+        if (n_sent == 0) die(EXIT_RUN, "the haystack file \"%s\" has no sentences", o->haystack_file);
+    } else {
+        n_sent = (int64_t)(sizeof builtin_haystack / sizeof builtin_haystack[0]);
+        sent = xmalloc((size_t)n_sent * sizeof(char *));
+        for (int64_t i = 0; i < n_sent; i++) sent[i] = (char *)builtin_haystack[i];
+    }
+    int64_t *sent_tok = xmalloc((size_t)n_sent * sizeof(int64_t));
+    for (int64_t i = 0; i < n_sent; i++) {
+        sent_tok[i] = count_tokens(e->tok, sent[i], 0);
+        if (sent_tok[i] < 1) sent_tok[i] = 1;
+    }
+    /* the prompt format */
+    niah_prompt np;
+    memset(&np, 0, sizeof np);
+    const dhsa_gguf *g = dhsa_model_gguf(e->m);
+    const char *tmpl_why;
+    if (!o->template_name || strcmp(o->template_name, "auto") == 0) {
+        if (g && dhsa_gguf_find_kv(g, "tokenizer.chat_template") >= 0) {
+            np.tmpl = dhsa_chat_detect(g);
+            tmpl_why = np.tmpl == DHSA_CHAT_NONE ? "the model's template is not one dhsa writes: plain prompt"
+                                                 : "the model's chat template";
+        } else {
+            np.tmpl = DHSA_CHAT_NONE;
+            tmpl_why = "the model has no chat template (tokenizer.chat_template): plain completion prompt";
+        }
+    } else if (strcmp(o->template_name, "plain") == 0) {
+        np.tmpl = DHSA_CHAT_NONE;
+        tmpl_why = "--template plain";
+    } else {
+        if (dhsa_chat_template_from_name(o->template_name, &np.tmpl)) die(EXIT_USAGE, "%s", dhsa_last_error());
+        tmpl_why = "--template";
+    }
+    np.flags = dhsa_tokenizer_default_flags(e->tok) & DHSA_TOKENIZE_ADD_BOS;
+    int32_t eos = dhsa_tokenizer_eos(e->tok), bos = dhsa_tokenizer_bos(e->tok);
+    if (eos >= 0) np.stop[np.n_stop++] = eos;
+    if (np.tmpl != DHSA_CHAT_NONE) {
+        np.flags |= DHSA_TOKENIZE_PARSE_SPECIAL;
+        int extra = 0;
+        if (dhsa_chat_stop_ids(np.tmpl, e->tok, np.stop + np.n_stop, 16 - np.n_stop, &extra))
+            die(EXIT_RUN, "%s", dhsa_last_error());
+        np.n_stop += extra;
+    } else if (bos >= 0) {
+        np.stop[np.n_stop++] = bos; /* a base model starts a new document */
+    }
+    if (!o->json) {
+        printf("niah: %s; haystack: %s (%lld sentences); prompt: %s (%s); %lld trials, answers of up to %lld "
+               "tokens, greedy\n", o->model, o->haystack_file ? o->haystack_file : "built-in sentences",
+               (long long)n_sent, np.tmpl == DHSA_CHAT_NONE ? "plain" : dhsa_chat_template_name(np.tmpl), tmpl_why,
+               (long long)o->trials, (long long)o->answer_tokens);
+        for (int i = 0; i < o->n_lengths; i++) {
+            dhsa_router_params rp = router_for(o, o->lengths[i], o->densities[0]);
+            print_router(stdout, &rp, o->lengths[i]);
+        }
+    }
+    const int n_var = o->n_var, nL = o->n_lengths, nD = o->n_depths;
+    size_t n_cells = (size_t)n_var * nD * nL;
+    double *hits = calloc(n_cells, sizeof(double)), *dens = calloc(n_cells, sizeof(double));
+    double *plen = calloc((size_t)nL, sizeof(double));
+    if (!hits || !dens || !plen) die(EXIT_RUN, "out of memory");
+    float *lg = xmalloc((size_t)V * sizeof(float));
+    int64_t cap_ans = o->answer_tokens;
+    int32_t *ans = xmalloc((size_t)cap_ans * sizeof(int32_t));
+    char answer[4096];
+    layer_acc acc;
+    acc_init(&acc, e->ctx, e->in->n_layer, 0);
+    double t0 = now();
+    if (o->json) {
+        printf("{\"command\": \"niah\", \"model\": ");
+        json_str(stdout, o->model);
+        printf(", \"template\": \"%s\", \"trials\": %lld, \"answers\": [",
+               np.tmpl == DHSA_CHAT_NONE ? "plain" : dhsa_chat_template_name(np.tmpl), (long long)o->trials);
+    }
+    int first_json = 1;
+    for (int64_t tr = 0; tr < o->trials; tr++)
+        for (int li = 0; li < nL; li++)
+            for (int di = 0; di < nD; di++) {
+                uint64_t rs = o->seed * 104729u + (uint64_t)(tr * 4096 + li * 64 + di);
+                char number[16], needle[64];
+                snprintf(number, sizeof number, "%04u", (unsigned)(1000 + splitmix(&rs) % 9000));
+                snprintf(needle, sizeof needle, "The secret number is %s.", number);
+                int64_t n_ids;
+                double depth_used;
+                int32_t *ids = niah_build(e, &np, sent, sent_tok, n_sent, o->lengths[li], o->depths[di], needle,
+                                          &n_ids, &depth_used);
+                plen[li] += (double)n_ids / (double)(o->trials * nD);
+                for (int v = 0; v < n_var; v++) {
+                    const variant *va = &o->var[v];
+                    acc_clear(&acc);
+                    dhsa_session_params sp = session_params(e, va->method, va->density, o->lengths[li],
+                                                            n_ids + cap_ans, 0, &acc);
+                    dhsa_session *s;
+                    if (dhsa_session_create(e->ctx, e->m, &sp, &s)) die(EXIT_RUN, "%s", dhsa_last_error());
+                    if (dhsa_session_eval(s, ids, n_ids, lg)) die(EXIT_RUN, "%s %s", dhsa_last_error(), acc.err);
+                    int64_t na = 0;
+                    while (na < cap_ans) {
+                        int32_t next = (int32_t)argmax_f(lg, V);
+                        int stop = 0;
+                        for (int k = 0; k < np.n_stop; k++) stop |= next == np.stop[k];
+                        if (stop) break;
+                        ans[na++] = next;
+                        if (na == cap_ans) break;
+                        if (dhsa_session_eval(s, &next, 1, lg)) die(EXIT_RUN, "%s", dhsa_last_error());
+                    }
+                    dhsa_session_free(s);
+                    int64_t alen = 0;
+                    if (dhsa_detokenize(e->tok, ans, na, 0, answer, sizeof answer - 1, &alen)) alen = 0;
+                    if (alen > (int64_t)sizeof answer - 1) alen = (int64_t)sizeof answer - 1;
+                    answer[alen] = 0;
+                    int hit = dhsa__niah_answer_has(answer, alen, number) == 1;
+                    size_t cell = ((size_t)v * nD + di) * nL + li;
+                    hits[cell] += hit / (double)o->trials;
+                    dens[cell] += acc_density(&acc) / (double)o->trials;
+                    if (o->json) {
+                        printf("%s{\"method\": ", first_json ? "" : ", ");
+                        first_json = 0;
+                        json_str(stdout, method_label(o, va->method));
+                        printf(", \"density\": %g, \"length\": %lld, \"prompt_tokens\": %lld, \"depth\": %g, "
+                               "\"needle_depth\": %.4f, \"trial\": %lld, \"number\": \"%s\", \"answer\": ",
+                               va->density, (long long)o->lengths[li], (long long)n_ids, o->depths[di],
+                               depth_used, (long long)tr, number);
+                        json_str(stdout, answer);
+                        printf(", \"hit\": %s}", hit ? "true" : "false");
+                    } else if (o->show) {
+                        printf("%-8s L %5lld depth %.2f (at %.3f) number %s: %s \"%s\"\n", va->name,
+                               (long long)n_ids, o->depths[di], depth_used,
+                               number, hit ? "HIT " : "miss", answer);
+                    }
+                }
+                free(ids);
+            }
+    double secs = now() - t0;
+    const char *names[MAX_VAR];
+    for (int v = 0; v < n_var; v++) names[v] = o->var[v].name;
+    if (o->json) {
+        printf("], \"cells\": [");
+        for (int v = 0; v < n_var; v++)
+            for (int di = 0; di < nD; di++)
+                for (int li = 0; li < nL; li++) {
+                    size_t cell = ((size_t)v * nD + di) * nL + li;
+                    printf("%s{\"method\": ", v || di || li ? ", " : "");
+                    json_str(stdout, names[v]);
+                    printf(", \"length\": %lld, \"depth\": %g, \"accuracy\": %.4f, \"density_used\": %.4f}",
+                           (long long)o->lengths[li], o->depths[di], hits[cell], dens[cell]);
+                }
+        printf("], \"seconds\": %.3f}\n", secs);
+    } else {
+        for (int v = 0; v < n_var; v++) {
+            printf("\n%s: share of answers with the number (density used in brackets)\n\n| depth |", names[v]);
+            for (int li = 0; li < nL; li++) printf(" %lld (%.0f) |", (long long)o->lengths[li], plen[li]);
+            printf("\n|---|");
+            for (int li = 0; li < nL; li++) printf("---|");
+            printf("\n");
+            for (int di = 0; di < nD; di++) {
+                printf("| %.2f |", o->depths[di]);
+                for (int li = 0; li < nL; li++) {
+                    size_t cell = ((size_t)v * nD + di) * nL + li;
+                    printf(" %.2f [%.3f] |", hits[cell], dens[cell]);
+                }
+                printf("\n");
+            }
+        }
+        printf("\n(column heads: target length (mean prompt tokens)); %.1f s\n", secs);
+    }
+    if (o->svg) {
+        char sub[256];
+        snprintf(sub, sizeof sub, "%s; %s prompt; %lld trials; density %.3g", o->model,
+                 np.tmpl == DHSA_CHAT_NONE ? "plain" : dhsa_chat_template_name(np.tmpl), (long long)o->trials,
+                 o->densities[0]);
+        write_heatmap(o, "Needle in a haystack: share of answers with the number", sub, "accuracy", 0, 1, 2, hits,
+                      names, n_var);
+    }
+    acc_free(&acc);
+    free(hits);
+    free(dens);
+    free(plen);
+    free(lg);
+    free(ans);
+    free(sent_tok);
+    free(sent);
+    free(file_text);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- main --- */
+
+int dhsa_cli_eval(int argc, char **argv) {
+    if (argc < 3 || strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0) {
+        fputs(dhsa_cli_eval_usage, argc < 3 ? stderr : stdout);
+        return argc < 3 ? EXIT_USAGE : 0;
+    }
+    const char *sub = argv[2];
+    if (strcmp(sub, "fidelity") == 0) cur_cmd = "eval fidelity";
+    else if (strcmp(sub, "copy") == 0) cur_cmd = "eval copy";
+    else if (strcmp(sub, "niah") == 0) cur_cmd = "eval niah";
+    else die(EXIT_USAGE, "unknown evaluation \"%s\": fidelity, copy or niah", sub);
+    eval_opts o;
+    parse(argc, argv, &o, sub);
+    dhsa_model_params mp = dhsa_model_default_params();
+    mp.tokenizer_path = o.tokenizer;
+    eval_env e;
+    memset(&e, 0, sizeof e);
+    e.o = &o;
+    if (dhsa_model_load(o.model, &mp, &e.m)) die(EXIT_RUN, "%s", dhsa_last_error());
+    e.in = dhsa_model_get_info(e.m);
+    e.tok = dhsa_model_tokenizer(e.m);
+    if (o.predictor_path && dhsa_predictor_load(o.predictor_path, &o.predictor)) die(EXIT_RUN, "%s", dhsa_last_error());
+    dhsa_ctx_params cp = dhsa_ctx_default_params();
+    cp.n_threads = (int)o.threads;
+    if (dhsa_ctx_create(&cp, &e.ctx)) die(EXIT_RUN, "%s", dhsa_last_error());
+    int rc;
+    if (strcmp(sub, "fidelity") == 0) rc = cmd_fidelity(&e);
+    else if (strcmp(sub, "copy") == 0) rc = cmd_copy(&e);
+    else rc = cmd_niah(&e);
+    dhsa_ctx_free(e.ctx);
+    dhsa_predictor_free(o.predictor);
+    dhsa_model_free(e.m);
+    return rc;
+}
