@@ -355,7 +355,8 @@ dhsa_status dhsa_predictor_score(dhsa_ctx *ctx, const dhsa_predictor *pr, const 
  * in double with an explicit softmax per query row (a->layout is ignored;
  * masks and biases are refused). Lk and q_pos0 + Lq must be <= n_keys.
  * The result does not depend on the ctx's threads. Workspace from ctx:
- * (Hq * Lq + Hq * Lq * hd + Hkv * Lk * hd) doubles. */
+ * (Hq * Lq * hd + Hkv * Lk * hd + (min(16, Lq) * 2w + threads) * Lk)
+ * doubles. */
 dhsa_status dhsa_boundary_mass_add(dhsa_ctx *ctx, const dhsa_attn_desc *a, int64_t w, double *mass,
                                    int64_t n_keys);
 /* Step 2, once all n_keys queries were added: y[c] for c in [0, n_keys)
@@ -411,6 +412,9 @@ typedef struct {
                                     training samples, */
     double val_loss_const;       /* and its validation loss: the floor a
                                     predictor that learned nothing reaches */
+    double val_loss_floor;       /* the validation loss of a predictor that
+                                    knew every label (the best p for each
+                                    y): the part no predictor removes */
     int64_t tp, fp, fn, tn;      /* validation, (p >= 0.5) vs (y >= 0.5) */
     double precision, recall, f1; /* 0 where undefined */
     double auc;                  /* ROC AUC of p for y >= 0.5 (validation) */

@@ -424,6 +424,8 @@ static void test_training(dhsa_ctx *ctx, dhsa_ctx *ctx1) {
     T_CHECK(r.precision > 0.8 && r.recall > 0.8 && r.auc > 0.95, "precision %g recall %g AUC %g", r.precision, r.recall,
             r.auc);
     T_CHECK(r.tp + r.fp + r.fn + r.tn == r.n_val, "confusion counts do not add up to the validation samples");
+    T_CHECK(r.val_loss_floor >= 0 && r.val_loss_floor < 1e-6, "hard labels: the loss floor is %g, want ~0",
+            r.val_loss_floor);
     /* the same on one thread */
     tp.progress = NULL;
     st = dhsa_predictor_train(ctx1, pr1, s.seqs, s.n, &tp, &r1);

@@ -386,8 +386,13 @@ int dhsa_cli_train_boundary(int argc, char **argv) {
 
     printf("samples: %lld train (y >= 0.5: %.3f), %lld validation (y >= 0.5: %.3f, mean y %.3f)\n",
            (long long)r.n_train, r.train_pos, (long long)r.n_val, r.val_pos, r.val_y_mean);
-    printf("loss: train %.5f -> %.5f, validation %.5f -> %.5f; best constant p = %.3f: validation %.5f\n",
-           r.first.train_loss, r.last.train_loss, r.first.val_loss, r.last.val_loss, r.const_p, r.val_loss_const);
+    printf("loss: train %.5f -> %.5f, validation %.5f -> %.5f; best constant p = %.3f: validation %.5f; floor "
+           "(each label's best p) %.5f: %.0f%% of the reducible loss removed\n",
+           r.first.train_loss, r.last.train_loss, r.first.val_loss, r.last.val_loss, r.const_p, r.val_loss_const,
+           r.val_loss_floor,
+           r.val_loss_const > r.val_loss_floor
+               ? 100 * (r.val_loss_const - r.last.val_loss) / (r.val_loss_const - r.val_loss_floor)
+               : 0.0);
     printf("validation, p >= 0.5 vs y >= 0.5: precision %.3f recall %.3f F1 %.3f (tp %lld fp %lld fn %lld tn %lld)\n",
            r.precision, r.recall, r.f1, (long long)r.tp, (long long)r.fp, (long long)r.fn, (long long)r.tn);
     printf("validation ROC AUC: learned %.4f, similarity (1 - cos of the mean keys, window %lld) %.4f\n", r.auc,

@@ -533,11 +533,39 @@ static double evaluate(dhsa_ctx *ctx, train_job *j, const sample *s, int64_t n) 
 
 static double label(const train_job *j, const sample *s) { return j->seqs[s->seq].y[s->t]; }
 
+/* The logit in [-20, 20] that minimises f (unimodal) by golden section. */
+static double golden_min(double (*f)(const void *, double), const void *arg) {
+    const double g = (sqrt(5.0) - 1) / 2;
+    double lo = -20, hi = 20, x1 = hi - g * (hi - lo), x2 = lo + g * (hi - lo), f1 = f(arg, x1), f2 = f(arg, x2);
+    for (int it = 0; it < 70; it++) {
+        if (f1 < f2) hi = x2, x2 = x1, f2 = f1, x1 = hi - g * (hi - lo), f1 = f(arg, x1);
+        else lo = x1, x1 = x2, f1 = f2, x2 = lo + g * (hi - lo), f2 = f(arg, x2);
+    }
+    return 0.5 * (lo + hi);
+}
+
+typedef struct {
+    const train_job *j;
+    const sample *s;
+    int64_t n;
+    double y;
+} loss_arg;
+
 /* Mean focal loss of a constant logit over samples. */
 static double const_loss(const train_job *j, const sample *s, int64_t n, double logit) {
     double sum = 0;
     for (int64_t i = 0; i < n; i++) sum += dhsa__focal_loss(logit, label(j, &s[i]), j->gamma, j->pos_weight, NULL);
     return sum / (double)n;
+}
+
+static double const_loss_of(const void *arg, double logit) {
+    const loss_arg *a = arg;
+    return const_loss(a->j, a->s, a->n, logit);
+}
+
+static double one_loss_of(const void *arg, double logit) {
+    const loss_arg *a = arg;
+    return dhsa__focal_loss(logit, a->y, a->j->gamma, a->j->pos_weight, NULL);
 }
 
 typedef struct {
@@ -708,15 +736,19 @@ dhsa_status dhsa_predictor_train(dhsa_ctx *ctx, dhsa_predictor *pr, const dhsa_t
     rep.recall = rep.tp + rep.fn ? (double)rep.tp / (double)(rep.tp + rep.fn) : 0;
     rep.f1 = rep.precision + rep.recall > 0 ? 2 * rep.precision * rep.recall / (rep.precision + rep.recall) : 0;
     rep.auc = roc_auc(sc, n_val);
-    /* the best constant on the training samples: golden-section search on the logit */
-    double lo = -20, hi = 20, g = (sqrt(5.0) - 1) / 2;
-    for (int it = 0; it < 60; it++) {
-        double x1 = hi - g * (hi - lo), x2 = lo + g * (hi - lo);
-        if (const_loss(&j, train, n_train, x1) < const_loss(&j, train, n_train, x2)) hi = x2;
-        else lo = x1;
+    /* the best constant on the training samples, and the floor: the best p
+     * for each validation label (a function of y alone, so computed once per
+     * distinct y in a row of equal labels) */
+    loss_arg la = {&j, train, n_train, 0};
+    double c = golden_min(const_loss_of, &la), floor_sum = 0, last_y = -1, last_l = 0;
+    rep.const_p = sigmoid(c);
+    rep.val_loss_const = const_loss(&j, val, n_val, c);
+    for (int64_t i = 0; i < n_val; i++) {
+        la.y = label(&j, &val[i]);
+        if (la.y != last_y) last_y = la.y, last_l = one_loss_of(&la, golden_min(one_loss_of, &la));
+        floor_sum += last_l;
     }
-    rep.const_p = sigmoid(0.5 * (lo + hi));
-    rep.val_loss_const = const_loss(&j, val, n_val, 0.5 * (lo + hi));
+    rep.val_loss_floor = floor_sum / (double)n_val;
     rep.seconds = now_s() - t_start;
     dhsa_ctx_release(ctx, mem);
     if (report) *report = rep;
