@@ -33,8 +33,9 @@ const char dhsa_cli_bench_matmul_usage[] =
     "  ms        median of --runs timed calls after one warm-up\n"
     "  GFLOP/s   2 * n_in * n_out * tok / median time; %% peak is the median\n"
     "            over the calls of (the call's GFLOP/s / the fp32 FMA peak measured\n"
-    "            with the same threads right after it), so that a machine shared\n"
-    "            with other work moves both sides alike\n"
+    "            with the same threads right after it (after every runs/20-th call\n"
+    "            when there are more than 20), so that a machine shared with other\n"
+    "            work moves both sides alike\n"
     "  W GB/s    (tok <= 8) weight bytes / time; read GB/s is a plain read of\n"
     "            the same weight buffer with the same threads right after each\n"
     "            call, and %% read the median of the per-call ratios\n"
@@ -285,6 +286,7 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
         /* 2. timing: after each call, the FMA peak and (few tokens) a plain
          * read of the weights, each with the same threads */
         const double flops = 2.0 * (double)n_in * (double)n_out * (double)tok;
+        double p_last = peak;
         st = dhsa__matmul(ctx, &W, x, n_in, tok, y, n_out);
         float *wf = (float *)wd;
         size_t nf = wbytes / 4;
@@ -293,10 +295,14 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
             st = dhsa__matmul(ctx, &W, x, n_in, tok, y, n_out);
             t[r] = now_s() - t0;
             if (st != DHSA_OK) die(EXIT_RUN, "%s: %s", tn, dhsa_last_error());
-            double p = dhsa_peak_fma_gflops(ctx, threads, 0.03);
-            if (!(p > 0.0)) die(EXIT_RUN, "measuring the FMA peak failed: %s", dhsa_last_error());
-            if (p > peak) peak = p;
-            pk[r] = flops / t[r] * 1e-9 / p;
+            /* the peak after each call; with many short calls, after every
+             * (runs/20)-th, the calls between using the latest */
+            if (r % (runs / 20 + 1) == 0) {
+                p_last = dhsa_peak_fma_gflops(ctx, threads, 0.03);
+                if (!(p_last > 0.0)) die(EXIT_RUN, "measuring the FMA peak failed: %s", dhsa_last_error());
+                if (p_last > peak) peak = p_last;
+            }
+            pk[r] = flops / t[r] * 1e-9 / p_last;
             if (bw) {
                 const float *bufs[1] = {wf};
                 tr[r] = dhsa_peak_read_buffers_s(ctx, threads, bufs, &nf, 1);
