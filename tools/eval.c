@@ -678,13 +678,34 @@ static int64_t argmax_f(const float *x, int64_t V) {
     return b;
 }
 
-/* Prints a JSON string (quotes, escapes). */
+/* Length of a valid UTF-8 sequence at s (2..4), or 0. */
+static int utf8_seq(const unsigned char *s) {
+    int n = s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3 : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 0;
+    for (int i = 1; i < n; i++)
+        if ((s[i] & 0xC0) != 0x80) return 0;
+    if (n == 3 && ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] > 0x9F))) return 0;
+    if (n == 4 && ((s[0] == 0xF0 && s[1] < 0x90) || (s[0] == 0xF4 && s[1] > 0x8F))) return 0;
+    return n;
+}
+
+/* Prints a JSON string: quotes and backslashes escaped, control bytes as
+ * \u00XX, bytes that are not valid UTF-8 (a model's answer may hold byte
+ * tokens) as U+FFFD, so the document always parses. */
 static void json_str(FILE *f, const char *s) {
     fputc('"', f);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
         else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-        else fputc(*p, f);
+        else if (*p < 0x80) fputc(*p, f);
+        else {
+            int n = utf8_seq(p);
+            if (n) {
+                fwrite(p, 1, (size_t)n, f);
+                p += n - 1;
+            } else {
+                fputs("\\ufffd", f);
+            }
+        }
     }
     fputc('"', f);
 }
@@ -1108,6 +1129,23 @@ static int cmd_copy(eval_env *e) {
             }
             if (!o->json) printf("\n");
         }
+        if (!o->json && !dense) { /* summary over the cells where dense attends the first copy */
+            double share = 0, drop = 0;
+            int cnt = 0, kept_n = 0;
+            for (int k = 0; k < nD * nL; k++) {
+                const copy_cell *c = &cells[(size_t)v * nD * nL + k];
+                const copy_cell *d = dense_var >= 0 ? &cells[(size_t)dense_var * nD * nL + k] : NULL;
+                if (d && d->mass < 2.0 * d->ctl) continue;
+                share += c->kept;
+                drop += c->score;
+                kept_n += c->kept >= 0.5;
+                cnt++;
+            }
+            if (cnt)
+                printf("\nover the %d cells%s: mean share kept %.3f, kept in %d; mean loss drop %.3f\n", cnt,
+                       dense_var >= 0 ? " where dense attends the first copy" : "", share / cnt, kept_n,
+                       drop / cnt);
+        }
     }
     if (o->json) printf("], \"seconds\": %.3f}\n", secs);
     else printf("\n%.1f s. Marks: after the loss drop, * where dense's drop is >= %.2f and the method's at least "
@@ -1116,10 +1154,14 @@ static int cmd_copy(eval_env *e) {
                 "attend (or did not run).\n", secs, o->min_score);
     if (o->svg_attn) {
         double *vals = xmalloc((size_t)n_var * nD * nL * sizeof(double));
-        for (size_t i = 0; i < (size_t)n_var * nD * nL; i++) vals[i] = cells[i].kept;
+        for (size_t i = 0; i < (size_t)n_var * nD * nL; i++) {
+            /* n/a where dense does not attend the first copy (less than twice the control's mass) */
+            const copy_cell *d = dense_var >= 0 ? &cells[(size_t)dense_var * nD * nL + i % ((size_t)nD * nL)] : NULL;
+            vals[i] = d && d->mass < 2.0 * d->ctl ? NAN : cells[i].kept;
+        }
         char sub[256];
-        snprintf(sub, sizeof sub, "%s; passage %lld tokens, %lld trials; density %.3g", o->model, (long long)P,
-                 (long long)o->trials, o->densities[0]);
+        snprintf(sub, sizeof sub, "%s; passage %lld tokens, %lld trials; density %.3g; n/a: dense does not attend "
+                 "the first copy", o->model, (long long)P, (long long)o->trials, o->densities[0]);
         const char *keep = o->svg;
         o->svg = o->svg_attn;
         write_heatmap(o, "Copy retrieval: share of the attention on the first copy that each method keeps", sub,
