@@ -304,6 +304,15 @@ dhsa_status dhsa__attn_tiled_run(dhsa_ctx *ctx, const dhsa_attn_desc *a,
     jb.v_direct = direct_rows(&a->v);
     jb.ws = ws;
     jb.ws_per_thread = layout(p, a, jb.k_direct, jb.v_direct).total * sizeof(float);
-    dhsa_parallel_for(ctx, p->B * p->Hkv * jb.n_tiles, tile_task, &jb);
+    int64_t n_tasks = p->B * p->Hkv * jb.n_tiles;
+    /* Small calls (decode of a tiny model) cost less than waking the pool:
+     * run their tasks here, in the same order, on thread 0's workspace.
+     * The tasks are independent, so the results are the same. */
+    double flops = 2.0 * (double)p->B * (double)p->Hq * (double)p->Lq * (double)p->Lk * (double)(p->d + p->dv);
+    if (flops < 1e6) {
+        for (int64_t t = 0; t < n_tasks; t++) tile_task(&jb, t, 0);
+        return DHSA_OK;
+    }
+    dhsa_parallel_for(ctx, n_tasks, tile_task, &jb);
     return DHSA_OK;
 }
