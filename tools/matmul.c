@@ -38,7 +38,8 @@ const char dhsa_cli_bench_matmul_usage[] =
     "            work moves both sides alike\n"
     "  W GB/s    (tok <= 8) weight bytes / time; read GB/s is a plain read of\n"
     "            the same weight buffer with the same threads right after each\n"
-    "            call, and %% read the median of the per-call ratios\n"
+    "            call, and %% read the median of the per-call ratios (not shown\n"
+    "            below 1 MiB, where the read mostly times waking the threads)\n"
     "Defaults: --type all, --n-in 4096, --n-out 4096, --tok 1, --runs 7,\n"
     "threads = online CPUs. Sizes accept K/M suffixes (--n-out 11008).\n";
 
@@ -326,10 +327,12 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
         printf("%-6s %6s %9s %10s %9s %7s %8s%s %11s\n", "type", "route", "W MiB", "median ms", "GFLOP/s", "% peak",
                "W GB/s", bw ? " read GB/s  % read" : "", "check");
         for (int ti = 0; ti < n_types; ti++) {
-            printf("%-6s %6s %9.1f %10.3f %9.1f %6.1f%% %8.2f", dhsa_ggml_type_name(types[ti]),
+            printf("%-6s %6s %9.1f %10.4f %9.1f %6.1f%% %8.2f", dhsa_ggml_type_name(types[ti]),
                    res[ti].fused ? "fused" : "panel", res[ti].mib, res[ti].ms,
                    res[ti].gflops, 100.0 * res[ti].peak_share, res[ti].wgbps);
-            if (bw) printf(" %9.2f %6.1f%%", res[ti].rdgbps, 100.0 * res[ti].rdshare);
+            /* below 1 MiB a plain read mostly times waking the threads */
+            if (bw && res[ti].mib >= 1.0) printf(" %9.2f %6.1f%%", res[ti].rdgbps, 100.0 * res[ti].rdshare);
+            else if (bw) printf(" %9s %7s", "-", "-");
             printf(" %6.3f tol\n", res[ti].check);
         }
         printf("fp32 FMA peak, %d thread%s: %.1f GFLOP/s at best in this run (%% peak: per call, against the peak "
