@@ -17,6 +17,11 @@ int dhsa_cli_parse_int(const char *opt, const char *s, int64_t min, int64_t max,
 int dhsa_cli_parse_real(const char *opt, const char *s, double min, double max, double *out, char *msg,
                         size_t msg_len);
 
+/* The whole of a file ("-" = stdin) in a malloc'd, NUL-terminated buffer
+ * (tools/cli_file.c); NULL with errno set when it cannot be opened or read
+ * (EFBIG above max_bytes, ENOMEM). *len excludes the NUL. */
+char *dhsa_cli_read_file(const char *path, int64_t max_bytes, int64_t *len);
+
 /* dhsa memprobe (tools/memprobe.c): peak memory of a command as n grows. */
 int dhsa_cli_memprobe(int argc, char **argv);
 extern const char dhsa_cli_memprobe_usage[]; /* for `dhsa help memprobe` */

@@ -120,22 +120,8 @@ static void *xmalloc(size_t n) {
 }
 
 static char *read_file(const char *path, int64_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) die(EXIT_RUN, "cannot open \"%s\": %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *buf = xmalloc(cap + 1);
-    for (;;) {
-        n += fread(buf + n, 1, cap - n, f);
-        if (n < cap) break;
-        cap *= 2;
-        char *nb = realloc(buf, cap + 1);
-        if (!nb) die(EXIT_RUN, "out of memory reading \"%s\"", path);
-        buf = nb;
-    }
-    if (ferror(f)) die(EXIT_RUN, "cannot read \"%s\"", path);
-    fclose(f);
-    buf[n] = 0;
-    *len = (int64_t)n;
+    char *buf = dhsa_cli_read_file(path, DHSA_TOKENIZER_MAX_TEXT, len);
+    if (!buf) die(EXIT_RUN, "cannot read \"%s\": %s", path, strerror(errno));
     return buf;
 }
 

@@ -94,20 +94,8 @@ static double now(void) {
 static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
 
 static char *read_file(const char *path, int64_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) die(EXIT_RUN, "cannot open \"%s\": %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (!buf) die(EXIT_RUN, "out of memory reading \"%s\"", path);
-        n += fread(buf + n, 1, cap - n, f);
-        if (n < cap) break;
-        cap *= 2;
-        buf = realloc(buf, cap);
-    }
-    if (ferror(f)) die(EXIT_RUN, "cannot read \"%s\"", path);
-    fclose(f);
-    *len = (int64_t)n;
+    char *buf = dhsa_cli_read_file(path, DHSA_TOKENIZER_MAX_TEXT, len);
+    if (!buf) die(EXIT_RUN, "cannot read \"%s\": %s", path, strerror(errno));
     return buf;
 }
 

@@ -58,36 +58,7 @@ static void usage_error(const char *fmt, ...) {
 /* All bytes of a file ("-" = stdin) into a malloc'd buffer; NULL with errno
  * on failure. */
 static char *read_file(const char *path, int64_t *len) {
-    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0) break;
-        if (n == cap) {
-            if ((int64_t)cap > DHSA_TOKENIZER_MAX_TEXT) break; /* the library refuses it, with a sentence */
-            char *b = realloc(buf, cap * 2);
-            if (!b) {
-                free(buf);
-                buf = NULL;
-                errno = ENOMEM;
-                break;
-            }
-            buf = b;
-            cap *= 2;
-        }
-    }
-    int bad = ferror(f);
-    if (f != stdin) fclose(f);
-    if (bad) {
-        free(buf);
-        errno = EIO;
-        return NULL;
-    }
-    *len = (int64_t)n;
-    return buf;
+    return dhsa_cli_read_file(path, DHSA_TOKENIZER_MAX_TEXT, len);
 }
 
 /* Length of the valid UTF-8 sequence at s[0..n), or 0. */
