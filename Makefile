@@ -61,7 +61,7 @@ $(BUILD)/progs/%: tests/progs/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -o $@ $< $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c tests/t.h $(BUILD)/libdhsa.a $(HDRS)
+$(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/libdhsa.a $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -o $@ $< $(BUILD)/libdhsa.a $(LDLIBS)
 

@@ -19,6 +19,7 @@
  */
 #include "dhsa.h"
 #include "t.h"
+#include "cli_run.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -473,33 +474,6 @@ static void test_sampler(void) {
 
 /* -------------------------------------------------------------- CLI --- */
 
-/* Runs `$DHSA_CLI args 2>&1` (or 2>/dev/null with quiet); exit status
- * (-1 abnormal) and the output in *out (caller frees). */
-static int cli_run(const char *args, int quiet, char **out) {
-    const char *cli = getenv("DHSA_CLI");
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "'%s' %s %s", cli, args, quiet ? "2>/dev/null" : "2>&1");
-    FILE *p = popen(cmd, "r");
-    size_t cap = 1 << 16, n = 0, got;
-    char *buf = malloc(cap);
-    *out = buf;
-    if (!p || !buf) {
-        if (p) pclose(p);
-        return -1;
-    }
-    while ((got = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-        n += got;
-        if (cap - n < 1024) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) break;
-            *out = buf = nb;
-            cap *= 2;
-        }
-    }
-    buf[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static void test_cli(void) {
     const char *cli = getenv("DHSA_CLI");
