@@ -306,6 +306,21 @@ typedef enum {
                               (costs a dense pass: evaluation only) */
 } dhsa_route_method;
 
+/* How DHSA scores a chunk c (n keys, per KV head) for a query block (its
+ * rows r and the group's query heads h; softmax scale s). */
+typedef enum {
+    DHSA_SCORE_POOLED = 0, /* q~ . k~: the block's queries summed, / sqrt(rows)
+                              and averaged over heads, against the chunk's
+                              keys summed / sqrt(n) (published) */
+    DHSA_SCORE_MOMENTS = 1 /* s q_mean . k_mean + s^2/2 (q*q)_mean . k_var, means
+                              over the block's rows and heads and the chunk's keys,
+                              k_var the keys' variance per dimension: the second-
+                              order (Gaussian) estimate of the rows' mean
+                              log(mean over the chunk's keys of exp(s q.k)), the
+                              attention weight per key that a key budget buys
+                              (default) */
+} dhsa_chunk_score;
+
 /* The learned boundary predictor (DHSA). Input: the keys of all KV heads
  * of one token concatenated (C = Hkv * d), over a window of 2w tokens
  * [t - w, t + w) around a candidate boundary t (a chunk would start at t;
@@ -459,6 +474,8 @@ typedef struct {
                               2048): short sequences run dense */
     int share_heads;       /* one routing for all heads (published) instead of
                               one per KV group (default 0) */
+    dhsa_chunk_score score_mode; /* DHSA chunk score (default MOMENTS; a zeroed
+                              struct gets POOLED) */
 } dhsa_router_params;
 
 dhsa_router_params dhsa_router_default_params(void);

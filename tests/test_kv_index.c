@@ -49,6 +49,7 @@
 #define TWO_PI 6.283185307179586476925286766559
 
 static dhsa_ctx *g_ctx; /* n_threads = 0 (online CPUs) */
+static dhsa_chunk_score g_score = DHSA_SCORE_MOMENTS; /* test_incremental's chunk score */
 
 /* ------------------------------------------------------------------------ */
 /* Deterministic inputs: splitmix64, Box-Muller normals */
@@ -470,12 +471,14 @@ static void report_rules(const rules *R, const char *label, int windowed) {
 static void test_incremental(int64_t L, int64_t Hq, int64_t Hkv, int64_t d, dhsa_boundary bd, double density,
                              int64_t budget, uint64_t seed) {
     char label[200];
-    snprintf(label, sizeof label, "incremental L=%lld Hq=%lld Hkv=%lld d=%lld %s density %g budget %lld",
+    snprintf(label, sizeof label, "incremental L=%lld Hq=%lld Hkv=%lld d=%lld %s density %g budget %lld%s",
              (long long)L, (long long)Hq, (long long)Hkv, (long long)d,
-             bd == DHSA_BOUNDARY_FIXED ? "fixed" : "similarity", density, (long long)budget);
+             bd == DHSA_BOUNDARY_FIXED ? "fixed" : "similarity", density, (long long)budget,
+             g_score == DHSA_SCORE_POOLED ? " pooled score" : "");
     work W;
     if (!work_synth(&W, L, Hq, Hkv, d, seed)) return;
     dhsa_router_params rp = dhsa_router_default_params();
+    rp.score_mode = g_score;
     rp.boundary = bd;
     rp.density = density;
     rp.budget_tokens = budget;
@@ -721,6 +724,99 @@ out:
     dhsa_kv_index_free(full);
     dhsa_kv_index_free(ix);
     work_free(&W);
+}
+
+/* The chunk score on a crafted copy-like case (include/dhsa.h
+ * dhsa_chunk_score). 16 FIXED chunks of 16 keys, d = 16, scale 1/4; the
+ * last query block (16 rows, 2 query heads) asks along e0 (q = 8 e0).
+ * Every chunk's keys are 1.0 e0 (q.k = 8, weight e^2), except chunk T,
+ * whose key T*16 + 7 is 6 e0 (q.k = 48, weight e^12) and whose other 15
+ * keys are -0.4 e0 plus +-1 in the other dimensions: its mean along e0 is
+ * 0, so the published pooled score ranks it below every other chunk, while
+ * it holds ~99% of the block's attention (computed here in double). The
+ * budget (32 keys, no sinks, no local span beyond the block's own 16 keys)
+ * buys one chunk. MOMENTS must pick T (its key variance along the query
+ * gives s^2/2 q^2 var = 4.8 against 2.0 for the others), POOLED must not;
+ * and for both scores the index routes every block exactly as dhsa_route
+ * does (same chunks, same selection). */
+static void test_score_crafted(void) {
+    const char *label = "crafted chunk score";
+    const int64_t L = 256, C = 16, d = 16, Hq = 2, T = 5, key = T * C + 7;
+    float *q = xcalloc((size_t)(Hq * L * d), sizeof(float)), *k = xcalloc((size_t)(L * d), sizeof(float));
+    float *v = xcalloc((size_t)(L * d), sizeof(float));
+    rng_t r = {99};
+    for (int64_t t = 0; t < L; t++) {
+        float *kt = k + t * d;
+        if (t / C != T) {
+            kt[0] = 1.0f;
+            for (int64_t x = 1; x < d; x++) kt[x] = (float)(0.01 * rng_normal(&r));
+        } else if (t == key) {
+            kt[0] = 6.0f;
+        } else {
+            kt[0] = -0.4f;
+            for (int64_t x = 1; x < d; x++) kt[x] = rng_u64(&r) & 1 ? 1.0f : -1.0f;
+        }
+        for (int64_t x = 0; x < d; x++) v[t * d + x] = (float)rng_normal(&r);
+    }
+    for (int64_t h = 0; h < Hq; h++)
+        for (int64_t t = L - C; t < L; t++) q[(h * L + t) * d] = 8.0f;
+    /* the true share of the last block's attention on chunk T */
+    double on_t = 0, all = 0;
+    for (int64_t t = L - C; t < L; t++) {
+        double m = 0, w_t = 0, w_all = 0;
+        for (int64_t j = 0; j <= t; j++) m = fmax(m, 0.25 * 8.0 * k[j * d]);
+        for (int64_t j = 0; j <= t; j++) {
+            double w = exp(0.25 * 8.0 * k[j * d] - m);
+            w_all += w;
+            if (j / C == T) w_t += w;
+        }
+        on_t += w_t / w_all;
+        all += 1;
+    }
+    T_CHECK(on_t / all > 0.95, "%s: chunk %lld holds only %.3f of the last block's attention: the case is wrong",
+            label, (long long)T, on_t / all);
+    dhsa_attn_desc a = dhsa_attn_default_desc();
+    a.q = dhsa_tensor_bhld(q, DHSA_F32, 1, Hq, L, d);
+    a.k = dhsa_tensor_bhld(k, DHSA_F32, 1, 1, L, d);
+    a.v = dhsa_tensor_bhld(v, DHSA_F32, 1, 1, L, d);
+    a.causal = 1;
+    for (int mode = 0; mode < 2; mode++) {
+        dhsa_router_params rp = dhsa_router_default_params();
+        rp.score_mode = mode ? DHSA_SCORE_MOMENTS : DHSA_SCORE_POOLED;
+        rp.boundary = DHSA_BOUNDARY_FIXED;
+        rp.chunk = C;
+        rp.q_block = C;
+        rp.budget_tokens = 2 * C;
+        rp.sink_tokens = 0;
+        rp.local_tokens = 0;
+        rp.dense_below = 0;
+        const char *name = mode ? "MOMENTS" : "POOLED";
+        dhsa_layout *lr = NULL, *li = NULL;
+        dhsa_kv_index *ix = ix_new(g_ctx, &rp, 1, d, L, label);
+        dhsa_status st = dhsa_route(g_ctx, &rp, &a, &lr);
+        T_CHECK(st == DHSA_OK, "%s (%s): dhsa_route: %s", label, name, dhsa_last_error());
+        if (ix && dhsa_kv_index_append(ix, &a.k) == DHSA_OK) {
+            st = dhsa_kv_index_route(g_ctx, ix, &a, &li);
+            T_CHECK(st == DHSA_OK, "%s (%s): kv_index_route: %s", label, name, dhsa_last_error());
+        }
+        if (lr && li) {
+            char what[120];
+            snprintf(what, sizeof what, "%s (%s): index vs dhsa_route", label, name);
+            int64_t nd = blocks_differ(li, 0, lr, 0, L / C, 1, what, 1);
+            T_CHECK(nd == 0, "%s: %lld blocks differ", what, (long long)nd);
+            int sel_r = dhsa_layout_selects(lr, 0, 0, L - 1, key), sel_i = dhsa_layout_selects(li, 0, 0, L - 1, key);
+            if (mode)
+                T_CHECK(sel_r == 1 && sel_i == 1, "%s: MOMENTS leaves out chunk %lld (route %d, index %d)", label,
+                        (long long)T, sel_r, sel_i);
+            else /* shows the MOMENTS check can fail: the published score misses it */
+                T_CHECK(sel_r == 0 && sel_i == 0, "%s: POOLED selects chunk %lld (route %d, index %d): the case "
+                        "does not separate the scores", label, (long long)T, sel_r, sel_i);
+        }
+        dhsa_layout_free(lr);
+        dhsa_layout_free(li);
+        dhsa_kv_index_free(ix);
+    }
+    free(q), free(k), free(v);
 }
 
 /* Keys stored as F16 and BF16, and batch-first (strided) views: the index
@@ -1863,6 +1959,11 @@ int main(void) {
     test_incremental(8192, 8, 2, 128, DHSA_BOUNDARY_SIMILARITY, 0.25, 0, 22);
     test_incremental(4096 + 37, 4, 4, 64, DHSA_BOUNDARY_FIXED, 0.0625, 700, 3);
     test_incremental(5000, 8, 1, 96, DHSA_BOUNDARY_SIMILARITY, 0.2, 0, 4);
+    g_score = DHSA_SCORE_POOLED; /* the published score keeps the same guarantees */
+    test_incremental(4096, 8, 2, 128, DHSA_BOUNDARY_SIMILARITY, 0.25, 0, 1);
+    test_incremental(4096 + 37, 4, 4, 64, DHSA_BOUNDARY_FIXED, 0.0625, 700, 3);
+    g_score = DHSA_SCORE_MOMENTS;
+    test_score_crafted();
     test_decode_vs_prefill(4096, 5, 0, 256);
     test_decode_vs_prefill(4096, 6, 1, 256);
     test_decode_vs_prefill(4096, 7, 0, 16);

@@ -16,7 +16,8 @@
  *     of DESIGN.md section 5 (sinks, the local diagonal, budget accounting,
  *     dense blocks, chunk boundaries); the FIXED (block-sparse) selection is
  *     re-derived in double from the design text (pooling sum / sqrt(n),
- *     scores q~ . k~, chunks in score order until the budget is met, with
+ *     scores q~ . k~; or the MOMENTS score from key means and variances;
+ *     chunks in score order until the budget is met, with
  *     docs/dhsa.md's pass-over rule for chunks that would overshoot by more
  *     than half) and must match range for range; SIMILARITY boundaries are
  *     checked on crafted sequences whose true boundaries are known;
@@ -1494,7 +1495,10 @@ static int layouts_equal(const dhsa_layout *x, const dhsa_layout *y) {
  * section 5 and docs/dhsa.md "Budget": chunks [c*chunk, ...); pooled key k~(g, c) = sum of the chunk's
  * keys / sqrt(len) (share_heads: also averaged over KV heads); pooled query
  * q~(g, qb) = sum of the block's rows / sqrt(rows), averaged over the query
- * heads of the group (share_heads: all heads); score = q~ . k~ ; keep the
+ * heads of the group (share_heads: all heads); score = q~ . k~ (MOMENTS,
+ * include/dhsa.h: s mean(q) . mean(k) + s^2/2 mean(q*q) . var(k), the
+ * variance about each head's own mean, both averaged over the KV heads
+ * when shared; s = 1/sqrt(d)); keep the
  * sinks and the local diagonal, then chunks overlapping the span in
  * descending score (ties: lower index) until the budget is met, a chunk
  * that adds no new key, or that would overshoot the budget by more than half
@@ -1507,23 +1511,34 @@ static int64_t fixed_selection_mismatches(const dhsa_layout *lay, const dhsa_rou
     const int64_t B = R->B, Hq = R->Hq, Hkv = R->Hkv, Lq = R->Lq, Lk = R->Lk, d = R->d, G = Hq / Hkv;
     const int64_t C = rp->chunk, nc = (Lk + C - 1) / C, qbk = rp->q_block, nqb = (Lq + qbk - 1) / qbk;
     const int64_t heads = rp->share_heads ? 1 : Hkv;
-    double *kp = xcalloc((size_t)(heads * nc * d), sizeof(double)), *qp = xcalloc((size_t)d, sizeof(double));
+    const int moments = rp->score_mode == DHSA_SCORE_MOMENTS;
+    const int64_t dk = moments ? 2 * d : d;
+    const double sc = 1.0 / sqrt((double)d);
+    double *kp = xcalloc((size_t)(heads * nc * dk), sizeof(double)), *qp = xcalloc((size_t)dk, sizeof(double));
     double *score = xcalloc((size_t)nc, sizeof(double));
     int64_t *idx = xcalloc((size_t)nc, sizeof(int64_t)), *want = xcalloc((size_t)(Lk + 2) * 2, sizeof(int64_t));
     uint8_t *cov = xcalloc((size_t)Lk + 1, 1);
     int64_t mism = 0;
     first[0] = 0;
     for (int64_t b = 0; b < B; b++) {
-        memset(kp, 0, (size_t)(heads * nc * d) * sizeof(double));
+        memset(kp, 0, (size_t)(heads * nc * dk) * sizeof(double));
         for (int64_t hg = 0; hg < heads; hg++)
             for (int64_t c = 0; c < nc; c++) {
                 int64_t s = c * C, e = s + C < Lk ? s + C : Lk;
                 int64_t h0 = rp->share_heads ? 0 : hg, h1 = rp->share_heads ? Hkv : hg + 1;
-                double *out = kp + (hg * nc + c) * d;
+                double *out = kp + (hg * nc + c) * dk, n = (double)(e - s), nh = (double)(h1 - h0);
                 for (int64_t h = h0; h < h1; h++)
-                    for (int64_t t = s; t < e; t++)
-                        for (int64_t x = 0; x < d; x++) out[x] += R->k[((b * Hkv + h) * Lk + t) * d + x];
-                for (int64_t x = 0; x < d; x++) out[x] /= sqrt((double)(e - s)) * (double)(h1 - h0);
+                    for (int64_t x = 0; x < d; x++) {
+                        double m = 0, v = 0;
+                        for (int64_t t = s; t < e; t++) m += R->k[((b * Hkv + h) * Lk + t) * d + x];
+                        out[x] += m / (moments ? n * nh : sqrt(n) * nh);
+                        if (!moments) continue;
+                        for (int64_t t = s; t < e; t++) {
+                            double u = R->k[((b * Hkv + h) * Lk + t) * d + x] - m / n;
+                            v += u * u;
+                        }
+                        out[d + x] += v / (n * nh);
+                    }
             }
         for (int64_t g = 0; g < Hkv; g++)
             for (int64_t qb = 0; qb < nqb; qb++) {
@@ -1538,18 +1553,24 @@ static int64_t fixed_selection_mismatches(const dhsa_layout *lay, const dhsa_rou
                     want[0] = alo, want[1] = ahi, n = 1;
                 } else {
                     int64_t h0 = rp->share_heads ? 0 : g * G, h1 = rp->share_heads ? Hq : (g + 1) * G;
-                    memset(qp, 0, (size_t)d * sizeof(double));
+                    memset(qp, 0, (size_t)dk * sizeof(double));
                     for (int64_t h = h0; h < h1; h++)
                         for (int64_t i = r0; i < r1; i++)
-                            for (int64_t x = 0; x < d; x++) qp[x] += R->q[((b * Hq + h) * Lq + i) * d + x];
-                    for (int64_t x = 0; x < d; x++) qp[x] /= sqrt((double)(r1 - r0)) * (double)(h1 - h0);
-                    const double *kg = kp + (rp->share_heads ? 0 : g) * nc * d;
+                            for (int64_t x = 0; x < d; x++) {
+                                double v = R->q[((b * Hq + h) * Lq + i) * d + x];
+                                qp[x] += v;
+                                if (moments) qp[d + x] += v * v;
+                            }
+                    double rows = (double)(r1 - r0), nh = (double)(h1 - h0);
+                    for (int64_t x = 0; x < d; x++) qp[x] *= moments ? sc / (rows * nh) : 1.0 / (sqrt(rows) * nh);
+                    for (int64_t x = d; x < dk; x++) qp[x] *= 0.5 * sc * sc / (rows * nh);
+                    const double *kg = kp + (rp->share_heads ? 0 : g) * nc * dk;
                     int64_t m = 0;
                     for (int64_t c = 0; c < nc; c++) {
                         int64_t s = c * C, e = s + C < Lk ? s + C : Lk;
                         if (e <= alo || s >= ahi) continue;
                         double dot = 0;
-                        for (int64_t x = 0; x < d; x++) dot += qp[x] * kg[c * d + x];
+                        for (int64_t x = 0; x < dk; x++) dot += qp[x] * kg[c * dk + x];
                         score[c] = dot * order;
                         idx[m++] = c;
                     }
@@ -1664,15 +1685,18 @@ static void test_route_properties(void) {
             {"synth L=4096 oracle/similarity budget 512", rparams(DHSA_ROUTE_ORACLE, DHSA_BOUNDARY_SIMILARITY, 512, 0)},
             {"synth L=4096 dhsa/similarity causal-boundaries budget 700",
              rparams(DHSA_ROUTE_DHSA, DHSA_BOUNDARY_SIMILARITY, 700, 0)},
+            {"synth L=4096 dhsa/fixed (block) budget 512, pooled score",
+             rparams(DHSA_ROUTE_DHSA, DHSA_BOUNDARY_FIXED, 512, 0)},
         };
         cs[0].rp.dense_below = 2048; /* the default: blocks seeing fewer keys run dense */
         cs[6].rp.causal_boundaries = 1;
         cs[6].rp.q_block = 128;
+        cs[7].rp.score_mode = DHSA_SCORE_POOLED;
         for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
             dhsa_layout *lay = route(g_ctx, &cs[c].rp, &S.a, cs[c].what);
             check_routed(cs[c].what, lay, &cs[c].rp, &S.a);
             if (cs[c].rp.boundary == DHSA_BOUNDARY_FIXED && cs[c].rp.method == DHSA_ROUTE_DHSA)
-                check_fixed_exact(cs[c].what, lay, &cs[c].rp, &S, c == 1);
+                check_fixed_exact(cs[c].what, lay, &cs[c].rp, &S, c == 1 || c == 7);
             dhsa_layout_free(lay);
         }
         /* the density test has blocks held to it: check the counts */
@@ -2307,6 +2331,7 @@ static void test_route_params(void) {
     BAD("density NaN with budget 0", (p_->budget_tokens = 0, p_->density = NAN), DHSA_ERR_INVALID_ARG);
     BAD("budget -1", p_->budget_tokens = -1, DHSA_ERR_INVALID_ARG);
     BAD("sink_tokens -1", p_->sink_tokens = -1, DHSA_ERR_INVALID_ARG);
+    BAD("score_mode 7", p_->score_mode = (dhsa_chunk_score)7, DHSA_ERR_INVALID_ARG);
     BAD("local_tokens -1", p_->local_tokens = -1, DHSA_ERR_INVALID_ARG);
     BAD("dense_below -1", p_->dense_below = -1, DHSA_ERR_INVALID_ARG);
     BAD("method 7", p_->method = (dhsa_route_method)7, DHSA_ERR_INVALID_ARG);

@@ -1,8 +1,9 @@
 /* kv_index.c: DHSA at decode time (DESIGN.md section 6). An index beside
  * one sequence's KV cache: appending keys scores boundaries in the causal
  * form, decides them online with a fixed delay of nms_window keys, and keeps
- * each closed chunk's pooled key; routing a query block costs O(chunks x d)
- * per KV head and reads no keys. Contract in include/dhsa.h.
+ * each closed chunk's pooled key (POOLED: sum / sqrt(n); MOMENTS: the mean
+ * and the per-dimension variance of its keys); routing a query block costs
+ * O(chunks x d) per KV head and reads no keys. Contract in include/dhsa.h.
  *
  * The online decision for a candidate at t is made when key t + nms_window
  * arrives and uses only scores up to then, so the boundaries do not depend
@@ -28,11 +29,15 @@ struct dhsa_kv_index {
     int64_t n_chunks;
     int64_t *starts;  /* [max_chunks + 1] */
     int64_t *decided; /* [max_chunks] */
-    float *pooled;    /* [max_chunks][Hkv][d]: sum / sqrt(n) */
-    /* the open tail: sum of its keys per head (double), and the recent keys
-     * kept for the similarity window and the delayed split */
+    float *pooled;    /* [max_chunks][Hkv][d]: sum / sqrt(n); MOMENTS: sum / n */
+    float *spread;    /* [max_chunks][Hkv][d]: MOMENTS: variance of the keys
+                         per dimension (NULL otherwise) */
+    /* the open tail: sum (and MOMENTS: sum of squares) of its keys per head
+     * (double), and the recent keys kept for the similarity window and the
+     * delayed split */
     double *tail_sum; /* [Hkv][d] */
     double *later;    /* [Hkv][d] scratch of close_chunk */
+    double *tail_sq, *later_sq; /* [Hkv][d] each, MOMENTS (NULL otherwise) */
     int64_t ring_len; /* keys kept: max(sim_window, nms_window) + 1 */
     float *ring;      /* [ring_len][Hkv][d], key t at t % ring_len */
     float *score;     /* [2 * nms_window + 1] ring of scores, t at t % size */
@@ -71,6 +76,8 @@ static dhsa_status index_sizes(const dhsa_router_params *rp, int64_t Hkv, int64_
     size_t hd = (size_t)Hkv * (size_t)d;
     z->bytes = (size_t)(z->max_chunks + 1) * 8 + (size_t)z->max_chunks * 8 + (size_t)z->max_chunks * hd * 4 +
                hd * 8 + (size_t)z->ring_len * hd * 4 + (size_t)z->score_size * 4 + hd * 8 + 64 * 7;
+    if (rp->score_mode == DHSA_SCORE_MOMENTS) /* spread, tail_sq, later_sq */
+        z->bytes += (size_t)z->max_chunks * hd * 4 + 2 * hd * 8;
     return DHSA_OK;
 }
 
@@ -115,8 +122,12 @@ dhsa_status dhsa_kv_index_create(dhsa_ctx *ctx, const dhsa_router_params *rp, in
     ix->decided = ix->starts + ix->max_chunks + 1;
     ix->tail_sum = (double *)(ix->decided + ix->max_chunks);
     ix->later = ix->tail_sum + hd;
-    ix->pooled = (float *)(ix->later + hd);
-    ix->ring = ix->pooled + (size_t)ix->max_chunks * hd;
+    int moments = rp->score_mode == DHSA_SCORE_MOMENTS;
+    ix->tail_sq = moments ? ix->later + hd : NULL;
+    ix->later_sq = moments ? ix->later + 2 * hd : NULL;
+    ix->pooled = (float *)(ix->later + (moments ? 3 : 1) * hd);
+    ix->spread = moments ? ix->pooled + (size_t)ix->max_chunks * hd : NULL;
+    ix->ring = ix->pooled + (size_t)(moments ? 2 : 1) * (size_t)ix->max_chunks * hd;
     ix->score = ix->ring + (size_t)ix->ring_len * hd;
     *out = ix;
     return DHSA_OK;
@@ -144,16 +155,30 @@ static dhsa_status close_chunk(dhsa_kv_index *ix, int64_t t, int64_t now) {
     const int64_t Hkv = ix->Hkv, d = ix->d, c = ix->n_chunks;
     int64_t start = ix->starts[c], n = t - start;
     float *out = ix->pooled + c * Hkv * d;
-    double *later = ix->later;
+    double *later = ix->later, *later_sq = ix->later_sq;
     memset(later, 0, (size_t)(Hkv * d) * sizeof(double));
+    if (later_sq) memset(later_sq, 0, (size_t)(Hkv * d) * sizeof(double));
     for (int64_t u = t; u <= now; u++) {
         const float *k = ring_key(ix, u);
         for (int64_t x = 0; x < Hkv * d; x++) later[x] += k[x];
+        if (later_sq)
+            for (int64_t x = 0; x < Hkv * d; x++) later_sq[x] += (double)k[x] * k[x];
     }
-    double norm = 1.0 / sqrt((double)n);
-    for (int64_t x = 0; x < Hkv * d; x++) {
-        out[x] = (float)((ix->tail_sum[x] - later[x]) * norm);
-        ix->tail_sum[x] = later[x];
+    if (ix->spread) { /* MOMENTS: mean and variance (sums in double) */
+        float *var = ix->spread + c * Hkv * d;
+        for (int64_t x = 0; x < Hkv * d; x++) {
+            double m = (ix->tail_sum[x] - later[x]) / (double)n, v = (ix->tail_sq[x] - later_sq[x]) / (double)n - m * m;
+            out[x] = (float)m;
+            var[x] = (float)(v > 0.0 ? v : 0.0);
+            ix->tail_sum[x] = later[x];
+            ix->tail_sq[x] = later_sq[x];
+        }
+    } else {
+        double norm = 1.0 / sqrt((double)n);
+        for (int64_t x = 0; x < Hkv * d; x++) {
+            out[x] = (float)((ix->tail_sum[x] - later[x]) * norm);
+            ix->tail_sum[x] = later[x];
+        }
     }
     ix->decided[c] = now;
     ix->n_chunks = c + 1;
@@ -239,6 +264,7 @@ dhsa_status dhsa_kv_index_append(dhsa_kv_index *ix, const dhsa_tensor *k) {
                 float v = dhsa__load(row, k->type, x * k->stride[3]);
                 slot[g * ix->d + x] = v;
                 ix->tail_sum[g * ix->d + x] += v;
+                if (ix->tail_sq) ix->tail_sq[g * ix->d + x] += (double)v * v;
             }
         }
         ix->len = t + 1;
@@ -281,7 +307,8 @@ dhsa_status dhsa_kv_index_route(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dh
     lay->causal = 1;
     lay->window = a->window;
     const int64_t d = p.d, nc = ix->n_chunks, n_qb = (p.Lq + rp->q_block - 1) / rp->q_block;
-    float *qp = malloc((size_t)d * sizeof(float));
+    const int moments = rp->score_mode == DHSA_SCORE_MOMENTS;
+    float *qp = malloc((size_t)(2 * d) * sizeof(float));
     float *sc = malloc((size_t)(nc + 1) * sizeof(float));
     int64_t *order = malloc((size_t)(nc + 1) * sizeof(int64_t));
     int64_t *rg = malloc((size_t)(max_ranges + 8) * 2 * sizeof(int64_t));
@@ -302,27 +329,44 @@ dhsa_status dhsa_kv_index_route(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dh
             /* chunks this block may know: closed at or before its last position */
             int64_t visible = nc;
             while (visible > 0 && ix->decided[visible - 1] > last) visible--;
-            /* pooled query of the block */
-            for (int64_t x = 0; x < d; x++) qp[x] = 0.0f;
+            /* pooled query of the block: POOLED, the rows' sum / sqrt(rows)
+             * averaged over heads; MOMENTS, qp[x] = scale x the mean row and
+             * qp[d + x] = scale^2 / 2 x the mean of the rows' squares (as in
+             * route.c) */
+            for (int64_t x = 0; x < 2 * d; x++) qp[x] = 0.0f;
             for (int64_t h = h0; h < h1; h++)
                 for (int64_t r = r0; r < r1; r++) {
                     const void *q = dhsa__at(&a->q, 0, h, r);
-                    for (int64_t x = 0; x < d; x++) qp[x] += dhsa__load(q, a->q.type, x * a->q.stride[3]);
+                    for (int64_t x = 0; x < d; x++) {
+                        float v = dhsa__load(q, a->q.type, x * a->q.stride[3]);
+                        qp[x] += v;
+                        qp[d + x] += v * v;
+                    }
                 }
-            float norm = (float)(1.0 / (sqrt((double)(r1 - r0)) * (double)(h1 - h0)));
+            double rows = (double)(r1 - r0), hq = (double)(h1 - h0);
+            float norm = (float)(1.0 / (sqrt(rows) * hq)); /* POOLED: applied to the score */
+            if (moments) {
+                float n1 = (float)(p.scale / (rows * hq)), n2 = (float)(0.5 * p.scale * p.scale / (rows * hq));
+                for (int64_t x = 0; x < d; x++) {
+                    qp[x] *= n1;
+                    qp[d + x] *= n2;
+                }
+            }
+            /* score = mean over the KV heads routed together of qp . pooled
+             * (MOMENTS: + qp[d..] . spread) */
+            int64_t k0 = rp->share_heads ? 0 : g, k1 = rp->share_heads ? p.Hkv : g + 1;
             for (int64_t c = 0; c < visible; c++) {
                 double s = 0;
-                if (rp->share_heads) {
-                    for (int64_t gg = 0; gg < p.Hkv; gg++) {
-                        const float *kp = ix->pooled + (c * p.Hkv + gg) * d;
-                        for (int64_t x = 0; x < d; x++) s += (double)qp[x] * kp[x];
-                    }
-                    s /= (double)p.Hkv;
-                } else {
-                    const float *kp = ix->pooled + (c * p.Hkv + g) * d;
+                for (int64_t gg = k0; gg < k1; gg++) {
+                    const float *kp = ix->pooled + (c * p.Hkv + gg) * d;
                     for (int64_t x = 0; x < d; x++) s += (double)qp[x] * kp[x];
+                    if (moments) {
+                        const float *kv = ix->spread + (c * p.Hkv + gg) * d;
+                        for (int64_t x = 0; x < d; x++) s += (double)qp[d + x] * kv[x];
+                    }
                 }
-                sc[c] = (float)(s * norm);
+                s /= (double)(k1 - k0);
+                sc[c] = (float)(moments ? s : s * norm);
             }
             int64_t alo, ahi;
             dhsa__block_span(a, p.Lk, r0, r1, &alo, &ahi);

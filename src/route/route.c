@@ -3,11 +3,14 @@
  *
  * Per batch: (1) key chunk boundaries, shared by all KV heads (FIXED, or
  * SIMILARITY from the change of the mean key across a candidate, then NMS,
- * min_chunk, max_chunk); (2) length-normalised pooling, sum / sqrt(n), of
- * each chunk's keys per KV head and of each query block's queries (rows of
- * the block, averaged over the query heads of the group); (3) chunk scores
- * S[qb, c] = q~ . k~ with the tiled attention's own qk micro-kernel, 64 query
- * blocks at a time; (4) per block a token budget filled by sinks, the local
+ * min_chunk, max_chunk); (2) pooling of each chunk's keys per KV head and
+ * of each query block's queries (rows of the block, averaged over the query
+ * heads of the group): POOLED, sum / sqrt(n); MOMENTS (default), the key
+ * mean and per-dimension variance against the scaled mean query and half
+ * the squared scale times the mean squared query (rp->score_mode,
+ * include/dhsa.h); (3) chunk scores S[qb, c] = q~ . k~ with the tiled
+ * attention's own qk micro-kernel (width d or 2d), 64 query blocks at a
+ * time; (4) per block a token budget filled by sinks, the local
  * diagonal, then chunks in score order, never overwriting anything already
  * selected, merged into sorted disjoint ranges.
  *
@@ -47,6 +50,7 @@ dhsa_router_params dhsa_router_default_params(void) {
     r.sink_tokens = 64;
     r.local_tokens = 256;
     r.dense_below = 2048;
+    r.score_mode = DHSA_SCORE_MOMENTS;
     return r;
 }
 
@@ -76,6 +80,7 @@ typedef struct {
     int64_t max_chunks;  /* chunks per batch, at most */
     int64_t max_ranges;  /* per block */
     int64_t min_len;     /* shortest chunk boundaries can make */
+    int64_t dk;          /* floats per pooled key: d (POOLED) or 2d (MOMENTS) */
 } plan;
 
 dhsa_status dhsa__route_check_params(const dhsa_router_params *rp) {
@@ -89,6 +94,8 @@ dhsa_status dhsa__route_check_params(const dhsa_router_params *rp) {
     if (rp->boundary != DHSA_BOUNDARY_FIXED && rp->boundary != DHSA_BOUNDARY_SIMILARITY &&
         rp->boundary != DHSA_BOUNDARY_LEARNED)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "unknown boundary method %d", (int)rp->boundary);
+    if (rp->score_mode != DHSA_SCORE_POOLED && rp->score_mode != DHSA_SCORE_MOMENTS)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "unknown chunk score %d", (int)rp->score_mode);
     if (rp->q_block < 1 || rp->q_block > (1 << 20))
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "q_block = %lld: use 1..2^20", (long long)rp->q_block);
     if (rp->chunk < 1 || rp->min_chunk < 1 || rp->max_chunk < rp->min_chunk || rp->sim_window < 1 ||
@@ -124,13 +131,14 @@ static dhsa_status check(const dhsa_router_params *rp, const dhsa_attn_desc *a, 
     const dhsa__attn_problem *p = &pl->p;
     if (p->Lq < 1) return dhsa__fail(DHSA_ERR_SHAPE, "dhsa_route needs at least one query row");
     pl->n_qb = (p->Lq + rp->q_block - 1) / rp->q_block;
+    pl->dk = rp->score_mode == DHSA_SCORE_MOMENTS ? 2 * p->d : p->d;
     dhsa__route_limits(rp, p->Lk, &pl->min_len, &pl->max_chunks, &pl->max_ranges);
     return DHSA_OK;
 }
 
 /* Workspace, in bytes, laid out by carve(). */
 typedef struct {
-    size_t scores, starts, kp, per_thread, total;
+    size_t scores, starts, kp, pool, per_thread, total;
 } ws_plan;
 
 static ws_plan workspace(const dhsa_ctx *ctx, const plan *pl) {
@@ -140,10 +148,10 @@ static ws_plan workspace(const dhsa_ctx *ctx, const plan *pl) {
     size_t nc = (size_t)pl->max_chunks;
     w.scores = dhsa__align_up((size_t)p->Lk * sizeof(float) + 64, 64);
     w.starts = dhsa__align_up((nc + 1) * sizeof(int64_t), 64);
-    w.kp = dhsa__align_up((size_t)p->Hkv * nc * (size_t)p->d * sizeof(float), 64);
-    /* per thread: Qt [d][64], S [nc][64], candidate order [nc], ranges,
+    w.kp = dhsa__align_up((size_t)p->Hkv * nc * (size_t)pl->dk * sizeof(float), 64);
+    /* per thread: Qt [dk][64], S [nc][64], candidate order [nc], ranges,
      * oracle column LSE [64] and per-chunk mass [nc] doubles */
-    w.per_thread = dhsa__align_up((size_t)p->d * GROUP * sizeof(float), 64) +
+    w.per_thread = dhsa__align_up((size_t)(pl->dk > p->d ? pl->dk : p->d) * GROUP * sizeof(float), 64) +
                    dhsa__align_up(nc * GROUP * sizeof(float), 64) +
                    dhsa__align_up(nc * sizeof(int64_t), 64) +
                    dhsa__align_up((size_t)(pl->max_ranges + 8) * 2 * sizeof(int64_t), 64) +
@@ -151,7 +159,8 @@ static ws_plan workspace(const dhsa_ctx *ctx, const plan *pl) {
                    dhsa__align_up(nc * sizeof(double), 64) +
                    dhsa__align_up((size_t)DHSA_BC * GROUP * sizeof(float), 64) +
                    dhsa__align_up((size_t)DHSA_BC * (size_t)p->d * sizeof(float), 64);
-    w.total = w.scores + w.starts + w.kp + nt * w.per_thread;
+    w.pool = dhsa__align_up((size_t)p->Hkv * 2 * (size_t)p->d * sizeof(double), 64);
+    w.total = w.scores + w.starts + w.kp + w.pool + nt * w.per_thread;
     return w;
 }
 
@@ -324,26 +333,55 @@ typedef struct {
     const plan *pl;
     int64_t b, nc;
     const int64_t *starts;
-    float *kp; /* [Hkv or 1][nc][d] */
+    float *kp;       /* [Hkv or 1][nc][dk] */
+    double *scratch; /* [Hkv][2d] (MOMENTS) */
 } pool_job;
 
 /* kp[g][c] = sum of the chunk's keys / sqrt(len) (KV head g, or the mean
- * over KV heads when heads are shared). */
+ * over KV heads when heads are shared); MOMENTS: kp[g][c] = [mean key (d),
+ * per-dimension variance of the keys about that mean (d)], both averaged
+ * over KV heads when shared, so that a shared score is the mean of the
+ * per-head scores. The variance is a second pass over the keys in double
+ * (no cancellation), with scratch[g] [2d] doubles. */
 static void pool_keys_task(void *arg, int64_t g, int thread) {
     (void)thread;
     const pool_job *j = arg;
     const dhsa__attn_problem *p = &j->pl->p;
-    const int64_t d = p->d;
+    const dhsa_tensor *K = &j->a->k;
+    const int64_t d = p->d, dk = j->pl->dk;
     int shared = j->rp->share_heads;
     int64_t h0 = shared ? 0 : g, h1 = shared ? p->Hkv : g + 1;
     for (int64_t c = 0; c < j->nc; c++) {
-        float *out = j->kp + (g * j->nc + c) * d;
+        float *out = j->kp + (g * j->nc + c) * dk;
         int64_t s = j->starts[c], e = j->starts[c + 1];
-        for (int64_t x = 0; x < d; x++) out[x] = 0.0f;
+        for (int64_t x = 0; x < dk; x++) out[x] = 0.0f;
+        if (j->rp->score_mode == DHSA_SCORE_MOMENTS) {
+            double *m = j->scratch + g * 2 * d, *v = m + d, len = (double)(e - s), heads = (double)(h1 - h0);
+            for (int64_t h = h0; h < h1; h++) {
+                for (int64_t x = 0; x < 2 * d; x++) m[x] = 0.0;
+                for (int64_t t = s; t < e; t++) {
+                    const void *k = dhsa__at(K, j->b, h, t);
+                    for (int64_t x = 0; x < d; x++) m[x] += dhsa__load(k, K->type, x * K->stride[3]);
+                }
+                for (int64_t x = 0; x < d; x++) m[x] /= len;
+                for (int64_t t = s; t < e; t++) {
+                    const void *k = dhsa__at(K, j->b, h, t);
+                    for (int64_t x = 0; x < d; x++) {
+                        double u = dhsa__load(k, K->type, x * K->stride[3]) - m[x];
+                        v[x] += u * u;
+                    }
+                }
+                for (int64_t x = 0; x < d; x++) {
+                    out[x] += (float)(m[x] / heads);
+                    out[d + x] += (float)(v[x] / (len * heads));
+                }
+            }
+            continue;
+        }
         for (int64_t h = h0; h < h1; h++)
             for (int64_t t = s; t < e; t++) {
-                const void *k = dhsa__at(&j->a->k, j->b, h, t);
-                for (int64_t x = 0; x < d; x++) out[x] += dhsa__load(k, j->a->k.type, x * j->a->k.stride[3]);
+                const void *k = dhsa__at(K, j->b, h, t);
+                for (int64_t x = 0; x < d; x++) out[x] += dhsa__load(k, K->type, x * K->stride[3]);
             }
         float norm = (float)(1.0 / (sqrt((double)(e - s)) * (double)(h1 - h0)));
         for (int64_t x = 0; x < d; x++) out[x] *= norm;
@@ -459,7 +497,7 @@ static thread_bufs bufs_of(const sel_job *j, int thread) {
     char *w = j->ws + (size_t)thread * j->ws_per_thread;
     thread_bufs t;
     t.qt = (float *)w;
-    w += dhsa__align_up((size_t)pl->p.d * GROUP * sizeof(float), 64);
+    w += dhsa__align_up((size_t)(pl->dk > pl->p.d ? pl->dk : pl->p.d) * GROUP * sizeof(float), 64);
     t.S = (float *)w;
     w += dhsa__align_up(nc * GROUP * sizeof(float), 64);
     t.order = (int64_t *)w;
@@ -682,24 +720,35 @@ static void select_task(void *arg, int64_t task, int thread) {
     thread_bufs t = bufs_of(j, thread);
 
     if (rp->method == DHSA_ROUTE_DHSA && p->Lk >= rp->dense_below) {
-        /* pooled queries, transposed: qt[x][i] for block qb0 + i */
+        /* pooled queries, transposed: qt[x][i] for block qb0 + i. POOLED:
+         * the rows' sum / sqrt(rows), averaged over heads; MOMENTS: x < d
+         * the scaled mean row, d + x half the squared scale times the mean
+         * of the rows' squares, to meet [mean key, key variance] */
+        const int64_t dk = j->pl->dk;
+        const int moments = rp->score_mode == DHSA_SCORE_MOMENTS;
         int64_t h0 = rp->share_heads ? 0 : g * p->G, h1 = rp->share_heads ? p->Hq : (g + 1) * p->G;
         for (int64_t i = 0; i < GROUP; i++) {
             int64_t qb = qb0 + i;
-            for (int64_t x = 0; x < d; x++) t.qt[x * GROUP + i] = 0.0f;
+            for (int64_t x = 0; x < dk; x++) t.qt[x * GROUP + i] = 0.0f;
             if (qb >= qb1) continue;
             int64_t r0 = qb * rp->q_block, r1 = r0 + rp->q_block < p->Lq ? r0 + rp->q_block : p->Lq;
             for (int64_t h = h0; h < h1; h++)
                 for (int64_t r = r0; r < r1; r++) {
                     const void *q = dhsa__at(&j->a->q, j->b, h, r);
-                    for (int64_t x = 0; x < d; x++)
-                        t.qt[x * GROUP + i] += dhsa__load(q, j->a->q.type, x * j->a->q.stride[3]);
+                    for (int64_t x = 0; x < d; x++) {
+                        float v = dhsa__load(q, j->a->q.type, x * j->a->q.stride[3]);
+                        t.qt[x * GROUP + i] += v;
+                        if (moments) t.qt[(d + x) * GROUP + i] += v * v;
+                    }
                 }
-            float norm = (float)(1.0 / (sqrt((double)(r1 - r0)) * (double)(h1 - h0)));
+            double rows = (double)(r1 - r0), heads = (double)(h1 - h0), sc = p->scale;
+            float norm = (float)(moments ? sc / (rows * heads) : 1.0 / (sqrt(rows) * heads));
+            float norm2 = (float)(0.5 * sc * sc / (rows * heads));
             for (int64_t x = 0; x < d; x++) t.qt[x * GROUP + i] *= norm;
+            for (int64_t x = d; x < dk; x++) t.qt[x * GROUP + i] *= norm2;
         }
         /* S[c][i] = k~(c) . q~(qb0 + i) */
-        j->kern->qk(j->kp + (rp->share_heads ? 0 : g) * j->nc * d, d, (int)j->nc, (int)d, t.qt, GROUP, t.S);
+        j->kern->qk(j->kp + (rp->share_heads ? 0 : g) * j->nc * dk, dk, (int)j->nc, (int)dk, t.qt, GROUP, t.S);
     }
     for (int64_t qb = qb0; qb < qb1; qb++) {
         float *col = t.S + (qb - qb0);
@@ -754,7 +803,7 @@ dhsa_status dhsa_route(dhsa_ctx *ctx, const dhsa_router_params *rp, const dhsa_a
         }
         int64_t heads = rp->share_heads ? 1 : pl.p.Hkv;
         if (rp->method == DHSA_ROUTE_DHSA && pl.p.Lk >= rp->dense_below) {
-            pool_job pj = {rp, a, &pl, b, nc, starts, kp};
+            pool_job pj = {rp, a, &pl, b, nc, starts, kp, (double *)(ws + wp.scores + wp.starts + wp.kp)};
             dhsa_parallel_for(ctx, heads, pool_keys_task, &pj);
         }
         memset(sj, 0, sizeof *sj);
@@ -767,7 +816,7 @@ dhsa_status dhsa_route(dhsa_ctx *ctx, const dhsa_router_params *rp, const dhsa_a
         sj->nc = nc;
         sj->starts = starts;
         sj->kp = kp;
-        sj->ws = ws + wp.scores + wp.starts + wp.kp;
+        sj->ws = ws + wp.scores + wp.starts + wp.kp + wp.pool;
         sj->ws_per_thread = wp.per_thread;
         sj->n_groups = (pl.n_qb + GROUP - 1) / GROUP;
         dhsa_parallel_for(ctx, heads * sj->n_groups, select_task, sj);
