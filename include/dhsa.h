@@ -299,7 +299,8 @@ typedef enum {
 } dhsa_boundary;
 
 typedef enum {
-    DHSA_ROUTE_DHSA = 0,   /* chunks scored by pooled q.k, budget filled by score;
+    DHSA_ROUTE_DHSA = 0,   /* chunks scored against the query block (score_mode),
+                              budget filled by score;
                               with FIXED boundaries this is the block-sparse baseline */
     DHSA_ROUTE_STREAM = 1, /* sinks + the most recent keys (StreamingLLM) */
     DHSA_ROUTE_ORACLE = 2  /* chunks ranked by their true attention mass
@@ -514,8 +515,8 @@ dhsa_status dhsa_route_boundaries(dhsa_ctx *ctx, const dhsa_router_params *rp, c
  * far, and be min_chunk (and at most max_chunk) after the previous
  * boundary; a chunk that grows past max_chunk is cut at max_chunk once the
  * candidates inside it are judged, nms_window keys later), and keeps each
- * closed chunk's pooled key
- * (sum / sqrt(n)) per KV head. Routing a query block then costs
+ * closed chunk's summary per KV head (its pooled key sum / sqrt(n), and
+ * with DHSA_SCORE_MOMENTS the keys' variance per dimension). Routing a query block then costs
  * O(chunks x d) per KV head, not O(L d). A chunk is a candidate for a query
  * block only once it was closed at or before the block's last position, so
  * routing after every ubatch and routing the whole prefill at once give the
