@@ -574,16 +574,26 @@ dhsa_status dhsa_plot_write(const dhsa_plot *p, FILE *f) {
     return DHSA_OK;
 }
 
-dhsa_status dhsa_plot_save(const dhsa_plot *p, const char *path) {
+/* Opens path, runs write(obj, f), closes; the error names the path. The
+ * three figure kinds save through it. */
+typedef dhsa_status (*svg_writer)(const void *obj, FILE *f);
+
+static dhsa_status save_svg(const char *path, svg_writer write, const void *obj) {
     FILE *f = fopen(path, "w");
     if (!f) return dhsa__fail(DHSA_ERR_IO, "cannot write \"%s\": %s", path, strerror(errno));
-    dhsa_status st = dhsa_plot_write(p, f);
+    dhsa_status st = write(obj, f);
     if (fclose(f) != 0 && st == DHSA_OK)
         st = dhsa__fail(DHSA_ERR_IO, "writing \"%s\" failed: %s", path, strerror(errno));
     else if (st != DHSA_OK)
         dhsa__fail(st, "writing \"%s\" failed", path);
     return st;
 }
+
+static dhsa_status write_plot(const void *o, FILE *f) { return dhsa_plot_write(o, f); }
+static dhsa_status write_picture(const void *o, FILE *f) { return dhsa_layout_picture_write(o, f); }
+static dhsa_status write_heatmap(const void *o, FILE *f) { return dhsa_heatmap_write(o, f); }
+
+dhsa_status dhsa_plot_save(const dhsa_plot *p, const char *path) { return save_svg(path, write_plot, p); }
 
 /* ---------------------------------------------------- layout pictures --- */
 /* Contract in svg.h. Rows are kept sorted by (q0, q1) as they are added (a
@@ -1099,16 +1109,7 @@ dhsa_status dhsa_layout_picture_write(const dhsa_layout_picture *p, FILE *f) {
     return DHSA_OK;
 }
 
-dhsa_status dhsa_layout_picture_save(const dhsa_layout_picture *p, const char *path) {
-    FILE *f = fopen(path, "w");
-    if (!f) return dhsa__fail(DHSA_ERR_IO, "cannot write \"%s\": %s", path, strerror(errno));
-    dhsa_status st = dhsa_layout_picture_write(p, f);
-    if (fclose(f) != 0 && st == DHSA_OK)
-        st = dhsa__fail(DHSA_ERR_IO, "writing \"%s\" failed: %s", path, strerror(errno));
-    else if (st != DHSA_OK)
-        dhsa__fail(st, "writing \"%s\" failed", path);
-    return st;
-}
+dhsa_status dhsa_layout_picture_save(const dhsa_layout_picture *p, const char *path) { return save_svg(path, write_picture, p); }
 
 /* ------------------------------------------------------------ heat maps --- */
 
@@ -1388,13 +1389,4 @@ dhsa_status dhsa_heatmap_write(const dhsa_heatmap *h, FILE *f) {
     return DHSA_OK;
 }
 
-dhsa_status dhsa_heatmap_save(const dhsa_heatmap *h, const char *path) {
-    FILE *f = fopen(path, "w");
-    if (!f) return dhsa__fail(DHSA_ERR_IO, "cannot write \"%s\": %s", path, strerror(errno));
-    dhsa_status st = dhsa_heatmap_write(h, f);
-    if (fclose(f) != 0 && st == DHSA_OK)
-        st = dhsa__fail(DHSA_ERR_IO, "writing \"%s\" failed: %s", path, strerror(errno));
-    else if (st != DHSA_OK)
-        dhsa__fail(st, "writing \"%s\" failed", path);
-    return st;
-}
+dhsa_status dhsa_heatmap_save(const dhsa_heatmap *h, const char *path) { return save_svg(path, write_heatmap, h); }
