@@ -57,9 +57,9 @@ $(BUILD)/libdhsa.so: $(OBJS)
 $(BUILD)/dhsa: $(TOOLS_SRCS) $(BUILD)/libdhsa.a $(HDRS)
 	$(CC) $(CFLAGS_BASE) -o $@ $(TOOLS_SRCS) $(BUILD)/libdhsa.a $(LDLIBS)
 
-$(BUILD)/progs/%: tests/progs/%.c
+$(BUILD)/progs/%: tests/progs/%.c $(BUILD)/libdhsa.a $(HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) -o $@ $< $(LDLIBS)
+	$(CC) $(CFLAGS_BASE) -o $@ $< $(BUILD)/libdhsa.a $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/libdhsa.a $(HDRS)
 	@mkdir -p $(dir $@)

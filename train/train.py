@@ -1,0 +1,243 @@
+"""Trains the default model (models/dhsa-retrieval-8m) on two CPU cores.
+
+Data: each sequence is one task (passkey, multikey, multivalue, or a text
+with a repeated passage) over training filler with training keys, built as
+text and tokenized whole, starting with BOS; a task's answer is followed by
+EOS. Loss: mean cross-entropy over all text tokens plus the mean over the
+answer tokens (so a 5-token answer in an 8K sequence still counts).
+Curriculum: sequence length rises from 512 to 8192 tokens (shorter lengths
+stay in the mix); tokens per step stay constant (batch = tokens / length).
+Schedule: warmup, constant, then linear cooldown over the last 15% of
+--steps (warmup-stable-decay, so a run can be extended before its cooldown).
+
+Resumable: CKPT/last.pt (model, optimizer, step) every --ckpt-every seconds
+and on SIGTERM/SIGINT, written to a temporary name and renamed; a restart
+resumes from it. `--init FILE.gguf` starts from committed weights (a
+milestone) instead of random ones. The data of step s depends only on
+(--seed, s), so a resumed run sees exactly the data an uninterrupted one
+would. Log: one JSON line per step and per evaluation in CKPT/log.jsonl.
+
+Held-out accuracy: every --eval-every steps, greedy (teacher-forced argmax,
+which equals greedy decoding for the answer tokens) exact match on
+passkey / multikey / multivalue over held-out filler and held-out keys.
+"""
+import argparse
+import json
+import math
+import os
+import random
+import signal
+import sys
+import time
+
+import sentencepiece as spm
+import torch
+import torch.nn.functional as F
+
+import tasks
+from model import Config, Model
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def load_sources(work):
+    rd = lambda n: open(os.path.join(work, n), encoding="utf-8").read()
+    tr = tasks.Source(rd("train.txt"), rd("keywords_train.txt").split("\n"), heldout=False)
+    ev = tasks.Source(rd("eval.txt"), rd("keywords_eval.txt").split("\n"), heldout=True)
+    return tr, ev
+
+
+class Builder:
+    def __init__(self, sp, cpt=2.7):
+        self.sp, self.cpt = sp, cpt
+
+    def encode(self, prompt, answer):
+        """ids = BOS + prompt (+ answer + EOS); ans = index of the first answer token."""
+        p = [self.sp.bos_id()] + self.sp.encode(prompt)
+        if not answer:
+            return p, len(p)
+        full = [self.sp.bos_id()] + self.sp.encode(prompt + answer)
+        assert full[:len(p)] == p, "prompt/answer boundary is not a token boundary"
+        return full + [self.sp.eos_id()], len(p)
+
+    def sample(self, kind, src, rng, T, **kw):
+        """One task of at most T tokens; returns (ids, answer_start)."""
+        fn = {"passkey": tasks.passkey, "multikey": tasks.multikey,
+              "multivalue": tasks.multivalue, "repeat": tasks.repeat}[kind]
+        nchars = int((T - 90) * self.cpt)
+        for _ in range(8):
+            r = random.Random(rng.random())
+            ids, a = self.encode(*fn(src, r, max(nchars, 50), **kw))
+            if len(ids) <= T:
+                return ids, a
+            nchars = int(nchars * T / len(ids) * 0.97)
+        raise RuntimeError(f"could not fit a {kind} task in {T} tokens")
+
+
+LENGTHS = [512, 1024, 2048, 4096, 8192]
+KINDS = [("passkey", 0.35), ("multikey", 0.30), ("multivalue", 0.15), ("repeat", 0.20)]
+
+
+def step_length(step, steps, rng):
+    """Longest length reached at this point of the run; shorter ones stay in the mix."""
+    f = step / max(1, steps)
+    top = 0 if f < 0.15 else 1 if f < 0.30 else 2 if f < 0.45 else 3 if f < 0.60 else 4
+    w = [0.5 ** (top - i) if i <= top else 0 for i in range(len(LENGTHS))]
+    return LENGTHS[rng.choices(range(len(LENGTHS)), weights=w)[0]]
+
+
+def make_batch(b, src, seed, step, steps, tokens):
+    rng = random.Random(seed * 1_000_003 + step)
+    T = step_length(step, steps, rng)
+    B = max(1, tokens // T)
+    x = torch.zeros(B, T, dtype=torch.long)
+    y = torch.zeros(B, T, dtype=torch.long)
+    w_lm = torch.zeros(B, T)
+    w_ans = torch.zeros(B, T)
+    for i in range(B):
+        kind = rng.choices([k for k, _ in KINDS], weights=[w for _, w in KINDS])[0]
+        ids, a = b.sample(kind, src, rng, T + 1)
+        n = len(ids) - 1
+        x[i, :n] = torch.tensor(ids[:-1])
+        y[i, :n] = torch.tensor(ids[1:])
+        w_lm[i, :n] = 1
+        if a < len(ids):
+            w_ans[i, a - 1:n] = 1  # targets ids[a..] = the answer tokens and EOS
+    return x, y, w_lm, w_ans, T
+
+
+def loss_fn(logits, y, w_lm, w_ans):
+    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view(y.shape)
+    l_lm = (ce * w_lm).sum() / w_lm.sum().clamp(min=1)
+    l_ans = (ce * w_ans).sum() / w_ans.sum().clamp(min=1)
+    return l_lm + (l_ans if w_ans.sum() > 0 else 0.0), l_lm, l_ans
+
+
+def heldout_set(b, ev, seed, lengths, per_cell):
+    rng = random.Random(seed + 7)
+    out = []
+    for T in lengths:
+        for kind in ("passkey", "multikey", "multivalue"):
+            for _ in range(per_cell):
+                kw = {"n_keys": 4} if kind == "multikey" else {"n_values": 3, "n_distract": 1} if kind == "multivalue" else {}
+                ids, a = b.sample(kind, ev, rng, T, **kw)
+                out.append((T, kind, ids, a))
+    return out
+
+
+@torch.no_grad()
+def evaluate(model, items):
+    model.eval()
+    res = {}
+    for T, kind, ids, a in items:
+        x = torch.tensor(ids[:-1])[None]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            lo = model(x)
+        pred = lo[0, a - 1:len(ids) - 2].argmax(-1)   # the answer tokens (EOS not required)
+        ok = bool((pred == torch.tensor(ids[a:len(ids) - 1])).all())
+        c = res.setdefault(f"{kind}@{T}", [0, 0])
+        c[0] += ok
+        c[1] += 1
+    model.train()
+    return {k: v[0] / v[1] for k, v in res.items()}
+
+
+def lr_at(step, steps, lr, warmup=100, cooldown=0.15):
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    c0 = int(steps * (1 - cooldown))
+    if step < c0:
+        return lr
+    return lr * max(0.1, 1 - 0.9 * (step - c0) / max(1, steps - c0))
+
+
+def save(path, model, opt, step, cfg, args):
+    tmp = path + ".part"
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                "cfg": cfg.to_dict(), "args": vars(args)}, tmp)
+    os.replace(tmp, path)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work", default=os.path.join(HERE, "work"))
+    ap.add_argument("--ckpt", default=os.path.join(HERE, "ckpt"))
+    ap.add_argument("--tokenizer", default=os.path.join(HERE, "tok2048.model"))
+    ap.add_argument("--steps", type=int, default=4000)
+    ap.add_argument("--tokens", type=int, default=16384, help="tokens per step")
+    ap.add_argument("--lr", type=float, default=1.5e-3)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ckpt-every", type=float, default=300.0, help="seconds")
+    ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--init", help="start from the weights of this GGUF (F16/F32) file")
+    ap.add_argument("--init-step", type=int, default=0, help="the step those weights were taken at")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    os.makedirs(args.ckpt, exist_ok=True)
+    sp = spm.SentencePieceProcessor(model_file=args.tokenizer)
+    cfg = Config(vocab=sp.vocab_size(), dim=384, n_layer=4, n_head=6, n_kv_head=2, head_dim=64, ffn=1024)
+    model = Model(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    step = 0
+    last = os.path.join(args.ckpt, "last.pt")
+    if os.path.exists(last):
+        ck = torch.load(last, weights_only=False)
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        step = ck["step"]
+        print(f"resumed from {last} at step {step}", flush=True)
+    elif args.init:
+        from export import load_gguf_weights
+        model.load_state_dict(load_gguf_weights(args.init, cfg))
+        step = args.init_step
+        print(f"initialised from {args.init} (step {step})", flush=True)
+    print(f"model: {model.n_params() / 1e6:.2f} M parameters, {cfg}", flush=True)
+    tr, ev = load_sources(args.work)
+    b = Builder(sp)
+    held = heldout_set(b, ev, args.seed, [1024, 4096], 12)
+    held_long = heldout_set(b, ev, args.seed, [8192], 8)
+    log = open(os.path.join(args.ckpt, "log.jsonl"), "a")
+    stop = {"now": False}
+
+    def on_signal(*_):
+        stop["now"] = True
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    t_ck = time.time()
+    while step < args.steps and not stop["now"]:
+        t0 = time.time()
+        x, y, w_lm, w_ans, T = make_batch(b, tr, args.seed, step, args.steps, args.tokens)
+        lr = lr_at(step, args.steps, args.lr)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(x)
+        loss, l_lm, l_ans = loss_fn(logits, y, w_lm, w_ans)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        rec = {"step": step, "T": T, "loss": round(loss.item(), 4), "lm": round(l_lm.item(), 4),
+               "ans": round(float(l_ans), 4), "lr": lr, "gnorm": round(gn.item(), 3),
+               "sec": round(time.time() - t0, 2), "time": time.time()}
+        log.write(json.dumps(rec) + "\n")
+        log.flush()
+        if step % 10 == 0:
+            print(json.dumps(rec), flush=True)
+        if step % args.eval_every == 0 or step == args.steps:
+            acc = evaluate(model, held + (held_long if step % (4 * args.eval_every) == 0 or step == args.steps else []))
+            log.write(json.dumps({"step": step, "eval": acc, "time": time.time()}) + "\n")
+            log.flush()
+            print("eval", step, json.dumps(acc), flush=True)
+        if time.time() - t_ck > args.ckpt_every:
+            save(last, model, opt, step, cfg, args)
+            t_ck = time.time()
+    save(last, model, opt, step, cfg, args)
+    print(f"saved {last} at step {step}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
