@@ -1152,6 +1152,78 @@ dhsa_status dhsa_sampler_sample(dhsa_sampler *s, const float *logits, const int3
                                 int32_t *out);
 /* ---- Model block end ---- */
 
+/* ---- Retrieval tasks block begin (src/eval/retrieval.c, docs/eval.md) ---- */
+/* The long-context retrieval tasks the default model was trained on
+ * (train/tasks.py writes the same strings), built to a token length with
+ * the asked needle at a depth, and their scoring:
+ *   passkey     "There is an important info hidden inside a lot of irrelevant
+ *               text. Find it and memorize it. I will quiz you about the
+ *               important information there. " FILLER " The pass key is N.
+ *               Remember it. N is the pass key. " FILLER " What is the pass
+ *               key? The pass key is"                        -> " N" (5 digits)
+ *   multikey    "Some special magic numbers are hidden within the following
+ *               text. Make sure to memorize it. I will quiz you about the
+ *               numbers afterwards. " FILLER with n_keys sentences "One of
+ *               the special magic numbers for KW is: N." (distinct keywords)
+ *               " What is the special magic number for KW mentioned in the
+ *               provided text? The special magic number for KW mentioned in
+ *               the provided text is"                        -> " N" (7 digits)
+ *   multivalue  the same with n_keys values for one keyword and n_distract
+ *               other keywords; " What are all the special magic numbers for
+ *               KW mentioned in the provided text? The special magic numbers
+ *               for KW mentioned in the provided text are" -> " N1, N2, N3"
+ *               (in the order they appear)
+ * Numbers come from the held-out set (crc32 of the decimal text = 0 mod
+ * 10) or its complement (the training set), so an evaluation never asks a
+ * key the model was trained on. */
+typedef enum { DHSA_TASK_PASSKEY = 1, DHSA_TASK_MULTIKEY = 2, DHSA_TASK_MULTIVALUE = 3 } dhsa_task_kind;
+/* "passkey", "multikey", "multivalue"; "?" otherwise. */
+const char *dhsa_task_kind_name(dhsa_task_kind k);
+
+#define DHSA_TASK_MAX_NEEDLES 16
+
+typedef struct {
+    dhsa_task_kind kind;
+    int64_t length;          /* most prompt tokens, BOS included (>= 64) */
+    double depth;            /* 0..1: where the asked needle sits in the filler */
+    uint64_t seed;           /* filler offset, keys, other needles' places */
+    int n_keys;              /* multikey: needles (default 4); multivalue: values (3) */
+    int n_distract;          /* multivalue: other keywords (default 1) */
+    const char *filler;      /* filler text (whitespace runs count as one space) */
+    int64_t filler_len;
+    const char *const *keywords; /* multikey / multivalue; NULL = a built-in list */
+    int64_t n_keywords;
+    int heldout_numbers;     /* 1 (default): held-out numbers; 0: the training set */
+} dhsa_task_params;
+
+typedef struct {
+    int32_t *ids;            /* [n_ids] the prompt's tokens, BOS first (owned) */
+    int64_t n_ids;
+    char *prompt;            /* the prompt's text, NUL-terminated (owned) */
+    char answer[192];        /* the expected continuation, e.g. " 48213" */
+    int n_numbers;           /* numbers the answer must state, in order */
+    uint64_t numbers[DHSA_TASK_MAX_NEEDLES];
+    int n_spans;             /* token ranges [lo, hi) of the asked numbers in ids */
+    int64_t span_lo[DHSA_TASK_MAX_NEEDLES], span_hi[DHSA_TASK_MAX_NEEDLES];
+    double depth_used;       /* where the first asked needle starts: its token
+                                offset between the preamble and the question, 0..1 */
+} dhsa_task;
+
+dhsa_task_params dhsa_task_default_params(void);
+/* Builds one task with the tokenizer's BOS; the filler span is cut at
+ * word boundaries and sized so that n_ids <= length (and close to it).
+ * A filler too short for the length is DHSA_ERR_INVALID_ARG. Free with
+ * dhsa_task_free (also after a failure: *out is then empty). */
+dhsa_status dhsa_task_build(const dhsa_tokenizer *tok, const dhsa_task_params *p, dhsa_task *out);
+void dhsa_task_free(dhsa_task *t);
+/* 1 when the first numbers (maximal digit runs) of text[0..len) are the
+ * task's numbers in order, 0 otherwise. */
+int dhsa_task_check(const dhsa_task *t, const char *text, int64_t len);
+/* The share of the task's asked-number keys [span_lo, span_hi) that the
+ * layout selects for query row `row` of KV head g (1 with layout NULL). */
+double dhsa_task_selected(const dhsa_task *t, const dhsa_layout *layout, int64_t g, int64_t row);
+/* ---- Retrieval tasks block end ---- */
+
 #ifdef __cplusplus
 }
 #endif
