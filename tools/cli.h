@@ -22,6 +22,14 @@ int dhsa_cli_parse_real(const char *opt, const char *s, double min, double max, 
  * (EFBIG above max_bytes, ENOMEM). *len excludes the NUL. */
 char *dhsa_cli_read_file(const char *path, int64_t max_bytes, int64_t *len);
 
+/* The shipped default model (tools/cli_file.c), for commands run without
+ * -m: $DHSA_MODEL when set, else models/DHSA_DEFAULT_MODEL beside the
+ * executable's parent folder (build/dhsa -> models/), else under the
+ * current folder. Returns a path that exists, or NULL with a sentence
+ * saying where it looked in msg. */
+#define DHSA_DEFAULT_MODEL "dhsa-retrieval-8m.gguf"
+const char *dhsa_cli_default_model(char *msg, size_t msg_len);
+
 /* dhsa memprobe (tools/memprobe.c): peak memory of a command as n grows. */
 int dhsa_cli_memprobe(int argc, char **argv);
 extern const char dhsa_cli_memprobe_usage[]; /* for `dhsa help memprobe` */
@@ -69,5 +77,6 @@ extern const char dhsa_cli_gen_model_usage[];
  * methods on a real model against dense (KL, copy retrieval, needles). */
 int dhsa_cli_eval(int argc, char **argv);
 extern const char dhsa_cli_eval_usage[];
+extern const char dhsa_cli_eval_usage_tasks[]; /* printed after it */
 
 #endif

@@ -1160,6 +1160,7 @@ int main(int argc, char **argv) {
         const char *u = usage_of(argv[2]);
         if (!u) usage_error("no command \"%s\"", argv[2]);
         fputs(u, stdout);
+        if (u == dhsa_cli_eval_usage) fputs(dhsa_cli_eval_usage_tasks, stdout);
         return 0;
     }
     if (strcmp(cmd, "peak") == 0) return cmd_peak(argc, argv);

@@ -37,9 +37,11 @@
 #define MAX_LIST 16
 
 const char dhsa_cli_eval_usage[] =
-    "usage: dhsa eval fidelity -m MODEL -f TEXT [--attn METHOD,...] [--density F,...] [--ctx N] [options]\n"
-    "       dhsa eval copy -m MODEL [--lengths 512,1K,...] [--depths 0.1,...] [options]\n"
-    "       dhsa eval niah -m MODEL [--lengths ...] [--depths ...] [--haystack FILE] [options]\n"
+    "usage: dhsa eval fidelity [-m MODEL] -f TEXT [--attn METHOD,...] [--density F,...] [--ctx N] [options]\n"
+    "       dhsa eval copy [-m MODEL] [--lengths 512,1K,...] [--depths 0.1,...] [options]\n"
+    "       dhsa eval niah [-m MODEL] [--lengths ...] [--depths ...] [--haystack FILE] [options]\n"
+    "       dhsa eval passkey|multikey|multivalue [-m MODEL] [--lengths ...] [--depths ...]\n"
+    "                      [--filler FILE] [--keywords FILE] [--trials N] [options]\n"
     "\n"
     "fidelity: the text is tokenized and cut into windows of --ctx tokens (BOS\n"
     "  first); each window runs dense and then every method; prints per method\n"
@@ -61,6 +63,7 @@ const char dhsa_cli_eval_usage[] =
     "\n"
     "Model and run:\n"
     "  -m MODEL            GGUF file, or a llama2.c checkpoint with --tokenizer FILE\n"
+    "                      (default: the shipped models/" DHSA_DEFAULT_MODEL ")\n"
     "  --threads T         (default: online CPUs)\n"
     "  --attn LIST         dense,dhsa,block,stream,oracle (default: all; fidelity:\n"
     "                      dhsa,block,stream; dense always runs as the reference)\n"
@@ -86,7 +89,7 @@ const char dhsa_cli_eval_usage[] =
     "  --svg-attn FILE     copy: heat map of the share of dense's attention on the\n"
     "                      first copy that each method keeps\n"
     "  --min-score S       copy: dense must reach this score (default 1.0 nats)\n"
-    "  --filler FILE       copy: filler text instead of model samples\n"
+    "  --filler FILE       copy: filler text instead of model samples; passkey etc.: the filler\n"
     "  --haystack FILE     niah: haystack text instead of the built-in sentences\n"
     "  --answer-tokens N   niah: longest answer (default 12)\n"
     "  --template auto|plain|NAME  niah: chat template (auto: the model's when its\n"
@@ -94,6 +97,18 @@ const char dhsa_cli_eval_usage[] =
     "  --show              niah: print every answer\n"
     "Output:\n"
     "  --json              one JSON object instead of the tables\n";
+
+/* The retrieval tasks' part (one literal may hold at most 4095 bytes). */
+const char dhsa_cli_eval_usage_tasks[] =
+    "passkey, multikey, multivalue: the tasks the default model was trained on\n"
+    "  (dhsa.h Retrieval tasks block: exact strings), built to each length with\n"
+    "  the asked needle at each depth over --filler FILE (default: the built-in\n"
+    "  sentences, repeated), held-out numbers, keywords from --keywords FILE (one\n"
+    "  a line; default a built-in list); --trials keys per cell (default 2), the\n"
+    "  greedy answer (up to --answer-tokens, default 12; multivalue 40) must state\n"
+    "  the numbers in order. Every miss of a sparse method is printed with the\n"
+    "  share of the needle's number keys each layer selected for the answer rows.\n"
+    "  --keys N: multikey needles (default 4) / multivalue values (default 3).\n";
 
 static const char *cur_cmd = "eval";
 
@@ -139,7 +154,9 @@ typedef struct {
 
 typedef struct {
     const char *model, *tokenizer, *text_file, *filler_file, *haystack_file, *svg, *svg_attn, *template_name;
-    const char *predictor_path;
+    const char *predictor_path, *keywords_file;
+    int64_t n_keys;
+    int answer_tokens_set;
     int64_t threads, ctx, windows, passage, trials, answer_tokens, budget;
     uint64_t seed;
     dhsa_attn_method methods[MAX_LIST];
@@ -216,6 +233,7 @@ static void parse(int argc, char **argv, eval_opts *o, const char *sub) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             fputs(dhsa_cli_eval_usage, stdout);
+            fputs(dhsa_cli_eval_usage_tasks, stdout);
             exit(0);
         }
         if (strcmp(a, "--json") == 0) { o->json = 1; continue; }
@@ -241,7 +259,12 @@ static void parse(int argc, char **argv, eval_opts *o, const char *sub) {
         else if (strcmp(a, "--windows") == 0) o->windows = num(a, v, 1, 1 << 20, 0);
         else if (strcmp(a, "--passage") == 0) o->passage = num(a, v, 2, 4096, 0);
         else if (strcmp(a, "--trials") == 0) o->trials = num(a, v, 1, 1000, 0);
-        else if (strcmp(a, "--answer-tokens") == 0) o->answer_tokens = num(a, v, 1, 1024, 0);
+        else if (strcmp(a, "--answer-tokens") == 0) {
+            o->answer_tokens = num(a, v, 1, 1024, 0);
+            o->answer_tokens_set = 1;
+        }
+        else if (strcmp(a, "--keywords") == 0) o->keywords_file = v;
+        else if (strcmp(a, "--keys") == 0) o->n_keys = num(a, v, 1, DHSA_TASK_MAX_NEEDLES, 0);
         else if (strcmp(a, "--seed") == 0) o->seed = (uint64_t)num(a, v, 0, INT64_MAX, 0);
         else if (strcmp(a, "--min-score") == 0) o->min_score = real(a, v, 0, 100);
         else if (strcmp(a, "--budget") == 0) o->budget = num(a, v, 1, (int64_t)1 << 31, 1);
@@ -275,7 +298,11 @@ static void parse(int argc, char **argv, eval_opts *o, const char *sub) {
             for (int k = 0; k < o->n_depths; k++) o->depths[k] = real(a, items[k], 0, 1);
         } else die(EXIT_USAGE, "unknown option \"%s\" (see dhsa help eval)", a);
     }
-    if (!o->model) die(EXIT_USAGE, "-m MODEL is required");
+    if (!o->model) {
+        char msg[512];
+        o->model = dhsa_cli_default_model(msg, sizeof msg);
+        if (!o->model) die(EXIT_USAGE, "%s", msg);
+    }
     if (strcmp(sub, "fidelity") == 0 && !o->text_file) die(EXIT_USAGE, "fidelity needs -f TEXT");
     if (!o->n_methods) {
         static const dhsa_attn_method fid[] = {DHSA_ATTN_DHSA, DHSA_ATTN_BLOCK, DHSA_ATTN_STREAM};
@@ -1550,18 +1577,293 @@ static int cmd_niah(eval_env *e) {
     return 0;
 }
 
+/* ----------------------------------------------------------- retrieval --- */
+
+/* What the retrieval hook records besides layer_acc: for the query rows
+ * that produce the answer (the prompt's last token, then each decoded
+ * token), the share of the asked numbers' keys each layer's layout selects,
+ * averaged over KV heads; the minimum over those rows per layer. */
+typedef struct {
+    layer_acc *acc;
+    const dhsa_task *task;
+    int64_t from;                 /* first position that counts (the prompt's last) */
+    double sel[64];               /* per layer: minimum share over the rows */
+    int64_t n_layer;
+} retr_hook;
+
+static int retrieval_hook(void *user, int64_t layer, const dhsa_attn_desc *a) {
+    retr_hook *h = user;
+    if (acc_hook(h->acc, layer, a)) return 1;
+    if (layer < 0 || layer >= h->n_layer || layer >= 64) return 0;
+    const int64_t n = a->q.shape[2], Hkv = a->k.shape[1];
+    for (int64_t i = 0; i < n; i++) {
+        if (a->q_pos0 + i < h->from) continue;
+        double s = 0;
+        for (int64_t g = 0; g < Hkv; g++) s += dhsa_task_selected(h->task, a->layout, g, i);
+        s /= (double)Hkv;
+        if (s < h->sel[layer]) h->sel[layer] = s;
+    }
+    return 0;
+}
+
+static char **read_lines(const char *path, int64_t *n_out, char **buf_out) {
+    int64_t len;
+    char *text = read_file(path, &len);
+    int64_t cap = 1024, n = 0;
+    char **l = xmalloc((size_t)cap * sizeof(char *));
+    for (char *p = text, *e; p < text + len; p = e + 1) {
+        e = memchr(p, '\n', (size_t)(text + len - p));
+        if (!e) e = text + len;
+        *e = 0;
+        if (e > p && e[-1] == '\r') e[-1] = 0;
+        if (!*p) continue;
+        if (n == cap) {
+            cap *= 2;
+            char **nl = realloc(l, (size_t)cap * sizeof(char *));
+            if (!nl) die(EXIT_RUN, "out of memory");
+            l = nl;
+        }
+        l[n++] = p;
+    }
+    *n_out = n;
+    *buf_out = text;
+    return l;
+}
+
+static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
+    eval_opts *o = e->o;
+    const int64_t V = e->in->n_vocab, NL = e->in->n_layer;
+    /* filler and keywords */
+    char *file_text = NULL, *kw_text = NULL, **kw = NULL;
+    int64_t flen = 0, n_kw = 0;
+    sbuf fb = {0};
+    const char *fill_name;
+    if (o->filler_file) {
+        file_text = read_file(o->filler_file, &flen);
+        fill_name = o->filler_file;
+    } else {
+        /* the built-in sentences, repeated in a seeded order, until the longest length fits */
+        int64_t ns = (int64_t)(sizeof builtin_haystack / sizeof builtin_haystack[0]);
+        uint64_t rs = o->seed;
+        int64_t longest = 0;
+        for (int i = 0; i < o->n_lengths; i++) longest = o->lengths[i] > longest ? o->lengths[i] : longest;
+        while ((int64_t)fb.n < 6 * longest + 4096) {
+            if (fb.n) sb_add(&fb, " ");
+            sb_add(&fb, builtin_haystack[splitmix(&rs) % (uint64_t)ns]);
+        }
+        file_text = fb.p;
+        flen = (int64_t)fb.n;
+        fill_name = "built-in sentences (repeated; --filler FILE for real text)";
+    }
+    if (o->keywords_file) kw = read_lines(o->keywords_file, &n_kw, &kw_text);
+    int64_t cap_ans = o->answer_tokens_set ? o->answer_tokens : kind == DHSA_TASK_MULTIVALUE ? 40 : 12;
+    int32_t eos = dhsa_tokenizer_eos(e->tok);
+    if (!o->json) {
+        printf("%s: %s; filler: %s; keywords: %s; %lld keys per cell, greedy answers of up to %lld tokens; held-out "
+               "numbers\n", dhsa_task_kind_name(kind), o->model, fill_name,
+               o->keywords_file ? o->keywords_file : "built-in", (long long)o->trials, (long long)cap_ans);
+        for (int i = 0; i < o->n_lengths; i++) {
+            dhsa_router_params rp = router_for(o, o->lengths[i], o->densities[0]);
+            print_router(stdout, &rp, o->lengths[i]);
+        }
+    }
+    const int n_var = o->n_var, nL = o->n_lengths, nD = o->n_depths;
+    size_t n_cells = (size_t)n_var * nD * nL;
+    double *hits = calloc(n_cells, sizeof(double)), *dens = calloc(n_cells, sizeof(double));
+    double *plen = calloc((size_t)nL, sizeof(double));
+    if (!hits || !dens || !plen) die(EXIT_RUN, "out of memory");
+    float *lg = xmalloc((size_t)V * sizeof(float));
+    int32_t *ans = xmalloc((size_t)cap_ans * sizeof(int32_t));
+    char answer[4096];
+    layer_acc acc;
+    acc_init(&acc, e->ctx, NL, 0);
+    retr_hook rh;
+    memset(&rh, 0, sizeof rh);
+    rh.acc = &acc;
+    rh.n_layer = NL;
+    /* misses explained: per variant, misses where every layer selected the needle fully, partly, not at all */
+    int64_t *miss_all = calloc((size_t)n_var * 3, sizeof(int64_t));
+    if (!miss_all) die(EXIT_RUN, "out of memory");
+    double t0 = now();
+    if (o->json) {
+        printf("{\"command\": \"%s\", \"model\": ", dhsa_task_kind_name(kind));
+        json_str(stdout, o->model);
+        printf(", \"filler\": ");
+        json_str(stdout, fill_name);
+        printf(", \"trials\": %lld, \"answers\": [", (long long)o->trials);
+    }
+    int first_json = 1;
+    for (int64_t tr = 0; tr < o->trials; tr++)
+        for (int li = 0; li < nL; li++)
+            for (int di = 0; di < nD; di++) {
+                dhsa_task_params tp = dhsa_task_default_params();
+                tp.kind = kind;
+                tp.length = o->lengths[li];
+                tp.depth = o->depths[di];
+                tp.seed = o->seed * 1000003u + (uint64_t)(tr * 4096 + li * 64 + di);
+                tp.filler = file_text;
+                tp.filler_len = flen;
+                tp.keywords = (const char *const *)kw;
+                tp.n_keywords = n_kw;
+                if (o->n_keys) tp.n_keys = (int)o->n_keys;
+                dhsa_task t;
+                if (dhsa_task_build(e->tok, &tp, &t)) die(EXIT_RUN, "%s", dhsa_last_error());
+                plen[li] += (double)t.n_ids / (double)(o->trials * nD);
+                for (int v = 0; v < n_var; v++) {
+                    const variant *va = &o->var[v];
+                    acc_clear(&acc);
+                    rh.task = &t;
+                    rh.from = t.n_ids - 1;
+                    for (int64_t l = 0; l < NL && l < 64; l++) rh.sel[l] = 1.0;
+                    dhsa_session_params sp = session_params(e, va->method, va->density, o->lengths[li],
+                                                            t.n_ids + cap_ans, 0, &acc);
+                    sp.layer_hook = retrieval_hook;
+                    sp.layer_hook_user = &rh;
+                    dhsa_session *s;
+                    if (dhsa_session_create(e->ctx, e->m, &sp, &s)) die(EXIT_RUN, "%s", dhsa_last_error());
+                    if (dhsa_session_eval(s, t.ids, t.n_ids, lg)) die(EXIT_RUN, "%s %s", dhsa_last_error(), acc.err);
+                    int64_t na = 0;
+                    while (na < cap_ans) {
+                        int32_t next = (int32_t)argmax_f(lg, V);
+                        if (next == eos) break;
+                        ans[na++] = next;
+                        if (na == cap_ans) break;
+                        if (dhsa_session_eval(s, &next, 1, lg)) die(EXIT_RUN, "%s", dhsa_last_error());
+                    }
+                    dhsa_session_free(s);
+                    int64_t alen = 0;
+                    if (dhsa_detokenize(e->tok, ans, na, DHSA_DETOKENIZE_KEEP_SPACE, answer, sizeof answer - 1, &alen))
+                        alen = 0;
+                    if (alen > (int64_t)sizeof answer - 1) alen = (int64_t)sizeof answer - 1;
+                    answer[alen] = 0;
+                    int hit = dhsa_task_check(&t, answer, alen);
+                    size_t cell = ((size_t)v * nD + di) * nL + li;
+                    hits[cell] += hit / (double)o->trials;
+                    double d_used = acc_density(&acc);
+                    dens[cell] += d_used / (double)o->trials;
+                    double smin = 1, smax = 0;
+                    for (int64_t l = 0; l < NL && l < 64; l++) {
+                        smin = rh.sel[l] < smin ? rh.sel[l] : smin;
+                        smax = rh.sel[l] > smax ? rh.sel[l] : smax;
+                    }
+                    if (!hit) miss_all[v * 3 + (smin >= 1.0 ? 0 : smax > 0 ? 1 : 2)]++;
+                    if (o->json) {
+                        printf("%s{\"method\": ", first_json ? "" : ", ");
+                        first_json = 0;
+                        json_str(stdout, va->name);
+                        printf(", \"density\": %g, \"density_used\": %.4f, \"length\": %lld, \"prompt_tokens\": %lld, "
+                               "\"depth\": %g, \"needle_depth\": %.4f, \"trial\": %lld, \"expected\": ",
+                               va->density, d_used, (long long)o->lengths[li], (long long)t.n_ids, o->depths[di],
+                               t.depth_used, (long long)tr);
+                        json_str(stdout, t.answer);
+                        printf(", \"answer\": ");
+                        json_str(stdout, answer);
+                        printf(", \"hit\": %s, \"needle_selected\": [", hit ? "true" : "false");
+                        for (int64_t l = 0; l < NL && l < 64; l++) printf("%s%.3f", l ? ", " : "", rh.sel[l]);
+                        printf("]}");
+                    } else if (o->show || (!hit && va->method != DHSA_ATTN_DENSE)) {
+                        printf("%-10s L %5lld depth %.2f (at %.3f) want%s: %s \"%s\"; needle keys selected per "
+                               "layer:", va->name, (long long)t.n_ids, o->depths[di], t.depth_used, t.answer,
+                               hit ? "HIT " : "miss", answer);
+                        for (int64_t l = 0; l < NL && l < 64; l++) printf(" %.2f", rh.sel[l]);
+                        printf("\n");
+                    }
+                }
+                dhsa_task_free(&t);
+            }
+    double secs = now() - t0;
+    const char *names[MAX_VAR];
+    for (int v = 0; v < n_var; v++) names[v] = o->var[v].name;
+    if (o->json) {
+        printf("], \"cells\": [");
+        for (int v = 0; v < n_var; v++)
+            for (int di = 0; di < nD; di++)
+                for (int li = 0; li < nL; li++) {
+                    size_t cell = ((size_t)v * nD + di) * nL + li;
+                    printf("%s{\"method\": ", v || di || li ? ", " : "");
+                    json_str(stdout, names[v]);
+                    printf(", \"length\": %lld, \"depth\": %g, \"accuracy\": %.4f, \"density_used\": %.4f}",
+                           (long long)o->lengths[li], o->depths[di], hits[cell], dens[cell]);
+                }
+        printf("], \"misses\": [");
+        for (int v = 0; v < n_var; v++) {
+            printf("%s{\"method\": ", v ? ", " : "");
+            json_str(stdout, names[v]);
+            printf(", \"needle_selected_everywhere\": %lld, \"partly\": %lld, \"nowhere\": %lld}",
+                   (long long)miss_all[v * 3], (long long)miss_all[v * 3 + 1], (long long)miss_all[v * 3 + 2]);
+        }
+        printf("], \"seconds\": %.3f}\n", secs);
+    } else {
+        for (int v = 0; v < n_var; v++) {
+            printf("\n%s: accuracy (density used in brackets)\n\n| depth |", names[v]);
+            for (int li = 0; li < nL; li++) printf(" %lld (%.0f) |", (long long)o->lengths[li], plen[li]);
+            printf(" mean |\n|---|");
+            for (int li = 0; li <= nL; li++) printf("---|");
+            printf("\n");
+            for (int di = 0; di < nD; di++) {
+                printf("| %.2f |", o->depths[di]);
+                double m = 0;
+                for (int li = 0; li < nL; li++) {
+                    size_t cell = ((size_t)v * nD + di) * nL + li;
+                    printf(" %.2f [%.3f] |", hits[cell], dens[cell]);
+                    m += hits[cell] / nL;
+                }
+                printf(" %.2f |\n", m);
+            }
+            printf("| all |");
+            for (int li = 0; li < nL; li++) {
+                double m = 0, d = 0;
+                for (int di = 0; di < nD; di++) {
+                    size_t cell = ((size_t)v * nD + di) * nL + li;
+                    m += hits[cell] / nD;
+                    d += dens[cell] / nD;
+                }
+                printf(" %.3f [%.3f] |", m, d);
+            }
+            printf("\n");
+            if (miss_all[v * 3] + miss_all[v * 3 + 1] + miss_all[v * 3 + 2])
+                printf("misses: %lld with the needle's keys selected in every layer (the model's error), %lld with "
+                       "them selected in some layers only, %lld with them selected nowhere\n",
+                       (long long)miss_all[v * 3], (long long)miss_all[v * 3 + 1], (long long)miss_all[v * 3 + 2]);
+        }
+        printf("\n(column heads: target length (mean prompt tokens)); %.1f s\n", secs);
+    }
+    if (o->svg) {
+        char sub[512], title[128];
+        snprintf(sub, sizeof sub, "%s; %lld keys per cell; density %.3g; filler %s", o->model, (long long)o->trials,
+                 o->densities[0], o->filler_file ? o->filler_file : "built-in");
+        snprintf(title, sizeof title, "%s: accuracy (greedy, held-out keys)", dhsa_task_kind_name(kind));
+        write_heatmap(o, title, sub, "accuracy", 0, 1, 2, hits, names, n_var);
+    }
+    acc_free(&acc);
+    free(miss_all);
+    free(hits);
+    free(dens);
+    free(plen);
+    free(lg);
+    free(ans);
+    free(kw);
+    free(kw_text);
+    free(file_text);
+    return 0;
+}
+
 /* ---------------------------------------------------------------- main --- */
 
 int dhsa_cli_eval(int argc, char **argv) {
     if (argc < 3 || strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0) {
         fputs(dhsa_cli_eval_usage, argc < 3 ? stderr : stdout);
+        fputs(dhsa_cli_eval_usage_tasks, argc < 3 ? stderr : stdout);
         return argc < 3 ? EXIT_USAGE : 0;
     }
     const char *sub = argv[2];
     if (strcmp(sub, "fidelity") == 0) cur_cmd = "eval fidelity";
     else if (strcmp(sub, "copy") == 0) cur_cmd = "eval copy";
     else if (strcmp(sub, "niah") == 0) cur_cmd = "eval niah";
-    else die(EXIT_USAGE, "unknown evaluation \"%s\": fidelity, copy or niah", sub);
+    else if (strcmp(sub, "passkey") == 0) cur_cmd = "eval passkey";
+    else if (strcmp(sub, "multikey") == 0) cur_cmd = "eval multikey";
+    else if (strcmp(sub, "multivalue") == 0) cur_cmd = "eval multivalue";
+    else die(EXIT_USAGE, "unknown evaluation \"%s\": fidelity, copy, niah, passkey, multikey or multivalue", sub);
     eval_opts o;
     parse(argc, argv, &o, sub);
     dhsa_model_params mp = dhsa_model_default_params();
@@ -1579,7 +1881,10 @@ int dhsa_cli_eval(int argc, char **argv) {
     int rc;
     if (strcmp(sub, "fidelity") == 0) rc = cmd_fidelity(&e);
     else if (strcmp(sub, "copy") == 0) rc = cmd_copy(&e);
-    else rc = cmd_niah(&e);
+    else if (strcmp(sub, "niah") == 0) rc = cmd_niah(&e);
+    else if (strcmp(sub, "passkey") == 0) rc = cmd_retrieval(&e, DHSA_TASK_PASSKEY);
+    else if (strcmp(sub, "multikey") == 0) rc = cmd_retrieval(&e, DHSA_TASK_MULTIKEY);
+    else rc = cmd_retrieval(&e, DHSA_TASK_MULTIVALUE);
     dhsa_ctx_free(e.ctx);
     dhsa_predictor_free(o.predictor);
     dhsa_model_free(e.m);

@@ -21,8 +21,8 @@
 #define EXIT_USAGE 2
 
 const char dhsa_cli_run_usage[] =
-    "usage: dhsa run -m MODEL [-p TEXT | -f FILE] [-n N] [options]\n"
-    "       dhsa plan -m MODEL [options] [--prompt-tokens N]\n"
+    "usage: dhsa run [-m MODEL] [-p TEXT | -f FILE] [-n N] [options]\n"
+    "       dhsa plan [-m MODEL] [options] [--prompt-tokens N]\n"
     "\n"
     "Generates text: tokenizes the prompt (BOS first when the vocabulary asks\n"
     "for it), prefills it in ubatches, then decodes up to N tokens (default\n"
@@ -32,6 +32,7 @@ const char dhsa_cli_run_usage[] =
     "same options and exits.\n"
     "Model:\n"
     "  -m MODEL            GGUF file, or a llama2.c checkpoint with --tokenizer\n"
+    "                      (default: the shipped models/" DHSA_DEFAULT_MODEL ")\n"
     "  --tokenizer FILE    the llama2.c tokenizer (tok*.bin)\n"
     "Prompt:\n"
     "  -p TEXT | -f FILE   the prompt (default: empty: BOS only)\n"
@@ -196,7 +197,11 @@ static void parse(int argc, char **argv, run_opts *o) {
         else if (strcmp(a, "--dump-head") == 0) o->dump_head = num(a, v, 0, 1 << 20, 0);
         else die(EXIT_USAGE, "unknown option \"%s\" (see dhsa help run)", a);
     }
-    if (!o->model) die(EXIT_USAGE, "-m MODEL is required");
+    if (!o->model) {
+        char msg[512];
+        o->model = dhsa_cli_default_model(msg, sizeof msg);
+        if (!o->model) die(EXIT_USAGE, "%s", msg);
+    }
     if (o->prompt && o->prompt_file) die(EXIT_USAGE, "give -p or -f, not both");
     if (o->ses.router.boundary == DHSA_BOUNDARY_FIXED && o->ses.attn == DHSA_ATTN_DHSA)
         o->ses.attn = DHSA_ATTN_BLOCK; /* dhsa with fixed chunks is the block baseline */
@@ -593,7 +598,7 @@ int dhsa_cli_plan(int argc, char **argv) {
 /* ------------------------------------------------------- bench model --- */
 
 const char dhsa_cli_bench_model_usage[] =
-    "usage: dhsa bench model -m MODEL [--tokenizer tok.bin] [--lengths 4K,16K,32K]\n"
+    "usage: dhsa bench model [-m MODEL] [--tokenizer tok.bin] [--lengths 4K,16K,32K]\n"
     "                        [--attn dense,dhsa] [--decode N] [--density F | --budget N]\n"
     "                        [--kv f32|f16] [--threads T] [--seed S] [--svg FILE]\n"
     "\n"
@@ -691,7 +696,8 @@ int dhsa_cli_bench_model(int argc, char **argv) {
             else die(EXIT_USAGE, "--kv is f32 or f16");
         } else die(EXIT_USAGE, "unknown option \"%s\"", a);
     }
-    if (!model) die(EXIT_USAGE, "-m MODEL is required");
+    char dmsg[512];
+    if (!model && !(model = dhsa_cli_default_model(dmsg, sizeof dmsg))) die(EXIT_USAGE, "%s", dmsg);
     int64_t Ls[32];
     int nL = 0;
     char buf[256];
