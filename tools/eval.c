@@ -302,6 +302,7 @@ static void parse(int argc, char **argv, eval_opts *o, const char *sub) {
         char msg[512];
         o->model = dhsa_cli_default_model(msg, sizeof msg);
         if (!o->model) die(EXIT_USAGE, "%s", msg);
+        fprintf(stderr, "dhsa: model %s (the default; -m MODEL for another)\n", o->model);
     }
     if (strcmp(sub, "fidelity") == 0 && !o->text_file) die(EXIT_USAGE, "fidelity needs -f TEXT");
     if (!o->n_methods) {

@@ -201,6 +201,7 @@ static void parse(int argc, char **argv, run_opts *o) {
         char msg[512];
         o->model = dhsa_cli_default_model(msg, sizeof msg);
         if (!o->model) die(EXIT_USAGE, "%s", msg);
+        fprintf(stderr, "dhsa: model %s (the default; -m MODEL for another)\n", o->model);
     }
     if (o->prompt && o->prompt_file) die(EXIT_USAGE, "give -p or -f, not both");
     if (o->ses.router.boundary == DHSA_BOUNDARY_FIXED && o->ses.attn == DHSA_ATTN_DHSA)
@@ -697,7 +698,10 @@ int dhsa_cli_bench_model(int argc, char **argv) {
         } else die(EXIT_USAGE, "unknown option \"%s\"", a);
     }
     char dmsg[512];
-    if (!model && !(model = dhsa_cli_default_model(dmsg, sizeof dmsg))) die(EXIT_USAGE, "%s", dmsg);
+    if (!model) {
+        if (!(model = dhsa_cli_default_model(dmsg, sizeof dmsg))) die(EXIT_USAGE, "%s", dmsg);
+        fprintf(stderr, "dhsa: model %s (the default; -m MODEL for another)\n", model);
+    }
     int64_t Ls[32];
     int nL = 0;
     char buf[256];
