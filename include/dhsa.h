@@ -1179,6 +1179,10 @@ dhsa_status dhsa_sampler_sample(dhsa_sampler *s, const float *logits, const int3
 typedef enum { DHSA_TASK_PASSKEY = 1, DHSA_TASK_MULTIKEY = 2, DHSA_TASK_MULTIVALUE = 3 } dhsa_task_kind;
 /* "passkey", "multikey", "multivalue"; "?" otherwise. */
 const char *dhsa_task_kind_name(dhsa_task_kind k);
+/* Built-in filler: *n plain sentences written for dhsa (public domain),
+ * free of numbers; a task built with filler NULL uses them, repeated in an
+ * order drawn from its seed. */
+const char *const *dhsa_task_builtin_sentences(int64_t *n);
 
 #define DHSA_TASK_MAX_NEEDLES 16
 
@@ -1189,7 +1193,8 @@ typedef struct {
     uint64_t seed;           /* filler offset, keys, other needles' places */
     int n_keys;              /* multikey: needles (default 4); multivalue: values (3) */
     int n_distract;          /* multivalue: other keywords (default 1) */
-    const char *filler;      /* filler text (whitespace runs count as one space) */
+    const char *filler;      /* filler text (whitespace runs count as one space);
+                                NULL: the built-in sentences */
     int64_t filler_len;
     const char *const *keywords; /* multikey / multivalue; NULL = a built-in list */
     int64_t n_keywords;

@@ -30,6 +30,10 @@ char *dhsa_cli_read_file(const char *path, int64_t max_bytes, int64_t *len);
 #define DHSA_DEFAULT_MODEL "dhsa-retrieval-8m.gguf"
 const char *dhsa_cli_default_model(char *msg, size_t msg_len);
 
+/* The model part of `dhsa demo` (tools/demo_model.c): a passkey prompt of
+ * about L tokens answered with dense, DHSA, block and streaming attention. */
+int dhsa_cli_model_demo(const char *model, int64_t L, int threads);
+
 /* dhsa memprobe (tools/memprobe.c): peak memory of a command as n grows. */
 int dhsa_cli_memprobe(int argc, char **argv);
 extern const char dhsa_cli_memprobe_usage[]; /* for `dhsa help memprobe` */

@@ -1209,34 +1209,6 @@ static int cmd_copy(eval_env *e) {
 
 /* ---------------------------------------------------------------- niah --- */
 
-/* Built-in haystack: plain sentences written for this tool (public
- * domain), about nothing in particular and free of numbers. */
-static const char *const builtin_haystack[] = {
-    "The morning market opened early, and the baker set out loaves of bread on a long wooden table.",
-    "A light rain fell over the hills while the farmers checked the fences along the northern field.",
-    "In the library, a quiet student turned the pages of an old atlas and traced the rivers with a finger.",
-    "The harbor was busy with small boats that carried fish, rope and barrels of fresh water.",
-    "Children ran along the path to the pond, where ducks waited for crumbs near the reeds.",
-    "The old clock in the square rang at noon, and the shopkeepers stepped outside to talk.",
-    "A gardener planted rows of beans and watered them slowly with a green can.",
-    "On the train, a traveler watched the forests pass and wrote short notes in a small book.",
-    "The kitchen smelled of onions and thyme as the soup warmed on the stove.",
-    "Far to the west, the mountains held snow on their peaks even in the middle of summer.",
-    "A painter mixed blue and yellow on a board and tried to catch the color of the sea.",
-    "The postman rode his bicycle from house to house, ringing the bell at every gate.",
-    "In the evening, the wind turned cool and the lamps along the street were lit one by one.",
-    "A teacher drew a map of the village on the board and asked the class to name each road.",
-    "The river bent around the mill, where a wheel turned slowly under the falling water.",
-    "Two friends shared a pot of tea and talked about the books they wanted to read.",
-    "The museum kept a collection of old coins, maps and tools behind tall glass cases.",
-    "At the edge of the forest, a fox watched the road and then slipped back into the ferns.",
-    "The carpenter measured the board twice before he cut it with a steady hand.",
-    "Clouds gathered over the bay, and the sailors tied their boats more tightly to the dock.",
-    "A choir practiced in the church hall, and their voices carried into the empty street.",
-    "The orchard was full of apples, and the pickers filled their baskets before the sun was high.",
-    "A cat slept on the warm stone steps while the town went about its business.",
-    "The engineer checked the bridge after the storm and found that every beam still held.",
-};
 
 /* Sentences of a haystack file: split after '.', '!' or '?' followed by
  * white space, and at blank lines; trimmed; empty ones dropped. The
@@ -1397,7 +1369,7 @@ static int cmd_niah(eval_env *e) {
         n_sent = split_sentences(file_text, len, &sent);
         if (n_sent == 0) die(EXIT_RUN, "the haystack file \"%s\" has no sentences", o->haystack_file);
     } else {
-        n_sent = (int64_t)(sizeof builtin_haystack / sizeof builtin_haystack[0]);
+        const char *const *builtin_haystack = dhsa_task_builtin_sentences(&n_sent);
         sent = xmalloc((size_t)n_sent * sizeof(char *));
         for (int64_t i = 0; i < n_sent; i++) sent[i] = (char *)builtin_haystack[i];
     }
@@ -1637,23 +1609,12 @@ static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
     /* filler and keywords */
     char *file_text = NULL, *kw_text = NULL, **kw = NULL;
     int64_t flen = 0, n_kw = 0;
-    sbuf fb = {0};
     const char *fill_name;
     if (o->filler_file) {
         file_text = read_file(o->filler_file, &flen);
         fill_name = o->filler_file;
     } else {
-        /* the built-in sentences, repeated in a seeded order, until the longest length fits */
-        int64_t ns = (int64_t)(sizeof builtin_haystack / sizeof builtin_haystack[0]);
-        uint64_t rs = o->seed;
-        int64_t longest = 0;
-        for (int i = 0; i < o->n_lengths; i++) longest = o->lengths[i] > longest ? o->lengths[i] : longest;
-        while ((int64_t)fb.n < 6 * longest + 4096) {
-            if (fb.n) sb_add(&fb, " ");
-            sb_add(&fb, builtin_haystack[splitmix(&rs) % (uint64_t)ns]);
-        }
-        file_text = fb.p;
-        flen = (int64_t)fb.n;
+        file_text = NULL; /* dhsa_task_build uses its built-in sentences */
         fill_name = "built-in sentences (repeated; --filler FILE for real text)";
     }
     if (o->keywords_file) kw = read_lines(o->keywords_file, &n_kw, &kw_text);

@@ -26,6 +26,40 @@ static const char magic_pre[] =
     "Some special magic numbers are hidden within the following text. Make sure to memorize it. "
     "I will quiz you about the numbers afterwards. ";
 
+/* Built-in haystack: plain sentences written for dhsa (public
+ * domain), about nothing in particular and free of numbers. */
+static const char *const builtin_sentences[] = {
+    "The morning market opened early, and the baker set out loaves of bread on a long wooden table.",
+    "A light rain fell over the hills while the farmers checked the fences along the northern field.",
+    "In the library, a quiet student turned the pages of an old atlas and traced the rivers with a finger.",
+    "The harbor was busy with small boats that carried fish, rope and barrels of fresh water.",
+    "Children ran along the path to the pond, where ducks waited for crumbs near the reeds.",
+    "The old clock in the square rang at noon, and the shopkeepers stepped outside to talk.",
+    "A gardener planted rows of beans and watered them slowly with a green can.",
+    "On the train, a traveler watched the forests pass and wrote short notes in a small book.",
+    "The kitchen smelled of onions and thyme as the soup warmed on the stove.",
+    "Far to the west, the mountains held snow on their peaks even in the middle of summer.",
+    "A painter mixed blue and yellow on a board and tried to catch the color of the sea.",
+    "The postman rode his bicycle from house to house, ringing the bell at every gate.",
+    "In the evening, the wind turned cool and the lamps along the street were lit one by one.",
+    "A teacher drew a map of the village on the board and asked the class to name each road.",
+    "The river bent around the mill, where a wheel turned slowly under the falling water.",
+    "Two friends shared a pot of tea and talked about the books they wanted to read.",
+    "The museum kept a collection of old coins, maps and tools behind tall glass cases.",
+    "At the edge of the forest, a fox watched the road and then slipped back into the ferns.",
+    "The carpenter measured the board twice before he cut it with a steady hand.",
+    "Clouds gathered over the bay, and the sailors tied their boats more tightly to the dock.",
+    "A choir practiced in the church hall, and their voices carried into the empty street.",
+    "The orchard was full of apples, and the pickers filled their baskets before the sun was high.",
+    "A cat slept on the warm stone steps while the town went about its business.",
+    "The engineer checked the bridge after the storm and found that every beam still held.",
+};
+
+const char *const *dhsa_task_builtin_sentences(int64_t *n) {
+    if (n) *n = (int64_t)(sizeof builtin_sentences / sizeof builtin_sentences[0]);
+    return builtin_sentences;
+}
+
 /* Used when the caller gives no keyword list. */
 static const char *const builtin_keywords[] = {
     "harbor", "lantern", "orchard", "pebble", "meadow", "violin", "compass", "saddle", "thimble", "quarry",
@@ -221,7 +255,20 @@ dhsa_status dhsa_task_build(const dhsa_tokenizer *tok, const dhsa_task_params *p
             return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_task_build: keyword %lld is empty or over 64 bytes",
                               (long long)i);
     int64_t flen = 0;
-    char *f = fold(p->filler ? p->filler : "", p->filler_len, &flen);
+    char *f;
+    if (p->filler) {
+        f = fold(p->filler, p->filler_len, &flen);
+    } else { /* the built-in sentences, in a seeded order, about 6 bytes per wanted token */
+        sbuf fb = {0};
+        uint64_t fs = p->seed ^ 0x5DEECE66Dull;
+        const int64_t ns = (int64_t)(sizeof builtin_sentences / sizeof builtin_sentences[0]);
+        while ((int64_t)fb.n < 6 * p->length + 4096 && !fb.oom) {
+            if (fb.n) sb_add(&fb, " ");
+            sb_add(&fb, builtin_sentences[splitmix(&fs) % (uint64_t)ns]);
+        }
+        f = fb.oom ? NULL : fold(fb.p, (int64_t)fb.n, &flen);
+        free(fb.p);
+    }
     if (!f) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "dhsa_task_build: out of memory");
     uint64_t rs = p->seed * 0x2545F4914F6CDD1Dull + (uint64_t)p->kind;
     /* the needles */
