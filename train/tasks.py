@@ -126,13 +126,18 @@ def multivalue(src, rng, nchars, n_values=None, n_distract=None):
 
 
 def repeat(src, rng, nchars):
-    """Plain text in which one passage occurs twice: every token of the copy is
-    predictable from context (the induction signal, dense)."""
+    """Plain text in which one passage occurs twice: every token of the copy but
+    its first is predictable from context (the induction signal, dense).
+    Returns (text, (start, end)): the copy's character range in text."""
     f = src.span(rng, nchars)
     n = min(len(f) // 3, rng.randint(100, 600))
     if n < 20:
-        return f, ""
+        return f, None
     a = rng.randrange(0, len(f) // 2 - n // 2)
     seg = f[a:a + n]
-    seg = seg[seg.find(" ") + 1:]
-    return _insert(f, [seg], [rng.uniform(0.5, 1.0)])[0], ""
+    seg = seg[seg.find(" ") + 1:].strip()
+    p = f.find(" ", int(rng.uniform(0.5, 1.0) * len(f)))
+    if p < 0 or not seg:
+        return f, None
+    text = f[:p] + " " + seg + f[p:]
+    return text, (p + 1, p + 1 + len(seg))

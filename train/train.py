@@ -4,7 +4,9 @@ Data: each sequence is one task (passkey, multikey, multivalue, or a text
 with a repeated passage) over training filler with training keys, built as
 text and tokenized whole, starting with BOS; a task's answer is followed by
 EOS. Loss: mean cross-entropy over all text tokens plus the mean over the
-answer tokens (so a 5-token answer in an 8K sequence still counts).
+answer tokens (so a 5-token answer in an 8K sequence still counts); the
+second copy of a repeated passage counts as answer tokens too (the dense
+in-context copying signal that makes induction heads form early).
 Curriculum: sequence length rises from 512 to 8192 tokens (shorter lengths
 stay in the mix); tokens per step stay constant (batch = tokens / length).
 Schedule: warmup, constant, then linear cooldown over the last 15% of
@@ -60,10 +62,24 @@ class Builder:
         assert full[:len(p)] == p, "prompt/answer boundary is not a token boundary"
         return full + [self.sp.eos_id()], len(p)
 
+    def sample_repeat(self, src, rng, T):
+        """A repeated-passage text of at most T tokens: (ids, copy_start, copy_end) in tokens."""
+        nchars = int((T - 20) * self.cpt)
+        for _ in range(8):
+            text, cp = tasks.repeat(src, random.Random(rng.random()), max(nchars, 50))
+            ids = [self.sp.bos_id()] + self.sp.encode(text)
+            if len(ids) <= T:
+                if cp is None:
+                    return ids, len(ids), len(ids)
+                a = 1 + len(self.sp.encode(text[:cp[0]]))
+                b = 1 + len(self.sp.encode(text[:cp[1]]))
+                return ids, a, min(b, len(ids))
+            nchars = int(nchars * T / len(ids) * 0.97)
+        raise RuntimeError(f"could not fit a repeat text in {T} tokens")
+
     def sample(self, kind, src, rng, T, **kw):
         """One task of at most T tokens; returns (ids, answer_start)."""
-        fn = {"passkey": tasks.passkey, "multikey": tasks.multikey,
-              "multivalue": tasks.multivalue, "repeat": tasks.repeat}[kind]
+        fn = {"passkey": tasks.passkey, "multikey": tasks.multikey, "multivalue": tasks.multivalue}[kind]
         nchars = int((T - 90) * self.cpt)
         for _ in range(8):
             r = random.Random(rng.random())
@@ -75,7 +91,7 @@ class Builder:
 
 
 LENGTHS = [512, 1024, 2048, 4096, 8192]
-KINDS = [("passkey", 0.35), ("multikey", 0.30), ("multivalue", 0.15), ("repeat", 0.20)]
+KINDS = [("passkey", 0.30), ("multikey", 0.25), ("multivalue", 0.15), ("repeat", 0.30)]
 
 
 def step_length(step, steps, rng):
@@ -96,13 +112,20 @@ def make_batch(b, src, seed, step, steps, tokens):
     w_ans = torch.zeros(B, T)
     for i in range(B):
         kind = rng.choices([k for k, _ in KINDS], weights=[w for _, w in KINDS])[0]
-        ids, a = b.sample(kind, src, rng, T + 1)
+        if kind == "repeat":
+            ids, c0, c1 = b.sample_repeat(src, rng, T + 1)
+            a = len(ids)
+        else:
+            ids, a = b.sample(kind, src, rng, T + 1)
+            c0 = c1 = 0
         n = len(ids) - 1
         x[i, :n] = torch.tensor(ids[:-1])
         y[i, :n] = torch.tensor(ids[1:])
         w_lm[i, :n] = 1
         if a < len(ids):
             w_ans[i, a - 1:n] = 1  # targets ids[a..] = the answer tokens and EOS
+        if c1 > c0 + 1:
+            w_ans[i, c0:c1 - 1] = 1  # targets ids[c0 + 1 .. c1): the copy after its first token
     return x, y, w_lm, w_ans, T
 
 
