@@ -18,6 +18,9 @@ Sparse attention: lay = dhsa.route(q, k, causal=True, density=0.0625)
 (DHSA routing) gives a dhsa.Layout; dhsa.attention(q, k, v, causal=True,
 sparse=lay) attends only to its key ranges. Also dhsa.KVIndex (decode),
 dhsa.Predictor (learned boundaries), dhsa.synth() and dhsa.fidelity().
+Evaluation tasks: dhsa.Tokenizer(gguf_path) and dhsa.retrieval_task(tok,
+"passkey"|"multikey"|"multivalue", length, depth, seed) (the builders and
+scoring of `dhsa eval passkey`).
 Tests: python3 -m pytest -q python/tests (make test runs them).
 """
 
@@ -28,11 +31,13 @@ from ._attention import (attention, backend_in_use, from_bfloat16, to_bfloat16,
                          workspace_size)
 from ._route import (KVIndex, Layout, Predictor, RouterParams, fidelity, layout_size, route,
                      route_sizes, synth)
+from ._eval import Task, Tokenizer, retrieval_task
 
 __all__ = [
     "attention", "workspace_size", "backend_in_use",
     "route", "route_sizes", "RouterParams", "Layout", "layout_size",
     "Predictor", "KVIndex", "synth", "fidelity",
+    "Tokenizer", "retrieval_task", "Task",
     "Context", "default_context", "mem_stats",
     "peak_rss", "rss", "reset_peak_rss",
     "active_isa", "set_isa",

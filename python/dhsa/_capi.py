@@ -266,6 +266,67 @@ _ROUTE_PROTOTYPES = {
                                       _p(Fidelity)]),
 }
 
+# Retrieval tasks (the "Retrieval tasks" block of dhsa.h) and the tokenizer
+# they need.
+
+DHSA_TASK_PASSKEY, DHSA_TASK_MULTIKEY, DHSA_TASK_MULTIVALUE = 1, 2, 3
+DHSA_TASK_MAX_NEEDLES = 16
+
+
+class TaskParams(ctypes.Structure):
+    """dhsa_task_params, field for field."""
+    _fields_ = [
+        ("kind", c_int),
+        ("length", c_int64),
+        ("depth", ctypes.c_double),
+        ("seed", ctypes.c_uint64),
+        ("n_keys", c_int),
+        ("n_distract", c_int),
+        ("filler", c_void_p),
+        ("filler_len", c_int64),
+        ("keywords", c_void_p),             # const char *const *
+        ("n_keywords", c_int64),
+        ("heldout_numbers", c_int),
+    ]
+
+
+class Task(ctypes.Structure):
+    """dhsa_task, field for field."""
+    _fields_ = [
+        ("ids", ctypes.POINTER(ctypes.c_int32)),
+        ("n_ids", c_int64),
+        ("prompt", c_char_p),
+        ("answer", ctypes.c_char * 192),
+        ("n_numbers", c_int),
+        ("numbers", ctypes.c_uint64 * DHSA_TASK_MAX_NEEDLES),
+        ("n_spans", c_int),
+        ("span_lo", c_int64 * DHSA_TASK_MAX_NEEDLES),
+        ("span_hi", c_int64 * DHSA_TASK_MAX_NEEDLES),
+        ("depth_used", ctypes.c_double),
+    ]
+
+
+LP64_SIZES.update({"TaskParams": 80, "Task": 624})
+
+_TASK_PROTOTYPES = {
+    "dhsa_gguf_open": (c_int, [c_char_p, _p(c_void_p)]),
+    "dhsa_gguf_close": (None, [c_void_p]),
+    "dhsa_tokenizer_from_gguf": (c_int, [c_void_p, _p(c_void_p)]),
+    "dhsa_tokenizer_free": (None, [c_void_p]),
+    "dhsa_tokenizer_default_flags": (ctypes.c_uint, [c_void_p]),
+    "dhsa_tokenizer_n_vocab": (c_int64, [c_void_p]),
+    "dhsa_tokenize": (c_int, [c_void_p, c_char_p, c_int64, ctypes.c_uint, c_void_p, c_int64,
+                              _p(c_int64)]),
+    "dhsa_detokenize": (c_int, [c_void_p, c_void_p, c_int64, ctypes.c_uint, c_void_p, c_int64,
+                                _p(c_int64)]),
+    "dhsa_task_kind_name": (c_char_p, [c_int]),
+    "dhsa_task_default_params": (TaskParams, []),
+    "dhsa_task_build": (c_int, [c_void_p, _p(TaskParams), _p(Task)]),
+    "dhsa_task_free": (None, [_p(Task)]),
+    "dhsa_task_check": (c_int, [_p(Task), c_char_p, c_int64]),
+    "dhsa_task_selected": (ctypes.c_double, [_p(Task), c_void_p, c_int64, c_int64]),
+}
+
 # ---------------------------------------------------------------- loading ---
 
 _lib = None
@@ -316,7 +377,7 @@ def lib():
                 fn = getattr(handle, name)  # AttributeError names a missing symbol
                 fn.restype = res
                 fn.argtypes = args
-            for name, (res, args) in _ROUTE_PROTOTYPES.items():
+            for name, (res, args) in list(_ROUTE_PROTOTYPES.items()) + list(_TASK_PROTOTYPES.items()):
                 if hasattr(handle, name):
                     fn = getattr(handle, name)
                     fn.restype = res
