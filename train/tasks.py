@@ -127,15 +127,27 @@ def multivalue(src, rng, nchars, n_values=None, n_distract=None):
 
 def repeat(src, rng, nchars):
     """Plain text in which one passage occurs twice: every token of the copy but
-    its first is predictable from context (the induction signal, dense).
+    its first is predictable from context (the induction signal, dense). Half
+    of the passages are lists of random words put early in the text (nothing
+    predicts their copy but the first occurrence), half a span of the text.
     Returns (text, (start, end)): the copy's character range in text."""
     f = src.span(rng, nchars)
     n = min(len(f) // 3, rng.randint(100, 600))
     if n < 20:
         return f, None
-    a = rng.randrange(0, len(f) // 2 - n // 2)
-    seg = f[a:a + n]
-    seg = seg[seg.find(" ") + 1:].strip()
+    if rng.random() < 0.5:
+        # a list of random words: unpredictable but by copying, placed early
+        words = []
+        while sum(len(w) + 1 for w in words) < n:
+            words.append(rng.choice(src.keywords))
+        seg = " ".join(words)
+        q = f.find(" ", int(rng.uniform(0.0, 0.4) * len(f)))
+        if q > 0:
+            f = f[:q] + " " + seg + f[q:]
+    else:
+        a = rng.randrange(0, len(f) // 2 - n // 2)
+        seg = f[a:a + n]
+        seg = seg[seg.find(" ") + 1:].strip()
     p = f.find(" ", int(rng.uniform(0.5, 1.0) * len(f)))
     if p < 0 or not seg:
         return f, None

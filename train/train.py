@@ -91,7 +91,7 @@ class Builder:
 
 
 LENGTHS = [512, 1024, 2048, 4096, 8192]
-KINDS = [("passkey", 0.30), ("multikey", 0.25), ("multivalue", 0.15), ("repeat", 0.30)]
+KINDS = [("passkey", 0.30), ("multikey", 0.20), ("multivalue", 0.10), ("repeat", 0.40)]
 
 
 def step_length(step, steps, rng):
