@@ -385,6 +385,54 @@ static void dump_begin(layout_dump *d, const run_opts *o, const dhsa_model_info 
 }
 
 /* Writes the picture (after the prefill) and frees the dump. */
+/* What a sparse run really did, from every layer call's layout: the keys
+ * selected against the causal keys available, and how many calls ran
+ * without a layout (dense: the prompt was under dense_below). Chains to the
+ * --dump-layout hook when there is one. */
+typedef struct {
+    double selected, available;
+    int64_t calls, dense_calls, blocks, dense_blocks;
+    int (*next)(void *, int64_t, const dhsa_attn_desc *);
+    void *next_user;
+} run_density;
+
+static int density_hook(void *user, int64_t layer, const dhsa_attn_desc *a) {
+    run_density *d = user;
+    d->calls++;
+    dhsa_layout_stats st;
+    if (a->layout && dhsa_layout_get_stats(a->layout, &st) == DHSA_OK) {
+        d->selected += st.selected;
+        d->available += st.available;
+        d->blocks += st.n_blocks * st.Hkv;
+        d->dense_blocks += st.dense_blocks;
+    } else {
+        const double n = (double)a->q.shape[2], p0 = (double)a->q_pos0;
+        double keys = (n * p0 + n * (n + 1) / 2) * (double)a->k.shape[1];
+        d->selected += keys;
+        d->available += keys;
+        d->dense_calls++;
+    }
+    return d->next ? d->next(d->next_user, layer, a) : 0;
+}
+
+static void density_report(const run_density *d, const dhsa_session_params *ses) {
+    const dhsa_router_params *rp = &ses->router;
+    double used = d->available > 0 ? d->selected / d->available : 1;
+    char want[64];
+    if (rp->budget_tokens > 0) snprintf(want, sizeof want, "a budget of %lld keys", (long long)rp->budget_tokens);
+    else snprintf(want, sizeof want, "density %.4g", rp->density);
+    fprintf(stderr, "attention: %s at %s: density used %.4f over %lld layer calls", dhsa_attn_method_name(ses->attn),
+            want, used, (long long)d->calls);
+    if (d->dense_calls > 0)
+        fprintf(stderr, "; %lld of them without a layout (dense)", (long long)d->dense_calls);
+    if (d->blocks > 0)
+        fprintf(stderr, "; %lld of %lld query blocks ran dense", (long long)d->dense_blocks, (long long)d->blocks);
+    if (d->calls > 0 && (d->dense_calls == d->calls || (d->blocks > 0 && d->dense_blocks == d->blocks)))
+        fprintf(stderr, ": this run was DENSE (under --dense-below %lld keys, or sinks + local + budget cover every "
+                "key; --dense-below 0 routes every block)", (long long)rp->dense_below);
+    fprintf(stderr, "\n");
+}
+
 static void dump_end(layout_dump *d, const char *model_path, const dhsa_model_info *in, int64_t n_prompt,
                      int64_t n_ubatch) {
     const dhsa_router_params *rp = &d->rp;
@@ -521,6 +569,14 @@ static int run_main(int argc, char **argv, int plan_only) {
     layout_dump dump;
     memset(&dump, 0, sizeof dump);
     if (o.dump_path) dump_begin(&dump, &o, in, n_prompt, &o.ses);
+    run_density dens;
+    memset(&dens, 0, sizeof dens);
+    if (o.ses.attn != DHSA_ATTN_DENSE) {
+        dens.next = o.ses.layer_hook;
+        dens.next_user = o.ses.layer_hook_user;
+        o.ses.layer_hook = density_hook;
+        o.ses.layer_hook_user = &dens;
+    }
     dhsa_session *s;
     if (dhsa_session_create(ctx, m, &o.ses, &s)) die(EXIT_RUN, "%s", dhsa_last_error());
     dhsa_sampler *smp;
@@ -569,6 +625,7 @@ static int run_main(int argc, char **argv, int plan_only) {
     printf("\n");
     fflush(stdout);
     if (o.dump_path) dump_end(&dump, o.model, in, n_prompt, plan.n_ubatch);
+    if (o.ses.attn != DHSA_ATTN_DENSE) density_report(&dens, &o.ses);
     fprintf(stderr,
             "prompt: %lld tokens in %.3f s (%.1f tok/s), first token after %.3f s; decode: %lld tokens, %.1f tok/s; "
             "all forward passes: %.1f tok/s; peak RSS %.1f MiB\n",
