@@ -153,3 +153,31 @@ def repeat(src, rng, nchars):
         return f, None
     text = f[:p] + " " + seg + f[p:]
     return text, (p + 1, p + 1 + len(seg))
+
+
+def copy_list(src, rng, nchars):
+    """Text with one list of random words (training keywords) repeated 2-4 times
+    at random places: the purest in-context copy signal. Returns (text, ranges):
+    the character ranges of every repetition after the first."""
+    f = src.span(rng, nchars)
+    words = [rng.choice(src.keywords) for _ in range(rng.randint(8, 40))]
+    seg = " ".join(words)
+    k = rng.randint(2, 4)
+    pos = sorted(rng.random() for _ in range(k))
+    out, last, ranges = [], 0, []
+    n = 0
+    for i, p in enumerate(pos):
+        c = f.find(" ", int(p * len(f)))
+        c = len(f) if c < 0 else max(c, last)
+        piece = f[last:c]
+        out.append(piece)
+        n += len(piece)
+        out.append(" ")
+        n += 1
+        if i > 0:
+            ranges.append((n, n + len(seg)))
+        out.append(seg)
+        n += len(seg)
+        last = c
+    out.append(f[last:])
+    return "".join(out), ranges

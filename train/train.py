@@ -7,8 +7,9 @@ EOS. Loss: mean cross-entropy over all text tokens plus the mean over the
 answer tokens (so a 5-token answer in an 8K sequence still counts); the
 second copy of a repeated passage counts as answer tokens too (the dense
 in-context copying signal that makes induction heads form early).
-Curriculum: sequence length rises from 512 to 8192 tokens (shorter lengths
-stay in the mix); tokens per step stay constant (batch = tokens / length).
+Curriculum (SCHEDULE, for 2400 steps, scaled with --steps): the longest
+length rises 512 (to step 1000), 1K, 2K, 4K, 8K (from 1850); shorter lengths
+stay in the mix; tokens per step stay constant (batch = tokens / length).
 Schedule: warmup, constant, then linear cooldown over the last 15% of
 --steps (warmup-stable-decay, so a run can be extended before its cooldown).
 
@@ -77,6 +78,18 @@ class Builder:
             nchars = int(nchars * T / len(ids) * 0.97)
         raise RuntimeError(f"could not fit a repeat text in {T} tokens")
 
+    def sample_copy(self, src, rng, T):
+        """A repeated-word-list text of at most T tokens: (ids, [(start, end)] token ranges of the copies)."""
+        nchars = int((T - 60) * self.cpt * 0.8)
+        for _ in range(8):
+            text, rs = tasks.copy_list(src, random.Random(rng.random()), max(nchars, 50))
+            ids = [self.sp.bos_id()] + self.sp.encode(text)
+            if len(ids) <= T:
+                spans = [(1 + len(self.sp.encode(text[:a])), 1 + len(self.sp.encode(text[:b]))) for a, b in rs]
+                return ids, [(a, min(b, len(ids))) for a, b in spans]
+            nchars = int(nchars * T / len(ids) * 0.95)
+        raise RuntimeError(f"could not fit a copy text in {T} tokens")
+
     def sample(self, kind, src, rng, T, **kw):
         """One task of at most T tokens; returns (ids, answer_start)."""
         fn = {"passkey": tasks.passkey, "multikey": tasks.multikey, "multivalue": tasks.multivalue}[kind]
@@ -91,13 +104,16 @@ class Builder:
 
 
 LENGTHS = [512, 1024, 2048, 4096, 8192]
-KINDS = [("passkey", 0.30), ("multikey", 0.20), ("multivalue", 0.10), ("repeat", 0.40)]
+KINDS = [("passkey", 0.25), ("multikey", 0.20), ("multivalue", 0.10), ("repeat", 0.20), ("copy", 0.25)]
+
+
+# The longest length from each step on (shorter ones stay in the mix with
+# weights halving per step down). Copying is learned at short lengths first.
+SCHEDULE = [(0, 512), (1000, 1024), (1300, 2048), (1600, 4096), (1850, 8192)]
 
 
 def step_length(step, steps, rng):
-    """Longest length reached at this point of the run; shorter ones stay in the mix."""
-    f = step / max(1, steps)
-    top = 0 if f < 0.15 else 1 if f < 0.30 else 2 if f < 0.45 else 3 if f < 0.60 else 4
+    top = max(i for i, (s0, _) in enumerate(SCHEDULE) if step >= s0 * steps / 2400)
     w = [0.5 ** (top - i) if i <= top else 0 for i in range(len(LENGTHS))]
     return LENGTHS[rng.choices(range(len(LENGTHS)), weights=w)[0]]
 
@@ -112,20 +128,25 @@ def make_batch(b, src, seed, step, steps, tokens):
     w_ans = torch.zeros(B, T)
     for i in range(B):
         kind = rng.choices([k for k, _ in KINDS], weights=[w for _, w in KINDS])[0]
+        spans = []
         if kind == "repeat":
             ids, c0, c1 = b.sample_repeat(src, rng, T + 1)
             a = len(ids)
+            spans = [(c0, c1)]
+        elif kind == "copy":
+            ids, spans = b.sample_copy(src, rng, T + 1)
+            a = len(ids)
         else:
             ids, a = b.sample(kind, src, rng, T + 1)
-            c0 = c1 = 0
         n = len(ids) - 1
         x[i, :n] = torch.tensor(ids[:-1])
         y[i, :n] = torch.tensor(ids[1:])
         w_lm[i, :n] = 1
         if a < len(ids):
             w_ans[i, a - 1:n] = 1  # targets ids[a..] = the answer tokens and EOS
-        if c1 > c0 + 1:
-            w_ans[i, c0:c1 - 1] = 1  # targets ids[c0 + 1 .. c1): the copy after its first token
+        for c0, c1 in spans:
+            if c1 > c0 + 1:
+                w_ans[i, c0:c1 - 1] = 1  # targets ids[c0 + 1 .. c1): a copy after its first token
     return x, y, w_lm, w_ans, T
 
 
