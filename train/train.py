@@ -104,7 +104,7 @@ class Builder:
 
 
 LENGTHS = [512, 1024, 2048, 4096, 8192]
-KINDS = [("passkey", 0.25), ("multikey", 0.20), ("multivalue", 0.10), ("repeat", 0.20), ("copy", 0.25)]
+KINDS = [("passkey", 0.20), ("multikey", 0.15), ("multivalue", 0.05), ("repeat", 0.15), ("copy", 0.45)]
 
 
 # The longest length from each step on (shorter ones stay in the mix with
