@@ -4,7 +4,9 @@
  * of bad file (truncated at every length of the header and at many lengths
  * of the body, bad magic/version/sizes/reserved, flipped bytes, NaN weights
  * with a valid CRC, trailing bytes) refused with a sentence; routing with
- * LEARNED boundaries. Run: make build/tests/test_predictor && build/tests/test_predictor
+ * LEARNED boundaries; every ISA's window kernel and probabilities against
+ * the scalar path's, and DHSA_FORCE_SCALAR=1 (a child process) giving the
+ * scalar path's bits. Run: make build/tests/test_predictor && build/tests/test_predictor
  */
 #include <math.h>
 #include <stdio.h>
@@ -13,6 +15,7 @@
 #include <unistd.h>
 
 #include "dhsa.h"
+#include "route/predictor_internal.h" /* the window kernels, for the per-ISA comparison */
 #include "t.h"
 
 static uint64_t rng = 12345;
@@ -170,7 +173,166 @@ static void refused(const unsigned char *b, size_t n, dhsa_status want, const ch
     T_CHECK(dhsa_last_error()[0] != '\0', "%s: no sentence", what);
 }
 
-int main(void) {
+/* ---- every ISA's window kernel against the scalar one ----
+ * The SIMD kernels (predictor_avx2.c, predictor_avx512.c) reorder the dot
+ * products' sums, fuse multiply-adds and use the polynomial exp of the
+ * attention kernels; LayerNorm statistics and the cosine stay in double in
+ * all of them. Features agree to ~1e-6 (the worst is |l - r|, where l and
+ * r nearly cancel; measured 0.08 of the bound); 1e-5 + 1e-5 |ref| leaves
+ * room while a wrong term (a missing residual, l and r swapped, the wrong
+ * softmax row) is off by O(0.1). Probabilities through the whole batched
+ * inference (qk micro-kernels of that ISA too): within 2e-6 (measured
+ * 1.2e-7 to 1.8e-7). */
+
+/* Worst |got - ref| / (atol + rtol |ref|) over n, and where. */
+static double worst_ratio(const float *got, const float *ref, int64_t n, double atol, double rtol, int64_t *at) {
+    double w = 0;
+    *at = -1;
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - ref[i]) / (atol + rtol * fabs((double)ref[i]));
+        if (!(e <= w)) { /* NaN counts as worst */
+            w = e;
+            *at = i;
+        }
+    }
+    return w;
+}
+
+static void test_isa_kernels(void) {
+    const int64_t Cs[] = {1, 5, 8, 16, 17, 24, 33, 48, 130}, ws[] = {1, 2, 4, 7};
+    const dhsa_isa best = dhsa_active_isa();
+    int compared = 0;
+    for (int isa = DHSA_ISA_AVX2; isa <= (int)DHSA_ISA_AVX512; isa++) {
+        if (dhsa_set_isa((dhsa_isa)isa) != DHSA_OK) continue;
+        dhsa__predictor_window_fn fn = dhsa__predictor_window_kernel((dhsa_isa)isa);
+        T_CHECK(fn != dhsa__predictor_window_scalar, "%s: the window kernel is the scalar one",
+                dhsa_isa_name((dhsa_isa)isa));
+        double worst = 0;
+        char where[160] = "";
+        for (size_t ci = 0; ci < sizeof Cs / sizeof Cs[0]; ci++)
+            for (size_t wi = 0; wi < sizeof ws / sizeof ws[0]; wi++) {
+                const int64_t C = Cs[ci], w = ws[wi], T = 2 * w, F = 4 * C + 1;
+                dhsa_predictor *pr;
+                if (dhsa_predictor_create_random(C, w, 8, 3 + ci * 7 + wi, &pr) != DHSA_OK) {
+                    T_CHECK(0, "create_random C=%lld w=%lld: %s", (long long)C, (long long)w, dhsa_last_error());
+                    continue;
+                }
+                for (int64_t c = 0; c < C; c++) pr->gamma[c] = 1.0f + 0.5f * frand(), pr->beta[c] = 0.3f * frand();
+                float *X = calloc((size_t)(4 * T * C), sizeof(float)), *Q = X + T * C, *K = Q + T * C, *V = K + T * C;
+                float *Pn = calloc((size_t)DHSA_BC * 64, sizeof(float));
+                float *wsp = calloc(dhsa__predictor_window_ws(pr) + 16, sizeof(float));
+                float *fr = calloc((size_t)F, sizeof(float)), *fg = calloc((size_t)F, sizeof(float));
+                /* keys with an offset: LayerNorm's centring matters */
+                for (int64_t i = 0; i < T * C; i++) X[i] = 2.0f + frand();
+                if (w > 1) memset(X, 0, (size_t)C * sizeof(float)); /* a zero (padding) row */
+                dhsa__predictor_project(pr, &dhsa__kern_scalar, X, T, Q, K, V, Pn);
+                dhsa__predictor_window_scalar(pr, X, Q, K, V, wsp, fr);
+                fn(pr, X, Q, K, V, wsp, fg);
+                int64_t at;
+                double r = worst_ratio(fg, fr, F, 1e-5, 1e-5, &at);
+                if (!(r <= worst)) {
+                    worst = r;
+                    snprintf(where, sizeof where, "C=%lld w=%lld feature %lld: %.9g, scalar %.9g", (long long)C,
+                             (long long)w, (long long)at, at >= 0 ? (double)fg[at] : 0.0,
+                             at >= 0 ? (double)fr[at] : 0.0);
+                }
+                if (ci == 7 && wi == 2) { /* the comparison can fail: one feature off by 1e-3 */
+                    fg[C + 3] += 1e-3f;
+                    T_CHECK(worst_ratio(fg, fr, F, 1e-5, 1e-5, &at) > 1, "%s: a feature off by 1e-3 passes",
+                            dhsa_isa_name((dhsa_isa)isa));
+                }
+                compared++;
+                free(X);
+                free(Pn);
+                free(wsp);
+                free(fr);
+                free(fg);
+                dhsa_predictor_free(pr);
+            }
+        printf("test_predictor: %s window kernel vs scalar: worst %.3g of the tolerance (%s)\n",
+               dhsa_isa_name((dhsa_isa)isa), worst, where);
+        T_CHECK(worst <= 1, "%s window kernel vs scalar: %.3g of the tolerance at %s", dhsa_isa_name((dhsa_isa)isa),
+                worst, where);
+    }
+    T_CHECK(dhsa_set_isa(best) == DHSA_OK, "could not restore ISA %s", dhsa_isa_name(best));
+    if (!compared) T_SKIP("no SIMD ISA on this CPU or build: window kernels not compared");
+}
+
+/* The probabilities of one fixed predictor and key set (C = 48, w = 4,
+ * L = 700), written by the DHSA_FORCE_SCALAR=1 child and compared here. */
+static void fixed_scores(dhsa_ctx *ctx, float *p, int64_t L) {
+    const int64_t Hkv = 2, d = 24;
+    dhsa_predictor *pr;
+    dhsa_predictor_create_random(Hkv * d, 4, 32, 99, &pr);
+    float *k = malloc((size_t)(Hkv * L * d) * sizeof(float));
+    uint64_t s = 77;
+    for (int64_t i = 0; i < Hkv * L * d; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        k[i] = (float)((double)(s >> 40) / (double)(1 << 24) * 2.0 - 1.0) + (i % 5 == 0 ? 1.0f : 0.0f);
+    }
+    dhsa_tensor kt = dhsa_tensor_bhld(k, DHSA_F32, 1, Hkv, L, d);
+    if (dhsa_predictor_score(ctx, pr, &kt, 0, p) != DHSA_OK) memset(p, 0xff, (size_t)L * sizeof(float));
+    free(k);
+    dhsa_predictor_free(pr);
+}
+
+static void test_isa_scores(dhsa_ctx *ctx, const char *self) {
+    const int64_t L = 700;
+    const dhsa_isa best = dhsa_active_isa();
+    float *ps = malloc((size_t)L * sizeof(float)), *pi = malloc((size_t)L * sizeof(float));
+    T_CHECK(dhsa_set_isa(DHSA_ISA_SCALAR) == DHSA_OK, "set_isa(scalar)");
+    fixed_scores(ctx, ps, L);
+    for (int isa = DHSA_ISA_AVX2; isa <= (int)DHSA_ISA_AVX512; isa++) {
+        if (dhsa_set_isa((dhsa_isa)isa) != DHSA_OK) continue;
+        fixed_scores(ctx, pi, L);
+        int64_t at;
+        double r = worst_ratio(pi, ps, L, 2e-6, 0, &at);
+        printf("test_predictor: %s probabilities vs scalar: worst |diff| %.3g at t = %lld (%.9f vs %.9f)\n",
+               dhsa_isa_name((dhsa_isa)isa), r * 2e-6, (long long)at, at >= 0 ? (double)pi[at] : 0.0,
+               at >= 0 ? (double)ps[at] : 0.0);
+        T_CHECK(r <= 1, "%s probabilities vs scalar: worst |diff| %.3g > 2e-6 at t = %lld",
+                dhsa_isa_name((dhsa_isa)isa), r * 2e-6, (long long)at);
+        T_CHECK(memcmp(pi, ps, (size_t)L * sizeof(float)) != 0,
+                "%s gives the scalar path's bits exactly: the SIMD kernels did not run", dhsa_isa_name((dhsa_isa)isa));
+    }
+    T_CHECK(dhsa_set_isa(best) == DHSA_OK, "could not restore ISA %s", dhsa_isa_name(best));
+    /* DHSA_FORCE_SCALAR=1: a child process scores the same predictor; its
+     * probabilities must be the scalar path's, bit for bit */
+    char out[] = "/tmp/dhsa_predictor_scalar_XXXXXX";
+    int fd = mkstemp(out);
+    if (fd >= 0) close(fd);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "DHSA_FORCE_SCALAR=1 '%s' --force-scalar-child '%s'", self, out);
+    int rc = fd >= 0 ? system(cmd) : -1;
+    size_t n = 0;
+    unsigned char *got = rc == 0 ? read_all(out, &n) : NULL;
+    T_CHECK(rc == 0 && got && n == (size_t)L * sizeof(float) && memcmp(got, ps, n) == 0,
+            "DHSA_FORCE_SCALAR=1: the child (exit %d, %zu bytes) does not give the scalar probabilities", rc, n);
+    free(got);
+    unlink(out);
+    free(ps);
+    free(pi);
+}
+
+/* The child of test_isa_scores: must run scalar, writes its probabilities. */
+static int force_scalar_child(const char *out) {
+    if (dhsa_active_isa() != DHSA_ISA_SCALAR) return 3;
+    if (dhsa__predictor_window_kernel(dhsa_active_isa()) != dhsa__predictor_window_scalar) return 4;
+    dhsa_ctx *ctx;
+    if (dhsa_ctx_create(NULL, &ctx)) return 5;
+    const int64_t L = 700;
+    float *p = malloc((size_t)L * sizeof(float));
+    fixed_scores(ctx, p, L);
+    FILE *f = fopen(out, "wb");
+    int ok = f && fwrite(p, sizeof(float), (size_t)L, f) == (size_t)L;
+    if (f) ok = fclose(f) == 0 && ok;
+    free(p);
+    dhsa_ctx_free(ctx);
+    return ok ? 0 : 6;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 3 && strcmp(argv[1], "--force-scalar-child") == 0) return force_scalar_child(argv[2]);
     char path[] = "/tmp/dhsa_predictor_XXXXXX";
     int fd = mkstemp(path);
     T_CHECK(fd >= 0, "mkstemp");
@@ -348,6 +510,9 @@ int main(void) {
         free(q);
         free(kr);
     }
+
+    test_isa_kernels();
+    test_isa_scores(ctx, argv[0]);
 
     free(m.wq);
     free(file);

@@ -8,11 +8,17 @@
  * token and the first MLP layer of each window's features, go through the
  * tiled attention's qk micro-kernel against weights packed once at load
  * into [tiles][rows][64] column panels; the 2w x 2w window attention,
- * LayerNorm and pooling are small loops. Slabs run in parallel.
+ * LayerNorm and pooling of each candidate are the window kernel, one per
+ * ISA (scalar here, the reference; predictor_avx2.c, predictor_avx512.c),
+ * chosen at run time (DHSA_FORCE_SCALAR=1 forces the scalar one). Slabs run
+ * in parallel. The three steps are shared with the decode index
+ * (kv_index.c), which runs them on keys as they arrive: every step computes
+ * a row from that row alone, so both give a candidate the same bits.
  * The struct is in predictor_internal.h, shared with the trainer
  * (predictor_train.c, which keeps its own double-precision forward).
- * Tested by tests/test_predictor.c (naive double forward, parser fuzzing)
- * and tests/test_train.c (the trainer's forward agrees with this one).
+ * Tested by tests/test_predictor.c (naive double forward, every ISA's window
+ * kernel against the scalar one, parser fuzzing) and tests/test_train.c (the
+ * trainer's forward agrees with this one).
  */
 #include "route/layout_internal.h"
 #include "route/predictor_internal.h"
@@ -271,6 +277,117 @@ dhsa_status dhsa_predictor_create_random(int64_t C, int64_t w, int64_t hidden, u
 
 /* ------------------------------------------------------------ inference --- */
 
+void dhsa__predictor_project(const dhsa_predictor *pr, const dhsa_attn_kernels *kern, const float *X, int64_t T,
+                             float *Q, float *K, float *V, float *Pn) {
+    const int64_t C = pr->C;
+    /* Y[r][o] = X[r] . W[:, o] + b[o], 64 output columns at a time */
+    float *Y[3] = {Q, K, V};
+    const float *bias[3] = {pr->bq, pr->bk, pr->bv};
+    for (int m = 0; m < 3; m++)
+        for (int64_t tile = 0; tile < pr->tiles_c; tile++) {
+            const float *panel = pr->proj + ((int64_t)m * pr->tiles_c + tile) * C * PANEL;
+            for (int64_t r0 = 0; r0 < T; r0 += DHSA_BC) {
+                int rn = (int)(T - r0 < DHSA_BC ? T - r0 : DHSA_BC);
+                kern->qk(X + r0 * C, C, rn, (int)C, panel, PANEL, Pn);
+                for (int r = 0; r < rn; r++)
+                    for (int64_t i = 0; i < PANEL && tile * PANEL + i < C; i++)
+                        Y[m][(r0 + r) * C + tile * PANEL + i] = Pn[r * PANEL + i] + bias[m][tile * PANEL + i];
+            }
+        }
+}
+
+size_t dhsa__predictor_window_ws(const dhsa_predictor *pr) {
+    /* A [2w][2w], then l, r, h [C] each; each piece 16-float aligned */
+    return dhsa__align_up(4 * (size_t)pr->w * (size_t)pr->w, 16) + 3 * dhsa__align_up((size_t)pr->C, 16);
+}
+
+/* The reference window kernel: plain loops, LayerNorm statistics and the
+ * cosine in double. */
+void dhsa__predictor_window_scalar(const dhsa_predictor *pr, const float *X, const float *Q, const float *K,
+                                   const float *V, float *ws, float *f) {
+    const int64_t C = pr->C, w = pr->w, W2 = 2 * w;
+    float *A = ws;                                           /* [2w][2w] */
+    float *l = A + dhsa__align_up((size_t)(W2 * W2), 16);    /* [C] */
+    float *r = l + dhsa__align_up((size_t)C, 16);            /* [C] */
+    float *h = r + dhsa__align_up((size_t)C, 16);            /* [C]: one H row at a time */
+    const float inv = (float)(1.0 / sqrt((double)C));
+    for (int64_t i = 0; i < W2; i++) {
+        float mx = -INFINITY;
+        for (int64_t k2 = 0; k2 < W2; k2++) {
+            const float *qi = Q + i * C, *kk = K + k2 * C;
+            float s = 0;
+            for (int64_t c = 0; c < C; c++) s += qi[c] * kk[c];
+            A[i * W2 + k2] = s * inv;
+            if (A[i * W2 + k2] > mx) mx = A[i * W2 + k2];
+        }
+        float sum = 0;
+        for (int64_t k2 = 0; k2 < W2; k2++) sum += A[i * W2 + k2] = expf(A[i * W2 + k2] - mx);
+        for (int64_t k2 = 0; k2 < W2; k2++) A[i * W2 + k2] /= sum;
+    }
+    memset(l, 0, (size_t)C * sizeof(float));
+    memset(r, 0, (size_t)C * sizeof(float));
+    for (int64_t i = 0; i < W2; i++) {
+        const float *x = X + i * C;
+        for (int64_t c = 0; c < C; c++) {
+            float s = x[c];
+            for (int64_t k2 = 0; k2 < W2; k2++) s += A[i * W2 + k2] * V[k2 * C + c];
+            h[c] = s;
+        }
+        double mean = 0, var = 0;
+        for (int64_t c = 0; c < C; c++) mean += h[c];
+        mean /= (double)C;
+        for (int64_t c = 0; c < C; c++) var += ((double)h[c] - mean) * ((double)h[c] - mean);
+        float rstd = (float)(1.0 / sqrt(var / (double)C + 1e-5));
+        float *dst = i < w ? l : r;
+        for (int64_t c = 0; c < C; c++)
+            dst[c] += (((float)(h[c] - mean)) * rstd * pr->gamma[c] + pr->beta[c]) / (float)w;
+    }
+    double ll = 0, rr = 0, lrr = 0;
+    for (int64_t c = 0; c < C; c++) {
+        f[c] = l[c];
+        f[C + c] = r[c];
+        f[2 * C + c] = fabsf(l[c] - r[c]);
+        f[3 * C + c] = l[c] * r[c];
+        ll += (double)l[c] * l[c];
+        rr += (double)r[c] * r[c];
+        lrr += (double)l[c] * r[c];
+    }
+    f[4 * C] = ll > 0 && rr > 0 ? (float)(lrr / sqrt(ll * rr)) : 0.0f;
+}
+
+dhsa__predictor_window_fn dhsa__predictor_window_kernel(dhsa_isa isa) {
+    switch (isa) {
+#if defined(__x86_64__)
+    case DHSA_ISA_AVX512: return dhsa__predictor_window_avx512;
+    case DHSA_ISA_AVX2: return dhsa__predictor_window_avx2;
+#endif
+    default: return dhsa__predictor_window_scalar;
+    }
+}
+
+void dhsa__predictor_mlp(const dhsa_predictor *pr, const dhsa_attn_kernels *kern, const float *Fe, int64_t n,
+                         float *Pn, float *z) {
+    const int64_t F = 4 * pr->C + 1;
+    for (int64_t c0 = 0; c0 < n; c0++) z[c0] = pr->b2;
+    for (int64_t tile = 0; tile < pr->tiles_h; tile++) {
+        const float *panel = pr->mlp + tile * F * PANEL;
+        for (int64_t r0 = 0; r0 < n; r0 += DHSA_BC) {
+            int rn = (int)(n - r0 < DHSA_BC ? n - r0 : DHSA_BC);
+            kern->qk(Fe + r0 * F, F, rn, (int)F, panel, PANEL, Pn);
+            for (int r2 = 0; r2 < rn; r2++) {
+                float acc = 0;
+                for (int64_t i = 0; i < PANEL && tile * PANEL + i < pr->hidden; i++) {
+                    float zz = Pn[r2 * PANEL + i] + pr->b1[tile * PANEL + i];
+                    if (zz > 0) acc += zz * pr->w2[tile * PANEL + i];
+                }
+                z[r0 + r2] += acc;
+            }
+        }
+    }
+}
+
+float dhsa__predictor_prob(float z) { return 1.0f / (1.0f + expf(-z)); }
+
 typedef struct {
     const dhsa_predictor *pr;
     const dhsa_tensor *k;
@@ -279,14 +396,15 @@ typedef struct {
     char *ws;
     size_t ws_per_thread;
     const dhsa_attn_kernels *kern;
+    dhsa__predictor_window_fn window;
 } score_job;
 
 static size_t slab_floats(const dhsa_predictor *pr) {
     size_t T = SLAB + 2 * (size_t)pr->w, C = (size_t)pr->C, F = 4 * C + 1;
     return dhsa__align_up(T * C, 16) * 4            /* X, Q, K, V */
            + dhsa__align_up((size_t)SLAB * F, 16)   /* features */
-           + dhsa__align_up(T * PANEL, 16)          /* panel output */
-           + dhsa__align_up(4 * (size_t)pr->w * pr->w + 2 * C, 16); /* window scratch */
+           + dhsa__align_up((size_t)DHSA_BC * PANEL, 16) /* panel output */
+           + dhsa__predictor_window_ws(pr);         /* window scratch */
 }
 
 /* One slab: candidates t in [t0, t0 + SLAB) of the sequence. */
@@ -298,11 +416,10 @@ static void slab_task(void *arg, int64_t slab, int thread) {
     const int64_t T = n + 2 * w; /* tokens [t0 - w, t1 + w) */
     float *X = (float *)(j->ws + (size_t)thread * j->ws_per_thread);
     size_t tc = dhsa__align_up((size_t)(SLAB + 2 * w) * (size_t)C, 16);
-    float *Q = X + tc, *K = Q + tc, *V = K + tc;
+    float *Q = X + tc, *K = Q + tc, *V = K + tc;                   /* [T][C] each */
     float *Fe = V + tc;                                            /* [n][F] */
-    float *Pn = Fe + dhsa__align_up((size_t)SLAB * (size_t)F, 16); /* [T][64] */
-    float *A = Pn + dhsa__align_up((size_t)(SLAB + 2 * w) * PANEL, 16); /* [2w][2w] */
-    float *lr = A + 4 * w * w;                                     /* l, r [C] each */
+    float *Pn = Fe + dhsa__align_up((size_t)SLAB * (size_t)F, 16); /* [BC][64] */
+    float *wws = Pn + dhsa__align_up((size_t)DHSA_BC * PANEL, 16); /* window scratch */
 
     /* X: keys of all KV heads concatenated, zeros outside the sequence */
     for (int64_t r = 0; r < T; r++) {
@@ -317,90 +434,13 @@ static void slab_task(void *arg, int64_t slab, int thread) {
             for (int64_t c = 0; c < d; c++) x[g * d + c] = dhsa__load(row, j->k->type, c * j->k->stride[3]);
         }
     }
-    /* projections: Y[r][o] = X[r] . W[:, o] + b[o], 64 output columns at a time */
-    float *Y[3] = {Q, K, V};
-    const float *bias[3] = {pr->bq, pr->bk, pr->bv};
-    for (int m = 0; m < 3; m++)
-        for (int64_t tile = 0; tile < pr->tiles_c; tile++) {
-            const float *panel = pr->proj + ((int64_t)m * pr->tiles_c + tile) * C * PANEL;
-            for (int64_t r0 = 0; r0 < T; r0 += DHSA_BC) {
-                int rn = (int)(T - r0 < DHSA_BC ? T - r0 : DHSA_BC);
-                j->kern->qk(X + r0 * C, C, rn, (int)C, panel, PANEL, Pn);
-                for (int r = 0; r < rn; r++)
-                    for (int64_t i = 0; i < PANEL && tile * PANEL + i < C; i++)
-                        Y[m][(r0 + r) * C + tile * PANEL + i] = Pn[r * PANEL + i] + bias[m][tile * PANEL + i];
-            }
-        }
-    /* per candidate: window attention, residual, LayerNorm, pooling, features */
-    const float inv = (float)(1.0 / sqrt((double)C));
-    for (int64_t c0 = 0; c0 < n; c0++) {
-        const int64_t base = c0; /* window rows [base, base + 2w) of X/Q/K/V */
-        for (int64_t i = 0; i < 2 * w; i++) {
-            float mx = -INFINITY;
-            for (int64_t k2 = 0; k2 < 2 * w; k2++) {
-                const float *qi = Q + (base + i) * C, *kk = K + (base + k2) * C;
-                float s = 0;
-                for (int64_t c = 0; c < C; c++) s += qi[c] * kk[c];
-                A[i * 2 * w + k2] = s * inv;
-                if (A[i * 2 * w + k2] > mx) mx = A[i * 2 * w + k2];
-            }
-            float sum = 0;
-            for (int64_t k2 = 0; k2 < 2 * w; k2++) sum += A[i * 2 * w + k2] = expf(A[i * 2 * w + k2] - mx);
-            for (int64_t k2 = 0; k2 < 2 * w; k2++) A[i * 2 * w + k2] /= sum;
-        }
-        float *l = lr, *r = lr + C;
-        memset(lr, 0, (size_t)(2 * C) * sizeof(float));
-        float *h = Pn; /* one H row at a time, [C] (Pn is free here) */
-        for (int64_t i = 0; i < 2 * w; i++) {
-            const float *x = X + (base + i) * C;
-            for (int64_t c = 0; c < C; c++) {
-                float s = x[c];
-                for (int64_t k2 = 0; k2 < 2 * w; k2++) s += A[i * 2 * w + k2] * V[(base + k2) * C + c];
-                h[c] = s;
-            }
-            double mean = 0, var = 0;
-            for (int64_t c = 0; c < C; c++) mean += h[c];
-            mean /= (double)C;
-            for (int64_t c = 0; c < C; c++) var += ((double)h[c] - mean) * ((double)h[c] - mean);
-            float rstd = (float)(1.0 / sqrt(var / (double)C + 1e-5));
-            float *dst = i < w ? l : r;
-            for (int64_t c = 0; c < C; c++)
-                dst[c] += (((float)(h[c] - mean)) * rstd * pr->gamma[c] + pr->beta[c]) / (float)w;
-        }
-        float *f = Fe + c0 * F;
-        double ll = 0, rr = 0, lrr = 0;
-        for (int64_t c = 0; c < C; c++) {
-            f[c] = l[c];
-            f[C + c] = r[c];
-            f[2 * C + c] = fabsf(l[c] - r[c]);
-            f[3 * C + c] = l[c] * r[c];
-            ll += (double)l[c] * l[c];
-            rr += (double)r[c] * r[c];
-            lrr += (double)l[c] * r[c];
-        }
-        f[4 * C] = ll > 0 && rr > 0 ? (float)(lrr / sqrt(ll * rr)) : 0.0f;
-    }
-    /* MLP: z = ReLU(f W1 + b1), logit = z . w2 + b2 */
-    for (int64_t c0 = 0; c0 < n; c0++) j->p[t0 + c0] = pr->b2;
-    for (int64_t tile = 0; tile < pr->tiles_h; tile++) {
-        const float *panel = pr->mlp + tile * F * PANEL;
-        for (int64_t r0 = 0; r0 < n; r0 += DHSA_BC) {
-            int rn = (int)(n - r0 < DHSA_BC ? n - r0 : DHSA_BC);
-            j->kern->qk(Fe + r0 * F, F, rn, (int)F, panel, PANEL, Pn);
-            for (int r2 = 0; r2 < rn; r2++) {
-                float acc = 0;
-                for (int64_t i = 0; i < PANEL && tile * PANEL + i < pr->hidden; i++) {
-                    float z = Pn[r2 * PANEL + i] + pr->b1[tile * PANEL + i];
-                    if (z > 0) acc += z * pr->w2[tile * PANEL + i];
-                }
-                j->p[t0 + r0 + r2] += acc;
-            }
-        }
-    }
-    for (int64_t c0 = 0; c0 < n; c0++) {
-        float z = j->p[t0 + c0];
-        j->p[t0 + c0] = t0 + c0 == 0 ? 0.0f : 1.0f / (1.0f + expf(-z));
-    }
+    dhsa__predictor_project(pr, j->kern, X, T, Q, K, V, Pn);
+    /* candidate t0 + c0: window rows [c0, c0 + 2w) of X/Q/K/V */
+    for (int64_t c0 = 0; c0 < n; c0++)
+        j->window(pr, X + c0 * C, Q + c0 * C, K + c0 * C, V + c0 * C, wws, Fe + c0 * F);
+    dhsa__predictor_mlp(pr, j->kern, Fe, n, Pn, j->p + t0);
+    for (int64_t c0 = 0; c0 < n; c0++)
+        j->p[t0 + c0] = t0 + c0 == 0 ? 0.0f : dhsa__predictor_prob(j->p[t0 + c0]);
 }
 
 dhsa_status dhsa_predictor_score(dhsa_ctx *ctx, const dhsa_predictor *pr, const dhsa_tensor *k, int64_t b,
@@ -415,7 +455,8 @@ dhsa_status dhsa_predictor_score(dhsa_ctx *ctx, const dhsa_predictor *pr, const 
                           (long long)(k->shape[1] * k->shape[3]));
     const int64_t L = k->shape[2];
     if (L == 0) return DHSA_OK;
-    score_job j = {pr, k, b, L, k->shape[3], p, NULL, slab_floats(pr) * sizeof(float), dhsa__attn_kernels()};
+    score_job j = {pr, k, b, L, k->shape[3], p, NULL, slab_floats(pr) * sizeof(float), dhsa__attn_kernels(),
+                   dhsa__predictor_window_kernel(dhsa_active_isa())};
     int64_t slabs = (L + SLAB - 1) / SLAB;
     dhsa_status st;
     j.ws = dhsa__alloc(ctx, j.ws_per_thread * (size_t)dhsa_ctx_n_threads(ctx), &st);

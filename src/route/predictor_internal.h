@@ -11,6 +11,7 @@
 #define DHSA_PREDICTOR_INTERNAL_H
 
 #include "core/internal.h"
+#include "attn/kern.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -34,6 +35,50 @@ size_t dhsa__predictor_raw_floats(int64_t C, int64_t hidden);
 dhsa_status dhsa__predictor_alloc(int64_t C, int64_t w, int64_t hidden, dhsa_predictor **out);
 /* Rebuilds the packed panels from the raw weights (after they change). */
 void dhsa__predictor_pack(dhsa_predictor *pr);
+
+/* ---- inference pieces (predictor.c), shared with the decode index ----
+ * dhsa_predictor_score (a whole sequence, in slabs) and dhsa_kv_index (keys
+ * as they arrive, kv_index.c) run the same three steps on the same rows, so
+ * a candidate's probability has the same bits in both: every step computes
+ * a row from that row's inputs only, in a fixed order, whatever the number
+ * of rows in the call.
+ *   1. dhsa__predictor_project: Q, K, V of each token;
+ *   2. the window kernel: the features f [4C + 1] of one candidate from its
+ *      2w rows of X, Q, K, V (per ISA: predictor_avx2.c, predictor_avx512.c;
+ *      the scalar one here is their reference);
+ *   3. dhsa__predictor_mlp, then dhsa__predictor_prob. */
+
+/* Q, K, V [T][C] = X [T][C] Wq + bq, X Wk + bk, X Wv + bv through the qk
+ * micro-kernel of kern against the packed panels. Pn: [DHSA_BC][64] floats
+ * of scratch. */
+void dhsa__predictor_project(const dhsa_predictor *pr, const dhsa_attn_kernels *kern, const float *X, int64_t T,
+                             float *Q, float *K, float *V, float *Pn);
+
+/* f [4C + 1] <- the features of one candidate (window attention, residual,
+ * LayerNorm, the two means, [l, r, |l - r|, l * r, cos(l, r)]). X, Q, K, V
+ * point at the window's first row: [2w][C] each, rows C floats apart.
+ * ws: dhsa__predictor_window_ws(pr) floats, 64-byte aligned. */
+typedef void (*dhsa__predictor_window_fn)(const dhsa_predictor *pr, const float *X, const float *Q, const float *K,
+                                          const float *V, float *ws, float *f);
+size_t dhsa__predictor_window_ws(const dhsa_predictor *pr);
+void dhsa__predictor_window_scalar(const dhsa_predictor *pr, const float *X, const float *Q, const float *K,
+                                   const float *V, float *ws, float *f);
+#if defined(__x86_64__)
+void dhsa__predictor_window_avx2(const dhsa_predictor *pr, const float *X, const float *Q, const float *K,
+                                 const float *V, float *ws, float *f);
+void dhsa__predictor_window_avx512(const dhsa_predictor *pr, const float *X, const float *Q, const float *K,
+                                   const float *V, float *ws, float *f);
+#endif
+/* The window kernel of an ISA: pass dhsa_active_isa() (the CPU must have
+ * the ISA; DHSA_FORCE_SCALAR=1 and dhsa_set_isa choose it). */
+dhsa__predictor_window_fn dhsa__predictor_window_kernel(dhsa_isa isa);
+
+/* z [n] = ReLU(Fe [n][4C + 1] W1 + b1) . w2 + b2 (the logits); Pn as in
+ * dhsa__predictor_project. */
+void dhsa__predictor_mlp(const dhsa_predictor *pr, const dhsa_attn_kernels *kern, const float *Fe, int64_t n,
+                         float *Pn, float *z);
+/* sigmoid(z) as dhsa_predictor_score computes it. */
+float dhsa__predictor_prob(float z);
 
 /* ---- training (predictor_train.c) ---- */
 
