@@ -462,8 +462,13 @@ typedef struct {
     int64_t nms_window;    /* kept boundaries are more than this apart (default 8) */
     int64_t min_chunk;     /* no chunk shorter (default 16) */
     int64_t max_chunk;     /* longer spans are split evenly (default 256) */
-    int causal_boundaries; /* SIMILARITY compares each key with the mean of the
-                              w keys before it only (streaming, decode) */
+    int causal_boundaries; /* streaming boundaries, as the decode index cuts:
+                              SIMILARITY compares each key with the mean of the
+                              w keys before it only; LEARNED (same scores) is
+                              decided by the index's online rule (dhsa_kv_index
+                              below), so dhsa_route gives exactly the index's
+                              chunks, the keys after its last closed chunk split
+                              evenly into pieces of at most max_chunk */
     int64_t q_block;       /* query rows per block (default 64) */
     int64_t budget_tokens; /* > 0: keys per query block, sinks and local included */
     double density;        /* when budget_tokens = 0: share of the keys available to
@@ -509,24 +514,34 @@ dhsa_status dhsa_route_boundaries(dhsa_ctx *ctx, const dhsa_router_params *rp, c
 
 /* One sequence's index. As keys are appended it scores boundaries in the
  * causal form (each key against the mean of the sim_window keys before it;
- * or FIXED chunks), decides them online (a candidate is kept once the
- * nms_window keys after it are seen: it must be the highest score within
- * nms_window on both sides, reach mean + threshold * stddev of the scores so
- * far, and be min_chunk (and at most max_chunk) after the previous
- * boundary; a chunk that grows past max_chunk is cut at max_chunk once the
- * candidates inside it are judged, nms_window keys later), and keeps each
- * closed chunk's summary per KV head (its pooled key sum / sqrt(n), and
- * with DHSA_SCORE_MOMENTS the keys' variance per dimension). Routing a query block then costs
- * O(chunks x d) per KV head, not O(L d). A chunk is a candidate for a query
- * block only once it was closed at or before the block's last position, so
- * routing after every ubatch and routing the whole prefill at once give the
- * same layouts. */
+ * or FIXED chunks; or LEARNED: the predictor's probability of each
+ * candidate t, computed once, when key t + w - 1 arrives, from the same 2w
+ * keys [t - w, t + w) and with the same bits as dhsa_predictor_score),
+ * decides them online (a candidate is kept once the nms_window scores
+ * after it are known: it must be the highest score within nms_window on
+ * both sides, reach mean + threshold * stddev of the scores so far (LEARNED:
+ * learned_threshold), and be min_chunk (and at most max_chunk) after the
+ * previous boundary; a chunk that grows past max_chunk is cut at max_chunk
+ * once the candidates inside it are judged, nms_window scores later; with
+ * LEARNED every decision comes w - 1 keys later, the keys its scores
+ * need), and keeps each closed chunk's summary per KV head (its pooled key
+ * sum / sqrt(n), and with DHSA_SCORE_MOMENTS the keys' variance per
+ * dimension). Routing a query block then costs O(chunks x d) per KV head,
+ * not O(L d), and an append O(C^2 + w^2 C + C hidden) per key with LEARNED
+ * (C = Hkv d). A chunk is a candidate for a query block only once it was
+ * closed at or before the block's last position, so routing after every
+ * ubatch and routing the whole prefill at once give the same layouts. With
+ * LEARNED, the closed chunks are exactly those of dhsa_route_boundaries on
+ * the same keys with causal_boundaries = 1, whatever the ubatches. */
 typedef struct dhsa_kv_index dhsa_kv_index;
 
-/* capacity: most keys the index will hold. rp: boundary (FIXED or
- * SIMILARITY, always causal), windows, chunk limits, q_block, budget,
- * sinks, local, dense_below, share_heads, as for dhsa_route. Memory comes
- * from ctx. */
+/* capacity: most keys the index will hold. rp: boundary (FIXED,
+ * SIMILARITY or LEARNED, always causal; LEARNED's predictor must read
+ * C = Hkv * d and outlive the index), windows, chunk limits, q_block,
+ * budget, sinks, local, dense_below, share_heads, as for dhsa_route.
+ * Memory comes from ctx (LEARNED adds the predictor's rows of the last
+ * 2w - 1 keys and of a 64-key piece: about (4 (2w + 63) + 4 x 64) C
+ * floats). */
 dhsa_status dhsa_kv_index_create(dhsa_ctx *ctx, const dhsa_router_params *rp, int64_t Hkv, int64_t d,
                                  int64_t capacity, dhsa_kv_index **out);
 void dhsa_kv_index_free(dhsa_kv_index *ix);

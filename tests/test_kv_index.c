@@ -19,7 +19,13 @@
  *      double-precision re-implementation of the header's online rule;
  *      chunk lengths stay in [min_chunk, max_chunk]; a boundary at t is
  *      decided when key t + nms_window arrives (a max_chunk cut: when its
- *      last key arrives).
+ *      last key arrives). LEARNED (the predictor run inside the index):
+ *      at ubatches 1, 3, 64, 65, 500 and L, lengths 1 to 2000, four
+ *      parameter sets (w = 1, 4, 5), F16 keys and every ISA, the chunk
+ *      starts equal exactly those of dhsa_route_boundaries on the whole
+ *      sequence (causal_boundaries = 1) and of a model of the online rule
+ *      written here over dhsa_predictor_score's probabilities; decisions
+ *      come w - 1 keys later; a higher threshold gives other starts.
  *   3. Routing rules re-derived from the header and DESIGN.md 5-6: sorted
  *      disjoint ranges in [0, Lk), causality (and the window), sinks, the
  *      local diagonal and the open tail read, dense blocks, budget
@@ -77,6 +83,22 @@ static void *xcalloc(size_t n, size_t sz) {
         exit(2);
     }
     return p;
+}
+
+static int cmp_float(const void *x, const void *y) {
+    float a = *(const float *)x, b = *(const float *)y;
+    return (a > b) - (a < b);
+}
+
+/* The q-quantile of p[1 .. L) (a threshold that some candidates reach). */
+static float quantile(const float *p, int64_t L, double q) {
+    if (L < 2) return 0.5f;
+    float *c = xcalloc((size_t)L, sizeof(float));
+    memcpy(c, p + 1, (size_t)(L - 1) * sizeof(float));
+    qsort(c, (size_t)(L - 1), sizeof(float), cmp_float);
+    float v = c[(int64_t)(q * (double)(L - 2))];
+    free(c);
+    return v;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -473,8 +495,8 @@ static void test_incremental(int64_t L, int64_t Hq, int64_t Hkv, int64_t d, dhsa
     char label[200];
     snprintf(label, sizeof label, "incremental L=%lld Hq=%lld Hkv=%lld d=%lld %s density %g budget %lld%s",
              (long long)L, (long long)Hq, (long long)Hkv, (long long)d,
-             bd == DHSA_BOUNDARY_FIXED ? "fixed" : "similarity", density, (long long)budget,
-             g_score == DHSA_SCORE_POOLED ? " pooled score" : "");
+             bd == DHSA_BOUNDARY_FIXED ? "fixed" : bd == DHSA_BOUNDARY_LEARNED ? "learned" : "similarity", density,
+             (long long)budget, g_score == DHSA_SCORE_POOLED ? " pooled score" : "");
     work W;
     if (!work_synth(&W, L, Hq, Hkv, d, seed)) return;
     dhsa_router_params rp = dhsa_router_default_params();
@@ -482,6 +504,17 @@ static void test_incremental(int64_t L, int64_t Hq, int64_t Hkv, int64_t d, dhsa
     rp.boundary = bd;
     rp.density = density;
     rp.budget_tokens = budget;
+    dhsa_predictor *pred = NULL; /* LEARNED: a random predictor, a threshold some candidates reach */
+    if (bd == DHSA_BOUNDARY_LEARNED) {
+        float *p = xcalloc((size_t)L, sizeof(float));
+        dhsa_tensor kt = dhsa_tensor_bhld(W.k, DHSA_F32, 1, Hkv, L, d);
+        T_CHECK(dhsa_predictor_create_random(Hkv * d, 4, 32, seed, &pred) == DHSA_OK &&
+                    dhsa_predictor_score(g_ctx, pred, &kt, 0, p) == DHSA_OK,
+                "%s: predictor: %s", label, dhsa_last_error());
+        rp.predictor = pred;
+        rp.learned_threshold = quantile(p, L, 0.75);
+        free(p);
+    }
     const int64_t qbk = rp.q_block, n_qb = (L + qbk - 1) / qbk;
     rng_t rng = {seed * 77 + 5};
 
@@ -598,6 +631,7 @@ out0:
     dhsa_kv_index_free(one);
     dhsa_kv_index_free(each);
     dhsa_kv_index_free(rnd);
+    dhsa_predictor_free(pred);
     work_free(&W);
 }
 
@@ -915,9 +949,10 @@ static dhsa_kv_index *append_counting(const dhsa_router_params *rp, const float 
  * chunk shorter than max_chunk (SIMILARITY) is decided when key t + nms
  * arrives, i.e. the count grows between t + nms and t + nms + 1 keys; a
  * max_chunk cut (and every FIXED chunk) closes when its last key, t - 1,
- * arrives: between t - 1 and t keys. */
+ * arrives: between t - 1 and t keys. LEARNED: every time `delay` = w - 1
+ * keys later (a score needs the w - 1 keys after its candidate). */
 static void check_delay(const dhsa_kv_index *ix, const dhsa_router_params *rp, const int64_t *cnt, int64_t L,
-                        const char *label) {
+                        int64_t delay, const char *label) {
     const int64_t *s;
     int64_t n = dhsa_kv_index_chunks(ix, &s);
     viol v;
@@ -928,7 +963,8 @@ static void check_delay(const dhsa_kv_index *ix, const dhsa_router_params *rp, c
         int cut = rp->boundary == DHSA_BOUNDARY_FIXED || len == rp->max_chunk;
         /* a cut at t closes when key t + nms - 1 arrives (it waits for the
          * candidates inside its chunk); a decided boundary at key t + nms */
-        int64_t m = cut ? (rp->boundary == DHSA_BOUNDARY_FIXED ? t : t + rp->nms_window) : t + rp->nms_window + 1;
+        int64_t m = cut ? (rp->boundary == DHSA_BOUNDARY_FIXED ? t : t + rp->nms_window + delay)
+                        : t + rp->nms_window + 1 + delay;
         cuts += cut;
         decided += !cut;
         if (m > L) {
@@ -946,8 +982,8 @@ static void check_delay(const dhsa_kv_index *ix, const dhsa_router_params *rp, c
     /* a similarity boundary needs gap = max(min_chunk, nms + 1) keys before
      * it and must be decided (nms keys later) before the max_chunk cut */
     int64_t gap = rp->min_chunk > rp->nms_window + 1 ? rp->min_chunk : rp->nms_window + 1;
-    if (rp->boundary == DHSA_BOUNDARY_SIMILARITY && gap + rp->nms_window < rp->max_chunk)
-        T_CHECK(decided > 0, "%s: no similarity-decided boundary to time (%lld cuts)", label, (long long)cuts);
+    if (rp->boundary != DHSA_BOUNDARY_FIXED && gap + rp->nms_window < rp->max_chunk)
+        T_CHECK(decided > 0, "%s: no score-decided boundary to time (%lld cuts)", label, (long long)cuts);
 }
 
 static void test_fixed_boundaries(void) {
@@ -976,7 +1012,7 @@ static void test_fixed_boundaries(void) {
         int ok = n == L / rp.chunk;
         for (int64_t c = 0; c < n && ok; c++) ok = s[c] == c * rp.chunk;
         T_CHECK(ok, "%s: chunk starts are not 0, chunk, 2 chunk, ... (%lld chunks)", label, (long long)n);
-        check_delay(ix, &rp, cnt, L, label);
+        check_delay(ix, &rp, cnt, L, 0, label);
         dhsa_kv_index_free(ix);
     }
     free(cnt);
@@ -1096,7 +1132,7 @@ static void test_similarity_crafted(int long_segments, uint64_t seed) {
                 "%s: %lld closed chunks, the model wants %lld; first difference at chunk %lld: got %lld, want %lld",
                 label, (long long)n, (long long)(ne - 1), (long long)c, (long long)(c >= 0 && c < n ? s[c] : -1),
                 (long long)(c >= 0 && c < ne ? exp[c] : -1));
-        check_delay(ix, &rp, cnt, L, label);
+        check_delay(ix, &rp, cnt, L, 0, label);
         /* the comparison can fail: one boundary moved by one position */
         if (ne > 2) {
             exp[1]++;
@@ -1241,7 +1277,7 @@ static void test_similarity_lengths(void) {
                     (long long)(W.L - tail0));
             dhsa_layout_free(lay);
         }
-        check_delay(ix, &rp, cnt, W.L, label);
+        check_delay(ix, &rp, cnt, W.L, 0, label);
         /* the boundaries, exactly, against the header's rule */
         int64_t *exp = xcalloc((size_t)W.L + 2, sizeof(int64_t));
         int64_t ne = model_online(W.k, W.Hkv, W.L, W.d, &rp, exp);
@@ -1257,6 +1293,210 @@ static void test_similarity_lengths(void) {
         work_free(&W);
     }
     free(cnt);
+}
+
+/* ------------------------------------------------------------------------ */
+/* 2b. LEARNED boundaries: the predictor run inside the index, key by key,
+ * against (a) dhsa_route_boundaries on the whole sequence (LEARNED with
+ * causal_boundaries = 1, which scores it with dhsa_predictor_score) and (b)
+ * a model of the header's online rule written here over the probabilities
+ * of dhsa_predictor_score. Both must give the same chunk starts exactly,
+ * at every ubatch size (1 = decode) and length. */
+
+/* The online rule on probabilities p [L] (window w): candidate t is judged
+ * when the score of t + nms is final, i.e. at key t + nms + w - 1. out gets
+ * the closed chunks' starts, then the open tail's start; returns their
+ * count (closed chunks + 1). */
+static int64_t model_learned(const float *p, int64_t L, int64_t w, const dhsa_router_params *rp, int64_t *out) {
+    int64_t n = 0, open = 0;
+    out[n++] = 0;
+    for (int64_t now = 0; now < L; now++) {
+        const int64_t s = now - (w - 1); /* the newest final score */
+        if (s < 0) continue;
+        const int64_t t = s - rp->nms_window;
+        if (t >= 1) {
+            int keep = p[t] >= rp->learned_threshold && t - open >= rp->min_chunk && t - open >= rp->nms_window + 1 &&
+                       t - open <= rp->max_chunk;
+            for (int64_t u = t - rp->nms_window > 1 ? t - rp->nms_window : 1; keep && u <= s; u++)
+                if (u != t && (p[u] > p[t] || (p[u] == p[t] && u < t))) keep = 0;
+            if (keep) {
+                out[n++] = open = t;
+                continue;
+            }
+        }
+        if (s + 1 - open >= rp->max_chunk + rp->nms_window) out[n++] = open = open + rp->max_chunk;
+    }
+    return n;
+}
+
+/* Index chunk starts (closed + the open tail's start, nx of them) against
+ * dhsa_route_boundaries' starts r[0 .. nr): the same up to the open tail,
+ * then only pieces of at most max_chunk. Returns the first differing
+ * position (or nx when the route's tail is malformed), -1 if they agree. */
+static int64_t route_mismatch(const int64_t *x, int64_t nx, const int64_t *r, int64_t nr, int64_t L,
+                              int64_t max_chunk) {
+    int64_t c = 0;
+    while (c < nx && c < nr && x[c] == r[c]) c++;
+    if (c < nx) return c;
+    for (int64_t i = nx - 1; i < nr; i++) {
+        int64_t end = i + 1 < nr ? r[i + 1] : L;
+        if (end <= r[i] || end - r[i] > max_chunk) return nx;
+    }
+    return -1;
+}
+
+typedef struct {
+    int64_t w, nms, mn, mx;
+    double q; /* threshold: this quantile of the probabilities */
+} lcase;
+
+/* One predictor and key set, every ubatch size: index vs route vs model. */
+static void learned_case(const lcase *lc, int64_t L, int64_t Hkv, int64_t d, dhsa_type type, uint64_t seed) {
+    const int64_t C = Hkv * d;
+    char label[200];
+    snprintf(label, sizeof label, "learned L=%lld C=%lld w=%lld nms=%lld min=%lld max=%lld q=%.2f %s", (long long)L,
+             (long long)C, (long long)lc->w, (long long)lc->nms, (long long)lc->mn, (long long)lc->mx, lc->q,
+             type == DHSA_F16 ? "f16" : "f32");
+    dhsa_predictor *pr = NULL;
+    if (dhsa_predictor_create_random(C, lc->w, 24, seed, &pr) != DHSA_OK) {
+        T_CHECK(0, "%s: create_random: %s", label, dhsa_last_error());
+        return;
+    }
+    /* keys: segments of a random direction per head plus noise, so that
+     * the probabilities have structure; F16 keys are stored as F16 */
+    rng_t r = {seed * 31 + 7};
+    float *k = xcalloc((size_t)(Hkv * L * d), sizeof(float));
+    uint16_t *kh = xcalloc((size_t)(Hkv * L * d), sizeof(uint16_t));
+    {
+        float *dir = xcalloc((size_t)(Hkv * d), sizeof(float));
+        for (int64_t t = 0; t < L; t++) {
+            if (t % 37 == 0 || rng_range(&r, 50) == 0)
+                for (int64_t i = 0; i < Hkv * d; i++) dir[i] = (float)rng_normal(&r);
+            for (int64_t g = 0; g < Hkv; g++)
+                for (int64_t x = 0; x < d; x++)
+                    k[(g * L + t) * d + x] = dir[g * d + x] + 0.3f * (float)rng_normal(&r);
+        }
+        free(dir);
+        for (int64_t i = 0; i < Hkv * L * d; i++) {
+            kh[i] = dhsa_f32_to_f16(k[i]);
+            if (type == DHSA_F16) k[i] = dhsa_f16_to_f32(kh[i]); /* what the index and the router read */
+        }
+    }
+    void *kdata = type == DHSA_F16 ? (void *)kh : (void *)k;
+    dhsa_tensor K = dhsa_tensor_bhld(kdata, type, 1, Hkv, L, d);
+    float *p = xcalloc((size_t)L, sizeof(float));
+    T_CHECK(dhsa_predictor_score(g_ctx, pr, &K, 0, p) == DHSA_OK, "%s: score: %s", label, dhsa_last_error());
+    dhsa_router_params rp = dhsa_router_default_params();
+    rp.boundary = DHSA_BOUNDARY_LEARNED;
+    rp.predictor = pr;
+    rp.nms_window = lc->nms, rp.min_chunk = lc->mn, rp.max_chunk = lc->mx;
+    rp.learned_threshold = quantile(p, L, lc->q);
+    rp.causal_boundaries = 1;
+
+    /* (b) the model */
+    int64_t *exp = xcalloc((size_t)L + 2, sizeof(int64_t));
+    const int64_t ne = model_learned(p, L, lc->w, &rp, exp);
+    /* (a) the router on the whole sequence */
+    int64_t cap = L / lc->mn + 3, nr = 0;
+    int64_t *rs = xcalloc((size_t)cap, sizeof(int64_t));
+    float *q = xcalloc((size_t)(Hkv * L * d), sizeof(float));
+    dhsa_attn_desc a = dhsa_attn_default_desc();
+    a.q = dhsa_tensor_bhld(q, DHSA_F32, 1, Hkv, L, d);
+    a.k = K;
+    a.v = K;
+    a.causal = 1;
+    dhsa_status st = dhsa_route_boundaries(g_ctx, &rp, &a, 0, rs, cap, &nr);
+    T_CHECK(st == DHSA_OK, "%s: route_boundaries: %s", label, dhsa_last_error());
+    int64_t c = route_mismatch(exp, ne, rs, nr, L, rp.max_chunk);
+    T_CHECK(st != DHSA_OK || c < 0,
+            "%s: dhsa_route (causal LEARNED) against the online model: %lld chunks (model %lld closed + tail), first "
+            "difference at %lld (route %lld, model %lld)",
+            label, (long long)nr, (long long)(ne - 1), (long long)c, (long long)(c >= 0 && c < nr ? rs[c] : -1),
+            (long long)(c >= 0 && c < ne ? exp[c] : -1));
+
+    /* the index, appended in ubatches of u keys */
+    const int64_t ubs[] = {1, 3, 64, 65, 500, L};
+    int64_t *cnt = xcalloc((size_t)L + 1, sizeof(int64_t)), *got = xcalloc((size_t)L + 2, sizeof(int64_t));
+    for (size_t ui = 0; ui < sizeof ubs / sizeof ubs[0]; ui++) {
+        const int64_t u = ubs[ui];
+        if (u > L || (u == L && ui + 1 < sizeof ubs / sizeof ubs[0])) continue; /* L itself comes last */
+        dhsa_kv_index *ix = ix_new(g_ctx, &rp, Hkv, d, L, label);
+        if (!ix) break;
+        int ok = 1;
+        for (int64_t u0 = 0; u0 < L && ok; u0 += u) {
+            dhsa_tensor part = K;
+            part.data = (char *)kdata + (size_t)u0 * (size_t)d * dhsa_type_size(type);
+            part.shape[2] = u < L - u0 ? u : L - u0;
+            ok = dhsa_kv_index_append(ix, &part) == DHSA_OK;
+            if (u == 1) cnt[u0 + 1] = dhsa_kv_index_chunks(ix, NULL);
+        }
+        T_CHECK(ok, "%s: append in ubatches of %lld: %s", label, (long long)u, dhsa_last_error());
+        const int64_t *s;
+        int64_t n = dhsa_kv_index_chunks(ix, &s);
+        memcpy(got, s, (size_t)n * sizeof(int64_t));
+        got[n] = open_tail_start(ix, k, Hkv, L, d);
+        int64_t cm = starts_mismatch(s, n, exp, ne);
+        T_CHECK(ok && cm < 0 && got[n] == exp[ne - 1],
+                "%s, ubatch %lld: index against the online model: %lld closed chunks (model %lld), first difference "
+                "at chunk %lld (index %lld, model %lld); open tail at %lld (model %lld)",
+                label, (long long)u, (long long)n, (long long)(ne - 1), (long long)cm,
+                (long long)(cm >= 0 && cm < n ? s[cm] : -1), (long long)(cm >= 0 && cm < ne ? exp[cm] : -1),
+                (long long)got[n], (long long)exp[ne - 1]);
+        int64_t cr = route_mismatch(got, n + 1, rs, nr, L, rp.max_chunk);
+        T_CHECK(st != DHSA_OK || cr < 0,
+                "%s, ubatch %lld: index against dhsa_route on the whole sequence: first difference at %lld (index "
+                "%lld, route %lld)",
+                label, (long long)u, (long long)cr, (long long)(cr >= 0 && cr <= n ? got[cr] : -1),
+                (long long)(cr >= 0 && cr < nr ? rs[cr] : -1));
+        if (u == 1 && L >= 300) check_delay(ix, &rp, cnt, L, lc->w - 1, label);
+        dhsa_kv_index_free(ix);
+    }
+    if (L >= 1000) T_CHECK(ne >= 4, "%s: only %lld chunks: the rule barely fired", label, (long long)ne);
+
+    /* the comparison can fail: the router with another threshold (the
+     * next quantile up) disagrees with the index at this one */
+    if (L >= 1000) {
+        dhsa_router_params rp2 = rp;
+        rp2.learned_threshold = quantile(p, L, lc->q + (1.0 - lc->q) / 2);
+        int64_t nr2 = 0, *rs2 = xcalloc((size_t)cap, sizeof(int64_t));
+        T_CHECK(dhsa_route_boundaries(g_ctx, &rp2, &a, 0, rs2, cap, &nr2) == DHSA_OK, "%s: route (threshold 2): %s",
+                label, dhsa_last_error());
+        T_CHECK(route_mismatch(exp, ne, rs2, nr2, L, rp.max_chunk) >= 0,
+                "%s: thresholds %g and %g give the same boundaries: the comparison cannot fail", label,
+                (double)rp.learned_threshold, (double)rp2.learned_threshold);
+        free(rs2);
+    }
+    free(cnt);
+    free(got);
+    free(q);
+    free(rs);
+    free(exp);
+    free(p);
+    free(kh);
+    free(k);
+    dhsa_predictor_free(pr);
+}
+
+static void test_learned_boundaries(void) {
+    const lcase cases[] = {
+        {4, 8, 16, 256, 0.7}, /* the defaults, the published window */
+        {4, 2, 4, 24, 0.5},   /* short chunks: many max_chunk cuts and decisions */
+        {1, 0, 1, 7, 0.3},    /* w = 1 (no delay), no NMS window */
+        {5, 3, 8, 40, 0.8},
+    };
+    const int64_t lengths[] = {1, 2, 9, 300, 2000};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (size_t li = 0; li < sizeof lengths / sizeof lengths[0]; li++)
+            learned_case(&cases[ci], lengths[li], 2, 16, DHSA_F32, 40 + ci);
+    learned_case(&cases[0], 1500, 3, 13, DHSA_F16, 50); /* F16 cache, C = 39 (not a multiple of 8 or 16) */
+    /* every ISA the CPU has (the scalar one included) gives the same
+     * agreement: the index and the router use the same kernels */
+    dhsa_isa best = dhsa_active_isa();
+    for (int isa = DHSA_ISA_SCALAR; isa <= (int)best; isa++) {
+        if (isa == (int)best || dhsa_set_isa((dhsa_isa)isa) != DHSA_OK) continue;
+        learned_case(&cases[1], 2000, 2, 16, DHSA_F32, 60 + isa);
+    }
+    T_CHECK(dhsa_set_isa(best) == DHSA_OK, "could not restore ISA %s", dhsa_isa_name(best));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1680,15 +1920,15 @@ static void test_errors(void) {
     } bad[14];
     int nb = 0;
     for (int i = 0; i < 14; i++) bad[i].p = dhsa_router_default_params();
-    /* LEARNED: without a predictor the params are invalid; with one, the
-     * index does not run it (yet) and must say so, not route by similarity */
+    /* LEARNED: without a predictor the params are invalid; a predictor
+     * for another width of keys (here 2 x 16 + 1) is refused */
     dhsa_predictor *pred = NULL;
-    T_CHECK(dhsa_predictor_create_random(2 * 16, 4, 8, 1, &pred) == DHSA_OK && pred, "predictor_create_random: %s",
-            dhsa_last_error());
+    T_CHECK(dhsa_predictor_create_random(2 * 16 + 1, 4, 8, 1, &pred) == DHSA_OK && pred,
+            "predictor_create_random: %s", dhsa_last_error());
     bad[nb].name = "LEARNED boundary without a predictor", bad[nb].want = DHSA_ERR_INVALID_ARG;
     bad[nb++].p.boundary = DHSA_BOUNDARY_LEARNED;
-    bad[nb].name = "LEARNED boundary with a predictor (the index has no learned path)";
-    bad[nb].want = DHSA_ERR_UNSUPPORTED;
+    bad[nb].name = "LEARNED boundary with a predictor of width 33 for keys of 2 x 16";
+    bad[nb].want = DHSA_ERR_SHAPE;
     bad[nb].p.predictor = pred;
     bad[nb++].p.boundary = DHSA_BOUNDARY_LEARNED;
     bad[nb].name = "STREAM method", bad[nb].want = DHSA_ERR_UNSUPPORTED;
@@ -1959,6 +2199,7 @@ int main(void) {
     test_incremental(8192, 8, 2, 128, DHSA_BOUNDARY_SIMILARITY, 0.25, 0, 22);
     test_incremental(4096 + 37, 4, 4, 64, DHSA_BOUNDARY_FIXED, 0.0625, 700, 3);
     test_incremental(5000, 8, 1, 96, DHSA_BOUNDARY_SIMILARITY, 0.2, 0, 4);
+    test_incremental(4096, 8, 2, 64, DHSA_BOUNDARY_LEARNED, 0.25, 0, 5);
     g_score = DHSA_SCORE_POOLED; /* the published score keeps the same guarantees */
     test_incremental(4096, 8, 2, 128, DHSA_BOUNDARY_SIMILARITY, 0.25, 0, 1);
     test_incremental(4096 + 37, 4, 4, 64, DHSA_BOUNDARY_FIXED, 0.0625, 700, 3);
@@ -1975,6 +2216,7 @@ int main(void) {
     test_similarity_crafted(1, 9);
     test_similarity_crafted(1, 10);
     test_similarity_lengths();
+    test_learned_boundaries();
 
     test_routing_rules();
     test_open_tail();

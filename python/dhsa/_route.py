@@ -503,8 +503,10 @@ def route_sizes(q, k, *, causal=True, window=0, q_pos0=0, layout="BHLD", params=
 class KVIndex:
     """DHSA at decode time (dhsa_kv_index): an index beside one sequence's
     KV cache. KVIndex(Hkv, d, capacity, *, params=None, ctx=None, **router)
-    with router keywords as for route() (boundary "similarity" or "fixed",
-    always in the causal form; method "dhsa" or "block").
+    with router keywords as for route() (boundary "similarity", "fixed" or a
+    dhsa.Predictor, always in the causal form; method "dhsa" or "block"). A
+    predictor scores each key once as it is appended; it must stay open
+    while keys are appended (append raises ValueError once it is closed).
 
     .append(k_new) adds keys [1, Hkv, n, d] (or [1, n, Hkv, d] with
     layout="BLHD") at positions length .. length + n - 1; .length;
@@ -525,6 +527,8 @@ class KVIndex:
             _Owned._own(self, h.value, "dhsa_kv_index_free", c)
         self.Hkv, self.d, self.capacity = int(Hkv), int(d), int(capacity)
         self.params = p
+        # C keeps the predictor's pointer and runs it on every append
+        self._pred = p.boundary if isinstance(p.boundary, Predictor) else None
 
     closed = _Owned.closed
     close = _Owned.close
@@ -541,7 +545,8 @@ class KVIndex:
         ("BLHD"); float32 / float16 / bfloat16, any strides."""
         _check_layout_name(layout)
         kt, ka = _tensor_view("k_new", k_new, layout)
-        with self._use() as h:
+        pred = self._pred._use() if self._pred is not None else contextlib.nullcontext()
+        with self._use() as h, pred:
             check(lib().dhsa_kv_index_append(h, ctypes.byref(kt)))
         del ka
 

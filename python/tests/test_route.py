@@ -582,12 +582,43 @@ def test_kv_index_fixed_boundaries_and_errors(work):
                        match="the decode index routes with the DHSA method only") as e:
         dhsa.KVIndex(2, 32, 100, method="stream")
     assert e.value.name == "DHSA_ERR_UNSUPPORTED"
-    with pytest.raises(dhsa.DhsaError, match="does not run the learned predictor"):
-        dhsa.KVIndex(2, 32, 100, boundary=dhsa.Predictor.random(64, w=2, hidden=8))
+    with pytest.raises(dhsa.DhsaError, match="the predictor reads C = 48 features per token but the "
+                                             "index holds 2 KV heads x 32 dims = 64") as e:
+        dhsa.KVIndex(2, 32, 100, boundary=dhsa.Predictor.random(48, w=2, hidden=8))
+    assert e.value.name == "DHSA_ERR_SHAPE"
     with pytest.raises(dhsa.DhsaError, match="index sizes Hkv=2 d=32 capacity=0"):
         dhsa.KVIndex(2, 32, 0)
     with pytest.raises(dhsa.DhsaError, match="q_block = 0"):
         dhsa.KVIndex(2, 32, 100, q_block=0)
+
+
+
+def test_kv_index_learned(work):
+    """Learned boundaries in the index: the predictor runs as keys arrive;
+    one key at a time, odd ubatches and one call close the same chunks."""
+    q, k, v, _ = work
+    pr = dhsa.Predictor.random(64, w=4, hidden=16, seed=3)
+    thr = float(np.quantile(pr.score(k)[1:], 0.7))
+    kw = dict(boundary=pr, learned_threshold=thr, min_chunk=8, max_chunk=64, nms_window=4, **SMALL)
+    whole = dhsa.KVIndex(2, 32, 1024, **kw)
+    whole.append(k)
+    one = dhsa.KVIndex(2, 32, 1024, **kw)
+    for t in range(1024):
+        one.append(k[:, :, t:t + 1])
+    odd = dhsa.KVIndex(2, 32, 1024, **kw)
+    for t0 in range(0, 1024, 77):
+        odd.append(k[:, :, t0:t0 + 77])
+    c = whole.chunks()
+    assert len(c) >= 8 and c[0] == 0 and np.all(np.diff(c) >= 8) and np.all(np.diff(c) <= 64)
+    assert np.array_equal(one.chunks(), c) and np.array_equal(odd.chunks(), c)
+    other = dhsa.KVIndex(2, 32, 1024, **dict(kw, learned_threshold=float(np.quantile(pr.score(k)[1:], 0.95))))
+    other.append(k)
+    assert not np.array_equal(other.chunks(), c)
+    ix = dhsa.KVIndex(2, 32, 1024, **kw)
+    pr.close()
+    with pytest.raises(ValueError, match="closed"):
+        ix.append(k[:, :, :4])
+
 
 # ----------------------------------------------------------- predictor ---
 

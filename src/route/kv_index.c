@@ -10,14 +10,41 @@
  * on how the keys were split into appends; chunks carry the position at
  * which they were closed, and a query block only sees chunks closed at or
  * before its last position: routing after each ubatch equals routing once.
+ *
+ * LEARNED boundaries run the predictor incrementally: each appended key is
+ * projected once (Q, K, V), and the candidate t - w + 1 is scored when key
+ * t arrives, from the window [t - 2w + 1, t + 1) of 2w keys that
+ * dhsa_predictor_score reads for it; only the last 2w - 1 keys' rows are
+ * kept. Appends are processed in pieces of up to PIECE keys so that the
+ * products go through the same micro-kernels in batches. The decisions are
+ * the same online rule on a delay of w - 1 more keys, with the fixed
+ * threshold learned_threshold; dhsa__learned_online_starts runs that rule
+ * over dhsa_predictor_score's probabilities of a whole sequence, which is
+ * what dhsa_route does for LEARNED with causal_boundaries = 1: both give the
+ * same chunks, bit for bit, because the probabilities are the same bits
+ * (predictor_internal.h).
  * Tested by tests/test_kv_index.c.
  */
 #include "route/layout_internal.h"
+#include "route/predictor_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
 
 #include "attn/attn_internal.h"
+
+#define PIECE 64 /* keys of an append scored together (LEARNED) */
+
+/* The online boundary rule's state (shared by the index and
+ * dhsa__learned_online_starts): the last 2 nms_window + 1 scores and,
+ * for SIMILARITY, their running mean and variance. */
+typedef struct {
+    const dhsa_router_params *rp;
+    int learned;
+    float *score; /* [2 * nms_window + 1] ring of scores, candidate s at s % size */
+    int64_t score_size;
+    double s_n, s_mean, s_m2; /* running score statistics (Welford) */
+} decider;
 
 struct dhsa_kv_index {
     dhsa_ctx *ctx;
@@ -38,11 +65,23 @@ struct dhsa_kv_index {
     double *tail_sum; /* [Hkv][d] */
     double *later;    /* [Hkv][d] scratch of close_chunk */
     double *tail_sq, *later_sq; /* [Hkv][d] each, MOMENTS (NULL otherwise) */
-    int64_t ring_len; /* keys kept: max(sim_window, nms_window) + 1 */
+    int64_t ring_len; /* keys kept: max(sim_window, nms_window) + 1;
+                         LEARNED: nms_window + w */
     float *ring;      /* [ring_len][Hkv][d], key t at t % ring_len */
-    float *score;     /* [2 * nms_window + 1] ring of scores, t at t % size */
-    int64_t score_size;
-    double s_n, s_mean, s_m2; /* running score statistics (Welford) */
+    decider dc;       /* the scores and the online rule's state */
+    int64_t delay;    /* keys after a candidate that its score needs:
+                         LEARNED w - 1, else 0 */
+    /* LEARNED: the predictor's rows of the last 2w - 1 keys (positions
+     * len - 2w + 1 .., zero keys before 0), then those of the piece being
+     * appended; C = Hkv * d */
+    const dhsa_predictor *pr;
+    int64_t hist;            /* 2w - 1 */
+    float *px, *pq, *pk, *pv; /* [hist + PIECE][C] each: keys, Q, K, V */
+    float *pfe;              /* [PIECE][4C + 1] features */
+    float *ppn;              /* [DHSA_BC][64] panel output */
+    float *pws;              /* window kernel scratch */
+    float *pz;               /* [PIECE] probability of the candidate each
+                                key of the piece completes */
 };
 
 /* sum a[x] * b[x] in double over 8 independent partial sums (added in a
@@ -63,7 +102,9 @@ static float *ring_key(const dhsa_kv_index *ix, int64_t t) {
 
 /* Sizes of an index's arrays (one allocation, laid out in create). */
 typedef struct {
-    int64_t min_len, max_chunks, ring_len, score_size;
+    int64_t min_len, max_chunks, ring_len, score_size, delay;
+    size_t pred_offset; /* LEARNED: bytes before the predictor's buffers */
+    size_t pred_floats[7]; /* px, pq, pk, pv, pfe, ppn + pws, pz (each a multiple of 16) */
     size_t bytes;
 } ix_sizes;
 
@@ -71,25 +112,45 @@ static dhsa_status index_sizes(const dhsa_router_params *rp, int64_t Hkv, int64_
                                ix_sizes *z) {
     dhsa_status st = dhsa__route_check_params(rp);
     if (st) return st;
-    if (rp->boundary == DHSA_BOUNDARY_LEARNED)
-        return dhsa__fail(DHSA_ERR_UNSUPPORTED,
-                          "the decode index does not run the learned predictor yet: use similarity or fixed");
     if (rp->method != DHSA_ROUTE_DHSA)
         return dhsa__fail(DHSA_ERR_UNSUPPORTED, "the decode index routes with the DHSA method only");
     if (Hkv < 1 || Hkv > 65536 || d < 1 || d > 65536 || capacity < 1 || capacity > ((int64_t)1 << 34))
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "index sizes Hkv=%lld d=%lld capacity=%lld",
                           (long long)Hkv, (long long)d, (long long)capacity);
+    const int learned = rp->boundary == DHSA_BOUNDARY_LEARNED;
+    if (learned && dhsa_predictor_width(rp->predictor) != Hkv * d)
+        return dhsa__fail(DHSA_ERR_SHAPE,
+                          "the predictor reads C = %lld features per token but the index holds %lld KV heads x "
+                          "%lld dims = %lld: one predictor per model (KV heads x head dim)",
+                          (long long)dhsa_predictor_width(rp->predictor), (long long)Hkv, (long long)d,
+                          (long long)(Hkv * d));
     /* online closing can cut at min_len or at max_chunk: chunks >= min_len
      * except the FIXED/max cut, which is exactly max_chunk */
     z->min_len = rp->boundary == DHSA_BOUNDARY_FIXED ? rp->chunk : rp->min_chunk;
     z->max_chunks = capacity / z->min_len + 2;
-    z->ring_len = rp->sim_window + 1 > rp->nms_window + 1 ? rp->sim_window + 1 : rp->nms_window + 1;
+    z->delay = learned ? dhsa_predictor_window(rp->predictor) - 1 : 0;
+    /* close_chunk re-reads the keys [t, now]: now - t <= nms_window + delay */
+    z->ring_len = learned ? rp->nms_window + z->delay + 1
+                          : (rp->sim_window + 1 > rp->nms_window + 1 ? rp->sim_window + 1 : rp->nms_window + 1);
     z->score_size = 2 * rp->nms_window + 1;
     size_t hd = (size_t)Hkv * (size_t)d;
     z->bytes = (size_t)(z->max_chunks + 1) * 8 + (size_t)z->max_chunks * 8 + (size_t)z->max_chunks * hd * 4 +
                hd * 8 + (size_t)z->ring_len * hd * 4 + (size_t)z->score_size * 4 + hd * 8 + 64 * 7;
     if (rp->score_mode == DHSA_SCORE_MOMENTS) /* spread, tail_sq, later_sq */
         z->bytes += (size_t)z->max_chunks * hd * 4 + 2 * hd * 8;
+    memset(z->pred_floats, 0, sizeof z->pred_floats);
+    z->pred_offset = 0;
+    if (learned) {
+        const dhsa_predictor *pr = rp->predictor;
+        size_t C = hd, rows = (size_t)(2 * dhsa_predictor_window(pr) - 1 + PIECE);
+        for (int i = 0; i < 4; i++) z->pred_floats[i] = dhsa__align_up(rows * C, 16);
+        z->pred_floats[4] = dhsa__align_up((size_t)PIECE * (4 * C + 1), 16);
+        z->pred_floats[5] = dhsa__align_up((size_t)DHSA_BC * 64, 16) + dhsa__align_up(dhsa__predictor_window_ws(pr), 16);
+        z->pred_floats[6] = dhsa__align_up(PIECE, 16);
+        z->pred_offset = dhsa__align_up(z->bytes, 64);
+        z->bytes = z->pred_offset;
+        for (int i = 0; i < 7; i++) z->bytes += z->pred_floats[i] * sizeof(float);
+    }
     return DHSA_OK;
 }
 
@@ -122,7 +183,6 @@ dhsa_status dhsa_kv_index_create(dhsa_ctx *ctx, const dhsa_router_params *rp, in
     ix->min_len = z.min_len;
     ix->max_chunks = z.max_chunks;
     ix->ring_len = z.ring_len;
-    ix->score_size = z.score_size;
     size_t hd = (size_t)Hkv * (size_t)d, bytes = z.bytes;
     char *m = dhsa__alloc(ctx, bytes, &st);
     if (!m) {
@@ -140,7 +200,27 @@ dhsa_status dhsa_kv_index_create(dhsa_ctx *ctx, const dhsa_router_params *rp, in
     ix->pooled = (float *)(ix->later + (moments ? 3 : 1) * hd);
     ix->spread = moments ? ix->pooled + (size_t)ix->max_chunks * hd : NULL;
     ix->ring = ix->pooled + (size_t)(moments ? 2 : 1) * (size_t)ix->max_chunks * hd;
-    ix->score = ix->ring + (size_t)ix->ring_len * hd;
+    ix->dc.rp = &ix->rp;
+    ix->dc.learned = rp->boundary == DHSA_BOUNDARY_LEARNED;
+    ix->dc.score = ix->ring + (size_t)ix->ring_len * hd;
+    ix->dc.score_size = z.score_size;
+    ix->delay = z.delay;
+    if (ix->dc.learned) {
+        float *f = (float *)(m + z.pred_offset);
+        ix->pr = rp->predictor;
+        ix->hist = 2 * dhsa_predictor_window(ix->pr) - 1;
+        ix->px = f, f += z.pred_floats[0];
+        ix->pq = f, f += z.pred_floats[1];
+        ix->pk = f, f += z.pred_floats[2];
+        ix->pv = f, f += z.pred_floats[3];
+        ix->pfe = f, f += z.pred_floats[4];
+        ix->ppn = f;
+        ix->pws = f + dhsa__align_up((size_t)DHSA_BC * 64, 16), f += z.pred_floats[5];
+        ix->pz = f;
+        /* the rows before the first key are zero keys, as
+         * dhsa_predictor_score pads the sequence: their Q, K, V once */
+        dhsa__predictor_project(ix->pr, dhsa__attn_kernels(), ix->px, ix->hist, ix->pq, ix->pk, ix->pv, ix->ppn);
+    }
     *out = ix;
     return DHSA_OK;
 }
@@ -218,42 +298,119 @@ static float causal_score(const dhsa_kv_index *ix, int64_t t) {
     return (float)(total / (double)ix->Hkv);
 }
 
-/* Key `now` has just entered the ring and the tail sum: decide. */
-static dhsa_status step(dhsa_kv_index *ix, int64_t now) {
+/* The online rule (include/dhsa.h, dhsa_kv_index). The score of candidate
+ * s (s >= 1; s = 0 has none) has just become final; open is the start of
+ * the open chunk. Returns where to close it (a boundary, or the max_chunk
+ * cut), or -1. */
+static int64_t decide(decider *dc, int64_t open, int64_t s, float score) {
+    const dhsa_router_params *rp = dc->rp;
+    if (s >= 1) {
+        dc->score[s % dc->score_size] = score;
+        dc->s_n += 1;
+        double delta = score - dc->s_mean;
+        dc->s_mean += delta / dc->s_n;
+        dc->s_m2 += delta * (score - dc->s_mean);
+    }
+    /* the candidate nms_window scores back can now be judged */
+    int64_t t = s - rp->nms_window;
+    if (t >= 1) {
+        float sc = dc->score[t % dc->score_size];
+        int keep;
+        if (dc->learned) {
+            keep = sc >= rp->learned_threshold;
+        } else {
+            double sd = dc->s_n > 1 ? sqrt(dc->s_m2 / dc->s_n) : 0.0;
+            keep = sc >= dc->s_mean + rp->threshold * sd;
+        }
+        keep = keep && t - open >= rp->min_chunk && t - open >= rp->nms_window + 1 && t - open <= rp->max_chunk;
+        for (int64_t u = t - rp->nms_window; keep && u <= s; u++) {
+            if (u < 1 || u == t) continue;
+            float su = dc->score[u % dc->score_size];
+            if (su > sc || (su == sc && u < t)) keep = 0; /* not the (earliest) maximum */
+        }
+        if (keep) return t;
+    }
+    /* A chunk longer than max_chunk is cut at max_chunk, but only once every
+     * candidate inside it has been judged (nms_window scores later): cutting
+     * at once could split a boundary about to be decided (seen at 128K: a
+     * 16-key needle passage starting 3 keys before the cut was lost). */
+    if (s + 1 - open >= rp->max_chunk + rp->nms_window) return open + rp->max_chunk;
+    return -1;
+}
+
+/* Key `now` has just entered the ring and the tail sum: decide. learned:
+ * LEARNED, the probability of candidate now - delay (0 before key w). */
+static dhsa_status step(dhsa_kv_index *ix, int64_t now, float learned) {
     const dhsa_router_params *rp = &ix->rp;
     int64_t open = ix->starts[ix->n_chunks];
     if (rp->boundary == DHSA_BOUNDARY_FIXED) {
         if (now + 1 - open == rp->chunk) return close_chunk(ix, now + 1, now);
         return DHSA_OK;
     }
-    if (now >= 1) {
-        float s = causal_score(ix, now);
-        ix->score[now % ix->score_size] = s;
-        ix->s_n += 1;
-        double delta = s - ix->s_mean;
-        ix->s_mean += delta / ix->s_n;
-        ix->s_m2 += delta * (s - ix->s_mean);
+    int64_t s = now - ix->delay; /* the newest candidate whose score is final */
+    if (s < 0) return DHSA_OK;
+    float score = 0.0f;
+    if (s >= 1) score = ix->pr ? learned : causal_score(ix, now);
+    int64_t cut = decide(&ix->dc, open, s, score);
+    return cut >= 0 ? close_chunk(ix, cut, now) : DHSA_OK;
+}
+
+int64_t dhsa__learned_online_starts(const dhsa_router_params *rp, const float *p, int64_t Lk, int64_t *starts,
+                                    dhsa_status *err) {
+    *err = DHSA_OK;
+    decider dc = {rp, 1, malloc((size_t)(2 * rp->nms_window + 1) * sizeof(float)), 2 * rp->nms_window + 1, 0, 0, 0};
+    if (!dc.score) {
+        *err = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory for the online boundaries");
+        return -1;
     }
-    /* the candidate nms_window keys back can now be judged */
-    int64_t t = now - rp->nms_window;
-    if (t >= 1) {
-        float s = ix->score[t % ix->score_size];
-        double sd = ix->s_n > 1 ? sqrt(ix->s_m2 / ix->s_n) : 0.0;
-        int keep = s >= ix->s_mean + rp->threshold * sd && t - open >= rp->min_chunk &&
-                   t - open >= rp->nms_window + 1 && t - open <= rp->max_chunk;
-        for (int64_t u = t - rp->nms_window; keep && u <= now; u++) {
-            if (u < 1 || u == t) continue;
-            float su = ix->score[u % ix->score_size];
-            if (su > s || (su == s && u < t)) keep = 0; /* not the (earliest) maximum */
+    const int64_t delay = dhsa_predictor_window(rp->predictor) - 1;
+    int64_t n = 0, open = 0;
+    starts[0] = 0;
+    for (int64_t now = 0; now < Lk; now++) {
+        int64_t s = now - delay;
+        if (s < 0) continue;
+        int64_t cut = decide(&dc, open, s, s >= 1 ? p[s] : 0.0f);
+        if (cut >= 0) starts[++n] = open = cut;
+    }
+    free(dc.score);
+    /* the keys the index would still hold open: pieces of at most max_chunk */
+    int64_t len = Lk - open, parts = (len + rp->max_chunk - 1) / rp->max_chunk;
+    for (int64_t k = 1; k < parts; k++) starts[++n] = open + len * k / parts;
+    starts[++n] = Lk;
+    return n;
+}
+
+/* LEARNED: keys [j0, j0 + np) of k (np <= PIECE), about to be appended at
+ * positions len ..: their rows go into px/pq/pk/pv after the hist rows
+ * kept, and pz[r] gets the probability of candidate len + r - delay, whose
+ * window is rows [r, r + 2w) (0 for a candidate before position 1). */
+static void learned_piece(dhsa_kv_index *ix, const dhsa_tensor *k, int64_t j0, int64_t np) {
+    const dhsa_predictor *pr = ix->pr;
+    const int64_t C = ix->Hkv * ix->d, F = 4 * C + 1, w = dhsa_predictor_window(pr), h = ix->hist;
+    const dhsa_attn_kernels *kern = dhsa__attn_kernels();
+    dhsa__predictor_window_fn window = dhsa__predictor_window_kernel(dhsa_active_isa());
+    for (int64_t r = 0; r < np; r++) {
+        float *x = ix->px + (h + r) * C;
+        for (int64_t g = 0; g < ix->Hkv; g++) {
+            const void *row = dhsa__at(k, 0, g, j0 + r);
+            for (int64_t c = 0; c < ix->d; c++) x[g * ix->d + c] = dhsa__load(row, k->type, c * k->stride[3]);
         }
-        if (keep) return close_chunk(ix, t, now);
     }
-    /* A chunk longer than max_chunk is cut at max_chunk, but only once every
-     * candidate inside it has been judged (nms_window keys later): cutting at
-     * once could split a boundary about to be decided (seen at 128K: a
-     * 16-key needle passage starting 3 keys before the cut was lost). */
-    if (now + 1 - open >= rp->max_chunk + rp->nms_window) return close_chunk(ix, open + rp->max_chunk, now);
-    return DHSA_OK;
+    dhsa__predictor_project(pr, kern, ix->px + h * C, np, ix->pq + h * C, ix->pk + h * C, ix->pv + h * C, ix->ppn);
+    int64_t r0 = w - ix->len > 0 ? w - ix->len : 0; /* candidates >= 1 only */
+    if (r0 > np) r0 = np;
+    for (int64_t r = 0; r < r0; r++) ix->pz[r] = 0.0f;
+    for (int64_t r = r0; r < np; r++)
+        window(pr, ix->px + r * C, ix->pq + r * C, ix->pk + r * C, ix->pv + r * C, ix->pws, ix->pfe + r * F);
+    if (r0 < np) dhsa__predictor_mlp(pr, kern, ix->pfe + r0 * F, np - r0, ix->ppn, ix->pz + r0);
+    for (int64_t r = r0; r < np; r++) ix->pz[r] = dhsa__predictor_prob(ix->pz[r]);
+}
+
+/* LEARNED, after a piece of np keys: keep the last hist rows. */
+static void learned_shift(dhsa_kv_index *ix, int64_t np) {
+    const size_t C = (size_t)(ix->Hkv * ix->d), bytes = (size_t)ix->hist * C * sizeof(float);
+    float *buf[4] = {ix->px, ix->pq, ix->pk, ix->pv};
+    for (int i = 0; i < 4; i++) memmove(buf[i], buf[i] + (size_t)np * C, bytes);
 }
 
 dhsa_status dhsa_kv_index_append(dhsa_kv_index *ix, const dhsa_tensor *k) {
@@ -267,21 +424,27 @@ dhsa_status dhsa_kv_index_append(dhsa_kv_index *ix, const dhsa_tensor *k) {
     if (k->shape[2] > ix->capacity - ix->len)
         return dhsa__fail(DHSA_ERR_TOO_LARGE, "appending %lld keys to %lld exceeds the capacity %lld",
                           (long long)k->shape[2], (long long)ix->len, (long long)ix->capacity);
-    for (int64_t j = 0; j < k->shape[2]; j++) {
-        int64_t t = ix->len;
-        float *slot = ring_key(ix, t);
-        for (int64_t g = 0; g < ix->Hkv; g++) {
-            const void *row = dhsa__at(k, 0, g, j);
-            for (int64_t x = 0; x < ix->d; x++) {
-                float v = dhsa__load(row, k->type, x * k->stride[3]);
-                slot[g * ix->d + x] = v;
-                ix->tail_sum[g * ix->d + x] += v;
-                if (ix->tail_sq) ix->tail_sq[g * ix->d + x] += (double)v * v;
+    const int64_t n = k->shape[2], piece = ix->pr ? PIECE : (n > 0 ? n : 1);
+    for (int64_t j0 = 0; j0 < n; j0 += piece) {
+        const int64_t np = n - j0 < piece ? n - j0 : piece;
+        if (ix->pr) learned_piece(ix, k, j0, np);
+        for (int64_t j = j0; j < j0 + np; j++) {
+            int64_t t = ix->len;
+            float *slot = ring_key(ix, t);
+            for (int64_t g = 0; g < ix->Hkv; g++) {
+                const void *row = dhsa__at(k, 0, g, j);
+                for (int64_t x = 0; x < ix->d; x++) {
+                    float v = dhsa__load(row, k->type, x * k->stride[3]);
+                    slot[g * ix->d + x] = v;
+                    ix->tail_sum[g * ix->d + x] += v;
+                    if (ix->tail_sq) ix->tail_sq[g * ix->d + x] += (double)v * v;
+                }
             }
+            ix->len = t + 1;
+            dhsa_status st = step(ix, t, ix->pr ? ix->pz[j - j0] : 0.0f);
+            if (st) return st;
         }
-        ix->len = t + 1;
-        dhsa_status st = step(ix, t);
-        if (st) return st;
+        if (ix->pr) learned_shift(ix, np);
     }
     return DHSA_OK;
 }

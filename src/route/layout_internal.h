@@ -39,4 +39,15 @@ int64_t dhsa__select_ranges(const dhsa_router_params *rp, int64_t max_ranges, in
                             int64_t nc_all, const float *score, int64_t stride, int64_t tail_lo,
                             int64_t *order, int64_t *rg, int *dense);
 
+/* LEARNED boundaries in their online form (kv_index.c), the rule the
+ * decode index applies as keys arrive, run here over a whole sequence:
+ * p [Lk] are dhsa_predictor_score's probabilities; the candidate at t is
+ * judged once the scores up to t + nms_window are final (the key t +
+ * nms_window + w - 1 has arrived). The keys after the last closed chunk,
+ * which the index would still hold open, are split evenly into pieces of
+ * at most max_chunk. Writes starts[0 .. n] (starts[n] = Lk; room for
+ * Lk / min_chunk + 2 chunks) and returns n, or -1 with *err set. */
+int64_t dhsa__learned_online_starts(const dhsa_router_params *rp, const float *p, int64_t Lk, int64_t *starts,
+                                    dhsa_status *err);
+
 #endif

@@ -2,8 +2,10 @@
  * streaming and oracle baselines, all producing a dhsa_layout.
  *
  * Per batch: (1) key chunk boundaries, shared by all KV heads (FIXED, or
- * SIMILARITY from the change of the mean key across a candidate, then NMS,
- * min_chunk, max_chunk); (2) pooling of each chunk's keys per KV head and
+ * SIMILARITY from the change of the mean key across a candidate, or
+ * LEARNED from the predictor's probabilities, then NMS, min_chunk,
+ * max_chunk; LEARNED with causal_boundaries runs the decode index's online
+ * rule instead, kv_index.c); (2) pooling of each chunk's keys per KV head and
  * of each query block's queries (rows of the block, averaged over the query
  * heads of the group): POOLED, sum / sqrt(n); MOMENTS (default), the key
  * mean and per-dimension variance against the scaled mean query and half
@@ -262,8 +264,11 @@ static int64_t boundaries(dhsa_ctx *ctx, const dhsa_router_params *rp, const dhs
     }
     double cut;
     if (rp->boundary == DHSA_BOUNDARY_LEARNED) {
-        /* candidates: local maxima of the boundary probability >= threshold */
         if ((*err = dhsa_predictor_score(ctx, rp->predictor, &a->k, b, score))) return -1;
+        /* streaming: the decode index's online rule, so that a session
+         * (which routes through the index) and this call cut alike */
+        if (rp->causal_boundaries) return dhsa__learned_online_starts(rp, score, Lk, starts, err);
+        /* candidates: local maxima of the boundary probability >= threshold */
         cut = rp->learned_threshold;
     } else {
         if ((*err = similarity_scores(rp, a, &pl->p, b, score))) return -1;
