@@ -5,7 +5,8 @@
  * Q4_0, Q4_K and Q6_K; plus RoPE variants (rope_freqs, linear scaling,
  * partial rotation), value heads wider than key heads, tied output, MQA,
  * chunked prefill and decode against the same reference, DHSA with a full
- * budget equal to dense, and loader errors (missing tensor, wrong shape,
+ * budget equal to dense, learned boundaries through the session's decode
+ * index against dhsa_route_boundaries at every layer call, and loader errors (missing tensor, wrong shape,
  * unknown architecture, NaN weight).
  *
  * Tolerance: both sides read exactly the stored weight values (the
@@ -64,6 +65,16 @@ static void fixture_close(fixture *f) {
     dhsa_model_free(f->m);
     llmref_model_free(&f->ref);
     free(f->bytes);
+}
+
+/* ||a - b|| / ||b|| */
+static double rel_diff_f(const float *a, const float *b, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
 static void make_ids(int32_t *ids, int64_t n, int64_t V, uint64_t seed) {
@@ -203,6 +214,128 @@ static void test_variants(void) {
     s.sliding_window = 3;
     s.attn_softcap = 2;
     check_spec(&s, "gemma2 window 3 cap 2", 1);
+}
+
+/* Learned boundaries in a session run the predictor inside the per-layer
+ * decode index. At every routed layer call, the layout's chunks (their
+ * count, and where the closed ones end: chunk_mean x chunks) are those of
+ * dhsa_route_boundaries (LEARNED, causal_boundaries = 1) over the cache the
+ * call sees, for a prefill in ubatches of 64 and 7 and token by token; a
+ * full budget equals dense; a small one changes the logits, and learned
+ * chunks route differently from similarity ones. */
+typedef struct {
+    dhsa_router_params rp;
+    int64_t routed, bad, chunks_seen;
+    char first[300];
+} learned_hook_state;
+
+static int learned_hook(void *user, int64_t layer, const dhsa_attn_desc *a) {
+    learned_hook_state *h = user;
+    if (!a->layout) return 0;
+    h->routed++;
+    dhsa_layout_stats ls;
+    int64_t starts[512], nr = 0;
+    dhsa_status st = dhsa_layout_get_stats(a->layout, &ls);
+    if (!st) st = dhsa_route_boundaries(ctx, &h->rp, a, 0, starts, 512, &nr);
+    int64_t tail = llround(ls.chunk_mean * (double)ls.chunks);
+    int ok = st == DHSA_OK && nr >= ls.chunks + 1 && starts[ls.chunks] == tail;
+    if (!ok && !h->bad++)
+        snprintf(h->first, sizeof h->first,
+                 "layer %lld, q_pos0 %lld, %lld keys: index %lld closed chunks ending at %lld; dhsa_route %lld "
+                 "chunks, start %lld of the next (%s)",
+                 (long long)layer, (long long)a->q_pos0, (long long)a->k.shape[2], (long long)ls.chunks,
+                 (long long)tail, (long long)nr, (long long)(nr > ls.chunks ? starts[ls.chunks] : -1),
+                 st ? dhsa_last_error() : "ok");
+    if (ls.chunks > h->chunks_seen) h->chunks_seen = ls.chunks;
+    return 0;
+}
+
+static void test_learned_session(void) {
+    llmref_spec spec = llmref_spec_default("llama", LLMREF_F32);
+    spec.seed = 21;
+    fixture f;
+    if (fixture_open(&spec, &f)) {
+        fixture_close(&f);
+        return;
+    }
+    const dhsa_model_info *in = dhsa_model_get_info(f.m);
+    const int64_t n = 200, V = in->n_vocab;
+    int32_t *ids = malloc((size_t)n * sizeof(int32_t));
+    float *dense = malloc((size_t)(n * V) * sizeof(float)), *got = malloc((size_t)(n * V) * sizeof(float));
+    float *sim = malloc((size_t)(n * V) * sizeof(float));
+    make_ids(ids, n, V, 77);
+    dhsa_predictor *pr = NULL;
+    dhsa_status st = dhsa_predictor_create_random(in->n_head_kv * in->head_dim_k, 4, 16, 5, &pr);
+    T_CHECK(st == DHSA_OK, "learned session: predictor: %s", dhsa_last_error());
+    if (st) goto done;
+    st = run(f.m, dhsa_session_default_params(), ids, n, 0, dense);
+    T_CHECK(st == DHSA_OK, "learned session: dense: %s", dhsa_last_error());
+    dhsa_session_params sp = dhsa_session_default_params();
+    sp.attn = DHSA_ATTN_DHSA;
+    sp.router.boundary = DHSA_BOUNDARY_LEARNED;
+    sp.router.predictor = pr;
+    sp.router.learned_threshold = 0.0f; /* every local maximum may cut: the NMS and chunk rules decide */
+    sp.router.dense_below = 0;
+    sp.router.min_chunk = 4;
+    sp.router.max_chunk = 24;
+    sp.router.nms_window = 2;
+    sp.router.sink_tokens = 1;
+    sp.router.local_tokens = 4;
+    sp.router.q_block = 4;
+    /* full budget: dense */
+    {
+        dhsa_session_params dp = sp;
+        dp.router.budget_tokens = 1 << 20;
+        dp.router.q_block = 64;
+        st = run(f.m, dp, ids, n, 0, got);
+        double md = 0;
+        for (int64_t i = 0; i < n * V && !st; i++)
+            if (fabs((double)dense[i] - got[i]) > md) md = fabs((double)dense[i] - got[i]);
+        T_CHECK(st == DHSA_OK && md == 0, "learned session with a full budget equals dense: %s max diff %.3g",
+                st ? dhsa_last_error() : "", md);
+    }
+    sp.router.budget_tokens = 16;
+    const int64_t ubs[] = {64, 7, 0};
+    for (int u = 0; u < 3; u++) {
+        learned_hook_state h;
+        memset(&h, 0, sizeof h);
+        h.rp = sp.router;
+        h.rp.method = DHSA_ROUTE_DHSA;
+        h.rp.causal_boundaries = 1; /* as the session routes */
+        dhsa_session_params hp = sp;
+        hp.n_ubatch = ubs[u];
+        hp.layer_hook = learned_hook;
+        hp.layer_hook_user = &h;
+        st = run(f.m, hp, ids, n, ubs[u] == 0, got);
+        char what[80];
+        snprintf(what, sizeof what, ubs[u] ? "prefill in ubatches of %lld" : "3-token prefill, then decode",
+                 (long long)ubs[u]);
+        T_CHECK(st == DHSA_OK && h.routed > 0 && h.bad == 0 && h.chunks_seen >= 5,
+                "learned session, %s: %s; %lld of %lld routed calls disagree with dhsa_route_boundaries (up to %lld "
+                "chunks); first: %s",
+                what, st ? dhsa_last_error() : "ok", (long long)h.bad, (long long)h.routed, (long long)h.chunks_seen,
+                h.first);
+        if (ubs[u] == 64) {
+            double d = st ? 0 : rel_diff_f(got, dense, n * V);
+            T_CHECK(st == DHSA_OK && d > 1e-4, "learned session with 16 keys per block differs from dense: rel diff %.3g",
+                    d);
+            dhsa_session_params qp = sp;
+            qp.router.boundary = DHSA_BOUNDARY_SIMILARITY;
+            qp.router.predictor = NULL;
+            qp.n_ubatch = 64;
+            st = run(f.m, qp, ids, n, 0, sim);
+            double ds = st ? 0 : rel_diff_f(got, sim, n * V);
+            T_CHECK(st == DHSA_OK && ds > 1e-6, "learned and similarity boundaries route alike (rel diff %.3g): %s", ds,
+                    st ? dhsa_last_error() : "ok");
+        }
+    }
+done:
+    dhsa_predictor_free(pr);
+    free(ids);
+    free(dense);
+    free(got);
+    free(sim);
+    fixture_close(&f);
 }
 
 /* The comparison can fail: a reference with the wrong RoPE pairing. */
@@ -349,6 +482,7 @@ int main(void) {
     test_matrix();
     test_variants();
     test_wrong_reference();
+    test_learned_session();
     test_errors();
     dhsa_ctx_free(ctx);
     return t_report("test_model_ref");

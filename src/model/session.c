@@ -11,10 +11,11 @@
  *   rc, rs [n][n_rot/2]    RoPE cos / sin of the ubatch's positions
  * KV cache per layer, head-major so that decode streams each head's keys:
  *   K [n_head_kv][n_ctx][hd_k], V [n_head_kv][n_ctx][hd_v]   (F32 or F16)
- * Sparse methods route each layer's queries over its cache: DHSA and BLOCK
- * through a dhsa_kv_index per layer (O(chunks) per query block, online
- * causal boundaries, so ubatch and decode see the same chunks), STREAM,
- * ORACLE and LEARNED boundaries through dhsa_route over the cache.
+ * Sparse methods route each layer's queries over its cache: DHSA (with
+ * similarity or learned boundaries) and BLOCK through a dhsa_kv_index per
+ * layer (O(chunks) per query block, online boundaries, so ubatch and
+ * decode see the same chunks; the learned predictor scores each key once,
+ * as it is appended), STREAM and ORACLE through dhsa_route over the cache.
  * Sliding-window layers (gemma2) always run dense within their window.
  * Tested by tests/test_model.c.
  */
@@ -84,8 +85,8 @@ static dhsa_router_params method_router(const dhsa_session_params *p) {
 }
 
 /* Whether the method routes through per-layer indexes. */
-static int uses_index(const dhsa_session_params *p, const dhsa_router_params *rp) {
-    return (p->attn == DHSA_ATTN_DHSA || p->attn == DHSA_ATTN_BLOCK) && rp->boundary != DHSA_BOUNDARY_LEARNED;
+static int uses_index(const dhsa_session_params *p) {
+    return p->attn == DHSA_ATTN_DHSA || p->attn == DHSA_ATTN_BLOCK;
 }
 
 static size_t act_floats(const dhsa_model_info *in, int64_t ub) {
@@ -141,7 +142,7 @@ static dhsa_status plan_for(const dhsa_ctx *ctx, const dhsa_model *m, const dhsa
         dhsa_router_params rp = method_router(p);
         size_t layout_bytes = 0, route_ws = 0;
         if ((st = dhsa_route_sizes(ctx, &rp, &a, &layout_bytes, &route_ws))) return st;
-        if (uses_index(p, &rp)) {
+        if (uses_index(p)) {
             size_t ixb;
             if ((st = dhsa_kv_index_size(&rp, in->n_head_kv, in->head_dim_k, n_ctx, &ixb))) return st;
             pl->routing = (size_t)in->n_layer * ixb + layout_bytes;
@@ -296,7 +297,7 @@ dhsa_status dhsa_session_create(dhsa_ctx *ctx, const dhsa_model *m, const dhsa_s
         if (m->rope_freqs) f /= (double)m->rope_freqs[i];
         s->inv_freq[i] = (float)(f / (double)in->rope_linear_factor);
     }
-    if (p->attn != DHSA_ATTN_DENSE && uses_index(p, &s->rp) && (st = make_indexes(s))) goto fail;
+    if (p->attn != DHSA_ATTN_DENSE && uses_index(p) && (st = make_indexes(s))) goto fail;
     *out = s;
     return DHSA_OK;
 fail:
@@ -512,7 +513,7 @@ dhsa_status dhsa_session_eval(dhsa_session *s, const int32_t *ids, int64_t n, fl
                           (long long)n, (long long)s->len, (long long)s->plan.n_ctx);
     if (s->broken)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "an earlier eval failed halfway: dhsa_session_reset first");
-    if (s->p.attn != DHSA_ATTN_DENSE && uses_index(&s->p, &s->rp) && !s->ix)
+    if (s->p.attn != DHSA_ATTN_DENSE && uses_index(&s->p) && !s->ix)
         return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "the routing indexes could not be rebuilt after a reset");
     for (int64_t done = 0; done < n;) {
         int64_t step = n - done < s->plan.n_ubatch ? n - done : s->plan.n_ubatch;
