@@ -287,9 +287,10 @@ static void chat_wrap(const dhsa_gguf *g, const dhsa_tokenizer *tok, const char 
  * blocks placed at its q_pos0), written after the prefill. The chunk
  * starts drawn are those of the routing: for dhsa and block (routed through
  * a per-layer dhsa_kv_index) a second index with the same parameters is fed
- * the same keys, so it closes the same chunks; for oracle and learned
- * boundaries (dhsa_route over the cache) dhsa_route_boundaries of the last
- * ubatch, which sees the whole prompt; stream and dense have none. Both
+ * the same keys, so it closes the same chunks (learned boundaries too: the
+ * index runs the predictor); for oracle (dhsa_route over the cache)
+ * dhsa_route_boundaries of the last ubatch, which sees the whole prompt;
+ * stream and dense have none. Both
  * mirror session.c's method_router (causal boundaries, BLOCK = FIXED). The
  * mirror index lives in its own ctx, outside --mem-limit. */
 typedef struct {
@@ -301,7 +302,7 @@ typedef struct {
     dhsa_router_params rp;      /* as the session routes */
     dhsa_ctx *ctx;
     dhsa_kv_index *ix;          /* dhsa, block: the mirror index */
-    int64_t *starts, n_starts;  /* oracle, learned: the last ubatch's */
+    int64_t *starts, n_starts;  /* oracle: the last ubatch's */
     dhsa_layout_picture *pic;
     int64_t ubatches;
     char error[512];
@@ -375,7 +376,7 @@ static void dump_begin(layout_dump *d, const run_opts *o, const dhsa_model_info 
     dhsa_ctx_params cp = dhsa_ctx_default_params();
     cp.n_threads = 1;
     if (dhsa_ctx_create(&cp, &d->ctx)) die(EXIT_RUN, "%s", dhsa_last_error());
-    if ((d->attn == DHSA_ATTN_DHSA || d->attn == DHSA_ATTN_BLOCK) && d->rp.boundary != DHSA_BOUNDARY_LEARNED &&
+    if ((d->attn == DHSA_ATTN_DHSA || d->attn == DHSA_ATTN_BLOCK) &&
         dhsa_kv_index_create(d->ctx, &d->rp, in->n_head_kv, in->head_dim_k, n_prompt, &d->ix))
         die(EXIT_RUN, "--dump-layout: %s", dhsa_last_error());
     d->pic = dhsa_layout_picture_create(NULL, n_prompt, n_prompt);
@@ -658,6 +659,7 @@ int dhsa_cli_plan(int argc, char **argv) {
 const char dhsa_cli_bench_model_usage[] =
     "usage: dhsa bench model [-m MODEL] [--tokenizer tok.bin] [--lengths 4K,16K,32K]\n"
     "                        [--attn dense,dhsa] [--decode N] [--density F | --budget N]\n"
+    "                        [--boundary learned:FILE] [--runs N]\n"
     "                        [--kv f32|f16] [--threads T] [--seed S] [--svg FILE]\n"
     "\n"
     "For each length L and attention method, in one process: a fresh session\n"
@@ -666,6 +668,12 @@ const char dhsa_cli_bench_model_usage[] =
     "+ the first sample), prefill tok/s, decode tok/s, the session's planned\n"
     "memory, the process peak RSS during that run (reset before each), and the\n"
     "prefill speedup against the first method of the list at the same length.\n"
+    "--boundary learned:FILE loads a predictor file (docs/predictor.md) and adds\n"
+    "the method dhsa-learned (dhsa with learned boundaries; dhsa keeps the\n"
+    "similarity ones); without --attn the methods are then dhsa,dhsa-learned.\n"
+    "--runs N repeats every length's methods N times, interleaved (method 1,\n"
+    "2, .., then again), prints each run, then per method the medians and the\n"
+    "median over runs of each run's ratio to the first method (ttft, decode).\n"
     "--svg FILE also writes two plots against L, one line per method:\n"
     "FILE-time.svg (time to first token, log-log) and FILE-mem.svg (peak RSS\n"
     "solid, planned session memory dashed); a trailing .svg of FILE is\n"
@@ -680,7 +688,7 @@ static void svg_name(char *out, size_t cap, const char *file, const char *suffix
 
 /* --svg of bench model: x = lengths, per method ttft / rss / plan
  * [n_methods][nL]. */
-static void write_model_plots(const char *file, const char *model, const dhsa_attn_method *ms, int nm,
+static void write_model_plots(const char *file, const char *model, const char *const *ms, int nm,
                               const int64_t *Ls, int nL, const double *ttft, const double *rss,
                               const double *plan_b, int threads, dhsa_type kv) {
     char path[1024], title[512], sub[512];
@@ -701,16 +709,16 @@ static void write_model_plots(const char *file, const char *model, const dhsa_at
         for (int m = 0; m < nm && st == DHSA_OK; m++) {
             char name[64];
             if (which == 0) {
-                st = dhsa_plot_add(p, dhsa_attn_method_name(ms[m]), DHSA_PLOT_POINTS | DHSA_PLOT_LINE, x,
+                st = dhsa_plot_add(p, ms[m], DHSA_PLOT_POINTS | DHSA_PLOT_LINE, x,
                                    ttft + (size_t)m * (size_t)nL, nL);
             } else {
-                snprintf(name, sizeof name, "%s: peak RSS", dhsa_attn_method_name(ms[m]));
+                snprintf(name, sizeof name, "%s: peak RSS", ms[m]);
                 st = dhsa_plot_add(p, name, DHSA_PLOT_POINTS | DHSA_PLOT_LINE, x, rss + (size_t)m * (size_t)nL, nL);
             }
         }
         for (int m = 0; which && m < nm && st == DHSA_OK; m++) {
             char name[64];
-            snprintf(name, sizeof name, "%s: plan", dhsa_attn_method_name(ms[m]));
+            snprintf(name, sizeof name, "%s: plan", ms[m]);
             st = dhsa_plot_add(p, name, DHSA_PLOT_POINTS | DHSA_PLOT_LINE | DHSA_PLOT_DASHED, x,
                                plan_b + (size_t)m * (size_t)nL, nL);
         }
@@ -722,10 +730,21 @@ static void write_model_plots(const char *file, const char *model, const dhsa_at
     }
 }
 
+static int cmp_double(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+static double median_of(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 int dhsa_cli_bench_model(int argc, char **argv) {
     cur_cmd = "bench model";
-    const char *model = NULL, *tokp = NULL, *lengths = "4K,16K,32K", *methods = "dense,dhsa", *svg = NULL;
-    int64_t n_dec = 16, threads = 0, seed = 1, budget = 0;
+    const char *model = NULL, *tokp = NULL, *lengths = "4K,16K,32K", *methods = NULL, *svg = NULL;
+    const char *pred_path = NULL;
+    int64_t n_dec = 16, threads = 0, seed = 1, budget = 0, runs = 1;
     double density = 0;
     dhsa_type kv = DHSA_F32;
     for (int i = 3; i < argc; i++) {
@@ -745,7 +764,11 @@ int dhsa_cli_bench_model(int argc, char **argv) {
         else if (strcmp(a, "--seed") == 0) seed = num(a, v, 0, INT64_MAX, 0);
         else if (strcmp(a, "--density") == 0) density = real(a, v, 1e-6, 1);
         else if (strcmp(a, "--budget") == 0) budget = num(a, v, 1, (int64_t)1 << 31, 1);
-        else if (strcmp(a, "--svg") == 0) {
+        else if (strcmp(a, "--runs") == 0) runs = num(a, v, 1, 1000, 1);
+        else if (strcmp(a, "--boundary") == 0) {
+            if (strncmp(v, "learned:", 8) != 0 || !v[8]) die(EXIT_USAGE, "--boundary is learned:FILE, not \"%s\"", v);
+            pred_path = v + 8;
+        } else if (strcmp(a, "--svg") == 0) {
             if (!v[0]) die(EXIT_USAGE, "--svg needs a file name");
             svg = v;
         } else if (strcmp(a, "--kv") == 0) {
@@ -764,15 +787,21 @@ int dhsa_cli_bench_model(int argc, char **argv) {
     char buf[256];
     snprintf(buf, sizeof buf, "%s", lengths);
     for (char *t = strtok(buf, ","); t && nL < 32; t = strtok(NULL, ",")) Ls[nL++] = num("--lengths", t, 1, (int64_t)1 << 31, 1);
+    if (!methods) methods = pred_path ? "dhsa,dhsa-learned" : "dense,dhsa";
     dhsa_attn_method ms[8];
-    int nm = 0;
+    int learned[8], nm = 0;
+    const char *mname[8];
     char mbuf[128];
     snprintf(mbuf, sizeof mbuf, "%s", methods);
     for (char *t = strtok(mbuf, ","); t && nm < 8; t = strtok(NULL, ",")) {
         dhsa_attn_method m;
-        for (m = DHSA_ATTN_DENSE; m <= DHSA_ATTN_ORACLE; m++)
+        learned[nm] = strcmp(t, "dhsa-learned") == 0;
+        if (learned[nm] && !pred_path) die(EXIT_USAGE, "--attn dhsa-learned needs --boundary learned:FILE");
+        for (m = DHSA_ATTN_DENSE; m <= DHSA_ATTN_ORACLE && !learned[nm]; m++)
             if (strcmp(t, dhsa_attn_method_name(m)) == 0) break;
-        if (m > DHSA_ATTN_ORACLE) die(EXIT_USAGE, "--attn: unknown method \"%s\"", t);
+        if (learned[nm]) m = DHSA_ATTN_DHSA;
+        else if (m > DHSA_ATTN_ORACLE) die(EXIT_USAGE, "--attn: unknown method \"%s\"", t);
+        mname[nm] = learned[nm] ? "dhsa-learned" : dhsa_attn_method_name(m);
         ms[nm++] = m;
     }
     dhsa_model_params mp = dhsa_model_default_params();
@@ -780,17 +809,23 @@ int dhsa_cli_bench_model(int argc, char **argv) {
     dhsa_model *m;
     if (dhsa_model_load(model, &mp, &m)) die(EXIT_RUN, "%s", dhsa_last_error());
     const dhsa_model_info *in = dhsa_model_get_info(m);
+    dhsa_predictor *pred = NULL;
+    if (pred_path && dhsa_predictor_load(pred_path, &pred)) die(EXIT_RUN, "%s", dhsa_last_error());
     dhsa_ctx_params cp = dhsa_ctx_default_params();
     cp.n_threads = (int)threads;
     dhsa_ctx *ctx;
     if (dhsa_ctx_create(&cp, &ctx)) die(EXIT_RUN, "%s", dhsa_last_error());
     print_model(stdout, model, in);
-    printf("threads %d, %s, KV %s, decode %lld tokens\n\n", dhsa_ctx_n_threads(ctx), dhsa_isa_name(dhsa_active_isa()),
-           dhsa_type_name(kv), (long long)n_dec);
-    printf("%8s %-7s %10s %12s %11s %12s %12s %9s\n", "L", "attn", "ttft_s", "prefill_t/s", "decode_t/s",
+    printf("threads %d, %s, KV %s, decode %lld tokens%s%s\n\n", dhsa_ctx_n_threads(ctx),
+           dhsa_isa_name(dhsa_active_isa()), dhsa_type_name(kv), (long long)n_dec,
+           pred_path ? ", dhsa-learned: predictor " : "", pred_path ? pred_path : "");
+    printf("%8s %-12s %4s %10s %12s %11s %12s %12s %9s\n", "L", "attn", "run", "ttft_s", "prefill_t/s", "decode_t/s",
            "plan_MiB", "peakRSS_MiB", "speedup");
     float *logits = malloc((size_t)in->n_vocab * sizeof(float));
-    if (!logits) die(EXIT_RUN, "out of memory");
+    /* per run of one length: [method][run] */
+    double *r_ttft = malloc(sizeof(double) * (size_t)(8 * runs)), *r_dec = malloc(sizeof(double) * (size_t)(8 * runs));
+    double *r_tmp = malloc(sizeof(double) * (size_t)runs);
+    if (!logits || !r_ttft || !r_dec || !r_tmp) die(EXIT_RUN, "out of memory");
     double svg_ttft[8 * 32], svg_rss[8 * 32], svg_plan[8 * 32]; /* [method][length] for --svg */
     for (int li = 0; li < nL; li++) {
         int64_t L = Ls[li];
@@ -802,11 +837,16 @@ int dhsa_cli_bench_model(int argc, char **argv) {
             ids[i] = (int32_t)(3 + (x >> 33) % (uint64_t)(in->n_vocab - 3));
         }
         double base = 0;
+        for (int64_t run = 0; run < runs; run++)
         for (int mi = 0; mi < nm; mi++) {
             dhsa_session_params sp = dhsa_session_default_params();
             sp.n_ctx = L + n_dec;
             sp.kv_type = kv;
             sp.attn = ms[mi];
+            if (learned[mi]) {
+                sp.router.boundary = DHSA_BOUNDARY_LEARNED;
+                sp.router.predictor = pred;
+            }
             if (density > 0) sp.router.density = density;
             if (budget > 0) sp.router.budget_tokens = budget;
             dhsa_proc_reset_peak_rss();
@@ -827,22 +867,51 @@ int dhsa_cli_bench_model(int argc, char **argv) {
             }
             double td = now() - t1;
             if (mi == 0) base = ttft;
-            printf("%8lld %-7s %10.3f %12.1f %11.2f %12.1f %12.1f %8.2fx\n", (long long)L,
-                   dhsa_attn_method_name(ms[mi]), ttft, (double)L / ttft, (double)n_dec / td,
+            printf("%8lld %-12s %4lld %10.3f %12.1f %11.2f %12.1f %12.1f %8.2fx\n", (long long)L, mname[mi],
+                   (long long)run + 1, ttft, (double)L / ttft, (double)n_dec / td,
                    mib(dhsa_session_get_plan(s)->total), mib(dhsa_proc_peak_rss()), base / ttft);
             fflush(stdout);
-            svg_ttft[mi * nL + li] = ttft;
+            r_ttft[mi * runs + run] = ttft;
+            r_dec[mi * runs + run] = (double)n_dec / td;
             svg_rss[mi * nL + li] = (double)dhsa_proc_peak_rss();
             svg_plan[mi * nL + li] = (double)dhsa_session_get_plan(s)->total;
             dhsa_session_free(s);
             dhsa_ctx_trim(ctx);
         }
+        for (int mi = 0; mi < nm; mi++) { /* the plot takes the median ttft */
+            for (int64_t r = 0; r < runs; r++) r_tmp[r] = r_ttft[mi * runs + r];
+            svg_ttft[mi * nL + li] = median_of(r_tmp, (int)runs);
+        }
+        if (runs > 1) {
+            printf("%8lld medians of %lld interleaved runs; ratios: median over runs of (method / %s) in the same "
+                   "run\n", (long long)L, (long long)runs, mname[0]);
+            printf("%8s %-12s %10s %12s %11s %12s %12s\n", "L", "attn", "ttft_s", "prefill_t/s", "decode_t/s",
+                   "ttft_ratio", "decode_ratio");
+            for (int mi = 0; mi < nm; mi++) {
+                double t_med, d_med, t_rat, d_rat;
+                for (int64_t r = 0; r < runs; r++) r_tmp[r] = r_ttft[mi * runs + r];
+                t_med = median_of(r_tmp, (int)runs);
+                for (int64_t r = 0; r < runs; r++) r_tmp[r] = r_dec[mi * runs + r];
+                d_med = median_of(r_tmp, (int)runs);
+                for (int64_t r = 0; r < runs; r++) r_tmp[r] = r_ttft[mi * runs + r] / r_ttft[r];
+                t_rat = median_of(r_tmp, (int)runs);
+                for (int64_t r = 0; r < runs; r++) r_tmp[r] = r_dec[mi * runs + r] / r_dec[r];
+                d_rat = median_of(r_tmp, (int)runs);
+                printf("%8lld %-12s %10.3f %12.1f %11.2f %12.3f %12.3f\n", (long long)L, mname[mi], t_med,
+                       (double)L / t_med, d_med, t_rat, d_rat);
+            }
+            fflush(stdout);
+        }
         free(ids);
     }
     if (svg)
-        write_model_plots(svg, model, ms, nm, Ls, nL, svg_ttft, svg_rss, svg_plan, dhsa_ctx_n_threads(ctx), kv);
+        write_model_plots(svg, model, mname, nm, Ls, nL, svg_ttft, svg_rss, svg_plan, dhsa_ctx_n_threads(ctx), kv);
     free(logits);
+    free(r_ttft);
+    free(r_dec);
+    free(r_tmp);
     dhsa_ctx_free(ctx);
+    dhsa_predictor_free(pred);
     dhsa_model_free(m);
     return 0;
 }

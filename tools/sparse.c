@@ -463,7 +463,8 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
 
 const char dhsa_cli_bench_decode_usage[] =
     "usage: dhsa bench decode --L N [--heads H] [--kv-heads H] [--dim D]\n"
-    "                         [--density F | --budget N] [--boundary fixed|similarity]\n"
+    "                         [--density F | --budget N]\n"
+    "                         [--boundary fixed|similarity|learned:FILE]\n"
     "                         [--ubatch N] [--sink N] [--local N] [--dense-below N]\n"
     "                         [--threads T] [--runs N] [--json]\n"
     "\n"
@@ -474,7 +475,10 @@ const char dhsa_cli_bench_decode_usage[] =
     "Prints append cost per token, route and kernel time, dense time, speedup,\n"
     "bytes of K/V read by each (dense: all L keys; sparse: the selected keys),\n"
     "recall, output error, and whether the needle the last block asks for was\n"
-    "selected. Defaults: heads 32, kv-heads 8, dim 128, density 0.0625, runs 9.\n";
+    "selected. Defaults: heads 32, kv-heads 8, dim 128, density 0.0625, runs 9.\n"
+    "learned:FILE reads a predictor file (docs/predictor.md; its width must be\n"
+    "kv-heads x dim): the index then runs the predictor on each key appended,\n"
+    "which the append cost includes (--ubatch 1 gives the decode-time cost).\n";
 
 int dhsa_cli_bench_decode(int argc, char **argv) {
     cur_bench = "decode";
@@ -503,7 +507,13 @@ int dhsa_cli_bench_decode(int argc, char **argv) {
         else if (OPT("--boundary")) {
             if (strcmp(val, "fixed") == 0) rp.boundary = DHSA_BOUNDARY_FIXED;
             else if (strcmp(val, "similarity") == 0) rp.boundary = DHSA_BOUNDARY_SIMILARITY;
-            else die(EXIT_USAGE, "--boundary %s: use fixed or similarity", val);
+            else if (strncmp(val, "learned:", 8) == 0 && val[8]) {
+                dhsa_predictor *pr;
+                dhsa_predictor_free((dhsa_predictor *)rp.predictor); /* a repeated option */
+                check(dhsa_predictor_load(val + 8, &pr), "loading the predictor");
+                rp.boundary = DHSA_BOUNDARY_LEARNED;
+                rp.predictor = pr;
+            } else die(EXIT_USAGE, "--boundary %s: use fixed, similarity or learned:FILE", val);
         } else if (OPT("--threads")) threads = (int)parse_i64(o, val, 1, 1024);
         else if (OPT("--runs")) runs = (int)parse_i64(o, val, 1, 1000);
         else die(EXIT_USAGE, "unknown option \"%s\"", o);
@@ -513,6 +523,9 @@ int dhsa_cli_bench_decode(int argc, char **argv) {
     if (H % Hkv) die(EXIT_USAGE, "--heads %lld is not a multiple of --kv-heads %lld", (long long)H, (long long)Hkv);
     rp.budget_tokens = budget;
     rp.density = density;
+    const char *bname = rp.boundary == DHSA_BOUNDARY_FIXED     ? "fixed"
+                        : rp.boundary == DHSA_BOUNDARY_LEARNED ? "learned"
+                                                               : "similarity";
 
     dhsa_synth_params sp = dhsa_synth_default_params();
     sp.Hq = H;
@@ -603,7 +616,7 @@ int dhsa_cli_bench_decode(int argc, char **argv) {
                "\"kv_bytes_dense\": %.0f, \"kv_bytes_sparse\": %.0f, \"bytes_ratio\": %.3f, "
                "\"recall\": %.5f, \"rel_err\": %.5f, \"needle_hits\": %d, \"needles\": %lld, \"chunks\": %lld}\n",
                (long long)L, (long long)H, (long long)Hkv, (long long)D, threads,
-               rp.boundary == DHSA_BOUNDARY_FIXED ? "fixed" : "similarity", (long long)ubatch, append_us,
+               bname, (long long)ubatch, append_us,
                dense_ms, route_ms, kernel_ms, speedup, st.density, bytes_dense, bytes_sparse,
                bytes_dense / bytes_sparse, fid.recall, fid.rel_err, hits, (long long)Hkv, (long long)chunks);
     } else {
@@ -611,7 +624,7 @@ int dhsa_cli_bench_decode(int argc, char **argv) {
                threads > 1 ? "s" : "");
         printf("  %-10s Hq=%lld Hkv=%lld d=%lld f32, %s boundaries, %lld chunks, density %g\n", "shape",
                (long long)H, (long long)Hkv, (long long)D,
-               rp.boundary == DHSA_BOUNDARY_FIXED ? "fixed" : "similarity", (long long)chunks, density);
+               bname, (long long)chunks, density);
         printf("  %-10s %.2f us per token appended (ubatches of %lld)\n", "index", append_us, (long long)ubatch);
         printf("  %-10s dense %.3f ms; route %.3f ms + kernel %.3f ms (medians of %d): speedup %.2fx\n",
                "time", dense_ms, route_ms, kernel_ms, runs, speedup);
@@ -624,6 +637,7 @@ int dhsa_cli_bench_decode(int argc, char **argv) {
     dhsa_kv_index_free(ix);
     dhsa_ctx_free(ctx);
     free(t);
+    dhsa_predictor_free((dhsa_predictor *)rp.predictor);
     dhsa_buffer_free(q);
     dhsa_buffer_free(k);
     dhsa_buffer_free(v);
