@@ -160,7 +160,7 @@ def copy_list(src, rng, nchars):
     at random places: the purest in-context copy signal. Returns (text, ranges):
     the character ranges of every repetition after the first."""
     f = src.span(rng, nchars)
-    words = [rng.choice(src.keywords) for _ in range(rng.randint(max(8, nchars // 60), max(12, nchars // 25)))]
+    words = [rng.choice(src.keywords) for _ in range(rng.randint(max(3, nchars // 60), max(4, nchars // 25)))]
     seg = " ".join(words)
     k = rng.randint(2, 4)
     pos = sorted(rng.random() for _ in range(k))
