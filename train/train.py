@@ -144,7 +144,11 @@ def make_batch(b, src, seed, step, steps, tokens):
             ids, spans = b.sample_copy(src, rng, T + 1)
             a = len(ids)
         else:
-            ids, a = b.sample(kind, src, rng, T + 1)
+            try:
+                ids, a = b.sample(kind, src, rng, T + 1)
+            except RuntimeError:  # a task too long for a short sequence: a copy text instead
+                ids, spans = b.sample_copy(src, rng, T + 1)
+                a = len(ids)
         n = len(ids) - 1
         x[i, :n] = torch.tensor(ids[:-1])
         y[i, :n] = torch.tensor(ids[1:])
