@@ -5,7 +5,8 @@
 #                                    (train/.venv, or $DHSA_TRAIN_VENV), the corpus
 #   sh train/run.sh train [ARGS]     trains (resumes from train/ckpt/last.pt when it
 #                                    exists); ARGS go to train.py (--steps, --init ...)
-#   sh train/run.sh export           ckpt -> models/dhsa-retrieval-8m{,-q8_0}.gguf
+#   sh train/run.sh export           ckpt -> models/dhsa-retrieval-8m{,-q8_0}.gguf and
+#                                    their greedy test vectors (*.vectors.txt)
 #   sh train/run.sh check            torch vs dhsa logits on both files (needs `make`)
 #
 # Long runs: nohup sh train/run.sh train > train/train.log 2>&1 &
@@ -42,6 +43,8 @@ export)
     cd "$here"
     "$py" export.py ckpt/last.pt tok2048.model "$root/models/$name.gguf" --type f16
     "$py" export.py ckpt/last.pt tok2048.model "$root/models/$name-q8_0.gguf" --type q8_0
+    "$py" vectors.py "$root/models/$name.gguf" tok2048.model "$root/models/$name.vectors.txt"
+    "$py" vectors.py "$root/models/$name-q8_0.gguf" tok2048.model "$root/models/$name-q8_0.vectors.txt"
     sha256sum "$root/models/$name.gguf" "$root/models/$name-q8_0.gguf"
     ;;
 check)
