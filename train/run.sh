@@ -54,7 +54,7 @@ check)
     done
     ;;
 *)
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
     [ -z "$cmd" ] && exit 2
     echo "run.sh: unknown step \"$cmd\"" >&2
     exit 2
