@@ -3,10 +3,12 @@
 Data: each sequence is one task (passkey, multikey, multivalue, or a text
 with a repeated passage) over training filler with training keys, built as
 text and tokenized whole, starting with BOS; a task's answer is followed by
-EOS. Loss: mean cross-entropy over all text tokens plus the mean over the
-answer tokens (so a 5-token answer in an 8K sequence still counts); the
-second copy of a repeated passage counts as answer tokens too (the dense
-in-context copying signal that makes induction heads form early).
+EOS. Loss: mean cross-entropy over all text tokens + the mean over the task
+answers' tokens (so a 5-token answer in an 8K sequence still counts) + the
+mean over the copies of repeated passages and word lists (the dense
+in-context copying signal that makes induction heads form early). Until
+step 1620 the copies were part of the answer mean, which let them swamp
+the task answers.
 Curriculum (SCHEDULE, for 2400 steps, scaled with --steps): 512 tokens,
 then a 128-256 phase (copying forms there), then the longest length rises
 1K, 2K, 4K, 8K (from step 1900) with shorter ones in the mix; tokens per step
@@ -132,7 +134,8 @@ def make_batch(b, src, seed, step, steps, tokens):
     x = torch.zeros(B, T, dtype=torch.long)
     y = torch.zeros(B, T, dtype=torch.long)
     w_lm = torch.zeros(B, T)
-    w_ans = torch.zeros(B, T)
+    w_ans = torch.zeros(B, T)  # task answers (passkey, multikey, multivalue)
+    w_cp = torch.zeros(B, T)   # copies of repeated passages and word lists
     for i in range(B):
         kind = rng.choices([k for k, _ in KINDS], weights=[w for _, w in KINDS])[0]
         spans = []
@@ -157,15 +160,18 @@ def make_batch(b, src, seed, step, steps, tokens):
             w_ans[i, a - 1:n] = 1  # targets ids[a..] = the answer tokens and EOS
         for c0, c1 in spans:
             if c1 > c0 + 1:
-                w_ans[i, c0:c1 - 1] = 1  # targets ids[c0 + 1 .. c1): a copy after its first token
-    return x, y, w_lm, w_ans, T
+                w_cp[i, c0:c1 - 1] = 1  # targets ids[c0 + 1 .. c1): a copy after its first token
+    return x, y, w_lm, w_ans, w_cp, T
 
 
-def loss_fn(logits, y, w_lm, w_ans):
+def loss_fn(logits, y, w_lm, w_ans, w_cp):
+    """Mean over text tokens + mean over task answers + mean over copies (each
+    term its own mean, so 5 answer digits weigh as much as all the copies)."""
     ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view(y.shape)
     l_lm = (ce * w_lm).sum() / w_lm.sum().clamp(min=1)
     l_ans = (ce * w_ans).sum() / w_ans.sum().clamp(min=1)
-    return l_lm + (l_ans if w_ans.sum() > 0 else 0.0), l_lm, l_ans
+    l_cp = (ce * w_cp).sum() / w_cp.sum().clamp(min=1)
+    return l_lm + l_ans + l_cp, l_lm, l_ans, l_cp
 
 
 def heldout_set(b, ev, seed, lengths, per_cell):
@@ -263,20 +269,20 @@ def main():
     t_ck = time.time()
     while step < args.steps and not stop["now"]:
         t0 = time.time()
-        x, y, w_lm, w_ans, T = make_batch(b, tr, args.seed, step, args.steps, args.tokens)
+        x, y, w_lm, w_ans, w_cp, T = make_batch(b, tr, args.seed, step, args.steps, args.tokens)
         lr = lr_at(step, args.steps, args.lr)
         for g in opt.param_groups:
             g["lr"] = lr
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logits = model(x)
-        loss, l_lm, l_ans = loss_fn(logits, y, w_lm, w_ans)
+        loss, l_lm, l_ans, l_cp = loss_fn(logits, y, w_lm, w_ans, w_cp)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
         rec = {"step": step, "T": T, "loss": round(loss.item(), 4), "lm": round(l_lm.item(), 4),
-               "ans": round(float(l_ans), 4), "lr": lr, "gnorm": round(gn.item(), 3),
+               "ans": round(float(l_ans), 4), "copy": round(float(l_cp), 4), "lr": lr, "gnorm": round(gn.item(), 3),
                "sec": round(time.time() - t0, 2), "time": time.time()}
         log.write(json.dumps(rec) + "\n")
         log.flush()
