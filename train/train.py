@@ -107,9 +107,9 @@ class Builder:
 
 
 KINDS = [("passkey", 0.20), ("multikey", 0.15), ("multivalue", 0.05), ("repeat", 0.15), ("copy", 0.45)]
-# From step 1980 (passkey at 100% held out, multikey's first digit not yet
+# From step 1986 (passkey at 100% held out, multikey's first digit not yet
 # found: the keyword association is the part still missing):
-KINDS_LATE = (1980, [("passkey", 0.15), ("multikey", 0.35), ("multivalue", 0.10), ("repeat", 0.10), ("copy", 0.30)])
+KINDS_LATE = (1986, [("passkey", 0.15), ("multikey", 0.35), ("multivalue", 0.10), ("repeat", 0.10), ("copy", 0.30)])
 
 
 # Length mix per phase, for 2400 steps (scaled with --steps): (first step,
