@@ -25,7 +25,7 @@ def _has_torch():
                     "sh train/run.sh setup): the torch-vs-dhsa logit cross-check is skipped")
 @pytest.mark.parametrize("name", ["dhsa-retrieval-8m.gguf", "dhsa-retrieval-8m-q8_0.gguf"])
 def test_torch_and_dhsa_logits_agree(name):
-    build = pathlib.Path(os.environ.get("DHSA_LIB", REPO / "build" / "libdhsa.so")).parent
+    build = pathlib.Path(os.environ.get("DHSA_LIB", REPO / "build" / "libdhsa.so")).resolve().parent
     for exe in (build / "dhsa", build / "progs" / "logits"):
         if not exe.exists():
             pytest.skip("%s not built (make test builds it)" % exe)
