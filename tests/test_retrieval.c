@@ -251,6 +251,42 @@ int main(void) {
         dhsa_ctx_free(ctx);
     }
     dhsa_task_free(&t);
+    /* A filler whose token density varies along it (plain words, then runs of
+     * digit-and-letter junk that cost a token a byte): the span's token count
+     * must still converge for every seed (it did not when each sizing round
+     * moved the span's start). */
+    {
+        static char mixed[300000];
+        size_t mn = 0;
+        uint64_t s = 11;
+        while (mn < sizeof mixed - 64) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            int junk = (mn / 4000) % 2;
+            if (junk)
+                mn += (size_t)snprintf(mixed + mn, sizeof mixed - mn, "%s%c%u%c", mn ? " " : "",
+                                       'a' + (int)((s >> 40) % 26), (unsigned)((s >> 20) % 97), 'q');
+            else
+                mn += (size_t)snprintf(mixed + mn, sizeof mixed - mn, "%s%s", mn ? " " : "",
+                                       (s >> 33) % 2 ? "the river bends" : "past the mill");
+        }
+        dhsa_task_params q = dhsa_task_default_params();
+        q.filler = mixed;
+        q.filler_len = (int64_t)mn;
+        int built = 0, tried = 0;
+        for (int kind = DHSA_TASK_PASSKEY; kind <= DHSA_TASK_MULTIVALUE; kind++)
+            for (uint64_t sd = 0; sd < 30; sd++) {
+                q.kind = (dhsa_task_kind)kind;
+                q.length = sd % 2 ? 2048 : 1024;
+                q.depth = (double)(sd % 5) / 4.0;
+                q.seed = 1000003 + sd * 8192;
+                tried++;
+                if (dhsa_task_build(tok, &q, &t) == DHSA_OK) {
+                    built += t.n_ids <= q.length && t.n_ids >= q.length - q.length / 32;
+                    dhsa_task_free(&t);
+                }
+            }
+        T_CHECK(built == tried, "uneven filler: %d of %d tasks built to length", built, tried);
+    }
     /* refusals */
     p.length = 10;
     T_CHECK(dhsa_task_build(tok, &p, &t) == DHSA_ERR_INVALID_ARG && t.ids == NULL, "length 10 refused");

@@ -343,10 +343,18 @@ dhsa_status dhsa_task_build(const dhsa_tokenizer *tok, const dhsa_task_params *p
     double cpt = 3.0;
     int64_t span = (int64_t)((double)p->length * cpt), a0 = 0;
     uint64_t off_seed = splitmix(&rs);
-    for (int round = 0; round < 12; round++) {
+    /* The span's start is fixed before the rounds (room left for a span of up
+     * to 8 bytes a token), so only its end moves and the token count grows
+     * with the span: the rounds converge. */
+    int64_t room = 8 * p->length < flen ? 8 * p->length : flen;
+    a0 = flen > room ? (int64_t)(off_seed % (uint64_t)(flen - room + 1)) : 0;
+    while (a0 > 0 && a0 < flen && f[a0 - 1] != ' ') a0++; /* a word start */
+    for (int round = 0; round < 24; round++) {
         if (span > flen) span = flen;
-        a0 = flen > span ? (int64_t)(off_seed % (uint64_t)(flen - span + 1)) : 0;
-        while (a0 > 0 && a0 < flen && f[a0 - 1] != ' ') a0++; /* a word start */
+        if (a0 + span > flen) { /* near the end: start earlier, at a word */
+            a0 = flen - span;
+            while (a0 > 0 && f[a0 - 1] != ' ') a0--;
+        }
         int64_t n = span;
         while (a0 + n < flen && n > 0 && f[a0 + n] != ' ') n--; /* a word end */
         free(prompt);
