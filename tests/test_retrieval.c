@@ -161,7 +161,7 @@ int main(void) {
                         "memorize it. I will quiz you about the numbers afterwards. ", 137) == 0, "magic preamble");
         const char *q = strstr(t.prompt, " What is the special magic number for ");
         T_CHECK(q != NULL, "multikey question");
-        char kw[64] = {0}, want[200], nd[128];
+        char kw[64] = {0}, want[320], nd[192];
         if (q) sscanf(q + 38, "%63s", kw);
         snprintf(want, sizeof want, " What is the special magic number for %s mentioned in the provided text? The "
                  "special magic number for %s mentioned in the provided text is", kw, kw);
