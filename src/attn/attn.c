@@ -216,8 +216,13 @@ dhsa_status dhsa_attention(dhsa_ctx *ctx, const dhsa_attn_desc *a) {
     dhsa_status st = workspace(ctx, a, &p, &be, &bytes);
     if (st) return st;
     if (p.Lq == 0) return DHSA_OK;
+    /* the scratch is the ctx's: one call at a time works in it */
+    dhsa__ctx_lock(ctx);
     void *ws = dhsa__scratch(ctx, bytes, &st);
-    if (!ws) return st;
-    if (be == DHSA_BACKEND_REFERENCE) return dhsa__attn_ref_run(ctx, a, &p, ws);
-    return dhsa__attn_tiled_run(ctx, a, &p, ws);
+    if (ws && be == DHSA_BACKEND_REFERENCE)
+        st = dhsa__attn_ref_run(ctx, a, &p, ws);
+    else if (ws)
+        st = dhsa__attn_tiled_run(ctx, a, &p, ws);
+    dhsa__ctx_unlock(ctx);
+    return st;
 }

@@ -5,7 +5,12 @@
  * Contract: dhsa_parallel_for hands tasks out in increasing order through an
  * atomic counter, so which thread runs a task varies, but a task's result
  * must not depend on that (kernels keep per-task reduction order fixed).
- * Tested by tests/test_core.c.
+ * A ctx may be shared by threads (include/dhsa.h, "Threads"): the pool and
+ * the scratch serve one call at a time under call_mu, a recursive lock
+ * (a call that makes calls on the same ctx takes it again), held by
+ * dhsa_parallel_for for a job and by every scratch user for its whole call;
+ * the allocator has its own lock (mem_mu) and never waits for a call.
+ * Tested by tests/test_core.c and tests/test_threads.c.
  */
 #include "core/internal.h"
 
@@ -21,6 +26,9 @@
 
 struct dhsa_ctx {
     int n_threads;
+
+    /* one call at a time uses the pool and the scratch (recursive) */
+    pthread_mutex_t call_mu;
 
     /* pool */
     pthread_t *workers;          /* n_threads - 1 */
@@ -81,6 +89,8 @@ void dhsa_parallel_for(dhsa_ctx *ctx, int64_t n_tasks, dhsa_task_fn fn, void *ar
         for (int64_t t = 0; t < n_tasks; t++) fn(arg, t, 0);
         return;
     }
+    /* the job's fields and the workers' counts serve one job at a time */
+    pthread_mutex_lock(&ctx->call_mu);
     pthread_mutex_lock(&ctx->mu);
     ctx->fn = fn;
     ctx->arg = arg;
@@ -96,7 +106,11 @@ void dhsa_parallel_for(dhsa_ctx *ctx, int64_t n_tasks, dhsa_task_fn fn, void *ar
     pthread_mutex_lock(&ctx->mu);
     while (ctx->n_idle_done < ctx->n_threads - 1) pthread_cond_wait(&ctx->done, &ctx->mu);
     pthread_mutex_unlock(&ctx->mu);
+    pthread_mutex_unlock(&ctx->call_mu);
 }
+
+void dhsa__ctx_lock(dhsa_ctx *ctx) { pthread_mutex_lock(&ctx->call_mu); }
+void dhsa__ctx_unlock(dhsa_ctx *ctx) { pthread_mutex_unlock(&ctx->call_mu); }
 
 /* ----------------------------------------------------------- lifecycle --- */
 
@@ -121,6 +135,11 @@ dhsa_status dhsa_ctx_create(const dhsa_ctx_params *p, dhsa_ctx **out) {
     if (!ctx) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "dhsa_ctx_create: out of memory");
     ctx->n_threads = d.n_threads ? d.n_threads : online_cpus();
     ctx->st.budget = d.mem_budget;
+    pthread_mutexattr_t ma;
+    pthread_mutexattr_init(&ma);
+    pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&ctx->call_mu, &ma);
+    pthread_mutexattr_destroy(&ma);
     pthread_mutex_init(&ctx->mu, NULL);
     pthread_mutex_init(&ctx->mem_mu, NULL);
     pthread_cond_init(&ctx->wake, NULL);
@@ -161,6 +180,7 @@ void dhsa_ctx_free(dhsa_ctx *ctx) {
         free(ctx->workers);
     }
     if (ctx->scratch) free((char *)ctx->scratch - HDR);
+    pthread_mutex_destroy(&ctx->call_mu);
     pthread_mutex_destroy(&ctx->mu);
     pthread_mutex_destroy(&ctx->mem_mu);
     pthread_cond_destroy(&ctx->wake);
@@ -303,6 +323,8 @@ void *dhsa__scratch(dhsa_ctx *ctx, size_t bytes, dhsa_status *st) {
 
 void dhsa_ctx_trim(dhsa_ctx *ctx) {
     if (!ctx) return;
+    /* not while a call on another thread works in the scratch */
+    pthread_mutex_lock(&ctx->call_mu);
     pthread_mutex_lock(&ctx->mem_mu);
     if (ctx->scratch) {
         free((char *)ctx->scratch - HDR);
@@ -311,4 +333,5 @@ void dhsa_ctx_trim(dhsa_ctx *ctx) {
         ctx->scratch_cap = 0;
     }
     pthread_mutex_unlock(&ctx->mem_mu);
+    pthread_mutex_unlock(&ctx->call_mu);
 }

@@ -19,11 +19,18 @@
  * write `return dhsa__fail(DHSA_ERR_SHAPE, "k has %lld rows", n);`. */
 dhsa_status dhsa__fail(dhsa_status s, const char *fmt, ...) DHSA_PRINTF(2, 3);
 
+/* The ctx's call lock (recursive): while a thread holds it, no other
+ * thread's call uses the ctx's pool or scratch. dhsa_parallel_for takes it
+ * for each job; a scratch user takes it for its whole call. */
+void dhsa__ctx_lock(dhsa_ctx *ctx);
+void dhsa__ctx_unlock(dhsa_ctx *ctx);
+
 /* The ctx's scratch arena: one grow-only buffer kept between calls so that
  * hot paths (decode) do not fault pages in on every call. It counts in the
  * ctx's in_use and is held to the budget. Returns NULL (last error set,
  * DHSA_ERR_MEMORY_BUDGET or DHSA_ERR_OUT_OF_MEMORY in *st) on failure.
- * Only one user at a time: kernels take it for the length of a call. */
+ * Only one user at a time: the caller holds dhsa__ctx_lock from before this
+ * call until it is done with the buffer. */
 void *dhsa__scratch(dhsa_ctx *ctx, size_t bytes, dhsa_status *st);
 
 /* dhsa_ctx_alloc with the failure's status in *st. */

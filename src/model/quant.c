@@ -741,10 +741,16 @@ dhsa_status dhsa__matmul(dhsa_ctx *ctx, const dhsa_wmat *W, const float *x, int6
     j.ldy = ldy;
     j.p = make_plan(j.k, W->type, W->n_in, W->n_out, n_tok, dhsa_ctx_n_threads(ctx));
     j.ws = NULL;
+    /* the scratch is the ctx's: one call at a time works in it */
+    dhsa__ctx_lock(ctx);
     if (!j.p.fused) {
         j.ws = dhsa__scratch(ctx, j.p.ws, &st);
-        if (!j.ws) return st;
+        if (!j.ws) {
+            dhsa__ctx_unlock(ctx);
+            return st;
+        }
     }
     dhsa_parallel_for(ctx, j.p.n_tasks, mm_task, &j);
+    dhsa__ctx_unlock(ctx);
     return DHSA_OK;
 }
