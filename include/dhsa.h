@@ -13,6 +13,9 @@
  *     (PyTorch SDPA order); strides are in elements, so a batch-first buffer
  *     [batch, seq, heads, dim] is passed without a copy.
  *   - Results do not depend on the number of threads.
+ *   - Objects may be shared by threads under the rules of "Threads" below:
+ *     a ctx serialises the calls made on it, a session refuses a second
+ *     concurrent eval (DHSA_ERR_BUSY), read-only objects are shared freely.
  *
  * Tests: make test (tests/test_*.c); see README.md.
  */
@@ -42,7 +45,10 @@ typedef enum {
     DHSA_ERR_IO = -7,            /* a file could not be read or written */
     DHSA_ERR_FORMAT = -8,        /* a file or string is malformed */
     DHSA_ERR_NONFINITE = -9,     /* NaN or Inf where a finite value is due */
-    DHSA_ERR_INTERNAL = -10      /* a bug in dhsa: please report it */
+    DHSA_ERR_INTERNAL = -10,     /* a bug in dhsa: please report it */
+    DHSA_ERR_BUSY = -11          /* the object is in use by another call (another
+                                    thread, or a callback of this one): see
+                                    "Threads" below; nothing was done */
 } dhsa_status;
 
 /* Name of a status ("DHSA_ERR_SHAPE"); never NULL. */
@@ -50,6 +56,44 @@ const char *dhsa_status_str(dhsa_status s);
 /* The last error sentence set on this thread ("" if none). The pointer stays
  * valid until the next failing dhsa call on the same thread. */
 const char *dhsa_last_error(void);
+
+/* ------------------------------------------------------------------------ */
+/* Threads (docs/dhsa.md, "Threads and failed calls"; tests/test_threads.c)  */
+
+/* Any object may be used from any thread. What may overlap:
+ *   dhsa_ctx       shared freely. Its thread pool and its scratch serve one
+ *                  call at a time under the ctx's lock: dhsa_attention and
+ *                  each weight product of dhsa_session_eval hold it for the
+ *                  whole call, the routing, predictor and training calls for
+ *                  each parallel job, dhsa_parallel_for for its job,
+ *                  dhsa_ctx_trim while it frees. So results are those of the
+ *                  same calls made one after another, each with all of the
+ *                  ctx's threads. The cost: that work never runs at the same
+ *                  time on one ctx (threads sharing a ctx take turns); to run
+ *                  in parallel, give each thread its own ctx. The allocator,
+ *                  statistics and budget calls never wait for the lock.
+ *   dhsa_model, dhsa_tokenizer, dhsa_gguf (read), dhsa_predictor
+ *                  read-only once made: any number of threads and sessions
+ *                  may use one at once (dhsa_predictor_train writes its
+ *                  predictor: nothing else may use that one meanwhile).
+ *   dhsa_session   one eval or reset at a time: one that would overlap
+ *                  another on the same session (from another thread, or
+ *                  from the running eval's layer hook or progress callback)
+ *                  is refused with DHSA_ERR_BUSY ("the session is in use by
+ *                  another thread ...") and does nothing. Two sessions (on
+ *                  one model, on one ctx or not) may run at once.
+ *   dhsa_kv_index  routes may overlap each other; an append refuses to
+ *                  overlap any other call on the index, and a route an
+ *                  append (DHSA_ERR_BUSY).
+ *   dhsa_layout    any number of readers at once (dhsa_attention with it,
+ *                  dhsa_layout_get, _get_stats, _selects); dhsa_layout_set
+ *                  must not overlap any other use of that layout.
+ *   dhsa_sampler, dhsa_gguf_writer, dhsa_task: one thread at a time.
+ * What the list says "must not" is not detected: it is undefined, like
+ * freeing an object (or its ctx, or the model of a session) while another
+ * call uses it, and calling the library on a ctx from inside one of that
+ * ctx's dhsa_parallel_for tasks. The other calls on a session (length,
+ * plan, stats, free) must not overlap an eval or reset of it. */
 
 /* ------------------------------------------------------------------------ */
 /* CPU features and kernels                                                  */
@@ -90,7 +134,9 @@ typedef struct {
 dhsa_ctx_params dhsa_ctx_default_params(void);
 /* Creates a context; *out is NULL on failure. */
 dhsa_status dhsa_ctx_create(const dhsa_ctx_params *p, dhsa_ctx **out);
-/* Frees the context and its arena. NULL is allowed. */
+/* Frees the context and its arena. NULL is allowed. Only once no call on
+ * it runs, and after everything allocated from it (sessions, layouts,
+ * indexes) was freed. */
 void dhsa_ctx_free(dhsa_ctx *ctx);
 int dhsa_ctx_n_threads(const dhsa_ctx *ctx);
 dhsa_mem_stats dhsa_ctx_mem_stats(const dhsa_ctx *ctx);
@@ -104,12 +150,15 @@ dhsa_status dhsa_ctx_set_budget(dhsa_ctx *ctx, size_t bytes);
 void *dhsa_ctx_alloc(dhsa_ctx *ctx, size_t bytes);
 void dhsa_ctx_release(dhsa_ctx *ctx, void *ptr);
 /* Kernels keep their workspace in a grow-only scratch arena between calls
- * (it counts in in_use); trim gives it back. */
+ * (it counts in in_use); trim gives it back, waiting for a call that works
+ * in it on another thread. */
 void dhsa_ctx_trim(dhsa_ctx *ctx);
 
 /* Runs fn(arg, task, thread) for task in [0, n_tasks) on the ctx's threads;
  * tasks are handed out in increasing order; thread is in [0, n_threads).
- * Returns when all tasks are done. Not reentrant from inside fn. */
+ * Returns when all tasks are done. Jobs from several threads on one ctx run
+ * one after another. Not reentrant: fn must not call the library on the
+ * same ctx. */
 typedef void (*dhsa_task_fn)(void *arg, int64_t task, int thread);
 void dhsa_parallel_for(dhsa_ctx *ctx, int64_t n_tasks, dhsa_task_fn fn, void *arg);
 
@@ -257,7 +306,8 @@ dhsa_status dhsa_layout_size(int64_t B, int64_t Hkv, int64_t Lq, int64_t Lk, int
 dhsa_status dhsa_layout_create(dhsa_ctx *ctx, int64_t B, int64_t Hkv, int64_t Lq, int64_t Lk,
                                int64_t q_block, int64_t max_ranges, dhsa_layout **out);
 void dhsa_layout_free(dhsa_layout *layout);
-/* Sets the ranges of one block: `ranges` holds n pairs (start, end). They are
+/* Sets the ranges of one block (not while another call reads the layout:
+ * "Threads"): `ranges` holds n pairs (start, end). They are
  * sorted and merged here (overlapping or adjacent ranges join), then checked
  * against [0, Lk) and max_ranges; on error the block is left unchanged. */
 dhsa_status dhsa_layout_set(dhsa_layout *layout, int64_t b, int64_t g, int64_t qb,
@@ -445,7 +495,8 @@ dhsa_train_params dhsa_train_default_params(void);
  * Adam on shuffled minibatches, hand-written backprop in double; the
  * weights are rounded to F32 at the end. Needs at least one training and
  * one validation sample; keys must be finite, labels <= 1. Deterministic
- * for a seed, whatever the ctx's threads. report may be NULL. */
+ * for a seed, whatever the ctx's threads. report may be NULL. Nothing else
+ * may use pr during the call (an index, a session, a score). */
 dhsa_status dhsa_predictor_train(dhsa_ctx *ctx, dhsa_predictor *pr, const dhsa_train_seq *seqs, int64_t n_seqs,
                                  const dhsa_train_params *p, dhsa_train_report *report);
 /* ---- Predictor training block end ---- */
@@ -549,12 +600,16 @@ void dhsa_kv_index_free(dhsa_kv_index *ix);
 dhsa_status dhsa_kv_index_size(const dhsa_router_params *rp, int64_t Hkv, int64_t d, int64_t capacity,
                                size_t *bytes);
 /* Appends keys k [1, Hkv, n, d] (any strides and type) at positions
- * length .. length + n - 1. */
+ * length .. length + n - 1. Checked before anything is appended. An append
+ * that would overlap another call on the index (another thread's append or
+ * route) is refused with DHSA_ERR_BUSY, appending nothing. */
 dhsa_status dhsa_kv_index_append(dhsa_kv_index *ix, const dhsa_tensor *k);
 int64_t dhsa_kv_index_length(const dhsa_kv_index *ix);
 /* Closed chunks so far; with starts != NULL, their first positions. */
 int64_t dhsa_kv_index_chunks(const dhsa_kv_index *ix, const int64_t **starts);
 /* Routes the queries of `a` (q [1, Hq, Lq, d] at positions q_pos0 ..;
+ * routes of one index may run at once; one that would overlap an append is
+ * DHSA_ERR_BUSY;
  * k [1, Hkv, Lk, d] must be the cache the index describes: Lk = length)
  * into a new layout (free with dhsa_layout_free). Only causal attention
  * (a->causal = 1) is supported. */
@@ -1049,7 +1104,10 @@ typedef struct {
 } dhsa_model_params;
 
 dhsa_model_params dhsa_model_default_params(void);
+/* A model is read-only once loaded: any number of sessions, on any threads
+ * and ctxs, may use one at once ("Threads"). */
 /* Loads a GGUF model (mmap; weights are used in place) or a llama2.c
+ *
  * checkpoint. Every tensor the architecture needs is checked for presence,
  * type and shape before anything runs. *out is NULL on failure. */
 dhsa_status dhsa_model_load(const char *path, const dhsa_model_params *p, dhsa_model **out);
@@ -1128,15 +1186,22 @@ typedef struct dhsa_session dhsa_session;
 
 /* One sequence: KV cache, activations and routing state, allocated from
  * ctx (whose budget is set from mem_limit minus the weights when that is
- * tighter). The model must outlive the session. */
+ * tighter). The model must outlive the session. One eval or reset at a
+ * time: one that would overlap another on the same session (another
+ * thread's, or a call from the eval's own layer hook or progress callback)
+ * is DHSA_ERR_BUSY and does nothing; sessions on one model or one ctx may
+ * run at once ("Threads"). */
 dhsa_status dhsa_session_create(dhsa_ctx *ctx, const dhsa_model *m, const dhsa_session_params *p,
                                 dhsa_session **out);
 void dhsa_session_free(dhsa_session *s);
 const dhsa_mem_plan *dhsa_session_get_plan(const dhsa_session *s);
 /* Tokens in the cache. */
 int64_t dhsa_session_length(const dhsa_session *s);
-/* Empties the cache (and the routing indexes). */
-void dhsa_session_reset(dhsa_session *s);
+/* Empties the cache (and the routing indexes, made anew). DHSA_ERR_BUSY
+ * while an eval runs on it (nothing done); DHSA_ERR_OUT_OF_MEMORY or
+ * _MEMORY_BUDGET when the indexes could not be made again (the cache is
+ * empty, and evals are refused until a reset succeeds). */
+dhsa_status dhsa_session_reset(dhsa_session *s);
 /* Runs ids[0..n) at positions length .. length + n - 1 in ubatches and
  * appends them to the cache. logits: [n][n_vocab] when logits_all, else
  * [n_vocab] for the last token; NULL skips the output projection where it

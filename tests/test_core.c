@@ -103,6 +103,7 @@ static void test_status_names(void) {
         {DHSA_ERR_FORMAT, "DHSA_ERR_FORMAT"},
         {DHSA_ERR_NONFINITE, "DHSA_ERR_NONFINITE"},
         {DHSA_ERR_INTERNAL, "DHSA_ERR_INTERNAL"},
+        {DHSA_ERR_BUSY, "DHSA_ERR_BUSY"},
     };
     enum { N = sizeof codes / sizeof codes[0] };
     for (int i = 0; i < N; i++) {

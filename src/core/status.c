@@ -22,6 +22,7 @@ const char *dhsa_status_str(dhsa_status s) {
     case DHSA_ERR_FORMAT: return "DHSA_ERR_FORMAT";
     case DHSA_ERR_NONFINITE: return "DHSA_ERR_NONFINITE";
     case DHSA_ERR_INTERNAL: return "DHSA_ERR_INTERNAL";
+    case DHSA_ERR_BUSY: return "DHSA_ERR_BUSY";
     }
     return "DHSA_ERR_UNKNOWN";
 }

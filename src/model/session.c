@@ -23,6 +23,7 @@
 #include "model/model_internal.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +42,7 @@ struct dhsa_session {
     dhsa_kv_index **ix;         /* [n_layer] or NULL */
     dhsa_router_params rp;      /* routing of the sparse methods */
     int broken;                 /* an ubatch failed halfway: reset first */
+    atomic_int busy;            /* 1 while an eval or a reset runs on it */
 };
 
 dhsa_session_params dhsa_session_default_params(void) {
@@ -253,6 +255,7 @@ dhsa_status dhsa_session_create(dhsa_ctx *ctx, const dhsa_model *m, const dhsa_s
     if (!s) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
     s->ctx = ctx;
     s->m = m;
+    atomic_init(&s->busy, 0);
     s->p = *p;
     s->plan = plan;
     s->rp = method_router(p);
@@ -316,14 +319,33 @@ void dhsa_session_free(dhsa_session *s) {
 const dhsa_mem_plan *dhsa_session_get_plan(const dhsa_session *s) { return s ? &s->plan : NULL; }
 int64_t dhsa_session_length(const dhsa_session *s) { return s ? s->len : 0; }
 
-void dhsa_session_reset(dhsa_session *s) {
-    if (!s) return;
+/* One eval or reset at a time: a second, from another thread or from a
+ * callback of the running eval, is refused rather than let corrupt the
+ * cache. */
+static int enter(dhsa_session *s) {
+    int idle = 0;
+    return atomic_compare_exchange_strong(&s->busy, &idle, 1);
+}
+
+static void leave(dhsa_session *s) { atomic_store(&s->busy, 0); }
+
+static dhsa_status session_busy(const char *call) {
+    return dhsa__fail(DHSA_ERR_BUSY, "%s: the session is in use by another thread (or by a callback of its own "
+                      "eval): one eval or reset at a time", call);
+}
+
+dhsa_status dhsa_session_reset(dhsa_session *s) {
+    if (!s) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_session_reset: NULL session");
+    if (!enter(s)) return session_busy("dhsa_session_reset");
+    dhsa_status st = DHSA_OK;
     s->len = 0;
     s->broken = 0;
     if (s->ix) {
         free_indexes(s);
-        if (make_indexes(s) != DHSA_OK) s->ix = NULL; /* eval reports it */
+        st = make_indexes(s); /* on failure s->ix is NULL: eval refuses too */
     }
+    leave(s);
+    return st;
 }
 
 /* ---------------------------------------------------------- forward --- */
@@ -499,8 +521,7 @@ static dhsa_status ubatch(dhsa_session *s, const int32_t *ids, int64_t n, int64_
     return DHSA_OK;
 }
 
-dhsa_status dhsa_session_eval(dhsa_session *s, const int32_t *ids, int64_t n, float *logits) {
-    if (!s || (!ids && n > 0)) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_session_eval: NULL argument");
+static dhsa_status eval_tokens(dhsa_session *s, const int32_t *ids, int64_t n, float *logits) {
     if (n < 0) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_session_eval: n = %lld", (long long)n);
     if (n == 0) return DHSA_OK;
     const dhsa_model_info *in = &s->m->info;
@@ -538,4 +559,12 @@ dhsa_status dhsa_session_eval(dhsa_session *s, const int32_t *ids, int64_t n, fl
         if (s->p.progress) s->p.progress(s->p.progress_user, done, n);
     }
     return DHSA_OK;
+}
+
+dhsa_status dhsa_session_eval(dhsa_session *s, const int32_t *ids, int64_t n, float *logits) {
+    if (!s || (!ids && n > 0)) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_session_eval: NULL argument");
+    if (!enter(s)) return session_busy("dhsa_session_eval");
+    dhsa_status st = eval_tokens(s, ids, n, logits);
+    leave(s);
+    return st;
 }

@@ -23,12 +23,16 @@
  * what dhsa_route does for LEARNED with causal_boundaries = 1: both give the
  * same chunks, bit for bit, because the probabilities are the same bits
  * (predictor_internal.h).
- * Tested by tests/test_kv_index.c.
+ *
+ * An append refuses to overlap any other call on the index (DHSA_ERR_BUSY,
+ * through `users`); routes may overlap each other.
+ * Tested by tests/test_kv_index.c and tests/test_threads.c.
  */
 #include "route/layout_internal.h"
 #include "route/predictor_internal.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "attn/attn_internal.h"
@@ -82,6 +86,7 @@ struct dhsa_kv_index {
     float *pws;              /* window kernel scratch */
     float *pz;               /* [PIECE] probability of the candidate each
                                 key of the piece completes */
+    atomic_int users;  /* -1: an append runs; n > 0: n routes run */
 };
 
 /* sum a[x] * b[x] in double over 8 independent partial sums (added in a
@@ -205,6 +210,7 @@ dhsa_status dhsa_kv_index_create(dhsa_ctx *ctx, const dhsa_router_params *rp, in
     ix->dc.score = ix->ring + (size_t)ix->ring_len * hd;
     ix->dc.score_size = z.score_size;
     ix->delay = z.delay;
+    atomic_init(&ix->users, 0);
     if (ix->dc.learned) {
         float *f = (float *)(m + z.pred_offset);
         ix->pr = rp->predictor;
@@ -413,8 +419,12 @@ static void learned_shift(dhsa_kv_index *ix, int64_t np) {
     for (int i = 0; i < 4; i++) memmove(buf[i], buf[i] + (size_t)np * C, bytes);
 }
 
-dhsa_status dhsa_kv_index_append(dhsa_kv_index *ix, const dhsa_tensor *k) {
-    if (!ix || !k || !k->data) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_kv_index_append: NULL argument");
+static dhsa_status busy(void) {
+    return dhsa__fail(DHSA_ERR_BUSY, "the decode index is in use by another thread: an append may not overlap "
+                      "any other call on the same index");
+}
+
+static dhsa_status append_keys(dhsa_kv_index *ix, const dhsa_tensor *k) {
     if (k->shape[0] != 1 || k->shape[1] != ix->Hkv || k->shape[3] != ix->d || k->shape[2] < 0)
         return dhsa__fail(DHSA_ERR_SHAPE, "keys are [%lld, %lld, %lld, %lld], the index wants [1, %lld, n, %lld]",
                           (long long)k->shape[0], (long long)k->shape[1], (long long)k->shape[2],
@@ -449,10 +459,16 @@ dhsa_status dhsa_kv_index_append(dhsa_kv_index *ix, const dhsa_tensor *k) {
     return DHSA_OK;
 }
 
-dhsa_status dhsa_kv_index_route(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
-                                dhsa_layout **out) {
-    if (!ctx || !ix || !a || !out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_kv_index_route: NULL argument");
-    *out = NULL;
+dhsa_status dhsa_kv_index_append(dhsa_kv_index *ix, const dhsa_tensor *k) {
+    if (!ix || !k || !k->data) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_kv_index_append: NULL argument");
+    int idle = 0;
+    if (!atomic_compare_exchange_strong(&ix->users, &idle, -1)) return busy();
+    dhsa_status st = append_keys(ix, k);
+    atomic_store(&ix->users, 0);
+    return st;
+}
+
+static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a, dhsa_layout **out) {
     if (!a->causal) return dhsa__fail(DHSA_ERR_UNSUPPORTED, "the decode index routes causal attention only");
     dhsa_attn_desc dd = *a;
     dd.v = a->k;
@@ -580,4 +596,19 @@ dhsa_status dhsa_kv_index_route(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dh
     }
     *out = lay;
     return DHSA_OK;
+}
+
+dhsa_status dhsa_kv_index_route(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
+                                dhsa_layout **out) {
+    if (!ctx || !ix || !a || !out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_kv_index_route: NULL argument");
+    *out = NULL;
+    /* routes only read the index: they may overlap each other, not an append */
+    atomic_int *users = (atomic_int *)&ix->users;
+    int v = atomic_load(users);
+    do {
+        if (v < 0) return busy();
+    } while (!atomic_compare_exchange_weak(users, &v, v + 1));
+    dhsa_status st = route_index(ctx, ix, a, out);
+    atomic_fetch_sub(users, 1);
+    return st;
 }
