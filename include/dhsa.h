@@ -16,6 +16,9 @@
  *   - Objects may be shared by threads under the rules of "Threads" below:
  *     a ctx serialises the calls made on it, a session refuses a second
  *     concurrent eval (DHSA_ERR_BUSY), read-only objects are shared freely.
+ *   - A failed call leaves its objects as they were before it: a session
+ *     keeps the tokens committed before a failed eval, for every attention
+ *     method (dhsa_session_eval).
  *
  * Tests: make test (tests/test_*.c); see README.md.
  */
@@ -1206,7 +1209,17 @@ dhsa_status dhsa_session_reset(dhsa_session *s);
  * appends them to the cache. logits: [n][n_vocab] when logits_all, else
  * [n_vocab] for the last token; NULL skips the output projection where it
  * can. Ids out of range are DHSA_ERR_INVALID_ARG, more than n_ctx tokens
- * DHSA_ERR_TOO_LARGE, both before anything runs. */
+ * DHSA_ERR_TOO_LARGE, both before anything runs.
+ * A failed eval, wherever it fails (those checks, or in any ubatch: the
+ * budget, a layer hook that stops it, ...), adds nothing, for every
+ * attention method: the cache keeps the tokens committed before the call
+ * (dhsa_session_length is unchanged), none of the call's tokens stay, not
+ * even those of its ubatches that ran, and the routing indexes go back to
+ * the committed tokens; the next eval works and gives, bit for bit, what
+ * it would have given had the failed call never been made. What the
+ * failed call wrote into logits and reported through progress means
+ * nothing. (Only if that undoing itself failed, a bug, is the eval
+ * DHSA_ERR_INTERNAL, and then evals are refused until dhsa_session_reset.) */
 dhsa_status dhsa_session_eval(dhsa_session *s, const int32_t *ids, int64_t n, float *logits);
 
 /* Sampling. Order: repetition penalty, temperature (0 = greedy: argmax,

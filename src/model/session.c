@@ -21,6 +21,7 @@
  */
 #include "core/internal.h"
 #include "model/model_internal.h"
+#include "route/kv_index_internal.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -41,7 +42,7 @@ struct dhsa_session {
     float *x, *xb, *q, *kt, *vt, *att, *hb, *hb2, *rc, *rs, *inv_freq; /* one ctx allocation */
     dhsa_kv_index **ix;         /* [n_layer] or NULL */
     dhsa_router_params rp;      /* routing of the sparse methods */
-    int broken;                 /* an ubatch failed halfway: reset first */
+    int broken;                 /* a failed eval could not be undone: reset first */
     atomic_int busy;            /* 1 while an eval or a reset runs on it */
 };
 
@@ -521,6 +522,25 @@ static dhsa_status ubatch(dhsa_session *s, const int32_t *ids, int64_t n, int64_
     return DHSA_OK;
 }
 
+/* Undoes a failed eval (include/dhsa.h, dhsa_session_eval): the length and
+ * every layer's index go back to len0. The keys and values the failed
+ * ubatches wrote past len0 are never read, and the next eval overwrites
+ * them. */
+static void roll_back(dhsa_session *s, int64_t len0) {
+    s->len = len0;
+    if (!s->ix) return;
+    char why[384];
+    snprintf(why, sizeof why, "%s", dhsa_last_error());
+    for (int64_t l = 0; l < s->m->info.n_layer && !s->broken; l++) {
+        if (!s->ix[l]) continue;
+        dhsa_tensor k = cache_view(s, l, 0, len0);
+        if (dhsa__kv_index_rewind(s->ix[l], &k) != DHSA_OK) s->broken = 1;
+    }
+    if (s->broken) /* the eval's own sentence first */
+        (void)dhsa__fail(DHSA_ERR_INTERNAL, "%s; undoing it failed (%.100s): dhsa_session_reset first", why,
+                         dhsa_last_error());
+}
+
 static dhsa_status eval_tokens(dhsa_session *s, const int32_t *ids, int64_t n, float *logits) {
     if (n < 0) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_session_eval: n = %lld", (long long)n);
     if (n == 0) return DHSA_OK;
@@ -533,9 +553,13 @@ static dhsa_status eval_tokens(dhsa_session *s, const int32_t *ids, int64_t n, f
         return dhsa__fail(DHSA_ERR_TOO_LARGE, "%lld more tokens do not fit: the cache holds %lld of %lld",
                           (long long)n, (long long)s->len, (long long)s->plan.n_ctx);
     if (s->broken)
-        return dhsa__fail(DHSA_ERR_INVALID_ARG, "an earlier eval failed halfway: dhsa_session_reset first");
+        return dhsa__fail(DHSA_ERR_INTERNAL, "an earlier failed eval could not be undone: dhsa_session_reset first");
     if (s->p.attn != DHSA_ATTN_DENSE && uses_index(&s->p) && !s->ix)
         return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "the routing indexes could not be rebuilt after a reset");
+    const int64_t len0 = s->len;
+    if (s->ix)
+        for (int64_t l = 0; l < in->n_layer; l++)
+            if (s->ix[l]) dhsa__kv_index_mark(s->ix[l]);
     for (int64_t done = 0; done < n;) {
         int64_t step = n - done < s->plan.n_ubatch ? n - done : s->plan.n_ubatch;
         float *out = NULL;
@@ -549,9 +573,9 @@ static dhsa_status eval_tokens(dhsa_session *s, const int32_t *ids, int64_t n, f
         }
         dhsa_status st = ubatch(s, ids + done, step, s->len, out, rows);
         if (st) {
-            /* earlier ubatches stay in the cache, but this one may have
-             * reached some layers' indexes: refuse to go on */
-            if (s->ix) s->broken = 1;
+            /* the call's earlier ubatches are undone too, and this one may
+             * have reached some layers' indexes: all of it goes */
+            roll_back(s, len0);
             return st;
         }
         s->len += step;

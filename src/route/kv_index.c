@@ -24,10 +24,14 @@
  * same chunks, bit for bit, because the probabilities are the same bits
  * (predictor_internal.h).
  *
- * An append refuses to overlap any other call on the index (DHSA_ERR_BUSY,
- * through `users`); routes may overlap each other.
- * Tested by tests/test_kv_index.c and tests/test_threads.c.
+ * A session undoes a failed eval's appends with dhsa__kv_index_mark and
+ * dhsa__kv_index_rewind (kv_index_internal.h). An append refuses to overlap
+ * any other call on the index (DHSA_ERR_BUSY, through `users`); routes may
+ * overlap each other.
+ * Tested by tests/test_kv_index.c, tests/test_session_fail.c and
+ * tests/test_threads.c.
  */
+#include "route/kv_index_internal.h"
 #include "route/layout_internal.h"
 #include "route/predictor_internal.h"
 
@@ -86,6 +90,11 @@ struct dhsa_kv_index {
     float *pws;              /* window kernel scratch */
     float *pz;               /* [PIECE] probability of the candidate each
                                 key of the piece completes */
+    /* dhsa__kv_index_mark: the state to rewind to (length, closed chunks,
+     * the open chunk's start, the score statistics and ring) */
+    int64_t mark_len, mark_chunks, mark_open;
+    double mark_s_n, mark_s_mean, mark_s_m2;
+    float *mark_score; /* [score_size] */
     atomic_int users;  /* -1: an append runs; n > 0: n routes run */
 };
 
@@ -140,7 +149,7 @@ static dhsa_status index_sizes(const dhsa_router_params *rp, int64_t Hkv, int64_
     z->score_size = 2 * rp->nms_window + 1;
     size_t hd = (size_t)Hkv * (size_t)d;
     z->bytes = (size_t)(z->max_chunks + 1) * 8 + (size_t)z->max_chunks * 8 + (size_t)z->max_chunks * hd * 4 +
-               hd * 8 + (size_t)z->ring_len * hd * 4 + (size_t)z->score_size * 4 + hd * 8 + 64 * 7;
+               hd * 8 + (size_t)z->ring_len * hd * 4 + 2 * (size_t)z->score_size * 4 + hd * 8 + 64 * 7;
     if (rp->score_mode == DHSA_SCORE_MOMENTS) /* spread, tail_sq, later_sq */
         z->bytes += (size_t)z->max_chunks * hd * 4 + 2 * hd * 8;
     memset(z->pred_floats, 0, sizeof z->pred_floats);
@@ -209,6 +218,7 @@ dhsa_status dhsa_kv_index_create(dhsa_ctx *ctx, const dhsa_router_params *rp, in
     ix->dc.learned = rp->boundary == DHSA_BOUNDARY_LEARNED;
     ix->dc.score = ix->ring + (size_t)ix->ring_len * hd;
     ix->dc.score_size = z.score_size;
+    ix->mark_score = ix->dc.score + z.score_size; /* the mark of the empty index: zeros */
     ix->delay = z.delay;
     atomic_init(&ix->users, 0);
     if (ix->dc.learned) {
@@ -466,6 +476,61 @@ dhsa_status dhsa_kv_index_append(dhsa_kv_index *ix, const dhsa_tensor *k) {
     dhsa_status st = append_keys(ix, k);
     atomic_store(&ix->users, 0);
     return st;
+}
+
+void dhsa__kv_index_mark(dhsa_kv_index *ix) {
+    ix->mark_len = ix->len;
+    ix->mark_chunks = ix->n_chunks;
+    ix->mark_open = ix->starts[ix->n_chunks];
+    ix->mark_s_n = ix->dc.s_n;
+    ix->mark_s_mean = ix->dc.s_mean;
+    ix->mark_s_m2 = ix->dc.s_m2;
+    memcpy(ix->mark_score, ix->dc.score, (size_t)ix->dc.score_size * sizeof(float));
+}
+
+/* Key t of k [1, Hkv, n, d] into row [Hkv][d]. */
+static void load_key(const dhsa_kv_index *ix, const dhsa_tensor *k, int64_t t, float *row) {
+    for (int64_t g = 0; g < ix->Hkv; g++) {
+        const void *src = dhsa__at(k, 0, g, t);
+        for (int64_t x = 0; x < ix->d; x++) row[g * ix->d + x] = dhsa__load(src, k->type, x * k->stride[3]);
+    }
+}
+
+dhsa_status dhsa__kv_index_rewind(dhsa_kv_index *ix, const dhsa_tensor *k) {
+    const int64_t L = ix->mark_len, hd = ix->Hkv * ix->d;
+    if (!k || !k->data || k->shape[0] != 1 || k->shape[1] != ix->Hkv || k->shape[3] != ix->d || k->shape[2] < L)
+        return dhsa__fail(DHSA_ERR_INTERNAL, "rewinding the decode index to %lld keys needs them", (long long)L);
+    ix->len = L;
+    ix->n_chunks = ix->mark_chunks;
+    ix->starts[ix->n_chunks] = ix->mark_open;
+    ix->dc.s_n = ix->mark_s_n;
+    ix->dc.s_mean = ix->mark_s_mean;
+    ix->dc.s_m2 = ix->mark_s_m2;
+    memcpy(ix->dc.score, ix->mark_score, (size_t)ix->dc.score_size * sizeof(float));
+    for (int64_t t = L - ix->ring_len > 0 ? L - ix->ring_len : 0; t < L; t++) load_key(ix, k, t, ring_key(ix, t));
+    /* the open chunk's sums, from zero in key order as the appends and
+     * close_chunk added them */
+    memset(ix->tail_sum, 0, (size_t)hd * sizeof(double));
+    if (ix->tail_sq) memset(ix->tail_sq, 0, (size_t)hd * sizeof(double));
+    float *row = (float *)ix->later; /* close_chunk's scratch of hd doubles: room for a key */
+    for (int64_t t = ix->mark_open; t < L; t++) {
+        load_key(ix, k, t, row);
+        for (int64_t x = 0; x < hd; x++) {
+            ix->tail_sum[x] += row[x];
+            if (ix->tail_sq) ix->tail_sq[x] += (double)row[x] * row[x];
+        }
+    }
+    if (ix->pr) { /* rows of the keys L - hist .. L - 1, zero keys before 0 */
+        for (int64_t i = 0; i < ix->hist; i++) {
+            int64_t t = L - ix->hist + i;
+            if (t >= 0)
+                load_key(ix, k, t, ix->px + i * hd);
+            else
+                memset(ix->px + i * hd, 0, (size_t)hd * sizeof(float));
+        }
+        dhsa__predictor_project(ix->pr, dhsa__attn_kernels(), ix->px, ix->hist, ix->pq, ix->pk, ix->pv, ix->ppn);
+    }
+    return DHSA_OK;
 }
 
 static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a, dhsa_layout **out) {

@@ -1,0 +1,27 @@
+/* kv_index_internal.h: what a session needs of the decode index beyond
+ * include/dhsa.h (never installed): undoing the appends of a failed eval.
+ *
+ * A session marks each layer's index before an eval and, when the eval
+ * fails, rewinds it to the mark, so that the index describes exactly the
+ * keys committed before the call (include/dhsa.h, dhsa_session_eval).
+ * Tested by tests/test_session_fail.c.
+ */
+#ifndef DHSA_KV_INDEX_INTERNAL_H
+#define DHSA_KV_INDEX_INTERNAL_H
+
+#include "core/internal.h"
+
+/* Remembers the index's state at its current length: the few scalars and
+ * the last 2 nms_window + 1 boundary scores (O(nms_window), no keys). */
+void dhsa__kv_index_mark(dhsa_kv_index *ix);
+
+/* Back to the marked state, as if nothing had been appended since. k [1,
+ * Hkv, >= marked length, d] are the keys appended before the mark (the
+ * session's cache): the recent keys, the open chunk's sums and, LEARNED,
+ * the predictor's rows of the last 2w - 1 keys are recomputed from them,
+ * with the bits the appends gave them (each is a function of its own keys,
+ * in a fixed order), so later appends and routes give what they would have
+ * given without the undone appends. */
+dhsa_status dhsa__kv_index_rewind(dhsa_kv_index *ix, const dhsa_tensor *k);
+
+#endif
