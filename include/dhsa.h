@@ -394,6 +394,9 @@ typedef struct dhsa_predictor dhsa_predictor;
  * use, every weight must be finite, the CRC must match. */
 dhsa_status dhsa_predictor_load(const char *path, dhsa_predictor **out);
 dhsa_status dhsa_predictor_load_memory(const void *data, size_t size, dhsa_predictor **out);
+/* Writes the file through a temporary in path's folder, renamed over path
+ * when complete (docs/files.md): a reader of the old file keeps it, and a
+ * failure leaves the old file untouched. */
 dhsa_status dhsa_predictor_save(const dhsa_predictor *pr, const char *path);
 /* Random weights (Xavier-like, fixed seed): tests and training starts. */
 dhsa_status dhsa_predictor_create_random(int64_t C, int64_t w, int64_t hidden, uint64_t seed,
@@ -863,6 +866,10 @@ dhsa_status dhsa_gguf_writer_size(const dhsa_gguf_writer *w, size_t *bytes);
 /* Writes the file into buf (cap >= dhsa_gguf_writer_size). */
 dhsa_status dhsa_gguf_writer_write_memory(const dhsa_gguf_writer *w, void *buf, size_t cap);
 /* Writes the file at path (removed again if writing fails). */
+/* The file goes to a temporary in path's folder (PATH.part.PID.N), is
+ * flushed, fsync'ed and renamed over path only when complete: a process
+ * that has the old file mapped keeps its bytes, and a failure removes the
+ * temporary and leaves the old file untouched (docs/files.md). */
 dhsa_status dhsa_gguf_writer_write_file(const dhsa_gguf_writer *w, const char *path);
 
 /* ---- GGUF block end ---- */
@@ -1068,9 +1075,11 @@ dhsa_status dhsa_llama2c_open(const char *bin_path, const char *tok_path, dhsa_g
 dhsa_status dhsa_llama2c_open_memory(const void *bin, size_t bin_size, const void *tok, size_t tok_size,
                                      const char *name, dhsa_gguf **out);
 /* Writes the GGUF file dhsa_llama2c_open would build at out_gguf_path
- * (through out_gguf_path + ".part", renamed when complete, so a failure
- * leaves no partial file); general.name is the checkpoint's file name
- * without directory and extension. The output may not be either input. */
+ * (with dhsa_gguf_writer_write_file: a temporary renamed when complete, so
+ * a failure leaves no partial file and the old one untouched);
+ * general.name is the checkpoint's file name without directory and
+ * extension. The output may not be either input. A NaN or infinite weight
+ * is DHSA_ERR_NONFINITE, naming the tensor, before anything is written. */
 dhsa_status dhsa_convert_llama2c(const char *bin_path, const char *tok_path, const char *out_gguf_path);
 /* ---- llama2.c block end ---- */
 
@@ -1240,7 +1249,9 @@ dhsa_sampler_params dhsa_sampler_default_params(void);
 dhsa_status dhsa_sampler_create(const dhsa_sampler_params *p, int64_t n_vocab, dhsa_sampler **out);
 void dhsa_sampler_free(dhsa_sampler *s);
 /* Picks the next id from logits[n_vocab] (not modified); history is the
- * sequence so far (for the repetition penalty; may be NULL with n = 0). */
+ * sequence so far (for the repetition penalty; may be NULL with n = 0).
+ * A NaN or +Inf logit, or every logit -Inf, is DHSA_ERR_NONFINITE with a
+ * sentence saying which (greedy included): there is no token to pick. */
 dhsa_status dhsa_sampler_sample(dhsa_sampler *s, const float *logits, const int32_t *history, int64_t n_history,
                                 int32_t *out);
 /* ---- Model block end ---- */

@@ -154,7 +154,8 @@ dhsa_status dhsa_synth_generate(const dhsa_synth_params *sp, float *q, float *k,
             free(seg_of);
             return dhsa__fail(DHSA_ERR_INVALID_ARG,
                               "needle %d at depth %g ([%lld, %lld)) does not end before the block that asks "
-                              "for it (rows from %lld): use a smaller depth",
+                              "for it (rows from %lld): a longer L, fewer needles, a smaller q_block or a smaller "
+                              "depth fits it",
                               i, sp->depths[i], (long long)key, (long long)(key + len), (long long)r0);
         }
         needles[i].key = key;

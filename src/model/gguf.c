@@ -24,6 +24,7 @@
  */
 #include "model/gguf.h"
 #include "core/internal.h"
+#include "util/outfile.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -1242,15 +1243,16 @@ dhsa_status dhsa_gguf_writer_write_memory(const dhsa_gguf_writer *w, void *buf, 
 
 dhsa_status dhsa_gguf_writer_write_file(const dhsa_gguf_writer *w, const char *path) {
     if (!w || !path) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_gguf_writer_write_file: NULL argument");
-    FILE *f = fopen(path, "wb");
-    if (!f) return dhsa__fail(DHSA_ERR_IO, "GGUF writer: cannot create '%s': %s", path, strerror(errno));
+    dhsa_outfile o; /* a temporary renamed into place: readers of the old file keep it */
+    dhsa_status st = dhsa_outfile_open(&o, path); /* its sentences name the path */
+    if (st) return st;
     errno = 0;
-    wsink s = {.f = f};
+    wsink s = {.f = o.f};
     write_all(w, &s);
-    if (fclose(f) != 0 && !s.err) s.err = errno ? errno : EIO;
     if (s.err) {
-        remove(path);
-        return dhsa__fail(DHSA_ERR_IO, "GGUF writer: cannot write '%s': %s", path, strerror(s.err));
+        dhsa_outfile_discard(&o);
+        return dhsa__fail(DHSA_ERR_IO, "writing %s failed: %s (the old file, if any, is untouched)", path,
+                          strerror(s.err));
     }
-    return DHSA_OK;
+    return dhsa_outfile_commit(&o);
 }

@@ -455,10 +455,22 @@ static dhsa_status build_vocab(const uint8_t *p, int32_t vocab, uint64_t text_by
         if ((st = (call)) != DHSA_OK) goto fail;                                                               \
     } while (0)
 
+/* Set while dhsa_convert_llama2c builds its writer: a file is refused
+ * when a weight is NaN or infinite (loading in memory leaves that check to
+ * the model loader's check_finite, and inspect shows such a file as is). */
+static _Thread_local int refuse_nonfinite;
+
 /* Adds one F32 tensor of dims [d0] or [d0, d1] (fastest first). */
 static dhsa_status add_f32(dhsa_gguf_writer *w, const char *name, int64_t d0, int64_t d1, const uint8_t *data) {
-    int64_t dims[2] = {d0, d1};
-    return dhsa_gguf_writer_add_tensor(w, name, DHSA_GGML_F32, d1 ? 2 : 1, dims, data, d0 * (d1 ? d1 : 1) * 4);
+    int64_t dims[2] = {d0, d1}, n = d0 * (d1 ? d1 : 1);
+    for (int64_t i = 0; refuse_nonfinite && i < n; i++) {
+        float x = rd_f32(data + 4 * i);
+        if (!isfinite(x))
+            return dhsa__fail(DHSA_ERR_NONFINITE,
+                              "tensor %s: weight %lld of %lld is %s; a checkpoint with NaN or infinite weights is "
+                              "not converted", name, (long long)i, (long long)n, isnan(x) ? "NaN" : x > 0 ? "+Inf" : "-Inf");
+    }
+    return dhsa_gguf_writer_add_tensor(w, name, DHSA_GGML_F32, d1 ? 2 : 1, dims, data, n * 4);
 }
 
 /* The writer of the GGUF: metadata, then tensors in llama.cpp's order,
@@ -550,6 +562,7 @@ static dhsa_status convert(const uint8_t *bin, uint64_t bin_size, const uint8_t 
     if ((st = build_vocab(tok, c.vocab_size, text_bytes, &vb))) return st;
     st = make_writer(bin, &c, &vb, name ? name : "llama2.c", w);
     vocab_free(&vb); /* the writer copied the arrays */
+    if (st == DHSA_ERR_NONFINITE) *which = 0;
     return st;
 }
 
@@ -733,7 +746,9 @@ dhsa_status dhsa_convert_llama2c(const char *bin_path, const char *tok_path, con
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_convert_llama2c: NULL argument");
     file_view bv, tv;
     dhsa_gguf_writer *w;
+    refuse_nonfinite = 1;
     dhsa_status st = open_and_convert(bin_path, tok_path, &bv, &tv, &w);
+    refuse_nonfinite = 0;
     if (st) return st;
     struct stat sb;
     if (stat(out_gguf_path, &sb) == 0 &&
@@ -741,21 +756,8 @@ dhsa_status dhsa_convert_llama2c(const char *bin_path, const char *tok_path, con
         st = dhsa__fail(DHSA_ERR_INVALID_ARG, "%s: the output would overwrite an input", out_gguf_path);
         goto done;
     }
-    size_t n = strlen(out_gguf_path);
-    char *part = malloc(n + 6);
-    if (!part) {
-        st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "llama2.c: out of memory");
-        goto done;
-    }
-    memcpy(part, out_gguf_path, n);
-    memcpy(part + n, ".part", 6);
-    st = dhsa_gguf_writer_write_file(w, part); /* removes part on failure */
-    if (st == DHSA_OK && rename(part, out_gguf_path) != 0) {
-        int e = errno;
-        remove(part);
-        st = dhsa__fail(DHSA_ERR_IO, "%s: cannot rename %s to it: %s", out_gguf_path, part, strerror(e));
-    }
-    free(part);
+    /* through a temporary renamed into place: a failure leaves the old file */
+    st = dhsa_gguf_writer_write_file(w, out_gguf_path);
 done:
     dhsa_gguf_writer_free(w);
     view_close(&bv);

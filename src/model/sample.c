@@ -4,7 +4,9 @@
  * argmax (lowest id on ties), else softmax(logits / T), top-k, top-p
  * (smallest set of the most likely ids whose mass reaches p), min-p (ids
  * below min_p x the largest probability go), renormalise, draw with a
- * seeded xoshiro256** generator. Deterministic for a seed.
+ * seeded xoshiro256** generator. Deterministic for a seed. A NaN or +Inf
+ * logit, or all of them -Inf, is DHSA_ERR_NONFINITE: there is nothing to
+ * draw from, and a silent id 0 would look like a real choice.
  * Tested by tests/test_model.c (distributions on hand-made logits).
  */
 #include "core/internal.h"
@@ -117,10 +119,21 @@ dhsa_status dhsa_sampler_sample(dhsa_sampler *s, const float *logits, const int3
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_sampler_sample: NULL argument");
     const int64_t V = s->n_vocab;
     float *w = s->work;
+    /* No distribution exists with a NaN or +Inf logit, nor when every logit
+     * is -Inf: an error rather than a token nobody chose. */
+    int64_t n_minus_inf = 0;
     for (int64_t i = 0; i < V; i++) {
-        if (isnan(logits[i])) return dhsa__fail(DHSA_ERR_NONFINITE, "logit %lld is NaN", (long long)i);
+        if (isnan(logits[i]))
+            return dhsa__fail(DHSA_ERR_NONFINITE, "logit %lld of %lld is NaN: no token can be drawn", (long long)i,
+                              (long long)V);
+        if (logits[i] == INFINITY)
+            return dhsa__fail(DHSA_ERR_NONFINITE, "logit %lld of %lld is +Inf: no token can be drawn", (long long)i,
+                              (long long)V);
+        n_minus_inf += logits[i] == -INFINITY;
         w[i] = logits[i];
     }
+    if (n_minus_inf == V)
+        return dhsa__fail(DHSA_ERR_NONFINITE, "all %lld logits are -Inf: no token can be drawn", (long long)V);
     if (s->p.repeat_penalty != 1.0f && n_history > 0) {
         int64_t from = n_history > s->p.repeat_last_n ? n_history - s->p.repeat_last_n : 0;
         /* each id once, however often it occurs */
@@ -136,7 +149,9 @@ dhsa_status dhsa_sampler_sample(dhsa_sampler *s, const float *logits, const int3
     int64_t best = 0;
     for (int64_t i = 1; i < V; i++)
         if (w[i] > w[best]) best = i;
-    if (s->p.temperature == 0.0f || !isfinite(w[best]) || w[best] == -INFINITY) {
+    if (w[best] == -INFINITY) /* the penalty pushed the last finite logits to -Inf */
+        return dhsa__fail(DHSA_ERR_NONFINITE, "all %lld logits are -Inf after the repetition penalty", (long long)V);
+    if (s->p.temperature == 0.0f) {
         *out = (int32_t)best;
         return DHSA_OK;
     }

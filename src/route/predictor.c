@@ -22,10 +22,13 @@
  */
 #include "route/layout_internal.h"
 #include "route/predictor_internal.h"
+#include "util/outfile.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "attn/kern.h"
 
@@ -184,7 +187,7 @@ dhsa_status dhsa_predictor_load(const char *path, dhsa_predictor **out) {
     if (!path || !out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_predictor_load: NULL argument");
     *out = NULL;
     FILE *f = fopen(path, "rb");
-    if (!f) return dhsa__fail(DHSA_ERR_IO, "cannot open predictor file %s", path);
+    if (!f) return dhsa__fail(DHSA_ERR_IO, "cannot open predictor file %s: %s", path, strerror(errno));
     if (fseek(f, 0, SEEK_END) != 0) {
         fclose(f);
         return dhsa__fail(DHSA_ERR_IO, "cannot seek in %s", path);
@@ -212,7 +215,12 @@ dhsa_status dhsa_predictor_load(const char *path, dhsa_predictor **out) {
     }
     dhsa_status st = dhsa_predictor_load_memory(buf, (size_t)len, out);
     free(buf);
-    return st;
+    if (st) { /* the sentence names the file */
+        char msg[400];
+        snprintf(msg, sizeof msg, "%s", dhsa_last_error());
+        return dhsa__fail(st, "predictor file %s: %s", path, msg);
+    }
+    return DHSA_OK;
 }
 
 dhsa_status dhsa_predictor_save(const dhsa_predictor *pr, const char *path) {
@@ -233,16 +241,14 @@ dhsa_status dhsa_predictor_save(const dhsa_predictor *pr, const char *path) {
         wr32(buf + HEADER + 4 * i, u);
     }
     wr32(buf + size - 4, crc32_update(0, buf, size - 4));
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        free(buf);
-        return dhsa__fail(DHSA_ERR_IO, "cannot create %s", path);
+    dhsa_outfile o; /* a temporary renamed into place (util/outfile.h) */
+    dhsa_status st = dhsa_outfile_open(&o, path);
+    if (st == DHSA_OK) {
+        fwrite(buf, 1, size, o.f); /* a short write shows in the stream's error flag */
+        st = dhsa_outfile_commit(&o);
     }
-    int ok = fwrite(buf, 1, size, f) == size;
-    ok = (fclose(f) == 0) && ok;
     free(buf);
-    if (!ok) return dhsa__fail(DHSA_ERR_IO, "writing %s failed", path);
-    return DHSA_OK;
+    return st;
 }
 
 static uint64_t mix(uint64_t *s) {

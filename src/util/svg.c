@@ -13,6 +13,7 @@
 #include "util/svg.h"
 
 #include "core/internal.h"
+#include "util/outfile.h"
 
 #include <errno.h>
 #include <math.h>
@@ -574,19 +575,23 @@ dhsa_status dhsa_plot_write(const dhsa_plot *p, FILE *f) {
     return DHSA_OK;
 }
 
-/* Opens path, runs write(obj, f), closes; the error names the path. The
- * three figure kinds save through it. */
+/* Writes obj through a temporary renamed into place (util/outfile.h); the
+ * error names the path. The three figure kinds save through it. */
 typedef dhsa_status (*svg_writer)(const void *obj, FILE *f);
 
+typedef struct {
+    svg_writer write;
+    const void *obj;
+} svg_job;
+
+static dhsa_status run_svg_job(void *user, FILE *f) {
+    const svg_job *j = user;
+    return j->write(j->obj, f);
+}
+
 static dhsa_status save_svg(const char *path, svg_writer write, const void *obj) {
-    FILE *f = fopen(path, "w");
-    if (!f) return dhsa__fail(DHSA_ERR_IO, "cannot write \"%s\": %s", path, strerror(errno));
-    dhsa_status st = write(obj, f);
-    if (fclose(f) != 0 && st == DHSA_OK)
-        st = dhsa__fail(DHSA_ERR_IO, "writing \"%s\" failed: %s", path, strerror(errno));
-    else if (st != DHSA_OK)
-        dhsa__fail(st, "writing \"%s\" failed", path);
-    return st;
+    svg_job j = {write, obj};
+    return dhsa_outfile_write(path, run_svg_job, &j);
 }
 
 static dhsa_status write_plot(const void *o, FILE *f) { return dhsa_plot_write(o, f); }

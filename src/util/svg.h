@@ -18,6 +18,8 @@
  *     markers use another class), so a reader can count them.
  *   - The output starts with "<svg" and ends with "</svg>\n" (no XML
  *     declaration: browsers and Markdown renderers do not need one).
+ *   - The *_save functions write through a temporary renamed over the path
+ *     when complete (util/outfile.h): a failure leaves the old file.
  * Failing calls return a dhsa_status and set dhsa_last_error().
  * Tested by tests/test_memprobe.c (the writer alone, and `dhsa memprobe
  * --svg`).
@@ -74,8 +76,8 @@ int64_t dhsa_plot_count_drawn(const dhsa_plot *p);
 /* Writes the SVG document. A plot with no drawable point still gets its
  * frame and a "no data" note. */
 dhsa_status dhsa_plot_write(const dhsa_plot *p, FILE *f);
-/* Same, to a file (created or truncated). DHSA_ERR_IO if it cannot be
- * written. */
+/* Same, to a file (created, or replaced when complete: a temporary is
+ * renamed over it). DHSA_ERR_IO if it cannot be written. */
 dhsa_status dhsa_plot_save(const dhsa_plot *p, const char *path);
 
 /* ---- Layout pictures ---------------------------------------------------
@@ -156,8 +158,8 @@ double dhsa_layout_picture_density(const dhsa_layout_picture *p);
 /* Writes the SVG document; a picture with no block gets its frame and a
  * "no data" note. */
 dhsa_status dhsa_layout_picture_write(const dhsa_layout_picture *p, FILE *f);
-/* Same, to a file (created or truncated); DHSA_ERR_IO if it cannot be
- * written. */
+/* Same, to a file (created, or replaced when complete); DHSA_ERR_IO if it
+ * cannot be written. */
 dhsa_status dhsa_layout_picture_save(const dhsa_layout_picture *p, const char *path);
 /* ---- Layout pictures end ---- */
 
@@ -194,7 +196,8 @@ dhsa_status dhsa_heatmap_add_panel(dhsa_heatmap *h, const char *name, const doub
 /* Cells with a finite value over all panels (the "cell" rects written). */
 int64_t dhsa_heatmap_count_cells(const dhsa_heatmap *h);
 dhsa_status dhsa_heatmap_write(const dhsa_heatmap *h, FILE *f);
-/* Same, to a file (created or truncated); DHSA_ERR_IO if it cannot be written. */
+/* Same, to a file (created, or replaced when complete); DHSA_ERR_IO if it
+ * cannot be written. */
 dhsa_status dhsa_heatmap_save(const dhsa_heatmap *h, const char *path);
 
 #endif
