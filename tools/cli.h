@@ -9,6 +9,49 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dhsa.h"
+
+#if defined(__GNUC__)
+#define DHSA_CLI_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define DHSA_CLI_PRINTF(a, b)
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* What every subcommand shares (tools/cli_base.c): how it fails, its timer,
+ * its number and list options. Exit status: 0 success, DHSA_EXIT_RUN a run
+ * failed, DHSA_EXIT_USAGE the command line is wrong (nothing ran). */
+#define DHSA_EXIT_RUN 1
+#define DHSA_EXIT_USAGE 2
+
+/* Names the running command for every message ("run" -> "dhsa run: ...")
+ * and what a usage error prints after its sentence and a blank line (NULL:
+ * nothing; e.g. "(see dhsa help run)\n" or a whole usage text). */
+void dhsa_cli_set_command(const char *name, const char *after_usage_error);
+const char *dhsa_cli_command(void);
+/* "dhsa NAME: sentence" on stderr, then exit(code). */
+_Noreturn void dhsa_cli_die(int code, const char *fmt, ...) DHSA_CLI_PRINTF(2, 3);
+/* A library call failed: "dhsa NAME: what: the library's sentence", exit 1. */
+_Noreturn void dhsa_cli_die_lib(const char *what);
+/* Monotonic seconds. */
+double dhsa_cli_now(void);
+/* Median of v[0..n) (sorts v). */
+double dhsa_cli_median(double *v, int n);
+/* "512 B", "1.50 KiB", "143 MiB", "-312 KiB": binary units, 3 significant
+ * digits; "-" when not finite. */
+const char *dhsa_cli_bytes(double bytes, char *buf, size_t cap);
+
+/* The strict parsers below, exiting with a usage error that names opt. */
+int64_t dhsa_cli_int(const char *opt, const char *s, int64_t min, int64_t max, int suffix);
+double dhsa_cli_real(const char *opt, const char *s, double min, double max);
+/* A comma list of 1..max items ("4K,16K"): an empty list, an empty item or
+ * more than max items is a usage error. Items point into buf (cap bytes,
+ * which must hold s). Returns the count. */
+int dhsa_cli_split_list(const char *opt, const char *s, char *buf, size_t cap, char **items, int max);
+int dhsa_cli_int_list(const char *opt, const char *s, int64_t min, int64_t max_value, int suffix, int64_t *out,
+                      int max);
+int dhsa_cli_real_list(const char *opt, const char *s, double min, double max_value, double *out, int max);
+
 /* Strict numbers (tools/cli_num.c): the whole string must be the number;
  * integers may take a K/M/G/T suffix (powers of 1024) when suffix != 0.
  * Return 0, or -1 with a sentence naming the option in msg. */
@@ -19,8 +62,34 @@ int dhsa_cli_parse_real(const char *opt, const char *s, double min, double max, 
 
 /* The whole of a file ("-" = stdin) in a malloc'd, NUL-terminated buffer
  * (tools/cli_file.c); NULL with errno set when it cannot be opened or read
- * (EFBIG above max_bytes, ENOMEM). *len excludes the NUL. */
+ * (EISDIR a directory, EFBIG above max_bytes, ENOMEM). The limit holds
+ * before reading: a regular file's size is checked first, and a pipe or
+ * device is read to at most max_bytes + 1 bytes. *len excludes the NUL. */
 char *dhsa_cli_read_file(const char *path, int64_t max_bytes, int64_t *len);
+/* The same, exiting with a sentence that names opt, the path and, when it
+ * is too large, the limit and why (limit_why: "the context of 4096
+ * tokens", NULL for none). */
+char *dhsa_cli_slurp(const char *opt, const char *path, int64_t max_bytes, const char *limit_why, int64_t *len);
+/* The most bytes of text that can tokenize to at most n_tokens tokens with
+ * tok: n_tokens x its longest piece (no token stands for more text than
+ * its piece), plus room for a BOS; a file limit known before reading. */
+int64_t dhsa_cli_text_limit(const dhsa_tokenizer *tok, int64_t n_tokens);
+
+/* Refuses, before any work, an output path that cannot be written (a
+ * directory, a missing folder, a folder where no file can be created):
+ * usage error naming opt and the path. Every output is then written
+ * through a temporary renamed into place (src/util/outfile.h). */
+void dhsa_cli_check_output(const char *opt, const char *path);
+/* Refuses (usage error) an output that is one of the inputs (same file). */
+void dhsa_cli_check_not_input(const char *opt, const char *out, const char *input_opt, const char *input);
+
+/* Usage error for --tokenizer given with a GGUF model (which carries its
+ * own tokenizer): the option would be ignored. */
+void dhsa_cli_check_tokenizer(const char *model, const char *tokenizer);
+/* Loads the predictor of --boundary learned:FILE and checks its width
+ * against the model's keys (width_needed, 0 = no check); exits naming the
+ * file. */
+dhsa_predictor *dhsa_cli_load_predictor(const char *path, int64_t width_needed, const char *width_what);
 
 /* The shipped default model (tools/cli_file.c), for commands run without
  * -m: $DHSA_MODEL when set, else models/DHSA_DEFAULT_MODEL beside the

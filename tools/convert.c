@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define EXIT_RUN 1
-#define EXIT_USAGE 2
+#define EXIT_RUN DHSA_EXIT_RUN
+#define EXIT_USAGE DHSA_EXIT_USAGE
 
 const char dhsa_cli_convert_usage[] =
     "usage: dhsa convert IN.bin --tokenizer TOK.bin -o OUT.gguf\n"
@@ -25,8 +25,12 @@ const char dhsa_cli_convert_usage[] =
     "tensors with llama.cpp's names, the hyperparameters from the header\n"
     "(llama.context_length = the checkpoint's seq_len), and the vocabulary as\n"
     "a SentencePiece (\"llama\") tokenizer. Both files are checked completely\n"
-    "before anything is written; the GGUF goes to OUT.gguf.part and is renamed\n"
-    "when complete, then read back and summarised.\n"
+    "before anything is written, and a NaN or infinite weight is refused\n"
+    "(naming the tensor). OUT.gguf is checked before any work (its folder must\n"
+    "take a new file); the GGUF goes to a temporary beside it\n"
+    "(OUT.gguf.part.PID.N) renamed over OUT.gguf when complete (a reader of an\n"
+    "existing OUT.gguf keeps it; a failure leaves it as it was), then is read\n"
+    "back and summarised.\n"
     "\n"
     "  --tokenizer FILE    the llama2.c tokenizer (tok512.bin, tokenizer.bin)\n"
     "  -o, --output FILE   the GGUF file to write (not one of the inputs)\n"
@@ -34,15 +38,9 @@ const char dhsa_cli_convert_usage[] =
     "\n"
     "Exit status: 0 written, 1 a file is bad or cannot be written, 2 usage.\n";
 
-static int convert_usage_error(const char *fmt, const char *arg) {
-    fprintf(stderr, "dhsa convert: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n\n%s", dhsa_cli_convert_usage);
-    return EXIT_USAGE;
-}
-
 int dhsa_cli_convert(int argc, char **argv) {
     const char *in = NULL, *tok = NULL, *out = NULL;
+    dhsa_cli_set_command("convert", dhsa_cli_convert_usage);
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -53,25 +51,28 @@ int dhsa_cli_convert(int argc, char **argv) {
                             : strcmp(a, "-o") == 0 || strcmp(a, "--output") == 0 ? &out
                                                                                     : NULL;
         if (slot) {
-            if (i + 1 >= argc) return convert_usage_error("%s needs a value", a);
-            if (*slot) return convert_usage_error("%s is given twice", a);
+            if (i + 1 >= argc) dhsa_cli_die(EXIT_USAGE, "%s needs a value", a);
+            if (*slot) dhsa_cli_die(EXIT_USAGE, "%s is given twice", a);
             *slot = argv[++i];
         } else if (strncmp(a, "--tokenizer=", 12) == 0 || strncmp(a, "--output=", 9) == 0) {
             const char **s2 = a[2] == 't' ? &tok : &out;
-            if (*s2) return convert_usage_error("\"%s\" repeats an option given before", a);
+            if (*s2) dhsa_cli_die(EXIT_USAGE, "\"%s\" repeats an option given before", a);
             *s2 = strchr(a, '=') + 1;
         } else if (a[0] == '-' && a[1]) {
-            return convert_usage_error("unknown option \"%s\"", a);
+            dhsa_cli_die(EXIT_USAGE, "unknown option \"%s\"", a);
         } else if (in) {
-            return convert_usage_error("unexpected argument \"%s\" (one checkpoint at a time)", a);
+            dhsa_cli_die(EXIT_USAGE, "unexpected argument \"%s\" (one checkpoint at a time)", a);
         } else {
             in = a;
         }
     }
-    if (!in) return convert_usage_error("%s", "which checkpoint? (dhsa convert IN.bin --tokenizer TOK.bin -o OUT.gguf)");
-    if (!tok) return convert_usage_error("%s", "--tokenizer is required (the llama2.c tokenizer file, e.g. tok512.bin)");
-    if (!out) return convert_usage_error("%s", "-o OUT.gguf is required");
+    if (!in) dhsa_cli_die(EXIT_USAGE, "which checkpoint? (dhsa convert IN.bin --tokenizer TOK.bin -o OUT.gguf)");
+    if (!tok) dhsa_cli_die(EXIT_USAGE, "--tokenizer is required (the llama2.c tokenizer file, e.g. tok512.bin)");
+    if (!out) dhsa_cli_die(EXIT_USAGE, "-o OUT.gguf is required");
 
+    dhsa_cli_check_output("-o", out); /* before the inputs are read */
+    dhsa_cli_check_not_input("-o", out, "the checkpoint", in);
+    dhsa_cli_check_not_input("-o", out, "--tokenizer", tok);
     dhsa_status st = dhsa_convert_llama2c(in, tok, out);
     if (st) {
         fprintf(stderr, "dhsa convert: %s: %s\n", dhsa_status_str(st), dhsa_last_error());

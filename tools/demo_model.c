@@ -33,12 +33,6 @@ static int density_hook(void *user, int64_t layer, const dhsa_attn_desc *a) {
     return 0;
 }
 
-static double seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 int dhsa_cli_model_demo(const char *model, int64_t L, int threads) {
     dhsa_model *m = NULL;
     dhsa_ctx *ctx = NULL;
@@ -88,9 +82,9 @@ int dhsa_cli_model_demo(const char *model, int64_t L, int threads) {
             rc = 1;
             break;
         }
-        double t0 = seconds();
+        double t0 = dhsa_cli_now();
         dhsa_status st = dhsa_session_eval(s, t.ids, t.n_ids, lg);
-        double secs = seconds() - t0;
+        double secs = dhsa_cli_now() - t0;
         double dens = da.available > 0 ? da.selected / da.available : 1;
         int32_t ans[12];
         int64_t na = 0;

@@ -33,8 +33,8 @@
 #include <malloc.h>
 #endif
 
-#define EXIT_RUN 1   /* the run failed */
-#define EXIT_USAGE 2 /* the command line is wrong */
+#define EXIT_RUN DHSA_EXIT_RUN     /* the run failed */
+#define EXIT_USAGE DHSA_EXIT_USAGE /* the command line is wrong */
 
 /* ---------------------------------------------------------------- usage --- */
 
@@ -60,7 +60,10 @@ static const char usage_main[] =
     "  inspect      a GGUF file's (or llama2.c checkpoint's) metadata and tensors\n"
     "  tokenize     a text's token ids and pieces with a GGUF model's tokenizer\n"
     "  eval         quality of the sparse methods against dense on a model:\n"
-    "               fidelity (KL, top-1, perplexity, recall), copy, niah\n"
+    "               fidelity (KL, top-1, perplexity, recall), copy, niah,\n"
+    "               passkey, multikey, multivalue\n"
+    "  memprobe     peak memory of a command as a size n grows, fitted and\n"
+    "               judged (linear or quadratic)\n"
     "  help [CMD]   this text, or the usage of CMD\n"
     "\n"
     "`dhsa CMD --help` describes each command. Exit status: 0 ok, 1 the run\n"
@@ -83,7 +86,18 @@ static const char usage_peak[] =
     "DHSA_FORCE_SCALAR=1 measures the scalar path.\n";
 
 static const char usage_bench[] =
-    "usage: dhsa bench attn [options]   (dhsa bench attn --help)\n";
+    "usage: dhsa bench NAME [options]\n"
+    "\n"
+    "  attn     attention kernels: checked against the reference, then GFLOP/s\n"
+    "           and the share of the measured peak\n"
+    "  sparse   DHSA / block / streaming / oracle vs dense on a synthetic long\n"
+    "           sequence: speed, density, recall, needles\n"
+    "  decode   one decode step routed through a dhsa_kv_index vs dense\n"
+    "  matmul   the weight products per weight type (F32 ... Q6_K)\n"
+    "  model    a model's time to first token, decode tok/s and peak memory at\n"
+    "           several lengths, per attention method\n"
+    "\n"
+    "`dhsa bench NAME --help` (or `dhsa help bench NAME`) describes each.\n";
 
 static const char usage_bench_attn[] =
     "usage: dhsa bench attn --L N --heads H --dim D [options]\n"
@@ -150,38 +164,11 @@ static const char usage_demo[] =
 
 /* ------------------------------------------------------- errors, timing --- */
 
-static const char *cur_cmd = "dhsa";        /* prefix of every message */
-static const char *cur_usage = usage_main; /* printed after a usage error */
-
-static void usage_error(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "%s: ", cur_cmd);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "\n\n%s", cur_usage);
-    exit(EXIT_USAGE);
-}
-
-static void run_error(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "%s: ", cur_cmd);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-    exit(EXIT_RUN);
-}
+static const char *cur_usage = usage_main; /* printed by --help */
 
 /* A library call failed: say which, with the library's sentence. */
 static void lib_error(const char *what, dhsa_status st) {
-    run_error("%s failed: %s: %s", what, dhsa_status_str(st), dhsa_last_error());
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    dhsa_cli_die(EXIT_RUN, "%s failed: %s: %s", what, dhsa_status_str(st), dhsa_last_error());
 }
 
 static int online_cpus(void) {
@@ -199,47 +186,6 @@ static double physical_memory_bytes(void) {
 static size_t peak_rss_now(void) {
     size_t hwm = dhsa_proc_peak_rss(), rss = dhsa_proc_rss();
     return hwm > rss ? hwm : rss;
-}
-
-/* "1.50 MiB": binary units for memory sizes. */
-static const char *fmt_bytes(char *buf, size_t cap, double b) {
-    static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-    int u = 0;
-    while (b >= 1024.0 && u < 5) {
-        b /= 1024.0;
-        u++;
-    }
-    if (u == 0)
-        snprintf(buf, cap, "%.0f B", b);
-    else
-        snprintf(buf, cap, "%.*f %s", b < 10 ? 2 : b < 100 ? 1 : 0, b, unit[u]);
-    return buf;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* ------------------------------------------------------ number parsing --- */
-
-/* Parses an integer in [min, max]; with `suffix`, a trailing K, M or G
- * (either case) multiplies by 1024, 1024^2, 1024^3. Anything else (empty
- * text, spaces, trailing characters, overflow, out of range) is a usage
- * error that names the option. */
-static int64_t parse_int(const char *opt, const char *s, int64_t min, int64_t max, int suffix) {
-    int64_t v;
-    char msg[256];
-    if (dhsa_cli_parse_int(opt, s, min, max, suffix, &v, msg, sizeof msg)) usage_error("%s", msg);
-    return v;
-}
-
-/* Parses a finite real number in [min, max]. */
-static double parse_real(const char *opt, const char *s, double min, double max) {
-    double v;
-    char msg[256];
-    if (dhsa_cli_parse_real(opt, s, min, max, &v, msg, sizeof msg)) usage_error("%s", msg);
-    return v;
 }
 
 /* ------------------------------------------------------ option scanning --- */
@@ -274,10 +220,10 @@ static int opt_next(opt_scan *o) {
         fputs(cur_usage, stdout);
         exit(0);
     }
-    if (strncmp(a, "--", 2) != 0 || !a[2]) usage_error("unexpected argument \"%s\"", a);
+    if (strncmp(a, "--", 2) != 0 || !a[2]) dhsa_cli_die(EXIT_USAGE, "unexpected argument \"%s\"", a);
     const char *eq = strchr(a, '=');
     size_t n = eq ? (size_t)(eq - a) : strlen(a);
-    if (n >= sizeof o->name) usage_error("unknown option \"%s\"", a);
+    if (n >= sizeof o->name) dhsa_cli_die(EXIT_USAGE, "unknown option \"%s\"", a);
     memcpy(o->name, a, n);
     o->name[n] = '\0';
     o->inl = eq ? eq + 1 : NULL;
@@ -289,17 +235,17 @@ static int opt_is(const opt_scan *o, const char *name) { return strcmp(o->name, 
 /* The option's value: after '=' or the next argument. */
 static const char *opt_value(opt_scan *o) {
     if (o->inl) return o->inl;
-    if (o->i + 1 >= o->argc) usage_error("%s needs a value", o->name);
+    if (o->i + 1 >= o->argc) dhsa_cli_die(EXIT_USAGE, "%s needs a value", o->name);
     return o->argv[++o->i];
 }
 
 /* A flag: no value allowed. */
 static int opt_flag(const opt_scan *o) {
-    if (o->inl) usage_error("%s takes no value", o->name);
+    if (o->inl) dhsa_cli_die(EXIT_USAGE, "%s takes no value", o->name);
     return 1;
 }
 
-static void opt_unknown(const opt_scan *o) { usage_error("unknown option \"%s\"", o->argv[o->i]); }
+static void opt_unknown(const opt_scan *o) { dhsa_cli_die(EXIT_USAGE, "unknown option \"%s\"", o->argv[o->i]); }
 
 /* -------------------------------------------------------------- JSON out --- */
 
@@ -339,8 +285,8 @@ static void json_end(json_obj *j) { printf("%s}\n", j->n ? "" : "{"); }
 /* ----------------------------------------------------------------- peak --- */
 
 static int cmd_peak(int argc, char **argv) {
-    cur_cmd = "dhsa peak";
     cur_usage = usage_peak;
+    dhsa_cli_set_command("peak", cur_usage);
     int threads = online_cpus(), json = 0;
     /* Hidden, for tests: --seconds S per measurement, --bytes N buffer. */
     double seconds = 0.6;
@@ -348,18 +294,18 @@ static int cmd_peak(int argc, char **argv) {
     opt_scan o = opt_begin(argc, argv, 2);
     while (opt_next(&o)) {
         if (opt_is(&o, "--threads"))
-            threads = (int)parse_int("--threads", opt_value(&o), 1, 1024, 0);
+            threads = (int)dhsa_cli_int("--threads", opt_value(&o), 1, 1024, 0);
         else if (opt_is(&o, "--json"))
             json = opt_flag(&o);
         else if (opt_is(&o, "--seconds"))
-            seconds = parse_real("--seconds", opt_value(&o), 0.001, 600.0);
+            seconds = dhsa_cli_real("--seconds", opt_value(&o), 0.001, 600.0);
         else if (opt_is(&o, "--bytes"))
-            bytes = parse_int("--bytes", opt_value(&o), 4096, (int64_t)1 << 40, 1);
+            bytes = dhsa_cli_int("--bytes", opt_value(&o), 4096, (int64_t)1 << 40, 1);
         else
             opt_unknown(&o);
     }
     if ((double)bytes > 0.8 * physical_memory_bytes() && physical_memory_bytes() > 0)
-        run_error("--bytes %lld is more than 80%% of this machine's memory", (long long)bytes);
+        dhsa_cli_die(EXIT_RUN, "--bytes %lld is more than 80%% of this machine's memory", (long long)bytes);
 
     dhsa_ctx_params p = dhsa_ctx_default_params();
     p.n_threads = threads;
@@ -371,7 +317,7 @@ static int cmd_peak(int argc, char **argv) {
     double gall = threads > 1 ? dhsa_peak_fma_gflops(ctx, threads, seconds) : g1;
     double bw = dhsa_peak_read_gbps(ctx, threads, (size_t)bytes, seconds);
     if (!(g1 > 0.0) || !(gall > 0.0) || !(bw > 0.0)) {
-        fprintf(stderr, "%s: a measurement failed: %s\n", cur_cmd, dhsa_last_error());
+        fprintf(stderr, "dhsa %s: a measurement failed: %s\n", dhsa_cli_command(), dhsa_last_error());
         dhsa_ctx_free(ctx);
         return EXIT_RUN;
     }
@@ -395,7 +341,7 @@ static int cmd_peak(int argc, char **argv) {
         printf("  %-28s %9.1f GFLOP/s\n", label, gall);
         snprintf(label, sizeof label, "memory read, %d thread%s", threads, threads > 1 ? "s" : "");
         printf("  %-28s %9.1f GB/s (%s buffer; GB = 1e9 B)\n", label, bw,
-               fmt_bytes(b, sizeof b, (double)bytes));
+               dhsa_cli_bytes((double)bytes, b, sizeof b));
     }
     dhsa_ctx_free(ctx);
     return 0;
@@ -455,7 +401,7 @@ static host_buf host_alloc(dhsa_ctx *ctx, const char *name, dhsa_type t, int64_t
     b.data = dhsa_buffer_alloc(rounded ? rounded : 64);
     if (!b.data) {
         char s[32];
-        run_error("could not allocate %s for %s", fmt_bytes(s, sizeof s, (double)bytes), name);
+        dhsa_cli_die(EXIT_RUN, "could not allocate %s for %s", dhsa_cli_bytes((double)bytes, s, sizeof s), name);
     }
     fill_job f = {&b, seed};
     dhsa_parallel_for(ctx, (n + FILL_CHUNK - 1) / FILL_CHUNK, fill_task, &f);
@@ -549,7 +495,7 @@ static check_result check_against_reference(int threads, const dhsa_attn_desc *a
     dhsa_status st = dhsa_ctx_create(&p, &rctx);
     if (st != DHSA_OK) lib_error("dhsa_ctx_create (reference check)", st);
     float *ref = malloc((size_t)(rows * dv) * sizeof(float)); /* [rows, dv] */
-    if (!ref) run_error("out of memory for the reference check");
+    if (!ref) dhsa_cli_die(EXIT_RUN, "out of memory for the reference check");
 
     for (int64_t b = 0; b < B; b++) {
         for (int64_t h = 0; h < Hq; h++) {
@@ -570,9 +516,9 @@ static check_result check_against_reference(int threads, const dhsa_attn_desc *a
             s.backend = DHSA_BACKEND_REFERENCE;
             double need = 64.0 * (double)rows * (double)Lk;
             s.reference_max_bytes = need > (double)((size_t)1 << 30) ? (size_t)need : 0;
-            double t0 = now_s();
+            double t0 = dhsa_cli_now();
             st = dhsa_attention(rctx, &s);
-            r.ref_seconds += now_s() - t0;
+            r.ref_seconds += dhsa_cli_now() - t0;
             if (st != DHSA_OK) lib_error("dhsa_attention (reference backend, check slice)", st);
 
             for (int64_t i = 0; i < rows; i++) {
@@ -657,66 +603,66 @@ static bench_opts bench_parse(int argc, char **argv) {
     opt_scan o = opt_begin(argc, argv, 3);
     while (opt_next(&o)) {
         if (opt_is(&o, "--L"))
-            b.L = parse_int("--L", opt_value(&o), 1, max_len, 1);
+            b.L = dhsa_cli_int("--L", opt_value(&o), 1, max_len, 1);
         else if (opt_is(&o, "--Lq"))
-            b.Lq = parse_int("--Lq", opt_value(&o), 1, max_len, 1);
+            b.Lq = dhsa_cli_int("--Lq", opt_value(&o), 1, max_len, 1);
         else if (opt_is(&o, "--batch"))
-            b.batch = parse_int("--batch", opt_value(&o), 1, 1 << 20, 1);
+            b.batch = dhsa_cli_int("--batch", opt_value(&o), 1, 1 << 20, 1);
         else if (opt_is(&o, "--heads"))
-            b.heads = parse_int("--heads", opt_value(&o), 1, max_dim, 0);
+            b.heads = dhsa_cli_int("--heads", opt_value(&o), 1, max_dim, 0);
         else if (opt_is(&o, "--kv-heads"))
-            b.kv_heads = parse_int("--kv-heads", opt_value(&o), 1, max_dim, 0);
+            b.kv_heads = dhsa_cli_int("--kv-heads", opt_value(&o), 1, max_dim, 0);
         else if (opt_is(&o, "--dim"))
-            b.dim = parse_int("--dim", opt_value(&o), 1, max_dim, 0);
+            b.dim = dhsa_cli_int("--dim", opt_value(&o), 1, max_dim, 0);
         else if (opt_is(&o, "--dv"))
-            b.dv = parse_int("--dv", opt_value(&o), 1, max_dim, 0);
+            b.dv = dhsa_cli_int("--dv", opt_value(&o), 1, max_dim, 0);
         else if (opt_is(&o, "--causal"))
             b.causal = opt_flag(&o);
         else if (opt_is(&o, "--window"))
-            b.window = parse_int("--window", opt_value(&o), 0, max_len, 1);
+            b.window = dhsa_cli_int("--window", opt_value(&o), 0, max_len, 1);
         else if (opt_is(&o, "--softcap"))
-            b.softcap = parse_real("--softcap", opt_value(&o), 0.0, 1e6);
+            b.softcap = dhsa_cli_real("--softcap", opt_value(&o), 0.0, 1e6);
         else if (opt_is(&o, "--dtype")) {
             const char *v = opt_value(&o);
             if (!parse_dtype(v, &b.dtype))
-                usage_error("--dtype: \"%s\" is not f32, f16 or bf16", v);
+                dhsa_cli_die(EXIT_USAGE, "--dtype: \"%s\" is not f32, f16 or bf16", v);
         } else if (opt_is(&o, "--threads"))
-            b.threads = (int)parse_int("--threads", opt_value(&o), 1, 1024, 0);
+            b.threads = (int)dhsa_cli_int("--threads", opt_value(&o), 1, 1024, 0);
         else if (opt_is(&o, "--backend")) {
             const char *v = opt_value(&o);
             if (strcmp(v, "tiled") == 0) b.backend = DHSA_BACKEND_TILED;
             else if (strcmp(v, "reference") == 0) b.backend = DHSA_BACKEND_REFERENCE;
-            else usage_error("--backend: \"%s\" is not tiled or reference", v);
+            else dhsa_cli_die(EXIT_USAGE, "--backend: \"%s\" is not tiled or reference", v);
         } else if (opt_is(&o, "--isa")) {
             const char *v = opt_value(&o);
             if (strcmp(v, "scalar") == 0) b.isa = DHSA_ISA_SCALAR;
             else if (strcmp(v, "avx2") == 0) b.isa = DHSA_ISA_AVX2;
             else if (strcmp(v, "avx512") == 0) b.isa = DHSA_ISA_AVX512;
-            else usage_error("--isa: \"%s\" is not scalar, avx2 or avx512", v);
+            else dhsa_cli_die(EXIT_USAGE, "--isa: \"%s\" is not scalar, avx2 or avx512", v);
         } else if (opt_is(&o, "--runs"))
-            b.runs = (int)parse_int("--runs", opt_value(&o), 3, 100000, 0);
+            b.runs = (int)dhsa_cli_int("--runs", opt_value(&o), 3, 100000, 0);
         else if (opt_is(&o, "--json"))
             b.json = opt_flag(&o);
         /* Hidden, for tests: a shorter peak measurement, a smaller read
          * bandwidth buffer (decode), a deliberately wrong output element to
          * prove that the correctness gate can fail. */
         else if (opt_is(&o, "--peak-seconds"))
-            b.peak_seconds = parse_real("--peak-seconds", opt_value(&o), 0.001, 60.0);
+            b.peak_seconds = dhsa_cli_real("--peak-seconds", opt_value(&o), 0.001, 60.0);
         else if (opt_is(&o, "--peak-bytes"))
-            b.peak_bytes = parse_int("--peak-bytes", opt_value(&o), 4096, (int64_t)1 << 40, 1);
+            b.peak_bytes = dhsa_cli_int("--peak-bytes", opt_value(&o), 4096, (int64_t)1 << 40, 1);
         else if (opt_is(&o, "--corrupt"))
             b.corrupt = opt_flag(&o);
         else
             opt_unknown(&o);
     }
-    if (!b.L) usage_error("--L is required");
-    if (!b.heads) usage_error("--heads is required");
-    if (!b.dim) usage_error("--dim is required");
+    if (!b.L) dhsa_cli_die(EXIT_USAGE, "--L is required");
+    if (!b.heads) dhsa_cli_die(EXIT_USAGE, "--heads is required");
+    if (!b.dim) dhsa_cli_die(EXIT_USAGE, "--dim is required");
     if (b.Lq < 0) b.Lq = b.L;
     if (b.kv_heads < 0) b.kv_heads = b.heads;
     if (b.dv < 0) b.dv = b.dim;
     if (b.heads % b.kv_heads)
-        usage_error("--heads %lld is not a multiple of --kv-heads %lld", (long long)b.heads,
+        dhsa_cli_die(EXIT_USAGE, "--heads %lld is not a multiple of --kv-heads %lld", (long long)b.heads,
                     (long long)b.kv_heads);
     return b;
 }
@@ -725,15 +671,15 @@ static bench_opts bench_parse(int argc, char **argv) {
 static int64_t elems4(int64_t B, int64_t H, int64_t L, int64_t D) {
     int64_t f[4] = {B, H, L, D}, n = 1;
     for (int i = 0; i < 4; i++) {
-        if (n > INT64_MAX / f[i]) usage_error("a Q/K/V/O size overflows 64 bits");
+        if (n > INT64_MAX / f[i]) dhsa_cli_die(EXIT_USAGE, "a Q/K/V/O size overflows 64 bits");
         n *= f[i];
     }
     return n;
 }
 
 static int cmd_bench_attn(int argc, char **argv) {
-    cur_cmd = "dhsa bench attn";
     cur_usage = usage_bench_attn;
+    dhsa_cli_set_command("bench attn", cur_usage);
     bench_opts o = bench_parse(argc, argv);
     if (o.isa >= 0) {
         dhsa_status ist = dhsa_set_isa((dhsa_isa)o.isa);
@@ -748,8 +694,8 @@ static int cmd_bench_attn(int argc, char **argv) {
     char s1[32], s2[32], s3[32];
     double phys = physical_memory_bytes();
     if (phys > 0 && qkvo > 0.8 * phys)
-        run_error("Q, K, V and O need %s, more than 80%% of this machine's %s",
-                  fmt_bytes(s1, sizeof s1, qkvo), fmt_bytes(s2, sizeof s2, phys));
+        dhsa_cli_die(EXIT_RUN, "Q, K, V and O need %s, more than 80%% of this machine's %s",
+                  dhsa_cli_bytes(qkvo, s1, sizeof s1), dhsa_cli_bytes(phys, s2, sizeof s2));
 
     dhsa_ctx_params cp = dhsa_ctx_default_params();
     cp.n_threads = o.threads;
@@ -794,10 +740,10 @@ static int cmd_bench_attn(int argc, char **argv) {
     double tol = tolerance_for(o.dtype);
     if (chk.nonfinite || !(chk.max_abs_err <= tol)) {
         fprintf(stderr,
-                "%s: result check FAILED: max_abs_err %.3g (tolerance %.3g), worst at batch "
+                "dhsa %s: result check FAILED: max_abs_err %.3g (tolerance %.3g), worst at batch "
                 "%lld, head %lld, query row %lld, column %lld: got %.9g, reference %.9g; %lld "
                 "non-finite outputs. No timing is reported for a wrong result.\n",
-                cur_cmd, chk.max_abs_err, tol, (long long)chk.worst_b, (long long)chk.worst_h,
+                dhsa_cli_command(), chk.max_abs_err, tol, (long long)chk.worst_b, (long long)chk.worst_h,
                 (long long)chk.worst_row, (long long)chk.worst_col, (double)chk.worst_got,
                 (double)chk.worst_want, (long long)chk.nonfinite);
         dhsa_ctx_free(ctx);
@@ -808,7 +754,7 @@ static int cmd_bench_attn(int argc, char **argv) {
      * and after the timed calls: on a shared machine the larger of the two
      * keeps the peak fraction conservative. */
     double peak = dhsa_peak_fma_gflops(ctx, o.threads, 0.5 * o.peak_seconds);
-    if (!(peak > 0.0)) run_error("measuring the FMA peak failed: %s", dhsa_last_error());
+    if (!(peak > 0.0)) dhsa_cli_die(EXIT_RUN, "measuring the FMA peak failed: %s", dhsa_last_error());
 
     /* 2. Timing: the peak RSS covers the warm-up and the timed calls. */
     int rss_reset = dhsa_proc_reset_peak_rss() == DHSA_OK;
@@ -822,39 +768,36 @@ static int cmd_bench_attn(int argc, char **argv) {
     int decode = o.Lq <= 16;
     double *t = malloc((size_t)o.runs * sizeof *t), *tr = malloc((size_t)o.runs * sizeof *tr),
            *ratio = malloc((size_t)o.runs * sizeof *ratio);
-    if (!t || !tr || !ratio) run_error("out of memory");
+    if (!t || !tr || !ratio) dhsa_cli_die(EXIT_RUN, "out of memory");
     const float *kv_bufs[2] = {(const float *)k.data, (const float *)v.data};
     size_t kv_floats[2] = {(size_t)nk * es / 4, (size_t)nv * es / 4};
     for (int r = 0; r < o.runs; r++) {
-        double t0 = now_s();
+        double t0 = dhsa_cli_now();
         st = dhsa_attention(ctx, &a);
-        t[r] = now_s() - t0;
+        t[r] = dhsa_cli_now() - t0;
         if (st != DHSA_OK) lib_error("dhsa_attention (timed run)", st);
         if (decode) {
             tr[r] = dhsa_peak_read_buffers_s(ctx, o.threads, kv_bufs, kv_floats, 2);
-            if (!(tr[r] > 0.0)) run_error("reading K/V for the baseline failed: %s", dhsa_last_error());
+            if (!(tr[r] > 0.0)) dhsa_cli_die(EXIT_RUN, "reading K/V for the baseline failed: %s", dhsa_last_error());
             ratio[r] = tr[r] / t[r];
         }
     }
     size_t peak_rss = peak_rss_now();
     dhsa_mem_stats ms = dhsa_ctx_mem_stats(ctx);
-    qsort(t, (size_t)o.runs, sizeof *t, cmp_double);
-    double med = o.runs % 2 ? t[o.runs / 2] : 0.5 * (t[o.runs / 2 - 1] + t[o.runs / 2]);
+    double med = dhsa_cli_median(t, o.runs); /* sorts t */
     double tmin = t[0];
     free(t);
 
     double peak_after = dhsa_peak_fma_gflops(ctx, o.threads, 0.5 * o.peak_seconds);
-    if (!(peak_after > 0.0)) run_error("measuring the FMA peak failed: %s", dhsa_last_error());
+    if (!(peak_after > 0.0)) dhsa_cli_die(EXIT_RUN, "measuring the FMA peak failed: %s", dhsa_last_error());
     if (peak_after > peak) peak = peak_after;
     double read_bw = 0.0, kv_read_bw = 0.0, bw_fraction = 0.0;
     if (decode) {
         read_bw = dhsa_peak_read_gbps(ctx, o.threads, (size_t)o.peak_bytes, o.peak_seconds);
-        if (!(read_bw > 0.0)) run_error("measuring read bandwidth failed: %s", dhsa_last_error());
-        qsort(tr, (size_t)o.runs, sizeof *tr, cmp_double);
-        qsort(ratio, (size_t)o.runs, sizeof *ratio, cmp_double);
-        double tr_med = o.runs % 2 ? tr[o.runs / 2] : 0.5 * (tr[o.runs / 2 - 1] + tr[o.runs / 2]);
+        if (!(read_bw > 0.0)) dhsa_cli_die(EXIT_RUN, "measuring read bandwidth failed: %s", dhsa_last_error());
+        double tr_med = dhsa_cli_median(tr, o.runs);
         kv_read_bw = (double)es * (double)(nk + nv) / tr_med * 1e-9;
-        bw_fraction = o.runs % 2 ? ratio[o.runs / 2] : 0.5 * (ratio[o.runs / 2 - 1] + ratio[o.runs / 2]);
+        bw_fraction = dhsa_cli_median(ratio, o.runs);
     }
     free(tr);
     free(ratio);
@@ -943,11 +886,11 @@ static int cmd_bench_attn(int argc, char **argv) {
                    "GFLOP/s; this run is %.1fx that\n",
                    "baseline", ref_gflops, gflops / ref_gflops);
         printf("  %-14s %s (dhsa_attn_workspace_size), ctx peak %s\n", "workspace",
-               fmt_bytes(s1, sizeof s1, (double)ws), fmt_bytes(s2, sizeof s2, (double)ms.peak));
+               dhsa_cli_bytes((double)ws, s1, sizeof s1), dhsa_cli_bytes((double)ms.peak, s2, sizeof s2));
         printf("  %-14s peak RSS %s; Q/K/V/O %s; %s above the RSS after allocating inputs%s\n",
-               "memory", fmt_bytes(s1, sizeof s1, (double)peak_rss),
-               fmt_bytes(s2, sizeof s2, qkvo),
-               fmt_bytes(s3, sizeof s3, extra_rss > 0 ? extra_rss : 0.0),
+               "memory", dhsa_cli_bytes((double)peak_rss, s1, sizeof s1),
+               dhsa_cli_bytes(qkvo, s2, sizeof s2),
+               dhsa_cli_bytes(extra_rss > 0 ? extra_rss : 0.0, s3, sizeof s3),
                rss_reset ? "" : " (peak RSS could not be reset: it covers the whole process)");
     }
     dhsa_buffer_free(q.data);
@@ -959,11 +902,11 @@ static int cmd_bench_attn(int argc, char **argv) {
 }
 
 static int cmd_bench(int argc, char **argv) {
-    cur_cmd = "dhsa bench";
     cur_usage = usage_bench;
-    if (argc < 3) usage_error("which benchmark? (attn, sparse, decode, matmul, model)");
+    dhsa_cli_set_command("bench", cur_usage);
+    if (argc < 3) dhsa_cli_die(EXIT_USAGE, "which benchmark? (attn, sparse, decode, matmul, model)");
     if (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0) {
-        fputs(usage_bench_attn, stdout);
+        fputs(usage_bench, stdout);
         return 0;
     }
     if (strcmp(argv[2], "attn") == 0) return cmd_bench_attn(argc, argv);
@@ -972,25 +915,25 @@ static int cmd_bench(int argc, char **argv) {
     if (strcmp(argv[2], "model") == 0) return dhsa_cli_bench_model(argc, argv);
     /* bench matmul: the weight products of the model runner, per weight type */
     if (strcmp(argv[2], "matmul") == 0) return dhsa_cli_bench_matmul(argc, argv);
-    usage_error("unknown benchmark \"%s\" (known: attn, sparse, decode, matmul, model)", argv[2]);
+    dhsa_cli_die(EXIT_USAGE, "unknown benchmark \"%s\" (known: attn, sparse, decode, matmul, model)", argv[2]);
     return EXIT_USAGE;
 }
 
 /* ----------------------------------------------------------------- demo --- */
 
 static int cmd_demo(int argc, char **argv) {
-    cur_cmd = "dhsa demo";
     cur_usage = usage_demo;
+    dhsa_cli_set_command("demo", cur_usage);
     int64_t L = 8192, model_L = 4096;
     int threads = online_cpus();
     const char *model = NULL;
     opt_scan op = opt_begin(argc, argv, 2);
     while (opt_next(&op)) {
-        if (opt_is(&op, "--L")) L = parse_int("--L", opt_value(&op), 64, (int64_t)1 << 20, 1);
+        if (opt_is(&op, "--L")) L = dhsa_cli_int("--L", opt_value(&op), 64, (int64_t)1 << 20, 1);
         else if (opt_is(&op, "-m")) model = opt_value(&op);
-        else if (opt_is(&op, "--model-L")) model_L = parse_int("--model-L", opt_value(&op), 256, (int64_t)1 << 20, 1);
+        else if (opt_is(&op, "--model-L")) model_L = dhsa_cli_int("--model-L", opt_value(&op), 256, (int64_t)1 << 20, 1);
         else if (opt_is(&op, "--threads"))
-            threads = (int)parse_int("--threads", opt_value(&op), 1, 1024, 0);
+            threads = (int)dhsa_cli_int("--threads", opt_value(&op), 1, 1024, 0);
         else opt_unknown(&op);
     }
     const int64_t B = 2, Hq = 8, Hkv = 2, d = 128, pad = L / 4;
@@ -998,8 +941,8 @@ static int cmd_demo(int argc, char **argv) {
     double phys = physical_memory_bytes();
     char s1[32], s2[32], s3[32];
     if (phys > 0 && need > 0.8 * phys)
-        run_error("--L %lld needs %s for Q, K, V and O, more than 80%% of this machine's %s",
-                  (long long)L, fmt_bytes(s1, sizeof s1, need), fmt_bytes(s2, sizeof s2, phys));
+        dhsa_cli_die(EXIT_RUN, "--L %lld needs %s for Q, K, V and O, more than 80%% of this machine's %s",
+                  (long long)L, dhsa_cli_bytes(need, s1, sizeof s1), dhsa_cli_bytes(phys, s2, sizeof s2));
 
     dhsa_ctx_params cp = dhsa_ctx_default_params();
     cp.n_threads = threads;
@@ -1013,7 +956,7 @@ static int cmd_demo(int argc, char **argv) {
     host_buf v = host_alloc(ctx, "V", DHSA_F32, B * Hkv * L * d, 13);
     host_buf out = host_alloc(ctx, "O", DHSA_F32, B * Hq * L * d, 0);
     uint8_t *mask = calloc((size_t)(B * L), 1);
-    if (!mask) run_error("out of memory");
+    if (!mask) dhsa_cli_die(EXIT_RUN, "out of memory");
     for (int64_t j = 0; j < pad; j++) mask[L + j] = 1; /* sequence 1: left padding */
     double qkvo = 4.0 * (double)(q.n + k.n + v.n + out.n);
     size_t rss_inputs = dhsa_proc_rss();
@@ -1043,9 +986,9 @@ static int cmd_demo(int argc, char **argv) {
     st = dhsa_attn_workspace_size(ctx, &a, &ws);
     if (st != DHSA_OK) lib_error("dhsa_attn_workspace_size", st);
     int rss_reset = dhsa_proc_reset_peak_rss() == DHSA_OK;
-    double t0 = now_s();
+    double t0 = dhsa_cli_now();
     st = dhsa_attention(ctx, &a);
-    double secs = now_s() - t0;
+    double secs = dhsa_cli_now() - t0;
     if (st != DHSA_OK) lib_error("dhsa_attention", st);
     size_t peak_rss = peak_rss_now();
 
@@ -1075,9 +1018,8 @@ static int cmd_demo(int argc, char **argv) {
     printf("  %-13s %.3f s, %.1f GFLOP/s (%.4g GFLOP, %s)\n", "time", secs,
            flops / secs * 1e-9, flops * 1e-9, rule);
     printf("  %-13s peak RSS %s: inputs and output %s, %s more during the call%s\n", "memory",
-           fmt_bytes(s1, sizeof s1, (double)peak_rss), fmt_bytes(s2, sizeof s2, qkvo),
-           fmt_bytes(s3, sizeof s3,
-                     peak_rss > rss_inputs ? (double)(peak_rss - rss_inputs) : 0.0),
+           dhsa_cli_bytes((double)peak_rss, s1, sizeof s1), dhsa_cli_bytes(qkvo, s2, sizeof s2),
+           dhsa_cli_bytes(peak_rss > rss_inputs ? (double)(peak_rss - rss_inputs) : 0.0, s3, sizeof s3),
            rss_reset ? "" : " (peak RSS not resettable here)");
     printf("  %-13s max_abs_err %.3g vs the reference backend, last %lld query rows of every "
            "head (tolerance %.0e)\n",
@@ -1100,22 +1042,22 @@ static int cmd_demo(int argc, char **argv) {
         size_t wsm = 0;
         if (dhsa_attn_workspace_size(ctx, &big, &wsm) != DHSA_OK) break;
         double scores = (double)B * (double)Hq * (double)Lm * (double)Lm * 4.0;
-        double torch = 144.0 * (double)Lm * (double)Lm;
+        double torch = 130.0 * (double)Lm * (double)Lm;
         char sl[32];
         snprintf(sl, sizeof sl, "%lld", (long long)Lm);
-        printf("  %-8s %-20s %-24s %s\n", sl, fmt_bytes(s1, sizeof s1, (double)wsm),
-               fmt_bytes(s2, sizeof s2, scores), fmt_bytes(s3, sizeof s3, torch));
+        printf("  %-8s %-20s %-24s %s\n", sl, dhsa_cli_bytes((double)wsm, s1, sizeof s1),
+               dhsa_cli_bytes(scores, s2, sizeof s2), dhsa_cli_bytes(torch, s3, sizeof s3));
     }
-    printf("  * measured 144 B per L^2 of extra peak memory (PyTorch 1.13\n"
+    printf("  * measured 130 B per L^2 of extra peak memory (PyTorch 2.15\n"
            "    nn.MultiheadAttention with key_padding_mask in inference, E=1024, 16 heads,\n"
-           "    fp32, B=1): reference only\n");
+           "    fp32, B=1; docs/results.md): reference only\n");
 
     printf("\n  %-13s key_mask with DHSA_MASK_NO_POLARITY -> %s\n", "mask polarity",
            bad_st == DHSA_OK ? "ACCEPTED (it must be refused)" : dhsa_status_str(bad_st));
     if (bad_st != DHSA_OK) printf("  %-13s \"%s\"\n", "", bad_msg);
 
     int ok = bad_st != DHSA_OK && !zero_rows_bad && !chk.nonfinite && chk.max_abs_err <= tol;
-    if (!ok) fprintf(stderr, "%s: FAILED (see above)\n", cur_cmd);
+    if (!ok) fprintf(stderr, "dhsa %s: FAILED (see above)\n", dhsa_cli_command());
     free(mask);
     dhsa_buffer_free(q.data);
     dhsa_buffer_free(k.data);
@@ -1133,7 +1075,7 @@ static int cmd_demo(int argc, char **argv) {
         printf("\n");
         fflush(stdout);
         if (model) ok = dhsa_cli_model_demo(model, model_L, threads) == 0;
-        else run_error("%s", msg);
+        else dhsa_cli_die(EXIT_RUN, "%s", msg);
     }
     return ok ? 0 : EXIT_RUN;
 }
@@ -1142,7 +1084,7 @@ static int cmd_demo(int argc, char **argv) {
 
 static const char *usage_of(const char *cmd) {
     if (strcmp(cmd, "peak") == 0) return usage_peak;
-    if (strcmp(cmd, "bench") == 0) return usage_bench_attn;
+    if (strcmp(cmd, "bench") == 0) return usage_bench;
     if (strcmp(cmd, "demo") == 0) return usage_demo;
     if (strcmp(cmd, "memprobe") == 0) return dhsa_cli_memprobe_usage;
     if (strcmp(cmd, "run") == 0 || strcmp(cmd, "plan") == 0) return dhsa_cli_run_usage;
@@ -1175,7 +1117,17 @@ int main(int argc, char **argv) {
             return 0;
         }
         const char *u = usage_of(argv[2]);
-        if (!u) usage_error("no command \"%s\"", argv[2]);
+        if (u == usage_bench && argc > 3) { /* dhsa help bench NAME */
+            const char *b = argv[3];
+            u = strcmp(b, "attn") == 0     ? usage_bench_attn
+                : strcmp(b, "sparse") == 0 ? dhsa_cli_bench_sparse_usage
+                : strcmp(b, "decode") == 0 ? dhsa_cli_bench_decode_usage
+                : strcmp(b, "matmul") == 0 ? dhsa_cli_bench_matmul_usage
+                : strcmp(b, "model") == 0  ? dhsa_cli_bench_model_usage
+                                           : NULL;
+            if (!u) dhsa_cli_die(EXIT_USAGE, "no benchmark \"%s\" (attn, sparse, decode, matmul, model)", b);
+        }
+        if (!u) dhsa_cli_die(EXIT_USAGE, "no command \"%s\"", argv[2]);
         fputs(u, stdout);
         if (u == dhsa_cli_eval_usage) fputs(dhsa_cli_eval_usage_tasks, stdout);
         return 0;
@@ -1192,6 +1144,6 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "inspect") == 0) return dhsa_cli_inspect(argc, argv);
     if (strcmp(cmd, "tokenize") == 0) return dhsa_cli_tokenize(argc, argv);
     if (strcmp(cmd, "eval") == 0) return dhsa_cli_eval(argc, argv);
-    usage_error("unknown command \"%s\"", cmd);
+    dhsa_cli_die(EXIT_USAGE, "unknown command \"%s\"", cmd);
     return EXIT_USAGE;
 }

@@ -32,8 +32,8 @@
 #include "eval/niah.h"
 #include "util/svg.h"
 
-#define EXIT_RUN 1
-#define EXIT_USAGE 2
+#define EXIT_RUN DHSA_EXIT_RUN
+#define EXIT_USAGE DHSA_EXIT_USAGE
 #define MAX_LIST 16
 
 const char dhsa_cli_eval_usage[] =
@@ -110,34 +110,17 @@ const char dhsa_cli_eval_usage_tasks[] =
     "  share of the needle's number keys each layer selected for the answer rows.\n"
     "  --keys N: multikey needles (default 4) / multivalue values (default 3).\n";
 
-static const char *cur_cmd = "eval";
-
-static void die(int code, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "dhsa %s: ", cur_cmd);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    exit(code);
-}
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
-    if (!p) die(EXIT_RUN, "out of memory (%zu bytes)", n);
+    if (!p) dhsa_cli_die(EXIT_RUN, "out of memory (%zu bytes)", n);
     return p;
 }
 
-static char *read_file(const char *path, int64_t *len) {
-    char *buf = dhsa_cli_read_file(path, DHSA_TOKENIZER_MAX_TEXT, len);
-    if (!buf) die(EXIT_RUN, "cannot read \"%s\": %s", path, strerror(errno));
-    return buf;
+/* A text input of eval (-f, --filler, --haystack, --keywords): corpora,
+ * of which the commands use a prefix or repeat a short one; up to the
+ * tokenizer's limit, checked before reading. */
+static char *read_text(const char *opt, const char *path, int64_t *len) {
+    return dhsa_cli_slurp(opt, path, DHSA_TOKENIZER_MAX_TEXT, "the most text the tokenizer takes", len);
 }
 
 /* ------------------------------------------------------------- options --- */
@@ -177,41 +160,10 @@ typedef struct {
     dhsa_predictor *predictor;
 } eval_opts;
 
-static int64_t num(const char *opt, const char *s, int64_t lo, int64_t hi, int suffix) {
-    int64_t v;
-    char msg[256];
-    if (dhsa_cli_parse_int(opt, s, lo, hi, suffix, &v, msg, sizeof msg)) die(EXIT_USAGE, "%s", msg);
-    return v;
-}
-
-static double real(const char *opt, const char *s, double lo, double hi) {
-    double v;
-    char msg[256];
-    if (dhsa_cli_parse_real(opt, s, lo, hi, &v, msg, sizeof msg)) die(EXIT_USAGE, "%s", msg);
-    return v;
-}
-
-/* Splits a comma list into at most MAX_LIST items (copied into buf). */
-static int split_list(const char *opt, const char *s, char *buf, size_t cap, char **items) {
-    if (strlen(s) >= cap) die(EXIT_USAGE, "%s: list too long", opt);
-    strcpy(buf, s);
-    int n = 0;
-    for (char *p = buf;;) {
-        char *c = strchr(p, ',');
-        if (c) *c = 0;
-        if (!*p) die(EXIT_USAGE, "%s: empty item in \"%s\"", opt, s);
-        if (n == MAX_LIST) die(EXIT_USAGE, "%s: at most %d items", opt, MAX_LIST);
-        items[n++] = p;
-        if (!c) break;
-        p = c + 1;
-    }
-    return n;
-}
-
 static dhsa_attn_method parse_method(const char *v) {
     for (dhsa_attn_method m = DHSA_ATTN_DENSE; m <= DHSA_ATTN_ORACLE; m++)
         if (strcmp(v, dhsa_attn_method_name(m)) == 0) return m;
-    die(EXIT_USAGE, "--attn takes dense, dhsa, block, stream or oracle, not \"%s\"", v);
+    dhsa_cli_die(EXIT_USAGE, "--attn takes dense, dhsa, block, stream or oracle, not \"%s\"", v);
     return DHSA_ATTN_DENSE;
 }
 
@@ -238,7 +190,7 @@ static void parse(int argc, char **argv, eval_opts *o, const char *sub) {
         }
         if (strcmp(a, "--json") == 0) { o->json = 1; continue; }
         if (strcmp(a, "--show") == 0) { o->show = 1; continue; }
-        if (i + 1 >= argc) die(EXIT_USAGE, "%s needs a value (or is unknown: see dhsa help eval)", a);
+        if (i + 1 >= argc) dhsa_cli_die(EXIT_USAGE, "%s needs a value (or is unknown: see dhsa help eval)", a);
         const char *v = argv[++i];
         if (strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0) o->model = v;
         else if (strcmp(a, "--tokenizer") == 0) o->tokenizer = v;
@@ -249,62 +201,62 @@ static void parse(int argc, char **argv, eval_opts *o, const char *sub) {
             if (strcmp(v, "words") == 0) o->passage_kind = 1;
             else if (strcmp(v, "tokens") == 0) o->passage_kind = 0;
             else if (strcmp(v, "text") == 0) o->passage_kind = 2;
-            else die(EXIT_USAGE, "--passage-kind is words or tokens, not \"%s\"", v);
+            else dhsa_cli_die(EXIT_USAGE, "--passage-kind is words or tokens, not \"%s\"", v);
         }
         else if (strcmp(a, "--svg") == 0) o->svg = v;
         else if (strcmp(a, "--svg-attn") == 0) o->svg_attn = v;
         else if (strcmp(a, "--template") == 0) o->template_name = v;
-        else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) o->threads = num(a, v, 1, 1024, 0);
-        else if (strcmp(a, "--ctx") == 0 || strcmp(a, "-c") == 0) o->ctx = num(a, v, 2, (int64_t)1 << 24, 1);
-        else if (strcmp(a, "--windows") == 0) o->windows = num(a, v, 1, 1 << 20, 0);
-        else if (strcmp(a, "--passage") == 0) o->passage = num(a, v, 2, 4096, 0);
-        else if (strcmp(a, "--trials") == 0) o->trials = num(a, v, 1, 1000, 0);
+        else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) o->threads = dhsa_cli_int(a, v, 1, 1024, 0);
+        else if (strcmp(a, "--ctx") == 0 || strcmp(a, "-c") == 0) o->ctx = dhsa_cli_int(a, v, 2, (int64_t)1 << 24, 1);
+        else if (strcmp(a, "--windows") == 0) o->windows = dhsa_cli_int(a, v, 1, 1 << 20, 0);
+        else if (strcmp(a, "--passage") == 0) o->passage = dhsa_cli_int(a, v, 2, 4096, 0);
+        else if (strcmp(a, "--trials") == 0) o->trials = dhsa_cli_int(a, v, 1, 1000, 0);
         else if (strcmp(a, "--answer-tokens") == 0) {
-            o->answer_tokens = num(a, v, 1, 1024, 0);
+            o->answer_tokens = dhsa_cli_int(a, v, 1, 1024, 0);
             o->answer_tokens_set = 1;
         }
         else if (strcmp(a, "--keywords") == 0) o->keywords_file = v;
-        else if (strcmp(a, "--keys") == 0) o->n_keys = num(a, v, 1, DHSA_TASK_MAX_NEEDLES, 0);
-        else if (strcmp(a, "--seed") == 0) o->seed = (uint64_t)num(a, v, 0, INT64_MAX, 0);
-        else if (strcmp(a, "--min-score") == 0) o->min_score = real(a, v, 0, 100);
-        else if (strcmp(a, "--budget") == 0) o->budget = num(a, v, 1, (int64_t)1 << 31, 1);
-        else if (strcmp(a, "--q-block") == 0) o->q_block = num(a, v, 1, 65536, 0);
-        else if (strcmp(a, "--sink") == 0) o->sink = num(a, v, 0, (int64_t)1 << 31, 1);
-        else if (strcmp(a, "--local") == 0) o->local = num(a, v, 0, (int64_t)1 << 31, 1);
-        else if (strcmp(a, "--dense-below") == 0) o->dense_below = num(a, v, 0, (int64_t)1 << 31, 1);
-        else if (strcmp(a, "--min-chunk") == 0) o->min_chunk = num(a, v, 1, 1 << 20, 0);
-        else if (strcmp(a, "--max-chunk") == 0) o->max_chunk = num(a, v, 1, 1 << 20, 0);
-        else if (strcmp(a, "--chunk") == 0) o->chunk = num(a, v, 1, 1 << 20, 0);
-        else if (strcmp(a, "--sim-window") == 0) o->sim_window = num(a, v, 1, 4096, 0);
-        else if (strcmp(a, "--nms-window") == 0) o->nms_window = num(a, v, 0, 4096, 0);
+        else if (strcmp(a, "--keys") == 0) o->n_keys = dhsa_cli_int(a, v, 1, DHSA_TASK_MAX_NEEDLES, 0);
+        else if (strcmp(a, "--seed") == 0) o->seed = (uint64_t)dhsa_cli_int(a, v, 0, INT64_MAX, 0);
+        else if (strcmp(a, "--min-score") == 0) o->min_score = dhsa_cli_real(a, v, 0, 100);
+        else if (strcmp(a, "--budget") == 0) o->budget = dhsa_cli_int(a, v, 1, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "--q-block") == 0) o->q_block = dhsa_cli_int(a, v, 1, 65536, 0);
+        else if (strcmp(a, "--sink") == 0) o->sink = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "--local") == 0) o->local = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "--dense-below") == 0) o->dense_below = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "--min-chunk") == 0) o->min_chunk = dhsa_cli_int(a, v, 1, 1 << 20, 0);
+        else if (strcmp(a, "--max-chunk") == 0) o->max_chunk = dhsa_cli_int(a, v, 1, 1 << 20, 0);
+        else if (strcmp(a, "--chunk") == 0) o->chunk = dhsa_cli_int(a, v, 1, 1 << 20, 0);
+        else if (strcmp(a, "--sim-window") == 0) o->sim_window = dhsa_cli_int(a, v, 1, 4096, 0);
+        else if (strcmp(a, "--nms-window") == 0) o->nms_window = dhsa_cli_int(a, v, 0, 4096, 0);
         else if (strcmp(a, "--boundary") == 0) {
             if (strcmp(v, "fixed") == 0) o->boundary = DHSA_BOUNDARY_FIXED;
             else if (strcmp(v, "similarity") == 0) o->boundary = DHSA_BOUNDARY_SIMILARITY;
             else if (strncmp(v, "learned:", 8) == 0 && v[8]) {
                 o->boundary = DHSA_BOUNDARY_LEARNED;
                 o->predictor_path = v + 8;
-            } else die(EXIT_USAGE, "--boundary is fixed, similarity or learned:FILE, not \"%s\"", v);
+            } else dhsa_cli_die(EXIT_USAGE, "--boundary is fixed, similarity or learned:FILE, not \"%s\"", v);
         } else if (strcmp(a, "--attn") == 0) {
-            o->n_methods = split_list(a, v, buf, sizeof buf, items);
+            o->n_methods = dhsa_cli_split_list(a, v, buf, sizeof buf, items, MAX_LIST);
             for (int k = 0; k < o->n_methods; k++) o->methods[k] = parse_method(items[k]);
         } else if (strcmp(a, "--density") == 0) {
-            o->n_densities = split_list(a, v, buf, sizeof buf, items);
-            for (int k = 0; k < o->n_densities; k++) o->densities[k] = real(a, items[k], 1e-6, 1);
+            o->n_densities = dhsa_cli_split_list(a, v, buf, sizeof buf, items, MAX_LIST);
+            for (int k = 0; k < o->n_densities; k++) o->densities[k] = dhsa_cli_real(a, items[k], 1e-6, 1);
         } else if (strcmp(a, "--lengths") == 0) {
-            o->n_lengths = split_list(a, v, buf, sizeof buf, items);
-            for (int k = 0; k < o->n_lengths; k++) o->lengths[k] = num(a, items[k], 16, (int64_t)1 << 24, 1);
+            o->n_lengths = dhsa_cli_split_list(a, v, buf, sizeof buf, items, MAX_LIST);
+            for (int k = 0; k < o->n_lengths; k++) o->lengths[k] = dhsa_cli_int(a, items[k], 16, (int64_t)1 << 24, 1);
         } else if (strcmp(a, "--depths") == 0) {
-            o->n_depths = split_list(a, v, buf, sizeof buf, items);
-            for (int k = 0; k < o->n_depths; k++) o->depths[k] = real(a, items[k], 0, 1);
-        } else die(EXIT_USAGE, "unknown option \"%s\" (see dhsa help eval)", a);
+            o->n_depths = dhsa_cli_split_list(a, v, buf, sizeof buf, items, MAX_LIST);
+            for (int k = 0; k < o->n_depths; k++) o->depths[k] = dhsa_cli_real(a, items[k], 0, 1);
+        } else dhsa_cli_die(EXIT_USAGE, "unknown option \"%s\" (see dhsa help eval)", a);
     }
     if (!o->model) {
         char msg[512];
         o->model = dhsa_cli_default_model(msg, sizeof msg);
-        if (!o->model) die(EXIT_USAGE, "%s", msg);
+        if (!o->model) dhsa_cli_die(EXIT_USAGE, "%s", msg);
         fprintf(stderr, "dhsa: model %s (the default; -m MODEL for another)\n", o->model);
     }
-    if (strcmp(sub, "fidelity") == 0 && !o->text_file) die(EXIT_USAGE, "fidelity needs -f TEXT");
+    if (strcmp(sub, "fidelity") == 0 && !o->text_file) dhsa_cli_die(EXIT_USAGE, "fidelity needs -f TEXT");
     if (!o->n_methods) {
         static const dhsa_attn_method fid[] = {DHSA_ATTN_DHSA, DHSA_ATTN_BLOCK, DHSA_ATTN_STREAM};
         static const dhsa_attn_method all[] = {DHSA_ATTN_DENSE, DHSA_ATTN_DHSA, DHSA_ATTN_BLOCK, DHSA_ATTN_STREAM,
@@ -313,6 +265,13 @@ static void parse(int argc, char **argv, eval_opts *o, const char *sub) {
         o->n_methods = fidelity ? 3 : 5;
         memcpy(o->methods, fidelity ? fid : all, (size_t)o->n_methods * sizeof o->methods[0]);
     }
+    if (o->budget && o->n_densities > 0)
+        dhsa_cli_die(EXIT_USAGE, "give --density or --budget, not both (--budget sets the keys per query block; "
+                     "--density the share of the keys it may see)");
+    dhsa_cli_check_tokenizer(o->model, o->tokenizer);
+    /* the figures' files, before any work */
+    if (o->svg) dhsa_cli_check_output("--svg", o->svg);
+    if (o->svg_attn) dhsa_cli_check_output("--svg-attn", o->svg_attn);
     if (!o->n_densities) o->densities[o->n_densities++] = 0.125;
     if (!o->n_lengths) {
         static const int64_t def[] = {512, 1024, 2048, 4096};
@@ -324,7 +283,6 @@ static void parse(int argc, char **argv, eval_opts *o, const char *sub) {
         memcpy(o->depths, def, sizeof def);
         o->n_depths = 5;
     }
-    if (o->budget && o->n_densities > 1) die(EXIT_USAGE, "give --budget or a list of densities, not both");
     for (int mi = 0; mi < o->n_methods; mi++)
         for (int dn = 0; dn < o->n_densities; dn++) {
             int dense = o->methods[mi] == DHSA_ATTN_DENSE;
@@ -410,7 +368,7 @@ static void acc_init(layer_acc *h, dhsa_ctx *ctx, int64_t n_layer, int want_reca
     h->n_layer = n_layer;
     h->want_recall = want_recall;
     h->selected = calloc((size_t)n_layer * 4, sizeof(double));
-    if (!h->selected) die(EXIT_RUN, "out of memory");
+    if (!h->selected) dhsa_cli_die(EXIT_RUN, "out of memory");
     h->available = h->selected + n_layer;
     h->recall = h->available + n_layer;
     h->rows = h->recall + n_layer;
@@ -658,7 +616,7 @@ static dhsa_session_params session_params(eval_env *e, dhsa_attn_method m, doubl
     }
     if (n_ctx > e->in->n_ctx_train && !e->warned_ctx) {
         fprintf(stderr, "dhsa %s: warning: context %lld is longer than the model's trained context %lld: quality "
-                "may drop (dense included)\n", cur_cmd, (long long)n_ctx, (long long)e->in->n_ctx_train);
+                "may drop (dense included)\n", dhsa_cli_command(), (long long)n_ctx, (long long)e->in->n_ctx_train);
         e->warned_ctx = 1;
     }
     return sp;
@@ -668,9 +626,9 @@ static dhsa_session_params session_params(eval_env *e, dhsa_attn_method m, doubl
 static void run_all(eval_env *e, const dhsa_session_params *sp, const int32_t *ids, int64_t n, float *out,
                     layer_acc *acc) {
     dhsa_session *s;
-    if (dhsa_session_create(e->ctx, e->m, sp, &s)) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (dhsa_session_create(e->ctx, e->m, sp, &s)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     if (dhsa_session_eval(s, ids, n, out))
-        die(EXIT_RUN, "%s%s%s", dhsa_last_error(), acc && acc->err[0] ? ": " : "", acc ? acc->err : "");
+        dhsa_cli_die(EXIT_RUN, "%s%s%s", dhsa_last_error(), acc && acc->err[0] ? ": " : "", acc ? acc->err : "");
     dhsa_session_free(s);
 }
 
@@ -742,17 +700,17 @@ static int cmd_fidelity(eval_env *e) {
     eval_opts *o = e->o;
     const int64_t V = e->in->n_vocab, NL = e->in->n_layer;
     int64_t len;
-    char *text = read_file(o->text_file, &len);
+    char *text = read_text("-f", o->text_file, &len);
     int64_t n_text = 0;
     dhsa_tokenize(e->tok, text, len, 0, NULL, 0, &n_text);
     int32_t *stream = xmalloc((size_t)(n_text + 1) * sizeof(int32_t));
-    if (dhsa_tokenize(e->tok, text, len, 0, stream, n_text + 1, &n_text)) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (dhsa_tokenize(e->tok, text, len, 0, stream, n_text + 1, &n_text)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     free(text);
     int32_t bos = dhsa_tokenizer_bos(e->tok);
     int64_t W = o->ctx ? o->ctx : e->in->n_ctx_train, body = bos >= 0 ? W - 1 : W;
     int64_t n_win = n_text / body;
     if (n_win > o->windows) n_win = o->windows;
-    if (n_win == 0) die(EXIT_RUN, "the text has %lld tokens: fewer than one window of %lld (give a longer text or "
+    if (n_win == 0) dhsa_cli_die(EXIT_RUN, "the text has %lld tokens: fewer than one window of %lld (give a longer text or "
                         "a smaller --ctx)", (long long)n_text, (long long)W);
     if (!o->json) {
         printf("fidelity: %s, %lld windows of %lld tokens from %s (%lld tokens)\n", o->model, (long long)n_win,
@@ -766,10 +724,10 @@ static int cmd_fidelity(eval_env *e) {
     float *ld = xmalloc((size_t)W * (size_t)V * sizeof(float)), *lm = xmalloc((size_t)W * (size_t)V * sizeof(float));
     double *pd = xmalloc((size_t)V * sizeof(double)), *pm = xmalloc((size_t)V * sizeof(double));
     int32_t *ids = xmalloc((size_t)W * sizeof(int32_t));
-    if (!res || !rec) die(EXIT_RUN, "out of memory");
+    if (!res || !rec) dhsa_cli_die(EXIT_RUN, "out of memory");
     layer_acc acc;
     acc_init(&acc, e->ctx, NL, 1);
-    double dense_nll = 0, dense_n = 0, t0 = now();
+    double dense_nll = 0, dense_n = 0, t0 = dhsa_cli_now();
     for (int64_t w = 0; w < n_win; w++) {
         int64_t n = 0;
         if (bos >= 0) ids[n++] = bos;
@@ -813,7 +771,7 @@ static int cmd_fidelity(eval_env *e) {
             for (int64_t l = 0; l < NL; l++) r->recall[l] += acc_recall(&acc, l) / (double)n_win;
         }
     }
-    double secs = now() - t0;
+    double secs = dhsa_cli_now() - t0;
     if (o->json) {
         printf("{\"command\": \"fidelity\", \"model\": ");
         json_str(stdout, o->model);
@@ -896,11 +854,11 @@ static int32_t *make_filler(eval_env *e, int64_t need, uint64_t seed, int from_f
     int64_t n = 0;
     if (from_file) {
         int64_t len, nt = 0;
-        char *text = read_file(e->o->filler_file, &len);
+        char *text = read_text("--filler", e->o->filler_file, &len);
         dhsa_tokenize(e->tok, text, len, 0, NULL, 0, &nt);
         int32_t *t = xmalloc((size_t)(nt + 1) * sizeof(int32_t));
-        if (dhsa_tokenize(e->tok, text, len, 0, t, nt + 1, &nt)) die(EXIT_RUN, "%s", dhsa_last_error());
-        if (nt == 0) die(EXIT_RUN, "the filler file \"%s\" has no tokens", e->o->filler_file);
+        if (dhsa_tokenize(e->tok, text, len, 0, t, nt + 1, &nt)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+        if (nt == 0) dhsa_cli_die(EXIT_RUN, "the filler file \"%s\" has no tokens", e->o->filler_file);
         while (n < need) { /* repeated when short */
             int64_t k = nt < need - n ? nt : need - n;
             memcpy(f + n, t, (size_t)k * sizeof(int32_t));
@@ -919,15 +877,15 @@ static int32_t *make_filler(eval_env *e, int64_t need, uint64_t seed, int from_f
     for (uint64_t round = 0; n < need; round++) {
         smp.seed = seed * 1000003u + round;
         dhsa_sampler *s;
-        if (dhsa_sampler_create(&smp, V, &s)) die(EXIT_RUN, "%s", dhsa_last_error());
+        if (dhsa_sampler_create(&smp, V, &s)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
         dhsa_session_params sp = dhsa_session_default_params();
         sp.n_ctx = piece + 1;
         dhsa_session *ses;
-        if (dhsa_session_create(e->ctx, e->m, &sp, &ses)) die(EXIT_RUN, "%s", dhsa_last_error());
+        if (dhsa_session_create(e->ctx, e->m, &sp, &ses)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
         int32_t cur = bos >= 0 ? bos : 0;
         for (int64_t i = 0; i < piece && n < need; i++) {
-            if (dhsa_session_eval(ses, &cur, 1, lg)) die(EXIT_RUN, "%s", dhsa_last_error());
-            if (dhsa_sampler_sample(s, lg, NULL, 0, &cur)) die(EXIT_RUN, "%s", dhsa_last_error());
+            if (dhsa_session_eval(ses, &cur, 1, lg)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+            if (dhsa_sampler_sample(s, lg, NULL, 0, &cur)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
             if (cur != bos && cur != eos) f[n++] = cur;
         }
         dhsa_session_free(ses);
@@ -938,14 +896,60 @@ static int32_t *make_filler(eval_env *e, int64_t need, uint64_t seed, int from_f
     return f;
 }
 
-/* Mean loss (nats) on tokens ids[at + 1 .. at + P) from logits [n][V]. */
-static double passage_loss(const float *lg, int64_t V, const int32_t *ids, int64_t at, int64_t P, double *lp) {
-    double s = 0;
-    for (int64_t i = 1; i < P; i++) {
-        log_softmax(lg + (at + i - 1) * V, V, lp);
-        s -= lp[ids[at + i]];
+/* Rows of logits copy_losses keeps at once (rounded to the query block). */
+#define COPY_ROWS 64
+
+/* Runs ids[0..n) in a fresh session (sp->logits_all set) and returns in
+ * loss[c] the mean loss (nats) on tokens ids[at[c] + 1 .. at[c] + P) of the
+ * two copies: the logits of rows [at[c], at[c] + P - 1) only, in pieces of
+ * COPY_ROWS rows (whole query blocks) into *lg (grown to *lg_rows x V as
+ * needed; lp [V] scratch), the rest without the output projection, so
+ * memory does not grow with n. The pieces keep the single eval's partition:
+ * they never cross one of its ubatch boundaries and start at one of its
+ * query blocks, so every block is routed as in one dhsa_session_eval over
+ * ids. The oracle's chunk boundaries depend on the whole ubatch
+ * (dhsa_route over the cache): it runs in whole ubatches. */
+static void copy_losses(eval_env *e, const dhsa_session_params *sp, const int32_t *ids, int64_t n, const int64_t at[2],
+                        int64_t P, float **lg, int64_t *lg_rows, double *lp, layer_acc *acc, double loss[2]) {
+    const int64_t V = e->in->n_vocab;
+    dhsa_session *s;
+    if (dhsa_session_create(e->ctx, e->m, sp, &s)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+    const int64_t U = dhsa_session_get_plan(s)->n_ubatch;
+    int64_t qb = sp->router.q_block > 0 ? sp->router.q_block : 1, rows = qb >= COPY_ROWS ? qb : COPY_ROWS / qb * qb;
+    if (sp->attn == DHSA_ATTN_ORACLE) qb = rows = U;
+    if (rows > *lg_rows) {
+        free(*lg);
+        *lg = xmalloc((size_t)rows * (size_t)V * sizeof(float));
+        *lg_rows = rows;
     }
-    return s / (double)(P - 1);
+    loss[0] = loss[1] = 0;
+    for (int64_t pos = 0; pos < n;) {
+        int64_t ub0 = pos / U * U, ub_end = ub0 + U < n ? ub0 + U : n, next = n;
+        for (int c = 0; c < 2; c++) { /* the first row >= pos whose logits a loss reads */
+            int64_t lo = at[c] > pos ? at[c] : pos;
+            if (lo < at[c] + P - 1 && lo < next) next = lo;
+        }
+        int64_t start = next >= ub_end ? ub_end : ub0 + (next - ub0) / qb * qb;
+        if (start > pos) { /* no row read here: no logits */
+            if (dhsa_session_eval(s, ids + pos, start - pos, NULL))
+                dhsa_cli_die(EXIT_RUN, "%s%s%s", dhsa_last_error(), acc && acc->err[0] ? ": " : "", acc ? acc->err : "");
+            pos = start;
+            continue;
+        }
+        int64_t end = pos + rows < ub_end ? pos + rows : ub_end;
+        if (dhsa_session_eval(s, ids + pos, end - pos, *lg))
+            dhsa_cli_die(EXIT_RUN, "%s%s%s", dhsa_last_error(), acc && acc->err[0] ? ": " : "", acc ? acc->err : "");
+        for (int64_t r = pos; r < end; r++) /* row r predicts token r + 1 */
+            for (int c = 0; c < 2; c++)
+                if (r >= at[c] && r < at[c] + P - 1) {
+                    log_softmax(*lg + (r - pos) * V, V, lp);
+                    loss[c] -= lp[ids[r + 1]];
+                }
+        pos = end;
+    }
+    dhsa_session_free(s);
+    loss[0] /= (double)(P - 1);
+    loss[1] /= (double)(P - 1);
 }
 
 typedef struct {
@@ -958,7 +962,7 @@ static void write_heatmap(const eval_opts *o, const char *title, const char *sub
                           double lo, double hi, int digits, const double *values /* [var][depth][length] */,
                           const char *const *names, int n_var) {
     dhsa_heatmap *h = dhsa_heatmap_create(title, "length (tokens)", "depth", o->n_lengths, o->n_depths);
-    if (!h) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (!h) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     char lbuf[MAX_LIST][32], dbuf[MAX_LIST][32];
     const char *ll[MAX_LIST], *dl[MAX_LIST];
     for (int i = 0; i < o->n_lengths; i++) {
@@ -978,7 +982,7 @@ static void write_heatmap(const eval_opts *o, const char *title, const char *sub
     for (int v = 0; v < n_var && !st; v++)
         st = dhsa_heatmap_add_panel(h, names[v], values + (size_t)v * o->n_depths * o->n_lengths);
     if (!st) st = dhsa_heatmap_save(h, o->svg);
-    if (st) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (st) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     dhsa_heatmap_free(h);
     if (!o->json) printf("wrote %s\n", o->svg);
 }
@@ -988,7 +992,7 @@ static int cmd_copy(eval_env *e) {
     const int64_t V = e->in->n_vocab, P = o->passage;
     int64_t max_len = 0;
     for (int i = 0; i < o->n_lengths; i++) {
-        if (o->lengths[i] < 2 * P + 2) die(EXIT_USAGE, "length %lld is too short for two passages of %lld tokens",
+        if (o->lengths[i] < 2 * P + 2) dhsa_cli_die(EXIT_USAGE, "length %lld is too short for two passages of %lld tokens",
                                            (long long)o->lengths[i], (long long)P);
         if (o->lengths[i] > max_len) max_len = o->lengths[i];
     }
@@ -1008,8 +1012,8 @@ static int cmd_copy(eval_env *e) {
         }
         normal[n_normal++] = id;
     }
-    if (n_normal < 2) die(EXIT_RUN, "the vocabulary has fewer than 2 ordinary tokens");
-    double t0 = now();
+    if (n_normal < 2) dhsa_cli_die(EXIT_RUN, "the vocabulary has fewer than 2 ordinary tokens");
+    double t0 = dhsa_cli_now();
     int64_t n_fill;
     int32_t *filler = make_filler(e, max_len, o->seed, o->filler_file != NULL, &n_fill);
     if (!o->json) {
@@ -1024,9 +1028,11 @@ static int cmd_copy(eval_env *e) {
     const int n_var = o->n_var, nL = o->n_lengths, nD = o->n_depths;
     copy_cell *cells = calloc((size_t)n_var * nL * nD, sizeof *cells);
     int32_t *ids = xmalloc((size_t)max_len * sizeof(int32_t)), *passage = xmalloc((size_t)P * sizeof(int32_t));
-    float *lg = xmalloc((size_t)max_len * (size_t)V * sizeof(float));
+    /* logits of a few rows at a time (copy_losses), not [L][V] */
+    float *lg = NULL;
+    int64_t lg_rows = 0;
     double *lp = xmalloc((size_t)V * sizeof(double));
-    if (!cells) die(EXIT_RUN, "out of memory");
+    if (!cells) dhsa_cli_die(EXIT_RUN, "out of memory");
     layer_acc acc;
     acc_init(&acc, e->ctx, e->in->n_layer, 0);
     int32_t bos = dhsa_tokenizer_bos(e->tok);
@@ -1065,12 +1071,14 @@ static int cmd_copy(eval_env *e) {
                     /* control: filler keys as far from the repetition, after the copy (else before) */
                     acc.copy_ctl = at2 - at1 - P >= P ? at1 + P : at1 >= P ? at1 - P : 0;
                     dhsa_session_params sp = session_params(e, o->var[v].method, o->var[v].density, L, L, 1, &acc);
-                    run_all(e, &sp, ids, n, lg, &acc);
+                    double loss[2];
+                    const int64_t at[2] = {at1, at2};
+                    copy_losses(e, &sp, ids, n, at, P, &lg, &lg_rows, lp, &acc, loss);
                     c->cover += acc.copy_cover / acc.copy_cover_n / (double)o->trials;
                     c->mass += acc.copy_mass / acc.copy_rows / (double)o->trials;
                     c->kept += (acc.copy_mass > 0 ? acc.copy_kept / acc.copy_mass : 1.0) / (double)o->trials;
                     c->ctl += acc.copy_ctl_mass / acc.copy_rows / (double)o->trials;
-                    double first = passage_loss(lg, V, ids, at1, P, lp), rep = passage_loss(lg, V, ids, at2, P, lp);
+                    double first = loss[0], rep = loss[1];
                     c->first += first / (double)o->trials;
                     c->rep += rep / (double)o->trials;
                     c->score += (first - rep) / (double)o->trials;
@@ -1078,7 +1086,7 @@ static int cmd_copy(eval_env *e) {
                 }
             }
     }
-    double secs = now() - t0;
+    double secs = dhsa_cli_now() - t0;
     /* dense's cells, when dense ran, decide "kept" */
     int dense_var = -1;
     const char *names[MAX_VAR];
@@ -1234,7 +1242,7 @@ static int64_t split_sentences(char *text, int64_t len, char ***out) {
             if (n == cap) {
                 cap *= 2;
                 char **ns = realloc(s, (size_t)cap * sizeof(char *));
-                if (!ns) die(EXIT_RUN, "out of memory");
+                if (!ns) dhsa_cli_die(EXIT_RUN, "out of memory");
                 s = ns;
             }
             for (int64_t k = a; k < b; k++) /* one line per sentence */
@@ -1259,7 +1267,7 @@ static void sb_add(sbuf *b, const char *s) {
     if (b->n + k + 1 > b->cap) {
         b->cap = (b->n + k + 1) * 2;
         char *np = realloc(b->p, b->cap);
-        if (!np) die(EXIT_RUN, "out of memory");
+        if (!np) dhsa_cli_die(EXIT_RUN, "out of memory");
         b->p = np;
     }
     memcpy(b->p + b->n, s, k + 1);
@@ -1293,7 +1301,7 @@ static char *niah_text(const niah_prompt *np, const char *haystack) {
     int64_t need = 0;
     dhsa_chat_apply(np->tmpl, &msg, 1, 1, NULL, 0, &need);
     char *out = xmalloc((size_t)need + 1);
-    if (dhsa_chat_apply(np->tmpl, &msg, 1, 1, out, need, &need)) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (dhsa_chat_apply(np->tmpl, &msg, 1, 1, out, need, &need)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     out[need] = 0;
     free(b.p);
     return out;
@@ -1345,7 +1353,7 @@ static int32_t *niah_build(eval_env *e, const niah_prompt *np, char *const *sent
         if (n <= L || cnt == 0) {
             int32_t *ids = xmalloc((size_t)(n + 1) * sizeof(int32_t));
             if (dhsa_tokenize(tok, text, (int64_t)strlen(text), np->flags, ids, n + 1, &n))
-                die(EXIT_RUN, "%s", dhsa_last_error());
+                dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
             free(text);
             free(counts);
             *n_out = n;
@@ -1365,9 +1373,9 @@ static int cmd_niah(eval_env *e) {
     int64_t n_sent;
     if (o->haystack_file) {
         int64_t len;
-        file_text = read_file(o->haystack_file, &len);
+        file_text = read_text("--haystack", o->haystack_file, &len);
         n_sent = split_sentences(file_text, len, &sent);
-        if (n_sent == 0) die(EXIT_RUN, "the haystack file \"%s\" has no sentences", o->haystack_file);
+        if (n_sent == 0) dhsa_cli_die(EXIT_RUN, "the haystack file \"%s\" has no sentences", o->haystack_file);
     } else {
         const char *const *builtin_haystack = dhsa_task_builtin_sentences(&n_sent);
         sent = xmalloc((size_t)n_sent * sizeof(char *));
@@ -1396,7 +1404,7 @@ static int cmd_niah(eval_env *e) {
         np.tmpl = DHSA_CHAT_NONE;
         tmpl_why = "--template plain";
     } else {
-        if (dhsa_chat_template_from_name(o->template_name, &np.tmpl)) die(EXIT_USAGE, "%s", dhsa_last_error());
+        if (dhsa_chat_template_from_name(o->template_name, &np.tmpl)) dhsa_cli_die(EXIT_USAGE, "%s", dhsa_last_error());
         tmpl_why = "--template";
     }
     np.flags = dhsa_tokenizer_default_flags(e->tok) & DHSA_TOKENIZE_ADD_BOS;
@@ -1406,7 +1414,7 @@ static int cmd_niah(eval_env *e) {
         np.flags |= DHSA_TOKENIZE_PARSE_SPECIAL;
         int extra = 0;
         if (dhsa_chat_stop_ids(np.tmpl, e->tok, np.stop + np.n_stop, 16 - np.n_stop, &extra))
-            die(EXIT_RUN, "%s", dhsa_last_error());
+            dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
         np.n_stop += extra;
     } else if (bos >= 0) {
         np.stop[np.n_stop++] = bos; /* a base model starts a new document */
@@ -1425,14 +1433,14 @@ static int cmd_niah(eval_env *e) {
     size_t n_cells = (size_t)n_var * nD * nL;
     double *hits = calloc(n_cells, sizeof(double)), *dens = calloc(n_cells, sizeof(double));
     double *plen = calloc((size_t)nL, sizeof(double));
-    if (!hits || !dens || !plen) die(EXIT_RUN, "out of memory");
+    if (!hits || !dens || !plen) dhsa_cli_die(EXIT_RUN, "out of memory");
     float *lg = xmalloc((size_t)V * sizeof(float));
     int64_t cap_ans = o->answer_tokens;
     int32_t *ans = xmalloc((size_t)cap_ans * sizeof(int32_t));
     char answer[4096];
     layer_acc acc;
     acc_init(&acc, e->ctx, e->in->n_layer, 0);
-    double t0 = now();
+    double t0 = dhsa_cli_now();
     if (o->json) {
         printf("{\"command\": \"niah\", \"model\": ");
         json_str(stdout, o->model);
@@ -1458,8 +1466,8 @@ static int cmd_niah(eval_env *e) {
                     dhsa_session_params sp = session_params(e, va->method, va->density, o->lengths[li],
                                                             n_ids + cap_ans, 0, &acc);
                     dhsa_session *s;
-                    if (dhsa_session_create(e->ctx, e->m, &sp, &s)) die(EXIT_RUN, "%s", dhsa_last_error());
-                    if (dhsa_session_eval(s, ids, n_ids, lg)) die(EXIT_RUN, "%s %s", dhsa_last_error(), acc.err);
+                    if (dhsa_session_create(e->ctx, e->m, &sp, &s)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+                    if (dhsa_session_eval(s, ids, n_ids, lg)) dhsa_cli_die(EXIT_RUN, "%s %s", dhsa_last_error(), acc.err);
                     int64_t na = 0;
                     while (na < cap_ans) {
                         int32_t next = (int32_t)argmax_f(lg, V);
@@ -1468,7 +1476,7 @@ static int cmd_niah(eval_env *e) {
                         if (stop) break;
                         ans[na++] = next;
                         if (na == cap_ans) break;
-                        if (dhsa_session_eval(s, &next, 1, lg)) die(EXIT_RUN, "%s", dhsa_last_error());
+                        if (dhsa_session_eval(s, &next, 1, lg)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
                     }
                     dhsa_session_free(s);
                     int64_t alen = 0;
@@ -1497,7 +1505,7 @@ static int cmd_niah(eval_env *e) {
                 }
                 free(ids);
             }
-    double secs = now() - t0;
+    double secs = dhsa_cli_now() - t0;
     const char *names[MAX_VAR];
     for (int v = 0; v < n_var; v++) names[v] = o->var[v].name;
     if (o->json) {
@@ -1581,7 +1589,7 @@ static int retrieval_hook(void *user, int64_t layer, const dhsa_attn_desc *a) {
 
 static char **read_lines(const char *path, int64_t *n_out, char **buf_out) {
     int64_t len;
-    char *text = read_file(path, &len);
+    char *text = read_text("--keywords", path, &len);
     int64_t cap = 1024, n = 0;
     char **l = xmalloc((size_t)cap * sizeof(char *));
     for (char *p = text, *e; p < text + len; p = e + 1) {
@@ -1593,7 +1601,7 @@ static char **read_lines(const char *path, int64_t *n_out, char **buf_out) {
         if (n == cap) {
             cap *= 2;
             char **nl = realloc(l, (size_t)cap * sizeof(char *));
-            if (!nl) die(EXIT_RUN, "out of memory");
+            if (!nl) dhsa_cli_die(EXIT_RUN, "out of memory");
             l = nl;
         }
         l[n++] = p;
@@ -1611,7 +1619,7 @@ static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
     int64_t flen = 0, n_kw = 0;
     const char *fill_name;
     if (o->filler_file) {
-        file_text = read_file(o->filler_file, &flen);
+        file_text = read_text("--filler", o->filler_file, &flen);
         fill_name = o->filler_file;
     } else {
         file_text = NULL; /* dhsa_task_build uses its built-in sentences */
@@ -1633,7 +1641,7 @@ static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
     size_t n_cells = (size_t)n_var * nD * nL;
     double *hits = calloc(n_cells, sizeof(double)), *dens = calloc(n_cells, sizeof(double));
     double *plen = calloc((size_t)nL, sizeof(double));
-    if (!hits || !dens || !plen) die(EXIT_RUN, "out of memory");
+    if (!hits || !dens || !plen) dhsa_cli_die(EXIT_RUN, "out of memory");
     float *lg = xmalloc((size_t)V * sizeof(float));
     int32_t *ans = xmalloc((size_t)cap_ans * sizeof(int32_t));
     char answer[4096];
@@ -1645,8 +1653,8 @@ static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
     rh.n_layer = NL;
     /* misses explained: per variant, misses where every layer selected the needle fully, partly, not at all */
     int64_t *miss_all = calloc((size_t)n_var * 3, sizeof(int64_t));
-    if (!miss_all) die(EXIT_RUN, "out of memory");
-    double t0 = now();
+    if (!miss_all) dhsa_cli_die(EXIT_RUN, "out of memory");
+    double t0 = dhsa_cli_now();
     if (o->json) {
         printf("{\"command\": \"%s\", \"model\": ", dhsa_task_kind_name(kind));
         json_str(stdout, o->model);
@@ -1669,7 +1677,7 @@ static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
                 tp.n_keywords = n_kw;
                 if (o->n_keys) tp.n_keys = (int)o->n_keys;
                 dhsa_task t;
-                if (dhsa_task_build(e->tok, &tp, &t)) die(EXIT_RUN, "%s", dhsa_last_error());
+                if (dhsa_task_build(e->tok, &tp, &t)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
                 plen[li] += (double)t.n_ids / (double)(o->trials * nD);
                 for (int v = 0; v < n_var; v++) {
                     const variant *va = &o->var[v];
@@ -1682,15 +1690,15 @@ static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
                     sp.layer_hook = retrieval_hook;
                     sp.layer_hook_user = &rh;
                     dhsa_session *s;
-                    if (dhsa_session_create(e->ctx, e->m, &sp, &s)) die(EXIT_RUN, "%s", dhsa_last_error());
-                    if (dhsa_session_eval(s, t.ids, t.n_ids, lg)) die(EXIT_RUN, "%s %s", dhsa_last_error(), acc.err);
+                    if (dhsa_session_create(e->ctx, e->m, &sp, &s)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+                    if (dhsa_session_eval(s, t.ids, t.n_ids, lg)) dhsa_cli_die(EXIT_RUN, "%s %s", dhsa_last_error(), acc.err);
                     int64_t na = 0;
                     while (na < cap_ans) {
                         int32_t next = (int32_t)argmax_f(lg, V);
                         if (next == eos) break;
                         ans[na++] = next;
                         if (na == cap_ans) break;
-                        if (dhsa_session_eval(s, &next, 1, lg)) die(EXIT_RUN, "%s", dhsa_last_error());
+                        if (dhsa_session_eval(s, &next, 1, lg)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
                     }
                     dhsa_session_free(s);
                     int64_t alen = 0;
@@ -1733,7 +1741,7 @@ static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
                 }
                 dhsa_task_free(&t);
             }
-    double secs = now() - t0;
+    double secs = dhsa_cli_now() - t0;
     const char *names[MAX_VAR];
     for (int v = 0; v < n_var; v++) names[v] = o->var[v].name;
     if (o->json) {
@@ -1813,19 +1821,20 @@ static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
 /* ---------------------------------------------------------------- main --- */
 
 int dhsa_cli_eval(int argc, char **argv) {
+    dhsa_cli_set_command("eval", "(see dhsa help eval)\n");
     if (argc < 3 || strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0) {
         fputs(dhsa_cli_eval_usage, argc < 3 ? stderr : stdout);
         fputs(dhsa_cli_eval_usage_tasks, argc < 3 ? stderr : stdout);
         return argc < 3 ? EXIT_USAGE : 0;
     }
     const char *sub = argv[2];
-    if (strcmp(sub, "fidelity") == 0) cur_cmd = "eval fidelity";
-    else if (strcmp(sub, "copy") == 0) cur_cmd = "eval copy";
-    else if (strcmp(sub, "niah") == 0) cur_cmd = "eval niah";
-    else if (strcmp(sub, "passkey") == 0) cur_cmd = "eval passkey";
-    else if (strcmp(sub, "multikey") == 0) cur_cmd = "eval multikey";
-    else if (strcmp(sub, "multivalue") == 0) cur_cmd = "eval multivalue";
-    else die(EXIT_USAGE, "unknown evaluation \"%s\": fidelity, copy, niah, passkey, multikey or multivalue", sub);
+    if (strcmp(sub, "fidelity") == 0) dhsa_cli_set_command("eval fidelity", "(see dhsa help eval)\n");
+    else if (strcmp(sub, "copy") == 0) dhsa_cli_set_command("eval copy", "(see dhsa help eval)\n");
+    else if (strcmp(sub, "niah") == 0) dhsa_cli_set_command("eval niah", "(see dhsa help eval)\n");
+    else if (strcmp(sub, "passkey") == 0) dhsa_cli_set_command("eval passkey", "(see dhsa help eval)\n");
+    else if (strcmp(sub, "multikey") == 0) dhsa_cli_set_command("eval multikey", "(see dhsa help eval)\n");
+    else if (strcmp(sub, "multivalue") == 0) dhsa_cli_set_command("eval multivalue", "(see dhsa help eval)\n");
+    else dhsa_cli_die(EXIT_USAGE, "unknown evaluation \"%s\": fidelity, copy, niah, passkey, multikey or multivalue", sub);
     eval_opts o;
     parse(argc, argv, &o, sub);
     dhsa_model_params mp = dhsa_model_default_params();
@@ -1833,13 +1842,14 @@ int dhsa_cli_eval(int argc, char **argv) {
     eval_env e;
     memset(&e, 0, sizeof e);
     e.o = &o;
-    if (dhsa_model_load(o.model, &mp, &e.m)) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (dhsa_model_load(o.model, &mp, &e.m)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     e.in = dhsa_model_get_info(e.m);
     e.tok = dhsa_model_tokenizer(e.m);
-    if (o.predictor_path && dhsa_predictor_load(o.predictor_path, &o.predictor)) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (o.predictor_path)
+        o.predictor = dhsa_cli_load_predictor(o.predictor_path, e.in->n_head_kv * e.in->head_dim_k, o.model);
     dhsa_ctx_params cp = dhsa_ctx_default_params();
     cp.n_threads = (int)o.threads;
-    if (dhsa_ctx_create(&cp, &e.ctx)) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (dhsa_ctx_create(&cp, &e.ctx)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     int rc;
     if (strcmp(sub, "fidelity") == 0) rc = cmd_fidelity(&e);
     else if (strcmp(sub, "copy") == 0) rc = cmd_copy(&e);

@@ -4,20 +4,23 @@
  * random weights write random text.
  * Presets: smollm-135m (SmolLM-135M's shape: 30 layers, n_embd 576, 9/3
  * heads of 64, n_ff 1536, vocab 49152, tied output), tiny (2 layers, 64).
- * Tested by tests/test_model.c (a tiny generated model loads and runs).
+ * Tested by tests/test_model.c (a tiny generated model loads and runs) and
+ * tests/test_cli_promises.c (the output path: checked first, replaced
+ * atomically under a reader, kept on a failed write).
  */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "dhsa.h"
 #include "model/quant.h"
 
-#define EXIT_RUN 1
-#define EXIT_USAGE 2
+#define EXIT_RUN DHSA_EXIT_RUN
+#define EXIT_USAGE DHSA_EXIT_USAGE
 
 const char dhsa_cli_gen_model_usage[] =
     "usage: dhsa gen-model -o OUT.gguf [--preset smollm-135m|tiny] [--type F32|F16|BF16|Q8_0|Q4_0|Q4_K|Q6_K]\n"
@@ -27,17 +30,11 @@ const char dhsa_cli_gen_model_usage[] =
     "Writes a GGUF model of the given shape with random weights (matrices\n"
     "~ N(0, 1/n_in), norms 1), a byte-level SentencePiece vocabulary padded\n"
     "with made-up tokens, for benchmarks (dhsa bench model, dhsa run).\n"
-    "Default preset smollm-135m (about 135 M parameters), type Q8_0.\n";
-
-static void die(int code, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "dhsa gen-model: ");
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    exit(code);
-}
+    "Default preset smollm-135m (about 135 M parameters), type Q8_0.\n"
+    "OUT.gguf is checked before any work (its folder must take a new file) and\n"
+    "written to a temporary beside it, renamed over OUT.gguf when complete: a\n"
+    "run that has the old file open keeps it, a failed write leaves it as it\n"
+    "was, and an existing file is replaced (the output says so; docs/files.md).\n";
 
 static uint64_t rng_state;
 static uint64_t next_u64(void) {
@@ -62,10 +59,10 @@ static void *keep(keep_list *k, size_t bytes) {
     if (k->n == k->cap) {
         k->cap = k->cap ? 2 * k->cap : 64;
         k->bufs = realloc(k->bufs, (size_t)k->cap * sizeof(void *));
-        if (!k->bufs) die(EXIT_RUN, "out of memory");
+        if (!k->bufs) dhsa_cli_die(EXIT_RUN, "out of memory");
     }
     void *p = malloc(bytes ? bytes : 1);
-    if (!p) die(EXIT_RUN, "out of memory (%zu bytes)", bytes);
+    if (!p) dhsa_cli_die(EXIT_RUN, "out of memory (%zu bytes)", bytes);
     k->bufs[k->n++] = p;
     return p;
 }
@@ -73,33 +70,26 @@ static void *keep(keep_list *k, size_t bytes) {
 static void add_matrix(dhsa_gguf_writer *w, keep_list *k, const char *name, uint32_t type, int64_t n_in,
                        int64_t n_out) {
     int64_t rb = dhsa__wt_row_bytes(type, n_in);
-    if (rb < 0) die(EXIT_USAGE, "%s: %lld values per row do not fit type %s", name, (long long)n_in,
+    if (rb < 0) dhsa_cli_die(EXIT_USAGE, "%s: %lld values per row do not fit type %s", name, (long long)n_in,
                     dhsa_ggml_type_name(type));
     char *data = keep(k, (size_t)(rb * n_out));
     float *row = malloc((size_t)n_in * sizeof(float));
-    if (!row) die(EXIT_RUN, "out of memory");
+    if (!row) dhsa_cli_die(EXIT_RUN, "out of memory");
     float sc = (float)(1.0 / sqrt((double)n_in));
     for (int64_t r = 0; r < n_out; r++) {
         for (int64_t i = 0; i < n_in; i++) row[i] = gauss() * sc;
-        if (dhsa__quantize_row(type, row, data + r * rb, n_in)) die(EXIT_RUN, "%s", dhsa_last_error());
+        if (dhsa__quantize_row(type, row, data + r * rb, n_in)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     }
     free(row);
     int64_t dims[2] = {n_in, n_out};
-    if (dhsa_gguf_writer_add_tensor(w, name, type, 2, dims, data, rb * n_out)) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (dhsa_gguf_writer_add_tensor(w, name, type, 2, dims, data, rb * n_out)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
 }
 
 static void add_vector(dhsa_gguf_writer *w, keep_list *k, const char *name, int64_t n, float base, float noise) {
     float *v = keep(k, (size_t)n * sizeof(float));
     for (int64_t i = 0; i < n; i++) v[i] = base + noise * gauss();
     int64_t dims[1] = {n};
-    if (dhsa_gguf_writer_add_tensor(w, name, DHSA_GGML_F32, 1, dims, v, n * 4)) die(EXIT_RUN, "%s", dhsa_last_error());
-}
-
-static int64_t num(const char *opt, const char *s, int64_t lo, int64_t hi) {
-    int64_t v;
-    char msg[256];
-    if (dhsa_cli_parse_int(opt, s, lo, hi, 1, &v, msg, sizeof msg)) die(EXIT_USAGE, "%s", msg);
-    return v;
+    if (dhsa_gguf_writer_add_tensor(w, name, DHSA_GGML_F32, 1, dims, v, n * 4)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
 }
 
 int dhsa_cli_gen_model(int argc, char **argv) {
@@ -107,13 +97,14 @@ int dhsa_cli_gen_model(int argc, char **argv) {
     int64_t E = 576, L = 30, H = 9, Hkv = 3, F = 1536, V = 49152, C = 32768;
     uint64_t seed = 1;
     uint32_t type = DHSA_GGML_Q8_0;
+    dhsa_cli_set_command("gen-model", NULL);
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             fputs(dhsa_cli_gen_model_usage, stdout);
             return 0;
         }
-        if (i + 1 >= argc) die(EXIT_USAGE, "%s needs a value (or is unknown)", a);
+        if (i + 1 >= argc) dhsa_cli_die(EXIT_USAGE, "%s needs a value (or is unknown)", a);
         const char *v = argv[++i];
         if (strcmp(a, "-o") == 0) out = v;
         else if (strcmp(a, "--preset") == 0) {
@@ -121,32 +112,33 @@ int dhsa_cli_gen_model(int argc, char **argv) {
                 E = 576; L = 30; H = 9; Hkv = 3; F = 1536; V = 49152; C = 32768;
             } else if (strcmp(v, "tiny") == 0) {
                 E = 64; L = 2; H = 4; Hkv = 2; F = 128; V = 512; C = 2048;
-            } else die(EXIT_USAGE, "unknown preset \"%s\" (smollm-135m, tiny)", v);
+            } else dhsa_cli_die(EXIT_USAGE, "unknown preset \"%s\" (smollm-135m, tiny)", v);
         } else if (strcmp(a, "--type") == 0) {
             uint32_t t;
             for (t = 0; t < 64; t++)
                 if (dhsa__wt_supported(t) && strcmp(dhsa_ggml_type_name(t), v) == 0) break;
-            if (t == 64) die(EXIT_USAGE, "--type: \"%s\" is not one of F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K", v);
+            if (t == 64) dhsa_cli_die(EXIT_USAGE, "--type: \"%s\" is not one of F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K", v);
             type = t;
         } else if (strcmp(a, "--arch") == 0) {
-            if (strcmp(v, "llama") && strcmp(v, "qwen2")) die(EXIT_USAGE, "--arch is llama or qwen2");
+            if (strcmp(v, "llama") && strcmp(v, "qwen2")) dhsa_cli_die(EXIT_USAGE, "--arch is llama or qwen2");
             arch = v;
-        } else if (strcmp(a, "--n-embd") == 0) E = num(a, v, 1, 1 << 16);
-        else if (strcmp(a, "--n-layer") == 0) L = num(a, v, 1, 1024);
-        else if (strcmp(a, "--n-head") == 0) H = num(a, v, 1, 1024);
-        else if (strcmp(a, "--n-head-kv") == 0) Hkv = num(a, v, 1, 1024);
-        else if (strcmp(a, "--n-ff") == 0) F = num(a, v, 1, 1 << 18);
-        else if (strcmp(a, "--vocab") == 0) V = num(a, v, 260, 1 << 20);
-        else if (strcmp(a, "--ctx") == 0) C = num(a, v, 1, (int64_t)1 << 31);
-        else if (strcmp(a, "--seed") == 0) seed = (uint64_t)num(a, v, 0, INT64_MAX);
-        else die(EXIT_USAGE, "unknown option \"%s\"", a);
+        } else if (strcmp(a, "--n-embd") == 0) E = dhsa_cli_int(a, v, 1, 1 << 16, 1);
+        else if (strcmp(a, "--n-layer") == 0) L = dhsa_cli_int(a, v, 1, 1024, 1);
+        else if (strcmp(a, "--n-head") == 0) H = dhsa_cli_int(a, v, 1, 1024, 1);
+        else if (strcmp(a, "--n-head-kv") == 0) Hkv = dhsa_cli_int(a, v, 1, 1024, 1);
+        else if (strcmp(a, "--n-ff") == 0) F = dhsa_cli_int(a, v, 1, 1 << 18, 1);
+        else if (strcmp(a, "--vocab") == 0) V = dhsa_cli_int(a, v, 260, 1 << 20, 1);
+        else if (strcmp(a, "--ctx") == 0) C = dhsa_cli_int(a, v, 1, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "--seed") == 0) seed = (uint64_t)dhsa_cli_int(a, v, 0, INT64_MAX, 1);
+        else dhsa_cli_die(EXIT_USAGE, "unknown option \"%s\"", a);
     }
-    if (!out) die(EXIT_USAGE, "-o OUT.gguf is required");
-    if (E % H || H % Hkv) die(EXIT_USAGE, "n_embd %% n_head and n_head %% n_head_kv must be 0");
+    if (!out) dhsa_cli_die(EXIT_USAGE, "-o OUT.gguf is required");
+    dhsa_cli_check_output("-o", out); /* before the weights are made */
+    if (E % H || H % Hkv) dhsa_cli_die(EXIT_USAGE, "n_embd %% n_head and n_head %% n_head_kv must be 0");
     rng_state = seed;
     const int64_t hd = E / H;
     dhsa_gguf_writer *w;
-    if (dhsa_gguf_writer_create(&w)) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (dhsa_gguf_writer_create(&w)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     keep_list k = {0};
     char key[128];
 #define KEY(s) (snprintf(key, sizeof key, "%s.%s", arch, s), key)
@@ -205,12 +197,14 @@ int dhsa_cli_gen_model(int argc, char **argv) {
         add_matrix(w, &k, NAME("ffn_down.weight"), type, F, E);
 #undef NAME
     }
-    if (dhsa_gguf_writer_write_file(w, out)) die(EXIT_RUN, "%s", dhsa_last_error());
+    /* a temporary renamed over out: a reader of the old file keeps it */
+    int replacing = access(out, F_OK) == 0;
+    if (dhsa_gguf_writer_write_file(w, out)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     size_t bytes = 0;
     dhsa_gguf_writer_size(w, &bytes);
-    printf("wrote %s: %s, %lld layers, n_embd %lld, heads %lld/%lld, n_ff %lld, vocab %lld, %s, %.1f MiB\n", out, arch,
-           (long long)L, (long long)E, (long long)H, (long long)Hkv, (long long)F, (long long)V,
-           dhsa_ggml_type_name(type), (double)bytes / 1048576.0);
+    printf("wrote %s%s: %s, %lld layers, n_embd %lld, heads %lld/%lld, n_ff %lld, vocab %lld, %s, %.1f MiB\n", out,
+           replacing ? " (replacing the file that was there)" : "", arch, (long long)L, (long long)E, (long long)H,
+           (long long)Hkv, (long long)F, (long long)V, dhsa_ggml_type_name(type), (double)bytes / 1048576.0);
     dhsa_gguf_writer_free(w);
     for (int i = 0; i < k.n; i++) free(k.bufs[i]);
     free(k.bufs);

@@ -18,8 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define EXIT_RUN 1
-#define EXIT_USAGE 2
+#define EXIT_RUN DHSA_EXIT_RUN
+#define EXIT_USAGE DHSA_EXIT_USAGE
 #define STR_SHOWN 64     /* bytes of a string value shown */
 #define ELEM_STR_SHOWN 24 /* bytes of a string array element shown */
 
@@ -40,13 +40,6 @@ const char dhsa_cli_inspect_usage[] =
     "  --help            this text\n"
     "\n"
     "Exit status: 0 listed, 1 the file is unreadable or malformed, 2 usage.\n";
-
-static int inspect_usage_error(const char *fmt, const char *arg) {
-    fprintf(stderr, "dhsa inspect: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n\n%s", dhsa_cli_inspect_usage);
-    return EXIT_USAGE;
-}
 
 /* A string, quoted, with C escapes for quotes, backslashes and control
  * bytes (UTF-8 is printed as is); cut after max bytes (0 = never). */
@@ -226,6 +219,7 @@ static void print_llama2c_header(const char *path, const dhsa_llama2c_config *c)
 }
 
 int dhsa_cli_inspect(int argc, char **argv) {
+    dhsa_cli_set_command("inspect", dhsa_cli_inspect_usage);
     const char *file = NULL, *tok = NULL;
     int64_t n_shown = 8;
     for (int i = 2; i < argc; i++) {
@@ -241,24 +235,24 @@ int dhsa_cli_inspect(int argc, char **argv) {
             const char *eq = strchr(a, '=');
             if (eq) val = eq + 1;
             else if (i + 1 < argc) val = argv[++i];
-            else return inspect_usage_error("%s needs a value", a);
+            else dhsa_cli_die(EXIT_USAGE, "%s needs a value", a);
         }
         if (is_tok) {
-            if (tok) return inspect_usage_error("%s is given twice", "--tokenizer");
+            if (tok) dhsa_cli_die(EXIT_USAGE, "%s is given twice", "--tokenizer");
             tok = val;
         } else if (is_el) {
             char msg[256];
             if (dhsa_cli_parse_int("--elements", val, 0, INT64_MAX, 0, &n_shown, msg, sizeof msg))
-                return inspect_usage_error("%s", msg);
+                dhsa_cli_die(EXIT_USAGE, "%s", msg);
         } else if (a[0] == '-' && a[1]) {
-            return inspect_usage_error("unknown option \"%s\"", a);
+            dhsa_cli_die(EXIT_USAGE, "unknown option \"%s\"", a);
         } else if (file) {
-            return inspect_usage_error("unexpected argument \"%s\" (one file at a time)", a);
+            dhsa_cli_die(EXIT_USAGE, "unexpected argument \"%s\" (one file at a time)", a);
         } else {
             file = a;
         }
     }
-    if (!file) return inspect_usage_error("%s", "which file? (dhsa inspect FILE)");
+    if (!file) dhsa_cli_die(EXIT_USAGE, "%s", "which file? (dhsa inspect FILE)");
 
     unsigned char magic[4] = {0};
     FILE *f = fopen(file, "rb");

@@ -31,54 +31,20 @@ const char dhsa_cli_bench_matmul_usage[] =
     "            worst-case bound of each summation order); a failure exits 1\n"
     "            and prints no timing\n"
     "  ms        median of --runs timed calls after one warm-up\n"
-    "  GFLOP/s   2 * n_in * n_out * tok / median time; %% peak is the median\n"
+    "  GFLOP/s   2 * n_in * n_out * tok / median time; % peak is the median\n"
     "            over the calls of (the call's GFLOP/s / the fp32 FMA peak measured\n"
     "            with the same threads right after it (after every runs/20-th call\n"
     "            when there are more than 20), so that a machine shared with other\n"
     "            work moves both sides alike\n"
     "  W GB/s    (tok <= 8) weight bytes / time; read GB/s is a plain read of\n"
     "            the same weight buffer with the same threads right after each\n"
-    "            call, and %% read the median of the per-call ratios (not shown\n"
+    "            call, and % read the median of the per-call ratios (not shown\n"
     "            below 1 MiB, where the read mostly times waking the threads)\n"
     "Defaults: --type all, --n-in 4096, --n-out 4096, --tok 1, --runs 7,\n"
     "threads = online CPUs. Sizes accept K/M suffixes (--n-out 11008).\n";
 
-#define EXIT_RUN 1
-#define EXIT_USAGE 2
-
-static void die(int code, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "dhsa bench matmul: ");
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    if (code == EXIT_USAGE) fprintf(stderr, "(see dhsa bench matmul --help)\n");
-    exit(code);
-}
-
-static int64_t parse_i64(const char *opt, const char *s, int64_t lo, int64_t hi) {
-    int64_t v;
-    char msg[256];
-    if (dhsa_cli_parse_int(opt, s, lo, hi, 1, &v, msg, sizeof msg)) die(EXIT_USAGE, "%s", msg);
-    return v;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+#define EXIT_RUN DHSA_EXIT_RUN
+#define EXIT_USAGE DHSA_EXIT_USAGE
 
 static uint64_t splitmix(uint64_t *s) {
     uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
@@ -143,18 +109,18 @@ static double check_rows(dhsa_ctx *ctx, const dhsa_wmat *W, int64_t r0, int64_t 
     S.data = (const uint8_t *)W->data + r0 * W->row_bytes;
     S.n_out = nr;
     float *ys = malloc((size_t)(tok * nr) * sizeof(float)), *w = malloc((size_t)W->n_in * sizeof(float));
-    if (!ys || !w) die(EXIT_RUN, "out of memory");
+    if (!ys || !w) dhsa_cli_die(EXIT_RUN, "out of memory");
     dhsa_set_isa(DHSA_ISA_SCALAR);
     dhsa_status st = dhsa__matmul(ctx, &S, x, W->n_in, tok, ys, nr);
     dhsa_set_isa(isa);
-    if (st != DHSA_OK) die(EXIT_RUN, "scalar reference: %s", dhsa_last_error());
+    if (st != DHSA_OK) dhsa_cli_die(EXIT_RUN, "scalar reference: %s", dhsa_last_error());
     /* both orders are within gamma_D sum |w x| of the exact sum (quant.h,
      * tests/test_quant.c), so they are within twice that of each other */
     const double u = 0x1p-24;
     const int depth = DHSA_QK_KC / 8 + 3 + (int)((W->n_in + DHSA_QK_KC - 1) / DHSA_QK_KC) + 1;
     double worst = 0.0;
     for (int64_t o = 0; o < nr; o++) {
-        if (dhsa__wmat_row(&S, o, w) != DHSA_OK) die(EXIT_RUN, "%s", dhsa_last_error());
+        if (dhsa__wmat_row(&S, o, w) != DHSA_OK) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
         for (int64_t t = 0; t < tok; t++) {
             double a = 0.0;
             for (int64_t i = 0; i < W->n_in; i++) a += fabs((double)w[i] * x[t * W->n_in + i]);
@@ -177,29 +143,30 @@ static const uint32_t all_types[] = {DHSA_GGML_F32,  DHSA_GGML_F16,  DHSA_GGML_B
                                      DHSA_GGML_Q4_0, DHSA_GGML_Q4_K, DHSA_GGML_Q6_K};
 
 int dhsa_cli_bench_matmul(int argc, char **argv) {
+    dhsa_cli_set_command("bench matmul", "(see dhsa bench matmul --help)\n");
     int64_t n_in = 4096, n_out = 4096, tok = 1, seed = 1;
     int threads = 0, runs = 7, isa = -1, corrupt = 0;
     const char *type_arg = "all";
     for (int i = 3; i < argc; i++) {
         const char *o = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-#define OPT(name) (strcmp(o, name) == 0 && (val || (die(EXIT_USAGE, "%s needs a value", name), 0)) && ++i)
+#define OPT(name) (strcmp(o, name) == 0 && (val || (dhsa_cli_die(EXIT_USAGE, "%s needs a value", name), 0)) && ++i)
         if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0) {
             fputs(dhsa_cli_bench_matmul_usage, stdout);
             return 0;
         } else if (strcmp(o, "--corrupt") == 0) corrupt = 1; /* test hook: one wrong output before the check */
         else if (OPT("--type")) type_arg = val;
-        else if (OPT("--n-in")) n_in = parse_i64(o, val, 1, (int64_t)1 << 20);
-        else if (OPT("--n-out")) n_out = parse_i64(o, val, 1, (int64_t)1 << 24);
-        else if (OPT("--tok")) tok = parse_i64(o, val, 1, 1 << 16);
-        else if (OPT("--threads")) threads = (int)parse_i64(o, val, 1, 1024);
-        else if (OPT("--runs")) runs = (int)parse_i64(o, val, 1, 100000);
-        else if (OPT("--seed")) seed = parse_i64(o, val, 0, INT64_MAX);
+        else if (OPT("--n-in")) n_in = dhsa_cli_int(o, val, 1, (int64_t)1 << 20, 1);
+        else if (OPT("--n-out")) n_out = dhsa_cli_int(o, val, 1, (int64_t)1 << 24, 1);
+        else if (OPT("--tok")) tok = dhsa_cli_int(o, val, 1, 1 << 16, 1);
+        else if (OPT("--threads")) threads = (int)dhsa_cli_int(o, val, 1, 1024, 1);
+        else if (OPT("--runs")) runs = (int)dhsa_cli_int(o, val, 1, 100000, 1);
+        else if (OPT("--seed")) seed = dhsa_cli_int(o, val, 0, INT64_MAX, 1);
         else if (OPT("--isa")) {
             if (strcmp(val, "scalar") == 0) isa = DHSA_ISA_SCALAR;
             else if (strcmp(val, "avx2") == 0) isa = DHSA_ISA_AVX2;
             else if (strcmp(val, "avx512") == 0) isa = DHSA_ISA_AVX512;
-            else die(EXIT_USAGE, "--isa: \"%s\" is not scalar, avx2 or avx512", val);
-        } else die(EXIT_USAGE, "unknown option \"%s\"", o);
+            else dhsa_cli_die(EXIT_USAGE, "--isa: \"%s\" is not scalar, avx2 or avx512", val);
+        } else dhsa_cli_die(EXIT_USAGE, "unknown option \"%s\"", o);
 #undef OPT
     }
     uint32_t types[7];
@@ -208,7 +175,7 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
         if (!all && strcmp(type_arg, dhsa_ggml_type_name(all_types[k])) != 0) continue;
         if (n_in % dhsa__wt_block(all_types[k])) {
             if (!all)
-                die(EXIT_USAGE, "--n-in %lld is not a multiple of the %s block (%lld)", (long long)n_in,
+                dhsa_cli_die(EXIT_USAGE, "--n-in %lld is not a multiple of the %s block (%lld)", (long long)n_in,
                     dhsa_ggml_type_name(all_types[k]), (long long)dhsa__wt_block(all_types[k]));
             printf("(%s skipped: --n-in %lld is not a multiple of its block of %lld)\n",
                    dhsa_ggml_type_name(all_types[k]), (long long)n_in, (long long)dhsa__wt_block(all_types[k]));
@@ -217,25 +184,25 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
         types[n_types++] = all_types[k];
     }
     if (!n_types && !all)
-        die(EXIT_USAGE, "--type: \"%s\" is not F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K or all", type_arg);
-    if (!n_types) die(EXIT_USAGE, "no type has a block dividing --n-in %lld", (long long)n_in);
-    if (isa >= 0 && dhsa_set_isa((dhsa_isa)isa) != DHSA_OK) die(EXIT_RUN, "%s", dhsa_last_error());
+        dhsa_cli_die(EXIT_USAGE, "--type: \"%s\" is not F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K or all", type_arg);
+    if (!n_types) dhsa_cli_die(EXIT_USAGE, "no type has a block dividing --n-in %lld", (long long)n_in);
+    if (isa >= 0 && dhsa_set_isa((dhsa_isa)isa) != DHSA_OK) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
 
     dhsa_ctx_params cp = dhsa_ctx_default_params();
     cp.n_threads = threads;
     dhsa_ctx *ctx;
-    if (dhsa_ctx_create(&cp, &ctx) != DHSA_OK) die(EXIT_RUN, "dhsa_ctx_create: %s", dhsa_last_error());
+    if (dhsa_ctx_create(&cp, &ctx) != DHSA_OK) dhsa_cli_die(EXIT_RUN, "dhsa_ctx_create: %s", dhsa_last_error());
     threads = dhsa_ctx_n_threads(ctx);
     const int bw = tok <= 8;
 
     float *x = dhsa_buffer_alloc((size_t)(tok * n_in) * sizeof(float));
     float *y = dhsa_buffer_alloc((size_t)(tok * n_out) * sizeof(float));
-    if (!x || !y) die(EXIT_RUN, "out of memory for x and y");
+    if (!x || !y) dhsa_cli_die(EXIT_RUN, "out of memory for x and y");
     uint64_t s = (uint64_t)seed * 7919u + 17u;
     for (int64_t i = 0; i < tok * n_in; i++) x[i] = (float)((double)(splitmix(&s) >> 11) * 0x1p-52 - 1.0);
 
     double peak = dhsa_peak_fma_gflops(ctx, threads, 0.3);
-    if (!(peak > 0.0)) die(EXIT_RUN, "measuring the FMA peak failed: %s", dhsa_last_error());
+    if (!(peak > 0.0)) dhsa_cli_die(EXIT_RUN, "measuring the FMA peak failed: %s", dhsa_last_error());
     printf("dhsa bench matmul: isa %s, %d thread%s, n_in %lld, n_out %lld, tok %lld, %d runs\n",
            dhsa_isa_name(dhsa_active_isa()), threads, threads > 1 ? "s" : "", (long long)n_in, (long long)n_out,
            (long long)tok, runs);
@@ -246,7 +213,7 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
         double mib, ms, gflops, peak_share, wgbps, rdgbps, rdshare, check;
         int fused;
     } res[7];
-    if (!t || !tr || !ratio || !pk) die(EXIT_RUN, "out of memory");
+    if (!t || !tr || !ratio || !pk) dhsa_cli_die(EXIT_RUN, "out of memory");
     int rc = 0;
     for (int ti = 0; ti < n_types; ti++) {
         dhsa_wmat W;
@@ -256,14 +223,14 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
         W.row_bytes = dhsa__wt_row_bytes(W.type, n_in);
         size_t wbytes = (size_t)(W.row_bytes * n_out);
         uint8_t *wd = dhsa_buffer_alloc(wbytes);
-        if (!wd) die(EXIT_RUN, "out of memory for %zu bytes of weights", wbytes);
+        if (!wd) dhsa_cli_die(EXIT_RUN, "out of memory for %zu bytes of weights", wbytes);
         fill_weights(W.type, wd, n_out, W.row_bytes, (uint64_t)seed + (uint64_t)ti);
         W.data = wd;
         const char *tn = dhsa_ggml_type_name(W.type);
 
         /* 1. correctness first */
         dhsa_status st = dhsa__matmul(ctx, &W, x, n_in, tok, y, n_out);
-        if (st != DHSA_OK) die(EXIT_RUN, "%s: %s", tn, dhsa_last_error());
+        if (st != DHSA_OK) dhsa_cli_die(EXIT_RUN, "%s: %s", tn, dhsa_last_error());
         if (corrupt) y[(tok - 1) * n_out + n_out - 1] += 1.0f;
         int64_t wt = -1, wo = -1, nr = n_out < 64 ? n_out : 64;
         double worst = check_rows(ctx, &W, 0, nr, x, tok, y, n_out, &wt, &wo);
@@ -292,33 +259,33 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
         float *wf = (float *)wd;
         size_t nf = wbytes / 4;
         for (int r = 0; r < runs; r++) {
-            double t0 = now_s();
+            double t0 = dhsa_cli_now();
             st = dhsa__matmul(ctx, &W, x, n_in, tok, y, n_out);
-            t[r] = now_s() - t0;
-            if (st != DHSA_OK) die(EXIT_RUN, "%s: %s", tn, dhsa_last_error());
+            t[r] = dhsa_cli_now() - t0;
+            if (st != DHSA_OK) dhsa_cli_die(EXIT_RUN, "%s: %s", tn, dhsa_last_error());
             /* the peak after each call; with many short calls, after every
              * (runs/20)-th, the calls between using the latest */
             if (r % (runs / 20 + 1) == 0) {
                 p_last = dhsa_peak_fma_gflops(ctx, threads, 0.03);
-                if (!(p_last > 0.0)) die(EXIT_RUN, "measuring the FMA peak failed: %s", dhsa_last_error());
+                if (!(p_last > 0.0)) dhsa_cli_die(EXIT_RUN, "measuring the FMA peak failed: %s", dhsa_last_error());
                 if (p_last > peak) peak = p_last;
             }
             pk[r] = flops / t[r] * 1e-9 / p_last;
             if (bw) {
                 const float *bufs[1] = {wf};
                 tr[r] = dhsa_peak_read_buffers_s(ctx, threads, bufs, &nf, 1);
-                if (!(tr[r] > 0.0)) die(EXIT_RUN, "plain read: %s", dhsa_last_error());
+                if (!(tr[r] > 0.0)) dhsa_cli_die(EXIT_RUN, "plain read: %s", dhsa_last_error());
                 ratio[r] = tr[r] / t[r];
             }
         }
-        double med = median(t, runs);
+        double med = dhsa_cli_median(t, runs);
         res[ti].mib = (double)wbytes / 1048576.0;
         res[ti].ms = med * 1e3;
         res[ti].gflops = flops / med * 1e-9;
-        res[ti].peak_share = median(pk, runs);
+        res[ti].peak_share = dhsa_cli_median(pk, runs);
         res[ti].wgbps = (double)wbytes / med * 1e-9;
-        res[ti].rdgbps = bw ? (double)wbytes / median(tr, runs) * 1e-9 : 0.0;
-        res[ti].rdshare = bw ? median(ratio, runs) : 0.0;
+        res[ti].rdgbps = bw ? (double)wbytes / dhsa_cli_median(tr, runs) * 1e-9 : 0.0;
+        res[ti].rdshare = bw ? dhsa_cli_median(ratio, runs) : 0.0;
         res[ti].check = worst;
         res[ti].fused = dhsa__matmul_fused(W.type, tok);
         dhsa_buffer_free(wd);

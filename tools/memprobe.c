@@ -27,8 +27,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#define EXIT_RUN 1
-#define EXIT_USAGE 2
+#define EXIT_RUN DHSA_EXIT_RUN
+#define EXIT_USAGE DHSA_EXIT_USAGE
 #define MAX_SIZES 256
 #define MAX_REPEAT 100
 
@@ -90,39 +90,8 @@ const char dhsa_cli_memprobe_usage[] =
 
 static const char *cmd_name = "dhsa memprobe";
 
-static void usage_error(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "%s: ", cmd_name);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "\n\n%s", dhsa_cli_memprobe_usage);
-    exit(EXIT_USAGE);
-}
-
-/* A whole-text integer in [min, max], with an optional K/M/G/T suffix
- * (powers of 1024) when `suffix`; anything else is a usage error naming opt. */
-static int64_t parse_int(const char *opt, const char *s, int64_t min, int64_t max, int suffix) {
-    int64_t v;
-    char msg[256];
-    if (dhsa_cli_parse_int(opt, s, min, max, suffix, &v, msg, sizeof msg)) usage_error("%s", msg);
-    return v;
-}
-
-static double parse_real(const char *opt, const char *s, double min, double max) {
-    double v;
-    char msg[256];
-    if (dhsa_cli_parse_real(opt, s, min, max, &v, msg, sizeof msg)) usage_error("%s", msg);
-    return v;
-}
-
 static int cmp_i64(const void *a, const void *b) {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
@@ -134,20 +103,20 @@ static int parse_sizes(const char *s, int64_t *out) {
     for (;;) {
         const char *comma = strchr(p, ',');
         size_t len = comma ? (size_t)(comma - p) : strlen(p);
-        if (len >= sizeof item) usage_error("--sizes: \"%.*s\" is too long", (int)len, p);
+        if (len >= sizeof item) dhsa_cli_die(EXIT_USAGE, "--sizes: \"%.*s\" is too long", (int)len, p);
         memcpy(item, p, len);
         item[len] = '\0';
-        if (k == MAX_SIZES) usage_error("--sizes: more than %d sizes", MAX_SIZES);
-        out[k++] = parse_int("--sizes", item, 1, (int64_t)1 << 40, 1);
+        if (k == MAX_SIZES) dhsa_cli_die(EXIT_USAGE, "--sizes: more than %d sizes", MAX_SIZES);
+        out[k++] = dhsa_cli_int("--sizes", item, 1, (int64_t)1 << 40, 1);
         if (!comma) break;
         p = comma + 1;
     }
     qsort(out, (size_t)k, sizeof *out, cmp_i64);
     for (int i = 1; i < k; i++)
         if (out[i] == out[i - 1])
-            usage_error("--sizes: %lld is given twice", (long long)out[i]);
+            dhsa_cli_die(EXIT_USAGE, "--sizes: %lld is given twice", (long long)out[i]);
     if (k < 3)
-        usage_error("--sizes: need at least 3 distinct sizes to fit a*n^2 + b*n + c (got %d)", k);
+        dhsa_cli_die(EXIT_USAGE, "--sizes: need at least 3 distinct sizes to fit a*n^2 + b*n + c (got %d)", k);
     return k;
 }
 
@@ -163,33 +132,12 @@ static char **split_words(const char *s, char **storage) {
     }
     memcpy(copy, s, len + 1);
     for (char *t = strtok(copy, " \t"); t; t = strtok(NULL, " \t")) words[n++] = t;
-    if (n == 0) usage_error("--baseline: the command is empty");
+    if (n == 0) dhsa_cli_die(EXIT_USAGE, "--baseline: the command is empty");
     *storage = copy;
     return words;
 }
 
 /* ------------------------------------------------------------- output --- */
-
-/* "17.6 MiB", "-312 KiB": binary units. */
-static const char *fmt_bytes(char *buf, size_t cap, double b) {
-    static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-    if (!isfinite(b)) {
-        snprintf(buf, cap, "-");
-        return buf;
-    }
-    const char *sign = b < 0 ? "-" : "";
-    b = fabs(b);
-    int u = 0;
-    while (b >= 1024.0 && u < 5) {
-        b /= 1024.0;
-        u++;
-    }
-    if (u == 0)
-        snprintf(buf, cap, "%s%.0f B", sign, b);
-    else
-        snprintf(buf, cap, "%s%.*f %s", sign, b < 10 ? 2 : b < 100 ? 1 : 0, b, unit[u]);
-    return buf;
-}
 
 /* Appends to a NUL-terminated buffer of cap bytes; cuts what does not fit. */
 #if defined(__GNUC__)
@@ -337,7 +285,7 @@ static void measure_size(char *const *argv_tmpl, int64_t n, const probe_opts *o,
         rr->wall = r.wall_s;
         if (!o->quiet)
             fprintf(stderr, "%s: %s: peak %s, %.3f s, %s\n", cmd_name, what,
-                    fmt_bytes(b1, sizeof b1, rr->peak), rr->wall,
+                    dhsa_cli_bytes(rr->peak, b1, sizeof b1), rr->wall,
                     r.state == DHSA_MEMPROBE_SIGNAL ? dhsa_memprobe_signal_name(r.signal)
                                                     : dhsa_memprobe_state_name(r.state));
         if (r.state != DHSA_MEMPROBE_OK) {
@@ -360,7 +308,7 @@ static void measure_size(char *const *argv_tmpl, int64_t n, const probe_opts *o,
                 snprintf(how, sizeof how, "timed out after %g s (ended by %s)", o->rp.timeout_s,
                          dhsa_memprobe_signal_name(r.signal));
             fprintf(stderr, "%s: %s %s (peak until then %s)%s\n", cmd_name, what, how,
-                    fmt_bytes(b2, sizeof b2, rr->peak),
+                    dhsa_cli_bytes(rr->peak, b2, sizeof b2),
                     o->quiet && len ? "; its last output:" : "");
             if (o->quiet && len) {
                 fprintf(stderr, "%s%s", r.tail_truncated ? "[...]" : "", r.tail);
@@ -381,11 +329,8 @@ static void measure_size(char *const *argv_tmpl, int64_t n, const probe_opts *o,
             pk[i] = s->runs[i].peak;
             wl[i] = s->runs[i].wall;
         }
-        qsort(pk, (size_t)s->n_runs, sizeof *pk, cmp_double);
-        qsort(wl, (size_t)s->n_runs, sizeof *wl, cmp_double);
-        int h = s->n_runs / 2;
-        s->peak = s->n_runs % 2 ? pk[h] : 0.5 * (pk[h - 1] + pk[h]);
-        s->wall = s->n_runs % 2 ? wl[h] : 0.5 * (wl[h - 1] + wl[h]);
+        s->peak = dhsa_cli_median(pk, s->n_runs);
+        s->wall = dhsa_cli_median(wl, s->n_runs);
         int best = 0;
         for (int i = 1; i < s->n_runs; i++)
             if (fabs(s->runs[i].peak - s->peak) < fabs(s->runs[best].peak - s->peak)) best = i;
@@ -412,7 +357,7 @@ static int write_svg(const char *path, char *const *cmd, const size_rec *sz, int
         snprintf(sub, sizeof sub,
                  "%s: a = %.4g B per n^2, b = %.4g B per n, c = %s; slope %.2f%s",
                  dhsa_memprobe_verdict_name(an->verdict), an->a, an->b,
-                 fmt_bytes(cb, sizeof cb, an->c), an->slope,
+                 dhsa_cli_bytes(an->c, cb, sizeof cb), an->slope,
                  failed ? "; failed sizes not shown" : "");
     else
         snprintf(sub, sizeof sub, "no fit: %s", an->reason);
@@ -451,6 +396,7 @@ static int write_svg(const char *path, char *const *cmd, const size_rec *sz, int
 /* ---------------------------------------------------------------- main --- */
 
 int dhsa_cli_memprobe(int argc, char **argv) {
+    dhsa_cli_set_command("memprobe", dhsa_cli_memprobe_usage);
     int64_t sizes[MAX_SIZES] = {1024, 2048, 4096, 8192};
     int n_sizes = 4;
     probe_opts o;
@@ -477,46 +423,47 @@ int dhsa_cli_memprobe(int argc, char **argv) {
         const char *eq = strchr(a, '=');
         char name[32];
         size_t nl = eq ? (size_t)(eq - a) : strlen(a);
-        if (nl >= sizeof name) usage_error("unknown option \"%s\"", a);
+        if (nl >= sizeof name) dhsa_cli_die(EXIT_USAGE, "unknown option \"%s\"", a);
         memcpy(name, a, nl);
         name[nl] = '\0';
         int is_flag = strcmp(name, "--json") == 0 || strcmp(name, "--quiet") == 0;
         const char *val = NULL;
         if (is_flag) {
-            if (eq) usage_error("%s takes no value", name);
+            if (eq) dhsa_cli_die(EXIT_USAGE, "%s takes no value", name);
         } else if (eq) {
             val = eq + 1;
         } else if (strcmp(name, "--sizes") == 0 || strcmp(name, "--repeat") == 0 ||
                    strcmp(name, "--timeout") == 0 || strcmp(name, "--grace") == 0 ||
                    strcmp(name, "--baseline") == 0 || strcmp(name, "--budget") == 0 ||
                    strcmp(name, "--svg") == 0) {
-            if (i + 1 >= argc) usage_error("%s needs a value", name);
+            if (i + 1 >= argc) dhsa_cli_die(EXIT_USAGE, "%s needs a value", name);
             val = argv[++i];
         }
         if (strcmp(name, "--json") == 0) json = 1;
         else if (strcmp(name, "--quiet") == 0) o.quiet = 1;
         else if (strcmp(name, "--sizes") == 0) n_sizes = parse_sizes(val, sizes);
         else if (strcmp(name, "--repeat") == 0)
-            o.repeat = (int)parse_int("--repeat", val, 1, MAX_REPEAT, 0);
+            o.repeat = (int)dhsa_cli_int("--repeat", val, 1, MAX_REPEAT, 0);
         else if (strcmp(name, "--timeout") == 0)
-            o.rp.timeout_s = parse_real("--timeout", val, 0.0, 1e7);
+            o.rp.timeout_s = dhsa_cli_real("--timeout", val, 0.0, 1e7);
         else if (strcmp(name, "--grace") == 0)
-            o.rp.grace_s = parse_real("--grace", val, 0.0, 3600.0);
+            o.rp.grace_s = dhsa_cli_real("--grace", val, 0.0, 3600.0);
         else if (strcmp(name, "--baseline") == 0) baseline_text = val;
         else if (strcmp(name, "--budget") == 0)
-            budget = (double)parse_int("--budget", val, 1, (int64_t)1 << 60, 1);
+            budget = (double)dhsa_cli_int("--budget", val, 1, (int64_t)1 << 60, 1);
         else if (strcmp(name, "--svg") == 0) {
-            if (!val[0]) usage_error("--svg needs a file name");
+            if (!val[0]) dhsa_cli_die(EXIT_USAGE, "--svg needs a file name");
+            dhsa_cli_check_output("--svg", val); /* before the runs */
             svg = val;
         } else
-            usage_error("unknown option \"%s\"", a);
+            dhsa_cli_die(EXIT_USAGE, "unknown option \"%s\"", a);
     }
-    if (i >= argc) usage_error("no command given (put it after --)");
+    if (i >= argc) dhsa_cli_die(EXIT_USAGE, "no command given (put it after --)");
     char **cmd = argv + i; /* NULL-terminated: argv[argc] is NULL */
     int has_n = 0;
     for (int j = 0; cmd[j]; j++) has_n |= strstr(cmd[j], "{n}") != NULL;
     if (!has_n)
-        usage_error("the command has no \"{n}\" in its arguments: every size would run the "
+        dhsa_cli_die(EXIT_USAGE, "the command has no \"{n}\" in its arguments: every size would run the "
                     "same thing");
     const char *budget_src = "--budget";
     if (isnan(budget)) {
@@ -724,7 +671,7 @@ int dhsa_cli_memprobe(int argc, char **argv) {
                "B per n^2", "wall s", "status");
         if (baseline_text)
             printf("  %10s %11s %13s %11s %11s %9.3f  %s\n", "baseline",
-                   fmt_bytes(b1, sizeof b1, base.peak), "", "", "", base.wall,
+                   dhsa_cli_bytes(base.peak, b1, sizeof b1), "", "", "", base.wall,
                    status_text(b3, sizeof b3, &base));
         for (int k = 0; k < n_sizes; k++) {
             const size_rec *s = &sz[k];
@@ -737,17 +684,17 @@ int dhsa_cli_memprobe(int argc, char **argv) {
             }
             if (isfinite(s->wall)) snprintf(wall, sizeof wall, "%.3f", s->wall);
             printf("  %10lld %11s %13s %11s %11s %9s  %s\n", (long long)s->n,
-                   fmt_bytes(b1, sizeof b1, s->peak),
-                   in_fit ? fmt_bytes(b2, sizeof b2, above) : "-", pn, pn2, wall,
+                   dhsa_cli_bytes(s->peak, b1, sizeof b1),
+                   in_fit ? dhsa_cli_bytes(above, b2, sizeof b2) : "-", pn, pn2, wall,
                    status_text(b3, sizeof b3, s));
         }
         printf("\n");
         if (base_ok)
             printf("  %-9s %s: median peak of the --baseline command\n", "baseline",
-                   fmt_bytes(b1, sizeof b1, base.peak));
+                   dhsa_cli_bytes(base.peak, b1, sizeof b1));
         else if (an.fitted)
             printf("  %-9s %s: the fitted constant c (%s)\n", "baseline",
-                   fmt_bytes(b1, sizeof b1, an.c),
+                   dhsa_cli_bytes(an.c, b1, sizeof b1),
                    baseline_text ? "the --baseline command failed" : "no --baseline command");
         if (an.fitted) {
             printf("  %-9s peak = %.6g * n^2 %c %.6g * n %c %.6g bytes\n", "fit", an.a,
@@ -771,13 +718,13 @@ int dhsa_cli_memprobe(int argc, char **argv) {
         if (an.fitted && isfinite(budget)) {
             if (isinf(max_n) && an.verdict == DHSA_MEMPROBE_CONSTANT)
                 printf("  %-9s the peak does not grow with n: any n fits within %s (%s)\n",
-                       "budget", fmt_bytes(b1, sizeof b1, budget), budget_src);
+                       "budget", dhsa_cli_bytes(budget, b1, sizeof b1), budget_src);
             else if (isinf(max_n))
                 printf("  %-9s the fitted peak never reaches %s (%s)\n", "budget",
-                       fmt_bytes(b1, sizeof b1, budget), budget_src);
+                       dhsa_cli_bytes(budget, b1, sizeof b1), budget_src);
             else
                 printf("  %-9s largest n within %s (%s): %.0f%s\n", "budget",
-                       fmt_bytes(b1, sizeof b1, budget), budget_src, max_n,
+                       dhsa_cli_bytes(budget, b1, sizeof b1), budget_src, max_n,
                        max_n > an.n_max ? " (extrapolated from the fit)" : "");
         }
     }

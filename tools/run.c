@@ -17,8 +17,8 @@
 #include "dhsa.h"
 #include "util/svg.h"
 
-#define EXIT_RUN 1
-#define EXIT_USAGE 2
+#define EXIT_RUN DHSA_EXIT_RUN
+#define EXIT_USAGE DHSA_EXIT_USAGE
 
 const char dhsa_cli_run_usage[] =
     "usage: dhsa run [-m MODEL] [-p TEXT | -f FILE] [-n N] [options]\n"
@@ -35,11 +35,13 @@ const char dhsa_cli_run_usage[] =
     "                      (default: the shipped models/" DHSA_DEFAULT_MODEL ")\n"
     "  --tokenizer FILE    the llama2.c tokenizer (tok*.bin)\n"
     "Prompt:\n"
-    "  -p TEXT | -f FILE   the prompt (default: empty: BOS only)\n"
+    "  -p TEXT | -f FILE   the prompt (default: empty: BOS only); a FILE larger than\n"
+    "                      the context can hold is refused before it is read\n"
     "  --no-bos            do not add BOS\n"
     "  --chat              wrap the prompt in the model's chat template\n"
-    "  --system TEXT       system message for --chat\n"
-    "  --template NAME     chat template: llama3 chatml gemma mistral llama2\n"
+    "  --system TEXT       system message (with --chat only)\n"
+    "  --template NAME     chat template (with --chat only): llama3 chatml gemma\n"
+    "                      mistral llama2\n"
     "Sampling:\n"
     "  -n N                tokens to generate (default 128)\n"
     "  --temp T            0 = greedy (default 0.8)\n"
@@ -48,8 +50,9 @@ const char dhsa_cli_run_usage[] =
     "  --repeat-penalty R  (default 1 = off)      --repeat-last-n N (default 64)\n"
     "  --ignore-eos        keep going past EOS\n"
     "Memory and speed:\n"
-    "  --ctx N             KV cache length (default: the trained context; the\n"
-    "                      prompt + N must fit); longer than trained: a warning\n"
+    "  --ctx N             KV cache length (default: the trained context, or the\n"
+    "                      prompt + N when that is longer); longer than trained:\n"
+    "                      a warning; generation stops when it is full\n"
     "  --ubatch N          prefill tokens per step (default: largest <= 512\n"
     "                      that fits --mem-limit)\n"
     "  --kv f32|f16        KV cache type (default f32)\n"
@@ -58,8 +61,8 @@ const char dhsa_cli_run_usage[] =
     "  --threads T         (default: online CPUs)\n"
     "Attention:\n"
     "  --attn dense|dhsa|block|stream|oracle   (default dense)\n"
-    "  --density F | --budget N                keys per query block (default\n"
-    "                                          density 0.0625)\n"
+    "  --density F | --budget N                keys per query block, one of the\n"
+    "                                          two (default density 0.0625)\n"
     "  --boundary fixed|similarity|learned:FILE\n"
     "  --sink N --local N --dense-below N --q-block N\n"
     "Output:\n"
@@ -71,59 +74,23 @@ const char dhsa_cli_run_usage[] =
     "                      prefill of the prompt: per query block the key ranges\n"
     "                      it attended to (dense: the causal triangle), the chunk\n"
     "                      starts of the routing, sinks, local window, diagonal\n"
+    "                      (FILE is checked before the run)\n"
     "  --dump-layer N      the layer drawn (default 0)\n"
     "  --dump-head H       the KV head drawn (default 0)\n";
 
-static const char *cur_cmd = "run";
-
-static void die(int code, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "dhsa %s: ", cur_cmd);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    exit(code);
-}
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
-
-static char *read_file(const char *path, int64_t *len) {
-    char *buf = dhsa_cli_read_file(path, DHSA_TOKENIZER_MAX_TEXT, len);
-    if (!buf) die(EXIT_RUN, "cannot read \"%s\": %s", path, strerror(errno));
-    return buf;
-}
 
 typedef struct {
     const char *model, *tokenizer, *prompt, *prompt_file, *system, *template_name;
     int64_t n_predict, threads, prompt_tokens;
     int no_bos, chat, ids, verbose, ignore_eos, no_echo;
+    int density_set, budget_set;
     dhsa_sampler_params sp;
     dhsa_session_params ses;
     const char *predictor_path;
     const char *dump_path;      /* --dump-layout */
     int64_t dump_layer, dump_head;
 } run_opts;
-
-static int64_t num(const char *opt, const char *s, int64_t lo, int64_t hi, int suffix) {
-    int64_t v;
-    char msg[256];
-    if (dhsa_cli_parse_int(opt, s, lo, hi, suffix, &v, msg, sizeof msg)) die(EXIT_USAGE, "%s", msg);
-    return v;
-}
-
-static double real(const char *opt, const char *s, double lo, double hi) {
-    double v;
-    char msg[256];
-    if (dhsa_cli_parse_real(opt, s, lo, hi, &v, msg, sizeof msg)) die(EXIT_USAGE, "%s", msg);
-    return v;
-}
 
 static void parse(int argc, char **argv, run_opts *o) {
     memset(o, 0, sizeof *o);
@@ -143,7 +110,7 @@ static void parse(int argc, char **argv, run_opts *o) {
         if (strcmp(a, "--verbose") == 0 || strcmp(a, "-v") == 0) { o->verbose = 1; continue; }
         if (strcmp(a, "--ignore-eos") == 0) { o->ignore_eos = 1; continue; }
         if (strcmp(a, "--no-echo") == 0) { o->no_echo = 1; continue; }
-        if (i + 1 >= argc) die(EXIT_USAGE, "%s needs a value (or is unknown: see dhsa help run)", a);
+        if (i + 1 >= argc) dhsa_cli_die(EXIT_USAGE, "%s needs a value (or is unknown: see dhsa help run)", a);
         const char *v = argv[++i];
         if (strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0) o->model = v;
         else if (strcmp(a, "--tokenizer") == 0) o->tokenizer = v;
@@ -151,59 +118,68 @@ static void parse(int argc, char **argv, run_opts *o) {
         else if (strcmp(a, "-f") == 0 || strcmp(a, "--file") == 0) o->prompt_file = v;
         else if (strcmp(a, "--system") == 0) o->system = v;
         else if (strcmp(a, "--template") == 0) o->template_name = v;
-        else if (strcmp(a, "-n") == 0) o->n_predict = num(a, v, 0, (int64_t)1 << 31, 1);
-        else if (strcmp(a, "--temp") == 0) o->sp.temperature = (float)real(a, v, 0, 1e6);
-        else if (strcmp(a, "--top-k") == 0) o->sp.top_k = num(a, v, 0, (int64_t)1 << 24, 0);
-        else if (strcmp(a, "--top-p") == 0) o->sp.top_p = (float)real(a, v, 1e-9, 1);
-        else if (strcmp(a, "--min-p") == 0) o->sp.min_p = (float)real(a, v, 0, 1);
-        else if (strcmp(a, "--repeat-penalty") == 0) o->sp.repeat_penalty = (float)real(a, v, 1e-6, 1e6);
-        else if (strcmp(a, "--repeat-last-n") == 0) o->sp.repeat_last_n = num(a, v, 0, (int64_t)1 << 31, 0);
-        else if (strcmp(a, "--seed") == 0) o->sp.seed = (uint64_t)num(a, v, 0, INT64_MAX, 0);
-        else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) o->threads = num(a, v, 1, 1024, 0);
-        else if (strcmp(a, "--ctx") == 0 || strcmp(a, "-c") == 0) o->ses.n_ctx = num(a, v, 1, (int64_t)1 << 31, 1);
-        else if (strcmp(a, "--ubatch") == 0) o->ses.n_ubatch = num(a, v, 1, 65536, 1);
-        else if (strcmp(a, "--mem-limit") == 0) o->ses.mem_limit = (size_t)num(a, v, 1, INT64_MAX, 1);
-        else if (strcmp(a, "--prompt-tokens") == 0) o->prompt_tokens = num(a, v, 0, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "-n") == 0) o->n_predict = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "--temp") == 0) o->sp.temperature = (float)dhsa_cli_real(a, v, 0, 1e6);
+        else if (strcmp(a, "--top-k") == 0) o->sp.top_k = dhsa_cli_int(a, v, 0, (int64_t)1 << 24, 0);
+        else if (strcmp(a, "--top-p") == 0) o->sp.top_p = (float)dhsa_cli_real(a, v, 1e-9, 1);
+        else if (strcmp(a, "--min-p") == 0) o->sp.min_p = (float)dhsa_cli_real(a, v, 0, 1);
+        else if (strcmp(a, "--repeat-penalty") == 0) o->sp.repeat_penalty = (float)dhsa_cli_real(a, v, 1e-6, 1e6);
+        else if (strcmp(a, "--repeat-last-n") == 0) o->sp.repeat_last_n = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 0);
+        else if (strcmp(a, "--seed") == 0) o->sp.seed = (uint64_t)dhsa_cli_int(a, v, 0, INT64_MAX, 0);
+        else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) o->threads = dhsa_cli_int(a, v, 1, 1024, 0);
+        else if (strcmp(a, "--ctx") == 0 || strcmp(a, "-c") == 0) o->ses.n_ctx = dhsa_cli_int(a, v, 1, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "--ubatch") == 0) o->ses.n_ubatch = dhsa_cli_int(a, v, 1, 65536, 1);
+        else if (strcmp(a, "--mem-limit") == 0) o->ses.mem_limit = (size_t)dhsa_cli_int(a, v, 1, INT64_MAX, 1);
+        else if (strcmp(a, "--prompt-tokens") == 0) o->prompt_tokens = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--kv") == 0) {
             if (strcmp(v, "f32") == 0) o->ses.kv_type = DHSA_F32;
             else if (strcmp(v, "f16") == 0) o->ses.kv_type = DHSA_F16;
-            else die(EXIT_USAGE, "--kv is f32 or f16, not \"%s\"", v);
+            else dhsa_cli_die(EXIT_USAGE, "--kv is f32 or f16, not \"%s\"", v);
         } else if (strcmp(a, "--attn") == 0) {
             dhsa_attn_method m;
             for (m = DHSA_ATTN_DENSE; m <= DHSA_ATTN_ORACLE; m++)
                 if (strcmp(v, dhsa_attn_method_name(m)) == 0) break;
-            if (m > DHSA_ATTN_ORACLE) die(EXIT_USAGE, "--attn is dense, dhsa, block, stream or oracle, not \"%s\"", v);
+            if (m > DHSA_ATTN_ORACLE) dhsa_cli_die(EXIT_USAGE, "--attn is dense, dhsa, block, stream or oracle, not \"%s\"", v);
             o->ses.attn = m;
         } else if (strcmp(a, "--density") == 0) {
-            o->ses.router.density = real(a, v, 1e-6, 1);
-            o->ses.router.budget_tokens = 0;
+            o->ses.router.density = dhsa_cli_real(a, v, 1e-6, 1);
+            o->density_set = 1;
         } else if (strcmp(a, "--budget") == 0) {
-            o->ses.router.budget_tokens = num(a, v, 1, (int64_t)1 << 31, 1);
+            o->ses.router.budget_tokens = dhsa_cli_int(a, v, 1, (int64_t)1 << 31, 1);
+            o->budget_set = 1;
         } else if (strcmp(a, "--boundary") == 0) {
             if (strcmp(v, "fixed") == 0) o->ses.router.boundary = DHSA_BOUNDARY_FIXED;
             else if (strcmp(v, "similarity") == 0) o->ses.router.boundary = DHSA_BOUNDARY_SIMILARITY;
             else if (strncmp(v, "learned:", 8) == 0 && v[8]) {
                 o->ses.router.boundary = DHSA_BOUNDARY_LEARNED;
                 o->predictor_path = v + 8;
-            } else die(EXIT_USAGE, "--boundary is fixed, similarity or learned:FILE, not \"%s\"", v);
-        } else if (strcmp(a, "--sink") == 0) o->ses.router.sink_tokens = num(a, v, 0, (int64_t)1 << 31, 1);
-        else if (strcmp(a, "--local") == 0) o->ses.router.local_tokens = num(a, v, 0, (int64_t)1 << 31, 1);
-        else if (strcmp(a, "--dense-below") == 0) o->ses.router.dense_below = num(a, v, 0, (int64_t)1 << 31, 1);
-        else if (strcmp(a, "--q-block") == 0) o->ses.router.q_block = num(a, v, 1, 65536, 0);
+            } else dhsa_cli_die(EXIT_USAGE, "--boundary is fixed, similarity or learned:FILE, not \"%s\"", v);
+        } else if (strcmp(a, "--sink") == 0) o->ses.router.sink_tokens = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "--local") == 0) o->ses.router.local_tokens = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "--dense-below") == 0) o->ses.router.dense_below = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "--q-block") == 0) o->ses.router.q_block = dhsa_cli_int(a, v, 1, 65536, 0);
         else if (strcmp(a, "--dump-layout") == 0) {
-            if (!v[0]) die(EXIT_USAGE, "--dump-layout needs a file name");
+            if (!v[0]) dhsa_cli_die(EXIT_USAGE, "--dump-layout needs a file name");
             o->dump_path = v;
-        } else if (strcmp(a, "--dump-layer") == 0) o->dump_layer = num(a, v, 0, 1 << 20, 0);
-        else if (strcmp(a, "--dump-head") == 0) o->dump_head = num(a, v, 0, 1 << 20, 0);
-        else die(EXIT_USAGE, "unknown option \"%s\" (see dhsa help run)", a);
+        } else if (strcmp(a, "--dump-layer") == 0) o->dump_layer = dhsa_cli_int(a, v, 0, 1 << 20, 0);
+        else if (strcmp(a, "--dump-head") == 0) o->dump_head = dhsa_cli_int(a, v, 0, 1 << 20, 0);
+        else dhsa_cli_die(EXIT_USAGE, "unknown option \"%s\" (see dhsa help run)", a);
     }
     if (!o->model) {
         char msg[512];
         o->model = dhsa_cli_default_model(msg, sizeof msg);
-        if (!o->model) die(EXIT_USAGE, "%s", msg);
+        if (!o->model) dhsa_cli_die(EXIT_USAGE, "%s", msg);
         fprintf(stderr, "dhsa: model %s (the default; -m MODEL for another)\n", o->model);
     }
-    if (o->prompt && o->prompt_file) die(EXIT_USAGE, "give -p or -f, not both");
+    if (o->prompt && o->prompt_file) dhsa_cli_die(EXIT_USAGE, "give -p or -f, not both");
+    /* an option that would change nothing is refused, not ignored */
+    if (o->density_set && o->budget_set)
+        dhsa_cli_die(EXIT_USAGE, "give --density F or --budget N, not both (--budget sets the keys per query block; "
+                     "--density the share of the keys it may see)");
+    if (o->system && !o->chat) dhsa_cli_die(EXIT_USAGE, "--system is the system message of a --chat prompt: add --chat");
+    if (o->template_name && !o->chat) dhsa_cli_die(EXIT_USAGE, "--template names the template of --chat: add --chat");
+    dhsa_cli_check_tokenizer(o->model, o->tokenizer);
+    if (o->dump_path) dhsa_cli_check_output("--dump-layout", o->dump_path);
     if (o->ses.router.boundary == DHSA_BOUNDARY_FIXED && o->ses.attn == DHSA_ATTN_DHSA)
         o->ses.attn = DHSA_ATTN_BLOCK; /* dhsa with fixed chunks is the block baseline */
 }
@@ -212,7 +188,7 @@ static void parse(int argc, char **argv, run_opts *o) {
 static void progress(void *user, int64_t done, int64_t total) {
     double t0 = *(double *)user;
     int width = 30, fill = (int)(width * done / (total > 0 ? total : 1));
-    double el = now() - t0;
+    double el = dhsa_cli_now() - t0;
     fprintf(stderr, "\rprefill [%.*s%*s] %lld/%lld  %.0f tok/s ", fill, "##############################", width - fill,
             "", (long long)done, (long long)total, el > 0 ? (double)done / el : 0.0);
     if (done == total) fputc('\n', stderr);
@@ -259,9 +235,9 @@ static void emit(const dhsa_tokenizer *tok, int32_t id, int first) {
 static void chat_wrap(const dhsa_gguf *g, const dhsa_tokenizer *tok, const char *name, const char *system,
                       char **text, int64_t *len, int32_t *stop, int *n_stop, int cap) {
     dhsa_chat_template t = dhsa_chat_detect(g);
-    if (name && dhsa_chat_template_from_name(name, &t)) die(EXIT_USAGE, "%s", dhsa_last_error());
+    if (name && dhsa_chat_template_from_name(name, &t)) dhsa_cli_die(EXIT_USAGE, "%s", dhsa_last_error());
     if (t == DHSA_CHAT_NONE)
-        die(EXIT_RUN, "the model names no chat template I know: give --template llama3|chatml|gemma|mistral|llama2");
+        dhsa_cli_die(EXIT_RUN, "the model names no chat template I know: give --template llama3|chatml|gemma|mistral|llama2");
     dhsa_chat_message msgs[2];
     int n = 0;
     if (system) msgs[n++] = (dhsa_chat_message){"system", system};
@@ -269,14 +245,14 @@ static void chat_wrap(const dhsa_gguf *g, const dhsa_tokenizer *tok, const char 
     int64_t need = 0;
     dhsa_chat_apply(t, msgs, n, 1, NULL, 0, &need);
     char *out = malloc((size_t)need + 1);
-    if (!out) die(EXIT_RUN, "out of memory");
-    if (dhsa_chat_apply(t, msgs, n, 1, out, need, &need)) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (!out) dhsa_cli_die(EXIT_RUN, "out of memory");
+    if (dhsa_chat_apply(t, msgs, n, 1, out, need, &need)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     out[need] = 0;
     free(*text);
     *text = out;
     *len = need;
     int extra = 0;
-    if (dhsa_chat_stop_ids(t, tok, stop + *n_stop, cap - *n_stop, &extra)) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (dhsa_chat_stop_ids(t, tok, stop + *n_stop, cap - *n_stop, &extra)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     *n_stop += extra;
 }
 
@@ -355,9 +331,9 @@ static void dump_begin(layout_dump *d, const run_opts *o, const dhsa_model_info 
     d->head = o->dump_head;
     d->attn = o->ses.attn;
     if (d->layer >= in->n_layer)
-        die(EXIT_USAGE, "--dump-layer %lld: the model has %lld layers", (long long)d->layer, (long long)in->n_layer);
+        dhsa_cli_die(EXIT_USAGE, "--dump-layer %lld: the model has %lld layers", (long long)d->layer, (long long)in->n_layer);
     if (d->head >= in->n_head_kv)
-        die(EXIT_USAGE, "--dump-head %lld: the model has %lld KV heads", (long long)d->head, (long long)in->n_head_kv);
+        dhsa_cli_die(EXIT_USAGE, "--dump-head %lld: the model has %lld KV heads", (long long)d->head, (long long)in->n_head_kv);
     d->rp = o->ses.router; /* session.c's method_router */
     switch (d->attn) {
     case DHSA_ATTN_BLOCK:
@@ -375,12 +351,12 @@ static void dump_begin(layout_dump *d, const run_opts *o, const dhsa_model_info 
     d->q_block = d->rp.q_block > 0 ? d->rp.q_block : 64;
     dhsa_ctx_params cp = dhsa_ctx_default_params();
     cp.n_threads = 1;
-    if (dhsa_ctx_create(&cp, &d->ctx)) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (dhsa_ctx_create(&cp, &d->ctx)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     if ((d->attn == DHSA_ATTN_DHSA || d->attn == DHSA_ATTN_BLOCK) &&
         dhsa_kv_index_create(d->ctx, &d->rp, in->n_head_kv, in->head_dim_k, n_prompt, &d->ix))
-        die(EXIT_RUN, "--dump-layout: %s", dhsa_last_error());
+        dhsa_cli_die(EXIT_RUN, "--dump-layout: %s", dhsa_last_error());
     d->pic = dhsa_layout_picture_create(NULL, n_prompt, n_prompt);
-    if (!d->pic) die(EXIT_RUN, "--dump-layout: %s", dhsa_last_error());
+    if (!d->pic) dhsa_cli_die(EXIT_RUN, "--dump-layout: %s", dhsa_last_error());
     ses->layer_hook = dump_hook;
     ses->layer_hook_user = d;
 }
@@ -442,7 +418,7 @@ static void dump_end(layout_dump *d, const char *model_path, const dhsa_model_in
     int64_t n_starts = d->n_starts;
     if (d->ix) n_starts = dhsa_kv_index_chunks(d->ix, &starts);
     if (n_starts && dhsa_layout_picture_set_boundaries(d->pic, starts, n_starts))
-        die(EXIT_RUN, "--dump-layout: %s", dhsa_last_error());
+        dhsa_cli_die(EXIT_RUN, "--dump-layout: %s", dhsa_last_error());
     dhsa_layout_picture_set_marks(d->pic, 1, routed ? rp->sink_tokens : 0, routed ? rp->local_tokens : 0);
     char title[256], sub[512], chunks[128] = "";
     snprintf(title, sizeof title, "dhsa run: layer %lld, %s, L = %lld, density %.4f", (long long)d->layer,
@@ -467,7 +443,7 @@ static void dump_end(layout_dump *d, const char *model_path, const dhsa_model_in
                  d->causal_window ? " in a sliding window" : ": every causal key");
     if (dhsa_layout_picture_set_title(d->pic, title) || dhsa_layout_picture_set_subtitle(d->pic, sub) ||
         dhsa_layout_picture_save(d->pic, d->path))
-        die(EXIT_RUN, "--dump-layout: %s", dhsa_last_error());
+        dhsa_cli_die(EXIT_RUN, "--dump-layout: %s", dhsa_last_error());
     fprintf(stderr, "dhsa run: layout of layer %lld, KV head %lld (%lld query blocks) written to %s\n",
             (long long)d->layer, (long long)d->head, (long long)dhsa_layout_picture_blocks(d->pic), d->path);
     dhsa_layout_picture_free(d->pic);
@@ -477,31 +453,48 @@ static void dump_end(layout_dump *d, const char *model_path, const dhsa_model_in
     memset(d, 0, sizeof *d);
 }
 
+/* The plan did not fit: the library's sentence, and --mem-limit as given in
+ * units a reader can check (1 is one byte: sizes take K, M and G). */
+static void plan_failed(dhsa_status st, const dhsa_session_params *ses) {
+    char msg[600], lim[32];
+    snprintf(msg, sizeof msg, "%s", dhsa_last_error());
+    if (st != DHSA_ERR_MEMORY_BUDGET || !ses->mem_limit) dhsa_cli_die(EXIT_RUN, "%s", msg);
+    dhsa_cli_bytes((double)ses->mem_limit, lim, sizeof lim);
+    dhsa_cli_die(EXIT_RUN, "%s (--mem-limit is %s%s)", msg, lim,
+                 ses->mem_limit < ((size_t)1 << 20) ? ": sizes take K, M and G, as in --mem-limit 1G" : "");
+}
+
 static int run_main(int argc, char **argv, int plan_only) {
     run_opts o;
     parse(argc, argv, &o);
     dhsa_model_params mp = dhsa_model_default_params();
     mp.tokenizer_path = o.tokenizer;
     dhsa_model *m;
-    double t_load = now();
-    if (dhsa_model_load(o.model, &mp, &m)) die(EXIT_RUN, "%s", dhsa_last_error());
-    t_load = now() - t_load;
+    double t_load = dhsa_cli_now();
+    if (dhsa_model_load(o.model, &mp, &m)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+    t_load = dhsa_cli_now() - t_load;
     const dhsa_model_info *in = dhsa_model_get_info(m);
     const dhsa_tokenizer *tok = dhsa_model_tokenizer(m);
     dhsa_predictor *pred = NULL;
     if (o.predictor_path) {
-        if (dhsa_predictor_load(o.predictor_path, &pred)) die(EXIT_RUN, "%s", dhsa_last_error());
+        pred = dhsa_cli_load_predictor(o.predictor_path, in->n_head_kv * in->head_dim_k, o.model);
         o.ses.router.predictor = pred;
     }
 
     /* the prompt */
     char *text = NULL;
     int64_t text_len = 0;
-    if (o.prompt_file) text = read_file(o.prompt_file, &text_len);
+    if (o.prompt_file) {
+        int64_t ctx_tokens = o.ses.n_ctx ? o.ses.n_ctx : in->n_ctx_train;
+        char why[160];
+        snprintf(why, sizeof why, "the most text a context of %lld tokens can hold (%s)", (long long)ctx_tokens,
+                 o.ses.n_ctx ? "--ctx" : "the trained context; a longer prompt needs --ctx");
+        text = dhsa_cli_slurp("-f", o.prompt_file, dhsa_cli_text_limit(tok, ctx_tokens), why, &text_len);
+    }
     else if (o.prompt) {
         text_len = (int64_t)strlen(o.prompt);
         text = malloc((size_t)text_len + 1);
-        if (!text) die(EXIT_RUN, "out of memory");
+        if (!text) dhsa_cli_die(EXIT_RUN, "out of memory");
         memcpy(text, o.prompt, (size_t)text_len + 1);
     }
     unsigned flags = dhsa_tokenizer_default_flags(tok) & DHSA_TOKENIZE_ADD_BOS;
@@ -516,38 +509,53 @@ static int run_main(int argc, char **argv, int plan_only) {
     }
     int64_t n_prompt = 0;
     if (dhsa_tokenize(tok, text ? text : "", text_len, flags, NULL, 0, &n_prompt) != DHSA_OK && n_prompt == 0)
-        die(EXIT_RUN, "%s", dhsa_last_error());
-    int64_t cap = n_prompt + o.n_predict + 1;
-    int32_t *ids = malloc((size_t)cap * sizeof(int32_t));
-    if (!ids) die(EXIT_RUN, "out of memory for %lld tokens", (long long)cap);
-    if (dhsa_tokenize(tok, text ? text : "", text_len, flags, ids, cap, &n_prompt))
-        die(EXIT_RUN, "%s", dhsa_last_error());
+        dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+    int64_t n_text_ids = n_prompt;
     if (plan_only && o.prompt_tokens) n_prompt = o.prompt_tokens;
-    if (n_prompt == 0) die(EXIT_RUN, "the prompt is empty and the vocabulary adds no BOS: give -p TEXT");
-
+    if (n_prompt == 0) dhsa_cli_die(EXIT_RUN, "the prompt is empty and the vocabulary adds no BOS: give -p TEXT");
+    const int64_t max_ctx = (int64_t)1 << 31; /* what a session holds */
     if (o.ses.n_ctx == 0) {
         o.ses.n_ctx = in->n_ctx_train;
-        if (n_prompt + o.n_predict > o.ses.n_ctx) o.ses.n_ctx = n_prompt + o.n_predict;
+        if (n_prompt + o.n_predict > o.ses.n_ctx) {
+            if (n_prompt + o.n_predict > max_ctx)
+                dhsa_cli_die(EXIT_USAGE,
+                             "-n %lld: the prompt's %lld tokens and -n tokens must fit one context of at most 2^31 "
+                             "(%lld) tokens, so -n may be at most %lld here (or give --ctx: generation stops when "
+                             "it is full)",
+                             (long long)o.n_predict, (long long)n_prompt, (long long)max_ctx,
+                             (long long)(max_ctx - n_prompt));
+            o.ses.n_ctx = n_prompt + o.n_predict;
+        }
     }
+    /* ids: the prompt, then what is generated until -n or a full context */
+    int64_t cap = (n_prompt + o.n_predict < o.ses.n_ctx ? n_prompt + o.n_predict : o.ses.n_ctx) + 1;
+    if (cap < n_text_ids + 1) cap = n_text_ids + 1;
+    int32_t *ids = malloc((size_t)cap * sizeof(int32_t));
+    if (!ids) dhsa_cli_die(EXIT_RUN, "out of memory for %lld tokens", (long long)cap);
+    if (dhsa_tokenize(tok, text ? text : "", text_len, flags, ids, cap, &n_text_ids))
+        dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     if (o.ses.n_ctx > in->n_ctx_train)
         fprintf(stderr, "dhsa %s: warning: context %lld is longer than the model's trained context %lld: quality "
-                "may drop\n", cur_cmd, (long long)o.ses.n_ctx, (long long)in->n_ctx_train);
+                "may drop\n", dhsa_cli_command(), (long long)o.ses.n_ctx, (long long)in->n_ctx_train);
     if (n_prompt > o.ses.n_ctx)
-        die(EXIT_RUN, "the prompt has %lld tokens but --ctx is %lld", (long long)n_prompt, (long long)o.ses.n_ctx);
+        dhsa_cli_die(EXIT_RUN, "the prompt has %lld tokens but --ctx is %lld", (long long)n_prompt, (long long)o.ses.n_ctx);
 
     dhsa_ctx_params cp = dhsa_ctx_default_params();
     cp.n_threads = (int)o.threads;
     dhsa_ctx *ctx;
-    if (dhsa_ctx_create(&cp, &ctx)) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (dhsa_ctx_create(&cp, &ctx)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     dhsa_mem_plan plan;
     dhsa_status st = dhsa_session_plan(ctx, m, &o.ses, &plan);
     if (plan_only) {
         print_model(stdout, o.model, in);
         printf("attention: %s, KV %s, %d threads\n", dhsa_attn_method_name(o.ses.attn),
                dhsa_type_name(o.ses.kv_type), dhsa_ctx_n_threads(ctx));
-        if (st) die(EXIT_RUN, "%s", dhsa_last_error());
+        if (st) plan_failed(st, &o.ses);
         print_plan(stdout, &plan);
-        if (o.ses.mem_limit) printf("  --mem-limit       %10.1f MiB: fits\n", mib(o.ses.mem_limit));
+        if (o.ses.mem_limit) {
+            char lim[32];
+            printf("  --mem-limit       %14s: fits\n", dhsa_cli_bytes((double)o.ses.mem_limit, lim, sizeof lim));
+        }
         dhsa_ctx_free(ctx);
         dhsa_model_free(m);
         dhsa_predictor_free(pred);
@@ -555,14 +563,14 @@ static int run_main(int argc, char **argv, int plan_only) {
         free(text);
         return 0;
     }
-    if (st) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (st) plan_failed(st, &o.ses);
     if (o.verbose) {
         print_model(stderr, o.model, in);
         fprintf(stderr, "attention: %s, KV %s, %d threads, %s; loaded in %.2f s\n", dhsa_attn_method_name(o.ses.attn),
                 dhsa_type_name(o.ses.kv_type), dhsa_ctx_n_threads(ctx), dhsa_isa_name(dhsa_active_isa()), t_load);
         print_plan(stderr, &plan);
     }
-    double t0 = now();
+    double t0 = dhsa_cli_now();
     if (isatty(2) && n_prompt >= 1024) {
         o.ses.progress = progress;
         o.ses.progress_user = &t0;
@@ -579,11 +587,11 @@ static int run_main(int argc, char **argv, int plan_only) {
         o.ses.layer_hook_user = &dens;
     }
     dhsa_session *s;
-    if (dhsa_session_create(ctx, m, &o.ses, &s)) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (dhsa_session_create(ctx, m, &o.ses, &s)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     dhsa_sampler *smp;
-    if (dhsa_sampler_create(&o.sp, in->n_vocab, &smp)) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (dhsa_sampler_create(&o.sp, in->n_vocab, &smp)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     float *logits = malloc((size_t)in->n_vocab * sizeof(float));
-    if (!logits) die(EXIT_RUN, "out of memory");
+    if (!logits) dhsa_cli_die(EXIT_RUN, "out of memory");
 
     if (o.ids) {
         for (int64_t i = 0; i < n_prompt; i++) printf("%s%d", i ? " " : "", ids[i]);
@@ -591,18 +599,18 @@ static int run_main(int argc, char **argv, int plan_only) {
     } else if (!o.no_echo && !o.chat) { /* a chat shows only the reply */
         for (int64_t i = 0; i < n_prompt; i++) emit(tok, ids[i], i == 0 || (i == 1 && ids[0] == dhsa_tokenizer_bos(tok)));
     }
-    t0 = now();
+    t0 = dhsa_cli_now();
     dump.active = 1;
     if (dhsa_session_eval(s, ids, n_prompt, logits))
-        die(EXIT_RUN, "%s", dump.error[0] ? dump.error : dhsa_last_error());
+        dhsa_cli_die(EXIT_RUN, "%s", dump.error[0] ? dump.error : dhsa_last_error());
     dump.active = 0;
-    double t_prompt = now() - t0, t_first = 0;
+    double t_prompt = dhsa_cli_now() - t0, t_first = 0;
     int64_t n_gen = 0, n_dec = 0;
     double t_dec = 0;
     while (n_gen < o.n_predict) {
         int32_t next;
-        if (dhsa_sampler_sample(smp, logits, ids, n_prompt + n_gen, &next)) die(EXIT_RUN, "%s", dhsa_last_error());
-        if (n_gen == 0) t_first = now() - t0;
+        if (dhsa_sampler_sample(smp, logits, ids, n_prompt + n_gen, &next)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+        if (n_gen == 0) t_first = dhsa_cli_now() - t0;
         int stop = 0;
         for (int i = 0; i < n_stop; i++) stop |= next == stop_ids[i];
         if (stop && !o.ignore_eos) break;
@@ -615,12 +623,12 @@ static int run_main(int argc, char **argv, int plan_only) {
         }
         if (n_gen == o.n_predict) break;
         if (dhsa_session_length(s) >= plan.n_ctx) {
-            fprintf(stderr, "\ndhsa %s: the context is full (%lld tokens)\n", cur_cmd, (long long)plan.n_ctx);
+            fprintf(stderr, "\ndhsa %s: the context is full (%lld tokens)\n", dhsa_cli_command(), (long long)plan.n_ctx);
             break;
         }
-        double t2 = now();
-        if (dhsa_session_eval(s, &next, 1, logits)) die(EXIT_RUN, "%s", dhsa_last_error());
-        t_dec += now() - t2;
+        double t2 = dhsa_cli_now();
+        if (dhsa_session_eval(s, &next, 1, logits)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+        t_dec += dhsa_cli_now() - t2;
         n_dec++;
     }
     printf("\n");
@@ -645,12 +653,12 @@ static int run_main(int argc, char **argv, int plan_only) {
 }
 
 int dhsa_cli_run(int argc, char **argv) {
-    cur_cmd = "run";
+    dhsa_cli_set_command("run", NULL);
     return run_main(argc, argv, 0);
 }
 
 int dhsa_cli_plan(int argc, char **argv) {
-    cur_cmd = "plan";
+    dhsa_cli_set_command("plan", NULL);
     return run_main(argc, argv, 1);
 }
 
@@ -701,7 +709,7 @@ static void write_model_plots(const char *file, const char *model, const char *c
     for (int which = 0; which < 2; which++) {
         snprintf(title, sizeof title, "%s against prompt length", which ? "Memory" : "Time to first token");
         dhsa_plot *p = dhsa_plot_create(title, "prompt length L (tokens)", which ? "bytes" : "time to first token (s)");
-        if (!p) die(EXIT_RUN, "%s", dhsa_last_error());
+        if (!p) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
         dhsa_status st = dhsa_plot_set_subtitle(p, sub);
         dhsa_plot_set_log(p, DHSA_AXIS_X, 1);
         dhsa_plot_set_log(p, DHSA_AXIS_Y, 1);
@@ -725,23 +733,13 @@ static void write_model_plots(const char *file, const char *model, const char *c
         svg_name(path, sizeof path, file, which ? "-mem.svg" : "-time.svg");
         if (st == DHSA_OK) st = dhsa_plot_save(p, path);
         dhsa_plot_free(p);
-        if (st) die(EXIT_RUN, "--svg: %s", dhsa_last_error());
+        if (st) dhsa_cli_die(EXIT_RUN, "--svg: %s", dhsa_last_error());
         fprintf(stderr, "dhsa bench model: wrote %s\n", path);
     }
 }
 
-static int cmp_double(const void *x, const void *y) {
-    double a = *(const double *)x, b = *(const double *)y;
-    return (a > b) - (a < b);
-}
-
-static double median_of(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 int dhsa_cli_bench_model(int argc, char **argv) {
-    cur_cmd = "bench model";
+    dhsa_cli_set_command("bench model", NULL);
     const char *model = NULL, *tokp = NULL, *lengths = "4K,16K,32K", *methods = NULL, *svg = NULL;
     const char *pred_path = NULL;
     int64_t n_dec = 16, threads = 0, seed = 1, budget = 0, runs = 1;
@@ -753,68 +751,106 @@ int dhsa_cli_bench_model(int argc, char **argv) {
             fputs(dhsa_cli_bench_model_usage, stdout);
             return 0;
         }
-        if (i + 1 >= argc) die(EXIT_USAGE, "%s needs a value (or is unknown)", a);
+        if (i + 1 >= argc) dhsa_cli_die(EXIT_USAGE, "%s needs a value (or is unknown)", a);
         const char *v = argv[++i];
         if (strcmp(a, "-m") == 0) model = v;
         else if (strcmp(a, "--tokenizer") == 0) tokp = v;
         else if (strcmp(a, "--lengths") == 0) lengths = v;
         else if (strcmp(a, "--attn") == 0) methods = v;
-        else if (strcmp(a, "--decode") == 0) n_dec = num(a, v, 1, 1 << 20, 1);
-        else if (strcmp(a, "--threads") == 0) threads = num(a, v, 1, 1024, 0);
-        else if (strcmp(a, "--seed") == 0) seed = num(a, v, 0, INT64_MAX, 0);
-        else if (strcmp(a, "--density") == 0) density = real(a, v, 1e-6, 1);
-        else if (strcmp(a, "--budget") == 0) budget = num(a, v, 1, (int64_t)1 << 31, 1);
-        else if (strcmp(a, "--runs") == 0) runs = num(a, v, 1, 1000, 1);
+        else if (strcmp(a, "--decode") == 0) n_dec = dhsa_cli_int(a, v, 1, 1 << 20, 1);
+        else if (strcmp(a, "--threads") == 0) threads = dhsa_cli_int(a, v, 1, 1024, 0);
+        else if (strcmp(a, "--seed") == 0) seed = dhsa_cli_int(a, v, 0, INT64_MAX, 0);
+        else if (strcmp(a, "--density") == 0) density = dhsa_cli_real(a, v, 1e-6, 1);
+        else if (strcmp(a, "--budget") == 0) budget = dhsa_cli_int(a, v, 1, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "--runs") == 0) runs = dhsa_cli_int(a, v, 1, 1000, 1);
         else if (strcmp(a, "--boundary") == 0) {
-            if (strncmp(v, "learned:", 8) != 0 || !v[8]) die(EXIT_USAGE, "--boundary is learned:FILE, not \"%s\"", v);
+            if (strncmp(v, "learned:", 8) != 0 || !v[8]) dhsa_cli_die(EXIT_USAGE, "--boundary is learned:FILE, not \"%s\"", v);
             pred_path = v + 8;
         } else if (strcmp(a, "--svg") == 0) {
-            if (!v[0]) die(EXIT_USAGE, "--svg needs a file name");
+            if (!v[0]) dhsa_cli_die(EXIT_USAGE, "--svg needs a file name");
             svg = v;
         } else if (strcmp(a, "--kv") == 0) {
             if (strcmp(v, "f32") == 0) kv = DHSA_F32;
             else if (strcmp(v, "f16") == 0) kv = DHSA_F16;
-            else die(EXIT_USAGE, "--kv is f32 or f16");
-        } else die(EXIT_USAGE, "unknown option \"%s\"", a);
+            else dhsa_cli_die(EXIT_USAGE, "--kv is f32 or f16");
+        } else dhsa_cli_die(EXIT_USAGE, "unknown option \"%s\"", a);
     }
     char dmsg[512];
     if (!model) {
-        if (!(model = dhsa_cli_default_model(dmsg, sizeof dmsg))) die(EXIT_USAGE, "%s", dmsg);
+        if (!(model = dhsa_cli_default_model(dmsg, sizeof dmsg))) dhsa_cli_die(EXIT_USAGE, "%s", dmsg);
         fprintf(stderr, "dhsa: model %s (the default; -m MODEL for another)\n", model);
     }
+    if (density > 0 && budget > 0)
+        dhsa_cli_die(EXIT_USAGE, "give --density F or --budget N, not both (--budget sets the keys per query block; "
+                     "--density the share of the keys it may see)");
+    dhsa_cli_check_tokenizer(model, tokp);
     int64_t Ls[32];
-    int nL = 0;
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", lengths);
-    for (char *t = strtok(buf, ","); t && nL < 32; t = strtok(NULL, ",")) Ls[nL++] = num("--lengths", t, 1, (int64_t)1 << 31, 1);
+    int nL = dhsa_cli_int_list("--lengths", lengths, 1, (int64_t)1 << 31, 1, Ls, 32);
+    /* a session holds at most 2^31 tokens: refused before anything is allocated */
+    for (int i = 0; i < nL; i++)
+        if (Ls[i] + n_dec > ((int64_t)1 << 31))
+            dhsa_cli_die(EXIT_USAGE,
+                         "--lengths %lld: with --decode %lld the session needs %lld tokens, above the 2^31 (%lld) a "
+                         "session holds",
+                         (long long)Ls[i], (long long)n_dec, (long long)(Ls[i] + n_dec), (long long)1 << 31);
+    if (svg) { /* both plot files, before the first run */
+        char path[1024];
+        svg_name(path, sizeof path, svg, "-time.svg");
+        dhsa_cli_check_output("--svg", path);
+        svg_name(path, sizeof path, svg, "-mem.svg");
+        dhsa_cli_check_output("--svg", path);
+    }
     if (!methods) methods = pred_path ? "dhsa,dhsa-learned" : "dense,dhsa";
     dhsa_attn_method ms[8];
     int learned[8], nm = 0;
     const char *mname[8];
-    char mbuf[128];
-    snprintf(mbuf, sizeof mbuf, "%s", methods);
-    for (char *t = strtok(mbuf, ","); t && nm < 8; t = strtok(NULL, ",")) {
+    char mbuf[128], *mitems[8];
+    int n_items = dhsa_cli_split_list("--attn", methods, mbuf, sizeof mbuf, mitems, 8);
+    for (int k = 0; k < n_items; k++) {
+        const char *t = mitems[k];
         dhsa_attn_method m;
         learned[nm] = strcmp(t, "dhsa-learned") == 0;
-        if (learned[nm] && !pred_path) die(EXIT_USAGE, "--attn dhsa-learned needs --boundary learned:FILE");
+        if (learned[nm] && !pred_path) dhsa_cli_die(EXIT_USAGE, "--attn dhsa-learned needs --boundary learned:FILE");
         for (m = DHSA_ATTN_DENSE; m <= DHSA_ATTN_ORACLE && !learned[nm]; m++)
             if (strcmp(t, dhsa_attn_method_name(m)) == 0) break;
         if (learned[nm]) m = DHSA_ATTN_DHSA;
-        else if (m > DHSA_ATTN_ORACLE) die(EXIT_USAGE, "--attn: unknown method \"%s\"", t);
+        else if (m > DHSA_ATTN_ORACLE) dhsa_cli_die(EXIT_USAGE, "--attn: unknown method \"%s\"", t);
         mname[nm] = learned[nm] ? "dhsa-learned" : dhsa_attn_method_name(m);
         ms[nm++] = m;
     }
+    int any_learned = 0;
+    for (int k = 0; k < nm; k++) any_learned |= learned[k];
+    if (pred_path && !any_learned)
+        dhsa_cli_die(EXIT_USAGE, "--boundary learned:%s is read by the method dhsa-learned, which --attn %s leaves "
+                     "out: add it (or drop --boundary)", pred_path, methods);
     dhsa_model_params mp = dhsa_model_default_params();
     mp.tokenizer_path = tokp;
     dhsa_model *m;
-    if (dhsa_model_load(model, &mp, &m)) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (dhsa_model_load(model, &mp, &m)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     const dhsa_model_info *in = dhsa_model_get_info(m);
     dhsa_predictor *pred = NULL;
-    if (pred_path && dhsa_predictor_load(pred_path, &pred)) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (pred_path) pred = dhsa_cli_load_predictor(pred_path, in->n_head_kv * in->head_dim_k, model);
     dhsa_ctx_params cp = dhsa_ctx_default_params();
     cp.n_threads = (int)threads;
     dhsa_ctx *ctx;
-    if (dhsa_ctx_create(&cp, &ctx)) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (dhsa_ctx_create(&cp, &ctx)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+    /* every length's session planned before the first runs: one too large for
+     * this machine is refused now, not after the others ran */
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    double phys = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+    for (int li = 0; li < nL; li++) {
+        dhsa_session_params sp = dhsa_session_default_params();
+        sp.n_ctx = Ls[li] + n_dec;
+        sp.kv_type = kv;
+        dhsa_mem_plan pl;
+        if (dhsa_session_plan(ctx, m, &sp, &pl)) dhsa_cli_die(EXIT_RUN, "--lengths %lld: %s", (long long)Ls[li],
+                                                              dhsa_last_error());
+        char need[32], have[32];
+        if (phys > 0 && (double)pl.total > phys)
+            dhsa_cli_die(EXIT_RUN, "--lengths %lld: a dense session of %lld tokens needs %s, more than this "
+                         "machine's %s", (long long)Ls[li], (long long)sp.n_ctx,
+                         dhsa_cli_bytes((double)pl.total, need, sizeof need), dhsa_cli_bytes(phys, have, sizeof have));
+    }
     print_model(stdout, model, in);
     printf("threads %d, %s, KV %s, decode %lld tokens%s%s\n\n", dhsa_ctx_n_threads(ctx),
            dhsa_isa_name(dhsa_active_isa()), dhsa_type_name(kv), (long long)n_dec,
@@ -825,12 +861,12 @@ int dhsa_cli_bench_model(int argc, char **argv) {
     /* per run of one length: [method][run] */
     double *r_ttft = malloc(sizeof(double) * (size_t)(8 * runs)), *r_dec = malloc(sizeof(double) * (size_t)(8 * runs));
     double *r_tmp = malloc(sizeof(double) * (size_t)runs);
-    if (!logits || !r_ttft || !r_dec || !r_tmp) die(EXIT_RUN, "out of memory");
+    if (!logits || !r_ttft || !r_dec || !r_tmp) dhsa_cli_die(EXIT_RUN, "out of memory");
     double svg_ttft[8 * 32], svg_rss[8 * 32], svg_plan[8 * 32]; /* [method][length] for --svg */
     for (int li = 0; li < nL; li++) {
         int64_t L = Ls[li];
         int32_t *ids = malloc((size_t)(L + n_dec) * sizeof(int32_t));
-        if (!ids) die(EXIT_RUN, "out of memory");
+        if (!ids) dhsa_cli_die(EXIT_RUN, "out of memory");
         uint64_t x = (uint64_t)seed;
         for (int64_t i = 0; i < L; i++) {
             x = x * 6364136223846793005ull + 1442695040888963407ull;
@@ -851,21 +887,21 @@ int dhsa_cli_bench_model(int argc, char **argv) {
             if (budget > 0) sp.router.budget_tokens = budget;
             dhsa_proc_reset_peak_rss();
             dhsa_session *s;
-            if (dhsa_session_create(ctx, m, &sp, &s)) die(EXIT_RUN, "%s", dhsa_last_error());
-            double t0 = now();
-            if (dhsa_session_eval(s, ids, L, logits)) die(EXIT_RUN, "%s", dhsa_last_error());
+            if (dhsa_session_create(ctx, m, &sp, &s)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+            double t0 = dhsa_cli_now();
+            if (dhsa_session_eval(s, ids, L, logits)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
             int32_t next = 0;
             for (int64_t i = 1; i < in->n_vocab; i++)
                 if (logits[i] > logits[next]) next = (int32_t)i;
-            double ttft = now() - t0, t1 = now();
+            double ttft = dhsa_cli_now() - t0, t1 = dhsa_cli_now();
             for (int64_t i = 0; i < n_dec; i++) {
-                if (dhsa_session_eval(s, &next, 1, logits)) die(EXIT_RUN, "%s", dhsa_last_error());
+                if (dhsa_session_eval(s, &next, 1, logits)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
                 int32_t b = 0;
                 for (int64_t k = 1; k < in->n_vocab; k++)
                     if (logits[k] > logits[b]) b = (int32_t)k;
                 next = b;
             }
-            double td = now() - t1;
+            double td = dhsa_cli_now() - t1;
             if (mi == 0) base = ttft;
             printf("%8lld %-12s %4lld %10.3f %12.1f %11.2f %12.1f %12.1f %8.2fx\n", (long long)L, mname[mi],
                    (long long)run + 1, ttft, (double)L / ttft, (double)n_dec / td,
@@ -880,7 +916,7 @@ int dhsa_cli_bench_model(int argc, char **argv) {
         }
         for (int mi = 0; mi < nm; mi++) { /* the plot takes the median ttft */
             for (int64_t r = 0; r < runs; r++) r_tmp[r] = r_ttft[mi * runs + r];
-            svg_ttft[mi * nL + li] = median_of(r_tmp, (int)runs);
+            svg_ttft[mi * nL + li] = dhsa_cli_median(r_tmp, (int)runs);
         }
         if (runs > 1) {
             printf("%8lld medians of %lld interleaved runs; ratios: median over runs of (method / %s) in the same "
@@ -890,13 +926,13 @@ int dhsa_cli_bench_model(int argc, char **argv) {
             for (int mi = 0; mi < nm; mi++) {
                 double t_med, d_med, t_rat, d_rat;
                 for (int64_t r = 0; r < runs; r++) r_tmp[r] = r_ttft[mi * runs + r];
-                t_med = median_of(r_tmp, (int)runs);
+                t_med = dhsa_cli_median(r_tmp, (int)runs);
                 for (int64_t r = 0; r < runs; r++) r_tmp[r] = r_dec[mi * runs + r];
-                d_med = median_of(r_tmp, (int)runs);
+                d_med = dhsa_cli_median(r_tmp, (int)runs);
                 for (int64_t r = 0; r < runs; r++) r_tmp[r] = r_ttft[mi * runs + r] / r_ttft[r];
-                t_rat = median_of(r_tmp, (int)runs);
+                t_rat = dhsa_cli_median(r_tmp, (int)runs);
                 for (int64_t r = 0; r < runs; r++) r_tmp[r] = r_dec[mi * runs + r] / r_dec[r];
-                d_rat = median_of(r_tmp, (int)runs);
+                d_rat = dhsa_cli_median(r_tmp, (int)runs);
                 printf("%8lld %-12s %10.3f %12.1f %11.2f %12.3f %12.3f\n", (long long)L, mname[mi], t_med,
                        (double)L / t_med, d_med, t_rat, d_rat);
             }

@@ -58,54 +58,11 @@ const char dhsa_cli_bench_sparse_usage[] =
     "chunk starts of the routing (dhsa_route_boundaries), sinks, the local\n"
     "window and the causal diagonal (docs/results.md, Figures).\n";
 
-#define EXIT_RUN 1
-#define EXIT_USAGE 2
-
-static const char *cur_bench = "sparse";
-
-static void die(int code, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "dhsa bench %s: ", cur_bench);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    if (code == EXIT_USAGE) fprintf(stderr, "(see dhsa bench %s --help)\n", cur_bench);
-    exit(code);
-}
-
-static int64_t parse_i64(const char *opt, const char *s, int64_t lo, int64_t hi) {
-    int64_t v;
-    char msg[256];
-    if (dhsa_cli_parse_int(opt, s, lo, hi, 1, &v, msg, sizeof msg)) die(EXIT_USAGE, "%s", msg);
-    return v;
-}
-
-static double parse_f64(const char *opt, const char *s, double lo, double hi) {
-    double v;
-    char msg[256];
-    if (dhsa_cli_parse_real(opt, s, lo, hi, &v, msg, sizeof msg)) die(EXIT_USAGE, "%s", msg);
-    return v;
-}
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *t, int n) {
-    qsort(t, (size_t)n, sizeof *t, cmp_d);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
+#define EXIT_RUN DHSA_EXIT_RUN
+#define EXIT_USAGE DHSA_EXIT_USAGE
 
 static void check(dhsa_status st, const char *what) {
-    if (st != DHSA_OK) die(EXIT_RUN, "%s: %s: %s", what, dhsa_status_str(st), dhsa_last_error());
+    if (st != DHSA_OK) dhsa_cli_die(EXIT_RUN, "%s: %s: %s", what, dhsa_status_str(st), dhsa_last_error());
 }
 
 /* Routes and runs one method against the dense result already in a->o and
@@ -117,21 +74,21 @@ static void run_method(dhsa_ctx *ctx, const dhsa_attn_desc *a, const dhsa_router
     dhsa_layout *lay = NULL;
     for (int r = 0; r < runs; r++) {
         if (lay) dhsa_layout_free(lay);
-        double t0 = now_s();
+        double t0 = dhsa_cli_now();
         check(dhsa_route(ctx, rp, a, &lay), "routing");
-        t[r] = now_s() - t0;
+        t[r] = dhsa_cli_now() - t0;
     }
-    *route_ms = median(t, runs) * 1e3;
+    *route_ms = dhsa_cli_median(t, runs) * 1e3;
     dhsa_attn_desc s = *a;
     s.layout = lay;
     s.o.data = os;
     s.lse.data = ls;
     for (int r = 0; r < runs; r++) {
-        double t0 = now_s();
+        double t0 = dhsa_cli_now();
         check(dhsa_attention(ctx, &s), "sparse attention");
-        t[r] = now_s() - t0;
+        t[r] = dhsa_cli_now() - t0;
     }
-    *kernel_ms = median(t, runs) * 1e3;
+    *kernel_ms = dhsa_cli_median(t, runs) * 1e3;
     check(dhsa_layout_get_stats(lay, st), "layout statistics");
     check(dhsa_fidelity_compare(&a->o, &a->lse, &s.o, &s.lse, fid), "fidelity");
     *hits = 0;
@@ -153,15 +110,24 @@ typedef struct {
     dhsa_attn_desc a;
 } workload;
 
-static void workload_make(workload *w, const dhsa_synth_params *sp, int causal) {
+static void workload_make(workload *w, const dhsa_synth_params *sp, int causal, const char *too_short_hint) {
     const int64_t L = sp->L;
     size_t nq = (size_t)(sp->Hq * L * sp->d), nk = (size_t)(sp->Hkv * L * sp->d), nl = (size_t)(sp->Hq * L);
     w->q = dhsa_buffer_alloc(nq * 4), w->k = dhsa_buffer_alloc(nk * 4), w->v = dhsa_buffer_alloc(nk * 4);
     w->od = dhsa_buffer_alloc(nq * 4), w->os = dhsa_buffer_alloc(nq * 4);
     w->ld = dhsa_buffer_alloc(nl * 4), w->ls = dhsa_buffer_alloc(nl * 4);
     if (!w->q || !w->k || !w->v || !w->od || !w->os || !w->ld || !w->ls)
-        die(EXIT_RUN, "out of memory for L = %lld", (long long)L);
-    check(dhsa_synth_generate(sp, w->q, w->k, w->v, w->nd), "generating the workload");
+        dhsa_cli_die(EXIT_RUN, "out of memory for L = %lld", (long long)L);
+    dhsa_status st = dhsa_synth_generate(sp, w->q, w->k, w->v, w->nd);
+    if (st) { /* the library's sentence speaks of its fields: name the options too */
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", dhsa_last_error());
+        if (st == DHSA_ERR_INVALID_ARG && sp->n_needles > 0)
+            dhsa_cli_die(EXIT_USAGE, "--L %lld is too short for %d needles of %lld keys, each asked for by one of "
+                         "the last query blocks of %lld rows: %s (%s)", (long long)L, sp->n_needles,
+                         (long long)sp->needle_len, (long long)sp->q_block, too_short_hint, msg);
+        dhsa_cli_die(EXIT_RUN, "generating the workload: %s", msg);
+    }
     dhsa_attn_desc *a = &w->a;
     *a = dhsa_attn_default_desc();
     a->q = dhsa_tensor_bhld(w->q, DHSA_F32, 1, sp->Hq, L, sp->d);
@@ -181,7 +147,7 @@ int dhsa_cli_sparse_demo(int64_t L, int threads) {
     dhsa_synth_params sp = dhsa_synth_default_params();
     sp.L = L;
     workload w;
-    workload_make(&w, &sp, 1);
+    workload_make(&w, &sp, 1, "give a larger --L");
     const dhsa_synth_needle *nd = w.nd;
     float *os = w.os, *ls = w.ls;
     dhsa_ctx_params cp = dhsa_ctx_default_params();
@@ -189,9 +155,9 @@ int dhsa_cli_sparse_demo(int64_t L, int threads) {
     dhsa_ctx *ctx;
     check(dhsa_ctx_create(&cp, &ctx), "creating the context");
     dhsa_attn_desc a = w.a;
-    double t[1], t0 = now_s();
+    double t[1], t0 = dhsa_cli_now();
     check(dhsa_attention(ctx, &a), "dense attention");
-    double dense_ms = (now_s() - t0) * 1e3;
+    double dense_ms = (dhsa_cli_now() - t0) * 1e3;
     printf("DHSA and baselines on a synthetic sequence: L=%lld, 8 query / 2 KV heads, d=128, causal,\n"
            "density 0.0625 (keys per query block, sinks and the local diagonal included)\n\n",
            (long long)L);
@@ -234,13 +200,13 @@ static void write_layout_svg(const char *path, dhsa_ctx *ctx, const dhsa_attn_de
     snprintf(title, sizeof title, "dhsa bench sparse: %s layout, L = %lld, density %.4f", method, (long long)L,
              density);
     dhsa_layout_picture *pic = dhsa_layout_picture_create(title, L, L);
-    if (!pic) die(EXIT_RUN, "layout picture: %s", dhsa_last_error());
+    if (!pic) dhsa_cli_die(EXIT_RUN, "layout picture: %s", dhsa_last_error());
     int64_t n_starts = 0, *starts = NULL;
     int chunks = lay && rp->method != DHSA_ROUTE_STREAM;
     if (chunks) {
         check(dhsa_route_boundaries(ctx, rp, a, 0, NULL, 0, &n_starts), "sizing the boundaries");
         starts = malloc((size_t)(n_starts > 0 ? n_starts : 1) * sizeof *starts);
-        if (!starts) die(EXIT_RUN, "out of memory");
+        if (!starts) dhsa_cli_die(EXIT_RUN, "out of memory");
         check(dhsa_route_boundaries(ctx, rp, a, 0, starts, n_starts, &n_starts), "chunk boundaries");
         check(dhsa_layout_picture_set_boundaries(pic, starts, n_starts), "picture boundaries");
     }
@@ -271,51 +237,57 @@ static void write_layout_svg(const char *path, dhsa_ctx *ctx, const dhsa_attn_de
 }
 
 int dhsa_cli_bench_sparse(int argc, char **argv) {
+    dhsa_cli_set_command("bench sparse", "(see dhsa bench sparse --help)\n");
     int64_t L = 0, H = 8, Hkv = 2, D = 128, budget = 0, needles = 4, seed = 1;
     int threads = 0, runs = 3, dense_runs = 1, json = 0, causal = 1;
     double density = 0.0625;
+    int density_set = 0;
     const char *method = "dhsa", *boundary = NULL, *svg = NULL;
     int64_t svg_head = 0;
     dhsa_router_params rp = dhsa_router_default_params();
     for (int i = 3; i < argc; i++) {
         const char *o = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-#define OPT(name) (strcmp(o, name) == 0 && (val || (die(EXIT_USAGE, "%s needs a value", name), 0)) && ++i)
+#define OPT(name) (strcmp(o, name) == 0 && (val || (dhsa_cli_die(EXIT_USAGE, "%s needs a value", name), 0)) && ++i)
         if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0) {
             fputs(dhsa_cli_bench_sparse_usage, stdout);
             return 0;
         } else if (strcmp(o, "--json") == 0) json = 1;
         else if (strcmp(o, "--no-causal") == 0) causal = 0;
         else if (strcmp(o, "--share-heads") == 0) rp.share_heads = 1;
-        else if (OPT("--L")) L = parse_i64(o, val, 1, (int64_t)1 << 24);
-        else if (OPT("--heads")) H = parse_i64(o, val, 1, 1024);
-        else if (OPT("--kv-heads")) Hkv = parse_i64(o, val, 1, 1024);
-        else if (OPT("--dim")) D = parse_i64(o, val, 1, 4096);
+        else if (OPT("--L")) L = dhsa_cli_int(o, val, 1, (int64_t)1 << 24, 1);
+        else if (OPT("--heads")) H = dhsa_cli_int(o, val, 1, 1024, 1);
+        else if (OPT("--kv-heads")) Hkv = dhsa_cli_int(o, val, 1, 1024, 1);
+        else if (OPT("--dim")) D = dhsa_cli_int(o, val, 1, 4096, 1);
         else if (OPT("--method")) method = val;
-        else if (OPT("--density")) density = parse_f64(o, val, 1e-9, 1.0);
-        else if (OPT("--budget")) budget = parse_i64(o, val, 1, (int64_t)1 << 40);
+        else if (OPT("--density")) density = dhsa_cli_real(o, val, 1e-9, 1.0), density_set = 1;
+        else if (OPT("--budget")) budget = dhsa_cli_int(o, val, 1, (int64_t)1 << 40, 1);
         else if (OPT("--boundary")) boundary = val;
-        else if (OPT("--q-block")) rp.q_block = parse_i64(o, val, 1, 1 << 20);
-        else if (OPT("--chunk")) rp.chunk = parse_i64(o, val, 1, (int64_t)1 << 30);
-        else if (OPT("--min-chunk")) rp.min_chunk = parse_i64(o, val, 1, (int64_t)1 << 30);
-        else if (OPT("--max-chunk")) rp.max_chunk = parse_i64(o, val, 1, (int64_t)1 << 30);
-        else if (OPT("--sink")) rp.sink_tokens = parse_i64(o, val, 0, (int64_t)1 << 40);
-        else if (OPT("--local")) rp.local_tokens = parse_i64(o, val, 0, (int64_t)1 << 40);
-        else if (OPT("--dense-below")) rp.dense_below = parse_i64(o, val, 0, (int64_t)1 << 40);
-        else if (OPT("--needles")) needles = parse_i64(o, val, 0, 16);
-        else if (OPT("--seed")) seed = parse_i64(o, val, 0, INT64_MAX);
-        else if (OPT("--threads")) threads = (int)parse_i64(o, val, 1, 1024);
-        else if (OPT("--runs")) runs = (int)parse_i64(o, val, 1, 1000);
-        else if (OPT("--dense-runs")) dense_runs = (int)parse_i64(o, val, 1, 1000);
+        else if (OPT("--q-block")) rp.q_block = dhsa_cli_int(o, val, 1, 1 << 20, 1);
+        else if (OPT("--chunk")) rp.chunk = dhsa_cli_int(o, val, 1, (int64_t)1 << 30, 1);
+        else if (OPT("--min-chunk")) rp.min_chunk = dhsa_cli_int(o, val, 1, (int64_t)1 << 30, 1);
+        else if (OPT("--max-chunk")) rp.max_chunk = dhsa_cli_int(o, val, 1, (int64_t)1 << 30, 1);
+        else if (OPT("--sink")) rp.sink_tokens = dhsa_cli_int(o, val, 0, (int64_t)1 << 40, 1);
+        else if (OPT("--local")) rp.local_tokens = dhsa_cli_int(o, val, 0, (int64_t)1 << 40, 1);
+        else if (OPT("--dense-below")) rp.dense_below = dhsa_cli_int(o, val, 0, (int64_t)1 << 40, 1);
+        else if (OPT("--needles")) needles = dhsa_cli_int(o, val, 0, 16, 1);
+        else if (OPT("--seed")) seed = dhsa_cli_int(o, val, 0, INT64_MAX, 1);
+        else if (OPT("--threads")) threads = (int)dhsa_cli_int(o, val, 1, 1024, 1);
+        else if (OPT("--runs")) runs = (int)dhsa_cli_int(o, val, 1, 1000, 1);
+        else if (OPT("--dense-runs")) dense_runs = (int)dhsa_cli_int(o, val, 1, 1000, 1);
         else if (OPT("--svg")) svg = val;
-        else if (OPT("--svg-head")) svg_head = parse_i64(o, val, 0, 1023);
-        else die(EXIT_USAGE, "unknown option \"%s\"", o);
+        else if (OPT("--svg-head")) svg_head = dhsa_cli_int(o, val, 0, 1023, 1);
+        else dhsa_cli_die(EXIT_USAGE, "unknown option \"%s\"", o);
 #undef OPT
     }
-    if (L == 0) die(EXIT_USAGE, "--L is required");
-    if (svg && !svg[0]) die(EXIT_USAGE, "--svg needs a file name");
+    if (L == 0) dhsa_cli_die(EXIT_USAGE, "--L is required");
+    if (svg && !svg[0]) dhsa_cli_die(EXIT_USAGE, "--svg needs a file name");
+    if (svg) dhsa_cli_check_output("--svg", svg);
+    if (density_set && budget)
+        dhsa_cli_die(EXIT_USAGE, "give --density F or --budget N, not both (--budget sets the keys per query block; "
+                     "--density the share of the keys it may see)");
     if (svg_head >= Hkv)
-        die(EXIT_USAGE, "--svg-head %lld: the workload has %lld KV heads", (long long)svg_head, (long long)Hkv);
-    if (H % Hkv) die(EXIT_USAGE, "--heads %lld is not a multiple of --kv-heads %lld", (long long)H, (long long)Hkv);
+        dhsa_cli_die(EXIT_USAGE, "--svg-head %lld: the workload has %lld KV heads", (long long)svg_head, (long long)Hkv);
+    if (H % Hkv) dhsa_cli_die(EXIT_USAGE, "--heads %lld is not a multiple of --kv-heads %lld", (long long)H, (long long)Hkv);
     /* --method takes one name or a comma list: one dense run serves all */
     char methods[8][16];
     int n_methods = 0;
@@ -323,29 +295,27 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
         const char *m = method;
         while (*m) {
             size_t len = strcspn(m, ",");
-            if (len == 0 || len >= 16 || n_methods == 8) die(EXIT_USAGE, "--method %s: bad list", method);
+            if (len == 0 || len >= 16 || n_methods == 8) dhsa_cli_die(EXIT_USAGE, "--method %s: bad list", method);
             memcpy(methods[n_methods], m, len);
             methods[n_methods][len] = '\0';
             const char *x = methods[n_methods];
             if (strcmp(x, "dhsa") && strcmp(x, "block") && strcmp(x, "stream") && strcmp(x, "oracle") &&
                 strcmp(x, "dense"))
-                die(EXIT_USAGE, "--method %s: use dhsa, block, stream, oracle or dense (or a comma list)", x);
+                dhsa_cli_die(EXIT_USAGE, "--method %s: use dhsa, block, stream, oracle or dense (or a comma list)", x);
             n_methods++;
             m += len;
             if (*m == ',') m++;
         }
-        if (n_methods == 0) die(EXIT_USAGE, "--method is empty");
+        if (n_methods == 0) dhsa_cli_die(EXIT_USAGE, "--method is empty");
     }
     if (boundary) {
         if (strcmp(boundary, "fixed") == 0) rp.boundary = DHSA_BOUNDARY_FIXED;
         else if (strcmp(boundary, "similarity") == 0) rp.boundary = DHSA_BOUNDARY_SIMILARITY;
         else if (strncmp(boundary, "learned:", 8) == 0) {
-            dhsa_predictor *pr;
-            check(dhsa_predictor_load(boundary + 8, &pr), "loading the predictor");
             rp.boundary = DHSA_BOUNDARY_LEARNED;
-            rp.predictor = pr; /* freed at exit */
+            rp.predictor = dhsa_cli_load_predictor(boundary + 8, Hkv * D, "the workload (--kv-heads x --dim)");
         }
-        else die(EXIT_USAGE, "--boundary %s: use fixed, similarity or learned:FILE", boundary);
+        else dhsa_cli_die(EXIT_USAGE, "--boundary %s: use fixed, similarity or learned:FILE", boundary);
     }
     rp.budget_tokens = budget;
     rp.density = density;
@@ -365,7 +335,7 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
     for (int i = 0; i < sp.n_needles; i++) sp.depths[i] = depth[i];
 
     workload w;
-    workload_make(&w, &sp, causal);
+    workload_make(&w, &sp, causal, "give a larger --L, fewer --needles or a smaller --q-block");
     const dhsa_synth_needle *nd = w.nd;
     float *os = w.os, *ls = w.ls;
 
@@ -379,13 +349,13 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
     dhsa_attn_desc a = w.a;
 
     double *t = malloc(sizeof(double) * (size_t)(runs > dense_runs ? runs : dense_runs) * 2);
-    if (!t) die(EXIT_RUN, "out of memory");
+    if (!t) dhsa_cli_die(EXIT_RUN, "out of memory");
     for (int r = 0; r < dense_runs; r++) {
-        double t0 = now_s();
+        double t0 = dhsa_cli_now();
         check(dhsa_attention(ctx, &a), "dense attention");
-        t[r] = now_s() - t0;
+        t[r] = dhsa_cli_now() - t0;
     }
-    double dense_ms = median(t, dense_runs) * 1e3;
+    double dense_ms = dhsa_cli_median(t, dense_runs) * 1e3;
 
     dhsa_router_params base = rp;
     for (int mi = 0; mi < n_methods; mi++) {
@@ -481,46 +451,51 @@ const char dhsa_cli_bench_decode_usage[] =
     "which the append cost includes (--ubatch 1 gives the decode-time cost).\n";
 
 int dhsa_cli_bench_decode(int argc, char **argv) {
-    cur_bench = "decode";
+    dhsa_cli_set_command("bench decode", "(see dhsa bench decode --help)\n");
     int64_t L = 0, H = 32, Hkv = 8, D = 128, budget = 0, ubatch = 512;
-    int threads = 0, runs = 9, json = 0;
+    int threads = 0, runs = 9, json = 0, density_set = 0;
     double density = 0.0625;
+    const char *pred_path = NULL;
     dhsa_router_params rp = dhsa_router_default_params();
     rp.causal_boundaries = 1;
     for (int i = 3; i < argc; i++) {
         const char *o = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-#define OPT(name) (strcmp(o, name) == 0 && (val || (die(EXIT_USAGE, "%s needs a value", name), 0)) && ++i)
+#define OPT(name) (strcmp(o, name) == 0 && (val || (dhsa_cli_die(EXIT_USAGE, "%s needs a value", name), 0)) && ++i)
         if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0) {
             fputs(dhsa_cli_bench_decode_usage, stdout);
             return 0;
         } else if (strcmp(o, "--json") == 0) json = 1;
-        else if (OPT("--L")) L = parse_i64(o, val, 2, (int64_t)1 << 24);
-        else if (OPT("--heads")) H = parse_i64(o, val, 1, 1024);
-        else if (OPT("--kv-heads")) Hkv = parse_i64(o, val, 1, 1024);
-        else if (OPT("--dim")) D = parse_i64(o, val, 1, 4096);
-        else if (OPT("--density")) density = parse_f64(o, val, 1e-9, 1.0);
-        else if (OPT("--budget")) budget = parse_i64(o, val, 1, (int64_t)1 << 40);
-        else if (OPT("--ubatch")) ubatch = parse_i64(o, val, 1, (int64_t)1 << 24);
-        else if (OPT("--sink")) rp.sink_tokens = parse_i64(o, val, 0, (int64_t)1 << 40);
-        else if (OPT("--local")) rp.local_tokens = parse_i64(o, val, 0, (int64_t)1 << 40);
-        else if (OPT("--dense-below")) rp.dense_below = parse_i64(o, val, 0, (int64_t)1 << 40);
+        else if (OPT("--L")) L = dhsa_cli_int(o, val, 2, (int64_t)1 << 24, 1);
+        else if (OPT("--heads")) H = dhsa_cli_int(o, val, 1, 1024, 1);
+        else if (OPT("--kv-heads")) Hkv = dhsa_cli_int(o, val, 1, 1024, 1);
+        else if (OPT("--dim")) D = dhsa_cli_int(o, val, 1, 4096, 1);
+        else if (OPT("--density")) density = dhsa_cli_real(o, val, 1e-9, 1.0), density_set = 1;
+        else if (OPT("--budget")) budget = dhsa_cli_int(o, val, 1, (int64_t)1 << 40, 1);
+        else if (OPT("--ubatch")) ubatch = dhsa_cli_int(o, val, 1, (int64_t)1 << 24, 1);
+        else if (OPT("--sink")) rp.sink_tokens = dhsa_cli_int(o, val, 0, (int64_t)1 << 40, 1);
+        else if (OPT("--local")) rp.local_tokens = dhsa_cli_int(o, val, 0, (int64_t)1 << 40, 1);
+        else if (OPT("--dense-below")) rp.dense_below = dhsa_cli_int(o, val, 0, (int64_t)1 << 40, 1);
         else if (OPT("--boundary")) {
             if (strcmp(val, "fixed") == 0) rp.boundary = DHSA_BOUNDARY_FIXED;
             else if (strcmp(val, "similarity") == 0) rp.boundary = DHSA_BOUNDARY_SIMILARITY;
             else if (strncmp(val, "learned:", 8) == 0 && val[8]) {
-                dhsa_predictor *pr;
-                dhsa_predictor_free((dhsa_predictor *)rp.predictor); /* a repeated option */
-                check(dhsa_predictor_load(val + 8, &pr), "loading the predictor");
                 rp.boundary = DHSA_BOUNDARY_LEARNED;
-                rp.predictor = pr;
-            } else die(EXIT_USAGE, "--boundary %s: use fixed, similarity or learned:FILE", val);
-        } else if (OPT("--threads")) threads = (int)parse_i64(o, val, 1, 1024);
-        else if (OPT("--runs")) runs = (int)parse_i64(o, val, 1, 1000);
-        else die(EXIT_USAGE, "unknown option \"%s\"", o);
+                pred_path = val + 8; /* loaded below, once the shape is known */
+            } else dhsa_cli_die(EXIT_USAGE, "--boundary %s: use fixed, similarity or learned:FILE", val);
+        } else if (OPT("--threads")) threads = (int)dhsa_cli_int(o, val, 1, 1024, 1);
+        else if (OPT("--runs")) runs = (int)dhsa_cli_int(o, val, 1, 1000, 1);
+        else dhsa_cli_die(EXIT_USAGE, "unknown option \"%s\"", o);
 #undef OPT
     }
-    if (L == 0) die(EXIT_USAGE, "--L is required");
-    if (H % Hkv) die(EXIT_USAGE, "--heads %lld is not a multiple of --kv-heads %lld", (long long)H, (long long)Hkv);
+    if (L == 0) dhsa_cli_die(EXIT_USAGE, "--L is required");
+    if (H % Hkv) dhsa_cli_die(EXIT_USAGE, "--heads %lld is not a multiple of --kv-heads %lld", (long long)H, (long long)Hkv);
+    if (density_set && budget)
+        dhsa_cli_die(EXIT_USAGE, "give --density F or --budget N, not both (--budget sets the keys per query block; "
+                     "--density the share of the keys it may see)");
+    if (rp.boundary == DHSA_BOUNDARY_LEARNED && pred_path)
+        rp.predictor = dhsa_cli_load_predictor(pred_path, Hkv * D, "the workload (--kv-heads x --dim)");
+    else if (rp.boundary != DHSA_BOUNDARY_LEARNED)
+        pred_path = NULL;
     rp.budget_tokens = budget;
     rp.density = density;
     const char *bname = rp.boundary == DHSA_BOUNDARY_FIXED     ? "fixed"
@@ -537,8 +512,8 @@ int dhsa_cli_bench_decode(int argc, char **argv) {
     size_t nq = (size_t)(H * L * D), nk = (size_t)(Hkv * L * D);
     float *q = dhsa_buffer_alloc(nq * 4), *k = dhsa_buffer_alloc(nk * 4), *v = dhsa_buffer_alloc(nk * 4);
     float od[4096], os[4096], ld[1024], ls[1024];
-    if (!q || !k || !v) die(EXIT_RUN, "out of memory for L = %lld", (long long)L);
-    if (H * D > 4096 || H > 1024) die(EXIT_USAGE, "heads x dim above 4096 is not supported here");
+    if (!q || !k || !v) dhsa_cli_die(EXIT_RUN, "out of memory for L = %lld", (long long)L);
+    if (H * D > 4096 || H > 1024) dhsa_cli_die(EXIT_USAGE, "heads x dim above 4096 is not supported here");
     dhsa_synth_needle nd[1];
     check(dhsa_synth_generate(&sp, q, k, v, nd), "generating the workload");
 
@@ -550,14 +525,14 @@ int dhsa_cli_bench_decode(int argc, char **argv) {
     dhsa_kv_index *ix;
     check(dhsa_kv_index_create(ctx, &rp, Hkv, D, L, &ix), "creating the index");
     dhsa_tensor K = dhsa_tensor_bhld(k, DHSA_F32, 1, Hkv, L, D);
-    double t0 = now_s();
+    double t0 = dhsa_cli_now();
     for (int64_t u0 = 0; u0 < L; u0 += ubatch) {
         dhsa_tensor part = K;
         part.data = k + u0 * D;
         part.shape[2] = ubatch < L - u0 ? ubatch : L - u0;
         check(dhsa_kv_index_append(ix, &part), "appending keys");
     }
-    double append_us = (now_s() - t0) * 1e6 / (double)L;
+    double append_us = (dhsa_cli_now() - t0) * 1e6 / (double)L;
 
     /* the last query row of every head: q [1, H, 1, D] is a view */
     dhsa_attn_desc a = dhsa_attn_default_desc();
@@ -571,33 +546,33 @@ int dhsa_cli_bench_decode(int argc, char **argv) {
     a.causal = 1;
     a.q_pos0 = L - 1;
     double *t = malloc(sizeof(double) * (size_t)runs);
-    if (!t) die(EXIT_RUN, "out of memory");
+    if (!t) dhsa_cli_die(EXIT_RUN, "out of memory");
     check(dhsa_attention(ctx, &a), "dense decode");
     for (int r = 0; r < runs; r++) {
-        t0 = now_s();
+        t0 = dhsa_cli_now();
         check(dhsa_attention(ctx, &a), "dense decode");
-        t[r] = now_s() - t0;
+        t[r] = dhsa_cli_now() - t0;
     }
-    double dense_ms = median(t, runs) * 1e3;
+    double dense_ms = dhsa_cli_median(t, runs) * 1e3;
     dhsa_layout *lay = NULL;
     for (int r = 0; r < runs; r++) {
         if (lay) dhsa_layout_free(lay);
-        t0 = now_s();
+        t0 = dhsa_cli_now();
         check(dhsa_kv_index_route(ctx, ix, &a, &lay), "routing the query");
-        t[r] = now_s() - t0;
+        t[r] = dhsa_cli_now() - t0;
     }
-    double route_ms = median(t, runs) * 1e3;
+    double route_ms = dhsa_cli_median(t, runs) * 1e3;
     dhsa_attn_desc s = a;
     s.layout = lay;
     s.o.data = os;
     s.lse.data = ls;
     check(dhsa_attention(ctx, &s), "sparse decode");
     for (int r = 0; r < runs; r++) {
-        t0 = now_s();
+        t0 = dhsa_cli_now();
         check(dhsa_attention(ctx, &s), "sparse decode");
-        t[r] = now_s() - t0;
+        t[r] = dhsa_cli_now() - t0;
     }
-    double kernel_ms = median(t, runs) * 1e3;
+    double kernel_ms = dhsa_cli_median(t, runs) * 1e3;
     dhsa_layout_stats st;
     check(dhsa_layout_get_stats(lay, &st), "layout statistics");
     dhsa_fidelity fid;

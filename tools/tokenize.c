@@ -16,8 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define EXIT_RUN 1
-#define EXIT_USAGE 2
+#define EXIT_RUN DHSA_EXIT_RUN
+#define EXIT_USAGE DHSA_EXIT_USAGE
 
 const char dhsa_cli_tokenize_usage[] =
     "usage: dhsa tokenize -m MODEL [--no-bos] [--special] [--ids-only] TEXT\n"
@@ -44,22 +44,6 @@ const char dhsa_cli_tokenize_usage[] =
     "Example: dhsa tokenize -m ../shared/models/stories260K.gguf \"Once upon a time\"\n";
 
 static const char *cmd_name = "dhsa tokenize";
-
-static void usage_error(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "%s: ", cmd_name);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "\n\n%s", dhsa_cli_tokenize_usage);
-    exit(EXIT_USAGE);
-}
-
-/* All bytes of a file ("-" = stdin) into a malloc'd buffer; NULL with errno
- * on failure. */
-static char *read_file(const char *path, int64_t *len) {
-    return dhsa_cli_read_file(path, DHSA_TOKENIZER_MAX_TEXT, len);
-}
 
 /* Length of the valid UTF-8 sequence at s[0..n), or 0. */
 static int utf8_len(const unsigned char *s, int64_t n) {
@@ -103,6 +87,7 @@ static void print_escaped(const char *p, int64_t n) {
 }
 
 int dhsa_cli_tokenize(int argc, char **argv) {
+    dhsa_cli_set_command("tokenize", dhsa_cli_tokenize_usage);
     const char *model = NULL, *file = NULL, *text = NULL;
     int no_bos = 0, special = 0, ids_only = 0, only_text = 0;
     for (int i = 2; i < argc; i++) {
@@ -115,11 +100,11 @@ int dhsa_cli_tokenize(int argc, char **argv) {
         int is_file = strcmp(a, "-f") == 0 || strcmp(a, "--file") == 0 || strncmp(a, "--file=", 7) == 0;
         if (!only_text && (is_model || is_file)) {
             const char **dst = is_model ? &model : &file, *eq = strchr(a, '=');
-            if (*dst) usage_error("%s given twice", is_model ? "-m/--model" : "-f/--file");
+            if (*dst) dhsa_cli_die(EXIT_USAGE, "%s given twice", is_model ? "-m/--model" : "-f/--file");
             if (eq) {
                 *dst = eq + 1;
             } else {
-                if (i + 1 >= argc) usage_error("%s needs a value", a);
+                if (i + 1 >= argc) dhsa_cli_die(EXIT_USAGE, "%s needs a value", a);
                 *dst = argv[++i];
             }
         } else if (!only_text && strcmp(a, "--no-bos") == 0) {
@@ -131,24 +116,20 @@ int dhsa_cli_tokenize(int argc, char **argv) {
         } else if (!only_text && strcmp(a, "--") == 0) {
             only_text = 1;
         } else if (!only_text && a[0] == '-' && a[1]) {
-            usage_error("unknown option \"%s\"", a);
+            dhsa_cli_die(EXIT_USAGE, "unknown option \"%s\"", a);
         } else {
-            if (text) usage_error("one TEXT only (quote it): \"%s\" and \"%s\"", text, a);
+            if (text) dhsa_cli_die(EXIT_USAGE, "one TEXT only (quote it): \"%s\" and \"%s\"", text, a);
             text = a;
         }
     }
-    if (!model) usage_error("-m MODEL is required");
-    if (text && file) usage_error("give TEXT or -f FILE, not both");
-    if (!text && !file) usage_error("nothing to tokenize: give TEXT or -f FILE");
+    if (!model) dhsa_cli_die(EXIT_USAGE, "-m MODEL is required");
+    if (text && file) dhsa_cli_die(EXIT_USAGE, "give TEXT or -f FILE, not both");
+    if (!text && !file) dhsa_cli_die(EXIT_USAGE, "nothing to tokenize: give TEXT or -f FILE");
 
     int64_t len = 0;
     char *owned = NULL;
     if (file) {
-        owned = read_file(file, &len);
-        if (!owned) {
-            fprintf(stderr, "%s: cannot read %s: %s\n", cmd_name, file, strerror(errno));
-            return EXIT_RUN;
-        }
+        owned = dhsa_cli_slurp("-f", file, DHSA_TOKENIZER_MAX_TEXT, "the most text the tokenizer takes", &len);
         text = owned;
     } else {
         len = (int64_t)strlen(text);

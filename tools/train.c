@@ -28,8 +28,8 @@
 #include "cli.h"
 #include "dhsa.h"
 
-#define EXIT_RUN 1
-#define EXIT_USAGE 2
+#define EXIT_RUN DHSA_EXIT_RUN
+#define EXIT_USAGE DHSA_EXIT_USAGE
 #define MAX_LAYERS 1024
 
 const char dhsa_cli_train_boundary_usage[] =
@@ -49,7 +49,9 @@ const char dhsa_cli_train_boundary_usage[] =
     "  -m MODEL           GGUF file, or a llama2.c checkpoint with --tokenizer\n"
     "  --tokenizer FILE   the llama2.c tokenizer (tok*.bin)\n"
     "  --text FILE        training text (UTF-8)\n"
-    "  -o FILE            the predictor file to write\n"
+    "  -o FILE            the predictor file to write (checked before the run;\n"
+    "                     written through a temporary renamed over it: an\n"
+    "                     existing file is replaced only when complete)\n"
     "  --layers L,L,..|all  layers whose keys and labels are used (default all)\n"
     "  --window W         w: keys on each side of a candidate (default 4)\n"
     "  --hidden H         MLP width (default 32)\n"
@@ -64,43 +66,6 @@ const char dhsa_cli_train_boundary_usage[] =
     "  --seed S           initial weights and minibatch order (default 1)\n"
     "  --max-tokens N     use only the first N tokens of the text\n"
     "  --threads T        (default: online CPUs)\n";
-
-static void die(int code, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "dhsa train-boundary: ");
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    if (code == EXIT_USAGE) fputs("(see dhsa train-boundary --help)\n", stderr);
-    exit(code);
-}
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int64_t num(const char *opt, const char *s, int64_t lo, int64_t hi) {
-    int64_t v;
-    char msg[256];
-    if (dhsa_cli_parse_int(opt, s, lo, hi, 1, &v, msg, sizeof msg)) die(EXIT_USAGE, "%s", msg);
-    return v;
-}
-
-static double real(const char *opt, const char *s, double lo, double hi) {
-    double v;
-    char msg[256];
-    if (dhsa_cli_parse_real(opt, s, lo, hi, &v, msg, sizeof msg)) die(EXIT_USAGE, "%s", msg);
-    return v;
-}
-
-static char *read_file(const char *path, int64_t *len) {
-    char *buf = dhsa_cli_read_file(path, DHSA_TOKENIZER_MAX_TEXT, len);
-    if (!buf) die(EXIT_RUN, "cannot read \"%s\": %s", path, strerror(errno));
-    return buf;
-}
 
 /* ------------------------------------------------------- collection --- */
 
@@ -193,7 +158,7 @@ static double auc(scored *v, int64_t n) {
 static void progress(void *user, const dhsa_train_point *pt) {
     double t0 = *(const double *)user;
     printf("step %6lld  train loss %.5f  val loss %.5f  (%.1f s)\n", (long long)pt->step, pt->train_loss, pt->val_loss,
-           now() - t0);
+           dhsa_cli_now() - t0);
     fflush(stdout);
 }
 
@@ -204,53 +169,60 @@ int dhsa_cli_train_boundary(int argc, char **argv) {
     int64_t w = 4, hidden = 32, n_ctx = 0, sink = 1, threads = 0, max_tokens = 0;
     double val = 0.2;
     dhsa_train_params tp = dhsa_train_default_params();
+    dhsa_cli_set_command("train-boundary", "(see dhsa train-boundary --help)\n");
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             fputs(dhsa_cli_train_boundary_usage, stdout);
             return 0;
         }
-        if (i + 1 >= argc) die(EXIT_USAGE, "%s needs a value (or is unknown)", a);
+        if (i + 1 >= argc) dhsa_cli_die(EXIT_USAGE, "%s needs a value (or is unknown)", a);
         const char *v = argv[++i];
         if (strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0) model = v;
         else if (strcmp(a, "--tokenizer") == 0) tokp = v;
         else if (strcmp(a, "--text") == 0) text_path = v;
         else if (strcmp(a, "-o") == 0 || strcmp(a, "--output") == 0) out = v;
         else if (strcmp(a, "--layers") == 0) layers_arg = v;
-        else if (strcmp(a, "--window") == 0) w = num(a, v, 1, 64);
-        else if (strcmp(a, "--hidden") == 0) hidden = num(a, v, 1, 4096);
-        else if (strcmp(a, "--ctx") == 0) n_ctx = num(a, v, 16, (int64_t)1 << 24);
-        else if (strcmp(a, "--val") == 0) val = real(a, v, 0.01, 0.99);
-        else if (strcmp(a, "--sink") == 0) sink = num(a, v, 0, (int64_t)1 << 20);
-        else if (strcmp(a, "--steps") == 0) tp.steps = num(a, v, 0, (int64_t)1 << 40);
-        else if (strcmp(a, "--batch") == 0) tp.batch = num(a, v, 1, (int64_t)1 << 20);
-        else if (strcmp(a, "--lr") == 0) tp.lr = real(a, v, 1e-12, 10);
-        else if (strcmp(a, "--eval-every") == 0) tp.eval_every = num(a, v, 0, (int64_t)1 << 40);
-        else if (strcmp(a, "--gamma") == 0) tp.gamma = real(a, v, 0, 16);
-        else if (strcmp(a, "--pos-weight") == 0) tp.pos_weight = real(a, v, 1e-6, 1e6);
-        else if (strcmp(a, "--seed") == 0) tp.seed = (uint64_t)num(a, v, 0, INT64_MAX);
-        else if (strcmp(a, "--max-tokens") == 0) max_tokens = num(a, v, 1, INT64_MAX);
-        else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) threads = num(a, v, 1, 1024);
-        else die(EXIT_USAGE, "unknown option \"%s\"", a);
+        else if (strcmp(a, "--window") == 0) w = dhsa_cli_int(a, v, 1, 64, 1);
+        else if (strcmp(a, "--hidden") == 0) hidden = dhsa_cli_int(a, v, 1, 4096, 1);
+        else if (strcmp(a, "--ctx") == 0) n_ctx = dhsa_cli_int(a, v, 16, (int64_t)1 << 24, 1);
+        else if (strcmp(a, "--val") == 0) val = dhsa_cli_real(a, v, 0.01, 0.99);
+        else if (strcmp(a, "--sink") == 0) sink = dhsa_cli_int(a, v, 0, (int64_t)1 << 20, 1);
+        else if (strcmp(a, "--steps") == 0) tp.steps = dhsa_cli_int(a, v, 0, (int64_t)1 << 40, 1);
+        else if (strcmp(a, "--batch") == 0) tp.batch = dhsa_cli_int(a, v, 1, (int64_t)1 << 20, 1);
+        else if (strcmp(a, "--lr") == 0) tp.lr = dhsa_cli_real(a, v, 1e-12, 10);
+        else if (strcmp(a, "--eval-every") == 0) tp.eval_every = dhsa_cli_int(a, v, 0, (int64_t)1 << 40, 1);
+        else if (strcmp(a, "--gamma") == 0) tp.gamma = dhsa_cli_real(a, v, 0, 16);
+        else if (strcmp(a, "--pos-weight") == 0) tp.pos_weight = dhsa_cli_real(a, v, 1e-6, 1e6);
+        else if (strcmp(a, "--seed") == 0) tp.seed = (uint64_t)dhsa_cli_int(a, v, 0, INT64_MAX, 1);
+        else if (strcmp(a, "--max-tokens") == 0) max_tokens = dhsa_cli_int(a, v, 1, INT64_MAX, 1);
+        else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) threads = dhsa_cli_int(a, v, 1, 1024, 1);
+        else dhsa_cli_die(EXIT_USAGE, "unknown option \"%s\"", a);
     }
-    if (!model) die(EXIT_USAGE, "-m MODEL is required");
-    if (!text_path) die(EXIT_USAGE, "--text FILE is required");
-    if (!out) die(EXIT_USAGE, "-o PREDICTOR is required");
+    if (!model) dhsa_cli_die(EXIT_USAGE, "-m MODEL is required");
+    if (!text_path) dhsa_cli_die(EXIT_USAGE, "--text FILE is required");
+    if (!out) dhsa_cli_die(EXIT_USAGE, "-o PREDICTOR is required");
+    /* before the model runs: minutes of work must not end in "cannot write" */
+    dhsa_cli_check_output("-o", out);
+    dhsa_cli_check_not_input("-o", out, "-m", model);
+    dhsa_cli_check_not_input("-o", out, "--text", text_path);
+    dhsa_cli_check_not_input("-o", out, "--tokenizer", tokp);
+    dhsa_cli_check_tokenizer(model, tokp);
 
-    double t_start = now();
+    double t_start = dhsa_cli_now();
     dhsa_model_params mp = dhsa_model_default_params();
     mp.tokenizer_path = tokp;
     dhsa_model *m;
-    if (dhsa_model_load(model, &mp, &m)) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (dhsa_model_load(model, &mp, &m)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     const dhsa_model_info *in = dhsa_model_get_info(m);
     const int64_t L = in->n_layer, hd = in->head_dim_k, C = in->n_head_kv * hd;
-    if (L > MAX_LAYERS) die(EXIT_RUN, "the model has %lld layers (at most %d here)", (long long)L, MAX_LAYERS);
-    if (C > 8192) die(EXIT_RUN, "KV heads x head dim = %lld: the predictor takes at most 8192", (long long)C);
+    if (L > MAX_LAYERS) dhsa_cli_die(EXIT_RUN, "the model has %lld layers (at most %d here)", (long long)L, MAX_LAYERS);
+    if (C > 8192) dhsa_cli_die(EXIT_RUN, "KV heads x head dim = %lld: the predictor takes at most 8192", (long long)C);
     if (n_ctx == 0) n_ctx = in->n_ctx_train;
     if (n_ctx > in->n_ctx_train)
         fprintf(stderr, "dhsa train-boundary: warning: --ctx %lld is longer than the trained context %lld\n",
                 (long long)n_ctx, (long long)in->n_ctx_train);
-    if (n_ctx < 4 * w + 2) die(EXIT_USAGE, "--ctx %lld is too short for --window %lld", (long long)n_ctx, (long long)w);
+    if (n_ctx < 4 * w + 2) dhsa_cli_die(EXIT_USAGE, "--ctx %lld is too short for --window %lld", (long long)n_ctx, (long long)w);
 
     /* layers */
     static int use[MAX_LAYERS];
@@ -259,36 +231,34 @@ int dhsa_cli_train_boundary(int argc, char **argv) {
         for (int64_t l = 0; l < L; l++) use[l] = 1;
         n_use = L;
     } else {
-        char buf[4096];
-        if (strlen(layers_arg) >= sizeof buf) die(EXIT_USAGE, "--layers is too long");
-        snprintf(buf, sizeof buf, "%s", layers_arg);
-        for (char *t = strtok(buf, ","); t; t = strtok(NULL, ",")) {
-            int64_t l = num("--layers", t, 0, L - 1);
+        static char buf[8192], *items[MAX_LAYERS];
+        int n = dhsa_cli_split_list("--layers", layers_arg, buf, sizeof buf, items, MAX_LAYERS);
+        for (int k = 0; k < n; k++) {
+            int64_t l = dhsa_cli_int("--layers", items[k], 0, L - 1, 1);
             if (!use[l]) use[l] = 1, n_use++;
         }
-        if (n_use == 0) die(EXIT_USAGE, "--layers names no layer");
     }
 
     /* the text, cut into segments of n_ctx tokens (BOS first when the vocabulary adds one) */
     const dhsa_tokenizer *tok = dhsa_model_tokenizer(m);
     int64_t text_len, n_text = 0;
-    char *text = read_file(text_path, &text_len);
+    char *text = dhsa_cli_slurp("--text", text_path, DHSA_TOKENIZER_MAX_TEXT, "the most a text may hold", &text_len);
     if (dhsa_tokenize(tok, text, text_len, 0, NULL, 0, &n_text) != DHSA_OK && n_text == 0)
-        die(EXIT_RUN, "%s", dhsa_last_error());
+        dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     int32_t *ids = malloc((size_t)(n_text + 1) * sizeof(int32_t));
-    if (!ids) die(EXIT_RUN, "out of memory for %lld tokens", (long long)n_text);
-    if (dhsa_tokenize(tok, text, text_len, 0, ids, n_text + 1, &n_text)) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (!ids) dhsa_cli_die(EXIT_RUN, "out of memory for %lld tokens", (long long)n_text);
+    if (dhsa_tokenize(tok, text, text_len, 0, ids, n_text + 1, &n_text)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     free(text);
     if (max_tokens && n_text > max_tokens) n_text = max_tokens;
     const int bos = (dhsa_tokenizer_default_flags(tok) & DHSA_TOKENIZE_ADD_BOS) && dhsa_tokenizer_bos(tok) >= 0;
     const int64_t per_seg = n_ctx - bos, n_seg = (n_text + per_seg - 1) / per_seg;
     const int64_t split_tok = (int64_t)floor((double)n_text * (1.0 - val));
-    if (n_seg == 0) die(EXIT_RUN, "the text has no tokens");
+    if (n_seg == 0) dhsa_cli_die(EXIT_RUN, "the text has no tokens");
 
     dhsa_ctx_params cp = dhsa_ctx_default_params();
     cp.n_threads = (int)threads;
     dhsa_ctx *ctx;
-    if (dhsa_ctx_create(&cp, &ctx)) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (dhsa_ctx_create(&cp, &ctx)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     printf("model: %s: %lld layers, %lld KV heads x head dim %lld = C %lld; layers used: %lld\n", model, (long long)L,
            (long long)in->n_head_kv, (long long)hd, (long long)C, (long long)n_use);
     printf("text: %s: %lld tokens in %lld segments of <= %lld (BOS %s); validation: tokens from %lld (last %.0f%%)\n",
@@ -306,7 +276,7 @@ int dhsa_cli_train_boundary(int argc, char **argv) {
     sp.layer_hook = hook;
     sp.layer_hook_user = &hs;
     dhsa_session *s;
-    if (dhsa_session_create(ctx, m, &sp, &s)) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (dhsa_session_create(ctx, m, &sp, &s)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
 
     /* per (segment, used layer): keys [n][C] and labels [n] */
     const int64_t n_seqs = n_seg * n_use;
@@ -314,11 +284,11 @@ int dhsa_cli_train_boundary(int argc, char **argv) {
     float **keys_of = calloc((size_t)L, sizeof(float *));
     double **mass_of = calloc((size_t)L, sizeof(double *));
     int32_t *seg_ids = malloc((size_t)n_ctx * sizeof(int32_t));
-    if (!seqs || !keys_of || !mass_of || !seg_ids) die(EXIT_RUN, "out of memory");
+    if (!seqs || !keys_of || !mass_of || !seg_ids) dhsa_cli_die(EXIT_RUN, "out of memory");
     for (int64_t l = 0; l < L; l++)
-        if (use[l] && !(mass_of[l] = malloc((size_t)(n_ctx * 2 * w) * sizeof(double)))) die(EXIT_RUN, "out of memory");
+        if (use[l] && !(mass_of[l] = malloc((size_t)(n_ctx * 2 * w) * sizeof(double)))) dhsa_cli_die(EXIT_RUN, "out of memory");
     hs.keys = keys_of, hs.mass = mass_of;
-    double t_lab = now(), pos_sum = 0, y_sum = 0;
+    double t_lab = dhsa_cli_now(), pos_sum = 0, y_sum = 0;
     int64_t n_lab = 0, q = 0;
     int64_t *lay_pos = calloc((size_t)L, sizeof(int64_t)), *lay_n = calloc((size_t)L, sizeof(int64_t));
     for (int64_t sg = 0; sg < n_seg; sg++) {
@@ -330,22 +300,22 @@ int dhsa_cli_train_boundary(int argc, char **argv) {
         hs.n = n;
         for (int64_t l = 0; l < L; l++) {
             if (!use[l]) continue;
-            if (!(keys_of[l] = malloc((size_t)(n * C) * sizeof(float)))) die(EXIT_RUN, "out of memory");
+            if (!(keys_of[l] = malloc((size_t)(n * C) * sizeof(float)))) dhsa_cli_die(EXIT_RUN, "out of memory");
             memset(mass_of[l], 0, (size_t)(n * 2 * w) * sizeof(double));
         }
         dhsa_session_reset(s);
-        if (dhsa_session_eval(s, seg_ids, n, NULL)) die(EXIT_RUN, "segment %lld: %s", (long long)sg, dhsa_last_error());
+        if (dhsa_session_eval(s, seg_ids, n, NULL)) dhsa_cli_die(EXIT_RUN, "segment %lld: %s", (long long)sg, dhsa_last_error());
         for (int64_t l = 0; l < L; l++) {
             if (!use[l]) continue;
             float *y = malloc((size_t)n * sizeof(float));
-            if (!y) die(EXIT_RUN, "out of memory");
-            if (dhsa_boundary_labels(mass_of[l], n, w, sink, y, NULL)) die(EXIT_RUN, "%s", dhsa_last_error());
+            if (!y) dhsa_cli_die(EXIT_RUN, "out of memory");
+            if (dhsa_boundary_labels(mass_of[l], n, w, sink, y, NULL)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
             for (int64_t t = 0; t < n; t++)
                 if (y[t] >= 0) n_lab++, lay_n[l]++, y_sum += y[t], pos_sum += y[t] >= 0.5f, lay_pos[l] += y[t] >= 0.5f;
             seqs[q++] = (dhsa_train_seq){keys_of[l], y, n, split};
         }
     }
-    t_lab = now() - t_lab;
+    t_lab = dhsa_cli_now() - t_lab;
     printf("labels: %lld candidates in %.1f s; mean y %.3f, y >= 0.5: %.3f; per layer y >= 0.5:", (long long)n_lab,
            t_lab, n_lab ? y_sum / (double)n_lab : 0.0, n_lab ? pos_sum / (double)n_lab : 0.0);
     for (int64_t l = 0; l < L; l++)
@@ -354,17 +324,17 @@ int dhsa_cli_train_boundary(int argc, char **argv) {
     fflush(stdout);
 
     dhsa_predictor *pr;
-    if (dhsa_predictor_create_random(C, w, hidden, tp.seed, &pr)) die(EXIT_RUN, "%s", dhsa_last_error());
-    double t_train = now();
+    if (dhsa_predictor_create_random(C, w, hidden, tp.seed, &pr)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+    double t_train = dhsa_cli_now();
     tp.progress = progress;
     tp.progress_user = &t_train;
     dhsa_train_report r;
-    if (dhsa_predictor_train(ctx, pr, seqs, n_seqs, &tp, &r)) die(EXIT_RUN, "%s", dhsa_last_error());
+    if (dhsa_predictor_train(ctx, pr, seqs, n_seqs, &tp, &r)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
 
     /* the similarity score on the same validation samples */
     scored *sv = malloc((size_t)r.n_val * sizeof(scored));
     int64_t nv = 0;
-    if (!sv) die(EXIT_RUN, "out of memory");
+    if (!sv) dhsa_cli_die(EXIT_RUN, "out of memory");
     for (int64_t i = 0; i < n_seqs; i++)
         for (int64_t t = 0; t < seqs[i].n; t++)
             if (seqs[i].y[t] >= 0 && t - w >= seqs[i].split && nv < r.n_val)
@@ -385,8 +355,8 @@ int dhsa_cli_train_boundary(int argc, char **argv) {
            r.precision, r.recall, r.f1, (long long)r.tp, (long long)r.fp, (long long)r.fn, (long long)r.tn);
     printf("validation ROC AUC: learned %.4f, similarity (1 - cos of the mean keys, window %lld) %.4f\n", r.auc,
            (long long)w, sim_auc);
-    if (dhsa_predictor_save(pr, out)) die(EXIT_RUN, "%s", dhsa_last_error());
-    printf("wrote %s; labels %.1f s, training %.1f s, total %.1f s\n", out, t_lab, r.seconds, now() - t_start);
+    if (dhsa_predictor_save(pr, out)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+    printf("wrote %s; labels %.1f s, training %.1f s, total %.1f s\n", out, t_lab, r.seconds, dhsa_cli_now() - t_start);
 
     for (int64_t i = 0; i < n_seqs; i++) {
         free((void *)seqs[i].keys);

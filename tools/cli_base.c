@@ -1,0 +1,125 @@
+/* cli_base.c: what every dhsa subcommand shares (declared in tools/cli.h):
+ * the message prefix and exit on an error, the monotonic timer, medians,
+ * byte sizes for humans, and number and list options that exit with a
+ * usage error naming the option. One copy for all tools (no subcommand
+ * keeps its own die/now/median/parse).
+ * Tested through the CLI by tests/test_cli.c and tests/test_cli_promises.c.
+ */
+#include "cli.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const char *cmd_name; /* NULL: the top level, "dhsa: ..." */
+static const char *after_usage;
+
+void dhsa_cli_set_command(const char *name, const char *after_usage_error) {
+    cmd_name = name;
+    after_usage = after_usage_error;
+}
+
+const char *dhsa_cli_command(void) { return cmd_name ? cmd_name : ""; }
+
+void dhsa_cli_die(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (cmd_name) fprintf(stderr, "dhsa %s: ", cmd_name);
+    else fputs("dhsa: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    if (code == DHSA_EXIT_USAGE && after_usage) fprintf(stderr, "\n%s", after_usage);
+    exit(code);
+}
+
+void dhsa_cli_die_lib(const char *what) {
+    char msg[600];
+    snprintf(msg, sizeof msg, "%s", dhsa_last_error());
+    if (what) dhsa_cli_die(DHSA_EXIT_RUN, "%s: %s", what, msg);
+    dhsa_cli_die(DHSA_EXIT_RUN, "%s", msg);
+}
+
+double dhsa_cli_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double dhsa_cli_median(double *v, int n) {
+    if (n <= 0) return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+const char *dhsa_cli_bytes(double b, char *buf, size_t cap) {
+    static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    if (!isfinite(b)) {
+        snprintf(buf, cap, "-");
+        return buf;
+    }
+    const char *sign = b < 0 ? "-" : "";
+    b = fabs(b);
+    int u = 0;
+    while (b >= 1024.0 && u < 5) {
+        b /= 1024.0;
+        u++;
+    }
+    if (u == 0) snprintf(buf, cap, "%s%.0f B", sign, b);
+    else snprintf(buf, cap, "%s%.*f %s", sign, b < 10 ? 2 : b < 100 ? 1 : 0, b, unit[u]);
+    return buf;
+}
+
+int64_t dhsa_cli_int(const char *opt, const char *s, int64_t min, int64_t max, int suffix) {
+    int64_t v;
+    char msg[256];
+    if (dhsa_cli_parse_int(opt, s, min, max, suffix, &v, msg, sizeof msg)) dhsa_cli_die(DHSA_EXIT_USAGE, "%s", msg);
+    return v;
+}
+
+double dhsa_cli_real(const char *opt, const char *s, double min, double max) {
+    double v;
+    char msg[256];
+    if (dhsa_cli_parse_real(opt, s, min, max, &v, msg, sizeof msg)) dhsa_cli_die(DHSA_EXIT_USAGE, "%s", msg);
+    return v;
+}
+
+int dhsa_cli_split_list(const char *opt, const char *s, char *buf, size_t cap, char **items, int max) {
+    if (!s[0]) dhsa_cli_die(DHSA_EXIT_USAGE, "%s is empty: give one value or a comma list", opt);
+    if (strlen(s) >= cap) dhsa_cli_die(DHSA_EXIT_USAGE, "%s: the list is longer than %zu characters", opt, cap - 1);
+    memcpy(buf, s, strlen(s) + 1);
+    int n = 0;
+    for (char *p = buf;;) {
+        char *c = strchr(p, ',');
+        if (c) *c = 0;
+        if (!*p) dhsa_cli_die(DHSA_EXIT_USAGE, "%s: empty item in \"%s\"", opt, s);
+        if (n == max) dhsa_cli_die(DHSA_EXIT_USAGE, "%s: at most %d items", opt, max);
+        items[n++] = p;
+        if (!c) break;
+        p = c + 1;
+    }
+    return n;
+}
+
+int dhsa_cli_int_list(const char *opt, const char *s, int64_t min, int64_t max_value, int suffix, int64_t *out,
+                      int max) {
+    char buf[1024], *items[256];
+    int n = dhsa_cli_split_list(opt, s, buf, sizeof buf, items, max < 256 ? max : 256);
+    for (int i = 0; i < n; i++) out[i] = dhsa_cli_int(opt, items[i], min, max_value, suffix);
+    return n;
+}
+
+int dhsa_cli_real_list(const char *opt, const char *s, double min, double max_value, double *out, int max) {
+    char buf[1024], *items[256];
+    int n = dhsa_cli_split_list(opt, s, buf, sizeof buf, items, max < 256 ? max : 256);
+    for (int i = 0; i < n; i++) out[i] = dhsa_cli_real(opt, items[i], min, max_value);
+    return n;
+}
