@@ -79,32 +79,77 @@ ubsan:
 	  EXTRA_LDFLAGS="-fsanitize=undefined" test
 
 # Parsers under libFuzzer (clang): each harness in fuzz/ runs FUZZ_SECONDS
-# (default 30) from a seed corpus in build-fuzz/corpus-NAME (seeded with
-# ../shared/models where present). Not part of `make test`.
+# (default 30) from a seed corpus in build-fuzz/corpus-NAME, then prints
+# its executions (stat::number_of_executed_units). Not part of `make test`.
+#   gguf       the GGUF container (every kv and tensor walked)
+#   predictor  the boundary-predictor file
+#   llama2c    llama.2c checkpoint + tokenizer import
+#   model      a model from GGUF bytes, loaded and run for 3 tokens
+#   tokenizer  any text through every vocabulary of ../shared/vocab, the
+#              shipped model's and stories260K's (absent ones are skipped)
+#   num        the CLI's number parsers (tools/cli_num.c)
+# Seeds: ../shared/models and ../shared/vocab where present, tiny models
+# from `build/dhsa gen-model`, models/dhsa-retrieval-8m-q8_0.gguf.
+# clang: Debian 12 `apt-get update && apt-get install -y clang
+# libclang-rt-14-dev` (the second holds libFuzzer; clang only recommends
+# it). FUZZ_CC=clang-N picks another version.
 FUZZ_SECONDS ?= 30
 FUZZ_CC ?= clang
-FUZZ_SAN = -fsanitize=address,undefined -fno-omit-frame-pointer
-fuzz:
+FUZZ_SAN = -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+FUZZ_LINK = $(FUZZ_CC) -std=c11 -g -O1 -D_GNU_SOURCE -Iinclude -Isrc $(FUZZ_SAN) -fsanitize=fuzzer
+FUZZ_RUN = -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1
+FUZZ_HARNESSES = gguf predictor llama2c model tokenizer num
+SHARED ?= ../shared
+fuzz: $(BUILD)/dhsa
+	@printf 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (void)d; (void)n; return 0; }\n' \
+	  | $(FUZZ_CC) -fsanitize=fuzzer -x c - -o /dev/null 2>/dev/null || { \
+	  echo "make fuzz: $(FUZZ_CC) cannot link a libFuzzer harness. Install clang with libFuzzer:"; \
+	  echo "  apt-get update && apt-get install -y clang libclang-rt-14-dev   (Debian 12)"; exit 1; }
+	@# objects built with other sanitizer flags (make does not track flags) are rebuilt
+	@mkdir -p build-fuzz; echo '$(FUZZ_CC) $(FUZZ_SAN)' | cmp -s - build-fuzz/flags || \
+	  { rm -rf build-fuzz/obj build-fuzz/libdhsa.a; echo '$(FUZZ_CC) $(FUZZ_SAN)' > build-fuzz/flags; }
 	$(MAKE) CC=$(FUZZ_CC) BUILD=build-fuzz OPT=-O1 WERROR= \
 	  EXTRA_CFLAGS="$(FUZZ_SAN) -fsanitize=fuzzer-no-link" build-fuzz/libdhsa.a
-	$(FUZZ_CC) -std=c11 -g -O1 -Iinclude -Isrc $(FUZZ_SAN) -fsanitize=fuzzer \
-	  -o build-fuzz/gguf_fuzz fuzz/gguf_fuzz.c build-fuzz/libdhsa.a -lpthread -lm
-	$(FUZZ_CC) -std=c11 -g -O1 -Iinclude -Isrc $(FUZZ_SAN) -fsanitize=fuzzer \
-	  -o build-fuzz/predictor_fuzz fuzz/predictor_fuzz.c build-fuzz/libdhsa.a -lpthread -lm
-	$(FUZZ_CC) -std=c11 -g -O1 -Iinclude -Isrc $(FUZZ_SAN) -fsanitize=fuzzer \
-	  -o build-fuzz/llama2c_fuzz fuzz/llama2c_fuzz.c build-fuzz/libdhsa.a -lpthread -lm
-	@mkdir -p build-fuzz/corpus-gguf build-fuzz/corpus-predictor build-fuzz/corpus-llama2c
-	@if [ -f ../shared/models/stories260K.gguf ]; then cp ../shared/models/stories260K.gguf build-fuzz/corpus-gguf/; fi
-	build-fuzz/gguf_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=1300000 build-fuzz/corpus-gguf
-	build-fuzz/predictor_fuzz -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus-predictor
+	$(FUZZ_LINK) -o build-fuzz/gguf_fuzz fuzz/gguf_fuzz.c build-fuzz/libdhsa.a -lpthread -lm
+	$(FUZZ_LINK) -o build-fuzz/predictor_fuzz fuzz/predictor_fuzz.c build-fuzz/libdhsa.a -lpthread -lm
+	$(FUZZ_LINK) -o build-fuzz/llama2c_fuzz fuzz/llama2c_fuzz.c build-fuzz/libdhsa.a -lpthread -lm
+	$(FUZZ_LINK) -o build-fuzz/model_fuzz fuzz/model_fuzz.c build-fuzz/libdhsa.a -lpthread -lm
+	$(FUZZ_LINK) -o build-fuzz/tokenizer_fuzz fuzz/tokenizer_fuzz.c build-fuzz/libdhsa.a -lpthread -lm
+	$(FUZZ_LINK) -Itools -o build-fuzz/num_fuzz fuzz/num_fuzz.c tools/cli_num.c -lm
+	@for h in $(FUZZ_HARNESSES); do mkdir -p build-fuzz/corpus-$$h; done
+	@mkdir -p build-fuzz/seeds-model
+	@if [ -f $(SHARED)/models/stories260K.gguf ]; then cp $(SHARED)/models/stories260K.gguf build-fuzz/corpus-gguf/; fi
+	build-fuzz/gguf_fuzz $(FUZZ_RUN) -max_len=1300000 build-fuzz/corpus-gguf
+	build-fuzz/predictor_fuzz $(FUZZ_RUN) build-fuzz/corpus-predictor
 	@# llama2.c seeds: a 212-byte checkpoint (dim 2, vocab 4) + its tokenizer, and stories260K.
 	@{ printf '\002\000\000\000\002\000\000\000\001\000\000\000\001\000\000\000\001\000\000\000\004\000\000\000\002\000\000\000'; \
 	   head -c 184 /dev/zero; printf '\010\000\000\000'; \
 	   for t in a b c; do printf '\000\000\000\000\001\000\000\000%s' $$t; done; \
 	   printf '\000\000\000\000\002\000\000\000 d'; } > build-fuzz/corpus-llama2c/tiny
-	@if [ -f ../shared/models/stories260K.bin ] && [ -f ../shared/models/tok512.bin ]; then \
-	  cat ../shared/models/stories260K.bin ../shared/models/tok512.bin > build-fuzz/corpus-llama2c/stories260K; fi
-	build-fuzz/llama2c_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=1100000 build-fuzz/corpus-llama2c
+	@if [ -f $(SHARED)/models/stories260K.bin ] && [ -f $(SHARED)/models/tok512.bin ]; then \
+	  cat $(SHARED)/models/stories260K.bin $(SHARED)/models/tok512.bin > build-fuzz/corpus-llama2c/stories260K; fi
+	build-fuzz/llama2c_fuzz $(FUZZ_RUN) -max_len=1100000 build-fuzz/corpus-llama2c
+	@# model seeds: tiny models of each weight type (1 layer, vocab 260, a few KB), then the
+	@# big ones in build-fuzz/seeds-model (read, never written to: libFuzzer adds to the first folder).
+	@for s in "llama F32 8 16" "llama F16 8 16" "llama BF16 8 16" "qwen2 F32 8 16" "llama Q8_0 32 32" \
+	          "qwen2 Q4_0 32 32" "llama Q4_K 256 256" "qwen2 Q6_K 256 256"; do set -- $$s; \
+	  f=build-fuzz/corpus-model/tiny-$$1-$$2.gguf; [ -f $$f ] || $(BUILD)/dhsa gen-model -o $$f --preset tiny \
+	    --arch $$1 --type $$2 --n-embd $$3 --n-ff $$4 --n-layer 1 --n-head 2 --n-head-kv 1 --vocab 260 --ctx 64 \
+	    >/dev/null || exit 1; done
+	@cp models/dhsa-retrieval-8m-q8_0.gguf build-fuzz/seeds-model/
+	@if [ -f $(SHARED)/models/stories260K.gguf ]; then cp $(SHARED)/models/stories260K.gguf build-fuzz/seeds-model/; \
+	  else echo "model_fuzz: no $(SHARED)/models/stories260K.gguf: seeded without it"; fi
+	build-fuzz/model_fuzz $(FUZZ_RUN) -max_len=8500000 build-fuzz/corpus-model build-fuzz/seeds-model
+	@# tokenizer seeds: llama.cpp's test strings (one file per vocabulary) and a few texts.
+	@if ls $(SHARED)/vocab/*.inp >/dev/null 2>&1; then cp $(SHARED)/vocab/*.inp build-fuzz/corpus-tokenizer/; \
+	  else echo "tokenizer_fuzz: no $(SHARED)/vocab: seeded without llama.cpp's test strings"; fi
+	@printf 'Once upon a time' > build-fuzz/corpus-tokenizer/once
+	@printf ' \342\226\201 <s></s> \377\000\300\200 caf\303\251 123456\n\n\t' > build-fuzz/corpus-tokenizer/mixed
+	DHSA_SHARED=$(SHARED) build-fuzz/tokenizer_fuzz $(FUZZ_RUN) -max_len=4096 build-fuzz/corpus-tokenizer
+	@# num seeds: byte 0 the parser and bounds, byte 1 msg's size, then the argument.
+	@printf '\000\120512K' > build-fuzz/corpus-num/int-suffix; printf '\001\1200.0625' > build-fuzz/corpus-num/real
+	@printf '\020\120-9223372036854775808' > build-fuzz/corpus-num/int-min; printf '\001\1200x1.8p-3' > build-fuzz/corpus-num/hex
+	build-fuzz/num_fuzz $(FUZZ_RUN) -max_len=64 build-fuzz/corpus-num
 
 clean:
 	rm -rf build build-asan build-ubsan build-fuzz
