@@ -953,8 +953,10 @@ dhsa_status dhsa_tokenize(const dhsa_tokenizer *t, const char *text, int64_t len
 dhsa_status dhsa_token_to_piece(const dhsa_tokenizer *t, int32_t id, unsigned flags, char *out, int64_t cap,
                                 int64_t *len);
 /* The bytes of ids[0..n) concatenated; when the vocab adds a space prefix
- * (SPM), the leading space of the first non-empty piece is removed unless
- * DHSA_DETOKENIZE_KEEP_SPACE, so detokenize(tokenize(x)) == x. Same cap /
+ * (SPM), the leading space of the first non-empty piece, and of the first
+ * piece after each CONTROL or USER_DEFINED token (where dhsa_tokenize adds
+ * a prefix too), is removed unless DHSA_DETOKENIZE_KEEP_SPACE, so
+ * detokenize(tokenize(x)) == x. Same cap /
  * len contract as dhsa_token_to_piece; an id out of range is
  * DHSA_ERR_INVALID_ARG. */
 dhsa_status dhsa_detokenize(const dhsa_tokenizer *t, const int32_t *ids, int64_t n, unsigned flags, char *out,

@@ -57,14 +57,16 @@ int dhsa_cli_parse_real(const char *opt, const char *s, double min, double max, 
         snprintf(msg, msg_len, "%s: \"%s\" is not a number", opt, s ? s : "");
         return -1;
     }
-    errno = 0;
     char *end;
     double v = strtod(s, &end);
     if (end == s || *end) {
         snprintf(msg, msg_len, "%s: \"%s\" is not a number", opt, s);
         return -1;
     }
-    if (errno == ERANGE || !isfinite(v) || v < min || v > max) {
+    /* Not errno's ERANGE: it also flags underflow ("1e-400"), where strtod
+     * returns the nearest double (0 or subnormal), a rounding like any
+     * other; overflow is +-HUGE_VAL, which isfinite refuses. */
+    if (!isfinite(v) || v < min || v > max) {
         snprintf(msg, msg_len, "%s: %s is out of range (must be in [%g, %g])", opt, s, min, max);
         return -1;
     }

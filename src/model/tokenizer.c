@@ -1396,12 +1396,23 @@ dhsa_status dhsa_detokenize(const dhsa_tokenizer *t, const int32_t *ids, int64_t
     if (!t || !len || n < 0 || (!ids && n > 0) || cap < 0 || (!out && cap > 0))
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_detokenize: t, ids and len must be given, n and cap >= 0");
     *len = 0;
-    sink s = {out, cap, 0, t->add_space_prefix && !(flags & DHSA_DETOKENIZE_KEEP_SPACE)};
+    const int strip = t->add_space_prefix && !(flags & DHSA_DETOKENIZE_KEEP_SPACE);
+    sink s = {out, cap, 0, strip};
     for (int64_t i = 0; i < n; i++) {
         if (ids[i] < 0 || ids[i] >= t->n_vocab)
             return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_detokenize: ids[%lld] = %d is outside the vocab (%lld)",
                               (long long)i, (int)ids[i], (long long)t->n_vocab);
-        piece(t, ids[i], flags, &s);
+        int type = t->types[ids[i]];
+        if (type == DHSA_TOKEN_CONTROL || type == DHSA_TOKEN_USER_DEFINED) {
+            /* dhsa_tokenize gives the text after a special token a space
+             * prefix of its own, as at the start: the special piece keeps
+             * its bytes, and the next piece loses that space again */
+            s.strip = 0;
+            piece(t, ids[i], flags, &s);
+            s.strip = strip;
+        } else {
+            piece(t, ids[i], flags, &s);
+        }
     }
     *len = s.len;
     if (s.len > cap)
