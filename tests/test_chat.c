@@ -360,7 +360,7 @@ static void test_detect(void) {
         T_CHECK(t == DHSA_CHAT_LLAMA2, "stories260K: %s", dhsa_chat_template_name(t));
         dhsa_gguf_close(g);
     } else {
-        T_SKIP("%s is missing", MODEL);
+        T_SKIP(1, "%s is missing", MODEL);
     }
 }
 
@@ -446,7 +446,7 @@ static void test_bos_contract(void) {
     dhsa_gguf *g = NULL;
     dhsa_tokenizer *t = NULL;
     if (dhsa_gguf_open(MODEL, &g) != DHSA_OK) {
-        T_SKIP("%s is missing: no end-to-end BOS check", MODEL);
+        T_SKIP(7, "%s is missing: no end-to-end BOS check", MODEL);
         return;
     }
     T_CHECK(dhsa_tokenizer_from_gguf(g, &t) == DHSA_OK, "%s", dhsa_last_error());

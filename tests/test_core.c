@@ -70,7 +70,7 @@ static void test_proc_rss(void) {
 
     dhsa_status st = dhsa_proc_reset_peak_rss();
     if (st != DHSA_OK) {
-        T_SKIP("dhsa_proc_reset_peak_rss: %s (%s); this kernel may forbid clear_refs",
+        T_SKIP(1, "dhsa_proc_reset_peak_rss: %s (%s); this kernel may forbid clear_refs",
                dhsa_status_str(st), dhsa_last_error());
         T_CHECK(dhsa_last_error()[0] != '\0', "reset_peak_rss failed without a sentence");
         return;
@@ -84,7 +84,7 @@ static void test_proc_rss(void) {
                 "after free + reset the peak RSS is %zu, was %zu (want it lowered by >= 32 MiB)",
                 peak2, peak1);
     else /* e.g. under ASan, whose quarantine keeps freed memory resident */
-        T_SKIP("the allocator kept the freed 64 MiB resident (RSS %zu): lowering not checked", rss2);
+        T_SKIP(1, "the allocator kept the freed 64 MiB resident (RSS %zu): lowering not checked", rss2);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -708,7 +708,7 @@ static void test_isa(void) {
     for (int i = 1; i < 3; i++) {
         dhsa_status st = dhsa_set_isa((dhsa_isa)i);
         if (st == DHSA_ERR_UNSUPPORTED) {
-            T_SKIP("ISA %s unsupported here", names[i] ? names[i] : "?");
+            T_SKIP(1, "ISA %s unsupported here", names[i] ? names[i] : "?");
             T_CHECK(dhsa_active_isa() == DHSA_ISA_SCALAR, "a refused set_isa changed the ISA");
             continue;
         }

@@ -191,7 +191,7 @@ int main(void) {
                 "dhsa run without -m uses the default model and says so: exit %d, \"%s\"", rc, out ? out : "");
         free(out);
     } else {
-        T_SKIP("DHSA_CLI unset: the CLI check is skipped (make test sets it)");
+        T_SKIP(1, "DHSA_CLI unset: the CLI check is skipped (make test sets it)");
     }
     return t_report("test_default_model");
 }

@@ -315,7 +315,7 @@ static const char greedy_text[] = "Once upon a time, there was a little girl nam
 
 static void test_shared_model(void) {
     if (access(BIN, R_OK) != 0 || access(TOK, R_OK) != 0 || access(GGUF, R_OK) != 0) {
-        T_SKIP("../shared/models (stories260K.bin, tok512.bin, stories260K.gguf) absent: real-model tests skipped");
+        T_SKIP(15, "../shared/models (stories260K.bin, tok512.bin, stories260K.gguf) absent: real-model tests skipped");
         return;
     }
     dhsa_gguf *mine = NULL, *ref = NULL;
@@ -918,7 +918,7 @@ static int run_cmd(const char *cmd, char *out, size_t cap) {
 static void test_cli(void) {
     const char *cli = getenv("DHSA_CLI");
     if (!cli || access(cli, X_OK) != 0) {
-        T_SKIP("DHSA_CLI unset or not executable (tests/run.sh sets it): CLI checks skipped");
+        T_SKIP(17, "DHSA_CLI unset or not executable (tests/run.sh sets it): CLI checks skipped");
         return;
     }
     static char out[1 << 16];
@@ -995,7 +995,7 @@ static void test_cli(void) {
         T_CHECK(rc == 0 && contains(out, "\"stories260K\"") && contains(out, "512 tokens"),
                 "convert stories260K: rc %d: %s", rc, out);
     } else {
-        T_SKIP("../shared/models absent: CLI checks on stories260K skipped");
+        T_SKIP(2, "../shared/models absent: CLI checks on stories260K skipped");
     }
 }
 

@@ -1003,7 +1003,7 @@ static char *text_of(const dhsa_tokenizer *t, const int32_t *ids, int64_t n) {
 
 static void test_stories(void) {
     if (access(MODEL, R_OK) != 0) {
-        T_SKIP("%s is absent: the real-model checks of the reference are skipped", MODEL);
+        T_SKIP(11, "%s is absent: the real-model checks of the reference are skipped", MODEL);
         return;
     }
     dhsa_gguf *g = NULL;
@@ -1061,7 +1061,7 @@ static void test_stories(void) {
             llmref_model_free(&mb);
         }
     } else {
-        T_SKIP("%s is absent: the llama2.c comparison is skipped", MODEL_BIN);
+        T_SKIP(4, "%s is absent: the llama2.c comparison is skipped", MODEL_BIN);
     }
     dhsa_tokenizer_free(tok);
     llmref_model_free(&m);

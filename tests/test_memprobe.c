@@ -255,7 +255,7 @@ static void test_run(void) {
     char path[1200];
     prog_path(path, sizeof path, "alloc_linear");
     if (access(path, X_OK) != 0) {
-        T_SKIP("%s not built (make test builds tests/progs): library run tests skipped", path);
+        T_SKIP(11, "%s not built (make test builds tests/progs): library run tests skipped", path);
         return;
     }
     dhsa_memprobe_run_params p = dhsa_memprobe_default_run_params();
@@ -610,7 +610,7 @@ static void test_cli_fits(void) {
     T_CHECK(strcmp(v, "quadratic") == 0, "quadratic: verdict \"%s\"\n%s", v, out);
     T_CHECK(fabs(slope - 2.0) < 0.1, "quadratic: slope %g", slope);
 #ifdef TEST_UNDER_ASAN
-    T_SKIP("AddressSanitizer build: fitted a = %g (want 16 within 5%% without sanitizers)", a);
+    T_SKIP(2, "AddressSanitizer build: fitted a = %g (want 16 within 5%% without sanitizers)", a);
 #else
     T_CHECK(rel_close(a, 16.0, 0.05), "quadratic: a = %g, want 16 within 5%%", a);
     /* The check can fail: the same data cannot pass for 20 bytes per n^2. */
@@ -639,7 +639,7 @@ static void test_cli_fits(void) {
     json_str(out, "verdict", v, sizeof v);
     T_CHECK(strcmp(v, "linear") == 0, "linear: verdict \"%s\"\n%s", v, out);
 #ifdef TEST_UNDER_ASAN
-    T_SKIP("AddressSanitizer build: fitted b = %g, c = %g, max n for 1 GiB %g (want b = 65536 "
+    T_SKIP(3, "AddressSanitizer build: fitted b = %g, c = %g, max n for 1 GiB %g (want b = 65536 "
            "within 5%% without sanitizers)",
            b, c, maxn);
 #else
@@ -845,9 +845,9 @@ int main(void) {
     char prog[1200];
     snprintf(prog, sizeof prog, "%s/alloc_quadratic", progs);
     if (access(cli, X_OK) != 0)
-        T_SKIP("%s not found (set DHSA_CLI): CLI tests skipped", cli);
+        T_SKIP(75, "%s not found (set DHSA_CLI): CLI tests skipped", cli);
     else if (access(prog, X_OK) != 0)
-        T_SKIP("%s not built (make test builds tests/progs): CLI tests skipped", prog);
+        T_SKIP(75, "%s not built (make test builds tests/progs): CLI tests skipped", prog);
     else {
         test_cli_usage();
         test_cli_fits();

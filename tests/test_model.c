@@ -181,7 +181,7 @@ static void test_peer(const dhsa_model *m, const char *what) {
 
 static void test_real(void) {
     if (!exists(MODEL)) {
-        T_SKIP("%s is absent: real-model checks skipped", MODEL);
+        T_SKIP(36, "%s is absent: real-model checks skipped", MODEL);
         return;
     }
     dhsa_model *m;
@@ -297,7 +297,7 @@ static void test_real(void) {
         T_CHECK(st == DHSA_ERR_FORMAT && mb == NULL && strstr(dhsa_last_error(), "tokenizer"),
                 "llama2.c without a tokenizer: %s", dhsa_last_error());
     } else {
-        T_SKIP("%s or %s absent: llama2.c comparison skipped", MODEL_BIN, MODEL_TOK);
+        T_SKIP(4, "%s or %s absent: llama2.c comparison skipped", MODEL_BIN, MODEL_TOK);
     }
 
     /* errors: ids out of range, context overflow, refusal after failure */
@@ -479,7 +479,7 @@ static void test_sampler(void) {
 static void test_cli(void) {
     const char *cli = getenv("DHSA_CLI");
     if (!cli || strchr(cli, '\'')) {
-        T_SKIP("DHSA_CLI unset: run/plan/gen-model CLI checks skipped (make test sets it)");
+        T_SKIP(13, "DHSA_CLI unset: run/plan/gen-model CLI checks skipped (make test sets it)");
         return;
     }
     char *out;
@@ -522,9 +522,11 @@ static void test_cli(void) {
             T_CHECK(rc == 0 && strncmp(out, "Once upon a time, there was a little girl named Lily.", 53) == 0,
                     "dhsa run on the llama2.c files: \"%.100s\"", out);
             free(out);
+        } else {
+            T_SKIP(1, "%s is absent: dhsa run on the llama2.c files skipped", MODEL_BIN);
         }
     } else {
-        T_SKIP("%s is absent: CLI runs on the real model skipped", MODEL);
+        T_SKIP(9, "%s is absent: CLI runs on the real model skipped", MODEL);
     }
     rc = cli_run("run -m /no/such/model.gguf", 0, &out);
     T_CHECK(rc == 1 && strstr(out, "/no/such/model.gguf"), "missing model: %.200s", out);

@@ -441,7 +441,7 @@ static void test_cli_sparse(const char *cli) {
 
 static void test_cli_run(const char *cli) {
     if (access(MODEL, R_OK) != 0) {
-        T_SKIP("%s absent: run --dump-layout checks skipped", MODEL);
+        T_SKIP(11, "%s absent: run --dump-layout checks skipped", MODEL);
         return;
     }
     char args[4096], path[512], prompt[512], *out;
@@ -545,9 +545,9 @@ int main(void) {
     test_route_boundaries();
     const char *cli = getenv("DHSA_CLI");
     if (!cli || !cli[0]) {
-        T_SKIP("DHSA_CLI unset: CLI checks skipped (make test sets it)");
+        T_SKIP(32, "DHSA_CLI unset: CLI checks skipped (make test sets it)");
     } else if (access(cli, X_OK) != 0) {
-        T_SKIP("%s is not an executable: CLI checks skipped", cli);
+        T_SKIP(32, "%s is not an executable: CLI checks skipped", cli);
     } else {
         test_cli_sparse(cli);
         test_cli_run(cli);

@@ -201,9 +201,11 @@ static double worst_ratio(const float *got, const float *ref, int64_t n, double 
 static void test_isa_kernels(void) {
     const int64_t Cs[] = {1, 5, 8, 16, 17, 24, 33, 48, 130}, ws[] = {1, 2, 4, 7};
     const dhsa_isa best = dhsa_active_isa();
-    int compared = 0;
     for (int isa = DHSA_ISA_AVX2; isa <= (int)DHSA_ISA_AVX512; isa++) {
-        if (dhsa_set_isa((dhsa_isa)isa) != DHSA_OK) continue;
+        if (dhsa_set_isa((dhsa_isa)isa) != DHSA_OK) {
+            T_SKIP(3, "ISA %s unsupported here: its window kernel is not compared", dhsa_isa_name((dhsa_isa)isa));
+            continue;
+        }
         dhsa__predictor_window_fn fn = dhsa__predictor_window_kernel((dhsa_isa)isa);
         T_CHECK(fn != dhsa__predictor_window_scalar, "%s: the window kernel is the scalar one",
                 dhsa_isa_name((dhsa_isa)isa));
@@ -241,7 +243,6 @@ static void test_isa_kernels(void) {
                     T_CHECK(worst_ratio(fg, fr, F, 1e-5, 1e-5, &at) > 1, "%s: a feature off by 1e-3 passes",
                             dhsa_isa_name((dhsa_isa)isa));
                 }
-                compared++;
                 free(X);
                 free(Pn);
                 free(wsp);
@@ -255,7 +256,6 @@ static void test_isa_kernels(void) {
                 worst, where);
     }
     T_CHECK(dhsa_set_isa(best) == DHSA_OK, "could not restore ISA %s", dhsa_isa_name(best));
-    if (!compared) T_SKIP("no SIMD ISA on this CPU or build: window kernels not compared");
 }
 
 /* The probabilities of one fixed predictor and key set (C = 48, w = 4,

@@ -550,11 +550,11 @@ static unsigned char *slurp(const char *path, size_t *n) {
 static void test_cli(void) {
     const char *cli = getenv("DHSA_CLI");
     if (!cli || strchr(cli, '\'')) {
-        T_SKIP("DHSA_CLI unset: train-boundary CLI checks skipped (make test sets it)");
+        T_SKIP(10, "DHSA_CLI unset: train-boundary CLI checks skipped (make test sets it)");
         return;
     }
     if (access(MODEL, R_OK) != 0) {
-        T_SKIP("%s absent: train-boundary CLI checks skipped", MODEL);
+        T_SKIP(10, "%s absent: train-boundary CLI checks skipped", MODEL);
         return;
     }
     static char out[1 << 16];
