@@ -11,10 +11,11 @@
  * tokenizer's ids lie inside its vocabulary; once everything is freed
  * (and the scratch trimmed) the context holds no memory.
  *
- * Run: make fuzz (FUZZ_SECONDS per harness). Seeds (the Makefile's fuzz
- * target): tiny models written by `dhsa gen-model` (llama and qwen2,
- * F32 / F16 / Q8_0 / Q4_0 / Q4_K / Q6_K), models/dhsa-retrieval-8m-q8_0.gguf
- * and ../shared/models/stories260K.gguf when present.
+ * Run: make fuzz (FUZZ_SECONDS per harness; MODEL_FUZZ_VERBOSE=1 says what
+ * each input did). Seeds (the Makefile's fuzz target): tiny models written
+ * by `dhsa gen-model` (llama and qwen2, F32 / F16 / BF16 / Q8_0 / Q4_0 /
+ * Q4_K / Q6_K), models/dhsa-retrieval-8m-q8_0.gguf and
+ * ../shared/models/stories260K.gguf when present.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -24,12 +25,14 @@
 #include "dhsa.h"
 
 static dhsa_ctx *ctx;
+static int verbose; /* MODEL_FUZZ_VERBOSE=1: one line per input (what loaded, what ran) */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
     dhsa_ctx_params cp = dhsa_ctx_default_params();
     cp.n_threads = 1; /* deterministic, and the machine is shared */
+    verbose = getenv("MODEL_FUZZ_VERBOSE") != NULL;
     if (dhsa_ctx_create(&cp, &ctx)) {
         fprintf(stderr, "model_fuzz: dhsa_ctx_create: %s\n", dhsa_last_error());
         abort();
@@ -72,6 +75,7 @@ static void run_model(const dhsa_model *m) {
     st = dhsa_session_create(ctx, m, &sp, &s);
     refused_with_sentence(st, "dhsa_session_create refused without a sentence");
     contract((st == DHSA_OK) == (s != NULL), "dhsa_session_create: *out set iff DHSA_OK");
+    if (st != DHSA_OK && verbose) fprintf(stderr, "model_fuzz: no session: %s\n", dhsa_last_error());
     if (st != DHSA_OK) return;
 
     float *logits = malloc((size_t)V * sizeof(float)); /* [V]: the last token's */
@@ -79,6 +83,9 @@ static void run_model(const dhsa_model *m) {
     int32_t ids[2] = {0, (int32_t)(V - 1)};
     st = dhsa_session_eval(s, ids, 2, logits);
     refused_with_sentence(st, "dhsa_session_eval refused without a sentence");
+    if (verbose)
+        fprintf(stderr, "model_fuzz: %s, %lld layers, vocab %lld: prefill %s\n", in->arch_name,
+                (long long)in->n_layer, (long long)V, st == DHSA_OK ? "ok" : dhsa_last_error());
     if (st == DHSA_OK) {
         contract(dhsa_session_length(s) == 2, "the cache holds the two tokens evaluated");
         int32_t next = (int32_t)(V / 2);
@@ -109,13 +116,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     dhsa_status st = dhsa_gguf_open_memory(data, size, &g);
     refused_with_sentence(st, "dhsa_gguf_open_memory refused without a sentence");
     contract((st == DHSA_OK) == (g != NULL), "dhsa_gguf_open_memory: *out set iff DHSA_OK");
-    if (st != DHSA_OK) return 0;
+    if (st != DHSA_OK) {
+        if (verbose) fprintf(stderr, "model_fuzz: not GGUF: %s\n", dhsa_last_error());
+        return 0;
+    }
 
     dhsa_model_params mp = dhsa_model_default_params();
     dhsa_model *m = (dhsa_model *)(uintptr_t)1; /* must come back NULL on failure */
     st = dhsa_model_from_gguf(g, &mp, &m); /* takes g over, also on failure */
     refused_with_sentence(st, "dhsa_model_from_gguf refused without a sentence");
     contract((st == DHSA_OK) == (m != NULL), "dhsa_model_from_gguf: *out set iff DHSA_OK, NULL otherwise");
+    if (st != DHSA_OK && verbose) fprintf(stderr, "model_fuzz: refused: %s\n", dhsa_last_error());
     if (st == DHSA_OK) {
         run_model(m);
         dhsa_model_free(m);
