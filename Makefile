@@ -82,14 +82,15 @@ ubsan:
 # (default 30) from a seed corpus in build-fuzz/corpus-NAME, then prints
 # its executions (stat::number_of_executed_units). Not part of `make test`.
 #   gguf       the GGUF container (every kv and tensor walked)
-#   predictor  the boundary-predictor file
+#   predictor  the boundary-predictor file (also with its CRC fixed up)
 #   llama2c    llama.2c checkpoint + tokenizer import
 #   model      a model from GGUF bytes, loaded and run for 3 tokens
 #   tokenizer  any text through every vocabulary of ../shared/vocab, the
 #              shipped model's and stories260K's (absent ones are skipped)
 #   num        the CLI's number parsers (tools/cli_num.c)
 # Seeds: ../shared/models and ../shared/vocab where present, tiny models
-# from `build/dhsa gen-model`, models/dhsa-retrieval-8m-q8_0.gguf.
+# from `build/dhsa gen-model`, models/dhsa-retrieval-8m-q8_0.gguf, random
+# predictors from fuzz/predictor_seed.c.
 # clang: Debian 12 `apt-get update && apt-get install -y clang
 # libclang-rt-14-dev` (the second holds libFuzzer; clang only recommends
 # it). FUZZ_CC=clang-N picks another version.
@@ -120,7 +121,11 @@ fuzz: $(BUILD)/dhsa
 	@mkdir -p build-fuzz/seeds-model
 	@if [ -f $(SHARED)/models/stories260K.gguf ]; then cp $(SHARED)/models/stories260K.gguf build-fuzz/corpus-gguf/; fi
 	build-fuzz/gguf_fuzz $(FUZZ_RUN) -max_len=1300000 build-fuzz/corpus-gguf
-	build-fuzz/predictor_fuzz $(FUZZ_RUN) build-fuzz/corpus-predictor
+	@# predictor seeds: small random predictors, written by fuzz/predictor_seed.c
+	@mkdir -p build-fuzz/seeds-predictor
+	$(CC) -std=c11 -Iinclude -o build-fuzz/predictor_seed fuzz/predictor_seed.c $(BUILD)/libdhsa.a $(LDLIBS)
+	build-fuzz/predictor_seed build-fuzz/seeds-predictor
+	build-fuzz/predictor_fuzz $(FUZZ_RUN) build-fuzz/corpus-predictor build-fuzz/seeds-predictor
 	@# llama2.c seeds: a 212-byte checkpoint (dim 2, vocab 4) + its tokenizer, and stories260K.
 	@{ printf '\002\000\000\000\002\000\000\000\001\000\000\000\001\000\000\000\001\000\000\000\004\000\000\000\002\000\000\000'; \
 	   head -c 184 /dev/zero; printf '\010\000\000\000'; \
