@@ -181,3 +181,33 @@ def copy_list(src, rng, nchars):
         last = c
     out.append(f[last:])
     return "".join(out), ranges
+
+
+def multiquery(src, rng, nchars, n_keys=None, n_multi=None):
+    """Associative recall in the multikey format, many answers per sequence:
+    n_keys keywords (some with 2-3 numbers) hidden in the filler, then one
+    question per keyword in random order, each followed by its answer: the
+    multikey question + " N." for a keyword with one number, the multivalue
+    question + " N1, N2." for one with several. Returns (text, [(start, end)]):
+    the character ranges of every answer (the digits, commas and spaces after
+    " is"/" are", before the full stop). Every question is exactly what the
+    evaluation asks; only the number of questions per text differs."""
+    n_keys = n_keys or rng.randint(2, 8)
+    n_multi = rng.randint(0, min(2, n_keys - 1)) if n_multi is None else n_multi
+    kws = rng.sample(src.keywords, n_keys)
+    items, pos, owner = [], [], []
+    for i, kw in enumerate(kws):
+        for _ in range(rng.randint(2, 3) if i < n_multi else 1):
+            n = src.number(rng, 7)
+            items.append((kw, n)); pos.append(rng.random()); owner.append(i)
+    body, order = _insert(src.span(rng, nchars), [magic_needle(k, n) for k, n in items], pos)
+    text = MAGIC_PRE + body
+    ranges = []
+    for i in rng.sample(range(n_keys), n_keys):
+        vals = [items[j][1] for j in order if owner[j] == i]
+        text += (multivalue_q(kws[i]) if i < n_multi else multikey_q(kws[i]))
+        a = len(text)
+        text += " " + ", ".join(str(v) for v in vals)
+        ranges.append((a, len(text)))
+        text += "."
+    return text, ranges

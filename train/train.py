@@ -9,12 +9,17 @@ mean over the copies of repeated passages and word lists (the dense
 in-context copying signal that makes induction heads form early). Until
 step 1620 the copies were part of the answer mean, which let them swamp
 the task answers.
-Curriculum (SCHEDULE, for 2400 steps, scaled with --steps): 512 tokens,
+Curriculum (SCHEDULE, in absolute steps): first run (0-2400) 512 tokens,
 then a 128-256 phase (copying forms there), then the longest length rises
-1K, 2K, 4K, 8K (from step 1900) with shorter ones in the mix; tokens per step
-stay constant (batch = tokens / length).
-Schedule: warmup, constant, then linear cooldown over the last 15% of
---steps (warmup-stable-decay, so a run can be extended before its cooldown).
+1K, 2K, 4K, 8K (from step 1900) with shorter ones in the mix; second run
+(2400-4200, from the first's weights) 256-512 with the multi-query task,
+then up to 2K and 8K again (it was planned to end at 3400, and extended
+at step ~3070 to 4200 with a 512-8K mix from 3400: multikey at 1K had
+reached 67%, at 4K 33%). Tokens per step stay constant (batch = tokens /
+length).
+Learning rate per run (RUN_STARTS): warmup, constant, then linear cooldown
+over the last 15% of the run (warmup-stable-decay, so a run can be extended
+before its cooldown).
 
 Resumable: CKPT/last.pt (model, optimizer, step) every --ckpt-every seconds
 and on SIGTERM/SIGINT, written to a temporary name and renamed; a restart
@@ -93,6 +98,21 @@ class Builder:
             nchars = int(nchars * T / len(ids) * 0.95)
         raise RuntimeError(f"could not fit a copy text in {T} tokens")
 
+    def sample_multiquery(self, src, rng, T):
+        """A multi-query text of at most T tokens: (ids, [(start, end)] token ranges of the answers)."""
+        n_keys = rng.randint(2, max(2, min(10, T // 100)))
+        nchars = int((T - 40 - 90 * n_keys) * self.cpt)
+        for _ in range(12):
+            text, rs = tasks.multiquery(src, random.Random(rng.random()), max(nchars, 20), n_keys=n_keys)
+            ids = [self.sp.bos_id()] + self.sp.encode(text)
+            if len(ids) <= T:
+                spans = [(1 + len(self.sp.encode(text[:a])), 1 + len(self.sp.encode(text[:b]))) for a, b in rs]
+                return ids, [(a, min(b, len(ids))) for a, b in spans]
+            if nchars <= 40:
+                n_keys = max(1, n_keys - 1)
+            nchars = int(nchars * T / len(ids) * 0.95)
+        raise RuntimeError(f"could not fit a multiquery text in {T} tokens")
+
     def sample(self, kind, src, rng, T, **kw):
         """One task of at most T tokens; returns (ids, answer_start)."""
         fn = {"passkey": tasks.passkey, "multikey": tasks.multikey, "multivalue": tasks.multivalue}[kind]
@@ -107,32 +127,48 @@ class Builder:
 
 
 KINDS = [("passkey", 0.20), ("multikey", 0.15), ("multivalue", 0.05), ("repeat", 0.15), ("copy", 0.45)]
-# From step 1986 (passkey at 100% held out, multikey's first digit not yet
-# found: the keyword association is the part still missing):
-KINDS_LATE = (1986, [("passkey", 0.15), ("multikey", 0.35), ("multivalue", 0.10), ("repeat", 0.10), ("copy", 0.30)])
+# (first step, kinds): from step 1986 of the first run (passkey at 100% held
+# out, multikey's first digit not yet found: the keyword association is the
+# part still missing) more multikey; from 2400 (the second run, started from
+# the committed step-2400 weights: multikey still at chance, 25-33% with 4
+# keys) multiquery, the multikey/multivalue questions asked for every keyword
+# of the text, each followed by its answer: 2-10 answers per sequence where
+# multikey gives one.
+KIND_PHASES = [(0, KINDS),
+               (1986, [("passkey", 0.15), ("multikey", 0.35), ("multivalue", 0.10), ("repeat", 0.10), ("copy", 0.30)]),
+               (2400, [("passkey", 0.10), ("multikey", 0.10), ("multivalue", 0.10), ("multiquery", 0.45),
+                       ("repeat", 0.10), ("copy", 0.15)])]
 
 
-# Length mix per phase, for 2400 steps (scaled with --steps): (first step,
-# {length: weight}). Copying is learned at short lengths first: at the
+# Length mix per phase, in absolute steps (the first run was --steps 2400):
+# (first step, {length: weight}). Copying is learned at short lengths first: at the
 # start attention is near uniform, so the gradient that pulls a head
 # towards the one matching key is ~1/length; the 64-token measurement that
 # showed it (copy loss below the text loss after ~300 steps, none at 256
 # tokens) is in docs/training.md. The 128-256 phase was added at step 960
-# of the first run, which had not started copying at 512 tokens.
+# of the first run, which had not started copying at 512 tokens. The second
+# run (from 2400) goes back to short texts for the keyword association,
+# then up to 8K again.
 SCHEDULE = [(0, {512: 1.0}), (960, {128: 0.4, 256: 0.4, 512: 0.2}),
             (1300, {512: 0.35, 1024: 0.65}), (1500, {512: 0.15, 1024: 0.3, 2048: 0.55}),
-            (1700, {1024: 0.2, 2048: 0.3, 4096: 0.5}), (1900, {1024: 0.1, 2048: 0.2, 4096: 0.3, 8192: 0.4})]
+            (1700, {1024: 0.2, 2048: 0.3, 4096: 0.5}), (1900, {1024: 0.1, 2048: 0.2, 4096: 0.3, 8192: 0.4}),
+            (2400, {256: 0.5, 512: 0.5}), (2750, {512: 0.4, 1024: 0.4, 2048: 0.2}),
+            (3050, {1024: 0.3, 2048: 0.3, 4096: 0.2, 8192: 0.2}),
+            (3400, {512: 0.3, 1024: 0.3, 2048: 0.2, 4096: 0.1, 8192: 0.1})]
+# Each run starts with a warmup: the first from 0, the second re-warms from
+# the first's cooled-down learning rate.
+RUN_STARTS = [0, 2400]
 
 
-def step_length(step, steps, rng):
-    mix = [m for s0, m in SCHEDULE if step >= s0 * steps / 2400][-1]
+def step_length(step, rng):
+    mix = [m for s0, m in SCHEDULE if step >= s0][-1]
     ls = sorted(mix)
     return ls[rng.choices(range(len(ls)), weights=[mix[x] for x in ls])[0]]
 
 
 def make_batch(b, src, seed, step, steps, tokens):
     rng = random.Random(seed * 1_000_003 + step)
-    T = step_length(step, steps, rng)
+    T = step_length(step, rng)
     B = max(1, tokens // T)
     x = torch.zeros(B, T, dtype=torch.long)
     y = torch.zeros(B, T, dtype=torch.long)
@@ -140,10 +176,15 @@ def make_batch(b, src, seed, step, steps, tokens):
     w_ans = torch.zeros(B, T)  # task answers (passkey, multikey, multivalue)
     w_cp = torch.zeros(B, T)   # copies of repeated passages and word lists
     for i in range(B):
-        kinds = KINDS_LATE[1] if step >= KINDS_LATE[0] * steps / 2400 else KINDS
+        kinds = [k for s0, k in KIND_PHASES if step >= s0][-1]
         kind = rng.choices([k for k, _ in kinds], weights=[w for _, w in kinds])[0]
         spans = []
-        if kind == "repeat":
+        if kind == "multiquery":
+            ids, ans_spans = b.sample_multiquery(src, rng, T + 1)
+            for c0, c1 in ans_spans:
+                w_ans[i, c0 - 1:c1 - 1] = 1  # targets ids[c0 .. c1): every answer's tokens
+            a = len(ids)
+        elif kind == "repeat":
             ids, c0, c1 = b.sample_repeat(src, rng, T + 1)
             a = len(ids)
             spans = [(c0, c1)]
@@ -160,7 +201,7 @@ def make_batch(b, src, seed, step, steps, tokens):
         x[i, :n] = torch.tensor(ids[:-1])
         y[i, :n] = torch.tensor(ids[1:])
         w_lm[i, :n] = 1
-        if a < len(ids):
+        if a < len(ids):  # a single-answer task
             w_ans[i, a - 1:n] = 1  # targets ids[a..] = the answer tokens and EOS
         for c0, c1 in spans:
             if c1 > c0 + 1:
@@ -208,9 +249,10 @@ def evaluate(model, items):
 
 
 def lr_at(step, steps, lr, warmup=100, cooldown=0.15):
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    c0 = int(steps * (1 - cooldown))
+    s0 = max(r for r in RUN_STARTS if r <= step)
+    if step - s0 < warmup:
+        return lr * (step - s0 + 1) / warmup
+    c0 = int(steps - cooldown * (steps - s0))  # the last 15% of this run
     if step < c0:
         return lr
     return lr * max(0.1, 1 - 0.9 * (step - c0) / max(1, steps - c0))
