@@ -534,11 +534,20 @@ typedef struct {
     int64_t local_tokens;  /* always the keys just before the block, and the
                               block's own (the diagonal) (default 256) */
     int64_t dense_below;   /* a block that may see fewer keys is dense (default
-                              2048): short sequences run dense */
+                              2048): short sequences run dense; 0 routes
+                              every block whose budget is below its keys */
     int share_heads;       /* one routing for all heads (published) instead of
                               one per KV group (default 0) */
     dhsa_chunk_score score_mode; /* DHSA chunk score (default MOMENTS; a zeroed
                               struct gets POOLED) */
+    int scale_fixed;       /* 1: a block reads at most budget / 8 sinks and
+                              budget / 4 local keys before its diagonal (its
+                              own budget: density x the keys it may see), so
+                              the routed chunks always keep part of the
+                              budget; 0: sink_tokens and local_tokens as
+                              given, which at 64 + 256 fill a 4K block's
+                              whole budget at density 0.0625 (default 1; a
+                              zeroed struct gets 0) */
 } dhsa_router_params;
 
 dhsa_router_params dhsa_router_default_params(void);

@@ -54,6 +54,16 @@
 
 #define TWO_PI 6.283185307179586476925286766559
 
+/* The sinks and local keys a block with this budget reads (dhsa.h,
+ * scale_fixed: at most budget / 8 and budget / 4), written here from the
+ * header's words, independently of route.c. */
+static int64_t rule_sink(const dhsa_router_params *rp, int64_t budget) {
+    return rp->scale_fixed && rp->sink_tokens > budget / 8 ? budget / 8 : rp->sink_tokens;
+}
+static int64_t rule_local(const dhsa_router_params *rp, int64_t budget) {
+    return rp->scale_fixed && rp->local_tokens > budget / 4 ? budget / 4 : rp->local_tokens;
+}
+
 static dhsa_ctx *g_ctx; /* n_threads = 0 (online CPUs) */
 static dhsa_chunk_score g_score = DHSA_SCORE_MOMENTS; /* test_incremental's chunk score */
 
@@ -407,11 +417,11 @@ static void check_rules(rules *R, const dhsa_layout *lay, const dhsa_router_para
             VIOL_IF(R->dense, n == 1 && r[0] == alo && r[1] == ahi,
                     "g %lld qb %lld (%lld keys, budget %lld) is dense but should be sparse", (long long)g,
                     (long long)qb, (long long)avail, (long long)budget);
-            int64_t s1 = rp->sink_tokens < ahi ? rp->sink_tokens : ahi;
+            int64_t s1 = rule_sink(rp, budget) < ahi ? rule_sink(rp, budget) : ahi;
             if (s1 > alo)
                 VIOL_IF(R->sinks, !covered(r, n, alo, s1), "g %lld qb %lld: sinks [%lld, %lld) not all in %s",
                         (long long)g, (long long)qb, (long long)alo, (long long)s1, buf);
-            int64_t l0 = pos0 - rp->local_tokens > alo ? pos0 - rp->local_tokens : alo;
+            int64_t l0 = pos0 - rule_local(rp, budget) > alo ? pos0 - rule_local(rp, budget) : alo;
             VIOL_IF(R->local, !covered(r, n, l0, ahi), "g %lld qb %lld: local [%lld, %lld) not all in %s",
                     (long long)g, (long long)qb, (long long)l0, (long long)ahi, buf);
             if (ci) {

@@ -39,6 +39,16 @@
 
 #define TWO_PI 6.283185307179586476925286766559
 
+/* The sinks and local keys a block with this budget reads (dhsa.h,
+ * scale_fixed: at most budget / 8 and budget / 4), written here from the
+ * header's words, independently of route.c. */
+static int64_t rule_sink(const dhsa_router_params *rp, int64_t budget) {
+    return rp->scale_fixed && rp->sink_tokens > budget / 8 ? budget / 8 : rp->sink_tokens;
+}
+static int64_t rule_local(const dhsa_router_params *rp, int64_t budget) {
+    return rp->scale_fixed && rp->local_tokens > budget / 4 ? budget / 4 : rp->local_tokens;
+}
+
 static dhsa_ctx *g_ctx; /* default ctx: n_threads = 0 (online CPUs) */
 
 /* ------------------------------------------------------------------------ */
@@ -1363,7 +1373,7 @@ static void check_routed(const char *what, const dhsa_layout *lay, const dhsa_ro
                     continue;
                 }
                 /* the visible sinks: [0, sink_tokens) clipped to the span */
-                int64_t s0 = alo, s1 = rp->sink_tokens < ahi ? rp->sink_tokens : ahi;
+                int64_t s0 = alo, s1 = rule_sink(rp, budget) < ahi ? rule_sink(rp, budget) : ahi;
                 if (s1 < s0) s1 = s0;
                 if (rp->method == DHSA_ROUTE_STREAM) {
                     /* sinks + the most recent keys, exactly the budget (budget >= sinks here) */
@@ -1378,7 +1388,7 @@ static void check_routed(const char *what, const dhsa_layout *lay, const dhsa_ro
                     continue;
                 }
                 /* the local diagonal: [pos0 - local_tokens, block end) clipped to the span */
-                int64_t l0 = pos0 - rp->local_tokens > alo ? pos0 - rp->local_tokens : alo;
+                int64_t l0 = pos0 - rule_local(rp, budget) > alo ? pos0 - rule_local(rp, budget) : alo;
                 int64_t l1 = pos1 < ahi ? pos1 : ahi;
                 if (l0 > l1) l0 = l1;
                 int64_t miss_s = 0, miss_l = 0;
@@ -1583,8 +1593,8 @@ static int64_t fixed_selection_mismatches(const dhsa_layout *lay, const dhsa_rou
                         }
                     memset(cov, 0, (size_t)Lk);
                     int64_t pos0 = a->q_pos0 + r0, pos1 = a->q_pos0 + r1, used = 0;
-                    int64_t s1 = rp->sink_tokens < ahi ? rp->sink_tokens : ahi;
-                    int64_t l0 = pos0 - rp->local_tokens > alo ? pos0 - rp->local_tokens : alo, l1 = pos1 < ahi ? pos1 : ahi;
+                    int64_t s1 = rule_sink(rp, budget) < ahi ? rule_sink(rp, budget) : ahi;
+                    int64_t l0 = pos0 - rule_local(rp, budget) > alo ? pos0 - rule_local(rp, budget) : alo, l1 = pos1 < ahi ? pos1 : ahi;
                     for (int64_t j = alo; j < s1; j++) used += !cov[j], cov[j] = 1;
                     for (int64_t j = l0; j < l1; j++) used += !cov[j], cov[j] = 1;
                     for (int pass = 0; pass < 2; pass++)

@@ -107,6 +107,7 @@ class MemStats(ctypes.Structure):
 
 DHSA_BOUNDARY_FIXED, DHSA_BOUNDARY_SIMILARITY, DHSA_BOUNDARY_LEARNED = 0, 1, 2
 DHSA_ROUTE_DHSA, DHSA_ROUTE_STREAM, DHSA_ROUTE_ORACLE = 0, 1, 2
+DHSA_SCORE_POOLED, DHSA_SCORE_MOMENTS = 0, 1
 DHSA_SYNTH_MAX_NEEDLES = 64
 
 
@@ -131,6 +132,8 @@ class RouterParams(ctypes.Structure):
         ("local_tokens", c_int64),
         ("dense_below", c_int64),
         ("share_heads", c_int),
+        ("score_mode", c_int),              # dhsa_chunk_score
+        ("scale_fixed", c_int),
     ]
 
 
@@ -185,7 +188,7 @@ class Fidelity(ctypes.Structure):
 # Sizes on LP64 (x86-64 / aarch64 Linux), computed by hand from dhsa.h and
 # checked by the tests against both ctypes and a compiled C program.
 LP64_SIZES = {"Tensor": 80, "AttnDesc": 576, "CtxParams": 16, "MemStats": 40,
-              "RouterParams": 136, "LayoutStats": 152, "SynthParams": 600,
+              "RouterParams": 144, "LayoutStats": 152, "SynthParams": 600,
               "SynthNeedle": 32, "Fidelity": 32}
 
 # ------------------------------------------------------------ prototypes ---

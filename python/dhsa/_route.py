@@ -211,6 +211,7 @@ class Predictor:
 _METHODS = {"dhsa": _capi.DHSA_ROUTE_DHSA, "block": _capi.DHSA_ROUTE_DHSA,
             "stream": _capi.DHSA_ROUTE_STREAM, "oracle": _capi.DHSA_ROUTE_ORACLE}
 _BOUNDARIES = {"fixed": _capi.DHSA_BOUNDARY_FIXED, "similarity": _capi.DHSA_BOUNDARY_SIMILARITY}
+_SCORES = {"pooled": _capi.DHSA_SCORE_POOLED, "moments": _capi.DHSA_SCORE_MOMENTS}
 
 
 @dataclasses.dataclass
@@ -226,7 +227,10 @@ class RouterParams:
         "fixed", or a dhsa.Predictor (learned boundaries).
     budget: keys per query block (sinks and local included); None or 0 =
         use density (share of the keys each block may see).
-    sink, local: sink_tokens, local_tokens. Other names as in C.
+    sink, local: sink_tokens, local_tokens; with scale_fixed (default)
+        each block reads at most budget / 8 sinks and budget / 4 local keys.
+    score: "moments" (default) or "pooled": the DHSA chunk score.
+    Other names as in C.
     """
     method: str = "dhsa"
     boundary: object = None
@@ -245,6 +249,8 @@ class RouterParams:
     local: int = 256
     dense_below: int = 2048
     share_heads: bool = False
+    score: str = "moments"
+    scale_fixed: bool = True
 
     def to_c(self):
         """(the _capi.RouterParams struct, the Predictor or None). Keep the
@@ -282,6 +288,10 @@ class RouterParams:
         rp.sink_tokens = _i64("sink", self.sink)
         rp.local_tokens = _i64("local", self.local)
         rp.share_heads = 1 if self.share_heads else 0
+        if self.score not in _SCORES:
+            raise ValueError("score must be 'moments' or 'pooled', not %r" % (self.score,))
+        rp.score_mode = _SCORES[self.score]
+        rp.scale_fixed = 1 if self.scale_fixed else 0
         return rp, pred
 
 

@@ -21,7 +21,8 @@ from conftest import REPO
 LP64 = ctypes.sizeof(ctypes.c_void_p) == 8 and ctypes.sizeof(ctypes.c_long) == 8
 STRUCTS = {"Tensor": ("dhsa_tensor", _capi.Tensor), "AttnDesc": ("dhsa_attn_desc", _capi.AttnDesc),
            "CtxParams": ("dhsa_ctx_params", _capi.CtxParams),
-           "MemStats": ("dhsa_mem_stats", _capi.MemStats)}
+           "MemStats": ("dhsa_mem_stats", _capi.MemStats),
+           "RouterParams": ("dhsa_router_params", _capi.RouterParams)}
 
 
 def test_library_loads_and_names_statuses():
@@ -131,3 +132,15 @@ def test_bfloat16_helpers_match_c():
     for b, y in zip(bits, back):
         assert np.float32(L.dhsa_bf16_to_f32(int(b))) == y or (np.isnan(y))
     assert np.isnan(dhsa.from_bfloat16(dhsa.to_bfloat16(np.float32(np.nan))))
+
+
+def test_router_defaults_are_the_c_defaults():
+    """dhsa.RouterParams() gives C what dhsa_router_default_params does, field
+    for field (the mirror once lacked score_mode, so Python routed with
+    POOLED chunk scores where C's default is MOMENTS)."""
+    c = _capi.lib().dhsa_router_default_params()
+    py, _ = dhsa.RouterParams().to_c()
+    for field, _ in _capi.RouterParams._fields_:
+        if field == "predictor":
+            continue
+        assert getattr(py, field) == getattr(c, field), field

@@ -197,8 +197,11 @@ def test_route_density_near_target_and_router_contract(work4k):
                 continue
             assert hi - lo >= SMALL["dense_below"]  # smaller blocks are dense
             assert seen >= int(np.ceil(target * (hi - lo))), (g, qb)  # the budget is met
-            assert keep[:SMALL["sink"]].all(), (g, qb)  # sinks
-            assert keep[qb * 64 - SMALL["local"]:hi].all(), (g, qb)  # local diagonal
+            budget = int(np.ceil(target * (hi - lo)))
+            sink = min(SMALL["sink"], budget // 8)  # scale_fixed (default): at most 1/8
+            local = min(SMALL["local"], budget // 4)  # and 1/4 of the block's budget
+            assert keep[:sink].all(), (g, qb)  # sinks
+            assert keep[qb * 64 - local:hi].all(), (g, qb)  # local diagonal
     assert st["ranges"] == n_ranges
     assert st["selected"] == selected and st["available"] == available
     assert st["density"] == pytest.approx(selected / available, rel=1e-12)
@@ -289,7 +292,9 @@ def test_sparse_attention_equals_masked_reference(work, ref, close, opts):
 
 def test_wrong_head_mapping_of_the_layout_is_detected(work, ref, close):
     q, k, v, _ = work
-    lay = dhsa.route(q, k, density=0.125, **SMALL)
+    # POOLED chunk scores: on this workload MOMENTS (the default) gives both
+    # KV heads the same ranges, and the test needs them to differ
+    lay = dhsa.route(q, k, density=0.125, score="pooled", **SMALL)
     assert not np.array_equal(layout_mask(lay, 2)[:, 0], layout_mask(lay, 2)[:, 1])  # per KV head
     o = dhsa.attention(q, k, v, causal=True, sparse=lay)
     close(o, ref(q, k, v, causal=True, dense=additive(layout_mask(lay, 4)))[0], **F32)

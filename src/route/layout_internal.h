@@ -34,6 +34,10 @@ void dhsa__block_span(const dhsa_attn_desc *a, int64_t Lk, int64_t r0, int64_t r
 dhsa_status dhsa__route_check_params(const dhsa_router_params *rp);
 void dhsa__route_limits(const dhsa_router_params *rp, int64_t Lk, int64_t *min_len, int64_t *max_chunks,
                         int64_t *max_ranges);
+/* The sinks and local keys (before the diagonal) a block with this budget
+ * reads: rp's counts, capped at budget / 8 and budget / 4 when
+ * rp->scale_fixed. */
+void dhsa__route_fixed_parts(const dhsa_router_params *rp, int64_t budget, int64_t *sink, int64_t *local);
 int64_t dhsa__select_ranges(const dhsa_router_params *rp, int64_t max_ranges, int64_t min_len, int64_t Lk,
                             int64_t alo, int64_t ahi, int64_t pos0, int64_t pos1, const int64_t *starts,
                             int64_t nc_all, const float *score, int64_t stride, int64_t tail_lo,

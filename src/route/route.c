@@ -52,6 +52,7 @@ dhsa_router_params dhsa_router_default_params(void) {
     r.sink_tokens = 64;
     r.local_tokens = 256;
     r.dense_below = 2048;
+    r.scale_fixed = 1;
     r.score_mode = DHSA_SCORE_MOMENTS;
     return r;
 }
@@ -539,6 +540,14 @@ void dhsa__block_span(const dhsa_attn_desc *a, int64_t Lk, int64_t r0, int64_t r
  * Writes up to max_ranges pairs to rg (unsorted, may overlap: the layout
  * normalises them); returns their count; *dense = 1 if the block is dense.
  * order has room for nc indices. */
+void dhsa__route_fixed_parts(const dhsa_router_params *rp, int64_t budget, int64_t *sink, int64_t *local) {
+    *sink = rp->sink_tokens;
+    *local = rp->local_tokens;
+    if (!rp->scale_fixed) return;
+    if (*sink > budget / 8) *sink = budget / 8;
+    if (*local > budget / 4) *local = budget / 4;
+}
+
 int64_t dhsa__select_ranges(const dhsa_router_params *rp, int64_t max_ranges, int64_t min_len, int64_t Lk,
                             int64_t alo, int64_t ahi, int64_t pos0, int64_t pos1, const int64_t *starts,
                             int64_t nc_all, const float *score, int64_t stride, int64_t tail_lo,
@@ -556,17 +565,21 @@ int64_t dhsa__select_ranges(const dhsa_router_params *rp, int64_t max_ranges, in
         *dense = 1;
         return 1;
     }
-    /* sinks and the local diagonal, clipped to what the block may see */
-    int64_t s0 = alo, s1 = rp->sink_tokens < ahi ? rp->sink_tokens : ahi;
+    /* sinks and the local diagonal, clipped to what the block may see;
+     * with scale_fixed, at most an eighth / a quarter of this block's
+     * budget, so that routed chunks always keep part of it */
+    int64_t sink = rp->sink_tokens, local = rp->local_tokens;
+    dhsa__route_fixed_parts(rp, budget, &sink, &local);
+    int64_t s0 = alo, s1 = sink < ahi ? sink : ahi;
     if (s1 < s0) s1 = s0;
-    int64_t l0 = pos0 - rp->local_tokens > alo ? pos0 - rp->local_tokens : alo;
+    int64_t l0 = pos0 - local > alo ? pos0 - local : alo;
     int64_t l1 = pos1 < ahi ? pos1 : ahi;
     /* the decode index's open tail (keys not in a closed chunk yet) is
      * always read: it extends the local diagonal back to its start */
     if (tail_lo >= 0 && tail_lo < l0) l0 = tail_lo > alo ? tail_lo : alo;
     if (l0 > l1) l0 = l1;
     if (rp->method == DHSA_ROUTE_STREAM) { /* sinks + the most recent keys */
-        int64_t sink = s1 - s0, recent = budget - sink > 0 ? budget - sink : 0;
+        int64_t ns = s1 - s0, recent = budget - ns > 0 ? budget - ns : 0;
         rg[n++] = s0;
         rg[n++] = s1;
         rg[n++] = ahi - recent > alo ? ahi - recent : alo;
