@@ -1130,7 +1130,6 @@ dhsa_model_params dhsa_model_default_params(void);
 /* A model is read-only once loaded: any number of sessions, on any threads
  * and ctxs, may use one at once ("Threads"). */
 /* Loads a GGUF model (mmap; weights are used in place) or a llama2.c
- *
  * checkpoint. Every tensor the architecture needs is checked for presence,
  * type and shape before anything runs. *out is NULL on failure. */
 dhsa_status dhsa_model_load(const char *path, const dhsa_model_params *p, dhsa_model **out);
@@ -1241,6 +1240,26 @@ dhsa_status dhsa_session_reset(dhsa_session *s);
  * nothing. (Only if that undoing itself failed, a bug, is the eval
  * DHSA_ERR_INTERNAL, and then evals are refused until dhsa_session_reset.) */
 dhsa_status dhsa_session_eval(dhsa_session *s, const int32_t *ids, int64_t n, float *logits);
+
+/* What attention really did: a sparse method is never dense without it
+ * showing here. Sums over layer calls (layers x ubatches) and, for keys,
+ * over query rows x KV heads as in dhsa_layout_stats. */
+typedef struct {
+    int64_t layer_calls;  /* attention calls */
+    int64_t dense_calls;  /* calls without a layout: every causal key (the
+                             dense method, sliding-window layers) */
+    int64_t blocks;       /* query blocks x KV heads of the routed calls */
+    int64_t dense_blocks; /* of them, dense: the block sees fewer keys than
+                             dense_below, or its budget covers them all */
+    double selected;      /* keys attended */
+    double available;     /* causal keys the rows could attend to */
+    double density;       /* selected / available (1 when none) */
+} dhsa_attn_stats;
+/* last_eval: the most recent dhsa_session_eval (zero if it failed: a failed
+ * eval adds nothing, here as in the cache); total: every eval since the
+ * session was created or reset.
+ * Either may be NULL. */
+dhsa_status dhsa_session_get_stats(const dhsa_session *s, dhsa_attn_stats *last_eval, dhsa_attn_stats *total);
 
 /* Sampling. Order: repetition penalty, temperature (0 = greedy: argmax,
  * lowest id on ties), top-k, top-p, min-p, then a draw from the seeded

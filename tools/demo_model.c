@@ -3,7 +3,7 @@
  * dense attention and with DHSA, fixed blocks and streaming at 6.25%
  * density, routing forced on (dense_below 0). Prints, per method, the
  * answer, whether it is right, the density really used (selected / causal
- * keys, from the layouts) and the prefill time. Declared in tools/cli.h.
+ * keys, from the session statistics) and the prefill time. Declared in tools/cli.h.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,26 +12,6 @@
 
 #include "cli.h"
 #include "dhsa.h"
-
-typedef struct {
-    double selected, available;
-} density_acc;
-
-static int density_hook(void *user, int64_t layer, const dhsa_attn_desc *a) {
-    (void)layer;
-    density_acc *d = user;
-    dhsa_layout_stats st;
-    if (a->layout && dhsa_layout_get_stats(a->layout, &st) == DHSA_OK) {
-        d->selected += st.selected;
-        d->available += st.available;
-    } else if (!a->layout) { /* dense: every causal key of every row and KV head */
-        const double n = (double)a->q.shape[2], p0 = (double)a->q_pos0;
-        double keys = n * p0 + n * (n + 1) / 2;
-        d->selected += keys * (double)a->k.shape[1];
-        d->available += keys * (double)a->k.shape[1];
-    }
-    return 0;
-}
 
 int dhsa_cli_model_demo(const char *model, int64_t L, int threads) {
     dhsa_model *m = NULL;
@@ -73,9 +53,6 @@ int dhsa_cli_model_demo(const char *model, int64_t L, int threads) {
         sp.attn = methods[k];
         sp.router.density = 0.0625;
         sp.router.dense_below = 0;
-        density_acc da = {0, 0};
-        sp.layer_hook = density_hook;
-        sp.layer_hook_user = &da;
         dhsa_session *s = NULL;
         if (dhsa_session_create(ctx, m, &sp, &s)) {
             fprintf(stderr, "dhsa demo: %s\n", dhsa_last_error());
@@ -85,7 +62,9 @@ int dhsa_cli_model_demo(const char *model, int64_t L, int threads) {
         double t0 = dhsa_cli_now();
         dhsa_status st = dhsa_session_eval(s, t.ids, t.n_ids, lg);
         double secs = dhsa_cli_now() - t0;
-        double dens = da.available > 0 ? da.selected / da.available : 1;
+        dhsa_attn_stats da;
+        dhsa_session_get_stats(s, &da, NULL);
+        double dens = da.density;
         int32_t ans[12];
         int64_t na = 0;
         while (!st && na < 12) {

@@ -64,7 +64,13 @@ const char dhsa_cli_run_usage[] =
     "  --density F | --budget N                keys per query block, one of the\n"
     "                                          two (default density 0.0625)\n"
     "  --boundary fixed|similarity|learned:FILE\n"
-    "  --sink N --local N --dense-below N --q-block N\n"
+    "  --sink N            first keys every routed block reads (default 64)\n"
+    "  --local N           keys before the block's own it reads (default 256);\n"
+    "                      both at most 1/8 and 1/4 of the block's budget\n"
+    "  --dense-below N     a block that may see fewer keys runs dense (default\n"
+    "                      2048: prompts under 2048 tokens run dense; 0 routes\n"
+    "                      every block); the run says the density it used\n"
+    "  --q-block N         query rows per routed block (default 64)\n"
     "Output:\n"
     "  --ids               print token ids (prompt, then generated) instead of text\n"
     "  --verbose           print the model, the plan and the timings\n"
@@ -362,52 +368,35 @@ static void dump_begin(layout_dump *d, const run_opts *o, const dhsa_model_info 
 }
 
 /* Writes the picture (after the prefill) and frees the dump. */
-/* What a sparse run really did, from every layer call's layout: the keys
- * selected against the causal keys available, and how many calls ran
- * without a layout (dense: the prompt was under dense_below). Chains to the
- * --dump-layout hook when there is one. */
-typedef struct {
-    double selected, available;
-    int64_t calls, dense_calls, blocks, dense_blocks;
-    int (*next)(void *, int64_t, const dhsa_attn_desc *);
-    void *next_user;
-} run_density;
-
-static int density_hook(void *user, int64_t layer, const dhsa_attn_desc *a) {
-    run_density *d = user;
-    d->calls++;
-    dhsa_layout_stats st;
-    if (a->layout && dhsa_layout_get_stats(a->layout, &st) == DHSA_OK) {
-        d->selected += st.selected;
-        d->available += st.available;
-        d->blocks += st.n_blocks * st.Hkv;
-        d->dense_blocks += st.dense_blocks;
-    } else {
-        const double n = (double)a->q.shape[2], p0 = (double)a->q_pos0;
-        double keys = (n * p0 + n * (n + 1) / 2) * (double)a->k.shape[1];
-        d->selected += keys;
-        d->available += keys;
-        d->dense_calls++;
-    }
-    return d->next ? d->next(d->next_user, layer, a) : 0;
+/* What a sparse run really did (the session's statistics): the keys
+ * selected against the causal keys available, the layer calls that ran
+ * without a layout, the query blocks that ran dense. Said for the prefill
+ * and for the whole run; a run in which nothing was routed says DENSE. */
+static void density_line(const char *what, const dhsa_attn_stats *st) {
+    fprintf(stderr, "  %s: density used %.4f over %lld layer calls", what, st->density, (long long)st->layer_calls);
+    if (st->dense_calls > 0) fprintf(stderr, ", %lld of them without a layout (dense)", (long long)st->dense_calls);
+    if (st->blocks > 0)
+        fprintf(stderr, ", %lld of %lld query blocks x KV heads ran dense", (long long)st->dense_blocks,
+                (long long)st->blocks);
+    fprintf(stderr, "\n");
 }
 
-static void density_report(const run_density *d, const dhsa_session_params *ses) {
+static void density_report(const dhsa_attn_stats *prefill, const dhsa_session *s, const dhsa_session_params *ses) {
     const dhsa_router_params *rp = &ses->router;
-    double used = d->available > 0 ? d->selected / d->available : 1;
+    dhsa_attn_stats total;
+    dhsa_session_get_stats(s, NULL, &total);
     char want[64];
     if (rp->budget_tokens > 0) snprintf(want, sizeof want, "a budget of %lld keys", (long long)rp->budget_tokens);
     else snprintf(want, sizeof want, "density %.4g", rp->density);
-    fprintf(stderr, "attention: %s at %s: density used %.4f over %lld layer calls", dhsa_attn_method_name(ses->attn),
-            want, used, (long long)d->calls);
-    if (d->dense_calls > 0)
-        fprintf(stderr, "; %lld of them without a layout (dense)", (long long)d->dense_calls);
-    if (d->blocks > 0)
-        fprintf(stderr, "; %lld of %lld query blocks ran dense", (long long)d->dense_blocks, (long long)d->blocks);
-    if (d->calls > 0 && (d->dense_calls == d->calls || (d->blocks > 0 && d->dense_blocks == d->blocks)))
-        fprintf(stderr, ": this run was DENSE (under --dense-below %lld keys, or sinks + local + budget cover every "
-                "key; --dense-below 0 routes every block)", (long long)rp->dense_below);
-    fprintf(stderr, "\n");
+    fprintf(stderr, "attention: %s at %s (sink %lld, local %lld%s, dense below %lld keys):\n",
+            dhsa_attn_method_name(ses->attn), want, (long long)rp->sink_tokens, (long long)rp->local_tokens,
+            rp->scale_fixed ? ", at most 1/8 and 1/4 of each block's budget" : "", (long long)rp->dense_below);
+    density_line("prefill", prefill);
+    density_line("prefill + decode", &total);
+    if (total.layer_calls > 0 && total.dense_blocks == total.blocks)
+        fprintf(stderr, "attention: this run was DENSE: no query block was routed (each saw fewer than "
+                "--dense-below %lld keys, or its budget covered them all; --dense-below 0 routes every block)\n",
+                (long long)rp->dense_below);
 }
 
 static void dump_end(layout_dump *d, const char *model_path, const dhsa_model_info *in, int64_t n_prompt,
@@ -578,14 +567,6 @@ static int run_main(int argc, char **argv, int plan_only) {
     layout_dump dump;
     memset(&dump, 0, sizeof dump);
     if (o.dump_path) dump_begin(&dump, &o, in, n_prompt, &o.ses);
-    run_density dens;
-    memset(&dens, 0, sizeof dens);
-    if (o.ses.attn != DHSA_ATTN_DENSE) {
-        dens.next = o.ses.layer_hook;
-        dens.next_user = o.ses.layer_hook_user;
-        o.ses.layer_hook = density_hook;
-        o.ses.layer_hook_user = &dens;
-    }
     dhsa_session *s;
     if (dhsa_session_create(ctx, m, &o.ses, &s)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     dhsa_sampler *smp;
@@ -604,6 +585,8 @@ static int run_main(int argc, char **argv, int plan_only) {
     if (dhsa_session_eval(s, ids, n_prompt, logits))
         dhsa_cli_die(EXIT_RUN, "%s", dump.error[0] ? dump.error : dhsa_last_error());
     dump.active = 0;
+    dhsa_attn_stats st_prefill;
+    dhsa_session_get_stats(s, &st_prefill, NULL);
     double t_prompt = dhsa_cli_now() - t0, t_first = 0;
     int64_t n_gen = 0, n_dec = 0;
     double t_dec = 0;
@@ -634,7 +617,7 @@ static int run_main(int argc, char **argv, int plan_only) {
     printf("\n");
     fflush(stdout);
     if (o.dump_path) dump_end(&dump, o.model, in, n_prompt, plan.n_ubatch);
-    if (o.ses.attn != DHSA_ATTN_DENSE) density_report(&dens, &o.ses);
+    if (o.ses.attn != DHSA_ATTN_DENSE) density_report(&st_prefill, s, &o.ses);
     fprintf(stderr,
             "prompt: %lld tokens in %.3f s (%.1f tok/s), first token after %.3f s; decode: %lld tokens, %.1f tok/s; "
             "all forward passes: %.1f tok/s; peak RSS %.1f MiB\n",

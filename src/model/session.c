@@ -44,6 +44,7 @@ struct dhsa_session {
     dhsa_router_params rp;      /* routing of the sparse methods */
     int broken;                 /* a failed eval could not be undone: reset first */
     atomic_int busy;            /* 1 while an eval or a reset runs on it */
+    dhsa_attn_stats st_last, st_total; /* what attention really did (dhsa_session_get_stats) */
 };
 
 dhsa_session_params dhsa_session_default_params(void) {
@@ -257,6 +258,7 @@ dhsa_status dhsa_session_create(dhsa_ctx *ctx, const dhsa_model *m, const dhsa_s
     s->ctx = ctx;
     s->m = m;
     atomic_init(&s->busy, 0);
+    s->st_last.density = s->st_total.density = 1.0;
     s->p = *p;
     s->plan = plan;
     s->rp = method_router(p);
@@ -320,6 +322,13 @@ void dhsa_session_free(dhsa_session *s) {
 const dhsa_mem_plan *dhsa_session_get_plan(const dhsa_session *s) { return s ? &s->plan : NULL; }
 int64_t dhsa_session_length(const dhsa_session *s) { return s ? s->len : 0; }
 
+dhsa_status dhsa_session_get_stats(const dhsa_session *s, dhsa_attn_stats *last_eval, dhsa_attn_stats *total) {
+    if (!s) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_session_get_stats: NULL session");
+    if (last_eval) *last_eval = s->st_last;
+    if (total) *total = s->st_total;
+    return DHSA_OK;
+}
+
 /* One eval or reset at a time: a second, from another thread or from a
  * callback of the running eval, is refused rather than let corrupt the
  * cache. */
@@ -341,6 +350,9 @@ dhsa_status dhsa_session_reset(dhsa_session *s) {
     dhsa_status st = DHSA_OK;
     s->len = 0;
     s->broken = 0;
+    memset(&s->st_last, 0, sizeof s->st_last);
+    memset(&s->st_total, 0, sizeof s->st_total);
+    s->st_last.density = s->st_total.density = 1.0;
     if (s->ix) {
         free_indexes(s);
         st = make_indexes(s); /* on failure s->ix is NULL: eval refuses too */
@@ -418,6 +430,42 @@ static dhsa_tensor cache_view(const dhsa_session *s, int64_t l, int is_v, int64_
     return t;
 }
 
+/* Adds one layer call to the session's statistics: with a layout, its
+ * selected and available keys; without one (dense, or a sliding-window
+ * layer), every key each row may see. Sums run over query rows x KV heads,
+ * as in dhsa_layout_stats. */
+static void count_attention(dhsa_session *s, const dhsa_attn_desc *a) {
+    dhsa_attn_stats add;
+    memset(&add, 0, sizeof add);
+    add.layer_calls = 1;
+    dhsa_layout_stats ls;
+    if (a->layout && dhsa_layout_get_stats(a->layout, &ls) == DHSA_OK) {
+        add.blocks = ls.n_blocks * ls.Hkv;
+        add.dense_blocks = ls.dense_blocks;
+        add.selected = ls.selected;
+        add.available = ls.available;
+    } else {
+        add.dense_calls = 1;
+        double keys = 0;
+        for (int64_t r = 0; r < a->q.shape[2]; r++) {
+            int64_t seen = a->q_pos0 + r + 1;
+            if (a->window > 0 && seen > a->window) seen = a->window;
+            keys += (double)seen;
+        }
+        add.selected = add.available = keys * (double)a->k.shape[1];
+    }
+    dhsa_attn_stats *t[2] = {&s->st_last, &s->st_total};
+    for (int i = 0; i < 2; i++) {
+        t[i]->layer_calls += add.layer_calls;
+        t[i]->dense_calls += add.dense_calls;
+        t[i]->blocks += add.blocks;
+        t[i]->dense_blocks += add.dense_blocks;
+        t[i]->selected += add.selected;
+        t[i]->available += add.available;
+        t[i]->density = t[i]->available > 0 ? t[i]->selected / t[i]->available : 1.0;
+    }
+}
+
 static dhsa_status attend(dhsa_session *s, int64_t l, int64_t n, int64_t pos0) {
     const dhsa_model_info *in = &s->m->info;
     const dhsa__layer *L = &s->m->layers[l];
@@ -444,6 +492,7 @@ static dhsa_status attend(dhsa_session *s, int64_t l, int64_t n, int64_t pos0) {
         a.layout = lay;
     }
     st = dhsa_attention(s->ctx, &a);
+    if (!st) count_attention(s, &a);
     if (!st && s->p.layer_hook && s->p.layer_hook(s->p.layer_hook_user, l, &a))
         st = dhsa__fail(DHSA_ERR_INVALID_ARG, "the layer hook stopped the eval at layer %lld", (long long)l);
     dhsa_layout_free(lay);
@@ -545,6 +594,8 @@ static dhsa_status eval_tokens(dhsa_session *s, const int32_t *ids, int64_t n, f
     if (n < 0) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_session_eval: n = %lld", (long long)n);
     if (n == 0) return DHSA_OK;
     const dhsa_model_info *in = &s->m->info;
+    memset(&s->st_last, 0, sizeof s->st_last);
+    s->st_last.density = 1.0;
     for (int64_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= in->n_vocab)
             return dhsa__fail(DHSA_ERR_INVALID_ARG, "token %lld is id %d, outside [0, %lld)", (long long)i, ids[i],
@@ -557,6 +608,7 @@ static dhsa_status eval_tokens(dhsa_session *s, const int32_t *ids, int64_t n, f
     if (s->p.attn != DHSA_ATTN_DENSE && uses_index(&s->p) && !s->ix)
         return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "the routing indexes could not be rebuilt after a reset");
     const int64_t len0 = s->len;
+    const dhsa_attn_stats total0 = s->st_total;
     if (s->ix)
         for (int64_t l = 0; l < in->n_layer; l++)
             if (s->ix[l]) dhsa__kv_index_mark(s->ix[l]);
@@ -576,6 +628,9 @@ static dhsa_status eval_tokens(dhsa_session *s, const int32_t *ids, int64_t n, f
             /* the call's earlier ubatches are undone too, and this one may
              * have reached some layers' indexes: all of it goes */
             roll_back(s, len0);
+            s->st_total = total0; /* the statistics too */
+            memset(&s->st_last, 0, sizeof s->st_last);
+            s->st_last.density = 1.0;
             return st;
         }
         s->len += step;
