@@ -12,7 +12,8 @@
  *     blocks and a density below 1, the same as the layouts the layer hook
  *     sees; a failed eval adds nothing; a reset empties them;
  *   - `dhsa run --attn dhsa` on a short prompt says the run was DENSE, and
- *     with --dense-below 0 it does not.
+ *     with --dense-below 0 it does not; so do `bench decode` and `bench
+ *     sparse`.
  */
 #include <math.h>
 #include <stdio.h>
@@ -207,7 +208,7 @@ static void session_stats(void) {
 
 static void cli_says_dense(void) {
     if (!getenv("DHSA_CLI")) {
-        T_SKIP(4, "DHSA_CLI is not set (make test sets it)");
+        T_SKIP(8, "DHSA_CLI is not set (make test sets it)");
         return;
     }
     char *out = NULL;
@@ -222,6 +223,19 @@ static void cli_says_dense(void) {
     T_CHECK(rc == 0 && out && !strstr(out, "DENSE") && strstr(out, "density used"),
             "run --attn dhsa --dense-below 0 (exit %d): %s", rc, out ? out : "");
     free(out);
+    /* the benches: DENSE said when every block ran dense, not otherwise */
+    static const char *bench[4] = {
+        "bench decode --L 1024 --heads 4 --kv-heads 2 --dim 32 --runs 1",
+        "bench decode --L 1024 --heads 4 --kv-heads 2 --dim 32 --runs 1 --dense-below 0",
+        "bench sparse --L 1024 --heads 4 --kv-heads 2 --dim 32 --runs 1 --method dhsa",
+        "bench sparse --L 1024 --heads 4 --kv-heads 2 --dim 32 --runs 1 --method dhsa --dense-below 0"};
+    for (int i = 0; i < 4; i++) {
+        rc = cli_run(bench[i], 0, &out);
+        int dense = out && strstr(out, "this run was DENSE") != NULL;
+        T_CHECK(rc == 0 && out && strstr(out, "dense below") && dense == !(i & 1), "%s (exit %d): %s", bench[i], rc,
+                out ? out : "");
+        free(out);
+    }
     rc = cli_run("help run", 0, &out);
     T_CHECK(rc == 0 && out && strstr(out, "--dense-below") && strstr(out, "2048"),
             "run --help shows --dense-below and its default: %s", out ? out : "");

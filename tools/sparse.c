@@ -61,6 +61,17 @@ const char dhsa_cli_bench_sparse_usage[] =
 #define EXIT_RUN DHSA_EXIT_RUN
 #define EXIT_USAGE DHSA_EXIT_USAGE
 
+
+/* The routing rules in force and whether they left anything routed: a
+ * bench whose every block ran dense says so (never a silent fallback). */
+static void print_routing(const dhsa_router_params *rp, const dhsa_layout_stats *st) {
+    int64_t blocks = st->n_blocks * st->Hkv;
+    printf("  %-12s sink %lld, local %lld%s, dense below %lld keys: %lld of %lld query blocks x KV heads dense%s\n",
+           "routing", (long long)rp->sink_tokens, (long long)rp->local_tokens,
+           rp->scale_fixed ? " (each at most 1/8, 1/4 of a block's budget)" : "", (long long)rp->dense_below,
+           (long long)st->dense_blocks, (long long)blocks,
+           blocks > 0 && st->dense_blocks == blocks ? ": this run was DENSE (--dense-below 0 routes every block)" : "");
+}
 static void check(dhsa_status st, const char *what) {
     if (st != DHSA_OK) dhsa_cli_die(EXIT_RUN, "%s: %s: %s", what, dhsa_status_str(st), dhsa_last_error());
 }
@@ -412,6 +423,7 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
                kernel_ms > 0 ? 100.0 * route_ms / kernel_ms : 0.0);
         printf("  %-12s %.4f of available keys, %lld ranges, %lld dense blocks\n", "density", st.density,
                (long long)st.ranges, (long long)st.dense_blocks);
+        print_routing(&rp, &st);
         if (st.chunks)
             printf("  %-12s %lld chunks, length mean %.1f, min %lld, max %lld\n", "chunks",
                    (long long)st.chunks, st.chunk_mean, (long long)st.chunk_min, (long long)st.chunk_max);
@@ -589,11 +601,13 @@ int dhsa_cli_bench_decode(int argc, char **argv) {
                "\"boundary\": \"%s\", \"ubatch\": %lld, \"append_us_per_token\": %.3f, \"dense_ms\": %.4f, "
                "\"route_ms\": %.4f, \"kernel_ms\": %.4f, \"speedup\": %.3f, \"density\": %.5f, "
                "\"kv_bytes_dense\": %.0f, \"kv_bytes_sparse\": %.0f, \"bytes_ratio\": %.3f, "
-               "\"recall\": %.5f, \"rel_err\": %.5f, \"needle_hits\": %d, \"needles\": %lld, \"chunks\": %lld}\n",
+               "\"recall\": %.5f, \"rel_err\": %.5f, \"needle_hits\": %d, \"needles\": %lld, \"chunks\": %lld, "
+               "\"dense_blocks\": %lld}\n",
                (long long)L, (long long)H, (long long)Hkv, (long long)D, threads,
                bname, (long long)ubatch, append_us,
                dense_ms, route_ms, kernel_ms, speedup, st.density, bytes_dense, bytes_sparse,
-               bytes_dense / bytes_sparse, fid.recall, fid.rel_err, hits, (long long)Hkv, (long long)chunks);
+               bytes_dense / bytes_sparse, fid.recall, fid.rel_err, hits, (long long)Hkv, (long long)chunks,
+               (long long)st.dense_blocks);
     } else {
         printf("dhsa bench decode: one query at position %lld, %d thread%s\n", (long long)(L - 1), threads,
                threads > 1 ? "s" : "");
@@ -607,6 +621,7 @@ int dhsa_cli_bench_decode(int argc, char **argv) {
                bytes_dense / 1048576.0, bytes_sparse / 1048576.0, bytes_dense / bytes_sparse, st.density);
         printf("  %-10s recall %.4f, output rel_err %.4f, needle selected for %d of %lld KV heads\n",
                "fidelity", fid.recall, fid.rel_err, hits, (long long)Hkv);
+        print_routing(&rp, &st);
     }
     dhsa_layout_free(lay);
     dhsa_kv_index_free(ix);
