@@ -141,8 +141,8 @@ int main(void) {
         char *out = NULL;
         int rc = run("", args, 0, &out);
         T_CHECK(rc == 0 && out && strstr(out, "\t\\t\n") && strstr(out, "\t\\n\n") && strstr(out, "\t\\\\\n") &&
-                    strstr(out, "\t\\xFF\n") && !strchr(out, '\xFF'),
-                "escapes \\t \\n \\\\ \\xFF:\n%s", out ? out : "(none)");
+                    strstr(out, "\t\\xff\n") && !strchr(out, '\xFF'),
+                "escapes \\t \\n \\\\ \\xff:\n%s", out ? out : "(none)");
         free(out);
         unlink(ctl);
         free(ctl);

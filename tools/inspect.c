@@ -4,13 +4,17 @@
  * tensor (name, type, dims, elements, bytes, offset) and the totals. A
  * llama2.c checkpoint shows its header; with --tokenizer it is converted in
  * memory (src/model/llama2c.c) and the GGUF it becomes is listed the same
- * way.
+ * way. Every string from the file (keys, values, token pieces, tensor
+ * names) goes through the library's escaping (src/core/escape.c) first, so
+ * listing a hostile file cannot drive the terminal.
  *
  * Exit status: 0 listed, 1 the file is unreadable or malformed (the
  * library's sentence on stderr), 2 a usage error.
- * Tested by tests/test_llama2c.c (through DHSA_CLI, set by tests/run.sh).
+ * Tested by tests/test_llama2c.c and tests/test_model_tensors.c (a key and a
+ * tensor name holding ESC) through DHSA_CLI, set by tests/run.sh.
  */
 #include "cli.h"
+#include "core/internal.h"
 #include "dhsa.h"
 
 #include <math.h>
@@ -31,7 +35,9 @@ const char dhsa_cli_inspect_usage[] =
     "type and value (strings quoted and escaped, cut after 64 bytes; arrays as\n"
     "[TYPE x count] and their first elements); then every tensor with its ggml\n"
     "type, dims (fastest-varying first, as GGUF stores them), elements, bytes\n"
-    "and offset in the data section; then the totals.\n"
+    "and offset in the data section; then the totals. Keys and tensor names\n"
+    "are escaped too: control bytes, invalid UTF-8 and the code points a\n"
+    "terminal acts on show as \\xhh (ESC as \\x1b).\n"
     "A llama2.c checkpoint: its header; with --tokenizer the GGUF it converts\n"
     "to (the one `dhsa convert` writes), listed as above.\n"
     "\n"
@@ -41,21 +47,34 @@ const char dhsa_cli_inspect_usage[] =
     "\n"
     "Exit status: 0 listed, 1 the file is unreadable or malformed, 2 usage.\n";
 
-/* A string, quoted, with C escapes for quotes, backslashes and control
- * bytes (UTF-8 is printed as is); cut after max bytes (0 = never). */
+/* s[0..n) written with the library's escaping (src/core/escape.c): control
+ * bytes, invalid UTF-8 and the code points a terminal acts on as \xhh,
+ * backslashes (and with DHSA__ESC_QUOTES quotes) escaped, so a key, a
+ * tensor name or a token piece from the file cannot drive the terminal.
+ * Returns the bytes written. */
+static size_t print_escaped(const char *s, int64_t n, unsigned flags) {
+    size_t need = dhsa__escape(NULL, 0, s, (size_t)n, flags);
+    char small[256], *buf = need < sizeof small ? small : malloc(need + 1);
+    if (!buf) dhsa_cli_die(EXIT_RUN, "out of memory");
+    dhsa__escape(buf, need + 1, s, (size_t)n, flags);
+    fwrite(buf, 1, need, stdout);
+    if (buf != small) free(buf);
+    return need;
+}
+
+/* A string, quoted and escaped as above; cut after max bytes (0 = never). */
 static void print_str(const char *s, int64_t len, int64_t max) {
     int64_t n = max && len > max ? max : len;
     putchar('"');
-    for (int64_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        if (ch == '"' || ch == '\\') printf("\\%c", ch);
-        else if (ch == '\n') printf("\\n");
-        else if (ch == '\t') printf("\\t");
-        else if (ch < 0x20 || ch == 0x7f) printf("\\x%02x", ch);
-        else putchar(ch);
-    }
+    print_escaped(s, n, DHSA__ESC_QUOTES);
     putchar('"');
     if (n < len) printf("... (%lld bytes)", (long long)len);
+}
+
+/* Whether s[0..n) prints as itself (nothing to escape, backslashes included). */
+static int prints_plain(const char *s, int64_t n) {
+    char buf[2];
+    return dhsa__escape(buf, sizeof buf, s, (size_t)n, DHSA__ESC_BACKSLASH) == (size_t)n;
 }
 
 /* The shortest decimal that reads back as the same float / double. */
@@ -152,11 +171,9 @@ static void print_gguf(const dhsa_gguf *g, int64_t n_shown) {
     for (int64_t i = 0; i < n_kv; i++) {
         const dhsa_gguf_kv *kv = dhsa_gguf_kv_at(g, i);
         printf("  ");
-        /* Keys may hold any bytes: escape them like values, unquoted. */
-        int plain = 1;
-        for (int64_t c = 0; c < kv->key_len; c++)
-            if ((unsigned char)kv->key[c] < 0x20 || kv->key[c] == 0x7f) plain = 0;
-        if (plain && kv->key_len <= 200) printf("%-*s ", (int)width, kv->key);
+        /* Keys may hold any bytes: a key with anything to escape is shown
+         * quoted and escaped, like a value. */
+        if (kv->key_len <= 200 && prints_plain(kv->key, kv->key_len)) printf("%-*s ", (int)width, kv->key);
         else {
             print_str(kv->key, kv->key_len, STR_SHOWN);
             putchar(' ');
@@ -166,7 +183,8 @@ static void print_gguf(const dhsa_gguf *g, int64_t n_shown) {
 
     int64_t n_t = dhsa_gguf_n_tensors(g), nw = 4;
     for (int64_t i = 0; i < n_t; i++) {
-        int64_t l = (int64_t)strlen(dhsa_gguf_tensor_at(g, i)->name);
+        const char *nm = dhsa_gguf_tensor_at(g, i)->name;
+        int64_t l = (int64_t)dhsa__escape(NULL, 0, nm, strlen(nm), DHSA__ESC_BACKSLASH);
         if (l > nw) nw = l;
     }
     if (nw > 48) nw = 48;
@@ -185,7 +203,11 @@ static void print_gguf(const dhsa_gguf *g, int64_t n_shown) {
         char type[16];
         snprintf(type, sizeof type, "%s", dhsa_ggml_type_name(t->type));
         if (strcmp(type, "?") == 0) snprintf(type, sizeof type, "#%u", t->type);
-        printf("  %-*s %-5s %-22s %12lld ", (int)nw, t->name, type, dims, (long long)t->n_elements);
+        /* names may hold any bytes but NUL: escaped, then padded */
+        fputs("  ", stdout);
+        for (int64_t w = (int64_t)print_escaped(t->name, (int64_t)strlen(t->name), DHSA__ESC_BACKSLASH); w < nw; w++)
+            putchar(' ');
+        printf(" %-5s %-22s %12lld ", type, dims, (long long)t->n_elements);
         if (t->bytes >= 0) printf("%12lld", (long long)t->bytes);
         else printf("%12s", "?");
         printf(" %12llu\n", (unsigned long long)t->offset);

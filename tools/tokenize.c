@@ -8,6 +8,7 @@
  * Tested by tests/test_tokenize_cli.c (make test).
  */
 #include "cli.h"
+#include "core/internal.h"
 #include "dhsa.h"
 
 #include <errno.h>
@@ -26,10 +27,11 @@ const char dhsa_cli_tokenize_usage[] =
     "Tokenizes TEXT (or the bytes of FILE) with the vocabulary of the GGUF\n"
     "file MODEL (its tokenizer.ggml.* metadata) and prints one line per\n"
     "token: the id, a tab, and the token's bytes, with \\n \\t \\r \\\\, other\n"
-    "control bytes and bytes that are not valid UTF-8 written as escapes\n"
-    "(\\xHH), so spaces and control characters are visible. A SentencePiece\n"
-    "'\\u2581' shows as the space it stands for; special tokens show as their\n"
-    "text (<s>).\n"
+    "control bytes, bytes that are not valid UTF-8 and the code points a\n"
+    "terminal acts on (C1 controls, bidirectional overrides) written as\n"
+    "escapes (\\xhh), so spaces and control characters are visible. A\n"
+    "SentencePiece '\\u2581' shows as the space it stands for; special tokens\n"
+    "show as their text (<s>).\n"
     "\n"
     "  -m, --model FILE  the GGUF file\n"
     "  -f, --file FILE   read the text from FILE (\"-\" = standard input)\n"
@@ -45,45 +47,17 @@ const char dhsa_cli_tokenize_usage[] =
 
 static const char *cmd_name = "dhsa tokenize";
 
-/* Length of the valid UTF-8 sequence at s[0..n), or 0. */
-static int utf8_len(const unsigned char *s, int64_t n) {
-    int k = s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3 : s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : 0;
-    if (k == 0 || k > n) return 0;
-    for (int i = 1; i < k; i++)
-        if ((s[i] & 0xC0) != 0x80) return 0;
-    if (k == 3 && ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] >= 0xA0))) return 0; /* overlong, surrogate */
-    if (k == 4 && ((s[0] == 0xF0 && s[1] < 0x90) || (s[0] == 0xF4 && s[1] >= 0x90))) return 0;
-    return k;
-}
-
-/* Writes the bytes with control and invalid bytes escaped. */
+/* Writes the bytes with control bytes, invalid UTF-8, the code points a
+ * terminal acts on and backslashes escaped: the library's one escaping
+ * rule (src/core/escape.c), so a piece from the file cannot drive the
+ * terminal. */
 static void print_escaped(const char *p, int64_t n) {
-    const unsigned char *s = (const unsigned char *)p;
-    for (int64_t i = 0; i < n;) {
-        unsigned char c = s[i];
-        if (c >= 0x80) {
-            int k = utf8_len(s + i, n - i);
-            if (k) {
-                fwrite(s + i, 1, (size_t)k, stdout);
-                i += k;
-                continue;
-            }
-            printf("\\x%02X", c);
-        } else if (c == '\n') {
-            fputs("\\n", stdout);
-        } else if (c == '\t') {
-            fputs("\\t", stdout);
-        } else if (c == '\r') {
-            fputs("\\r", stdout);
-        } else if (c == '\\') {
-            fputs("\\\\", stdout);
-        } else if (c < 0x20 || c == 0x7F) {
-            printf("\\x%02X", c);
-        } else {
-            putchar(c);
-        }
-        i++;
-    }
+    size_t need = dhsa__escape(NULL, 0, p, (size_t)n, DHSA__ESC_BACKSLASH);
+    char small[256], *buf = need < sizeof small ? small : malloc(need + 1);
+    if (!buf) dhsa_cli_die(EXIT_RUN, "out of memory");
+    dhsa__escape(buf, need + 1, p, (size_t)n, DHSA__ESC_BACKSLASH);
+    fwrite(buf, 1, need, stdout);
+    if (buf != small) free(buf);
 }
 
 int dhsa_cli_tokenize(int argc, char **argv) {

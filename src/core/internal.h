@@ -19,6 +19,25 @@
  * write `return dhsa__fail(DHSA_ERR_SHAPE, "k has %lld rows", n);`. */
 dhsa_status dhsa__fail(dhsa_status s, const char *fmt, ...) DHSA_PRINTF(2, 3);
 
+/* Untrusted text for a terminal (src/core/escape.c has the rules): control
+ * bytes, invalid UTF-8 and the code points a terminal acts on become \xNN
+ * escapes; valid UTF-8 is kept. Writes at most cap bytes to out, NUL
+ * included (cut between escapes), and returns the length of the whole
+ * escaped text, as snprintf does (>= cap: it was cut; cap 0 only counts).
+ * Flags: DHSA__ESC_BACKSLASH escapes \ too; DHSA__ESC_QUOTES also " and '
+ * (and \); DHSA__ESC_ELLIPSIS ends a cut text with "...". */
+#define DHSA__ESC_BACKSLASH 1u
+#define DHSA__ESC_QUOTES 2u
+#define DHSA__ESC_ELLIPSIS 4u
+size_t dhsa__escape(char *out, size_t cap, const char *s, size_t len, unsigned flags);
+/* For error sentences: s (NUL-terminated, or its first len bytes) escaped
+ * with quotes, cut after ~190 bytes with "...", in one of four rotating
+ * thread-local buffers: valid until the fourth call after on this thread,
+ * so at most four per sentence. dhsa__fail escapes any control byte left in
+ * its sentence as well, but only these calls make the quotes unambiguous. */
+const char *dhsa__esc(const char *s);
+const char *dhsa__escn(const char *s, size_t len);
+
 /* The ctx's call lock (recursive): while a thread holds it, no other
  * thread's call uses the ctx's pool or scratch. dhsa_parallel_for takes it
  * for each job; a scratch user takes it for its whole call. */

@@ -29,11 +29,18 @@ const char *dhsa_status_str(dhsa_status s) {
 
 const char *dhsa_last_error(void) { return last_error; }
 
+/* Formatted into a local buffer first: callers pass dhsa_last_error() as
+ * an argument ("layer 3: %s"), which must not be the buffer written. Any
+ * control byte or unsafe UTF-8 left in the sentence (a file's string a
+ * caller did not escape with dhsa__esc) is escaped on the way in, so the
+ * sentence is safe to print (src/core/escape.c). */
 dhsa_status dhsa__fail(dhsa_status s, const char *fmt, ...) {
+    char msg[sizeof last_error];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    dhsa__escape(last_error, sizeof last_error, msg, strlen(msg), DHSA__ESC_ELLIPSIS);
     return s;
 }
 

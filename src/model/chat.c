@@ -102,9 +102,9 @@ static dhsa_status check_alternating(const char *fmt, const dhsa_chat_message *m
         const char *want = (i - first) % 2 == 0 ? "user" : "assistant";
         if (!is_role(m[i].role, want))
             return dhsa__fail(DHSA_ERR_INVALID_ARG,
-                              "dhsa_chat_apply: message %lld has role '%.32s' where %s wants '%s' (one optional "
+                              "dhsa_chat_apply: message %lld has role '%s' where %s wants '%s' (one optional "
                               "system message first, then user and assistant in turn)",
-                              (long long)i, m[i].role, fmt, want);
+                              (long long)i, dhsa__esc(m[i].role), fmt, want);
     }
     return DHSA_OK;
 }
@@ -115,8 +115,8 @@ static dhsa_status check_roles(const char *fmt, const dhsa_chat_message *m, int6
         for (const char *const *r = ok; *r && !found; r++) found = is_role(m[i].role, *r);
         if (!found)
             return dhsa__fail(DHSA_ERR_INVALID_ARG,
-                              "dhsa_chat_apply: message %lld has role '%.32s', which %s does not know", (long long)i,
-                              m[i].role, fmt);
+                              "dhsa_chat_apply: message %lld has role '%s', which %s does not know", (long long)i,
+                              dhsa__esc(m[i].role), fmt);
     }
     return DHSA_OK;
 }
@@ -252,9 +252,9 @@ dhsa_status dhsa_chat_template_from_name(const char *name, dhsa_chat_template *o
         return DHSA_OK;
     }
     return dhsa__fail(DHSA_ERR_UNSUPPORTED,
-                      "chat template '%.64s' is not one dhsa writes (llama3, chatml or qwen2, gemma, mistral, "
+                      "chat template '%s' is not one dhsa writes (llama3, chatml or qwen2, gemma, mistral, "
                       "llama2, none)",
-                      name);
+                      dhsa__esc(name));
 }
 
 dhsa_status dhsa_chat_apply(dhsa_chat_template t, const dhsa_chat_message *msgs, int64_t n,

@@ -8,7 +8,8 @@
  * keeps (keys, values, names) is copied out and decoded from little endian;
  * tensor data stays in the mapping. A malformed file gives DHSA_ERR_FORMAT
  * and one sentence naming what is wrong, where (kv / tensor info, key or
- * name) and at which byte offset. The writer emits v3 with alignment 32.
+ * name, escaped: they may hold any bytes) and at which byte offset. The
+ * writer emits v3 with alignment 32.
  *
  * Layout, as read here (all little endian):
  *   "GGUF" u32 version (2|3) u64 n_tensors u64 n_kv
@@ -455,7 +456,9 @@ static dhsa_status parse_kv(parser *ps, int64_t idx, dhsa_gguf_kv *kv) {
     if (key.len == 0) return PFAIL(ps, kv->offset, "the key is empty");
     kv->key = key.str;
     kv->key_len = key.len;
-    snprintf(ps->where, sizeof ps->where, "kv %lld ('%.120s')", (long long)idx, key.str);
+    char ek[128]; /* the key may hold any bytes: escaped (src/core/escape.c) */
+    dhsa__escape(ek, sizeof ek, key.str, (size_t)key.len, DHSA__ESC_QUOTES | DHSA__ESC_ELLIPSIS);
+    snprintf(ps->where, sizeof ps->where, "kv %lld ('%s')", (long long)idx, ek);
     uint64_t at = ps->pos;
     uint32_t t;
     if ((st = rd_u32(ps, &t, "the value type"))) return st;
@@ -476,7 +479,9 @@ static dhsa_status parse_tensor(parser *ps, int64_t idx, dhsa_gguf_tensor *t) {
     if (name.len == 0) return PFAIL(ps, start, "the tensor name is empty");
     if ((int64_t)strlen(name.str) != name.len) return PFAIL(ps, start, "the tensor name holds a NUL byte");
     t->name = name.str;
-    snprintf(ps->where, sizeof ps->where, "tensor info %lld ('%.120s')", (long long)idx, name.str);
+    char en[128];
+    dhsa__escape(en, sizeof en, name.str, (size_t)name.len, DHSA__ESC_QUOTES | DHSA__ESC_ELLIPSIS);
+    snprintf(ps->where, sizeof ps->where, "tensor info %lld ('%s')", (long long)idx, en);
     uint64_t at = ps->pos;
     uint32_t nd;
     if ((st = rd_u32(ps, &nd, "n_dims"))) return st;
@@ -549,7 +554,8 @@ static dhsa_status parse(dhsa_gguf *g) {
     if (dup == -2) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "GGUF: out of memory for the key table");
     if (dup >= 0) {
         snprintf(ps.where, sizeof ps.where, "kv %lld", (long long)dup);
-        return PFAIL(&ps, g->kv[dup].offset, "the key '%.120s' appears twice", g->kv[dup].key);
+        return PFAIL(&ps, g->kv[dup].offset, "the key '%s' appears twice",
+                     dhsa__escn(g->kv[dup].key, (size_t)g->kv[dup].key_len));
     }
 
     g->alignment = 32;
@@ -582,7 +588,7 @@ static dhsa_status parse(dhsa_gguf *g) {
     if (dup == -2) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "GGUF: out of memory for the tensor table");
     if (dup >= 0) {
         snprintf(ps.where, sizeof ps.where, "tensor info %lld", (long long)dup);
-        return PFAIL(&ps, ps.pos, "the tensor name '%.120s' appears twice", g->t[dup].name);
+        return PFAIL(&ps, ps.pos, "the tensor name '%s' appears twice", dhsa__esc(g->t[dup].name));
     }
 
     /* ps.pos <= size < 2^63 and alignment <= 2^31: no overflow. */
@@ -595,7 +601,9 @@ static dhsa_status parse(dhsa_gguf *g) {
     uint64_t data_size = g->data_start <= g->size ? g->size - g->data_start : 0;
     for (int64_t i = 0; i < g->n_t; i++) {
         dhsa_gguf_tensor *t = &g->t[i];
-        snprintf(ps.where, sizeof ps.where, "tensor '%.120s'", t->name);
+        char en[128];
+        dhsa__escape(en, sizeof en, t->name, strlen(t->name), DHSA__ESC_QUOTES | DHSA__ESC_ELLIPSIS);
+        snprintf(ps.where, sizeof ps.where, "tensor '%s'", en);
         if (t->offset % g->alignment != 0)
             return PFAIL(&ps, g->data_start, "offset %llu is not a multiple of the alignment %llu",
                          (unsigned long long)t->offset, (unsigned long long)g->alignment);
@@ -747,7 +755,7 @@ dhsa_status dhsa_gguf_tensor_data(const dhsa_gguf *g, int64_t i, const void **da
     if (!t || !data) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_gguf_tensor_data: no tensor %lld", (long long)i);
     if (t->bytes < 0)
         return dhsa__fail(DHSA_ERR_UNSUPPORTED, "GGUF: tensor '%s' has ggml type %u (%s), whose size dhsa does not know",
-                          t->name, t->type, dhsa_ggml_type_name(t->type));
+                          dhsa__esc(t->name), t->type, dhsa_ggml_type_name(t->type));
     *data = t->data;
     if (bytes) *bytes = t->bytes;
     return DHSA_OK;
@@ -756,13 +764,14 @@ dhsa_status dhsa_gguf_tensor_data(const dhsa_gguf *g, int64_t i, const void **da
 static dhsa_status get_kv(const dhsa_gguf *g, const char *key, const dhsa_gguf_kv **kv) {
     if (!g || !key) return dhsa__fail(DHSA_ERR_INVALID_ARG, "GGUF getter: NULL argument");
     int64_t i = dhsa_gguf_find_kv(g, key);
-    if (i < 0) return dhsa__fail(DHSA_ERR_FORMAT, "GGUF: the file has no key '%s'", key);
+    if (i < 0) return dhsa__fail(DHSA_ERR_FORMAT, "GGUF: the file has no key '%s'", dhsa__esc(key));
     *kv = &g->kv[i];
     return DHSA_OK;
 }
 
 static dhsa_status wrong_type(const dhsa_gguf_kv *kv, const char *want) {
-    return dhsa__fail(DHSA_ERR_FORMAT, "GGUF: key '%s' has type %s, not %s", kv->key, dhsa_gguf_type_name(kv->type), want);
+    return dhsa__fail(DHSA_ERR_FORMAT, "GGUF: key '%s' has type %s, not %s", dhsa__escn(kv->key, (size_t)kv->key_len),
+                      dhsa_gguf_type_name(kv->type), want);
 }
 
 static int is_unsigned(dhsa_gguf_type t) {
@@ -795,8 +804,10 @@ static dhsa_status get_int(const dhsa_gguf *g, const char *key, int *neg, uint64
 
 static dhsa_status out_of_range(const dhsa_gguf_kv *kv, const char *want) {
     if (is_signed(kv->type))
-        return dhsa__fail(DHSA_ERR_FORMAT, "GGUF: key '%s' holds %lld, out of range for %s", kv->key, (long long)kv->i, want);
-    return dhsa__fail(DHSA_ERR_FORMAT, "GGUF: key '%s' holds %llu, out of range for %s", kv->key,
+        return dhsa__fail(DHSA_ERR_FORMAT, "GGUF: key '%s' holds %lld, out of range for %s",
+                          dhsa__escn(kv->key, (size_t)kv->key_len), (long long)kv->i, want);
+    return dhsa__fail(DHSA_ERR_FORMAT, "GGUF: key '%s' holds %llu, out of range for %s",
+                      dhsa__escn(kv->key, (size_t)kv->key_len),
                       (unsigned long long)kv->u, want);
 }
 

@@ -81,7 +81,7 @@ static dhsa_status read_hparams(const dhsa_gguf *g, dhsa_model_info *in) {
         in->arch_name = "gemma2";
     } else {
         return dhsa__fail(DHSA_ERR_UNSUPPORTED, "architecture \"%s\" is not supported (llama, qwen2, gemma2 are)",
-                          arch);
+                          dhsa__esc(arch));
     }
     const char *a = in->arch_name;
     int gemma = in->arch == DHSA_ARCH_GEMMA2;
@@ -114,7 +114,7 @@ static dhsa_status read_hparams(const dhsa_gguf *g, dhsa_model_info *in) {
         return st;
     if (type && strcmp(type, "none") != 0 && strcmp(type, "linear") != 0)
         return dhsa__fail(DHSA_ERR_UNSUPPORTED, "RoPE scaling \"%s\" is not supported (none, linear are; llama3 "
-                          "scaling comes as rope_freqs.weight)", type);
+                          "scaling comes as rope_freqs.weight)", dhsa__esc(type));
     if (!type || strcmp(type, "linear") == 0) {
         float f;
         if ((st = get_real(g, key_of(a, "rope.scaling.factor"), 1.0f, 0.0f, 1e6f, &f))) return st;

@@ -540,9 +540,9 @@ dhsa_status dhsa_tokenizer_from_gguf(const dhsa_gguf *g, dhsa_tokenizer **out) {
     else if (strcmp(model, "gpt2") == 0) kind = DHSA_TOKENIZER_BPE;
     else
         return dhsa__fail(DHSA_ERR_UNSUPPORTED,
-                          "tokenizer: tokenizer.ggml.model is '%.64s'; dhsa knows 'llama' (SentencePiece) and "
+                          "tokenizer: tokenizer.ggml.model is '%s'; dhsa knows 'llama' (SentencePiece) and "
                           "'gpt2' (byte-level BPE)",
-                          model);
+                          dhsa__esc(model));
     dhsa_gguf_array toks;
     if ((st = dhsa_gguf_get_arr(g, "tokenizer.ggml.tokens", &toks))) return st;
     if (toks.type != DHSA_GGUF_STRING || toks.n < 1)
@@ -617,9 +617,9 @@ dhsa_status dhsa_tokenizer_from_gguf(const dhsa_gguf *g, dhsa_tokenizer **out) {
             if (strcmp(pre, pre_names[i]) == 0) t->pre = pre_kinds[i];
         if (t->pre == DHSA_TOK_PRE_NONE) {
             st = dhsa__fail(DHSA_ERR_UNSUPPORTED,
-                            "tokenizer: pre-tokenizer tokenizer.ggml.pre = '%.64s' is not implemented (dhsa knows "
+                            "tokenizer: pre-tokenizer tokenizer.ggml.pre = '%s' is not implemented (dhsa knows "
                             "default, gpt-2, starcoder, llama-bpe, qwen2, deepseek-llm, falcon)",
-                            pre);
+                            dhsa__esc(pre));
             goto fail;
         }
         /* llama.cpp: a llama-bpe vocabulary adds BOS unless the file says no */
