@@ -1110,6 +1110,8 @@ typedef struct {
     int rope_neox;              /* 1: split-half pairs (qwen2, gemma2) */
     int has_rope_freqs;         /* rope_freqs.weight present */
     float attn_softcap, final_softcap; /* 0 = none */
+    float attn_scale;           /* scores = q.k * attn_scale: 1/sqrt(head_dim_k), but gemma2 with
+                                   46 layers (27B) 1/sqrt(n_embd / n_head), as llama.cpp */
     int64_t sliding_window;     /* gemma2: window of the even layers; 0 = none */
     int tied_output;            /* output.weight absent: token_embd used */
     uint32_t weight_type;       /* ggml type of most matrix bytes */
@@ -1131,7 +1133,12 @@ dhsa_model_params dhsa_model_default_params(void);
  * and ctxs, may use one at once ("Threads"). */
 /* Loads a GGUF model (mmap; weights are used in place) or a llama2.c
  * checkpoint. Every tensor the architecture needs is checked for presence,
- * type and shape before anything runs. *out is NULL on failure. */
+ * type and shape before anything runs; the optional ones it knows (biases,
+ * fused QKV, rope_freqs, output.weight: docs/model.md) are applied when
+ * present; a tensor it does not use is DHSA_ERR_UNSUPPORTED naming it (as
+ * llama.cpp refuses such a file), since ignoring it would give wrong
+ * results. Names from the file are escaped in every sentence. *out is
+ * NULL on failure. */
 dhsa_status dhsa_model_load(const char *path, const dhsa_model_params *p, dhsa_model **out);
 /* The same from an open GGUF, which the model takes over (it is closed
  * with the model, or at once on failure). */

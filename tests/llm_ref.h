@@ -8,9 +8,11 @@
  *     BF16, Q8_0, Q4_0, Q4_K, Q6_K, decoded here from the byte layouts (f16
  *     included), and a simple encoder for fixtures;
  *   - llmref_model: hyperparameters and weights from an open dhsa_gguf
- *     (architectures llama, qwen2, gemma2) or from a llama2.c checkpoint;
- *     every field is plain data, so a test can build a model by hand or
- *     change one field to make a deliberately wrong variant;
+ *     (architectures llama, qwen2, gemma2, with every optional tensor of
+ *     docs/model.md: biases, fused QKV, rope_freqs, output.bias; a tensor
+ *     it does not read is an error naming it) or from a llama2.c
+ *     checkpoint; every field is plain data, so a test can build a model
+ *     by hand or change one field to make a deliberately wrong variant;
  *   - llmref_forward / llmref_forward_ex: logits [n][n_vocab] of a sequence;
  *   - llmref_fixture_build: tiny random GGUF models (test fixtures) for any
  *     architecture and weight type, deterministic for a seed;
@@ -440,10 +442,13 @@ typedef struct {
     double *wv;             /* [n_head_kv*hd_v][n_embd] */
     double *bq, *bk, *bv;   /* [n_head*hd_k], [n_head_kv*hd_k], [n_head_kv*hd_v]; NULL = no bias */
     double *wo;             /* [n_embd][n_head*hd_v] */
+    double *bo;             /* [n_embd] attn_output.bias; NULL = none */
     double *post_attn_norm; /* [n_embd]; NULL = none (gemma2 has it) */
     double *ffn_norm;       /* [n_embd] */
     double *w_gate, *w_up;  /* [n_ff][n_embd] */
     double *w_down;         /* [n_embd][n_ff] */
+    double *b_gate, *b_up;  /* [n_ff] ffn_gate.bias, ffn_up.bias; NULL = none */
+    double *b_down;         /* [n_embd] ffn_down.bias; NULL = none */
     double *post_ffw_norm;  /* [n_embd]; NULL = none (gemma2 has it) */
 } llmref_layer;
 
@@ -459,19 +464,23 @@ typedef struct {
     double rope_factor;     /* linear scaling: positions are divided by it (1 = none) */
     int rope_neox;          /* 0: pairs (2i, 2i+1) (llama); 1: (i, i + n_rot/2) (qwen2, gemma2) */
     double embd_scale;      /* x = token_embd[t] * embd_scale (gemma2 sqrt(n_embd), else 1) */
-    double attn_scale;      /* scores = q.k * attn_scale (1/sqrt(hd_k)) */
+    double attn_scale;      /* scores = q.k * attn_scale (1/sqrt(hd_k); gemma2 with 46 layers
+                               1/sqrt(n_embd / n_head)) */
     double attn_softcap;    /* s = cap tanh(s / cap); 0 = none */
     double final_softcap;   /* same on the logits; 0 = none */
     int64_t sliding_window; /* > 0: layers with even index see keys at p' > p - window */
     int gelu;               /* FFN activation: 1 GELU (tanh form, gemma2), 0 SiLU */
     /* Which optional arrays llmref_model_alloc allocates. */
     int has_biases;         /* bq, bk, bv in every layer */
+    int has_mlp_biases;     /* bo, b_gate, b_up, b_down in every layer */
+    int has_output_bias;    /* output_bias */
     int has_post_norms;     /* post_attn_norm, post_ffw_norm in every layer */
     int has_rope_freqs;     /* rope_freqs */
     int tied;               /* output == tok_embd */
     double *tok_embd;       /* [n_vocab][n_embd] */
     double *output_norm;    /* [n_embd] */
     double *output;         /* [n_vocab][n_embd]; the tok_embd pointer when tied */
+    double *output_bias;    /* [n_vocab] output.bias; NULL = none */
     double *rope_freqs;     /* [n_rot/2]: theta_i is divided by it; NULL = none */
     llmref_layer *layers;   /* [n_layer] */
 } llmref_model;
@@ -485,7 +494,7 @@ static inline void llmref_model_free(llmref_model *m) {
             llmref_layer *L = &m->layers[l];
             double *arrs[] = {L->attn_norm, L->wq, L->wk,       L->wv,     L->bq,     L->bk,
                               L->bv,        L->wo, L->post_attn_norm, L->ffn_norm, L->w_gate, L->w_up,
-                              L->w_down,    L->post_ffw_norm};
+                              L->w_down,    L->post_ffw_norm, L->bo, L->b_gate, L->b_up, L->b_down};
             for (size_t i = 0; i < sizeof arrs / sizeof arrs[0]; i++) free(arrs[i]);
         }
         free(m->layers);
@@ -493,6 +502,7 @@ static inline void llmref_model_free(llmref_model *m) {
     if (m->output != m->tok_embd) free(m->output);
     free(m->tok_embd);
     free(m->output_norm);
+    free(m->output_bias);
     free(m->rope_freqs);
     memset(m, 0, sizeof *m);
 }
@@ -516,6 +526,7 @@ static inline int llmref_model_alloc(llmref_model *m) {
     m->tok_embd = llmref__zeros(m->n_vocab * E, &ok);
     m->output_norm = llmref__zeros(E, &ok);
     m->output = m->tied ? m->tok_embd : llmref__zeros(m->n_vocab * E, &ok);
+    m->output_bias = m->has_output_bias ? llmref__zeros(m->n_vocab, &ok) : NULL;
     if (m->has_rope_freqs) {
         m->rope_freqs = llmref__zeros(m->n_rot / 2, &ok);
         if (m->rope_freqs)
@@ -539,6 +550,12 @@ static inline int llmref_model_alloc(llmref_model *m) {
         L->w_gate = llmref__zeros(F * E, &ok);
         L->w_up = llmref__zeros(F * E, &ok);
         L->w_down = llmref__zeros(E * F, &ok);
+        if (m->has_mlp_biases) {
+            L->bo = llmref__zeros(E, &ok);
+            L->b_gate = llmref__zeros(F, &ok);
+            L->b_up = llmref__zeros(F, &ok);
+            L->b_down = llmref__zeros(E, &ok);
+        }
         if (m->has_post_norms) {
             L->post_attn_norm = llmref__zeros(E, &ok);
             L->post_ffw_norm = llmref__zeros(E, &ok);
@@ -552,13 +569,17 @@ static inline int llmref_model_alloc(llmref_model *m) {
 }
 
 /* Sets the fields docs/model.md derives from the architecture and the
- * sizes (call after n_embd and hd_k are set): RoPE pairing, embedding
- * scale, activation, attention scale. Does not touch eps, caps or window. */
+ * sizes (call after n_embd, n_head, n_layer and hd_k are set): RoPE
+ * pairing, embedding scale, activation, attention scale. The scale is
+ * 1/sqrt(hd_k), except for a gemma2 of 46 layers (Gemma 2 27B, whose
+ * query_pre_attn_scalar is n_embd / n_head, integer division, not the
+ * head dim): 1/sqrt(n_embd / n_head). Does not touch eps, caps or window. */
 static inline void llmref_model_derive(llmref_model *m) {
     m->rope_neox = m->arch != LLMREF_ARCH_LLAMA;
     m->embd_scale = m->arch == LLMREF_ARCH_GEMMA2 ? sqrt((double)m->n_embd) : 1.0;
     m->gelu = m->arch == LLMREF_ARCH_GEMMA2;
-    m->attn_scale = 1.0 / sqrt((double)m->hd_k);
+    int gemma2_27b = m->arch == LLMREF_ARCH_GEMMA2 && m->n_layer == 46;
+    m->attn_scale = 1.0 / sqrt((double)(gemma2_27b ? m->n_embd / m->n_head : m->hd_k));
 }
 
 /* ---- reading GGUF metadata ---- */
@@ -598,6 +619,24 @@ static inline int llmref__kv_float(const dhsa_gguf *g, const char *key, double d
     return 0;
 }
 
+/* Marks of the tensors the loader read ([n_tensors], set while
+ * llmref_model_load runs), so that one it did not read is an error. */
+static uint8_t *llmref__used;
+
+/* A file's string for a message: bytes outside printable ASCII as \xNN
+ * (the reference's own rule, simpler than the library's: tests print these
+ * sentences, and a name may hold ESC). */
+static inline const char *llmref__printable(const char *s, char *buf, size_t cap) {
+    size_t o = 0;
+    for (; *s && o + 5 < cap; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c >= 0x20 && c < 0x7f && c != '\\') buf[o++] = (char)c;
+        else o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", c);
+    }
+    buf[o] = '\0';
+    return buf;
+}
+
 /* Dequantizes tensor `name` into dst after checking it is [d0] (d1 = 0) or
  * [d0, d1]. Absent: -1, or 0 with *found = 0 when found is not NULL. */
 static inline int llmref__load_tensor(const dhsa_gguf *g, const char *name, int64_t d0, int64_t d1, double *dst,
@@ -605,6 +644,7 @@ static inline int llmref__load_tensor(const dhsa_gguf *g, const char *name, int6
     int64_t i = dhsa_gguf_find_tensor(g, name);
     if (found) *found = i >= 0;
     if (i < 0) return found ? 0 : llmref__fail("model: tensor %s is absent", name);
+    if (llmref__used) llmref__used[i] = 1;
     const dhsa_gguf_tensor *t = dhsa_gguf_tensor_at(g, i);
     int64_t want_n = d1 ? d0 * d1 : d0;
     if (t->dims[0] != d0 || (d1 && t->dims[1] != d1) || t->n_elements != want_n)
@@ -618,6 +658,24 @@ static inline int llmref__load_tensor(const dhsa_gguf *g, const char *name, int6
     if (!t->data || t->bytes != bytes)
         return llmref__fail("model: %s holds %lld bytes, expected %lld", name, (long long)t->bytes, (long long)bytes);
     return llmref_dequant(t->type, t->data, t->n_elements, dst);
+}
+
+/* An optional tensor of d0 values (d1 = 0) or [d0, d1]: *dst is a new
+ * array when the file has it, NULL when not. -1 on a bad tensor or no
+ * memory. */
+static inline int llmref__load_optional(const dhsa_gguf *g, const char *name, int64_t d0, int64_t d1, double **dst) {
+    *dst = NULL;
+    if (dhsa_gguf_find_tensor(g, name) < 0) return 0;
+    int ok = 1;
+    double *buf = llmref__zeros(d1 ? d0 * d1 : d0, &ok);
+    if (!ok) return llmref__fail("model: out of memory");
+    int found = 0;
+    if (llmref__load_tensor(g, name, d0, d1, buf, &found)) {
+        free(buf);
+        return -1;
+    }
+    *dst = buf;
+    return 0;
 }
 
 /* Fills m from an open GGUF by docs/model.md (architectures llama, qwen2,
@@ -634,7 +692,11 @@ static inline int llmref_model_load(const dhsa_gguf *g, llmref_model *m) {
     if (strcmp(arch, "llama") == 0) m->arch = LLMREF_ARCH_LLAMA;
     else if (strcmp(arch, "qwen2") == 0) m->arch = LLMREF_ARCH_QWEN2;
     else if (strcmp(arch, "gemma2") == 0) m->arch = LLMREF_ARCH_GEMMA2;
-    else return llmref__fail("model: architecture '%.64s' is not llama, qwen2 or gemma2", arch);
+    else {
+        char pb[200];
+        return llmref__fail("model: architecture '%s' is not llama, qwen2 or gemma2",
+                            llmref__printable(arch, pb, sizeof pb));
+    }
     int gemma = m->arch == LLMREF_ARCH_GEMMA2;
     char key[160];
 #define LLMREF_KEY(suffix) (snprintf(key, sizeof key, "%s.%s", arch, suffix), key)
@@ -686,8 +748,16 @@ static inline int llmref_model_load(const dhsa_gguf *g, llmref_model *m) {
     m->has_rope_freqs = dhsa_gguf_find_tensor(g, "rope_freqs.weight") >= 0;
     m->has_post_norms = gemma;
     m->has_biases = 0; /* biases are loaded one by one below */
+    m->has_mlp_biases = 0;
+    m->has_output_bias = 0;
     llmref_model_derive(m);
     if (llmref_model_alloc(m)) return -1;
+    int64_t n_tensors = dhsa_gguf_n_tensors(g);
+    llmref__used = calloc((size_t)(n_tensors > 0 ? n_tensors : 1), 1);
+    if (!llmref__used) {
+        llmref_model_free(m);
+        return llmref__fail("model: out of memory");
+    }
 
     int64_t E = m->n_embd, F = m->n_ff, dq = m->n_head * m->hd_k, dk = m->n_head_kv * m->hd_k,
             dv = m->n_head_kv * m->hd_v, da = m->n_head * m->hd_v;
@@ -695,15 +765,32 @@ static inline int llmref_model_load(const dhsa_gguf *g, llmref_model *m) {
     if (llmref__load_tensor(g, "token_embd.weight", E, m->n_vocab, m->tok_embd, NULL) ||
         llmref__load_tensor(g, "output_norm.weight", E, 0, m->output_norm, NULL) ||
         (!m->tied && llmref__load_tensor(g, "output.weight", E, m->n_vocab, m->output, NULL)) ||
-        (m->rope_freqs && llmref__load_tensor(g, "rope_freqs.weight", m->n_rot / 2, 0, m->rope_freqs, NULL)))
+        (m->rope_freqs && llmref__load_tensor(g, "rope_freqs.weight", m->n_rot / 2, 0, m->rope_freqs, NULL)) ||
+        llmref__load_optional(g, "output.bias", m->n_vocab, 0, &m->output_bias))
         goto fail;
     for (int64_t l = 0; l < m->n_layer; l++) {
         llmref_layer *L = &m->layers[l];
 #define LLMREF_T(suffix) (snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, suffix), name)
+        /* Q, K, V: three matrices, or one fused [n_embd, dq + dk + dv] whose
+         * rows are Q's, then K's, then V's */
+        if (dhsa_gguf_find_tensor(g, LLMREF_T("attn_qkv.weight")) >= 0) {
+            int ok = 1;
+            double *f = llmref__zeros((dq + dk + dv) * E, &ok);
+            if (!ok || llmref__load_tensor(g, name, E, dq + dk + dv, f, NULL)) {
+                if (!ok) llmref__fail("model: out of memory");
+                free(f);
+                goto fail;
+            }
+            memcpy(L->wq, f, (size_t)(dq * E) * sizeof *f);
+            memcpy(L->wk, f + dq * E, (size_t)(dk * E) * sizeof *f);
+            memcpy(L->wv, f + (dq + dk) * E, (size_t)(dv * E) * sizeof *f);
+            free(f);
+        } else if (llmref__load_tensor(g, LLMREF_T("attn_q.weight"), E, dq, L->wq, NULL) ||
+                   llmref__load_tensor(g, LLMREF_T("attn_k.weight"), E, dk, L->wk, NULL) ||
+                   llmref__load_tensor(g, LLMREF_T("attn_v.weight"), E, dv, L->wv, NULL)) {
+            goto fail;
+        }
         if (llmref__load_tensor(g, LLMREF_T("attn_norm.weight"), E, 0, L->attn_norm, NULL) ||
-            llmref__load_tensor(g, LLMREF_T("attn_q.weight"), E, dq, L->wq, NULL) ||
-            llmref__load_tensor(g, LLMREF_T("attn_k.weight"), E, dk, L->wk, NULL) ||
-            llmref__load_tensor(g, LLMREF_T("attn_v.weight"), E, dv, L->wv, NULL) ||
             llmref__load_tensor(g, LLMREF_T("attn_output.weight"), da, E, L->wo, NULL) ||
             llmref__load_tensor(g, LLMREF_T("ffn_norm.weight"), E, 0, L->ffn_norm, NULL) ||
             llmref__load_tensor(g, LLMREF_T("ffn_gate.weight"), E, F, L->w_gate, NULL) ||
@@ -713,6 +800,32 @@ static inline int llmref_model_load(const dhsa_gguf *g, llmref_model *m) {
         if (gemma && (llmref__load_tensor(g, LLMREF_T("post_attention_norm.weight"), E, 0, L->post_attn_norm, NULL) ||
                       llmref__load_tensor(g, LLMREF_T("post_ffw_norm.weight"), E, 0, L->post_ffw_norm, NULL)))
             goto fail;
+        /* optional biases of the output projection and the MLP (any architecture) */
+        if (llmref__load_optional(g, LLMREF_T("attn_output.bias"), E, 0, &L->bo) ||
+            llmref__load_optional(g, LLMREF_T("ffn_gate.bias"), F, 0, &L->b_gate) ||
+            llmref__load_optional(g, LLMREF_T("ffn_up.bias"), F, 0, &L->b_up) ||
+            llmref__load_optional(g, LLMREF_T("ffn_down.bias"), E, 0, &L->b_down))
+            goto fail;
+        /* Q/K/V biases: a fused [dq + dk + dv] cut like the fused matrix, or
+         * one by one */
+        if (dhsa_gguf_find_tensor(g, LLMREF_T("attn_qkv.bias")) >= 0) {
+            double *fb = NULL;
+            int ok = 1;
+            if (llmref__load_optional(g, name, dq + dk + dv, 0, &fb)) goto fail;
+            L->bq = llmref__zeros(dq, &ok);
+            L->bk = llmref__zeros(dk, &ok);
+            L->bv = llmref__zeros(dv, &ok);
+            if (!ok) {
+                free(fb);
+                llmref__fail("model: out of memory");
+                goto fail;
+            }
+            memcpy(L->bq, fb, (size_t)dq * sizeof *fb);
+            memcpy(L->bk, fb + dq, (size_t)dk * sizeof *fb);
+            memcpy(L->bv, fb + dq + dk, (size_t)dv * sizeof *fb);
+            free(fb);
+            continue;
+        }
         const char *bname[3] = {"attn_q.bias", "attn_k.bias", "attn_v.bias"};
         int64_t bn[3] = {dq, dk, dv};
         double **bdst[3] = {&L->bq, &L->bk, &L->bv};
@@ -739,8 +852,21 @@ static inline int llmref_model_load(const dhsa_gguf *g, llmref_model *m) {
         }
 #undef LLMREF_T
     }
+    /* every tensor of the file was read: one the reference does not know
+     * would change what the model computes */
+    for (int64_t i = 0; i < n_tensors; i++)
+        if (!llmref__used[i]) {
+            char pb[200];
+            llmref__fail("model: tensor %s is not one docs/model.md lists for %s",
+                         llmref__printable(dhsa_gguf_tensor_at(g, i)->name, pb, sizeof pb), arch);
+            goto fail;
+        }
+    free(llmref__used);
+    llmref__used = NULL;
     return 0;
 fail:
+    free(llmref__used);
+    llmref__used = NULL;
     llmref_model_free(m);
     return -1;
 }
@@ -978,7 +1104,7 @@ static inline int llmref_forward_ex(const llmref_model *m, const int32_t *ids, i
                     for (int64_t d = 0; d < dv; d++) ah[d] += pw * vj[d];
                 }
             }
-            llmref_matvec(ob + t * E, L->wo, a, NULL, E, H * dv);
+            llmref_matvec(ob + t * E, L->wo, a, L->bo, E, H * dv);
         }
         for (int64_t t = 0; t < n; t++) {
             if (L->post_attn_norm) llmref_rmsnorm(ob + t * E, ob + t * E, L->post_attn_norm, E, m->rms_eps);
@@ -987,11 +1113,11 @@ static inline int llmref_forward_ex(const llmref_model *m, const int32_t *ids, i
         /* feed-forward */
         for (int64_t t = 0; t < n; t++) {
             llmref_rmsnorm(h, x + t * E, L->ffn_norm, E, m->rms_eps);
-            llmref_matvec(gt, L->w_gate, h, NULL, F, E);
-            llmref_matvec(up, L->w_up, h, NULL, F, E);
+            llmref_matvec(gt, L->w_gate, h, L->b_gate, F, E); /* biases before the activation */
+            llmref_matvec(up, L->w_up, h, L->b_up, F, E);
             for (int64_t i = 0; i < F; i++) gt[i] = (m->gelu ? llmref_gelu_tanh(gt[i]) : llmref_silu(gt[i])) * up[i];
             double *f = ob + t * E;
-            llmref_matvec(f, L->w_down, gt, NULL, E, F);
+            llmref_matvec(f, L->w_down, gt, L->b_down, E, F);
             if (L->post_ffw_norm) llmref_rmsnorm(f, f, L->post_ffw_norm, E, m->rms_eps);
             for (int64_t i = 0; i < E; i++) x[t * E + i] += f[i];
         }
@@ -1001,7 +1127,7 @@ static inline int llmref_forward_ex(const llmref_model *m, const int32_t *ids, i
         for (int64_t t = o->row0; t < n; t++) {
             double *lg = logits + (t - o->row0) * m->n_vocab;
             llmref_rmsnorm(h, x + t * E, m->output_norm, E, m->rms_eps);
-            llmref_matvec(lg, m->output, h, NULL, m->n_vocab, E);
+            llmref_matvec(lg, m->output, h, m->output_bias, m->n_vocab, E);
             if (m->final_softcap > 0)
                 for (int64_t i = 0; i < m->n_vocab; i++) lg[i] = m->final_softcap * tanh(lg[i] / m->final_softcap);
         }
@@ -1071,6 +1197,10 @@ typedef struct {
     double rope_scaling_factor;    /* rope.scaling.factor; 0: key out */
     int rope_freqs;            /* write rope_freqs.weight [n_rot/2], values in [1, 4) */
     int biases;                /* write attn_q/k/v.bias (qwen2 needs them) */
+    int out_bias;              /* write attn_output.bias [n_embd] */
+    int ffn_biases;            /* write ffn_gate.bias, ffn_up.bias [n_ff], ffn_down.bias [n_embd] */
+    int output_bias;           /* write output.bias [n_vocab] */
+    int fused_qkv;             /* one attn_qkv.weight (and attn_qkv.bias with biases) for q, k, v */
     double rms_eps;            /* attention.layer_norm_rms_epsilon; 0: key out */
     double attn_softcap;       /* gemma2.attn_logit_softcapping; 0: key out (50) */
     double final_softcap;      /* gemma2.final_logit_softcapping; 0: key out (30) */
@@ -1079,6 +1209,7 @@ typedef struct {
     dhsa_gguf_type int_type;   /* type of the integer keys; 0 (UINT8, too small) means UINT32 */
     int f64_keys;              /* 1: float keys as FLOAT64 (else FLOAT32) */
     const char *omit_tensor;   /* leave this tensor out (loader tests); NULL: none */
+    const char *extra_tensor;  /* add a tensor of this name, [n_embd] (loader tests); NULL: none */
     uint64_t seed;
 } llmref_spec;
 
@@ -1330,25 +1461,39 @@ static inline int llmref_fixture_build(const llmref_spec *s, uint8_t **bytes, si
     llmref__fx_tensor(&fx, "token_embd.weight", s->embd_type, E, s->n_vocab, 0);
     llmref__fx_tensor(&fx, "output_norm.weight", s->norm_type, E, 0, 1);
     if (!s->tied) llmref__fx_tensor(&fx, "output.weight", s->output_type, E, s->n_vocab, 0);
+    if (s->output_bias) llmref__fx_tensor(&fx, "output.bias", s->norm_type, s->n_vocab, 0, 2);
+    if (s->extra_tensor) llmref__fx_tensor(&fx, s->extra_tensor, LLMREF_F32, E, 0, 1);
     if (s->rope_freqs) llmref__fx_tensor(&fx, "rope_freqs.weight", LLMREF_F32, rot / 2, 0, 3);
     int gemma = strcmp(A, "gemma2") == 0;
     for (int64_t l = 0; l < s->n_layer; l++) {
 #define LLMREF_N(suffix) (snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, suffix), name)
         llmref__fx_tensor(&fx, LLMREF_N("attn_norm.weight"), s->norm_type, E, 0, 1);
-        llmref__fx_tensor(&fx, LLMREF_N("attn_q.weight"), s->wtype, E, s->n_head * hdk, 0);
-        llmref__fx_tensor(&fx, LLMREF_N("attn_k.weight"), s->wtype, E, n_kv * hdk, 0);
-        llmref__fx_tensor(&fx, LLMREF_N("attn_v.weight"), s->wtype, E, n_kv * hdv, 0);
-        if (s->biases) {
+        if (s->fused_qkv) {
+            llmref__fx_tensor(&fx, LLMREF_N("attn_qkv.weight"), s->wtype, E, (s->n_head + n_kv) * hdk + n_kv * hdv, 0);
+        } else {
+            llmref__fx_tensor(&fx, LLMREF_N("attn_q.weight"), s->wtype, E, s->n_head * hdk, 0);
+            llmref__fx_tensor(&fx, LLMREF_N("attn_k.weight"), s->wtype, E, n_kv * hdk, 0);
+            llmref__fx_tensor(&fx, LLMREF_N("attn_v.weight"), s->wtype, E, n_kv * hdv, 0);
+        }
+        if (s->biases && s->fused_qkv) {
+            llmref__fx_tensor(&fx, LLMREF_N("attn_qkv.bias"), s->norm_type, (s->n_head + n_kv) * hdk + n_kv * hdv, 0, 2);
+        } else if (s->biases) {
             llmref__fx_tensor(&fx, LLMREF_N("attn_q.bias"), s->norm_type, s->n_head * hdk, 0, 2);
             llmref__fx_tensor(&fx, LLMREF_N("attn_k.bias"), s->norm_type, n_kv * hdk, 0, 2);
             llmref__fx_tensor(&fx, LLMREF_N("attn_v.bias"), s->norm_type, n_kv * hdv, 0, 2);
         }
         llmref__fx_tensor(&fx, LLMREF_N("attn_output.weight"), s->wtype, s->n_head * hdv, E, 0);
+        if (s->out_bias) llmref__fx_tensor(&fx, LLMREF_N("attn_output.bias"), s->norm_type, E, 0, 2);
         if (gemma) llmref__fx_tensor(&fx, LLMREF_N("post_attention_norm.weight"), s->norm_type, E, 0, 1);
         llmref__fx_tensor(&fx, LLMREF_N("ffn_norm.weight"), s->norm_type, E, 0, 1);
         llmref__fx_tensor(&fx, LLMREF_N("ffn_gate.weight"), s->wtype, E, s->n_ff, 0);
         llmref__fx_tensor(&fx, LLMREF_N("ffn_up.weight"), s->wtype, E, s->n_ff, 0);
         llmref__fx_tensor(&fx, LLMREF_N("ffn_down.weight"), s->wtype, s->n_ff, E, 0);
+        if (s->ffn_biases) {
+            llmref__fx_tensor(&fx, LLMREF_N("ffn_gate.bias"), s->norm_type, s->n_ff, 0, 2);
+            llmref__fx_tensor(&fx, LLMREF_N("ffn_up.bias"), s->norm_type, s->n_ff, 0, 2);
+            llmref__fx_tensor(&fx, LLMREF_N("ffn_down.bias"), s->norm_type, E, 0, 2);
+        }
         if (gemma) llmref__fx_tensor(&fx, LLMREF_N("post_ffw_norm.weight"), s->norm_type, E, 0, 1);
 #undef LLMREF_N
     }

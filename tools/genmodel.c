@@ -4,9 +4,13 @@
  * random weights write random text.
  * Presets: smollm-135m (SmolLM-135M's shape: 30 layers, n_embd 576, 9/3
  * heads of 64, n_ff 1536, vocab 49152, tied output), tiny (2 layers, 64).
- * Tested by tests/test_model.c (a tiny generated model loads and runs) and
- * tests/test_cli_promises.c (the output path: checked first, replaced
- * atomically under a reader, kept on a failed write).
+ * --bias adds the optional bias tensors the runner applies (docs/model.md),
+ * as Llama-family models converted with attention or MLP biases have them.
+ * Tested by tests/test_model.c (a tiny generated model loads and runs),
+ * tests/test_model_tensors.c (--bias all: every bias reaches the logits,
+ * against the reference forward) and tests/test_cli_promises.c (the output
+ * path: checked first, replaced atomically under a reader, kept on a
+ * failed write).
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -25,12 +29,16 @@
 const char dhsa_cli_gen_model_usage[] =
     "usage: dhsa gen-model -o OUT.gguf [--preset smollm-135m|tiny] [--type F32|F16|BF16|Q8_0|Q4_0|Q4_K|Q6_K]\n"
     "                      [--arch llama|qwen2] [--n-embd N] [--n-layer N] [--n-head N] [--n-head-kv N]\n"
-    "                      [--n-ff N] [--vocab N] [--ctx N] [--seed S]\n"
+    "                      [--n-ff N] [--vocab N] [--ctx N] [--seed S] [--bias LIST]\n"
     "\n"
     "Writes a GGUF model of the given shape with random weights (matrices\n"
     "~ N(0, 1/n_in), norms 1), a byte-level SentencePiece vocabulary padded\n"
     "with made-up tokens, for benchmarks (dhsa bench model, dhsa run).\n"
     "Default preset smollm-135m (about 135 M parameters), type Q8_0.\n"
+    "--bias LIST adds bias tensors (F32, ~ N(0, 0.1^2)), a comma-separated\n"
+    "list of: qkv (blk.N.attn_q/k/v.bias; qwen2 always has them), out\n"
+    "(attn_output.bias), ffn (ffn_gate/up/down.bias), output (output.bias),\n"
+    "all, none (the default).\n"
     "OUT.gguf is checked before any work (its folder must take a new file) and\n"
     "written to a temporary beside it, renamed over OUT.gguf when complete: a\n"
     "run that has the old file open keeps it, a failed write leaves it as it\n"
@@ -97,6 +105,7 @@ int dhsa_cli_gen_model(int argc, char **argv) {
     int64_t E = 576, L = 30, H = 9, Hkv = 3, F = 1536, V = 49152, C = 32768;
     uint64_t seed = 1;
     uint32_t type = DHSA_GGML_Q8_0;
+    int b_qkv = 0, b_out = 0, b_ffn = 0, b_output = 0; /* --bias */
     dhsa_cli_set_command("gen-model", NULL);
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
@@ -130,6 +139,22 @@ int dhsa_cli_gen_model(int argc, char **argv) {
         else if (strcmp(a, "--vocab") == 0) V = dhsa_cli_int(a, v, 260, 1 << 20, 1);
         else if (strcmp(a, "--ctx") == 0) C = dhsa_cli_int(a, v, 1, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--seed") == 0) seed = (uint64_t)dhsa_cli_int(a, v, 0, INT64_MAX, 1);
+        else if (strcmp(a, "--bias") == 0) {
+            b_qkv = b_out = b_ffn = b_output = 0;
+            for (const char *p = v; *p;) {
+                size_t n = strcspn(p, ",");
+                if (n == 3 && strncmp(p, "qkv", 3) == 0) b_qkv = 1;
+                else if (n == 3 && strncmp(p, "out", 3) == 0) b_out = 1;
+                else if (n == 3 && strncmp(p, "ffn", 3) == 0) b_ffn = 1;
+                else if (n == 6 && strncmp(p, "output", 6) == 0) b_output = 1;
+                else if (n == 3 && strncmp(p, "all", 3) == 0) b_qkv = b_out = b_ffn = b_output = 1;
+                else if (!(n == 4 && strncmp(p, "none", 4) == 0))
+                    dhsa_cli_die(EXIT_USAGE, "--bias: \"%.*s\" is not one of qkv, out, ffn, output, all, none", (int)n,
+                                 p);
+                p += n;
+                if (*p == ',') p++;
+            }
+        }
         else dhsa_cli_die(EXIT_USAGE, "unknown option \"%s\"", a);
     }
     if (!out) dhsa_cli_die(EXIT_USAGE, "-o OUT.gguf is required");
@@ -178,6 +203,7 @@ int dhsa_cli_gen_model(int argc, char **argv) {
     /* tensors */
     add_matrix(w, &k, "token_embd.weight", type, E, V);
     add_vector(w, &k, "output_norm.weight", E, 1.0f, 0.0f);
+    if (b_output) add_vector(w, &k, "output.bias", V, 0.0f, 0.1f);
     char name[96];
     for (int64_t l = 0; l < L; l++) {
 #define NAME(s) (snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, s), name)
@@ -185,16 +211,22 @@ int dhsa_cli_gen_model(int argc, char **argv) {
         add_matrix(w, &k, NAME("attn_q.weight"), type, E, H * hd);
         add_matrix(w, &k, NAME("attn_k.weight"), type, E, Hkv * hd);
         add_matrix(w, &k, NAME("attn_v.weight"), type, E, Hkv * hd);
-        if (strcmp(arch, "qwen2") == 0) {
+        if (b_qkv || strcmp(arch, "qwen2") == 0) {
             add_vector(w, &k, NAME("attn_q.bias"), H * hd, 0.0f, 0.1f);
             add_vector(w, &k, NAME("attn_k.bias"), Hkv * hd, 0.0f, 0.1f);
             add_vector(w, &k, NAME("attn_v.bias"), Hkv * hd, 0.0f, 0.1f);
         }
         add_matrix(w, &k, NAME("attn_output.weight"), type, H * hd, E);
+        if (b_out) add_vector(w, &k, NAME("attn_output.bias"), E, 0.0f, 0.1f);
         add_vector(w, &k, NAME("ffn_norm.weight"), E, 1.0f, 0.1f);
         add_matrix(w, &k, NAME("ffn_gate.weight"), type, E, F);
         add_matrix(w, &k, NAME("ffn_up.weight"), type, E, F);
         add_matrix(w, &k, NAME("ffn_down.weight"), type, F, E);
+        if (b_ffn) {
+            add_vector(w, &k, NAME("ffn_gate.bias"), F, 0.0f, 0.1f);
+            add_vector(w, &k, NAME("ffn_up.bias"), F, 0.0f, 0.1f);
+            add_vector(w, &k, NAME("ffn_down.bias"), E, 0.0f, 0.1f);
+        }
 #undef NAME
     }
     /* a temporary renamed over out: a reader of the old file keeps it */
@@ -202,9 +234,13 @@ int dhsa_cli_gen_model(int argc, char **argv) {
     if (dhsa_gguf_writer_write_file(w, out)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     size_t bytes = 0;
     dhsa_gguf_writer_size(w, &bytes);
-    printf("wrote %s%s: %s, %lld layers, n_embd %lld, heads %lld/%lld, n_ff %lld, vocab %lld, %s, %.1f MiB\n", out,
+    char biases[64] = "";
+    if (b_qkv || b_out || b_ffn || b_output)
+        snprintf(biases, sizeof biases, ", biases:%s%s%s%s", b_qkv ? " qkv" : "", b_out ? " out" : "",
+                 b_ffn ? " ffn" : "", b_output ? " output" : "");
+    printf("wrote %s%s: %s, %lld layers, n_embd %lld, heads %lld/%lld, n_ff %lld, vocab %lld, %s%s, %.1f MiB\n", out,
            replacing ? " (replacing the file that was there)" : "", arch, (long long)L, (long long)E, (long long)H,
-           (long long)Hkv, (long long)F, (long long)V, dhsa_ggml_type_name(type), (double)bytes / 1048576.0);
+           (long long)Hkv, (long long)F, (long long)V, dhsa_ggml_type_name(type), biases, (double)bytes / 1048576.0);
     dhsa_gguf_writer_free(w);
     for (int i = 0; i < k.n; i++) free(k.bufs[i]);
     free(k.bufs);

@@ -1,9 +1,15 @@
 /* model.c: loading a model. Reads the hyperparameters of a GGUF file
  * (docs/model.md), binds every tensor the architecture needs after checking
- * its presence, type and shape, and keeps the file mapped: matrices are
- * used in place. A llama2.c checkpoint is converted in memory first.
- * Tested by tests/test_model.c (against the naive forward in
- * tests/llm_ref.h, the real stories260K model and corrupted fixtures).
+ * its presence, type and shape, binds the optional ones it knows (biases,
+ * a fused attn_qkv, rope_freqs, output.weight) when present, refuses a file
+ * holding any other tensor (naming it: a tensor nobody reads would be a
+ * silently wrong model), and keeps the file mapped: matrices are used in
+ * place. A llama2.c checkpoint is converted in memory first. Strings from
+ * the file are escaped (dhsa__esc) in every sentence.
+ * Tested by tests/test_model.c and tests/test_model_ref.c (against the
+ * naive forward in tests/llm_ref.h, the real stories260K model and
+ * corrupted fixtures) and tests/test_model_tensors.c (every optional
+ * tensor against the reference, unused tensors, the gemma2 27B scale).
  */
 #include "core/internal.h"
 #include "model/model_internal.h"
@@ -127,6 +133,14 @@ static dhsa_status read_hparams(const dhsa_gguf *g, dhsa_model_info *in) {
             (st = get_int(g, "gemma2.attention.sliding_window", 4096, 0, (int64_t)1 << 32, &in->sliding_window)))
             return st;
     }
+    /* The query scale. llama.cpp gives gemma2 27B (which it recognises by
+     * its 46 layers, LLM_TYPE_27B) 1/sqrt(n_embd / n_head) = 1/sqrt(144),
+     * Gemma 2's query_pre_attn_scalar, where 2B and 9B use 1/sqrt(head_dim);
+     * head_dim is 128 at 27B, so the rule matters (issue 12 measured a
+     * relative logit error of 0.48 without it; 0.31 on the 46-layer fixture
+     * of tests/test_model_tensors.c). The same test, by layer count, here. */
+    int64_t scalar = gemma && in->n_layer == 46 ? in->n_embd / in->n_head : in->head_dim_k;
+    in->attn_scale = (float)(1.0 / sqrt((double)scalar));
     return DHSA_OK;
 }
 
@@ -136,6 +150,7 @@ typedef struct {
     dhsa_model *m;
     int64_t n_vectors;   /* floats of F32 copies handed out so far */
     int64_t cap_vectors; /* 0 while counting */
+    uint8_t *used;       /* [n_tensors]: 1 once a bind looked the tensor up */
     char name[96];
 } binder;
 
@@ -145,12 +160,19 @@ static const dhsa_gguf_tensor *find(const dhsa_gguf *g, const char *name, int64_
     return i < 0 ? NULL : dhsa_gguf_tensor_at(g, i);
 }
 
+/* find, and the tensor counts as used. */
+static const dhsa_gguf_tensor *find_used(binder *b, const char *name, int64_t *idx) {
+    const dhsa_gguf_tensor *t = find(b->m->g, name, idx);
+    if (t) b->used[*idx] = 1;
+    return t;
+}
+
 /* A matrix [n_in, n_out] (GGUF order). */
 static dhsa_status bind_matrix(binder *b, const char *name, int64_t n_in, int64_t n_out, int optional,
                                dhsa_wmat *out) {
     memset(out, 0, sizeof *out);
     int64_t idx;
-    const dhsa_gguf_tensor *t = find(b->m->g, name, &idx);
+    const dhsa_gguf_tensor *t = find_used(b, name, &idx);
     if (!t) {
         if (optional) return DHSA_OK;
         return dhsa__fail(DHSA_ERR_FORMAT, "the model has no tensor \"%s\"", name);
@@ -182,7 +204,7 @@ static dhsa_status bind_matrix(binder *b, const char *name, int64_t n_in, int64_
 static dhsa_status bind_vector(binder *b, const char *name, int64_t n, int optional, const float **out) {
     *out = NULL;
     int64_t idx;
-    const dhsa_gguf_tensor *t = find(b->m->g, name, &idx);
+    const dhsa_gguf_tensor *t = find_used(b, name, &idx);
     if (!t) {
         if (optional) return DHSA_OK;
         return dhsa__fail(DHSA_ERR_FORMAT, "the model has no tensor \"%s\"", name);
@@ -219,7 +241,54 @@ static const char *blk(binder *b, int64_t l, const char *what) {
     return b->name;
 }
 
-/* Binds everything; run twice: counting vectors (cap 0), then for real. */
+/* A view of rows [r0, r0 + n) of a matrix. */
+static dhsa_wmat row_range(const dhsa_wmat *w, int64_t r0, int64_t n) {
+    dhsa_wmat v = *w;
+    v.data = (const char *)w->data + r0 * w->row_bytes;
+    v.n_out = n;
+    return v;
+}
+
+/* Q, K and V of layer l: attn_q/k/v.weight, or one fused attn_qkv.weight
+ * [n_embd, nq + nk + nv] (llama.cpp's create_tensor_qkv reads either, for
+ * every architecture here) whose q, k, v row ranges become the three
+ * matrices. Biases: a fused attn_qkv.bias [nq + nk + nv] is cut the same
+ * way; otherwise attn_q/k/v.bias are bound one by one (required when
+ * need_bias: qwen2). With a fused matrix the separate ones are not looked
+ * up, so a file holding both is refused as holding an unused tensor. */
+static dhsa_status bind_qkv(binder *b, int64_t l, int64_t E, int64_t nq, int64_t nk, int64_t nv, int need_bias) {
+    dhsa__layer *L = &b->m->layers[l];
+    dhsa_status st;
+    int64_t idx;
+    if (find(b->m->g, blk(b, l, "attn_qkv.weight"), &idx)) {
+        dhsa_wmat f;
+        if ((st = bind_matrix(b, b->name, E, nq + nk + nv, 0, &f))) return st;
+        L->wq = row_range(&f, 0, nq);
+        L->wk = row_range(&f, nq, nk);
+        L->wv = row_range(&f, nq + nk, nv);
+    } else if ((st = bind_matrix(b, blk(b, l, "attn_q.weight"), E, nq, 0, &L->wq)) ||
+               (st = bind_matrix(b, blk(b, l, "attn_k.weight"), E, nk, 0, &L->wk)) ||
+               (st = bind_matrix(b, blk(b, l, "attn_v.weight"), E, nv, 0, &L->wv))) {
+        return st;
+    }
+    if (find(b->m->g, blk(b, l, "attn_qkv.bias"), &idx)) {
+        const float *fb;
+        if ((st = bind_vector(b, b->name, nq + nk + nv, 0, &fb))) return st;
+        L->bq = fb;
+        L->bk = fb ? fb + nq : NULL; /* NULL while counting */
+        L->bv = fb ? fb + nq + nk : NULL;
+        return DHSA_OK;
+    }
+    if ((st = bind_vector(b, blk(b, l, "attn_q.bias"), nq, !need_bias, &L->bq)) ||
+        (st = bind_vector(b, blk(b, l, "attn_k.bias"), nk, !need_bias, &L->bk)) ||
+        (st = bind_vector(b, blk(b, l, "attn_v.bias"), nv, !need_bias, &L->bv)))
+        return st;
+    return DHSA_OK;
+}
+
+/* Binds everything; run twice: counting vectors (cap 0), then for real.
+ * Optional tensors are bound for every architecture (docs/model.md,
+ * "Tensors"), so none that dhsa knows is ever ignored. */
 static dhsa_status bind_all(binder *b) {
     dhsa_model *m = b->m;
     dhsa_model_info *in = &m->info;
@@ -231,6 +300,7 @@ static dhsa_status bind_all(binder *b) {
     if ((st = bind_matrix(b, "token_embd.weight", E, in->n_vocab, 0, &m->tok_embd)) ||
         (st = bind_vector(b, "output_norm.weight", E, 0, &m->output_norm)) ||
         (st = bind_matrix(b, "output.weight", E, in->n_vocab, 1, &m->output)) ||
+        (st = bind_vector(b, "output.bias", in->n_vocab, 1, &m->output_bias)) ||
         (st = bind_vector(b, "rope_freqs.weight", in->n_rot / 2, 1, &m->rope_freqs)))
         return st;
     in->tied_output = m->output.data == NULL;
@@ -242,20 +312,41 @@ static dhsa_status bind_all(binder *b) {
             (st = bind_vector(b, blk(b, l, "ffn_norm.weight"), E, 0, &L->ffn_norm)) ||
             (st = bind_vector(b, blk(b, l, "post_attention_norm.weight"), E, !gemma, &L->post_attn_norm)) ||
             (st = bind_vector(b, blk(b, l, "post_ffw_norm.weight"), E, !gemma, &L->post_ffw_norm)) ||
-            (st = bind_vector(b, blk(b, l, "attn_q.bias"), nq, !qwen, &L->bq)) ||
-            (st = bind_vector(b, blk(b, l, "attn_k.bias"), nk, !qwen, &L->bk)) ||
-            (st = bind_vector(b, blk(b, l, "attn_v.bias"), nv, !qwen, &L->bv)) ||
-            (st = bind_matrix(b, blk(b, l, "attn_q.weight"), E, nq, 0, &L->wq)) ||
-            (st = bind_matrix(b, blk(b, l, "attn_k.weight"), E, nk, 0, &L->wk)) ||
-            (st = bind_matrix(b, blk(b, l, "attn_v.weight"), E, nv, 0, &L->wv)) ||
+            (st = bind_qkv(b, l, E, nq, nk, nv, qwen)) ||
             (st = bind_matrix(b, blk(b, l, "attn_output.weight"), no, E, 0, &L->wo)) ||
+            (st = bind_vector(b, blk(b, l, "attn_output.bias"), E, 1, &L->bo)) ||
             (st = bind_matrix(b, blk(b, l, "ffn_gate.weight"), E, F, 0, &L->w_gate)) ||
             (st = bind_matrix(b, blk(b, l, "ffn_up.weight"), E, F, 0, &L->w_up)) ||
-            (st = bind_matrix(b, blk(b, l, "ffn_down.weight"), F, E, 0, &L->w_down)))
+            (st = bind_matrix(b, blk(b, l, "ffn_down.weight"), F, E, 0, &L->w_down)) ||
+            (st = bind_vector(b, blk(b, l, "ffn_gate.bias"), F, 1, &L->b_gate)) ||
+            (st = bind_vector(b, blk(b, l, "ffn_up.bias"), F, 1, &L->b_up)) ||
+            (st = bind_vector(b, blk(b, l, "ffn_down.bias"), E, 1, &L->b_down)))
             return st;
         L->window = gemma && l % 2 == 0 ? in->sliding_window : 0;
     }
     return DHSA_OK;
+}
+
+/* Every tensor of the file was looked up by bind_all, or the model is
+ * refused naming the first that was not: running without it would compute
+ * something else than the file describes, silently (llama.cpp refuses
+ * such a file too: "wrong number of tensors"). */
+static dhsa_status check_all_used(const dhsa_model *m, const uint8_t *used) {
+    const int64_t n = dhsa_gguf_n_tensors(m->g);
+    int64_t first = -1, n_unused = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (!used[i]) {
+            if (first < 0) first = i;
+            n_unused++;
+        }
+    if (first < 0) return DHSA_OK;
+    char more[64] = "";
+    if (n_unused > 1) snprintf(more, sizeof more, " (and %lld more)", (long long)(n_unused - 1));
+    return dhsa__fail(DHSA_ERR_UNSUPPORTED,
+                      "the model holds tensor \"%s\"%s, which dhsa's %s does not use (llama.cpp would refuse the "
+                      "file as well): running without it would give wrong results (docs/model.md lists the tensors "
+                      "dhsa applies)",
+                      dhsa__esc(dhsa_gguf_tensor_at(m->g, first)->name), more, m->info.arch_name);
 }
 
 static dhsa_status check_finite_all(const dhsa_model *m) {
@@ -315,6 +406,7 @@ dhsa_status dhsa_model_from_gguf(dhsa_gguf *g, const dhsa_model_params *p, dhsa_
         return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
     }
     m->g = g;
+    uint8_t *used = NULL; /* [n_tensors] marks of bind_all */
     dhsa_status st = read_hparams(g, &m->info);
     if (st) goto fail;
     int64_t idx;
@@ -333,7 +425,12 @@ dhsa_status dhsa_model_from_gguf(dhsa_gguf *g, const dhsa_model_params *p, dhsa_
         st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
         goto fail;
     }
-    binder b = {.m = m};
+    used = calloc((size_t)(dhsa_gguf_n_tensors(g) > 0 ? dhsa_gguf_n_tensors(g) : 1), 1);
+    if (!used) {
+        st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
+        goto fail;
+    }
+    binder b = {.m = m, .used = used};
     if ((st = bind_all(&b))) goto fail;
     m->vectors = malloc((size_t)(b.n_vectors > 0 ? b.n_vectors : 1) * sizeof(float));
     if (!m->vectors) {
@@ -343,6 +440,9 @@ dhsa_status dhsa_model_from_gguf(dhsa_gguf *g, const dhsa_model_params *p, dhsa_
     b.cap_vectors = b.n_vectors > 0 ? b.n_vectors : 1;
     b.n_vectors = 0;
     if ((st = bind_all(&b))) goto fail;
+    if ((st = check_all_used(m, used))) goto fail;
+    free(used);
+    used = NULL;
     if (m->rope_freqs)
         for (int64_t i = 0; i < m->info.n_rot / 2; i++)
             if (!(m->rope_freqs[i] > 0)) {
@@ -361,6 +461,7 @@ dhsa_status dhsa_model_from_gguf(dhsa_gguf *g, const dhsa_model_params *p, dhsa_
     *out = m;
     return DHSA_OK;
 fail:
+    free(used);
     dhsa_model_free(m);
     return st;
 }

@@ -15,6 +15,11 @@ typedef struct {
     const float *ffn_norm;       /* [n_embd] */
     const float *post_ffw_norm;  /* [n_embd] gemma2 */
     const float *bq, *bk, *bv;   /* [n_head*hd_k], [n_head_kv*hd_k], [n_head_kv*hd_v] */
+    const float *bo;             /* [n_embd] attn_output.bias */
+    const float *b_gate, *b_up;  /* [n_ff] ffn_gate.bias, ffn_up.bias */
+    const float *b_down;         /* [n_embd] ffn_down.bias */
+    /* Matrices; with a fused attn_qkv.weight, wq, wk and wv are views of
+     * its three row ranges (q rows first, then k, then v). */
     dhsa_wmat wq;                /* [n_embd] -> [n_head * hd_k] */
     dhsa_wmat wk;                /* [n_embd] -> [n_head_kv * hd_k] */
     dhsa_wmat wv;                /* [n_embd] -> [n_head_kv * hd_v] */
@@ -31,6 +36,7 @@ struct dhsa_model {
     dhsa_wmat tok_embd;          /* [n_vocab] rows of [n_embd] */
     dhsa_wmat output;            /* [n_embd] -> [n_vocab] (tok_embd when tied) */
     const float *output_norm;    /* [n_embd] */
+    const float *output_bias;    /* [n_vocab] output.bias or NULL */
     const float *rope_freqs;     /* [n_rot / 2] or NULL */
     dhsa__layer *layers;         /* [n_layer] */
     float *vectors;              /* the F32 copies, one allocation */

@@ -478,7 +478,7 @@ static dhsa_status attend(dhsa_session *s, int64_t l, int64_t n, int64_t pos0) {
     a.q_pos0 = pos0;
     a.window = L->window;
     a.softcap = in->attn_softcap;
-    a.scale = (float)(1.0 / sqrt((double)in->head_dim_k));
+    a.scale = in->attn_scale; /* 1/sqrt(hd_k); gemma2 27B 1/sqrt(n_embd / n_head) */
     dhsa_layout *lay = NULL;
     dhsa_status st = DHSA_OK;
     if (s->p.attn != DHSA_ATTN_DENSE && !L->window) {
@@ -547,16 +547,20 @@ static dhsa_status ubatch(dhsa_session *s, const int32_t *ids, int64_t n, int64_
         }
         if ((st = attend(s, l, n, pos0))) return st;
         if ((st = matmul(s, &L->wo, s->att, n, s->xb))) return st;
+        add_bias(s->xb, L->bo, n, E);
         if (L->post_attn_norm) rmsnorm(s->xb, s->xb, L->post_attn_norm, n, E, in->rms_eps);
         for (int64_t i = 0; i < n * E; i++) s->x[i] += s->xb[i];
         rmsnorm(s->xb, s->x, L->ffn_norm, n, E, in->rms_eps);
         if ((st = matmul(s, &L->w_gate, s->xb, n, s->hb)) || (st = matmul(s, &L->w_up, s->xb, n, s->hb2))) return st;
+        add_bias(s->hb, L->b_gate, n, F); /* before the activation, as llama.cpp's build_ffn */
+        add_bias(s->hb2, L->b_up, n, F);
         for (int64_t i = 0; i < n * F; i++) {
             float g = s->hb[i];
             g = gemma ? gelu_tanh(g) : g / (1.0f + expf(-g));
             s->hb[i] = g * s->hb2[i];
         }
         if ((st = matmul(s, &L->w_down, s->hb, n, s->xb))) return st;
+        add_bias(s->xb, L->b_down, n, E);
         if (L->post_ffw_norm) rmsnorm(s->xb, s->xb, L->post_ffw_norm, n, E, in->rms_eps);
         for (int64_t i = 0; i < n * E; i++) s->x[i] += s->xb[i];
     }
@@ -564,6 +568,7 @@ static dhsa_status ubatch(dhsa_session *s, const int32_t *ids, int64_t n, int64_
     const float *last = s->x + (n - out_rows) * E;
     rmsnorm(s->xb, last, m->output_norm, out_rows, E, in->rms_eps);
     if ((st = matmul(s, &m->output, s->xb, out_rows, logits))) return st;
+    add_bias(logits, m->output_bias, out_rows, in->n_vocab);
     if (in->final_softcap > 0) {
         float cap = in->final_softcap;
         for (int64_t i = 0; i < out_rows * in->n_vocab; i++) logits[i] = cap * tanhf(logits[i] / cap);
