@@ -68,7 +68,7 @@ static void run_model(const dhsa_model *m) {
     refused_with_sentence(st, "dhsa_session_plan refused without a sentence");
     if (st != DHSA_OK) return;
     contract(plan.total == plan.weights + plan.kv_cache + plan.activations + plan.attn_workspace +
-                               plan.matmul_workspace + plan.routing,
+                               plan.matmul_workspace + plan.routing + plan.process,
              "the plan's total is the sum of its parts");
 
     dhsa_session *s = NULL;

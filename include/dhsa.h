@@ -1166,8 +1166,10 @@ typedef struct {
     int64_t n_ubatch;       /* tokens per prefill step; 0 = the largest <= 512 that
                                fits mem_limit */
     dhsa_type kv_type;      /* DHSA_F32 (default) or DHSA_F16 */
-    size_t mem_limit;       /* bytes for weights + everything the session
-                               allocates; 0 = none */
+    size_t mem_limit;       /* the most the process may hold: its peak RSS
+                               (VmHWM) stays under it when the plan's total
+                               fits (dhsa_mem_plan says what is counted);
+                               0 = none */
     dhsa_attn_method attn;  /* default DENSE */
     /* Routing of the sparse methods: budget/density, sinks, local,
      * dense_below, q_block, boundary detection (method and boundary are
@@ -1191,7 +1193,23 @@ typedef struct {
 
 dhsa_session_params dhsa_session_default_params(void);
 
-/* Memory of a session, computed before anything is allocated. */
+/* Memory of a session and of the process around it, computed before the
+ * session allocates anything: total bounds the process's peak resident
+ * set (VmHWM) while the session runs, so that a plan whose total fits
+ * mem_limit keeps the process under it (tests/test_memlimit.c measures
+ * it; docs/model.md, "Memory plan"). What is counted:
+ *   - the session's buffers (kv_cache .. routing), as allocated;
+ *   - weights: the tensor bytes, counted whole: the mapping's pages become
+ *     resident as they are read (check_finite reads them all at load);
+ *   - process: everything else the process holds or will hold, the sum of
+ *     model_file .. slack below. code and other are measured when the plan
+ *     is made (Linux /proc/self); where /proc is missing (measured = 0)
+ *     code is a fixed DHSA_PLAN_CODE_FALLBACK and other is 0 (nothing the
+ *     caller holds is known).
+ * Not counted (so not bounded): memory the caller allocates after the plan
+ * beyond the slack's margin, memory it allocated but has not yet written
+ * (not resident when the plan measures it), and a model opened over the
+ * caller's own buffer is counted twice (weights, and other or code). */
 typedef struct {
     int64_t n_ctx, n_ubatch;
     size_t weights;          /* tensor bytes (mapped from the file) */
@@ -1200,14 +1218,50 @@ typedef struct {
     size_t attn_workspace;   /* attention scratch at n_ctx */
     size_t matmul_workspace; /* weight-product scratch */
     size_t routing;          /* indexes and layouts of the sparse methods */
-    size_t total;            /* the sum */
+    size_t process;          /* model_file + model_heap + code + other + stacks + slack */
+    size_t model_file;       /* the model's file besides its tensors (header,
+                                metadata, tensor table, padding, to the page),
+                                mapped or copied: resident once read */
+    size_t model_heap;       /* the model's heap, counted by the library: the
+                                tokenizer's tables, the GGUF index and
+                                strings, the model and its F32 vectors, each
+                                block as glibc's malloc rounds it */
+    size_t code;             /* every other mapped file at its whole mapped
+                                size: the program, the C library, other
+                                models (measured; a mapping's resident pages
+                                cannot exceed its size) */
+    size_t other;            /* anonymous memory resident when the plan is
+                                made besides the model's heap: the caller's
+                                buffers, other sessions, stacks so far
+                                (measured: RssAnon + RssShmem - model_heap) */
+    size_t stacks;           /* the ctx's threads, caller included, times
+                                DHSA_PLAN_STACK_ALLOWANCE: the stack and the
+                                malloc arena each may touch during an eval */
+    size_t slack;            /* the allocator's rounding of the session's
+                                buffers (a page each; the KV cache to 2 MiB,
+                                whole huge pages) + DHSA_PLAN_HEAP_MARGIN for
+                                small allocations after the plan (stdio
+                                buffers, sentences, routing temporaries); with
+                                transparent huge pages "always", 4 MiB more
+                                (the cache's header page and the heap's top
+                                may each become a whole huge page) */
+    int measured;            /* 1: code and other were read from /proc/self */
+    size_t total;            /* the sum of the session's buffers, weights and
+                                process: the peak RSS the plan allows */
 } dhsa_mem_plan;
 
-/* Plans a session for the ctx's threads. With n_ubatch = 0 it picks the largest ubatch (a power
- * of two <= 512) that fits mem_limit; when nothing fits it fails with
- * DHSA_ERR_MEMORY_BUDGET and a sentence saying what would (a smaller
- * --ctx, F16 K/V, a larger limit). A context longer than the trained one
- * is allowed (the caller warns). */
+/* The allowances of dhsa_mem_plan (bytes). */
+#define DHSA_PLAN_STACK_ALLOWANCE ((size_t)128 << 10)
+#define DHSA_PLAN_HEAP_MARGIN ((size_t)256 << 10)
+#define DHSA_PLAN_CODE_FALLBACK ((size_t)16 << 20)
+
+/* Plans a session for the ctx's threads. With n_ubatch = 0 it picks the
+ * largest ubatch (a power of two <= 512) that fits mem_limit; when nothing
+ * fits it fails with DHSA_ERR_MEMORY_BUDGET and a sentence saying what
+ * would (a smaller ubatch or --ctx, F16 K/V, a larger limit). A context
+ * longer than the trained one is allowed (the caller warns). The measured
+ * parts make two plans differ when the process's memory changed between
+ * them; dhsa_session_create plans again and checks that one. */
 dhsa_status dhsa_session_plan(const dhsa_ctx *ctx, const dhsa_model *m, const dhsa_session_params *p,
                               dhsa_mem_plan *out);
 

@@ -332,7 +332,7 @@ static void test_real(void) {
         size_t kv = (size_t)5 * 4096 * 4 * (8 + 8) * 4;
         T_CHECK(st == DHSA_OK && pl.n_ubatch == 512 && pl.kv_cache == kv &&
                     pl.total == pl.weights + pl.kv_cache + pl.activations + pl.attn_workspace +
-                                    pl.matmul_workspace + pl.routing &&
+                                    pl.matmul_workspace + pl.routing + pl.process &&
                     pl.weights == (size_t)in->weight_bytes,
                 "plan at 4096: ubatch %lld kv %zu (want %zu) total %zu", (long long)pl.n_ubatch, pl.kv_cache, kv,
                 pl.total);

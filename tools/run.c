@@ -56,8 +56,13 @@ const char dhsa_cli_run_usage[] =
     "  --ubatch N          prefill tokens per step (default: largest <= 512\n"
     "                      that fits --mem-limit)\n"
     "  --kv f32|f16        KV cache type (default f32)\n"
-    "  --mem-limit SIZE    bytes (K/M/G suffix) for weights + everything else;\n"
-    "                      refused before running if the plan exceeds it\n"
+    "  --mem-limit SIZE    the most the process may hold, its peak RSS (K/M/G\n"
+    "                      suffix); refused before running if the plan exceeds it.\n"
+    "                      The plan counts the model file (whole) and heap, the\n"
+    "                      session's buffers, and the process when it plans: other\n"
+    "                      mapped files whole, memory it holds, 128 KiB stack per\n"
+    "                      thread, allocator slack (dhsa plan lists each; not\n"
+    "                      counted: --dump-layout's picture and index)\n"
     "  --threads T         (default: online CPUs)\n"
     "Attention:\n"
     "  --attn dense|dhsa|block|stream|oracle   (default dense)\n"
@@ -200,15 +205,43 @@ static void progress(void *user, int64_t done, int64_t total) {
     if (done == total) fputc('\n', stderr);
 }
 
-static void print_plan(FILE *f, const dhsa_mem_plan *pl) {
-    fprintf(f, "memory plan: ctx %lld tokens, ubatch %lld\n", (long long)pl->n_ctx, (long long)pl->n_ubatch);
-    fprintf(f, "  weights           %10.1f MiB (mapped from the file)\n", mib(pl->weights));
-    fprintf(f, "  KV cache          %10.1f MiB\n", mib(pl->kv_cache));
-    fprintf(f, "  activations       %10.1f MiB\n", mib(pl->activations));
-    fprintf(f, "  attention scratch %10.1f MiB\n", mib(pl->attn_workspace));
-    fprintf(f, "  product scratch   %10.1f MiB\n", mib(pl->matmul_workspace));
-    fprintf(f, "  routing           %10.1f MiB\n", mib(pl->routing));
-    fprintf(f, "  total             %10.1f MiB\n", mib(pl->total));
+/* One line of the plan: the size in a unit that shows it (KiB below 1
+ * MiB), then what it is. */
+static const char *plan_size(size_t bytes, char *b, size_t cap) {
+    if (bytes < 1024) snprintf(b, cap, "%zu B", bytes);
+    else if (bytes < ((size_t)1 << 20)) snprintf(b, cap, "%.1f KiB", (double)bytes / 1024.0);
+    else snprintf(b, cap, "%.1f MiB", mib(bytes));
+    return b;
+}
+
+static void plan_line(FILE *f, const char *name, size_t bytes, const char *what) {
+    char b[32];
+    fprintf(f, "  %-19s %12s%s%s\n", name, plan_size(bytes, b, sizeof b), what[0] ? "  " : "", what);
+}
+
+static void print_plan(FILE *f, const dhsa_mem_plan *pl, int n_threads) {
+    char what[160];
+    fprintf(f, "memory plan: ctx %lld tokens, ubatch %lld; the total bounds the peak RSS of the process\n",
+            (long long)pl->n_ctx, (long long)pl->n_ubatch);
+    plan_line(f, "weights", pl->weights, "tensor data, mapped from the file (counted whole)");
+    plan_line(f, "KV cache", pl->kv_cache, "");
+    plan_line(f, "activations", pl->activations, "");
+    plan_line(f, "attention scratch", pl->attn_workspace, "");
+    plan_line(f, "product scratch", pl->matmul_workspace, "");
+    plan_line(f, "routing", pl->routing, "");
+    plan_line(f, "process", pl->process, "the rest of the process:");
+    plan_line(f, "  model file", pl->model_file, "the file besides its tensors (header, metadata)");
+    plan_line(f, "  model heap", pl->model_heap, "tokenizer tables, GGUF index, model (counted)");
+    plan_line(f, "  code", pl->code, pl->measured ? "program, libraries, other mapped files, whole (measured)"
+                                                   : "a fixed allowance (no /proc/self to measure)");
+    plan_line(f, "  other", pl->other, pl->measured ? "anonymous memory held now besides the model's (measured)"
+                                                     : "not known (no /proc/self)");
+    snprintf(what, sizeof what, "%d threads x %zu KiB", n_threads, DHSA_PLAN_STACK_ALLOWANCE >> 10);
+    plan_line(f, "  stacks", pl->stacks, what);
+    snprintf(what, sizeof what, "the allocator's rounding of the buffers + %zu KiB", DHSA_PLAN_HEAP_MARGIN >> 10);
+    plan_line(f, "  allocator slack", pl->slack, what);
+    char b[32];
+    fprintf(f, "  %-19s %12s  (%zu bytes)\n", "total", plan_size(pl->total, b, sizeof b), pl->total);
 }
 
 static void print_model(FILE *f, const char *path, const dhsa_model_info *in) {
@@ -442,15 +475,15 @@ static void dump_end(layout_dump *d, const char *model_path, const dhsa_model_in
     memset(d, 0, sizeof *d);
 }
 
-/* The plan did not fit: the library's sentence, and --mem-limit as given in
- * units a reader can check (1 is one byte: sizes take K, M and G). */
+/* The plan did not fit: the library's sentence (which says the limit in
+ * units a reader can check), and for a limit under 1 MiB that 1 is one
+ * byte: sizes take K, M and G. */
 static void plan_failed(dhsa_status st, const dhsa_session_params *ses) {
-    char msg[600], lim[32];
+    char msg[600];
     snprintf(msg, sizeof msg, "%s", dhsa_last_error());
-    if (st != DHSA_ERR_MEMORY_BUDGET || !ses->mem_limit) dhsa_cli_die(EXIT_RUN, "%s", msg);
-    dhsa_cli_bytes((double)ses->mem_limit, lim, sizeof lim);
-    dhsa_cli_die(EXIT_RUN, "%s (--mem-limit is %s%s)", msg, lim,
-                 ses->mem_limit < ((size_t)1 << 20) ? ": sizes take K, M and G, as in --mem-limit 1G" : "");
+    if (st != DHSA_ERR_MEMORY_BUDGET || !ses->mem_limit || ses->mem_limit >= ((size_t)1 << 20))
+        dhsa_cli_die(EXIT_RUN, "%s", msg);
+    dhsa_cli_die(EXIT_RUN, "%s (sizes take K, M and G, as in --mem-limit 1G)", msg);
 }
 
 static int run_main(int argc, char **argv, int plan_only) {
@@ -533,6 +566,14 @@ static int run_main(int argc, char **argv, int plan_only) {
     cp.n_threads = (int)o.threads;
     dhsa_ctx *ctx;
     if (dhsa_ctx_create(&cp, &ctx)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+    /* The sampler and the logits before the plan: written now, they are
+     * resident when it measures the process, so --mem-limit counts them. */
+    dhsa_sampler *smp;
+    if (dhsa_sampler_create(&o.sp, in->n_vocab, &smp)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+    float *logits = malloc((size_t)in->n_vocab * sizeof(float));
+    if (!logits) dhsa_cli_die(EXIT_RUN, "out of memory");
+    volatile float *touch = logits; /* a memset after malloc would become calloc: no page touched */
+    for (int64_t i = 0; i < in->n_vocab; i++) touch[i] = 0.0f;
     dhsa_mem_plan plan;
     dhsa_status st = dhsa_session_plan(ctx, m, &o.ses, &plan);
     if (plan_only) {
@@ -540,11 +581,13 @@ static int run_main(int argc, char **argv, int plan_only) {
         printf("attention: %s, KV %s, %d threads\n", dhsa_attn_method_name(o.ses.attn),
                dhsa_type_name(o.ses.kv_type), dhsa_ctx_n_threads(ctx));
         if (st) plan_failed(st, &o.ses);
-        print_plan(stdout, &plan);
+        print_plan(stdout, &plan, dhsa_ctx_n_threads(ctx));
         if (o.ses.mem_limit) {
             char lim[32];
             printf("  --mem-limit       %14s: fits\n", dhsa_cli_bytes((double)o.ses.mem_limit, lim, sizeof lim));
         }
+        free(logits);
+        dhsa_sampler_free(smp);
         dhsa_ctx_free(ctx);
         dhsa_model_free(m);
         dhsa_predictor_free(pred);
@@ -557,7 +600,7 @@ static int run_main(int argc, char **argv, int plan_only) {
         print_model(stderr, o.model, in);
         fprintf(stderr, "attention: %s, KV %s, %d threads, %s; loaded in %.2f s\n", dhsa_attn_method_name(o.ses.attn),
                 dhsa_type_name(o.ses.kv_type), dhsa_ctx_n_threads(ctx), dhsa_isa_name(dhsa_active_isa()), t_load);
-        print_plan(stderr, &plan);
+        print_plan(stderr, &plan, dhsa_ctx_n_threads(ctx));
     }
     double t0 = dhsa_cli_now();
     if (isatty(2) && n_prompt >= 1024) {
@@ -568,11 +611,7 @@ static int run_main(int argc, char **argv, int plan_only) {
     memset(&dump, 0, sizeof dump);
     if (o.dump_path) dump_begin(&dump, &o, in, n_prompt, &o.ses);
     dhsa_session *s;
-    if (dhsa_session_create(ctx, m, &o.ses, &s)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
-    dhsa_sampler *smp;
-    if (dhsa_sampler_create(&o.sp, in->n_vocab, &smp)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
-    float *logits = malloc((size_t)in->n_vocab * sizeof(float));
-    if (!logits) dhsa_cli_die(EXIT_RUN, "out of memory");
+    if ((st = dhsa_session_create(ctx, m, &o.ses, &s))) plan_failed(st, &o.ses);
 
     if (o.ids) {
         for (int64_t i = 0; i < n_prompt; i++) printf("%s%d", i ? " " : "", ids[i]);
@@ -620,10 +659,17 @@ static int run_main(int argc, char **argv, int plan_only) {
     if (o.ses.attn != DHSA_ATTN_DENSE) density_report(&st_prefill, s, &o.ses);
     fprintf(stderr,
             "prompt: %lld tokens in %.3f s (%.1f tok/s), first token after %.3f s; decode: %lld tokens, %.1f tok/s; "
-            "all forward passes: %.1f tok/s; peak RSS %.1f MiB\n",
+            "all forward passes: %.1f tok/s; peak RSS %.1f MiB (%zu KiB)",
             (long long)n_prompt, t_prompt, t_prompt > 0 ? (double)n_prompt / t_prompt : 0.0, t_first,
             (long long)n_gen, t_dec > 0 && n_dec > 0 ? (double)n_dec / t_dec : 0.0,
-            t_prompt + t_dec > 0 ? (double)(n_prompt + n_dec) / (t_prompt + t_dec) : 0.0, mib(dhsa_proc_peak_rss()));
+            t_prompt + t_dec > 0 ? (double)(n_prompt + n_dec) / (t_prompt + t_dec) : 0.0, mib(dhsa_proc_peak_rss()),
+            dhsa_proc_peak_rss() >> 10);
+    if (o.ses.mem_limit) {
+        char lim[32], pl[32];
+        fprintf(stderr, " under --mem-limit %s (plan %s)", dhsa_cli_bytes((double)o.ses.mem_limit, lim, sizeof lim),
+                dhsa_cli_bytes((double)dhsa_session_get_plan(s)->total, pl, sizeof pl));
+    }
+    fprintf(stderr, "\n");
     free(logits);
     dhsa_sampler_free(smp);
     dhsa_session_free(s);

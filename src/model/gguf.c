@@ -25,6 +25,7 @@
  */
 #include "model/gguf.h"
 #include "core/internal.h"
+#include "core/procmem.h"
 #include "util/outfile.h"
 
 #include <errno.h>
@@ -163,6 +164,7 @@ struct dhsa_gguf {
     int64_t *kv_hash, *t_hash; /* open addressing, index + 1 (0 = empty) */
     uint64_t kv_hcap, t_hcap;
     chunk *chunks;
+    size_t heap;     /* what the reader's own allocations hold (dhsa__heap_block) */
 };
 
 /* Bytes the reader asked the allocator for during the last open on this
@@ -172,6 +174,19 @@ static _Thread_local uint64_t open_alloc_bytes;
 
 uint64_t dhsa_gguf__last_open_alloc(void) { return open_alloc_bytes; }
 
+/* An allocation the reader keeps: counted for the open and for the plan. */
+static void counted(dhsa_gguf *g, uint64_t bytes) {
+    open_alloc_bytes += bytes;
+    g->heap += dhsa__heap_block((size_t)bytes);
+}
+
+void dhsa_gguf__memory(const dhsa_gguf *g, const void **map, size_t *mapped, size_t *owned, size_t *heap) {
+    *map = g->map;
+    *mapped = g->map ? g->map_len : 0;
+    *owned = g->owned ? (size_t)g->size : 0;
+    *heap = g->heap;
+}
+
 static void *arena_alloc(dhsa_gguf *g, size_t n) {
     if (n > SIZE_MAX - 64) return NULL;
     n = (n + 7) & ~(size_t)7;
@@ -180,7 +195,7 @@ static void *arena_alloc(dhsa_gguf *g, size_t n) {
         size_t cap = n > ((size_t)1 << 16) ? n : ((size_t)1 << 16);
         c = malloc(sizeof(chunk) + cap);
         if (!c) return NULL;
-        open_alloc_bytes += sizeof(chunk) + cap;
+        counted(g, sizeof(chunk) + cap);
         c->cap = cap;
         c->used = 0;
         c->next = g->chunks;
@@ -226,7 +241,7 @@ static int64_t hash_build(dhsa_gguf *g, int64_t **tab, uint64_t *cap, int64_t n,
     while (c < (uint64_t)n * 2) c *= 2;
     *tab = calloc(c, sizeof(int64_t));
     if (!*tab) return -2;
-    open_alloc_bytes += c * sizeof(int64_t);
+    counted(g, c * sizeof(int64_t));
     *cap = c;
     for (int64_t i = 0; i < n; i++) {
         int64_t len;
@@ -543,7 +558,7 @@ static dhsa_status parse(dhsa_gguf *g) {
     if (n_kv) {
         g->kv = malloc((size_t)n_kv * sizeof *g->kv);
         if (!g->kv) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "GGUF: out of memory for %llu kvs", (unsigned long long)n_kv);
-        open_alloc_bytes += n_kv * sizeof *g->kv;
+        counted(g, n_kv * sizeof *g->kv);
         g->cap_kv = (int64_t)n_kv;
     }
     for (uint64_t i = 0; i < n_kv; i++) {
@@ -577,7 +592,7 @@ static dhsa_status parse(dhsa_gguf *g) {
     if (n_t) {
         g->t = malloc((size_t)n_t * sizeof *g->t);
         if (!g->t) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "GGUF: out of memory for %llu tensor infos", (unsigned long long)n_t);
-        open_alloc_bytes += n_t * sizeof *g->t;
+        counted(g, n_t * sizeof *g->t);
         g->cap_t = (int64_t)n_t;
     }
     for (uint64_t i = 0; i < n_t; i++) {
@@ -625,6 +640,7 @@ static dhsa_status parse(dhsa_gguf *g) {
 static dhsa_status open_common(dhsa_gguf *g, dhsa_gguf **out) {
     static const uint8_t empty[1];
     open_alloc_bytes = sizeof *g;
+    g->heap = dhsa__heap_block(sizeof *g);
     if (!g->base) g->base = empty;
     dhsa_status st = parse(g);
     if (st) {

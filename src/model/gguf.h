@@ -21,6 +21,13 @@
 uint64_t dhsa_gguf__last_open_alloc(void);
 #define DHSA_GGUF_ALLOC_CAP(size) ((uint64_t)(size) * 32 + ((uint64_t)1 << 18))
 
+/* Memory the reader holds for g (for the memory plan, src/model/session.c):
+ * *map and *mapped its file mapping (NULL and 0 when it has none), *owned
+ * the bytes of a copy it owns (read() when mmap failed, or the llama2.c
+ * importer's image; 0 otherwise), *heap its own tables and strings as
+ * dhsa__heap_block counts them (src/core/procmem.h). */
+void dhsa_gguf__memory(const dhsa_gguf *g, const void **map, size_t *mapped, size_t *owned, size_t *heap);
+
 /* dhsa_gguf_open_memory over a malloc'd buffer that the dhsa_gguf takes
  * over: freed by dhsa_gguf_close, or at once when the open fails (also on
  * a bad argument). Used by the llama2.c importer (src/model/llama2c.c),

@@ -438,6 +438,7 @@ dhsa_status dhsa_model_from_gguf(dhsa_gguf *g, const dhsa_model_params *p, dhsa_
         goto fail;
     }
     b.cap_vectors = b.n_vectors > 0 ? b.n_vectors : 1;
+    m->n_vector_floats = b.cap_vectors;
     b.n_vectors = 0;
     if ((st = bind_all(&b))) goto fail;
     if ((st = check_all_used(m, used))) goto fail;

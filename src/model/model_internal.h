@@ -40,6 +40,7 @@ struct dhsa_model {
     const float *rope_freqs;     /* [n_rot / 2] or NULL */
     dhsa__layer *layers;         /* [n_layer] */
     float *vectors;              /* the F32 copies, one allocation */
+    int64_t n_vector_floats;     /* its length (for the memory plan) */
 };
 
 #endif

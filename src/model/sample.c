@@ -10,6 +10,7 @@
  * Tested by tests/test_model.c (distributions on hand-made logits).
  */
 #include "core/internal.h"
+#include "core/procmem.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -22,6 +23,7 @@ struct dhsa_sampler {
     float *work;     /* [n_vocab] penalised logits */
     int32_t *order;  /* [n_vocab] candidate ids */
     float *prob;     /* [n_vocab] their probabilities */
+    int32_t *merge;  /* [n_vocab] the sort's other half */
 };
 
 dhsa_sampler_params dhsa_sampler_default_params(void) {
@@ -85,10 +87,18 @@ dhsa_status dhsa_sampler_create(const dhsa_sampler_params *p, int64_t n_vocab, d
     s->work = malloc((size_t)n_vocab * sizeof(float));
     s->order = malloc((size_t)n_vocab * sizeof(int32_t));
     s->prob = malloc((size_t)n_vocab * sizeof(float));
-    if (!s->work || !s->order || !s->prob) {
+    s->merge = malloc((size_t)n_vocab * sizeof(int32_t));
+    if (!s->work || !s->order || !s->prob || !s->merge) {
         dhsa_sampler_free(s);
         return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
     }
+    /* Written once here, so that they are resident from the start: a memory
+     * plan made after the sampler exists counts them (dhsa_mem_plan.other),
+     * and sampling allocates nothing. */
+    dhsa__touch(s->work, (size_t)n_vocab * sizeof(float));
+    dhsa__touch(s->order, (size_t)n_vocab * sizeof(int32_t));
+    dhsa__touch(s->prob, (size_t)n_vocab * sizeof(float));
+    dhsa__touch(s->merge, (size_t)n_vocab * sizeof(int32_t));
     uint64_t x = p->seed;
     for (int i = 0; i < 4; i++) s->rng[i] = splitmix(&x);
     *out = s;
@@ -100,17 +110,33 @@ void dhsa_sampler_free(dhsa_sampler *s) {
     free(s->work);
     free(s->order);
     free(s->prob);
+    free(s->merge);
     free(s);
 }
 
-/* Sorts ids by descending value, ties by ascending id (a heap would do for
- * top-k; the vocabulary sort is a small cost next to a forward pass). */
-static _Thread_local const float *sort_vals;
-static int by_value(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    float vx = sort_vals[x], vy = sort_vals[y];
-    if (vx != vy) return vx > vy ? -1 : 1;
-    return (x > y) - (x < y);
+/* Whether id x goes before id y: descending value, ties by ascending id
+ * (a total order, so every correct sort gives the same sequence). */
+static int before(const float *v, int32_t x, int32_t y) { return v[x] != v[y] ? v[x] > v[y] : x < y; }
+
+/* Sorts ids[0..n) by before(), bottom-up merges through tmp[0..n): qsort
+ * would do the same, but glibc's allocates n elements on every call, memory
+ * no plan counts. A heap would do for top-k; the vocabulary sort is a small
+ * cost next to a forward pass. */
+static void sort_ids(int32_t *ids, int32_t *tmp, int64_t n, const float *v) {
+    int32_t *src = ids, *dst = tmp;
+    for (int64_t w = 1; w < n; w *= 2) {
+        for (int64_t lo = 0; lo < n; lo += 2 * w) {
+            int64_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            int64_t i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) dst[k++] = before(v, src[j], src[i]) ? src[j++] : src[i++];
+            while (i < mid) dst[k++] = src[i++];
+            while (j < hi) dst[k++] = src[j++];
+        }
+        int32_t *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != ids) memcpy(ids, src, (size_t)n * sizeof *ids);
 }
 
 dhsa_status dhsa_sampler_sample(dhsa_sampler *s, const float *logits, const int32_t *history, int64_t n_history,
@@ -159,8 +185,7 @@ dhsa_status dhsa_sampler_sample(dhsa_sampler *s, const float *logits, const int3
     int64_t n = 0;
     for (int64_t i = 0; i < V; i++)
         if (w[i] > -INFINITY) s->order[n++] = (int32_t)i;
-    sort_vals = w;
-    qsort(s->order, (size_t)n, sizeof(int32_t), by_value);
+    sort_ids(s->order, s->merge, n, w);
     if (s->p.top_k > 0 && n > s->p.top_k) n = s->p.top_k;
     double mx = (double)w[s->order[0]], sum = 0;
     for (int64_t i = 0; i < n; i++) {

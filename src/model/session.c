@@ -17,10 +17,16 @@
  * decode see the same chunks; the learned predictor scores each key once,
  * as it is appended), STREAM and ORACLE through dhsa_route over the cache.
  * Sliding-window layers (gemma2) always run dense within their window.
- * Tested by tests/test_model.c.
+ * The plan counts the session's buffers and the rest of the process (the
+ * model's file and heap, code, other memory, stacks, the allocator's
+ * rounding) so that mem_limit bounds the peak RSS (dhsa_mem_plan).
+ * Tested by tests/test_model.c and tests/test_memlimit.c.
  */
 #include "core/internal.h"
+#include "core/procmem.h"
+#include "model/gguf.h"
 #include "model/model_internal.h"
+#include "model/tokenizer.h"
 #include "route/kv_index_internal.h"
 
 #include <math.h>
@@ -117,8 +123,40 @@ static dhsa_attn_desc shape_desc(const dhsa_model_info *in, dhsa_type kv_type, i
     return a;
 }
 
-static dhsa_status plan_for(const dhsa_ctx *ctx, const dhsa_model *m, const dhsa_session_params *p, int64_t n_ctx,
-                            int64_t ub, dhsa_mem_plan *pl) {
+/* What the process holds besides the session's buffers: the same for
+ * every ubatch one plan tries, so measured once per plan. */
+typedef struct {
+    size_t model_file, model_heap, code, other, stacks;
+    int measured, thp_always;
+} process_part;
+
+static process_part measure_process(const dhsa_ctx *ctx, const dhsa_model *m) {
+    process_part pp;
+    memset(&pp, 0, sizeof pp);
+    const void *map;
+    size_t mapped, owned, gguf_heap;
+    dhsa_gguf__memory(m->g, &map, &mapped, &owned, &gguf_heap);
+    /* the file's pages (mapped) or the copy's block (owned) hold the tensors and the rest */
+    size_t file = mapped ? dhsa__align_up(mapped, DHSA__PAGE) : owned ? dhsa__heap_block(owned) : 0;
+    size_t weights = (size_t)m->info.weight_bytes;
+    pp.model_file = file > weights ? file - weights : 0;
+    pp.model_heap = gguf_heap + dhsa__tokenizer_heap_bytes(m->tok) + dhsa__heap_block(sizeof *m) +
+                    dhsa__heap_block((size_t)m->info.n_layer * sizeof *m->layers) +
+                    dhsa__heap_block((size_t)m->n_vector_floats * sizeof(float));
+    /* what of the anonymous memory is the model's: its heap and an owned copy */
+    size_t model_anon = pp.model_heap + (owned ? file : 0);
+    dhsa__proc_mem pm;
+    dhsa__proc_measure(map, mapped, &pm);
+    pp.measured = pm.measured;
+    pp.thp_always = pm.thp_always;
+    pp.code = pm.measured ? pm.mapped_files : DHSA_PLAN_CODE_FALLBACK;
+    pp.other = pm.anon > model_anon ? pm.anon - model_anon : 0;
+    pp.stacks = (size_t)dhsa_ctx_n_threads(ctx) * DHSA_PLAN_STACK_ALLOWANCE;
+    return pp;
+}
+
+static dhsa_status plan_for(const dhsa_ctx *ctx, const dhsa_model *m, const dhsa_session_params *p,
+                            const process_part *pp, int64_t n_ctx, int64_t ub, dhsa_mem_plan *pl) {
     const dhsa_model_info *in = &m->info;
     memset(pl, 0, sizeof *pl);
     pl->n_ctx = n_ctx;
@@ -154,12 +192,52 @@ static dhsa_status plan_for(const dhsa_ctx *ctx, const dhsa_model *m, const dhsa
             pl->routing = layout_bytes + route_ws;
         }
     }
+    /* The allocator's rounding: dhsa_buffer_alloc gives the cache whole
+     * 2 MiB pages (advised as huge pages: touched, each is resident whole)
+     * and a page for glibc's header before it; every ctx block (the
+     * activations, the scratch, a layout, an index and its struct) may take
+     * a page more than it asked for. Routed methods also malloc temporaries
+     * of up to 40 bytes per key while they route (chunk candidates, scores).
+     * With transparent huge pages "always", a buffer's own range is still
+     * all it can make resident, but the cache's header page and the heap's
+     * top may each fault in a whole 2 MiB page. */
+    size_t buffers = 3 + (uses_index(p) ? 2 * (size_t)in->n_layer : 0) + (p->attn != DHSA_ATTN_DENSE ? 2 : 0);
+    size_t kv_round = pl->kv_cache >= DHSA__HUGE_PAGE ? dhsa__align_up(pl->kv_cache, DHSA__HUGE_PAGE) - pl->kv_cache : 0;
+    pl->slack = kv_round + buffers * (DHSA__PAGE + 64) + DHSA_PLAN_HEAP_MARGIN +
+                (p->attn != DHSA_ATTN_DENSE ? (size_t)n_ctx * 40 : 0) + (pp->thp_always ? 2 * DHSA__HUGE_PAGE : 0);
+    pl->model_file = pp->model_file;
+    pl->model_heap = pp->model_heap;
+    pl->code = pp->code;
+    pl->other = pp->other;
+    pl->stacks = pp->stacks;
+    pl->measured = pp->measured;
+    pl->process = pl->model_file + pl->model_heap + pl->code + pl->other + pl->stacks + pl->slack;
     pl->total = pl->weights + pl->kv_cache + pl->activations + pl->attn_workspace + pl->matmul_workspace +
-                pl->routing;
+                pl->routing + pl->process;
     return DHSA_OK;
 }
 
-static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
+/* A size for a sentence: bytes below 1 KiB, KiB below 1 MiB, then MiB
+ * and GiB (a 4 KiB limit is not "0.0 MiB"). */
+static const char *size_text(size_t b, char *buf, size_t cap) {
+    if (b < 1024) snprintf(buf, cap, "%zu byte%s", b, b == 1 ? "" : "s");
+    else if (b < ((size_t)1 << 20)) snprintf(buf, cap, "%.1f KiB", (double)b / 1024.0);
+    else if (b < ((size_t)1 << 30)) snprintf(buf, cap, "%.1f MiB", (double)b / (1024.0 * 1024.0));
+    else snprintf(buf, cap, "%.2f GiB", (double)b / (1024.0 * 1024.0 * 1024.0));
+    return buf;
+}
+
+/* "X (weights A, KV cache B for N tokens, buffers C, the rest of the
+ * process D)": what a plan needs, for the refusals. */
+static const char *plan_text(const dhsa_mem_plan *pl, char *buf, size_t cap) {
+    char t[5][32];
+    snprintf(buf, cap, "%s (weights %s, KV cache %s for %lld tokens, buffers %s, the rest of the process %s)",
+             size_text(pl->total, t[0], 32), size_text(pl->weights, t[1], 32), size_text(pl->kv_cache, t[2], 32),
+             (long long)pl->n_ctx,
+             size_text(pl->activations + pl->attn_workspace + pl->matmul_workspace + pl->routing, t[3], 32),
+             size_text(pl->process, t[4], 32));
+    return buf;
+}
 
 dhsa_status dhsa_session_plan(const dhsa_ctx *ctx, const dhsa_model *m, const dhsa_session_params *p,
                               dhsa_mem_plan *out) {
@@ -183,18 +261,33 @@ dhsa_status dhsa_session_plan(const dhsa_ctx *ctx, const dhsa_model *m, const dh
                               "%lld (KV heads x head dim)", (long long)dhsa_predictor_width(p->router.predictor),
                               (long long)(in->n_head_kv * in->head_dim_k));
     }
+    const process_part pp = measure_process(ctx, m);
+    char need[256], lim[32], alt[32], big[32];
     dhsa_status st;
     if (p->n_ubatch > 0) {
         int64_t ub = p->n_ubatch < n_ctx ? p->n_ubatch : n_ctx;
-        if ((st = plan_for(ctx, m, p, n_ctx, ub, out))) return st;
-        if (p->mem_limit && out->total > p->mem_limit)
-            return dhsa__fail(DHSA_ERR_MEMORY_BUDGET, "ubatch %lld needs %.1f MiB, above --mem-limit %.1f MiB",
-                              (long long)ub, mib(out->total), mib(p->mem_limit));
-        return DHSA_OK;
+        if ((st = plan_for(ctx, m, p, &pp, n_ctx, ub, out))) return st;
+        if (!p->mem_limit || out->total <= p->mem_limit) return DHSA_OK;
+        /* the largest smaller ubatch that fits, if any */
+        dhsa_mem_plan smaller;
+        int64_t fit = 0;
+        for (int64_t u = ub / 2; u >= 1 && !fit; u /= 2) {
+            if ((st = plan_for(ctx, m, p, &pp, n_ctx, u, &smaller))) return st;
+            if (smaller.total <= p->mem_limit) fit = u;
+        }
+        plan_text(out, need, sizeof need);
+        size_text(p->mem_limit, lim, sizeof lim);
+        if (fit)
+            return dhsa__fail(DHSA_ERR_MEMORY_BUDGET,
+                              "ubatch %lld needs %s, above --mem-limit %s; --ubatch %lld would fit (%s), or a limit "
+                              "of %s", (long long)ub, need, lim, (long long)fit, size_text(smaller.total, alt, sizeof alt),
+                              size_text(out->total, big, sizeof big));
+        return dhsa__fail(DHSA_ERR_MEMORY_BUDGET, "ubatch %lld needs %s, above --mem-limit %s; a limit of %s would fit",
+                          (long long)ub, need, lim, size_text(out->total, alt, sizeof alt));
     }
     int64_t ub = MAX_UBATCH < n_ctx ? MAX_UBATCH : n_ctx;
     for (;; ub /= 2) {
-        if ((st = plan_for(ctx, m, p, n_ctx, ub, out))) return st;
+        if ((st = plan_for(ctx, m, p, &pp, n_ctx, ub, out))) return st;
         if (!p->mem_limit || out->total <= p->mem_limit) return DHSA_OK;
         if (ub == 1) break;
     }
@@ -203,19 +296,16 @@ dhsa_status dhsa_session_plan(const dhsa_ctx *ctx, const dhsa_model *m, const dh
                      dhsa_type_size(p->kv_type);
     size_t rest = out->total - out->kv_cache;
     char hint[256] = "";
-    if (p->mem_limit > rest) {
-        int64_t fit = (int64_t)((p->mem_limit - rest) / per_tok);
-        snprintf(hint, sizeof hint, "; a context of about %lld tokens would fit%s", (long long)(fit * 9 / 10),
+    int64_t fit = p->mem_limit > rest ? (int64_t)((p->mem_limit - rest) / per_tok) * 9 / 10 : 0;
+    if (fit > 0) {
+        snprintf(hint, sizeof hint, "a context of about %lld tokens would fit%s", (long long)fit,
                  p->kv_type == DHSA_F32 ? " (twice that with --kv f16)" : "");
     } else {
-        snprintf(hint, sizeof hint, "; the weights and buffers alone need %.1f MiB", mib(rest));
+        snprintf(hint, sizeof hint, "no context fits, as all but the KV cache needs %s; a limit of %s would fit this one",
+                 size_text(rest, alt, sizeof alt), size_text(out->total, big, sizeof big));
     }
-    return dhsa__fail(DHSA_ERR_MEMORY_BUDGET,
-                      "%.1f MiB needed at ubatch 1 (weights %.1f, KV cache %.1f for %lld tokens, activations "
-                      "%.1f, attention %.1f, products %.1f, routing %.1f) but --mem-limit is %.1f MiB%s",
-                      mib(out->total), mib(out->weights), mib(out->kv_cache), (long long)n_ctx,
-                      mib(out->activations), mib(out->attn_workspace), mib(out->matmul_workspace),
-                      mib(out->routing), mib(p->mem_limit), hint);
+    return dhsa__fail(DHSA_ERR_MEMORY_BUDGET, "%s needed at ubatch 1 but --mem-limit is %s; %s",
+                      plan_text(out, need, sizeof need), size_text(p->mem_limit, lim, sizeof lim), hint);
 }
 
 /* ----------------------------------------------------------- create --- */
@@ -263,8 +353,8 @@ dhsa_status dhsa_session_create(dhsa_ctx *ctx, const dhsa_model *m, const dhsa_s
     s->plan = plan;
     s->rp = method_router(p);
     if (p->mem_limit) {
-        /* what the ctx may hold besides the mapped weights and the cache */
-        size_t room = p->mem_limit - plan.weights - plan.kv_cache;
+        /* what the ctx may hold besides the weights, the cache and the rest of the process */
+        size_t room = p->mem_limit - plan.weights - plan.kv_cache - plan.process;
         dhsa_mem_stats ms = dhsa_ctx_mem_stats(ctx);
         if ((ms.budget == 0 || ms.budget > ms.in_use + room) && (st = dhsa_ctx_set_budget(ctx, ms.in_use + room)))
             goto fail;

@@ -24,6 +24,7 @@
  */
 #include "model/tokenizer.h"
 #include "core/internal.h"
+#include "core/procmem.h"
 #include "dhsa.h"
 
 #include <stdint.h>
@@ -672,6 +673,22 @@ dhsa_status dhsa_tokenizer_from_gguf(const dhsa_gguf *g, dhsa_tokenizer **out) {
 fail:
     dhsa_tokenizer_free(t);
     return st;
+}
+
+/* The bytes of one string table's arena, offsets, lengths and slots. */
+static size_t strtab_heap(const strtab *st) {
+    size_t n = st->n > 0 ? (size_t)st->n : 1;
+    size_t arena = st->n > 0 ? (size_t)st->off[st->n - 1] + (size_t)st->len[st->n - 1] + 1 : 1;
+    return dhsa__heap_block(arena) + dhsa__heap_block(n * sizeof *st->off) + dhsa__heap_block(n * sizeof *st->len) +
+           (st->slots ? dhsa__heap_block((size_t)(st->mask + 1) * sizeof *st->slots) : 0);
+}
+
+size_t dhsa__tokenizer_heap_bytes(const dhsa_tokenizer *t) {
+    if (!t) return 0;
+    size_t n = t->n_vocab > 0 ? (size_t)t->n_vocab : 1, ns = t->n_specials > 0 ? (size_t)t->n_specials : 1;
+    return dhsa__heap_block(sizeof *t) + strtab_heap(&t->tokens) + dhsa__heap_block(n * sizeof *t->scores) +
+           dhsa__heap_block(n) + (t->merge_arena ? strtab_heap(&t->merges) : 0) +
+           dhsa__heap_block(ns * sizeof *t->specials);
 }
 
 dhsa_tokenizer_kind dhsa_tokenizer_kind_of(const dhsa_tokenizer *t) { return t->kind; }

@@ -8,6 +8,7 @@
 
 #include "dhsa.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* ------------------------------------------------------------------------ */
@@ -35,5 +36,10 @@ dhsa_status dhsa_tok__pretokenize(dhsa_tok_pre pre, const char *text, int64_t le
  * the text repeats, as llama.cpp's map keeps it), or -1. For the chat
  * templates (src/model/chat.c), which look up <|eot_id|> and the like. */
 int32_t dhsa_tok__find(const dhsa_tokenizer *t, const char *text, int64_t len);
+
+/* The bytes the tokenizer's tables hold (texts, offsets, scores, types,
+ * hash slots, merges, specials) as dhsa__heap_block counts them: for the
+ * memory plan (src/model/session.c). 0 for NULL. */
+size_t dhsa__tokenizer_heap_bytes(const dhsa_tokenizer *t);
 
 #endif
