@@ -54,50 +54,6 @@ static const char *cli;
 
 static int has(const char *s, const char *sub) { return s && strstr(s, sub) != NULL; }
 
-/* Runs `sh -c "PRE exec $DHSA_CLI ARGS 2>&1"` in a child and returns its
- * exit status (-1 if it did not exit), its output (caller frees), its wall
- * time and its peak RSS in KiB (wait4's ru_maxrss: the child alone). */
-static int run_measured(const char *pre, const char *args, char **out, double *secs, long *maxrss_kb) {
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s exec '%s' %s 2>&1", pre ? pre : "", cli, args);
-    int fd[2];
-    *out = NULL;
-    if (pipe(fd) != 0) return -1;
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(fd[0]);
-        dup2(fd[1], 1);
-        close(fd[1]);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    close(fd[1]);
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    ssize_t got;
-    while (buf && (got = read(fd[0], buf + n, cap - n - 1)) > 0) {
-        n += (size_t)got;
-        if (cap - n < 1024) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) break;
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    close(fd[0]);
-    if (buf) buf[n] = 0;
-    *out = buf;
-    int st = 0;
-    struct rusage ru;
-    memset(&ru, 0, sizeof ru);
-    if (pid < 0 || wait4(pid, &st, 0, &ru) < 0) return -1;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    if (secs) *secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-    if (maxrss_kb) *maxrss_kb = ru.ru_maxrss;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static unsigned char *slurp(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
@@ -203,7 +159,7 @@ static void test_refused_before_work(void) {
         snprintf(args, sizeof args, cases[i].fmt, miss);
         double secs = 0;
         long rss = 0;
-        int rc = run_measured(NULL, args, &out, &secs, &rss);
+        int rc = cli_run_measured(NULL, args, &out, &secs, &rss);
         T_CHECK(rc == 2 && has(out, cases[i].opt) && has(out, miss) && has(out, "does not exist"),
                 "`%s`: rc %d (want 2, the folder named): %.400s", args, rc, out ? out : "");
         T_CHECK(rss < 48 * 1024, "`%s`: peak RSS %ld KiB: work ran before the output was checked", args, rss);
@@ -238,7 +194,7 @@ static void test_failed_write_keeps_old(void) {
     snprintf(args, sizeof args, "gen-model --preset tiny --seed 3 -o '%s'", path);
     double secs;
     long rss;
-    int rc = run_measured("trap '' XFSZ; ulimit -f 16;", args, &out, &secs, &rss);
+    int rc = cli_run_measured("trap '' XFSZ; ulimit -f 16;", args, &out, &secs, &rss);
     unsigned char *b = slurp(path, &n1);
     T_CHECK(rc == 1 && has(out, "kept.gguf") && has(out, "untouched"), "a failed write: rc %d: %.300s", rc,
             out ? out : "");
@@ -300,7 +256,7 @@ static void test_sizes_first(void) {
         char *out;
         double secs = 0;
         long rss = 0;
-        int rc = run_measured(NULL, cases[i].args, &out, &secs, &rss);
+        int rc = cli_run_measured(NULL, cases[i].args, &out, &secs, &rss);
         T_CHECK(rc == cases[i].rc && has(out, cases[i].want), "`dhsa %s`: rc %d (want %d): %.400s", cases[i].args,
                 rc, cases[i].rc, out ? out : "");
         T_CHECK(rss < 64 * 1024, "`dhsa %s`: peak RSS %ld KiB before the refusal", cases[i].args, rss);
@@ -308,7 +264,7 @@ static void test_sizes_first(void) {
     }
     const char *n_msg = "-n 2147483648";
     char *out;
-    int rc = run_measured(NULL, "run -p hi -n 2147483648", &out, NULL, NULL);
+    int rc = cli_run_measured(NULL, "run -p hi -n 2147483648", &out, NULL, NULL);
     T_CHECK(rc == 2 && has(out, n_msg) && has(out, "at most") && !has(out, "(1 .. 2^31)"),
             "-n out of range names -n and its limit: %.300s", out ? out : "");
     free(out);
@@ -325,7 +281,7 @@ static void test_sizes_first(void) {
              "--threads 2", dir, filler);
     double secs = 0;
     long rss = 0;
-    rc = run_measured(NULL, args, &out, &secs, &rss);
+    rc = cli_run_measured(NULL, args, &out, &secs, &rss);
     T_CHECK(rc == 0 && has(out, "\"cells\""), "eval copy on a large vocabulary: rc %d: %.300s", rc, out ? out : "");
     T_CHECK(rss < 96 * 1024, "eval copy at 2K x 32768: peak RSS %ld KiB (the [L][V] logits alone are 262144 KiB)",
             rss);

@@ -18,6 +18,7 @@
  * Prints the table of docs/results.md ("Memory limit vs peak RSS").
  * Run: make test (or DHSA_CLI=build/dhsa build/tests/test_memlimit).
  */
+#include "cli_run.h"
 #include "dhsa.h"
 #include "t.h"
 
@@ -41,49 +42,6 @@ static char dir[256];
 
 static int has(const char *s, const char *sub) { return s && strstr(s, sub) != NULL; }
 
-/* Runs `sh -c "exec $DHSA_CLI ARGS 2>&1"` in a child: its exit status (-1
- * if it did not exit), its output (caller frees) and its peak RSS in KiB
- * (wait4's ru_maxrss: the child's own, sh being replaced by the CLI; it
- * includes this test's resident set at the fork, a few MiB at most, which
- * is below every limit checked). */
-static int run_measured(const char *args, char **out, long *maxrss_kb) {
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "exec '%s' %s 2>&1", cli, args);
-    int fd[2];
-    *out = NULL;
-    *maxrss_kb = 0;
-    if (pipe(fd) != 0) return -1;
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(fd[0]);
-        dup2(fd[1], 1);
-        close(fd[1]);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    close(fd[1]);
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    ssize_t got;
-    while (buf && (got = read(fd[0], buf + n, cap - n - 1)) > 0) {
-        n += (size_t)got;
-        if (cap - n < 1024) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) break;
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    close(fd[0]);
-    if (buf) buf[n] = 0;
-    *out = buf;
-    int st = 0;
-    struct rusage ru;
-    memset(&ru, 0, sizeof ru);
-    if (pid < 0 || wait4(pid, &st, 0, &ru) < 0) return -1;
-    *maxrss_kb = ru.ru_maxrss;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 /* The plan's total in bytes from `dhsa plan`: "total ... (N bytes)"; an
  * older CLI printed only "total  238.2 MiB", read as such. 0 if absent. */
@@ -177,7 +135,7 @@ static void run_case(int i, case_result *r) {
     char *out = NULL;
     long rss = 0;
     snprintf(args, sizeof args, "plan %s", opts);
-    int rc = run_measured(args, &out, &rss);
+    int rc = cli_run_measured(NULL, args, &out, NULL, &rss);
     size_t plan = rc == 0 ? plan_total(out) : 0;
     T_CHECK(plan > 0, "case %d (%s, ctx %lld): `dhsa %s`: rc %d, no total: %.400s", i, c->label, (long long)c->ctx,
             args, rc, out ? out : "");
@@ -189,7 +147,7 @@ static void run_case(int i, case_result *r) {
     /* 1% above the plan: what it says the process needs */
     size_t limit = plan + plan / 100;
     snprintf(args, sizeof args, "run %s --mem-limit %zu --no-echo --ids", opts, limit);
-    rc = run_measured(args, &out, &rss);
+    rc = cli_run_measured(NULL, args, &out, NULL, &rss);
     long printed = printed_peak_kb(out);
     long peak = rss > printed ? rss : printed;
     T_CHECK(rc == 0 && has(out, "prompt: ") && printed > 0, "case %d (%s): `dhsa %s`: rc %d: %.600s", i, c->label,
@@ -207,7 +165,7 @@ static void run_case(int i, case_result *r) {
     /* below what it really needed: refused before running, saying what fits */
     size_t below = (size_t)peak * 1024 / 100 * 98;
     snprintf(args, sizeof args, "run %s --mem-limit %zu --no-echo --ids", opts, below);
-    rc = run_measured(args, &out, &rss);
+    rc = cli_run_measured(NULL, args, &out, NULL, &rss);
     T_CHECK(rc == 1 && has(out, "would fit") && !has(out, "prompt: "),
             "case %d (%s): --mem-limit %zu (2%% under the measured peak) not refused before running: rc %d: %.600s",
             i, c->label, below, rc, out ? out : "");
@@ -294,10 +252,10 @@ int main(void) {
     char args[1024], *out = NULL;
     long rss;
     snprintf(args, sizeof args, "gen-model -o '%s/smol.gguf'", dir);
-    int rc_smol = run_measured(args, &out, &rss);
+    int rc_smol = cli_run_measured(NULL, args, &out, NULL, &rss);
     free(out);
     snprintf(args, sizeof args, "gen-model --preset tiny -o '%s/tiny.gguf'", dir);
-    int rc_tiny = run_measured(args, &out, &rss);
+    int rc_tiny = cli_run_measured(NULL, args, &out, NULL, &rss);
     free(out);
     T_CHECK(rc_smol == 0 && rc_tiny == 0, "gen-model: rc %d (SmolLM-135M shape), %d (tiny)", rc_smol, rc_tiny);
 
@@ -313,7 +271,8 @@ int main(void) {
 
     /* the issue's: stories260K under 4M peaked at 8.1 MiB; now refused */
     if (shared) {
-        rc_smol = run_measured("run -m " SHARED_MODEL " --mem-limit 4M -p 'Once upon a time' -n 4", &out, &rss);
+        rc_smol = cli_run_measured(NULL, "run -m " SHARED_MODEL " --mem-limit 4M -p 'Once upon a time' -n 4", &out,
+                                   NULL, &rss);
         T_CHECK(rc_smol == 1 && has(out, "would fit") && has(out, "4.0 MiB") && !has(out, "prompt: "),
                 "stories260K --mem-limit 4M: rc %d: %.500s", rc_smol, out ? out : "");
         free(out);
