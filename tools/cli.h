@@ -40,6 +40,11 @@ double dhsa_cli_median(double *v, int n);
 /* "512 B", "1.50 KiB", "143 MiB", "-312 KiB": binary units, 3 significant
  * digits; "-" when not finite. */
 const char *dhsa_cli_bytes(double bytes, char *buf, size_t cap);
+/* Writes s[0..n) to stdout with the library's escaping (src/core/escape.c,
+ * flags DHSA__ESC_*): control bytes, invalid UTF-8 and the code points a
+ * terminal acts on as \xhh, so a key, a tensor name or a token piece from
+ * a file cannot drive the terminal. Returns the bytes written. */
+size_t dhsa_cli_print_escaped(const char *s, int64_t n, unsigned flags);
 
 /* The strict parsers below, exiting with a usage error that names opt. */
 int64_t dhsa_cli_int(const char *opt, const char *s, int64_t min, int64_t max, int suffix);

@@ -6,6 +6,7 @@
  * Tested through the CLI by tests/test_cli.c and tests/test_cli_promises.c.
  */
 #include "cli.h"
+#include "core/internal.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -122,4 +123,14 @@ int dhsa_cli_real_list(const char *opt, const char *s, double min, double max_va
     int n = dhsa_cli_split_list(opt, s, buf, sizeof buf, items, max < 256 ? max : 256);
     for (int i = 0; i < n; i++) out[i] = dhsa_cli_real(opt, items[i], min, max_value);
     return n;
+}
+
+size_t dhsa_cli_print_escaped(const char *s, int64_t n, unsigned flags) {
+    size_t need = dhsa__escape(NULL, 0, s, (size_t)n, flags);
+    char small[256], *buf = need < sizeof small ? small : malloc(need + 1);
+    if (!buf) dhsa_cli_die(DHSA_EXIT_RUN, "out of memory");
+    dhsa__escape(buf, need + 1, s, (size_t)n, flags);
+    fwrite(buf, 1, need, stdout);
+    if (buf != small) free(buf);
+    return need;
 }

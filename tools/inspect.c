@@ -47,26 +47,11 @@ const char dhsa_cli_inspect_usage[] =
     "\n"
     "Exit status: 0 listed, 1 the file is unreadable or malformed, 2 usage.\n";
 
-/* s[0..n) written with the library's escaping (src/core/escape.c): control
- * bytes, invalid UTF-8 and the code points a terminal acts on as \xhh,
- * backslashes (and with DHSA__ESC_QUOTES quotes) escaped, so a key, a
- * tensor name or a token piece from the file cannot drive the terminal.
- * Returns the bytes written. */
-static size_t print_escaped(const char *s, int64_t n, unsigned flags) {
-    size_t need = dhsa__escape(NULL, 0, s, (size_t)n, flags);
-    char small[256], *buf = need < sizeof small ? small : malloc(need + 1);
-    if (!buf) dhsa_cli_die(EXIT_RUN, "out of memory");
-    dhsa__escape(buf, need + 1, s, (size_t)n, flags);
-    fwrite(buf, 1, need, stdout);
-    if (buf != small) free(buf);
-    return need;
-}
-
 /* A string, quoted and escaped as above; cut after max bytes (0 = never). */
 static void print_str(const char *s, int64_t len, int64_t max) {
     int64_t n = max && len > max ? max : len;
     putchar('"');
-    print_escaped(s, n, DHSA__ESC_QUOTES);
+    dhsa_cli_print_escaped(s, n, DHSA__ESC_QUOTES);
     putchar('"');
     if (n < len) printf("... (%lld bytes)", (long long)len);
 }
@@ -205,8 +190,8 @@ static void print_gguf(const dhsa_gguf *g, int64_t n_shown) {
         if (strcmp(type, "?") == 0) snprintf(type, sizeof type, "#%u", t->type);
         /* names may hold any bytes but NUL: escaped, then padded */
         fputs("  ", stdout);
-        for (int64_t w = (int64_t)print_escaped(t->name, (int64_t)strlen(t->name), DHSA__ESC_BACKSLASH); w < nw; w++)
-            putchar(' ');
+        int64_t w = (int64_t)dhsa_cli_print_escaped(t->name, (int64_t)strlen(t->name), DHSA__ESC_BACKSLASH);
+        for (; w < nw; w++) putchar(' ');
         printf(" %-5s %-22s %12lld ", type, dims, (long long)t->n_elements);
         if (t->bytes >= 0) printf("%12lld", (long long)t->bytes);
         else printf("%12s", "?");

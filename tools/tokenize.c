@@ -47,19 +47,6 @@ const char dhsa_cli_tokenize_usage[] =
 
 static const char *cmd_name = "dhsa tokenize";
 
-/* Writes the bytes with control bytes, invalid UTF-8, the code points a
- * terminal acts on and backslashes escaped: the library's one escaping
- * rule (src/core/escape.c), so a piece from the file cannot drive the
- * terminal. */
-static void print_escaped(const char *p, int64_t n) {
-    size_t need = dhsa__escape(NULL, 0, p, (size_t)n, DHSA__ESC_BACKSLASH);
-    char small[256], *buf = need < sizeof small ? small : malloc(need + 1);
-    if (!buf) dhsa_cli_die(EXIT_RUN, "out of memory");
-    dhsa__escape(buf, need + 1, p, (size_t)n, DHSA__ESC_BACKSLASH);
-    fwrite(buf, 1, need, stdout);
-    if (buf != small) free(buf);
-}
-
 int dhsa_cli_tokenize(int argc, char **argv) {
     dhsa_cli_set_command("tokenize", dhsa_cli_tokenize_usage);
     const char *model = NULL, *file = NULL, *text = NULL;
@@ -160,7 +147,7 @@ int dhsa_cli_tokenize(int argc, char **argv) {
             goto done;
         }
         printf("%d\t", (int)ids[i]);
-        print_escaped(piece, plen);
+        dhsa_cli_print_escaped(piece, plen, DHSA__ESC_BACKSLASH);
         putchar('\n');
     }
     if (ids_only) putchar('\n');
