@@ -54,15 +54,16 @@ static const char *cli;
 
 static int has(const char *s, const char *sub) { return s && strstr(s, sub) != NULL; }
 
-
+/* The file's bytes, NUL-terminated (not counted in *n); NULL if unreadable. */
 static unsigned char *slurp(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
     fseek(f, 0, SEEK_END);
     long len = ftell(f);
     fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc(len > 0 ? (size_t)len : 1);
-    *n = b ? fread(b, 1, (size_t)len, f) : 0;
+    unsigned char *b = malloc(len > 0 ? (size_t)len + 1 : 1);
+    *n = b && len > 0 ? fread(b, 1, (size_t)len, f) : 0;
+    if (b) b[*n] = 0; /* callers search it as a string */
     fclose(f);
     return b;
 }
