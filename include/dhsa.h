@@ -366,13 +366,32 @@ typedef enum {
     DHSA_SCORE_POOLED = 0, /* q~ . k~: the block's queries summed, / sqrt(rows)
                               and averaged over heads, against the chunk's
                               keys summed / sqrt(n) (published) */
-    DHSA_SCORE_MOMENTS = 1 /* s q_mean . k_mean + s^2/2 (q*q)_mean . k_var, means
+    DHSA_SCORE_MOMENTS = 1, /* s q_mean . k_mean + s^2/2 (q*q)_mean . k_var, means
                               over the block's rows and heads and the chunk's keys,
                               k_var the keys' variance per dimension: the second-
                               order (Gaussian) estimate of the rows' mean
                               log(mean over the chunk's keys of exp(s q.k)), the
                               attention weight per key that a key budget buys
                               (default) */
+    DHSA_SCORE_HEADS = 2,  /* MOMENTS per query head of the group (the head's
+                              mean row, not the heads' mean), turned into the
+                              share of that head's estimated attention one key
+                              of the chunk holds (a softmax over the block's
+                              candidate chunks, weighted by their lengths),
+                              summed over the group's heads: a head that
+                              retrieves is not averaged away by the others.
+                              G times MOMENTS' scoring work; not with
+                              share_heads */
+    DHSA_SCORE_BOUND = 3   /* per query head h, the largest s q_h . k any key
+                              of the chunk can reach, from the keys' per-
+                              dimension range (sum over x of the larger of
+                              q_x max_x and q_x min_x; Quest's page bound),
+                              q_h the mean of the block's rows (exact for one
+                              row: decode); then as HEADS, the heads' shares
+                              of a softmax of the bounds over the block's
+                              candidate chunks, summed: a chunk holding one
+                              key a head wants is not diluted by the rest of
+                              the chunk. Not with share_heads */
 } dhsa_chunk_score;
 
 /* The learned boundary predictor (DHSA). Input: the keys of all KV heads

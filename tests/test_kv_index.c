@@ -824,9 +824,9 @@ static void test_score_crafted(void) {
     a.k = dhsa_tensor_bhld(k, DHSA_F32, 1, 1, L, d);
     a.v = dhsa_tensor_bhld(v, DHSA_F32, 1, 1, L, d);
     a.causal = 1;
-    for (int mode = 0; mode < 2; mode++) {
+    for (int mode = 0; mode < 4; mode++) {
         dhsa_router_params rp = dhsa_router_default_params();
-        rp.score_mode = mode ? DHSA_SCORE_MOMENTS : DHSA_SCORE_POOLED;
+        rp.score_mode = (dhsa_chunk_score)mode; /* POOLED, MOMENTS, HEADS, BOUND */
         rp.boundary = DHSA_BOUNDARY_FIXED;
         rp.chunk = C;
         rp.q_block = C;
@@ -834,7 +834,7 @@ static void test_score_crafted(void) {
         rp.sink_tokens = 0;
         rp.local_tokens = 0;
         rp.dense_below = 0;
-        const char *name = mode ? "MOMENTS" : "POOLED";
+        const char *name = mode == 3 ? "BOUND" : mode == 2 ? "HEADS" : mode ? "MOMENTS" : "POOLED";
         dhsa_layout *lr = NULL, *li = NULL;
         dhsa_kv_index *ix = ix_new(g_ctx, &rp, 1, d, L, label);
         dhsa_status st = dhsa_route(g_ctx, &rp, &a, &lr);
@@ -2213,6 +2213,13 @@ int main(void) {
     g_score = DHSA_SCORE_POOLED; /* the published score keeps the same guarantees */
     test_incremental(4096, 8, 2, 128, DHSA_BOUNDARY_SIMILARITY, 0.25, 0, 1);
     test_incremental(4096 + 37, 4, 4, 64, DHSA_BOUNDARY_FIXED, 0.0625, 700, 3);
+    g_score = DHSA_SCORE_HEADS; /* per-head shares, and the keys' range (its open chunk kept outside the ring) */
+    test_incremental(4096, 8, 2, 128, DHSA_BOUNDARY_SIMILARITY, 0.25, 0, 1);
+    test_incremental(4096 + 37, 4, 4, 64, DHSA_BOUNDARY_FIXED, 0.0625, 700, 3);
+    g_score = DHSA_SCORE_BOUND;
+    test_incremental(4096, 8, 2, 128, DHSA_BOUNDARY_SIMILARITY, 0.25, 0, 1);
+    test_incremental(4096 + 37, 4, 4, 64, DHSA_BOUNDARY_FIXED, 0.0625, 700, 3);
+    test_incremental(4096, 8, 2, 64, DHSA_BOUNDARY_LEARNED, 0.25, 0, 5);
     g_score = DHSA_SCORE_MOMENTS;
     test_score_crafted();
     test_decode_vs_prefill(4096, 5, 0, 256);

@@ -1508,7 +1508,12 @@ static int layouts_equal(const dhsa_layout *x, const dhsa_layout *y) {
  * heads of the group (share_heads: all heads); score = q~ . k~ (MOMENTS,
  * include/dhsa.h: s mean(q) . mean(k) + s^2/2 mean(q*q) . var(k), the
  * variance about each head's own mean, both averaged over the KV heads
- * when shared; s = 1/sqrt(d)); keep the
+ * when shared; s = 1/sqrt(d); HEADS: the MOMENTS score of each query head
+ * of the group alone, e_h(c), and score = log sum over heads of
+ * exp(e_h(c)) / sum over the block's candidate chunks c' of len(c')
+ * exp(e_h(c')); BOUND: e_h(c) = s (q_h+ . max(k) + q_h- . min(k)) with the
+ * keys' per-dimension maximum and minimum, q+ / q- the positive / negative
+ * parts of the head's mean row, and weight 1 per chunk in the sum); keep the
  * sinks and the local diagonal, then chunks overlapping the span in
  * descending score (ties: lower index) until the budget is met, a chunk
  * that adds no new key, or that would overshoot the budget by more than half
@@ -1521,11 +1526,12 @@ static int64_t fixed_selection_mismatches(const dhsa_layout *lay, const dhsa_rou
     const int64_t B = R->B, Hq = R->Hq, Hkv = R->Hkv, Lq = R->Lq, Lk = R->Lk, d = R->d, G = Hq / Hkv;
     const int64_t C = rp->chunk, nc = (Lk + C - 1) / C, qbk = rp->q_block, nqb = (Lq + qbk - 1) / qbk;
     const int64_t heads = rp->share_heads ? 1 : Hkv;
-    const int moments = rp->score_mode == DHSA_SCORE_MOMENTS;
+    const int moments = rp->score_mode != DHSA_SCORE_POOLED, bound = rp->score_mode == DHSA_SCORE_BOUND;
+    const int per_head = rp->score_mode == DHSA_SCORE_HEADS || bound;
     const int64_t dk = moments ? 2 * d : d;
     const double sc = 1.0 / sqrt((double)d);
     double *kp = xcalloc((size_t)(heads * nc * dk), sizeof(double)), *qp = xcalloc((size_t)dk, sizeof(double));
-    double *score = xcalloc((size_t)nc, sizeof(double));
+    double *score = xcalloc((size_t)nc, sizeof(double)), *eh = xcalloc((size_t)nc, sizeof(double));
     int64_t *idx = xcalloc((size_t)nc, sizeof(int64_t)), *want = xcalloc((size_t)(Lk + 2) * 2, sizeof(int64_t));
     uint8_t *cov = xcalloc((size_t)Lk + 1, 1);
     int64_t mism = 0;
@@ -1537,6 +1543,17 @@ static int64_t fixed_selection_mismatches(const dhsa_layout *lay, const dhsa_rou
                 int64_t s = c * C, e = s + C < Lk ? s + C : Lk;
                 int64_t h0 = rp->share_heads ? 0 : hg, h1 = rp->share_heads ? Hkv : hg + 1;
                 double *out = kp + (hg * nc + c) * dk, n = (double)(e - s), nh = (double)(h1 - h0);
+                if (bound) {
+                    for (int64_t x = 0; x < d; x++) {
+                        out[x] = -INFINITY, out[d + x] = INFINITY;
+                        for (int64_t t = s; t < e; t++) {
+                            double v = R->k[((b * Hkv + hg) * Lk + t) * d + x];
+                            out[x] = v > out[x] ? v : out[x];
+                            out[d + x] = v < out[d + x] ? v : out[d + x];
+                        }
+                    }
+                    continue;
+                }
                 for (int64_t h = h0; h < h1; h++)
                     for (int64_t x = 0; x < d; x++) {
                         double m = 0, v = 0;
@@ -1563,8 +1580,45 @@ static int64_t fixed_selection_mismatches(const dhsa_layout *lay, const dhsa_rou
                     want[0] = alo, want[1] = ahi, n = 1;
                 } else {
                     int64_t h0 = rp->share_heads ? 0 : g * G, h1 = rp->share_heads ? Hq : (g + 1) * G;
+                    const double *kg = kp + (rp->share_heads ? 0 : g) * nc * dk;
+                    int64_t m = 0;
+                    if (per_head) {
+                        for (int64_t c = 0; c < nc; c++) score[c] = 0;
+                        for (int64_t h = h0; h < h1; h++) {
+                            memset(qp, 0, (size_t)dk * sizeof(double));
+                            for (int64_t i = r0; i < r1; i++)
+                                for (int64_t x = 0; x < d; x++) {
+                                    double v = R->q[((b * Hq + h) * Lq + i) * d + x];
+                                    qp[x] += v * sc / (double)(r1 - r0);
+                                    qp[d + x] += v * v * 0.5 * sc * sc / (double)(r1 - r0);
+                                }
+                            for (int64_t x = 0; x < d && bound; x++) {
+                                qp[d + x] = qp[x] < 0 ? qp[x] : 0;
+                                qp[x] = qp[x] > 0 ? qp[x] : 0;
+                            }
+                            double z = 0;
+                            for (int64_t c = 0; c < nc; c++) {
+                                int64_t s = c * C, e = s + C < Lk ? s + C : Lk;
+                                if (e <= alo || s >= ahi) continue;
+                                eh[c] = 0;
+                                for (int64_t x = 0; x < dk; x++) eh[c] += qp[x] * kg[c * dk + x];
+                                z += (bound ? 1.0 : (double)(e - s)) * exp(eh[c]);
+                            }
+                            for (int64_t c = 0; c < nc; c++) {
+                                int64_t s = c * C, e = s + C < Lk ? s + C : Lk;
+                                if (e <= alo || s >= ahi) continue;
+                                score[c] += exp(eh[c]) / z;
+                            }
+                        }
+                        for (int64_t c = 0; c < nc; c++) {
+                            int64_t s = c * C, e = s + C < Lk ? s + C : Lk;
+                            if (e <= alo || s >= ahi) continue;
+                            score[c] = log(score[c]) * order;
+                            idx[m++] = c;
+                        }
+                    }
                     memset(qp, 0, (size_t)dk * sizeof(double));
-                    for (int64_t h = h0; h < h1; h++)
+                    for (int64_t h = h0; h < h1 && !per_head; h++)
                         for (int64_t i = r0; i < r1; i++)
                             for (int64_t x = 0; x < d; x++) {
                                 double v = R->q[((b * Hq + h) * Lq + i) * d + x];
@@ -1574,9 +1628,7 @@ static int64_t fixed_selection_mismatches(const dhsa_layout *lay, const dhsa_rou
                     double rows = (double)(r1 - r0), nh = (double)(h1 - h0);
                     for (int64_t x = 0; x < d; x++) qp[x] *= moments ? sc / (rows * nh) : 1.0 / (sqrt(rows) * nh);
                     for (int64_t x = d; x < dk; x++) qp[x] *= 0.5 * sc * sc / (rows * nh);
-                    const double *kg = kp + (rp->share_heads ? 0 : g) * nc * dk;
-                    int64_t m = 0;
-                    for (int64_t c = 0; c < nc; c++) {
+                    for (int64_t c = 0; c < nc && !per_head; c++) {
                         int64_t s = c * C, e = s + C < Lk ? s + C : Lk;
                         if (e <= alo || s >= ahi) continue;
                         double dot = 0;
@@ -1631,7 +1683,7 @@ static int64_t fixed_selection_mismatches(const dhsa_layout *lay, const dhsa_rou
                 }
             }
     }
-    free(kp), free(qp), free(score), free(idx), free(want), free(cov);
+    free(kp), free(qp), free(score), free(eh), free(idx), free(want), free(cov);
     return mism;
 }
 
@@ -1697,16 +1749,28 @@ static void test_route_properties(void) {
              rparams(DHSA_ROUTE_DHSA, DHSA_BOUNDARY_SIMILARITY, 700, 0)},
             {"synth L=4096 dhsa/fixed (block) budget 512, pooled score",
              rparams(DHSA_ROUTE_DHSA, DHSA_BOUNDARY_FIXED, 512, 0)},
+            {"synth L=4096 dhsa/fixed (block) budget 512, heads score",
+             rparams(DHSA_ROUTE_DHSA, DHSA_BOUNDARY_FIXED, 512, 0)},
+            {"synth L=4096 dhsa/similarity density 1/16, heads score",
+             rparams(DHSA_ROUTE_DHSA, DHSA_BOUNDARY_SIMILARITY, 0, 0.0625)},
+            {"synth L=4096 dhsa/fixed (block) budget 512, bound score",
+             rparams(DHSA_ROUTE_DHSA, DHSA_BOUNDARY_FIXED, 512, 0)},
+            {"synth L=4096 dhsa/similarity density 1/16, bound score",
+             rparams(DHSA_ROUTE_DHSA, DHSA_BOUNDARY_SIMILARITY, 0, 0.0625)},
         };
         cs[0].rp.dense_below = 2048; /* the default: blocks seeing fewer keys run dense */
         cs[6].rp.causal_boundaries = 1;
         cs[6].rp.q_block = 128;
         cs[7].rp.score_mode = DHSA_SCORE_POOLED;
+        cs[8].rp.score_mode = DHSA_SCORE_HEADS;
+        cs[9].rp.score_mode = DHSA_SCORE_HEADS;
+        cs[10].rp.score_mode = DHSA_SCORE_BOUND;
+        cs[11].rp.score_mode = DHSA_SCORE_BOUND;
         for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
             dhsa_layout *lay = route(g_ctx, &cs[c].rp, &S.a, cs[c].what);
             check_routed(cs[c].what, lay, &cs[c].rp, &S.a);
             if (cs[c].rp.boundary == DHSA_BOUNDARY_FIXED && cs[c].rp.method == DHSA_ROUTE_DHSA)
-                check_fixed_exact(cs[c].what, lay, &cs[c].rp, &S, c == 1 || c == 7);
+                check_fixed_exact(cs[c].what, lay, &cs[c].rp, &S, c == 1 || c == 7 || c == 8 || c == 10);
             dhsa_layout_free(lay);
         }
         /* the density test has blocks held to it: check the counts */

@@ -56,6 +56,9 @@ int dhsa_cli_split_list(const char *opt, const char *s, char *buf, size_t cap, c
 int dhsa_cli_int_list(const char *opt, const char *s, int64_t min, int64_t max_value, int suffix, int64_t *out,
                       int max);
 int dhsa_cli_real_list(const char *opt, const char *s, double min, double max_value, double *out, int max);
+/* --score: "pooled", "moments", "heads" or "bound" (dhsa_chunk_score), and back. */
+int dhsa_cli_chunk_score(const char *opt, const char *s);
+const char *dhsa_cli_chunk_score_name(int score);
 
 /* Strict numbers (tools/cli_num.c): the whole string must be the number;
  * integers may take a K/M/G/T suffix (powers of 1024) when suffix != 0.

@@ -79,6 +79,19 @@ const char *dhsa_cli_bytes(double b, char *buf, size_t cap) {
     return buf;
 }
 
+static const char *const chunk_scores[] = {"pooled", "moments", "heads", "bound"};
+
+int dhsa_cli_chunk_score(const char *opt, const char *s) {
+    for (int i = 0; i < 4; i++)
+        if (strcmp(s, chunk_scores[i]) == 0) return i;
+    dhsa_cli_die(DHSA_EXIT_USAGE, "%s takes pooled, moments, heads or bound, not \"%s\"", opt, s);
+    return -1;
+}
+
+const char *dhsa_cli_chunk_score_name(int score) {
+    return score >= 0 && score < 4 ? chunk_scores[score] : "?";
+}
+
 int64_t dhsa_cli_int(const char *opt, const char *s, int64_t min, int64_t max, int suffix) {
     int64_t v;
     char msg[256];

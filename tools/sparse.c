@@ -23,6 +23,7 @@ const char dhsa_cli_bench_sparse_usage[] =
     "                         [--density F | --budget N]\n"
     "                         [--boundary fixed|similarity|learned:FILE]\n"
     "                         [--q-block N] [--chunk N] [--min-chunk N] [--max-chunk N]\n"
+    "                         [--score pooled|moments|heads|bound]\n"
     "                         [--sink N] [--local N] [--dense-below N] [--share-heads]\n"
     "                         [--no-causal] [--needles N] [--seed S] [--threads T]\n"
     "                         [--runs N] [--dense-runs N] [--json]\n"
@@ -276,6 +277,7 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
         else if (OPT("--q-block")) rp.q_block = dhsa_cli_int(o, val, 1, 1 << 20, 1);
         else if (OPT("--chunk")) rp.chunk = dhsa_cli_int(o, val, 1, (int64_t)1 << 30, 1);
         else if (OPT("--min-chunk")) rp.min_chunk = dhsa_cli_int(o, val, 1, (int64_t)1 << 30, 1);
+        else if (OPT("--score")) rp.score_mode = (dhsa_chunk_score)dhsa_cli_chunk_score(o, val);
         else if (OPT("--max-chunk")) rp.max_chunk = dhsa_cli_int(o, val, 1, (int64_t)1 << 30, 1);
         else if (OPT("--sink")) rp.sink_tokens = dhsa_cli_int(o, val, 0, (int64_t)1 << 40, 1);
         else if (OPT("--local")) rp.local_tokens = dhsa_cli_int(o, val, 0, (int64_t)1 << 40, 1);

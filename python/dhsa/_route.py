@@ -211,7 +211,8 @@ class Predictor:
 _METHODS = {"dhsa": _capi.DHSA_ROUTE_DHSA, "block": _capi.DHSA_ROUTE_DHSA,
             "stream": _capi.DHSA_ROUTE_STREAM, "oracle": _capi.DHSA_ROUTE_ORACLE}
 _BOUNDARIES = {"fixed": _capi.DHSA_BOUNDARY_FIXED, "similarity": _capi.DHSA_BOUNDARY_SIMILARITY}
-_SCORES = {"pooled": _capi.DHSA_SCORE_POOLED, "moments": _capi.DHSA_SCORE_MOMENTS}
+_SCORES = {"pooled": _capi.DHSA_SCORE_POOLED, "moments": _capi.DHSA_SCORE_MOMENTS,
+           "heads": _capi.DHSA_SCORE_HEADS, "bound": _capi.DHSA_SCORE_BOUND}
 
 
 @dataclasses.dataclass
@@ -229,7 +230,8 @@ class RouterParams:
         use density (share of the keys each block may see).
     sink, local: sink_tokens, local_tokens; with scale_fixed (default)
         each block reads at most budget / 8 sinks and budget / 4 local keys.
-    score: "moments" (default) or "pooled": the DHSA chunk score.
+    score: "moments" (default), "pooled", "heads" or "bound": the DHSA chunk
+        score (include/dhsa.h, dhsa_chunk_score).
     Other names as in C.
     """
     method: str = "dhsa"
@@ -289,7 +291,7 @@ class RouterParams:
         rp.local_tokens = _i64("local", self.local)
         rp.share_heads = 1 if self.share_heads else 0
         if self.score not in _SCORES:
-            raise ValueError("score must be 'moments' or 'pooled', not %r" % (self.score,))
+            raise ValueError("score must be one of %s, not %r" % (", ".join(sorted(_SCORES)), self.score))
         rp.score_mode = _SCORES[self.score]
         rp.scale_fixed = 1 if self.scale_fixed else 0
         return rp, pred

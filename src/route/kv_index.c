@@ -64,9 +64,13 @@ struct dhsa_kv_index {
     int64_t n_chunks;
     int64_t *starts;  /* [max_chunks + 1] */
     int64_t *decided; /* [max_chunks] */
-    float *pooled;    /* [max_chunks][Hkv][d]: sum / sqrt(n); MOMENTS: sum / n */
-    float *spread;    /* [max_chunks][Hkv][d]: MOMENTS: variance of the keys
-                         per dimension (NULL otherwise) */
+    float *pooled;    /* [max_chunks][Hkv][d]: sum / sqrt(n); MOMENTS, HEADS:
+                         sum / n; BOUND: the keys' maximum per dimension */
+    float *spread;    /* [max_chunks][Hkv][d]: MOMENTS, HEADS: variance of the
+                         keys per dimension; BOUND: their minimum (NULL with
+                         POOLED) */
+    int bound;        /* BOUND: tail_sum / tail_sq are the maximum / minimum
+                         of the open chunk's keys that have left the ring */
     /* the open tail: sum (and MOMENTS: sum of squares) of its keys per head
      * (double), and the recent keys kept for the similarity window and the
      * delayed split */
@@ -110,6 +114,22 @@ static double dot_f64(const float *a, const float *b, int64_t n) {
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+/* BOUND: the open chunk's range of keys outside the ring, empty. */
+static void reset_range(dhsa_kv_index *ix) {
+    for (int64_t x = 0; x < ix->Hkv * ix->d; x++) {
+        ix->tail_sum[x] = -INFINITY;
+        ix->tail_sq[x] = INFINITY;
+    }
+}
+
+/* BOUND: key row k (position t) of the open chunk leaves the ring. */
+static void fold_range(dhsa_kv_index *ix, const float *k) {
+    for (int64_t x = 0; x < ix->Hkv * ix->d; x++) {
+        ix->tail_sum[x] = k[x] > ix->tail_sum[x] ? k[x] : ix->tail_sum[x];
+        ix->tail_sq[x] = k[x] < ix->tail_sq[x] ? k[x] : ix->tail_sq[x];
+    }
+}
+
 static float *ring_key(const dhsa_kv_index *ix, int64_t t) {
     return ix->ring + (t % ix->ring_len) * ix->Hkv * ix->d;
 }
@@ -150,7 +170,7 @@ static dhsa_status index_sizes(const dhsa_router_params *rp, int64_t Hkv, int64_
     size_t hd = (size_t)Hkv * (size_t)d;
     z->bytes = (size_t)(z->max_chunks + 1) * 8 + (size_t)z->max_chunks * 8 + (size_t)z->max_chunks * hd * 4 +
                hd * 8 + (size_t)z->ring_len * hd * 4 + 2 * (size_t)z->score_size * 4 + hd * 8 + 64 * 7;
-    if (rp->score_mode == DHSA_SCORE_MOMENTS) /* spread, tail_sq, later_sq */
+    if (rp->score_mode != DHSA_SCORE_POOLED) /* MOMENTS, HEADS: spread, tail_sq, later_sq */
         z->bytes += (size_t)z->max_chunks * hd * 4 + 2 * hd * 8;
     memset(z->pred_floats, 0, sizeof z->pred_floats);
     z->pred_offset = 0;
@@ -208,12 +228,14 @@ dhsa_status dhsa_kv_index_create(dhsa_ctx *ctx, const dhsa_router_params *rp, in
     ix->decided = ix->starts + ix->max_chunks + 1;
     ix->tail_sum = (double *)(ix->decided + ix->max_chunks);
     ix->later = ix->tail_sum + hd;
-    int moments = rp->score_mode == DHSA_SCORE_MOMENTS;
+    int moments = rp->score_mode != DHSA_SCORE_POOLED; /* MOMENTS and HEADS keep [mean, variance] */
     ix->tail_sq = moments ? ix->later + hd : NULL;
     ix->later_sq = moments ? ix->later + 2 * hd : NULL;
     ix->pooled = (float *)(ix->later + (moments ? 3 : 1) * hd);
     ix->spread = moments ? ix->pooled + (size_t)ix->max_chunks * hd : NULL;
     ix->ring = ix->pooled + (size_t)(moments ? 2 : 1) * (size_t)ix->max_chunks * hd;
+    ix->bound = rp->score_mode == DHSA_SCORE_BOUND;
+    if (ix->bound) reset_range(ix);
     ix->dc.rp = &ix->rp;
     ix->dc.learned = rp->boundary == DHSA_BOUNDARY_LEARNED;
     ix->dc.score = ix->ring + (size_t)ix->ring_len * hd;
@@ -263,6 +285,26 @@ static dhsa_status close_chunk(dhsa_kv_index *ix, int64_t t, int64_t now) {
     const int64_t Hkv = ix->Hkv, d = ix->d, c = ix->n_chunks;
     int64_t start = ix->starts[c], n = t - start;
     float *out = ix->pooled + c * Hkv * d;
+    if (ix->bound) { /* the range of the keys that left the ring, and of those still in it before t */
+        float *mn = ix->spread + c * Hkv * d;
+        for (int64_t x = 0; x < Hkv * d; x++) {
+            out[x] = (float)ix->tail_sum[x];
+            mn[x] = (float)ix->tail_sq[x];
+        }
+        int64_t u0 = now + 1 - ix->ring_len > start ? now + 1 - ix->ring_len : start;
+        for (int64_t u = u0; u < t; u++) {
+            const float *k = ring_key(ix, u);
+            for (int64_t x = 0; x < Hkv * d; x++) {
+                out[x] = k[x] > out[x] ? k[x] : out[x];
+                mn[x] = k[x] < mn[x] ? k[x] : mn[x];
+            }
+        }
+        reset_range(ix);
+        ix->decided[c] = now;
+        ix->n_chunks = c + 1;
+        ix->starts[c + 1] = t;
+        return DHSA_OK;
+    }
     double *later = ix->later, *later_sq = ix->later_sq;
     memset(later, 0, (size_t)(Hkv * d) * sizeof(double));
     if (later_sq) memset(later_sq, 0, (size_t)(Hkv * d) * sizeof(double));
@@ -451,6 +493,13 @@ static dhsa_status append_keys(dhsa_kv_index *ix, const dhsa_tensor *k) {
         for (int64_t j = j0; j < j0 + np; j++) {
             int64_t t = ix->len;
             float *slot = ring_key(ix, t);
+            if (ix->bound) { /* key t - ring_len leaves the ring: into the open chunk's range if it belongs */
+                if (t - ix->ring_len >= 0 && t - ix->ring_len >= ix->starts[ix->n_chunks]) fold_range(ix, slot);
+                for (int64_t g = 0; g < ix->Hkv; g++) {
+                    const void *row = dhsa__at(k, 0, g, j);
+                    for (int64_t x = 0; x < ix->d; x++) slot[g * ix->d + x] = dhsa__load(row, k->type, x * k->stride[3]);
+                }
+            } else
             for (int64_t g = 0; g < ix->Hkv; g++) {
                 const void *row = dhsa__at(k, 0, g, j);
                 for (int64_t x = 0; x < ix->d; x++) {
@@ -513,7 +562,14 @@ dhsa_status dhsa__kv_index_rewind(dhsa_kv_index *ix, const dhsa_tensor *k) {
     memset(ix->tail_sum, 0, (size_t)hd * sizeof(double));
     if (ix->tail_sq) memset(ix->tail_sq, 0, (size_t)hd * sizeof(double));
     float *row = (float *)ix->later; /* close_chunk's scratch of hd doubles: room for a key */
-    for (int64_t t = ix->mark_open; t < L; t++) {
+    if (ix->bound) { /* the range of the open chunk's keys no longer in the ring */
+        reset_range(ix);
+        for (int64_t t = ix->mark_open; t < L - ix->ring_len; t++) {
+            load_key(ix, k, t, row);
+            fold_range(ix, row);
+        }
+    }
+    for (int64_t t = ix->mark_open; t < L && !ix->bound; t++) {
         load_key(ix, k, t, row);
         for (int64_t x = 0; x < hd; x++) {
             ix->tail_sum[x] += row[x];
@@ -531,6 +587,51 @@ dhsa_status dhsa__kv_index_rewind(dhsa_kv_index *ix, const dhsa_tensor *k) {
         dhsa__predictor_project(ix->pr, dhsa__attn_kernels(), ix->px, ix->hist, ix->pq, ix->pk, ix->pv, ix->ppn);
     }
     return DHSA_OK;
+}
+
+/* HEADS and BOUND (route.c heads_scores, the same estimates): sc[c] for the visible
+ * chunks = log of the sum over query heads [h0, h1) of the share of head
+ * h's estimated attention that one key of chunk c holds. qp [2d] and eh
+ * [visible] are scratch. */
+static void heads_scores(const dhsa_kv_index *ix, const dhsa_attn_desc *a, int64_t G, double scale, int64_t h0,
+                         int64_t h1, int64_t r0, int64_t r1, int64_t visible, float *qp, double *eh, float *sc) {
+    const int64_t d = ix->d, Hkv = ix->Hkv;
+    for (int64_t c = 0; c < visible; c++) sc[c] = -INFINITY;
+    for (int64_t h = h0; h < h1; h++) {
+        const int64_t g = h / G;
+        for (int64_t x = 0; x < 2 * d; x++) qp[x] = 0.0f;
+        for (int64_t r = r0; r < r1; r++) {
+            const void *q = dhsa__at(&a->q, 0, h, r);
+            for (int64_t x = 0; x < d; x++) {
+                float v = dhsa__load(q, a->q.type, x * a->q.stride[3]);
+                qp[x] += v;
+                qp[d + x] += v * v;
+            }
+        }
+        double rows = (double)(r1 - r0);
+        float n1 = (float)(scale / rows), n2 = (float)(0.5 * scale * scale / rows);
+        for (int64_t x = 0; x < d; x++) {
+            qp[x] *= n1;
+            qp[d + x] *= n2;
+            if (ix->bound) { /* [s q+, s q-] against [max, min] */
+                qp[d + x] = qp[x] < 0.0f ? qp[x] : 0.0f;
+                qp[x] = qp[x] > 0.0f ? qp[x] : 0.0f;
+            }
+        }
+        double m = -INFINITY, z = 0;
+        for (int64_t c = 0; c < visible; c++) {
+            eh[c] = dot_f64(qp, ix->pooled + (c * Hkv + g) * d, d) + dot_f64(qp + d, ix->spread + (c * Hkv + g) * d, d);
+            m = eh[c] > m ? eh[c] : m;
+        }
+        if (!(m > -INFINITY)) continue;
+        for (int64_t c = 0; c < visible; c++)
+            z += (ix->bound ? 1.0 : (double)(ix->starts[c + 1] - ix->starts[c])) * exp(eh[c] - m);
+        double lz = m + log(z);
+        for (int64_t c = 0; c < visible; c++) {
+            double e = eh[c] - lz, s = (double)sc[c], top = s > e ? s : e;
+            sc[c] = (float)(top + log(exp(s - top) + exp(e - top)));
+        }
+    }
 }
 
 static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a, dhsa_layout **out) {
@@ -563,12 +664,15 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
     lay->causal = 1;
     lay->window = a->window;
     const int64_t d = p.d, nc = ix->n_chunks, n_qb = (p.Lq + rp->q_block - 1) / rp->q_block;
-    const int moments = rp->score_mode == DHSA_SCORE_MOMENTS;
+    const int moments = rp->score_mode == DHSA_SCORE_MOMENTS,
+              heads_mode = rp->score_mode == DHSA_SCORE_HEADS || rp->score_mode == DHSA_SCORE_BOUND;
     float *qp = malloc((size_t)(2 * d) * sizeof(float));
     float *sc = malloc((size_t)(nc + 1) * sizeof(float));
+    double *eh = heads_mode ? malloc((size_t)(nc + 1) * sizeof(double)) : NULL;
     int64_t *order = malloc((size_t)(nc + 1) * sizeof(int64_t));
     int64_t *rg = malloc((size_t)(max_ranges + 8) * 2 * sizeof(int64_t));
-    if (!qp || !sc || !order || !rg) {
+    if (!qp || !sc || !order || !rg || (heads_mode && !eh)) {
+        free(eh);
         free(qp);
         free(sc);
         free(order);
@@ -585,6 +689,9 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
             /* chunks this block may know: closed at or before its last position */
             int64_t visible = nc;
             while (visible > 0 && ix->decided[visible - 1] > last) visible--;
+            if (heads_mode) {
+                heads_scores(ix, a, p.G, p.scale, h0, h1, r0, r1, visible, qp, eh, sc);
+            } else {
             /* pooled query of the block: POOLED, the rows' sum / sqrt(rows)
              * averaged over heads; MOMENTS, qp[x] = scale x the mean row and
              * qp[d + x] = scale^2 / 2 x the mean of the rows' squares (as in
@@ -620,6 +727,7 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
                 s /= (double)(k1 - k0);
                 sc[c] = (float)(moments ? s : s * norm);
             }
+            }
             int64_t alo, ahi;
             dhsa__block_span(a, p.Lk, r0, r1, &alo, &ahi);
             int dense;
@@ -651,6 +759,7 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
         }
         lay->chunk_mean = (double)ix->starts[nc] / (double)nc;
     }
+    free(eh);
     free(qp);
     free(sc);
     free(order);

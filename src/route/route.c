@@ -83,7 +83,7 @@ typedef struct {
     int64_t max_chunks;  /* chunks per batch, at most */
     int64_t max_ranges;  /* per block */
     int64_t min_len;     /* shortest chunk boundaries can make */
-    int64_t dk;          /* floats per pooled key: d (POOLED) or 2d (MOMENTS) */
+    int64_t dk;          /* floats per pooled key: d (POOLED) or 2d (MOMENTS, HEADS) */
 } plan;
 
 dhsa_status dhsa__route_check_params(const dhsa_router_params *rp) {
@@ -97,8 +97,14 @@ dhsa_status dhsa__route_check_params(const dhsa_router_params *rp) {
     if (rp->boundary != DHSA_BOUNDARY_FIXED && rp->boundary != DHSA_BOUNDARY_SIMILARITY &&
         rp->boundary != DHSA_BOUNDARY_LEARNED)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "unknown boundary method %d", (int)rp->boundary);
-    if (rp->score_mode != DHSA_SCORE_POOLED && rp->score_mode != DHSA_SCORE_MOMENTS)
+    if (rp->score_mode != DHSA_SCORE_POOLED && rp->score_mode != DHSA_SCORE_MOMENTS &&
+        rp->score_mode != DHSA_SCORE_HEADS && rp->score_mode != DHSA_SCORE_BOUND)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "unknown chunk score %d", (int)rp->score_mode);
+    if ((rp->score_mode == DHSA_SCORE_HEADS || rp->score_mode == DHSA_SCORE_BOUND) && rp->share_heads)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG,
+                          "the %s chunk score weighs each query head against its own KV head's chunks: "
+                          "it cannot share one routing over all heads (share_heads = 1)",
+                          rp->score_mode == DHSA_SCORE_HEADS ? "HEADS" : "BOUND");
     if (rp->q_block < 1 || rp->q_block > (1 << 20))
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "q_block = %lld: use 1..2^20", (long long)rp->q_block);
     if (rp->chunk < 1 || rp->min_chunk < 1 || rp->max_chunk < rp->min_chunk || rp->sim_window < 1 ||
@@ -134,7 +140,7 @@ static dhsa_status check(const dhsa_router_params *rp, const dhsa_attn_desc *a, 
     const dhsa__attn_problem *p = &pl->p;
     if (p->Lq < 1) return dhsa__fail(DHSA_ERR_SHAPE, "dhsa_route needs at least one query row");
     pl->n_qb = (p->Lq + rp->q_block - 1) / rp->q_block;
-    pl->dk = rp->score_mode == DHSA_SCORE_MOMENTS ? 2 * p->d : p->d;
+    pl->dk = rp->score_mode == DHSA_SCORE_POOLED ? p->d : 2 * p->d;
     dhsa__route_limits(rp, p->Lk, &pl->min_len, &pl->max_chunks, &pl->max_ranges);
     return DHSA_OK;
 }
@@ -152,9 +158,11 @@ static ws_plan workspace(const dhsa_ctx *ctx, const plan *pl) {
     w.scores = dhsa__align_up((size_t)p->Lk * sizeof(float) + 64, 64);
     w.starts = dhsa__align_up((nc + 1) * sizeof(int64_t), 64);
     w.kp = dhsa__align_up((size_t)p->Hkv * nc * (size_t)pl->dk * sizeof(float), 64);
-    /* per thread: Qt [dk][64], S [nc][64], candidate order [nc], ranges,
-     * oracle column LSE [64] and per-chunk mass [nc] doubles */
+    /* per thread: Qt [dk][64], S [nc][64], the HEADS sum [nc][64],
+     * candidate order [nc], ranges, oracle column LSE [64] and per-chunk
+     * mass [nc] doubles */
     w.per_thread = dhsa__align_up((size_t)(pl->dk > p->d ? pl->dk : p->d) * GROUP * sizeof(float), 64) +
+                   dhsa__align_up(nc * GROUP * sizeof(float), 64) +
                    dhsa__align_up(nc * GROUP * sizeof(float), 64) +
                    dhsa__align_up(nc * sizeof(int64_t), 64) +
                    dhsa__align_up((size_t)(pl->max_ranges + 8) * 2 * sizeof(int64_t), 64) +
@@ -361,7 +369,22 @@ static void pool_keys_task(void *arg, int64_t g, int thread) {
         float *out = j->kp + (g * j->nc + c) * dk;
         int64_t s = j->starts[c], e = j->starts[c + 1];
         for (int64_t x = 0; x < dk; x++) out[x] = 0.0f;
-        if (j->rp->score_mode == DHSA_SCORE_MOMENTS) {
+        if (j->rp->score_mode == DHSA_SCORE_BOUND) { /* [max (d), min (d)] of the keys (never shared) */
+            for (int64_t x = 0; x < d; x++) {
+                out[x] = -INFINITY;
+                out[d + x] = INFINITY;
+            }
+            for (int64_t t = s; t < e; t++) {
+                const void *k = dhsa__at(K, j->b, g, t);
+                for (int64_t x = 0; x < d; x++) {
+                    float v = dhsa__load(k, K->type, x * K->stride[3]);
+                    out[x] = v > out[x] ? v : out[x];
+                    out[d + x] = v < out[d + x] ? v : out[d + x];
+                }
+            }
+            continue;
+        }
+        if (j->rp->score_mode != DHSA_SCORE_POOLED) {
             double *m = j->scratch + g * 2 * d, *v = m + d, len = (double)(e - s), heads = (double)(h1 - h0);
             for (int64_t h = h0; h < h1; h++) {
                 for (int64_t x = 0; x < 2 * d; x++) m[x] = 0.0;
@@ -492,7 +515,7 @@ typedef struct {
 } sel_job;
 
 typedef struct {
-    float *qt, *S, *lse, *sblk, *kbuf;
+    float *qt, *S, *acc, *lse, *sblk, *kbuf;
     int64_t *order, *rg;
     double *mass;
 } thread_bufs;
@@ -505,6 +528,8 @@ static thread_bufs bufs_of(const sel_job *j, int thread) {
     t.qt = (float *)w;
     w += dhsa__align_up((size_t)(pl->dk > pl->p.d ? pl->dk : pl->p.d) * GROUP * sizeof(float), 64);
     t.S = (float *)w;
+    w += dhsa__align_up(nc * GROUP * sizeof(float), 64);
+    t.acc = (float *)w;
     w += dhsa__align_up(nc * GROUP * sizeof(float), 64);
     t.order = (int64_t *)w;
     w += dhsa__align_up(nc * sizeof(int64_t), 64);
@@ -726,6 +751,80 @@ static void oracle_scores(sel_job *j, thread_bufs *t, int64_t g, int64_t qb, flo
     for (int64_t c = 0; c < j->nc; c++) col[c * GROUP] = (float)t->mass[c];
 }
 
+/* HEADS and BOUND scores of blocks [qb0, qb1) of KV head g into t->S[c][i]: for each
+ * query head h of the group, e_h(c) = s q_h . k_mean(c) + s^2/2 (q_h*q_h) .
+ * k_var(c) (q_h the mean of the block's rows of head h: MOMENTS for one
+ * head), then the share of head h's estimated attention that one key of
+ * chunk c holds, exp(e_h(c)) / sum over the block's candidate chunks c' of
+ * n(c') exp(e_h(c')), summed over the heads, as a log. A head whose
+ * attention sits on one chunk gives it a share near 1, a head spread over
+ * everything gives every chunk little, so the retrieving head of a group
+ * is not averaged away by the others (MOMENTS means the queries of the
+ * heads first). BOUND: e_h(c) = s (q_h+ . k_max(c) + q_h- . k_min(c)), q+
+ * and q- the positive and negative parts of the mean row, and every chunk
+ * weighs 1 in the softmax (a bound says what one key may reach). */
+static void heads_scores(sel_job *j, thread_bufs *t, int64_t g, int64_t qb0, int64_t qb1) {
+    const dhsa__attn_problem *p = &j->pl->p;
+    const dhsa_router_params *rp = j->rp;
+    const int64_t d = p->d, dk = j->pl->dk, nc = j->nc;
+    const int bound = rp->score_mode == DHSA_SCORE_BOUND;
+    int64_t lo[GROUP], hi[GROUP]; /* candidate chunks [lo, hi) of each block */
+    for (int64_t i = 0; i < GROUP; i++) {
+        lo[i] = hi[i] = 0;
+        int64_t qb = qb0 + i;
+        if (qb >= qb1) continue;
+        int64_t r0 = qb * rp->q_block, r1 = r0 + rp->q_block < p->Lq ? r0 + rp->q_block : p->Lq;
+        int64_t alo, ahi;
+        dhsa__block_span(j->a, p->Lk, r0, r1, &alo, &ahi);
+        while (lo[i] < nc && j->starts[lo[i] + 1] <= alo) lo[i]++;
+        hi[i] = lo[i];
+        while (hi[i] < nc && j->starts[hi[i]] < ahi) hi[i]++;
+    }
+    for (int64_t x = 0; x < nc * GROUP; x++) t->acc[x] = -INFINITY;
+    for (int64_t h = g * p->G; h < (g + 1) * p->G; h++) {
+        for (int64_t i = 0; i < GROUP; i++) {
+            int64_t qb = qb0 + i;
+            for (int64_t x = 0; x < dk; x++) t->qt[x * GROUP + i] = 0.0f;
+            if (qb >= qb1) continue;
+            int64_t r0 = qb * rp->q_block, r1 = r0 + rp->q_block < p->Lq ? r0 + rp->q_block : p->Lq;
+            for (int64_t r = r0; r < r1; r++) {
+                const void *q = dhsa__at(&j->a->q, j->b, h, r);
+                for (int64_t x = 0; x < d; x++) {
+                    float v = dhsa__load(q, j->a->q.type, x * j->a->q.stride[3]);
+                    t->qt[x * GROUP + i] += v;
+                    t->qt[(d + x) * GROUP + i] += v * v;
+                }
+            }
+            double rows = (double)(r1 - r0), sc = p->scale;
+            float n1 = (float)(sc / rows), n2 = (float)(0.5 * sc * sc / rows);
+            for (int64_t x = 0; x < d; x++) t->qt[x * GROUP + i] *= n1;
+            for (int64_t x = d; x < dk; x++) t->qt[x * GROUP + i] *= n2;
+            if (bound)
+                for (int64_t x = 0; x < d; x++) { /* [s q+, s q-] */
+                    float v = t->qt[x * GROUP + i];
+                    t->qt[x * GROUP + i] = v > 0.0f ? v : 0.0f;
+                    t->qt[(d + x) * GROUP + i] = v < 0.0f ? v : 0.0f;
+                }
+        }
+        /* S[c][i] = e_h(c) for block qb0 + i */
+        j->kern->qk(j->kp + g * nc * dk, dk, (int)nc, (int)dk, t->qt, GROUP, t->S);
+        for (int64_t i = 0; i < GROUP && qb0 + i < qb1; i++) {
+            double m = -INFINITY, z = 0;
+            for (int64_t c = lo[i]; c < hi[i]; c++) m = t->S[c * GROUP + i] > m ? t->S[c * GROUP + i] : m;
+            if (!(m > -INFINITY)) continue;
+            for (int64_t c = lo[i]; c < hi[i]; c++)
+                z += (bound ? 1.0 : (double)(j->starts[c + 1] - j->starts[c])) * exp((double)t->S[c * GROUP + i] - m);
+            double lz = m + log(z);
+            for (int64_t c = lo[i]; c < hi[i]; c++) {
+                double e = (double)t->S[c * GROUP + i] - lz, a = t->acc[c * GROUP + i];
+                double hi2 = a > e ? a : e;
+                t->acc[c * GROUP + i] = (float)(hi2 + log(exp(a - hi2) + exp(e - hi2)));
+            }
+        }
+    }
+    for (int64_t x = 0; x < nc * GROUP; x++) t->S[x] = t->acc[x];
+}
+
 /* One task: GROUP consecutive query blocks of one KV head (g), or of the
  * shared routing (g = 0, copied to every head afterwards). */
 static void select_task(void *arg, int64_t task, int thread) {
@@ -737,7 +836,10 @@ static void select_task(void *arg, int64_t task, int thread) {
     int64_t qb0 = grp * GROUP, qb1 = qb0 + GROUP < j->pl->n_qb ? qb0 + GROUP : j->pl->n_qb;
     thread_bufs t = bufs_of(j, thread);
 
-    if (rp->method == DHSA_ROUTE_DHSA && p->Lk >= rp->dense_below) {
+    if (rp->method == DHSA_ROUTE_DHSA && p->Lk >= rp->dense_below &&
+        (rp->score_mode == DHSA_SCORE_HEADS || rp->score_mode == DHSA_SCORE_BOUND)) {
+        heads_scores(j, &t, g, qb0, qb1);
+    } else if (rp->method == DHSA_ROUTE_DHSA && p->Lk >= rp->dense_below) {
         /* pooled queries, transposed: qt[x][i] for block qb0 + i. POOLED:
          * the rows' sum / sqrt(rows), averaged over heads; MOMENTS: x < d
          * the scaled mean row, d + x half the squared scale times the mean
