@@ -1567,12 +1567,15 @@ static int cmd_niah(eval_env *e) {
 /* What the retrieval hook records besides layer_acc: for the query rows
  * that produce the answer (the prompt's last token, then each decoded
  * token), the share of the asked numbers' keys each layer's layout selects,
- * averaged over KV heads; the minimum over those rows per layer. */
+ * averaged over KV heads; per layer, the minimum over those rows and the
+ * share at each of the first 64 of them (row from + k produces answer
+ * token k). */
 typedef struct {
     layer_acc *acc;
     const dhsa_task *task;
     int64_t from;                 /* first position that counts (the prompt's last) */
     double sel[64];               /* per layer: minimum share over the rows */
+    double at[64][64];            /* [layer][k]: share at row from + k */
     int64_t n_layer;
 } retr_hook;
 
@@ -1587,8 +1590,29 @@ static int retrieval_hook(void *user, int64_t layer, const dhsa_attn_desc *a) {
         for (int64_t g = 0; g < Hkv; g++) s += dhsa_task_selected(h->task, a->layout, g, i);
         s /= (double)Hkv;
         if (s < h->sel[layer]) h->sel[layer] = s;
+        int64_t k = a->q_pos0 + i - h->from;
+        if (k < 64) h->at[layer][k] = s;
     }
     return 0;
+}
+
+/* Index of the first answer token whose text leaves the expected answer
+ * (the row that produced it is the one whose routing explains a miss);
+ * n when the n tokens all agree with it. */
+static int64_t first_wrong_token(const dhsa_tokenizer *tok, const int32_t *ans, int64_t n, const char *want) {
+    char text[512];
+    int64_t len = 0, wl = (int64_t)strlen(want);
+    for (int64_t k = 0; k < n; k++) {
+        int64_t pl = 0;
+        if (dhsa_detokenize(tok, ans + k, 1, DHSA_DETOKENIZE_KEEP_SPACE, text + len, (int64_t)sizeof text - 1 - len,
+                            &pl) || len + pl >= (int64_t)sizeof text - 1)
+            return k;
+        int64_t cmp = len + pl < wl ? len + pl : wl;
+        if (memcmp(text, want, (size_t)cmp) != 0) return k;
+        len += pl;
+        if (len >= wl) return n;
+    }
+    return n;
 }
 
 static char **read_lines(const char *path, int64_t *n_out, char **buf_out) {
@@ -1689,6 +1713,7 @@ static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
                     rh.task = &t;
                     rh.from = t.n_ids - 1;
                     for (int64_t l = 0; l < NL && l < 64; l++) rh.sel[l] = 1.0;
+                    memset(rh.at, 0, sizeof rh.at);
                     dhsa_session_params sp = session_params(e, va->method, va->density, o->lengths[li],
                                                             t.n_ids + cap_ans, 0, &acc);
                     sp.layer_hook = retrieval_hook;
@@ -1715,10 +1740,14 @@ static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
                     hits[cell] += hit / (double)o->trials;
                     double d_used = acc_density(&acc);
                     dens[cell] += d_used / (double)o->trials;
+                    /* a miss is explained by the layouts of the row that produced
+                     * its first wrong token */
+                    int64_t k_bad = first_wrong_token(e->tok, ans, na, t.answer);
+                    if (k_bad > 63) k_bad = 63;
                     double smin = 1, smax = 0;
                     for (int64_t l = 0; l < NL && l < 64; l++) {
-                        smin = rh.sel[l] < smin ? rh.sel[l] : smin;
-                        smax = rh.sel[l] > smax ? rh.sel[l] : smax;
+                        smin = rh.at[l][k_bad] < smin ? rh.at[l][k_bad] : smin;
+                        smax = rh.at[l][k_bad] > smax ? rh.at[l][k_bad] : smax;
                     }
                     if (!hit) miss_all[v * 3 + (smin >= 1.0 ? 0 : smax > 0 ? 1 : 2)]++;
                     if (o->json) {
@@ -1734,12 +1763,18 @@ static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
                         json_str(stdout, answer);
                         printf(", \"hit\": %s, \"needle_selected\": [", hit ? "true" : "false");
                         for (int64_t l = 0; l < NL && l < 64; l++) printf("%s%.3f", l ? ", " : "", rh.sel[l]);
+                        printf("], \"first_wrong_token\": %lld, \"selected_there\": [", hit ? -1LL : (long long)k_bad);
+                        for (int64_t l = 0; l < NL && l < 64; l++) printf("%s%.3f", l ? ", " : "", rh.at[l][k_bad]);
                         printf("]}");
                     } else if (o->show || (!hit && va->method != DHSA_ATTN_DENSE)) {
                         printf("%-10s L %5lld depth %.2f (at %.3f) want%s: %s \"%s\"; needle keys selected per "
-                               "layer:", va->name, (long long)t.n_ids, o->depths[di], t.depth_used, t.answer,
+                               "layer (least over the answer's rows):", va->name, (long long)t.n_ids, o->depths[di], t.depth_used, t.answer,
                                hit ? "HIT " : "miss", answer);
                         for (int64_t l = 0; l < NL && l < 64; l++) printf(" %.2f", rh.sel[l]);
+                        if (!hit) {
+                            printf("; at answer token %lld (the first wrong):", (long long)k_bad);
+                            for (int64_t l = 0; l < NL && l < 64; l++) printf(" %.2f", rh.at[l][k_bad]);
+                        }
                         printf("\n");
                     }
                 }
@@ -1796,8 +1831,9 @@ static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
             }
             printf("\n");
             if (miss_all[v * 3] + miss_all[v * 3 + 1] + miss_all[v * 3 + 2])
-                printf("misses: %lld with the needle's keys selected in every layer (the model's error), %lld with "
-                       "them selected in some layers only, %lld with them selected nowhere\n",
+                printf("misses, at the row that produced the first wrong token: %lld with the needle's keys selected "
+                       "in every layer (the model's error), %lld with them selected in some layers only, %lld with "
+                       "them selected nowhere\n",
                        (long long)miss_all[v * 3], (long long)miss_all[v * 3 + 1], (long long)miss_all[v * 3 + 2]);
         }
         printf("\n(column heads: target length (mean prompt tokens)); %.1f s\n", secs);
