@@ -1304,6 +1304,17 @@ int64_t dhsa_session_length(const dhsa_session *s);
  * _MEMORY_BUDGET when the indexes could not be made again (the cache is
  * empty, and evals are refused until a reset succeeds). */
 dhsa_status dhsa_session_reset(dhsa_session *s);
+/* Keeps the first n tokens of the cache (0 <= n <= length) and drops the
+ * rest, so that the next eval continues from position n: a prompt cache
+ * reuses a shared prefix this way (dhsa serve). The routing indexes are
+ * rebuilt from the kept keys in the cache (no forward pass: O(n) per
+ * layer), so evals after it give what they would give had only those n
+ * tokens been evaluated. n = length does nothing; n outside [0, length] is
+ * DHSA_ERR_INVALID_ARG; DHSA_ERR_BUSY while an eval runs on it (nothing
+ * done). When the indexes cannot be made again (DHSA_ERR_OUT_OF_MEMORY or
+ * _MEMORY_BUDGET) the cache is left empty and evals are refused until a
+ * dhsa_session_reset succeeds, as after a failed reset. */
+dhsa_status dhsa_session_truncate(dhsa_session *s, int64_t n);
 /* Runs ids[0..n) at positions length .. length + n - 1 in ubatches and
  * appends them to the cache. logits: [n][n_vocab] when logits_all, else
  * [n_vocab] for the last token; NULL skips the output projection where it

@@ -735,6 +735,54 @@ static dhsa_status eval_tokens(dhsa_session *s, const int32_t *ids, int64_t n, f
     return DHSA_OK;
 }
 
+/* Keeps the first n tokens (include/dhsa.h, dhsa_session_truncate). The
+ * cache's keys and values up to n are already right; what has to follow is
+ * the routing: each layer's index is made anew and fed the kept keys from
+ * the cache in ubatch-sized pieces, which closes the same chunks as the
+ * evals that wrote them (the index's boundaries do not depend on how the
+ * keys were split into appends). */
+static dhsa_status truncate_tokens(dhsa_session *s, int64_t n) {
+    if (n < 0 || n > s->len)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_session_truncate: %lld tokens asked, the cache holds %lld",
+                          (long long)n, (long long)s->len);
+    if (s->broken)
+        return dhsa__fail(DHSA_ERR_INTERNAL, "an earlier failed eval could not be undone: dhsa_session_reset first");
+    if (n == s->len) return DHSA_OK;
+    memset(&s->st_last, 0, sizeof s->st_last);
+    s->st_last.density = 1.0;
+    if (!s->ix) {
+        s->len = n;
+        return DHSA_OK;
+    }
+    free_indexes(s);
+    dhsa_status st = make_indexes(s);
+    const int64_t hk = s->m->info.head_dim_k, step = s->plan.n_ubatch > 0 ? s->plan.n_ubatch : MAX_UBATCH;
+    for (int64_t l = 0; !st && l < s->m->info.n_layer; l++) {
+        if (!s->ix[l]) continue;
+        for (int64_t pos0 = 0; !st && pos0 < n; pos0 += step) {
+            dhsa_tensor kn = cache_view(s, l, 0, n);
+            kn.data = (char *)kn.data + (size_t)pos0 * (size_t)hk * dhsa_type_size(s->p.kv_type);
+            kn.shape[2] = n - pos0 < step ? n - pos0 : step;
+            st = dhsa_kv_index_append(s->ix[l], &kn);
+        }
+    }
+    if (st) { /* as a failed reset: empty, and evals refused until a reset succeeds */
+        free_indexes(s);
+        s->len = 0;
+        return st;
+    }
+    s->len = n;
+    return DHSA_OK;
+}
+
+dhsa_status dhsa_session_truncate(dhsa_session *s, int64_t n) {
+    if (!s) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_session_truncate: NULL session");
+    if (!enter(s)) return session_busy("dhsa_session_truncate");
+    dhsa_status st = truncate_tokens(s, n);
+    leave(s);
+    return st;
+}
+
 dhsa_status dhsa_session_eval(dhsa_session *s, const int32_t *ids, int64_t n, float *logits) {
     if (!s || (!ids && n > 0)) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_session_eval: NULL argument");
     if (!enter(s)) return session_busy("dhsa_session_eval");
