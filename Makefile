@@ -32,6 +32,20 @@ TOOLS_SRCS := $(sort $(wildcard tools/*.c))
 # Small programs the tests drive (memory-probe targets and the like).
 PROGS := $(patsubst tests/progs/%.c,$(BUILD)/progs/%,$(sort $(wildcard tests/progs/*.c)))
 
+# dhsa serve (tools/serve.c) speaks HTTP through libmicrohttpd and JSON
+# through jansson (docs/server.md), found by pkg-config; libdhsa never
+# links them. Without them the CLI is built without the server (`dhsa
+# serve` then names the packages to install and tests/test_serve skips);
+# .ci/run installs them (Debian: libmicrohttpd-dev libjansson-dev
+# pkg-config). `make HAVE_SERVE=` builds without them on purpose (make
+# does not track flags: make clean first when switching).
+SERVE_PKGS := libmicrohttpd jansson
+HAVE_SERVE ?= $(shell pkg-config --exists $(SERVE_PKGS) 2>/dev/null && echo 1)
+ifeq ($(HAVE_SERVE),1)
+  SERVE_CFLAGS := -DDHSA_HAVE_SERVE $(shell pkg-config --cflags $(SERVE_PKGS))
+  SERVE_LIBS := $(shell pkg-config --libs $(SERVE_PKGS))
+endif
+
 .PHONY: all test asan ubsan clean fuzz
 all: $(BUILD)/libdhsa.a $(BUILD)/libdhsa.so $(BUILD)/dhsa
 
@@ -54,8 +68,8 @@ $(BUILD)/libdhsa.a: $(OBJS)
 $(BUILD)/libdhsa.so: $(OBJS)
 	$(CC) -shared -o $@ $^ $(LDLIBS)
 
-$(BUILD)/dhsa: $(TOOLS_SRCS) $(BUILD)/libdhsa.a $(HDRS)
-	$(CC) $(CFLAGS_BASE) -o $@ $(TOOLS_SRCS) $(BUILD)/libdhsa.a $(LDLIBS)
+$(BUILD)/dhsa: $(TOOLS_SRCS) $(wildcard tools/*.h) $(BUILD)/libdhsa.a $(HDRS)
+	$(CC) $(CFLAGS_BASE) $(SERVE_CFLAGS) -o $@ $(TOOLS_SRCS) $(BUILD)/libdhsa.a $(SERVE_LIBS) $(LDLIBS)
 
 $(BUILD)/progs/%: tests/progs/%.c $(BUILD)/libdhsa.a $(HDRS)
 	@mkdir -p $(dir $@)
@@ -64,6 +78,11 @@ $(BUILD)/progs/%: tests/progs/%.c $(BUILD)/libdhsa.a $(HDRS)
 $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/libdhsa.a $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -o $@ $< $(BUILD)/libdhsa.a $(LDLIBS)
+
+# test_serve also drives the request parser of dhsa serve directly.
+$(BUILD)/tests/test_serve: tests/test_serve.c tools/serve_req.c tools/serve.h $(wildcard tests/*.h) $(BUILD)/libdhsa.a $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(SERVE_CFLAGS) -Itools -o $@ tests/test_serve.c tools/serve_req.c $(BUILD)/libdhsa.a $(SERVE_LIBS) $(LDLIBS)
 
 test: all $(TESTS) $(PROGS)
 	@sh tests/run.sh $(BUILD) $(TESTS)

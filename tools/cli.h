@@ -154,6 +154,11 @@ extern const char dhsa_cli_train_boundary_usage[];
 int dhsa_cli_gen_model(int argc, char **argv);
 extern const char dhsa_cli_gen_model_usage[];
 
+/* dhsa serve (tools/serve.c): the OpenAI-compatible HTTP server; built
+ * to refuse, naming the packages, without libmicrohttpd and jansson. */
+int dhsa_cli_serve(int argc, char **argv);
+extern const char dhsa_cli_serve_usage[];
+
 /* dhsa eval fidelity|copy|niah (tools/eval.c): quality of the sparse
  * methods on a real model against dense (KL, copy retrieval, needles). */
 int dhsa_cli_eval(int argc, char **argv);

@@ -64,6 +64,8 @@ static const char usage_main[] =
     "               passkey, multikey, multivalue\n"
     "  memprobe     peak memory of a command as a size n grows, fitted and\n"
     "               judged (linear or quadratic)\n"
+    "  serve        an OpenAI-compatible HTTP server (chat, completions,\n"
+    "               streaming, parallel slots, prompt cache)\n"
     "  help [CMD]   this text, or the usage of CMD\n"
     "\n"
     "`dhsa CMD --help` describes each command. Exit status: 0 ok, 1 the run\n"
@@ -1094,6 +1096,7 @@ static const char *usage_of(const char *cmd) {
     if (strcmp(cmd, "inspect") == 0) return dhsa_cli_inspect_usage;
     if (strcmp(cmd, "tokenize") == 0) return dhsa_cli_tokenize_usage;
     if (strcmp(cmd, "eval") == 0) return dhsa_cli_eval_usage;
+    if (strcmp(cmd, "serve") == 0) return dhsa_cli_serve_usage;
     return NULL;
 }
 
@@ -1144,6 +1147,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "inspect") == 0) return dhsa_cli_inspect(argc, argv);
     if (strcmp(cmd, "tokenize") == 0) return dhsa_cli_tokenize(argc, argv);
     if (strcmp(cmd, "eval") == 0) return dhsa_cli_eval(argc, argv);
+    if (strcmp(cmd, "serve") == 0) return dhsa_cli_serve(argc, argv);
     dhsa_cli_die(EXIT_USAGE, "unknown command \"%s\"", cmd);
     return EXIT_USAGE;
 }

@@ -1,0 +1,1369 @@
+/* serve.c: `dhsa serve`, an OpenAI-compatible HTTP server over one model
+ * (docs/server.md): POST /v1/chat/completions and /v1/completions (JSON,
+ * or server-sent events with stream: true, ending in "data: [DONE]"),
+ * GET /v1/models, /health, /metrics (Prometheus text), POST /tokenize and
+ * /detokenize.
+ *
+ * HTTP is libmicrohttpd's (one thread per connection), JSON jansson's
+ * (request bodies in tools/serve_req.c); libdhsa knows neither. N slots,
+ * each a session with its own ctx (so slots run at once), serve requests;
+ * a request waits in a FIFO queue for a free slot (--queue-timeout). The
+ * prompt cache: each slot keeps its last request's tokens in its KV cache
+ * and routing index; a request goes to the free slot whose cache shares
+ * the longest prefix with its prompt, which is kept (dhsa_session_truncate)
+ * while only the rest is evaluated. A client that goes away (its socket
+ * reads EOF, or a write fails) stops its generation and frees its slot.
+ * SIGINT / SIGTERM: no new requests, running ones end with an error
+ * event or a 503, then the daemon stops and everything is freed.
+ *
+ * Built with DHSA_HAVE_SERVE only (the Makefile sets it when pkg-config
+ * finds libmicrohttpd and jansson); otherwise `dhsa serve` refuses, naming
+ * the packages. Tested by tests/test_serve.c (HTTP, load, curl) and
+ * python/tests/test_serve_openai.py (the openai package as the client).
+ */
+#include "cli.h"
+
+#ifndef DHSA_HAVE_SERVE
+#include <stdio.h>
+
+const char dhsa_cli_serve_usage[] =
+    "usage: dhsa serve [-m MODEL] [--host 127.0.0.1] [--port 8080] [--slots N] [options]\n"
+    "\n"
+    "This build of dhsa has no HTTP server: `dhsa serve` needs libmicrohttpd and\n"
+    "jansson (Debian: apt-get install libmicrohttpd-dev libjansson-dev pkg-config;\n"
+    ".ci/run installs them), then make clean && make. docs/server.md says more.\n";
+
+int dhsa_cli_serve(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    dhsa_cli_set_command("serve", NULL);
+    dhsa_cli_die(DHSA_EXIT_RUN, "this build has no HTTP server: it needs libmicrohttpd and jansson (Debian: "
+                 "apt-get install libmicrohttpd-dev libjansson-dev pkg-config), then make clean && make");
+}
+#else
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "serve.h"
+
+#define EXIT_RUN DHSA_EXIT_RUN
+#define EXIT_USAGE DHSA_EXIT_USAGE
+
+const char dhsa_cli_serve_usage[] =
+    "usage: dhsa serve [-m MODEL] [--host 127.0.0.1] [--port 8080] [--slots N] [options]\n"
+    "\n"
+    "An OpenAI-compatible HTTP server (docs/server.md): POST /v1/chat/completions,\n"
+    "/v1/completions (stream: true sends server-sent events), GET /v1/models,\n"
+    "/health, /metrics (Prometheus), POST /tokenize, /detokenize. Ctrl-C or\n"
+    "SIGTERM stops it cleanly.\n"
+    "  -m MODEL            GGUF file (default: the shipped models/" DHSA_DEFAULT_MODEL ")\n"
+    "  --host ADDR         IPv4 address to listen on (default 127.0.0.1)\n"
+    "  --port N            (default 8080; 0 = any free port, printed)\n"
+    "  --slots N           requests served at once, each with its own KV cache\n"
+    "                      (default 1); more wait in a queue\n"
+    "  --ctx N             KV cache of each slot (default: the trained context)\n"
+    "  --kv f32|f16        KV cache type (default f32)\n"
+    "  --attn M            dense|dhsa|block|stream|oracle (default dense); a request's\n"
+    "                      \"attn\" and \"density\" override it for that request\n"
+    "  --density F         keys per query block of the sparse methods (default 0.0625)\n"
+    "  --mem-limit SIZE    the most the process may hold: the memory plan of all\n"
+    "                      slots is checked against it at start (K/M/G suffix)\n"
+    "  --threads T         threads of each slot (default: online CPUs / slots, >= 1)\n"
+    "  --template NAME     chat template: llama3 chatml gemma mistral llama2\n"
+    "                      (default: the one the model names)\n"
+    "  --max-tokens N      the most tokens one request may generate (default 4096)\n"
+    "  --max-body SIZE     the largest request body (default 8M)\n"
+    "  --timeout S         a connection idle this long is closed (default 60)\n"
+    "  --queue-timeout S   a request waits at most this long for a slot (default 60)\n"
+    "  --max-queue N       requests that may wait for a slot (default 64)\n"
+    "  --max-connections N open connections (default 128)\n"
+    "  --verbose           one line per request on stderr\n";
+
+/* ------------------------------------------------------------ state --- */
+
+typedef struct {
+    int id;
+    dhsa_ctx *ctx;
+    dhsa_session *s;
+    dhsa_session_params sp;  /* how s was made (attn, density) */
+    int32_t *tokens;         /* [n_ctx + 1]: what the cache holds, then the next sampled id */
+    int64_t n_cached;        /* = dhsa_session_length(s) */
+    float *logits, *scratch; /* [n_vocab] */
+    int32_t *counts;         /* [n_vocab]: generated ids, for presence/frequency penalties */
+    uint64_t last_used;
+    int busy;
+} slot;
+
+typedef struct waiter {
+    struct waiter *next;
+    pthread_cond_t cv;
+    slot *granted;
+    const int32_t *prompt;
+    int64_t n_prompt;
+} waiter;
+
+typedef struct {
+    /* options */
+    const char *model_path, *host, *template_name;
+    char model_name[128];
+    int64_t port, n_slots, n_ctx, threads, max_tokens, max_body, timeout, queue_timeout, max_queue, max_conn;
+    dhsa_session_params sp; /* the server's session params */
+    int verbose;
+    /* model */
+    dhsa_model *m;
+    const dhsa_model_info *in;
+    const dhsa_tokenizer *tok;
+    dhsa_chat_template tmpl;
+    int32_t chat_stop[16];
+    int n_chat_stop;
+    /* slots and queue */
+    slot *slots;
+    pthread_mutex_t mu;
+    waiter *q_head, *q_tail;
+    int64_t n_queued, n_busy;
+    uint64_t use_clock;
+    atomic_int stopping;
+    /* metrics (under mu) */
+    uint64_t n_requests[5], n_errors, n_disconnects, n_cache_hits;
+    uint64_t prompt_tokens, cached_tokens, gen_tokens;
+    double prefill_s, decode_s;
+    atomic_uint_fast64_t id_counter;
+    time_t started;
+} server;
+
+static server S;
+
+/* ---------------------------------------------------------- helpers --- */
+
+static double now_s(void) { return dhsa_cli_now(); }
+
+/* UTF-8: the length of the valid sequence at s[0..n), 0 when invalid, -1
+ * when s is a valid but incomplete start (more bytes may complete it). */
+static int utf8_seq(const unsigned char *s, int64_t n) {
+    unsigned c = s[0];
+    int len;
+    unsigned min;
+    if (c < 0x80) return 1;
+    if (c >= 0xC2 && c <= 0xDF) len = 2, min = 0x80;
+    else if (c >= 0xE0 && c <= 0xEF) len = 3, min = 0x800;
+    else if (c >= 0xF0 && c <= 0xF4) len = 4, min = 0x10000;
+    else return 0;
+    unsigned cp = c & (0x3Fu >> (len - 1));
+    for (int i = 1; i < len; i++) {
+        if (i >= n) return -1;
+        if ((s[i] & 0xC0) != 0x80) return 0;
+        cp = (cp << 6) | (s[i] & 0x3F);
+        /* reject overlong / surrogate / > U+10FFFF as soon as they show */
+        if (i == 1 && ((len == 3 && c == 0xE0 && s[1] < 0xA0) || (len == 3 && c == 0xED && s[1] > 0x9F) ||
+                       (len == 4 && c == 0xF0 && s[1] < 0x90) || (len == 4 && c == 0xF4 && s[1] > 0x8F)))
+            return 0;
+    }
+    return cp >= min ? len : 0;
+}
+
+/* Valid UTF-8 of s[0..n) into a malloc'd string: invalid bytes become
+ * U+FFFD. An incomplete sequence at the end is left out when keep_tail is
+ * 0 and *used says how many input bytes were taken. */
+static char *utf8_clean(const char *s, int64_t n, int final, int64_t *used, int64_t *out_len) {
+    char *o = malloc((size_t)n * 3 + 1);
+    int64_t i = 0, k = 0;
+    if (!o) return NULL;
+    while (i < n) {
+        int l = utf8_seq((const unsigned char *)s + i, n - i);
+        if (l < 0 && !final) break;
+        if (l <= 0) {
+            memcpy(o + k, "\xEF\xBF\xBD", 3);
+            k += 3;
+            i++;
+            continue;
+        }
+        memcpy(o + k, s + i, (size_t)l);
+        k += l;
+        i += l;
+    }
+    o[k] = 0;
+    if (used) *used = i;
+    if (out_len) *out_len = k;
+    return o;
+}
+
+static json_t *json_text(const char *s, int64_t n) {
+    int64_t len = 0;
+    char *c = utf8_clean(s, n, 1, NULL, &len);
+    json_t *j = c ? json_stringn(c, (size_t)len) : NULL;
+    free(c);
+    return j ? j : json_string("");
+}
+
+/* --------------------------------------------------------- responses --- */
+
+typedef struct {
+    char *body;
+    size_t len, cap;
+    int too_large;
+    int handled;
+    double t0;
+} request_ctx;
+
+static enum MHD_Result send_text(struct MHD_Connection *c, unsigned code, const char *type, char *body, size_t len) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", type);
+    enum MHD_Result ret = MHD_queue_response(c, code, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result send_json(struct MHD_Connection *c, unsigned code, json_t *j) {
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!s) {
+        static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}";
+        return send_text(c, 500, "application/json", strdup(oom), sizeof oom - 1);
+    }
+    return send_text(c, code, "application/json", s, strlen(s));
+}
+
+static json_t *error_object(unsigned code, const char *message, const char *param, const char *err_code) {
+    const char *type = code == 400 || code == 404 || code == 405 || code == 413 ? "invalid_request_error"
+                       : code == 503                                          ? "server_busy"
+                                                                              : "server_error";
+    json_t *e = json_object();
+    json_object_set_new(e, "message", json_text(message, (int64_t)strlen(message)));
+    json_object_set_new(e, "type", json_string(type));
+    json_object_set_new(e, "param", param && param[0] ? json_string(param) : json_null());
+    json_object_set_new(e, "code", err_code ? json_string(err_code) : json_null());
+    json_t *o = json_object();
+    json_object_set_new(o, "error", e);
+    return o;
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *c, unsigned code, const char *message, const char *param,
+                                  const char *err_code) {
+    pthread_mutex_lock(&S.mu);
+    S.n_errors++;
+    pthread_mutex_unlock(&S.mu);
+    if (S.verbose) fprintf(stderr, "dhsa serve: %u %s\n", code, message);
+    return send_json(c, code, error_object(code, message, param, err_code));
+}
+
+/* ------------------------------------------------------------ slots --- */
+
+static int64_t common_prefix(const int32_t *a, int64_t na, const int32_t *b, int64_t nb) {
+    int64_t n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i]) i++;
+    return i;
+}
+
+/* The free slot for a prompt: the longest cached prefix, then the least
+ * recently used. Under S.mu. */
+static slot *best_free(const int32_t *prompt, int64_t n) {
+    slot *best = NULL;
+    int64_t best_p = -1;
+    for (int64_t i = 0; i < S.n_slots; i++) {
+        slot *sl = &S.slots[i];
+        if (sl->busy) continue;
+        int64_t p = common_prefix(sl->tokens, sl->n_cached, prompt, n);
+        if (p > best_p || (p == best_p && sl->last_used < best->last_used)) {
+            best = sl;
+            best_p = p;
+        }
+    }
+    return best;
+}
+
+/* Waits (FIFO) for a slot. Returns it busy, or NULL: *why says why. */
+static slot *acquire(const int32_t *prompt, int64_t n, const char **why) {
+    pthread_mutex_lock(&S.mu);
+    slot *sl = NULL;
+    if (!S.q_head && (sl = best_free(prompt, n))) {
+        sl->busy = 1;
+        S.n_busy++;
+        pthread_mutex_unlock(&S.mu);
+        return sl;
+    }
+    if (S.n_queued >= S.max_queue) {
+        pthread_mutex_unlock(&S.mu);
+        *why = "queue";
+        return NULL;
+    }
+    waiter w = {0};
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&w.cv, &ca);
+    pthread_condattr_destroy(&ca);
+    w.prompt = prompt;
+    w.n_prompt = n;
+    if (S.q_tail) S.q_tail->next = &w;
+    else S.q_head = &w;
+    S.q_tail = &w;
+    S.n_queued++;
+    struct timespec dl;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += (time_t)S.queue_timeout;
+    while (!w.granted && !atomic_load(&S.stopping)) {
+        if (pthread_cond_timedwait(&w.cv, &S.mu, &dl) == ETIMEDOUT) break;
+    }
+    if (!w.granted) { /* leave the queue */
+        waiter **pp = &S.q_head, *prev = NULL;
+        while (*pp && *pp != &w) {
+            prev = *pp;
+            pp = &(*pp)->next;
+        }
+        if (*pp) {
+            *pp = w.next;
+            if (S.q_tail == &w) S.q_tail = prev;
+        }
+        S.n_queued--;
+        *why = atomic_load(&S.stopping) ? "stopping" : "timeout";
+    }
+    sl = w.granted;
+    pthread_mutex_unlock(&S.mu);
+    pthread_cond_destroy(&w.cv);
+    return sl;
+}
+
+/* Gives the slot to the first waiter, or frees it. */
+static void release(slot *sl) {
+    pthread_mutex_lock(&S.mu);
+    sl->last_used = ++S.use_clock;
+    if (S.q_head) {
+        waiter *w = S.q_head;
+        S.q_head = w->next;
+        if (!S.q_head) S.q_tail = NULL;
+        S.n_queued--;
+        w->granted = sl; /* stays busy */
+        pthread_cond_signal(&w->cv);
+    } else {
+        sl->busy = 0;
+        S.n_busy--;
+    }
+    pthread_mutex_unlock(&S.mu);
+}
+
+/* The slot's session for a request's attention (the server's unless the
+ * request names its own); a change makes the session anew (its cache is
+ * then empty). Returns 0, or -1 with msg. */
+static int slot_prepare(slot *sl, int attn, double density, char *msg, size_t cap) {
+    dhsa_session_params sp = S.sp;
+    if (attn != SERVE_ATTN_UNSET) sp.attn = (dhsa_attn_method)attn;
+    if (density > 0) sp.router.density = density;
+    if (sl->s && sp.attn == sl->sp.attn && sp.router.density == sl->sp.router.density) return 0;
+    dhsa_session_free(sl->s);
+    sl->s = NULL;
+    sl->n_cached = 0;
+    if (dhsa_session_create(sl->ctx, S.m, &sp, &sl->s)) {
+        snprintf(msg, cap, "no session for attn %s, density %g: %s", dhsa_attn_method_name(sp.attn),
+                 sp.router.density, dhsa_last_error());
+        /* back to the server's own, which fitted at start */
+        if (dhsa_session_create(sl->ctx, S.m, &S.sp, &sl->s) == DHSA_OK) sl->sp = S.sp;
+        return -1;
+    }
+    sl->sp = sp;
+    return 0;
+}
+
+/* ------------------------------------------------------- generation --- */
+
+typedef struct {
+    struct MHD_Connection *conn;
+    serve_request rq;
+    slot *sl;
+    int chat;
+    char id[48];
+    time_t created;
+    int64_t n_prompt, n_reused, n_gen, max_gen;
+    dhsa_sampler *smp;
+    int32_t stop_ids[20];
+    int n_stop_ids;
+    /* text: out[0..out_len) generated bytes, sent of them emitted */
+    char *out;
+    int64_t out_len, out_cap, sent;
+    int first_piece;
+    const char *finish;      /* NULL while generating */
+    int error;               /* the generation failed: err_msg */
+    char err_msg[512];
+    int done_sent;           /* stream: [DONE] written */
+    int role_sent;
+    double t_start, t_first, t_prefill, t_decode;
+    int32_t touched_count;
+    int32_t *touched;        /* ids with counts[id] > 0 */
+    /* stream: bytes waiting to go out */
+    char *pend;
+    size_t pend_len, pend_off;
+} gen;
+
+static int client_gone(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return 0;
+    char b;
+    ssize_t r = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+static void gen_free(gen *g) {
+    if (!g) return;
+    if (g->sl) {
+        slot *sl = g->sl;
+        for (int32_t i = 0; i < g->touched_count; i++) sl->counts[g->touched[i]] = 0;
+        release(sl);
+    }
+    dhsa_sampler_free(g->smp);
+    serve_request_free(&g->rq);
+    free(g->out);
+    free(g->touched);
+    free(g->pend);
+    free(g);
+}
+
+static int append_out(gen *g, const char *p, int64_t n) {
+    if (g->out_len + n + 1 > g->out_cap) {
+        int64_t cap = (g->out_cap ? g->out_cap * 2 : 1024);
+        while (cap < g->out_len + n + 1) cap *= 2;
+        char *o = realloc(g->out, (size_t)cap);
+        if (!o) return -1;
+        g->out = o;
+        g->out_cap = cap;
+    }
+    memcpy(g->out + g->out_len, p, (size_t)n);
+    g->out_len += n;
+    return 0;
+}
+
+/* Bytes of out[sent..) that may be emitted now: up to a stop string (then
+ * finish = "stop" and the text ends before it), holding back a tail that
+ * could begin one, and an incomplete UTF-8 sequence. */
+static int64_t emittable(gen *g) {
+    const char *u = g->out + g->sent;
+    int64_t n = g->out_len - g->sent;
+    for (int i = 0; i < g->rq.n_stop; i++) {
+        const char *hit = memmem(u, (size_t)n, g->rq.stop[i], (size_t)g->rq.stop_len[i]);
+        if (hit) {
+            n = hit - u;
+            g->out_len = g->sent + n;
+            g->finish = "stop";
+        }
+    }
+    if (g->finish) return n;
+    int64_t hold = 0;
+    for (int i = 0; i < g->rq.n_stop; i++)
+        for (int64_t k = g->rq.stop_len[i] - 1; k > hold; k--)
+            if (k <= n && memcmp(u + n - k, g->rq.stop[i], (size_t)k) == 0) {
+                hold = k;
+                break;
+            }
+    return n - hold;
+}
+
+/* Samples one id from the slot's logits with the penalties of OpenAI
+ * (over the ids generated so far). */
+static int sample_next(gen *g, int32_t *next) {
+    slot *sl = g->sl;
+    const float *lg = sl->logits;
+    if (g->touched_count && (g->rq.presence_penalty != 0 || g->rq.frequency_penalty != 0)) {
+        memcpy(sl->scratch, sl->logits, (size_t)S.in->n_vocab * sizeof(float));
+        for (int32_t i = 0; i < g->touched_count; i++) {
+            int32_t id = g->touched[i];
+            sl->scratch[id] -= (float)(g->rq.frequency_penalty * sl->counts[id] + g->rq.presence_penalty);
+        }
+        lg = sl->scratch;
+    }
+    if (dhsa_sampler_sample(g->smp, lg, sl->tokens, sl->n_cached, next)) {
+        snprintf(g->err_msg, sizeof g->err_msg, "sampling: %s", dhsa_last_error());
+        return -1;
+    }
+    if (sl->counts[*next]++ == 0) g->touched[g->touched_count++] = *next;
+    return 0;
+}
+
+/* One step: sample, check the stops, evaluate the id. Sets finish when the
+ * generation ends; error on a failure. */
+static void step(gen *g) {
+    slot *sl = g->sl;
+    if (g->n_gen >= g->max_gen) {
+        g->finish = "length";
+        return;
+    }
+    if (atomic_load(&S.stopping)) {
+        g->error = 1;
+        snprintf(g->err_msg, sizeof g->err_msg, "the server is shutting down");
+        return;
+    }
+    int32_t next;
+    if (sample_next(g, &next)) {
+        g->error = 1;
+        return;
+    }
+    if (g->n_gen == 0) g->t_first = now_s();
+    for (int i = 0; i < g->n_stop_ids; i++)
+        if (next == g->stop_ids[i]) {
+            g->finish = "stop";
+            return;
+        }
+    g->n_gen++;
+    char piece[512];
+    int64_t len = 0;
+    if (dhsa_token_to_piece(S.tok, next, 0, piece, sizeof piece, &len) != DHSA_OK) len = 0;
+    const char *p = piece;
+    if (g->first_piece && len > 0) {
+        /* a chat reply: SentencePiece's word-start space is not the reply's text */
+        if (g->chat && p[0] == ' ' && dhsa_tokenizer_kind_of(S.tok) == DHSA_TOKENIZER_SPM) {
+            p++;
+            len--;
+        }
+        g->first_piece = 0;
+    }
+    if (append_out(g, p, len)) {
+        g->error = 1;
+        snprintf(g->err_msg, sizeof g->err_msg, "out of memory");
+        return;
+    }
+    sl->tokens[sl->n_cached] = next;
+    if (g->n_gen >= g->max_gen) {
+        g->finish = "length";
+        return;
+    }
+    if (sl->n_cached >= dhsa_session_get_plan(sl->s)->n_ctx) {
+        g->finish = "length";
+        return;
+    }
+    double t = now_s();
+    if (dhsa_session_eval(sl->s, &next, 1, sl->logits)) {
+        g->error = 1;
+        snprintf(g->err_msg, sizeof g->err_msg, "decode: %s", dhsa_last_error());
+        sl->n_cached = dhsa_session_length(sl->s);
+        return;
+    }
+    g->t_decode += now_s() - t;
+    sl->n_cached++;
+}
+
+static json_t *usage_json(const gen *g) {
+    json_t *u = json_object();
+    json_object_set_new(u, "prompt_tokens", json_integer(g->n_prompt));
+    json_object_set_new(u, "completion_tokens", json_integer(g->n_gen));
+    json_object_set_new(u, "total_tokens", json_integer(g->n_prompt + g->n_gen));
+    json_t *d = json_object();
+    json_object_set_new(d, "cached_tokens", json_integer(g->n_reused));
+    json_object_set_new(u, "prompt_tokens_details", d);
+    return u;
+}
+
+static json_t *envelope(const gen *g, int chunk) {
+    json_t *o = json_object();
+    json_object_set_new(o, "id", json_string(g->id));
+    json_object_set_new(o, "object", json_string(g->chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                                                         : "text_completion"));
+    json_object_set_new(o, "created", json_integer((json_int_t)g->created));
+    json_object_set_new(o, "model", json_string(S.model_name));
+    json_object_set_new(o, "system_fingerprint", json_string("dhsa-" DHSA_VERSION));
+    return o;
+}
+
+/* The choice of a stream chunk (text may be NULL) or of the whole reply. */
+static json_t *choice(const gen *g, const char *text, int64_t n, int chunk, const char *finish) {
+    json_t *c = json_object();
+    json_object_set_new(c, "index", json_integer(0));
+    if (g->chat) {
+        json_t *m = json_object();
+        if (!chunk || !g->role_sent) json_object_set_new(m, "role", json_string("assistant"));
+        if (text) json_object_set_new(m, "content", json_text(text, n));
+        json_object_set_new(c, chunk ? "delta" : "message", m);
+    } else {
+        json_object_set_new(c, "text", json_text(text ? text : "", text ? n : 0));
+    }
+    json_object_set_new(c, "logprobs", json_null());
+    json_object_set_new(c, "finish_reason", finish ? json_string(finish) : json_null());
+    return c;
+}
+
+/* Adds "data: <json>\n\n" to the stream's pending bytes. */
+static int push_event(gen *g, json_t *j) {
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!s) return -1;
+    size_t n = strlen(s), need = g->pend_len + n + 8;
+    char *p = realloc(g->pend, need + 1);
+    if (!p) {
+        free(s);
+        return -1;
+    }
+    g->pend = p;
+    memcpy(p + g->pend_len, "data: ", 6);
+    memcpy(p + g->pend_len + 6, s, n);
+    memcpy(p + g->pend_len + 6 + n, "\n\n", 2);
+    g->pend_len += n + 8;
+    free(s);
+    return 0;
+}
+
+static void note_done(gen *g) {
+    pthread_mutex_lock(&S.mu);
+    S.gen_tokens += (uint64_t)g->n_gen;
+    S.decode_s += g->t_decode;
+    pthread_mutex_unlock(&S.mu);
+    if (S.verbose)
+        fprintf(stderr, "dhsa serve: %s slot %d: prompt %lld (%lld cached), %lld generated, %s, ttft %.3f s\n", g->id,
+                g->sl ? g->sl->id : -1, (long long)g->n_prompt, (long long)g->n_reused, (long long)g->n_gen,
+                g->error ? "error" : g->finish ? g->finish : "-", g->t_first > 0 ? g->t_first - g->t_start : 0.0);
+}
+
+/* Stream reader: each call sends what is pending, else makes the next
+ * token's event. */
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    gen *g = cls;
+    for (;;) {
+        if (g->pend_off < g->pend_len) {
+            size_t n = g->pend_len - g->pend_off;
+            if (n > max) n = max;
+            memcpy(buf, g->pend + g->pend_off, n);
+            g->pend_off += n;
+            if (g->pend_off == g->pend_len) g->pend_off = g->pend_len = 0;
+            return (ssize_t)n;
+        }
+        if (g->done_sent) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (!g->finish && !g->error) {
+            if (client_gone(g->conn)) {
+                pthread_mutex_lock(&S.mu);
+                S.n_disconnects++;
+                pthread_mutex_unlock(&S.mu);
+                return MHD_CONTENT_READER_END_WITH_ERROR;
+            }
+            step(g);
+        }
+        int rc = 0;
+        if (g->error) {
+            json_t *e = error_object(500, g->err_msg, NULL, NULL);
+            rc = push_event(g, e);
+            g->finish = "error";
+        } else {
+            int64_t n = emittable(g);
+            if (n > 0 || (g->chat && !g->role_sent)) {
+                int64_t used = n;
+                char *clean = NULL;
+                int64_t clen = 0;
+                if (n > 0) {
+                    clean = utf8_clean(g->out + g->sent, n, g->finish != NULL, &used, &clen);
+                    if (!clean) return MHD_CONTENT_READER_END_WITH_ERROR;
+                }
+                if (used > 0 || (g->chat && !g->role_sent)) {
+                    json_t *o = envelope(g, 1), *ch = json_array();
+                    json_array_append_new(ch, choice(g, clean ? clean : "", clen, 1, NULL));
+                    json_object_set_new(o, "choices", ch);
+                    rc = push_event(g, o);
+                    g->role_sent = 1;
+                    g->sent += used;
+                }
+                free(clean);
+            }
+            if (!rc && g->finish) {
+                json_t *o = envelope(g, 1), *ch = json_array();
+                /* the last piece's remaining bytes (an incomplete UTF-8 tail) go with the finish */
+                int64_t left = g->out_len - g->sent;
+                json_array_append_new(ch, left > 0 ? choice(g, g->out + g->sent, left, 1, g->finish)
+                                                   : choice(g, NULL, 0, 1, g->finish));
+                g->sent = g->out_len;
+                json_object_set_new(o, "choices", ch);
+                if (!g->rq.include_usage) json_object_set_new(o, "usage", usage_json(g));
+                rc = push_event(g, o);
+                if (!rc && g->rq.include_usage) {
+                    o = envelope(g, 1);
+                    json_object_set_new(o, "choices", json_array());
+                    json_object_set_new(o, "usage", usage_json(g));
+                    rc = push_event(g, o);
+                }
+            }
+        }
+        if (rc) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (g->finish) {
+            static const char done[] = "data: [DONE]\n\n";
+            char *p = realloc(g->pend, g->pend_len + sizeof done);
+            if (!p) return MHD_CONTENT_READER_END_WITH_ERROR;
+            g->pend = p;
+            memcpy(p + g->pend_len, done, sizeof done - 1);
+            g->pend_len += sizeof done - 1;
+            g->done_sent = 1;
+            note_done(g);
+        }
+    }
+}
+
+static void stream_free(void *cls) {
+    gen *g = cls;
+    if (!g->done_sent) note_done(g);
+    gen_free(g);
+}
+
+/* Builds the prompt's ids for a chat or completion request. Returns 0 or
+ * an HTTP status with msg/param/code. */
+static unsigned prompt_ids(gen *g, int32_t **ids, int64_t *n, char *msg, size_t cap, const char **param,
+                           const char **code) {
+    serve_request *r = &g->rq;
+    char *text = NULL;
+    int64_t text_len = 0;
+    unsigned flags = dhsa_tokenizer_default_flags(S.tok) & DHSA_TOKENIZE_ADD_BOS;
+    *param = NULL;
+    *code = NULL;
+    if (r->kind == SERVE_REQ_COMPLETION && r->has_ids) {
+        *ids = malloc((size_t)(r->n_ids + 1) * sizeof(int32_t));
+        if (!*ids) return snprintf(msg, cap, "out of memory"), 500;
+        memcpy(*ids, r->ids, (size_t)r->n_ids * sizeof(int32_t));
+        *n = r->n_ids;
+        return 0;
+    }
+    if (r->kind == SERVE_REQ_CHAT) {
+        if (S.tmpl == DHSA_CHAT_NONE)
+            return snprintf(msg, cap, "the model names no chat template dhsa writes: start dhsa serve with "
+                            "--template llama3|chatml|gemma|mistral|llama2, or use /v1/completions"), 400;
+        dhsa_chat_message *cm = malloc((size_t)r->n_messages * sizeof *cm);
+        if (!cm) return snprintf(msg, cap, "out of memory"), 500;
+        for (int64_t i = 0; i < r->n_messages; i++) cm[i] = (dhsa_chat_message){r->messages[i].role, r->messages[i].content};
+        int64_t need = 0;
+        dhsa_status st = dhsa_chat_apply(S.tmpl, cm, r->n_messages, 1, NULL, 0, &need);
+        if (st == DHSA_OK || st == DHSA_ERR_INVALID_ARG) text = malloc((size_t)need + 1);
+        if (text && dhsa_chat_apply(S.tmpl, cm, r->n_messages, 1, text, need, &text_len) == DHSA_OK) {
+            text[text_len] = 0;
+        } else {
+            snprintf(msg, cap, "%s", text ? dhsa_last_error() : "out of memory");
+            *param = "messages";
+            free(cm);
+            free(text);
+            return 400;
+        }
+        free(cm);
+        flags |= DHSA_TOKENIZE_PARSE_SPECIAL;
+    }
+    const char *t = text ? text : r->text;
+    int64_t tl = text ? text_len : r->text_len;
+    int64_t cnt = 0;
+    dhsa_status st = dhsa_tokenize(S.tok, t, tl, flags, NULL, 0, &cnt);
+    if (st != DHSA_OK && st != DHSA_ERR_INVALID_ARG) {
+        snprintf(msg, cap, "tokenize: %s", dhsa_last_error());
+        free(text);
+        return 400;
+    }
+    *ids = malloc((size_t)(cnt + 1) * sizeof(int32_t));
+    if (!*ids || dhsa_tokenize(S.tok, t, tl, flags, *ids, cnt, n)) {
+        snprintf(msg, cap, "tokenize: %s", *ids ? dhsa_last_error() : "out of memory");
+        free(*ids);
+        *ids = NULL;
+        free(text);
+        return 500;
+    }
+    free(text);
+    if (*n == 0) {
+        *param = r->kind == SERVE_REQ_CHAT ? "messages" : "prompt";
+        return snprintf(msg, cap, "the prompt is empty and the vocabulary adds no BOS"), 400;
+    }
+    return 0;
+}
+
+/* Evaluates the prompt into the slot: the cached prefix is kept, the rest
+ * goes in pieces, with a check for a departed client between them.
+ * Returns 0, or an HTTP status with msg. */
+static unsigned prefill(gen *g, const int32_t *ids, int64_t n, char *msg, size_t cap) {
+    slot *sl = g->sl;
+    int64_t keep = common_prefix(sl->tokens, sl->n_cached, ids, n);
+    if (keep >= n) keep = n - 1; /* the last prompt token runs again for its logits */
+    if (dhsa_session_truncate(sl->s, keep)) {
+        /* a session that could not rebuild its indexes: start it anew */
+        snprintf(msg, cap, "prompt cache: %s", dhsa_last_error());
+        sl->n_cached = 0;
+        if (dhsa_session_reset(sl->s)) return 500;
+        keep = 0;
+    }
+    sl->n_cached = keep;
+    g->n_reused = keep;
+    memcpy(sl->tokens + keep, ids + keep, (size_t)(n - keep) * sizeof(int32_t));
+    const int64_t piece = 4 * dhsa_session_get_plan(sl->s)->n_ubatch;
+    double t = now_s();
+    for (int64_t at = keep; at < n;) {
+        int64_t k = n - at < piece ? n - at : piece;
+        if (dhsa_session_eval(sl->s, ids + at, k, at + k == n ? sl->logits : NULL)) {
+            snprintf(msg, cap, "prefill: %s", dhsa_last_error());
+            sl->n_cached = dhsa_session_length(sl->s);
+            return 500;
+        }
+        at += k;
+        sl->n_cached = at;
+        if (at < n && (client_gone(g->conn) || atomic_load(&S.stopping))) {
+            snprintf(msg, cap, "%s", atomic_load(&S.stopping) ? "the server is shutting down" : "the client went away");
+            return 499;
+        }
+    }
+    double dt = now_s() - t;
+    pthread_mutex_lock(&S.mu);
+    S.prompt_tokens += (uint64_t)n;
+    S.cached_tokens += (uint64_t)keep;
+    if (keep > 0) S.n_cache_hits++;
+    S.prefill_s += dt;
+    pthread_mutex_unlock(&S.mu);
+    g->t_prefill = dt;
+    return 0;
+}
+
+static enum MHD_Result handle_generate(struct MHD_Connection *c, serve_req_kind kind, const char *body, size_t len) {
+    serve_limits lim = {S.max_tokens, S.n_ctx, S.in->n_vocab};
+    gen *g = calloc(1, sizeof *g);
+    if (!g) return send_error(c, 500, "out of memory", NULL, NULL);
+    serve_error e;
+    if (serve_request_parse(kind, body, len, &lim, &g->rq, &e)) {
+        gen_free(g);
+        return send_error(c, 400, e.message, e.param, NULL);
+    }
+    g->conn = c;
+    g->chat = kind == SERVE_REQ_CHAT;
+    g->first_piece = 1;
+    g->created = time(NULL);
+    g->t_start = now_s();
+    snprintf(g->id, sizeof g->id, "%s-%" PRIu64, g->chat ? "chatcmpl" : "cmpl", (uint64_t)atomic_fetch_add(&S.id_counter, 1));
+    char msg[600];
+    const char *param = NULL, *code = NULL;
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    unsigned status = prompt_ids(g, &ids, &n, msg, sizeof msg, &param, &code);
+    if (!status && n > S.n_ctx) {
+        snprintf(msg, sizeof msg, "the prompt has %lld tokens; a slot's context holds %lld (--ctx)", (long long)n,
+                 (long long)S.n_ctx);
+        status = 400;
+        param = g->chat ? "messages" : "prompt";
+        code = "context_length_exceeded";
+    }
+    int64_t room = S.n_ctx - n;
+    int64_t want = g->rq.max_tokens >= 0 ? g->rq.max_tokens : (g->chat ? room : 16); /* OpenAI's defaults */
+    if (!status && g->rq.max_tokens > room) {
+        snprintf(msg, sizeof msg, "the prompt's %lld tokens and max_tokens %lld do not fit a slot's context of %lld "
+                 "tokens (--ctx); max_tokens may be at most %lld here", (long long)n, (long long)g->rq.max_tokens,
+                 (long long)S.n_ctx, (long long)room);
+        status = 400;
+        param = "max_tokens";
+        code = "context_length_exceeded";
+    }
+    if (status) {
+        free(ids);
+        gen_free(g);
+        return send_error(c, status, msg, param, code);
+    }
+    g->max_gen = want < S.max_tokens ? want : S.max_tokens;
+    g->n_prompt = n;
+    /* stops: EOS, and the chat format's end-of-turn ids */
+    if (dhsa_tokenizer_eos(S.tok) >= 0) g->stop_ids[g->n_stop_ids++] = dhsa_tokenizer_eos(S.tok);
+    if (g->chat)
+        for (int i = 0; i < S.n_chat_stop && g->n_stop_ids < 20; i++) g->stop_ids[g->n_stop_ids++] = S.chat_stop[i];
+    dhsa_sampler_params sp = dhsa_sampler_default_params();
+    sp.temperature = (float)g->rq.temperature;
+    sp.top_p = (float)g->rq.top_p;
+    sp.min_p = (float)g->rq.min_p;
+    sp.top_k = g->rq.top_k;
+    sp.repeat_penalty = (float)g->rq.repeat_penalty;
+    sp.repeat_last_n = g->rq.repeat_last_n;
+    if (g->rq.seed_set) sp.seed = g->rq.seed;
+    else { /* as OpenAI: a request without a seed gets its own */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        sp.seed = ((uint64_t)ts.tv_sec * 1000000007u) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)atomic_load(&S.id_counter) << 32);
+    }
+    g->touched = malloc((size_t)(g->max_gen + 1) * sizeof(int32_t));
+    if (!g->touched || dhsa_sampler_create(&sp, S.in->n_vocab, &g->smp)) {
+        snprintf(msg, sizeof msg, "sampler: %s", g->touched ? dhsa_last_error() : "out of memory");
+        free(ids);
+        gen_free(g);
+        return send_error(c, 500, msg, NULL, NULL);
+    }
+    const char *why = NULL;
+    g->sl = acquire(ids, n, &why);
+    if (!g->sl) {
+        free(ids);
+        gen_free(g);
+        if (strcmp(why, "stopping") == 0) return send_error(c, 503, "the server is shutting down", NULL, NULL);
+        snprintf(msg, sizeof msg, strcmp(why, "queue") == 0
+                                      ? "all %lld slots are busy and %lld requests wait already (--max-queue): retry later"
+                                      : "all %lld slots stayed busy for --queue-timeout %lld s: retry later",
+                 (long long)S.n_slots, strcmp(why, "queue") == 0 ? (long long)S.max_queue : (long long)S.queue_timeout);
+        return send_error(c, 503, msg, NULL, NULL);
+    }
+    if (slot_prepare(g->sl, g->rq.attn, g->rq.density, msg, sizeof msg)) {
+        free(ids);
+        gen_free(g);
+        return send_error(c, 400, msg, g->rq.attn != SERVE_ATTN_UNSET ? "attn" : "density", NULL);
+    }
+    status = prefill(g, ids, n, msg, sizeof msg);
+    free(ids);
+    if (status == 499) { /* nobody to answer */
+        pthread_mutex_lock(&S.mu);
+        S.n_disconnects++;
+        pthread_mutex_unlock(&S.mu);
+        gen_free(g);
+        return atomic_load(&S.stopping) ? send_error(c, 503, msg, NULL, NULL) : MHD_NO;
+    }
+    if (status) {
+        gen_free(g);
+        return send_error(c, status, msg, NULL, NULL);
+    }
+    if (g->rq.stream) {
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, g, stream_free);
+        if (!r) {
+            gen_free(g);
+            return MHD_NO;
+        }
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        enum MHD_Result ret = MHD_queue_response(c, 200, r);
+        MHD_destroy_response(r); /* stream_free runs when the response is done with */
+        return ret;
+    }
+    /* whole reply */
+    while (!g->finish && !g->error) {
+        if (client_gone(c)) {
+            pthread_mutex_lock(&S.mu);
+            S.n_disconnects++;
+            pthread_mutex_unlock(&S.mu);
+            note_done(g);
+            gen_free(g);
+            return MHD_NO;
+        }
+        step(g);
+        (void)emittable(g); /* cuts at a stop string */
+    }
+    note_done(g);
+    if (g->error) {
+        snprintf(msg, sizeof msg, "%s", g->err_msg);
+        gen_free(g);
+        return send_error(c, atomic_load(&S.stopping) ? 503 : 500, msg, NULL, NULL);
+    }
+    json_t *o = envelope(g, 0), *ch = json_array();
+    json_array_append_new(ch, choice(g, g->out ? g->out : "", g->out_len, 0, g->finish));
+    json_object_set_new(o, "choices", ch);
+    json_object_set_new(o, "usage", usage_json(g));
+    gen_free(g);
+    return send_json(c, 200, o);
+}
+
+/* ------------------------------------------------------ other calls --- */
+
+static enum MHD_Result handle_tokenize(struct MHD_Connection *c, serve_req_kind kind, const char *body, size_t len) {
+    serve_limits lim = {S.max_tokens, S.n_ctx, S.in->n_vocab};
+    serve_request r;
+    serve_error e;
+    if (serve_request_parse(kind, body, len, &lim, &r, &e)) return send_error(c, 400, e.message, e.param, NULL);
+    json_t *o = json_object();
+    if (kind == SERVE_REQ_TOKENIZE) {
+        unsigned flags = r.add_special ? (dhsa_tokenizer_default_flags(S.tok) & DHSA_TOKENIZE_ADD_BOS) : 0;
+        int64_t n = 0;
+        dhsa_tokenize(S.tok, r.text, r.text_len, flags, NULL, 0, &n);
+        int32_t *ids = malloc((size_t)(n + 1) * sizeof(int32_t));
+        if (!ids || dhsa_tokenize(S.tok, r.text, r.text_len, flags, ids, n, &n)) {
+            free(ids);
+            serve_request_free(&r);
+            json_decref(o);
+            return send_error(c, 400, dhsa_last_error(), "content", NULL);
+        }
+        json_t *a = json_array();
+        for (int64_t i = 0; i < n; i++) {
+            if (!r.with_pieces) {
+                json_array_append_new(a, json_integer(ids[i]));
+                continue;
+            }
+            char piece[512];
+            int64_t pl = 0;
+            if (dhsa_token_to_piece(S.tok, ids[i], DHSA_DETOKENIZE_SPECIAL, piece, sizeof piece, &pl)) pl = 0;
+            json_t *t = json_object();
+            json_object_set_new(t, "id", json_integer(ids[i]));
+            json_object_set_new(t, "piece", json_text(piece, pl));
+            json_array_append_new(a, t);
+        }
+        json_object_set_new(o, "tokens", a);
+        free(ids);
+    } else {
+        int64_t n = 0;
+        dhsa_detokenize(S.tok, r.ids, r.n_ids, 0, NULL, 0, &n);
+        char *text = malloc((size_t)n + 1);
+        if (!text || dhsa_detokenize(S.tok, r.ids, r.n_ids, 0, text, n, &n)) {
+            free(text);
+            serve_request_free(&r);
+            json_decref(o);
+            return send_error(c, 400, dhsa_last_error(), "tokens", NULL);
+        }
+        json_object_set_new(o, "content", json_text(text, n));
+        free(text);
+    }
+    serve_request_free(&r);
+    return send_json(c, 200, o);
+}
+
+static enum MHD_Result handle_models(struct MHD_Connection *c) {
+    json_t *m = json_object();
+    json_object_set_new(m, "id", json_string(S.model_name));
+    json_object_set_new(m, "object", json_string("model"));
+    json_object_set_new(m, "created", json_integer((json_int_t)S.started));
+    json_object_set_new(m, "owned_by", json_string("dhsa"));
+    json_t *meta = json_object();
+    json_object_set_new(meta, "n_ctx", json_integer(S.n_ctx));
+    json_object_set_new(meta, "n_ctx_train", json_integer(S.in->n_ctx_train));
+    json_object_set_new(meta, "n_vocab", json_integer(S.in->n_vocab));
+    json_object_set_new(meta, "n_params", json_integer(S.in->n_params));
+    json_object_set_new(meta, "slots", json_integer(S.n_slots));
+    json_object_set_new(meta, "attn", json_string(dhsa_attn_method_name(S.sp.attn)));
+    json_object_set_new(meta, "chat_template", json_string(dhsa_chat_template_name(S.tmpl)));
+    json_object_set_new(m, "meta", meta);
+    json_t *d = json_array();
+    json_array_append_new(d, m);
+    json_t *o = json_object();
+    json_object_set_new(o, "object", json_string("list"));
+    json_object_set_new(o, "data", d);
+    return send_json(c, 200, o);
+}
+
+static enum MHD_Result handle_health(struct MHD_Connection *c) {
+    pthread_mutex_lock(&S.mu);
+    int64_t busy = S.n_busy, queued = S.n_queued;
+    pthread_mutex_unlock(&S.mu);
+    int stopping = atomic_load(&S.stopping);
+    json_t *o = json_object();
+    json_object_set_new(o, "status", json_string(stopping ? "stopping" : "ok"));
+    json_object_set_new(o, "slots_idle", json_integer(S.n_slots - busy));
+    json_object_set_new(o, "slots_busy", json_integer(busy));
+    json_object_set_new(o, "requests_queued", json_integer(queued));
+    return send_json(c, stopping ? 503 : 200, o);
+}
+
+static enum MHD_Result handle_metrics(struct MHD_Connection *c) {
+    pthread_mutex_lock(&S.mu);
+    server m = S; /* a copy of the counters */
+    pthread_mutex_unlock(&S.mu);
+    size_t cap = 8192;
+    char *b = malloc(cap);
+    if (!b) return send_error(c, 500, "out of memory", NULL, NULL);
+    static const char *names[5] = {"chat", "completions", "tokenize", "detokenize", "other"};
+    size_t k = 0;
+#define OUT(...) k += (size_t)snprintf(b + k, k < cap ? cap - k : 0, __VA_ARGS__)
+    OUT("# HELP dhsa_requests_total Requests received, by endpoint.\n# TYPE dhsa_requests_total counter\n");
+    for (int i = 0; i < 5; i++) OUT("dhsa_requests_total{endpoint=\"%s\"} %" PRIu64 "\n", names[i], m.n_requests[i]);
+    OUT("# HELP dhsa_request_errors_total Requests answered with an error.\n# TYPE dhsa_request_errors_total counter\n"
+        "dhsa_request_errors_total %" PRIu64 "\n", m.n_errors);
+    OUT("# HELP dhsa_client_disconnects_total Generations stopped because the client went away.\n"
+        "# TYPE dhsa_client_disconnects_total counter\ndhsa_client_disconnects_total %" PRIu64 "\n", m.n_disconnects);
+    OUT("# HELP dhsa_prompt_tokens_total Prompt tokens of the requests (cached ones included).\n"
+        "# TYPE dhsa_prompt_tokens_total counter\ndhsa_prompt_tokens_total %" PRIu64 "\n", m.prompt_tokens);
+    OUT("# HELP dhsa_prompt_tokens_cached_total Prompt tokens taken from a slot's cache.\n"
+        "# TYPE dhsa_prompt_tokens_cached_total counter\ndhsa_prompt_tokens_cached_total %" PRIu64 "\n", m.cached_tokens);
+    OUT("# HELP dhsa_cache_hits_total Requests that reused a cached prefix.\n# TYPE dhsa_cache_hits_total counter\n"
+        "dhsa_cache_hits_total %" PRIu64 "\n", m.n_cache_hits);
+    OUT("# HELP dhsa_generated_tokens_total Tokens generated.\n# TYPE dhsa_generated_tokens_total counter\n"
+        "dhsa_generated_tokens_total %" PRIu64 "\n", m.gen_tokens);
+    OUT("# HELP dhsa_prefill_seconds_total Time in prompt evaluation.\n# TYPE dhsa_prefill_seconds_total counter\n"
+        "dhsa_prefill_seconds_total %.6f\n", m.prefill_s);
+    OUT("# HELP dhsa_decode_seconds_total Time in decode steps.\n# TYPE dhsa_decode_seconds_total counter\n"
+        "dhsa_decode_seconds_total %.6f\n", m.decode_s);
+    uint64_t evaluated = m.prompt_tokens - m.cached_tokens;
+    OUT("# HELP dhsa_prefill_tokens_per_second Evaluated prompt tokens per second of prefill, since start.\n"
+        "# TYPE dhsa_prefill_tokens_per_second gauge\ndhsa_prefill_tokens_per_second %.3f\n",
+        m.prefill_s > 0 ? (double)evaluated / m.prefill_s : 0.0);
+    OUT("# HELP dhsa_decode_tokens_per_second Decode steps per second of one slot, since start.\n"
+        "# TYPE dhsa_decode_tokens_per_second gauge\ndhsa_decode_tokens_per_second %.3f\n",
+        m.decode_s > 0 ? (double)m.gen_tokens / m.decode_s : 0.0);
+    OUT("# HELP dhsa_slots Slots (sessions served at once).\n# TYPE dhsa_slots gauge\ndhsa_slots %lld\n",
+        (long long)m.n_slots);
+    OUT("# HELP dhsa_slots_busy Slots serving a request.\n# TYPE dhsa_slots_busy gauge\ndhsa_slots_busy %lld\n",
+        (long long)m.n_busy);
+    OUT("# HELP dhsa_requests_queued Requests waiting for a slot.\n# TYPE dhsa_requests_queued gauge\n"
+        "dhsa_requests_queued %lld\n", (long long)m.n_queued);
+    OUT("# HELP dhsa_resident_bytes Resident memory of the process.\n# TYPE dhsa_resident_bytes gauge\n"
+        "dhsa_resident_bytes %zu\n", dhsa_proc_rss());
+#undef OUT
+    if (k >= cap) {
+        free(b);
+        return send_error(c, 500, "metrics: buffer too small", NULL, NULL);
+    }
+    return send_text(c, 200, "text/plain; version=0.0.4", b, k);
+}
+
+/* ---------------------------------------------------------- routing --- */
+
+static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode t) {
+    (void)cls;
+    (void)c;
+    (void)t;
+    request_ctx *r = *con_cls;
+    if (r) {
+        free(r->body);
+        free(r);
+        *con_cls = NULL;
+    }
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    (void)cls;
+    (void)version;
+    request_ctx *r = *con_cls;
+    if (!r) {
+        r = calloc(1, sizeof *r);
+        if (!r) return MHD_NO;
+        r->t0 = now_s();
+        *con_cls = r;
+        return MHD_YES;
+    }
+    if (*upload_size) { /* a piece of the body */
+        if (!r->too_large) {
+            if (r->len + *upload_size > (size_t)S.max_body) {
+                r->too_large = 1;
+                free(r->body);
+                r->body = NULL;
+                r->len = r->cap = 0;
+            } else {
+                if (r->len + *upload_size + 1 > r->cap) {
+                    size_t cap = r->cap ? r->cap : 4096;
+                    while (cap < r->len + *upload_size + 1) cap *= 2;
+                    char *b = realloc(r->body, cap);
+                    if (!b) return MHD_NO;
+                    r->body = b;
+                    r->cap = cap;
+                }
+                memcpy(r->body + r->len, upload, *upload_size);
+                r->len += *upload_size;
+            }
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (r->handled) return MHD_YES;
+    r->handled = 1;
+    int post = strcmp(method, "POST") == 0, get = strcmp(method, "GET") == 0;
+    int ep = strcmp(url, "/v1/chat/completions") == 0 ? 0
+             : strcmp(url, "/v1/completions") == 0    ? 1
+             : strcmp(url, "/tokenize") == 0          ? 2
+             : strcmp(url, "/detokenize") == 0        ? 3
+                                                      : 4;
+    pthread_mutex_lock(&S.mu);
+    S.n_requests[ep]++;
+    pthread_mutex_unlock(&S.mu);
+    if (atomic_load(&S.stopping) && ep < 4) return send_error(c, 503, "the server is shutting down", NULL, NULL);
+    if (r->too_large) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "the request body is larger than --max-body %lld bytes", (long long)S.max_body);
+        return send_error(c, 413, msg, NULL, NULL);
+    }
+    if (ep < 4 && !post) return send_error(c, 405, "this endpoint takes POST", NULL, NULL);
+    if (ep == 0 || ep == 1) return handle_generate(c, ep == 0 ? SERVE_REQ_CHAT : SERVE_REQ_COMPLETION, r->body, r->len);
+    if (ep == 2 || ep == 3) return handle_tokenize(c, ep == 2 ? SERVE_REQ_TOKENIZE : SERVE_REQ_DETOKENIZE, r->body, r->len);
+    int known_get = strcmp(url, "/health") == 0 || strcmp(url, "/metrics") == 0 || strcmp(url, "/v1/models") == 0;
+    if (known_get && !get) return send_error(c, 405, "this endpoint takes GET", NULL, NULL);
+    if (strcmp(url, "/health") == 0) return handle_health(c);
+    if (strcmp(url, "/metrics") == 0) return handle_metrics(c);
+    if (strcmp(url, "/v1/models") == 0) return handle_models(c);
+    char msg[400];
+    snprintf(msg, sizeof msg, "no endpoint %.200s (POST /v1/chat/completions, /v1/completions, /tokenize, "
+             "/detokenize; GET /v1/models, /health, /metrics)", url);
+    return send_error(c, 404, msg, NULL, NULL);
+}
+
+/* ------------------------------------------------------------ start --- */
+
+static void parse_args(int argc, char **argv) {
+    S.host = "127.0.0.1";
+    S.port = 8080;
+    S.n_slots = 1;
+    S.max_tokens = 4096;
+    S.max_body = 8 << 20;
+    S.timeout = 60;
+    S.queue_timeout = 60;
+    S.max_queue = 64;
+    S.max_conn = 128;
+    S.sp = dhsa_session_default_params();
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(dhsa_cli_serve_usage, stdout);
+            exit(0);
+        }
+        if (strcmp(a, "--verbose") == 0 || strcmp(a, "-v") == 0) {
+            S.verbose = 1;
+            continue;
+        }
+        if (i + 1 >= argc) dhsa_cli_die(EXIT_USAGE, "%s needs a value (or is unknown: see dhsa help serve)", a);
+        const char *v = argv[++i];
+        if (strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0) S.model_path = v;
+        else if (strcmp(a, "--host") == 0) S.host = v;
+        else if (strcmp(a, "--port") == 0) S.port = dhsa_cli_int(a, v, 0, 65535, 0);
+        else if (strcmp(a, "--slots") == 0) S.n_slots = dhsa_cli_int(a, v, 1, 256, 0);
+        else if (strcmp(a, "--ctx") == 0 || strcmp(a, "-c") == 0) S.sp.n_ctx = dhsa_cli_int(a, v, 1, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) S.threads = dhsa_cli_int(a, v, 1, 1024, 0);
+        else if (strcmp(a, "--mem-limit") == 0) S.sp.mem_limit = (size_t)dhsa_cli_int(a, v, 1, INT64_MAX, 1);
+        else if (strcmp(a, "--density") == 0) S.sp.router.density = dhsa_cli_real(a, v, 1e-6, 1);
+        else if (strcmp(a, "--template") == 0) S.template_name = v;
+        else if (strcmp(a, "--max-tokens") == 0) S.max_tokens = dhsa_cli_int(a, v, 1, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "--max-body") == 0) S.max_body = dhsa_cli_int(a, v, 64, (int64_t)1 << 32, 1);
+        else if (strcmp(a, "--timeout") == 0) S.timeout = dhsa_cli_int(a, v, 1, 86400, 0);
+        else if (strcmp(a, "--queue-timeout") == 0) S.queue_timeout = dhsa_cli_int(a, v, 0, 86400, 0);
+        else if (strcmp(a, "--max-queue") == 0) S.max_queue = dhsa_cli_int(a, v, 0, 1 << 20, 0);
+        else if (strcmp(a, "--max-connections") == 0) S.max_conn = dhsa_cli_int(a, v, 1, 65536, 0);
+        else if (strcmp(a, "--kv") == 0) {
+            if (strcmp(v, "f32") == 0) S.sp.kv_type = DHSA_F32;
+            else if (strcmp(v, "f16") == 0) S.sp.kv_type = DHSA_F16;
+            else dhsa_cli_die(EXIT_USAGE, "--kv is f32 or f16, not \"%s\"", v);
+        } else if (strcmp(a, "--attn") == 0) {
+            dhsa_attn_method m;
+            for (m = DHSA_ATTN_DENSE; m <= DHSA_ATTN_ORACLE; m++)
+                if (strcmp(v, dhsa_attn_method_name(m)) == 0) break;
+            if (m > DHSA_ATTN_ORACLE) dhsa_cli_die(EXIT_USAGE, "--attn is dense, dhsa, block, stream or oracle, not \"%s\"", v);
+            S.sp.attn = m;
+        } else dhsa_cli_die(EXIT_USAGE, "unknown option \"%s\" (see dhsa help serve)", a);
+    }
+    if (!S.model_path) {
+        char msg[512];
+        S.model_path = dhsa_cli_default_model(msg, sizeof msg);
+        if (!S.model_path) dhsa_cli_die(EXIT_USAGE, "%s", msg);
+        fprintf(stderr, "dhsa serve: model %s (the default; -m MODEL for another)\n", S.model_path);
+    }
+    if (!S.threads) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        S.threads = cpus > 0 ? cpus / S.n_slots : 1;
+        if (S.threads < 1) S.threads = 1;
+    }
+}
+
+/* The memory of all slots against --mem-limit: the first session's plan
+ * counts the process and one slot; each further slot adds its buffers and
+ * its threads' stacks (their caches are not resident yet when the next
+ * plan measures the process, so that plan would not count them). */
+static void check_memory(void) {
+    dhsa_mem_plan pl;
+    if (dhsa_session_plan(S.slots[0].ctx, S.m, &S.sp, &pl)) dhsa_cli_die(EXIT_RUN, "memory plan: %s", dhsa_last_error());
+    size_t per_slot = pl.kv_cache + pl.activations + pl.attn_workspace + pl.matmul_workspace + pl.routing + pl.stacks +
+                      (pl.slack > DHSA_PLAN_HEAP_MARGIN ? pl.slack - DHSA_PLAN_HEAP_MARGIN : 0);
+    size_t total = pl.total + (size_t)(S.n_slots - 1) * per_slot;
+    char a[32], b[32], c2[32];
+    fprintf(stderr, "dhsa serve: memory plan: %s for %lld slot%s of %lld tokens (%s each beyond the first; the weights "
+            "and the process once)\n", dhsa_cli_bytes((double)total, a, sizeof a), (long long)S.n_slots,
+            S.n_slots == 1 ? "" : "s", (long long)pl.n_ctx, dhsa_cli_bytes((double)per_slot, b, sizeof b));
+    if (S.sp.mem_limit && total > S.sp.mem_limit)
+        dhsa_cli_die(EXIT_RUN, "%lld slots need %s but --mem-limit is %s: fewer --slots, a smaller --ctx, --kv f16 or "
+                     "a larger limit (one slot needs %s)", (long long)S.n_slots, dhsa_cli_bytes((double)total, a, sizeof a),
+                     dhsa_cli_bytes((double)S.sp.mem_limit, c2, sizeof c2), dhsa_cli_bytes((double)pl.total, b, sizeof b));
+    S.n_ctx = pl.n_ctx;
+    S.sp.n_ubatch = pl.n_ubatch; /* every slot the same */
+}
+
+static void setup(void) {
+    dhsa_model_params mp = dhsa_model_default_params();
+    if (dhsa_model_load(S.model_path, &mp, &S.m)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+    S.in = dhsa_model_get_info(S.m);
+    S.tok = dhsa_model_tokenizer(S.m);
+    const char *base = strrchr(S.model_path, '/');
+    snprintf(S.model_name, sizeof S.model_name, "%s", base ? base + 1 : S.model_path);
+    char *dot = strrchr(S.model_name, '.');
+    if (dot && strcmp(dot, ".gguf") == 0) *dot = 0;
+    S.tmpl = dhsa_chat_detect(dhsa_model_gguf(S.m));
+    if (S.template_name && dhsa_chat_template_from_name(S.template_name, &S.tmpl))
+        dhsa_cli_die(EXIT_USAGE, "%s", dhsa_last_error());
+    if (S.tmpl != DHSA_CHAT_NONE && dhsa_chat_stop_ids(S.tmpl, S.tok, S.chat_stop, 16, &S.n_chat_stop))
+        dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+    if (S.sp.n_ctx == 0) S.sp.n_ctx = S.in->n_ctx_train;
+    S.slots = calloc((size_t)S.n_slots, sizeof *S.slots);
+    if (!S.slots) dhsa_cli_die(EXIT_RUN, "out of memory");
+    for (int64_t i = 0; i < S.n_slots; i++) {
+        dhsa_ctx_params cp = dhsa_ctx_default_params();
+        cp.n_threads = (int)S.threads;
+        if (dhsa_ctx_create(&cp, &S.slots[i].ctx)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+    }
+    check_memory();
+    size_t V = (size_t)S.in->n_vocab;
+    for (int64_t i = 0; i < S.n_slots; i++) {
+        slot *sl = &S.slots[i];
+        sl->id = (int)i;
+        sl->tokens = malloc((size_t)(S.n_ctx + 1) * sizeof(int32_t));
+        sl->logits = malloc(V * sizeof(float));
+        sl->scratch = malloc(V * sizeof(float));
+        sl->counts = calloc(V, sizeof(int32_t));
+        if (!sl->tokens || !sl->logits || !sl->scratch || !sl->counts) dhsa_cli_die(EXIT_RUN, "out of memory");
+        if (dhsa_session_create(sl->ctx, S.m, &S.sp, &sl->s)) dhsa_cli_die(EXIT_RUN, "slot %lld: %s", (long long)i, dhsa_last_error());
+        sl->sp = S.sp;
+    }
+}
+
+static void teardown(void) {
+    for (int64_t i = 0; i < S.n_slots; i++) {
+        slot *sl = &S.slots[i];
+        dhsa_session_free(sl->s);
+        dhsa_ctx_free(sl->ctx);
+        free(sl->tokens);
+        free(sl->logits);
+        free(sl->scratch);
+        free(sl->counts);
+    }
+    free(S.slots);
+    dhsa_model_free(S.m);
+}
+
+int dhsa_cli_serve(int argc, char **argv) {
+    dhsa_cli_set_command("serve", "(see dhsa help serve)\n");
+    memset(&S, 0, sizeof S);
+    parse_args(argc, argv);
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)S.port);
+    if (inet_pton(AF_INET, S.host, &addr.sin_addr) != 1)
+        dhsa_cli_die(EXIT_USAGE, "--host %s: an IPv4 address is needed (127.0.0.1, 0.0.0.0, ...)", S.host);
+    setup();
+    pthread_mutex_init(&S.mu, NULL);
+    atomic_init(&S.stopping, 0);
+    atomic_init(&S.id_counter, 1);
+    S.started = time(NULL);
+    /* the signals go to this thread's sigwait only: every thread made from
+     * here on inherits the mask */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    struct MHD_Daemon *d = MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request,
+        NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)S.timeout,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)S.max_conn, MHD_OPTION_NOTIFY_COMPLETED, request_done, NULL,
+        MHD_OPTION_END);
+    if (!d) dhsa_cli_die(EXIT_RUN, "cannot listen on %s:%lld: %s", S.host, (long long)S.port, strerror(errno));
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    int port = di ? (int)di->port : (int)S.port;
+    fprintf(stderr, "dhsa serve: %s, %lld slot%s x %lld tokens, attention %s, %lld threads each, chat template %s\n",
+            S.model_name, (long long)S.n_slots, S.n_slots == 1 ? "" : "s", (long long)S.n_ctx,
+            dhsa_attn_method_name(S.sp.attn), (long long)S.threads, dhsa_chat_template_name(S.tmpl));
+    fprintf(stderr, "dhsa serve: listening on http://%s:%d\n", S.host, port);
+    fflush(stderr);
+    int sig = 0;
+    while (sigwait(&sigs, &sig) != 0) {
+    }
+    fprintf(stderr, "dhsa serve: %s: stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    atomic_store(&S.stopping, 1);
+    pthread_mutex_lock(&S.mu);
+    for (waiter *w = S.q_head; w; w = w->next) pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&S.mu);
+    MHD_stop_daemon(d); /* joins every connection's thread */
+    teardown();
+    pthread_mutex_destroy(&S.mu);
+    fprintf(stderr, "dhsa serve: stopped\n");
+    return 0;
+}
+#endif
