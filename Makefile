@@ -107,6 +107,8 @@ ubsan:
 #   tokenizer  any text through every vocabulary of ../shared/vocab, the
 #              shipped model's and stories260K's (absent ones are skipped)
 #   num        the CLI's number parsers (tools/cli_num.c)
+#   serve      dhsa serve's request bodies (tools/serve_req.c; needs jansson,
+#              skipped, saying so, without it)
 # Seeds: ../shared/models and ../shared/vocab where present, tiny models
 # from `build/dhsa gen-model`, models/dhsa-retrieval-8m-q8_0.gguf, random
 # predictors from fuzz/predictor_seed.c.
@@ -174,6 +176,17 @@ fuzz: $(BUILD)/dhsa
 	@printf '\000\120512K' > build-fuzz/corpus-num/int-suffix; printf '\001\1200.0625' > build-fuzz/corpus-num/real
 	@printf '\020\120-9223372036854775808' > build-fuzz/corpus-num/int-min; printf '\001\1200x1.8p-3' > build-fuzz/corpus-num/hex
 	build-fuzz/num_fuzz $(FUZZ_RUN) -max_len=64 build-fuzz/corpus-num
+ifeq ($(HAVE_SERVE),1)
+	$(FUZZ_LINK) $(SERVE_CFLAGS) -Itools -o build-fuzz/serve_fuzz fuzz/serve_fuzz.c tools/serve_req.c build-fuzz/libdhsa.a $(SERVE_LIBS) -lpthread -lm
+	@mkdir -p build-fuzz/corpus-serve
+	@printf '\000{"messages":[{"role":"user","content":"Hi"}],"stream":true,"stop":["a"],"max_tokens":5}' > build-fuzz/corpus-serve/chat
+	@printf '\001{"prompt":[[1,2,3]],"temperature":0.5,"seed":7,"stream":true,"stream_options":{"include_usage":true}}' > build-fuzz/corpus-serve/ids
+	@printf '\002{"content":"caf\303\251","with_pieces":true}' > build-fuzz/corpus-serve/tok
+	@printf '\003{"tokens":[1,2,2047]}' > build-fuzz/corpus-serve/detok
+	build-fuzz/serve_fuzz $(FUZZ_RUN) -max_len=4096 build-fuzz/corpus-serve
+else
+	@echo "serve_fuzz: skipped: no jansson (apt-get install libmicrohttpd-dev libjansson-dev pkg-config)"
+endif
 
 clean:
 	rm -rf build build-asan build-ubsan build-fuzz

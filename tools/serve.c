@@ -643,12 +643,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         }
         if (g->done_sent) return MHD_CONTENT_READER_END_OF_STREAM;
         if (!g->finish && !g->error) {
-            if (client_gone(g->conn)) {
-                pthread_mutex_lock(&S.mu);
-                S.n_disconnects++;
-                pthread_mutex_unlock(&S.mu);
-                return MHD_CONTENT_READER_END_WITH_ERROR;
-            }
+            if (client_gone(g->conn)) return MHD_CONTENT_READER_END_WITH_ERROR; /* stream_free counts it */
             step(g);
         }
         int rc = 0;
@@ -708,9 +703,16 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     }
 }
 
+/* The response is done with: sent whole, or the connection closed (a
+ * client that went away while its stream ran counts as a disconnect). */
 static void stream_free(void *cls) {
     gen *g = cls;
-    if (!g->done_sent) note_done(g);
+    if (!g->done_sent) {
+        pthread_mutex_lock(&S.mu);
+        S.n_disconnects++;
+        pthread_mutex_unlock(&S.mu);
+        note_done(g);
+    }
     gen_free(g);
 }
 
@@ -823,7 +825,7 @@ static unsigned prefill(gen *g, const int32_t *ids, int64_t n, char *msg, size_t
 }
 
 static enum MHD_Result handle_generate(struct MHD_Connection *c, serve_req_kind kind, const char *body, size_t len) {
-    serve_limits lim = {S.max_tokens, S.n_ctx, S.in->n_vocab};
+    serve_limits lim = {S.max_tokens, 2 * S.n_ctx + 16, S.in->n_vocab}; /* a longer prompt is refused below, naming --ctx */
     gen *g = calloc(1, sizeof *g);
     if (!g) return send_error(c, 500, "out of memory", NULL, NULL);
     serve_error e;
@@ -1340,7 +1342,7 @@ int dhsa_cli_serve(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
     struct MHD_Daemon *d = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request,
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | (S.verbose ? MHD_USE_ERROR_LOG : 0), 0, NULL, NULL, on_request,
         NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)S.timeout,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)S.max_conn, MHD_OPTION_NOTIFY_COMPLETED, request_done, NULL,
         MHD_OPTION_END);

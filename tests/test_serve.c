@@ -1,0 +1,736 @@
+/* test_serve.c: `dhsa serve` (tools/serve.c, docs/server.md).
+ *
+ * Part 1, the request parser (tools/serve_req.c) without a socket: a table
+ * of good bodies and what they parse to, and bad ones with the parameter
+ * the 400 must name.
+ * Part 2, the server over loopback, started from the built CLI on a free
+ * port with the default model: health, models, tokenize / detokenize
+ * round trip, greedy completions equal to `dhsa run --temp 0` (the first
+ * time, and again from the prompt cache, and for a prompt that shares only
+ * a prefix with the cache), streaming (SSE chunks, finish_reason, usage,
+ * "data: [DONE]"), stop strings, chat, errors (malformed JSON, unknown
+ * parameter, n > 1, too long a prompt, body over --max-body, 404, 405,
+ * malformed HTTP), a client that disconnects mid-stream frees its slot,
+ * curl as the client, a bounded load test (8 clients x 20 requests, mixed
+ * lengths, every fifth one disconnecting early: no failed request, no
+ * busy slot after, RSS within 5% of before), --mem-limit refusing too
+ * many slots, and SIGTERM during a stream stopping the server cleanly.
+ * Without libmicrohttpd and jansson both parts skip (saying so) and the
+ * test checks that `dhsa serve` refuses, naming the packages.
+ *
+ * Run: make build/tests/test_serve && DHSA_CLI=build/dhsa build/tests/test_serve
+ * (from the repository root). Ends with "test_serve: P passed, F failed, S skipped".
+ */
+#include "dhsa.h"
+#include "t.h"
+#include "cli_run.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* seconds, monotonic (the tests do not link tools/cli_base.c) */
+static double dhsa_cli_now_test(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+#define N_PARSER_CHECKS 46
+#define N_HTTP_CHECKS 36
+
+#ifdef DHSA_HAVE_SERVE
+#include "serve.h"
+
+/* ------------------------------------------------------------ parser --- */
+
+static int parses(serve_req_kind k, const char *body, serve_request *r) {
+    serve_limits lim = {1000, 100, 2048};
+    serve_error e;
+    int rc = serve_request_parse(k, body, strlen(body), &lim, r, &e);
+    if (rc) fprintf(stderr, "  parse error: %s (param %s)\n", e.message, e.param);
+    return rc == 0;
+}
+
+/* 1 when body is refused naming param. */
+static int refused(serve_req_kind k, const char *body, const char *param) {
+    serve_limits lim = {1000, 100, 2048};
+    serve_request r;
+    serve_error e;
+    int rc = serve_request_parse(k, body, strlen(body), &lim, &r, &e);
+    serve_request_free(&r);
+    if (rc == 0) {
+        fprintf(stderr, "  accepted: %s\n", body);
+        return 0;
+    }
+    if (strcmp(e.param, param) != 0 || !e.message[0]) {
+        fprintf(stderr, "  %s: param \"%s\" (want \"%s\"): %s\n", body, e.param, param, e.message);
+        return 0;
+    }
+    return 1;
+}
+
+static void test_parser(void) {
+    serve_request r;
+    T_CHECK(parses(SERVE_REQ_CHAT, "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                   "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"He\"},{\"type\":\"text\",\"text\":\"llo\"}]}],"
+                   "\"model\":\"x\",\"stream\":true,\"stream_options\":{\"include_usage\":true},\"max_tokens\":7,"
+                   "\"temperature\":0,\"top_p\":0.5,\"top_k\":3,\"min_p\":0.1,\"seed\":-5,\"stop\":[\"a\",\"bc\"],"
+                   "\"presence_penalty\":0.5,\"frequency_penalty\":-1,\"repeat_penalty\":1.1,\"attn\":\"dhsa\","
+                   "\"density\":0.125,\"n\":1,\"logprobs\":false,\"user\":\"u\"}", &r),
+            "a full chat request parses");
+    T_CHECK(r.n_messages == 2 && strcmp(r.messages[0].role, "system") == 0 && strcmp(r.messages[1].content, "Hello") == 0,
+            "messages: roles and joined text parts");
+    T_CHECK(r.stream == 1 && r.include_usage == 1 && r.max_tokens == 7, "stream, include_usage, max_tokens");
+    T_CHECK(r.temperature == 0 && r.top_p == 0.5 && r.top_k == 3 && r.min_p == 0.1 && r.repeat_penalty == 1.1,
+            "sampling parameters");
+    T_CHECK(r.seed_set && r.seed == (uint64_t)(int64_t)-5, "seed");
+    T_CHECK(r.n_stop == 2 && strcmp(r.stop[1], "bc") == 0 && r.stop_len[1] == 2, "stop strings");
+    T_CHECK(r.presence_penalty == 0.5 && r.frequency_penalty == -1, "penalties");
+    T_CHECK(r.attn == DHSA_ATTN_DHSA && r.density == 0.125 && strcmp(r.model, "x") == 0, "attn, density, model");
+    serve_request_free(&r);
+    T_CHECK(parses(SERVE_REQ_COMPLETION, "{\"prompt\":\"Once\"}", &r), "a minimal completion parses");
+    dhsa_sampler_params sp = dhsa_sampler_default_params();
+    T_CHECK(r.text_len == 4 && !r.has_ids && r.max_tokens == -1 && !r.stream && !r.seed_set &&
+                r.temperature == sp.temperature && r.top_k == sp.top_k && r.attn == SERVE_ATTN_UNSET,
+            "defaults: the CLI's sampling, no max_tokens, no stream, no seed");
+    serve_request_free(&r);
+    T_CHECK(parses(SERVE_REQ_COMPLETION, "{\"prompt\":[[1,2,3]],\"stop\":\"x\"}", &r) && r.has_ids && r.n_ids == 3 &&
+                r.ids[2] == 3 && r.n_stop == 1,
+            "a prompt of ids in an array, one stop string");
+    serve_request_free(&r);
+    T_CHECK(parses(SERVE_REQ_COMPLETION, "{\"prompt\":[\"ab\"],\"max_tokens\":2.0}", &r) && r.text_len == 2 &&
+                r.max_tokens == 2,
+            "a prompt in an array; an integral real as an integer");
+    serve_request_free(&r);
+    T_CHECK(parses(SERVE_REQ_TOKENIZE, "{\"content\":\"abc\",\"add_special\":false,\"with_pieces\":true}", &r) &&
+                r.text_len == 3 && !r.add_special && r.with_pieces,
+            "tokenize");
+    serve_request_free(&r);
+    T_CHECK(parses(SERVE_REQ_DETOKENIZE, "{\"tokens\":[5,6]}", &r) && r.n_ids == 2 && r.ids[1] == 6, "detokenize");
+    serve_request_free(&r);
+    /* refused, naming the parameter */
+    T_CHECK(refused(SERVE_REQ_CHAT, "{bad", ""), "malformed JSON");
+    T_CHECK(refused(SERVE_REQ_CHAT, "[1]", ""), "not an object");
+    T_CHECK(refused(SERVE_REQ_CHAT, "", ""), "an empty body");
+    T_CHECK(refused(SERVE_REQ_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"temperature\":1,\"temperature\":2}", ""),
+            "a duplicate key");
+    T_CHECK(refused(SERVE_REQ_CHAT, "{}", "messages"), "chat without messages");
+    T_CHECK(refused(SERVE_REQ_CHAT, "{\"messages\":[]}", "messages"), "no messages");
+    T_CHECK(refused(SERVE_REQ_CHAT, "{\"messages\":[{\"role\":\"tool\",\"content\":\"a\"}]}", "messages"), "a tool role");
+    T_CHECK(refused(SERVE_REQ_CHAT, "{\"messages\":[{\"role\":\"user\"}]}", "messages"), "a message without content");
+    T_CHECK(refused(SERVE_REQ_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\",\"name\":\"b\"}]}", "messages"),
+            "a message with a name");
+    T_CHECK(refused(SERVE_REQ_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", "messages"),
+            "an image part");
+    const char *m = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],";
+    char b[512];
+#define BAD(field, param, what)                                           \
+    do {                                                                  \
+        snprintf(b, sizeof b, "%s%s}", m, field);                         \
+        T_CHECK(refused(SERVE_REQ_CHAT, b, param), "%s", what);           \
+    } while (0)
+    BAD("\"temperature\":2.5", "temperature", "temperature above 2");
+    BAD("\"temperature\":\"hot\"", "temperature", "temperature not a number");
+    BAD("\"top_p\":0", "top_p", "top_p 0");
+    BAD("\"top_k\":-1", "top_k", "top_k negative");
+    BAD("\"max_tokens\":1001", "max_tokens", "max_tokens above the server's limit");
+    BAD("\"max_tokens\":1.5", "max_tokens", "max_tokens not an integer");
+    BAD("\"presence_penalty\":3", "presence_penalty", "presence_penalty above 2");
+    BAD("\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]", "stop", "five stop strings");
+    BAD("\"stop\":\"\"", "stop", "an empty stop string");
+    BAD("\"stream\":1", "stream", "stream not a boolean");
+    BAD("\"stream_options\":{\"include_usage\":true}", "stream_options", "stream_options without stream");
+    BAD("\"n\":2", "n", "n = 2");
+    BAD("\"logprobs\":true", "logprobs", "logprobs");
+    BAD("\"tools\":[{\"type\":\"function\"}]", "tools", "tools");
+    BAD("\"response_format\":{\"type\":\"json_object\"}", "response_format", "JSON mode");
+    BAD("\"attn\":\"sparse\"", "attn", "an unknown attention method");
+    BAD("\"density\":2", "density", "density above 1");
+    BAD("\"frobnicate\":1", "frobnicate", "an unknown parameter");
+#undef BAD
+    T_CHECK(refused(SERVE_REQ_COMPLETION, "{\"prompt\":[\"a\",\"b\"]}", "prompt"), "two prompts");
+    T_CHECK(refused(SERVE_REQ_COMPLETION, "{\"prompt\":[1,2048]}", "prompt"), "an id outside the vocabulary");
+    T_CHECK(refused(SERVE_REQ_DETOKENIZE, "{\"tokens\":[-1]}", "tokens"), "a negative id");
+    char *big = malloc(100 * 3 + 64);
+    if (big) {
+        int k = sprintf(big, "{\"tokens\":[");
+        for (int i = 0; i < 101; i++) k += sprintf(big + k, "%s1", i ? "," : "");
+        sprintf(big + k, "]}");
+    }
+    T_CHECK(big && refused(SERVE_REQ_DETOKENIZE, big, "tokens"), "more ids than the limit");
+    free(big);
+}
+
+/* ------------------------------------------------------------ client --- */
+
+static int g_port;
+
+static int connect_server(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)g_port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct timeval tv = {60, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int send_all(int fd, const char *p, size_t n) {
+    while (n > 0) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w <= 0) return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Decodes a chunked body in place (the headers stay); a truncated last
+ * chunk keeps what came. */
+static void dechunk(char *resp) {
+    char *b = strstr(resp, "\r\n\r\n");
+    if (!b || !strstr(resp, "Transfer-Encoding: chunked") || strstr(resp, "Transfer-Encoding: chunked") > b) return;
+    b += 4;
+    char *w = b, *r = b;
+    for (;;) {
+        char *end;
+        unsigned long len = strtoul(r, &end, 16);
+        if (end == r || strncmp(end, "\r\n", 2) != 0 || len == 0) break;
+        r = end + 2;
+        size_t have = strlen(r);
+        if (len > have) len = have;
+        memmove(w, r, len);
+        w += len;
+        r += len;
+        if (strncmp(r, "\r\n", 2) != 0) break;
+        r += 2;
+    }
+    *w = 0;
+}
+
+/* One request with Connection: close; returns the status (-1 on a socket
+ * error) and the whole response (headers and body) in *out (caller frees).
+ * With stop_after > 0, closes the socket once that many bytes came. */
+static int http_raw(const char *req, size_t req_len, char **out, size_t stop_after) {
+    *out = NULL;
+    int fd = connect_server();
+    if (fd < 0) return -1;
+    if (send_all(fd, req, req_len)) {
+        close(fd);
+        return -1;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    if (!buf) {
+        close(fd);
+        return -1;
+    }
+    for (;;) {
+        if (cap - n < 4096) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) break;
+            buf = nb;
+            cap *= 2;
+        }
+        ssize_t r = recv(fd, buf + n, cap - n - 1, 0);
+        if (r <= 0) break;
+        n += (size_t)r;
+        if (stop_after && n >= stop_after) break;
+    }
+    close(fd);
+    buf[n] = 0;
+    dechunk(buf);
+    *out = buf;
+    int code = -1;
+    if (sscanf(buf, "HTTP/1.%*d %d", &code) != 1) code = -1;
+    return code;
+}
+
+static int http(const char *method, const char *path, const char *body, char **out) {
+    size_t bl = body ? strlen(body) : 0;
+    char *req = malloc(bl + 512);
+    if (!req) return -1;
+    int k = snprintf(req, 512, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n", method, path, bl);
+    if (body) memcpy(req + k, body, bl);
+    int code = http_raw(req, (size_t)k + bl, out, 0);
+    free(req);
+    return code;
+}
+
+static const char *body_of(const char *resp) {
+    const char *b = resp ? strstr(resp, "\r\n\r\n") : NULL;
+    return b ? b + 4 : "";
+}
+
+/* The string value of "key":"..." in s (first one), unescaped for the
+ * simple escapes; "" when absent. */
+static void json_str(const char *s, const char *key, char *out, size_t cap) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":\"", key);
+    const char *p = s ? strstr(s, pat) : NULL;
+    size_t k = 0;
+    if (p)
+        for (p += strlen(pat); *p && *p != '"' && k + 1 < cap; p++) {
+            if (*p == '\\' && p[1]) {
+                p++;
+                out[k++] = *p == 'n' ? '\n' : *p == 't' ? '\t' : *p;
+            } else {
+                out[k++] = *p;
+            }
+        }
+    out[k] = 0;
+}
+
+static long json_int(const char *s, const char *key) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = s ? strstr(s, pat) : NULL;
+    return p ? strtol(p + strlen(pat), NULL, 10) : -1;
+}
+
+/* The concatenated "text" (or "content") of every SSE data line. */
+static void sse_text(const char *resp, const char *key, char *out, size_t cap) {
+    size_t k = 0;
+    out[0] = 0;
+    for (const char *p = strstr(body_of(resp), "data: {"); p; p = strstr(p + 1, "data: {")) {
+        char piece[1024];
+        const char *end = strstr(p, "\n\n");
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        char *line = malloc(n + 1);
+        if (!line) return;
+        memcpy(line, p, n);
+        line[n] = 0;
+        json_str(line, key, piece, sizeof piece);
+        free(line);
+        size_t pl = strlen(piece);
+        if (k + pl + 1 < cap) {
+            memcpy(out + k, piece, pl + 1);
+            k += pl;
+        }
+    }
+}
+
+/* ------------------------------------------------------------ server --- */
+
+static pid_t g_pid;
+static char g_log[64];
+
+/* Starts `dhsa serve ARGS --port 0` with its stderr in a file; waits for
+ * "listening on http://127.0.0.1:PORT". Returns 0 or -1. */
+static int start_server(const char *args) {
+    const char *cli = getenv("DHSA_CLI");
+    if (!cli) return -1;
+    snprintf(g_log, sizeof g_log, "/tmp/dhsa_test_serve_%d.log", (int)getpid());
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "exec '%s' serve %s --port 0 2>'%s' >/dev/null", cli, args, g_log);
+    g_pid = fork();
+    if (g_pid < 0) return -1;
+    if (g_pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 600; i++) { /* 60 s */
+        usleep(100000);
+        FILE *f = fopen(g_log, "r");
+        char line[512];
+        while (f && fgets(line, sizeof line, f)) {
+            const char *p = strstr(line, "listening on http://127.0.0.1:");
+            if (p) {
+                g_port = atoi(p + strlen("listening on http://127.0.0.1:"));
+                fclose(f);
+                return g_port > 0 ? 0 : -1;
+            }
+        }
+        if (f) fclose(f);
+        int st;
+        if (waitpid(g_pid, &st, WNOHANG) == g_pid) {
+            g_pid = 0;
+            return -1;
+        }
+    }
+    return -1;
+}
+
+/* SIGTERM, then waits up to secs; returns the exit status (-1: killed or hung). */
+static int stop_server(int secs) {
+    if (g_pid <= 0) return -1;
+    kill(g_pid, SIGTERM);
+    for (int i = 0; i < secs * 10; i++) {
+        int st;
+        if (waitpid(g_pid, &st, WNOHANG) == g_pid) {
+            g_pid = 0;
+            return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        }
+        usleep(100000);
+    }
+    kill(g_pid, SIGKILL);
+    waitpid(g_pid, NULL, 0);
+    g_pid = 0;
+    return -1;
+}
+
+static long slots_busy(void) {
+    char *r;
+    int code = http("GET", "/health", NULL, &r);
+    long b = code == 200 ? json_int(body_of(r), "slots_busy") : -1;
+    free(r);
+    return b;
+}
+
+static double metric(const char *name) {
+    char *r;
+    double v = -1;
+    if (http("GET", "/metrics", NULL, &r) == 200) {
+        char pat[96];
+        snprintf(pat, sizeof pat, "\n%s ", name);
+        const char *p = strstr(r, pat);
+        if (p) v = strtod(p + strlen(pat), NULL);
+    }
+    free(r);
+    return v;
+}
+
+/* The greedy continuation of `dhsa run` for a prompt (its text, without
+ * the final newline), into out. */
+static int cli_greedy(const char *prompt, int n, char *out, size_t cap) {
+    char args[1024], *o = NULL;
+    snprintf(args, sizeof args, "run -p '%s' -n %d --temp 0 --no-echo --ctx 512", prompt, n);
+    int rc = cli_run(args, 1, &o);
+    snprintf(out, cap, "%s", o ? o : "");
+    size_t l = strlen(out);
+    if (l && out[l - 1] == '\n') out[l - 1] = 0;
+    free(o);
+    return rc;
+}
+
+#define PK "The pass key is 40913. Remember it. 40913 is the pass key. What is the pass key? The pass key is"
+#define PK2 "The pass key is 40913. Remember it. 40913 is the pass key. What is the key? The key is"
+
+typedef struct {
+    int id, failed, disconnected;
+} load_arg;
+
+static void *load_client(void *p) {
+    load_arg *a = p;
+    for (int i = 0; i < 20; i++) {
+        int k = a->id * 20 + i;
+        char body[512], *r = NULL;
+        int stream = k % 3 == 0, drop = k % 5 == 4;
+        snprintf(body, sizeof body, "{\"prompt\":\"%s %d\",\"max_tokens\":%d,\"temperature\":0.7,\"seed\":%d%s}",
+                 k % 2 ? PK : "Once upon a time", k, drop ? 200 : 1 + k % 16, k, stream || drop ? ",\"stream\":true" : "");
+        if (drop) {
+            char req[1024];
+            int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                             strlen(body), body);
+            http_raw(req, (size_t)n, &r, 400); /* the headers and a chunk or so, then away */
+            a->disconnected++;
+        } else {
+            int code = http("POST", "/v1/completions", body, &r);
+            int ok = code == 200 && (stream ? strstr(r, "data: [DONE]") != NULL : strstr(r, "\"usage\"") != NULL);
+            if (!ok) {
+                a->failed++;
+                fprintf(stderr, "  load: request %d: %d %.200s\n", k, code, r ? body_of(r) : "");
+            }
+        }
+        free(r);
+    }
+    return NULL;
+}
+
+static void test_http(void) {
+    char *r = NULL;
+    int code;
+    int started = start_server("--slots 2 --ctx 512 --threads 1 --max-body 4096 --max-tokens 256") == 0;
+    T_CHECK(started, "dhsa serve starts and listens (log %s)", g_log);
+    if (!started) {
+        T_SKIP(N_HTTP_CHECKS - 1, "the server did not start");
+        return;
+    }
+    code = http("GET", "/health", NULL, &r);
+    T_CHECK(code == 200 && strstr(r, "\"status\":\"ok\"") && json_int(body_of(r), "slots_idle") == 2, "health: %d %s",
+            code, body_of(r));
+    free(r);
+    code = http("GET", "/v1/models", NULL, &r);
+    T_CHECK(code == 200 && strstr(r, "\"object\":\"list\"") && strstr(r, "\"id\":\"dhsa-retrieval-8m\""), "models: %d %s",
+            code, body_of(r));
+    free(r);
+    code = http("POST", "/tokenize", "{\"content\":\"The pass key is 40913.\"}", &r);
+    char ids[256] = "";
+    const char *tk = strstr(body_of(r), "\"tokens\":[");
+    if (tk) sscanf(tk + 10, "%255[0-9,]", ids);
+    T_CHECK(code == 200 && ids[0] == '1' && ids[1] == ',', "tokenize (BOS first): %d %s", code, body_of(r));
+    free(r);
+    char body[1024];
+    snprintf(body, sizeof body, "{\"tokens\":[%s]}", ids);
+    code = http("POST", "/detokenize", body, &r);
+    char text[4096];
+    json_str(body_of(r), "content", text, sizeof text);
+    T_CHECK(code == 200 && strcmp(text, "The pass key is 40913.") == 0, "detokenize(tokenize(x)) == x: %d \"%s\"", code,
+            text);
+    free(r);
+
+    /* greedy completions against the CLI */
+    char want[4096] = "", want2[4096] = "";
+    int cli_ok = cli_greedy(PK, 8, want, sizeof want) == 0 && cli_greedy(PK2, 8, want2, sizeof want2) == 0;
+    T_CHECK(cli_ok && strlen(want) > 0, "dhsa run --temp 0 gives a continuation: \"%s\"", want);
+    const char *greedy = "{\"prompt\":\"" PK "\",\"max_tokens\":8,\"temperature\":0}";
+    code = http("POST", "/v1/completions", greedy, &r);
+    json_str(body_of(r), "text", text, sizeof text);
+    T_CHECK(code == 200 && strcmp(text, want) == 0, "greedy completion equals dhsa run's: %d \"%s\" vs \"%s\"", code,
+            text, want);
+    T_CHECK(strstr(r, "\"object\":\"text_completion\"") && json_int(body_of(r), "prompt_tokens") > 20 &&
+                json_int(body_of(r), "completion_tokens") >= 1 && strstr(r, "\"finish_reason\":\""),
+            "completion: object, usage, finish_reason: %s", body_of(r));
+    free(r);
+    double hits0 = metric("dhsa_cache_hits_total");
+    code = http("POST", "/v1/completions", greedy, &r);
+    json_str(body_of(r), "text", text, sizeof text);
+    T_CHECK(code == 200 && strcmp(text, want) == 0 && json_int(body_of(r), "cached_tokens") > 20,
+            "the same prompt again, from the prompt cache: same text, cached_tokens %ld", json_int(body_of(r), "cached_tokens"));
+    free(r);
+    T_CHECK(metric("dhsa_cache_hits_total") >= hits0 + 1, "metrics count the cache hit");
+    /* both slots now hold PK; a prompt sharing a prefix with it reuses it */
+    snprintf(body, sizeof body, "{\"prompt\":\"" PK2 "\",\"max_tokens\":8,\"temperature\":0}");
+    code = http("POST", "/v1/completions", body, &r);
+    json_str(body_of(r), "text", text, sizeof text);
+    long cached = json_int(body_of(r), "cached_tokens");
+    T_CHECK(code == 200 && strcmp(text, want2) == 0 && cached > 10,
+            "a prompt sharing a prefix: dhsa run's text \"%s\" (got \"%s\"), %ld tokens from the cache", want2, text,
+            cached);
+    free(r);
+    /* stop string: the continuation is cut before it */
+    char stop[8] = "";
+    if (strlen(want) >= 4) memcpy(stop, want + 2, 2);
+    snprintf(body, sizeof body, "{\"prompt\":\"" PK "\",\"max_tokens\":8,\"temperature\":0,\"stop\":[\"%s\"]}", stop);
+    code = http("POST", "/v1/completions", body, &r);
+    json_str(body_of(r), "text", text, sizeof text);
+    T_CHECK(code == 200 && strncmp(text, want, 2) == 0 && strlen(text) == 2 && strstr(r, "\"finish_reason\":\"stop\""),
+            "stop \"%s\": text \"%s\", %s", stop, text, body_of(r));
+    free(r);
+
+    /* streaming */
+    snprintf(body, sizeof body, "{\"prompt\":\"" PK "\",\"max_tokens\":8,\"temperature\":0,\"stream\":true}");
+    code = http("POST", "/v1/completions", body, &r);
+    sse_text(r, "text", text, sizeof text);
+    T_CHECK(code == 200 && strstr(r, "Content-Type: text/event-stream") && strcmp(text, want) == 0,
+            "a streamed completion: the same text \"%s\" (want \"%s\")", text, want);
+    const char *done = strstr(r, "data: [DONE]\n\n");
+    T_CHECK(done && done[14] == 0 && strstr(r, "\"usage\":{\"prompt_tokens\"") && strstr(r, "\"finish_reason\":\""),
+            "the stream ends in usage and data: [DONE]");
+    free(r);
+    code = http("POST", "/v1/chat/completions",
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"What is the pass key?\"}],\"max_tokens\":6,"
+                "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"seed\":3}", &r);
+    T_CHECK(code == 200 && strstr(r, "\"object\":\"chat.completion.chunk\"") && strstr(r, "\"delta\":{\"role\":\"assistant\"") &&
+                strstr(r, "\"choices\":[],\"usage\":{") && strstr(r, "data: [DONE]"),
+            "a streamed chat: chunks, the role first, a usage chunk with no choices, [DONE]");
+    free(r);
+    code = http("POST", "/v1/chat/completions",
+                "{\"messages\":[{\"role\":\"system\",\"content\":\"Answer.\"},{\"role\":\"user\",\"content\":\"Hi\"}],"
+                "\"max_tokens\":4,\"temperature\":0}", &r);
+    T_CHECK(code == 200 && strstr(r, "\"object\":\"chat.completion\"") && strstr(r, "\"message\":{\"role\":\"assistant\",\"content\":") &&
+                json_int(body_of(r), "completion_tokens") <= 4,
+            "chat: %d %s", code, body_of(r));
+    free(r);
+
+    /* errors */
+    code = http("POST", "/v1/completions", "{\"prompt\":", &r);
+    T_CHECK(code == 400 && strstr(r, "{\"error\":{\"message\":") && strstr(r, "\"type\":\"invalid_request_error\""),
+            "malformed JSON: 400 with an OpenAI error object: %d %s", code, body_of(r));
+    free(r);
+    code = http("POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"n\":3}", &r);
+    T_CHECK(code == 400 && strstr(r, "\"param\":\"n\""), "n = 3: 400 naming n: %s", body_of(r));
+    free(r);
+    code = http("POST", "/v1/completions", "{\"prompt\":\"a\",\"max_tokens\":500}", &r);
+    T_CHECK(code == 400 && strstr(r, "\"param\":\"max_tokens\""), "max_tokens above --max-tokens: %s", body_of(r));
+    free(r);
+    code = http("POST", "/v1/completions", "{\"prompt\":\"a\",\"max_tokens\":200,\"unknown\":1}", &r);
+    T_CHECK(code == 400 && strstr(r, "\"param\":\"unknown\""), "an unknown parameter: %s", body_of(r));
+    free(r);
+    char *longp = malloc(4000);
+    if (longp) {
+        strcpy(longp, "{\"prompt\":[");
+        for (int i = 0; i < 520; i++) strcat(longp, i ? ",5" : "5");
+        strcat(longp, "]}");
+    }
+    code = longp ? http("POST", "/v1/completions", longp, &r) : -1;
+    T_CHECK(code == 400 && strstr(r, "\"code\":\"context_length_exceeded\""), "a prompt longer than --ctx: %d %s", code,
+            r ? body_of(r) : "");
+    free(r);
+    free(longp);
+    char *huge = malloc(6000);
+    if (huge) {
+        memset(huge, ' ', 5999);
+        huge[5999] = 0;
+        memcpy(huge, "{\"prompt\":\"", 11);
+        memcpy(huge + 5990, "\"}", 3);
+    }
+    code = huge ? http("POST", "/v1/completions", huge, &r) : -1;
+    T_CHECK(code == 413 && strstr(r, "--max-body"), "a body over --max-body: %d %s", code, r ? body_of(r) : "");
+    free(r);
+    free(huge);
+    code = http("GET", "/nowhere", NULL, &r);
+    T_CHECK(code == 404 && strstr(r, "\"error\""), "404 with an error object");
+    free(r);
+    code = http("GET", "/v1/completions", NULL, &r);
+    T_CHECK(code == 405, "GET on a POST endpoint: 405 (%d)", code);
+    free(r);
+    static const char garbage[] = "GET /health HTTP/1.1\r\nNo colon in this header\r\n\r\n";
+    code = http_raw(garbage, sizeof garbage - 1, &r, 0);
+    T_CHECK(code == 400, "malformed HTTP: 400 (%d)", code);
+    free(r);
+    T_CHECK(slots_busy() == 0, "no slot busy after the errors");
+
+    /* a client that goes away mid-stream frees its slot */
+    snprintf(body, sizeof body, "{\"prompt\":\"Once upon a time\",\"max_tokens\":256,\"stream\":true,\"seed\":1}");
+    char req[1024];
+    int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    double disc0 = metric("dhsa_client_disconnects_total");
+    http_raw(req, (size_t)n, &r, 300);
+    free(r);
+    long busy = -1;
+    for (int i = 0; i < 100 && busy != 0; i++) {
+        usleep(50000);
+        busy = slots_busy();
+    }
+    T_CHECK(busy == 0, "a client that disconnects mid-stream frees its slot (%ld busy)", busy);
+    double disc1 = metric("dhsa_client_disconnects_total");
+    T_CHECK(disc0 >= 0 && disc1 >= disc0 + 1, "metrics count the disconnect (%g -> %g)", disc0, disc1);
+
+    /* curl as the client */
+    int have_curl = system("command -v curl >/dev/null 2>&1") == 0;
+    if (have_curl) {
+        char cmd[1024], *o = NULL;
+        snprintf(cmd, sizeof cmd,
+                 "curl -sS -N http://127.0.0.1:%d/v1/chat/completions -H 'Content-Type: application/json' "
+                 "-d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":4,\"stream\":true}'",
+                 g_port);
+        FILE *p = popen(cmd, "r");
+        size_t cap = 1 << 16, got = 0;
+        o = malloc(cap);
+        if (p && o) {
+            got = fread(o, 1, cap - 1, p);
+            o[got] = 0;
+        }
+        int st = p ? pclose(p) : -1;
+        T_CHECK(st == 0 && o && strstr(o, "data: [DONE]"), "curl -N streams a chat to [DONE]");
+        free(o);
+        snprintf(cmd, sizeof cmd, "curl -sS -o /dev/null -w '%%{http_code}' http://127.0.0.1:%d/v1/completions -d '{bad'",
+                 g_port);
+        p = popen(cmd, "r");
+        char c3[16] = "";
+        if (p) {
+            if (!fgets(c3, sizeof c3, p)) c3[0] = 0;
+            pclose(p);
+        }
+        T_CHECK(strcmp(c3, "400") == 0, "curl: malformed JSON is a 400 (%s)", c3);
+    } else {
+        T_SKIP(2, "curl is not installed (apt-get install curl)");
+    }
+
+    /* load: 8 clients x 20 requests, every fifth going away early */
+    load_arg warm = {7, 0, 0};
+    load_client(&warm); /* warm-up: the slots' caches and the allocator reach their size */
+    usleep(200000);
+    double rss0 = metric("dhsa_resident_bytes");
+    pthread_t th[8];
+    load_arg la[8];
+    double t0 = dhsa_cli_now_test();
+    for (int i = 0; i < 8; i++) {
+        la[i] = (load_arg){i, 0, 0};
+        pthread_create(&th[i], NULL, load_client, &la[i]);
+    }
+    int failed = 0, dropped = 0;
+    for (int i = 0; i < 8; i++) {
+        pthread_join(th[i], NULL);
+        failed += la[i].failed;
+        dropped += la[i].disconnected;
+    }
+    double secs = dhsa_cli_now_test() - t0;
+    busy = -1;
+    for (int i = 0; i < 100 && busy != 0; i++) {
+        usleep(50000);
+        busy = slots_busy();
+    }
+    double rss1 = metric("dhsa_resident_bytes");
+    printf("test_serve: load: 160 requests (%d dropped by the client) in %.1f s, %d failed; RSS %.1f -> %.1f MiB\n",
+           dropped, secs, failed, rss0 / 1048576.0, rss1 / 1048576.0);
+    T_CHECK(failed == 0 && dropped == 32, "load test: no failed request (%d failed, %d dropped)", failed, dropped);
+    T_CHECK(busy == 0, "load test: no slot left busy (%ld)", busy);
+    T_CHECK(rss0 > 0 && rss1 > 0 && rss1 <= rss0 * 1.05, "load test: RSS after %.1f MiB within 5%% of before %.1f MiB",
+            rss1 / 1048576.0, rss0 / 1048576.0);
+    code = http("GET", "/health", NULL, &r);
+    T_CHECK(code == 200 && json_int(body_of(r), "requests_queued") == 0, "nothing queued after the load");
+    free(r);
+
+    /* SIGTERM during a stream */
+    int fd = connect_server();
+    snprintf(body, sizeof body, "{\"prompt\":\"Once upon a time\",\"max_tokens\":256,\"stream\":true,\"seed\":2}");
+    n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                 strlen(body), body);
+    if (fd >= 0) send_all(fd, req, (size_t)n);
+    char first[256];
+    if (fd >= 0 && recv(fd, first, sizeof first, 0) <= 0) first[0] = 0;
+    int rc = stop_server(20);
+    if (fd >= 0) close(fd);
+    char *log = NULL;
+    FILE *f = fopen(g_log, "r");
+    if (f) {
+        log = calloc(1, 1 << 16);
+        if (log && fread(log, 1, (1 << 16) - 1, f) == 0) log[0] = 0;
+        fclose(f);
+    }
+    T_CHECK(rc == 0 && log && strstr(log, "SIGTERM: stopping") && strstr(log, "dhsa serve: stopped"),
+            "SIGTERM during a stream: the server stops cleanly (exit %d)", rc);
+    free(log);
+    unlink(g_log);
+
+    /* --mem-limit against every slot's plan */
+    char *o = NULL;
+    int mrc = cli_run("serve --slots 8 --ctx 32768 --mem-limit 200M --port 0", 0, &o);
+    T_CHECK(mrc == 1 && o && strstr(o, "8 slots need") && strstr(o, "--mem-limit"),
+            "--mem-limit below the plan of 8 slots: refused at start (exit %d): %.300s", mrc, o ? o : "");
+    free(o);
+}
+#endif
+
+int main(void) {
+    signal(SIGPIPE, SIG_IGN);
+#ifdef DHSA_HAVE_SERVE
+    test_parser();
+    if (!getenv("DHSA_CLI")) T_SKIP(N_HTTP_CHECKS, "DHSA_CLI is not set (tests/run.sh sets it): no server to start");
+    else test_http();
+#else
+    T_SKIP(N_PARSER_CHECKS + N_HTTP_CHECKS - 1,
+           "built without libmicrohttpd and jansson (apt-get install libmicrohttpd-dev libjansson-dev pkg-config; "
+           ".ci/run does): no dhsa serve to test");
+    char *o = NULL;
+    int rc = getenv("DHSA_CLI") ? cli_run("serve", 0, &o) : -2;
+    T_CHECK(rc == 1 && o && strstr(o, "libmicrohttpd") && strstr(o, "jansson"),
+            "dhsa serve refuses, naming the packages it needs (exit %d): %s", rc, o ? o : "");
+    free(o);
+    (void)dhsa_cli_now_test;
+#endif
+    return t_report("test_serve");
+}
