@@ -21,6 +21,10 @@ dhsa.Predictor (learned boundaries), dhsa.synth() and dhsa.fidelity().
 Evaluation tasks: dhsa.Tokenizer(gguf_path) and dhsa.retrieval_task(tok,
 "passkey"|"multikey"|"multivalue", length, depth, seed) (the builders and
 scoring of `dhsa eval passkey`).
+The model runner: dhsa.Model(path=None) (the shipped default model),
+.tokenize / .detokenize / .chat_template, dhsa.Session(model, ctx=, attn=,
+density=, kv=) with .eval(ids), .logits(), .generate(prompt, max_tokens,
+temperature, ..., stream=True) yielding text pieces (the CLI's defaults).
 Tests: python3 -m pytest -q python/tests (make test runs them).
 """
 
@@ -32,12 +36,14 @@ from ._attention import (attention, backend_in_use, from_bfloat16, to_bfloat16,
 from ._route import (KVIndex, Layout, Predictor, RouterParams, fidelity, layout_size, route,
                      route_sizes, synth)
 from ._eval import Task, Tokenizer, retrieval_task
+from ._runner import Model, Session
 
 __all__ = [
     "attention", "workspace_size", "backend_in_use",
     "route", "route_sizes", "RouterParams", "Layout", "layout_size",
     "Predictor", "KVIndex", "synth", "fidelity",
     "Tokenizer", "retrieval_task", "Task",
+    "Model", "Session",
     "Context", "default_context", "mem_stats",
     "peak_rss", "rss", "reset_peak_rss",
     "active_isa", "set_isa",
