@@ -12,7 +12,7 @@
          free text (ignore EOS is not an API option, so prompts that do not
          end early are used and the tokens counted from usage).
 
-Usage: PYTHONPATH=python python3 bench/serve.py ttft|slots [--reps N]
+Usage: PYTHONPATH=python python3 bench/serve.py ttft|slots [--reps N] [--attn dense|dhsa]
 (needs build/dhsa built with dhsa serve; starts and stops its own servers on
 free ports). Prints markdown rows.
 """
@@ -72,10 +72,10 @@ def stream(url, body):
     return first, time.perf_counter() - t0, usage
 
 
-def ttft(reps):
+def ttft(reps, attn="dense"):
     import dhsa
     tok = dhsa.Tokenizer(os.path.join(REPO, "models", "dhsa-retrieval-8m.gguf"))
-    p, url, _ = start(["--slots", "1", "--ctx", "17408"])
+    p, url, _ = start(["--slots", "1", "--ctx", "17408", "--attn", attn])
     cold, warm, n_doc = [], [], []
     try:
         for rep in range(reps):
@@ -91,15 +91,15 @@ def ttft(reps):
                 else:
                     assert u["prompt_tokens_details"]["cached_tokens"] > 16000, u
         mc, mw = statistics.median(cold), statistics.median(warm)
-        print("| prompt tokens (median) | first question TTFT, median s | later questions TTFT, median s | ratio |")
-        print("|---|---|---|---|")
-        print("| %d | %.3f (%s) | %.4f (%s) | %.0fx |" % (statistics.median(n_doc), mc, ", ".join("%.3f" % x for x in cold),
+        print("| attention | prompt tokens (median) | first question TTFT, median s | later questions TTFT, median s | ratio |")
+        print("|---|---|---|---|---|")
+        print("| %s | %d | %.3f (%s) | %.4f (%s) | %.0fx |" % (attn, statistics.median(n_doc), mc, ", ".join("%.3f" % x for x in cold),
                                                      mw, ", ".join("%.4f" % x for x in warm), mc / mw))
     finally:
         stop(p)
 
 
-def slots(reps, clients=4, max_tokens=128):
+def slots(reps, clients=4, max_tokens=256):
     p, url, _ = start(["--slots", str(clients), "--ctx", "1024", "--threads", "1"])
     prompts = ["Once upon a time", "The pass key is", "Some special magic numbers are hidden", "There is an important info"]
 
@@ -138,5 +138,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("what", choices=["ttft", "slots"])
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--attn", default="dense", help="ttft: the server's --attn")
     a = ap.parse_args()
-    ttft(a.reps) if a.what == "ttft" else slots(a.reps)
+    ttft(a.reps, a.attn) if a.what == "ttft" else slots(a.reps)

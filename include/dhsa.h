@@ -1332,6 +1332,19 @@ dhsa_status dhsa_session_truncate(dhsa_session *s, int64_t n);
  * DHSA_ERR_INTERNAL, and then evals are refused until dhsa_session_reset.) */
 dhsa_status dhsa_session_eval(dhsa_session *s, const int32_t *ids, int64_t n, float *logits);
 
+/* One decode step for n sessions at once: ids[t] is evaluated as the next
+ * token of ss[t] (at its own length), and logits [n][n_vocab] (NULL: none)
+ * row t is ss[t]'s. The weight products run once over the n rows (one
+ * pass over the weights instead of n), in ss[0]'s buffers and on its ctx;
+ * each session's cache, routing and attention are its own (on its own
+ * ctx). The sessions must be distinct, on one model, n at most ss[0]'s
+ * ubatch (DHSA_ERR_TOO_LARGE). Each session's logits equal those of its
+ * own one-token eval up to the rounding of a product over more rows (the
+ * weight products block by rows), not bit for bit. A failure adds nothing
+ * to any of them (as dhsa_session_eval); one of them busy is DHSA_ERR_BUSY
+ * and nothing is done. dhsa serve batches its slots' decode steps so. */
+dhsa_status dhsa_session_eval_batch(dhsa_session *const *ss, int64_t n, const int32_t *ids, float *logits);
+
 /* What attention really did: a sparse method is never dense without it
  * showing here. Sums over layer calls (layers x ubatches) and, for keys,
  * over query rows x KV heads as in dhsa_layout_stats. */

@@ -678,8 +678,11 @@ static void test_http(void) {
            dropped, secs, failed, rss0 / 1048576.0, rss1 / 1048576.0);
     T_CHECK(failed == 0 && dropped == 32, "load test: no failed request (%d failed, %d dropped)", failed, dropped);
     T_CHECK(busy == 0, "load test: no slot left busy (%ld)", busy);
-    T_CHECK(rss0 > 0 && rss1 > 0 && rss1 <= rss0 * 1.05, "load test: RSS after %.1f MiB within 5%% of before %.1f MiB",
-            rss1 / 1048576.0, rss0 / 1048576.0);
+    if (getenv("DHSA_SANITIZED")) /* freed memory stays in the sanitizer's quarantine */
+        T_SKIP(1, "RSS after the load test: meaningless under a sanitizer (make test checks it)");
+    else
+        T_CHECK(rss0 > 0 && rss1 > 0 && rss1 <= rss0 * 1.05,
+                "load test: RSS after %.1f MiB within 5%% of before %.1f MiB", rss1 / 1048576.0, rss0 / 1048576.0);
     code = http("GET", "/health", NULL, &r);
     T_CHECK(code == 200 && json_int(body_of(r), "requests_queued") == 0, "nothing queued after the load");
     free(r);

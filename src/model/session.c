@@ -593,10 +593,43 @@ static dhsa_status matmul(dhsa_session *s, const dhsa_wmat *W, const float *x, i
     return dhsa__matmul(s->ctx, W, x, W->n_in, n, y, W->n_out);
 }
 
-/* One ubatch: ids[0..n) at positions pos0.. . out_rows: logits rows to
- * produce (the last `out_rows` tokens of the ubatch) into logits. */
-static dhsa_status ubatch(dhsa_session *s, const int32_t *ids, int64_t n, int64_t pos0, float *logits,
-                          int64_t out_rows) {
+/* The cache, index and attention of rows [t0, t0 + n) of a forward pass
+ * at layer l, all of session o at positions pos..: the new keys and values
+ * (host's kt / vt rows) go into o's cache, o's index takes the keys, and
+ * o attends; for o other than the host its query rows are copied into its
+ * own buffer and its output back into the host's. */
+static dhsa_status attend_rows(dhsa_session *host, dhsa_session *o, int64_t l, int64_t t0, int64_t n, int64_t pos) {
+    const dhsa_model_info *in = &host->m->info;
+    const int64_t hk = in->head_dim_k, hv = in->head_dim_v;
+    const size_t qrow = (size_t)(in->n_head * hk), orow = (size_t)(in->n_head * hv);
+    dhsa_tensor kv = cache_view(o, l, 0, o->plan.n_ctx);
+    store_cache(kv.data, o->p.kv_type, o->plan.n_ctx, host->kt + (size_t)t0 * (size_t)(in->n_head_kv * hk), n,
+                in->n_head_kv, hk, pos);
+    dhsa_tensor vv = cache_view(o, l, 1, o->plan.n_ctx);
+    store_cache(vv.data, o->p.kv_type, o->plan.n_ctx, host->vt + (size_t)t0 * (size_t)(in->n_head_kv * hv), n,
+                in->n_head_kv, hv, pos);
+    dhsa_status st;
+    if (o->ix && o->ix[l]) {
+        dhsa_tensor kn = cache_view(o, l, 0, pos + n);
+        kn.data = (char *)kn.data + (size_t)pos * (size_t)hk * dhsa_type_size(o->p.kv_type);
+        kn.shape[2] = n;
+        if ((st = dhsa_kv_index_append(o->ix[l], &kn))) return st;
+    }
+    if (o != host) memcpy(o->q, host->q + (size_t)t0 * qrow, (size_t)n * qrow * sizeof(float));
+    if ((st = attend(o, l, n, pos))) return st;
+    if (o != host) memcpy(host->att + (size_t)t0 * orow, o->att, (size_t)n * orow * sizeof(float));
+    return DHSA_OK;
+}
+
+/* One forward pass over n rows: ids[0..n) of session s at positions
+ * pos0.. (a ubatch of a prefill, or a decode step), or, with batch != NULL,
+ * row t the next token of session batch[t] at its length
+ * (dhsa_session_eval_batch). The weight products run once over all rows
+ * in s's buffers and on s's ctx (s = batch[0]); each row's cache, index
+ * and attention are its own session's. out_rows: logits rows to produce
+ * (the last `out_rows` rows) into logits. */
+static dhsa_status forward(dhsa_session *s, dhsa_session *const *batch, const int32_t *ids, int64_t n, int64_t pos0,
+                           float *logits, int64_t out_rows) {
     const dhsa_model *m = s->m;
     const dhsa_model_info *in = &m->info;
     const int64_t E = in->n_embd, F = in->n_ff, hk = in->head_dim_k, hv = in->head_dim_v, half = in->n_rot / 2;
@@ -609,7 +642,7 @@ static dhsa_status ubatch(dhsa_session *s, const int32_t *ids, int64_t n, int64_
             for (int64_t i = 0; i < E; i++) s->x[t * E + i] *= sc;
         }
         for (int64_t i = 0; i < half; i++) {
-            double ang = (double)(pos0 + t) * (double)s->inv_freq[i];
+            double ang = (double)(batch ? batch[t]->len : pos0 + t) * (double)s->inv_freq[i];
             s->rc[t * half + i] = (float)cos(ang);
             s->rs[t * half + i] = (float)sin(ang);
         }
@@ -625,17 +658,12 @@ static dhsa_status ubatch(dhsa_session *s, const int32_t *ids, int64_t n, int64_
         add_bias(s->vt, L->bv, n, in->n_head_kv * hv);
         rope(s->q, n, in->n_head, hk, in->n_rot, in->rope_neox, s->rc, s->rs);
         rope(s->kt, n, in->n_head_kv, hk, in->n_rot, in->rope_neox, s->rc, s->rs);
-        dhsa_tensor kv = cache_view(s, l, 0, s->plan.n_ctx);
-        store_cache(kv.data, s->p.kv_type, s->plan.n_ctx, s->kt, n, in->n_head_kv, hk, pos0);
-        dhsa_tensor vv = cache_view(s, l, 1, s->plan.n_ctx);
-        store_cache(vv.data, s->p.kv_type, s->plan.n_ctx, s->vt, n, in->n_head_kv, hv, pos0);
-        if (s->ix && s->ix[l]) {
-            dhsa_tensor kn = cache_view(s, l, 0, pos0 + n);
-            kn.data = (char *)kn.data + (size_t)pos0 * (size_t)hk * dhsa_type_size(s->p.kv_type);
-            kn.shape[2] = n;
-            if ((st = dhsa_kv_index_append(s->ix[l], &kn))) return st;
+        if (!batch) {
+            if ((st = attend_rows(s, s, l, 0, n, pos0))) return st;
+        } else {
+            for (int64_t t = 0; t < n; t++)
+                if ((st = attend_rows(s, batch[t], l, t, 1, batch[t]->len))) return st;
         }
-        if ((st = attend(s, l, n, pos0))) return st;
         if ((st = matmul(s, &L->wo, s->att, n, s->xb))) return st;
         add_bias(s->xb, L->bo, n, E);
         if (L->post_attn_norm) rmsnorm(s->xb, s->xb, L->post_attn_norm, n, E, in->rms_eps);
@@ -718,7 +746,7 @@ static dhsa_status eval_tokens(dhsa_session *s, const int32_t *ids, int64_t n, f
             out = logits;
             rows = 1;
         }
-        dhsa_status st = ubatch(s, ids + done, step, s->len, out, rows);
+        dhsa_status st = forward(s, NULL, ids + done, step, s->len, out, rows);
         if (st) {
             /* the call's earlier ubatches are undone too, and this one may
              * have reached some layers' indexes: all of it goes */
@@ -733,6 +761,88 @@ static dhsa_status eval_tokens(dhsa_session *s, const int32_t *ids, int64_t n, f
         if (s->p.progress) s->p.progress(s->p.progress_user, done, n);
     }
     return DHSA_OK;
+}
+
+/* ------------------------------------------------------------ batch --- */
+
+static dhsa_status batch_eval(dhsa_session *const *ss, int64_t n, const int32_t *ids, float *logits,
+                              int64_t *len0, dhsa_attn_stats *total0) {
+    dhsa_session *h = ss[0];
+    const dhsa_model_info *in = &h->m->info;
+    for (int64_t t = 0; t < n; t++) {
+        dhsa_session *o = ss[t];
+        if (o->m != h->m)
+            return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_session_eval_batch: session %lld runs another model",
+                              (long long)t);
+        if (ids[t] < 0 || ids[t] >= in->n_vocab)
+            return dhsa__fail(DHSA_ERR_INVALID_ARG, "token %lld is id %d, outside [0, %lld)", (long long)t, ids[t],
+                              (long long)in->n_vocab);
+        if (o->len >= o->plan.n_ctx)
+            return dhsa__fail(DHSA_ERR_TOO_LARGE, "session %lld: its cache is full (%lld tokens)", (long long)t,
+                              (long long)o->plan.n_ctx);
+        if (o->broken)
+            return dhsa__fail(DHSA_ERR_INTERNAL, "session %lld: an earlier failed eval could not be undone: "
+                              "dhsa_session_reset first", (long long)t);
+        if (o->p.attn != DHSA_ATTN_DENSE && uses_index(&o->p) && !o->ix)
+            return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "session %lld: the routing indexes could not be rebuilt "
+                              "after a reset", (long long)t);
+    }
+    for (int64_t t = 0; t < n; t++) {
+        dhsa_session *o = ss[t];
+        len0[t] = o->len;
+        total0[t] = o->st_total;
+        memset(&o->st_last, 0, sizeof o->st_last);
+        o->st_last.density = 1.0;
+        if (o->ix)
+            for (int64_t l = 0; l < in->n_layer; l++)
+                if (o->ix[l]) dhsa__kv_index_mark(o->ix[l]);
+    }
+    dhsa_status st = forward(h, ss, ids, n, 0, logits, logits ? n : 0);
+    for (int64_t t = 0; t < n; t++) {
+        dhsa_session *o = ss[t];
+        if (st) {
+            roll_back(o, len0[t]);
+            o->st_total = total0[t];
+            memset(&o->st_last, 0, sizeof o->st_last);
+            o->st_last.density = 1.0;
+        } else {
+            o->len++;
+        }
+    }
+    return st;
+}
+
+dhsa_status dhsa_session_eval_batch(dhsa_session *const *ss, int64_t n, const int32_t *ids, float *logits) {
+    if (!ss || !ids || n < 1) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_session_eval_batch: NULL argument or n < 1");
+    for (int64_t t = 0; t < n; t++) {
+        if (!ss[t]) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_session_eval_batch: session %lld is NULL", (long long)t);
+        for (int64_t u = 0; u < t; u++)
+            if (ss[u] == ss[t])
+                return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_session_eval_batch: sessions %lld and %lld are the same",
+                                  (long long)u, (long long)t);
+    }
+    if (n > ss[0]->plan.n_ubatch)
+        return dhsa__fail(DHSA_ERR_TOO_LARGE, "dhsa_session_eval_batch: %lld sessions, but the first one's buffers "
+                          "hold %lld rows (its ubatch)", (long long)n, (long long)ss[0]->plan.n_ubatch);
+    int64_t *len0 = malloc((size_t)n * sizeof *len0);
+    dhsa_attn_stats *total0 = malloc((size_t)n * sizeof *total0);
+    if (!len0 || !total0) {
+        free(len0);
+        free(total0);
+        return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    int64_t entered = 0;
+    dhsa_status st = DHSA_OK;
+    for (; entered < n; entered++)
+        if (!enter(ss[entered])) {
+            st = session_busy("dhsa_session_eval_batch");
+            break;
+        }
+    if (!st) st = batch_eval(ss, n, ids, logits, len0, total0);
+    for (int64_t t = 0; t < entered; t++) leave(ss[t]);
+    free(len0);
+    free(total0);
+    return st;
 }
 
 /* One layer's index fed the first n keys of the cache, in ubatch-sized
