@@ -71,7 +71,7 @@ const char dhsa_cli_eval_usage[] =
     "  --boundary fixed|similarity|learned:FILE   dhsa's boundaries (default similarity)\n"
     "Routing (defaults scaled to the evaluated length L, docs/eval.md):\n"
     "  --q-block N (16)  --sink N (4)  --local N (16; 32 when L > 1024)\n"
-    "  --dense-below N (0)  --min-chunk N (8)  --max-chunk N (64)\n"
+    "  --dense-below N (0)  --min-chunk N (8)  --max-chunk N (32)\n"
     "  --chunk N (16: block's fixed chunk)  --sim-window N (4)  --nms-window N (4)\n"    "  --score pooled|moments|heads|bound  the chunk score (default moments; include/dhsa.h)\n"
     "fidelity:\n"
     "  -f FILE             the text        --ctx N  window (default: trained context)\n"
@@ -308,7 +308,7 @@ static dhsa_router_params router_for(const eval_opts *o, int64_t L, double densi
     rp.local_tokens = o->local >= 0 ? o->local : (L <= 1024 ? 16 : 32);
     rp.dense_below = o->dense_below >= 0 ? o->dense_below : 0;
     rp.min_chunk = o->min_chunk >= 0 ? o->min_chunk : 8;
-    rp.max_chunk = o->max_chunk >= 0 ? o->max_chunk : 64;
+    rp.max_chunk = o->max_chunk >= 0 ? o->max_chunk : 32;
     rp.chunk = o->chunk >= 0 ? o->chunk : 16;
     rp.sim_window = o->sim_window >= 0 ? o->sim_window : 4;
     rp.nms_window = o->nms_window >= 0 ? o->nms_window : 4;
