@@ -158,7 +158,8 @@ fuzz: $(BUILD)/dhsa
 	@# model seeds: tiny models of each weight type (1 layer, vocab 260, a few KB), then the
 	@# big ones in build-fuzz/seeds-model (read, never written to: libFuzzer adds to the first folder).
 	@for s in "llama F32 8 16" "llama F16 8 16" "llama BF16 8 16" "qwen2 F32 8 16" "llama Q8_0 32 32" \
-	          "qwen2 Q4_0 32 32" "llama Q4_K 256 256" "qwen2 Q6_K 256 256"; do set -- $$s; \
+	          "qwen2 Q4_0 32 32" "llama Q4_K 256 256" "qwen2 Q6_K 256 256" "llama Q5_0 32 32" \
+	          "qwen2 IQ4_NL 32 32" "llama Q3_K 256 256" "qwen2 Q5_K 256 256" "llama IQ4_XS 256 256"; do set -- $$s; \
 	  f=build-fuzz/corpus-model/tiny-$$1-$$2.gguf; [ -f $$f ] || $(BUILD)/dhsa gen-model -o $$f --preset tiny \
 	    --arch $$1 --type $$2 --n-embd $$3 --n-ff $$4 --n-layer 1 --n-head 2 --n-head-kv 1 --vocab 260 --ctx 64 \
 	    >/dev/null || exit 1; done

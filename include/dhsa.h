@@ -747,9 +747,17 @@ typedef enum {
     DHSA_GGML_F32 = 0,
     DHSA_GGML_F16 = 1,
     DHSA_GGML_Q4_0 = 2,
+    DHSA_GGML_Q4_1 = 3,
+    DHSA_GGML_Q5_0 = 6,
+    DHSA_GGML_Q5_1 = 7,
     DHSA_GGML_Q8_0 = 8,
+    DHSA_GGML_Q2_K = 10,
+    DHSA_GGML_Q3_K = 11,
     DHSA_GGML_Q4_K = 12,
+    DHSA_GGML_Q5_K = 13,
     DHSA_GGML_Q6_K = 14,
+    DHSA_GGML_IQ4_NL = 20,
+    DHSA_GGML_IQ4_XS = 23,
     DHSA_GGML_BF16 = 30
 } dhsa_ggml_type;
 

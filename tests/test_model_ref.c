@@ -2,7 +2,9 @@
  * of tests/llm_ref.h (written separately from docs/model.md, sharing no
  * kernel with the library), on tiny random models the test generates:
  * llama, qwen2 and gemma2, each with matrices in F32, F16, BF16, Q8_0,
- * Q4_0, Q4_K and Q6_K; plus RoPE variants (rope_freqs, linear scaling,
+ * Q4_0, Q4_K, Q6_K, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, Q5_K and IQ4_XS;
+ * models written by `dhsa gen-model --type T` for every type, held to 1e-5
+ * relative (L2) of the reference, prefill and decode; plus RoPE variants (rope_freqs, linear scaling,
  * partial rotation), value heads wider than key heads, tied output, MQA,
  * chunked prefill and decode against the same reference, DHSA with a full
  * budget equal to dense, learned boundaries through the session's decode
@@ -17,6 +19,7 @@
  * RoPE pairing, GQA mapping, norm or bias moves logits by O(0.1), far
  * outside (checked once below with a deliberately wrong reference).
  */
+#include "cli_run.h"
 #include "dhsa.h"
 #include "llm_ref.h"
 #include "t.h"
@@ -32,8 +35,10 @@
 
 static dhsa_ctx *ctx;
 
-static const uint32_t types[] = {LLMREF_F32, LLMREF_F16, LLMREF_BF16, LLMREF_Q8_0,
-                                 LLMREF_Q4_0, LLMREF_Q4_K, LLMREF_Q6_K};
+static const uint32_t types[] = {LLMREF_F32,  LLMREF_F16,  LLMREF_BF16,   LLMREF_Q8_0, LLMREF_Q4_0,
+                                 LLMREF_Q4_K, LLMREF_Q6_K, LLMREF_Q4_1,   LLMREF_Q5_0, LLMREF_Q5_1,
+                                 LLMREF_Q2_K, LLMREF_Q3_K, LLMREF_IQ4_NL, LLMREF_Q5_K, LLMREF_IQ4_XS};
+#define N_TYPES ((int)(sizeof types / sizeof types[0]))
 static const char *arches[] = {"llama", "qwen2", "gemma2"};
 
 typedef struct {
@@ -172,13 +177,86 @@ done:
 
 static void test_matrix(void) {
     for (int a = 0; a < 3; a++)
-        for (int t = 0; t < 7; t++) {
+        for (int t = 0; t < N_TYPES; t++) {
             llmref_spec s = llmref_spec_default(arches[a], types[t]);
-            s.seed = 100 + (uint64_t)(a * 7 + t);
+            s.seed = 100 + (uint64_t)(a * 7 + t) + (t >= 7 ? 1000 : 0); /* the first seven kept their seeds */
             char label[64];
             snprintf(label, sizeof label, "%s %s", arches[a], llmref_type_name(types[t]));
             check_spec(&s, label, types[t] == LLMREF_F32 || types[t] == LLMREF_Q4_K);
         }
+}
+
+/* `dhsa gen-model --type T` for every type: the file it writes (quantized by
+ * dhsa's own rules) gives logits within 1e-5 relative (L2 over every logit)
+ * of the double reference on that file, by prefill and by decode. */
+#define GEN_REL_MAX 1e-5
+static void test_genmodel_types(void) {
+    if (!getenv("DHSA_CLI")) {
+        T_SKIP(3 * N_TYPES, "gen-model per type: DHSA_CLI is not set (make test sets it)");
+        return;
+    }
+    double worst = 0;
+    for (int t = 0; t < N_TYPES; t++) {
+        const char *name = llmref_type_name(types[t]);
+        char path[] = "/tmp/dhsa_test_gentype_XXXXXX";
+        int fd = mkstemp(path);
+        if (fd < 0) {
+            T_CHECK(0, "mkstemp: no temporary file");
+            return;
+        }
+        close(fd);
+        char args[512], *out = NULL;
+        snprintf(args, sizeof args, "gen-model --preset tiny --type %s --n-embd 256 --n-ff 512 --n-layer 2 --n-head 4 "
+                 "--n-head-kv 2 --vocab 320 --ctx 256 --seed %d -o %s", name, 30 + t, path);
+        int rc = cli_run(args, 0, &out);
+        T_CHECK(rc == 0, "gen-model --type %s: %.300s", name, out ? out : "");
+        free(out);
+        llmref_model ref;
+        dhsa_model *m = NULL;
+        if (rc != 0 || llmref_model_load_file(path, &ref)) {
+            T_CHECK(0, "%s: the reference does not load the generated file: %s", name, llmref_error());
+            remove(path);
+            continue;
+        }
+        dhsa_status st = dhsa_model_load(path, NULL, &m);
+        T_CHECK(st == DHSA_OK, "%s: dhsa loads the generated file: %s", name, st ? dhsa_last_error() : "");
+        if (st == DHSA_OK) {
+            const int64_t n = 16, V = ref.n_vocab;
+            int32_t ids[16];
+            make_ids(ids, n, V, 500 + (uint64_t)t);
+            double *want = malloc((size_t)(n * V) * sizeof(double));
+            float *got = malloc((size_t)(n * V) * sizeof(float)), *want_f = malloc((size_t)(n * V) * sizeof(float));
+            if (llmref_forward(&ref, ids, n, want) == 0) {
+                for (int64_t i = 0; i < n * V; i++) want_f[i] = (float)want[i];
+                double rel[2] = {1, 1};
+                for (int by_token = 0; by_token < 2; by_token++) {
+                    st = run(m, dhsa_session_default_params(), ids, n, by_token, got);
+                    double num = 0, den = 0;
+                    for (int64_t i = 0; i < n * V && !st; i++) {
+                        num += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
+                        den += want[i] * want[i];
+                    }
+                    rel[by_token] = st ? 1 : sqrt(num / den);
+                    worst = fmax(worst, rel[by_token]);
+                }
+                T_CHECK(rel[0] <= GEN_REL_MAX && rel[1] <= GEN_REL_MAX,
+                        "gen-model %s: logits vs the double reference, relative %.3g (prefill), %.3g (decode); max %.0e",
+                        name, rel[0], rel[1], GEN_REL_MAX);
+                if (getenv("TEST_MODEL_REF_VERBOSE"))
+                    printf("  gen-model %-6s relative error vs double: prefill %.3g, decode %.3g\n", name, rel[0], rel[1]);
+            } else {
+                T_CHECK(0, "%s: reference forward: %s", name, llmref_error());
+            }
+            free(want);
+            free(got);
+            free(want_f);
+            dhsa_model_free(m);
+        }
+        llmref_model_free(&ref);
+        remove(path);
+    }
+    printf("test_model_ref: gen-model files of %d types: largest relative logit error %.3g (max %.0e)\n", N_TYPES, worst,
+           GEN_REL_MAX);
 }
 
 static void test_variants(void) {
@@ -480,6 +558,7 @@ int main(void) {
         return 1;
     }
     test_matrix();
+    test_genmodel_types();
     test_variants();
     test_wrong_reference();
     test_learned_session();

@@ -23,6 +23,7 @@
  * Ends with "test_quant: P passed, F failed".
  */
 #include "dhsa.h"
+#include "llm_ref.h"
 #include "model/quant.h"
 #include "t.h"
 
@@ -33,9 +34,11 @@
 #include <string.h>
 #include <sys/wait.h>
 
-#define N_TYPES 7
-static const uint32_t all_types[N_TYPES] = {DHSA_GGML_F32,  DHSA_GGML_F16,  DHSA_GGML_BF16, DHSA_GGML_Q8_0,
-                                             DHSA_GGML_Q4_0, DHSA_GGML_Q4_K, DHSA_GGML_Q6_K};
+#define N_TYPES 15
+static const uint32_t all_types[N_TYPES] = {
+    DHSA_GGML_F32,  DHSA_GGML_F16,  DHSA_GGML_BF16, DHSA_GGML_Q8_0, DHSA_GGML_Q4_0,   DHSA_GGML_Q4_K,
+    DHSA_GGML_Q6_K, DHSA_GGML_Q4_1, DHSA_GGML_Q5_0, DHSA_GGML_Q5_1, DHSA_GGML_IQ4_NL, DHSA_GGML_Q2_K,
+    DHSA_GGML_Q3_K, DHSA_GGML_Q5_K, DHSA_GGML_IQ4_XS};
 
 /* ------------------------------------------------------------------ rng --- */
 
@@ -82,7 +85,23 @@ static double dec_bf16(const uint8_t *p) { /* the top half of a binary32 */
  * Q4_K [d, dmin, 12 bytes of 6-bit (sc, m) for 8 sub-blocks of 32, 128 bytes
  * of nibbles: sub-block s uses byte 32*(s/2) + l, nibble s%2], x = d sc q - dmin m;
  * Q6_K [128 bytes of low nibbles, 64 bytes of 2-bit high parts, int8 scale per
- * 16 values, d], x = d sc (q - 32). */
+ * 16 values, d], x = d sc (q - 32);
+ * Q4_1 [d, m, 16 bytes of nibbles as Q4_0], x = d q + m;
+ * Q5_0 [d, 32-bit qh, 16 bytes of nibbles]: bit j of qh is bit 4 of value j, x = d (q - 16);
+ * Q5_1 [d, m, qh, nibbles], x = d q + m;
+ * IQ4_NL [d, nibbles as Q4_0], x = d grid[q], grid the fixed 16 values below;
+ * Q2_K [16 bytes (sc | m << 4) per 16 values, 64 bytes of 2-bit codes, d, dmin]:
+ *   value e = 128n + 32j + 16h + l uses bits 2j.. of byte 32n + 16h + l, x = d sc q - dmin m;
+ * Q3_K [32 bytes of high bits, 64 bytes of 2-bit codes as Q2_K, 12 bytes of 6-bit scales, d]:
+ *   the high bit of e is bit 4n + j of byte 16h + l; q = low - 4 when it is 0;
+ *   scale s: low 4 bits in nibble s/8 of byte s%8, high 2 at bit 2(s/4) of byte 8 + s%4; x = d (sc-32) q;
+ * Q5_K [d, dmin, 12 bytes of (sc, m) as Q4_K, 32 bytes qh, 128 bytes of nibbles as Q4_K]:
+ *   bit 4 of value 32 sb + l is bit sb of qh[l];
+ * IQ4_XS [d, 16-bit scales_h, 4 bytes scales_l, 128 bytes of nibbles]: sub-block ib of 32 has
+ *   ls = nibble ib%2 of scales_l[ib/2] | bits 2ib.. of scales_h << 4, its nibbles as IQ4_NL at
+ *   byte 16 ib; x = d (ls - 32) grid[q]. */
+static const int iq4_grid_ref[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
 static double ref_value(uint32_t type, const uint8_t *row, int64_t i) {
     switch (type) {
     case DHSA_GGML_F32: {
@@ -124,6 +143,61 @@ static double ref_value(uint32_t type, const uint8_t *row, int64_t i) {
         unsigned hi = bits(b + 128, 8 * (32 * n + l) + 2 * p, 2);
         int sc = (int)bits(b + 192, 8 * (e / 16), 8);
         return dec_f16(b + 208) * (sc >= 128 ? sc - 256 : sc) * ((int)(lo | hi << 4) - 32);
+    }
+    case DHSA_GGML_Q4_1: {
+        const uint8_t *b = row + i / 32 * 20;
+        int j = (int)(i % 32);
+        unsigned q = bits(b + 4, 8 * (j % 16) + 4 * (j / 16), 4);
+        return dec_f16(b) * q + dec_f16(b + 2);
+    }
+    case DHSA_GGML_Q5_0: {
+        const uint8_t *b = row + i / 32 * 22;
+        int j = (int)(i % 32);
+        int q = (int)(bits(b + 6, 8 * (j % 16) + 4 * (j / 16), 4) | bits(b + 2, j, 1) << 4);
+        return dec_f16(b) * (q - 16);
+    }
+    case DHSA_GGML_Q5_1: {
+        const uint8_t *b = row + i / 32 * 24;
+        int j = (int)(i % 32);
+        unsigned q = bits(b + 8, 8 * (j % 16) + 4 * (j / 16), 4) | bits(b + 4, j, 1) << 4;
+        return dec_f16(b) * q + dec_f16(b + 2);
+    }
+    case DHSA_GGML_IQ4_NL: {
+        const uint8_t *b = row + i / 32 * 18;
+        int j = (int)(i % 32);
+        return dec_f16(b) * iq4_grid_ref[bits(b + 2, 8 * (j % 16) + 4 * (j / 16), 4)];
+    }
+    case DHSA_GGML_Q2_K:
+    case DHSA_GGML_Q3_K: {
+        int q2 = type == DHSA_GGML_Q2_K;
+        const uint8_t *b = row + i / 256 * (q2 ? 84 : 110);
+        int e = (int)(i % 256), n = e / 128, j = e % 128 / 32, h = e % 32 / 16, l = e % 16, s = e / 16;
+        int q = (int)bits(b + (q2 ? 16 : 32), 8 * (32 * n + 16 * h + l) + 2 * j, 2);
+        if (q2) return dec_f16(b + 80) * bits(b, 8 * s, 4) * q - dec_f16(b + 82) * bits(b, 8 * s + 4, 4);
+        if (!bits(b, 8 * (16 * h + l) + 4 * n + j, 1)) q -= 4;
+        int sc = (int)(bits(b + 96, s < 8 ? 8 * s : 8 * (s - 8) + 4, 4) | bits(b + 104, 8 * (s % 4) + 2 * (s / 4), 2) << 4);
+        return dec_f16(b + 108) * (sc - 32) * q;
+    }
+    case DHSA_GGML_Q5_K: {
+        const uint8_t *b = row + i / 256 * 176, *s = b + 4;
+        int e = (int)(i % 256), sb = e / 32, l = e % 32;
+        unsigned sc, m;
+        if (sb < 4) {
+            sc = bits(s, 8 * sb, 6);
+            m = bits(s, 8 * (sb + 4), 6);
+        } else {
+            sc = bits(s, 8 * (sb + 4), 4) | bits(s, 8 * (sb - 4) + 6, 2) << 4;
+            m = bits(s, 8 * (sb + 4) + 4, 4) | bits(s, 8 * sb + 6, 2) << 4;
+        }
+        unsigned q = bits(b + 48, 8 * (32 * (sb / 2) + l) + 4 * (sb % 2), 4) | bits(b + 16, 8 * l + sb, 1) << 4;
+        return dec_f16(b) * sc * q - dec_f16(b + 2) * m;
+    }
+    case DHSA_GGML_IQ4_XS: {
+        const uint8_t *b = row + i / 256 * 136;
+        int e = (int)(i % 256), ib = e / 32, j = e % 32;
+        int ls = (int)(bits(b + 4, 8 * (ib / 2) + 4 * (ib % 2), 4) | bits(b + 2, 2 * ib, 2) << 4);
+        unsigned q = bits(b + 8, 8 * (16 * ib + j % 16) + 4 * (j / 16), 4);
+        return dec_f16(b) * (ls - 32) * iq4_grid_ref[q];
     }
     }
     return NAN;
@@ -239,6 +313,10 @@ static double g_worst_ratio, g_worst_nmse;
 
 /* NMSE bound: F32 sums of n terms have relative errors around sqrt(n) u. */
 #define NMSE_MAX 1e-10
+/* quantizer bounds of the new types (docs/quant.md) */
+#define QUANT_IQ4_BOUND 0.13
+#define QUANT_Q3K_NMSE 5e-2
+#define QUANT_Q2K_NMSE 0.15
 
 static int cmp_ok(const cmp_t *c) { return c->bad == 0 && c->nmse <= NMSE_MAX; }
 
@@ -268,9 +346,17 @@ static uint8_t *random_row(uint32_t type, int64_t n, rng_t *r) {
         int offs[2] = {-1, -1};
         switch (type) {
         case DHSA_GGML_Q8_0:
-        case DHSA_GGML_Q4_0: offs[0] = 0; break;
-        case DHSA_GGML_Q4_K: offs[0] = 0; offs[1] = 2; break;
+        case DHSA_GGML_Q4_0:
+        case DHSA_GGML_Q5_0:
+        case DHSA_GGML_IQ4_NL:
+        case DHSA_GGML_IQ4_XS: offs[0] = 0; break;
+        case DHSA_GGML_Q4_K:
+        case DHSA_GGML_Q5_K:
+        case DHSA_GGML_Q4_1:
+        case DHSA_GGML_Q5_1: offs[0] = 0; offs[1] = 2; break;
         case DHSA_GGML_Q6_K: offs[0] = 208; break;
+        case DHSA_GGML_Q2_K: offs[0] = 80; offs[1] = 82; break;
+        case DHSA_GGML_Q3_K: offs[0] = 108; break;
         default: break;
         }
         for (int k = 0; k < 2; k++) {
@@ -399,6 +485,130 @@ static void test_dequant_known(void) {
     T_CHECK(ok && got[0] == 64.0f && got[255] == 54.25f, "Q6_K known block: got[0] %g got[255] %g", got[0],
             got[255]);
 
+    /* The added types: blocks built by hand, each checked three ways: dhsa
+     * (the active ISA), this file's decoder (ref_value) and tests/llm_ref.h's
+     * (llmref_dequant), against the values written out here. */
+    {
+        static uint8_t blk[176];
+        float want[256];
+        int n;
+        double back[256];
+#define KNOWN(TYPE, N, WHAT)                                                                                          \
+    do {                                                                                                              \
+        int bad_ = -1;                                                                                                \
+        T_CHECK(dhsa__dequantize_row(TYPE, blk, got, N) == DHSA_OK && llmref_dequant(TYPE, blk, N, back) == 0,         \
+                "%s known", WHAT);                                                                                    \
+        for (int i_ = 0; i_ < (N) && bad_ < 0; i_++)                                                                  \
+            if (got[i_] != want[i_] || back[i_] != want[i_] || ref_float(TYPE, blk, i_) != want[i_]) bad_ = i_;      \
+        T_CHECK(bad_ < 0, "%s known block: value %d: dhsa %g, test decoder %g, llm_ref %g, written out %g", WHAT,    \
+                bad_, bad_ >= 0 ? got[bad_] : 0.0, bad_ >= 0 ? ref_value(TYPE, blk, bad_) : 0.0,                      \
+                bad_ >= 0 ? back[bad_] : 0.0, bad_ >= 0 ? want[bad_] : 0.0);                                          \
+    } while (0)
+        /* Q4_1: d = 0.5, m = -3, byte j = j | (15 - j) << 4: x[j] = j/2 - 3, x[j+16] = (15-j)/2 - 3 */
+        memset(blk, 0, sizeof blk);
+        put16(blk, 0x3800);
+        put16(blk + 2, 0xc200);
+        for (int j = 0; j < 16; j++) blk[4 + j] = (uint8_t)(j | (15 - j) << 4);
+        for (int j = 0; j < 16; j++) {
+            want[j] = 0.5f * (float)j - 3.0f;
+            want[j + 16] = 0.5f * (float)(15 - j) - 3.0f;
+        }
+        KNOWN(DHSA_GGML_Q4_1, 32, "Q4_1");
+        T_CHECK(got[0] == -3.0f && got[16] == 4.5f, "Q4_1: x0 %g x16 %g", got[0], got[16]);
+        /* Q5_0: d = 1, qh = 0xaaaa5555 (bit j: fifth bit of value j), nibbles as above */
+        memset(blk, 0, sizeof blk);
+        put16(blk, 0x3c00);
+        blk[2] = 0x55, blk[3] = 0x55, blk[4] = 0xaa, blk[5] = 0xaa;
+        for (int j = 0; j < 16; j++) blk[6 + j] = (uint8_t)(j | (15 - j) << 4);
+        for (int j = 0; j < 16; j++) {
+            want[j] = (float)((j | (j % 2 == 0) << 4) - 16);
+            want[j + 16] = (float)(((15 - j) | (j % 2 == 1) << 4) - 16);
+        }
+        KNOWN(DHSA_GGML_Q5_0, 32, "Q5_0");
+        T_CHECK(got[0] == 0.0f && got[1] == -15.0f && got[16] == -1.0f && got[17] == 14.0f, "Q5_0 literal values");
+        /* Q5_1: the same codes, d = 0.25, m = 1: x = q/4 + 1 */
+        memset(blk, 0, sizeof blk);
+        put16(blk, 0x3400);
+        put16(blk + 2, 0x3c00);
+        blk[4] = 0x55, blk[5] = 0x55, blk[6] = 0xaa, blk[7] = 0xaa;
+        for (int j = 0; j < 16; j++) blk[8 + j] = (uint8_t)(j | (15 - j) << 4);
+        for (int j = 0; j < 32; j++) want[j] = 0.25f * (want[j] + 16.0f) + 1.0f;
+        KNOWN(DHSA_GGML_Q5_1, 32, "Q5_1");
+        /* IQ4_NL: d = 2, nibbles as Q4_1: x[j] = 2 grid[j], x[j+16] = 2 grid[15-j] */
+        static const int grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+        memset(blk, 0, sizeof blk);
+        put16(blk, 0x4000);
+        for (int j = 0; j < 16; j++) blk[2 + j] = (uint8_t)(j | (15 - j) << 4);
+        for (int j = 0; j < 16; j++) {
+            want[j] = 2.0f * (float)grid[j];
+            want[j + 16] = 2.0f * (float)grid[15 - j];
+        }
+        KNOWN(DHSA_GGML_IQ4_NL, 32, "IQ4_NL");
+        T_CHECK(got[0] == -254.0f && got[16] == 226.0f, "IQ4_NL: x0 %g x16 %g", got[0], got[16]);
+        /* Q2_K: d = 1, dmin = 0.5; scale byte s = s | (15 - s) << 4; every code
+         * byte 0xe4 (codes 0, 1, 2, 3 at bits 0, 2, 4, 6): value i has code
+         * j = i % 128 / 32 and sub-block s = i / 16: x = s j - (15 - s)/2 */
+        memset(blk, 0, sizeof blk);
+        for (int s16 = 0; s16 < 16; s16++) blk[s16] = (uint8_t)(s16 | (15 - s16) << 4);
+        memset(blk + 16, 0xe4, 64);
+        put16(blk + 80, 0x3c00);
+        put16(blk + 82, 0x3800);
+        for (int i = 0; i < 256; i++) want[i] = (float)(i / 16 * (i % 128 / 32)) - 0.5f * (float)(15 - i / 16);
+        KNOWN(DHSA_GGML_Q2_K, 256, "Q2_K");
+        T_CHECK(got[0] == -7.5f && got[255] == 45.0f, "Q2_K: x0 %g x255 %g", got[0], got[255]);
+        /* Q3_K: d = 0.5; scale code of sub-block s = 2s + 1 (scale 2s - 31),
+         * low 4 bits in nibble s/8 of byte s%8, high 2 bits at 2(s/4) of byte
+         * 8 + s%4; codes bytes 0xe4 (low 2 bits = j); hmask bytes 0..15 = 0x0f,
+         * 16..31 = 0xf0: the third bit is set in the first half (n = 0) for
+         * h = 0 and in the second (n = 1) for h = 1; q = j, or j - 4 without it */
+        memset(blk, 0, sizeof blk);
+        memset(blk, 0x0f, 16);
+        memset(blk + 16, 0xf0, 16);
+        memset(blk + 32, 0xe4, 64);
+        for (int s16 = 0; s16 < 16; s16++) {
+            int c = 2 * s16 + 1;
+            blk[96 + s16 % 8] |= (uint8_t)((c & 15) << (s16 < 8 ? 0 : 4));
+            blk[104 + s16 % 4] |= (uint8_t)((c >> 4) << (2 * (s16 / 4)));
+        }
+        put16(blk + 108, 0x3800);
+        for (int i = 0; i < 256; i++) {
+            int nn = i / 128, j = i % 128 / 32, hh = i % 32 / 16, q = (nn == hh) ? j : j - 4;
+            want[i] = 0.5f * (float)(2 * (i / 16) - 31) * (float)q;
+        }
+        KNOWN(DHSA_GGML_Q3_K, 256, "Q3_K");
+        /* value 16: sub-block 1 (scale -29), n 0, h 1: no third bit, q = -4: 0.5 * -29 * -4 = 58 */
+        T_CHECK(got[16] == 58.0f && got[0] == 0.0f, "Q3_K: x16 %g x0 %g", got[16], got[0]);
+        /* Q5_K: Q4_K's known header (d 1, dmin 0.5, sc 10 + 7s, m 60 - 5s), code
+         * bytes 0x53, qh bytes 0x55: the fifth bit is set for even sub-blocks,
+         * so q = 3 + 16 (even) or 5 (odd) */
+        memset(blk, 0, sizeof blk);
+        memcpy(blk, qk, 16);
+        memset(blk + 16, 0x55, 32);
+        memset(blk + 48, 0x53, 128);
+        for (int i = 0; i < 256; i++) {
+            int s8 = i / 32;
+            want[i] = (float)(sc[s8] * (s8 % 2 ? 5 : 19)) - 0.5f * (float)mn[s8];
+        }
+        KNOWN(DHSA_GGML_Q5_K, 256, "Q5_K");
+        /* IQ4_XS: d = 0.25, ls of sub-block ib = 8 ib + 3 (low 4 bits in nibble
+         * ib%2 of byte 4 + ib/2, high 2 at bits 2ib of scales_h); code bytes
+         * 0x69: low nibble 9 (grid 13), high 6 (grid -22) */
+        memset(blk, 0, sizeof blk);
+        put16(blk, 0x3400);
+        n = 0;
+        for (int ib = 0; ib < 8; ib++) {
+            int ls = 8 * ib + 3;
+            blk[4 + ib / 2] |= (uint8_t)((ls & 15) << (4 * (ib % 2)));
+            n |= (ls >> 4) << (2 * ib);
+        }
+        put16(blk + 2, (uint16_t)n);
+        memset(blk + 8, 0x69, 128);
+        for (int i = 0; i < 256; i++) want[i] = 0.25f * (float)(8 * (i / 32) + 3 - 32) * (float)(i % 32 < 16 ? 13 : -22);
+        KNOWN(DHSA_GGML_IQ4_XS, 256, "IQ4_XS");
+        T_CHECK(got[0] == -94.25f && got[255] == -148.5f, "IQ4_XS: x0 %g x255 %g", got[0], got[255]);
+#undef KNOWN
+    }
+
     /* F16 / BF16 corner values */
     uint8_t h[8];
     put16(h, 0x3c00);     /* 1 */
@@ -458,7 +668,17 @@ static void test_quant_error(void) {
                      * rounding of the 6-bit min */
                     case DHSA_GGML_Q4_K: bound = (hi - lo) / 15.0 * 1.1 + 1e-12; break;
                     /* 8-bit scales, 6-bit codes: one step amax/32 of the widest sub-block */
-                    default: bound = amax / 32.0 * 1.05 + 1e-12; break;
+                    case DHSA_GGML_Q6_K: bound = amax / 32.0 * 1.05 + 1e-12; break;
+                    /* the min types: one step of the block's range */
+                    case DHSA_GGML_Q4_1: bound = (hi - lo) / 15.0 * 1.01 + 1e-12; break;
+                    case DHSA_GGML_Q5_1: bound = (hi - lo) / 31.0 * 1.01 + 1e-12; break;
+                    case DHSA_GGML_Q5_0: bound = amax / 16.0 * 1.002 + 1e-12; break;
+                    case DHSA_GGML_Q5_K: bound = (hi - lo) / 31.0 * 1.1 + 1e-12; break;
+                    case DHSA_GGML_Q2_K: bound = (hi - lo) / 3.0 * 1.1 + 1e-12; break;
+                    /* 6-bit scales, 3-bit codes: one step amax/4 */
+                    case DHSA_GGML_Q3_K: bound = amax / 4.0 * 1.05 + 1e-12; break;
+                    /* the grid's widest gap is 24 of its 127: half of it, and the scale's rounding */
+                    default: bound = amax * QUANT_IQ4_BOUND + 1e-12; break;
                     }
                     if (e > bound && e - bound > worst) {
                         worst = e - bound;
@@ -475,8 +695,14 @@ static void test_quant_error(void) {
                               : type == DHSA_GGML_BF16 ? 1e-5
                               : type == DHSA_GGML_Q8_0 ? 1e-4
                               : type == DHSA_GGML_Q6_K ? 1e-3
+                              : type == DHSA_GGML_Q5_0 || type == DHSA_GGML_Q5_1 || type == DHSA_GGML_Q5_K ? 5e-3
+                              : type == DHSA_GGML_Q3_K ? QUANT_Q3K_NMSE
+                              : type == DHSA_GGML_Q2_K ? QUANT_Q2K_NMSE
                                                        : 2e-2;
             if (dist == 2) nmse_max *= 10.0; /* outliers set the scale of their blocks */
+            if (getenv("TEST_QUANT_VERBOSE"))
+                printf("quantize %s inputs %d: NMSE %.3g (max %.3g), worst excess %.3g\n", tname(type), dist, nmse,
+                       nmse_max, worst);
             T_CHECK(worst == 0.0 && nmse <= nmse_max,
                     "quantize %s (inputs %d): value %lld: %.9g -> %.9g, %.3g over its bound; NMSE %.3g (max %.1g)",
                     tname(type), dist, (long long)worst_i, x[worst_i], y[worst_i], worst, nmse, nmse_max);
@@ -682,7 +908,15 @@ static void test_check_finite(void) {
         case DHSA_GGML_Q8_0: off = 34; break;               /* second block's d */
         case DHSA_GGML_Q4_0: off = 18; break;
         case DHSA_GGML_Q4_K: off = 144 + 2; break;          /* second super-block's dmin */
-        default: off = 210 + 208; break;                    /* second super-block's d */
+        case DHSA_GGML_Q6_K: off = 210 + 208; break;        /* second super-block's d */
+        case DHSA_GGML_Q4_1: off = 20 + 2; break;           /* second block's m */
+        case DHSA_GGML_Q5_0: off = 22; break;
+        case DHSA_GGML_Q5_1: off = 24 + 2; break;
+        case DHSA_GGML_IQ4_NL: off = 18; break;
+        case DHSA_GGML_Q2_K: off = 84 + 82; break;          /* second super-block's dmin */
+        case DHSA_GGML_Q3_K: off = 110 + 108; break;
+        case DHSA_GGML_Q5_K: off = 176 + 2; break;
+        default: off = 136; break;                          /* IQ4_XS: second super-block's d */
         }
         memcpy(save, row4 + off, (size_t)len);
         if (len == 4) {
@@ -691,7 +925,8 @@ static void test_check_finite(void) {
         } else if (type == DHSA_GGML_BF16) {
             put16(row4 + off, 0x7fc1);
         } else {
-            put16(row4 + off, type == DHSA_GGML_Q4_K ? 0x7c00 /* Inf */ : 0x7e01 /* NaN */);
+            int inf = type == DHSA_GGML_Q4_K || type == DHSA_GGML_Q5_K || type == DHSA_GGML_Q2_K || type == DHSA_GGML_Q5_1;
+            put16(row4 + off, inf ? 0xfc00 /* -Inf */ : 0x7e01 /* NaN */);
         }
         dhsa_status st = dhsa__wt_check_finite(type, d, rows, cols);
         const char *e = dhsa_last_error();
@@ -717,8 +952,9 @@ static void test_bad_args(void) {
     T_CHECK(err_ok(dhsa__matmul(ctx, &B, x, 300, 1, y, 16), DHSA_ERR_SHAPE), "n_in 100 with Q4_K: %s",
             dhsa_last_error());
     B = W;
-    B.type = 13; /* Q5_K: known to ggml, not supported */
-    T_CHECK(err_ok(dhsa__matmul(ctx, &B, x, 300, 1, y, 16), DHSA_ERR_UNSUPPORTED), "Q5_K: %s", dhsa_last_error());
+    B.type = 16; /* IQ2_XXS: known to ggml, not supported */
+    T_CHECK(err_ok(dhsa__matmul(ctx, &B, x, 300, 1, y, 16), DHSA_ERR_UNSUPPORTED) && strstr(dhsa_last_error(), "IQ2_XXS"),
+            "IQ2_XXS: %s", dhsa_last_error());
     B.type = 999;
     T_CHECK(err_ok(dhsa__matmul(ctx, &B, x, 300, 1, y, 16), DHSA_ERR_UNSUPPORTED), "type 999: %s", dhsa_last_error());
     T_CHECK(err_ok(dhsa__matmul(ctx, NULL, x, 300, 1, y, 16), DHSA_ERR_INVALID_ARG), "W NULL");
@@ -741,7 +977,7 @@ static void test_bad_args(void) {
     T_CHECK(dhsa__matmul(ctx, &W, x, 300, 0, y, 16) == DHSA_OK && y[0] == 12345.0f, "n_tok = 0 does nothing");
     float buf[256];
     T_CHECK(err_ok(dhsa__dequantize_row(DHSA_GGML_Q8_0, W.data, buf, 40), DHSA_ERR_SHAPE), "dequantize 40 of Q8_0");
-    T_CHECK(err_ok(dhsa__dequantize_row(20, W.data, buf, 32), DHSA_ERR_UNSUPPORTED), "dequantize type 20");
+    T_CHECK(err_ok(dhsa__dequantize_row(15, W.data, buf, 256), DHSA_ERR_UNSUPPORTED), "dequantize type 15 (Q8_K)");
     T_CHECK(err_ok(dhsa__dequantize_row(DHSA_GGML_Q8_0, NULL, buf, 32), DHSA_ERR_INVALID_ARG), "dequantize NULL");
     for (int i = 0; i < 256; i++) buf[i] = (float)i;
     buf[17] = NAN;
@@ -762,9 +998,13 @@ static void test_bad_args(void) {
     T_CHECK(dhsa__wt_row_bytes(DHSA_GGML_Q4_K, 4096) == 16 * 144 && dhsa__wt_row_bytes(DHSA_GGML_Q6_K, 256) == 210 &&
                 dhsa__wt_row_bytes(DHSA_GGML_Q4_0, 64) == 36 && dhsa__wt_row_bytes(DHSA_GGML_Q8_0, 32) == 34 &&
                 dhsa__wt_row_bytes(DHSA_GGML_BF16, 3) == 6 && dhsa__wt_row_bytes(DHSA_GGML_Q8_0, 33) == -1 &&
-                dhsa__wt_row_bytes(13, 256) == -1,
+                dhsa__wt_row_bytes(16, 256) == -1 && dhsa__wt_row_bytes(DHSA_GGML_Q5_K, 512) == 352 &&
+                dhsa__wt_row_bytes(DHSA_GGML_Q2_K, 256) == 84 && dhsa__wt_row_bytes(DHSA_GGML_Q3_K, 256) == 110 &&
+                dhsa__wt_row_bytes(DHSA_GGML_IQ4_XS, 256) == 136 && dhsa__wt_row_bytes(DHSA_GGML_Q4_1, 64) == 40 &&
+                dhsa__wt_row_bytes(DHSA_GGML_Q5_0, 32) == 22 && dhsa__wt_row_bytes(DHSA_GGML_Q5_1, 32) == 24 &&
+                dhsa__wt_row_bytes(DHSA_GGML_IQ4_NL, 32) == 18,
             "row sizes");
-    T_CHECK(dhsa__wt_supported(DHSA_GGML_Q6_K) && !dhsa__wt_supported(13) && dhsa__wt_block(DHSA_GGML_Q4_K) == 256 &&
+    T_CHECK(dhsa__wt_supported(DHSA_GGML_Q6_K) && !dhsa__wt_supported(16) && dhsa__wt_supported(DHSA_GGML_Q5_K) && dhsa__wt_block(DHSA_GGML_Q4_K) == 256 &&
                 dhsa__wt_block_bytes(DHSA_GGML_Q4_0) == 18 && dhsa__wt_block(99) == 0,
             "type table");
     free((void *)W.data);

@@ -27,7 +27,7 @@
 #define EXIT_USAGE DHSA_EXIT_USAGE
 
 const char dhsa_cli_gen_model_usage[] =
-    "usage: dhsa gen-model -o OUT.gguf [--preset smollm-135m|tiny] [--type F32|F16|BF16|Q8_0|Q4_0|Q4_K|Q6_K]\n"
+    "usage: dhsa gen-model -o OUT.gguf [--preset smollm-135m|tiny] [--type TYPE]\n"
     "                      [--arch llama|qwen2] [--n-embd N] [--n-layer N] [--n-head N] [--n-head-kv N]\n"
     "                      [--n-ff N] [--vocab N] [--ctx N] [--seed S] [--bias LIST]\n"
     "\n"
@@ -35,6 +35,9 @@ const char dhsa_cli_gen_model_usage[] =
     "~ N(0, 1/n_in), norms 1), a byte-level SentencePiece vocabulary padded\n"
     "with made-up tokens, for benchmarks (dhsa bench model, dhsa run).\n"
     "Default preset smollm-135m (about 135 M parameters), type Q8_0.\n"
+    "TYPE (every matrix and the embedding) is one of " DHSA_QK_TYPE_LIST ";\n"
+    "the 256-value blocks (Q2_K ... Q6_K, IQ4_XS) need --n-embd and --n-ff\n"
+    "multiples of 256. Quantized by dhsa's fixture rules (docs/quant.md).\n"
     "--bias LIST adds bias tensors (F32, ~ N(0, 0.1^2)), a comma-separated\n"
     "list of: qkv (blk.N.attn_q/k/v.bias; qwen2 always has them), out\n"
     "(attn_output.bias), ffn (ffn_gate/up/down.bias), output (output.bias),\n"
@@ -126,7 +129,7 @@ int dhsa_cli_gen_model(int argc, char **argv) {
             uint32_t t;
             for (t = 0; t < 64; t++)
                 if (dhsa__wt_supported(t) && strcmp(dhsa_ggml_type_name(t), v) == 0) break;
-            if (t == 64) dhsa_cli_die(EXIT_USAGE, "--type: \"%s\" is not one of F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K", v);
+            if (t == 64) dhsa_cli_die(EXIT_USAGE, "--type: \"%s\" is not one of " DHSA_QK_TYPE_LIST, v);
             type = t;
         } else if (strcmp(a, "--arch") == 0) {
             if (strcmp(v, "llama") && strcmp(v, "qwen2")) dhsa_cli_die(EXIT_USAGE, "--arch is llama or qwen2");

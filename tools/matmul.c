@@ -20,7 +20,7 @@
 #include "util/peak.h"
 
 const char dhsa_cli_bench_matmul_usage[] =
-    "usage: dhsa bench matmul [--type F32|F16|BF16|Q8_0|Q4_0|Q4_K|Q6_K|all] [--n-in N] [--n-out N]\n"
+    "usage: dhsa bench matmul [--type TYPE|all] [--n-in N] [--n-out N]\n"
     "                         [--tok N] [--threads T] [--runs R] [--isa scalar|avx2|avx512] [--seed S]\n"
     "\n"
     "y[t][o] = sum_i W[o][i] x[t][i] with W (n_out x n_in) stored in the weight type\n"
@@ -83,19 +83,17 @@ static void fill_weights(uint32_t type, uint8_t *p, int64_t n_out, int64_t row_b
             h = (uint16_t)((h & 0x807fu) | ((120u + (h >> 7) % 7u) << 7));
             memcpy(q, &h, 2);
             break;
-        case DHSA_GGML_Q8_0:
-        case DHSA_GGML_Q4_0:
-        case DHSA_GGML_Q4_K:
-        case DHSA_GGML_Q6_K: {
-            int off = type == DHSA_GGML_Q6_K ? 208 : 0;
-            for (int k = 0; k < (type == DHSA_GGML_Q4_K ? 2 : 1); k++) {
+        default: { /* the block scales (f16): where they are, and how many */
+            int off = type == DHSA_GGML_Q6_K ? 208 : type == DHSA_GGML_Q2_K ? 80 : type == DHSA_GGML_Q3_K ? 108 : 0;
+            int two = type == DHSA_GGML_Q4_K || type == DHSA_GGML_Q5_K || type == DHSA_GGML_Q2_K ||
+                      type == DHSA_GGML_Q4_1 || type == DHSA_GGML_Q5_1;
+            for (int k = 0; k < (two ? 2 : 1); k++) {
                 memcpy(&h, q + off + 2 * k, 2);
                 h = (uint16_t)((h & 0x83ffu) | (4u << 10)); /* about 2^-11 */
                 memcpy(q + off + 2 * k, &h, 2);
             }
             break;
         }
-        default: break;
         }
     }
 }
@@ -139,8 +137,11 @@ static double check_rows(dhsa_ctx *ctx, const dhsa_wmat *W, int64_t r0, int64_t 
     return worst;
 }
 
-static const uint32_t all_types[] = {DHSA_GGML_F32,  DHSA_GGML_F16,  DHSA_GGML_BF16, DHSA_GGML_Q8_0,
-                                     DHSA_GGML_Q4_0, DHSA_GGML_Q4_K, DHSA_GGML_Q6_K};
+static const uint32_t all_types[] = {
+    DHSA_GGML_F32,  DHSA_GGML_F16,  DHSA_GGML_BF16, DHSA_GGML_Q8_0, DHSA_GGML_Q4_0,   DHSA_GGML_Q4_K,
+    DHSA_GGML_Q6_K, DHSA_GGML_Q4_1, DHSA_GGML_Q5_0, DHSA_GGML_Q5_1, DHSA_GGML_IQ4_NL, DHSA_GGML_Q2_K,
+    DHSA_GGML_Q3_K, DHSA_GGML_Q5_K, DHSA_GGML_IQ4_XS};
+#define N_ALL_TYPES ((int)(sizeof all_types / sizeof all_types[0]))
 
 int dhsa_cli_bench_matmul(int argc, char **argv) {
     dhsa_cli_set_command("bench matmul", "(see dhsa bench matmul --help)\n");
@@ -169,9 +170,9 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
         } else dhsa_cli_die(EXIT_USAGE, "unknown option \"%s\"", o);
 #undef OPT
     }
-    uint32_t types[7];
+    uint32_t types[N_ALL_TYPES];
     int n_types = 0, all = strcmp(type_arg, "all") == 0;
-    for (int k = 0; k < 7; k++) {
+    for (int k = 0; k < N_ALL_TYPES; k++) {
         if (!all && strcmp(type_arg, dhsa_ggml_type_name(all_types[k])) != 0) continue;
         if (n_in % dhsa__wt_block(all_types[k])) {
             if (!all)
@@ -184,7 +185,7 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
         types[n_types++] = all_types[k];
     }
     if (!n_types && !all)
-        dhsa_cli_die(EXIT_USAGE, "--type: \"%s\" is not F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K or all", type_arg);
+        dhsa_cli_die(EXIT_USAGE, "--type: \"%s\" is not one of " DHSA_QK_TYPE_LIST " or all", type_arg);
     if (!n_types) dhsa_cli_die(EXIT_USAGE, "no type has a block dividing --n-in %lld", (long long)n_in);
     if (isa >= 0 && dhsa_set_isa((dhsa_isa)isa) != DHSA_OK) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
 
@@ -212,7 +213,7 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
     struct {
         double mib, ms, gflops, peak_share, wgbps, rdgbps, rdshare, check;
         int fused;
-    } res[7];
+    } res[N_ALL_TYPES];
     if (!t || !tr || !ratio || !pk) dhsa_cli_die(EXIT_RUN, "out of memory");
     int rc = 0;
     for (int ti = 0; ti < n_types; ti++) {

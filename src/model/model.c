@@ -178,8 +178,7 @@ static dhsa_status bind_matrix(binder *b, const char *name, int64_t n_in, int64_
         return dhsa__fail(DHSA_ERR_FORMAT, "the model has no tensor \"%s\"", name);
     }
     if (!dhsa__wt_supported(t->type))
-        return dhsa__fail(DHSA_ERR_UNSUPPORTED, "tensor \"%s\" has type %s (%u); supported: F32 F16 BF16 Q8_0 Q4_0 "
-                          "Q4_K Q6_K", name, dhsa_ggml_type_name(t->type), t->type);
+        return dhsa__fail(DHSA_ERR_UNSUPPORTED, "tensor \"%s\" has type %s (%u); supported: " DHSA_QK_TYPE_LIST, name, dhsa_ggml_type_name(t->type), t->type);
     if (t->n_dims > 2 || t->dims[0] != n_in || t->dims[1] != n_out)
         return dhsa__fail(DHSA_ERR_SHAPE, "tensor \"%s\" has dims [%lld, %lld] (%u dims); expected [%lld, %lld]", name,
                           (long long)t->dims[0], (long long)t->dims[1], (unsigned)t->n_dims, (long long)n_in,

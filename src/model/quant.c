@@ -44,11 +44,16 @@ typedef struct {
     int64_t block, bytes;
 } type_info;
 
-static const type_info types[] = {
-    {DHSA_GGML_F32, "F32", 1, 4},       {DHSA_GGML_F16, "F16", 1, 2},
-    {DHSA_GGML_BF16, "BF16", 1, 2},     {DHSA_GGML_Q8_0, "Q8_0", 32, 34},
-    {DHSA_GGML_Q4_0, "Q4_0", 32, 18},   {DHSA_GGML_Q4_K, "Q4_K", 256, 144},
-    {DHSA_GGML_Q6_K, "Q6_K", 256, 210},
+/* The order of max_tok_fused[] (quant.h). */
+static const type_info types[DHSA_QK_N_TYPES] = {
+    {DHSA_GGML_F32, "F32", 1, 4},         {DHSA_GGML_F16, "F16", 1, 2},
+    {DHSA_GGML_BF16, "BF16", 1, 2},       {DHSA_GGML_Q8_0, "Q8_0", 32, 34},
+    {DHSA_GGML_Q4_0, "Q4_0", 32, 18},     {DHSA_GGML_Q4_K, "Q4_K", 256, 144},
+    {DHSA_GGML_Q6_K, "Q6_K", 256, 210},   {DHSA_GGML_Q4_1, "Q4_1", 32, 20},
+    {DHSA_GGML_Q5_0, "Q5_0", 32, 22},     {DHSA_GGML_Q5_1, "Q5_1", 32, 24},
+    {DHSA_GGML_Q2_K, "Q2_K", 256, 84},    {DHSA_GGML_Q3_K, "Q3_K", 256, 110},
+    {DHSA_GGML_Q5_K, "Q5_K", 256, 176},   {DHSA_GGML_IQ4_NL, "IQ4_NL", 32, 18},
+    {DHSA_GGML_IQ4_XS, "IQ4_XS", 256, 136},
 };
 
 static const type_info *info(uint32_t type) {
@@ -84,7 +89,7 @@ static const char *type_label(uint32_t type, char *buf, size_t n) {
 static dhsa_status unsupported(const char *fn, uint32_t type) {
     char b[48];
     return dhsa__fail(DHSA_ERR_UNSUPPORTED,
-                      "%s: weights of type %s are not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K are)", fn,
+                      "%s: weights of type %s are not supported (" DHSA_QK_TYPE_LIST " are)", fn,
                       type_label(type, b, sizeof b));
 }
 
@@ -92,6 +97,31 @@ static inline float half(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
     return dhsa_f16_to_f32(h);
+}
+
+static inline uint32_t rd32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* IQ4_NL / IQ4_XS: the 16 values a 4-bit code stands for (ggml's
+ * kvalues_iq4nl, a fixed non-linear grid). */
+static const int8_t iq4_grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* Q3_K sub-block s (0..15): its 6-bit scale code (0..63; the scale is code - 32).
+ * Low 4 bits: low nibble of scales[s] (s < 8) or high nibble of scales[s-8];
+ * high 2 bits: bits 2(s/4), 2(s/4)+1 of scales[8 + s%4]. */
+static inline int q3k_scale(const uint8_t *s, int j) {
+    int lo = j < 8 ? s[j] & 15 : s[j - 8] >> 4;
+    return lo | ((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4;
+}
+
+/* IQ4_XS sub-block ib (0..7): 6-bit scale code (the scale is code - 32):
+ * low 4 bits nibble ib%2 of scales_l[ib/2], high 2 bits 2ib.. of scales_h. */
+static inline int iq4xs_scale(const uint8_t *blk, int ib) {
+    unsigned sh = (unsigned)blk[2] | (unsigned)blk[3] << 8;
+    return ((blk[4 + ib / 2] >> (4 * (ib % 2))) & 15) | ((sh >> (2 * ib)) & 3) << 4;
 }
 
 /* Q4_K sub-block j (0..7): 6-bit scale and min from the 12 packed bytes. */
@@ -115,8 +145,23 @@ static inline void q4k_scale_min(const uint8_t *s, int j, int *sc, int *m) {
  *   Q6_K [210]: ql[128] @0, qh[64] @128, scales int8[16] @192, d @208; value i = 128n + 32p + l
  *               (n < 2, p < 4, l < 32): low 4 bits = nibble p>>1 of ql[64n + 32(p&1) + l], high 2 bits =
  *               bits 2p..2p+1 of qh[32n + l]; x = (d*scales[i/16])*(q-32)
- * Every product here is exact in F32 (at most 24 significant bits), so these
- * formulas give the same floats whatever the order or FMA. */
+ *   Q4_1 [20]:  d @0, m @2, qs u8[16] @4                 x[j] = d*q + m, q the low (j < 16) or high nibble of qs[j%16]
+ *   Q5_0 [22]:  d @0, qh u32 @2, qs u8[16] @6            q = nibble | bit j of qh << 4 (j < 32), x = d*(q-16)
+ *   Q5_1 [24]:  d @0, m @2, qh u32 @4, qs u8[16] @8      as Q5_0, x = d*q + m
+ *   IQ4_NL [18]: d @0, qs u8[16] @2                      nibbles as Q4_0, x = d*grid[q]
+ *   Q2_K [84]:  scales u8[16] @0, qs u8[64] @16, d @80, dmin @82; value i = 128n + 32j + 16h + l (n < 2,
+ *               j < 4, h < 2, l < 16): q = bits 2j, 2j+1 of qs[32n + 16h + l], sub-block i/16 with scale
+ *               byte sc: x = (d*(sc&15))*q - dmin*(sc>>4)
+ *   Q3_K [110]: hmask u8[32] @0, qs u8[64] @32, scales u8[12] @96, d @108; i as in Q2_K: low 2 bits as Q2_K,
+ *               bit 2 = bit 4n+j of hmask[16h + l]; x = (d*(sc-32))*(q-4), sc of q3k_scale()
+ *   Q5_K [176]: d @0, dmin @2, scales[12] @4, qh u8[32] @16, qs u8[128] @48; as Q4_K, plus bit 2u+h of
+ *               qh[l] as bit 4 of q: x = (d*sc)*q - dmin*m
+ *   IQ4_XS [136]: d @0, scales_h u16 @2, scales_l u8[4] @4, qs u8[128] @8; sub-block ib of 32 as IQ4_NL
+ *               on qs[16ib ..], x = (d*(ls-32))*grid[q], ls of iq4xs_scale()
+ * Every product here is exact in F32 (at most 24 significant bits; IQ4_XS
+ * 11 + 5 + 7 = 23), and the types with an additive min round once (the
+ * product before it is exact), so these formulas give the same floats
+ * whatever the order or FMA. */
 static void dequant_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, float *dst) {
     switch (type) {
     case DHSA_GGML_F32: memcpy(dst, (const float *)row + k0, (size_t)kn * sizeof(float)); return;
@@ -184,6 +229,80 @@ static void dequant_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64_
                     }
         }
         return;
+    case DHSA_GGML_Q4_1:
+    case DHSA_GGML_Q5_0:
+    case DHSA_GGML_Q5_1:
+    case DHSA_GGML_IQ4_NL: {
+        const int64_t bb = dhsa__wt_block_bytes(type);
+        for (int64_t b = 0; b < kn / 32; b++, dst += 32) {
+            const uint8_t *blk = row + (k0 / 32 + b) * bb;
+            float d = half(blk);
+            float m = type == DHSA_GGML_Q4_1 || type == DHSA_GGML_Q5_1 ? half(blk + 2) : 0.0f;
+            uint32_t qh = type == DHSA_GGML_Q5_0 ? rd32(blk + 2) : type == DHSA_GGML_Q5_1 ? rd32(blk + 4) : 0;
+            const uint8_t *qs = blk + (type == DHSA_GGML_Q5_0 ? 6 : type == DHSA_GGML_Q5_1 ? 8 : type == DHSA_GGML_Q4_1 ? 4 : 2);
+            for (int j = 0; j < 32; j++) {
+                int q = (j < 16 ? qs[j] & 15 : qs[j - 16] >> 4) | (int)((qh >> j) & 1u) << 4;
+                switch (type) {
+                case DHSA_GGML_Q4_1:
+                case DHSA_GGML_Q5_1: dst[j] = d * (float)q + m; break;
+                case DHSA_GGML_Q5_0: dst[j] = d * (float)(q - 16); break;
+                default: dst[j] = d * (float)iq4_grid[q]; break;
+                }
+            }
+        }
+        return;
+    }
+    case DHSA_GGML_Q2_K:
+    case DHSA_GGML_Q3_K:
+        for (int64_t b = 0; b < kn / 256; b++, dst += 256) {
+            const int q2 = type == DHSA_GGML_Q2_K;
+            const uint8_t *blk = row + (k0 / 256 + b) * (q2 ? 84 : 110);
+            const uint8_t *qs = blk + (q2 ? 16 : 32), *hm = blk;
+            float d = half(blk + (q2 ? 80 : 108)), dmin = q2 ? half(blk + 82) : 0.0f;
+            for (int i = 0; i < 256; i++) {
+                int n = i / 128, j = i % 128 / 32, h = i % 32 / 16, l = i % 16;
+                int q = qs[32 * n + 16 * h + l] >> (2 * j) & 3;
+                if (q2) {
+                    int sc = blk[i / 16];
+                    dst[i] = d * (float)(sc & 15) * (float)q - dmin * (float)(sc >> 4);
+                } else {
+                    q -= (hm[16 * h + l] >> (4 * n + j) & 1) ? 0 : 4;
+                    dst[i] = d * (float)(q3k_scale(blk + 96, i / 16) - 32) * (float)q;
+                }
+            }
+        }
+        return;
+    case DHSA_GGML_Q5_K:
+        for (int64_t b = 0; b < kn / 256; b++, dst += 256) {
+            const uint8_t *blk = row + (k0 / 256 + b) * 176;
+            float d = half(blk), dmin = half(blk + 2);
+            const uint8_t *qh = blk + 16, *qs = blk + 48;
+            for (int u = 0; u < 4; u++)
+                for (int h = 0; h < 2; h++) {
+                    int sc, m;
+                    q4k_scale_min(blk + 4, 2 * u + h, &sc, &m);
+                    float d1 = d * (float)sc, m1 = dmin * (float)m;
+                    for (int l = 0; l < 32; l++) {
+                        int q = (h ? qs[32 * u + l] >> 4 : qs[32 * u + l] & 15) | (qh[l] >> (2 * u + h) & 1) << 4;
+                        dst[64 * u + 32 * h + l] = d1 * (float)q - m1;
+                    }
+                }
+        }
+        return;
+    case DHSA_GGML_IQ4_XS:
+        for (int64_t b = 0; b < kn / 256; b++, dst += 256) {
+            const uint8_t *blk = row + (k0 / 256 + b) * 136;
+            float d = half(blk);
+            for (int ib = 0; ib < 8; ib++) {
+                float dl = d * (float)(iq4xs_scale(blk, ib) - 32);
+                const uint8_t *qs = blk + 8 + 16 * ib;
+                for (int j = 0; j < 16; j++) {
+                    dst[32 * ib + j] = dl * (float)iq4_grid[qs[j] & 15];
+                    dst[32 * ib + 16 + j] = dl * (float)iq4_grid[qs[j] >> 4];
+                }
+            }
+        }
+        return;
     default: return;
     }
 }
@@ -207,7 +326,7 @@ static void tile_scalar(const float *W, int64_t ldw, const float *X, int64_t ldx
     for (int r = 0; r < 4; r++) out[r] = tree8(s[r]);
 }
 
-const dhsa__quant_kernels dhsa__quant_scalar = {"scalar", 1, 4, {0, 0, 0, 0, 0, 0, 0}, dequant_scalar, NULL, tile_scalar};
+const dhsa__quant_kernels dhsa__quant_scalar = {"scalar", 1, 4, {0}, dequant_scalar, NULL, tile_scalar};
 
 const dhsa__quant_kernels *dhsa__quant_kernels_active(void) {
     switch (dhsa_active_isa()) {
@@ -315,37 +434,37 @@ static double sub_err(const float *x, int n, float s, float o, int lo, int hi, i
     return e;
 }
 
-/* Q4_K: per sub-block of 32, x ~ sc*d*q - m*dmin with q in [0, 15]; the
- * unrounded sub-block scale is (max - min)/15 and the min is -min(0, min x);
- * d and dmin take the largest of each over 63; each rounded 6-bit (sc, m)
- * is then moved by -1..+1 if that lowers the sub-block's squared error. */
-static void quant_q4_k(const float *x, uint8_t *blk) {
-    float scale[8], mn[8], smax = 0.0f, mmax = 0.0f;
-    for (int j = 0; j < 8; j++) {
+/* The K types with a min (Q4_K, Q5_K, Q2_K): per sub-block of len values,
+ * x ~ sc*d*q - m*dmin with q in [0, qmax] and 0 <= sc, m <= cmax; the
+ * unrounded sub-block scale is (max - min)/qmax and the min is -min(0, min
+ * x); d and dmin take the largest of each over cmax; each rounded (sc, m) is
+ * then moved by -1..+1 if that lowers the sub-block's squared error. Writes
+ * *d, *dmin (as stored), sc[], m[] and the codes q[256]. */
+static void quant_k_affine(const float *x, int n_sub, int len, int qmax, int cmax, float *d_out, float *dmin_out,
+                           int *sc, int *m, uint8_t *q) {
+    float scale[16], mn[16], smax = 0.0f, mmax = 0.0f;
+    for (int j = 0; j < n_sub; j++) {
         float lo = 0.0f, hi = -INFINITY;
-        for (int l = 0; l < 32; l++) {
-            lo = fminf(lo, x[32 * j + l]);
-            hi = fmaxf(hi, x[32 * j + l]);
+        for (int l = 0; l < len; l++) {
+            lo = fminf(lo, x[len * j + l]);
+            hi = fmaxf(hi, x[len * j + l]);
         }
-        scale[j] = (hi - lo) / 15.0f;
+        scale[j] = (hi - lo) / (float)qmax;
         mn[j] = -lo;
         smax = fmaxf(smax, scale[j]);
         mmax = fmaxf(mmax, mn[j]);
     }
-    float d = as_half(smax / 63.0f), dmin = as_half(mmax / 63.0f);
-    put_half(blk, d);
-    put_half(blk + 2, dmin);
-    int sc[8], m[8];
-    for (int j = 0; j < 8; j++) {
-        int sc0 = d > 0.0f ? clampi((int)lrintf(scale[j] / d), 0, 63) : 0;
-        int m0 = dmin > 0.0f ? clampi((int)lrintf(mn[j] / dmin), 0, 63) : 0;
+    float d = as_half(smax / (float)cmax), dmin = as_half(mmax / (float)cmax);
+    for (int j = 0; j < n_sub; j++) {
+        int sc0 = d > 0.0f ? clampi((int)lrintf(scale[j] / d), 0, cmax) : 0;
+        int m0 = dmin > 0.0f ? clampi((int)lrintf(mn[j] / dmin), 0, cmax) : 0;
         double best = INFINITY;
         sc[j] = sc0;
         m[j] = m0;
         for (int a = sc0 - 1; a <= sc0 + 1; a++)
             for (int b = m0 - 1; b <= m0 + 1; b++) {
-                if (a < 0 || a > 63 || b < 0 || b > 63) continue;
-                double e = sub_err(x + 32 * j, 32, d * (float)a, -(dmin * (float)b), 0, 15, 0);
+                if (a < 0 || a > cmax || b < 0 || b > cmax) continue;
+                double e = sub_err(x + len * j, len, d * (float)a, -(dmin * (float)b), 0, qmax, 0);
                 if (e < best) {
                     best = e;
                     sc[j] = a;
@@ -353,19 +472,234 @@ static void quant_q4_k(const float *x, uint8_t *blk) {
                 }
             }
     }
+    for (int i = 0; i < 256; i++) {
+        int j = i / len;
+        q[i] = (uint8_t)nearest_q(x[i], d * (float)sc[j], -(dmin * (float)m[j]), 0, qmax, 0);
+    }
+    *d_out = d;
+    *dmin_out = dmin;
+}
+
+/* Q4_K / Q5_K: sub-blocks of 32, 6-bit (sc, m) packed in 12 bytes, 4- or
+ * 5-bit codes (Q5_K: the fifth bit in qh). */
+static void quant_q45_k(const float *x, uint8_t *blk, int five) {
+    float d, dmin;
+    int sc[8], m[8];
+    uint8_t q[256];
+    quant_k_affine(x, 8, 32, five ? 31 : 15, 63, &d, &dmin, sc, m, q);
+    put_half(blk, d);
+    put_half(blk + 2, dmin);
     uint8_t *s = blk + 4;
     for (int j = 0; j < 4; j++) {
         s[j] = (uint8_t)((sc[j] & 63) | (sc[j + 4] >> 4) << 6);
         s[j + 4] = (uint8_t)((m[j] & 63) | (m[j + 4] >> 4) << 6);
         s[j + 8] = (uint8_t)((sc[j + 4] & 15) | (m[j + 4] & 15) << 4);
     }
-    uint8_t q[256];
-    for (int i = 0; i < 256; i++) {
-        int j = i / 32;
-        q[i] = (uint8_t)nearest_q(x[i], d * (float)sc[j], -(dmin * (float)m[j]), 0, 15, 0);
-    }
+    uint8_t *qs = blk + (five ? 48 : 16), *qh = blk + 16;
+    if (five) memset(qh, 0, 32);
     for (int u = 0; u < 4; u++)
-        for (int l = 0; l < 32; l++) blk[16 + 32 * u + l] = (uint8_t)(q[64 * u + l] | q[64 * u + 32 + l] << 4);
+        for (int l = 0; l < 32; l++) {
+            int a = q[64 * u + l], b = q[64 * u + 32 + l];
+            qs[32 * u + l] = (uint8_t)((a & 15) | (b & 15) << 4);
+            if (five) qh[l] |= (uint8_t)((a >> 4) << (2 * u) | (b >> 4) << (2 * u + 1));
+        }
+}
+
+/* Q2_K: 16 sub-blocks of 16, 4-bit (sc, m), 2-bit codes. */
+static void quant_q2_k(const float *x, uint8_t *blk) {
+    float d, dmin;
+    int sc[16], m[16];
+    uint8_t q[256];
+    quant_k_affine(x, 16, 16, 3, 15, &d, &dmin, sc, m, q);
+    for (int j = 0; j < 16; j++) blk[j] = (uint8_t)(sc[j] | m[j] << 4);
+    memset(blk + 16, 0, 64);
+    for (int i = 0; i < 256; i++) {
+        int n = i / 128, j = i % 128 / 32, h = i % 32 / 16, l = i % 16;
+        blk[16 + 32 * n + 16 * h + l] |= (uint8_t)(q[i] << (2 * j));
+    }
+    put_half(blk + 80, d);
+    put_half(blk + 82, dmin);
+}
+
+/* Q3_K: per sub-block of 16, x ~ d*(sc-32)*q with q in [-4, 3]; the value
+ * of largest magnitude maps to -4 (scale = extreme / -4), the scale of
+ * largest magnitude to code -32 (d = that scale / -32), each rounded code
+ * is moved by -1..+1 if that lowers the squared error; codes nearest. */
+static void quant_q3_k(const float *x, uint8_t *blk) {
+    float scale[16], smax = 0.0f;
+    for (int j = 0; j < 16; j++) {
+        float ext = 0.0f;
+        for (int l = 0; l < 16; l++)
+            if (fabsf(x[16 * j + l]) > fabsf(ext)) ext = x[16 * j + l];
+        scale[j] = ext / -4.0f;
+        if (fabsf(scale[j]) > fabsf(smax)) smax = scale[j];
+    }
+    float d = as_half(smax / -32.0f);
+    int sc[16];
+    for (int j = 0; j < 16; j++) {
+        int s0 = d != 0.0f ? clampi((int)lrintf(scale[j] / d), -32, 31) : 0;
+        double best = INFINITY;
+        sc[j] = s0;
+        for (int a = s0 - 1; a <= s0 + 1; a++) {
+            if (a < -32 || a > 31) continue;
+            double e = sub_err(x + 16 * j, 16, d * (float)a, 0.0f, -4, 3, 0);
+            if (e < best) {
+                best = e;
+                sc[j] = a;
+            }
+        }
+    }
+    memset(blk, 0, 108);
+    for (int j = 0; j < 16; j++) {
+        int c = sc[j] + 32;
+        blk[96 + (j < 8 ? j : j - 8)] |= (uint8_t)((c & 15) << (j < 8 ? 0 : 4));
+        blk[96 + 8 + j % 4] |= (uint8_t)((c >> 4) << (2 * (j / 4)));
+    }
+    for (int i = 0; i < 256; i++) {
+        int n = i / 128, j = i % 128 / 32, h = i % 32 / 16, l = i % 16;
+        int q = (d * (float)sc[i / 16]) != 0.0f ? nearest_q(x[i], d * (float)sc[i / 16], 0.0f, -4, 3, 0) + 4 : 4;
+        blk[32 + 32 * n + 16 * h + l] |= (uint8_t)((q & 3) << (2 * j));
+        blk[16 * h + l] |= (uint8_t)((q >> 2) << (4 * n + j));
+    }
+    put_half(blk + 108, d);
+}
+
+/* Q4_1 / Q5_1: x ~ d*q + m over the block's range, m = min x, d = (max -
+ * min) / qmax (ggml's rule), both rounded to f16 first; codes nearest. */
+static void quant_q451(const float *x, uint8_t *blk, int five) {
+    const int qmax = five ? 31 : 15;
+    float lo = x[0], hi = x[0];
+    for (int j = 1; j < 32; j++) {
+        lo = fminf(lo, x[j]);
+        hi = fmaxf(hi, x[j]);
+    }
+    float d = as_half((hi - lo) / (float)qmax), m = as_half(lo);
+    put_half(blk, d);
+    put_half(blk + 2, m);
+    uint8_t *qs = blk + (five ? 8 : 4);
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; j++) {
+        int a = nearest_q(x[j], d, m, 0, qmax, 0), b = nearest_q(x[j + 16], d, m, 0, qmax, 0);
+        qs[j] = (uint8_t)((a & 15) | (b & 15) << 4);
+        qh |= (uint32_t)(a >> 4) << j | (uint32_t)(b >> 4) << (j + 16);
+    }
+    if (five) memcpy(blk + 4, &qh, 4);
+}
+
+/* Q5_0: as Q4_0 with 5-bit codes: the extreme maps to -16 exactly. */
+static void quant_q5_0(const float *x, uint8_t *blk) {
+    float ext = 0.0f;
+    for (int j = 0; j < 32; j++)
+        if (fabsf(x[j]) > fabsf(ext)) ext = x[j];
+    float d = as_half(ext / -16.0f);
+    put_half(blk, d);
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; j++) {
+        int a = 16 + (d != 0.0f ? clampi((int)lrintf(x[j] / d), -16, 15) : 0);
+        int b = 16 + (d != 0.0f ? clampi((int)lrintf(x[j + 16] / d), -16, 15) : 0);
+        blk[6 + j] = (uint8_t)((a & 15) | (b & 15) << 4);
+        qh |= (uint32_t)(a >> 4) << j | (uint32_t)(b >> 4) << (j + 16);
+    }
+    memcpy(blk + 2, &qh, 4);
+}
+
+/* Index of the grid value nearest v (the grid is increasing). */
+static int iq4_nearest(float v) {
+    int lo = 0, hi = 15;
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (v < (float)iq4_grid[mid]) hi = mid;
+        else lo = mid;
+    }
+    return fabsf(v - (float)iq4_grid[lo]) <= fabsf(v - (float)iq4_grid[hi]) ? lo : hi;
+}
+
+/* Squared error of n values coded on the grid with scale s (codes nearest). */
+static double iq4_err(const float *x, int n, float s, uint8_t *q) {
+    double e = 0.0;
+    for (int j = 0; j < n; j++) {
+        int k = s != 0.0f ? iq4_nearest(x[j] / s) : 8;
+        if (q) q[j] = (uint8_t)k;
+        double v = (double)(s * (float)iq4_grid[k]);
+        e += ((double)x[j] - v) * ((double)x[j] - v);
+    }
+    return e;
+}
+
+/* The scale of n values on the IQ4 grid (unrounded): of the extreme mapped
+ * to -127 or to 113, each then refitted once by least squares on its codes,
+ * the candidate with the least squared error (a short form of ggml's search). */
+static float iq4_scale(const float *x, int n) {
+    float ext = 0.0f;
+    for (int j = 0; j < n; j++)
+        if (fabsf(x[j]) > fabsf(ext)) ext = x[j];
+    if (ext == 0.0f) return 0.0f;
+    float best_s = ext / -127.0f;
+    double best = iq4_err(x, n, best_s, NULL);
+    const float starts[2] = {ext / -127.0f, ext / 113.0f};
+    for (int c = 0; c < 2; c++) {
+        uint8_t q[32];
+        double e = iq4_err(x, n, starts[c], q), sxq = 0.0, sqq = 0.0;
+        if (e < best) {
+            best = e;
+            best_s = starts[c];
+        }
+        for (int j = 0; j < n; j++) {
+            sxq += (double)x[j] * iq4_grid[q[j]];
+            sqq += (double)iq4_grid[q[j]] * iq4_grid[q[j]];
+        }
+        float s = (float)(sxq / sqq);
+        e = iq4_err(x, n, s, NULL);
+        if (e < best) {
+            best = e;
+            best_s = s;
+        }
+    }
+    return best_s;
+}
+
+/* IQ4_NL: one f16 scale per block of 32 (iq4_scale, rounded), codes nearest. */
+static void quant_iq4_nl(const float *x, uint8_t *blk) {
+    float d = as_half(iq4_scale(x, 32));
+    put_half(blk, d);
+    uint8_t q[32];
+    iq4_err(x, 32, d, q);
+    for (int j = 0; j < 16; j++) blk[2 + j] = (uint8_t)(q[j] | q[j + 16] << 4);
+}
+
+/* IQ4_XS: per sub-block of 32 the iq4_scale; the one of largest magnitude
+ * maps to code -32 (d = it / -32), the others to the nearest 6-bit code, each
+ * moved by -1..+1 if that lowers the squared error; codes nearest. */
+static void quant_iq4_xs(const float *x, uint8_t *blk) {
+    float scale[8], smax = 0.0f;
+    for (int ib = 0; ib < 8; ib++) {
+        scale[ib] = iq4_scale(x + 32 * ib, 32);
+        if (fabsf(scale[ib]) > fabsf(smax)) smax = scale[ib];
+    }
+    float d = as_half(smax / -32.0f);
+    put_half(blk, d);
+    unsigned sh = 0;
+    memset(blk + 4, 0, 4);
+    for (int ib = 0; ib < 8; ib++) {
+        int l0 = d != 0.0f ? clampi((int)lrintf(scale[ib] / d), -32, 31) : 0, l = l0;
+        double best = INFINITY;
+        for (int a = l0 - 1; a <= l0 + 1; a++) {
+            if (a < -32 || a > 31) continue;
+            double e = iq4_err(x + 32 * ib, 32, d * (float)a, NULL);
+            if (e < best) {
+                best = e;
+                l = a;
+            }
+        }
+        int c = l + 32;
+        blk[4 + ib / 2] |= (uint8_t)((c & 15) << (4 * (ib % 2)));
+        sh |= (unsigned)(c >> 4) << (2 * ib);
+        uint8_t q[32];
+        iq4_err(x + 32 * ib, 32, d * (float)l, q);
+        for (int j = 0; j < 16; j++) blk[8 + 16 * ib + j] = (uint8_t)(q[j] | q[j + 16] << 4);
+    }
+    blk[2] = (uint8_t)sh;
+    blk[3] = (uint8_t)(sh >> 8);
 }
 
 /* Q6_K: per sub-block of 16, x ~ sc*d*(q-32) with q in [0, 63]; the value
@@ -438,8 +772,16 @@ dhsa_status dhsa__quantize_row(uint32_t type, const float *src, void *dst, int64
         switch (type) {
         case DHSA_GGML_Q8_0: quant_q8_0(x, o); break;
         case DHSA_GGML_Q4_0: quant_q4_0(x, o); break;
-        case DHSA_GGML_Q4_K: quant_q4_k(x, o); break;
+        case DHSA_GGML_Q4_K: quant_q45_k(x, o, 0); break;
+        case DHSA_GGML_Q5_K: quant_q45_k(x, o, 1); break;
         case DHSA_GGML_Q6_K: quant_q6_k(x, o); break;
+        case DHSA_GGML_Q2_K: quant_q2_k(x, o); break;
+        case DHSA_GGML_Q3_K: quant_q3_k(x, o); break;
+        case DHSA_GGML_Q4_1: quant_q451(x, o, 0); break;
+        case DHSA_GGML_Q5_1: quant_q451(x, o, 1); break;
+        case DHSA_GGML_Q5_0: quant_q5_0(x, o); break;
+        case DHSA_GGML_IQ4_NL: quant_iq4_nl(x, o); break;
+        case DHSA_GGML_IQ4_XS: quant_iq4_xs(x, o); break;
         default: break;
         }
     }
@@ -493,8 +835,16 @@ static int64_t row_bad(uint32_t type, const uint8_t *row, int64_t n, const char 
         switch (type) {
         case DHSA_GGML_Q8_0:
         case DHSA_GGML_Q4_0: bad = half_bad(p); break;
-        case DHSA_GGML_Q4_K: bad = half_bad(p) || half_bad(p + 2); break;
+        case DHSA_GGML_Q4_K:
+        case DHSA_GGML_Q5_K:
+        case DHSA_GGML_Q4_1:
+        case DHSA_GGML_Q5_1: bad = half_bad(p) || half_bad(p + 2); break; /* d, dmin or m */
+        case DHSA_GGML_Q5_0:
+        case DHSA_GGML_IQ4_NL:
+        case DHSA_GGML_IQ4_XS: bad = half_bad(p); break;
         case DHSA_GGML_Q6_K: bad = half_bad(p + 208); break;
+        case DHSA_GGML_Q2_K: bad = half_bad(p + 80) || half_bad(p + 82); break;
+        case DHSA_GGML_Q3_K: bad = half_bad(p + 108); break;
         default: break;
         }
         if (bad) return b * blk;

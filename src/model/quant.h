@@ -2,9 +2,9 @@
  * matrix products over them (src/model/quant.c, quant_avx2.c,
  * quant_avx512.c). Private to the library.
  *
- * Types are ggml ids (dhsa_ggml_type): F32, F16, BF16, Q8_0, Q4_0, Q4_K,
- * Q6_K, with ggml's exact block layouts, so GGUF files from llama.cpp load
- * as they are. Dequantization is exact (the float each weight stands for);
+ * Types are ggml ids (dhsa_ggml_type): F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+ * Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, with ggml's
+ * exact block layouts, so GGUF files from llama.cpp load as they are. Dequantization is exact (the float each weight stands for);
  * products dequantize into F32 and accumulate in F32 with FMA, so the only
  * difference from a double-precision reference is F32 summation.
  *
@@ -21,10 +21,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* 1 when dhsa runs products over this ggml type (the seven above). */
+/* The supported types, in the order of max_tok_fused[] below. */
+#define DHSA_QK_N_TYPES 15
+#define DHSA_QK_TYPE_LIST "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS"
+
+/* 1 when dhsa runs products over this ggml type (the fifteen above). */
 int dhsa__wt_supported(uint32_t type);
-/* Values per block (1 for F32/F16/BF16, 32 for Q8_0/Q4_0, 256 for the K
- * types) and bytes per block. 0 for an unsupported type. */
+/* Values per block (1 for F32/F16/BF16, 32 for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
+ * and IQ4_NL, 256 for the K types and IQ4_XS) and bytes per block. 0 for an
+ * unsupported type. */
 int64_t dhsa__wt_block(uint32_t type);
 int64_t dhsa__wt_block_bytes(uint32_t type);
 /* Bytes of a row of n values (n a multiple of the block); -1 otherwise. */
@@ -81,9 +86,9 @@ typedef struct {
     /* Panel route micro-tile: mr tokens x nr rows. */
     int mr, nr;
     /* n_tok up to which the fused route runs (0: never), per type in the
-     * order F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K: where it beats the panel
-     * route (measured, docs/quant.md). */
-    int max_tok_fused[7];
+     * order of DHSA_QK_TYPE_LIST: where it beats the panel route (docs/quant.md
+     * says which were measured). */
+    int max_tok_fused[DHSA_QK_N_TYPES];
     /* dst[0..kn) = columns [k0, k0 + kn) of a row. k0 and kn are multiples
      * of the block (k0 of 16 as well); writes exactly kn floats. */
     void (*dequant)(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, float *dst);

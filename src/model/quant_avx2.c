@@ -5,7 +5,9 @@
  *
  * 8 lanes. Codes are widened to int32 and converted; Q4_K's scale and min
  * go in with one FMA, (d*sc)*q - dmin*m, whose product is exact, so the
- * values are the format's exactly (the sign of zero included). Fused route:
+ * values are the format's exactly (the sign of zero included); so do
+ * Q4_1/Q5_1's d*q + m and Q2_K/Q5_K's. IQ4_NL / IQ4_XS look their grid up
+ * with pshufb on int8, then widen and scale (exact products). Fused route:
  * 4 rows x up to 2 tokens of accumulators (16 ymm registers). Panel route:
  * 3 tokens x 4 rows. Both reduce the 8 lanes by the tree of quant.c's
  * scalar tile, so they agree bitwise with each other; they differ from the
@@ -156,6 +158,196 @@ INLINE void dec_q6_k(const uint8_t *blk, const float *ds, int u, __m256 w[8]) {
     }
 }
 
+/* ---- the types added for llama-quantize's mixes (layouts in quant.c) ---- */
+
+INLINE int64_t blk_bytes(uint32_t type) {
+    switch (type) {
+    case DHSA_GGML_Q8_0: return 34;
+    case DHSA_GGML_Q4_0: return 18;
+    case DHSA_GGML_Q4_1: return 20;
+    case DHSA_GGML_Q5_0: return 22;
+    case DHSA_GGML_Q5_1: return 24;
+    case DHSA_GGML_IQ4_NL: return 18;
+    case DHSA_GGML_Q2_K: return 84;
+    case DHSA_GGML_Q3_K: return 110;
+    case DHSA_GGML_Q4_K: return 144;
+    case DHSA_GGML_Q5_K: return 176;
+    case DHSA_GGML_Q6_K: return 210;
+    case DHSA_GGML_IQ4_XS: return 136;
+    default: return 0;
+    }
+}
+
+/* bit j (8k <= j < 8k + 8) of qh as bit 4 of lane j - 8k */
+INLINE __m256i qh_bits8(uint32_t qh, int k) {
+    __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32((int)(qh >> (8 * k))), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(1)), 4);
+}
+
+/* Q4_1 / Q5_0 / Q5_1: 32 values; Q5's fifth bit from qh */
+INLINE void dec_q4_5(uint32_t type, const uint8_t *blk, __m256 w[4]) {
+    const int five = type != DHSA_GGML_Q4_1, one = type != DHSA_GGML_Q5_0;
+    __m256 d = _mm256_set1_ps(half(blk));
+    __m256 m = one ? _mm256_set1_ps(half(blk + 2)) : _mm256_setzero_ps();
+    const uint8_t *qs = blk + (type == DHSA_GGML_Q4_1 ? 4 : type == DHSA_GGML_Q5_0 ? 6 : 8);
+    uint32_t qh = 0;
+    if (five) memcpy(&qh, blk + (one ? 4 : 2), 4);
+    const __m256i c15 = _mm256_set1_epi32(15), c16 = _mm256_set1_epi32(16);
+    __m256i va = bytes8(qs), vb = bytes8(qs + 8);
+    __m256i q[4] = {_mm256_and_si256(va, c15), _mm256_and_si256(vb, c15), _mm256_srli_epi32(va, 4),
+                    _mm256_srli_epi32(vb, 4)};
+    UNROLL for (int k = 0; k < 4; k++) {
+        if (five) q[k] = _mm256_or_si256(q[k], qh_bits8(qh, k));
+        if (one) w[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[k]), d, m);
+        else w[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[k], c16)), d);
+    }
+}
+
+/* 16 code bytes -> grid values of the low nibbles (lo) and high nibbles (hi), int8 */
+INLINE void iq4_lookup(const uint8_t *qs, __m128i *lo, __m128i *hi) {
+    const __m128i grid = _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    __m128i v = _mm_loadu_si128((const __m128i *)qs);
+    *lo = _mm_shuffle_epi8(grid, _mm_and_si128(v, m4));
+    *hi = _mm_shuffle_epi8(grid, _mm_and_si128(_mm_srli_epi16(v, 4), m4));
+}
+
+/* 32 values of the grid, scaled by s: w[0..4) */
+INLINE void iq4_scale32(const uint8_t *qs, __m256 s, __m256 w[4]) {
+    __m128i lo, hi;
+    iq4_lookup(qs, &lo, &hi);
+    w[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), s);
+    w[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(lo, lo))), s);
+    w[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), s);
+    w[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(hi, hi))), s);
+}
+
+INLINE void dec_iq4_nl(const uint8_t *blk, __m256 w[4]) { iq4_scale32(blk + 2, _mm256_set1_ps(half(blk)), w); }
+
+/* Q2_K header -> cf[0..16) = d*(sc&15), cf[16..32) = -(dmin*(sc>>4)) */
+INLINE void prep_q2_k(const uint8_t *blk, float *cf) {
+    __m256 d = _mm256_set1_ps(half(blk + 80)), nm = _mm256_set1_ps(-half(blk + 82));
+    const __m256i c15 = _mm256_set1_epi32(15);
+    UNROLL for (int k = 0; k < 2; k++) {
+        __m256i v = bytes8(blk + 8 * k);
+        _mm256_storeu_ps(cf + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, c15)), d));
+        _mm256_storeu_ps(cf + 16 + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), nm));
+    }
+}
+
+/* Q2_K / Q3_K unit u: group g (values 64u + 16g ..) is sub-block 4u + g, its
+ * 2-bit codes at bits 2j of qs[32n + 16h + l] (n = u/2, j = 2(u&1) + g/2,
+ * h = g&1); Q3_K's third bit is bit 4n + j of hmask[16h + l] */
+INLINE void dec_q2_k(const uint8_t *blk, const float *cf, int u, __m256 w[8]) {
+    const int n = u >> 1;
+    const __m256i c3 = _mm256_set1_epi32(3);
+    UNROLL for (int g = 0; g < 4; g++) {
+        const int j = 2 * (u & 1) + (g >> 1), h = g & 1, s = 4 * u + g;
+        __m256 sc = _mm256_set1_ps(cf[s]), mn = _mm256_set1_ps(cf[16 + s]);
+        UNROLL for (int e = 0; e < 2; e++) {
+            __m256i q = _mm256_and_si256(_mm256_srli_epi32(bytes8(blk + 16 + 32 * n + 16 * h + 8 * e), 2 * j), c3);
+            w[2 * g + e] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), sc, mn);
+        }
+    }
+}
+
+/* Q3_K header -> cf[s] = d*(sc_s - 32) */
+INLINE void prep_q3_k(const uint8_t *blk, float *cf) {
+    const uint8_t *s = blk + 96;
+    int8_t c[16];
+    for (int j = 0; j < 16; j++)
+        c[j] = (int8_t)(((j < 8 ? s[j] & 15 : s[j - 8] >> 4) | ((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4) - 32);
+    __m256 d = _mm256_set1_ps(half(blk + 108));
+    _mm256_storeu_ps(cf, _mm256_mul_ps(_mm256_cvtepi32_ps(sbytes8((const uint8_t *)c)), d));
+    _mm256_storeu_ps(cf + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(sbytes8((const uint8_t *)c + 8)), d));
+}
+
+INLINE void dec_q3_k(const uint8_t *blk, const float *cf, int u, __m256 w[8]) {
+    const int n = u >> 1;
+    const __m256i c3 = _mm256_set1_epi32(3), c1 = _mm256_set1_epi32(1), c4 = _mm256_set1_epi32(4);
+    UNROLL for (int g = 0; g < 4; g++) {
+        const int j = 2 * (u & 1) + (g >> 1), h = g & 1, s = 4 * u + g;
+        __m256 sc = _mm256_set1_ps(cf[s]);
+        UNROLL for (int e = 0; e < 2; e++) {
+            __m256i q = _mm256_and_si256(_mm256_srli_epi32(bytes8(blk + 32 + 32 * n + 16 * h + 8 * e), 2 * j), c3);
+            __m256i hb = _mm256_and_si256(_mm256_srli_epi32(bytes8(blk + 16 * h + 8 * e), 4 * n + j), c1);
+            q = _mm256_sub_epi32(_mm256_or_si256(q, _mm256_slli_epi32(hb, 2)), c4);
+            w[2 * g + e] = _mm256_mul_ps(_mm256_cvtepi32_ps(q), sc);
+        }
+    }
+}
+
+/* Q5_K unit u (header as Q4_K's, prep_q4_k): bit 4 of value 64u + 32h + l is
+ * bit 2u + h of qh[l] */
+INLINE void dec_q5_k(const uint8_t *blk, const float *cf, int u, __m256 w[8]) {
+    const uint8_t *qs = blk + 48 + 32 * u, *qh = blk + 16;
+    __m256 da = _mm256_set1_ps(cf[2 * u]), oa = _mm256_set1_ps(cf[8 + 2 * u]);
+    __m256 db = _mm256_set1_ps(cf[2 * u + 1]), ob = _mm256_set1_ps(cf[9 + 2 * u]);
+    const __m256i m = _mm256_set1_epi32(15), c1 = _mm256_set1_epi32(1);
+    UNROLL for (int j = 0; j < 4; j++) {
+        __m256i v = bytes8(qs + 8 * j), h = bytes8(qh + 8 * j);
+        __m256i ha = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, 2 * u), c1), 4);
+        __m256i hb = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, 2 * u + 1), c1), 4);
+        w[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_or_si256(_mm256_and_si256(v, m), ha)), da, oa);
+        w[4 + j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_or_si256(_mm256_srli_epi32(v, 4), hb)), db, ob);
+    }
+}
+
+/* IQ4_XS header -> cf[ib] = d*(ls_ib - 32) */
+INLINE void prep_iq4_xs(const uint8_t *blk, float *cf) {
+    unsigned sh = (unsigned)blk[2] | (unsigned)blk[3] << 8;
+    int8_t c[8];
+    for (int ib = 0; ib < 8; ib++)
+        c[ib] = (int8_t)((((blk[4 + ib / 2] >> (4 * (ib % 2))) & 15) | ((sh >> (2 * ib)) & 3) << 4) - 32);
+    _mm256_storeu_ps(cf, _mm256_mul_ps(_mm256_cvtepi32_ps(sbytes8((const uint8_t *)c)), _mm256_set1_ps(half(blk))));
+}
+
+INLINE void dec_iq4_xs(const uint8_t *blk, const float *cf, int u, __m256 w[8]) {
+    iq4_scale32(blk + 8 + 32 * u, _mm256_set1_ps(cf[2 * u]), w);
+    iq4_scale32(blk + 8 + 32 * u + 16, _mm256_set1_ps(cf[2 * u + 1]), w + 4);
+}
+
+/* A block of 32 values: w[0..4). */
+INLINE void dec32(uint32_t type, const uint8_t *blk, __m256 w[4]) {
+    switch (type) {
+    case DHSA_GGML_Q8_0: dec_q8_0(blk, w); return;
+    case DHSA_GGML_Q4_0: dec_q4_0(blk, w); return;
+    case DHSA_GGML_IQ4_NL: dec_iq4_nl(blk, w); return;
+    default: dec_q4_5(type, blk, w); return;
+    }
+}
+
+/* A super-block of 256: the header into cf[32], then unit u (values 64u ..
+ * 64u + 63) into w[0..8). */
+INLINE void prep256(uint32_t type, const uint8_t *blk, float *cf) {
+    switch (type) {
+    case DHSA_GGML_Q4_K:
+    case DHSA_GGML_Q5_K: prep_q4_k(blk, cf); return;
+    case DHSA_GGML_Q6_K: prep_q6_k(blk, cf); return;
+    case DHSA_GGML_Q2_K: prep_q2_k(blk, cf); return;
+    case DHSA_GGML_Q3_K: prep_q3_k(blk, cf); return;
+    default: prep_iq4_xs(blk, cf); return;
+    }
+}
+
+INLINE void dec256(uint32_t type, const uint8_t *blk, const float *cf, int u, __m256 w[8]) {
+    switch (type) {
+    case DHSA_GGML_Q4_K: dec_q4_k(blk, cf, u, w); return;
+    case DHSA_GGML_Q5_K: dec_q5_k(blk, cf, u, w); return;
+    case DHSA_GGML_Q6_K: dec_q6_k(blk, cf, u, w); return;
+    case DHSA_GGML_Q2_K: dec_q2_k(blk, cf, u, w); return;
+    case DHSA_GGML_Q3_K: dec_q3_k(blk, cf, u, w); return;
+    default: dec_iq4_xs(blk, cf, u, w); return;
+    }
+}
+
+#define CASES_32 \
+    case DHSA_GGML_Q8_0: case DHSA_GGML_Q4_0: case DHSA_GGML_Q4_1: case DHSA_GGML_Q5_0: case DHSA_GGML_Q5_1: \
+    case DHSA_GGML_IQ4_NL
+#define CASES_256 \
+    case DHSA_GGML_Q4_K: case DHSA_GGML_Q5_K: case DHSA_GGML_Q6_K: case DHSA_GGML_Q2_K: case DHSA_GGML_Q3_K: \
+    case DHSA_GGML_IQ4_XS
+
 /* ------------------------------------------------------------- dequant --- */
 
 static void dequant(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, float *dst) {
@@ -168,25 +360,19 @@ static void dequant(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, f
         for (; k + 8 <= kn; k += 8) _mm256_storeu_ps(dst + k, load_float(type, row, k0 + k, 8));
         if (k < kn) _mm256_maskstore_ps(dst + k, tail_mask(kn - k), load_float(type, row, k0 + k, kn - k));
         return;
-    case DHSA_GGML_Q8_0:
-    case DHSA_GGML_Q4_0:
+    CASES_32:
         for (; k < kn; k += 32) {
-            const uint8_t *blk = row + (k0 + k) / 32 * (type == DHSA_GGML_Q8_0 ? 34 : 18);
-            if (type == DHSA_GGML_Q8_0) dec_q8_0(blk, w);
-            else dec_q4_0(blk, w);
+            dec32(type, row + (k0 + k) / 32 * blk_bytes(type), w);
             for (int v = 0; v < 4; v++) _mm256_storeu_ps(dst + k + 8 * v, w[v]);
         }
         return;
-    case DHSA_GGML_Q4_K:
-    case DHSA_GGML_Q6_K: {
-        float cf[16];
+    CASES_256: {
+        float cf[32];
         for (; k < kn; k += 256) {
-            const uint8_t *blk = row + (k0 + k) / 256 * (type == DHSA_GGML_Q4_K ? 144 : 210);
-            if (type == DHSA_GGML_Q4_K) prep_q4_k(blk, cf);
-            else prep_q6_k(blk, cf);
+            const uint8_t *blk = row + (k0 + k) / 256 * blk_bytes(type);
+            prep256(type, blk, cf);
             for (int u = 0; u < 4; u++) {
-                if (type == DHSA_GGML_Q4_K) dec_q4_k(blk, cf, u, w);
-                else dec_q6_k(blk, cf, u, w);
+                dec256(type, blk, cf, u, w);
                 for (int v = 0; v < 8; v++) _mm256_storeu_ps(dst + k + 64 * u + 8 * v, w[v]);
             }
         }
@@ -245,40 +431,35 @@ INLINE void fused_block(const uint32_t type, const int T, const uint8_t *const *
         }
         return;
     }
-    case DHSA_GGML_Q8_0:
-    case DHSA_GGML_Q4_0: {
-        const int64_t bb = type == DHSA_GGML_Q8_0 ? 34 : 18;
+    CASES_32: {
+        const int64_t bb = blk_bytes(type);
         for (int64_t k = 0; k < kn; k += 32) {
             const int64_t off = (k0 + k) / 32 * bb;
             UNROLL for (int r = 0; r < R; r++) {
                 __m256 wv[4];
                 prefetch(w[r] + off + pf, 1);
-                if (type == DHSA_GGML_Q8_0) dec_q8_0(w[r] + off, wv);
-                else dec_q4_0(w[r] + off, wv);
+                dec32(type, w[r] + off, wv);
                 UNROLL for (int t = 0; t < T; t++) UNROLL for (int v = 0; v < 4; v++)
                     acc[r][t] = _mm256_fmadd_ps(wv[v], _mm256_loadu_ps(xk + t * ldx + k + 8 * v), acc[r][t]);
             }
         }
         return;
     }
-    case DHSA_GGML_Q4_K:
-    case DHSA_GGML_Q6_K: {
-        const int64_t bb = type == DHSA_GGML_Q4_K ? 144 : 210;
+    CASES_256: {
+        const int64_t bb = blk_bytes(type);
         for (int64_t k = 0; k < kn; k += 256) {
             const int64_t off = (k0 + k) / 256 * bb;
-            float cf[R][16] __attribute__((aligned(32)));
+            float cf[R][32] __attribute__((aligned(32)));
             UNROLL for (int r = 0; r < R; r++) {
                 prefetch(w[r] + off + pf, (int)bb);
-                if (type == DHSA_GGML_Q4_K) prep_q4_k(w[r] + off, cf[r]);
-                else prep_q6_k(w[r] + off, cf[r]);
+                prep256(type, w[r] + off, cf[r]);
             }
             __asm__ volatile("" ::: "memory"); /* scales broadcast from memory, not by shuffles */
             for (int u = 0; u < 4; u++) {
                 const float *xu = xk + k + 64 * u;
                 UNROLL for (int r = 0; r < R; r++) {
                     __m256 wv[8];
-                    if (type == DHSA_GGML_Q4_K) dec_q4_k(w[r] + off, cf[r], u, wv);
-                    else dec_q6_k(w[r] + off, cf[r], u, wv);
+                    dec256(type, w[r] + off, cf[r], u, wv);
                     UNROLL for (int t = 0; t < T; t++) UNROLL for (int v = 0; v < 8; v++)
                         acc[r][t] = _mm256_fmadd_ps(wv[v], _mm256_loadu_ps(xu + t * ldx + 8 * v), acc[r][t]);
                 }
@@ -327,6 +508,14 @@ FUSED(f_q8_0, DHSA_GGML_Q8_0)
 FUSED(f_q4_0, DHSA_GGML_Q4_0)
 FUSED(f_q4_k, DHSA_GGML_Q4_K)
 FUSED(f_q6_k, DHSA_GGML_Q6_K)
+FUSED(f_q4_1, DHSA_GGML_Q4_1)
+FUSED(f_q5_0, DHSA_GGML_Q5_0)
+FUSED(f_q5_1, DHSA_GGML_Q5_1)
+FUSED(f_q2_k, DHSA_GGML_Q2_K)
+FUSED(f_q3_k, DHSA_GGML_Q3_K)
+FUSED(f_q5_k, DHSA_GGML_Q5_K)
+FUSED(f_iq4_nl, DHSA_GGML_IQ4_NL)
+FUSED(f_iq4_xs, DHSA_GGML_IQ4_XS)
 
 static void gemv(uint32_t type, const uint8_t *w, int64_t row_bytes, int64_t nrows, int64_t n_in, const float *x,
                  int64_t ldx, int64_t n_tok, float *y, int64_t ldy) {
@@ -339,6 +528,14 @@ static void gemv(uint32_t type, const uint8_t *w, int64_t row_bytes, int64_t nro
     case DHSA_GGML_Q4_0: f = f_q4_0; break;
     case DHSA_GGML_Q4_K: f = f_q4_k; break;
     case DHSA_GGML_Q6_K: f = f_q6_k; break;
+    case DHSA_GGML_Q4_1: f = f_q4_1; break;
+    case DHSA_GGML_Q5_0: f = f_q5_0; break;
+    case DHSA_GGML_Q5_1: f = f_q5_1; break;
+    case DHSA_GGML_Q2_K: f = f_q2_k; break;
+    case DHSA_GGML_Q3_K: f = f_q3_k; break;
+    case DHSA_GGML_Q5_K: f = f_q5_k; break;
+    case DHSA_GGML_IQ4_NL: f = f_iq4_nl; break;
+    case DHSA_GGML_IQ4_XS: f = f_iq4_xs; break;
     default: return;
     }
     for (int64_t r0 = 0; r0 < nrows; r0 += R) {
@@ -352,8 +549,11 @@ static void gemv(uint32_t type, const uint8_t *w, int64_t row_bytes, int64_t nro
     }
 }
 
-/* fused-route limits: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K (docs/quant.md) */
-const dhsa__quant_kernels dhsa__quant_avx2 = {"avx2", MR, NR, {8, 4, 4, 8, 4, 4, 4}, dequant, gemv, tile};
+/* fused-route limits in the order of DHSA_QK_TYPE_LIST (docs/quant.md): the
+ * first seven measured, the others set by analogy (4, as for every 4- and
+ * 6-bit type measured) */
+const dhsa__quant_kernels dhsa__quant_avx2 = {
+    "avx2", MR, NR, {8, 4, 4, 8, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4}, dequant, gemv, tile};
 
 #else
 typedef int dhsa__quant_avx2_unused; /* ISO C forbids an empty file */

@@ -8,6 +8,11 @@
  *                low 4 bits of each index, so no masking);
  *   Q6_K         the 6-bit codes of 64 values built with byte operations on
  *                one zmm, then widened 16 at a time and scaled;
+ *   Q4_1, IQ4_NL, IQ4_XS  the same 16-entry tables, d*q + m or d*grid[q];
+ *   Q5_0, Q5_1, Q5_K  a 32-entry table (two zmm, vpermt2ps); the fifth bit
+ *                of each code comes from qh as a mask register;
+ *   Q2_K, Q3_K   codes widened and converted, then one FMA / multiply with
+ *                the sub-block's scale (and min);
  *   Q8_0, F16, BF16  widen and convert.
  * Fused route (decode): 4 rows x up to 4 tokens of accumulators, each row
  * streamed once. Panel route (prefill): a 6 token x 4 row tile over
@@ -173,6 +178,209 @@ INLINE void dec_q6_k(const uint8_t *blk, const float *ds, int u, __m512 w[4]) {
                          _mm512_set1_ps(ds[4 * u + 3]));
 }
 
+/* ---- the types added for llama-quantize's mixes (layouts in quant.c) ---- */
+
+INLINE int64_t blk_bytes(uint32_t type) {
+    switch (type) {
+    case DHSA_GGML_Q8_0: return 34;
+    case DHSA_GGML_Q4_0: return 18;
+    case DHSA_GGML_Q4_1: return 20;
+    case DHSA_GGML_Q5_0: return 22;
+    case DHSA_GGML_Q5_1: return 24;
+    case DHSA_GGML_IQ4_NL: return 18;
+    case DHSA_GGML_Q2_K: return 84;
+    case DHSA_GGML_Q3_K: return 110;
+    case DHSA_GGML_Q4_K: return 144;
+    case DHSA_GGML_Q5_K: return 176;
+    case DHSA_GGML_Q6_K: return 210;
+    case DHSA_GGML_IQ4_XS: return 136;
+    default: return 0;
+    }
+}
+
+INLINE __m512 iq4_grid(void) {
+    return _mm512_setr_ps(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+}
+
+/* Q4_1 (20 bytes): table[q] = d*q + m (one rounding: d*q is exact) */
+INLINE void dec_q4_1(const uint8_t *blk, __m512 w[2]) {
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 tab = _mm512_fmadd_ps(iota, bcast_half(blk), bcast_half(blk + 2));
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 4)));
+    w[0] = _mm512_permutexvar_ps(v, tab);
+    w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tab);
+}
+
+/* IQ4_NL (18 bytes): table[q] = d*grid[q] */
+INLINE void dec_iq4_nl(const uint8_t *blk, __m512 w[2]) {
+    __m512 tab = _mm512_mul_ps(iq4_grid(), bcast_half(blk));
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)));
+    w[0] = _mm512_permutexvar_ps(v, tab);
+    w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tab);
+}
+
+/* Q5_0 (22) / Q5_1 (24): 32-entry table lo | hi, d*(q-16) or d*q + m; the
+ * index is the nibble with bit 4 set where qh has the value's bit */
+INLINE void dec_q5_01(const uint8_t *blk, int one, __m512 w[2]) {
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 d = bcast_half(blk), lo, hi;
+    if (one) {
+        __m512 m = bcast_half(blk + 2);
+        lo = _mm512_fmadd_ps(iota, d, m);
+        hi = _mm512_fmadd_ps(_mm512_add_ps(iota, _mm512_set1_ps(16.0f)), d, m);
+    } else {
+        lo = _mm512_mul_ps(_mm512_sub_ps(iota, _mm512_set1_ps(16.0f)), d);
+        hi = _mm512_mul_ps(iota, d);
+    }
+    uint32_t qh;
+    memcpy(&qh, blk + (one ? 4 : 2), 4);
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + (one ? 8 : 6))));
+    const __m512i c15 = _mm512_set1_epi32(15), c16 = _mm512_set1_epi32(16);
+    __m512i i0 = _mm512_and_si512(v, c15), i1 = _mm512_srli_epi32(v, 4);
+    i0 = _mm512_mask_or_epi32(i0, (__mmask16)qh, i0, c16);
+    i1 = _mm512_mask_or_epi32(i1, (__mmask16)(qh >> 16), i1, c16);
+    w[0] = _mm512_permutex2var_ps(lo, i0, hi);
+    w[1] = _mm512_permutex2var_ps(lo, i1, hi);
+}
+
+/* Q2_K header -> cf[0..16) = d*(sc&15), cf[16..32) = -(dmin*(sc>>4)) */
+INLINE void prep_q2_k(const uint8_t *blk, float *cf) {
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)blk));
+    uint16_t h[2];
+    memcpy(h, blk + 80, 4);
+    __m512 sc = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
+    __m512 mn = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+    _mm512_storeu_ps(cf, _mm512_mul_ps(sc, _mm512_set1_ps(_cvtsh_ss(h[0]))));
+    _mm512_storeu_ps(cf + 16, _mm512_mul_ps(mn, _mm512_set1_ps(-_cvtsh_ss(h[1]))));
+}
+
+/* Q2_K / Q3_K unit u: group g (values 64u + 16g ..) is sub-block 4u + g, its
+ * 2-bit codes at bits 2j of qs[32n + 16h + l] (n = u/2, j = 2(u&1) + g/2,
+ * h = g&1); Q3_K's third bit is bit 4n + j of hmask[16h + l] */
+INLINE void dec_q2_k(const uint8_t *blk, const float *cf, int u, __m512 w[4]) {
+    const int n = u >> 1;
+    UNROLL for (int g = 0; g < 4; g++) {
+        const int j = 2 * (u & 1) + (g >> 1), h = g & 1, s = 4 * u + g;
+        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 16 + 32 * n + 16 * h)));
+        __m512i q = _mm512_and_si512(_mm512_srli_epi32(v, 2 * j), _mm512_set1_epi32(3));
+        w[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(cf[s]), _mm512_set1_ps(cf[16 + s]));
+    }
+}
+
+/* Q3_K header -> cf[s] = d*(sc_s - 32) */
+INLINE void prep_q3_k(const uint8_t *blk, float *cf) {
+    const uint8_t *s = blk + 96;
+    int8_t c[16];
+    for (int j = 0; j < 16; j++)
+        c[j] = (int8_t)(((j < 8 ? s[j] & 15 : s[j - 8] >> 4) | ((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4) - 32);
+    __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)c)));
+    _mm512_storeu_ps(cf, _mm512_mul_ps(sc, bcast_half(blk + 108)));
+}
+
+INLINE void dec_q3_k(const uint8_t *blk, const float *cf, int u, __m512 w[4]) {
+    const int n = u >> 1;
+    UNROLL for (int g = 0; g < 4; g++) {
+        const int j = 2 * (u & 1) + (g >> 1), h = g & 1, s = 4 * u + g;
+        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 32 + 32 * n + 16 * h)));
+        __m512i q = _mm512_and_si512(_mm512_srli_epi32(v, 2 * j), _mm512_set1_epi32(3));
+        __mmask16 hb = _mm_test_epi8_mask(_mm_loadu_si128((const __m128i *)(blk + 16 * h)),
+                                          _mm_set1_epi8((char)(1 << (4 * n + j))));
+        q = _mm512_mask_sub_epi32(q, (__mmask16)~hb, q, _mm512_set1_epi32(4)); /* no high bit: q - 4 */
+        w[g] = _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(cf[s]));
+    }
+}
+
+/* Q5_K unit u (header as Q4_K's, prep_q4_k): 32-entry tables per sub-block;
+ * bit 4 of value 64u + 32h + l is bit 2u + h of qh[l] */
+INLINE void dec_q5_k(const uint8_t *blk, const float *cf, int u, __m512 w[4]) {
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 i16 = _mm512_add_ps(iota, _mm512_set1_ps(16.0f));
+    const uint8_t *qs = blk + 48 + 32 * u, *qh = blk + 16;
+    __m512 da = _mm512_set1_ps(cf[2 * u]), oa = _mm512_set1_ps(cf[8 + 2 * u]);
+    __m512 db = _mm512_set1_ps(cf[2 * u + 1]), ob = _mm512_set1_ps(cf[9 + 2 * u]);
+    __m512 ta0 = _mm512_fmadd_ps(iota, da, oa), ta1 = _mm512_fmadd_ps(i16, da, oa);
+    __m512 tb0 = _mm512_fmadd_ps(iota, db, ob), tb1 = _mm512_fmadd_ps(i16, db, ob);
+    __m128i h0 = _mm_loadu_si128((const __m128i *)qh), h1 = _mm_loadu_si128((const __m128i *)(qh + 16));
+    const __m128i ba = _mm_set1_epi8((char)(1 << (2 * u))), bb = _mm_set1_epi8((char)(2 << (2 * u)));
+    const __m512i c15 = _mm512_set1_epi32(15), c16 = _mm512_set1_epi32(16);
+    __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qs));
+    __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qs + 16)));
+    __m512i a0 = _mm512_and_si512(v0, c15), a1 = _mm512_and_si512(v1, c15);
+    __m512i b0 = _mm512_srli_epi32(v0, 4), b1 = _mm512_srli_epi32(v1, 4);
+    a0 = _mm512_mask_or_epi32(a0, _mm_test_epi8_mask(h0, ba), a0, c16);
+    a1 = _mm512_mask_or_epi32(a1, _mm_test_epi8_mask(h1, ba), a1, c16);
+    b0 = _mm512_mask_or_epi32(b0, _mm_test_epi8_mask(h0, bb), b0, c16);
+    b1 = _mm512_mask_or_epi32(b1, _mm_test_epi8_mask(h1, bb), b1, c16);
+    w[0] = _mm512_permutex2var_ps(ta0, a0, ta1);
+    w[1] = _mm512_permutex2var_ps(ta0, a1, ta1);
+    w[2] = _mm512_permutex2var_ps(tb0, b0, tb1);
+    w[3] = _mm512_permutex2var_ps(tb0, b1, tb1);
+}
+
+/* IQ4_XS header -> cf[ib] = d*(ls_ib - 32) */
+INLINE void prep_iq4_xs(const uint8_t *blk, float *cf) {
+    unsigned sh = (unsigned)blk[2] | (unsigned)blk[3] << 8;
+    int8_t c[16] = {0};
+    for (int ib = 0; ib < 8; ib++)
+        c[ib] = (int8_t)((((blk[4 + ib / 2] >> (4 * (ib % 2))) & 15) | ((sh >> (2 * ib)) & 3) << 4) - 32);
+    __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)c)));
+    _mm512_storeu_ps(cf, _mm512_mul_ps(sc, bcast_half(blk)));
+}
+
+/* IQ4_XS unit u: sub-blocks 2u, 2u+1, tables d_ib*grid[q] */
+INLINE void dec_iq4_xs(const uint8_t *blk, const float *cf, int u, __m512 w[4]) {
+    UNROLL for (int k = 0; k < 2; k++) {
+        const int ib = 2 * u + k;
+        __m512 tab = _mm512_mul_ps(iq4_grid(), _mm512_set1_ps(cf[ib]));
+        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 8 + 16 * ib)));
+        w[2 * k] = _mm512_permutexvar_ps(v, tab);
+        w[2 * k + 1] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tab);
+    }
+}
+
+/* A block of 32: values 0..15 in w[0], 16..31 in w[1]. */
+INLINE void dec32(uint32_t type, const uint8_t *blk, __m512 w[2]) {
+    switch (type) {
+    case DHSA_GGML_Q8_0: dec_q8_0(blk, w); return;
+    case DHSA_GGML_Q4_0: dec_q4_0(blk, w); return;
+    case DHSA_GGML_Q4_1: dec_q4_1(blk, w); return;
+    case DHSA_GGML_Q5_0: dec_q5_01(blk, 0, w); return;
+    case DHSA_GGML_Q5_1: dec_q5_01(blk, 1, w); return;
+    default: dec_iq4_nl(blk, w); return;
+    }
+}
+
+/* A super-block of 256: the header into cf[32], then unit u (values 64u ..
+ * 64u + 63) into w[0..4). */
+INLINE void prep256(uint32_t type, const uint8_t *blk, float *cf) {
+    switch (type) {
+    case DHSA_GGML_Q4_K:
+    case DHSA_GGML_Q5_K: prep_q4_k(blk, cf); return;
+    case DHSA_GGML_Q6_K: prep_q6_k(blk, cf); return;
+    case DHSA_GGML_Q2_K: prep_q2_k(blk, cf); return;
+    case DHSA_GGML_Q3_K: prep_q3_k(blk, cf); return;
+    default: prep_iq4_xs(blk, cf); return;
+    }
+}
+
+INLINE void dec256(uint32_t type, const uint8_t *blk, const float *cf, int u, __m512 w[4]) {
+    switch (type) {
+    case DHSA_GGML_Q4_K: dec_q4_k(blk, cf, u, w); return;
+    case DHSA_GGML_Q5_K: dec_q5_k(blk, cf, u, w); return;
+    case DHSA_GGML_Q6_K: dec_q6_k(blk, cf, u, w); return;
+    case DHSA_GGML_Q2_K: dec_q2_k(blk, cf, u, w); return;
+    case DHSA_GGML_Q3_K: dec_q3_k(blk, cf, u, w); return;
+    default: dec_iq4_xs(blk, cf, u, w); return;
+    }
+}
+
+#define CASES_32 \
+    case DHSA_GGML_Q8_0: case DHSA_GGML_Q4_0: case DHSA_GGML_Q4_1: case DHSA_GGML_Q5_0: case DHSA_GGML_Q5_1: \
+    case DHSA_GGML_IQ4_NL
+#define CASES_256 \
+    case DHSA_GGML_Q4_K: case DHSA_GGML_Q5_K: case DHSA_GGML_Q6_K: case DHSA_GGML_Q2_K: case DHSA_GGML_Q3_K: \
+    case DHSA_GGML_IQ4_XS
+
 /* ------------------------------------------------------------- dequant --- */
 
 static void dequant(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, float *dst) {
@@ -193,26 +401,20 @@ static void dequant(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, f
                                                                       : load_bf16_m(row, k0 + k, m));
         }
         return;
-    case DHSA_GGML_Q8_0:
-    case DHSA_GGML_Q4_0:
+    CASES_32:
         for (; k < kn; k += 32) {
-            const uint8_t *blk = row + (k0 + k) / 32 * (type == DHSA_GGML_Q8_0 ? 34 : 18);
-            if (type == DHSA_GGML_Q8_0) dec_q8_0(blk, w);
-            else dec_q4_0(blk, w);
+            dec32(type, row + (k0 + k) / 32 * blk_bytes(type), w);
             _mm512_storeu_ps(dst + k, w[0]);
             _mm512_storeu_ps(dst + k + 16, w[1]);
         }
         return;
-    case DHSA_GGML_Q4_K:
-    case DHSA_GGML_Q6_K: {
-        float cf[16];
+    CASES_256: {
+        float cf[32];
         for (; k < kn; k += 256) {
-            const uint8_t *blk = row + (k0 + k) / 256 * (type == DHSA_GGML_Q4_K ? 144 : 210);
-            if (type == DHSA_GGML_Q4_K) prep_q4_k(blk, cf);
-            else prep_q6_k(blk, cf);
+            const uint8_t *blk = row + (k0 + k) / 256 * blk_bytes(type);
+            prep256(type, blk, cf);
             for (int u = 0; u < 4; u++) {
-                if (type == DHSA_GGML_Q4_K) dec_q4_k(blk, cf, u, w);
-                else dec_q6_k(blk, cf, u, w);
+                dec256(type, blk, cf, u, w);
                 for (int v = 0; v < 4; v++) _mm512_storeu_ps(dst + k + 64 * u + 16 * v, w[v]);
             }
         }
@@ -280,9 +482,8 @@ INLINE void fused_block(const uint32_t type, const int T, const uint8_t *const *
         }
         return;
     }
-    case DHSA_GGML_Q8_0:
-    case DHSA_GGML_Q4_0: {
-        const int64_t bb = type == DHSA_GGML_Q8_0 ? 34 : 18;
+    CASES_32: {
+        const int64_t bb = blk_bytes(type);
         for (int64_t k = 0; k < kn; k += 32) {
             const int64_t off = (k0 + k) / 32 * bb;
             __m512 xv[TMAX][2];
@@ -293,8 +494,7 @@ INLINE void fused_block(const uint32_t type, const int T, const uint8_t *const *
             UNROLL for (int r = 0; r < R; r++) {
                 __m512 wv[2];
                 prefetch(w[r] + off + pf, 1);
-                if (type == DHSA_GGML_Q8_0) dec_q8_0(w[r] + off, wv);
-                else dec_q4_0(w[r] + off, wv);
+                dec32(type, w[r] + off, wv);
                 UNROLL for (int t = 0; t < T; t++) {
                     acc[r][t] = _mm512_fmadd_ps(wv[0], xv[t][0], acc[r][t]);
                     acc[r][t] = _mm512_fmadd_ps(wv[1], xv[t][1], acc[r][t]);
@@ -303,16 +503,14 @@ INLINE void fused_block(const uint32_t type, const int T, const uint8_t *const *
         }
         return;
     }
-    case DHSA_GGML_Q4_K:
-    case DHSA_GGML_Q6_K: {
-        const int64_t bb = type == DHSA_GGML_Q4_K ? 144 : 210;
+    CASES_256: {
+        const int64_t bb = blk_bytes(type);
         for (int64_t k = 0; k < kn; k += 256) {
             const int64_t off = (k0 + k) / 256 * bb;
-            float cf[R][16] __attribute__((aligned(64)));
+            float cf[R][32] __attribute__((aligned(64)));
             UNROLL for (int r = 0; r < R; r++) {
                 prefetch(w[r] + off + pf, (int)bb);
-                if (type == DHSA_GGML_Q4_K) prep_q4_k(w[r] + off, cf[r]);
-                else prep_q6_k(w[r] + off, cf[r]);
+                prep256(type, w[r] + off, cf[r]);
             }
             /* the scales are broadcast from memory (load ports): without
              * this the compiler broadcasts them from registers with vpermd,
@@ -322,8 +520,7 @@ INLINE void fused_block(const uint32_t type, const int T, const uint8_t *const *
                 const float *xu = xk + k + 64 * u;
                 UNROLL for (int r = 0; r < R; r++) {
                     __m512 wv[4];
-                    if (type == DHSA_GGML_Q4_K) dec_q4_k(w[r] + off, cf[r], u, wv);
-                    else dec_q6_k(w[r] + off, cf[r], u, wv);
+                    dec256(type, w[r] + off, cf[r], u, wv);
                     UNROLL for (int t = 0; t < T; t++) UNROLL for (int v = 0; v < 4; v++)
                         acc[r][t] = _mm512_fmadd_ps(wv[v], _mm512_loadu_ps(xu + t * ldx + 16 * v), acc[r][t]);
                 }
@@ -382,6 +579,14 @@ FUSED(f_q8_0, DHSA_GGML_Q8_0)
 FUSED(f_q4_0, DHSA_GGML_Q4_0)
 FUSED(f_q4_k, DHSA_GGML_Q4_K)
 FUSED(f_q6_k, DHSA_GGML_Q6_K)
+FUSED(f_q4_1, DHSA_GGML_Q4_1)
+FUSED(f_q5_0, DHSA_GGML_Q5_0)
+FUSED(f_q5_1, DHSA_GGML_Q5_1)
+FUSED(f_q2_k, DHSA_GGML_Q2_K)
+FUSED(f_q3_k, DHSA_GGML_Q3_K)
+FUSED(f_q5_k, DHSA_GGML_Q5_K)
+FUSED(f_iq4_nl, DHSA_GGML_IQ4_NL)
+FUSED(f_iq4_xs, DHSA_GGML_IQ4_XS)
 
 static void gemv(uint32_t type, const uint8_t *w, int64_t row_bytes, int64_t nrows, int64_t n_in, const float *x,
                  int64_t ldx, int64_t n_tok, float *y, int64_t ldy) {
@@ -394,6 +599,14 @@ static void gemv(uint32_t type, const uint8_t *w, int64_t row_bytes, int64_t nro
     case DHSA_GGML_Q4_0: f = f_q4_0; break;
     case DHSA_GGML_Q4_K: f = f_q4_k; break;
     case DHSA_GGML_Q6_K: f = f_q6_k; break;
+    case DHSA_GGML_Q4_1: f = f_q4_1; break;
+    case DHSA_GGML_Q5_0: f = f_q5_0; break;
+    case DHSA_GGML_Q5_1: f = f_q5_1; break;
+    case DHSA_GGML_Q2_K: f = f_q2_k; break;
+    case DHSA_GGML_Q3_K: f = f_q3_k; break;
+    case DHSA_GGML_Q5_K: f = f_q5_k; break;
+    case DHSA_GGML_IQ4_NL: f = f_iq4_nl; break;
+    case DHSA_GGML_IQ4_XS: f = f_iq4_xs; break;
     default: return;
     }
     for (int64_t r0 = 0; r0 < nrows; r0 += R) {
@@ -407,8 +620,11 @@ static void gemv(uint32_t type, const uint8_t *w, int64_t row_bytes, int64_t nro
     }
 }
 
-/* fused-route limits: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K (docs/quant.md) */
-const dhsa__quant_kernels dhsa__quant_avx512 = {"avx512", MR, NR, {16, 32, 32, 32, 32, 24, 12}, dequant, gemv, tile};
+/* fused-route limits in the order of DHSA_QK_TYPE_LIST (docs/quant.md): the
+ * first seven measured, the others set by analogy (Q4_1, Q5_0, Q5_1, IQ4_NL
+ * as Q4_0; Q5_K, IQ4_XS as Q4_K; Q2_K, Q3_K as Q6_K) */
+const dhsa__quant_kernels dhsa__quant_avx512 = {
+    "avx512", MR, NR, {16, 32, 32, 32, 32, 24, 12, 32, 32, 32, 12, 12, 24, 32, 24}, dequant, gemv, tile};
 
 #else
 typedef int dhsa__quant_avx512_unused; /* ISO C forbids an empty file */
