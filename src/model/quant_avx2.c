@@ -251,15 +251,24 @@ INLINE void dec_q2_k(const uint8_t *blk, const float *cf, int u, __m256 w[8]) {
     }
 }
 
+/* Q3_K: the 16 six-bit scale codes (byte s = code of sub-block s), four
+ * at a time in 32-bit words: low 4 bits from the nibbles of bytes 0-7,
+ * high 2 bits from bit pair s/4 of bytes 8-11 */
+INLINE __m128i q3k_codes(const uint8_t *s) {
+    uint32_t w[3];
+    memcpy(w, s, 12);
+    const uint32_t lo4 = 0x0f0f0f0fu, lo2 = 0x03030303u;
+    return _mm_setr_epi32((int)((w[0] & lo4) | (w[2] & lo2) << 4), (int)((w[1] & lo4) | ((w[2] >> 2) & lo2) << 4),
+                          (int)(((w[0] >> 4) & lo4) | ((w[2] >> 4) & lo2) << 4),
+                          (int)(((w[1] >> 4) & lo4) | ((w[2] >> 6) & lo2) << 4));
+}
+
 /* Q3_K header -> cf[s] = d*(sc_s - 32) */
 INLINE void prep_q3_k(const uint8_t *blk, float *cf) {
-    const uint8_t *s = blk + 96;
-    int8_t c[16];
-    for (int j = 0; j < 16; j++)
-        c[j] = (int8_t)(((j < 8 ? s[j] & 15 : s[j - 8] >> 4) | ((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4) - 32);
+    __m128i c = _mm_sub_epi8(q3k_codes(blk + 96), _mm_set1_epi8(32));
     __m256 d = _mm256_set1_ps(half(blk + 108));
-    _mm256_storeu_ps(cf, _mm256_mul_ps(_mm256_cvtepi32_ps(sbytes8((const uint8_t *)c)), d));
-    _mm256_storeu_ps(cf + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(sbytes8((const uint8_t *)c + 8)), d));
+    _mm256_storeu_ps(cf, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)), d));
+    _mm256_storeu_ps(cf + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(c, c))), d));
 }
 
 INLINE void dec_q3_k(const uint8_t *blk, const float *cf, int u, __m256 w[8]) {
@@ -293,13 +302,25 @@ INLINE void dec_q5_k(const uint8_t *blk, const float *cf, int u, __m256 w[8]) {
     }
 }
 
+/* IQ4_XS: the 8 scales ls - 32 as floats. Sub-block ib's low 4 bits are
+ * nibble ib of the 32-bit scales_l, its high 2 bits bit pair ib of
+ * scales_h: variable shifts in registers (a byte array read back as a
+ * vector would stall on store forwarding). */
+INLINE __m256 iq4xs_scales(const uint8_t *blk) {
+    uint32_t l;
+    uint16_t h;
+    memcpy(&h, blk + 2, 2);
+    memcpy(&l, blk + 4, 4);
+    __m256i lo = _mm256_srlv_epi32(_mm256_set1_epi32((int)l), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    __m256i hi = _mm256_srlv_epi32(_mm256_set1_epi32((int)h), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+    __m256i ls = _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(15)),
+                                 _mm256_slli_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(3)), 4));
+    return _mm256_cvtepi32_ps(_mm256_sub_epi32(ls, _mm256_set1_epi32(32)));
+}
+
 /* IQ4_XS header -> cf[ib] = d*(ls_ib - 32) */
 INLINE void prep_iq4_xs(const uint8_t *blk, float *cf) {
-    unsigned sh = (unsigned)blk[2] | (unsigned)blk[3] << 8;
-    int8_t c[8];
-    for (int ib = 0; ib < 8; ib++)
-        c[ib] = (int8_t)((((blk[4 + ib / 2] >> (4 * (ib % 2))) & 15) | ((sh >> (2 * ib)) & 3) << 4) - 32);
-    _mm256_storeu_ps(cf, _mm256_mul_ps(_mm256_cvtepi32_ps(sbytes8((const uint8_t *)c)), _mm256_set1_ps(half(blk))));
+    _mm256_storeu_ps(cf, _mm256_mul_ps(iq4xs_scales(blk), _mm256_set1_ps(half(blk))));
 }
 
 INLINE void dec_iq4_xs(const uint8_t *blk, const float *cf, int u, __m256 w[8]) {

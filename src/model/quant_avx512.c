@@ -11,8 +11,9 @@
  *   Q4_1, IQ4_NL, IQ4_XS  the same 16-entry tables, d*q + m or d*grid[q];
  *   Q5_0, Q5_1, Q5_K  a 32-entry table (two zmm, vpermt2ps); the fifth bit
  *                of each code comes from qh as a mask register;
- *   Q2_K, Q3_K   codes widened and converted, then one FMA / multiply with
- *                the sub-block's scale (and min);
+ *   Q2_K, Q3_K   the 2- (3-) bit codes of 64 values built with byte
+ *                operations on one zmm (as Q6_K), then widened 16 at a time
+ *                and scaled (Q2_K: one FMA with the scale and min);
  *   Q8_0, F16, BF16  widen and convert.
  * Fused route (decode): 4 rows x up to 4 tokens of accumulators, each row
  * streamed once. Panel route (prefill): a 6 token x 4 row tile over
@@ -258,36 +259,57 @@ INLINE void prep_q2_k(const uint8_t *blk, float *cf) {
  * 2-bit codes at bits 2j of qs[32n + 16h + l] (n = u/2, j = 2(u&1) + g/2,
  * h = g&1); Q3_K's third bit is bit 4n + j of hmask[16h + l] */
 INLINE void dec_q2_k(const uint8_t *blk, const float *cf, int u, __m512 w[4]) {
-    const int n = u >> 1;
-    UNROLL for (int g = 0; g < 4; g++) {
-        const int j = 2 * (u & 1) + (g >> 1), h = g & 1, s = 4 * u + g;
-        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 16 + 32 * n + 16 * h)));
-        __m512i q = _mm512_and_si512(_mm512_srli_epi32(v, 2 * j), _mm512_set1_epi32(3));
-        w[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(cf[s]), _mm512_set1_ps(cf[16 + s]));
-    }
+    /* byte b of the code vector is value 64u + b (as in dec_q3_k) */
+    const int n = u >> 1, j0 = 2 * (u & 1);
+    __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * n)));
+    __m512i qsh = _mm512_mask_blend_epi64(0xf0, _mm512_set1_epi16((short)(2 * j0)), _mm512_set1_epi16((short)(2 * j0 + 2)));
+    q = _mm512_and_si512(_mm512_srlv_epi16(q, qsh), _mm512_set1_epi8(3));
+    __m128i g[4] = {_mm512_castsi512_si128(q), _mm512_extracti32x4_epi32(q, 1), _mm512_extracti32x4_epi32(q, 2),
+                    _mm512_extracti32x4_epi32(q, 3)};
+    UNROLL for (int k = 0; k < 4; k++)
+        w[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(g[k])), _mm512_set1_ps(cf[4 * u + k]),
+                               _mm512_set1_ps(cf[16 + 4 * u + k]));
+}
+
+/* Q3_K: the 16 six-bit scale codes (byte s = code of sub-block s), four
+ * at a time in 32-bit words: low 4 bits from the nibbles of bytes 0-7,
+ * high 2 bits from bit pair s/4 of bytes 8-11 */
+INLINE __m128i q3k_codes(const uint8_t *s) {
+    uint32_t w[3];
+    memcpy(w, s, 12);
+    const uint32_t lo4 = 0x0f0f0f0fu, lo2 = 0x03030303u;
+    return _mm_setr_epi32((int)((w[0] & lo4) | (w[2] & lo2) << 4), (int)((w[1] & lo4) | ((w[2] >> 2) & lo2) << 4),
+                          (int)(((w[0] >> 4) & lo4) | ((w[2] >> 4) & lo2) << 4),
+                          (int)(((w[1] >> 4) & lo4) | ((w[2] >> 6) & lo2) << 4));
 }
 
 /* Q3_K header -> cf[s] = d*(sc_s - 32) */
 INLINE void prep_q3_k(const uint8_t *blk, float *cf) {
-    const uint8_t *s = blk + 96;
-    int8_t c[16];
-    for (int j = 0; j < 16; j++)
-        c[j] = (int8_t)(((j < 8 ? s[j] & 15 : s[j - 8] >> 4) | ((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4) - 32);
-    __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)c)));
+    __m512i c = _mm512_cvtepu8_epi32(q3k_codes(blk + 96));
+    __m512 sc = _mm512_cvtepi32_ps(_mm512_sub_epi32(c, _mm512_set1_epi32(32)));
     _mm512_storeu_ps(cf, _mm512_mul_ps(sc, bcast_half(blk + 108)));
 }
 
 INLINE void dec_q3_k(const uint8_t *blk, const float *cf, int u, __m512 w[4]) {
-    const int n = u >> 1;
-    UNROLL for (int g = 0; g < 4; g++) {
-        const int j = 2 * (u & 1) + (g >> 1), h = g & 1, s = 4 * u + g;
-        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 32 + 32 * n + 16 * h)));
-        __m512i q = _mm512_and_si512(_mm512_srli_epi32(v, 2 * j), _mm512_set1_epi32(3));
-        __mmask16 hb = _mm_test_epi8_mask(_mm_loadu_si128((const __m128i *)(blk + 16 * h)),
-                                          _mm_set1_epi8((char)(1 << (4 * n + j))));
-        q = _mm512_mask_sub_epi32(q, (__mmask16)~hb, q, _mm512_set1_epi32(4)); /* no high bit: q - 4 */
-        w[g] = _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(cf[s]));
-    }
+    /* byte b of the 64-byte code vector is value 64u + b: j = j0 + b/32, h =
+     * b%32/16, so both halves read the same 32 code bytes (and the same 32
+     * hmask bytes), shifted by their own j */
+    const int n = u >> 1, j0 = 2 * (u & 1);
+    __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * n)));
+    __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)blk));
+    __m512i qsh = _mm512_mask_blend_epi64(0xf0, _mm512_set1_epi16((short)(2 * j0)), _mm512_set1_epi16((short)(2 * j0 + 2)));
+    __m512i hsh = _mm512_mask_blend_epi64(0xf0, _mm512_set1_epi16((short)(4 * n + j0)),
+                                          _mm512_set1_epi16((short)(4 * n + j0 + 1)));
+    q = _mm512_and_si512(_mm512_srlv_epi16(q, qsh), _mm512_set1_epi8(3));
+    h = _mm512_and_si512(_mm512_srlv_epi16(h, hsh), _mm512_set1_epi8(1));
+    __m512i z = _mm512_sub_epi8(_mm512_or_si512(q, _mm512_slli_epi16(h, 2)), _mm512_set1_epi8(4)); /* -4 .. 3 */
+    w[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_castsi512_si128(z))), _mm512_set1_ps(cf[4 * u]));
+    w[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(z, 1))),
+                         _mm512_set1_ps(cf[4 * u + 1]));
+    w[2] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(z, 2))),
+                         _mm512_set1_ps(cf[4 * u + 2]));
+    w[3] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(z, 3))),
+                         _mm512_set1_ps(cf[4 * u + 3]));
 }
 
 /* Q5_K unit u (header as Q4_K's, prep_q4_k): 32-entry tables per sub-block;
@@ -317,14 +339,25 @@ INLINE void dec_q5_k(const uint8_t *blk, const float *cf, int u, __m512 w[4]) {
     w[3] = _mm512_permutex2var_ps(tb0, b1, tb1);
 }
 
+/* IQ4_XS: the 8 scales ls - 32 as floats. Sub-block ib's low 4 bits are
+ * nibble ib of the 32-bit scales_l, its high 2 bits bit pair ib of
+ * scales_h: variable shifts in registers (a byte array read back as a
+ * vector would stall on store forwarding). */
+INLINE __m256 iq4xs_scales(const uint8_t *blk) {
+    uint32_t l;
+    uint16_t h;
+    memcpy(&h, blk + 2, 2);
+    memcpy(&l, blk + 4, 4);
+    __m256i lo = _mm256_srlv_epi32(_mm256_set1_epi32((int)l), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    __m256i hi = _mm256_srlv_epi32(_mm256_set1_epi32((int)h), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+    __m256i ls = _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(15)),
+                                 _mm256_slli_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(3)), 4));
+    return _mm256_cvtepi32_ps(_mm256_sub_epi32(ls, _mm256_set1_epi32(32)));
+}
+
 /* IQ4_XS header -> cf[ib] = d*(ls_ib - 32) */
 INLINE void prep_iq4_xs(const uint8_t *blk, float *cf) {
-    unsigned sh = (unsigned)blk[2] | (unsigned)blk[3] << 8;
-    int8_t c[16] = {0};
-    for (int ib = 0; ib < 8; ib++)
-        c[ib] = (int8_t)((((blk[4 + ib / 2] >> (4 * (ib % 2))) & 15) | ((sh >> (2 * ib)) & 3) << 4) - 32);
-    __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)c)));
-    _mm512_storeu_ps(cf, _mm512_mul_ps(sc, bcast_half(blk)));
+    _mm256_storeu_ps(cf, _mm256_mul_ps(iq4xs_scales(blk), _mm512_castps512_ps256(bcast_half(blk))));
 }
 
 /* IQ4_XS unit u: sub-blocks 2u, 2u+1, tables d_ib*grid[q] */
