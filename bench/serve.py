@@ -7,10 +7,10 @@
          document (warm: only the question is evaluated). Time to first token
          is measured at the client, from sending the request to the first SSE
          event with text; REPS documents (different seeds), medians.
-  slots  total decode tokens/s of C concurrent clients against one, on the
-         same server (--slots 4): each client streams max_tokens tokens of
-         free text (ignore EOS is not an API option, so prompts that do not
-         end early are used and the tokens counted from usage).
+  slots  total decode tokens/s of 4 concurrent clients against one, on
+         servers with --slots 4 and --batch on / off, interleaved: each client
+         streams up to 256 tokens of free text sampled at temperature 1 (the
+         tokens are counted from usage: a client that meets EOS counts less).
 
 Usage: PYTHONPATH=python python3 bench/serve.py ttft|slots [--reps N] [--attn dense|dhsa]
 (needs build/dhsa built with dhsa serve; starts and stops its own servers on
@@ -100,10 +100,13 @@ def ttft(reps, attn="dense"):
 
 
 def slots(reps, clients=4, max_tokens=256):
-    p, url, _ = start(["--slots", str(clients), "--ctx", "1024", "--threads", "1"])
+    """Interleaved, per repetition: 1 and `clients` concurrent clients against a
+    server with --batch on (the decode steps of all slots in one pass) and one
+    with --batch off (each slot decodes alone on its own threads)."""
+    servers = {b: start(["--slots", str(clients), "--ctx", "1024", "--batch", b]) for b in ("on", "off")}
     prompts = ["Once upon a time", "The pass key is", "Some special magic numbers are hidden", "There is an important info"]
 
-    def batch(n, rep):
+    def batch(url, n, rep):
         res = [None] * n
 
         def one(i):
@@ -118,20 +121,24 @@ def slots(reps, clients=4, max_tokens=256):
         for t in th:
             t.join()
         wall = time.perf_counter() - t0
-        toks = sum(r[2]["completion_tokens"] for r in res)
-        return toks / wall, toks
+        return sum(r[2]["completion_tokens"] for r in res) / wall
     try:
-        one, many = [], []
-        for rep in range(reps):  # interleaved
-            one.append(batch(1, rep)[0])
-            many.append(batch(clients, rep)[0])
-        m1, m4 = statistics.median(one), statistics.median(many)
-        print("| clients | total tok/s, median (runs) | ratio to one |")
-        print("|---|---|---|")
-        print("| 1 | %.1f (%s) | 1.00 |" % (m1, ", ".join("%.1f" % x for x in one)))
-        print("| %d | %.1f (%s) | %.2f |" % (clients, m4, ", ".join("%.1f" % x for x in many), m4 / m1))
+        runs = {(b, n): [] for b in ("on", "off") for n in (1, clients)}
+        for rep in range(reps):
+            for b in ("on", "off"):
+                for n in (1, clients):
+                    runs[(b, n)].append(batch(servers[b][1], n, rep))
+        base = statistics.median(runs[("on", 1)])
+        print("| --batch | clients | total tok/s, median (runs) | ratio of medians to one client, --batch on "
+              "| median of the per-repetition ratios |")
+        print("|---|---|---|---|---|")
+        for (b, n), v in runs.items():
+            m = statistics.median(v)
+            per = statistics.median(x / y for x, y in zip(v, runs[("on", 1)]))
+            print("| %s | %d | %.1f (%s) | %.2f | %.2f |" % (b, n, m, ", ".join("%.0f" % x for x in v), m / base, per))
     finally:
-        stop(p)
+        for p, _, _ in servers.values():
+            stop(p)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@
  * malformed HTTP), a client that disconnects mid-stream frees its slot,
  * curl as the client, a bounded load test (8 clients x 20 requests, mixed
  * lengths, every fifth one disconnecting early: no failed request, no
- * busy slot after, RSS within 5% of before), --mem-limit refusing too
+ * busy slot after, RSS within 5% of before; the slots' decode steps
+ * batched, and two concurrent greedy requests each giving dhsa run's
+ * text), --mem-limit refusing too
  * many slots, and SIGTERM during a stream stopping the server cleanly.
  * Without libmicrohttpd and jansson both parts skip (saying so) and the
  * test checks that `dhsa serve` refuses, naming the packages.
@@ -48,7 +50,7 @@ static double dhsa_cli_now_test(void) {
 }
 
 #define N_PARSER_CHECKS 46
-#define N_HTTP_CHECKS 36
+#define N_HTTP_CHECKS 38
 
 #ifdef DHSA_HAVE_SERVE
 #include "serve.h"
@@ -457,6 +459,22 @@ static void *load_client(void *p) {
     return NULL;
 }
 
+typedef struct {
+    const char *want;
+    int ok;
+} greedy_arg;
+
+static void *greedy_client(void *p) {
+    greedy_arg *a = p;
+    char *r = NULL, text[4096];
+    int code = http("POST", "/v1/completions", "{\"prompt\":\"" PK "\",\"max_tokens\":8,\"temperature\":0}", &r);
+    json_str(body_of(r), "text", text, sizeof text);
+    a->ok = code == 200 && strcmp(text, a->want) == 0;
+    if (!a->ok) fprintf(stderr, "  concurrent greedy: %d \"%s\" (want \"%s\")\n", code, text, a->want);
+    free(r);
+    return NULL;
+}
+
 static void test_http(void) {
     char *r = NULL;
     int code;
@@ -686,6 +704,14 @@ static void test_http(void) {
     code = http("GET", "/health", NULL, &r);
     T_CHECK(code == 200 && json_int(body_of(r), "requests_queued") == 0, "nothing queued after the load");
     free(r);
+    double passes = metric("dhsa_decode_batches_total"), rows = metric("dhsa_decode_batch_rows_total");
+    T_CHECK(passes > 0 && rows > passes, "the slots' decode steps were batched: %g steps in %g passes", rows, passes);
+    /* two greedy requests at once, batched together: dhsa run's text each */
+    greedy_arg ga[2] = {{want, 0}, {want, 0}};
+    pthread_t gt[2];
+    for (int i = 0; i < 2; i++) pthread_create(&gt[i], NULL, greedy_client, &ga[i]);
+    for (int i = 0; i < 2; i++) pthread_join(gt[i], NULL);
+    T_CHECK(ga[0].ok && ga[1].ok, "two concurrent greedy completions both give dhsa run's text");
 
     /* SIGTERM during a stream */
     int fd = connect_server();

@@ -83,7 +83,11 @@ const char dhsa_cli_serve_usage[] =
     "  --density F         keys per query block of the sparse methods (default 0.0625)\n"
     "  --mem-limit SIZE    the most the process may hold: the memory plan of all\n"
     "                      slots is checked against it at start (K/M/G suffix)\n"
-    "  --threads T         threads of each slot (default: online CPUs / slots, >= 1)\n"
+    "  --batch on|off      on (default): the slots share one ctx of --threads threads\n"
+    "                      and their decode steps run as one batch (one pass over\n"
+    "                      the weights); off: each slot has its own threads\n"
+    "  --threads T         threads (default: online CPUs; with --batch off, per slot:\n"
+    "                      online CPUs / slots, >= 1)\n"
     "  --template NAME     chat template: llama3 chatml gemma mistral llama2\n"
     "                      (default: the one the model names)\n"
     "  --max-tokens N      the most tokens one request may generate (default 4096)\n"
@@ -107,6 +111,11 @@ typedef struct {
     int32_t *counts;         /* [n_vocab]: generated ids, for presence/frequency penalties */
     uint64_t last_used;
     int busy;
+    /* --batch on: a decode step handed to the batcher (under S.mu) */
+    int posted;
+    int32_t next_id;
+    dhsa_status step_st;
+    char step_err[256];
 } slot;
 
 typedef struct waiter {
@@ -136,6 +145,19 @@ typedef struct {
     pthread_mutex_t mu;
     waiter *q_head, *q_tail;
     int64_t n_queued, n_busy;
+    /* --batch on: every slot's session on one ctx; the batcher thread runs
+     * the posted decode steps of all slots as one dhsa_session_eval_batch */
+    int batch;
+    dhsa_ctx *shared_ctx;
+    pthread_t batcher;
+    int batcher_started, batcher_quit;
+    pthread_cond_t cv_work, cv_done;
+    int64_t n_posted, n_decoding;
+    dhsa_session **batch_ss;
+    slot **batch_sl;
+    int32_t *batch_ids;
+    float *batch_logits;
+    uint64_t n_batches, n_batch_rows;
     uint64_t use_clock;
     atomic_int stopping;
     /* metrics (under mu) */
@@ -403,6 +425,7 @@ typedef struct {
     int error;               /* the generation failed: err_msg */
     char err_msg[512];
     int done_sent;           /* stream: [DONE] written */
+    int decoding;            /* counted in S.n_decoding */
     int role_sent;
     double t_start, t_first, t_prefill, t_decode;
     int32_t touched_count;
@@ -412,6 +435,85 @@ typedef struct {
     size_t pend_len, pend_off;
 } gen;
 
+/* ---------------------------------------------------------- batcher --- */
+
+/* One decode step of a slot: alone (--batch off), or posted to the
+ * batcher, which runs it with the other slots' posted steps in one pass
+ * over the weights, and waited for. Returns 0, or -1 with err. */
+static int decode(slot *sl, int32_t id, char *err, size_t cap) {
+    if (!S.batch) {
+        if (dhsa_session_eval(sl->s, &id, 1, sl->logits) == DHSA_OK) return 0;
+        snprintf(err, cap, "decode: %s", dhsa_last_error());
+        return -1;
+    }
+    pthread_mutex_lock(&S.mu);
+    sl->next_id = id;
+    sl->posted = 1;
+    S.n_posted++;
+    pthread_cond_signal(&S.cv_work);
+    while (sl->posted) pthread_cond_wait(&S.cv_done, &S.mu);
+    dhsa_status st = sl->step_st;
+    if (st) snprintf(err, cap, "decode: %s", sl->step_err);
+    pthread_mutex_unlock(&S.mu);
+    return st ? -1 : 0;
+}
+
+/* The batcher: waits for a posted step, then at most a millisecond for
+ * the other decoding slots (each is a network write away from posting its
+ * next step), and runs what is posted as one batch. A failed batch is run
+ * again one slot at a time, so that each slot gets its own outcome. */
+static void *batcher_main(void *arg) {
+    (void)arg;
+    const int64_t V = S.in->n_vocab;
+    pthread_mutex_lock(&S.mu);
+    for (;;) {
+        while (!S.n_posted && !S.batcher_quit) pthread_cond_wait(&S.cv_work, &S.mu);
+        if (!S.n_posted) break; /* quit */
+        if (S.n_posted < S.n_decoding) {
+            struct timespec dl;
+            clock_gettime(CLOCK_MONOTONIC, &dl);
+            dl.tv_nsec += 1000000;
+            if (dl.tv_nsec >= 1000000000) {
+                dl.tv_sec++;
+                dl.tv_nsec -= 1000000000;
+            }
+            while (S.n_posted < S.n_decoding && !S.batcher_quit)
+                if (pthread_cond_timedwait(&S.cv_work, &S.mu, &dl) == ETIMEDOUT) break;
+        }
+        int64_t k = 0;
+        for (int64_t i = 0; i < S.n_slots; i++)
+            if (S.slots[i].posted) {
+                S.batch_sl[k] = &S.slots[i];
+                S.batch_ss[k] = S.slots[i].s;
+                S.batch_ids[k++] = S.slots[i].next_id;
+            }
+        pthread_mutex_unlock(&S.mu);
+        dhsa_status st = dhsa_session_eval_batch(S.batch_ss, k, S.batch_ids, S.batch_logits);
+        for (int64_t t = 0; t < k; t++) {
+            slot *sl = S.batch_sl[t];
+            if (st == DHSA_OK) {
+                memcpy(sl->logits, S.batch_logits + t * V, (size_t)V * sizeof(float));
+                sl->step_st = DHSA_OK;
+            } else {
+                sl->step_st = dhsa_session_eval(sl->s, &S.batch_ids[t], 1, sl->logits);
+                if (sl->step_st) snprintf(sl->step_err, sizeof sl->step_err, "%s", dhsa_last_error());
+            }
+        }
+        pthread_mutex_lock(&S.mu);
+        for (int64_t t = 0; t < k; t++) S.batch_sl[t]->posted = 0;
+        S.n_posted -= k;
+        S.n_batches++;
+        S.n_batch_rows += (uint64_t)k;
+        pthread_cond_broadcast(&S.cv_done);
+    }
+    pthread_mutex_unlock(&S.mu);
+    return NULL;
+}
+
+/* A generation enters or leaves its decode steps (the batcher waits for
+ * the slots that are decoding). */
+static void set_decoding(gen *g, int on);
+
 static int client_gone(struct MHD_Connection *c) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (!ci) return 0;
@@ -420,8 +522,18 @@ static int client_gone(struct MHD_Connection *c) {
     return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
+static void set_decoding(gen *g, int on) {
+    if (g->decoding == on) return;
+    g->decoding = on;
+    pthread_mutex_lock(&S.mu);
+    S.n_decoding += on ? 1 : -1;
+    pthread_cond_signal(&S.cv_work);
+    pthread_mutex_unlock(&S.mu);
+}
+
 static void gen_free(gen *g) {
     if (!g) return;
+    set_decoding(g, 0);
     if (g->sl) {
         slot *sl = g->sl;
         for (int32_t i = 0; i < g->touched_count; i++) sl->counts[g->touched[i]] = 0;
@@ -547,9 +659,8 @@ static void step(gen *g) {
         return;
     }
     double t = now_s();
-    if (dhsa_session_eval(sl->s, &next, 1, sl->logits)) {
+    if (decode(sl, next, g->err_msg, sizeof g->err_msg)) {
         g->error = 1;
-        snprintf(g->err_msg, sizeof g->err_msg, "decode: %s", dhsa_last_error());
         sl->n_cached = dhsa_session_length(sl->s);
         return;
     }
@@ -617,6 +728,7 @@ static int push_event(gen *g, json_t *j) {
 }
 
 static void note_done(gen *g) {
+    set_decoding(g, 0);
     pthread_mutex_lock(&S.mu);
     S.gen_tokens += (uint64_t)g->n_gen;
     S.decode_s += g->t_decode;
@@ -922,6 +1034,7 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, serve_req_kind 
         gen_free(g);
         return send_error(c, status, msg, NULL, NULL);
     }
+    set_decoding(g, 1);
     if (g->rq.stream) {
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, g, stream_free);
         if (!r) {
@@ -1084,6 +1197,10 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c) {
     OUT("# HELP dhsa_decode_tokens_per_second Decode steps per second of one slot, since start.\n"
         "# TYPE dhsa_decode_tokens_per_second gauge\ndhsa_decode_tokens_per_second %.3f\n",
         m.decode_s > 0 ? (double)m.gen_tokens / m.decode_s : 0.0);
+    OUT("# HELP dhsa_decode_batches_total Batched decode passes (--batch on).\n# TYPE dhsa_decode_batches_total counter\n"
+        "dhsa_decode_batches_total %" PRIu64 "\n", m.n_batches);
+    OUT("# HELP dhsa_decode_batch_rows_total Decode steps run in those passes (rows / passes = mean batch).\n"
+        "# TYPE dhsa_decode_batch_rows_total counter\ndhsa_decode_batch_rows_total %" PRIu64 "\n", m.n_batch_rows);
     OUT("# HELP dhsa_slots Slots (sessions served at once).\n# TYPE dhsa_slots gauge\ndhsa_slots %lld\n",
         (long long)m.n_slots);
     OUT("# HELP dhsa_slots_busy Slots serving a request.\n# TYPE dhsa_slots_busy gauge\ndhsa_slots_busy %lld\n",
@@ -1192,6 +1309,7 @@ static void parse_args(int argc, char **argv) {
     S.queue_timeout = 60;
     S.max_queue = 64;
     S.max_conn = 128;
+    S.batch = 1;
     S.sp = dhsa_session_default_params();
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
@@ -1220,6 +1338,11 @@ static void parse_args(int argc, char **argv) {
         else if (strcmp(a, "--queue-timeout") == 0) S.queue_timeout = dhsa_cli_int(a, v, 0, 86400, 0);
         else if (strcmp(a, "--max-queue") == 0) S.max_queue = dhsa_cli_int(a, v, 0, 1 << 20, 0);
         else if (strcmp(a, "--max-connections") == 0) S.max_conn = dhsa_cli_int(a, v, 1, 65536, 0);
+        else if (strcmp(a, "--batch") == 0) {
+            if (strcmp(v, "on") == 0) S.batch = 1;
+            else if (strcmp(v, "off") == 0) S.batch = 0;
+            else dhsa_cli_die(EXIT_USAGE, "--batch is on or off, not \"%s\"", v);
+        }
         else if (strcmp(a, "--kv") == 0) {
             if (strcmp(v, "f32") == 0) S.sp.kv_type = DHSA_F32;
             else if (strcmp(v, "f16") == 0) S.sp.kv_type = DHSA_F16;
@@ -1238,9 +1361,10 @@ static void parse_args(int argc, char **argv) {
         if (!S.model_path) dhsa_cli_die(EXIT_USAGE, "%s", msg);
         fprintf(stderr, "dhsa serve: model %s (the default; -m MODEL for another)\n", S.model_path);
     }
+    if (S.n_slots == 1) S.batch = 0; /* nothing to batch with */
     if (!S.threads) {
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        S.threads = cpus > 0 ? cpus / S.n_slots : 1;
+        S.threads = cpus > 0 ? (S.batch ? cpus : cpus / S.n_slots) : 1;
         if (S.threads < 1) S.threads = 1;
     }
 }
@@ -1287,7 +1411,12 @@ static void setup(void) {
     for (int64_t i = 0; i < S.n_slots; i++) {
         dhsa_ctx_params cp = dhsa_ctx_default_params();
         cp.n_threads = (int)S.threads;
+        if (S.batch && i > 0) {
+            S.slots[i].ctx = S.shared_ctx;
+            continue;
+        }
         if (dhsa_ctx_create(&cp, &S.slots[i].ctx)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+        if (S.batch) S.shared_ctx = S.slots[i].ctx;
     }
     check_memory();
     size_t V = (size_t)S.in->n_vocab;
@@ -1302,19 +1431,30 @@ static void setup(void) {
         if (dhsa_session_create(sl->ctx, S.m, &S.sp, &sl->s)) dhsa_cli_die(EXIT_RUN, "slot %lld: %s", (long long)i, dhsa_last_error());
         sl->sp = S.sp;
     }
+    if (S.batch) {
+        S.batch_ss = malloc((size_t)S.n_slots * sizeof *S.batch_ss);
+        S.batch_sl = malloc((size_t)S.n_slots * sizeof *S.batch_sl);
+        S.batch_ids = malloc((size_t)S.n_slots * sizeof *S.batch_ids);
+        S.batch_logits = malloc((size_t)S.n_slots * V * sizeof(float));
+        if (!S.batch_ss || !S.batch_sl || !S.batch_ids || !S.batch_logits) dhsa_cli_die(EXIT_RUN, "out of memory");
+    }
 }
 
 static void teardown(void) {
     for (int64_t i = 0; i < S.n_slots; i++) {
         slot *sl = &S.slots[i];
         dhsa_session_free(sl->s);
-        dhsa_ctx_free(sl->ctx);
+        if (!S.batch || i == 0) dhsa_ctx_free(sl->ctx);
         free(sl->tokens);
         free(sl->logits);
         free(sl->scratch);
         free(sl->counts);
     }
     free(S.slots);
+    free(S.batch_ss);
+    free(S.batch_sl);
+    free(S.batch_ids);
+    free(S.batch_logits);
     dhsa_model_free(S.m);
 }
 
@@ -1330,6 +1470,12 @@ int dhsa_cli_serve(int argc, char **argv) {
         dhsa_cli_die(EXIT_USAGE, "--host %s: an IPv4 address is needed (127.0.0.1, 0.0.0.0, ...)", S.host);
     setup();
     pthread_mutex_init(&S.mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&S.cv_work, &ca);
+    pthread_cond_init(&S.cv_done, &ca);
+    pthread_condattr_destroy(&ca);
     atomic_init(&S.stopping, 0);
     atomic_init(&S.id_counter, 1);
     S.started = time(NULL);
@@ -1341,6 +1487,10 @@ int dhsa_cli_serve(int argc, char **argv) {
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
+    if (S.batch) {
+        if (pthread_create(&S.batcher, NULL, batcher_main, NULL)) dhsa_cli_die(EXIT_RUN, "cannot start the batcher thread");
+        S.batcher_started = 1;
+    }
     struct MHD_Daemon *d = MHD_start_daemon(
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | (S.verbose ? MHD_USE_ERROR_LOG : 0), 0, NULL, NULL, on_request,
         NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)S.timeout,
@@ -1349,9 +1499,10 @@ int dhsa_cli_serve(int argc, char **argv) {
     if (!d) dhsa_cli_die(EXIT_RUN, "cannot listen on %s:%lld: %s", S.host, (long long)S.port, strerror(errno));
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     int port = di ? (int)di->port : (int)S.port;
-    fprintf(stderr, "dhsa serve: %s, %lld slot%s x %lld tokens, attention %s, %lld threads each, chat template %s\n",
+    fprintf(stderr, "dhsa serve: %s, %lld slot%s x %lld tokens, attention %s, %lld threads %s, chat template %s\n",
             S.model_name, (long long)S.n_slots, S.n_slots == 1 ? "" : "s", (long long)S.n_ctx,
-            dhsa_attn_method_name(S.sp.attn), (long long)S.threads, dhsa_chat_template_name(S.tmpl));
+            dhsa_attn_method_name(S.sp.attn), (long long)S.threads,
+            S.batch ? "shared, decode steps batched" : "each", dhsa_chat_template_name(S.tmpl));
     fprintf(stderr, "dhsa serve: listening on http://%s:%d\n", S.host, port);
     fflush(stderr);
     int sig = 0;
@@ -1363,6 +1514,13 @@ int dhsa_cli_serve(int argc, char **argv) {
     for (waiter *w = S.q_head; w; w = w->next) pthread_cond_signal(&w->cv);
     pthread_mutex_unlock(&S.mu);
     MHD_stop_daemon(d); /* joins every connection's thread */
+    if (S.batcher_started) {
+        pthread_mutex_lock(&S.mu);
+        S.batcher_quit = 1;
+        pthread_cond_signal(&S.cv_work);
+        pthread_mutex_unlock(&S.mu);
+        pthread_join(S.batcher, NULL);
+    }
     teardown();
     pthread_mutex_destroy(&S.mu);
     fprintf(stderr, "dhsa serve: stopped\n");

@@ -1,6 +1,7 @@
 """dhsa serve against the official `openai` Python package (PyPI), used
 unchanged as the client: chat and completions, streaming and not, greedy
 text equal to `dhsa run --temp 0`, and an OpenAI error for a bad request.
+The server runs with --batch off (tests/test_serve.c covers --batch on).
 Skipped, saying why, where `openai` is not importable (.ci/run installs
 it) or the CLI was built without the server (no libmicrohttpd/jansson)."""
 import os
@@ -42,7 +43,7 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     with open(log, "w") as f:
         p = subprocess.Popen([str(CLI), "serve", "--port", "0", "--slots", "2", "--ctx", "512",
-                              "--threads", "1"], stderr=f, stdout=subprocess.DEVNULL, cwd=str(REPO))
+                              "--threads", "1", "--batch", "off"], stderr=f, stdout=subprocess.DEVNULL, cwd=str(REPO))
     port = None
     for _ in range(600):
         m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", log.read_text())
