@@ -9,7 +9,7 @@
          event with text; REPS documents (different seeds), medians.
   slots  total decode tokens/s of 4 concurrent clients against one, on
          servers with --slots 4 and --batch on / off, interleaved: each client
-         streams up to 256 tokens of free text sampled at temperature 1 (the
+         asks (without streaming) up to 256 tokens of free text sampled at temperature 1 (the
          tokens are counted from usage: a client that meets EOS counts less).
 
 Usage: PYTHONPATH=python python3 bench/serve.py ttft|slots [--reps N] [--attn dense|dhsa]
@@ -72,6 +72,14 @@ def stream(url, body):
     return first, time.perf_counter() - t0, usage
 
 
+def whole(url, body):
+    """The JSON reply of a completion without streaming."""
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())
+
+
 def ttft(reps, attn="dense"):
     import dhsa
     tok = dhsa.Tokenizer(os.path.join(REPO, "models", "dhsa-retrieval-8m.gguf"))
@@ -109,10 +117,10 @@ def slots(reps, clients=4, max_tokens=256):
     def batch(url, n, rep):
         res = [None] * n
 
-        def one(i):
+        def one(i):  # whole replies: a Python client parsing an event per token would be the bottleneck
             body = {"prompt": prompts[i % len(prompts)], "max_tokens": max_tokens, "temperature": 1.0, "top_k": 0,
                     "top_p": 1.0, "min_p": 0.0, "seed": 1000 * rep + i}
-            res[i] = stream(url, body)
+            res[i] = whole(url, body)
 
         th = [threading.Thread(target=one, args=(i,)) for i in range(n)]
         t0 = time.perf_counter()
@@ -121,7 +129,7 @@ def slots(reps, clients=4, max_tokens=256):
         for t in th:
             t.join()
         wall = time.perf_counter() - t0
-        return sum(r[2]["completion_tokens"] for r in res) / wall
+        return sum(r["usage"]["completion_tokens"] for r in res) / wall
     try:
         runs = {(b, n): [] for b in ("on", "off") for n in (1, clients)}
         for rep in range(reps):
