@@ -46,7 +46,7 @@ ifeq ($(HAVE_SERVE),1)
   SERVE_LIBS := $(shell pkg-config --libs $(SERVE_PKGS))
 endif
 
-.PHONY: all test asan ubsan clean fuzz
+.PHONY: all test test-torch asan ubsan clean fuzz
 all: $(BUILD)/libdhsa.a $(BUILD)/libdhsa.so $(BUILD)/dhsa
 
 $(BUILD)/obj/%_avx512.o: src/%_avx512.c $(HDRS)
@@ -86,6 +86,17 @@ $(BUILD)/tests/test_serve: tests/test_serve.c tools/serve_req.c tools/serve.h $(
 
 test: all $(TESTS) $(PROGS)
 	@sh tests/run.sh $(BUILD) $(TESTS)
+
+# The Python suite with PyTorch and transformers, so that the dhsa.torch tests
+# (python/tests/test_torch*.py) run instead of skipping: python/torch-venv.sh
+# makes the venv TORCH_VENV once (minutes, 5.6 GB), then pytest runs under it.
+# `DHSA_PYTHON=$(TORCH_VENV)/bin/python make test` runs everything under it
+# (.ci/run does).
+TORCH_VENV ?= $(HOME)/.cache/dhsa-torch-venv
+test-torch: all $(PROGS)
+	sh python/torch-venv.sh $(TORCH_VENV)
+	DHSA_LIB=$(BUILD)/libdhsa.so DHSA_CLI=$(BUILD)/dhsa PYTHONPATH=python \
+	  $(TORCH_VENV)/bin/python -m pytest -q -rs python/tests
 
 asan:
 	DHSA_SANITIZED=1 $(MAKE) BUILD=build-asan OPT=-O1 \

@@ -30,12 +30,14 @@ for t in "$@"; do
 done
 # Python binding tests (python/tests): they need numpy and pytest, which
 # .ci/run installs; where they are missing the suite is skipped, loudly.
+# DHSA_PYTHON picks the interpreter (.ci/run: the venv with PyTorch).
+py=${DHSA_PYTHON:-python3}
 py_skipped=""; py_s=0
 if [ -d python/tests ]; then
     if [ -n "${DHSA_SANITIZED:-}" ]; then
         echo "SKIP: python tests under sanitizers (python would need the sanitizer runtime preloaded; make test runs them)"
-    elif python3 -c 'import numpy, pytest' >/dev/null 2>&1; then
-        out=$(DHSA_LIB="$build/libdhsa.so" PYTHONPATH=python python3 -m pytest -q -rs python/tests 2>&1); rc=$?
+    elif "$py" -c 'import numpy, pytest' >/dev/null 2>&1; then
+        out=$(DHSA_LIB="$build/libdhsa.so" PYTHONPATH=python "$py" -m pytest -q -rs python/tests 2>&1); rc=$?
         printf '%s\n' "$out" | tail -n 15
         line=$(printf '%s\n' "$out" | grep -E '[0-9]+ (passed|failed|skipped)' | tail -n 1)
         p=$(printf '%s' "$line" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+'); p=${p:-0}
