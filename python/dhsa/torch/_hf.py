@@ -1,0 +1,245 @@
+"""_hf.py: patch_transformers(model, method=..., density=...), dhsa as the
+attention of Hugging Face transformers Llama, Qwen2 and Gemma2 models on CPU
+(the plug-in mode of the DHSA reference code: the model's own projections
+and RoPE, dhsa between them and the output projection).
+
+Contract (docs/torch.md, "Hugging Face transformers"):
+  - Registers an attention function and a mask function named "dhsa" in
+    transformers' AttentionInterface / AttentionMaskInterface (once per
+    process) and switches the model to it. Settings live on each attention
+    module (module._dhsa), so two models can be patched differently.
+  - No L x L mask is ever built: the mask function returns None, or the
+    padding as a per-key [B, 1, 1, Lk] bool keep-mask; causality
+    (bottom-right aligned over the KV cache, q_pos0 = Lk - Lq), the sliding
+    window (sliding_window=) and Gemma 2's softcap (softcap=) are applied
+    by the kernel. A mask function that is neither causal nor causal with a
+    sliding window (packed sequences, custom overlays, bidirectional) is
+    refused (NotImplementedError), never approximated.
+  - method "dense": dhsa's dense tiled kernel; "dhsa", "block", "stream",
+    "oracle": dhsa.route() per layer and call (prefill and every decode
+    step) with `density` and the router keywords, then the sparse kernel.
+    The stats() of every layout are kept (model_stats(model)).
+Tested by python/tests/test_torch_hf.py.
+"""
+
+import torch
+
+import dhsa
+
+from ._ops import attention, mask_numpy, route
+
+NAME = "dhsa"
+_SUPPORTED = ("LlamaAttention", "Qwen2Attention", "Gemma2Attention")
+METHODS = ("dense", "dhsa", "block", "stream", "oracle")
+
+
+def _transformers():
+    try:
+        import transformers
+        from transformers import masking_utils
+        from transformers.modeling_utils import AttentionInterface
+    except Exception as e:
+        raise ImportError("patch_transformers needs Hugging Face transformers, which is not "
+                          "importable here (%s): pip install transformers (make test-torch "
+                          "installs it in its venv)" % e) from e
+    return transformers, masking_utils, AttentionInterface
+
+# ----------------------------------------------------------------- masks ---
+
+
+def _window_of(mask_function, mu):
+    """0 for transformers' causal mask function, W for causal with a
+    sliding window of W, None for anything else."""
+    if mask_function is mu.causal_mask_function:
+        return 0
+    fns = ()
+    for cell in getattr(mask_function, "__closure__", None) or ():
+        if isinstance(cell.cell_contents, tuple):
+            fns = cell.cell_contents
+    if getattr(mask_function, "__qualname__", "") != "and_masks.<locals>.and_mask" or len(fns) != 2:
+        return None
+    overlay, causal = fns
+    if causal is not mu.causal_mask_function or \
+            getattr(overlay, "__qualname__", "") != "sliding_window_overlay.<locals>.inner_mask":
+        return None
+    w = [c.cell_contents for c in overlay.__closure__ or () if isinstance(c.cell_contents, int)]
+    if len(w) != 1:
+        return None
+    # the overlay must be what its name says: probe it
+    q = torch.tensor([w[0] + 5])
+    kv = torch.tensor([5, 6])
+    if overlay(0, 0, q, kv).tolist() != [False, True]:
+        return None
+    return w[0]
+
+
+def _mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+          attention_mask=None, **kwargs):
+    """transformers' mask interface for "dhsa": None (no padding) or the
+    padding of the keys this layer sees as [B, 1, 1, kv_length] bool, True
+    = the key takes part. Never q_length x kv_length."""
+    _, mu, _ = _transformers()
+    if _window_of(mask_function, mu) is None:
+        raise NotImplementedError(
+            "dhsa.torch.patch_transformers: this call asks for an attention mask that is neither "
+            "causal nor causal with a sliding window (%s: packed sequences, a custom or "
+            "bidirectional mask); dhsa's patch expresses only those two (plus padding) and refuses "
+            "the rest rather than approximate it" % getattr(mask_function, "__qualname__", "?"))
+    if attention_mask is None:
+        return None
+    m = attention_mask
+    if m.dim() != 2:
+        raise NotImplementedError("dhsa.torch.patch_transformers: a %d-D attention_mask is not "
+                                  "supported (give the [B, L] padding mask)" % m.dim())
+    m = m.bool()
+    if m.shape[1] < kv_offset + kv_length:
+        raise ValueError("attention_mask covers %d positions, the keys reach %d"
+                         % (m.shape[1], kv_offset + kv_length))
+    m = m[:, kv_offset:kv_offset + kv_length]
+    if bool(m.all()):
+        return None
+    return m.reshape(m.shape[0], 1, 1, kv_length)
+
+# ------------------------------------------------------------- attention ---
+
+
+def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+               sliding_window=None, softcap=None, **kwargs):
+    """transformers' attention interface for "dhsa": query [B, Hq, Lq, d],
+    key/value [B, Hkv, Lk, d] (post-RoPE, the KV cache included). Returns
+    (attn_output [B, Lq, Hq, d], None)."""
+    cfg = getattr(module, "_dhsa", None)
+    if cfg is None:
+        raise RuntimeError("dhsa attention called on %s, which patch_transformers did not patch "
+                           "(the model's config says attn_implementation='dhsa')"
+                           % type(module).__name__)
+    if dropout:
+        raise ValueError("dhsa attention: dropout = %r; dhsa's kernels have no attention dropout "
+                         "(use the model in eval())" % (dropout,))
+    if kwargs.get("output_attentions"):
+        raise ValueError("dhsa attention does not return attention weights (output_attentions="
+                         "True): they are L x L; use attn_implementation='eager' for them")
+    if kwargs.get("position_bias") is not None:
+        raise NotImplementedError("dhsa attention: position_bias is not supported")
+    is_causal = kwargs.get("is_causal")
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", True)
+    if not is_causal:
+        raise NotImplementedError("dhsa attention: this layer is bidirectional (is_causal=False); "
+                                  "the patch supports causal decoders")
+    B, Hq, Lq, d = query.shape
+    Lk = key.shape[2]
+    q_pos0 = Lk - Lq  # the queries are the newest positions of the cache
+    window = int(sliding_window or 0)
+    kw = dict(causal=True, q_pos0=q_pos0, window=window, scale=scaling,
+              softcap=float(softcap or 0.0), layout="BLHD")
+    if attention_mask is not None:
+        if attention_mask.dim() != 4 or tuple(attention_mask.shape[1:3]) != (1, 1):
+            raise NotImplementedError("dhsa attention: got a %s attention mask; the 'dhsa' mask "
+                                      "function gives None or [B, 1, 1, Lk]"
+                                      % (tuple(attention_mask.shape),))
+        kw["attn_mask"] = mask_numpy("attention_mask", attention_mask)  # per key, True = keep
+    lay = None
+    try:
+        if cfg["method"] != "dense":
+            lay = route(query, key, causal=True, q_pos0=q_pos0, window=window,
+                        sparse=dict(cfg["router"], method=cfg["method"]))
+            cfg["stats"].append(lay.stats())
+            kw["sparse"] = lay
+        # BLHD views of the BHLD tensors: dhsa writes o as [B, Lq, Hq, d],
+        # the layout transformers wants, so nothing is transposed after.
+        o = attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), **kw)
+    finally:
+        if lay is not None:
+            lay.close()
+    return o, None
+
+# ------------------------------------------------------------------- API ---
+
+
+def _register():
+    _, mu, AttentionInterface = _transformers()
+    if AttentionInterface._global_mapping.get(NAME) is not _attention:
+        AttentionInterface.register(NAME, _attention)
+    if mu.AttentionMaskInterface._global_mapping.get(NAME) is not _mask:
+        mu.AttentionMaskInterface.register(NAME, _mask)
+
+
+def _attention_modules(model):
+    return [(p, m) for p, m in model.named_modules() if type(m).__name__ in _SUPPORTED]
+
+
+def _set_implementation(model, name):
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(name)
+    else:
+        model.config._attn_implementation = name
+
+
+def patch_transformers(model, method="dhsa", density=0.0625, **router):
+    """Makes a transformers Llama, Qwen2 or Gemma2 model (…ForCausalLM or
+    the bare model) run its attention on dhsa, in place, on CPU tensors.
+
+    method: "dense" (dhsa's dense kernel), "dhsa" (DHSA routing), "block",
+    "stream" or "oracle" (dhsa.route() baselines). density: the share of
+    keys each query block may see (routed methods); router: any other
+    dhsa.route() keyword (budget=, q_block=, sink=, local=, dense_below=,
+    boundary=, ...: docs/python.md). Returns the paths of the attention
+    modules patched. model_stats(model) gives the routed densities;
+    unpatch_transformers(model) restores the previous implementation."""
+    _transformers()
+    if method not in METHODS:
+        raise ValueError("method must be one of %s, not %r" % (", ".join(METHODS), method))
+    mods = _attention_modules(model)
+    if not mods:
+        raise TypeError("patch_transformers: %s has no %s module: supported are transformers' "
+                        "Llama, Qwen2 and Gemma2 models" % (type(model).__name__,
+                                                            " / ".join(_SUPPORTED)))
+    router = dict(router)
+    if method != "dense":
+        if "budget" not in router:
+            router["density"] = density
+        dhsa.RouterParams(**{k: v for k, v in router.items() if k != "params"})  # names checked now
+    for name, p in model.named_parameters():
+        if p.device.type != "cpu":
+            raise ValueError("patch_transformers: parameter %s is on %s; dhsa runs on the CPU"
+                             % (name, p.device))
+    _register()
+    prev = getattr(model.config, "_attn_implementation", None)
+    if prev == NAME:
+        prev = getattr(model, "_dhsa_previous_attn", prev)
+    stats = []
+    for _, m in mods:
+        m._dhsa = {"method": method, "router": router, "stats": stats}
+    model._dhsa_previous_attn = prev
+    model._dhsa_stats = stats
+    _set_implementation(model, NAME)
+    return [p for p, _ in mods]
+
+
+def model_stats(model):
+    """The stats() dicts of every layout routed since patch_transformers
+    (one per layer and forward call), and their mean density as
+    {"calls": n, "density": mean, "selected": sum, "available": sum}
+    where density = selected / available over all calls."""
+    stats = getattr(model, "_dhsa_stats", None)
+    if stats is None:
+        raise ValueError("model_stats: the model was not patched by patch_transformers")
+    sel = sum(s["selected"] for s in stats)
+    avail = sum(s["available"] for s in stats)
+    return {"calls": len(stats), "selected": sel, "available": avail,
+            "density": (sel / avail) if avail else float("nan")}
+
+
+def unpatch_transformers(model):
+    """Restores the attention implementation the model had before
+    patch_transformers and removes the dhsa settings."""
+    prev = getattr(model, "_dhsa_previous_attn", None)
+    if prev is None and not hasattr(model, "_dhsa_stats"):
+        raise ValueError("unpatch_transformers: the model was not patched by patch_transformers")
+    for _, m in _attention_modules(model):
+        if hasattr(m, "_dhsa"):
+            del m._dhsa
+    _set_implementation(model, prev or "sdpa")
+    del model._dhsa_previous_attn, model._dhsa_stats
+

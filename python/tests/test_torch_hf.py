@@ -1,0 +1,148 @@
+"""test_torch_hf.py: dhsa.torch.patch_transformers on small randomly
+initialised Hugging Face transformers models (Llama with GQA, Qwen2 with a
+sliding window on some layers, Gemma 2 with softcapping and sliding
+windows), where PyTorch and transformers are importable (skipped, saying
+why, otherwise).
+
+What must hold (issue 15): dhsa dense and DHSA at full density give the
+logits of transformers' own eager attention (which materialises the
+scores: the independent reference) on a padded batch; greedy generation
+runs and, dense, gives eager's tokens; at density 6.25% routing is active
+(the measured density is printed and bounded); no L x L mask is built
+(the finder sees nothing square in the patched model where it sees the
+[B, 1, L, L] mask of transformers' SDPA path).
+"""
+
+import warnings
+
+import pytest
+
+try:
+    import torch
+except Exception as e:  # not installed, or installed but broken
+    pytest.skip("PyTorch is not importable: %s (make test-torch makes a venv with it)" % e,
+                allow_module_level=True)
+try:
+    import transformers
+except Exception as e:
+    pytest.skip("transformers is not importable: %s (make test-torch makes a venv with it)" % e,
+                allow_module_level=True)
+
+import dhsa.torch as dt  # noqa: E402
+
+L, B, VOCAB = 200, 2, 256
+ROUTER = dict(dense_below=64, sink=16, local=32, q_block=32)  # sparse at short lengths
+
+
+def make(arch, seed=0):
+    torch.manual_seed(seed)
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+    if arch == "llama":
+        cfg = transformers.LlamaConfig(**common)
+        cls = transformers.LlamaForCausalLM
+    elif arch == "qwen2":
+        cfg = transformers.Qwen2Config(**common, use_sliding_window=True, sliding_window=48,
+                                       max_window_layers=1,
+                                       layer_types=["full_attention", "sliding_attention"])
+        cls = transformers.Qwen2ForCausalLM
+    else:
+        cfg = transformers.Gemma2Config(**common, head_dim=16, sliding_window=48,
+                                        attn_logit_softcapping=5.0, final_logit_softcapping=30.0,
+                                        query_pre_attn_scalar=16,
+                                        layer_types=["sliding_attention", "full_attention"])
+        cls = transformers.Gemma2ForCausalLM
+    m = cls(cfg).eval()
+    m.set_attn_implementation("eager")
+    return m
+
+
+def batch(seed=1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (B, L), generator=g)
+    am = torch.ones(B, L, dtype=torch.long)
+    am[1, :23] = 0  # left padding, as batched generation uses
+    return ids, am
+
+
+ARCHS = ["llama", "qwen2", "gemma2"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_dense_and_full_density_equal_eager(arch, close):
+    m = make(arch)
+    ids, am = batch()
+    with torch.inference_mode():
+        ref = m(ids, attention_mask=am).logits
+        paths = dt.patch_transformers(m, method="dense")
+        assert len(paths) == 2 and m.config._attn_implementation == "dhsa"
+        dense = m(ids, attention_mask=am).logits
+        dt.patch_transformers(m, method="dhsa", density=1.0, **ROUTER)
+        full = m(ids, attention_mask=am).logits
+        st = dt.model_stats(m)
+    real = am.bool()  # padded query rows see no key: not compared
+    tol = dict(atol=1e-4, rtol=1e-4)
+    close(dense[real].numpy(), ref[real].numpy(), what=arch + " dense", **tol)
+    close(full[real].numpy(), ref[real].numpy(), what=arch + " density 1", **tol)
+    assert st["calls"] == 2 and st["density"] == 1.0, st
+    # the comparison can fail: another model's logits are far off
+    with pytest.raises(AssertionError, match="out of tolerance"):
+        close(make(arch, seed=5)(ids, attention_mask=am).logits[real].detach().numpy(),
+              ref[real].numpy(), **tol)
+    dt.unpatch_transformers(m)
+    assert m.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_generation_and_routing(arch, capsys):
+    m = make(arch)
+    ids, _ = batch()
+    prompt = ids[:1, :120]
+    with torch.inference_mode():
+        want = m.generate(prompt, max_new_tokens=8, do_sample=False)
+        dt.patch_transformers(m, method="dense")
+        got = m.generate(prompt, max_new_tokens=8, do_sample=False)
+        assert torch.equal(got, want), (got[0, 120:], want[0, 120:])
+        dt.patch_transformers(m, method="dhsa", density=0.0625, **ROUTER)
+        out = m.generate(ids[:1], max_new_tokens=8, do_sample=False)
+    assert out.shape == (1, L + 8)
+    st = dt.model_stats(m)
+    assert st["calls"] == 2 * 8, st  # 2 layers x (prefill + 7 decode steps)
+    with capsys.disabled():
+        print("\n%s: DHSA at density 0.0625, L = %d + 8 generated: measured density %.4f over %d "
+              "routed calls" % (arch, L, st["density"], st["calls"]))
+    assert 0.0 < st["density"] < 0.35, st
+
+
+def test_no_square_mask_when_patched():
+    m = make("llama")
+    m.set_attn_implementation("sdpa")
+    ids, am = batch()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dt.ProductionModeWarning)
+        before = dt.find_square_intermediates(m, ids, attention_mask=am)
+        assert any(f.shape[-2:] == (L, L) for f in before), str(before)
+        dt.patch_transformers(m, method="dense")
+        after = dt.find_square_intermediates(m, ids, attention_mask=am)
+    assert not after, str(after)
+
+
+def test_refusals():
+    from transformers import masking_utils as mu
+    with pytest.raises(TypeError, match="Llama, Qwen2 and Gemma2"):
+        dt.patch_transformers(torch.nn.Linear(2, 2))
+    m = make("llama")
+    with pytest.raises(ValueError, match="method"):
+        dt.patch_transformers(m, method="sparse")
+    with pytest.raises(TypeError):
+        dt.patch_transformers(m, method="dhsa", densty=0.1)
+    from dhsa.torch import _hf
+    odd = mu.or_masks(mu.causal_mask_function, mu.bidirectional_mask_function)
+    with pytest.raises(NotImplementedError, match="neither causal"):
+        _hf._mask(1, 4, 4, mask_function=odd)
+    assert _hf._window_of(mu.sliding_window_causal_mask_function(7), mu) == 7
+    assert _hf._window_of(mu.causal_mask_function, mu) == 0
+    dt.patch_transformers(m, method="dense")
+    with pytest.raises(ValueError, match="dropout"):
+        _hf._attention(m.model.layers[0].self_attn, torch.zeros(1, 4, 3, 16),
+                       torch.zeros(1, 2, 3, 16), torch.zeros(1, 2, 3, 16), None, dropout=0.1)
