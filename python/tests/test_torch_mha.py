@@ -186,6 +186,10 @@ def test_refusals():
     assert out.requires_grad
     with pytest.raises(RuntimeError, match="forward-only"):
         out.sum().backward()
+    out, w = d(*x)  # the weights too: no silent wrong gradient through them
+    assert w.requires_grad
+    with pytest.raises(RuntimeError, match="forward-only"):
+        w.sum().backward()
     dd = dt.MultiheadAttention(E, H, batch_first=True).double().eval()
     with pytest.raises(TypeError, match="float64"):
         with torch.inference_mode():
@@ -239,3 +243,20 @@ def test_finder_sees_nothing_square_in_the_drop_in():
                                                 need_weights=False)
         # the weights, when asked for, are L x S by definition: reported
         assert dt.find_square_intermediates(d, x, x, x, key_padding_mask=pad)
+
+
+def test_seed_experiment_script_runs():
+    """examples/torch_memory.py `one MODE P` (what `all` runs under
+    memprobe) for each mode at a small P, and its usage errors."""
+    import subprocess
+    import sys
+    from conftest import REPO
+    script = str(REPO / "examples" / "torch_memory.py")
+    for mode in ("fastpath", "dhsa"):  # each a fresh process importing PyTorch: seconds
+        r = subprocess.run([sys.executable, script, "one", mode, "64"], capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0 and "peak_rss_bytes" in r.stdout, (mode, r.stdout, r.stderr)
+    for bad in (["one", "dhsa", "x"], ["one", "other", "64"], ["all", "--sizes", "1,2"]):
+        r = subprocess.run([sys.executable, script] + bad, capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 2 and "usage" in r.stderr, (bad, r.stderr)

@@ -25,7 +25,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ._ops import attention, mask_numpy
+from ._ops import _needs_graph, attention, mask_numpy
 
 
 def _leave_fused_paths(module, args):
@@ -167,7 +167,8 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
             out = out.squeeze(0)
         if not need_weights:
             return out, None
-        w = _weights(q4, k4, lse, kpm, dense, bool(is_causal), average_attn_weights)
+        args = (q4, k4, lse, kpm, dense, bool(is_causal), average_attn_weights)
+        w = _WeightsForwardOnly.apply(*args) if _needs_graph(q4, k4) else _weights(*args)
         return out, (w if batched else w.squeeze(0))
 
 
@@ -208,6 +209,21 @@ def _weights(q4, k4, lse, kpm, dense, causal, average):
     if average:
         out /= H
     return out
+
+
+class _WeightsForwardOnly(torch.autograd.Function):
+    """The weights inside an autograd graph: they divide by dhsa's
+    log-sum-exp, which has no gradient here, so backward refuses rather
+    than give a wrong one."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        return _weights(*args)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError("dhsa.torch: the attention weights come from dhsa's forward-only "
+                           "kernel (no backward): train with PyTorch's attention")
 
 
 def replace_multihead_attention(model):
