@@ -12,17 +12,23 @@ torch.inference_mode(), three ways on the same weights:
 
   python3 examples/torch_memory.py one MODE P     one forward; prints its peak RSS
                                                   (MODE none: the layer and inputs, no forward)
-  python3 examples/torch_memory.py all [--sizes 1024,2048,4096,8192] [--svg FILE] [--md FILE]
+  python3 examples/torch_memory.py all [--sizes 1024,2048,4096,8192] [--linear-sizes LIST]
+                                       [--svg FILE] [--md FILE]
 
 `all` first checks the three agree (max-abs-diff at P = 512) and runs
 dhsa.torch.find_square_intermediates on each at P = 512, then runs
 `build/dhsa memprobe --json` on `one MODE {n}` for each mode (a fresh
 process per size) with `one none {n}` as the baseline (the interpreter,
 PyTorch with its libraries, the weights and the inputs: what the process
-holds without the forward), and prints per size the peaks, the peaks above
-the baseline, the ratio fastpath/dhsa of those, and per mode the fit
-peak = a n^2 + b n + c with memprobe's verdict; --svg
-writes one plot of the three curves, --md the table as markdown. Exit 0
+holds without the forward), and prints per size the process peaks, the
+forward's own peak (each run resets VmHWM before its forward and prints
+the peak above the RSS before it), the ratio fastpath/dhsa of those, and
+per mode memprobe's fit peak = a n^2 + b n + c with its verdict. sdpa and
+dhsa run again at --linear-sizes when given (sizes where the fast path
+would not fit), where their growth shows above the high-water mark that
+importing PyTorch leaves (below it, their forwards do not move the
+process's peak, and the fit over the small sizes cannot say linear).
+--svg plots the forward peaks of the three modes, --md writes the table. Exit 0
 when everything ran, 1 when a run or check failed, 2 on usage errors, 3
 when PyTorch is not importable. Run from the repository root after `make`.
 """
@@ -39,7 +45,8 @@ sys.path.insert(0, str(ROOT / "python"))
 E, HEADS = 1024, 16
 MODES = ("fastpath", "sdpa", "dhsa")
 USAGE = ("usage: torch_memory.py one fastpath|sdpa|dhsa|none P\n"
-         "       torch_memory.py all [--sizes 1024,2048,4096,8192] [--svg FILE] [--md FILE]")
+         "       torch_memory.py all [--sizes 1024,2048,4096,8192] [--linear-sizes LIST] "
+         "[--svg FILE] [--md FILE]")
 
 
 def import_torch():
@@ -52,12 +59,28 @@ def import_torch():
     return torch
 
 
-def peak_rss_bytes():
+def _status(key):
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def peak_rss_bytes():
+    return _status("VmHWM")
+
+
+def reset_peak_rss():
+    """Resets VmHWM to the current RSS (Linux: /proc/self/clear_refs "5").
+    False where that is not allowed."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
 
 # ------------------------------------------------------------- forwards ---
 
@@ -109,11 +132,22 @@ def run_one(mode, P):
         import dhsa.torch  # noqa: F401  (what the dhsa mode imports too)
         print("mode none P %d: peak_rss_bytes %d" % (P, peak_rss_bytes()))
         return 0
+    if mode == "dhsa":  # load the library outside the measured forward
+        import dhsa.torch
+        dhsa._capi.lib()
+    before = _status("VmRSS")
+    reset = reset_peak_rss()
     t0 = time.perf_counter()
     out = forward(torch, mode, mha, x, pad)
     dt = time.perf_counter() - t0
-    print("mode %s P %d: output %s in %.3f s; peak_rss_bytes %d (%.1f MiB)"
-          % (mode, P, list(out.shape), dt, peak_rss_bytes(), peak_rss_bytes() / 2**20))
+    fwd = peak_rss_bytes() - before if reset else -1
+    print("mode %s P %d: output %s in %.3f s; forward_peak_bytes %d (the forward's peak RSS above "
+          "the RSS before it, %.1f MiB)" % (mode, P, list(out.shape), dt, fwd, fwd / 2**20))
+    print("peak_rss_bytes %d (%.1f MiB)" % (peak_rss_bytes(), peak_rss_bytes() / 2**20))
+    log = os.environ.get("TORCH_MEMORY_LOG")
+    if log:  # `all` reads the forward peaks from here (memprobe keeps no output of a good run)
+        with open(log, "a") as f:
+            f.write(json.dumps({"mode": mode, "P": P, "forward_peak_bytes": fwd}) + "\n")
     return 0
 
 # ------------------------------------------------------------------ all ---
@@ -171,14 +205,14 @@ def memprobe(mode, sizes):
 def svg_plot(path, sizes, peaks):
     """One line plot: peak RSS (GiB) over P for each mode."""
     W, H, ml, mr, mt, mb = 640, 400, 70, 140, 30, 50
-    ymax = max(max(v for v in p if v is not None) for p in peaks.values()) / 2**30 * 1.05
+    ymax = max([v for p in peaks.values() for v in p if v is not None] or [1]) / 2**30 * 1.05
     xmax = max(sizes)
     sx = lambda n: ml + (W - ml - mr) * n / xmax
     sy = lambda g: H - mb - (H - mt - mb) * g / ymax
     colors = {"fastpath": "#c0392b", "sdpa": "#2471a3", "dhsa": "#1e8449"}
     out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif"'
            ' font-size="12">' % (W, H), '<rect width="100%" height="100%" fill="white"/>',
-           '<text x="%d" y="18" font-size="14">Peak RSS of one MHA layer (E = 1024, 16 heads, '
+           '<text x="%d" y="18" font-size="14">Forward peak RSS of one MHA layer (E = 1024, 16 heads, '
            'key_padding_mask), eval + inference_mode</text>' % ml,
            '<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (ml, H - mb, W - mr, H - mb),
            '<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (ml, mt, ml, H - mb)]
@@ -208,27 +242,37 @@ def svg_plot(path, sizes, peaks):
     os.replace(tmp, path)
 
 
+def _sizes(text):
+    try:
+        v = sorted({int(x) for x in text.split(",")})
+    except ValueError:
+        return None
+    return v if len(v) >= 3 and v[0] >= 8 else None
+
+
 def run_all(argv):
-    sizes, svg, md = [1024, 2048, 4096, 8192], None, None
+    opts = {"--sizes": "1024,2048,4096,8192", "--linear-sizes": None, "--svg": None, "--md": None}
     i = 0
     while i < len(argv):
-        if argv[i] in ("--sizes", "--svg", "--md") and i + 1 < len(argv):
-            if argv[i] == "--sizes":
-                try:
-                    sizes = sorted({int(s) for s in argv[i + 1].split(",")})
-                except ValueError:
-                    sizes = []
-                if len(sizes) < 3 or sizes[0] < 1:
-                    sys.stderr.write("--sizes needs at least 3 distinct positive sizes\n" + USAGE + "\n")
-                    return 2
-            elif argv[i] == "--svg":
-                svg = argv[i + 1]
-            else:
-                md = argv[i + 1]
-            i += 2
-        else:
+        if argv[i] not in opts or i + 1 >= len(argv):
             sys.stderr.write(USAGE + "\n")
             return 2
+        opts[argv[i]] = argv[i + 1]
+        i += 2
+    sizes = _sizes(opts["--sizes"])
+    linear = _sizes(opts["--linear-sizes"]) if opts["--linear-sizes"] else sizes
+    if sizes is None or linear is None:
+        sys.stderr.write("--sizes and --linear-sizes need at least 3 distinct sizes >= 8\n"
+                         + USAGE + "\n")
+        return 2
+    # memprobe runs per mode: --sizes for all; --linear-sizes (where the fast
+    # path would not fit) again for sdpa and dhsa, whose growth stays under
+    # PyTorch's import spike at small P (see docs/torch.md)
+    runs = {"fastpath": [sizes], "sdpa": [sizes], "dhsa": [sizes]}
+    if linear != sizes:
+        runs["sdpa"].append(linear)
+        runs["dhsa"].append(linear)
+    allsizes = sorted(set(sizes) | set(linear))
     torch = import_torch()
     status = 0
     lines, ok = checks(torch)
@@ -236,43 +280,62 @@ def run_all(argv):
     if not ok:
         print("CHECK FAILED: the modes disagree or the finder's verdicts are not fastpath-only")
         status = 1
-    peaks, above, fits = {}, {}, {}
-    for m in MODES:
-        js, rc = memprobe(m, sizes)
-        status = status or (1 if rc else 0)
-        by_n = {r["n"]: r for r in js.get("results", []) if r.get("in_fit")}
-        peaks[m] = [by_n[n]["peak_bytes"] if n in by_n else None for n in sizes]
-        above[m] = [by_n[n]["peak_minus_baseline"] if n in by_n else None for n in sizes]
-        fits[m] = js
-    base = fits["dhsa"].get("baseline_bytes")
-    rows = ["peak RSS per process (memprobe), and above the baseline `one none {n}` (%s)"
-            % ("%.3f GiB" % (base / 2**30) if base else "not measured"),
+    peaks, fwd, fits = {}, {}, {}
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "forward.jsonl")
+        os.environ["TORCH_MEMORY_LOG"] = log
+        for m in MODES:
+            by_n = {}
+            fits[m] = []
+            for sz in runs[m]:
+                js, rc = memprobe(m, sz)
+                status = status or (1 if rc else 0)
+                by_n.update({r["n"]: r for r in js.get("results", []) if r.get("in_fit")})
+                fits[m].append((sz, js))
+            peaks[m] = [by_n[n]["peak_bytes"] if n in by_n else None for n in allsizes]
+        got = {}
+        if os.path.exists(log):
+            with open(log) as f:
+                for line in f:
+                    r = json.loads(line)
+                    if r["forward_peak_bytes"] >= 0:
+                        got[(r["mode"], r["P"])] = r["forward_peak_bytes"]
+        for m in MODES:
+            fwd[m] = [got.get((m, n)) if peaks[m][j] is not None else None
+                      for j, n in enumerate(allsizes)]
+    base = fits["dhsa"][0][1].get("baseline_bytes")
+    cell = lambda v: "%.3f GiB" % (v / 2**30) if v is not None else "-"
+    rows = ["Peak RSS of the process (memprobe; the baseline `one none {n}`, interpreter + "
+            "PyTorch + weights + inputs, is %s) and the forward's own peak (VmHWM reset before "
+            "it, minus the RSS before it)." % ("%.3f GiB" % (base / 2**30) if base else "?"),
             "",
-            "| P | fastpath | sdpa | dhsa | fastpath - base | sdpa - base | dhsa - base | "
-            "(fastpath - base) / (dhsa - base) |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    cell = lambda v: "%.3f GiB" % (v / 2**30) if v is not None else "failed"
-    for j, n in enumerate(sizes):
-        f, s, d = (peaks[m][j] for m in MODES)
-        fa, sa, da = (above[m][j] for m in MODES)
-        ratio = "%.1f" % (fa / da) if fa is not None and da and da > 0 else "-"
-        rows.append("| %d | %s | %s | %s | %s | %s | %s | %s |" % (
-            n, cell(f), cell(s), cell(d), cell(fa), cell(sa), cell(da), ratio))
+            "| P | peak fastpath | peak sdpa | peak dhsa | forward fastpath | forward sdpa | "
+            "forward dhsa | forward dhsa / P | fastpath / dhsa (forward) |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for j, n in enumerate(allsizes):
+        f, sd, d = (fwd[m][j] for m in MODES)
+        rows.append("| %d | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            n, cell(peaks["fastpath"][j]), cell(peaks["sdpa"][j]), cell(peaks["dhsa"][j]),
+            cell(f), cell(sd), cell(d), "%.1f KiB" % (d / n / 1024) if d else "-",
+            "%.1f" % (f / d) if f and d else "-"))
+    nan = float("nan")
     for m in MODES:
-        js = fits[m]
-        nan = float("nan")
-        rows.append("")
-        rows.append("%s: peak = %.4g n^2 + %.4g n + %.4g bytes (log-log slope %.2f); verdict %s: %s"
-                    % (m, js.get("a") or nan, js.get("b") or nan, js.get("c") or nan,
-                       js.get("slope") or nan, js.get("verdict"), js.get("verdict_reason")))
+        for sz, js in fits[m]:
+            rows.append("")
+            rows.append("%s (memprobe over %s): peak = %.4g n^2 + %.4g n + %.4g bytes, log-log "
+                        "slope %.2f above the baseline; verdict %s: %s"
+                        % (m, ",".join(map(str, sz)), js.get("a") or nan, js.get("b") or nan,
+                           js.get("c") or nan, js.get("slope") or nan, js.get("verdict"),
+                           js.get("verdict_reason")))
     text = "\n".join(rows)
     print(text)
-    if md:
-        with open(md, "w") as f:
+    if opts["--md"]:
+        with open(opts["--md"], "w") as f:
             f.write(text + "\n")
-    if svg:
-        svg_plot(svg, sizes, peaks)
-        print("plot: %s" % svg)
+    if opts["--svg"]:
+        svg_plot(opts["--svg"], allsizes, fwd)
+        print("plot: %s" % opts["--svg"])
     return status
 
 
