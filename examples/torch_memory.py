@@ -290,7 +290,14 @@ def run_all(argv):
             fits[m] = []
             for sz in runs[m]:
                 js, rc = memprobe(m, sz)
-                status = status or (1 if rc else 0)
+                if rc:
+                    status = 1
+                    print("memprobe %s over %s: exit %d; failures: %s" % (
+                        m, ",".join(map(str, sz)), rc, js.get("failures")))
+                    for r in js.get("results", []):
+                        if r.get("status") not in ("ok", None) and r.get("last_output"):
+                            print("  P = %d (%s): %s" % (r["n"], r["status"],
+                                                         r["last_output"].strip()[-400:]))
                 by_n.update({r["n"]: r for r in js.get("results", []) if r.get("in_fit")})
                 fits[m].append((sz, js))
             peaks[m] = [by_n[n]["peak_bytes"] if n in by_n else None for n in allsizes]
