@@ -394,7 +394,7 @@ static inline float as_half(float x) {
 
 static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
-/* Nearest q in [lo, hi] with x ~ s*q + o (s > 0), or q0 when s == 0. */
+/* Nearest q in [lo, hi] with x ~ s*q + o (s of either sign), or q0 when s == 0. */
 static inline int nearest_q(float x, float s, float o, int lo, int hi, int q0) {
     if (!(s != 0.0f)) return q0;
     return clampi((int)lrintf((x - o) / s), lo, hi);
