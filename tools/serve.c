@@ -1441,9 +1441,9 @@ static void setup(void) {
 }
 
 static void teardown(void) {
+    for (int64_t i = 0; i < S.n_slots; i++) dhsa_session_free(S.slots[i].s); /* before any ctx: they may share one */
     for (int64_t i = 0; i < S.n_slots; i++) {
         slot *sl = &S.slots[i];
-        dhsa_session_free(sl->s);
         if (!S.batch || i == 0) dhsa_ctx_free(sl->ctx);
         free(sl->tokens);
         free(sl->logits);
