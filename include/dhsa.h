@@ -1125,21 +1125,37 @@ dhsa_status dhsa_convert_llama2c(const char *bin_path, const char *tok_path, con
 /* ------------------------------------------------------------------------ */
 /* Model runner (src/model/model.c, docs/model.md)                          */
 
-typedef enum { DHSA_ARCH_LLAMA = 1, DHSA_ARCH_QWEN2 = 2, DHSA_ARCH_GEMMA2 = 3 } dhsa_arch;
+typedef enum {
+    DHSA_ARCH_LLAMA = 1,
+    DHSA_ARCH_QWEN2 = 2,
+    DHSA_ARCH_GEMMA2 = 3,
+    DHSA_ARCH_QWEN3 = 4,  /* qwen2 without required biases, plus per-head RMSNorm of q and k */
+    DHSA_ARCH_GEMMA3 = 5, /* gemma2 plus q/k norms, 5 sliding layers in 6, no softcaps by default */
+    DHSA_ARCH_PHI3 = 6    /* fused attn_qkv and gate/up (ffn_up holds 2 n_ff rows), LongRoPE factors */
+} dhsa_arch;
 
 /* Hyperparameters read from the GGUF metadata (docs/model.md). */
 typedef struct {
     dhsa_arch arch;
-    const char *arch_name;      /* "llama", "qwen2", "gemma2" */
+    const char *arch_name;      /* "llama", "qwen2", "gemma2", "qwen3", "gemma3", "phi3" */
     int64_t n_vocab, n_ctx_train, n_embd, n_layer, n_ff;
     int64_t n_head, n_head_kv, head_dim_k, head_dim_v, n_rot;
     float rms_eps, rope_base, rope_linear_factor;
-    int rope_neox;              /* 1: split-half pairs (qwen2, gemma2) */
+    int rope_neox;              /* 1: split-half pairs (all but llama) */
     int has_rope_freqs;         /* rope_freqs.weight present */
+    float rope_base_swa, rope_linear_factor_swa; /* RoPE of the sliding-window layers (gemma2: the
+                                   global ones'; gemma3: rope.freq_base_swa or 10000, no scaling) */
+    float rope_attn_factor;     /* rope.scaling.attn_factor: rotated q/k values scaled by it (1 = none) */
+    int has_rope_factors;       /* rope_factors_long/short.weight present (LongRoPE, phi3) */
+    int64_t n_ctx_orig;         /* rope.scaling.original_context_length: a session with a longer
+                                   context uses rope_factors_long, else rope_factors_short */
+    int qk_norm;                /* per-head RMSNorm of q and k before RoPE (qwen3, gemma3) */
+    int fused_ffn;              /* gate and up in one ffn_up.weight of 2 n_ff rows (phi3) */
     float attn_softcap, final_softcap; /* 0 = none */
     float attn_scale;           /* scores = q.k * attn_scale: 1/sqrt(head_dim_k), but gemma2 with
                                    46 layers (27B) 1/sqrt(n_embd / n_head), as llama.cpp */
-    int64_t sliding_window;     /* gemma2: window of the even layers; 0 = none */
+    int64_t sliding_window;     /* window of the sliding layers (gemma2, gemma3); 0 = none */
+    int64_t n_swa_layers;       /* how many layers slide (gemma2: the even ones; gemma3: 5 in 6) */
     int tied_output;            /* output.weight absent: token_embd used */
     uint32_t weight_type;       /* ggml type of most matrix bytes */
     int64_t n_params;           /* values in all tensors */

@@ -9,8 +9,9 @@
  *     Q6_K, IQ4_XS, decoded here from the byte layouts (f16 included), and a
  *     simple encoder for fixtures;
  *   - llmref_model: hyperparameters and weights from an open dhsa_gguf
- *     (architectures llama, qwen2, gemma2, with every optional tensor of
- *     docs/model.md: biases, fused QKV, rope_freqs, output.bias; a tensor
+ *     (architectures llama, qwen2, gemma2, qwen3, gemma3, phi3, with every
+ *     optional tensor of docs/model.md: biases, fused QKV, rope_freqs,
+ *     LongRoPE factors, output.bias; a tensor
  *     it does not read is an error naming it) or from a llama2.c
  *     checkpoint; every field is plain data, so a test can build a model
  *     by hand or change one field to make a deliberately wrong variant;
@@ -713,7 +714,16 @@ static inline uint64_t llmref__hash(uint64_t seed, const char *name) { /* FNV-1a
 /* --------------------------------------------------------------------- */
 /* The model                                                              */
 
-typedef enum { LLMREF_ARCH_LLAMA = 1, LLMREF_ARCH_QWEN2 = 2, LLMREF_ARCH_GEMMA2 = 3 } llmref_arch;
+typedef enum {
+    LLMREF_ARCH_LLAMA = 1,
+    LLMREF_ARCH_QWEN2 = 2,
+    LLMREF_ARCH_GEMMA2 = 3,
+    LLMREF_ARCH_QWEN3 = 4,
+    LLMREF_ARCH_GEMMA3 = 5,
+    LLMREF_ARCH_PHI3 = 6
+} llmref_arch;
+
+static inline int llmref__gemma(llmref_arch a) { return a == LLMREF_ARCH_GEMMA2 || a == LLMREF_ARCH_GEMMA3; }
 
 /* One block. Matrices are row-major [n_out][n_in] (a GGUF [n_in, n_out]
  * tensor as stored); NULL = absent. */
@@ -732,6 +742,7 @@ typedef struct {
     double *b_gate, *b_up;  /* [n_ff] ffn_gate.bias, ffn_up.bias; NULL = none */
     double *b_down;         /* [n_embd] ffn_down.bias; NULL = none */
     double *post_ffw_norm;  /* [n_embd]; NULL = none (gemma2 has it) */
+    double *q_norm, *k_norm; /* [hd_k]: each head of q and k is RMS-normed with it before RoPE; NULL = none */
 } llmref_layer;
 
 /* The whole model. The loader sets every field from the file and
@@ -750,20 +761,31 @@ typedef struct {
                                1/sqrt(n_embd / n_head)) */
     double attn_softcap;    /* s = cap tanh(s / cap); 0 = none */
     double final_softcap;   /* same on the logits; 0 = none */
-    int64_t sliding_window; /* > 0: layers with even index see keys at p' > p - window */
-    int gelu;               /* FFN activation: 1 GELU (tanh form, gemma2), 0 SiLU */
+    int64_t sliding_window; /* > 0: the sliding layers (below) see keys at p' > p - window */
+    int64_t swa_pattern;    /* which layers slide, as llama.cpp's pattern n: l % n < n - 1 (0: all,
+                               -1: none); gemma2 2 (the even layers), gemma3 6 (5 in 6) */
+    uint8_t *swa;           /* or one flag per layer [n_layer] (NULL: the pattern decides) */
+    double rope_base_swa;   /* theta of the sliding layers (gemma2: rope_base; gemma3: 10000) */
+    double rope_factor_swa; /* their linear factor (gemma2: rope_factor; gemma3: 1) */
+    double rope_attn_factor; /* rotated q, k values are multiplied by it (rope.scaling.attn_factor; 1 = none) */
+    int64_t n_ctx_orig;     /* rope.scaling.original_context_length (LongRoPE: above it, the long factors) */
+    int gelu;               /* FFN activation: 1 GELU (tanh form, gemma2/3), 0 SiLU */
     /* Which optional arrays llmref_model_alloc allocates. */
     int has_biases;         /* bq, bk, bv in every layer */
     int has_mlp_biases;     /* bo, b_gate, b_up, b_down in every layer */
     int has_output_bias;    /* output_bias */
     int has_post_norms;     /* post_attn_norm, post_ffw_norm in every layer */
     int has_rope_freqs;     /* rope_freqs */
+    int has_qk_norm;        /* q_norm, k_norm in every layer (qwen3, gemma3) */
     int tied;               /* output == tok_embd */
     double *tok_embd;       /* [n_vocab][n_embd] */
     double *output_norm;    /* [n_embd] */
     double *output;         /* [n_vocab][n_embd]; the tok_embd pointer when tied */
     double *output_bias;    /* [n_vocab] output.bias; NULL = none */
     double *rope_freqs;     /* [n_rot/2]: theta_i is divided by it; NULL = none */
+    double *rope_long, *rope_short; /* [n_rot/2] rope_factors_long/short; NULL = none */
+    const double *rope_factors; /* the LongRoPE factors in use, divided like rope_freqs (when that is
+                               NULL): rope_short as loaded; llmref_model_set_ctx picks by context */
     llmref_layer *layers;   /* [n_layer] */
 } llmref_model;
 
@@ -776,7 +798,8 @@ static inline void llmref_model_free(llmref_model *m) {
             llmref_layer *L = &m->layers[l];
             double *arrs[] = {L->attn_norm, L->wq, L->wk,       L->wv,     L->bq,     L->bk,
                               L->bv,        L->wo, L->post_attn_norm, L->ffn_norm, L->w_gate, L->w_up,
-                              L->w_down,    L->post_ffw_norm, L->bo, L->b_gate, L->b_up, L->b_down};
+                              L->w_down,    L->post_ffw_norm, L->bo, L->b_gate, L->b_up, L->b_down,
+                              L->q_norm,    L->k_norm};
             for (size_t i = 0; i < sizeof arrs / sizeof arrs[0]; i++) free(arrs[i]);
         }
         free(m->layers);
@@ -786,6 +809,9 @@ static inline void llmref_model_free(llmref_model *m) {
     free(m->output_norm);
     free(m->output_bias);
     free(m->rope_freqs);
+    free(m->rope_long);
+    free(m->rope_short);
+    free(m->swa);
     memset(m, 0, sizeof *m);
 }
 
@@ -805,6 +831,9 @@ static inline int llmref_model_alloc(llmref_model *m) {
             dv = m->n_head_kv * m->hd_v, da = m->n_head * m->hd_v;
     m->layers = NULL;
     m->rope_freqs = NULL;
+    m->rope_long = m->rope_short = NULL;
+    m->rope_factors = NULL;
+    m->swa = NULL;
     m->tok_embd = llmref__zeros(m->n_vocab * E, &ok);
     m->output_norm = llmref__zeros(E, &ok);
     m->output = m->tied ? m->tok_embd : llmref__zeros(m->n_vocab * E, &ok);
@@ -842,6 +871,10 @@ static inline int llmref_model_alloc(llmref_model *m) {
             L->post_attn_norm = llmref__zeros(E, &ok);
             L->post_ffw_norm = llmref__zeros(E, &ok);
         }
+        if (m->has_qk_norm) {
+            L->q_norm = llmref__zeros(m->hd_k, &ok);
+            L->k_norm = llmref__zeros(m->hd_k, &ok);
+        }
     }
     if (!ok) {
         llmref_model_free(m);
@@ -852,16 +885,39 @@ static inline int llmref_model_alloc(llmref_model *m) {
 
 /* Sets the fields docs/model.md derives from the architecture and the
  * sizes (call after n_embd, n_head, n_layer and hd_k are set): RoPE
- * pairing, embedding scale, activation, attention scale. The scale is
- * 1/sqrt(hd_k), except for a gemma2 of 46 layers (Gemma 2 27B, whose
- * query_pre_attn_scalar is n_embd / n_head, integer division, not the
- * head dim): 1/sqrt(n_embd / n_head). Does not touch eps, caps or window. */
+ * pairing, embedding scale, activation, attention scale, q/k norms, which
+ * layers slide, and the RoPE of the sliding layers (rope_base_swa = 10000
+ * for gemma3, else rope_base; call after rope_base and rope_factor are
+ * set) and an attn_factor of 1. The scale is 1/sqrt(hd_k), except for a
+ * gemma2 of 46 layers and a gemma3 of 62 (Gemma 2 and 3 27B, whose
+ * query_pre_attn_scalar is n_embd / n_head, integer division, not the head
+ * dim): 1/sqrt(n_embd / n_head). Does not touch eps, caps or window. */
 static inline void llmref_model_derive(llmref_model *m) {
+    int gemma = llmref__gemma(m->arch);
     m->rope_neox = m->arch != LLMREF_ARCH_LLAMA;
-    m->embd_scale = m->arch == LLMREF_ARCH_GEMMA2 ? sqrt((double)m->n_embd) : 1.0;
-    m->gelu = m->arch == LLMREF_ARCH_GEMMA2;
-    int gemma2_27b = m->arch == LLMREF_ARCH_GEMMA2 && m->n_layer == 46;
-    m->attn_scale = 1.0 / sqrt((double)(gemma2_27b ? m->n_embd / m->n_head : m->hd_k));
+    m->embd_scale = gemma ? sqrt((double)m->n_embd) : 1.0;
+    m->gelu = gemma;
+    m->has_qk_norm = m->arch == LLMREF_ARCH_QWEN3 || m->arch == LLMREF_ARCH_GEMMA3;
+    int big = (m->arch == LLMREF_ARCH_GEMMA2 && m->n_layer == 46) || (m->arch == LLMREF_ARCH_GEMMA3 && m->n_layer == 62);
+    m->attn_scale = 1.0 / sqrt((double)(big ? m->n_embd / m->n_head : m->hd_k));
+    m->swa_pattern = m->arch == LLMREF_ARCH_GEMMA2 ? 2 : m->arch == LLMREF_ARCH_GEMMA3 ? 6 : -1;
+    m->rope_base_swa = m->arch == LLMREF_ARCH_GEMMA3 ? 10000.0 : m->rope_base;
+    m->rope_factor_swa = m->arch == LLMREF_ARCH_GEMMA3 ? 1.0 : m->rope_factor;
+    m->rope_attn_factor = 1.0;
+}
+
+/* Whether layer l slides (given a window). */
+static inline int llmref_layer_slides(const llmref_model *m, int64_t l) {
+    if (m->sliding_window <= 0) return 0;
+    if (m->swa) return m->swa[l] != 0;
+    int64_t n = m->swa_pattern;
+    return n == 0 || (n > 0 && l % n < n - 1);
+}
+
+/* LongRoPE: the factors a session of n_ctx tokens uses, as llama.cpp
+ * picks them: rope_long above n_ctx_orig, else rope_short. */
+static inline void llmref_model_set_ctx(llmref_model *m, int64_t n_ctx) {
+    m->rope_factors = n_ctx > m->n_ctx_orig ? m->rope_long : m->rope_short;
 }
 
 /* ---- reading GGUF metadata ---- */
@@ -974,12 +1030,15 @@ static inline int llmref_model_load(const dhsa_gguf *g, llmref_model *m) {
     if (strcmp(arch, "llama") == 0) m->arch = LLMREF_ARCH_LLAMA;
     else if (strcmp(arch, "qwen2") == 0) m->arch = LLMREF_ARCH_QWEN2;
     else if (strcmp(arch, "gemma2") == 0) m->arch = LLMREF_ARCH_GEMMA2;
+    else if (strcmp(arch, "qwen3") == 0) m->arch = LLMREF_ARCH_QWEN3;
+    else if (strcmp(arch, "gemma3") == 0) m->arch = LLMREF_ARCH_GEMMA3;
+    else if (strcmp(arch, "phi3") == 0) m->arch = LLMREF_ARCH_PHI3;
     else {
         char pb[200];
-        return llmref__fail("model: architecture '%s' is not llama, qwen2 or gemma2",
+        return llmref__fail("model: architecture '%s' is not llama, qwen2, gemma2, qwen3, gemma3 or phi3",
                             llmref__printable(arch, pb, sizeof pb));
     }
-    int gemma = m->arch == LLMREF_ARCH_GEMMA2;
+    int gemma = llmref__gemma(m->arch);
     char key[160];
 #define LLMREF_KEY(suffix) (snprintf(key, sizeof key, "%s.%s", arch, suffix), key)
     if (llmref__kv_int(g, LLMREF_KEY("context_length"), 0, 1, &m->n_ctx_train) ||
@@ -1015,12 +1074,21 @@ static inline int llmref_model_load(const dhsa_gguf *g, llmref_model *m) {
     if (m->rope_factor == 0) m->rope_factor = 1.0; /* llama.cpp: 0 = unset */
     if (!(m->rope_factor > 0) || !(m->rope_base > 0))
         return llmref__fail("model: rope base %g / factor %g", m->rope_base, m->rope_factor);
-    if (gemma) {
+    if (m->arch == LLMREF_ARCH_GEMMA2) {
         if (llmref__kv_float(g, "gemma2.attn_logit_softcapping", 50.0, &m->attn_softcap) ||
             llmref__kv_float(g, "gemma2.final_logit_softcapping", 30.0, &m->final_softcap) ||
             llmref__kv_int(g, "gemma2.attention.sliding_window", 4096, 0, &m->sliding_window))
             return -1;
     }
+    /* gemma3: no attention cap; a final cap and a window only when given */
+    if (m->arch == LLMREF_ARCH_GEMMA3 &&
+        (llmref__kv_float(g, "gemma3.final_logit_softcapping", 0.0, &m->final_softcap) ||
+         llmref__kv_int(g, "gemma3.attention.sliding_window", 0, 0, &m->sliding_window)))
+        return -1;
+    double attn_factor = 1;
+    if (llmref__kv_float(g, LLMREF_KEY("rope.scaling.attn_factor"), 1.0, &attn_factor) ||
+        llmref__kv_int(g, LLMREF_KEY("rope.scaling.original_context_length"), m->n_ctx_train, 0, &m->n_ctx_orig))
+        return -1;
 #undef LLMREF_KEY
     int64_t ti = dhsa_gguf_find_tensor(g, "token_embd.weight");
     if (ti < 0) return llmref__fail("model: tensor token_embd.weight is absent");
@@ -1033,7 +1101,33 @@ static inline int llmref_model_load(const dhsa_gguf *g, llmref_model *m) {
     m->has_mlp_biases = 0;
     m->has_output_bias = 0;
     llmref_model_derive(m);
-    if (llmref_model_alloc(m)) return -1;
+    m->rope_attn_factor = attn_factor;
+    /* the sliding layers (gemma2, and gemma3 with a window): their RoPE
+     * base and which ones; phi3's sliding_window is not read (llama.cpp
+     * disables it) */
+    uint8_t *swa = NULL;
+    if (m->arch == LLMREF_ARCH_GEMMA2 || (m->arch == LLMREF_ARCH_GEMMA3 && m->sliding_window > 0)) {
+        char k2[96];
+        snprintf(k2, sizeof k2, "%s.rope.freq_base_swa", arch);
+        if (llmref__kv_float(g, k2, m->rope_base_swa, &m->rope_base_swa)) return -1;
+        snprintf(k2, sizeof k2, "%s.attention.sliding_window_pattern", arch);
+        int64_t pi = dhsa_gguf_find_kv(g, k2);
+        const dhsa_gguf_kv *pkv = pi >= 0 ? dhsa_gguf_kv_at(g, pi) : NULL;
+        if (pkv && pkv->type == DHSA_GGUF_ARRAY) {
+            if (pkv->arr.type != DHSA_GGUF_BOOL || pkv->arr.n != m->n_layer)
+                return llmref__fail("model: %s is not one BOOL per layer", k2);
+            swa = malloc((size_t)m->n_layer);
+            if (!swa) return llmref__fail("model: out of memory");
+            memcpy(swa, pkv->arr.data, (size_t)m->n_layer);
+        } else if (pkv && llmref__kv_int(g, k2, 0, 1, &m->swa_pattern)) {
+            return -1;
+        }
+    }
+    if (llmref_model_alloc(m)) {
+        free(swa);
+        return -1;
+    }
+    m->swa = swa;
     int64_t n_tensors = dhsa_gguf_n_tensors(g);
     llmref__used = calloc((size_t)(n_tensors > 0 ? n_tensors : 1), 1);
     if (!llmref__used) {
@@ -1048,8 +1142,15 @@ static inline int llmref_model_load(const dhsa_gguf *g, llmref_model *m) {
         llmref__load_tensor(g, "output_norm.weight", E, 0, m->output_norm, NULL) ||
         (!m->tied && llmref__load_tensor(g, "output.weight", E, m->n_vocab, m->output, NULL)) ||
         (m->rope_freqs && llmref__load_tensor(g, "rope_freqs.weight", m->n_rot / 2, 0, m->rope_freqs, NULL)) ||
-        llmref__load_optional(g, "output.bias", m->n_vocab, 0, &m->output_bias))
+        llmref__load_optional(g, "output.bias", m->n_vocab, 0, &m->output_bias) ||
+        llmref__load_optional(g, "rope_factors_long.weight", m->n_rot / 2, 0, &m->rope_long) ||
+        llmref__load_optional(g, "rope_factors_short.weight", m->n_rot / 2, 0, &m->rope_short))
         goto fail;
+    if (m->rope_freqs && (m->rope_long || m->rope_short)) {
+        llmref__fail("model: rope_freqs.weight and rope_factors_long/short.weight are two sets of factors");
+        goto fail;
+    }
+    m->rope_factors = m->rope_short; /* a context up to n_ctx_orig; llmref_model_set_ctx changes it */
     for (int64_t l = 0; l < m->n_layer; l++) {
         llmref_layer *L = &m->layers[l];
 #define LLMREF_T(suffix) (snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, suffix), name)
@@ -1075,17 +1176,49 @@ static inline int llmref_model_load(const dhsa_gguf *g, llmref_model *m) {
         if (llmref__load_tensor(g, LLMREF_T("attn_norm.weight"), E, 0, L->attn_norm, NULL) ||
             llmref__load_tensor(g, LLMREF_T("attn_output.weight"), da, E, L->wo, NULL) ||
             llmref__load_tensor(g, LLMREF_T("ffn_norm.weight"), E, 0, L->ffn_norm, NULL) ||
-            llmref__load_tensor(g, LLMREF_T("ffn_gate.weight"), E, F, L->w_gate, NULL) ||
-            llmref__load_tensor(g, LLMREF_T("ffn_up.weight"), E, F, L->w_up, NULL) ||
             llmref__load_tensor(g, LLMREF_T("ffn_down.weight"), F, E, L->w_down, NULL))
             goto fail;
+        if (m->has_qk_norm && (llmref__load_tensor(g, LLMREF_T("attn_q_norm.weight"), m->hd_k, 0, L->q_norm, NULL) ||
+                               llmref__load_tensor(g, LLMREF_T("attn_k_norm.weight"), m->hd_k, 0, L->k_norm, NULL)))
+            goto fail;
+        if (m->arch == LLMREF_ARCH_PHI3) {
+            /* one ffn_up [n_embd, 2 n_ff]: rows 0..n_ff-1 the gate, the rest up;
+             * its optional bias [2 n_ff] the same */
+            int ok = 1;
+            double *f = llmref__zeros(2 * F * E, &ok), *fb = NULL;
+            if (!ok || llmref__load_tensor(g, LLMREF_T("ffn_up.weight"), E, 2 * F, f, NULL) ||
+                llmref__load_optional(g, LLMREF_T("ffn_up.bias"), 2 * F, 0, &fb)) {
+                if (!ok) llmref__fail("model: out of memory");
+                free(f);
+                goto fail;
+            }
+            memcpy(L->w_gate, f, (size_t)(F * E) * sizeof *f);
+            memcpy(L->w_up, f + F * E, (size_t)(F * E) * sizeof *f);
+            free(f);
+            if (fb) {
+                L->b_gate = llmref__zeros(F, &ok);
+                L->b_up = llmref__zeros(F, &ok);
+                if (ok) {
+                    memcpy(L->b_gate, fb, (size_t)F * sizeof *fb);
+                    memcpy(L->b_up, fb + F, (size_t)F * sizeof *fb);
+                }
+                free(fb);
+                if (!ok) {
+                    llmref__fail("model: out of memory");
+                    goto fail;
+                }
+            }
+        } else if (llmref__load_tensor(g, LLMREF_T("ffn_gate.weight"), E, F, L->w_gate, NULL) ||
+                   llmref__load_tensor(g, LLMREF_T("ffn_up.weight"), E, F, L->w_up, NULL) ||
+                   llmref__load_optional(g, LLMREF_T("ffn_gate.bias"), F, 0, &L->b_gate) ||
+                   llmref__load_optional(g, LLMREF_T("ffn_up.bias"), F, 0, &L->b_up)) {
+            goto fail;
+        }
         if (gemma && (llmref__load_tensor(g, LLMREF_T("post_attention_norm.weight"), E, 0, L->post_attn_norm, NULL) ||
                       llmref__load_tensor(g, LLMREF_T("post_ffw_norm.weight"), E, 0, L->post_ffw_norm, NULL)))
             goto fail;
         /* optional biases of the output projection and the MLP (any architecture) */
         if (llmref__load_optional(g, LLMREF_T("attn_output.bias"), E, 0, &L->bo) ||
-            llmref__load_optional(g, LLMREF_T("ffn_gate.bias"), F, 0, &L->b_gate) ||
-            llmref__load_optional(g, LLMREF_T("ffn_up.bias"), F, 0, &L->b_up) ||
             llmref__load_optional(g, LLMREF_T("ffn_down.bias"), E, 0, &L->b_down))
             goto fail;
         /* Q/K/V biases: a fused [dq + dk + dv] cut like the fused matrix, or
@@ -1276,20 +1409,33 @@ static inline void llmref_matvec(double *y, const double *W, const double *x, co
 }
 
 /* Rotates one head vector v [hd_k] for position pos: pair i < n_rot/2 turns
- * by theta_i = (pos / rope_factor) * base^(-2i/n_rot) / rope_freqs[i];
- * dims at or above n_rot stay. */
-static inline void llmref_rope(const llmref_model *m, double *v, int64_t pos) {
+ * by theta_i = (pos / rope_factor) * base^(-2i/n_rot) / ff_i (ff: rope_freqs,
+ * else the LongRoPE factors in use, else 1) and both its values are then
+ * multiplied by rope_attn_factor (llama.cpp's mscale on cos and sin); dims
+ * at or above n_rot stay. A sliding layer uses rope_base_swa and
+ * rope_factor_swa instead. */
+static inline void llmref_rope_layer(const llmref_model *m, double *v, int64_t pos, int sliding) {
     int64_t half = m->n_rot / 2;
-    double p = (double)pos / m->rope_factor;
+    double p = (double)pos / (sliding ? m->rope_factor_swa : m->rope_factor);
+    double base = sliding ? m->rope_base_swa : m->rope_base;
+    const double *ff = m->rope_freqs ? m->rope_freqs : m->rope_factors;
     for (int64_t i = 0; i < half; i++) {
-        double theta = p * pow(m->rope_base, -2.0 * (double)i / (double)m->n_rot);
-        if (m->rope_freqs) theta /= m->rope_freqs[i];
-        double c = cos(theta), s = sin(theta);
+        double theta = p * pow(base, -2.0 * (double)i / (double)m->n_rot);
+        if (ff) theta /= ff[i];
+        double c = cos(theta) * m->rope_attn_factor, s = sin(theta) * m->rope_attn_factor;
         int64_t ia = m->rope_neox ? i : 2 * i, ib = m->rope_neox ? i + half : 2 * i + 1;
         double a = v[ia], b = v[ib];
         v[ia] = a * c - b * s;
         v[ib] = a * s + b * c;
     }
+}
+
+/* The global layers' rotation. */
+static inline void llmref_rope(const llmref_model *m, double *v, int64_t pos) { llmref_rope_layer(m, v, pos, 0); }
+
+/* Each of the heads [heads][hd] of v RMS-normed with w [hd] (q/k norm). */
+static inline void llmref_head_norm(double *v, const double *w, int64_t heads, int64_t hd, double eps) {
+    for (int64_t h = 0; h < heads; h++) llmref_rmsnorm(v + h * hd, v + h * hd, w, hd, eps);
 }
 
 static inline double llmref_silu(double z) { return z / (1.0 + exp(-z)); }
@@ -1342,16 +1488,18 @@ static inline int llmref_forward_ex(const llmref_model *m, const int32_t *ids, i
 
     for (int64_t il = 0; il < m->n_layer; il++) {
         const llmref_layer *L = &m->layers[il];
-        /* attention: q, k, v of every token, rotated */
+        int sliding = llmref_layer_slides(m, il);
+        /* attention: q, k, v of every token, (q/k-normed per head,) rotated */
         for (int64_t t = 0; t < n; t++) {
             llmref_rmsnorm(h, x + t * E, L->attn_norm, E, m->rms_eps);
             llmref_matvec(q + t * H * dk, L->wq, h, L->bq, H * dk, E);
             llmref_matvec(k + t * Hkv * dk, L->wk, h, L->bk, Hkv * dk, E);
             llmref_matvec(v + t * Hkv * dv, L->wv, h, L->bv, Hkv * dv, E);
-            for (int64_t hh = 0; hh < H; hh++) llmref_rope(m, q + (t * H + hh) * dk, o->pos0 + t);
-            for (int64_t hh = 0; hh < Hkv; hh++) llmref_rope(m, k + (t * Hkv + hh) * dk, o->pos0 + t);
+            if (L->q_norm) llmref_head_norm(q + t * H * dk, L->q_norm, H, dk, m->rms_eps);
+            if (L->k_norm) llmref_head_norm(k + t * Hkv * dk, L->k_norm, Hkv, dk, m->rms_eps);
+            for (int64_t hh = 0; hh < H; hh++) llmref_rope_layer(m, q + (t * H + hh) * dk, o->pos0 + t, sliding);
+            for (int64_t hh = 0; hh < Hkv; hh++) llmref_rope_layer(m, k + (t * Hkv + hh) * dk, o->pos0 + t, sliding);
         }
-        int sliding = m->sliding_window > 0 && il % 2 == 0;
         for (int64_t t = 0; t < n; t++) {
             int64_t p = o->pos0 + t;
             for (int64_t hh = 0; hh < H; hh++) {
@@ -1464,7 +1612,9 @@ static inline int llmref_greedy(const llmref_model *m, int32_t *seq, int64_t n_p
 /* What a fixture holds. Fields that name an optional key: 0 (or NULL)
  * leaves the key out, so the reader's default applies. */
 typedef struct {
-    const char *arch;          /* general.architecture: "llama", "qwen2", "gemma2" (written as given) */
+    const char *arch;          /* general.architecture: "llama", "qwen2", "gemma2", "qwen3", "gemma3",
+                                  "phi3" (written as given); qwen3 and gemma3 get attn_q/k_norm, gemma2
+                                  and gemma3 post norms, phi3 one ffn_up of 2 n_ff rows (no ffn_gate) */
     uint32_t wtype;            /* ggml type of the layer matrices */
     uint32_t embd_type;        /* token_embd.weight */
     uint32_t output_type;      /* output.weight (when not tied) */
@@ -1486,7 +1636,12 @@ typedef struct {
     double rms_eps;            /* attention.layer_norm_rms_epsilon; 0: key out */
     double attn_softcap;       /* gemma2.attn_logit_softcapping; 0: key out (50) */
     double final_softcap;      /* gemma2.final_logit_softcapping; 0: key out (30) */
-    int64_t sliding_window;    /* gemma2.attention.sliding_window; 0: key out (4096) */
+    int64_t sliding_window;    /* A.attention.sliding_window; 0: key out (gemma2 4096, gemma3 none) */
+    int64_t swa_pattern;       /* A.attention.sliding_window_pattern; 0: key out (gemma2 2, gemma3 6) */
+    double rope_base_swa;      /* A.rope.freq_base_swa; 0: key out */
+    int rope_factors;          /* write rope_factors_long/short.weight [n_rot/2], values in [1, 4) */
+    double rope_attn_factor;   /* A.rope.scaling.attn_factor; 0: key out (1) */
+    int64_t n_ctx_orig;        /* A.rope.scaling.original_context_length; 0: key out (n_ctx_train) */
     int tied;                  /* 1: no output.weight */
     dhsa_gguf_type int_type;   /* type of the integer keys; 0 (UINT8, too small) means UINT32 */
     int f64_keys;              /* 1: float keys as FLOAT64 (else FLOAT32) */
@@ -1501,7 +1656,9 @@ typedef struct {
  * n_vocab 320 (3 control, 256 byte tokens, 61 pieces), 2 layers, separate
  * output, every optional key written except rope scaling; qwen2 gets
  * biases; gemma2 gets caps small enough to act (attn 5, final 3) and a
- * window of 5. */
+ * window of 5; gemma3 a window of 5 on every other layer (pattern 2, so
+ * both kinds of layer are among the two) with a local RoPE base of 1000;
+ * phi3 a fused attn_qkv. */
 static inline llmref_spec llmref_spec_default(const char *arch, uint32_t wtype) {
     llmref_spec s;
     memset(&s, 0, sizeof s);
@@ -1520,13 +1677,19 @@ static inline llmref_spec llmref_spec_default(const char *arch, uint32_t wtype) 
     s.n_rot = s.head_dim;
     s.n_ctx_train = 256;
     s.rope_base = 10000;
-    s.rms_eps = strcmp(arch, "gemma2") == 0 ? 1e-6 : 1e-5;
+    s.rms_eps = strcmp(arch, "gemma2") == 0 || strcmp(arch, "gemma3") == 0 ? 1e-6 : 1e-5;
     s.biases = strcmp(arch, "qwen2") == 0;
     if (strcmp(arch, "gemma2") == 0) {
         s.attn_softcap = 5;
         s.final_softcap = 3;
         s.sliding_window = 5;
     }
+    if (strcmp(arch, "gemma3") == 0) {
+        s.sliding_window = 5;
+        s.swa_pattern = 2;
+        s.rope_base_swa = 1000;
+    }
+    s.fused_qkv = strcmp(arch, "phi3") == 0;
     s.int_type = DHSA_GGUF_UINT32;
     s.seed = 1;
     return s;
@@ -1716,6 +1879,10 @@ static inline int llmref_fixture_build(const llmref_spec *s, uint8_t **bytes, si
     if (s->attn_softcap != 0) llmref__fx_float(&fx, LLMREF_K("attn_logit_softcapping"), s->attn_softcap);
     if (s->final_softcap != 0) llmref__fx_float(&fx, LLMREF_K("final_logit_softcapping"), s->final_softcap);
     if (s->sliding_window) llmref__fx_int(&fx, LLMREF_K("attention.sliding_window"), s->sliding_window);
+    if (s->swa_pattern) llmref__fx_int(&fx, LLMREF_K("attention.sliding_window_pattern"), s->swa_pattern);
+    if (s->rope_base_swa != 0) llmref__fx_float(&fx, LLMREF_K("rope.freq_base_swa"), s->rope_base_swa);
+    if (s->rope_attn_factor != 0) llmref__fx_float(&fx, LLMREF_K("rope.scaling.attn_factor"), s->rope_attn_factor);
+    if (s->n_ctx_orig) llmref__fx_int(&fx, LLMREF_K("rope.scaling.original_context_length"), s->n_ctx_orig);
 #undef LLMREF_K
 
     /* vocabulary */
@@ -1746,7 +1913,12 @@ static inline int llmref_fixture_build(const llmref_spec *s, uint8_t **bytes, si
     if (s->output_bias) llmref__fx_tensor(&fx, "output.bias", s->norm_type, s->n_vocab, 0, 2);
     if (s->extra_tensor) llmref__fx_tensor(&fx, s->extra_tensor, LLMREF_F32, E, 0, 1);
     if (s->rope_freqs) llmref__fx_tensor(&fx, "rope_freqs.weight", LLMREF_F32, rot / 2, 0, 3);
-    int gemma = strcmp(A, "gemma2") == 0;
+    if (s->rope_factors) {
+        llmref__fx_tensor(&fx, "rope_factors_long.weight", LLMREF_F32, rot / 2, 0, 3);
+        llmref__fx_tensor(&fx, "rope_factors_short.weight", LLMREF_F32, rot / 2, 0, 3);
+    }
+    int gemma = strcmp(A, "gemma2") == 0 || strcmp(A, "gemma3") == 0;
+    int qk_norm = strcmp(A, "qwen3") == 0 || strcmp(A, "gemma3") == 0, fused_ffn = strcmp(A, "phi3") == 0;
     for (int64_t l = 0; l < s->n_layer; l++) {
 #define LLMREF_N(suffix) (snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, suffix), name)
         llmref__fx_tensor(&fx, LLMREF_N("attn_norm.weight"), s->norm_type, E, 0, 1);
@@ -1764,14 +1936,25 @@ static inline int llmref_fixture_build(const llmref_spec *s, uint8_t **bytes, si
             llmref__fx_tensor(&fx, LLMREF_N("attn_k.bias"), s->norm_type, n_kv * hdk, 0, 2);
             llmref__fx_tensor(&fx, LLMREF_N("attn_v.bias"), s->norm_type, n_kv * hdv, 0, 2);
         }
+        if (qk_norm) {
+            llmref__fx_tensor(&fx, LLMREF_N("attn_q_norm.weight"), s->norm_type, hdk, 0, 1);
+            llmref__fx_tensor(&fx, LLMREF_N("attn_k_norm.weight"), s->norm_type, hdk, 0, 1);
+        }
         llmref__fx_tensor(&fx, LLMREF_N("attn_output.weight"), s->wtype, s->n_head * hdv, E, 0);
         if (s->out_bias) llmref__fx_tensor(&fx, LLMREF_N("attn_output.bias"), s->norm_type, E, 0, 2);
         if (gemma) llmref__fx_tensor(&fx, LLMREF_N("post_attention_norm.weight"), s->norm_type, E, 0, 1);
         llmref__fx_tensor(&fx, LLMREF_N("ffn_norm.weight"), s->norm_type, E, 0, 1);
-        llmref__fx_tensor(&fx, LLMREF_N("ffn_gate.weight"), s->wtype, E, s->n_ff, 0);
-        llmref__fx_tensor(&fx, LLMREF_N("ffn_up.weight"), s->wtype, E, s->n_ff, 0);
+        if (fused_ffn) {
+            llmref__fx_tensor(&fx, LLMREF_N("ffn_up.weight"), s->wtype, E, 2 * s->n_ff, 0);
+        } else {
+            llmref__fx_tensor(&fx, LLMREF_N("ffn_gate.weight"), s->wtype, E, s->n_ff, 0);
+            llmref__fx_tensor(&fx, LLMREF_N("ffn_up.weight"), s->wtype, E, s->n_ff, 0);
+        }
         llmref__fx_tensor(&fx, LLMREF_N("ffn_down.weight"), s->wtype, s->n_ff, E, 0);
-        if (s->ffn_biases) {
+        if (s->ffn_biases && fused_ffn) {
+            llmref__fx_tensor(&fx, LLMREF_N("ffn_up.bias"), s->norm_type, 2 * s->n_ff, 0, 2);
+            llmref__fx_tensor(&fx, LLMREF_N("ffn_down.bias"), s->norm_type, E, 0, 2);
+        } else if (s->ffn_biases) {
             llmref__fx_tensor(&fx, LLMREF_N("ffn_gate.bias"), s->norm_type, s->n_ff, 0, 2);
             llmref__fx_tensor(&fx, LLMREF_N("ffn_up.bias"), s->norm_type, s->n_ff, 0, 2);
             llmref__fx_tensor(&fx, LLMREF_N("ffn_down.bias"), s->norm_type, E, 0, 2);

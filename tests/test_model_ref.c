@@ -1,7 +1,7 @@
 /* test_model_ref.c: the runner against the naive double-precision forward
  * of tests/llm_ref.h (written separately from docs/model.md, sharing no
  * kernel with the library), on tiny random models the test generates:
- * llama, qwen2 and gemma2, each with matrices in F32, F16, BF16, Q8_0,
+ * llama, qwen2, gemma2, qwen3, gemma3 and phi3, each with matrices in F32, F16, BF16, Q8_0,
  * Q4_0, Q4_K, Q6_K, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, Q5_K and IQ4_XS;
  * models written by `dhsa gen-model --type T` for every type, held to 1e-5
  * relative (L2) of the reference, prefill and decode; plus RoPE variants (rope_freqs, linear scaling,
@@ -39,7 +39,7 @@ static const uint32_t types[] = {LLMREF_F32,  LLMREF_F16,  LLMREF_BF16,   LLMREF
                                  LLMREF_Q4_K, LLMREF_Q6_K, LLMREF_Q4_1,   LLMREF_Q5_0, LLMREF_Q5_1,
                                  LLMREF_Q2_K, LLMREF_Q3_K, LLMREF_IQ4_NL, LLMREF_Q5_K, LLMREF_IQ4_XS};
 #define N_TYPES ((int)(sizeof types / sizeof types[0]))
-static const char *arches[] = {"llama", "qwen2", "gemma2"};
+static const char *arches[] = {"llama", "qwen2", "gemma2", "qwen3", "gemma3", "phi3"};
 
 typedef struct {
     uint8_t *bytes;
@@ -176,7 +176,7 @@ done:
 }
 
 static void test_matrix(void) {
-    for (int a = 0; a < 3; a++)
+    for (int a = 0; a < (int)(sizeof arches / sizeof arches[0]); a++)
         for (int t = 0; t < N_TYPES; t++) {
             llmref_spec s = llmref_spec_default(arches[a], types[t]);
             s.seed = 100 + (uint64_t)(a * 7 + t) + (t >= 7 ? 1000 : 0); /* the first seven kept their seeds */

@@ -1,4 +1,6 @@
-/* genmodel.c: `dhsa gen-model`, a Llama-shaped GGUF with random weights
+/* genmodel.c: `dhsa gen-model`, a GGUF with random weights of any
+ * architecture the runner reads (llama, qwen2, qwen3, gemma2, gemma3,
+ * phi3: each with the tensors and keys of its real files, docs/model.md)
  * for speed and memory benchmarks of the runner (no trained model of that
  * size ships with the tests). The numbers it produces are timings only:
  * random weights write random text.
@@ -7,6 +9,8 @@
  * --bias adds the optional bias tensors the runner applies (docs/model.md),
  * as Llama-family models converted with attention or MLP biases have them.
  * Tested by tests/test_model.c (a tiny generated model loads and runs),
+ * tests/test_model_arch.c (every --arch loads, and its logits are the
+ * reference forward's),
  * tests/test_model_tensors.c (--bias all: every bias reaches the logits,
  * against the reference forward) and tests/test_cli_promises.c (the output
  * path: checked first, replaced atomically under a reader, kept on a
@@ -28,7 +32,8 @@
 
 const char dhsa_cli_gen_model_usage[] =
     "usage: dhsa gen-model -o OUT.gguf [--preset smollm-135m|tiny] [--type TYPE]\n"
-    "                      [--arch llama|qwen2] [--n-embd N] [--n-layer N] [--n-head N] [--n-head-kv N]\n"
+    "                      [--arch llama|qwen2|qwen3|gemma2|gemma3|phi3] [--n-embd N] [--n-layer N]\n"
+    "                      [--n-head N] [--n-head-kv N]\n"
     "                      [--n-ff N] [--vocab N] [--ctx N] [--seed S] [--bias LIST]\n"
     "\n"
     "Writes a GGUF model of the given shape with random weights (matrices\n"
@@ -42,6 +47,11 @@ const char dhsa_cli_gen_model_usage[] =
     "list of: qkv (blk.N.attn_q/k/v.bias; qwen2 always has them), out\n"
     "(attn_output.bias), ffn (ffn_gate/up/down.bias), output (output.bias),\n"
     "all, none (the default).\n"
+    "--arch writes each architecture's own tensors and keys: qwen2 q/k/v\n"
+    "biases; qwen3 per-head q/k norms; gemma2 post norms, softcaps 50/30,\n"
+    "window 4096 on even layers; gemma3 q/k and post norms, window 512 on 5\n"
+    "layers in 6, RoPE bases 1e6 (global) and 1e4 (local); phi3 one fused\n"
+    "attn_qkv and one ffn_up of 2 n_ff rows.\n"
     "OUT.gguf is checked before any work (its folder must take a new file) and\n"
     "written to a temporary beside it, renamed over OUT.gguf when complete: a\n"
     "run that has the old file open keeps it, a failed write leaves it as it\n"
@@ -132,8 +142,12 @@ int dhsa_cli_gen_model(int argc, char **argv) {
             if (t == 64) dhsa_cli_die(EXIT_USAGE, "--type: \"%s\" is not one of " DHSA_QK_TYPE_LIST, v);
             type = t;
         } else if (strcmp(a, "--arch") == 0) {
-            if (strcmp(v, "llama") && strcmp(v, "qwen2")) dhsa_cli_die(EXIT_USAGE, "--arch is llama or qwen2");
-            arch = v;
+            static const char *const arches[] = {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"};
+            arch = NULL;
+            for (size_t j = 0; j < sizeof arches / sizeof arches[0]; j++)
+                if (strcmp(v, arches[j]) == 0) arch = arches[j];
+            if (!arch)
+                dhsa_cli_die(EXIT_USAGE, "--arch: \"%s\" is not one of llama qwen2 qwen3 gemma2 gemma3 phi3", v);
         } else if (strcmp(a, "--n-embd") == 0) E = dhsa_cli_int(a, v, 1, 1 << 16, 1);
         else if (strcmp(a, "--n-layer") == 0) L = dhsa_cli_int(a, v, 1, 1024, 1);
         else if (strcmp(a, "--n-head") == 0) H = dhsa_cli_int(a, v, 1, 1024, 1);
@@ -165,6 +179,9 @@ int dhsa_cli_gen_model(int argc, char **argv) {
     if (E % H || H % Hkv) dhsa_cli_die(EXIT_USAGE, "n_embd %% n_head and n_head %% n_head_kv must be 0");
     rng_state = seed;
     const int64_t hd = E / H;
+    const int gemma = strcmp(arch, "gemma2") == 0 || strcmp(arch, "gemma3") == 0;
+    const int qk_norm = strcmp(arch, "qwen3") == 0 || strcmp(arch, "gemma3") == 0;
+    const int phi3 = strcmp(arch, "phi3") == 0;
     dhsa_gguf_writer *w;
     if (dhsa_gguf_writer_create(&w)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     keep_list k = {0};
@@ -179,8 +196,18 @@ int dhsa_cli_gen_model(int argc, char **argv) {
     dhsa_gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)H);
     dhsa_gguf_writer_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)Hkv);
     dhsa_gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)hd);
-    dhsa_gguf_writer_set_f32(w, KEY("rope.freq_base"), 10000.0f);
-    dhsa_gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
+    dhsa_gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)hd);
+    dhsa_gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)hd);
+    dhsa_gguf_writer_set_f32(w, KEY("rope.freq_base"), strcmp(arch, "gemma3") == 0 ? 1e6f : 10000.0f);
+    dhsa_gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), gemma ? 1e-6f : 1e-5f);
+    if (strcmp(arch, "gemma2") == 0) { /* Gemma 2's values */
+        dhsa_gguf_writer_set_f32(w, KEY("attn_logit_softcapping"), 50.0f);
+        dhsa_gguf_writer_set_f32(w, KEY("final_logit_softcapping"), 30.0f);
+        dhsa_gguf_writer_set_u32(w, KEY("attention.sliding_window"), 4096);
+    } else if (strcmp(arch, "gemma3") == 0) { /* Gemma 3 1B's */
+        dhsa_gguf_writer_set_u32(w, KEY("attention.sliding_window"), 512);
+        dhsa_gguf_writer_set_f32(w, KEY("rope.freq_base_swa"), 10000.0f);
+    }
 #undef KEY
     /* vocabulary: <unk> <s> </s>, 256 byte tokens, then made-up pieces */
     char **toks = keep(&k, (size_t)V * sizeof(char *));
@@ -211,21 +238,40 @@ int dhsa_cli_gen_model(int argc, char **argv) {
     for (int64_t l = 0; l < L; l++) {
 #define NAME(s) (snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, s), name)
         add_vector(w, &k, NAME("attn_norm.weight"), E, 1.0f, 0.1f);
-        add_matrix(w, &k, NAME("attn_q.weight"), type, E, H * hd);
-        add_matrix(w, &k, NAME("attn_k.weight"), type, E, Hkv * hd);
-        add_matrix(w, &k, NAME("attn_v.weight"), type, E, Hkv * hd);
-        if (b_qkv || strcmp(arch, "qwen2") == 0) {
+        if (phi3) {
+            add_matrix(w, &k, NAME("attn_qkv.weight"), type, E, (H + 2 * Hkv) * hd);
+        } else {
+            add_matrix(w, &k, NAME("attn_q.weight"), type, E, H * hd);
+            add_matrix(w, &k, NAME("attn_k.weight"), type, E, Hkv * hd);
+            add_matrix(w, &k, NAME("attn_v.weight"), type, E, Hkv * hd);
+        }
+        if (qk_norm) {
+            add_vector(w, &k, NAME("attn_q_norm.weight"), hd, 1.0f, 0.1f);
+            add_vector(w, &k, NAME("attn_k_norm.weight"), hd, 1.0f, 0.1f);
+        }
+        if (phi3 && b_qkv) {
+            add_vector(w, &k, NAME("attn_qkv.bias"), (H + 2 * Hkv) * hd, 0.0f, 0.1f);
+        } else if (b_qkv || strcmp(arch, "qwen2") == 0) {
             add_vector(w, &k, NAME("attn_q.bias"), H * hd, 0.0f, 0.1f);
             add_vector(w, &k, NAME("attn_k.bias"), Hkv * hd, 0.0f, 0.1f);
             add_vector(w, &k, NAME("attn_v.bias"), Hkv * hd, 0.0f, 0.1f);
         }
         add_matrix(w, &k, NAME("attn_output.weight"), type, H * hd, E);
         if (b_out) add_vector(w, &k, NAME("attn_output.bias"), E, 0.0f, 0.1f);
+        if (gemma) add_vector(w, &k, NAME("post_attention_norm.weight"), E, 1.0f, 0.1f);
         add_vector(w, &k, NAME("ffn_norm.weight"), E, 1.0f, 0.1f);
-        add_matrix(w, &k, NAME("ffn_gate.weight"), type, E, F);
-        add_matrix(w, &k, NAME("ffn_up.weight"), type, E, F);
+        if (phi3) { /* gate rows, then up rows */
+            add_matrix(w, &k, NAME("ffn_up.weight"), type, E, 2 * F);
+        } else {
+            add_matrix(w, &k, NAME("ffn_gate.weight"), type, E, F);
+            add_matrix(w, &k, NAME("ffn_up.weight"), type, E, F);
+        }
         add_matrix(w, &k, NAME("ffn_down.weight"), type, F, E);
-        if (b_ffn) {
+        if (gemma) add_vector(w, &k, NAME("post_ffw_norm.weight"), E, 1.0f, 0.1f);
+        if (b_ffn && phi3) {
+            add_vector(w, &k, NAME("ffn_up.bias"), 2 * F, 0.0f, 0.1f);
+            add_vector(w, &k, NAME("ffn_down.bias"), E, 0.0f, 0.1f);
+        } else if (b_ffn) {
             add_vector(w, &k, NAME("ffn_gate.bias"), F, 0.0f, 0.1f);
             add_vector(w, &k, NAME("ffn_up.bias"), F, 0.0f, 0.1f);
             add_vector(w, &k, NAME("ffn_down.bias"), E, 0.0f, 0.1f);

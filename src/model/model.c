@@ -1,15 +1,18 @@
 /* model.c: loading a model. Reads the hyperparameters of a GGUF file
- * (docs/model.md), binds every tensor the architecture needs after checking
- * its presence, type and shape, binds the optional ones it knows (biases,
- * a fused attn_qkv, rope_freqs, output.weight) when present, refuses a file
+ * (docs/model.md) of llama, qwen2, qwen3, gemma2, gemma3 and phi3, binds
+ * every tensor the architecture needs after checking its presence, type and
+ * shape (q/k norms, phi3's fused gate/up), binds the optional ones it knows
+ * (biases, a fused attn_qkv, rope_freqs, LongRoPE factors, output.weight)
+ * when present, refuses a file
  * holding any other tensor (naming it: a tensor nobody reads would be a
  * silently wrong model), and keeps the file mapped: matrices are used in
  * place. A llama2.c checkpoint is converted in memory first. Strings from
  * the file are escaped (dhsa__esc) in every sentence.
  * Tested by tests/test_model.c and tests/test_model_ref.c (against the
  * naive forward in tests/llm_ref.h, the real stories260K model and
- * corrupted fixtures) and tests/test_model_tensors.c (every optional
- * tensor against the reference, unused tensors, the gemma2 27B scale).
+ * corrupted fixtures), tests/test_model_tensors.c (every optional
+ * tensor against the reference, unused tensors, the gemma2 27B scale) and
+ * tests/test_model_arch.c (qwen3, gemma3, phi3 and what each adds).
  */
 #include "core/internal.h"
 #include "model/model_internal.h"
@@ -72,25 +75,64 @@ static dhsa_status get_real(const dhsa_gguf *g, const char *key, float def, floa
     return DHSA_OK;
 }
 
-static dhsa_status read_hparams(const dhsa_gguf *g, dhsa_model_info *in) {
+/* The architectures, by general.architecture. */
+static const struct {
+    const char *name;
+    dhsa_arch arch;
+} arch_table[] = {
+    {"llama", DHSA_ARCH_LLAMA}, {"qwen2", DHSA_ARCH_QWEN2},   {"gemma2", DHSA_ARCH_GEMMA2},
+    {"qwen3", DHSA_ARCH_QWEN3}, {"gemma3", DHSA_ARCH_GEMMA3}, {"phi3", DHSA_ARCH_PHI3},
+};
+
+static int is_gemma(dhsa_arch a) { return a == DHSA_ARCH_GEMMA2 || a == DHSA_ARCH_GEMMA3; }
+
+/* A.attention.sliding_window_pattern, as llama.cpp reads it: an integer n
+ * (layer l slides when l % n < n - 1; 0: every layer), or an array of one
+ * flag per layer; absent: def. */
+static dhsa_status read_swa_pattern(const dhsa_gguf *g, const char *key, int64_t n_layer, int64_t def,
+                                    dhsa_model *m) {
+    m->swa_pattern = def;
+    memset(&m->swa_layers, 0, sizeof m->swa_layers);
+    int64_t i = dhsa_gguf_find_kv(g, key);
+    if (i < 0) return DHSA_OK;
+    const dhsa_gguf_kv *kv = dhsa_gguf_kv_at(g, i);
+    if (kv->type != DHSA_GGUF_ARRAY) return get_int(g, key, def, 0, MAX_LAYERS, &m->swa_pattern);
+    const dhsa_gguf_array *a = &kv->arr;
+    if (a->type != DHSA_GGUF_BOOL && a->type != DHSA_GGUF_UINT8 && a->type != DHSA_GGUF_INT8)
+        return dhsa__fail(DHSA_ERR_FORMAT, "\"%s\" is an array of %s; one flag per layer (BOOL) expected", key,
+                          dhsa_gguf_type_name(a->type));
+    if (a->n != n_layer)
+        return dhsa__fail(DHSA_ERR_FORMAT, "\"%s\" has %lld flags for %lld layers", key, (long long)a->n,
+                          (long long)n_layer);
+    m->swa_layers = *a;
+    return DHSA_OK;
+}
+
+/* Whether layer l uses the sliding window (given one). */
+static int layer_slides(const dhsa_model *m, int64_t l) {
+    if (m->info.sliding_window <= 0) return 0;
+    if (m->swa_layers.data) return ((const uint8_t *)m->swa_layers.data)[l] != 0;
+    int64_t n = m->swa_pattern;
+    return n == 0 || l % n < n - 1;
+}
+
+static dhsa_status read_hparams(const dhsa_gguf *g, dhsa_model *m) {
+    dhsa_model_info *in = &m->info;
     const char *arch;
     dhsa_status st = dhsa_gguf_get_str(g, "general.architecture", &arch, NULL);
     if (st) return st;
-    if (strcmp(arch, "llama") == 0) {
-        in->arch = DHSA_ARCH_LLAMA;
-        in->arch_name = "llama";
-    } else if (strcmp(arch, "qwen2") == 0) {
-        in->arch = DHSA_ARCH_QWEN2;
-        in->arch_name = "qwen2";
-    } else if (strcmp(arch, "gemma2") == 0) {
-        in->arch = DHSA_ARCH_GEMMA2;
-        in->arch_name = "gemma2";
-    } else {
-        return dhsa__fail(DHSA_ERR_UNSUPPORTED, "architecture \"%s\" is not supported (llama, qwen2, gemma2 are)",
+    in->arch_name = NULL;
+    for (size_t i = 0; i < sizeof arch_table / sizeof arch_table[0]; i++)
+        if (strcmp(arch, arch_table[i].name) == 0) {
+            in->arch = arch_table[i].arch;
+            in->arch_name = arch_table[i].name;
+        }
+    if (!in->arch_name)
+        return dhsa__fail(DHSA_ERR_UNSUPPORTED,
+                          "architecture \"%s\" is not supported (llama, qwen2, qwen3, gemma2, gemma3, phi3 are)",
                           dhsa__esc(arch));
-    }
     const char *a = in->arch_name;
-    int gemma = in->arch == DHSA_ARCH_GEMMA2;
+    const int gemma = is_gemma(in->arch);
     if ((st = get_int(g, key_of(a, "context_length"), -1, 1, (int64_t)1 << 32, &in->n_ctx_train)) ||
         (st = get_int(g, key_of(a, "embedding_length"), -1, 1, MAX_DIM, &in->n_embd)) ||
         (st = get_int(g, key_of(a, "block_count"), -1, 1, MAX_LAYERS, &in->n_layer)) ||
@@ -120,26 +162,64 @@ static dhsa_status read_hparams(const dhsa_gguf *g, dhsa_model_info *in) {
         return st;
     if (type && strcmp(type, "none") != 0 && strcmp(type, "linear") != 0)
         return dhsa__fail(DHSA_ERR_UNSUPPORTED, "RoPE scaling \"%s\" is not supported (none, linear are; llama3 "
-                          "scaling comes as rope_freqs.weight)", dhsa__esc(type));
+                          "scaling comes as rope_freqs.weight, LongRoPE as rope_factors_long/short.weight)",
+                          dhsa__esc(type));
     if (!type || strcmp(type, "linear") == 0) {
         float f;
         if ((st = get_real(g, key_of(a, "rope.scaling.factor"), 1.0f, 0.0f, 1e6f, &f))) return st;
         in->rope_linear_factor = f > 0.0f ? f : 1.0f; /* 0 means none */
     }
+    /* rope.scaling.attn_factor scales cos and sin (so each rotated q and k
+     * value) in every architecture, as llama.cpp's rope does with it; phi3
+     * LongRoPE files carry sqrt(1 + ln(ctx / orig) / ln(orig)) there. */
+    if ((st = get_real(g, key_of(a, "rope.scaling.attn_factor"), 1.0f, 1e-6f, 1e6f, &in->rope_attn_factor)) ||
+        (st = get_int(g, key_of(a, "rope.scaling.original_context_length"), in->n_ctx_train, 1, (int64_t)1 << 32,
+                      &in->n_ctx_orig)))
+        return st;
     in->rope_neox = in->arch != DHSA_ARCH_LLAMA;
-    if (gemma) {
+    in->qk_norm = in->arch == DHSA_ARCH_QWEN3 || in->arch == DHSA_ARCH_GEMMA3;
+    in->fused_ffn = in->arch == DHSA_ARCH_PHI3;
+    /* Sliding windows and their RoPE, as llama.cpp: gemma2 slides its even
+     * layers (window 4096 unless the key says), with the global RoPE unless
+     * rope.freq_base_swa is given; gemma3 slides 5 layers in 6 only when
+     * the file gives a window, with rope.freq_base_swa (10000 when absent)
+     * and no linear scaling on them. phi3's sliding_window key is ignored,
+     * as llama.cpp does (it disables Phi's SWA); the others have none. */
+    in->rope_base_swa = in->rope_base;
+    in->rope_linear_factor_swa = in->rope_linear_factor;
+    in->sliding_window = 0;
+    m->swa_pattern = 0;
+    if (in->arch == DHSA_ARCH_GEMMA2) {
         if ((st = get_real(g, "gemma2.attn_logit_softcapping", 50.0f, 0.0f, 1e9f, &in->attn_softcap)) ||
             (st = get_real(g, "gemma2.final_logit_softcapping", 30.0f, 0.0f, 1e9f, &in->final_softcap)) ||
-            (st = get_int(g, "gemma2.attention.sliding_window", 4096, 0, (int64_t)1 << 32, &in->sliding_window)))
+            (st = get_int(g, "gemma2.attention.sliding_window", 4096, 0, (int64_t)1 << 32, &in->sliding_window)) ||
+            (st = read_swa_pattern(g, "gemma2.attention.sliding_window_pattern", in->n_layer, 2, m)) ||
+            (st = get_real(g, "gemma2.rope.freq_base_swa", in->rope_base, 1e-3f, 1e12f, &in->rope_base_swa)))
             return st;
+    } else if (in->arch == DHSA_ARCH_GEMMA3) {
+        /* gemma3 has no attention softcap (llama.cpp reads no key for it) */
+        if ((st = get_real(g, "gemma3.final_logit_softcapping", 0.0f, 0.0f, 1e9f, &in->final_softcap)) ||
+            (st = get_int(g, "gemma3.attention.sliding_window", 0, 0, (int64_t)1 << 32, &in->sliding_window)))
+            return st;
+        if (in->sliding_window > 0) {
+            if ((st = read_swa_pattern(g, "gemma3.attention.sliding_window_pattern", in->n_layer, 6, m)) ||
+                (st = get_real(g, "gemma3.rope.freq_base_swa", 10000.0f, 1e-3f, 1e12f, &in->rope_base_swa)))
+                return st;
+            in->rope_linear_factor_swa = 1.0f;
+        }
     }
+    in->n_swa_layers = 0;
+    for (int64_t l = 0; l < in->n_layer; l++) in->n_swa_layers += layer_slides(m, l);
     /* The query scale. llama.cpp gives gemma2 27B (which it recognises by
-     * its 46 layers, LLM_TYPE_27B) 1/sqrt(n_embd / n_head) = 1/sqrt(144),
-     * Gemma 2's query_pre_attn_scalar, where 2B and 9B use 1/sqrt(head_dim);
-     * head_dim is 128 at 27B, so the rule matters (issue 12 measured a
-     * relative logit error of 0.48 without it; 0.31 on the 46-layer fixture
-     * of tests/test_model_tensors.c). The same test, by layer count, here. */
-    int64_t scalar = gemma && in->n_layer == 46 ? in->n_embd / in->n_head : in->head_dim_k;
+     * its 46 layers, LLM_TYPE_27B) and gemma3 27B (62 layers) 1/sqrt(n_embd
+     * / n_head), Gemma's query_pre_attn_scalar, where the smaller ones use
+     * 1/sqrt(head_dim); head_dim is 128 at 27B, so the rule matters (issue
+     * 12 measured a relative logit error of 0.48 without it; 0.31 on the
+     * 46-layer fixture of tests/test_model_tensors.c). The same test, by
+     * layer count, here. */
+    int big = (in->arch == DHSA_ARCH_GEMMA2 && in->n_layer == 46) ||
+              (in->arch == DHSA_ARCH_GEMMA3 && in->n_layer == 62);
+    int64_t scalar = big ? in->n_embd / in->n_head : in->head_dim_k;
     in->attn_scale = (float)(1.0 / sqrt((double)scalar));
     return DHSA_OK;
 }
@@ -285,6 +365,35 @@ static dhsa_status bind_qkv(binder *b, int64_t l, int64_t E, int64_t nq, int64_t
     return DHSA_OK;
 }
 
+/* Gate and up of layer l: ffn_gate.weight and ffn_up.weight, or (phi3)
+ * one ffn_up.weight [n_embd, 2 n_ff] whose first n_ff rows are the gate
+ * and the last n_ff the up projection (llama.cpp's swiglu of the fused
+ * product: silu of the first half times the second), with an optional
+ * ffn_up.bias [2 n_ff] cut the same way. With the fused form ffn_gate is
+ * not looked up, so a file that also holds one is refused as unused. */
+static dhsa_status bind_gate_up(binder *b, int64_t l, int64_t E, int64_t F, int fused) {
+    dhsa__layer *L = &b->m->layers[l];
+    dhsa_status st;
+    if (!fused) {
+        if ((st = bind_matrix(b, blk(b, l, "ffn_gate.weight"), E, F, 0, &L->w_gate)) ||
+            (st = bind_matrix(b, blk(b, l, "ffn_up.weight"), E, F, 0, &L->w_up)) ||
+            (st = bind_vector(b, blk(b, l, "ffn_gate.bias"), F, 1, &L->b_gate)) ||
+            (st = bind_vector(b, blk(b, l, "ffn_up.bias"), F, 1, &L->b_up)))
+            return st;
+        return DHSA_OK;
+    }
+    dhsa_wmat f;
+    const float *fb;
+    if ((st = bind_matrix(b, blk(b, l, "ffn_up.weight"), E, 2 * F, 0, &f)) ||
+        (st = bind_vector(b, blk(b, l, "ffn_up.bias"), 2 * F, 1, &fb)))
+        return st;
+    L->w_gate = row_range(&f, 0, F);
+    L->w_up = row_range(&f, F, F);
+    L->b_gate = fb;
+    L->b_up = fb ? fb + F : NULL;
+    return DHSA_OK;
+}
+
 /* Binds everything; run twice: counting vectors (cap 0), then for real.
  * Optional tensors are bound for every architecture (docs/model.md,
  * "Tensors"), so none that dhsa knows is ever ignored. */
@@ -293,35 +402,45 @@ static dhsa_status bind_all(binder *b) {
     dhsa_model_info *in = &m->info;
     const int64_t E = in->n_embd, F = in->n_ff, nq = in->n_head * in->head_dim_k,
                   nk = in->n_head_kv * in->head_dim_k, nv = in->n_head_kv * in->head_dim_v,
-                  no = in->n_head * in->head_dim_v;
-    const int gemma = in->arch == DHSA_ARCH_GEMMA2, qwen = in->arch == DHSA_ARCH_QWEN2;
+                  no = in->n_head * in->head_dim_v, half = in->n_rot / 2;
+    const int gemma = is_gemma(in->arch), qwen2 = in->arch == DHSA_ARCH_QWEN2;
     dhsa_status st;
     if ((st = bind_matrix(b, "token_embd.weight", E, in->n_vocab, 0, &m->tok_embd)) ||
         (st = bind_vector(b, "output_norm.weight", E, 0, &m->output_norm)) ||
         (st = bind_matrix(b, "output.weight", E, in->n_vocab, 1, &m->output)) ||
         (st = bind_vector(b, "output.bias", in->n_vocab, 1, &m->output_bias)) ||
-        (st = bind_vector(b, "rope_freqs.weight", in->n_rot / 2, 1, &m->rope_freqs)))
+        (st = bind_vector(b, "rope_freqs.weight", half, 1, &m->rope_freqs)) ||
+        (st = bind_vector(b, "rope_factors_long.weight", half, 1, &m->rope_long)) ||
+        (st = bind_vector(b, "rope_factors_short.weight", half, 1, &m->rope_short)))
         return st;
     in->tied_output = m->output.data == NULL;
     if (in->tied_output) m->output = m->tok_embd;
-    if (b->cap_vectors == 0) in->has_rope_freqs = dhsa_gguf_find_tensor(m->g, "rope_freqs.weight") >= 0;
+    if (b->cap_vectors == 0) {
+        in->has_rope_freqs = dhsa_gguf_find_tensor(m->g, "rope_freqs.weight") >= 0;
+        in->has_rope_factors = dhsa_gguf_find_tensor(m->g, "rope_factors_long.weight") >= 0 ||
+                               dhsa_gguf_find_tensor(m->g, "rope_factors_short.weight") >= 0;
+        /* llama.cpp would use rope_freqs and leave the factors unused */
+        if (in->has_rope_freqs && in->has_rope_factors)
+            return dhsa__fail(DHSA_ERR_UNSUPPORTED, "the model holds rope_freqs.weight and rope_factors_long/short."
+                              "weight: two sets of RoPE frequency factors, one of which would be unused");
+    }
     for (int64_t l = 0; l < in->n_layer; l++) {
         dhsa__layer *L = &m->layers[l];
         if ((st = bind_vector(b, blk(b, l, "attn_norm.weight"), E, 0, &L->attn_norm)) ||
             (st = bind_vector(b, blk(b, l, "ffn_norm.weight"), E, 0, &L->ffn_norm)) ||
             (st = bind_vector(b, blk(b, l, "post_attention_norm.weight"), E, !gemma, &L->post_attn_norm)) ||
             (st = bind_vector(b, blk(b, l, "post_ffw_norm.weight"), E, !gemma, &L->post_ffw_norm)) ||
-            (st = bind_qkv(b, l, E, nq, nk, nv, qwen)) ||
+            (st = bind_qkv(b, l, E, nq, nk, nv, qwen2)) ||
+            (in->qk_norm && ((st = bind_vector(b, blk(b, l, "attn_q_norm.weight"), in->head_dim_k, 0, &L->q_norm)) ||
+                             (st = bind_vector(b, blk(b, l, "attn_k_norm.weight"), in->head_dim_k, 0, &L->k_norm)))) ||
             (st = bind_matrix(b, blk(b, l, "attn_output.weight"), no, E, 0, &L->wo)) ||
             (st = bind_vector(b, blk(b, l, "attn_output.bias"), E, 1, &L->bo)) ||
-            (st = bind_matrix(b, blk(b, l, "ffn_gate.weight"), E, F, 0, &L->w_gate)) ||
-            (st = bind_matrix(b, blk(b, l, "ffn_up.weight"), E, F, 0, &L->w_up)) ||
+            (st = bind_gate_up(b, l, E, F, in->fused_ffn)) ||
             (st = bind_matrix(b, blk(b, l, "ffn_down.weight"), F, E, 0, &L->w_down)) ||
-            (st = bind_vector(b, blk(b, l, "ffn_gate.bias"), F, 1, &L->b_gate)) ||
-            (st = bind_vector(b, blk(b, l, "ffn_up.bias"), F, 1, &L->b_up)) ||
             (st = bind_vector(b, blk(b, l, "ffn_down.bias"), E, 1, &L->b_down)))
             return st;
-        L->window = gemma && l % 2 == 0 ? in->sliding_window : 0;
+        L->window = layer_slides(m, l) ? in->sliding_window : 0;
+        L->rope_set = L->window > 0;
     }
     return DHSA_OK;
 }
@@ -406,7 +525,7 @@ dhsa_status dhsa_model_from_gguf(dhsa_gguf *g, const dhsa_model_params *p, dhsa_
     }
     m->g = g;
     uint8_t *used = NULL; /* [n_tensors] marks of bind_all */
-    dhsa_status st = read_hparams(g, &m->info);
+    dhsa_status st = read_hparams(g, m);
     if (st) goto fail;
     int64_t idx;
     const dhsa_gguf_tensor *te = find(g, "token_embd.weight", &idx);
@@ -443,11 +562,13 @@ dhsa_status dhsa_model_from_gguf(dhsa_gguf *g, const dhsa_model_params *p, dhsa_
     if ((st = check_all_used(m, used))) goto fail;
     free(used);
     used = NULL;
-    if (m->rope_freqs)
-        for (int64_t i = 0; i < m->info.n_rot / 2; i++)
-            if (!(m->rope_freqs[i] > 0)) {
-                st = dhsa__fail(DHSA_ERR_FORMAT, "rope_freqs.weight[%lld] = %g is not positive", (long long)i,
-                                (double)m->rope_freqs[i]);
+    const float *factors[3] = {m->rope_freqs, m->rope_long, m->rope_short};
+    static const char *const factor_names[3] = {"rope_freqs", "rope_factors_long", "rope_factors_short"};
+    for (int f = 0; f < 3; f++)
+        for (int64_t i = 0; factors[f] && i < m->info.n_rot / 2; i++)
+            if (!(factors[f][i] > 0)) {
+                st = dhsa__fail(DHSA_ERR_FORMAT, "%s.weight[%lld] = %g is not positive", factor_names[f],
+                                (long long)i, (double)factors[f][i]);
                 goto fail;
             }
     if (p->check_finite && (st = check_finite_all(m))) goto fail;

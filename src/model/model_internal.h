@@ -13,7 +13,8 @@ typedef struct {
     const float *attn_norm;      /* [n_embd] */
     const float *post_attn_norm; /* [n_embd] gemma2 */
     const float *ffn_norm;       /* [n_embd] */
-    const float *post_ffw_norm;  /* [n_embd] gemma2 */
+    const float *post_ffw_norm;  /* [n_embd] gemma2, gemma3 */
+    const float *q_norm, *k_norm; /* [hd_k] per-head RMSNorm weights (qwen3, gemma3) */
     const float *bq, *bk, *bv;   /* [n_head*hd_k], [n_head_kv*hd_k], [n_head_kv*hd_v] */
     const float *bo;             /* [n_embd] attn_output.bias */
     const float *b_gate, *b_up;  /* [n_ff] ffn_gate.bias, ffn_up.bias */
@@ -24,9 +25,10 @@ typedef struct {
     dhsa_wmat wk;                /* [n_embd] -> [n_head_kv * hd_k] */
     dhsa_wmat wv;                /* [n_embd] -> [n_head_kv * hd_v] */
     dhsa_wmat wo;                /* [n_head * hd_v] -> [n_embd] */
-    dhsa_wmat w_gate, w_up;      /* [n_embd] -> [n_ff] */
+    dhsa_wmat w_gate, w_up;      /* [n_embd] -> [n_ff]; phi3: views of ffn_up's two halves */
     dhsa_wmat w_down;            /* [n_ff] -> [n_embd] */
     int64_t window;              /* sliding window of this layer; 0 = none */
+    int rope_set;                /* 0: the global RoPE, 1: the sliding layers' (rope_base_swa) */
 } dhsa__layer;
 
 struct dhsa_model {
@@ -38,7 +40,10 @@ struct dhsa_model {
     const float *output_norm;    /* [n_embd] */
     const float *output_bias;    /* [n_vocab] output.bias or NULL */
     const float *rope_freqs;     /* [n_rot / 2] or NULL */
+    const float *rope_long, *rope_short; /* [n_rot / 2] rope_factors_long/short or NULL */
     dhsa__layer *layers;         /* [n_layer] */
+    int64_t swa_pattern;         /* sliding_window_pattern n: layer l slides when l % n < n - 1 (0: all) */
+    dhsa_gguf_array swa_layers;  /* or the key's per-layer flags (n = n_layer), when an array */
     float *vectors;              /* the F32 copies, one allocation */
     int64_t n_vector_floats;     /* its length (for the memory plan) */
 };

@@ -8,7 +8,8 @@
  *   kt  [n][n_head_kv][hd_k], vt [n][n_head_kv][hd_v]  new keys / values
  *   att [n][n_head][hd_v]  attention output
  *   hb, hb2 [n][n_ff]      FFN gate / up
- *   rc, rs [n][n_rot/2]    RoPE cos / sin of the ubatch's positions
+ *   rc, rs [2][n][n_rot/2] RoPE cos / sin of the ubatch's positions, for the
+ *                          global layers [0] and the sliding ones [1] (gemma)
  * KV cache per layer, head-major so that decode streams each head's keys:
  *   K [n_head_kv][n_ctx][hd_k], V [n_head_kv][n_ctx][hd_v]   (F32 or F16)
  * Sparse methods route each layer's queries over its cache: DHSA (with
@@ -16,7 +17,7 @@
  * layer (O(chunks) per query block, online boundaries, so ubatch and
  * decode see the same chunks; the learned predictor scores each key once,
  * as it is appended), STREAM and ORACLE through dhsa_route over the cache.
- * Sliding-window layers (gemma2) always run dense within their window.
+ * Sliding-window layers (gemma2, gemma3) always run dense within their window.
  * The plan counts the session's buffers and the rest of the process (the
  * model's file and heap, code, other memory, stacks, the allocator's
  * rounding) so that mem_limit bounds the peak RSS (dhsa_mem_plan).
@@ -102,8 +103,8 @@ static int uses_index(const dhsa_session_params *p) {
 static size_t act_floats(const dhsa_model_info *in, int64_t ub) {
     return (size_t)ub * (size_t)(2 * in->n_embd + in->n_head * in->head_dim_k + in->n_head_kv * in->head_dim_k +
                                  in->n_head_kv * in->head_dim_v + in->n_head * in->head_dim_v + 2 * in->n_ff +
-                                 in->n_rot) +
-           (size_t)in->n_rot / 2 + 16 * 12;
+                                 2 * in->n_rot) +
+           (size_t)in->n_rot + 16 * 12;
 }
 
 static float plan_dummy[16];
@@ -384,14 +385,23 @@ dhsa_status dhsa_session_create(dhsa_ctx *ctx, const dhsa_model *m, const dhsa_s
     CARVE(s->att, ub * in->n_head * in->head_dim_v);
     CARVE(s->hb, ub * in->n_ff);
     CARVE(s->hb2, ub * in->n_ff);
-    CARVE(s->rc, ub * (in->n_rot / 2));
-    CARVE(s->rs, ub * (in->n_rot / 2));
-    CARVE(s->inv_freq, in->n_rot / 2);
+    CARVE(s->rc, 2 * ub * (in->n_rot / 2));
+    CARVE(s->rs, 2 * ub * (in->n_rot / 2));
+    CARVE(s->inv_freq, in->n_rot);
 #undef CARVE
-    for (int64_t i = 0; i < in->n_rot / 2; i++) {
-        double f = pow((double)in->rope_base, -2.0 * (double)i / (double)in->n_rot);
-        if (m->rope_freqs) f /= (double)m->rope_freqs[i];
-        s->inv_freq[i] = (float)(f / (double)in->rope_linear_factor);
+    /* Frequency factors: rope_freqs, or LongRoPE's by the context, as
+     * llama.cpp chooses them: the long ones when the session's context is
+     * above rope.scaling.original_context_length. */
+    const float *ff = m->rope_freqs ? m->rope_freqs : plan.n_ctx > in->n_ctx_orig ? m->rope_long : m->rope_short;
+    const int64_t half = in->n_rot / 2;
+    for (int set = 0; set < 2; set++) {
+        double base = set ? in->rope_base_swa : in->rope_base;
+        double lin = set ? in->rope_linear_factor_swa : in->rope_linear_factor;
+        for (int64_t i = 0; i < half; i++) {
+            double f = pow(base, -2.0 * (double)i / (double)in->n_rot);
+            if (ff) f /= (double)ff[i];
+            s->inv_freq[set * half + i] = (float)(f / lin);
+        }
     }
     if (p->attn != DHSA_ATTN_DENSE && uses_index(p) && (st = make_indexes(s))) goto fail;
     *out = s;
@@ -633,7 +643,9 @@ static dhsa_status forward(dhsa_session *s, dhsa_session *const *batch, const in
     const dhsa_model *m = s->m;
     const dhsa_model_info *in = &m->info;
     const int64_t E = in->n_embd, F = in->n_ff, hk = in->head_dim_k, hv = in->head_dim_v, half = in->n_rot / 2;
-    const int gemma = in->arch == DHSA_ARCH_GEMMA2;
+    const int gemma = in->arch == DHSA_ARCH_GEMMA2 || in->arch == DHSA_ARCH_GEMMA3;
+    const int64_t sets = in->n_swa_layers > 0 ? 2 : 1, set_stride = s->plan.n_ubatch * half;
+    const double af = (double)in->rope_attn_factor;
     dhsa_status st;
     for (int64_t t = 0; t < n; t++) {
         if ((st = dhsa__wmat_row(&m->tok_embd, ids[t], s->x + t * E))) return st;
@@ -641,11 +653,15 @@ static dhsa_status forward(dhsa_session *s, dhsa_session *const *batch, const in
             float sc = sqrtf((float)E);
             for (int64_t i = 0; i < E; i++) s->x[t * E + i] *= sc;
         }
-        for (int64_t i = 0; i < half; i++) {
-            double ang = (double)(batch ? batch[t]->len : pos0 + t) * (double)s->inv_freq[i];
-            s->rc[t * half + i] = (float)cos(ang);
-            s->rs[t * half + i] = (float)sin(ang);
-        }
+        /* each row's own session's frequencies: LongRoPE's depend on its context */
+        const float *inv = (batch ? batch[t] : s)->inv_freq;
+        const double pos = (double)(batch ? batch[t]->len : pos0 + t);
+        for (int64_t set = 0; set < sets; set++)
+            for (int64_t i = 0; i < half; i++) {
+                double ang = pos * (double)inv[set * half + i];
+                s->rc[set * set_stride + t * half + i] = (float)(cos(ang) * af);
+                s->rs[set * set_stride + t * half + i] = (float)(sin(ang) * af);
+            }
     }
     for (int64_t l = 0; l < in->n_layer; l++) {
         const dhsa__layer *L = &m->layers[l];
@@ -656,8 +672,11 @@ static dhsa_status forward(dhsa_session *s, dhsa_session *const *batch, const in
         add_bias(s->q, L->bq, n, in->n_head * hk);
         add_bias(s->kt, L->bk, n, in->n_head_kv * hk);
         add_bias(s->vt, L->bv, n, in->n_head_kv * hv);
-        rope(s->q, n, in->n_head, hk, in->n_rot, in->rope_neox, s->rc, s->rs);
-        rope(s->kt, n, in->n_head_kv, hk, in->n_rot, in->rope_neox, s->rc, s->rs);
+        if (L->q_norm) rmsnorm(s->q, s->q, L->q_norm, n * in->n_head, hk, in->rms_eps); /* per head */
+        if (L->k_norm) rmsnorm(s->kt, s->kt, L->k_norm, n * in->n_head_kv, hk, in->rms_eps);
+        const float *rc = s->rc + L->rope_set * set_stride, *rs = s->rs + L->rope_set * set_stride;
+        rope(s->q, n, in->n_head, hk, in->n_rot, in->rope_neox, rc, rs);
+        rope(s->kt, n, in->n_head_kv, hk, in->n_rot, in->rope_neox, rc, rs);
         if (!batch) {
             if ((st = attend_rows(s, s, l, 0, n, pos0))) return st;
         } else {
