@@ -1010,7 +1010,8 @@ typedef enum {
     DHSA_CHAT_CHATML = 2,  /* <|im_start|>role\ncontent<|im_end|>\n (Qwen2, ...) */
     DHSA_CHAT_GEMMA = 3,   /* <start_of_turn>user\n...<end_of_turn>\n; assistant is "model" */
     DHSA_CHAT_MISTRAL = 4, /* [INST] user [/INST] answer</s> */
-    DHSA_CHAT_LLAMA2 = 5   /* [INST] <<SYS>>\nsystem\n<</SYS>>\n\nuser [/INST] answer </s><s>... */
+    DHSA_CHAT_LLAMA2 = 5,  /* [INST] <<SYS>>\nsystem\n<</SYS>>\n\nuser [/INST] answer </s><s>... */
+    DHSA_CHAT_PHI3 = 6     /* <|user|>\ncontent<|end|>\n ... <|assistant|>\n (Phi-3, Phi-3.5) */
 } dhsa_chat_template;
 
 /* One message: role "system", "user" or "assistant" (Llama 3 also takes

@@ -122,6 +122,30 @@ static void test_chatml(void) {
     expect(DHSA_CHAT_CHATML, pad, 1, 0, "<|im_start|>user\n  \tHi!\n <|im_end|>\n", "content as is (no trim)");
 }
 
+/* microsoft/Phi-3-mini-4k-instruct as llama.cpp writes it (no EOS text
+ * after a prompt without a generation prompt). */
+static void test_phi3(void) {
+    expect(DHSA_CHAT_PHI3, conv_sys, 4, 1,
+           "<|system|>\n" SYS "<|end|>\n"
+           "<|user|>\n" U1 "<|end|>\n"
+           "<|assistant|>\n" A1 "<|end|>\n"
+           "<|user|>\n" U2 "<|end|>\n"
+           "<|assistant|>\n",
+           "system, three turns, generation prompt");
+    expect(DHSA_CHAT_PHI3, conv, 3, 0,
+           "<|user|>\n" U1 "<|end|>\n"
+           "<|assistant|>\n" A1 "<|end|>\n"
+           "<|user|>\n" U2 "<|end|>\n",
+           "no system, no generation prompt");
+    dhsa_chat_message pad[] = {{"user", " Hi! "}};
+    expect(DHSA_CHAT_PHI3, pad, 1, 1, "<|user|>\n Hi! <|end|>\n<|assistant|>\n", "content as is (no trim)");
+    dhsa_chat_message tool[] = {{"tool", "x"}};
+    int64_t len = 0;
+    T_CHECK(dhsa_chat_apply(DHSA_CHAT_PHI3, tool, 1, 1, NULL, 0, &len) == DHSA_ERR_INVALID_ARG &&
+                strstr(dhsa_last_error(), "tool"),
+            "phi3 refuses a role it does not know: %s", dhsa_last_error());
+}
+
 static void test_gemma(void) {
     expect(DHSA_CHAT_GEMMA, conv, 3, 0,
            "<start_of_turn>user\n" U1 "<end_of_turn>\n"
@@ -236,7 +260,7 @@ static void test_cap_len(void) {
 }
 
 static void test_names(void) {
-    for (int i = DHSA_CHAT_NONE; i <= DHSA_CHAT_LLAMA2; i++) {
+    for (int i = DHSA_CHAT_NONE; i <= DHSA_CHAT_PHI3; i++) {
         dhsa_chat_template t = (dhsa_chat_template)-1;
         const char *name = dhsa_chat_template_name((dhsa_chat_template)i);
         T_CHECK(dhsa_chat_template_from_name(name, &t) == DHSA_OK && (int)t == i, "name '%s' round-trips", name);
@@ -281,6 +305,11 @@ static const char tmpl_gemma[] =
     "(message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif "
     "%}{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}{% if "
     "add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}";
+static const char tmpl_phi3[] =
+    "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + "
+    "'<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif "
+    "message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% "
+    "endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}";
 static const char tmpl_qwen2[] =
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
     "'<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + "
@@ -341,6 +370,12 @@ static void test_detect(void) {
         {NULL, "qwen2", NULL, 0, DHSA_CHAT_CHATML, "architecture qwen2"},
         {NULL, "qwen3", NULL, 0, DHSA_CHAT_CHATML, "architecture qwen3"},
         {NULL, "gemma2", NULL, 0, DHSA_CHAT_GEMMA, "architecture gemma2"},
+        {NULL, "gemma3", NULL, 0, DHSA_CHAT_GEMMA, "architecture gemma3"},
+        {NULL, "phi3", NULL, 0, DHSA_CHAT_PHI3, "architecture phi3"},
+        {tmpl_phi3, "phi3", NULL, 0, DHSA_CHAT_PHI3, "Phi-3-mini-4k-instruct template"},
+        {tmpl_phi3, "llama", NULL, 1, DHSA_CHAT_PHI3, "the Phi-3 template in a llama file"},
+        {"{{'<|im_start|>' + message['role'] + '<|im_sep|>' + message['content'] + '<|im_end|>'}}", "phi3", NULL, 0,
+         DHSA_CHAT_NONE, "Phi-4's <|im_sep|> format: not written (not chatml)"},
         {NULL, "llama", NULL, 1, DHSA_CHAT_LLAMA3, "llama with <|start_header_id|> in the vocabulary"},
         {NULL, "llama", "mistralai_Mistral-7B-Instruct-v0.2", 0, DHSA_CHAT_MISTRAL, "llama named Mistral"},
         {NULL, "llama", "Llama-2-7b-chat", 0, DHSA_CHAT_LLAMA2, "plain llama"},
@@ -369,9 +404,9 @@ static void test_detect(void) {
 
 static dhsa_tokenizer *tiny_vocab(int with_eos) {
     static const char *const toks[] = {"a", "b", "ab", "<|eot_id|>", "<|end_of_text|>", "<|im_end|>",
-                                       "<end_of_turn>", "<|eom_id|>"};
+                                       "<end_of_turn>", "<|eom_id|>", "<|end|>"};
     static const char *const merges[] = {"a b"};
-    int32_t types[8] = {1, 1, 1, 3, 3, 3, 3, 3};
+    int32_t types[9] = {1, 1, 1, 3, 3, 3, 3, 3, 3};
     dhsa_gguf_writer *w = NULL;
     dhsa_gguf *g = NULL;
     dhsa_tokenizer *t = NULL;
@@ -379,8 +414,8 @@ static dhsa_tokenizer *tiny_vocab(int with_eos) {
     size_t size = 0;
     dhsa_status st = dhsa_gguf_writer_create(&w);
     if (!st) st = dhsa_gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
-    if (!st) st = dhsa_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 8);
-    if (!st) st = dhsa_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", DHSA_GGUF_INT32, types, 8);
+    if (!st) st = dhsa_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 9);
+    if (!st) st = dhsa_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", DHSA_GGUF_INT32, types, 9);
     if (!st) st = dhsa_gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 1);
     if (!st && with_eos) st = dhsa_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 4);
     if (!st) st = dhsa_gguf_writer_size(w, &size);
@@ -415,6 +450,7 @@ static void test_stop_ids(void) {
         expect_stops(DHSA_CHAT_LLAMA3, t, (const int32_t[]){4, 3, 7}, 3, "EOS first, <|end_of_text|> once");
         expect_stops(DHSA_CHAT_CHATML, t, (const int32_t[]){4, 5}, 2, "<|im_end|>; <|endoftext|> absent");
         expect_stops(DHSA_CHAT_GEMMA, t, (const int32_t[]){4, 6}, 2, "<end_of_turn>");
+        expect_stops(DHSA_CHAT_PHI3, t, (const int32_t[]){4, 8}, 2, "<|end|>; <|endoftext|> absent");
         expect_stops(DHSA_CHAT_MISTRAL, t, (const int32_t[]){4}, 1, "</s> absent: EOS only");
         expect_stops(DHSA_CHAT_NONE, t, (const int32_t[]){4}, 1, "EOS only");
         int32_t ids[2] = {-1, -1};
@@ -486,6 +522,7 @@ int main(void) {
     test_llama3();
     test_chatml();
     test_gemma();
+    test_phi3();
     test_mistral();
     test_llama2();
     test_refusals();

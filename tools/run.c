@@ -41,7 +41,7 @@ const char dhsa_cli_run_usage[] =
     "  --chat              wrap the prompt in the model's chat template\n"
     "  --system TEXT       system message (with --chat only)\n"
     "  --template NAME     chat template (with --chat only): llama3 chatml gemma\n"
-    "                      mistral llama2\n"
+    "                      mistral llama2 phi3\n"
     "Sampling:\n"
     "  -n N                tokens to generate (default 128)\n"
     "  --temp T            0 = greedy (default 0.8)\n"
@@ -276,7 +276,7 @@ static void chat_wrap(const dhsa_gguf *g, const dhsa_tokenizer *tok, const char 
     dhsa_chat_template t = dhsa_chat_detect(g);
     if (name && dhsa_chat_template_from_name(name, &t)) dhsa_cli_die(EXIT_USAGE, "%s", dhsa_last_error());
     if (t == DHSA_CHAT_NONE)
-        dhsa_cli_die(EXIT_RUN, "the model names no chat template I know: give --template llama3|chatml|gemma|mistral|llama2");
+        dhsa_cli_die(EXIT_RUN, "the model names no chat template I know: give --template llama3|chatml|gemma|mistral|llama2|phi3");
     dhsa_chat_message msgs[2];
     int n = 0;
     if (system) msgs[n++] = (dhsa_chat_message){"system", system};

@@ -1,5 +1,5 @@
 /* chat.c: chat templates written by hand (no Jinja): the prompt formats of
- * Llama 3, ChatML (Qwen2), Gemma, Mistral and Llama 2, the detection of a
+ * Llama 3, ChatML (Qwen2, Qwen3), Gemma (2, 3), Mistral, Llama 2 and Phi-3, the detection of a
  * model's format from its GGUF metadata, and the token ids that end a turn.
  *
  * Contract: the "Chat" block of include/dhsa.h. The text never holds the
@@ -169,6 +169,21 @@ static void write_gemma(sbuf *b, const dhsa_chat_message *m, int64_t n, int gen)
     if (gen) puts_(b, "<start_of_turn>model\n");
 }
 
+/* Phi-3 (microsoft/Phi-3-mini-4k-instruct, Phi-3.5-mini-instruct; llama.cpp's
+ * "phi3"): each message <|role|>\n{content}<|end|>\n, contents as they
+ * are; generation prompt <|assistant|>\n. Without a generation prompt the
+ * HF template ends with the EOS text; llama.cpp, and dhsa, do not. */
+static void write_phi3(sbuf *b, const dhsa_chat_message *m, int64_t n, int gen) {
+    for (int64_t i = 0; i < n; i++) {
+        puts_(b, "<|");
+        puts_(b, m[i].role);
+        puts_(b, "|>\n");
+        puts_(b, m[i].content);
+        puts_(b, "<|end|>\n");
+    }
+    if (gen) puts_(b, "<|assistant|>\n");
+}
+
 /* Mistral's v1 format (Mistral-7B-Instruct v0.1/v0.2, mistral-common's
  * InstructTokenizerV1): [INST] user [/INST] answer</s>[INST] user [/INST];
  * the system message and "\n\n" open the first user message. Contents as
@@ -233,7 +248,7 @@ static void write_llama2(sbuf *b, const dhsa_chat_message *m, int64_t n) {
 /* --------------------------------------------------------------------- */
 /* Public                                                                 */
 
-static const char *const template_names[] = {"none", "llama3", "chatml", "gemma", "mistral", "llama2"};
+static const char *const template_names[] = {"none", "llama3", "chatml", "gemma", "mistral", "llama2", "phi3"};
 
 const char *dhsa_chat_template_name(dhsa_chat_template t) {
     if ((int)t < 0 || (size_t)t >= sizeof template_names / sizeof template_names[0]) return "?";
@@ -253,7 +268,7 @@ dhsa_status dhsa_chat_template_from_name(const char *name, dhsa_chat_template *o
     }
     return dhsa__fail(DHSA_ERR_UNSUPPORTED,
                       "chat template '%s' is not one dhsa writes (llama3, chatml or qwen2, gemma, mistral, "
-                      "llama2, none)",
+                      "llama2, phi3, none)",
                       dhsa__esc(name));
 }
 
@@ -272,7 +287,8 @@ dhsa_status dhsa_chat_apply(dhsa_chat_template t, const dhsa_chat_message *msgs,
     dhsa_status st;
     switch (t) {
     case DHSA_CHAT_LLAMA3: st = check_roles(name, msgs, n, roles_llama3); break;
-    case DHSA_CHAT_CHATML: st = check_roles(name, msgs, n, roles_chatml); break;
+    case DHSA_CHAT_CHATML:
+    case DHSA_CHAT_PHI3: st = check_roles(name, msgs, n, roles_chatml); break;
     case DHSA_CHAT_GEMMA:
     case DHSA_CHAT_MISTRAL:
     case DHSA_CHAT_LLAMA2: st = check_alternating(name, msgs, n); break;
@@ -289,6 +305,7 @@ dhsa_status dhsa_chat_apply(dhsa_chat_template t, const dhsa_chat_message *msgs,
     case DHSA_CHAT_CHATML: write_chatml(&b, msgs, n, add_generation_prompt); break;
     case DHSA_CHAT_GEMMA: write_gemma(&b, msgs, n, add_generation_prompt); break;
     case DHSA_CHAT_MISTRAL: write_mistral(&b, msgs, n); break;
+    case DHSA_CHAT_PHI3: write_phi3(&b, msgs, n, add_generation_prompt); break;
     default: write_llama2(&b, msgs, n); break;
     }
     if (b.oom) {
@@ -347,7 +364,9 @@ dhsa_chat_template dhsa_chat_detect(const dhsa_gguf *g) {
     if (!g) return DHSA_CHAT_NONE;
     const char *tmpl = opt_str(g, "tokenizer.chat_template");
     if (tmpl) { /* llama.cpp's order of markers */
-        if (has(tmpl, "<|im_start|>")) return DHSA_CHAT_CHATML;
+        /* Phi-4 (architecture phi3) separates role and content with
+         * <|im_sep|>, not a newline: a format not written here */
+        if (has(tmpl, "<|im_start|>")) return has(tmpl, "<|im_sep|>") ? DHSA_CHAT_NONE : DHSA_CHAT_CHATML;
         if (has(tmpl, "[INST]")) {
             if (has(tmpl, "<<SYS>>")) return DHSA_CHAT_LLAMA2;
             /* Mistral's v3 and v7 formats ([AVAILABLE_TOOLS], [SYSTEM_PROMPT])
@@ -355,6 +374,7 @@ dhsa_chat_template dhsa_chat_detect(const dhsa_gguf *g) {
             if (has(tmpl, "[SYSTEM_PROMPT]") || has(tmpl, "[AVAILABLE_TOOLS]")) return DHSA_CHAT_NONE;
             return DHSA_CHAT_MISTRAL;
         }
+        if (has(tmpl, "<|assistant|>") && has(tmpl, "<|end|>")) return DHSA_CHAT_PHI3;
         if (has(tmpl, "<start_of_turn>")) return DHSA_CHAT_GEMMA;
         if (has(tmpl, "<|start_header_id|>") && has(tmpl, "<|end_header_id|>")) return DHSA_CHAT_LLAMA3;
         return DHSA_CHAT_NONE;
@@ -364,6 +384,7 @@ dhsa_chat_template dhsa_chat_detect(const dhsa_gguf *g) {
     const char *arch = opt_str(g, "general.architecture");
     if (is_one_of(arch, qwen)) return DHSA_CHAT_CHATML;
     if (is_one_of(arch, gemma)) return DHSA_CHAT_GEMMA;
+    if (arch && strcmp(arch, "phi3") == 0) return DHSA_CHAT_PHI3;
     if (arch && strcmp(arch, "llama") == 0) {
         if (vocab_has(g, "<|start_header_id|>")) return DHSA_CHAT_LLAMA3;
         if (has_icase(opt_str(g, "general.name"), "mistral") || has_icase(opt_str(g, "general.basename"), "mistral"))
@@ -383,6 +404,7 @@ dhsa_status dhsa_chat_stop_ids(dhsa_chat_template t, const dhsa_tokenizer *tok, 
     static const char *const llama3[] = {"<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", NULL};
     static const char *const chatml[] = {"<|im_end|>", "<|endoftext|>", NULL};
     static const char *const gemma[] = {"<end_of_turn>", "<eos>", NULL};
+    static const char *const phi3[] = {"<|end|>", "<|endoftext|>", NULL};
     static const char *const sentencepiece[] = {"</s>", NULL};
     static const char *const none[] = {NULL};
     const char *const *texts;
@@ -391,6 +413,7 @@ dhsa_status dhsa_chat_stop_ids(dhsa_chat_template t, const dhsa_tokenizer *tok, 
     case DHSA_CHAT_LLAMA3: texts = llama3; break;
     case DHSA_CHAT_CHATML: texts = chatml; break;
     case DHSA_CHAT_GEMMA: texts = gemma; break;
+    case DHSA_CHAT_PHI3: texts = phi3; break;
     case DHSA_CHAT_MISTRAL:
     case DHSA_CHAT_LLAMA2: texts = sentencepiece; break;
     default: return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_chat_stop_ids: template %d is out of range", (int)t);
