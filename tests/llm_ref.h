@@ -1638,6 +1638,8 @@ typedef struct {
     double final_softcap;      /* gemma2.final_logit_softcapping; 0: key out (30) */
     int64_t sliding_window;    /* A.attention.sliding_window; 0: key out (gemma2 4096, gemma3 none) */
     int64_t swa_pattern;       /* A.attention.sliding_window_pattern; 0: key out (gemma2 2, gemma3 6) */
+    const uint8_t *swa_flags;  /* or that key as a BOOL array of n_swa_flags (when swa_pattern is 0) */
+    int64_t n_swa_flags;
     double rope_base_swa;      /* A.rope.freq_base_swa; 0: key out */
     int rope_factors;          /* write rope_factors_long/short.weight [n_rot/2], values in [1, 4) */
     double rope_attn_factor;   /* A.rope.scaling.attn_factor; 0: key out (1) */
@@ -1880,6 +1882,10 @@ static inline int llmref_fixture_build(const llmref_spec *s, uint8_t **bytes, si
     if (s->final_softcap != 0) llmref__fx_float(&fx, LLMREF_K("final_logit_softcapping"), s->final_softcap);
     if (s->sliding_window) llmref__fx_int(&fx, LLMREF_K("attention.sliding_window"), s->sliding_window);
     if (s->swa_pattern) llmref__fx_int(&fx, LLMREF_K("attention.sliding_window_pattern"), s->swa_pattern);
+    if (!s->swa_pattern && s->swa_flags && !fx.failed &&
+        dhsa_gguf_writer_set_arr(fx.w, LLMREF_K("attention.sliding_window_pattern"), DHSA_GGUF_BOOL, s->swa_flags,
+                                 s->n_swa_flags) != DHSA_OK)
+        fx.failed = llmref__fail("fixture: set %s: %s", key, dhsa_last_error());
     if (s->rope_base_swa != 0) llmref__fx_float(&fx, LLMREF_K("rope.freq_base_swa"), s->rope_base_swa);
     if (s->rope_attn_factor != 0) llmref__fx_float(&fx, LLMREF_K("rope.scaling.attn_factor"), s->rope_attn_factor);
     if (s->n_ctx_orig) llmref__fx_int(&fx, LLMREF_K("rope.scaling.original_context_length"), s->n_ctx_orig);

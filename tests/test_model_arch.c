@@ -273,6 +273,31 @@ static void test_gemma(void) {
         want = NULL;
     }
     fixture_close(&f);
+    /* the pattern as one flag per layer: layers 1 and 2 of 3 slide */
+    static const uint8_t flags[3] = {0, 1, 1};
+    s = llmref_spec_default("gemma3", LLMREF_F32);
+    s.n_layer = 3;
+    s.swa_pattern = 0;
+    s.swa_flags = flags;
+    s.n_swa_flags = 3;
+    s.seed = 49;
+    if (fixture_open(&s, &f, "gemma3 pattern flags") == 0) {
+        T_CHECK(dhsa_model_get_info(f.m)->n_swa_layers == 2 && !llmref_layer_slides(&f.ref, 0) &&
+                    llmref_layer_slides(&f.ref, 2),
+                "gemma3 with a BOOL pattern: layers 1 and 2 slide (%lld sliding)",
+                (long long)dhsa_model_get_info(f.m)->n_swa_layers);
+        make_ids(ids, 24, f.ref.n_vocab, 50);
+        check_close(&f, 0, ids, 24, "gemma3 pattern flags 0,1,1", &want);
+        if (want) {
+            free(f.ref.swa);
+            f.ref.swa = NULL;
+            f.ref.swa_pattern = 6; /* every layer would slide */
+            check_far(&f.ref, ids, 24, want, "gemma3: the default pattern instead of the flags");
+        }
+        free(want);
+        want = NULL;
+    }
+    fixture_close(&f);
     /* no window key: no layer slides */
     s = llmref_spec_default("gemma3", LLMREF_F32);
     s.sliding_window = 0;
@@ -445,6 +470,13 @@ static void test_refused(void) {
     s.rope_factors = 1;
     s.rope_freqs = 1;
     check_refused(&s, DHSA_ERR_UNSUPPORTED, "rope_freqs.weight", "rope_freqs beside LongRoPE factors");
+    static const uint8_t two[2] = {1, 0};
+    s = llmref_spec_default("gemma3", LLMREF_F32);
+    s.n_layer = 3;
+    s.swa_pattern = 0;
+    s.swa_flags = two;
+    s.n_swa_flags = 2;
+    check_refused(&s, DHSA_ERR_FORMAT, "gemma3.attention.sliding_window_pattern", "a pattern of 2 flags for 3 layers");
     s = llmref_spec_default("phi3", LLMREF_F32);
     s.omit_tensor = "blk.1.ffn_up.weight"; /* gate and up: both gone */
     check_refused(&s, DHSA_ERR_FORMAT, "blk.1.ffn_up.weight", "phi3 without blk.1.ffn_up.weight");
