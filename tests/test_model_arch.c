@@ -484,7 +484,7 @@ static void test_refused(void) {
 
 /* ------------------------------------------------------------ gen-model --- */
 
-#define GEN_CHECKS 12
+#define GEN_CHECKS 18
 
 static void test_gen_model(void) {
     const char *cli = getenv("DHSA_CLI");
@@ -531,6 +531,59 @@ static void test_gen_model(void) {
         dhsa_model_free(m);
         unlink(path);
     }
+    /* the options for the sliding and LongRoPE files */
+    char path[128], args[320];
+    snprintf(path, sizeof path, "%s/opt.gguf", dir);
+    struct {
+        const char *opts;
+        int64_t n_ctx; /* the session's: LongRoPE's choice */
+        const char *what;
+    } opt[] = {
+        {"--arch gemma3 --window 3 --rope-scale 8", 0, "gemma3 --window 3 --rope-scale 8"},
+        {"--arch phi3 --longrope --ctx 1024", 32, "phi3 --longrope, context 32 (short)"},
+        {"--arch phi3 --longrope --ctx 1024", 64, "phi3 --longrope, context 64 (long)"},
+    };
+    for (int i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, "gen-model -o '%s' --preset tiny --type F32 %s", path, opt[i].opts);
+        char *out = NULL;
+        int rc = cli_run(args, 0, &out);
+        free(out);
+        dhsa_model *m = NULL;
+        llmref_model ref;
+        double rel = INFINITY;
+        if (rc == 0 && dhsa_model_load(path, NULL, &m) == DHSA_OK && llmref_model_load_file(path, &ref) == 0) {
+            const dhsa_model_info *in = dhsa_model_get_info(m);
+            int keys = i == 0 ? in->sliding_window == 3 && in->n_swa_layers == 2 && in->rope_linear_factor == 8 &&
+                                    in->rope_linear_factor_swa == 1
+                              : in->has_rope_factors && in->n_ctx_orig == 32 && in->rope_attn_factor > 1.1f;
+            const int64_t n = 12, V = ref.n_vocab;
+            int32_t ids[12];
+            make_ids(ids, n, V, 10);
+            llmref_model_set_ctx(&ref, opt[i].n_ctx ? opt[i].n_ctx : ref.n_ctx_train);
+            double *want = malloc((size_t)(n * V) * sizeof *want);
+            float *got = malloc((size_t)(n * V) * sizeof *got);
+            if (want && got && llmref_forward(&ref, ids, n, want) == 0 &&
+                run_logits(m, opt[i].n_ctx, ids, n, 0, got) == 0)
+                rel = rel_l2(got, want, n * V);
+            T_CHECK(keys && rel <= REL_MAX, "gen-model %s: its keys read back (%d); relative L2 %.3g", opt[i].what,
+                    keys, rel);
+            free(want);
+            free(got);
+            llmref_model_free(&ref);
+        } else {
+            T_CHECK(0, "gen-model %s: rc %d: %s / %s", opt[i].what, rc, dhsa_last_error(), llmref_error());
+        }
+        dhsa_model_free(m);
+    }
+    static const char *const bad[] = {"--arch llama --window 4", "--arch qwen3 --longrope", "--arch mamba"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, "gen-model -o '%s' --preset tiny %s", path, bad[i]);
+        char *out = NULL;
+        int rc = cli_run(args, 0, &out);
+        T_CHECK(rc == 2, "gen-model %s is refused: rc %d: %s", bad[i], rc, out ? out : "");
+        free(out);
+    }
+    unlink(path);
     rmdir(dir);
 }
 

@@ -33,7 +33,7 @@
 const char dhsa_cli_gen_model_usage[] =
     "usage: dhsa gen-model -o OUT.gguf [--preset smollm-135m|tiny] [--type TYPE]\n"
     "                      [--arch llama|qwen2|qwen3|gemma2|gemma3|phi3] [--n-embd N] [--n-layer N]\n"
-    "                      [--n-head N] [--n-head-kv N]\n"
+    "                      [--n-head N] [--n-head-kv N] [--window N] [--rope-scale F] [--longrope]\n"
     "                      [--n-ff N] [--vocab N] [--ctx N] [--seed S] [--bias LIST]\n"
     "\n"
     "Writes a GGUF model of the given shape with random weights (matrices\n"
@@ -52,6 +52,11 @@ const char dhsa_cli_gen_model_usage[] =
     "window 4096 on even layers; gemma3 q/k and post norms, window 512 on 5\n"
     "layers in 6, RoPE bases 1e6 (global) and 1e4 (local); phi3 one fused\n"
     "attn_qkv and one ffn_up of 2 n_ff rows.\n"
+    "--window N: the sliding window of gemma2/gemma3 (0: none). --rope-scale F:\n"
+    "linear RoPE scaling (gemma3: its global layers only). --longrope (phi3):\n"
+    "rope_factors_long/short.weight (random, in [1, 4) and [1, 1.5)), attn_factor\n"
+    "sqrt(1 + ln(32) / ln(ctx / 32)) and an original context of ctx / 32, as a\n"
+    "Phi-3-128k file has them: a session above ctx / 32 uses the long factors.\n"
     "OUT.gguf is checked before any work (its folder must take a new file) and\n"
     "written to a temporary beside it, renamed over OUT.gguf when complete: a\n"
     "run that has the old file open keeps it, a failed write leaves it as it\n"
@@ -119,12 +124,19 @@ int dhsa_cli_gen_model(int argc, char **argv) {
     uint64_t seed = 1;
     uint32_t type = DHSA_GGML_Q8_0;
     int b_qkv = 0, b_out = 0, b_ffn = 0, b_output = 0; /* --bias */
+    int64_t window = -1;                                /* --window; -1: the architecture's */
+    double rope_scale = 0;                              /* --rope-scale; 0: none */
+    int longrope = 0;
     dhsa_cli_set_command("gen-model", NULL);
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             fputs(dhsa_cli_gen_model_usage, stdout);
             return 0;
+        }
+        if (strcmp(a, "--longrope") == 0) {
+            longrope = 1;
+            continue;
         }
         if (i + 1 >= argc) dhsa_cli_die(EXIT_USAGE, "%s needs a value (or is unknown)", a);
         const char *v = argv[++i];
@@ -156,6 +168,8 @@ int dhsa_cli_gen_model(int argc, char **argv) {
         else if (strcmp(a, "--vocab") == 0) V = dhsa_cli_int(a, v, 260, 1 << 20, 1);
         else if (strcmp(a, "--ctx") == 0) C = dhsa_cli_int(a, v, 1, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--seed") == 0) seed = (uint64_t)dhsa_cli_int(a, v, 0, INT64_MAX, 1);
+        else if (strcmp(a, "--window") == 0) window = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "--rope-scale") == 0) rope_scale = dhsa_cli_real(a, v, 1.0, 1e6);
         else if (strcmp(a, "--bias") == 0) {
             b_qkv = b_out = b_ffn = b_output = 0;
             for (const char *p = v; *p;) {
@@ -182,6 +196,9 @@ int dhsa_cli_gen_model(int argc, char **argv) {
     const int gemma = strcmp(arch, "gemma2") == 0 || strcmp(arch, "gemma3") == 0;
     const int qk_norm = strcmp(arch, "qwen3") == 0 || strcmp(arch, "gemma3") == 0;
     const int phi3 = strcmp(arch, "phi3") == 0;
+    if (window >= 0 && !gemma) dhsa_cli_die(EXIT_USAGE, "--window: only gemma2 and gemma3 have sliding layers");
+    if (longrope && !phi3) dhsa_cli_die(EXIT_USAGE, "--longrope: only phi3 files carry LongRoPE factors");
+    if (longrope && C < 64) dhsa_cli_die(EXIT_USAGE, "--longrope needs --ctx 64 or more (the original is ctx / 32)");
     dhsa_gguf_writer *w;
     if (dhsa_gguf_writer_create(&w)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     keep_list k = {0};
@@ -203,10 +220,19 @@ int dhsa_cli_gen_model(int argc, char **argv) {
     if (strcmp(arch, "gemma2") == 0) { /* Gemma 2's values */
         dhsa_gguf_writer_set_f32(w, KEY("attn_logit_softcapping"), 50.0f);
         dhsa_gguf_writer_set_f32(w, KEY("final_logit_softcapping"), 30.0f);
-        dhsa_gguf_writer_set_u32(w, KEY("attention.sliding_window"), 4096);
+        dhsa_gguf_writer_set_u32(w, KEY("attention.sliding_window"), (uint32_t)(window >= 0 ? window : 4096));
     } else if (strcmp(arch, "gemma3") == 0) { /* Gemma 3 1B's */
-        dhsa_gguf_writer_set_u32(w, KEY("attention.sliding_window"), 512);
+        dhsa_gguf_writer_set_u32(w, KEY("attention.sliding_window"), (uint32_t)(window >= 0 ? window : 512));
         dhsa_gguf_writer_set_f32(w, KEY("rope.freq_base_swa"), 10000.0f);
+    }
+    if (rope_scale > 0) {
+        dhsa_gguf_writer_set_str(w, KEY("rope.scaling.type"), "linear");
+        dhsa_gguf_writer_set_f32(w, KEY("rope.scaling.factor"), (float)rope_scale);
+    }
+    if (longrope) { /* Phi-3-mini-128k: 131072 over 4096 */
+        double scale = 32.0, orig = (double)(C / 32);
+        dhsa_gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"), (uint32_t)(C / 32));
+        dhsa_gguf_writer_set_f32(w, KEY("rope.scaling.attn_factor"), (float)sqrt(1.0 + log(scale) / log(orig)));
     }
 #undef KEY
     /* vocabulary: <unk> <s> </s>, 256 byte tokens, then made-up pieces */
@@ -234,6 +260,17 @@ int dhsa_cli_gen_model(int argc, char **argv) {
     add_matrix(w, &k, "token_embd.weight", type, E, V);
     add_vector(w, &k, "output_norm.weight", E, 1.0f, 0.0f);
     if (b_output) add_vector(w, &k, "output.bias", V, 0.0f, 0.1f);
+    if (longrope) {
+        float *lf = keep(&k, (size_t)(hd / 2) * sizeof(float)), *sf = keep(&k, (size_t)(hd / 2) * sizeof(float));
+        for (int64_t i = 0; i < hd / 2; i++) {
+            lf[i] = 1.0f + 3.0f * (float)((next_u64() >> 11) * (1.0 / 9007199254740992.0));
+            sf[i] = 1.0f + 0.5f * (float)((next_u64() >> 11) * (1.0 / 9007199254740992.0));
+        }
+        int64_t dims[1] = {hd / 2};
+        if (dhsa_gguf_writer_add_tensor(w, "rope_factors_long.weight", DHSA_GGML_F32, 1, dims, lf, hd / 2 * 4) ||
+            dhsa_gguf_writer_add_tensor(w, "rope_factors_short.weight", DHSA_GGML_F32, 1, dims, sf, hd / 2 * 4))
+            dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+    }
     char name[96];
     for (int64_t l = 0; l < L; l++) {
 #define NAME(s) (snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, s), name)
