@@ -1154,7 +1154,8 @@ typedef struct {
     int fused_ffn;              /* gate and up in one ffn_up.weight of 2 n_ff rows (phi3) */
     float attn_softcap, final_softcap; /* 0 = none */
     float attn_scale;           /* scores = q.k * attn_scale: 1/sqrt(head_dim_k), but gemma2 with
-                                   46 layers (27B) 1/sqrt(n_embd / n_head), as llama.cpp */
+                                   46 layers and gemma3 with 62 (27B) 1/sqrt(n_embd / n_head), as
+                                   llama.cpp */
     int64_t sliding_window;     /* window of the sliding layers (gemma2, gemma3); 0 = none */
     int64_t n_swa_layers;       /* how many layers slide (gemma2: the even ones; gemma3: 5 in 6) */
     int tied_output;            /* output.weight absent: token_embd used */

@@ -391,6 +391,30 @@ static void test_phi3(void) {
         check_close(&f, 64, ids, 24, "phi3 LongRoPE, context 64 (long)", &want_long);
         if (want && want_long)
             T_CHECK(rel_l2_d(want, want_long, 24 * f.ref.n_vocab) > FAR, "phi3: long and short factors differ");
+        /* one batched decode step of a short-context and a long-context
+         * session: each row rotates with its own session's factors */
+        if (want && want_long) {
+            const int64_t V = f.ref.n_vocab;
+            dhsa_session *ss[2] = {NULL, NULL};
+            dhsa_session_params sp = dhsa_session_default_params();
+            float *lg = malloc((size_t)(2 * V) * sizeof *lg);
+            dhsa_status st = DHSA_OK;
+            for (int k = 0; k < 2 && !st; k++) {
+                sp.n_ctx = k ? 64 : 32;
+                st = dhsa_session_create(ctx, f.m, &sp, &ss[k]);
+                if (!st) st = dhsa_session_eval(ss[k], ids, 23, NULL);
+            }
+            const int32_t next[2] = {ids[23], ids[23]};
+            if (!st && lg) st = dhsa_session_eval_batch(ss, 2, next, lg);
+            double r0 = st ? INFINITY : rel_l2(lg, want + 23 * V, V);
+            double r1 = st ? INFINITY : rel_l2(lg + V, want_long + 23 * V, V);
+            T_CHECK(r0 <= REL_MAX && r1 <= REL_MAX, "phi3 LongRoPE: a batched step of a context-32 and a context-64 "
+                    "session, each with its factors: relative L2 %.3g (short), %.3g (long): %s", r0, r1,
+                    st ? dhsa_last_error() : "ok");
+            dhsa_session_free(ss[0]);
+            dhsa_session_free(ss[1]);
+            free(lg);
+        }
         if (want) {
             llmref_model_set_ctx(&f.ref, 32);
             f.ref.rope_attn_factor = 1;

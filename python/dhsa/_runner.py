@@ -50,8 +50,11 @@ class ModelInfo(ctypes.Structure):
         ("head_dim_v", c_int64), ("n_rot", c_int64),
         ("rms_eps", c_float), ("rope_base", c_float), ("rope_linear_factor", c_float),
         ("rope_neox", c_int), ("has_rope_freqs", c_int),
+        ("rope_base_swa", c_float), ("rope_linear_factor_swa", c_float), ("rope_attn_factor", c_float),
+        ("has_rope_factors", c_int), ("n_ctx_orig", c_int64), ("qk_norm", c_int), ("fused_ffn", c_int),
         ("attn_softcap", c_float), ("final_softcap", c_float), ("attn_scale", c_float),
-        ("sliding_window", c_int64), ("tied_output", c_int), ("weight_type", ctypes.c_uint32),
+        ("sliding_window", c_int64), ("n_swa_layers", c_int64), ("tied_output", c_int),
+        ("weight_type", ctypes.c_uint32),
         ("n_params", c_int64), ("weight_bytes", c_int64),
     ]
 
@@ -86,7 +89,7 @@ class ChatMessage(ctypes.Structure):
     _fields_ = [("role", c_char_p), ("content", c_char_p)]
 
 
-LP64_SIZES = {"ModelParams": 16, "ModelInfo": 160, "SessionParams": 224, "MemPlan": 136,
+LP64_SIZES = {"ModelParams": 16, "ModelInfo": 208, "SessionParams": 224, "MemPlan": 136,
               "SamplerParams": 48, "ChatMessage": 16}
 
 _PROTOTYPES = {
