@@ -174,6 +174,11 @@ fuzz: $(BUILD)/dhsa
 	  f=build-fuzz/corpus-model/tiny-$$1-$$2.gguf; [ -f $$f ] || $(BUILD)/dhsa gen-model -o $$f --preset tiny \
 	    --arch $$1 --type $$2 --n-embd $$3 --n-ff $$4 --n-layer 1 --n-head 2 --n-head-kv 1 --vocab 260 --ctx 64 \
 	    >/dev/null || exit 1; done
+	@# and one of each other architecture (q/k norms, sliding layers, fused gate/up, LongRoPE factors)
+	@for s in "qwen3 F32 8 16" "gemma2 F16 8 16" "gemma3 F32 8 16 --window 2" "phi3 Q8_0 32 32 --longrope"; do \
+	  set -- $$s; f=build-fuzz/corpus-model/tiny-$$1-$$2.gguf; a=$$1 t=$$2 e=$$3 ff=$$4; shift 4; \
+	  [ -f $$f ] || $(BUILD)/dhsa gen-model -o $$f --preset tiny --arch $$a --type $$t --n-embd $$e --n-ff $$ff \
+	    --n-layer 1 --n-head 2 --n-head-kv 1 --vocab 260 --ctx 64 $$@ >/dev/null || exit 1; done
 	@cp models/dhsa-retrieval-8m-q8_0.gguf build-fuzz/seeds-model/
 	@if [ -f $(SHARED)/models/stories260K.gguf ]; then cp $(SHARED)/models/stories260K.gguf build-fuzz/seeds-model/; \
 	  else echo "model_fuzz: no $(SHARED)/models/stories260K.gguf: seeded without it"; fi

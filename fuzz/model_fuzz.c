@@ -14,7 +14,8 @@
  * Run: make fuzz (FUZZ_SECONDS per harness; MODEL_FUZZ_VERBOSE=1 says what
  * each input did). Seeds (the Makefile's fuzz target): tiny models written
  * by `dhsa gen-model` (llama and qwen2, F32 / F16 / BF16 / Q8_0 / Q4_0 /
- * Q4_K / Q6_K), models/dhsa-retrieval-8m-q8_0.gguf and
+ * Q4_K / Q6_K; one each of qwen3, gemma2, gemma3 with a window and phi3
+ * with LongRoPE factors), models/dhsa-retrieval-8m-q8_0.gguf and
  * ../shared/models/stories260K.gguf when present.
  */
 #include <stdint.h>

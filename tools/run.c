@@ -251,6 +251,12 @@ static void print_model(FILE *f, const char *path, const dhsa_model_info *in) {
             (long long)in->n_head, (long long)in->n_head_kv, (long long)in->head_dim_k, (long long)in->n_vocab,
             (long long)in->n_ctx_train, dhsa_ggml_type_name(in->weight_type), (double)in->n_params / 1e6,
             mib((size_t)in->weight_bytes));
+    if (in->n_swa_layers > 0)
+        fprintf(f, "model: %lld of %lld layers slide (window %lld, RoPE base %g)\n", (long long)in->n_swa_layers,
+                (long long)in->n_layer, (long long)in->sliding_window, (double)in->rope_base_swa);
+    if (in->has_rope_factors)
+        fprintf(f, "model: LongRoPE factors: the short ones up to a context of %lld, the long ones above\n",
+                (long long)in->n_ctx_orig);
 }
 
 /* Writes the bytes of one token to stdout. */
