@@ -47,9 +47,9 @@ for a in llama qwen2 qwen3 gemma2 gemma3 phi3; do
     row "$a F32" $a 256 "--type F32 --bias none $w"
     row "$a Q8_0" $a 256 "--type Q8_0 $w"
     row "$a Q4_K" $a 256 "--type Q4_K $w"
-    row "$a F32 -> llama-quantize Q8_0" $a 256 "--type F32 $w" Q8_0
-    row "$a F32 -> llama-quantize Q4_0" $a 256 "--type F32 $w" Q4_0
-    row "$a F32 -> llama-quantize Q6_K" $a 256 "--type F32 $w" Q6_K
+    for q in Q8_0 Q4_0 Q6_K Q2_K Q3_K_M Q4_K_M Q5_K_M IQ4_XS; do
+        row "$a F32 -> llama-quantize $q" $a 256 "--type F32 $w" $q
+    done
 done
 row "qwen3 F32, q/k/v biases" qwen3 256 "--type F32 --bias qkv"
 row "gemma3 F32, window 8, linear x8 (global)" gemma3 256 "--type F32 --window 8 --rope-scale 8"
