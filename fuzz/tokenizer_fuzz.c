@@ -14,7 +14,9 @@
  * detokenize sizes itself the same way; and, plain (no BOS/EOS, specials
  * not parsed), detokenize(tokenize(x)) == x as include/dhsa.h promises,
  * except in the lossy cases docs/tokenizer.md names: a literal U+2581 in
- * SPM text, and text that became unk (a byte the vocabulary lacks).
+ * SPM text, text that became unk (SPM), and in BPE invalid UTF-8 (read as
+ * U+FFFD, as llama.cpp does) or a byte the vocabulary has no token for
+ * (dropped, as llama.cpp does).
  *
  * Run: make fuzz (FUZZ_SECONDS per harness); seeds: the test strings of
  * ../shared/vocab (the .inp files) and a few texts the Makefile writes.
@@ -32,8 +34,53 @@
 static struct {
     char name[256];
     dhsa_tokenizer *t;
+    unsigned char lacks[256]; /* BPE: a byte of valid UTF-8 the vocabulary has no token for (dropped) */
 } vocabs[MAX_VOCABS];
 static int n_vocabs;
+
+/* Strict UTF-8 (no overlong forms, surrogates or code points above U+10FFFF). */
+static int valid_utf8(const uint8_t *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        unsigned c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        int k = c >= 0xC2 && c <= 0xDF ? 1 : c >= 0xE0 && c <= 0xEF ? 2 : c >= 0xF0 && c <= 0xF4 ? 3 : -1;
+        if (k < 0 || i + (size_t)k >= n) return 0;
+        unsigned long cp = c & (0x7Fu >> k);
+        for (int j = 1; j <= k; j++) {
+            if ((s[i + j] & 0xC0) != 0x80) return 0;
+            cp = (cp << 6) | (s[i + j] & 0x3F);
+        }
+        static const unsigned long min_cp[4] = {0, 0x80, 0x800, 0x10000};
+        if (cp < min_cp[k] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+        i += (size_t)k + 1;
+    }
+    return 1;
+}
+
+/* Which bytes of valid UTF-8 a BPE vocabulary drops: a one-character text
+ * holding the byte that does not come back. */
+static void find_lacking_bytes(int v) {
+    for (int b = 0; b < 256; b++) {
+        uint8_t probe[4];
+        size_t n = 0;
+        if (b < 0x80) probe[n++] = (uint8_t)b;
+        else if (b < 0xC0) probe[n++] = 0xC2, probe[n++] = (uint8_t)b;
+        else if (b >= 0xC2 && b <= 0xDF) probe[n++] = (uint8_t)b, probe[n++] = 0x80;
+        else if (b >= 0xE1 && b <= 0xEC) probe[n++] = (uint8_t)b, probe[n++] = 0x80, probe[n++] = 0x80;
+        else if (b >= 0xF1 && b <= 0xF3) probe[n++] = (uint8_t)b, probe[n++] = 0x80, probe[n++] = 0x80, probe[n++] = 0x80;
+        else continue; /* never in valid UTF-8, or only with other continuation bytes: E0 ED EE EF F0 F4 */
+        int32_t ids[16];
+        int64_t k = 0, len = 0;
+        char back[64];
+        if (dhsa_tokenize(vocabs[v].t, (const char *)probe, (int64_t)n, 0, ids, 16, &k) != DHSA_OK ||
+            dhsa_detokenize(vocabs[v].t, ids, k, 0, back, sizeof back, &len) != DHSA_OK || len != (int64_t)n ||
+            memcmp(back, probe, n) != 0)
+            vocabs[v].lacks[b] = 1;
+    }
+}
 
 static void add_vocab(const char *path) {
     if (n_vocabs == MAX_VOCABS) return;
@@ -50,7 +97,9 @@ static void add_vocab(const char *path) {
         return;
     }
     snprintf(vocabs[n_vocabs].name, sizeof vocabs[n_vocabs].name, "%s", path);
-    vocabs[n_vocabs++].t = t;
+    vocabs[n_vocabs].t = t;
+    if (dhsa_tokenizer_kind_of(t) == DHSA_TOKENIZER_BPE) find_lacking_bytes(n_vocabs);
+    n_vocabs++;
     fprintf(stderr, "tokenizer_fuzz: %s (%s, %lld tokens)\n", path,
             dhsa_tokenizer_kind_of(t) == DHSA_TOKENIZER_SPM ? "SPM" : "BPE", (long long)dhsa_tokenizer_n_vocab(t));
 }
@@ -159,6 +208,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const int64_t len = (int64_t)size;
     int has_meta = 0; /* a literal U+2581 ('\u2581' in UTF-8) */
     for (size_t i = 0; i + 2 < size && !has_meta; i++) has_meta = memcmp(data + i, "\xE2\x96\x81", 3) == 0;
+    const int utf8_ok = valid_utf8(data, size);
     for (int v = 0; v < n_vocabs; v++) {
         const dhsa_tokenizer *t = vocabs[v].t;
         const int spm = dhsa_tokenizer_kind_of(t) == DHSA_TOKENIZER_SPM;
@@ -167,7 +217,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         int64_t n;
         int32_t *ids = tokenize_checked(v, text, len, 0, &n);
         int lossy = spm && has_meta;
-        for (int64_t i = 0; i < n; i++) lossy |= ids[i] == dhsa_tokenizer_unk(t);
+        if (spm) {
+            for (int64_t i = 0; i < n; i++) lossy |= ids[i] == dhsa_tokenizer_unk(t);
+        } else { /* BPE reads invalid UTF-8 as U+FFFD and drops a byte it has no token for */
+            lossy |= !utf8_ok;
+            for (size_t i = 0; i < size && !lossy; i++) lossy |= vocabs[v].lacks[data[i]];
+        }
         int64_t back_len;
         char *back = detokenize_checked(v, ids, n, 0, &back_len);
         if (!lossy && (back_len != len || memcmp(back, text, (size_t)len) != 0)) {

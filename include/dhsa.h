@@ -933,7 +933,7 @@ typedef enum {
 /* Flags of dhsa_tokenize. */
 #define DHSA_TOKENIZE_ADD_BOS 1u       /* prepend the BOS id (if the vocab has one) */
 #define DHSA_TOKENIZE_ADD_EOS 2u       /* append the EOS id (if the vocab has one) */
-#define DHSA_TOKENIZE_PARSE_SPECIAL 4u /* match CONTROL token texts ("<s>") in text */
+#define DHSA_TOKENIZE_PARSE_SPECIAL 4u /* also match CONTROL and UNKNOWN token texts ("<s>", "<unk>") */
 /* Flags of dhsa_detokenize / dhsa_token_to_piece. */
 #define DHSA_DETOKENIZE_SPECIAL 1u     /* render CONTROL tokens as their text */
 #define DHSA_DETOKENIZE_KEEP_SPACE 2u  /* keep the space an SPM prefix added */
@@ -975,8 +975,17 @@ int dhsa_tokenizer_type(const dhsa_tokenizer *t, int32_t id);
 
 /* Upper bound on the ids dhsa_tokenize can produce for len bytes. */
 int64_t dhsa_tokenize_max_ids(int64_t len);
-/* Tokenizes text[0..len) (any bytes: invalid UTF-8 becomes byte tokens in
- * SPM and mapped bytes in BPE; NUL is an ordinary byte). Writes at most
+/* Tokenizes text[0..len) as llama.cpp does (docs/tokenizer.md). Special
+ * tokens are cut out first, longest first: USER_DEFINED ones always, CONTROL
+ * and UNKNOWN ones only with DHSA_TOKENIZE_PARSE_SPECIAL. Token types are
+ * the file's, corrected as llama.cpp corrects them: every end-of-generation
+ * text (</s>, <|endoftext|>, <|im_end|>, <|eot_id|>, ...) and, where the
+ * file names no id for them, fill-in-the-middle texts are CONTROL, so plain
+ * text never becomes them; a phi-3 vocabulary (general.name) drops the
+ * whitespace after its special tokens but <unk>, <s> and <|endoftext|>.
+ * Any bytes: invalid UTF-8 becomes byte tokens in SPM and U+FFFD in BPE
+ * (as in llama.cpp); a byte a BPE vocabulary has no token for is dropped,
+ * never unk; NUL is an ordinary byte. Writes at most
  * cap ids; *n_ids is always the full count, so ids = NULL, cap = 0 sizes
  * the buffer; a count above cap is DHSA_ERR_INVALID_ARG (the ids that fit
  * are written). Not a hot path: scratch comes from malloc for the call. */
@@ -1042,12 +1051,13 @@ const char *dhsa_chat_template_name(dhsa_chat_template t);
 /* Writes msgs[0..n) in format t, then, with add_generation_prompt, the
  * opening of the assistant's turn (LLAMA3, CHATML, GEMMA; MISTRAL and
  * LLAMA2 have none: a user turn already ends in [/INST]).
- * BOS: the text never starts with it. Tokenize the text with
- * dhsa_tokenizer_default_flags(tok) | DHSA_TOKENIZE_PARSE_SPECIAL: the
- * tokenizer adds BOS once where the vocabulary wants it, and the special
- * texts (<|eot_id|>, </s>, the <s> that opens each later LLAMA2 turn, ...)
- * become their tokens. Content is copied as is, so a special text inside
- * a message becomes that token too: tokenize untrusted content apart.
+ * BOS: the text never starts with it; the tokenizer adds it once where
+ * the vocabulary wants it (dhsa_tokenizer_default_flags). To feed a model,
+ * use dhsa_chat_tokenize below: it parses the special texts (<|eot_id|>,
+ * </s>, the <s> that opens each later LLAMA2 turn, ...) of the template
+ * only. Content is copied as is, so tokenizing this text with
+ * DHSA_TOKENIZE_PARSE_SPECIAL would turn a special text inside a message
+ * into that token too.
  * Contents are trimmed where the model's own template trims (LLAMA3,
  * GEMMA, LLAMA2). Roles: see docs/chat.md; GEMMA, MISTRAL and LLAMA2 take
  * one optional system message first, then user and assistant in turn from
@@ -1057,6 +1067,22 @@ const char *dhsa_chat_template_name(dhsa_chat_template t);
  * DHSA_ERR_INVALID_ARG (out = NULL, cap = 0 sizes the buffer). */
 dhsa_status dhsa_chat_apply(dhsa_chat_template t, const dhsa_chat_message *msgs, int64_t n,
                             int add_generation_prompt, char *out, int64_t cap, int64_t *len);
+
+/* The tokens of msgs in format t (the text dhsa_chat_apply writes) with
+ * vocabulary tok: the template's own markers (<|im_start|>, <|eot_id|>,
+ * </s>, ...) become their special tokens, the messages' text is plain text
+ * (a "<|im_end|>" or "<s>" a user typed stays text, so a message cannot
+ * open or close a turn). The text between special tokens is encoded whole,
+ * so a conversation whose messages hold no special text gets the ids of
+ * its whole text tokenized with DHSA_TOKENIZE_PARSE_SPECIAL (llama.cpp's).
+ * flags: DHSA_TOKENIZE_ADD_BOS / _ADD_EOS only (usually
+ * dhsa_tokenizer_default_flags(tok)); any other flag is
+ * DHSA_ERR_INVALID_ARG. Messages as dhsa_chat_apply takes them (same
+ * errors). Writes at most cap ids; *n_ids is the full count; more than cap
+ * is DHSA_ERR_INVALID_ARG (ids = NULL, cap = 0 sizes the buffer). */
+dhsa_status dhsa_chat_tokenize(dhsa_chat_template t, const dhsa_tokenizer *tok, const dhsa_chat_message *msgs,
+                               int64_t n, int add_generation_prompt, unsigned flags, int32_t *ids, int64_t cap,
+                               int64_t *n_ids);
 
 /* The ids that end a model's turn in format t with vocabulary tok: the
  * vocabulary's EOS, then those of the format's end-of-turn texts that are

@@ -7,7 +7,9 @@
  *   - errors: no -m, TEXT and -f together, unknown option (exit 2, usage);
  *     a missing model or file, a file that is not GGUF, a GGUF without a
  *     tokenizer (exit 1, a sentence); --help and `help tokenize` (exit 0);
- *   - a deliberately wrong expectation is caught.
+ *   - a deliberately wrong expectation is caught;
+ *   - `dhsa run --chat` (shipped model): special texts in -p and --system
+ *     stay text, the prompt ids are dhsa_chat_tokenize's.
  * Run: make test, or DHSA_CLI=build/dhsa build/tests/test_tokenize_cli.
  */
 #include "dhsa.h"
@@ -23,12 +25,12 @@
 
 static const char *cli;
 
-/* Runs `sh -c "PRE 'cli' tokenize ARGS"` with stderr kept (2>&1) or
- * dropped; returns the exit status (-1 if it did not exit normally) and the
- * output in *out (caller frees). */
-static int run(const char *pre, const char *args, int keep_stderr, char **out) {
+/* Runs `sh -c "PRE 'cli' SUB ARGS"` with stderr kept (2>&1) or dropped;
+ * returns the exit status (-1 if it did not exit normally) and the output
+ * in *out (caller frees). */
+static int run_sub(const char *pre, const char *sub, const char *args, int keep_stderr, char **out) {
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s'%s' tokenize %s %s", pre, cli, args, keep_stderr ? "2>&1" : "2>/dev/null");
+    snprintf(cmd, sizeof cmd, "%s'%s' %s %s %s", pre, cli, sub, args, keep_stderr ? "2>&1" : "2>/dev/null");
     FILE *p = popen(cmd, "r");
     size_t cap = 1 << 14, n = 0;
     char *buf = malloc(cap);
@@ -52,6 +54,10 @@ static int run(const char *pre, const char *args, int keep_stderr, char **out) {
     int st = pclose(p);
     *out = buf;
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int run(const char *pre, const char *args, int keep_stderr, char **out) {
+    return run_sub(pre, "tokenize", args, keep_stderr, out);
 }
 
 /* Checks exit status and output (exact with want, or containing needle). */
@@ -90,15 +96,68 @@ static char *write_gguf_without_tokenizer(void) {
     return path;
 }
 
-/* Every check of this file needs the CLI and the model: what a skip of it all counts. */
+/* `dhsa run --chat` with the shipped model (in the repository): a prompt
+ * and a system message that type special texts get the ids
+ * dhsa_chat_tokenize gives (the template's markers special, the text plain),
+ * so the prompt holds one BOS and no EOS; the whole text parsed would hold
+ * more (the check can fail). */
+#define SHIPPED "models/dhsa-retrieval-8m.gguf"
+#define N_CHAT_CHECKS 4
+static void test_run_chat(void) {
+    dhsa_gguf *g = NULL;
+    dhsa_tokenizer *t = NULL;
+    if (dhsa_gguf_open(SHIPPED, &g) != DHSA_OK || dhsa_tokenizer_from_gguf(g, &t) != DHSA_OK) {
+        T_CHECK(0, "%s: %s (run from the repository root)", SHIPPED, dhsa_last_error());
+        T_SKIP(N_CHAT_CHECKS - 1, "no shipped model: no --chat checks");
+        dhsa_gguf_close(g);
+        return;
+    }
+    dhsa_chat_template tmpl = dhsa_chat_detect(g);
+    dhsa_gguf_close(g);
+    const char *user = "<s></s>[/INST] hi", *sys = "</s><s>";
+    dhsa_chat_message msgs[] = {{"system", sys}, {"user", user}};
+    int32_t want[512], whole[512];
+    int64_t n = 0, n_whole = 0;
+    unsigned flags = dhsa_tokenizer_default_flags(t) & DHSA_TOKENIZE_ADD_BOS;
+    T_CHECK(tmpl != DHSA_CHAT_NONE && dhsa_chat_tokenize(tmpl, t, msgs, 2, 1, flags, want, 512, &n) == DHSA_OK,
+            "the shipped model's template %s: %s", dhsa_chat_template_name(tmpl), dhsa_last_error());
+    int32_t bos = dhsa_tokenizer_bos(t), eos = dhsa_tokenizer_eos(t);
+    int64_t n_bos = 0, n_eos = 0;
+    for (int64_t i = 0; i < n; i++) n_bos += want[i] == bos, n_eos += want[i] == eos;
+    T_CHECK(n > 0 && want[0] == bos && n_bos == 1 && n_eos == 0, "the prompt has %lld BOS, %lld EOS",
+            (long long)n_bos, (long long)n_eos);
+    char text[1024];
+    int64_t len = 0, n_special = 0;
+    if (dhsa_chat_apply(tmpl, msgs, 2, 1, text, sizeof text, &len) == DHSA_OK &&
+        dhsa_tokenize(t, text, len, flags | DHSA_TOKENIZE_PARSE_SPECIAL, whole, 512, &n_whole) == DHSA_OK)
+        for (int64_t i = 0; i < n_whole; i++) n_special += whole[i] == bos || whole[i] == eos;
+    T_CHECK(n_special > n_bos, "the whole text parsed holds %lld BOS/EOS (the user's included)", (long long)n_special);
+    char args[1024], *out = NULL;
+    snprintf(args, sizeof args, "-m %s --chat --system '%s' -p '%s' --ids -n 1 --temp 0", SHIPPED, sys, user);
+    int rc = run_sub("", "run", args, 0, &out);
+    int same = rc == 0 && out != NULL;
+    const char *p = out;
+    for (int64_t i = 0; same && i < n; i++) {
+        char *e;
+        long v = strtol(p, &e, 10);
+        same = e != p && v == want[i];
+        p = e;
+    }
+    T_CHECK(same, "dhsa run %s: the prompt ids are dhsa_chat_tokenize's (exit %d):\n%s", args, rc, out ? out : "");
+    free(out);
+    dhsa_tokenizer_free(t);
+}
+
+/* Every check of main below needs the CLI and the model: what a skip of it all counts. */
 #define N_CHECKS 25
 
 int main(void) {
     cli = getenv("DHSA_CLI");
     if (!cli || access(cli, X_OK) != 0) {
-        T_SKIP(N_CHECKS, "DHSA_CLI is not set to an executable (tests/run.sh sets it): no CLI checks");
+        T_SKIP(N_CHECKS + N_CHAT_CHECKS, "DHSA_CLI is not set to an executable (tests/run.sh sets it): no CLI checks");
         return t_report("test_tokenize_cli");
     }
+    test_run_chat();
     if (access(MODEL, R_OK) != 0) {
         T_SKIP(N_CHECKS, "%s is missing: no CLI checks", MODEL);
         return t_report("test_tokenize_cli");

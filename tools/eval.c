@@ -1287,7 +1287,8 @@ typedef struct {
 
 static const char niah_question[] = "What is the secret number mentioned in the text above?";
 
-/* The prompt's text for a haystack: through the chat template, or plain. */
+/* The prompt's text for a haystack: the whole plain prompt, or (with a
+ * chat template) the user message that niah_tokens puts into it. */
 static char *niah_text(const niah_prompt *np, const char *haystack) {
     sbuf b = {0};
     if (np->tmpl == DHSA_CHAT_NONE) {
@@ -1301,19 +1302,21 @@ static char *niah_text(const niah_prompt *np, const char *haystack) {
     sb_add(&b, "\n\n");
     sb_add(&b, niah_question);
     sb_add(&b, " Answer with the number only.");
-    dhsa_chat_message msg = {"user", b.p};
-    int64_t need = 0;
-    dhsa_chat_apply(np->tmpl, &msg, 1, 1, NULL, 0, &need);
-    char *out = xmalloc((size_t)need + 1);
-    if (dhsa_chat_apply(np->tmpl, &msg, 1, 1, out, need, &need)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
-    out[need] = 0;
-    free(b.p);
-    return out;
+    return b.p;
 }
 
-static int64_t count_tokens(const dhsa_tokenizer *tok, const char *s, unsigned flags) {
+/* The ids of niah_text's text: plain, or as the user turn of the chat
+ * template (its markers special, the haystack plain text). */
+static dhsa_status niah_tokens(const dhsa_tokenizer *tok, const niah_prompt *np, const char *text, int32_t *ids,
+                               int64_t cap, int64_t *n) {
+    if (np->tmpl == DHSA_CHAT_NONE) return dhsa_tokenize(tok, text, (int64_t)strlen(text), np->flags, ids, cap, n);
+    dhsa_chat_message msg = {"user", text};
+    return dhsa_chat_tokenize(np->tmpl, tok, &msg, 1, 1, np->flags, ids, cap, n);
+}
+
+static int64_t count_tokens(const dhsa_tokenizer *tok, const niah_prompt *np, const char *s) {
     int64_t n = 0;
-    dhsa_tokenize(tok, s, (int64_t)strlen(s), flags, NULL, 0, &n);
+    niah_tokens(tok, np, s, NULL, 0, &n);
     return n;
 }
 
@@ -1326,7 +1329,7 @@ static int32_t *niah_build(eval_env *e, const niah_prompt *np, char *const *sent
                            double *depth_used) {
     const dhsa_tokenizer *tok = e->tok;
     char *empty = niah_text(np, needle);
-    int64_t overhead = count_tokens(tok, empty, np->flags);
+    int64_t overhead = count_tokens(tok, np, empty);
     free(empty);
     int64_t budget = L - overhead, cnt = 0, total = 0;
     int64_t *counts = xmalloc(sizeof(int64_t) * (size_t)(L + 1));
@@ -1353,10 +1356,10 @@ static int32_t *niah_build(eval_env *e, const niah_prompt *np, char *const *sent
         char *text = niah_text(np, b.p);
         free(b.p);
         int64_t n = 0;
-        dhsa_tokenize(tok, text, (int64_t)strlen(text), np->flags, NULL, 0, &n);
+        niah_tokens(tok, np, text, NULL, 0, &n);
         if (n <= L || cnt == 0) {
             int32_t *ids = xmalloc((size_t)(n + 1) * sizeof(int32_t));
-            if (dhsa_tokenize(tok, text, (int64_t)strlen(text), np->flags, ids, n + 1, &n))
+            if (niah_tokens(tok, np, text, ids, n + 1, &n))
                 dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
             free(text);
             free(counts);
@@ -1387,7 +1390,7 @@ static int cmd_niah(eval_env *e) {
     }
     int64_t *sent_tok = xmalloc((size_t)n_sent * sizeof(int64_t));
     for (int64_t i = 0; i < n_sent; i++) {
-        sent_tok[i] = count_tokens(e->tok, sent[i], 0);
+        dhsa_tokenize(e->tok, sent[i], (int64_t)strlen(sent[i]), 0, NULL, 0, &sent_tok[i]);
         if (sent_tok[i] < 1) sent_tok[i] = 1;
     }
     /* the prompt format */
@@ -1415,7 +1418,6 @@ static int cmd_niah(eval_env *e) {
     int32_t eos = dhsa_tokenizer_eos(e->tok), bos = dhsa_tokenizer_bos(e->tok);
     if (eos >= 0) np.stop[np.n_stop++] = eos;
     if (np.tmpl != DHSA_CHAT_NONE) {
-        np.flags |= DHSA_TOKENIZE_PARSE_SPECIAL;
         int extra = 0;
         if (dhsa_chat_stop_ids(np.tmpl, e->tok, np.stop + np.n_stop, 16 - np.n_stop, &extra))
             dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());

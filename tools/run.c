@@ -38,7 +38,8 @@ const char dhsa_cli_run_usage[] =
     "  -p TEXT | -f FILE   the prompt (default: empty: BOS only); a FILE larger than\n"
     "                      the context can hold is refused before it is read\n"
     "  --no-bos            do not add BOS\n"
-    "  --chat              wrap the prompt in the model's chat template\n"
+    "  --chat              wrap the prompt in the model's chat template (the\n"
+    "                      prompt is plain text; only the template's markers are special)\n"
     "  --system TEXT       system message (with --chat only)\n"
     "  --template NAME     chat template (with --chat only): llama3 chatml gemma\n"
     "                      mistral llama2 phi3\n"
@@ -274,31 +275,37 @@ static void emit(const dhsa_tokenizer *tok, int32_t id, int first) {
     fflush(stdout);
 }
 
-/* Wraps the prompt in the chat template (named, or detected from the
- * model) as one user turn (after an optional system turn) with the
- * assistant's turn opened; adds the template's end-of-turn ids to stop. */
-static void chat_wrap(const dhsa_gguf *g, const dhsa_tokenizer *tok, const char *name, const char *system,
-                      char **text, int64_t *len, int32_t *stop, int *n_stop, int cap) {
-    dhsa_chat_template t = dhsa_chat_detect(g);
-    if (name && dhsa_chat_template_from_name(name, &t)) dhsa_cli_die(EXIT_USAGE, "%s", dhsa_last_error());
-    if (t == DHSA_CHAT_NONE)
-        dhsa_cli_die(EXIT_RUN, "the model names no chat template I know: give --template llama3|chatml|gemma|mistral|llama2|phi3");
+/* --chat: the prompt as one user turn (after an optional system turn) with
+ * the assistant's turn opened, in the chat template named or detected from
+ * the model; adds the template's end-of-turn ids to stop. The turns borrow
+ * the prompt and system texts. */
+typedef struct {
+    dhsa_chat_template t;
     dhsa_chat_message msgs[2];
-    int n = 0;
-    if (system) msgs[n++] = (dhsa_chat_message){"system", system};
-    msgs[n++] = (dhsa_chat_message){"user", *text ? *text : ""};
-    int64_t need = 0;
-    dhsa_chat_apply(t, msgs, n, 1, NULL, 0, &need);
-    char *out = malloc((size_t)need + 1);
-    if (!out) dhsa_cli_die(EXIT_RUN, "out of memory");
-    if (dhsa_chat_apply(t, msgs, n, 1, out, need, &need)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
-    out[need] = 0;
-    free(*text);
-    *text = out;
-    *len = need;
+    int n;
+} chat_prompt;
+
+static void chat_setup(const dhsa_gguf *g, const dhsa_tokenizer *tok, const char *name, const char *system,
+                       const char *text, chat_prompt *c, int32_t *stop, int *n_stop, int cap) {
+    c->t = dhsa_chat_detect(g);
+    if (name && dhsa_chat_template_from_name(name, &c->t)) dhsa_cli_die(EXIT_USAGE, "%s", dhsa_last_error());
+    if (c->t == DHSA_CHAT_NONE)
+        dhsa_cli_die(EXIT_RUN, "the model names no chat template I know: give --template llama3|chatml|gemma|mistral|llama2|phi3");
+    c->n = 0;
+    if (system) c->msgs[c->n++] = (dhsa_chat_message){"system", system};
+    c->msgs[c->n++] = (dhsa_chat_message){"user", text ? text : ""};
     int extra = 0;
-    if (dhsa_chat_stop_ids(t, tok, stop + *n_stop, cap - *n_stop, &extra)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+    if (dhsa_chat_stop_ids(c->t, tok, stop + *n_stop, cap - *n_stop, &extra)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     *n_stop += extra;
+}
+
+/* The prompt's ids: the text (c = NULL), or the chat turns, whose text is
+ * tokenized as plain text and only the template's markers as special
+ * tokens (dhsa_chat_tokenize), so a prompt cannot forge a turn. */
+static dhsa_status prompt_ids(const dhsa_tokenizer *tok, const chat_prompt *c, const char *text, int64_t len,
+                              unsigned flags, int32_t *ids, int64_t cap, int64_t *n) {
+    if (c) return dhsa_chat_tokenize(c->t, tok, c->msgs, c->n, 1, flags, ids, cap, n);
+    return dhsa_tokenize(tok, text ? text : "", len, flags, ids, cap, n);
 }
 
 /* --------------------------------------------------------- dump layout --- */
@@ -530,13 +537,14 @@ static int run_main(int argc, char **argv, int plan_only) {
     int32_t stop_ids[8];
     int n_stop = 0;
     if (dhsa_tokenizer_eos(tok) >= 0) stop_ids[n_stop++] = dhsa_tokenizer_eos(tok);
+    chat_prompt chat, *chat_p = NULL;
     if (o.chat) {
-        chat_wrap(dhsa_model_gguf(m), tok, o.template_name, o.system, &text, &text_len, stop_ids, &n_stop,
-                  (int)(sizeof stop_ids / sizeof stop_ids[0]));
-        flags |= DHSA_TOKENIZE_PARSE_SPECIAL;
+        chat_setup(dhsa_model_gguf(m), tok, o.template_name, o.system, text, &chat, stop_ids, &n_stop,
+                   (int)(sizeof stop_ids / sizeof stop_ids[0]));
+        chat_p = &chat;
     }
     int64_t n_prompt = 0;
-    if (dhsa_tokenize(tok, text ? text : "", text_len, flags, NULL, 0, &n_prompt) != DHSA_OK && n_prompt == 0)
+    if (prompt_ids(tok, chat_p, text, text_len, flags, NULL, 0, &n_prompt) != DHSA_OK && n_prompt == 0)
         dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     int64_t n_text_ids = n_prompt;
     if (plan_only && o.prompt_tokens) n_prompt = o.prompt_tokens;
@@ -560,7 +568,7 @@ static int run_main(int argc, char **argv, int plan_only) {
     if (cap < n_text_ids + 1) cap = n_text_ids + 1;
     int32_t *ids = malloc((size_t)cap * sizeof(int32_t));
     if (!ids) dhsa_cli_die(EXIT_RUN, "out of memory for %lld tokens", (long long)cap);
-    if (dhsa_tokenize(tok, text ? text : "", text_len, flags, ids, cap, &n_text_ids))
+    if (prompt_ids(tok, chat_p, text, text_len, flags, ids, cap, &n_text_ids))
         dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     if (o.ses.n_ctx > in->n_ctx_train)
         fprintf(stderr, "dhsa %s: warning: context %lld is longer than the model's trained context %lld: quality "

@@ -4,9 +4,10 @@
  *
  * Contract: the "Chat" block of include/dhsa.h. The text never holds the
  * leading BOS (the tokenizer adds it, once, per the vocabulary's flags);
- * every other special text is written as text and becomes its token when
- * the caller tokenizes with DHSA_TOKENIZE_PARSE_SPECIAL. Each format and
- * the model template it follows are in docs/chat.md.
+ * every other special text is written as text. dhsa_chat_tokenize turns
+ * the template's own markers into their tokens and keeps the messages
+ * plain text (the writer records where each message's text lies). Each
+ * format and the model template it follows are in docs/chat.md.
  * Tests: tests/test_chat.c (exact strings of every format, detection from
  * GGUFs written in memory, roles and order refused, the cap/len contract).
  */
@@ -25,6 +26,11 @@ typedef struct {
     char *p;
     int64_t n, cap;
     int oom;
+    /* where the messages' own text lies: [span[2k], span[2k+1]), sorted;
+     * the rest is the template's (dhsa_chat_tokenize parses special tokens
+     * there only) */
+    int64_t *span;
+    int64_t n_span, span_cap;
 } sbuf;
 
 static void put(sbuf *b, const char *s, int64_t n) {
@@ -45,6 +51,38 @@ static void put(sbuf *b, const char *s, int64_t n) {
 }
 
 static void puts_(sbuf *b, const char *s) { put(b, s, (int64_t)strlen(s)); }
+
+/* Records [start, end) as message text (joined to the span before it when
+ * they touch). */
+static void mark_content(sbuf *b, int64_t start, int64_t end) {
+    if (b->oom || end <= start) return;
+    if (b->n_span > 0 && b->span[2 * b->n_span - 1] == start) {
+        b->span[2 * b->n_span - 1] = end;
+        return;
+    }
+    if (b->n_span == b->span_cap) {
+        int64_t c = b->span_cap ? 2 * b->span_cap : 8;
+        int64_t *q = realloc(b->span, sizeof *q * 2 * (size_t)c);
+        if (!q) {
+            b->oom = 1;
+            return;
+        }
+        b->span = q;
+        b->span_cap = c;
+    }
+    b->span[2 * b->n_span] = start;
+    b->span[2 * b->n_span + 1] = end;
+    b->n_span++;
+}
+
+/* A message's text (content, or a system message merged into a turn). */
+static void put_content(sbuf *b, const char *s, int64_t n) {
+    int64_t start = b->n;
+    put(b, s, n);
+    mark_content(b, start, b->n);
+}
+
+static void puts_content(sbuf *b, const char *s) { put_content(b, s, (int64_t)strlen(s)); }
 
 /* --------------------------------------------------------------------- */
 /* Trimming as Jinja's |trim and Python's str.strip() do it               */
@@ -81,7 +119,7 @@ static void strip_span(const char *s, int64_t *start, int64_t *end) {
 static void put_trimmed(sbuf *b, const char *s) {
     int64_t a = 0, e = (int64_t)strlen(s);
     strip_span(s, &a, &e);
-    put(b, s + a, e - a);
+    put_content(b, s + a, e - a);
 }
 
 /* --------------------------------------------------------------------- */
@@ -143,7 +181,7 @@ static void write_chatml(sbuf *b, const dhsa_chat_message *m, int64_t n, int gen
         puts_(b, "<|im_start|>");
         puts_(b, m[i].role);
         puts_(b, "\n");
-        puts_(b, m[i].content);
+        puts_content(b, m[i].content);
         puts_(b, "<|im_end|>\n");
     }
     if (gen) puts_(b, "<|im_start|>assistant\n");
@@ -159,7 +197,7 @@ static void write_gemma(sbuf *b, const dhsa_chat_message *m, int64_t n, int gen)
         int user = is_role(m[i].role, "user");
         puts_(b, user ? "<start_of_turn>user\n" : "<start_of_turn>model\n");
         if (sys && user) {
-            puts_(b, sys);
+            puts_content(b, sys);
             puts_(b, "\n\n");
             sys = NULL;
         }
@@ -178,7 +216,7 @@ static void write_phi3(sbuf *b, const dhsa_chat_message *m, int64_t n, int gen) 
         puts_(b, "<|");
         puts_(b, m[i].role);
         puts_(b, "|>\n");
-        puts_(b, m[i].content);
+        puts_content(b, m[i].content);
         puts_(b, "<|end|>\n");
     }
     if (gen) puts_(b, "<|assistant|>\n");
@@ -198,15 +236,15 @@ static void write_mistral(sbuf *b, const dhsa_chat_message *m, int64_t n) {
         if (is_role(m[i].role, "user")) {
             puts_(b, "[INST] ");
             if (sys) {
-                puts_(b, sys);
+                puts_content(b, sys);
                 puts_(b, "\n\n");
                 sys = NULL;
             }
-            puts_(b, m[i].content);
+            puts_content(b, m[i].content);
             puts_(b, " [/INST]");
         } else {
             puts_(b, " ");
-            puts_(b, m[i].content);
+            puts_content(b, m[i].content);
             puts_(b, "</s>");
         }
     }
@@ -222,19 +260,29 @@ static void write_llama2(sbuf *b, const dhsa_chat_message *m, int64_t n) {
     for (int64_t turn = 0; i < n; i++) {
         if (is_role(m[i].role, "user")) {
             puts_(b, turn++ ? "<s>[INST] " : "[INST] ");
-            int64_t start = b->n; /* strip() covers the <<SYS>> block and the content together */
+            int64_t start = b->n, first_span = b->n_span; /* strip() covers the <<SYS>> block and the content together */
             if (sys) {
                 puts_(b, "<<SYS>>\n");
-                puts_(b, sys);
+                puts_content(b, sys);
                 puts_(b, "\n<</SYS>>\n\n");
                 sys = NULL;
             }
-            puts_(b, m[i].content);
+            puts_content(b, m[i].content);
             if (!b->oom) {
                 int64_t a = start, e = b->n;
                 strip_span(b->p, &a, &e);
                 memmove(b->p + start, b->p + a, (size_t)(e - a));
                 b->n = start + (e - a);
+                /* the spans of this turn move with the text; what the strip cut off goes */
+                int64_t k = first_span;
+                for (int64_t j = first_span; j < b->n_span; j++) {
+                    int64_t lo = b->span[2 * j] < a ? a : b->span[2 * j], hi = b->span[2 * j + 1] > e ? e : b->span[2 * j + 1];
+                    if (hi <= lo) continue;
+                    b->span[2 * k] = lo - a + start;
+                    b->span[2 * k + 1] = hi - a + start;
+                    k++;
+                }
+                b->n_span = k;
             }
             puts_(b, " [/INST]");
         } else {
@@ -272,14 +320,13 @@ dhsa_status dhsa_chat_template_from_name(const char *name, dhsa_chat_template *o
                       dhsa__esc(name));
 }
 
-dhsa_status dhsa_chat_apply(dhsa_chat_template t, const dhsa_chat_message *msgs, int64_t n,
-                            int add_generation_prompt, char *out, int64_t cap, int64_t *len) {
-    if (len) *len = 0;
-    if (!len || n < 0 || (!msgs && n > 0) || cap < 0 || (!out && cap > 0))
-        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_chat_apply: len and msgs must be given, n and cap >= 0");
+/* Checks msgs and writes them in format t into b (the text and its
+ * message spans). fn names the caller in errors. */
+static dhsa_status chat_build(const char *fn, dhsa_chat_template t, const dhsa_chat_message *msgs, int64_t n,
+                              int add_generation_prompt, sbuf *b) {
     for (int64_t i = 0; i < n; i++)
         if (!msgs[i].role || !msgs[i].content)
-            return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_chat_apply: message %lld has a NULL %s", (long long)i,
+            return dhsa__fail(DHSA_ERR_INVALID_ARG, "%s: message %lld has a NULL %s", fn, (long long)i,
                               msgs[i].role ? "content" : "role");
     static const char *const roles_llama3[] = {"system", "user", "assistant", "ipython", NULL};
     static const char *const roles_chatml[] = {"system", "user", "assistant", NULL};
@@ -294,31 +341,66 @@ dhsa_status dhsa_chat_apply(dhsa_chat_template t, const dhsa_chat_message *msgs,
     case DHSA_CHAT_LLAMA2: st = check_alternating(name, msgs, n); break;
     default:
         return dhsa__fail(DHSA_ERR_INVALID_ARG,
-                          "dhsa_chat_apply: template %d is not a format (DHSA_CHAT_NONE means none is known: "
+                          "%s: template %d is not a format (DHSA_CHAT_NONE means none is known: "
                           "choose one with dhsa_chat_template_from_name)",
-                          (int)t);
+                          fn, (int)t);
     }
     if (st) return st;
-    sbuf b = {0};
     switch (t) {
-    case DHSA_CHAT_LLAMA3: write_llama3(&b, msgs, n, add_generation_prompt); break;
-    case DHSA_CHAT_CHATML: write_chatml(&b, msgs, n, add_generation_prompt); break;
-    case DHSA_CHAT_GEMMA: write_gemma(&b, msgs, n, add_generation_prompt); break;
-    case DHSA_CHAT_MISTRAL: write_mistral(&b, msgs, n); break;
-    case DHSA_CHAT_PHI3: write_phi3(&b, msgs, n, add_generation_prompt); break;
-    default: write_llama2(&b, msgs, n); break;
+    case DHSA_CHAT_LLAMA3: write_llama3(b, msgs, n, add_generation_prompt); break;
+    case DHSA_CHAT_CHATML: write_chatml(b, msgs, n, add_generation_prompt); break;
+    case DHSA_CHAT_GEMMA: write_gemma(b, msgs, n, add_generation_prompt); break;
+    case DHSA_CHAT_MISTRAL: write_mistral(b, msgs, n); break;
+    case DHSA_CHAT_PHI3: write_phi3(b, msgs, n, add_generation_prompt); break;
+    default: write_llama2(b, msgs, n); break;
     }
-    if (b.oom) {
-        free(b.p);
-        return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "dhsa_chat_apply: out of memory");
+    if (b->oom) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    return DHSA_OK;
+}
+
+static void sbuf_free(sbuf *b) {
+    free(b->p);
+    free(b->span);
+}
+
+dhsa_status dhsa_chat_apply(dhsa_chat_template t, const dhsa_chat_message *msgs, int64_t n,
+                            int add_generation_prompt, char *out, int64_t cap, int64_t *len) {
+    if (len) *len = 0;
+    if (!len || n < 0 || (!msgs && n > 0) || cap < 0 || (!out && cap > 0))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_chat_apply: len and msgs must be given, n and cap >= 0");
+    sbuf b = {0};
+    dhsa_status st = chat_build("dhsa_chat_apply", t, msgs, n, add_generation_prompt, &b);
+    if (st) {
+        sbuf_free(&b);
+        return st;
     }
     *len = b.n;
     if (b.n > 0 && cap > 0) memcpy(out, b.p, (size_t)(b.n < cap ? b.n : cap));
-    free(b.p);
+    sbuf_free(&b);
     if (*len > cap)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_chat_apply: the prompt is %lld bytes, cap is %lld",
                           (long long)*len, (long long)cap);
     return DHSA_OK;
+}
+
+dhsa_status dhsa_chat_tokenize(dhsa_chat_template t, const dhsa_tokenizer *tok, const dhsa_chat_message *msgs,
+                               int64_t n, int add_generation_prompt, unsigned flags, int32_t *ids, int64_t cap,
+                               int64_t *n_ids) {
+    if (n_ids) *n_ids = 0;
+    if (!tok || !n_ids || n < 0 || (!msgs && n > 0) || cap < 0 || (!ids && cap > 0))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG,
+                          "dhsa_chat_tokenize: tok, n_ids and msgs must be given, n and cap >= 0");
+    if (flags & ~(DHSA_TOKENIZE_ADD_BOS | DHSA_TOKENIZE_ADD_EOS))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG,
+                          "dhsa_chat_tokenize: flags 0x%x: only DHSA_TOKENIZE_ADD_BOS and _ADD_EOS apply (the "
+                          "template's markers are always special tokens, the messages never)",
+                          flags);
+    sbuf b = {0};
+    dhsa_status st = chat_build("dhsa_chat_tokenize", t, msgs, n, add_generation_prompt, &b);
+    if (st == DHSA_OK)
+        st = dhsa_tok__tokenize_plain_spans(tok, b.p ? b.p : "", b.n, flags, b.span, b.n_span, ids, cap, n_ids);
+    sbuf_free(&b);
+    return st;
 }
 
 /* --------------------------------------------------------------------- */

@@ -316,6 +316,28 @@ static uint32_t utf8_decode(const uint8_t *s, int64_t left, int64_t *n) {
     return cp;
 }
 
+/* UTF-8 as llama.cpp decodes it for byte-level BPE (unicode_cpt_from_utf8,
+ * and the U+FFFD unicode_cpts_from_utf8 puts for what that refuses): the
+ * lead byte gives the length and only the continuation bytes are checked,
+ * so overlong forms and surrogates pass as the code points they spell;
+ * anything else is U+FFFD for one byte (*n = 1). Above U+10FFFF (leads F4
+ * 90.. to F7), where llama.cpp fails when it encodes the word, U+FFFD too. */
+static uint32_t bpe_decode(const uint8_t *s, int64_t left, int64_t *n) {
+    uint8_t b = s[0];
+    *n = 1;
+    if (b < 0x80) return b;
+    int len = (b & 0xE0) == 0xC0 ? 2 : (b & 0xF0) == 0xE0 ? 3 : (b & 0xF8) == 0xF0 ? 4 : 0;
+    if (len == 0 || len > left) return 0xFFFD;
+    uint32_t cp = b & (0xFFu >> (len + 1));
+    for (int i = 1; i < len; i++) {
+        if ((s[i] & 0xC0) != 0x80) return 0xFFFD;
+        cp = (cp << 6) | (s[i] & 0x3F);
+    }
+    if (cp > 0x10FFFF) return 0xFFFD;
+    *n = len;
+    return cp;
+}
+
 /* Bytes of the character at s: its UTF-8 length when valid, else 1. (llama.cpp
  * trusts the lead byte, so an invalid lead byte swallows the '▁' of a
  * following space and the round trip loses it; strict splitting keeps it:
@@ -427,11 +449,30 @@ struct dhsa_tokenizer {
     uint8_t cp_to_byte[512]; /* BPE: inverse byte-to-unicode map (cp < 512) */
     uint8_t cp_is_byte[512];
     uint16_t byte_to_cp[256];
-    /* CONTROL and USER_DEFINED tokens, by first byte then length desc */
-    int32_t *specials;
+    uint8_t *attr; /* (n_vocab,) ATTR_* bits: the type, then the rules of llama.cpp (docs/tokenizer.md) */
+    /* Special tokens (attr CONTROL, USER_DEFINED or UNKNOWN, text not
+     * empty), in the order they are cut out of a text: longest first, ties
+     * by id; and the same tokens in byte order of their texts (indices into
+     * specials), to find which of them a text holds. */
+    int32_t *specials;   /* (n_specials,) ids */
+    int32_t *special_lex; /* (n_specials,) */
     int64_t n_specials;
-    int64_t special_start[257];
 };
+
+/* Token attributes: what llama.cpp calls llama_token_attr (its bit values
+ * are not stored anywhere, so these are dhsa's own). */
+enum {
+    ATTR_UNKNOWN = 1,
+    ATTR_UNUSED = 2,
+    ATTR_NORMAL = 4,
+    ATTR_CONTROL = 8,
+    ATTR_USER_DEFINED = 16,
+    ATTR_BYTE = 32,
+    ATTR_LSTRIP = 64, /* cutting the token out also drops the whitespace before it */
+    ATTR_RSTRIP = 128 /* ... and after it */
+};
+#define ATTR_SPECIAL (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN) /* cut out before the model's algorithm */
+#define ATTR_PARSE_ONLY (ATTR_CONTROL | ATTR_UNKNOWN) /* ... only with DHSA_TOKENIZE_PARSE_SPECIAL */
 
 static void gpt2_byte_map(dhsa_tokenizer *t) {
     /* Printable bytes map to themselves; the rest to 256, 257, ... */
@@ -452,12 +493,14 @@ void dhsa_tokenizer_free(dhsa_tokenizer *t) {
     free(t->tok_len);
     free(t->scores);
     free(t->types);
+    free(t->attr);
     free(t->tokens.slots);
     free(t->merge_arena);
     free(t->merge_off);
     free(t->merge_len);
     free(t->merges.slots);
     free(t->specials);
+    free(t->special_lex);
     free(t);
 }
 
@@ -517,16 +560,184 @@ static const dhsa_tok_pre pre_kinds[] = {DHSA_TOK_PRE_GPT2,   DHSA_TOK_PRE_GPT2,
                                          DHSA_TOK_PRE_LLAMA3, DHSA_TOK_PRE_LLAMA3, DHSA_TOK_PRE_QWEN2,
                                          DHSA_TOK_PRE_DEEPSEEK_LLM, DHSA_TOK_PRE_FALCON};
 
+/* --------------------------------------------------------------------- */
+/* Token attributes: the file's types, then llama.cpp's rules by token text
+ * and model name (llama_vocab::impl::load in its src/llama-vocab.cpp; the
+ * lists of texts below are those it has). docs/tokenizer.md says why each
+ * matters. */
+
+static uint8_t attr_of_type(uint8_t type) {
+    switch (type) {
+    case DHSA_TOKEN_NORMAL: return ATTR_NORMAL;
+    case DHSA_TOKEN_UNKNOWN: return ATTR_UNKNOWN;
+    case DHSA_TOKEN_CONTROL: return ATTR_CONTROL;
+    case DHSA_TOKEN_USER_DEFINED: return ATTR_USER_DEFINED;
+    case DHSA_TOKEN_UNUSED: return ATTR_UNUSED;
+    case DHSA_TOKEN_BYTE: return ATTR_BYTE;
+    default: return 0;
+    }
+}
+
+/* Texts that end a generation in some model family: llama.cpp makes each
+ * one a CONTROL token whatever the file says (phi-3's "</s>" is
+ * USER_DEFINED in its file), so plain text never turns into them. */
+static const char *const eog_texts[] = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<\xEF\xBD\x9C" "end\xE2\x96\x81" "of\xE2\x96\x81" "sentence\xEF\xBD\x9C>", "[e~[", NULL};
+
+/* Fill-in-the-middle texts, each kind with the keys that name its id: when
+ * the file names none, llama.cpp finds the token by text and makes it
+ * CONTROL. */
 typedef struct {
-    uint8_t first;
-    int32_t len, id;
+    const char *keys[2];
+    const char *texts[9];
+} fim_kind;
+static const fim_kind fim_kinds[] = {
+    {{"tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.prefix_token_id"},
+     {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "begin\xEF\xBD\x9C>", "<PRE>",
+      "\xE2\x96\x81<PRE>", "<|code_prefix|>", "<|prefix|>", NULL}},
+    {{"tokenizer.ggml.fim_suf_token_id", "tokenizer.ggml.suffix_token_id"},
+     {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "hole\xEF\xBD\x9C>", "<SUF>",
+      "\xE2\x96\x81<SUF>", "<|code_suffix|>", "<|suffix|>", NULL}},
+    {{"tokenizer.ggml.fim_mid_token_id", "tokenizer.ggml.middle_token_id"},
+     {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "end\xEF\xBD\x9C>", "<MID>",
+      "\xE2\x96\x81<MID>", "<|code_middle|>", "<|middle|>", NULL}},
+    {{"tokenizer.ggml.fim_pad_token_id", NULL}, {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", NULL}},
+    {{"tokenizer.ggml.fim_rep_token_id", NULL},
+     {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", NULL}},
+    {{"tokenizer.ggml.fim_sep_token_id", NULL}, {"<|file_sep|>", NULL}},
+};
+
+static int32_t find_text(const dhsa_tokenizer *t, const char *text) {
+    return strtab_find(&t->tokens, text, (int64_t)strlen(text));
+}
+
+static void attr_set(dhsa_tokenizer *t, const char *text, uint8_t bits, int on) {
+    int32_t id = find_text(t, text);
+    if (id < 0) return; /* llama.cpp refuses the file here (phi-3 without "</s>"); dhsa goes on */
+    t->attr[id] = (uint8_t)(on ? t->attr[id] | bits : t->attr[id] & ~bits);
+}
+
+/* An id key that names a token of the vocabulary (as llama.cpp reads it). */
+static int has_valid_id(const dhsa_gguf *g, const char *key, int64_t n_vocab) {
+    int64_t v;
+    uint64_t u;
+    if (!key || dhsa_gguf_find_kv(g, key) < 0) return 0;
+    if (dhsa_gguf_get_i64(g, key, &v) == DHSA_OK) return v >= 0 && v < n_vocab;
+    if (dhsa_gguf_get_u64(g, key, &u) == DHSA_OK) return u < (uint64_t)n_vocab;
+    return 0;
+}
+
+static const char *opt_string(const dhsa_gguf *g, const char *key) {
+    const char *v = NULL;
+    if (dhsa_gguf_find_kv(g, key) < 0 || dhsa_gguf_get_str(g, key, &v, NULL) != DHSA_OK) return "";
+    return v;
+}
+
+/* Case-insensitive (ASCII) substring test, as llama.cpp lowercases
+ * general.name before it looks for a family in it. */
+static int contains_icase(const char *s, const char *lower) {
+    size_t m = strlen(lower);
+    for (; *s; s++) {
+        size_t k = 0;
+        while (k < m && s[k] && (char)(s[k] >= 'A' && s[k] <= 'Z' ? s[k] + 32 : s[k]) == lower[k]) k++;
+        if (k == m) return 1;
+    }
+    return 0;
+}
+
+/* In llama.cpp's order: control-looking texts become CONTROL; gpt-oss's
+ * channel markers are USER_DEFINED only; harmony's and solar-open's <|end|>
+ * is not an end of generation (USER_DEFINED) when <|return|>/<|call|> or
+ * <|calls|>/<|flush|> are; a gemma4 or plamo </s> is NORMAL. */
+static void apply_text_rules(dhsa_tokenizer *t, const dhsa_gguf *g) {
+    for (const fim_kind *f = fim_kinds; f < fim_kinds + sizeof fim_kinds / sizeof fim_kinds[0]; f++) {
+        if (has_valid_id(g, f->keys[0], t->n_vocab) || has_valid_id(g, f->keys[1], t->n_vocab)) continue;
+        for (const char *const *x = f->texts; *x; x++) attr_set(t, *x, ATTR_CONTROL, 1);
+    }
+    for (const char *const *x = eog_texts; *x; x++) attr_set(t, *x, ATTR_CONTROL, 1);
+    static const char *const gpt_oss[] = {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>", NULL};
+    for (const char *const *x = gpt_oss; *x; x++) {
+        int32_t id = find_text(t, *x);
+        if (id >= 0) t->attr[id] = ATTR_USER_DEFINED;
+    }
+    int has_call = find_text(t, "<|call|>") >= 0 || find_text(t, "<|calls|>") >= 0;
+    int32_t end = find_text(t, "<|end|>");
+    if (end >= 0 && has_call && (find_text(t, "<|return|>") >= 0 || find_text(t, "<|flush|>") >= 0))
+        t->attr[end] = ATTR_USER_DEFINED;
+    /* "<|plamo:eos|>" ends a generation only as the file's EOS */
+    int32_t plamo = find_text(t, "<|plamo:eos|>"), s_end = find_text(t, "</s>");
+    if (s_end >= 0 && (find_text(t, "<|tool_response>") >= 0 || (plamo >= 0 && plamo == t->eos)))
+        t->attr[s_end] = ATTR_NORMAL;
+}
+
+/* Per-token strip rules, set after the special tokens are known: phi-3
+ * (general.name) strips the whitespace after every special token but
+ * <unk>, <s> and <|endoftext|>; a few BERT-like vocabularies strip it
+ * before their mask token. */
+static void apply_strip_rules(dhsa_tokenizer *t, const dhsa_gguf *g) {
+    const char *name = opt_string(g, "general.name"), *arch = opt_string(g, "general.architecture");
+    const char *pre = opt_string(g, "tokenizer.ggml.pre");
+    if (strstr(pre, "jina-v2-de") || strstr(pre, "jina-v2-es") || strstr(pre, "jina-v2-code") ||
+        strstr(arch, "nomic-bert-moe") || strstr(arch, "jina-bert-v3")) {
+        attr_set(t, "<mask>", ATTR_LSTRIP, 1);
+    } else if (contains_icase(name, "phi-3") || contains_icase(name, "phi3")) {
+        for (int64_t k = 0; k < t->n_specials; k++) t->attr[t->specials[k]] |= ATTR_RSTRIP;
+        attr_set(t, "</s>", ATTR_RSTRIP, 1);
+        static const char *const keep[] = {"<unk>", "<s>", "<|endoftext|>", NULL};
+        for (const char *const *x = keep; *x; x++) attr_set(t, *x, ATTR_RSTRIP, 0);
+    } else if (contains_icase(name, "modern-bert")) {
+        attr_set(t, "[MASK]", ATTR_LSTRIP, 1);
+    }
+}
+
+/* Sort keys that carry what their comparison needs (qsort has no context). */
+typedef struct {
+    const char *text;
+    int32_t len, id, index;
 } special_key;
 
-static int special_order(const void *pa, const void *pb) {
+static int special_priority(const void *pa, const void *pb) { /* longest first, ties by id */
     const special_key *a = pa, *b = pb;
-    if (a->first != b->first) return a->first < b->first ? -1 : 1;
     if (a->len != b->len) return a->len > b->len ? -1 : 1;
     return (a->id > b->id) - (a->id < b->id);
+}
+
+static int special_bytes(const void *pa, const void *pb) { /* byte order, a prefix first */
+    const special_key *a = pa, *b = pb;
+    int c = memcmp(a->text, b->text, (size_t)(a->len < b->len ? a->len : b->len));
+    if (c) return c;
+    if (a->len != b->len) return a->len < b->len ? -1 : 1;
+    return (a->index > b->index) - (a->index < b->index);
+}
+
+/* Builds specials (cut-out order) and special_lex (byte order). */
+static dhsa_status build_specials(dhsa_tokenizer *t) {
+    int64_t ns = 0;
+    for (int64_t i = 0; i < t->n_vocab; i++) ns += (t->attr[i] & ATTR_SPECIAL) && t->tok_len[i] > 0;
+    special_key *keys = malloc(sizeof *keys * (size_t)(ns ? ns : 1));
+    t->specials = malloc(sizeof *t->specials * (size_t)(ns ? ns : 1));
+    t->special_lex = malloc(sizeof *t->special_lex * (size_t)(ns ? ns : 1));
+    if (!keys || !t->specials || !t->special_lex) {
+        free(keys);
+        return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "tokenizer: out of memory");
+    }
+    ns = 0;
+    for (int64_t i = 0; i < t->n_vocab; i++)
+        if ((t->attr[i] & ATTR_SPECIAL) && t->tok_len[i] > 0)
+            keys[ns++] = (special_key){t->tok_arena + t->tok_off[i], t->tok_len[i], (int32_t)i, 0};
+    qsort(keys, (size_t)ns, sizeof *keys, special_priority);
+    for (int64_t k = 0; k < ns; k++) {
+        t->specials[k] = keys[k].id;
+        keys[k].index = (int32_t)k;
+    }
+    qsort(keys, (size_t)ns, sizeof *keys, special_bytes);
+    for (int64_t k = 0; k < ns; k++) t->special_lex[k] = keys[k].index;
+    t->n_specials = ns;
+    free(keys);
+    return DHSA_OK;
 }
 
 dhsa_status dhsa_tokenizer_from_gguf(const dhsa_gguf *g, dhsa_tokenizer **out) {
@@ -644,30 +855,17 @@ dhsa_status dhsa_tokenizer_from_gguf(const dhsa_gguf *g, dhsa_tokenizer **out) {
         gpt2_byte_map(t);
     }
 
-    /* Special tokens, bucketed by first byte, longest first. */
-    int64_t ns = 0;
-    for (int64_t i = 0; i < n; i++)
-        ns += (t->types[i] == DHSA_TOKEN_CONTROL || t->types[i] == DHSA_TOKEN_USER_DEFINED) && t->tok_len[i] > 0;
-    special_key *keys = malloc(sizeof *keys * (size_t)(ns ? ns : 1));
-    t->specials = malloc(sizeof *t->specials * (size_t)(ns ? ns : 1));
-    if (!keys || !t->specials) {
-        free(keys);
+    /* Attributes, then the special tokens, then the strip rules (which
+     * llama.cpp sets on the special tokens once it knows them). */
+    t->attr = malloc((size_t)n);
+    if (!t->attr) {
         st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "tokenizer: out of memory");
         goto fail;
     }
-    ns = 0;
-    for (int64_t i = 0; i < n; i++)
-        if ((t->types[i] == DHSA_TOKEN_CONTROL || t->types[i] == DHSA_TOKEN_USER_DEFINED) && t->tok_len[i] > 0)
-            keys[ns++] = (special_key){(uint8_t)t->tok_arena[t->tok_off[i]], t->tok_len[i], (int32_t)i};
-    qsort(keys, (size_t)ns, sizeof *keys, special_order);
-    t->n_specials = ns;
-    int64_t k = 0;
-    for (int b = 0; b <= 256; b++) {
-        while (b < 256 && k < ns && keys[k].first < b) k++;
-        t->special_start[b] = b == 256 ? ns : k;
-    }
-    for (int64_t i = 0; i < ns; i++) t->specials[i] = keys[i].id;
-    free(keys);
+    for (int64_t i = 0; i < n; i++) t->attr[i] = attr_of_type(t->types[i]);
+    apply_text_rules(t, g);
+    if ((st = build_specials(t))) goto fail;
+    apply_strip_rules(t, g);
     *out = t;
     return DHSA_OK;
 fail:
@@ -687,8 +885,8 @@ size_t dhsa__tokenizer_heap_bytes(const dhsa_tokenizer *t) {
     if (!t) return 0;
     size_t n = t->n_vocab > 0 ? (size_t)t->n_vocab : 1, ns = t->n_specials > 0 ? (size_t)t->n_specials : 1;
     return dhsa__heap_block(sizeof *t) + strtab_heap(&t->tokens) + dhsa__heap_block(n * sizeof *t->scores) +
-           dhsa__heap_block(n) + (t->merge_arena ? strtab_heap(&t->merges) : 0) +
-           dhsa__heap_block(ns * sizeof *t->specials);
+           2 * dhsa__heap_block(n) + (t->merge_arena ? strtab_heap(&t->merges) : 0) +
+           2 * dhsa__heap_block(ns * sizeof *t->specials);
 }
 
 dhsa_tokenizer_kind dhsa_tokenizer_kind_of(const dhsa_tokenizer *t) { return t->kind; }
@@ -1158,7 +1356,7 @@ dhsa_status dhsa_tok__pretokenize(dhsa_tok_pre pre, const char *text, int64_t le
     int64_t n = 0;
     for (int64_t i = 0; i < len;) {
         int64_t k;
-        uint32_t c = utf8_decode((const uint8_t *)text + i, len - i, &k);
+        uint32_t c = bpe_decode((const uint8_t *)text + i, len - i, &k);
         w->cp[n] = c;
         w->cat[n] = (uint8_t)cp_category(c);
         w->cp_off[n++] = i;
@@ -1195,13 +1393,22 @@ static void bpe_try_bigram(work *w, int32_t l, int32_t r) {
     heap_push(&w->q, (bigram){-(double)rank, l, r, L->n + R->n});
 }
 
-/* One pre-tokenized word: bytes -> GPT-2 code points, then merges. */
+/* One pre-tokenized word: its code points (bpe_decode: invalid UTF-8 is
+ * U+FFFD, as in llama.cpp) as UTF-8, each byte as its GPT-2 code point,
+ * then merges. */
 static dhsa_status bpe_word(work *w, const char *text, int64_t len) {
     const dhsa_tokenizer *t = w->t;
-    if (grow((void **)&w->buf, &w->buf_cap, 2 * len + 1, 1) || grow((void **)&w->key, &w->key_cap, 4 * len + 2, 1))
+    /* a byte becomes at most 3 (U+FFFD), each of those at most 2 */
+    if (grow((void **)&w->buf, &w->buf_cap, 6 * len + 1, 1) || grow((void **)&w->key, &w->key_cap, 12 * len + 2, 1))
         return OOM();
     int64_t blen = 0;
-    for (int64_t i = 0; i < len; i++) blen += utf8_encode(t->byte_to_cp[(uint8_t)text[i]], w->buf + blen);
+    for (int64_t i = 0; i < len;) {
+        int64_t k;
+        char u[4];
+        int nu = utf8_encode(bpe_decode((const uint8_t *)text + i, len - i, &k), u);
+        for (int j = 0; j < nu; j++) blen += utf8_encode(t->byte_to_cp[(uint8_t)u[j]], w->buf + blen);
+        i += k;
+    }
     dhsa_status st;
     if (t->pre == DHSA_TOK_PRE_LLAMA3) { /* llama.cpp's ignore_merges: a whole-word token wins */
         int32_t id = strtab_find(&t->tokens, w->buf, blen);
@@ -1228,12 +1435,11 @@ static dhsa_status bpe_word(work *w, const char *text, int64_t len) {
             if ((st = push_id(w, id))) return st;
             continue;
         }
-        for (int64_t j = 0; j < s->n;) { /* a symbol no token covers: its characters */
-            int64_t c = spm_char_len(w->buf + s->start + j, s->n - j);
-            id = strtab_find(&t->tokens, w->buf + s->start + j, c);
-            if (id < 0) id = t->unk;
+        /* a symbol no token covers: llama.cpp looks each of its bytes up as
+         * a one-byte token and drops those that are none (never unk) */
+        for (int64_t j = 0; j < s->n; j++) {
+            id = strtab_find(&t->tokens, w->buf + s->start + j, 1);
             if (id >= 0 && (st = push_id(w, id))) return st;
-            j += c;
         }
     }
     return DHSA_OK;
@@ -1255,16 +1461,153 @@ static dhsa_status bpe_encode(work *w, const char *text, int64_t len) {
 /* --------------------------------------------------------------------- */
 /* Tokenize                                                               */
 
-/* The special token whose text starts text[0..left), longest first; -1. */
-static int32_t match_special(const dhsa_tokenizer *t, const char *text, int64_t left, unsigned flags) {
-    uint8_t b = (uint8_t)text[0];
-    for (int64_t k = t->special_start[b]; k < t->special_start[b + 1]; k++) {
-        int32_t id = t->specials[k];
-        if (t->types[id] == DHSA_TOKEN_CONTROL && !(flags & DHSA_TOKENIZE_PARSE_SPECIAL)) continue;
-        if (t->tok_len[id] <= left && memcmp(t->tok_arena + t->tok_off[id], text, (size_t)t->tok_len[id]) == 0)
-            return id;
+/* Special tokens are cut out of the text first, as llama.cpp's
+ * tokenizer_st_partition does it: token by token in the order of
+ * t->specials (longest first), each one's leftmost non-overlapping
+ * occurrences in the text that is still raw, and each cut drops the ASCII
+ * whitespace (C isspace) before it (LSTRIP) or after it (RSTRIP). A CONTROL
+ * or UNKNOWN token is cut only with DHSA_TOKENIZE_PARSE_SPECIAL and only
+ * where it does not touch a plain span (chat contents). Only the tokens the
+ * text holds at all take a pass over it: a walk down the byte-sorted list
+ * from each position finds them. */
+
+typedef struct {
+    int64_t off, len; /* bytes of the text */
+    int32_t id;       /* the token, or -1: raw text */
+} frag;
+
+typedef struct {
+    frag *v;
+    int64_t n, cap;
+} fragvec;
+
+static int frag_push(fragvec *f, int64_t off, int64_t len, int32_t id) {
+    if (f->n == f->cap && grow((void **)&f->v, &f->cap, f->n + 1, sizeof *f->v)) return -1;
+    f->v[f->n++] = (frag){off, len, id};
+    return 0;
+}
+
+static int c_isspace(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+
+/* Does [m, m + n) touch one of the plain spans (sorted, disjoint, [2k, 2k+1))? */
+static int in_plain(const int64_t *plain, int64_t n_plain, int64_t m, int64_t n) {
+    int64_t lo = 0, hi = n_plain;
+    while (lo < hi) { /* the first span that ends after m */
+        int64_t mid = lo + (hi - lo) / 2;
+        if (plain[2 * mid + 1] <= m) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < n_plain && plain[2 * lo] < m + n;
+}
+
+/* Marks seen[k] for every special token k (index into t->specials) that
+ * occurs in text[0..len) and may be cut (CONTROL and UNKNOWN only when
+ * parse). */
+static void find_present(const dhsa_tokenizer *t, const char *text, int64_t len, int parse, uint8_t *seen) {
+    const int32_t *lex = t->special_lex;
+    for (int64_t p = 0; p < len; p++) {
+        int64_t lo = 0, hi = t->n_specials;
+        for (int64_t d = 0;; d++) {
+            /* [lo, hi) share the first d bytes, text[p..p+d) included */
+            while (lo < hi && t->tok_len[t->specials[lex[lo]]] == d) {
+                int32_t id = t->specials[lex[lo]];
+                if (parse || !(t->attr[id] & ATTR_PARSE_ONLY)) seen[lex[lo]] = 1;
+                lo++;
+            }
+            if (lo >= hi || p + d >= len) break;
+            uint8_t c = (uint8_t)text[p + d];
+            int64_t a = lo, b = hi; /* first entry whose byte d is >= c */
+            while (a < b) {
+                int64_t mid = a + (b - a) / 2;
+                int32_t id = t->specials[lex[mid]];
+                if ((uint8_t)t->tok_arena[t->tok_off[id] + d] < c) a = mid + 1;
+                else b = mid;
+            }
+            int64_t e = a, f = hi; /* first entry whose byte d is > c */
+            while (e < f) {
+                int64_t mid = e + (f - e) / 2;
+                int32_t id = t->specials[lex[mid]];
+                if ((uint8_t)t->tok_arena[t->tok_off[id] + d] <= c) e = mid + 1;
+                else f = mid;
+            }
+            lo = a;
+            hi = e;
+        }
+    }
+}
+
+/* The leftmost occurrence of token id in text[from..end) that may be cut,
+ * or -1. */
+static int64_t find_cut(const dhsa_tokenizer *t, int32_t id, const char *text, int64_t from, int64_t end,
+                        const int64_t *plain, int64_t n_plain) {
+    const char *s = t->tok_arena + t->tok_off[id];
+    int64_t n = t->tok_len[id];
+    int check = (t->attr[id] & ATTR_PARSE_ONLY) && n_plain > 0;
+    while (end - from >= n) {
+        const char *hit = memmem(text + from, (size_t)(end - from), s, (size_t)n);
+        if (!hit) return -1;
+        int64_t m = hit - text;
+        if (!check || !in_plain(plain, n_plain, m, n)) return m;
+        from = m + 1;
     }
     return -1;
+}
+
+/* One special token's pass over the raw fragments of cur, into next. */
+static int cut_token(const dhsa_tokenizer *t, int32_t id, const char *text, const fragvec *cur, fragvec *next,
+                     const int64_t *plain, int64_t n_plain) {
+    const int64_t n = t->tok_len[id];
+    const uint8_t attr = t->attr[id];
+    next->n = 0;
+    for (int64_t i = 0; i < cur->n; i++) {
+        frag f = cur->v[i];
+        if (f.id >= 0) {
+            if (frag_push(next, f.off, f.len, f.id)) return -1;
+            continue;
+        }
+        int64_t base = f.off, end = f.off + f.len;
+        for (;;) {
+            int64_t m = find_cut(t, id, text, base, end, plain, n_plain);
+            if (m < 0) {
+                if (end > base && frag_push(next, base, end - base, -1)) return -1;
+                break;
+            }
+            int64_t left_end = m;
+            if (attr & ATTR_LSTRIP)
+                while (left_end > base && c_isspace(text[left_end - 1])) left_end--;
+            if (left_end > base && frag_push(next, base, left_end - base, -1)) return -1;
+            if (frag_push(next, m, n, id)) return -1;
+            base = m + n;
+            if (attr & ATTR_RSTRIP)
+                while (base < end && c_isspace(text[base])) base++;
+        }
+    }
+    return 0;
+}
+
+static dhsa_status partition(const dhsa_tokenizer *t, const char *text, int64_t len, int parse, const int64_t *plain,
+                             int64_t n_plain, fragvec *out) {
+    fragvec other = {0};
+    out->n = 0;
+    if (len > 0 && frag_push(out, 0, len, -1)) return OOM();
+    if (len == 0 || t->n_specials == 0) return DHSA_OK;
+    uint8_t *seen = calloc((size_t)t->n_specials, 1);
+    if (!seen) return OOM();
+    find_present(t, text, len, parse, seen);
+    dhsa_status st = DHSA_OK;
+    for (int64_t k = 0; k < t->n_specials && st == DHSA_OK; k++) {
+        if (!seen[k]) continue;
+        if (cut_token(t, t->specials[k], text, out, &other, plain, n_plain)) {
+            st = OOM();
+            break;
+        }
+        fragvec tmp = *out;
+        *out = other;
+        other = tmp;
+    }
+    free(other.v);
+    free(seen);
+    return st;
 }
 
 static dhsa_status encode_fragment(work *w, const char *text, int64_t len, int prev_special) {
@@ -1274,46 +1617,67 @@ static dhsa_status encode_fragment(work *w, const char *text, int64_t len, int p
 
 int64_t dhsa_tokenize_max_ids(int64_t len) { return len < 0 ? 0 : 3 * len + 5; }
 
-dhsa_status dhsa_tokenize(const dhsa_tokenizer *t, const char *text, int64_t len, unsigned flags, int32_t *ids,
-                          int64_t cap, int64_t *n_ids) {
+static dhsa_status tokenize_spans(const char *fn, const dhsa_tokenizer *t, const char *text, int64_t len,
+                                  unsigned flags, const int64_t *plain, int64_t n_plain, int32_t *ids, int64_t cap,
+                                  int64_t *n_ids) {
     if (!t || !n_ids || len < 0 || (!text && len > 0) || cap < 0 || (!ids && cap > 0))
-        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_tokenize: t, n_ids and text must be given, len and cap >= 0");
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "%s: t, n_ids and text must be given, len and cap >= 0", fn);
     *n_ids = 0;
     if (len > DHSA_TOKENIZER_MAX_TEXT)
-        return dhsa__fail(DHSA_ERR_TOO_LARGE, "dhsa_tokenize: %lld bytes of text (limit %lld)", (long long)len,
+        return dhsa__fail(DHSA_ERR_TOO_LARGE, "%s: %lld bytes of text (limit %lld)", fn, (long long)len,
                           (long long)DHSA_TOKENIZER_MAX_TEXT);
     ivec out = {0};
     work w = {0};
+    fragvec frags = {0};
     w.t = t;
     w.out = &out;
     dhsa_status st = DHSA_OK;
     if ((flags & DHSA_TOKENIZE_ADD_BOS) && t->bos >= 0) st = push_id(&w, t->bos);
-    int prev_special = 1;
-    int64_t frag = 0;
-    for (int64_t pos = 0; st == DHSA_OK && pos < len;) {
-        int32_t id = t->n_specials ? match_special(t, text + pos, len - pos, flags) : -1;
-        if (id < 0) {
-            pos++;
-            continue;
+    if (st == DHSA_OK)
+        st = partition(t, text, len, (flags & DHSA_TOKENIZE_PARSE_SPECIAL) != 0, plain, n_plain, &frags);
+    int prev_special = 1; /* the SPM space prefix: at the start and after each special token */
+    for (int64_t i = 0; st == DHSA_OK && i < frags.n; i++) {
+        const frag *f = &frags.v[i];
+        if (f->id >= 0) {
+            st = push_id(&w, f->id);
+            prev_special = 1;
+        } else {
+            st = encode_fragment(&w, text + f->off, f->len, prev_special);
+            prev_special = 0;
         }
-        if (pos > frag) st = encode_fragment(&w, text + frag, pos - frag, prev_special);
-        if (st == DHSA_OK) st = push_id(&w, id);
-        prev_special = 1;
-        pos += t->tok_len[id];
-        frag = pos;
     }
-    if (st == DHSA_OK && frag < len) st = encode_fragment(&w, text + frag, len - frag, prev_special);
     if (st == DHSA_OK && (flags & DHSA_TOKENIZE_ADD_EOS) && t->eos >= 0) st = push_id(&w, t->eos);
     work_free(&w);
+    free(frags.v);
     if (st == DHSA_OK) {
         *n_ids = out.n;
         if (out.n && cap > 0) memcpy(ids, out.v, sizeof *ids * (size_t)(out.n < cap ? out.n : cap));
         if (out.n > cap)
-            st = dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_tokenize: the text needs %lld ids, cap is %lld",
-                            (long long)out.n, (long long)cap);
+            st = dhsa__fail(DHSA_ERR_INVALID_ARG, "%s: the text needs %lld ids, cap is %lld", fn, (long long)out.n,
+                            (long long)cap);
     }
     free(out.v);
     return st;
+}
+
+dhsa_status dhsa_tokenize(const dhsa_tokenizer *t, const char *text, int64_t len, unsigned flags, int32_t *ids,
+                          int64_t cap, int64_t *n_ids) {
+    return tokenize_spans("dhsa_tokenize", t, text, len, flags, NULL, 0, ids, cap, n_ids);
+}
+
+dhsa_status dhsa_tok__tokenize_plain_spans(const dhsa_tokenizer *t, const char *text, int64_t len, unsigned flags,
+                                          const int64_t *plain, int64_t n_plain, int32_t *ids, int64_t cap,
+                                          int64_t *n_ids) {
+    if (n_plain < 0 || (n_plain > 0 && !plain))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_tok__tokenize_plain_spans: n_plain < 0 or plain NULL");
+    for (int64_t k = 0; k < n_plain; k++)
+        if (plain[2 * k] < (k ? plain[2 * k - 1] : 0) || plain[2 * k + 1] < plain[2 * k] || plain[2 * k + 1] > len)
+            return dhsa__fail(DHSA_ERR_INVALID_ARG,
+                              "dhsa_tok__tokenize_plain_spans: span %lld [%lld, %lld) is not sorted, disjoint "
+                              "and inside the %lld bytes",
+                              (long long)k, (long long)plain[2 * k], (long long)plain[2 * k + 1], (long long)len);
+    return tokenize_spans("dhsa_tokenize", t, text, len, flags | DHSA_TOKENIZE_PARSE_SPECIAL, plain, n_plain, ids,
+                          cap, n_ids);
 }
 
 /* --------------------------------------------------------------------- */
@@ -1348,11 +1712,11 @@ static void piece(const dhsa_tokenizer *t, int32_t id, unsigned flags, sink *s) 
     const char *p = t->tok_arena + t->tok_off[id];
     int64_t n = t->tok_len[id];
     int type = t->types[id];
-    if (type == DHSA_TOKEN_CONTROL) {
+    if (t->attr[id] & ATTR_CONTROL) { /* phi-3's USER_DEFINED "</s>" too: it is CONTROL here */
         if (flags & DHSA_DETOKENIZE_SPECIAL) put(s, p, n);
         return;
     }
-    if (type == DHSA_TOKEN_USER_DEFINED) {
+    if (t->attr[id] & ATTR_USER_DEFINED) {
         put(s, p, n);
         return;
     }
@@ -1419,8 +1783,7 @@ dhsa_status dhsa_detokenize(const dhsa_tokenizer *t, const int32_t *ids, int64_t
         if (ids[i] < 0 || ids[i] >= t->n_vocab)
             return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_detokenize: ids[%lld] = %d is outside the vocab (%lld)",
                               (long long)i, (int)ids[i], (long long)t->n_vocab);
-        int type = t->types[ids[i]];
-        if (type == DHSA_TOKEN_CONTROL || type == DHSA_TOKEN_USER_DEFINED) {
+        if (t->attr[ids[i]] & (ATTR_CONTROL | ATTR_USER_DEFINED)) {
             /* dhsa_tokenize gives the text after a special token a space
              * prefix of its own, as at the start: the special piece keeps
              * its bytes, and the next piece loses that space again */

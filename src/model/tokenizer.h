@@ -37,6 +37,17 @@ dhsa_status dhsa_tok__pretokenize(dhsa_tok_pre pre, const char *text, int64_t le
  * templates (src/model/chat.c), which look up <|eot_id|> and the like. */
 int32_t dhsa_tok__find(const dhsa_tokenizer *t, const char *text, int64_t len);
 
+/* dhsa_tokenize with special tokens parsed except inside plain spans:
+ * plain[2k] .. plain[2k+1] (byte offsets, sorted, disjoint, inside the
+ * text) are text no CONTROL or UNKNOWN token may touch (USER_DEFINED ones
+ * are cut there as in any text). The raw text between special tokens is
+ * encoded whole, spans or not, so a text whose plain spans hold no special
+ * text gives the ids dhsa_tokenize gives it with PARSE_SPECIAL. For the
+ * chat templates (dhsa_chat_tokenize): the messages are the plain spans. */
+dhsa_status dhsa_tok__tokenize_plain_spans(const dhsa_tokenizer *t, const char *text, int64_t len, unsigned flags,
+                                          const int64_t *plain, int64_t n_plain, int32_t *ids, int64_t cap,
+                                          int64_t *n_ids);
+
 /* The bytes the tokenizer's tables hold (texts, offsets, scores, types,
  * hash slots, merges, specials) as dhsa__heap_block counts them: for the
  * memory plan (src/model/session.c). 0 for NULL. */
