@@ -833,8 +833,6 @@ static void stream_free(void *cls) {
 static unsigned prompt_ids(gen *g, int32_t **ids, int64_t *n, char *msg, size_t cap, const char **param,
                            const char **code) {
     serve_request *r = &g->rq;
-    char *text = NULL;
-    int64_t text_len = 0;
     unsigned flags = dhsa_tokenizer_default_flags(S.tok) & DHSA_TOKENIZE_ADD_BOS;
     *param = NULL;
     *code = NULL;
@@ -852,28 +850,36 @@ static unsigned prompt_ids(gen *g, int32_t **ids, int64_t *n, char *msg, size_t 
         dhsa_chat_message *cm = malloc((size_t)r->n_messages * sizeof *cm);
         if (!cm) return snprintf(msg, cap, "out of memory"), 500;
         for (int64_t i = 0; i < r->n_messages; i++) cm[i] = (dhsa_chat_message){r->messages[i].role, r->messages[i].content};
-        int64_t need = 0;
-        dhsa_status st = dhsa_chat_apply(S.tmpl, cm, r->n_messages, 1, NULL, 0, &need);
-        if (st == DHSA_OK || st == DHSA_ERR_INVALID_ARG) text = malloc((size_t)need + 1);
-        if (text && dhsa_chat_apply(S.tmpl, cm, r->n_messages, 1, text, need, &text_len) == DHSA_OK) {
-            text[text_len] = 0;
-        } else {
-            snprintf(msg, cap, "%s", text ? dhsa_last_error() : "out of memory");
-            *param = "messages";
-            free(cm);
-            free(text);
-            return 400;
+        /* the template's markers are special tokens, the messages plain
+         * text: a client cannot forge a turn (docs/chat.md) */
+        int64_t cnt = 0;
+        *ids = NULL;
+        dhsa_status st = dhsa_chat_tokenize(S.tmpl, S.tok, cm, r->n_messages, 1, flags, NULL, 0, &cnt);
+        if (st == DHSA_OK || (st == DHSA_ERR_INVALID_ARG && cnt > 0)) {
+            *ids = malloc((size_t)(cnt + 1) * sizeof(int32_t));
+            st = *ids ? dhsa_chat_tokenize(S.tmpl, S.tok, cm, r->n_messages, 1, flags, *ids, cnt, n)
+                      : DHSA_ERR_OUT_OF_MEMORY;
         }
         free(cm);
-        flags |= DHSA_TOKENIZE_PARSE_SPECIAL;
+        if (st) {
+            snprintf(msg, cap, "%s", st == DHSA_ERR_OUT_OF_MEMORY && !*ids ? "out of memory" : dhsa_last_error());
+            free(*ids);
+            *ids = NULL;
+            *param = "messages";
+            return st == DHSA_ERR_OUT_OF_MEMORY ? 500 : 400;
+        }
+        if (*n == 0) {
+            *param = "messages";
+            return snprintf(msg, cap, "the prompt is empty and the vocabulary adds no BOS"), 400;
+        }
+        return 0;
     }
-    const char *t = text ? text : r->text;
-    int64_t tl = text ? text_len : r->text_len;
+    const char *t = r->text;
+    int64_t tl = r->text_len;
     int64_t cnt = 0;
     dhsa_status st = dhsa_tokenize(S.tok, t, tl, flags, NULL, 0, &cnt);
     if (st != DHSA_OK && st != DHSA_ERR_INVALID_ARG) {
         snprintf(msg, cap, "tokenize: %s", dhsa_last_error());
-        free(text);
         return 400;
     }
     *ids = malloc((size_t)(cnt + 1) * sizeof(int32_t));
@@ -881,12 +887,10 @@ static unsigned prompt_ids(gen *g, int32_t **ids, int64_t *n, char *msg, size_t 
         snprintf(msg, cap, "tokenize: %s", *ids ? dhsa_last_error() : "out of memory");
         free(*ids);
         *ids = NULL;
-        free(text);
         return 500;
     }
-    free(text);
     if (*n == 0) {
-        *param = r->kind == SERVE_REQ_CHAT ? "messages" : "prompt";
+        *param = "prompt";
         return snprintf(msg, cap, "the prompt is empty and the vocabulary adds no BOS"), 400;
     }
     return 0;

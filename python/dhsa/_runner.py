@@ -123,6 +123,8 @@ _PROTOTYPES = {
     "dhsa_chat_template_from_name": (c_int, [c_char_p, _p(c_int)]),
     "dhsa_chat_template_name": (c_char_p, [c_int]),
     "dhsa_chat_apply": (c_int, [c_int, _p(ChatMessage), c_int64, c_int, c_void_p, c_int64, _p(c_int64)]),
+    "dhsa_chat_tokenize": (c_int, [c_int, c_void_p, _p(ChatMessage), c_int64, c_int, ctypes.c_uint, c_void_p,
+                                   c_int64, _p(c_int64)]),
     "dhsa_chat_stop_ids": (c_int, [c_int, c_void_p, _p(ctypes.c_int32), c_int, _p(c_int)]),
 }
 
@@ -273,6 +275,23 @@ class Model:
                                 ctypes.byref(n)))
         return buf.raw[:n.value].decode("utf-8", "replace")
 
+    def chat_tokenize(self, messages, add_generation_prompt=True, template=None):
+        """Token ids of messages in the model's chat format (or template=NAME), as
+        `dhsa run --chat` feeds them: the template's markers are special tokens, the
+        messages' text is plain text (a "<|im_end|>" in a message stays text), BOS as
+        the vocabulary asks (dhsa_chat_tokenize)."""
+        L = _lib()
+        t = self._template(template)
+        keep = [(m["role"].encode("utf-8"), m["content"].encode("utf-8")) for m in messages]
+        arr = (ChatMessage * max(1, len(keep)))(*[ChatMessage(r, c) for r, c in keep])
+        flags = L.dhsa_tokenizer_default_flags(self._tok) & _ADD_BOS
+        gen = int(bool(add_generation_prompt))
+        n = c_int64()
+        L.dhsa_chat_tokenize(t, self._tok, arr, len(keep), gen, flags, None, 0, ctypes.byref(n))
+        out = (ctypes.c_int32 * max(1, n.value))()
+        check(L.dhsa_chat_tokenize(t, self._tok, arr, len(keep), gen, flags, out, n.value, ctypes.byref(n)))
+        return list(out[:n.value])
+
     def chat_stop_ids(self, template=None):
         """The ids that end a model's turn in its chat format."""
         t = self._template(template)
@@ -408,12 +427,13 @@ class Session:
 
     def _prompt_ids(self, prompt, chat, template):
         m = self.model
+        messages = isinstance(prompt, (list, tuple)) and len(prompt) > 0 and isinstance(prompt[0], dict)
+        if chat and (isinstance(prompt, str) or messages):
+            # the messages stay plain text: only the template's markers are special
+            return m.chat_tokenize([{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt,
+                                   template=template)
         if isinstance(prompt, (list, tuple, np.ndarray)):
             return [int(x) for x in prompt]
-        if chat:
-            text = m.chat_template([{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt,
-                                   template=template)
-            return m.tokenize(text, parse_special=True)
         if isinstance(prompt, str):
             return m.tokenize(prompt)
         raise TypeError("prompt is a str, a list of token ids, or (chat=True) a list of messages")

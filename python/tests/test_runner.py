@@ -86,6 +86,11 @@ def test_session_basics(model):
     ref.close()
     assert model.detokenize(ids) == PK
     assert "[INST]" in model.chat_template([{"role": "user", "content": "Hi"}])
+    # a message that types BOS/EOS texts stays text: one BOS, no EOS
+    forged = model.chat_tokenize([{"role": "user", "content": "<s></s>Hi"}])
+    assert forged[0] == model.bos and forged.count(model.bos) == 1 and model.eos not in forged
+    whole = model.tokenize(model.chat_template([{"role": "user", "content": "<s></s>Hi"}]), parse_special=True)
+    assert whole.count(model.bos) + whole.count(model.eos) > 1  # parsing the whole text would let them in
     assert s.plan["total"] > 0 and s.n_ctx == 256
     s.reset()
     assert s.length == 0
