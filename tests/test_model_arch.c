@@ -333,7 +333,8 @@ static void test_gemma(void) {
     s.seed = 45;
     if (fixture_open(&s, &f, "gemma3 62 layers") == 0) {
         T_CHECK(fabs(dhsa_model_get_info(f.m)->attn_scale - 0.25) < 1e-7 && fabs(f.ref.attn_scale - 0.25) < 1e-15,
-                "gemma3 62 layers: scale 1/sqrt(64 / 4) = 1/4 (runner %g)", (double)dhsa_model_get_info(f.m)->attn_scale);
+                "gemma3 62 layers: scale 1/sqrt(64 / 4) = 1/4 (runner %g)",
+                (double)dhsa_model_get_info(f.m)->attn_scale);
         make_ids(ids, 12, f.ref.n_vocab, 46);
         check_close(&f, 0, ids, 12, "gemma3 62 layers (27B scale)", &want);
         if (want) {
