@@ -50,7 +50,7 @@ static double dhsa_cli_now_test(void) {
 }
 
 #define N_PARSER_CHECKS 46
-#define N_HTTP_CHECKS 38
+#define N_HTTP_CHECKS 39
 
 #ifdef DHSA_HAVE_SERVE
 #include "serve.h"
@@ -570,6 +570,27 @@ static void test_http(void) {
                 json_int(body_of(r), "completion_tokens") <= 4,
             "chat: %d %s", code, body_of(r));
     free(r);
+    {   /* a client who types <s></s> gets those as text, not BOS and EOS:
+         * the prompt is dhsa_chat_tokenize's (the whole text parsed would be
+         * 3 tokens shorter) */
+        dhsa_gguf *g = NULL;
+        dhsa_tokenizer *vocab = NULL;
+        int64_t want_n = -1;
+        if (dhsa_gguf_open("models/dhsa-retrieval-8m.gguf", &g) == DHSA_OK && dhsa_tokenizer_from_gguf(g, &vocab) == DHSA_OK) {
+            dhsa_chat_message m = {"user", "<s></s>Hi"};
+            dhsa_chat_tokenize(dhsa_chat_detect(g), vocab, &m, 1, 1, dhsa_tokenizer_default_flags(vocab) & DHSA_TOKENIZE_ADD_BOS,
+                               NULL, 0, &want_n);
+        }
+        dhsa_tokenizer_free(vocab);
+        dhsa_gguf_close(g);
+        code = http("POST", "/v1/chat/completions",
+                    "{\"messages\":[{\"role\":\"user\",\"content\":\"<s></s>Hi\"}],\"max_tokens\":1,\"temperature\":0}",
+                    &r);
+        T_CHECK(code == 200 && want_n > 0 && json_int(body_of(r), "prompt_tokens") == want_n,
+                "a chat typing <s></s>: %ld prompt tokens, dhsa_chat_tokenize gives %lld: %s",
+                json_int(body_of(r), "prompt_tokens"), (long long)want_n, body_of(r));
+        free(r);
+    }
 
     /* errors */
     code = http("POST", "/v1/completions", "{\"prompt\":", &r);
