@@ -217,8 +217,12 @@ def svg_plot(path, sizes, peaks):
            'key_padding_mask), eval + inference_mode</text>' % ml,
            '<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (ml, H - mb, W - mr, H - mb),
            '<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (ml, mt, ml, H - mb)]
-    for n in sizes:
-        out.append('<text x="%.1f" y="%d" text-anchor="middle">%d</text>' % (sx(n), H - mb + 16, n))
+    last = -1e9
+    for n in sizes:  # a label closer than 34 px to the previous one is left out
+        if sx(n) - last >= 34:
+            out.append('<text x="%.1f" y="%d" text-anchor="middle">%d</text>'
+                       % (sx(n), H - mb + 16, n))
+            last = sx(n)
     for i in range(6):
         g = ymax * i / 5
         out.append('<text x="%d" y="%.1f" text-anchor="end">%.1f</text>' % (ml - 6, sy(g) + 4, g))
