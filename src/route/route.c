@@ -83,7 +83,8 @@ typedef struct {
     int64_t max_chunks;  /* chunks per batch, at most */
     int64_t max_ranges;  /* per block */
     int64_t min_len;     /* shortest chunk boundaries can make */
-    int64_t dk;          /* floats per pooled key: d (POOLED) or 2d (MOMENTS, HEADS) */
+    int64_t dk;          /* floats per pooled key: d (POOLED) or 2d (MOMENTS, HEADS, BOUND) */
+    int per_head;        /* HEADS or BOUND: a per-thread sum [nc][64] */
 } plan;
 
 dhsa_status dhsa__route_check_params(const dhsa_router_params *rp) {
@@ -141,6 +142,7 @@ static dhsa_status check(const dhsa_router_params *rp, const dhsa_attn_desc *a, 
     if (p->Lq < 1) return dhsa__fail(DHSA_ERR_SHAPE, "dhsa_route needs at least one query row");
     pl->n_qb = (p->Lq + rp->q_block - 1) / rp->q_block;
     pl->dk = rp->score_mode == DHSA_SCORE_POOLED ? p->d : 2 * p->d;
+    pl->per_head = rp->score_mode == DHSA_SCORE_HEADS || rp->score_mode == DHSA_SCORE_BOUND;
     dhsa__route_limits(rp, p->Lk, &pl->min_len, &pl->max_chunks, &pl->max_ranges);
     return DHSA_OK;
 }
@@ -158,12 +160,12 @@ static ws_plan workspace(const dhsa_ctx *ctx, const plan *pl) {
     w.scores = dhsa__align_up((size_t)p->Lk * sizeof(float) + 64, 64);
     w.starts = dhsa__align_up((nc + 1) * sizeof(int64_t), 64);
     w.kp = dhsa__align_up((size_t)p->Hkv * nc * (size_t)pl->dk * sizeof(float), 64);
-    /* per thread: Qt [dk][64], S [nc][64], the HEADS sum [nc][64],
+    /* per thread: Qt [dk][64], S [nc][64], the HEADS/BOUND sum [nc][64],
      * candidate order [nc], ranges, oracle column LSE [64] and per-chunk
      * mass [nc] doubles */
     w.per_thread = dhsa__align_up((size_t)(pl->dk > p->d ? pl->dk : p->d) * GROUP * sizeof(float), 64) +
                    dhsa__align_up(nc * GROUP * sizeof(float), 64) +
-                   dhsa__align_up(nc * GROUP * sizeof(float), 64) +
+                   (pl->per_head ? dhsa__align_up(nc * GROUP * sizeof(float), 64) : 0) +
                    dhsa__align_up(nc * sizeof(int64_t), 64) +
                    dhsa__align_up((size_t)(pl->max_ranges + 8) * 2 * sizeof(int64_t), 64) +
                    dhsa__align_up((size_t)GROUP * 2 * sizeof(float), 64) +
@@ -529,8 +531,8 @@ static thread_bufs bufs_of(const sel_job *j, int thread) {
     w += dhsa__align_up((size_t)(pl->dk > pl->p.d ? pl->dk : pl->p.d) * GROUP * sizeof(float), 64);
     t.S = (float *)w;
     w += dhsa__align_up(nc * GROUP * sizeof(float), 64);
-    t.acc = (float *)w;
-    w += dhsa__align_up(nc * GROUP * sizeof(float), 64);
+    t.acc = pl->per_head ? (float *)w : NULL;
+    if (pl->per_head) w += dhsa__align_up(nc * GROUP * sizeof(float), 64);
     t.order = (int64_t *)w;
     w += dhsa__align_up(nc * sizeof(int64_t), 64);
     t.rg = (int64_t *)w;
