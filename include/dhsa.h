@@ -1519,6 +1519,146 @@ int dhsa_task_check(const dhsa_task *t, const char *text, int64_t len);
 double dhsa_task_selected(const dhsa_task *t, const dhsa_layout *layout, int64_t g, int64_t row);
 /* ---- Retrieval tasks block end ---- */
 
+/* ---- Evaluation block begin (src/eval/evaluate.c, docs/eval.md) ---- */
+/* The measurements behind `dhsa eval` (tools/eval.c prints them; the
+ * Python binding returns them: dhsa.eval_fidelity, dhsa.eval_retrieval,
+ * dhsa.eval_generate). Each runs the model through fresh sessions on the
+ * given context and model; the model and context are only read and may
+ * be shared with other sessions (not concurrently with them). Nothing is
+ * printed. Buffers: the functions allocate what they need (logits,
+ * per-layer sums, the recall reruns' outputs) and free it before they
+ * return; these are evaluation calls, not inference hot paths. On an
+ * error the results are unspecified and dhsa_last_error() says why (a
+ * failure inside a layer's measurement is named after the session's
+ * sentence). */
+
+/* The routing an evaluation at L tokens runs with by default: the
+ * library's routing defaults scaled to short contexts (docs/eval.md, "The
+ * routing an evaluation runs with"): q_block 16, sink_tokens 4,
+ * local_tokens 16 (L <= 1024) or 32, dense_below 0, min_chunk 8,
+ * max_chunk 32, chunk 16, sim_window 4, nms_window 4; density as given,
+ * the rest dhsa_router_default_params(). */
+dhsa_router_params dhsa_eval_router_params(int64_t L, double density);
+
+/* A method as evaluated: the session's attn and its routing (the block
+ * baseline is DHSA_ATTN_BLOCK; learned boundaries are DHSA_ATTN_DHSA with
+ * router.boundary LEARNED and router.predictor set). */
+typedef struct {
+    dhsa_attn_method attn;
+    dhsa_router_params router;
+} dhsa_eval_method;
+
+/* eval fidelity: ids (the text's tokens, no BOS) are cut into windows of
+ * `window` tokens, the tokenizer's BOS first (window - 1 text tokens; a
+ * tokenizer without BOS: window text tokens), at most max_windows of them.
+ * Each window runs once dense and once per method, with logits for every
+ * position; over the predicted positions 0 .. window - 2:
+ *   kl         mean KL(p_dense || p_method) of the next-token
+ *              distributions, nats (double-precision log-softmax)
+ *   top1       share of positions where both argmaxes agree (the first
+ *              maximal logit on ties)
+ *   ppl, ppl_dense  exp of the mean negative log-likelihood of the actual
+ *              next token, under the method and under dense
+ *   kl_late, top1_late  the same over positions >= window / 2
+ *   density_used       selected / available keys over rows, KV heads and
+ *              layers (dhsa_layout_get_stats; a dense call counts all),
+ *              mean over windows; density_used_late: the rows at
+ *              positions >= window / 2
+ *   recall[l]  (when the caller gives the array, [n_layer]) the mean over
+ *              rows and heads of exp(lse_sparse - lse_dense) of layer l:
+ *              each routed call rerun dense and with its layout
+ *              (dhsa_fidelity_compare), over the method's own q/k/v;
+ *              dense calls count 1; mean over windows. NaN with
+ *              params.recall 0.
+ * Cost: two extra attention calls per routed layer call (recall), and
+ * 2 x window x n_vocab floats of logits. A text shorter than one window
+ * is DHSA_ERR_INVALID_ARG. */
+typedef struct {
+    int64_t window;       /* tokens per window, BOS included (>= 2); 0 = the trained context */
+    int64_t max_windows;  /* default 8 */
+    int recall;           /* 1 (default): measure the per-layer recall */
+} dhsa_eval_fidelity_params;
+
+dhsa_eval_fidelity_params dhsa_eval_fidelity_default_params(void);
+
+typedef struct {
+    double kl, top1, ppl, ppl_dense;
+    double kl_late, top1_late;
+    double density_used, density_used_late;
+    int64_t n_predicted, n_predicted_late;
+    double *recall;       /* in: the caller's [n_layer] array, or NULL (not measured then) */
+} dhsa_eval_fidelity_result;
+
+typedef struct {
+    int64_t window, n_windows;  /* as run */
+    int64_t n_text;             /* the ids given */
+    int64_t n_predicted;        /* dense's predicted positions, all windows */
+    double ppl_dense;           /* dense perplexity over them */
+} dhsa_eval_fidelity_info;
+
+/* results[n_methods] (each result's recall pointer set by the caller or
+ * NULL); info may be NULL. */
+dhsa_status dhsa_eval_fidelity(dhsa_ctx *ctx, dhsa_model *m, const int32_t *ids, int64_t n_ids,
+                               const dhsa_eval_fidelity_params *p, const dhsa_eval_method *methods,
+                               int64_t n_methods, dhsa_eval_fidelity_result *results,
+                               dhsa_eval_fidelity_info *info);
+
+/* A greedy answer: the prompt ids[0..n) in a fresh session of the method
+ * (cache n_ctx, 0 = n + max_tokens), then argmax tokens until a stop id
+ * (not part of the answer) or max_tokens, detokenized with detok_flags.
+ * eval niah and the retrieval tasks run this. */
+typedef struct {
+    dhsa_eval_method method;
+    int64_t max_tokens;     /* 0: 12 (dhsa_eval_retrieval: 40 when the task asks
+                               several numbers, as multivalue does) */
+    int64_t n_ctx;          /* 0: prompt + max_tokens */
+    const int32_t *stop;    /* ids that end the answer; NULL: the tokenizer's EOS */
+    int n_stop;
+    unsigned detok_flags;   /* dhsa_detokenize flags (retrieval: KEEP_SPACE is added) */
+} dhsa_eval_answer_params;
+
+dhsa_eval_answer_params dhsa_eval_answer_default_params(void);
+
+#define DHSA_EVAL_MAX_LAYERS 64   /* layers whose needle selection is reported */
+#define DHSA_EVAL_ANSWER_ROWS 64  /* answer rows whose needle selection is kept */
+
+/* Why a retrieval miss happened, at the row that produced its first wrong
+ * token: the needle's keys selected in every reported layer (the model's
+ * error, not the routing's; dense is always this), in some only, or in
+ * none. */
+typedef enum {
+    DHSA_EVAL_NEEDLE_EVERYWHERE = 0,
+    DHSA_EVAL_NEEDLE_PARTLY = 1,
+    DHSA_EVAL_NEEDLE_NOWHERE = 2
+} dhsa_eval_needle;
+
+typedef struct {
+    char text[4096];        /* the answer, NUL-terminated (cut to 4095 bytes) */
+    int64_t n_tokens;       /* answer tokens generated */
+    double density_used;    /* selected / available keys, prompt and answer rows */
+    /* dhsa_eval_retrieval only (dhsa_eval_generate: hit -1, the rest 0): */
+    int hit;                /* dhsa_task_check of text */
+    int64_t first_wrong;    /* the first answer token whose text leaves the
+                               expected answer; n_tokens when none does */
+    int64_t n_layer;        /* layers reported: min(n_layer, DHSA_EVAL_MAX_LAYERS) */
+    /* per layer, the share of the asked numbers' keys the layout selects
+     * (dhsa_task_selected, mean over KV heads) for the rows that produce
+     * the answer (the prompt's last, then each answer token fed back):
+     * the least over those rows, and at the row that produced answer token
+     * min(first_wrong, DHSA_EVAL_ANSWER_ROWS - 1) (0 for a row never run:
+     * the last token is not fed back) */
+    double needle_selected[DHSA_EVAL_MAX_LAYERS];
+    double selected_at_wrong[DHSA_EVAL_MAX_LAYERS];
+    dhsa_eval_needle needle; /* from selected_at_wrong (meaningful for a miss) */
+} dhsa_eval_answer;
+
+dhsa_status dhsa_eval_generate(dhsa_ctx *ctx, dhsa_model *m, const int32_t *ids, int64_t n_ids,
+                               const dhsa_eval_answer_params *p, dhsa_eval_answer *out);
+/* The task's prompt through dhsa_eval_generate, scored and explained. */
+dhsa_status dhsa_eval_retrieval(dhsa_ctx *ctx, dhsa_model *m, const dhsa_task *t,
+                                const dhsa_eval_answer_params *p, dhsa_eval_answer *out);
+/* ---- Evaluation block end ---- */
+
 #ifdef __cplusplus
 }
 #endif

@@ -30,6 +30,7 @@
 #include "cli.h"
 #include "dhsa.h"
 #include "eval/niah.h"
+#include "eval/probe.h"
 #include "util/svg.h"
 
 #define EXIT_RUN DHSA_EXIT_RUN
@@ -302,17 +303,16 @@ static void parse(int argc, char **argv, eval_opts *o, const char *sub) {
 /* The routing a method runs with at length L: the scaled defaults of
  * docs/eval.md unless an option set a value. */
 static dhsa_router_params router_for(const eval_opts *o, int64_t L, double density) {
-    dhsa_router_params rp = dhsa_router_default_params();
-    rp.q_block = o->q_block >= 0 ? o->q_block : 16;
-    rp.sink_tokens = o->sink >= 0 ? o->sink : 4;
-    rp.local_tokens = o->local >= 0 ? o->local : (L <= 1024 ? 16 : 32);
-    rp.dense_below = o->dense_below >= 0 ? o->dense_below : 0;
-    rp.min_chunk = o->min_chunk >= 0 ? o->min_chunk : 8;
-    rp.max_chunk = o->max_chunk >= 0 ? o->max_chunk : 32;
-    rp.chunk = o->chunk >= 0 ? o->chunk : 16;
-    rp.sim_window = o->sim_window >= 0 ? o->sim_window : 4;
-    rp.nms_window = o->nms_window >= 0 ? o->nms_window : 4;
-    rp.density = density;
+    dhsa_router_params rp = dhsa_eval_router_params(L, density);
+    if (o->q_block >= 0) rp.q_block = o->q_block;
+    if (o->sink >= 0) rp.sink_tokens = o->sink;
+    if (o->local >= 0) rp.local_tokens = o->local;
+    if (o->dense_below >= 0) rp.dense_below = o->dense_below;
+    if (o->min_chunk >= 0) rp.min_chunk = o->min_chunk;
+    if (o->max_chunk >= 0) rp.max_chunk = o->max_chunk;
+    if (o->chunk >= 0) rp.chunk = o->chunk;
+    if (o->sim_window >= 0) rp.sim_window = o->sim_window;
+    if (o->nms_window >= 0) rp.nms_window = o->nms_window;
     rp.budget_tokens = o->budget;
     rp.boundary = o->boundary == DHSA_BOUNDARY_FIXED ? DHSA_BOUNDARY_SIMILARITY : o->boundary;
     rp.predictor = o->predictor;
@@ -338,262 +338,6 @@ static void print_router(FILE *f, const dhsa_router_params *rp, int64_t L) {
             (long long)rp->sim_window, (long long)rp->nms_window, dhsa_cli_chunk_score_name(rp->score_mode));
 }
 
-/* ------------------------------------------------------ the layer hook --- */
-
-/* What the hook gathers over a session's evals:
- *   - per layer, the selected and available keys (summed over KV heads and
- *     query rows, as dhsa_layout_get_stats counts them), and the same for
- *     the rows at positions >= late_from only (0: not counted);
- *   - with want_recall, the attention recall per layer, summed over query
- *     rows and heads;
- *   - with copy_len > 0 (eval copy), for the queries of the repetition
- *     (positions [copy_at2, copy_at2 + copy_len - 1), each predicting the
- *     next passage token): the share of the first copy's keys
- *     [copy_at1, copy_at1 + copy_len) the layout selects, the softmax mass
- *     a dense attention over the same states puts on the first copy, the
- *     part of that mass on keys the layout selects, and (a control) the
- *     dense mass on as many filler keys at about the same distance:
- *     [copy_ctl, copy_ctl + copy_len). */
-typedef struct {
-    dhsa_ctx *ctx;
-    int want_recall;
-    int64_t n_layer, late_from, copy_at1, copy_at2, copy_len, copy_ctl;
-    double *selected, *available, *recall, *rows; /* [n_layer] each */
-    double late_selected, late_available;
-    double copy_cover, copy_cover_n, copy_mass, copy_kept, copy_ctl_mass, copy_rows;
-    float *buf; /* attention outputs and LSEs of the reruns */
-    size_t cap;
-    char err[256];
-} layer_acc;
-
-static void acc_init(layer_acc *h, dhsa_ctx *ctx, int64_t n_layer, int want_recall) {
-    memset(h, 0, sizeof *h);
-    h->ctx = ctx;
-    h->n_layer = n_layer;
-    h->want_recall = want_recall;
-    h->selected = calloc((size_t)n_layer * 4, sizeof(double));
-    if (!h->selected) dhsa_cli_die(EXIT_RUN, "out of memory");
-    h->available = h->selected + n_layer;
-    h->recall = h->available + n_layer;
-    h->rows = h->recall + n_layer;
-}
-
-/* Zeroes the sums (the settings stay). */
-static void acc_clear(layer_acc *h) {
-    memset(h->selected, 0, (size_t)h->n_layer * 4 * sizeof(double));
-    h->late_selected = h->late_available = 0;
-    h->copy_cover = h->copy_cover_n = h->copy_mass = h->copy_kept = h->copy_ctl_mass = h->copy_rows = 0;
-}
-
-static void acc_free(layer_acc *h) {
-    free(h->selected);
-    free(h->buf);
-}
-
-static double acc_density(const layer_acc *h) {
-    double s = 0, a = 0;
-    for (int64_t l = 0; l < h->n_layer; l++) {
-        s += h->selected[l];
-        a += h->available[l];
-    }
-    return a > 0 ? s / a : 1.0;
-}
-
-static double acc_late_density(const layer_acc *h) {
-    return h->late_available > 0 ? h->late_selected / h->late_available : NAN;
-}
-
-static double acc_recall(const layer_acc *h, int64_t l) { return h->rows[l] > 0 ? h->recall[l] / h->rows[l] : NAN; }
-
-/* The keys [lo, hi) query row `pos` may see under a causal (windowed) call. */
-static void visible_span(const dhsa_attn_desc *a, int64_t pos, int64_t *lo, int64_t *hi) {
-    *hi = a->causal && pos + 1 < a->k.shape[2] ? pos + 1 : a->k.shape[2];
-    *lo = a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
-    if (*lo > *hi) *lo = *hi;
-}
-
-/* Keys of [lo, hi) inside the n ranges r (pairs start, end). */
-static int64_t keys_in(const int64_t *r, int64_t n, int64_t lo, int64_t hi) {
-    int64_t c = 0;
-    for (int64_t k = 0; k < n; k++) {
-        int64_t s = r[2 * k] > lo ? r[2 * k] : lo, e = r[2 * k + 1] < hi ? r[2 * k + 1] : hi;
-        if (e > s) c += e - s;
-    }
-    return c;
-}
-
-/* Makes sure buf holds n floats. */
-static int acc_reserve(layer_acc *h, size_t n) {
-    if (n <= h->cap) return 0;
-    free(h->buf);
-    h->buf = malloc(n * sizeof(float));
-    h->cap = h->buf ? n : 0;
-    if (!h->buf) snprintf(h->err, sizeof h->err, "out of memory for the hook's buffers");
-    return h->buf ? 0 : 1;
-}
-
-/* Recall of the call's layout: the call rerun dense and sparse with LSE. */
-static int hook_recall(layer_acc *h, int64_t layer, const dhsa_attn_desc *a) {
-    const int64_t Hq = a->q.shape[1], n = a->q.shape[2], dv = a->v.shape[3];
-    size_t o_n = (size_t)(Hq * n * dv), l_n = (size_t)(Hq * n);
-    if (acc_reserve(h, 2 * (o_n + l_n))) return 1;
-    dhsa_tensor od = dhsa_tensor_bhld(h->buf, DHSA_F32, 1, Hq, n, dv);
-    dhsa_tensor ld = dhsa_tensor_bhld(h->buf + o_n, DHSA_F32, 1, Hq, n, 1);
-    dhsa_tensor os = dhsa_tensor_bhld(h->buf + o_n + l_n, DHSA_F32, 1, Hq, n, dv);
-    dhsa_tensor lsp = dhsa_tensor_bhld(h->buf + 2 * o_n + l_n, DHSA_F32, 1, Hq, n, 1);
-    dhsa_attn_desc d = *a;
-    d.o = od;
-    d.lse = ld;
-    d.layout = NULL;
-    dhsa_status st = dhsa_attention(h->ctx, &d);
-    if (!st) {
-        d.o = os;
-        d.lse = lsp;
-        d.layout = a->layout;
-        st = dhsa_attention(h->ctx, &d);
-    }
-    dhsa_fidelity fr;
-    if (!st) st = dhsa_fidelity_compare(&od, &ld, &os, &lsp, &fr);
-    if (st) {
-        snprintf(h->err, sizeof h->err, "recall at layer %lld: %s", (long long)layer, dhsa_last_error());
-        return 1;
-    }
-    h->recall[layer] += fr.recall * (double)fr.rows;
-    h->rows[layer] += (double)fr.rows;
-    return 0;
-}
-
-/* The copy measurements for the repetition's rows of this call (see
- * layer_acc): four reruns with LSE, over all keys, the first copy, the
- * first copy's keys the layout selects and the control span (three
- * hand-made layouts). */
-static int hook_copy(layer_acc *h, int64_t layer, const dhsa_attn_desc *a) {
-    const int64_t Hq = a->q.shape[1], n = a->q.shape[2], Hkv = a->k.shape[1], dv = a->v.shape[3];
-    const int64_t c0 = h->copy_at1, c1 = h->copy_at1 + h->copy_len;
-    int64_t r0 = h->copy_at2 - a->q_pos0, r1 = h->copy_at2 + h->copy_len - 1 - a->q_pos0;
-    if (r0 < 0) r0 = 0;
-    if (r1 > n) r1 = n;
-    if (r0 >= r1 || c1 > a->k.shape[2]) return 0;
-    int64_t qb = 16, max_r = 1;
-    if (a->layout) {
-        dhsa_layout_stats ls;
-        if (dhsa_layout_get_stats(a->layout, &ls)) return 1;
-        qb = ls.q_block;
-        max_r = ls.max_ranges;
-    }
-    /* coverage of the first copy's keys */
-    for (int64_t g = 0; g < Hkv; g++)
-        for (int64_t i = r0; i < r1; i++) {
-            int64_t got = h->copy_len;
-            if (a->layout) {
-                const int64_t *r;
-                int64_t nr;
-                if (dhsa_layout_get(a->layout, 0, g, i / qb, &r, &nr)) return 1;
-                got = keys_in(r, nr, c0, c1);
-            }
-            h->copy_cover += (double)got / (double)h->copy_len;
-            h->copy_cover_n += 1;
-        }
-    /* the masses */
-    size_t o_n = (size_t)(Hq * n * dv), l_n = (size_t)(Hq * n);
-    if (acc_reserve(h, o_n + 4 * l_n)) return 1;
-    float *lse_all = h->buf + o_n, *lse_copy = lse_all + l_n, *lse_ctl = lse_copy + l_n, *lse_kept = lse_ctl + l_n;
-    dhsa_layout *only = NULL, *ctl = NULL, *kept = NULL;
-    dhsa_status st = dhsa_layout_create(h->ctx, 1, Hkv, n, a->k.shape[2], qb, 1, &only);
-    if (!st) st = dhsa_layout_create(h->ctx, 1, Hkv, n, a->k.shape[2], qb, 1, &ctl);
-    if (!st && a->layout) st = dhsa_layout_create(h->ctx, 1, Hkv, n, a->k.shape[2], qb, max_r, &kept);
-    int64_t span[2] = {c0, c1}, cspan[2] = {h->copy_ctl, h->copy_ctl + h->copy_len};
-    int64_t *cut = malloc((size_t)(2 * max_r) * sizeof(int64_t));
-    if (!cut && !st) st = DHSA_ERR_OUT_OF_MEMORY;
-    for (int64_t g = 0; g < Hkv && !st; g++)
-        for (int64_t b = r0 / qb; b <= (r1 - 1) / qb && !st; b++) {
-            st = dhsa_layout_set(only, 0, g, b, span, 1);
-            if (!st) st = dhsa_layout_set(ctl, 0, g, b, cspan, 1);
-            if (st || !kept) continue;
-            const int64_t *r;
-            int64_t nr, nc = 0;
-            st = dhsa_layout_get(a->layout, 0, g, b, &r, &nr);
-            for (int64_t k = 0; k < nr && !st; k++) {
-                int64_t s = r[2 * k] > c0 ? r[2 * k] : c0, e = r[2 * k + 1] < c1 ? r[2 * k + 1] : c1;
-                if (e > s) {
-                    cut[2 * nc] = s;
-                    cut[2 * nc++ + 1] = e;
-                }
-            }
-            if (!st) st = dhsa_layout_set(kept, 0, g, b, cut, nc);
-        }
-    dhsa_attn_desc d = *a;
-    d.o = dhsa_tensor_bhld(h->buf, DHSA_F32, 1, Hq, n, dv);
-    float *outs[4] = {lse_all, lse_copy, lse_ctl, lse_kept};
-    const dhsa_layout *lays[4] = {NULL, only, ctl, kept};
-    for (int k = 0; k < (kept ? 4 : 3) && !st; k++) {
-        d.lse = dhsa_tensor_bhld(outs[k], DHSA_F32, 1, Hq, n, 1);
-        d.layout = lays[k];
-        st = dhsa_attention(h->ctx, &d);
-    }
-    if (!st)
-        for (int64_t q = 0; q < Hq; q++)
-            for (int64_t i = r0; i < r1; i++) {
-                size_t at = (size_t)(q * n + i);
-                double m = exp((double)lse_copy[at] - (double)lse_all[at]);
-                h->copy_mass += m;
-                h->copy_kept += kept ? exp((double)lse_kept[at] - (double)lse_all[at]) : m;
-                h->copy_ctl_mass += exp((double)lse_ctl[at] - (double)lse_all[at]);
-                h->copy_rows += 1;
-            }
-    free(cut);
-    dhsa_layout_free(only);
-    dhsa_layout_free(ctl);
-    dhsa_layout_free(kept);
-    if (st) snprintf(h->err, sizeof h->err, "copy mass at layer %lld: %s", (long long)layer, dhsa_last_error());
-    return st != DHSA_OK;
-}
-
-static int acc_hook(void *user, int64_t layer, const dhsa_attn_desc *a) {
-    layer_acc *h = user;
-    const int64_t Hq = a->q.shape[1], n = a->q.shape[2], Hkv = a->k.shape[1];
-    if (layer < 0 || layer >= h->n_layer) return 1;
-    int64_t qb = 1;
-    if (a->layout) {
-        dhsa_layout_stats ls;
-        if (dhsa_layout_get_stats(a->layout, &ls)) {
-            snprintf(h->err, sizeof h->err, "layout stats: %s", dhsa_last_error());
-            return 1;
-        }
-        h->selected[layer] += ls.selected;
-        h->available[layer] += ls.available;
-        qb = ls.q_block;
-    }
-    double vis_all = 0;
-    for (int64_t i = 0; i < n; i++) {
-        int64_t pos = a->q_pos0 + i, lo, hi;
-        visible_span(a, pos, &lo, &hi);
-        vis_all += (double)(hi - lo);
-        if (!h->late_from || pos < h->late_from) continue;
-        for (int64_t g = 0; g < Hkv; g++) {
-            int64_t sel = hi - lo;
-            if (a->layout) {
-                const int64_t *r;
-                int64_t nr;
-                if (dhsa_layout_get(a->layout, 0, g, i / qb, &r, &nr)) return 1;
-                sel = keys_in(r, nr, lo, hi);
-            }
-            h->late_selected += (double)sel;
-            h->late_available += (double)(hi - lo);
-        }
-    }
-    if (!a->layout) { /* dense call: everything selected, recall 1 */
-        h->selected[layer] += vis_all * (double)Hkv;
-        h->available[layer] += vis_all * (double)Hkv;
-        h->recall[layer] += (double)(Hq * n);
-        h->rows[layer] += (double)(Hq * n);
-    } else if (h->want_recall && hook_recall(h, layer, a)) {
-        return 1;
-    }
-    if (h->copy_len > 0 && hook_copy(h, layer, a)) return 1;
-    return 0;
-}
-
 /* ------------------------------------------------------------ sessions --- */
 
 typedef struct {
@@ -605,35 +349,36 @@ typedef struct {
     int warned_ctx;
 } eval_env;
 
+/* The method of a variant at length L, as the library evaluates it. */
+static dhsa_eval_method eval_method(const eval_opts *o, dhsa_attn_method m, double density, int64_t L) {
+    dhsa_eval_method me = {effective(o, m), router_for(o, L, density)};
+    return me;
+}
+
+/* The warning (once) for a cache longer than the model was trained on. */
+static void warn_ctx(eval_env *e, int64_t n_ctx) {
+    if (n_ctx > e->in->n_ctx_train && !e->warned_ctx) {
+        fprintf(stderr, "dhsa %s: warning: context %lld is longer than the model's trained context %lld: quality "
+                "may drop (dense included)\n", dhsa_cli_command(), (long long)n_ctx, (long long)e->in->n_ctx_train);
+        e->warned_ctx = 1;
+    }
+}
+
 /* Session parameters of method m at density for sequences of L tokens in
- * a cache of n_ctx, reporting to acc (may be NULL). */
+ * a cache of n_ctx, reporting to acc (may be NULL); eval copy's sessions. */
 static dhsa_session_params session_params(eval_env *e, dhsa_attn_method m, double density, int64_t L,
-                                          int64_t n_ctx, int logits_all, layer_acc *acc) {
+                                          int64_t n_ctx, int logits_all, dhsa__probe *acc) {
     dhsa_session_params sp = dhsa_session_default_params();
     sp.n_ctx = n_ctx;
     sp.attn = effective(e->o, m);
     sp.router = router_for(e->o, L, density);
     sp.logits_all = logits_all;
     if (acc) {
-        sp.layer_hook = acc_hook;
+        sp.layer_hook = dhsa__probe_hook;
         sp.layer_hook_user = acc;
     }
-    if (n_ctx > e->in->n_ctx_train && !e->warned_ctx) {
-        fprintf(stderr, "dhsa %s: warning: context %lld is longer than the model's trained context %lld: quality "
-                "may drop (dense included)\n", dhsa_cli_command(), (long long)n_ctx, (long long)e->in->n_ctx_train);
-        e->warned_ctx = 1;
-    }
+    warn_ctx(e, n_ctx);
     return sp;
-}
-
-/* Runs ids[0..n) in a fresh session; logits [n][V] (logits_all) into out. */
-static void run_all(eval_env *e, const dhsa_session_params *sp, const int32_t *ids, int64_t n, float *out,
-                    layer_acc *acc) {
-    dhsa_session *s;
-    if (dhsa_session_create(e->ctx, e->m, sp, &s)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
-    if (dhsa_session_eval(s, ids, n, out))
-        dhsa_cli_die(EXIT_RUN, "%s%s%s", dhsa_last_error(), acc && acc->err[0] ? ": " : "", acc ? acc->err : "");
-    dhsa_session_free(s);
 }
 
 /* log-softmax of one row into lp (double). */
@@ -645,13 +390,6 @@ static void log_softmax(const float *x, int64_t V, double *lp) {
     for (int64_t i = 0; i < V; i++) s += exp((double)x[i] - mx);
     double lse = mx + log(s);
     for (int64_t i = 0; i < V; i++) lp[i] = (double)x[i] - lse;
-}
-
-static int64_t argmax_f(const float *x, int64_t V) {
-    int64_t b = 0;
-    for (int64_t i = 1; i < V; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
 }
 
 /* Length of a valid UTF-8 sequence at s (2..4), or 0. */
@@ -693,16 +431,9 @@ static void json_num(FILE *f, double v) {
 
 /* ------------------------------------------------------------ fidelity --- */
 
-typedef struct {
-    double kl, top1, nll, nll_dense, n;  /* sums over predicted positions */
-    double kl2, top1_2, n2;              /* the second half of each window */
-    double density, density_late;
-    double *recall; /* [n_layer] */
-} fid_result;
-
 static int cmd_fidelity(eval_env *e) {
     eval_opts *o = e->o;
-    const int64_t V = e->in->n_vocab, NL = e->in->n_layer;
+    const int64_t NL = e->in->n_layer;
     int64_t len;
     char *text = read_text("-f", o->text_file, &len);
     int64_t n_text = 0;
@@ -710,70 +441,25 @@ static int cmd_fidelity(eval_env *e) {
     int32_t *stream = xmalloc((size_t)(n_text + 1) * sizeof(int32_t));
     if (dhsa_tokenize(e->tok, text, len, 0, stream, n_text + 1, &n_text)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     free(text);
-    int32_t bos = dhsa_tokenizer_bos(e->tok);
-    int64_t W = o->ctx ? o->ctx : e->in->n_ctx_train, body = bos >= 0 ? W - 1 : W;
-    int64_t n_win = n_text / body;
-    if (n_win > o->windows) n_win = o->windows;
-    if (n_win == 0) dhsa_cli_die(EXIT_RUN, "the text has %lld tokens: fewer than one window of %lld (give a longer text or "
-                        "a smaller --ctx)", (long long)n_text, (long long)W);
-    if (!o->json) {
-        printf("fidelity: %s, %lld windows of %lld tokens from %s (%lld tokens)\n", o->model, (long long)n_win,
-               (long long)W, o->text_file, (long long)n_text);
-        dhsa_router_params rp = router_for(o, W, o->densities[0]);
-        print_router(stdout, &rp, W);
-    }
     const int n_var = o->n_var;
-    fid_result *res = calloc((size_t)n_var, sizeof *res);
-    double *rec = calloc((size_t)n_var * (size_t)NL, sizeof(double));
-    float *ld = xmalloc((size_t)W * (size_t)V * sizeof(float)), *lm = xmalloc((size_t)W * (size_t)V * sizeof(float));
-    double *pd = xmalloc((size_t)V * sizeof(double)), *pm = xmalloc((size_t)V * sizeof(double));
-    int32_t *ids = xmalloc((size_t)W * sizeof(int32_t));
-    if (!res || !rec) dhsa_cli_die(EXIT_RUN, "out of memory");
-    layer_acc acc;
-    acc_init(&acc, e->ctx, NL, 1);
-    double dense_nll = 0, dense_n = 0, t0 = dhsa_cli_now();
-    for (int64_t w = 0; w < n_win; w++) {
-        int64_t n = 0;
-        if (bos >= 0) ids[n++] = bos;
-        memcpy(ids + n, stream + w * body, (size_t)body * sizeof(int32_t));
-        n += body;
-        dhsa_session_params sp = session_params(e, DHSA_ATTN_DENSE, 1.0, W, W, 1, NULL);
-        run_all(e, &sp, ids, n, ld, NULL);
-        for (int64_t t = 0; t + 1 < n; t++) {
-            log_softmax(ld + t * V, V, pd);
-            dense_nll -= pd[ids[t + 1]];
-            dense_n += 1;
-        }
-        for (int vi = 0; vi < n_var; vi++) {
-            const variant *va = &o->var[vi];
-            fid_result *r = &res[vi];
-            r->recall = rec + (size_t)vi * (size_t)NL;
-            acc_clear(&acc);
-            acc.late_from = n / 2;
-            sp = session_params(e, va->method, va->density, W, W, 1, &acc);
-            run_all(e, &sp, ids, n, lm, &acc);
-            for (int64_t t = 0; t + 1 < n; t++) {
-                log_softmax(ld + t * V, V, pd);
-                log_softmax(lm + t * V, V, pm);
-                double kl = 0;
-                for (int64_t v = 0; v < V; v++) kl += exp(pd[v]) * (pd[v] - pm[v]);
-                int agree = argmax_f(ld + t * V, V) == argmax_f(lm + t * V, V);
-                r->kl += kl;
-                r->top1 += agree;
-                r->nll -= pm[ids[t + 1]];
-                r->nll_dense -= pd[ids[t + 1]];
-                r->n += 1;
-                if (t >= n / 2) {
-                    r->kl2 += kl;
-                    r->top1_2 += agree;
-                    r->n2 += 1;
-                }
-            }
-            /* density and recall: weighted by the windows' rows */
-            r->density += acc_density(&acc) / (double)n_win;
-            r->density_late += acc_late_density(&acc) / (double)n_win;
-            for (int64_t l = 0; l < NL; l++) r->recall[l] += acc_recall(&acc, l) / (double)n_win;
-        }
+    int64_t W = o->ctx ? o->ctx : e->in->n_ctx_train;
+    dhsa_eval_method *methods = xmalloc((size_t)n_var * sizeof *methods);
+    dhsa_eval_fidelity_result *res = xmalloc((size_t)n_var * sizeof *res);
+    double *rec = xmalloc((size_t)n_var * (size_t)NL * sizeof(double));
+    for (int vi = 0; vi < n_var; vi++) {
+        methods[vi] = eval_method(o, o->var[vi].method, o->var[vi].density, W);
+        res[vi].recall = rec + (size_t)vi * (size_t)NL;
+    }
+    dhsa_eval_fidelity_params fp = dhsa_eval_fidelity_default_params();
+    fp.window = W;
+    fp.max_windows = o->windows;
+    warn_ctx(e, W);
+    dhsa_eval_fidelity_info info;
+    double t0 = dhsa_cli_now();
+    if (dhsa_eval_fidelity(e->ctx, e->m, stream, n_text, &fp, methods, n_var, res, &info)) {
+        if (strncmp(dhsa_last_error(), "the text has", 12) == 0)
+            dhsa_cli_die(EXIT_RUN, "%s (give a longer text or a smaller --ctx)", dhsa_last_error());
+        dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     }
     double secs = dhsa_cli_now() - t0;
     if (o->json) {
@@ -781,12 +467,16 @@ static int cmd_fidelity(eval_env *e) {
         json_str(stdout, o->model);
         printf(", \"text\": ");
         json_str(stdout, o->text_file);
-        printf(", \"ctx\": %lld, \"windows\": %lld, \"ppl_dense\": ", (long long)W, (long long)n_win);
-        json_num(stdout, exp(dense_nll / dense_n));
+        printf(", \"ctx\": %lld, \"windows\": %lld, \"ppl_dense\": ", (long long)W, (long long)info.n_windows);
+        json_num(stdout, info.ppl_dense);
         printf(", \"results\": [");
     } else {
-        printf("dense perplexity %.4f over %.0f predicted tokens; %.1f s\n\n", exp(dense_nll / dense_n), dense_n,
-               secs);
+        printf("fidelity: %s, %lld windows of %lld tokens from %s (%lld tokens)\n", o->model, (long long)info.n_windows,
+               (long long)W, o->text_file, (long long)n_text);
+        dhsa_router_params rp = router_for(o, W, o->densities[0]);
+        print_router(stdout, &rp, W);
+        printf("dense perplexity %.4f over %.0f predicted tokens; %.1f s\n\n", info.ppl_dense,
+               (double)info.n_predicted, secs);
         printf("| method | density | used | KL nats | top-1 | ppl | ppl dense | used 2nd half | KL 2nd half | "
                "top-1 2nd half |");
         for (int64_t l = 0; l < NL; l++) printf(" recall L%lld |", (long long)l);
@@ -796,7 +486,7 @@ static int cmd_fidelity(eval_env *e) {
     }
     for (int vi = 0; vi < n_var; vi++) {
         const variant *va = &o->var[vi];
-        fid_result *r = &res[vi];
+        const dhsa_eval_fidelity_result *r = &res[vi];
         const char *name = method_label(o, va->method);
         int dense = va->method == DHSA_ATTN_DENSE;
         if (o->json) {
@@ -805,9 +495,8 @@ static int cmd_fidelity(eval_env *e) {
             printf(", \"density\": %g, \"density_used\": %.6f, \"kl\": %.6g, \"top1\": %.6f, \"ppl\": %.6f, "
                    "\"ppl_dense\": %.6f, \"density_used_late\": %.6f, \"kl_late\": %.6g, \"top1_late\": %.6f, "
                    "\"recall\": [",
-                   o->budget && !dense ? 0.0 : va->density, r->density, r->kl / r->n, r->top1 / r->n,
-                   exp(r->nll / r->n), exp(r->nll_dense / r->n), r->density_late, r->kl2 / r->n2,
-                   r->top1_2 / r->n2);
+                   o->budget && !dense ? 0.0 : va->density, r->density_used, r->kl, r->top1, r->ppl, r->ppl_dense,
+                   r->density_used_late, r->kl_late, r->top1_late);
             for (int64_t l = 0; l < NL; l++) {
                 if (l) printf(", ");
                 json_num(stdout, r->recall[l]);
@@ -818,22 +507,16 @@ static int cmd_fidelity(eval_env *e) {
             if (dense) snprintf(dens, sizeof dens, "1");
             else if (o->budget) snprintf(dens, sizeof dens, "%lld keys", (long long)o->budget);
             else snprintf(dens, sizeof dens, "%.3g", va->density);
-            printf("| %s | %s | %.3f | %.4f | %.3f | %.4f | %.4f | %.3f | %.4f | %.3f |", name, dens, r->density,
-                   r->kl / r->n, r->top1 / r->n, exp(r->nll / r->n), exp(r->nll_dense / r->n), r->density_late,
-                   r->kl2 / r->n2, r->top1_2 / r->n2);
+            printf("| %s | %s | %.3f | %.4f | %.3f | %.4f | %.4f | %.3f | %.4f | %.3f |", name, dens, r->density_used,
+                   r->kl, r->top1, r->ppl, r->ppl_dense, r->density_used_late, r->kl_late, r->top1_late);
             for (int64_t l = 0; l < NL; l++) printf(" %.3f |", r->recall[l]);
             printf("\n");
         }
     }
     if (o->json) printf("], \"seconds\": %.3f}\n", secs);
-    acc_free(&acc);
+    free(methods);
     free(res);
     free(rec);
-    free(ld);
-    free(lm);
-    free(pd);
-    free(pm);
-    free(ids);
     free(stream);
     return 0;
 }
@@ -914,7 +597,7 @@ static int32_t *make_filler(eval_env *e, int64_t need, uint64_t seed, int from_f
  * ids. The oracle's chunk boundaries depend on the whole ubatch
  * (dhsa_route over the cache): it runs in whole ubatches. */
 static void copy_losses(eval_env *e, const dhsa_session_params *sp, const int32_t *ids, int64_t n, const int64_t at[2],
-                        int64_t P, float **lg, int64_t *lg_rows, double *lp, layer_acc *acc, double loss[2]) {
+                        int64_t P, float **lg, int64_t *lg_rows, double *lp, dhsa__probe *acc, double loss[2]) {
     const int64_t V = e->in->n_vocab;
     dhsa_session *s;
     if (dhsa_session_create(e->ctx, e->m, sp, &s)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
@@ -936,13 +619,13 @@ static void copy_losses(eval_env *e, const dhsa_session_params *sp, const int32_
         int64_t start = next >= ub_end ? ub_end : ub0 + (next - ub0) / qb * qb;
         if (start > pos) { /* no row read here: no logits */
             if (dhsa_session_eval(s, ids + pos, start - pos, NULL))
-                dhsa_cli_die(EXIT_RUN, "%s%s%s", dhsa_last_error(), acc && acc->err[0] ? ": " : "", acc ? acc->err : "");
+                dhsa_cli_die(EXIT_RUN, "%s", (dhsa__probe_fail(acc, DHSA_ERR_INVALID_ARG), dhsa_last_error()));
             pos = start;
             continue;
         }
         int64_t end = pos + rows < ub_end ? pos + rows : ub_end;
         if (dhsa_session_eval(s, ids + pos, end - pos, *lg))
-            dhsa_cli_die(EXIT_RUN, "%s%s%s", dhsa_last_error(), acc && acc->err[0] ? ": " : "", acc ? acc->err : "");
+            dhsa_cli_die(EXIT_RUN, "%s", (dhsa__probe_fail(acc, DHSA_ERR_INVALID_ARG), dhsa_last_error()));
         for (int64_t r = pos; r < end; r++) /* row r predicts token r + 1 */
             for (int c = 0; c < 2; c++)
                 if (r >= at[c] && r < at[c] + P - 1) {
@@ -1037,8 +720,8 @@ static int cmd_copy(eval_env *e) {
     int64_t lg_rows = 0;
     double *lp = xmalloc((size_t)V * sizeof(double));
     if (!cells) dhsa_cli_die(EXIT_RUN, "out of memory");
-    layer_acc acc;
-    acc_init(&acc, e->ctx, e->in->n_layer, 0);
+    dhsa__probe acc;
+    if (dhsa__probe_init(&acc, e->ctx, e->in->n_layer, 0)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     int32_t bos = dhsa_tokenizer_bos(e->tok);
     for (int64_t tr = 0; tr < o->trials; tr++) {
         uint64_t rs = o->seed * 7919u + (uint64_t)tr;
@@ -1068,7 +751,7 @@ static int cmd_copy(eval_env *e) {
                 n += P;
                 for (int v = 0; v < n_var; v++) {
                     copy_cell *c = &cells[((size_t)v * nD + di) * nL + li];
-                    acc_clear(&acc);
+                    dhsa__probe_clear(&acc);
                     acc.copy_at1 = at1;
                     acc.copy_at2 = at2;
                     acc.copy_len = P;
@@ -1086,7 +769,7 @@ static int cmd_copy(eval_env *e) {
                     c->first += first / (double)o->trials;
                     c->rep += rep / (double)o->trials;
                     c->score += (first - rep) / (double)o->trials;
-                    c->density += acc_density(&acc) / (double)o->trials;
+                    c->density += dhsa__probe_density(&acc) / (double)o->trials;
                 }
             }
     }
@@ -1208,7 +891,7 @@ static int cmd_copy(eval_env *e) {
                       0, hi > 0 ? ceil(hi) : 1, 1, vals, names, n_var);
         free(vals);
     }
-    acc_free(&acc);
+    dhsa__probe_free(&acc);
     free(cells);
     free(ids);
     free(passage);
@@ -1374,7 +1057,6 @@ static int32_t *niah_build(eval_env *e, const niah_prompt *np, char *const *sent
 
 static int cmd_niah(eval_env *e) {
     eval_opts *o = e->o;
-    const int64_t V = e->in->n_vocab;
     /* the haystack's sentences */
     char *file_text = NULL, **sent;
     int64_t n_sent;
@@ -1440,12 +1122,8 @@ static int cmd_niah(eval_env *e) {
     double *hits = calloc(n_cells, sizeof(double)), *dens = calloc(n_cells, sizeof(double));
     double *plen = calloc((size_t)nL, sizeof(double));
     if (!hits || !dens || !plen) dhsa_cli_die(EXIT_RUN, "out of memory");
-    float *lg = xmalloc((size_t)V * sizeof(float));
     int64_t cap_ans = o->answer_tokens;
-    int32_t *ans = xmalloc((size_t)cap_ans * sizeof(int32_t));
-    char answer[4096];
-    layer_acc acc;
-    acc_init(&acc, e->ctx, e->in->n_layer, 0);
+    dhsa_eval_answer *res = xmalloc(sizeof *res);
     double t0 = dhsa_cli_now();
     if (o->json) {
         printf("{\"command\": \"niah\", \"model\": ");
@@ -1468,31 +1146,20 @@ static int cmd_niah(eval_env *e) {
                 plen[li] += (double)n_ids / (double)(o->trials * nD);
                 for (int v = 0; v < n_var; v++) {
                     const variant *va = &o->var[v];
-                    acc_clear(&acc);
-                    dhsa_session_params sp = session_params(e, va->method, va->density, o->lengths[li],
-                                                            n_ids + cap_ans, 0, &acc);
-                    dhsa_session *s;
-                    if (dhsa_session_create(e->ctx, e->m, &sp, &s)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
-                    if (dhsa_session_eval(s, ids, n_ids, lg)) dhsa_cli_die(EXIT_RUN, "%s %s", dhsa_last_error(), acc.err);
-                    int64_t na = 0;
-                    while (na < cap_ans) {
-                        int32_t next = (int32_t)argmax_f(lg, V);
-                        int stop = 0;
-                        for (int k = 0; k < np.n_stop; k++) stop |= next == np.stop[k];
-                        if (stop) break;
-                        ans[na++] = next;
-                        if (na == cap_ans) break;
-                        if (dhsa_session_eval(s, &next, 1, lg)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
-                    }
-                    dhsa_session_free(s);
-                    int64_t alen = 0;
-                    if (dhsa_detokenize(e->tok, ans, na, 0, answer, sizeof answer - 1, &alen)) alen = 0;
-                    if (alen > (int64_t)sizeof answer - 1) alen = (int64_t)sizeof answer - 1;
-                    answer[alen] = 0;
+                    dhsa_eval_answer_params ap = dhsa_eval_answer_default_params();
+                    ap.method = eval_method(o, va->method, va->density, o->lengths[li]);
+                    ap.max_tokens = cap_ans;
+                    ap.stop = np.stop;
+                    ap.n_stop = np.n_stop;
+                    warn_ctx(e, n_ids + cap_ans);
+                    if (dhsa_eval_generate(e->ctx, e->m, ids, n_ids, &ap, res))
+                        dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+                    const char *answer = res->text;
+                    int64_t alen = (int64_t)strlen(answer);
                     int hit = dhsa__niah_answer_has(answer, alen, number) == 1;
                     size_t cell = ((size_t)v * nD + di) * nL + li;
                     hits[cell] += hit / (double)o->trials;
-                    dens[cell] += acc_density(&acc) / (double)o->trials;
+                    dens[cell] += res->density_used / (double)o->trials;
                     if (o->json) {
                         printf("%s{\"method\": ", first_json ? "" : ", ");
                         first_json = 0;
@@ -1552,12 +1219,10 @@ static int cmd_niah(eval_env *e) {
         write_heatmap(o, "Needle in a haystack: share of answers with the number", sub, "accuracy", 0, 1, 2, hits,
                       names, n_var);
     }
-    acc_free(&acc);
+    free(res);
     free(hits);
     free(dens);
     free(plen);
-    free(lg);
-    free(ans);
     free(sent_tok);
     free(sent);
     free(file_text);
@@ -1565,57 +1230,6 @@ static int cmd_niah(eval_env *e) {
 }
 
 /* ----------------------------------------------------------- retrieval --- */
-
-/* What the retrieval hook records besides layer_acc: for the query rows
- * that produce the answer (the prompt's last token, then each decoded
- * token), the share of the asked numbers' keys each layer's layout selects,
- * averaged over KV heads; per layer, the minimum over those rows and the
- * share at each of the first 64 of them (row from + k produces answer
- * token k). */
-typedef struct {
-    layer_acc *acc;
-    const dhsa_task *task;
-    int64_t from;                 /* first position that counts (the prompt's last) */
-    double sel[64];               /* per layer: minimum share over the rows */
-    double at[64][64];            /* [layer][k]: share at row from + k */
-    int64_t n_layer;
-} retr_hook;
-
-static int retrieval_hook(void *user, int64_t layer, const dhsa_attn_desc *a) {
-    retr_hook *h = user;
-    if (acc_hook(h->acc, layer, a)) return 1;
-    if (layer < 0 || layer >= h->n_layer || layer >= 64) return 0;
-    const int64_t n = a->q.shape[2], Hkv = a->k.shape[1];
-    for (int64_t i = 0; i < n; i++) {
-        if (a->q_pos0 + i < h->from) continue;
-        double s = 0;
-        for (int64_t g = 0; g < Hkv; g++) s += dhsa_task_selected(h->task, a->layout, g, i);
-        s /= (double)Hkv;
-        if (s < h->sel[layer]) h->sel[layer] = s;
-        int64_t k = a->q_pos0 + i - h->from;
-        if (k < 64) h->at[layer][k] = s;
-    }
-    return 0;
-}
-
-/* Index of the first answer token whose text leaves the expected answer
- * (the row that produced it is the one whose routing explains a miss);
- * n when the n tokens all agree with it. */
-static int64_t first_wrong_token(const dhsa_tokenizer *tok, const int32_t *ans, int64_t n, const char *want) {
-    char text[512];
-    int64_t len = 0, wl = (int64_t)strlen(want);
-    for (int64_t k = 0; k < n; k++) {
-        int64_t pl = 0;
-        if (dhsa_detokenize(tok, ans + k, 1, DHSA_DETOKENIZE_KEEP_SPACE, text + len, (int64_t)sizeof text - 1 - len,
-                            &pl) || len + pl >= (int64_t)sizeof text - 1)
-            return k;
-        int64_t cmp = len + pl < wl ? len + pl : wl;
-        if (memcmp(text, want, (size_t)cmp) != 0) return k;
-        len += pl;
-        if (len >= wl) return n;
-    }
-    return n;
-}
 
 static char **read_lines(const char *path, int64_t *n_out, char **buf_out) {
     int64_t len;
@@ -1643,7 +1257,6 @@ static char **read_lines(const char *path, int64_t *n_out, char **buf_out) {
 
 static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
     eval_opts *o = e->o;
-    const int64_t V = e->in->n_vocab, NL = e->in->n_layer;
     /* filler and keywords */
     char *file_text = NULL, *kw_text = NULL, **kw = NULL;
     int64_t flen = 0, n_kw = 0;
@@ -1657,7 +1270,6 @@ static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
     }
     if (o->keywords_file) kw = read_lines(o->keywords_file, &n_kw, &kw_text);
     int64_t cap_ans = o->answer_tokens_set ? o->answer_tokens : kind == DHSA_TASK_MULTIVALUE ? 40 : 12;
-    int32_t eos = dhsa_tokenizer_eos(e->tok);
     if (!o->json) {
         printf("%s: %s; filler: %s; keywords: %s; %lld keys per cell, greedy answers of up to %lld tokens; held-out "
                "numbers\n", dhsa_task_kind_name(kind), o->model, fill_name,
@@ -1672,15 +1284,7 @@ static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
     double *hits = calloc(n_cells, sizeof(double)), *dens = calloc(n_cells, sizeof(double));
     double *plen = calloc((size_t)nL, sizeof(double));
     if (!hits || !dens || !plen) dhsa_cli_die(EXIT_RUN, "out of memory");
-    float *lg = xmalloc((size_t)V * sizeof(float));
-    int32_t *ans = xmalloc((size_t)cap_ans * sizeof(int32_t));
-    char answer[4096];
-    layer_acc acc;
-    acc_init(&acc, e->ctx, NL, 0);
-    retr_hook rh;
-    memset(&rh, 0, sizeof rh);
-    rh.acc = &acc;
-    rh.n_layer = NL;
+    dhsa_eval_answer *res = xmalloc(sizeof *res);
     /* misses explained: per variant, misses where every layer selected the needle fully, partly, not at all */
     int64_t *miss_all = calloc((size_t)n_var * 3, sizeof(int64_t));
     if (!miss_all) dhsa_cli_die(EXIT_RUN, "out of memory");
@@ -1711,47 +1315,22 @@ static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
                 plen[li] += (double)t.n_ids / (double)(o->trials * nD);
                 for (int v = 0; v < n_var; v++) {
                     const variant *va = &o->var[v];
-                    acc_clear(&acc);
-                    rh.task = &t;
-                    rh.from = t.n_ids - 1;
-                    for (int64_t l = 0; l < NL && l < 64; l++) rh.sel[l] = 1.0;
-                    memset(rh.at, 0, sizeof rh.at);
-                    dhsa_session_params sp = session_params(e, va->method, va->density, o->lengths[li],
-                                                            t.n_ids + cap_ans, 0, &acc);
-                    sp.layer_hook = retrieval_hook;
-                    sp.layer_hook_user = &rh;
-                    dhsa_session *s;
-                    if (dhsa_session_create(e->ctx, e->m, &sp, &s)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
-                    if (dhsa_session_eval(s, t.ids, t.n_ids, lg)) dhsa_cli_die(EXIT_RUN, "%s %s", dhsa_last_error(), acc.err);
-                    int64_t na = 0;
-                    while (na < cap_ans) {
-                        int32_t next = (int32_t)argmax_f(lg, V);
-                        if (next == eos) break;
-                        ans[na++] = next;
-                        if (na == cap_ans) break;
-                        if (dhsa_session_eval(s, &next, 1, lg)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
-                    }
-                    dhsa_session_free(s);
-                    int64_t alen = 0;
-                    if (dhsa_detokenize(e->tok, ans, na, DHSA_DETOKENIZE_KEEP_SPACE, answer, sizeof answer - 1, &alen))
-                        alen = 0;
-                    if (alen > (int64_t)sizeof answer - 1) alen = (int64_t)sizeof answer - 1;
-                    answer[alen] = 0;
-                    int hit = dhsa_task_check(&t, answer, alen);
+                    dhsa_eval_answer_params ap = dhsa_eval_answer_default_params();
+                    ap.method = eval_method(o, va->method, va->density, o->lengths[li]);
+                    ap.max_tokens = cap_ans;
+                    warn_ctx(e, t.n_ids + cap_ans);
+                    if (dhsa_eval_retrieval(e->ctx, e->m, &t, &ap, res)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+                    const char *answer = res->text;
+                    int hit = res->hit;
                     size_t cell = ((size_t)v * nD + di) * nL + li;
                     hits[cell] += hit / (double)o->trials;
-                    double d_used = acc_density(&acc);
+                    double d_used = res->density_used;
                     dens[cell] += d_used / (double)o->trials;
                     /* a miss is explained by the layouts of the row that produced
                      * its first wrong token */
-                    int64_t k_bad = first_wrong_token(e->tok, ans, na, t.answer);
-                    if (k_bad > 63) k_bad = 63;
-                    double smin = 1, smax = 0;
-                    for (int64_t l = 0; l < NL && l < 64; l++) {
-                        smin = rh.at[l][k_bad] < smin ? rh.at[l][k_bad] : smin;
-                        smax = rh.at[l][k_bad] > smax ? rh.at[l][k_bad] : smax;
-                    }
-                    if (!hit) miss_all[v * 3 + (smin >= 1.0 ? 0 : smax > 0 ? 1 : 2)]++;
+                    int64_t k_bad = res->first_wrong < DHSA_EVAL_ANSWER_ROWS - 1 ? res->first_wrong
+                                                                                 : DHSA_EVAL_ANSWER_ROWS - 1;
+                    if (!hit) miss_all[v * 3 + (int)res->needle]++;
                     if (o->json) {
                         printf("%s{\"method\": ", first_json ? "" : ", ");
                         first_json = 0;
@@ -1764,18 +1343,18 @@ static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
                         printf(", \"answer\": ");
                         json_str(stdout, answer);
                         printf(", \"hit\": %s, \"needle_selected\": [", hit ? "true" : "false");
-                        for (int64_t l = 0; l < NL && l < 64; l++) printf("%s%.3f", l ? ", " : "", rh.sel[l]);
+                        for (int64_t l = 0; l < res->n_layer; l++) printf("%s%.3f", l ? ", " : "", res->needle_selected[l]);
                         printf("], \"first_wrong_token\": %lld, \"selected_there\": [", hit ? -1LL : (long long)k_bad);
-                        for (int64_t l = 0; l < NL && l < 64; l++) printf("%s%.3f", l ? ", " : "", rh.at[l][k_bad]);
+                        for (int64_t l = 0; l < res->n_layer; l++) printf("%s%.3f", l ? ", " : "", res->selected_at_wrong[l]);
                         printf("]}");
                     } else if (o->show || (!hit && va->method != DHSA_ATTN_DENSE)) {
                         printf("%-10s L %5lld depth %.2f (at %.3f) want%s: %s \"%s\"; needle keys selected per "
                                "layer (least over the answer's rows):", va->name, (long long)t.n_ids, o->depths[di], t.depth_used, t.answer,
                                hit ? "HIT " : "miss", answer);
-                        for (int64_t l = 0; l < NL && l < 64; l++) printf(" %.2f", rh.sel[l]);
+                        for (int64_t l = 0; l < res->n_layer; l++) printf(" %.2f", res->needle_selected[l]);
                         if (!hit) {
                             printf("; at answer token %lld (the first wrong):", (long long)k_bad);
-                            for (int64_t l = 0; l < NL && l < 64; l++) printf(" %.2f", rh.at[l][k_bad]);
+                            for (int64_t l = 0; l < res->n_layer; l++) printf(" %.2f", res->selected_at_wrong[l]);
                         }
                         printf("\n");
                     }
@@ -1847,13 +1426,11 @@ static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
         snprintf(title, sizeof title, "%s: accuracy (greedy, held-out keys)", dhsa_task_kind_name(kind));
         write_heatmap(o, title, sub, "accuracy", 0, 1, 2, hits, names, n_var);
     }
-    acc_free(&acc);
+    free(res);
     free(miss_all);
     free(hits);
     free(dens);
     free(plen);
-    free(lg);
-    free(ans);
     free(kw);
     free(kw_text);
     free(file_text);

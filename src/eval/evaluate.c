@@ -1,0 +1,392 @@
+/* evaluate.c: the measurements of `dhsa eval` as library calls (contract
+ * in include/dhsa.h, "Evaluation" block; the method in docs/eval.md):
+ * fidelity against dense over windows of a text, a greedy answer under a
+ * method, and a retrieval task's answer scored with the per-miss
+ * explanation (which layers' layouts selected the needle's keys at the row
+ * that went wrong). The layer hook is src/eval/probe.c. The CLI
+ * (tools/eval.c) and the Python binding (python/dhsa/_eval.py) print or
+ * return these numbers. Tested by tests/test_eval_lib.c (independent
+ * computations), tests/test_eval.c (the CLI) and
+ * python/tests/test_eval_lib.py (the binding against the CLI).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "dhsa.h"
+#include "eval/probe.h"
+
+dhsa_router_params dhsa_eval_router_params(int64_t L, double density) {
+    dhsa_router_params rp = dhsa_router_default_params();
+    rp.q_block = 16;
+    rp.sink_tokens = 4;
+    rp.local_tokens = L <= 1024 ? 16 : 32;
+    rp.dense_below = 0;
+    rp.min_chunk = 8;
+    rp.max_chunk = 32;
+    rp.chunk = 16;
+    rp.sim_window = 4;
+    rp.nms_window = 4;
+    rp.density = density;
+    return rp;
+}
+
+dhsa_eval_fidelity_params dhsa_eval_fidelity_default_params(void) {
+    dhsa_eval_fidelity_params p;
+    memset(&p, 0, sizeof p);
+    p.max_windows = 8;
+    p.recall = 1;
+    return p;
+}
+
+dhsa_eval_answer_params dhsa_eval_answer_default_params(void) {
+    dhsa_eval_answer_params p;
+    memset(&p, 0, sizeof p);
+    p.method.attn = DHSA_ATTN_DENSE;
+    p.method.router = dhsa_eval_router_params(0, 0.125);
+    return p;
+}
+
+/* ------------------------------------------------------------- helpers --- */
+
+/* Session parameters of a method for a cache of n_ctx tokens. */
+static dhsa_session_params method_session(const dhsa_eval_method *me, int64_t n_ctx, int logits_all,
+                                          int (*hook)(void *, int64_t, const dhsa_attn_desc *), void *user) {
+    dhsa_session_params sp = dhsa_session_default_params();
+    sp.n_ctx = n_ctx;
+    sp.attn = me->attn;
+    sp.router = me->router;
+    sp.logits_all = logits_all;
+    sp.layer_hook = hook;
+    sp.layer_hook_user = user;
+    return sp;
+}
+
+/* Runs ids[0..n) in a fresh session; logits [n][V] into out. */
+static dhsa_status run_all(dhsa_ctx *ctx, dhsa_model *m, const dhsa_session_params *sp, const int32_t *ids,
+                           int64_t n, float *out, const dhsa__probe *probe) {
+    dhsa_session *s;
+    dhsa_status st = dhsa_session_create(ctx, m, sp, &s);
+    if (st) return st;
+    st = dhsa_session_eval(s, ids, n, out);
+    if (st) st = dhsa__probe_fail(probe, st);
+    dhsa_session_free(s);
+    return st;
+}
+
+/* log-softmax of one row into lp (double). */
+static void log_softmax(const float *x, int64_t V, double *lp) {
+    double mx = -INFINITY;
+    for (int64_t i = 0; i < V; i++)
+        if (x[i] > mx) mx = x[i];
+    double s = 0;
+    for (int64_t i = 0; i < V; i++) s += exp((double)x[i] - mx);
+    double lse = mx + log(s);
+    for (int64_t i = 0; i < V; i++) lp[i] = (double)x[i] - lse;
+}
+
+static int64_t argmax_f(const float *x, int64_t V) {
+    int64_t b = 0;
+    for (int64_t i = 1; i < V; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+static dhsa_status check_methods(const dhsa_eval_method *methods, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (methods[i].attn < DHSA_ATTN_DENSE || methods[i].attn > DHSA_ATTN_ORACLE)
+            return dhsa__fail(DHSA_ERR_INVALID_ARG, "method %lld: attn %d is not a dhsa_attn_method", (long long)i,
+                              (int)methods[i].attn);
+    return DHSA_OK;
+}
+
+/* ------------------------------------------------------------ fidelity --- */
+
+dhsa_status dhsa_eval_fidelity(dhsa_ctx *ctx, dhsa_model *m, const int32_t *ids, int64_t n_ids,
+                               const dhsa_eval_fidelity_params *p, const dhsa_eval_method *methods,
+                               int64_t n_methods, dhsa_eval_fidelity_result *results,
+                               dhsa_eval_fidelity_info *info) {
+    if (!ctx || !m || !p || (n_methods > 0 && (!methods || !results)) || (n_ids > 0 && !ids))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_eval_fidelity: ctx, model, params, ids and (with methods) "
+                          "methods and results must not be NULL");
+    if (n_methods < 0 || n_ids < 0)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_eval_fidelity: %lld methods, %lld ids: negative",
+                          (long long)n_methods, (long long)n_ids);
+    dhsa_status st = check_methods(methods, n_methods);
+    if (st) return st;
+    const dhsa_model_info *in = dhsa_model_get_info(m);
+    const dhsa_tokenizer *tok = dhsa_model_tokenizer(m);
+    const int64_t V = in->n_vocab, NL = in->n_layer;
+    if (p->window < 0 || p->window == 1 || p->max_windows < 1)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "fidelity windows of %lld tokens, at most %lld of them: the window "
+                          "must be >= 2 (0: the trained context) and max_windows >= 1", (long long)p->window,
+                          (long long)p->max_windows);
+    for (int64_t i = 0; i < n_ids; i++)
+        if (ids[i] < 0 || ids[i] >= V)
+            return dhsa__fail(DHSA_ERR_INVALID_ARG, "ids[%lld] = %d is not a token of the model's %lld", (long long)i,
+                              (int)ids[i], (long long)V);
+    int32_t bos = tok ? dhsa_tokenizer_bos(tok) : -1;
+    const int64_t W = p->window ? p->window : in->n_ctx_train, body = bos >= 0 ? W - 1 : W;
+    int64_t n_win = n_ids / body;
+    if (n_win > p->max_windows) n_win = p->max_windows;
+    if (n_win == 0)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "the text has %lld tokens: fewer than one window of %lld",
+                          (long long)n_ids, (long long)W);
+    for (int64_t vi = 0; vi < n_methods; vi++) {
+        double *rec = results[vi].recall;
+        memset(&results[vi], 0, sizeof results[vi]);
+        results[vi].recall = rec;
+        if (rec)
+            for (int64_t l = 0; l < NL; l++) rec[l] = p->recall ? 0.0 : NAN;
+    }
+    float *ld = malloc((size_t)W * (size_t)V * sizeof(float)), *lm = malloc((size_t)W * (size_t)V * sizeof(float));
+    double *pd = malloc((size_t)V * sizeof(double)), *pm = malloc((size_t)V * sizeof(double));
+    int32_t *win = malloc((size_t)W * sizeof(int32_t));
+    /* per method: sums over predicted positions (the means at the end) */
+    double *sums = calloc((size_t)(n_methods > 0 ? n_methods : 1) * 9, sizeof(double));
+    dhsa__probe acc;
+    memset(&acc, 0, sizeof acc);
+    if (!ld || !lm || !pd || !pm || !win || !sums) {
+        st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory for fidelity's logits (2 x %lld x %lld floats)",
+                        (long long)W, (long long)V);
+        goto done;
+    }
+    st = dhsa__probe_init(&acc, ctx, NL, p->recall);
+    if (st) goto done;
+    double dense_nll = 0, dense_n = 0;
+    for (int64_t w = 0; w < n_win && !st; w++) {
+        int64_t n = 0;
+        if (bos >= 0) win[n++] = bos;
+        memcpy(win + n, ids + w * body, (size_t)body * sizeof(int32_t));
+        n += body;
+        dhsa_eval_method dense = {DHSA_ATTN_DENSE, dhsa_eval_router_params(W, 1.0)};
+        dhsa_session_params sp = method_session(&dense, W, 1, NULL, NULL);
+        st = run_all(ctx, m, &sp, win, n, ld, NULL);
+        if (st) break;
+        for (int64_t t = 0; t + 1 < n; t++) {
+            log_softmax(ld + t * V, V, pd);
+            dense_nll -= pd[win[t + 1]];
+            dense_n += 1;
+        }
+        for (int64_t vi = 0; vi < n_methods && !st; vi++) {
+            double *r = sums + vi * 9; /* kl top1 nll nll_dense n kl2 top1_2 n2 (unused) */
+            dhsa_eval_fidelity_result *res = &results[vi];
+            dhsa__probe_clear(&acc);
+            acc.late_from = n / 2;
+            sp = method_session(&methods[vi], W, 1, dhsa__probe_hook, &acc);
+            st = run_all(ctx, m, &sp, win, n, lm, &acc);
+            if (st) break;
+            for (int64_t t = 0; t + 1 < n; t++) {
+                log_softmax(ld + t * V, V, pd);
+                log_softmax(lm + t * V, V, pm);
+                double kl = 0;
+                for (int64_t v = 0; v < V; v++) kl += exp(pd[v]) * (pd[v] - pm[v]);
+                int agree = argmax_f(ld + t * V, V) == argmax_f(lm + t * V, V);
+                r[0] += kl;
+                r[1] += agree;
+                r[2] -= pm[win[t + 1]];
+                r[3] -= pd[win[t + 1]];
+                r[4] += 1;
+                if (t >= n / 2) {
+                    r[5] += kl;
+                    r[6] += agree;
+                    r[7] += 1;
+                }
+            }
+            /* density and recall: means over windows */
+            res->density_used += dhsa__probe_density(&acc) / (double)n_win;
+            res->density_used_late += dhsa__probe_late_density(&acc) / (double)n_win;
+            if (res->recall && p->recall)
+                for (int64_t l = 0; l < NL; l++) res->recall[l] += dhsa__probe_recall(&acc, l) / (double)n_win;
+        }
+    }
+    if (st) goto done;
+    for (int64_t vi = 0; vi < n_methods; vi++) {
+        const double *r = sums + vi * 9;
+        dhsa_eval_fidelity_result *res = &results[vi];
+        res->kl = r[0] / r[4];
+        res->top1 = r[1] / r[4];
+        res->ppl = exp(r[2] / r[4]);
+        res->ppl_dense = exp(r[3] / r[4]);
+        res->kl_late = r[5] / r[7];
+        res->top1_late = r[6] / r[7];
+        res->n_predicted = (int64_t)r[4];
+        res->n_predicted_late = (int64_t)r[7];
+    }
+    if (info) {
+        info->window = W;
+        info->n_windows = n_win;
+        info->n_text = n_ids;
+        info->n_predicted = (int64_t)dense_n;
+        info->ppl_dense = exp(dense_nll / dense_n);
+    }
+done:
+    dhsa__probe_free(&acc);
+    free(ld);
+    free(lm);
+    free(pd);
+    free(pm);
+    free(win);
+    free(sums);
+    return st;
+}
+
+/* -------------------------------------------------------------- answers --- */
+
+/* What the retrieval hook records besides the probe: for the query rows
+ * that produce the answer (from = the prompt's last, then each token fed
+ * back), the share of the asked numbers' keys each layer's layout selects,
+ * averaged over KV heads; per layer the least over those rows (sel) and
+ * the share at each of the first DHSA_EVAL_ANSWER_ROWS of them (at). */
+typedef struct {
+    dhsa__probe *acc;
+    const dhsa_task *task; /* NULL: no needle (dhsa_eval_generate) */
+    int64_t from, n_layer;
+    double sel[DHSA_EVAL_MAX_LAYERS];
+    double at[DHSA_EVAL_MAX_LAYERS][DHSA_EVAL_ANSWER_ROWS];
+} answer_hook;
+
+static int answer_hook_fn(void *user, int64_t layer, const dhsa_attn_desc *a) {
+    answer_hook *h = user;
+    if (dhsa__probe_hook(h->acc, layer, a)) return 1;
+    if (!h->task || layer < 0 || layer >= h->n_layer || layer >= DHSA_EVAL_MAX_LAYERS) return 0;
+    const int64_t n = a->q.shape[2], Hkv = a->k.shape[1];
+    for (int64_t i = 0; i < n; i++) {
+        if (a->q_pos0 + i < h->from) continue;
+        double s = 0;
+        for (int64_t g = 0; g < Hkv; g++) s += dhsa_task_selected(h->task, a->layout, g, i);
+        s /= (double)Hkv;
+        if (s < h->sel[layer]) h->sel[layer] = s;
+        int64_t k = a->q_pos0 + i - h->from;
+        if (k < DHSA_EVAL_ANSWER_ROWS) h->at[layer][k] = s;
+    }
+    return 0;
+}
+
+/* Index of the first answer token whose text leaves the expected answer
+ * (the row that produced it is the one whose routing explains a miss);
+ * n when the n tokens all agree with it. */
+static int64_t first_wrong_token(const dhsa_tokenizer *tok, const int32_t *ans, int64_t n, const char *want) {
+    char text[512];
+    int64_t len = 0, wl = (int64_t)strlen(want);
+    for (int64_t k = 0; k < n; k++) {
+        int64_t pl = 0;
+        if (dhsa_detokenize(tok, ans + k, 1, DHSA_DETOKENIZE_KEEP_SPACE, text + len, (int64_t)sizeof text - 1 - len,
+                            &pl) || len + pl >= (int64_t)sizeof text - 1)
+            return k;
+        int64_t cmp = len + pl < wl ? len + pl : wl;
+        if (memcmp(text, want, (size_t)cmp) != 0) return k;
+        len += pl;
+        if (len >= wl) return n;
+    }
+    return n;
+}
+
+/* The greedy answer of dhsa_eval_generate / dhsa_eval_retrieval; with a
+ * task, the needle's selection per layer and the score. */
+static dhsa_status answer(dhsa_ctx *ctx, dhsa_model *m, const int32_t *ids, int64_t n_ids, const dhsa_task *task,
+                          const dhsa_eval_answer_params *p, unsigned detok_flags, int64_t cap,
+                          dhsa_eval_answer *out) {
+    const dhsa_model_info *in = dhsa_model_get_info(m);
+    const dhsa_tokenizer *tok = dhsa_model_tokenizer(m);
+    const int64_t V = in->n_vocab, NL = in->n_layer;
+    memset(out, 0, sizeof *out);
+    out->hit = -1;
+    if (n_ids < 1 || !ids) return dhsa__fail(DHSA_ERR_INVALID_ARG, "an answer needs a prompt of at least one token");
+    if (cap < 1 || cap > (int64_t)1 << 20)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "max_tokens %lld: an answer has 1 .. %lld tokens", (long long)cap,
+                          (long long)1 << 20);
+    if (p->n_stop < 0 || (p->n_stop > 0 && !p->stop))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "%d stop ids given without an array", p->n_stop);
+    dhsa_status st = check_methods(&p->method, 1);
+    if (st) return st;
+    int32_t eos = tok ? dhsa_tokenizer_eos(tok) : -1;
+    const int32_t *stop = p->stop ? p->stop : &eos;
+    int n_stop = p->stop ? p->n_stop : 1;
+    float *lg = malloc((size_t)V * sizeof(float));
+    int32_t *ans = malloc((size_t)cap * sizeof(int32_t));
+    answer_hook *rh = calloc(1, sizeof *rh);
+    dhsa__probe acc;
+    memset(&acc, 0, sizeof acc);
+    dhsa_session *s = NULL;
+    if (!lg || !ans || !rh) {
+        st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory for an answer of %lld tokens", (long long)cap);
+        goto done;
+    }
+    st = dhsa__probe_init(&acc, ctx, NL, 0);
+    if (st) goto done;
+    rh->acc = &acc;
+    rh->task = task;
+    rh->n_layer = NL;
+    rh->from = n_ids - 1;
+    for (int64_t l = 0; l < NL && l < DHSA_EVAL_MAX_LAYERS; l++) rh->sel[l] = 1.0;
+    dhsa_session_params sp = method_session(&p->method, p->n_ctx > 0 ? p->n_ctx : n_ids + cap, 0, answer_hook_fn, rh);
+    st = dhsa_session_create(ctx, m, &sp, &s);
+    if (st) goto done;
+    st = dhsa_session_eval(s, ids, n_ids, lg);
+    if (st) {
+        st = dhsa__probe_fail(&acc, st);
+        goto done;
+    }
+    int64_t na = 0;
+    while (na < cap) {
+        int32_t next = (int32_t)argmax_f(lg, V);
+        int stopped = 0;
+        for (int k = 0; k < n_stop; k++) stopped |= next == stop[k];
+        if (stopped) break;
+        ans[na++] = next;
+        if (na == cap) break;
+        st = dhsa_session_eval(s, &next, 1, lg);
+        if (st) {
+            st = dhsa__probe_fail(&acc, st);
+            goto done;
+        }
+    }
+    int64_t alen = 0;
+    if (dhsa_detokenize(tok, ans, na, detok_flags, out->text, (int64_t)sizeof out->text - 1, &alen)) alen = 0;
+    if (alen > (int64_t)sizeof out->text - 1) alen = (int64_t)sizeof out->text - 1;
+    out->text[alen] = 0;
+    out->n_tokens = na;
+    out->density_used = dhsa__probe_density(&acc);
+    if (task) {
+        out->hit = dhsa_task_check(task, out->text, alen);
+        out->first_wrong = first_wrong_token(tok, ans, na, task->answer);
+        int64_t k = out->first_wrong < DHSA_EVAL_ANSWER_ROWS ? out->first_wrong : DHSA_EVAL_ANSWER_ROWS - 1;
+        out->n_layer = NL < DHSA_EVAL_MAX_LAYERS ? NL : DHSA_EVAL_MAX_LAYERS;
+        double smin = 1, smax = 0;
+        for (int64_t l = 0; l < out->n_layer; l++) {
+            out->needle_selected[l] = rh->sel[l];
+            out->selected_at_wrong[l] = rh->at[l][k];
+            smin = rh->at[l][k] < smin ? rh->at[l][k] : smin;
+            smax = rh->at[l][k] > smax ? rh->at[l][k] : smax;
+        }
+        out->needle = smin >= 1.0 ? DHSA_EVAL_NEEDLE_EVERYWHERE : smax > 0 ? DHSA_EVAL_NEEDLE_PARTLY
+                                                                           : DHSA_EVAL_NEEDLE_NOWHERE;
+    }
+done:
+    dhsa_session_free(s);
+    dhsa__probe_free(&acc);
+    free(lg);
+    free(ans);
+    free(rh);
+    return st;
+}
+
+dhsa_status dhsa_eval_generate(dhsa_ctx *ctx, dhsa_model *m, const int32_t *ids, int64_t n_ids,
+                               const dhsa_eval_answer_params *p, dhsa_eval_answer *out) {
+    if (!ctx || !m || !p || !out)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_eval_generate: ctx, model, params and out must not be NULL");
+    return answer(ctx, m, ids, n_ids, NULL, p, p->detok_flags, p->max_tokens > 0 ? p->max_tokens : 12, out);
+}
+
+dhsa_status dhsa_eval_retrieval(dhsa_ctx *ctx, dhsa_model *m, const dhsa_task *t, const dhsa_eval_answer_params *p,
+                                dhsa_eval_answer *out) {
+    if (!ctx || !m || !t || !p || !out)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_eval_retrieval: ctx, model, task, params and out must not be "
+                          "NULL");
+    if (!t->ids || t->n_ids < 1) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_eval_retrieval: the task is empty");
+    int64_t cap = p->max_tokens > 0 ? p->max_tokens : t->n_numbers > 1 ? 40 : 12;
+    return answer(ctx, m, t->ids, t->n_ids, t, p, p->detok_flags | DHSA_DETOKENIZE_KEEP_SPACE, cap, out);
+}
