@@ -378,6 +378,8 @@ dhsa_status dhsa_eval_generate(dhsa_ctx *ctx, dhsa_model *m, const int32_t *ids,
                                const dhsa_eval_answer_params *p, dhsa_eval_answer *out) {
     if (!ctx || !m || !p || !out)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_eval_generate: ctx, model, params and out must not be NULL");
+    if (p->max_tokens < 0)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "max_tokens %lld: negative (0 = the default)", (long long)p->max_tokens);
     return answer(ctx, m, ids, n_ids, NULL, p, p->detok_flags, p->max_tokens > 0 ? p->max_tokens : 12, out);
 }
 
@@ -387,6 +389,8 @@ dhsa_status dhsa_eval_retrieval(dhsa_ctx *ctx, dhsa_model *m, const dhsa_task *t
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_eval_retrieval: ctx, model, task, params and out must not be "
                           "NULL");
     if (!t->ids || t->n_ids < 1) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_eval_retrieval: the task is empty");
+    if (p->max_tokens < 0)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "max_tokens %lld: negative (0 = the default)", (long long)p->max_tokens);
     int64_t cap = p->max_tokens > 0 ? p->max_tokens : t->n_numbers > 1 ? 40 : 12;
     return answer(ctx, m, t->ids, t->n_ids, t, p, p->detok_flags | DHSA_DETOKENIZE_KEEP_SPACE, cap, out);
 }

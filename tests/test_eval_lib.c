@@ -1,0 +1,391 @@
+/* test_eval_lib.c: the evaluation library calls (include/dhsa.h
+ * "Evaluation" block, src/eval/evaluate.c) and their layer hook
+ * (src/eval/probe.c), each against a computation of its own here:
+ *   - the probe on one hand-made attention call: the density it reports
+ *     against the layout's ranges counted by hand (every row, and the late
+ *     rows under causality), the recall against the softmax mass on the
+ *     selected keys in double precision, a dense call as recall 1; a
+ *     wrong layout gives a recall the check tells apart;
+ *   - dhsa_eval_fidelity on the shipped default model: dense against itself
+ *     is KL 0, top-1 1, recall 1, density 1; a sparse method's KL, top-1,
+ *     perplexities (whole and second half) against sessions run and scored
+ *     here (windows cut by hand, double log-softmax); a method whose KL the
+ *     test did not compute does not match;
+ *   - dhsa_eval_generate / dhsa_eval_retrieval: the greedy answer against
+ *     a decode loop here; dense selects the needle everywhere; a sparse
+ *     method's shares are in [0, 1] and a miss is classified by them;
+ *   - refusals: NULLs, a window of 1, a text shorter than a window, an
+ *     id outside the vocabulary, an unknown method.
+ * Run: make test (or make build/tests/test_eval_lib && build/tests/test_eval_lib; a few seconds).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dhsa.h"
+#include "eval/probe.h"
+#include "t.h"
+
+#define MODEL_DEFAULT "models/dhsa-retrieval-8m.gguf"
+
+static uint64_t rng_state = 12345;
+static float frand(void) {
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+/* ------------------------------------------------------------- probe --- */
+
+static void test_probe(dhsa_ctx *ctx) {
+    enum { Hq = 4, Hkv = 2, L = 40, D = 8, QB = 16 };
+    static float q[Hq * L * D], k[Hkv * L * D], v[Hkv * L * D], o[Hq * L * D];
+    for (int i = 0; i < Hq * L * D; i++) q[i] = 2 * frand();
+    for (int i = 0; i < Hkv * L * D; i++) k[i] = 2 * frand(), v[i] = frand();
+    dhsa_attn_desc a = dhsa_attn_default_desc();
+    a.q = dhsa_tensor_bhld(q, DHSA_F32, 1, Hq, L, D);
+    a.k = dhsa_tensor_bhld(k, DHSA_F32, 1, Hkv, L, D);
+    a.v = dhsa_tensor_bhld(v, DHSA_F32, 1, Hkv, L, D);
+    a.o = dhsa_tensor_bhld(o, DHSA_F32, 1, Hq, L, D);
+    a.causal = 1;
+    /* per (g, block): the first 3 keys and the block's own rows */
+    const int64_t nb = (L + QB - 1) / QB;
+    int64_t rng[Hkv][3][4];
+    dhsa_layout *lay = NULL, *wrong = NULL;
+    T_CHECK(dhsa_layout_create(ctx, 1, Hkv, L, L, QB, 2, &lay) == DHSA_OK, "layout: %s", dhsa_last_error());
+    T_CHECK(dhsa_layout_create(ctx, 1, Hkv, L, L, QB, 2, &wrong) == DHSA_OK, "layout: %s", dhsa_last_error());
+    if (!lay || !wrong) return;
+    double sel_hand = 0;
+    for (int g = 0; g < Hkv; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            int64_t lo = b * QB, hi = lo + QB < L ? lo + QB : L;
+            int64_t r[4] = {0, 3, lo + 3 * g, hi}; /* head 1 skips 3 of its own diagonal keys */
+            if (r[2] <= r[1]) r[2] = r[1];
+            memcpy(rng[g][b], r, sizeof r);
+            dhsa_layout_set(lay, 0, g, b, r, 2);
+            int64_t w[2] = {0, 1};
+            dhsa_layout_set(wrong, 0, g, b, w, 1);
+            const int64_t *got;
+            int64_t n;
+            dhsa_layout_get(lay, 0, g, b, &got, &n);
+            int64_t keys = 0;
+            for (int64_t j = 0; j < n; j++) keys += got[2 * j + 1] - got[2 * j];
+            sel_hand += (double)keys * (double)(hi - lo);
+        }
+    a.layout = lay;
+    dhsa__probe p;
+    T_CHECK(dhsa__probe_init(&p, ctx, 2, 1) == DHSA_OK, "probe init");
+    p.late_from = 20;
+    T_CHECK(dhsa__probe_hook(&p, 1, &a) == 0, "probe hook: %s", p.err);
+    /* a hand-made layout records no causality: every key counts as available */
+    double want_density = sel_hand / ((double)Hkv * L * L);
+    T_CHECK(fabs(dhsa__probe_density(&p) - want_density) < 1e-12, "density %g, by hand %g",
+            dhsa__probe_density(&p), want_density);
+    /* late rows (>= 20): selected keys among the visible [0, pos] */
+    double ls = 0, la = 0, mass = 0;
+    for (int g = 0; g < Hkv; g++)
+        for (int64_t i = 0; i < L; i++) {
+            const int64_t *r = rng[g][i / QB];
+            int64_t s = 0;
+            for (int j = 0; j < 2; j++) {
+                int64_t e = r[2 * j + 1] < i + 1 ? r[2 * j + 1] : i + 1;
+                if (e > r[2 * j]) s += e - r[2 * j];
+            }
+            if (i >= 20) {
+                ls += (double)s;
+                la += (double)(i + 1);
+            }
+        }
+    T_CHECK(fabs(dhsa__probe_late_density(&p) - ls / la) < 1e-12, "late density %g, by hand %g",
+            dhsa__probe_late_density(&p), ls / la);
+    /* recall: softmax mass on the selected visible keys, double precision */
+    for (int h = 0; h < Hq; h++) {
+        int g = h / (Hq / Hkv);
+        for (int64_t i = 0; i < L; i++) {
+            const int64_t *r = rng[g][i / QB];
+            double mx = -INFINITY, s[L], all = 0, in = 0;
+            for (int64_t j = 0; j <= i; j++) {
+                double dot = 0;
+                for (int d = 0; d < D; d++) dot += (double)q[(h * L + i) * D + d] * k[(g * L + j) * D + d];
+                s[j] = dot / sqrt((double)D);
+                if (s[j] > mx) mx = s[j];
+            }
+            for (int64_t j = 0; j <= i; j++) {
+                double e = exp(s[j] - mx);
+                all += e;
+                if ((j >= r[0] && j < r[1]) || (j >= r[2] && j < r[3])) in += e;
+            }
+            mass += in / all;
+        }
+    }
+    mass /= (double)(Hq * L);
+    double rec = dhsa__probe_recall(&p, 1);
+    T_CHECK(fabs(rec - mass) < 1e-5 && rec < 0.99, "recall %.7f, materialised %.7f", rec, mass);
+    T_CHECK(isnan(dhsa__probe_recall(&p, 0)), "a layer never called has no recall (NaN)");
+    /* the same check tells a wrong layout apart */
+    dhsa__probe_clear(&p);
+    a.layout = wrong;
+    T_CHECK(dhsa__probe_hook(&p, 1, &a) == 0 && fabs(dhsa__probe_recall(&p, 1) - mass) > 1e-2,
+            "a wrong layout's recall %g differs from %g", dhsa__probe_recall(&p, 1), mass);
+    /* a dense call: everything selected, recall 1 */
+    dhsa__probe_clear(&p);
+    a.layout = NULL;
+    T_CHECK(dhsa__probe_hook(&p, 0, &a) == 0 && dhsa__probe_recall(&p, 0) == 1 && dhsa__probe_density(&p) == 1,
+            "dense call: recall %g, density %g", dhsa__probe_recall(&p, 0), dhsa__probe_density(&p));
+    T_CHECK(dhsa__probe_hook(&p, 2, &a) != 0, "a layer past n_layer stops the eval");
+    dhsa__probe_free(&p);
+    dhsa_layout_free(lay);
+    dhsa_layout_free(wrong);
+}
+
+/* ---------------------------------------------------------- fidelity --- */
+
+static void log_softmax(const float *x, int64_t V, double *lp) {
+    double mx = -INFINITY, s = 0;
+    for (int64_t i = 0; i < V; i++) mx = x[i] > mx ? x[i] : mx;
+    for (int64_t i = 0; i < V; i++) s += exp((double)x[i] - mx);
+    for (int64_t i = 0; i < V; i++) lp[i] = (double)x[i] - mx - log(s);
+}
+
+static int64_t argmax(const float *x, int64_t V) {
+    int64_t b = 0;
+    for (int64_t i = 1; i < V; i++) b = x[i] > x[b] ? i : b;
+    return b;
+}
+
+/* Logits of every position of ids[0..n) under a method. */
+static int run_logits(dhsa_ctx *ctx, dhsa_model *m, const dhsa_eval_method *me, const int32_t *ids, int64_t n,
+                      float *out) {
+    dhsa_session_params sp = dhsa_session_default_params();
+    sp.n_ctx = n;
+    sp.attn = me->attn;
+    sp.router = me->router;
+    sp.logits_all = 1;
+    dhsa_session *s;
+    if (dhsa_session_create(ctx, m, &sp, &s)) return 1;
+    int bad = dhsa_session_eval(s, ids, n, out) != DHSA_OK;
+    dhsa_session_free(s);
+    return bad;
+}
+
+static void test_fidelity(dhsa_ctx *ctx, dhsa_model *m) {
+    const dhsa_model_info *in = dhsa_model_get_info(m);
+    const dhsa_tokenizer *tok = dhsa_model_tokenizer(m);
+    const int64_t V = in->n_vocab, NL = in->n_layer, W = 128, NW = 2;
+    static const char text[] =
+        "The keeper of the lighthouse wrote every evening in a thick book: the wind, the ships that passed, "
+        "the colour of the water and the birds that rested on the rail. ";
+    char buf[8192] = "";
+    for (int i = 0; i < 20; i++) strcat(buf, text);
+    int64_t n = 0;
+    dhsa_tokenize(tok, buf, (int64_t)strlen(buf), 0, NULL, 0, &n);
+    int32_t *ids = malloc((size_t)n * sizeof(int32_t));
+    T_CHECK(ids && dhsa_tokenize(tok, buf, (int64_t)strlen(buf), 0, ids, n, &n) == DHSA_OK && n > 3 * W,
+            "text: %lld tokens", (long long)n);
+    dhsa_eval_method me[3] = {{DHSA_ATTN_DENSE, dhsa_eval_router_params(W, 1.0)},
+                              {DHSA_ATTN_DHSA, dhsa_eval_router_params(W, 0.125)},
+                              {DHSA_ATTN_STREAM, dhsa_eval_router_params(W, 0.125)}};
+    double rec[3][64];
+    dhsa_eval_fidelity_result res[3];
+    for (int i = 0; i < 3; i++) res[i].recall = rec[i];
+    dhsa_eval_fidelity_params fp = dhsa_eval_fidelity_default_params();
+    T_CHECK(fp.max_windows == 8 && fp.recall == 1 && fp.window == 0, "fidelity defaults");
+    fp.window = W;
+    fp.max_windows = NW;
+    dhsa_eval_fidelity_info info;
+    dhsa_status st = dhsa_eval_fidelity(ctx, m, ids, n, &fp, me, 3, res, &info);
+    T_CHECK(st == DHSA_OK, "fidelity: %s", dhsa_last_error());
+    if (st) {
+        free(ids);
+        return;
+    }
+    T_CHECK(info.window == W && info.n_windows == NW && info.n_text == n && info.n_predicted == NW * (W - 1),
+            "info: window %lld, %lld windows, %lld predicted", (long long)info.window, (long long)info.n_windows,
+            (long long)info.n_predicted);
+    int ones = 1;
+    for (int64_t l = 0; l < NL; l++) ones &= rec[0][l] == 1;
+    T_CHECK(res[0].kl == 0 && res[0].top1 == 1 && res[0].kl_late == 0 && res[0].top1_late == 1 &&
+                res[0].density_used == 1 && res[0].density_used_late == 1 && ones,
+            "dense against itself: KL %g, top-1 %g, density %g, recall all 1: %d", res[0].kl, res[0].top1,
+            res[0].density_used, ones);
+    /* the sparse method and dense, scored here */
+    float *ld = malloc((size_t)(W * V) * sizeof(float)), *lm = malloc((size_t)(W * V) * sizeof(float));
+    double *pd = malloc((size_t)V * sizeof(double)), *pm = malloc((size_t)V * sizeof(double));
+    int32_t *win = malloc((size_t)W * sizeof(int32_t));
+    double kl = 0, top = 0, nll = 0, nlld = 0, cnt = 0, kl2 = 0, top2 = 0, cnt2 = 0;
+    int32_t bos = dhsa_tokenizer_bos(tok);
+    for (int64_t w = 0; w < NW; w++) {
+        win[0] = bos;
+        memcpy(win + 1, ids + w * (W - 1), (size_t)(W - 1) * sizeof(int32_t));
+        T_CHECK(run_logits(ctx, m, &me[0], win, W, ld) == 0 && run_logits(ctx, m, &me[1], win, W, lm) == 0,
+                "reference sessions: %s", dhsa_last_error());
+        for (int64_t t = 0; t + 1 < W; t++) {
+            log_softmax(ld + t * V, V, pd);
+            log_softmax(lm + t * V, V, pm);
+            double k1 = 0;
+            for (int64_t x = 0; x < V; x++) k1 += exp(pd[x]) * (pd[x] - pm[x]);
+            int ag = argmax(ld + t * V, V) == argmax(lm + t * V, V);
+            kl += k1, top += ag, nll -= pm[win[t + 1]], nlld -= pd[win[t + 1]], cnt++;
+            if (t >= W / 2) kl2 += k1, top2 += ag, cnt2++;
+        }
+    }
+    const dhsa_eval_fidelity_result *r = &res[1];
+    double tol = 1e-9;
+    T_CHECK(fabs(r->kl - kl / cnt) <= tol * kl / cnt && r->kl > 0, "dhsa KL %.12g, here %.12g", r->kl, kl / cnt);
+    T_CHECK(r->top1 == top / cnt && r->top1 < 1, "dhsa top-1 %g, here %g", r->top1, top / cnt);
+    T_CHECK(fabs(r->ppl - exp(nll / cnt)) <= tol * r->ppl && fabs(r->ppl_dense - exp(nlld / cnt)) <= tol * r->ppl_dense &&
+                fabs(info.ppl_dense - r->ppl_dense) <= tol * r->ppl_dense,
+            "ppl %g (here %g), dense %g (here %g, info %g)", r->ppl, exp(nll / cnt), r->ppl_dense, exp(nlld / cnt),
+            info.ppl_dense);
+    T_CHECK(fabs(r->kl_late - kl2 / cnt2) <= tol * kl2 / cnt2 && r->top1_late == top2 / cnt2 &&
+                r->n_predicted == (int64_t)cnt && r->n_predicted_late == (int64_t)cnt2,
+            "second half: KL %g (here %g), top-1 %g (here %g)", r->kl_late, kl2 / cnt2, r->top1_late, top2 / cnt2);
+    /* the comparison can fail: stream's KL is not the one computed for dhsa */
+    T_CHECK(fabs(res[2].kl - kl / cnt) > 1e-3, "stream's KL %g differs from dhsa's %g", res[2].kl, kl / cnt);
+    int in01 = 1;
+    for (int64_t l = 0; l < NL; l++) in01 &= rec[1][l] > 0 && rec[1][l] < 1;
+    T_CHECK(in01 && r->density_used > 0.1 && r->density_used < 0.5 && r->density_used_late < r->density_used,
+            "dhsa recall in (0, 1) per layer, density used %g (late %g)", r->density_used, r->density_used_late);
+    /* no recall asked: NaN, the rest as before */
+    fp.recall = 0;
+    dhsa_eval_fidelity_result one = {0};
+    double rec1[64];
+    one.recall = rec1;
+    T_CHECK(dhsa_eval_fidelity(ctx, m, ids, n, &fp, &me[1], 1, &one, NULL) == DHSA_OK && isnan(rec1[0]) &&
+                one.kl == r->kl,
+            "recall 0: NaN recall, same KL (%g vs %g)", one.kl, r->kl);
+    fp.recall = 1;
+    /* refusals */
+    fp.window = 1;
+    T_CHECK(dhsa_eval_fidelity(ctx, m, ids, n, &fp, me, 1, res, NULL) == DHSA_ERR_INVALID_ARG &&
+                strstr(dhsa_last_error(), "window"),
+            "window 1: %s", dhsa_last_error());
+    fp.window = W;
+    T_CHECK(dhsa_eval_fidelity(ctx, m, ids, W - 2, &fp, me, 1, res, NULL) == DHSA_ERR_INVALID_ARG &&
+                strstr(dhsa_last_error(), "fewer than one window"),
+            "short text: %s", dhsa_last_error());
+    int32_t keep = ids[5];
+    ids[5] = (int32_t)V;
+    T_CHECK(dhsa_eval_fidelity(ctx, m, ids, n, &fp, me, 1, res, NULL) == DHSA_ERR_INVALID_ARG &&
+                strstr(dhsa_last_error(), "ids[5]"),
+            "id outside the vocabulary: %s", dhsa_last_error());
+    ids[5] = keep;
+    dhsa_eval_method bad = me[1];
+    bad.attn = (dhsa_attn_method)99;
+    T_CHECK(dhsa_eval_fidelity(ctx, m, ids, n, &fp, &bad, 1, res, NULL) == DHSA_ERR_INVALID_ARG,
+            "unknown method: %s", dhsa_last_error());
+    T_CHECK(dhsa_eval_fidelity(ctx, m, ids, n, NULL, me, 1, res, NULL) == DHSA_ERR_INVALID_ARG, "NULL params");
+    free(ld);
+    free(lm);
+    free(pd);
+    free(pm);
+    free(win);
+    free(ids);
+}
+
+/* ----------------------------------------------------------- answers --- */
+
+static void test_answers(dhsa_ctx *ctx, dhsa_model *m) {
+    const dhsa_model_info *in = dhsa_model_get_info(m);
+    const dhsa_tokenizer *tok = dhsa_model_tokenizer(m);
+    const int64_t V = in->n_vocab;
+    dhsa_task_params tp = dhsa_task_default_params();
+    tp.kind = DHSA_TASK_PASSKEY;
+    tp.length = 256;
+    tp.depth = 0.25;
+    tp.seed = 1000003u * 1;
+    dhsa_task t;
+    T_CHECK(dhsa_task_build(tok, &tp, &t) == DHSA_OK, "task: %s", dhsa_last_error());
+    dhsa_eval_answer *a = malloc(sizeof *a), *b = malloc(sizeof *b);
+    dhsa_eval_answer_params ap = dhsa_eval_answer_default_params();
+    T_CHECK(ap.method.attn == DHSA_ATTN_DENSE && ap.max_tokens == 0 && ap.stop == NULL, "answer defaults");
+    T_CHECK(dhsa_eval_retrieval(ctx, m, &t, &ap, a) == DHSA_OK, "dense retrieval: %s", dhsa_last_error());
+    /* the greedy answer, decoded here */
+    dhsa_session_params sp = dhsa_session_default_params();
+    sp.n_ctx = t.n_ids + 12;
+    dhsa_session *s;
+    float *lg = malloc((size_t)V * sizeof(float));
+    int32_t ans[12];
+    int64_t na = 0;
+    T_CHECK(dhsa_session_create(ctx, m, &sp, &s) == DHSA_OK && dhsa_session_eval(s, t.ids, t.n_ids, lg) == DHSA_OK,
+            "reference session");
+    while (na < 12) {
+        int32_t nx = (int32_t)argmax(lg, V);
+        if (nx == dhsa_tokenizer_eos(tok)) break;
+        ans[na++] = nx;
+        if (na == 12 || dhsa_session_eval(s, &nx, 1, lg)) break;
+    }
+    dhsa_session_free(s);
+    char text[512];
+    int64_t tl = 0;
+    dhsa_detokenize(tok, ans, na, DHSA_DETOKENIZE_KEEP_SPACE, text, sizeof text - 1, &tl);
+    text[tl] = 0;
+    T_CHECK(strcmp(a->text, text) == 0 && a->n_tokens == na, "dense answer \"%s\", here \"%s\"", a->text, text);
+    T_CHECK(a->hit == dhsa_task_check(&t, text, tl) && a->density_used == 1, "hit %d, density %g", a->hit,
+            a->density_used);
+    int all = a->n_layer == in->n_layer;
+    for (int64_t l = 0; l < a->n_layer; l++) all &= a->needle_selected[l] == 1;
+    T_CHECK(all && a->needle == DHSA_EVAL_NEEDLE_EVERYWHERE, "dense selects the needle in every layer");
+    /* the same prompt through dhsa_eval_generate (spaces kept) */
+    ap.detok_flags = DHSA_DETOKENIZE_KEEP_SPACE;
+    T_CHECK(dhsa_eval_generate(ctx, m, t.ids, t.n_ids, &ap, b) == DHSA_OK && strcmp(a->text, b->text) == 0 &&
+                b->hit == -1,
+            "generate: \"%s\"", b->text);
+    /* sparse, at a density where the needle is mostly out of budget */
+    ap.method.attn = DHSA_ATTN_STREAM;
+    ap.method.router = dhsa_eval_router_params(256, 0.05);
+    T_CHECK(dhsa_eval_retrieval(ctx, m, &t, &ap, b) == DHSA_OK, "stream retrieval: %s", dhsa_last_error());
+    int ok = b->density_used < 0.5 && b->first_wrong >= 0 && b->first_wrong <= b->n_tokens;
+    double smin = 1, smax = 0;
+    for (int64_t l = 0; l < b->n_layer; l++) {
+        ok &= b->needle_selected[l] >= 0 && b->needle_selected[l] <= 1 &&
+              b->needle_selected[l] <= b->selected_at_wrong[l] + 1e-12;
+        smin = fmin(smin, b->selected_at_wrong[l]);
+        smax = fmax(smax, b->selected_at_wrong[l]);
+    }
+    dhsa_eval_needle want = smin >= 1 ? DHSA_EVAL_NEEDLE_EVERYWHERE : smax > 0 ? DHSA_EVAL_NEEDLE_PARTLY
+                                                                               : DHSA_EVAL_NEEDLE_NOWHERE;
+    T_CHECK(ok && b->needle == want, "stream: \"%s\" hit %d, density %g, first wrong %lld, class %d (want %d)",
+            b->text, b->hit, b->density_used, (long long)b->first_wrong, b->needle, want);
+    /* refusals */
+    ap.max_tokens = -1;
+    T_CHECK(dhsa_eval_retrieval(ctx, m, &t, &ap, b) == DHSA_ERR_INVALID_ARG, "max_tokens -1");
+    ap.max_tokens = 0;
+    ap.n_stop = 2;
+    T_CHECK(dhsa_eval_generate(ctx, m, t.ids, t.n_ids, &ap, b) == DHSA_ERR_INVALID_ARG, "stop count without ids");
+    ap.n_stop = 0;
+    T_CHECK(dhsa_eval_generate(ctx, m, t.ids, 0, &ap, b) == DHSA_ERR_INVALID_ARG, "empty prompt");
+    T_CHECK(dhsa_eval_retrieval(ctx, m, NULL, &ap, b) == DHSA_ERR_INVALID_ARG, "NULL task");
+    dhsa_task_free(&t);
+    free(lg);
+    free(a);
+    free(b);
+}
+
+int main(void) {
+    dhsa_ctx *ctx = NULL;
+    dhsa_ctx_params cp = dhsa_ctx_default_params();
+    cp.n_threads = 2;
+    if (dhsa_ctx_create(&cp, &ctx)) {
+        fprintf(stderr, "ctx: %s\n", dhsa_last_error());
+        return 1;
+    }
+    dhsa_router_params rp = dhsa_eval_router_params(512, 0.125), rq = dhsa_eval_router_params(2048, 0.25);
+    T_CHECK(rp.q_block == 16 && rp.sink_tokens == 4 && rp.local_tokens == 16 && rp.dense_below == 0 &&
+                rp.min_chunk == 8 && rp.max_chunk == 32 && rp.chunk == 16 && rp.sim_window == 4 &&
+                rp.nms_window == 4 && rp.density == 0.125 && rq.local_tokens == 32 && rq.density == 0.25,
+            "the eval routing (docs/eval.md table)");
+    test_probe(ctx);
+    const char *path = getenv("DHSA_TEST_MODEL") ? getenv("DHSA_TEST_MODEL") : MODEL_DEFAULT;
+    dhsa_model *m = NULL;
+    dhsa_model_params mp = dhsa_model_default_params();
+    if (dhsa_model_load(path, &mp, &m) == DHSA_OK) {
+        test_fidelity(ctx, m);
+        test_answers(ctx, m);
+        dhsa_model_free(m);
+    } else {
+        T_CHECK(0, "the shipped model %s: %s", path, dhsa_last_error());
+    }
+    dhsa_ctx_free(ctx);
+    return t_report("test_eval_lib");
+}
