@@ -1,0 +1,242 @@
+"""_evaluate.py: the measurements of `dhsa eval` from Python, over the C API's
+"Evaluation" block (include/dhsa.h; src/eval/evaluate.c), the same code the
+CLI prints:
+
+    m = dhsa.Model()
+    r = dhsa.eval_fidelity(m, text, ["dense", ("dhsa", 0.125), ("stream", 0.125)], window=256)
+    r["ppl_dense"], r["results"][1]["kl"], r["results"][1]["recall"]   # per layer
+
+    tok = dhsa.Tokenizer(m.path)
+    t = dhsa.retrieval_task(tok, "passkey", length=512, depth=0.25)
+    a = dhsa.eval_retrieval(m, t, "dhsa", density=0.05)
+    a["answer"], a["hit"], a["first_wrong"], a["needle_selected"], a["needle"]
+
+A method is "dense", "dhsa", "block", "stream", "oracle", or (name, density).
+Routing: dhsa.eval_router(L, density) gives the eval defaults scaled to L
+(docs/eval.md), and keyword arguments override fields of dhsa_router_params
+by name (q_block=, sink_tokens=, local_tokens=, dense_below=, min_chunk=,
+max_chunk=, chunk=, sim_window=, nms_window=, budget_tokens=, score_mode=).
+Every C error becomes dhsa.DhsaError; an unknown method or routing field
+is ValueError. docs/python.md, "Evaluation", says more.
+"""
+import ctypes
+
+import numpy as np
+
+from . import _capi
+from ._capi import check, lib
+from ._context import resolve
+from ._runner import ATTN, Model
+
+c_int64, c_int, c_double, c_void_p = ctypes.c_int64, ctypes.c_int, ctypes.c_double, ctypes.c_void_p
+_p = ctypes.POINTER
+MAX_LAYERS = 64  # DHSA_EVAL_MAX_LAYERS
+_KEEP_SPACE = 2  # DHSA_DETOKENIZE_KEEP_SPACE
+NEEDLE = ("everywhere", "partly", "nowhere")  # dhsa_eval_needle
+
+
+class EvalMethod(ctypes.Structure):
+    """dhsa_eval_method."""
+    _fields_ = [("attn", c_int), ("router", _capi.RouterParams)]
+
+
+class FidelityParams(ctypes.Structure):
+    """dhsa_eval_fidelity_params."""
+    _fields_ = [("window", c_int64), ("max_windows", c_int64), ("recall", c_int)]
+
+
+class FidelityResult(ctypes.Structure):
+    """dhsa_eval_fidelity_result."""
+    _fields_ = [(n, c_double) for n in ("kl", "top1", "ppl", "ppl_dense", "kl_late", "top1_late",
+                                        "density_used", "density_used_late")] + [
+        ("n_predicted", c_int64), ("n_predicted_late", c_int64), ("recall", _p(c_double))]
+
+
+class FidelityInfo(ctypes.Structure):
+    """dhsa_eval_fidelity_info."""
+    _fields_ = [("window", c_int64), ("n_windows", c_int64), ("n_text", c_int64), ("n_predicted", c_int64),
+                ("ppl_dense", c_double)]
+
+
+class AnswerParams(ctypes.Structure):
+    """dhsa_eval_answer_params."""
+    _fields_ = [("method", EvalMethod), ("max_tokens", c_int64), ("n_ctx", c_int64),
+                ("stop", _p(ctypes.c_int32)), ("n_stop", c_int), ("detok_flags", ctypes.c_uint)]
+
+
+class Answer(ctypes.Structure):
+    """dhsa_eval_answer."""
+    _fields_ = [("text", ctypes.c_char * 4096), ("n_tokens", c_int64), ("density_used", c_double),
+                ("hit", c_int), ("first_wrong", c_int64), ("n_layer", c_int64),
+                ("needle_selected", c_double * MAX_LAYERS), ("selected_at_wrong", c_double * MAX_LAYERS),
+                ("needle", c_int)]
+
+
+LP64_SIZES = {"EvalMethod": 152, "FidelityParams": 24, "FidelityResult": 88, "FidelityInfo": 40,
+              "AnswerParams": 184, "Answer": 5168}
+
+_PROTOTYPES = {
+    "dhsa_eval_router_params": (_capi.RouterParams, [c_int64, c_double]),
+    "dhsa_eval_fidelity_default_params": (FidelityParams, []),
+    "dhsa_eval_fidelity": (c_int, [c_void_p, c_void_p, c_void_p, c_int64, _p(FidelityParams), _p(EvalMethod),
+                                   c_int64, _p(FidelityResult), _p(FidelityInfo)]),
+    "dhsa_eval_answer_default_params": (AnswerParams, []),
+    "dhsa_eval_generate": (c_int, [c_void_p, c_void_p, c_void_p, c_int64, _p(AnswerParams), _p(Answer)]),
+    "dhsa_eval_retrieval": (c_int, [c_void_p, c_void_p, _p(_capi.Task), _p(AnswerParams), _p(Answer)]),
+}
+
+_L = None
+
+
+def _lib():
+    global _L
+    if _L is None:
+        L = lib()
+        for name, (res, args) in _PROTOTYPES.items():
+            fn = getattr(L, name)  # AttributeError names a symbol an older library lacks
+            fn.restype = res
+            fn.argtypes = args
+        _L = L
+    return _L
+
+
+_ROUTER_FIELDS = {n for n, _ in _capi.RouterParams._fields_} - {"predictor", "method"}
+
+
+def eval_router(length, density=0.125, **fields):
+    """dhsa_eval_router_params(length, density) as a dict of its fields, with
+    `fields` (names of dhsa_router_params) overriding."""
+    r = _router(length, density, fields)
+    return {n: getattr(r, n) for n, _ in _capi.RouterParams._fields_ if n != "predictor"}
+
+
+def _router(length, density, fields):
+    r = _lib().dhsa_eval_router_params(int(length), float(density))
+    for k, v in fields.items():
+        if k not in _ROUTER_FIELDS:
+            raise ValueError("%r is not a routing field (%s)" % (k, ", ".join(sorted(_ROUTER_FIELDS))))
+        setattr(r, k, v)
+    return r
+
+
+def _method(spec, length, default_density, routing):
+    if isinstance(spec, (tuple, list)):
+        name, density = spec
+    else:
+        name, density = spec, default_density
+    if name not in ATTN:
+        raise ValueError("a method is one of %s, not %r" % (", ".join(ATTN), name))
+    if name == "dense":
+        density = 1.0
+    if not 0 < float(density) <= 1:
+        raise ValueError("density must be in (0, 1], not %r" % (density,))
+    return name, float(density), EvalMethod(ATTN[name], _router(length, density, routing))
+
+
+def _ctx(ctx, threads):
+    return resolve(ctx, threads)
+
+
+def eval_fidelity(model, text, methods=("dhsa", "block", "stream"), window=None, max_windows=8, recall=True,
+                  density=0.125, ctx=None, threads=None, **routing):
+    """KL, top-1, perplexities, density used and per-layer recall of each method
+    against dense (dhsa_eval_fidelity). text: str (tokenized without BOS, as
+    `dhsa eval fidelity -f` does) or token ids. window: tokens per window, BOS
+    included (None: the trained context). Returns a dict like the CLI's --json:
+    window, n_windows, n_text, n_predicted, ppl_dense, results (one dict per
+    method: method, density, kl, top1, ppl, ppl_dense, kl_late, top1_late,
+    density_used, density_used_late, n_predicted, n_predicted_late, recall)."""
+    if not isinstance(model, Model):
+        raise TypeError("model must be a dhsa.Model")
+    ids = model.tokenize(text, add_bos=False) if isinstance(text, (str, bytes)) else list(text)
+    arr = np.ascontiguousarray(np.asarray(ids, dtype=np.int64).astype(np.int32))
+    W = int(window) if window else int(model.n_ctx_train)
+    specs = [_method(s, W, density, routing) for s in methods]
+    n = len(specs)
+    ms = (EvalMethod * max(1, n))(*[s[2] for s in specs])
+    nl = int(model.info["n_layer"])
+    recs = [(c_double * nl)() for _ in range(n)]
+    res = (FidelityResult * max(1, n))()
+    for i in range(n):
+        res[i].recall = ctypes.cast(recs[i], _p(c_double))
+    L = _lib()
+    p = L.dhsa_eval_fidelity_default_params()
+    p.window, p.max_windows, p.recall = W, int(max_windows), int(bool(recall))
+    info = FidelityInfo()
+    c = _ctx(ctx, threads)
+    with c._lock:
+        check(L.dhsa_eval_fidelity(c._live_handle(), model._handle(), arr.ctypes.data, arr.size, ctypes.byref(p),
+                                   ms, n, res, ctypes.byref(info)))
+    out = {"window": info.window, "n_windows": info.n_windows, "n_text": info.n_text,
+           "n_predicted": info.n_predicted, "ppl_dense": info.ppl_dense, "results": []}
+    for i, (name, dens, _) in enumerate(specs):
+        r = res[i]
+        d = {f: getattr(r, f) for f, _ in FidelityResult._fields_ if f != "recall"}
+        d.update(method=name, density=dens, recall=list(recs[i]))
+        out["results"].append(d)
+    return out
+
+
+def _answer_params(model, method, density, length, max_tokens, stop, routing):
+    name, dens, me = _method(method, length, density, routing)
+    L = _lib()
+    p = L.dhsa_eval_answer_default_params()
+    p.method = me
+    if max_tokens is not None and int(max_tokens) < 0:
+        raise ValueError("max_tokens must be >= 0 (0 = the default), not %r" % (max_tokens,))
+    p.max_tokens = int(max_tokens or 0)
+    keep = None
+    if stop is not None:
+        keep = (ctypes.c_int32 * max(1, len(stop)))(*[int(x) for x in stop])
+        p.stop, p.n_stop = ctypes.cast(keep, _p(ctypes.c_int32)), len(stop)
+    return p, keep
+
+
+def _answer_dict(a, task):
+    d = {"answer": a.text.decode("utf-8", "replace"), "n_tokens": a.n_tokens, "density_used": a.density_used}
+    if task:
+        nl = a.n_layer
+        d.update(hit=bool(a.hit), first_wrong=a.first_wrong, needle_selected=list(a.needle_selected[:nl]),
+                 selected_at_wrong=list(a.selected_at_wrong[:nl]), needle=NEEDLE[a.needle])
+    return d
+
+
+def eval_generate(model, ids, method="dense", density=0.125, max_tokens=12, stop=None, keep_space=False,
+                  length=None, ctx=None, threads=None, **routing):
+    """The greedy answer to the prompt ids under a method (dhsa_eval_generate):
+    dict answer, n_tokens, density_used. stop: ids that end it (None: EOS);
+    length: the L the routing defaults are scaled to (None: len(ids))."""
+    if not isinstance(model, Model):
+        raise TypeError("model must be a dhsa.Model")
+    arr = np.ascontiguousarray(np.asarray(list(ids), dtype=np.int64).astype(np.int32))
+    p, keep = _answer_params(model, method, density, length or arr.size, max_tokens, stop, routing)
+    p.detok_flags = _KEEP_SPACE if keep_space else 0
+    a = Answer()
+    c = _ctx(ctx, threads)
+    with c._lock:
+        check(_lib().dhsa_eval_generate(c._live_handle(), model._handle(), arr.ctypes.data, arr.size,
+                                        ctypes.byref(p), ctypes.byref(a)))
+    del keep
+    return _answer_dict(a, False)
+
+
+def eval_retrieval(model, task, method="dense", density=0.125, max_tokens=None, length=None, ctx=None,
+                   threads=None, **routing):
+    """A retrieval task (dhsa.retrieval_task) answered greedily under a method,
+    scored and explained (dhsa_eval_retrieval): dict answer, n_tokens,
+    density_used, hit, first_wrong (the first answer token that leaves the
+    expected answer), needle_selected / selected_at_wrong (per layer, the share
+    of the needle's keys the layouts selected: least over the answer's rows /
+    at the row of the first wrong token), needle ("everywhere", "partly",
+    "nowhere": what a miss is put down to). length: the L the routing is
+    scaled to (None: the task's prompt length; the CLI uses the target
+    length)."""
+    if not isinstance(model, Model):
+        raise TypeError("model must be a dhsa.Model")
+    p, keep = _answer_params(model, method, density, length or task._t.n_ids, max_tokens, None, routing)
+    a = Answer()
+    c = _ctx(ctx, threads)
+    with c._lock:
+        check(_lib().dhsa_eval_retrieval(c._live_handle(), model._handle(), ctypes.byref(task._t), ctypes.byref(p),
+                                         ctypes.byref(a)))
+    return _answer_dict(a, True)
