@@ -1657,6 +1657,49 @@ dhsa_status dhsa_eval_generate(dhsa_ctx *ctx, dhsa_model *m, const int32_t *ids,
 /* The task's prompt through dhsa_eval_generate, scored and explained. */
 dhsa_status dhsa_eval_retrieval(dhsa_ctx *ctx, dhsa_model *m, const dhsa_task *t,
                                 const dhsa_eval_answer_params *p, dhsa_eval_answer *out);
+/* eval niah's prompts: a haystack of `sentences` (NULL: the built-in
+ * ones, dhsa_task_builtin_sentences) taken in order, cycling, as many as
+ * fit `length` tokens, with `needle` (e.g. "The secret number is 4821.")
+ * at the sentence boundary whose token offset is nearest depth x the
+ * haystack's tokens, then the question: with tmpl NONE the plain
+ * completion prompt "HAYSTACK\n\nQuestion: What is the secret number
+ * mentioned in the text above?\nAnswer: The secret number is"; with a chat
+ * template one user turn "HAYSTACK\n\nWhat is the secret number mentioned
+ * in the text above? Answer with the number only." and the assistant's
+ * turn opened (dhsa_chat_tokenize, markers parsed as special). The
+ * tokenizer's BOS as its default flags say. Sentences are dropped from the
+ * end until n_ids <= length (a prompt is at least the question: a length
+ * below that gives the question with the needle alone). stop holds the ids
+ * that end an answer: EOS, then the template's end-of-turn ids, or BOS for
+ * the plain prompt (a base model starts a new document). Free with
+ * dhsa_niah_free (also after a failure). */
+typedef struct {
+    int64_t length;                 /* most prompt tokens (default 1024) */
+    double depth;                   /* 0..1 (default 0.5) */
+    const char *needle;             /* the needle sentence (required) */
+    const char *const *sentences;   /* the haystack; NULL: built-in */
+    int64_t n_sentences;
+    dhsa_chat_template tmpl;        /* DHSA_CHAT_NONE (default): plain prompt */
+} dhsa_niah_params;
+
+typedef struct {
+    int32_t *ids;                   /* [n_ids] (owned) */
+    int64_t n_ids;
+    double depth_used;              /* the needle's token offset in the haystack, 0..1 */
+    int64_t n_sentences;            /* haystack sentences used */
+    int32_t stop[16];
+    int n_stop;
+} dhsa_niah_prompt;
+
+dhsa_niah_params dhsa_niah_default_params(void);
+dhsa_status dhsa_niah_build(const dhsa_tokenizer *tok, const dhsa_niah_params *p, dhsa_niah_prompt *out);
+void dhsa_niah_free(dhsa_niah_prompt *pr);
+/* 1 when the answer's text answer[0..len) states the needle's number
+ * (`number`: 1..32 ASCII digits), 0 when not, -1 for a bad number. A
+ * number is a maximal run of digits with optional ",ddd" thousands groups
+ * and no decimal part: "4821", "is 4821.", "4,821", "x4821y" state 4821;
+ * "48210", "14821", "4821.5", "04821", "4 8 2 1" do not. */
+int dhsa_niah_answer_has(const char *answer, int64_t len, const char *number);
 /* ---- Evaluation block end ---- */
 
 #ifdef __cplusplus

@@ -14,8 +14,11 @@
  *   - dhsa_eval_generate / dhsa_eval_retrieval: the greedy answer against
  *     a decode loop here; dense selects the needle everywhere; a sparse
  *     method's shares are in [0, 1] and a miss is classified by them;
+ *   - dhsa_niah_build: the prompt's ids against the text assembled here
+ *     (the needle at the nearest boundary found by a scan of our own), the
+ *     length bound, the stop ids, a chat template's markers;
  *   - refusals: NULLs, a window of 1, a text shorter than a window, an
- *     id outside the vocabulary, an unknown method.
+ *     id outside the vocabulary, an unknown method, a depth outside [0, 1].
  * Run: make test (or make build/tests/test_eval_lib && build/tests/test_eval_lib; a few seconds).
  */
 #include <math.h>
@@ -362,6 +365,96 @@ static void test_answers(dhsa_ctx *ctx, dhsa_model *m) {
     free(b);
 }
 
+/* -------------------------------------------------------------- niah --- */
+
+static void test_niah(dhsa_model *m) {
+    const dhsa_tokenizer *tok = dhsa_model_tokenizer(m);
+    int64_t n_sent;
+    const char *const *sent = dhsa_task_builtin_sentences(&n_sent);
+    const char needle[] = "The secret number is 4821.";
+    const int64_t Ls[2] = {300, 900};
+    const double depths[3] = {0, 0.4, 1};
+    for (int li = 0; li < 2; li++)
+        for (int di = 0; di < 3; di++) {
+            dhsa_niah_params np = dhsa_niah_default_params();
+            np.length = Ls[li];
+            np.depth = depths[di];
+            np.needle = needle;
+            dhsa_niah_prompt pr;
+            dhsa_status st = dhsa_niah_build(tok, &np, &pr);
+            T_CHECK(st == DHSA_OK && pr.n_ids <= Ls[li] && pr.n_ids > Ls[li] - 40 && pr.n_sentences > 2,
+                    "niah L %lld depth %g: %lld ids, %lld sentences (%s)", (long long)Ls[li], depths[di],
+                    (long long)pr.n_ids, (long long)pr.n_sentences, st ? dhsa_last_error() : "ok");
+            if (st) continue;
+            /* the text by hand: the needle at the boundary nearest depth x tokens */
+            int64_t cnt = pr.n_sentences, total = 0, *tk = malloc((size_t)cnt * sizeof(int64_t));
+            for (int64_t i = 0; i < cnt; i++) {
+                const char *x = sent[i % n_sent];
+                dhsa_tokenize(tok, x, (int64_t)strlen(x), 0, NULL, 0, &tk[i]);
+                total += tk[i];
+            }
+            int64_t best = 0, off = 0;
+            double bd = 1e300;
+            for (int64_t k = 0; k <= cnt; k++) {
+                double d = fabs((double)off - depths[di] * (double)total);
+                if (d < bd) bd = d, best = k;
+                if (k < cnt) off += tk[k];
+            }
+            static char text[65536];
+            size_t n = 0;
+            int64_t before = 0;
+            for (int64_t i = 0; i <= cnt; i++) {
+                if (i == best) n += (size_t)snprintf(text + n, sizeof text - n, "%s%s", n ? " " : "", needle);
+                if (i == cnt) break;
+                n += (size_t)snprintf(text + n, sizeof text - n, "%s%s", n ? " " : "", sent[i % n_sent]);
+                if (i < best) before += tk[i];
+            }
+            snprintf(text + n, sizeof text - n, "\n\nQuestion: What is the secret number mentioned in the text "
+                     "above?\nAnswer: The secret number is");
+            int64_t nw = 0;
+            unsigned fl = dhsa_tokenizer_default_flags(tok) & DHSA_TOKENIZE_ADD_BOS;
+            dhsa_tokenize(tok, text, (int64_t)strlen(text), fl, NULL, 0, &nw);
+            int32_t *want = malloc((size_t)nw * sizeof(int32_t));
+            dhsa_tokenize(tok, text, (int64_t)strlen(text), fl, want, nw, &nw);
+            T_CHECK(nw == pr.n_ids && memcmp(want, pr.ids, (size_t)nw * sizeof(int32_t)) == 0 &&
+                        fabs(pr.depth_used - (double)before / (double)total) < 1e-12,
+                    "niah L %lld depth %g: the prompt is the text assembled here (%lld vs %lld ids), depth %g",
+                    (long long)Ls[li], depths[di], (long long)pr.n_ids, (long long)nw, pr.depth_used);
+            T_CHECK(pr.n_stop == 2 && pr.stop[0] == dhsa_tokenizer_eos(tok) && pr.stop[1] == dhsa_tokenizer_bos(tok),
+                    "plain prompt: stops at EOS and BOS");
+            free(want);
+            free(tk);
+            dhsa_niah_free(&pr);
+        }
+    /* a chat template: the user turn and its end-of-turn stop */
+    dhsa_niah_params np = dhsa_niah_default_params();
+    np.length = 400;
+    np.needle = needle;
+    np.tmpl = DHSA_CHAT_CHATML;
+    dhsa_niah_prompt pr;
+    T_CHECK(dhsa_niah_build(tok, &np, &pr) == DHSA_OK && pr.n_ids <= 400 && pr.n_stop >= 2,
+            "chatml niah: %s", dhsa_last_error());
+    char buf[8192];
+    int64_t bl = 0;
+    dhsa_detokenize(tok, pr.ids, pr.n_ids, DHSA_DETOKENIZE_SPECIAL, buf, sizeof buf - 1, &bl);
+    buf[bl < (int64_t)sizeof buf ? bl : (int64_t)sizeof buf - 1] = 0;
+    T_CHECK(strstr(buf, "<|im_start|>user") && strstr(buf, "Answer with the number only.") &&
+                strstr(buf, needle) && !strstr(buf, "Question:"),
+            "chatml prompt: %.300s", buf);
+    dhsa_niah_free(&pr);
+    /* scoring and refusals */
+    T_CHECK(dhsa_niah_answer_has(" is 4,821.", 10, "4821") == 1 && dhsa_niah_answer_has("48210", 5, "4821") == 0 &&
+                dhsa_niah_answer_has("4821", 4, "48a1") == -1,
+            "dhsa_niah_answer_has");
+    np.tmpl = DHSA_CHAT_NONE;
+    np.depth = 1.5;
+    T_CHECK(dhsa_niah_build(tok, &np, &pr) == DHSA_ERR_INVALID_ARG && pr.ids == NULL, "depth 1.5 refused");
+    np.depth = 0.5;
+    np.needle = NULL;
+    T_CHECK(dhsa_niah_build(tok, &np, &pr) == DHSA_ERR_INVALID_ARG, "no needle refused");
+    dhsa_niah_free(&pr);
+}
+
 int main(void) {
     dhsa_ctx *ctx = NULL;
     dhsa_ctx_params cp = dhsa_ctx_default_params();
@@ -382,6 +475,7 @@ int main(void) {
     if (dhsa_model_load(path, &mp, &m) == DHSA_OK) {
         test_fidelity(ctx, m);
         test_answers(ctx, m);
+        test_niah(m);
         dhsa_model_free(m);
     } else {
         T_CHECK(0, "the shipped model %s: %s", path, dhsa_last_error());

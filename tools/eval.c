@@ -943,118 +943,6 @@ static int64_t split_sentences(char *text, int64_t len, char ***out) {
     return n;
 }
 
-/* A growing text buffer. */
-typedef struct {
-    char *p;
-    size_t n, cap;
-} sbuf;
-
-static void sb_add(sbuf *b, const char *s) {
-    size_t k = strlen(s);
-    if (b->n + k + 1 > b->cap) {
-        b->cap = (b->n + k + 1) * 2;
-        char *np = realloc(b->p, b->cap);
-        if (!np) dhsa_cli_die(EXIT_RUN, "out of memory");
-        b->p = np;
-    }
-    memcpy(b->p + b->n, s, k + 1);
-    b->n += k;
-}
-
-typedef struct {
-    dhsa_chat_template tmpl; /* NONE: plain prompt */
-    unsigned flags;
-    int32_t stop[16];
-    int n_stop;
-} niah_prompt;
-
-static const char niah_question[] = "What is the secret number mentioned in the text above?";
-
-/* The prompt's text for a haystack: the whole plain prompt, or (with a
- * chat template) the user message that niah_tokens puts into it. */
-static char *niah_text(const niah_prompt *np, const char *haystack) {
-    sbuf b = {0};
-    if (np->tmpl == DHSA_CHAT_NONE) {
-        sb_add(&b, haystack);
-        sb_add(&b, "\n\nQuestion: ");
-        sb_add(&b, niah_question);
-        sb_add(&b, "\nAnswer: The secret number is");
-        return b.p;
-    }
-    sb_add(&b, haystack);
-    sb_add(&b, "\n\n");
-    sb_add(&b, niah_question);
-    sb_add(&b, " Answer with the number only.");
-    return b.p;
-}
-
-/* The ids of niah_text's text: plain, or as the user turn of the chat
- * template (its markers special, the haystack plain text). */
-static dhsa_status niah_tokens(const dhsa_tokenizer *tok, const niah_prompt *np, const char *text, int32_t *ids,
-                               int64_t cap, int64_t *n) {
-    if (np->tmpl == DHSA_CHAT_NONE) return dhsa_tokenize(tok, text, (int64_t)strlen(text), np->flags, ids, cap, n);
-    dhsa_chat_message msg = {"user", text};
-    return dhsa_chat_tokenize(np->tmpl, tok, &msg, 1, 1, np->flags, ids, cap, n);
-}
-
-static int64_t count_tokens(const dhsa_tokenizer *tok, const niah_prompt *np, const char *s) {
-    int64_t n = 0;
-    niah_tokens(tok, np, s, NULL, 0, &n);
-    return n;
-}
-
-/* Builds the prompt of about L tokens with the needle at depth: sentences
- * taken in order (cycling) while they fit, the needle at the sentence
- * boundary nearest the depth, then trimmed from the end until the prompt
- * fits L. Returns the token ids (n_out of them). */
-static int32_t *niah_build(eval_env *e, const niah_prompt *np, char *const *sent, const int64_t *sent_tok,
-                           int64_t n_sent, int64_t L, double depth, const char *needle, int64_t *n_out,
-                           double *depth_used) {
-    const dhsa_tokenizer *tok = e->tok;
-    char *empty = niah_text(np, needle);
-    int64_t overhead = count_tokens(tok, np, empty);
-    free(empty);
-    int64_t budget = L - overhead, cnt = 0, total = 0;
-    int64_t *counts = xmalloc(sizeof(int64_t) * (size_t)(L + 1));
-    while (total + sent_tok[cnt % n_sent] <= budget && cnt < L) {
-        counts[cnt] = sent_tok[cnt % n_sent];
-        total += counts[cnt++];
-    }
-    for (;;) {
-        int64_t k = dhsa__niah_boundary(counts, cnt, depth);
-        sbuf b = {0};
-        sb_add(&b, "");
-        int64_t before = 0, all = 0;
-        for (int64_t i = 0; i <= cnt; i++) {
-            if (i == k) {
-                if (b.n) sb_add(&b, " ");
-                sb_add(&b, needle);
-            }
-            if (i == cnt) break;
-            if (b.n) sb_add(&b, " ");
-            sb_add(&b, sent[i % n_sent]);
-            if (i < k) before += counts[i];
-            all += counts[i];
-        }
-        char *text = niah_text(np, b.p);
-        free(b.p);
-        int64_t n = 0;
-        niah_tokens(tok, np, text, NULL, 0, &n);
-        if (n <= L || cnt == 0) {
-            int32_t *ids = xmalloc((size_t)(n + 1) * sizeof(int32_t));
-            if (niah_tokens(tok, np, text, ids, n + 1, &n))
-                dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
-            free(text);
-            free(counts);
-            *n_out = n;
-            *depth_used = all > 0 ? (double)before / (double)all : 0;
-            return ids;
-        }
-        free(text);
-        cnt--; /* too long: one sentence fewer */
-    }
-}
-
 static int cmd_niah(eval_env *e) {
     eval_opts *o = e->o;
     /* the haystack's sentences */
@@ -1070,13 +958,10 @@ static int cmd_niah(eval_env *e) {
         sent = xmalloc((size_t)n_sent * sizeof(char *));
         for (int64_t i = 0; i < n_sent; i++) sent[i] = (char *)builtin_haystack[i];
     }
-    int64_t *sent_tok = xmalloc((size_t)n_sent * sizeof(int64_t));
-    for (int64_t i = 0; i < n_sent; i++) {
-        dhsa_tokenize(e->tok, sent[i], (int64_t)strlen(sent[i]), 0, NULL, 0, &sent_tok[i]);
-        if (sent_tok[i] < 1) sent_tok[i] = 1;
-    }
     /* the prompt format */
-    niah_prompt np;
+    struct {
+        dhsa_chat_template tmpl; /* NONE: plain prompt */
+    } np;
     memset(&np, 0, sizeof np);
     const dhsa_gguf *g = dhsa_model_gguf(e->m);
     const char *tmpl_why;
@@ -1095,17 +980,6 @@ static int cmd_niah(eval_env *e) {
     } else {
         if (dhsa_chat_template_from_name(o->template_name, &np.tmpl)) dhsa_cli_die(EXIT_USAGE, "%s", dhsa_last_error());
         tmpl_why = "--template";
-    }
-    np.flags = dhsa_tokenizer_default_flags(e->tok) & DHSA_TOKENIZE_ADD_BOS;
-    int32_t eos = dhsa_tokenizer_eos(e->tok), bos = dhsa_tokenizer_bos(e->tok);
-    if (eos >= 0) np.stop[np.n_stop++] = eos;
-    if (np.tmpl != DHSA_CHAT_NONE) {
-        int extra = 0;
-        if (dhsa_chat_stop_ids(np.tmpl, e->tok, np.stop + np.n_stop, 16 - np.n_stop, &extra))
-            dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
-        np.n_stop += extra;
-    } else if (bos >= 0) {
-        np.stop[np.n_stop++] = bos; /* a base model starts a new document */
     }
     if (!o->json) {
         printf("niah: %s; haystack: %s (%lld sentences); prompt: %s (%s); %lld trials, answers of up to %lld "
@@ -1139,24 +1013,32 @@ static int cmd_niah(eval_env *e) {
                 char number[16], needle[64];
                 snprintf(number, sizeof number, "%04u", (unsigned)(1000 + splitmix(&rs) % 9000));
                 snprintf(needle, sizeof needle, "The secret number is %s.", number);
-                int64_t n_ids;
-                double depth_used;
-                int32_t *ids = niah_build(e, &np, sent, sent_tok, n_sent, o->lengths[li], o->depths[di], needle,
-                                          &n_ids, &depth_used);
+                dhsa_niah_params npar = dhsa_niah_default_params();
+                npar.length = o->lengths[li];
+                npar.depth = o->depths[di];
+                npar.needle = needle;
+                npar.sentences = (const char *const *)sent;
+                npar.n_sentences = n_sent;
+                npar.tmpl = np.tmpl;
+                dhsa_niah_prompt pr;
+                if (dhsa_niah_build(e->tok, &npar, &pr)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+                const int32_t *ids = pr.ids;
+                const int64_t n_ids = pr.n_ids;
+                const double depth_used = pr.depth_used;
                 plen[li] += (double)n_ids / (double)(o->trials * nD);
                 for (int v = 0; v < n_var; v++) {
                     const variant *va = &o->var[v];
                     dhsa_eval_answer_params ap = dhsa_eval_answer_default_params();
                     ap.method = eval_method(o, va->method, va->density, o->lengths[li]);
                     ap.max_tokens = cap_ans;
-                    ap.stop = np.stop;
-                    ap.n_stop = np.n_stop;
+                    ap.stop = pr.stop;
+                    ap.n_stop = pr.n_stop;
                     warn_ctx(e, n_ids + cap_ans);
                     if (dhsa_eval_generate(e->ctx, e->m, ids, n_ids, &ap, res))
                         dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
                     const char *answer = res->text;
                     int64_t alen = (int64_t)strlen(answer);
-                    int hit = dhsa__niah_answer_has(answer, alen, number) == 1;
+                    int hit = dhsa_niah_answer_has(answer, alen, number) == 1;
                     size_t cell = ((size_t)v * nD + di) * nL + li;
                     hits[cell] += hit / (double)o->trials;
                     dens[cell] += res->density_used / (double)o->trials;
@@ -1176,7 +1058,7 @@ static int cmd_niah(eval_env *e) {
                                number, hit ? "HIT " : "miss", answer);
                     }
                 }
-                free(ids);
+                dhsa_niah_free(&pr);
             }
     double secs = dhsa_cli_now() - t0;
     const char *names[MAX_VAR];
@@ -1223,7 +1105,6 @@ static int cmd_niah(eval_env *e) {
     free(hits);
     free(dens);
     free(plen);
-    free(sent_tok);
     free(sent);
     free(file_text);
     return 0;

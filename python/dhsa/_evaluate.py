@@ -72,7 +72,19 @@ class Answer(ctypes.Structure):
                 ("needle", c_int)]
 
 
-LP64_SIZES = {"EvalMethod": 152, "FidelityParams": 24, "FidelityResult": 88, "FidelityInfo": 40,
+class NiahParams(ctypes.Structure):
+    """dhsa_niah_params."""
+    _fields_ = [("length", c_int64), ("depth", c_double), ("needle", ctypes.c_char_p), ("sentences", c_void_p),
+                ("n_sentences", c_int64), ("tmpl", c_int)]
+
+
+class NiahPrompt(ctypes.Structure):
+    """dhsa_niah_prompt."""
+    _fields_ = [("ids", _p(ctypes.c_int32)), ("n_ids", c_int64), ("depth_used", c_double),
+                ("n_sentences", c_int64), ("stop", ctypes.c_int32 * 16), ("n_stop", c_int)]
+
+
+LP64_SIZES = {"NiahParams": 48, "NiahPrompt": 104, "EvalMethod": 152, "FidelityParams": 24, "FidelityResult": 88, "FidelityInfo": 40,
               "AnswerParams": 184, "Answer": 5168}
 
 _PROTOTYPES = {
@@ -83,6 +95,11 @@ _PROTOTYPES = {
     "dhsa_eval_answer_default_params": (AnswerParams, []),
     "dhsa_eval_generate": (c_int, [c_void_p, c_void_p, c_void_p, c_int64, _p(AnswerParams), _p(Answer)]),
     "dhsa_eval_retrieval": (c_int, [c_void_p, c_void_p, _p(_capi.Task), _p(AnswerParams), _p(Answer)]),
+    "dhsa_niah_default_params": (NiahParams, []),
+    "dhsa_niah_build": (c_int, [c_void_p, _p(NiahParams), _p(NiahPrompt)]),
+    "dhsa_niah_free": (None, [_p(NiahPrompt)]),
+    "dhsa_niah_answer_has": (c_int, [ctypes.c_char_p, c_int64, ctypes.c_char_p]),
+    "dhsa_chat_template_from_name": (c_int, [ctypes.c_char_p, _p(c_int)]),
 }
 
 _L = None
@@ -240,3 +257,44 @@ def eval_retrieval(model, task, method="dense", density=0.125, max_tokens=None, 
         check(_lib().dhsa_eval_retrieval(c._live_handle(), model._handle(), ctypes.byref(task._t), ctypes.byref(p),
                                          ctypes.byref(a)))
     return _answer_dict(a, True)
+
+
+def niah_prompt(model, needle, length=1024, depth=0.5, sentences=None, template=None):
+    """An `eval niah` prompt (dhsa_niah_build) with the model's tokenizer: dict
+    ids (list), depth_used, n_sentences, stop (the ids that end an answer).
+    sentences: a list of str (None: the built-in haystack); template: None
+    (plain completion prompt) or a chat template name ("chatml", "llama3", ...)."""
+    if not isinstance(model, Model):
+        raise TypeError("model must be a dhsa.Model")
+    L = _lib()
+    p = L.dhsa_niah_default_params()
+    p.length, p.depth = int(length), float(depth)
+    nb = needle.encode("utf-8")
+    p.needle = nb
+    keep = None
+    if sentences is not None:
+        keep = (ctypes.c_char_p * max(1, len(sentences)))(*[x.encode("utf-8") for x in sentences])
+        p.sentences, p.n_sentences = ctypes.cast(keep, c_void_p), len(sentences)
+    if template is not None:
+        t = c_int()
+        check(L.dhsa_chat_template_from_name(str(template).encode(), ctypes.byref(t)))
+        p.tmpl = t.value
+    pr = NiahPrompt()
+    model._handle()
+    try:
+        check(L.dhsa_niah_build(model._tok, ctypes.byref(p), ctypes.byref(pr)))
+        return {"ids": list(pr.ids[:pr.n_ids]), "depth_used": pr.depth_used, "n_sentences": pr.n_sentences,
+                "stop": list(pr.stop[:pr.n_stop])}
+    finally:
+        L.dhsa_niah_free(ctypes.byref(pr))
+        del keep
+
+
+def niah_answer_has(answer, number):
+    """True when the answer states the needle's number (dhsa_niah_answer_has: a
+    maximal digit run, thousands groups allowed, no decimal part)."""
+    b = answer.encode("utf-8")
+    r = _lib().dhsa_niah_answer_has(b, len(b), str(number).encode())
+    if r < 0:
+        raise ValueError("number must be 1..32 decimal digits, not %r" % (number,))
+    return bool(r)

@@ -88,6 +88,26 @@ def test_retrieval_matches_cli(model):
     assert g["answer"] == cli["answers"][0]["answer"]
 
 
+def test_niah_matches_cli(model):
+    cli = cli_json("niah", "--lengths", "300", "--depths", "0.5", "--trials", "1", "--attn", "dense,stream",
+                   "--density", "0.125")
+    c = cli["answers"][0]
+    pr = dhsa.niah_prompt(model, "The secret number is %s." % c["number"], length=300, depth=0.5)
+    assert len(pr["ids"]) == c["prompt_tokens"] and round(pr["depth_used"], 4) == c["needle_depth"]
+    assert pr["stop"] == [model.eos, model.bos]
+    for c, method in zip(cli["answers"], ("dense", "stream")):
+        a = dhsa.eval_generate(model, pr["ids"], method, density=0.125, stop=pr["stop"], length=300, threads=2)
+        assert a["answer"] == c["answer"]
+        assert dhsa.niah_answer_has(a["answer"], c["number"]) == c["hit"]
+    assert dhsa.niah_answer_has("is 4,821.", "4821") and not dhsa.niah_answer_has("48210", "4821")
+    with pytest.raises(ValueError):
+        dhsa.niah_answer_has("4821", "48a1")
+    chat = dhsa.niah_prompt(model, "The secret number is 1234.", length=300, template="chatml")
+    assert len(chat["ids"]) <= 300 and len(chat["stop"]) >= 2
+    with pytest.raises(dhsa.DhsaError):
+        dhsa.niah_prompt(model, "x", depth=2)
+
+
 def test_router_defaults():
     r = dhsa.eval_router(512, 0.125)
     assert (r["q_block"], r["sink_tokens"], r["local_tokens"], r["dense_below"], r["min_chunk"], r["max_chunk"],
@@ -121,7 +141,8 @@ def test_refusals(model):
 def test_struct_layout(tmp_path):
     structs = {"EvalMethod": "dhsa_eval_method", "FidelityParams": "dhsa_eval_fidelity_params",
                "FidelityResult": "dhsa_eval_fidelity_result", "FidelityInfo": "dhsa_eval_fidelity_info",
-               "AnswerParams": "dhsa_eval_answer_params", "Answer": "dhsa_eval_answer"}
+               "AnswerParams": "dhsa_eval_answer_params", "Answer": "dhsa_eval_answer",
+               "NiahParams": "dhsa_niah_params", "NiahPrompt": "dhsa_niah_prompt"}
     lines = ['#include <stdio.h>', '#include <stddef.h>', '#include "dhsa.h"', "int main(void) {"]
     want = []
     for py, c in structs.items():
