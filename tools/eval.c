@@ -13,10 +13,12 @@
  *
  * Every method of a command runs with the same routing parameters, scaled
  * to the evaluated length unless given (docs/eval.md says which and why).
- * Recall and density come from the session's layer hook: after each
- * layer's attention the hook reruns the call dense and sparse with LSE
- * outputs (dhsa_fidelity_compare) and reads the layout's statistics.
- * Heat maps (length x depth, one panel per method) through src/util/svg.c.
+ * The measurements are the library's (include/dhsa.h "Evaluation" block:
+ * dhsa_eval_fidelity, dhsa_eval_generate, dhsa_eval_retrieval,
+ * dhsa_niah_build; the layer hook of src/eval/probe.c); this file parses
+ * the options, reads the input files, calls them and prints tables, JSON
+ * and heat maps (src/util/svg.c). eval copy's sequences and losses are
+ * still built here.
  * Tested by tests/test_eval.c (CLI part through DHSA_CLI, on stories260K).
  */
 #include <errno.h>
