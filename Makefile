@@ -46,6 +46,17 @@ ifeq ($(HAVE_SERVE),1)
   SERVE_LIBS := $(shell pkg-config --libs $(SERVE_PKGS))
 endif
 
+# Context parallelism over MPI (tools/dist_mpi.c, docs/dist.md): the CLI
+# links Open MPI when pkg-config finds mpi-c (Debian: openmpi-bin
+# libopenmpi-dev, which .ci/run installs); libdhsa never does. Without it
+# the CLI refuses an mpirun launch of more than one rank and tests/test_dist
+# skips. `make HAVE_MPI=` builds without it on purpose (make clean first).
+HAVE_MPI ?= $(shell pkg-config --exists mpi-c 2>/dev/null && echo 1)
+ifeq ($(HAVE_MPI),1)
+  MPI_CFLAGS := -DDHSA_HAVE_MPI $(patsubst -I%,-isystem %,$(shell pkg-config --cflags mpi-c))
+  MPI_LIBS := $(shell pkg-config --libs mpi-c)
+endif
+
 .PHONY: all test test-torch asan ubsan clean fuzz
 all: $(BUILD)/libdhsa.a $(BUILD)/libdhsa.so $(BUILD)/dhsa
 
@@ -69,7 +80,7 @@ $(BUILD)/libdhsa.so: $(OBJS)
 	$(CC) -shared -o $@ $^ $(LDLIBS)
 
 $(BUILD)/dhsa: $(TOOLS_SRCS) $(wildcard tools/*.h) $(BUILD)/libdhsa.a $(HDRS)
-	$(CC) $(CFLAGS_BASE) $(SERVE_CFLAGS) -o $@ $(TOOLS_SRCS) $(BUILD)/libdhsa.a $(SERVE_LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS_BASE) $(SERVE_CFLAGS) $(MPI_CFLAGS) -o $@ $(TOOLS_SRCS) $(BUILD)/libdhsa.a $(SERVE_LIBS) $(MPI_LIBS) $(LDLIBS)
 
 $(BUILD)/progs/%: tests/progs/%.c $(BUILD)/libdhsa.a $(HDRS)
 	@mkdir -p $(dir $@)

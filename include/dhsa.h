@@ -1260,9 +1260,65 @@ typedef struct {
      * pictures); a nonzero return stops the eval with DHSA_ERR_INVALID_ARG. */
     int (*layer_hook)(void *user, int64_t layer, const dhsa_attn_desc *a);
     void *layer_hook_user;
+    /* Context parallelism (docs/dist.md): with dist != NULL and dist->size
+     * > 1 the session is one rank of a job; every rank creates its session
+     * with the same model and params and makes the same evals with the same
+     * ids. Positions are dealt to ranks in stripes of dist_stripe tokens
+     * (position p belongs to rank (p / stripe) % size; 0 = contiguous:
+     * stripe = ceil(n_ctx / size)); each rank's KV cache holds its own
+     * positions only (n_ctx / size of them, rounded up to stripes), and the
+     * plan and mem_limit are per rank. A prefill runs each rank's positions
+     * through every layer at once (the ubatch is the rank's share); an eval
+     * of one token (decode) runs on every rank and merges the ranks'
+     * partial attention through the LSE, so the logits are identical on
+     * every rank. Dense passes K/V around a ring; DHSA keeps every layer's
+     * routing index on every rank (relayed as chunk summaries) and fetches
+     * only the selected key ranges. The transport is the caller's
+     * (dhsa_dist); no thread of the session calls it. */
+    const struct dhsa_dist *dist;
+    int64_t dist_stripe;
 } dhsa_session_params;
 
 dhsa_session_params dhsa_session_default_params(void);
+
+/* The transport of a context-parallel session (dhsa_session_params.dist),
+ * implemented by the caller (the CLI's over MPI: tools/dist_mpi.c). Every
+ * function is called by every rank in the same order (collective); each
+ * returns 0, or nonzero after writing a sentence (at most 255 bytes) into
+ * why, and the session's eval then fails with DHSA_ERR_INTERNAL and that
+ * sentence (a rank that fails leaves the others waiting: the transport
+ * bounds its waits, docs/dist.md "Faults"). Sizes are bytes. */
+typedef struct dhsa_dist {
+    int rank, size;
+    void *user;
+    /* recv [size][bytes] = every rank's send [bytes], in rank order */
+    int (*allgather)(void *user, const void *send, size_t bytes, void *recv, char *why);
+    /* buf [bytes] from rank root to every rank */
+    int (*bcast)(void *user, void *buf, size_t bytes, int root, char *why);
+    /* send holds send_bytes[q] for rank q, one after another in rank order;
+     * recv gets recv_bytes[q] from rank q likewise */
+    int (*alltoallv)(void *user, const void *send, const size_t *send_bytes, void *recv, const size_t *recv_bytes,
+                     char *why);
+    /* starts sending send [send_bytes] to rank + 1 and receiving recv
+     * [recv_bytes] from rank - 1 (mod size); ring_wait completes both.
+     * Between the two the session computes (the overlap). */
+    int (*ring_start)(void *user, const void *send, size_t send_bytes, void *recv, size_t recv_bytes, char *why);
+    int (*ring_wait)(void *user, char *why);
+} dhsa_dist;
+
+/* Bytes a rank of a context-parallel session received, by kind, summed
+ * over its evals since create or reset (zero without dist); the sum over
+ * the ranks is what crossed the wire. */
+typedef struct {
+    double kv;        /* keys and values: the dense ring's shards, DHSA's
+                         fetched ranges */
+    double index;     /* DHSA: routing-index deltas (chunk summaries) and the
+                         range requests */
+    double partial;   /* decode: partial outputs and their LSE */
+    double logits;    /* the last row's logits from its rank after a prefill */
+    int64_t prefill_layers, decode_layers; /* layer steps that sent them */
+    double kv_keys;   /* keys whose K and V were sent */
+} dhsa_dist_stats;
 
 /* Memory of a session and of the process around it, computed before the
  * session allocates anything: total bounds the process's peak resident
@@ -1416,6 +1472,8 @@ typedef struct {
  * session was created or reset.
  * Either may be NULL. */
 dhsa_status dhsa_session_get_stats(const dhsa_session *s, dhsa_attn_stats *last_eval, dhsa_attn_stats *total);
+/* Context parallelism: what this rank received (dhsa_dist_stats above). */
+dhsa_status dhsa_session_get_dist_stats(const dhsa_session *s, dhsa_dist_stats *out);
 
 /* Sampling. Order: repetition penalty, temperature (0 = greedy: argmax,
  * lowest id on ties), top-k, top-p, min-p, then a draw from the seeded

@@ -15,6 +15,7 @@
 
 #include "cli.h"
 #include "dhsa.h"
+#include "dist.h"
 #include "util/svg.h"
 
 #define EXIT_RUN DHSA_EXIT_RUN
@@ -82,13 +83,12 @@ const char dhsa_cli_run_usage[] =
     "  --verbose           print the model, the plan and the timings\n"
     "  --no-echo           do not print the prompt before the continuation (--chat\n"
     "                      never does)\n"
-    "  --dump-layout FILE  an SVG of the attention layout of one layer during the\n"
-    "                      prefill of the prompt: per query block the key ranges\n"
-    "                      it attended to (dense: the causal triangle), the chunk\n"
-    "                      starts of the routing, sinks, local window, diagonal\n"
-    "                      (FILE is checked before the run)\n"
+    "  --dump-layout FILE  an SVG of one layer's attention layout in the prefill:\n"
+    "                      per query block the key ranges it read (docs/dhsa.md)\n"
     "  --dump-layer N      the layer drawn (default 0)\n"
-    "  --dump-head H       the KV head drawn (default 0)\n";
+    "  --dump-head H       the KV head drawn (default 0)\n"
+    "  --dist-stripe N     under mpirun -np R: positions go to ranks in stripes\n"
+    "                      of N tokens (0, the default: contiguous; docs/dist.md)\n";
 
 static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
 
@@ -170,6 +170,7 @@ static void parse(int argc, char **argv, run_opts *o) {
         else if (strcmp(a, "--local") == 0) o->ses.router.local_tokens = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--dense-below") == 0) o->ses.router.dense_below = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--q-block") == 0) o->ses.router.q_block = dhsa_cli_int(a, v, 1, 65536, 0);
+        else if (strcmp(a, "--dist-stripe") == 0) o->ses.dist_stripe = dhsa_cli_int(a, v, 0, (int64_t)1 << 30, 1);
         else if (strcmp(a, "--dump-layout") == 0) {
             if (!v[0]) dhsa_cli_die(EXIT_USAGE, "--dump-layout needs a file name");
             o->dump_path = v;
@@ -499,9 +500,43 @@ static void plan_failed(dhsa_status st, const dhsa_session_params *ses) {
     dhsa_cli_die(EXIT_RUN, "%s (sizes take K, M and G, as in --mem-limit 1G)", msg);
 }
 
+/* After a context-parallel run: what each rank received and held, and
+ * whether every rank generated the same ids (rank 0 says so). */
+static int dist_report(const dhsa_session *s, const dhsa_model_info *in, const int32_t *ids, int64_t n_ids,
+                       int64_t n_prompt, double t_prompt, int64_t stripe) {
+    dhsa_dist_stats ds;
+    dhsa_session_get_dist_stats(s, &ds);
+    const int r = dhsa_cli_dist_rank(), R = dhsa_cli_dist_size();
+    const int64_t L = in->n_layer;
+    fprintf(stderr, "dist rank %d/%d: received K/V %.3f MiB (%.0f keys), index %.3f MiB, decode partials %.3f MiB, "
+            "logits %.3f MiB; peak RSS %.1f MiB; KV cache %.1f MiB\n", r, R, ds.kv / 1048576.0, ds.kv_keys,
+            ds.index / 1048576.0, ds.partial / 1048576.0, ds.logits / 1048576.0, mib(dhsa_proc_peak_rss()),
+            mib(dhsa_session_get_plan(s)->kv_cache));
+    fflush(stderr);
+    double kv = dhsa_cli_dist_sum(ds.kv), ix = dhsa_cli_dist_sum(ds.index), pa = dhsa_cli_dist_sum(ds.partial);
+    double rss = dhsa_cli_dist_max((double)dhsa_proc_peak_rss()), tp = dhsa_cli_dist_max(t_prompt);
+    int same = dhsa_cli_dist_same_ids(ids, n_ids);
+    if (r != 0) return same;
+    char stxt[32];
+    snprintf(stxt, sizeof stxt, stripe ? "%lld" : "contiguous", (long long)stripe);
+    const int64_t n_dec = n_ids - n_prompt > 1 ? n_ids - n_prompt - 1 : 0;
+    fprintf(stderr, "dist: %d ranks, stripe %s; on the wire (all ranks): K/V %.3f MiB = %.1f bytes per layer per "
+            "prompt token, index %.3f MiB, decode partials %.3f MiB (%.0f bytes per layer per decode token); slowest "
+            "prefill %.3f s; largest peak RSS %.1f MiB\n", R, stxt, kv / 1048576.0,
+            n_prompt > 0 ? kv / (double)L / (double)n_prompt : 0.0, ix / 1048576.0, pa / 1048576.0,
+            n_dec > 0 ? pa / (double)L / (double)n_dec : 0.0, tp, rss / 1048576.0);
+    fprintf(stderr, same ? "dist: every rank generated the same %lld token ids\n"
+                         : "dist: THE RANKS GENERATED DIFFERENT TOKEN IDS (%lld)\n", (long long)n_ids);
+    return same;
+}
+
 static int run_main(int argc, char **argv, int plan_only) {
+    const dhsa_dist *dist = plan_only ? NULL : dhsa_cli_dist_start(&argc, &argv);
+    if (dist && dist->rank != 0 && !freopen("/dev/null", "w", stdout))
+        dhsa_cli_die(EXIT_RUN, "rank %d: cannot silence stdout", dist->rank);
     run_opts o;
     parse(argc, argv, &o);
+    o.ses.dist = dist;
     dhsa_model_params mp = dhsa_model_default_params();
     mp.tokenizer_path = o.tokenizer;
     dhsa_model *m;
@@ -671,6 +706,7 @@ static int run_main(int argc, char **argv, int plan_only) {
     fflush(stdout);
     if (o.dump_path) dump_end(&dump, o.model, in, n_prompt, plan.n_ubatch);
     if (o.ses.attn != DHSA_ATTN_DENSE) density_report(&st_prefill, s, &o.ses);
+    int same = dist ? dist_report(s, in, ids, n_prompt + n_gen, n_prompt, t_prompt, o.ses.dist_stripe) : 1;
     fprintf(stderr,
             "prompt: %lld tokens in %.3f s (%.1f tok/s), first token after %.3f s; decode: %lld tokens, %.1f tok/s; "
             "all forward passes: %.1f tok/s; peak RSS %.1f MiB (%zu KiB)",
@@ -692,7 +728,8 @@ static int run_main(int argc, char **argv, int plan_only) {
     dhsa_model_free(m);
     free(ids);
     free(text);
-    return 0;
+    dhsa_cli_dist_finish();
+    return same ? 0 : 1;
 }
 
 int dhsa_cli_run(int argc, char **argv) {

@@ -38,6 +38,7 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "attn/attn_internal.h"
 
@@ -785,4 +786,88 @@ dhsa_status dhsa_kv_index_route(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dh
     dhsa_status st = route_index(ctx, ix, a, out);
     atomic_fetch_sub(users, 1);
     return st;
+}
+
+/* ------------------------------------------------------------ delta --- */
+
+/* Delta layout (kv_index_internal.h): int64 [len, n_chunks, c0, bound],
+ * double [s_n, s_mean, s_m2], int64 starts[c0 .. n_chunks], int64
+ * decided[c0 .. n_chunks), float pooled[n_new][hd], float spread[n_new][hd]
+ * (when kept), double tail_sum[hd], double tail_sq[hd] (when kept), float
+ * ring[ring_len][hd], float score[score_size]. */
+size_t dhsa__kv_index_delta_bytes(const dhsa_kv_index *ix, int64_t c0) {
+    const size_t hd = (size_t)(ix->Hkv * ix->d), n_new = (size_t)(ix->n_chunks - c0);
+    const int sp = ix->spread != NULL;
+    return 4 * 8 + 3 * 8 + (n_new + 1) * 8 + n_new * 8 + n_new * hd * 4 * (sp ? 2 : 1) + hd * 8 * (sp ? 2 : 1) +
+           (size_t)ix->ring_len * hd * 4 + (size_t)ix->dc.score_size * 4;
+}
+
+void dhsa__kv_index_delta_write(const dhsa_kv_index *ix, int64_t c0, void *buf) {
+    const size_t hd = (size_t)(ix->Hkv * ix->d), n_new = (size_t)(ix->n_chunks - c0);
+    char *p = buf;
+    int64_t hdr[4] = {ix->len, ix->n_chunks, c0, ix->bound};
+    double st[3] = {ix->dc.s_n, ix->dc.s_mean, ix->dc.s_m2};
+#define PUT(src, bytes)                 \
+    do {                                \
+        memcpy(p, (src), (bytes));      \
+        p += (bytes);                   \
+    } while (0)
+    PUT(hdr, sizeof hdr);
+    PUT(st, sizeof st);
+    PUT(ix->starts + c0, (n_new + 1) * 8);
+    PUT(ix->decided + c0, n_new * 8);
+    PUT(ix->pooled + (size_t)c0 * hd, n_new * hd * 4);
+    if (ix->spread) PUT(ix->spread + (size_t)c0 * hd, n_new * hd * 4);
+    PUT(ix->tail_sum, hd * 8);
+    if (ix->spread) PUT(ix->tail_sq, hd * 8);
+    PUT(ix->ring, (size_t)ix->ring_len * hd * 4);
+    PUT(ix->dc.score, (size_t)ix->dc.score_size * 4);
+#undef PUT
+}
+
+dhsa_status dhsa__kv_index_delta_read(dhsa_kv_index *ix, const void *buf, size_t bytes) {
+    const size_t hd = (size_t)(ix->Hkv * ix->d);
+    const char *p = buf;
+    int64_t hdr[4];
+    if (bytes < sizeof hdr) return dhsa__fail(DHSA_ERR_INTERNAL, "routing-index delta of %zu bytes: truncated", bytes);
+    memcpy(hdr, p, sizeof hdr);
+    if (ix->dc.learned)
+        return dhsa__fail(DHSA_ERR_UNSUPPORTED, "a routing-index delta does not carry LEARNED boundaries");
+    if (hdr[2] != ix->n_chunks || hdr[1] < hdr[2] || hdr[1] > ix->max_chunks || hdr[0] < ix->len ||
+        hdr[0] > ix->capacity || hdr[3] != ix->bound)
+        return dhsa__fail(DHSA_ERR_INTERNAL,
+                          "routing-index delta from chunk %lld to %lld at length %lld does not follow this index "
+                          "(%lld chunks, length %lld): the ranks' indexes have diverged",
+                          (long long)hdr[2], (long long)hdr[1], (long long)hdr[0], (long long)ix->n_chunks,
+                          (long long)ix->len);
+    const int64_t c0 = hdr[2];
+    ix->n_chunks = hdr[1];
+    ix->len = hdr[0];
+    if (dhsa__kv_index_delta_bytes(ix, c0) != bytes) {
+        ix->n_chunks = c0;
+        return dhsa__fail(DHSA_ERR_INTERNAL, "routing-index delta of %zu bytes, %zu expected", bytes,
+                          dhsa__kv_index_delta_bytes(ix, c0));
+    }
+    const size_t n_new = (size_t)(ix->n_chunks - c0);
+    p += sizeof hdr;
+    double st[3];
+#define GET(dst, nb)                    \
+    do {                                \
+        memcpy((dst), p, (nb));         \
+        p += (nb);                      \
+    } while (0)
+    GET(st, sizeof st);
+    ix->dc.s_n = st[0];
+    ix->dc.s_mean = st[1];
+    ix->dc.s_m2 = st[2];
+    GET(ix->starts + c0, (n_new + 1) * 8);
+    GET(ix->decided + c0, n_new * 8);
+    GET(ix->pooled + (size_t)c0 * hd, n_new * hd * 4);
+    if (ix->spread) GET(ix->spread + (size_t)c0 * hd, n_new * hd * 4);
+    GET(ix->tail_sum, hd * 8);
+    if (ix->spread) GET(ix->tail_sq, hd * 8);
+    GET(ix->ring, (size_t)ix->ring_len * hd * 4);
+    GET(ix->dc.score, (size_t)ix->dc.score_size * 4);
+#undef GET
+    return DHSA_OK;
 }

@@ -24,4 +24,17 @@ void dhsa__kv_index_mark(dhsa_kv_index *ix);
  * given without the undone appends. */
 dhsa_status dhsa__kv_index_rewind(dhsa_kv_index *ix, const dhsa_tensor *k);
 
+/* Context parallelism (docs/dist.md): the rank that appended keys sends
+ * the others what changed, so that every rank holds the same index. A
+ * delta from chunk c0 (the chunk count before the append) holds the
+ * scalars, the chunks closed since c0 (starts, decided, pooled, spread),
+ * the open chunk's sums, the recent-keys ring and the score ring: O(new
+ * chunks x Hkv x d + ring), no cached keys. Reading it into an index
+ * that held the same state at c0 gives, bit for bit, the index that
+ * made it. LEARNED boundaries are not carried (their predictor rows are
+ * not in the delta): the session refuses them. */
+size_t dhsa__kv_index_delta_bytes(const dhsa_kv_index *ix, int64_t c0);
+void dhsa__kv_index_delta_write(const dhsa_kv_index *ix, int64_t c0, void *buf);
+dhsa_status dhsa__kv_index_delta_read(dhsa_kv_index *ix, const void *buf, size_t bytes);
+
 #endif
