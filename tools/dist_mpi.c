@@ -39,6 +39,7 @@ int dhsa_cli_dist_size(void) { return g_size; }
 #include <time.h>
 
 static double g_timeout = 300.0;
+static void fault_point(void);
 static int g_started = 0;
 static char g_term_msg[160];
 static size_t g_term_len;
@@ -93,6 +94,7 @@ static int check_int(size_t bytes, const char *what, char *why) {
 
 static int t_allgather(void *user, const void *send, size_t bytes, void *recv, char *why) {
     (void)user;
+    fault_point();
     if (check_int(bytes, "an allgather", why)) return 1;
     MPI_Request r;
     int rc = MPI_Iallgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, MPI_COMM_WORLD, &r);
@@ -102,6 +104,7 @@ static int t_allgather(void *user, const void *send, size_t bytes, void *recv, c
 
 static int t_bcast(void *user, void *buf, size_t bytes, int root, char *why) {
     (void)user;
+    fault_point();
     if (check_int(bytes, "a broadcast", why)) return 1;
     MPI_Request r;
     int rc = MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD, &r);
@@ -139,8 +142,24 @@ static int t_alltoallv(void *user, const void *send, const size_t *sb, void *rec
 
 static MPI_Request g_ring[2];
 
+/* DHSA_DIST_FAULT=kill:R or stall:R (tests/test_dist.c): rank R kills
+ * itself (SIGKILL) or stops answering at its first transport call. */
+static void fault_point(void) {
+    static int done = 0;
+    const char *f = getenv("DHSA_DIST_FAULT");
+    if (done || !f) return;
+    done = 1;
+    int kill_it = strncmp(f, "kill:", 5) == 0, stall = strncmp(f, "stall:", 6) == 0;
+    if ((!kill_it && !stall) || atoi(f + (kill_it ? 5 : 6)) != g_rank) return;
+    fprintf(stderr, "dhsa: rank %d: DHSA_DIST_FAULT=%s: %s now\n", g_rank, f, kill_it ? "dying" : "stalling");
+    fflush(stderr);
+    if (kill_it) raise(SIGKILL);
+    for (;;) pause();
+}
+
 static int t_ring_start(void *user, const void *send, size_t sbytes, void *recv, size_t rbytes, char *why) {
     (void)user;
+    fault_point();
     if (check_int(sbytes, "a ring step", why) || check_int(rbytes, "a ring step", why)) return 1;
     int next = (g_rank + 1) % g_size, prev = (g_rank - 1 + g_size) % g_size;
     int rc = MPI_Irecv(recv, (int)rbytes, MPI_BYTE, prev, 71, MPI_COMM_WORLD, &g_ring[0]);

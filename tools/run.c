@@ -87,6 +87,7 @@ const char dhsa_cli_run_usage[] =
     "                      per query block the key ranges it read (docs/dhsa.md)\n"
     "  --dump-layer N      the layer drawn (default 0)\n"
     "  --dump-head H       the KV head drawn (default 0)\n"
+    "  --logits-out FILE   the logits of every step, F32 (tests/test_dist.c)\n"
     "  --dist-stripe N     under mpirun -np R: positions go to ranks in stripes\n"
     "                      of N tokens (0, the default: contiguous; docs/dist.md)\n";
 
@@ -101,6 +102,7 @@ typedef struct {
     dhsa_session_params ses;
     const char *predictor_path;
     const char *dump_path;      /* --dump-layout */
+    const char *logits_path;    /* --logits-out */
     int64_t dump_layer, dump_head;
 } run_opts;
 
@@ -170,6 +172,7 @@ static void parse(int argc, char **argv, run_opts *o) {
         else if (strcmp(a, "--local") == 0) o->ses.router.local_tokens = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--dense-below") == 0) o->ses.router.dense_below = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--q-block") == 0) o->ses.router.q_block = dhsa_cli_int(a, v, 1, 65536, 0);
+        else if (strcmp(a, "--logits-out") == 0) o->logits_path = v;
         else if (strcmp(a, "--dist-stripe") == 0) o->ses.dist_stripe = dhsa_cli_int(a, v, 0, (int64_t)1 << 30, 1);
         else if (strcmp(a, "--dump-layout") == 0) {
             if (!v[0]) dhsa_cli_die(EXIT_USAGE, "--dump-layout needs a file name");
@@ -678,8 +681,13 @@ static int run_main(int argc, char **argv, int plan_only) {
     double t_prompt = dhsa_cli_now() - t0, t_first = 0;
     int64_t n_gen = 0, n_dec = 0;
     double t_dec = 0;
+    FILE *lf = NULL;
+    if (o.logits_path && (!dist || dist->rank == 0) && !(lf = fopen(o.logits_path, "wb")))
+        dhsa_cli_die(EXIT_RUN, "--logits-out %s: %s", o.logits_path, strerror(errno));
     while (n_gen < o.n_predict) {
         int32_t next;
+        if (lf && fwrite(logits, sizeof(float), (size_t)in->n_vocab, lf) != (size_t)in->n_vocab)
+            dhsa_cli_die(EXIT_RUN, "--logits-out %s: write failed", o.logits_path);
         if (dhsa_sampler_sample(smp, logits, ids, n_prompt + n_gen, &next)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
         if (n_gen == 0) t_first = dhsa_cli_now() - t0;
         int stop = 0;
@@ -702,6 +710,7 @@ static int run_main(int argc, char **argv, int plan_only) {
         t_dec += dhsa_cli_now() - t2;
         n_dec++;
     }
+    if (lf && fclose(lf)) dhsa_cli_die(EXIT_RUN, "--logits-out %s: write failed", o.logits_path);
     printf("\n");
     fflush(stdout);
     if (o.dump_path) dump_end(&dump, o.model, in, n_prompt, plan.n_ubatch);
