@@ -66,6 +66,7 @@ class SessionParams(ctypes.Structure):
         ("attn", c_int), ("router", _capi.RouterParams), ("logits_all", c_int),
         ("progress", c_void_p), ("progress_user", c_void_p),
         ("layer_hook", c_void_p), ("layer_hook_user", c_void_p),
+        ("dist", c_void_p), ("dist_stripe", c_int64),  # context parallelism: NULL, one process
     ]
 
 
