@@ -3,8 +3,8 @@
 # "N passed, N failed"; `make asan` / `make ubsan` run the tests under
 # sanitizers (in build-asan/ and build-ubsan/).
 #
-# Sources are found by wildcard: src/*/*.c. Files named *_avx512.c and
-# *_avx2.c are per-ISA kernels compiled with their own flags (x86-64 only;
+# Sources are found by wildcard: src/*/*.c. Files named *_avx512.c,
+# *_vnni.c (AVX-512 and VNNI) and *_avx2.c are per-ISA kernels compiled with their own flags (x86-64 only;
 # on other machines they compile to nothing and the scalar path runs).
 
 CC      ?= cc
@@ -19,7 +19,9 @@ ARCH := $(shell uname -m)
 ifeq ($(ARCH),x86_64)
   AVX512_FLAGS = -mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma -mf16c
   AVX2_FLAGS   = -mavx2 -mfma -mf16c
+  VNNI_FLAGS   = $(AVX512_FLAGS) -mavx512vnni
 else
+  VNNI_FLAGS   =
   AVX512_FLAGS =
   AVX2_FLAGS   =
 endif
@@ -63,6 +65,10 @@ all: $(BUILD)/libdhsa.a $(BUILD)/libdhsa.so $(BUILD)/dhsa
 $(BUILD)/obj/%_avx512.o: src/%_avx512.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(AVX512_FLAGS) -c $< -o $@
+
+$(BUILD)/obj/%_vnni.o: src/%_vnni.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(VNNI_FLAGS) -c $< -o $@
 
 $(BUILD)/obj/%_avx2.o: src/%_avx2.c $(HDRS)
 	@mkdir -p $(dir $@)

@@ -20,6 +20,7 @@
  *      build/dhsa bench matmul --help.
  */
 #include "model/quant.h"
+#include "model/qint.h"
 
 #include "core/internal.h"
 
@@ -1103,4 +1104,51 @@ dhsa_status dhsa__matmul(dhsa_ctx *ctx, const dhsa_wmat *W, const float *x, int6
     dhsa_parallel_for(ctx, j.p.n_tasks, mm_task, &j);
     dhsa__ctx_unlock(ctx);
     return DHSA_OK;
+}
+
+/* ------------------------------------------------------------ routes --- */
+
+static const dhsa__qi_kernels *fast_kernels(uint32_t type) {
+    return dhsa__qi_type(type) ? dhsa__qi_kernels_active() : NULL;
+}
+
+dhsa_status dhsa__matmul_on(dhsa_ctx *ctx, dhsa__mm_route route, const dhsa_wmat *W, const float *x, int64_t ldx,
+                            int64_t n_tok, float *y, int64_t ldy) {
+    const dhsa__qi_kernels *k = route == DHSA_MM_FAST && W ? fast_kernels(W->type) : NULL;
+    if (!k || n_tok == 0) return dhsa__matmul(ctx, W, x, ldx, n_tok, y, ldy);
+    /* the exact route's argument checks, without running it */
+    if (!ctx || !x || !y || !W->data)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__matmul: ctx, W, W->data, x and y must not be NULL");
+    dhsa_status st = check_mm(W->type, W->n_in, W->n_out, n_tok);
+    if (st != DHSA_OK) return st;
+    if (ldx < W->n_in || ldy < W->n_out)
+        return dhsa__fail(DHSA_ERR_SHAPE, "dhsa__matmul: ldx = %lld must be >= n_in = %lld and ldy = %lld >= n_out = %lld",
+                          (long long)ldx, (long long)W->n_in, (long long)ldy, (long long)W->n_out);
+    if (W->row_bytes < dhsa__wt_row_bytes(W->type, W->n_in))
+        return dhsa__fail(DHSA_ERR_SHAPE, "dhsa__matmul: row_bytes = %lld is less than a %s row of %lld values",
+                          (long long)W->row_bytes, info(W->type)->name, (long long)W->n_in);
+    if (ldx > INT64_MAX / n_tok || ldy > INT64_MAX / n_tok || W->row_bytes > INT64_MAX / W->n_out)
+        return dhsa__fail(DHSA_ERR_TOO_LARGE, "dhsa__matmul: a buffer size overflows 64 bits");
+    uintptr_t xa = (uintptr_t)x, xb = (uintptr_t)(x + (n_tok - 1) * ldx + W->n_in);
+    uintptr_t ya = (uintptr_t)y, yb = (uintptr_t)(y + (n_tok - 1) * ldy + W->n_out);
+    if (xa < yb && ya < xb) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__matmul: x and y overlap");
+    return dhsa__qi_matmul(ctx, k, W, x, ldx, n_tok, y, ldy);
+}
+
+size_t dhsa__matmul_workspace_on(dhsa__mm_route route, uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok,
+                                 int n_threads) {
+    const dhsa__qi_kernels *k = route == DHSA_MM_FAST ? fast_kernels(type) : NULL;
+    if (!k) return dhsa__matmul_workspace(type, n_in, n_out, n_tok, n_threads);
+    if (check_mm(type, n_in, n_out, n_tok) != DHSA_OK || n_tok == 0) return 0;
+    return dhsa__qi_workspace(k, type, n_in, n_out, n_tok, n_threads);
+}
+
+const char *dhsa__matmul_route_name(dhsa__mm_route route, uint32_t type) {
+    const dhsa__qi_kernels *k = route == DHSA_MM_FAST ? fast_kernels(type) : NULL;
+    if (k) return "int8 avx512-vnni";
+    switch (dhsa_active_isa()) {
+    case DHSA_ISA_AVX512: return "f32 avx512";
+    case DHSA_ISA_AVX2: return "f32 avx2";
+    default: return "f32 scalar";
+    }
 }

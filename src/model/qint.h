@@ -1,0 +1,114 @@
+/* qint.h: the integer route of the weight products (src/model/qint.c,
+ * qint_vnni.c): activations quantized to 8 bits per block, integer dot
+ * products against the weights' own codes. Private to the library; the
+ * exact F32 route (quant.h) stays the reference and the `exact` option.
+ *
+ * Weights, every quantized type: a row is read as blocks of bw values
+ * (bw = 32, or 16 for Q2_K, Q3_K and Q6_K, whose scales are per 16), each
+ * with unsigned 8-bit codes c (0..255) and two floats a, b such that the
+ * weight is exactly a*c + b:
+ *   Q8_0      c = q + 128, a = d, b = -128 d      Q4_0  c = q, a = d, b = -8 d
+ *   Q4_1      c = q, a = d, b = m                 Q5_0  c = q, a = d, b = -16 d
+ *   Q5_1      c = q, a = d, b = m                 IQ4_NL c = grid[q] + 128, a = d, b = -128 d
+ *   IQ4_XS    c = grid[q] + 128, a = d (ls - 32), b = -128 a
+ *   Q4_K, Q5_K  c = q, a = d sc, b = -dmin m      Q6_K  c = q, a = d sc, b = -32 a
+ *   Q3_K      c = q + 4, a = d (sc - 32), b = -4 a
+ *   Q2_K      c = q, a = d (sc & 15), b = -dmin (sc >> 4)
+ * (a and b are rounded to F32 once; the codes are the file's, unchanged).
+ *
+ * Activations: a row of n_in values (a multiple of 32) is cut into blocks
+ * of 32, each stored as int8 codes q = nearest(x / xd) in [-127, 127] with
+ * xd = max|x| / 127 (dhsa's own block form, like ggml's Q8_0 with an F32
+ * scale); a block holding NaN or Inf gets xd = NaN, so the products it
+ * feeds are NaN, as on the exact route. xs[j] = xd * (sum of the codes
+ * of weight block j) is kept per weight block.
+ *
+ * The product of a weight row and an activation row is then
+ *   y = sum over weight blocks j, in order, of
+ *         fl(a_j * xd_j) * isum_j  +  b_j * xs_j
+ * with isum_j = sum of c*q over the block, an exact integer (at most
+ * 32 * 255 * 127 < 2^31). The scalar route and the panel route (many
+ * tokens) evaluate this with two FMA per block, in block order, and agree
+ * bitwise; the fused route (few tokens) sums the blocks in its lanes
+ * first and differs from them by float rounding only (tests bound it at
+ * 1e-6 relative to the sum of |terms|). Its error against the double
+ * product of the same weights is the activations' rounding: at most
+ * 0.5 xd per value.
+ */
+#ifndef DHSA_MODEL_QINT_H
+#define DHSA_MODEL_QINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/quant.h"
+
+#define DHSA_QI_XBLOCK 32 /* activation block */
+#define DHSA_QI_GROUP 16  /* rows per VNNI group of the panel route */
+
+/* A row of activations, quantized. */
+typedef struct {
+    const int8_t *q;   /* [n_in] codes */
+    const float *xd;   /* [n_in / 32] scales */
+    const float *xs;   /* [n_in / bw] xd * (sum of codes of weight block j) */
+} dhsa_qi_act;
+
+/* 1 when the integer route covers this weight type (every quantized type;
+ * F32, F16 and BF16 weights take the exact route). */
+int dhsa__qi_type(uint32_t type);
+/* The weight block of the integer route: 16 or 32 (0 if not covered). */
+int dhsa__qi_bw(uint32_t type);
+
+/* Scalar definitions, the reference of the per-ISA kernels:
+ * codes[0..kn), a[0..kn/bw), b[0..kn/bw) of columns [k0, k0 + kn) of a
+ * weight row (k0, kn multiples of the type's block). */
+void dhsa__qi_unpack_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, uint8_t *codes, float *a,
+                            float *b);
+/* x[0..n) -> q[0..n), xd[0..n/32), xs[0..n/bw). */
+void dhsa__qi_quant_act_scalar(const float *x, int64_t n, int bw, int8_t *q, float *xd, float *xs);
+/* The block-ordered product of one unpacked row and one activation row,
+ * starting from y0 (the contract's two FMA per block). */
+float dhsa__qi_dot_scalar(const uint8_t *codes, const float *a, const float *b, int64_t n, int bw,
+                          const dhsa_qi_act *x, float y0);
+
+/* ---- Per-ISA kernels (private to qint.c and qint_vnni.c) ---- */
+typedef struct {
+    const char *name;
+    int mr;        /* panel tile: tokens */
+    int ng;        /* panel tile: row groups of 16 */
+    int max_tok_fused; /* n_tok up to which the fused route runs */
+    /* as dhsa__qi_quant_act_scalar, bitwise */
+    void (*quant_act)(const float *x, int64_t n, int bw, int8_t *q, float *xd, float *xs);
+    /* as dhsa__qi_unpack_scalar, bitwise (types the kernel has no SIMD
+     * unpacking for call the scalar one) */
+    void (*unpack)(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, uint8_t *codes, float *a, float *b);
+    /* Fused route: y[t] (t < n_tok) = the product of one unpacked row of n
+     * values with activation rows x[t]; lane order (see above). */
+    void (*dot_rows)(const uint8_t *codes, const float *a, const float *b, int64_t n, int bw, const dhsa_qi_act *x,
+                     int n_tok, float *y, int64_t ldy);
+    /* Panel route, one tile: out[t][r] (t < mr, r < 16 ng) starts from its
+     * value and adds the block-ordered product of n values of rows in
+     * VNNI layout (per group g: codes [n/4][16][4] at w + g * n * 16, a and b
+     * [n/bw][16] at a + g * (n/bw) * 16) with activation rows x[t]. */
+    void (*tile)(const uint8_t *w, const float *a, const float *b, int64_t n, int bw, const dhsa_qi_act *x,
+                 float *out);
+} dhsa__qi_kernels;
+
+extern const dhsa__qi_kernels dhsa__qi_scalar;
+#if defined(__x86_64__)
+extern const dhsa__qi_kernels dhsa__qi_vnni;
+#endif
+/* The integer kernels for the active ISA; NULL when it has none (the
+ * scalar ISA, or an x86 CPU without AVX512-VNNI): the fast route is then the
+ * exact route, and dhsa__matmul_route_name says so. */
+const dhsa__qi_kernels *dhsa__qi_kernels_active(void);
+
+/* The integer route of dhsa__matmul (same contract, quant.h), with the
+ * given kernels (tests pass &dhsa__qi_scalar). Workspace from the ctx's
+ * scratch: dhsa__qi_workspace bytes. */
+dhsa_status dhsa__qi_matmul(dhsa_ctx *ctx, const dhsa__qi_kernels *k, const dhsa_wmat *W, const float *x, int64_t ldx,
+                            int64_t n_tok, float *y, int64_t ldy);
+size_t dhsa__qi_workspace(const dhsa__qi_kernels *k, uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok,
+                          int n_threads);
+
+#endif

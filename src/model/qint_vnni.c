@@ -1,0 +1,266 @@
+/* qint_vnni.c: AVX512-VNNI kernels of the integer route (contract in
+ * qint.h). Compiled with the AVX-512 flags plus -mavx512vnni by the
+ * Makefile (files named *_vnni.c); chosen at run time only where the CPU
+ * has AVX512-VNNI; elsewhere this file is empty.
+ *
+ *   quant_act  two zmm per block of 32: max |x|, one rounding multiply,
+ *              vpmovdb; bitwise the scalar quantizer.
+ *   unpack     Q8_0, Q4_K and Q6_K with byte operations on ymm; the other
+ *              types call the scalar unpacker (their products still run
+ *              here; unpacking is a small share of a panel).
+ *   dot_rows   fused route: per 64 codes one vpdpbusd (unsigned codes x
+ *              signed activations) per token, its 16 lanes (4 or 2 per
+ *              weight block) converted and scaled by a*xd per lane, the
+ *              b*xs terms as a vector dot; lane order.
+ *   tile       panel route: 6 tokens x 32 rows (two groups of 16 in the
+ *              lanes), 12 vpdpbusd per four columns on a broadcast of four
+ *              activation codes; per weight block the two FMA of the
+ *              contract per lane, in block order: bitwise the scalar tile.
+ * Held to the scalar kernels by tests/test_qint.c.
+ */
+#if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "model/qint.h"
+
+#define INLINE static inline __attribute__((always_inline))
+#define UNROLL _Pragma("GCC unroll 16")
+#define MR 6
+#define NG 2
+#define TMAX 8 /* fused route: tokens */
+
+static inline float half(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* ------------------------------------------------------- activations --- */
+
+static void quant_act(const float *x, int64_t n, int bw, int8_t *q, float *xd, float *xs) {
+    const __m512 zero = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / 32; i++) {
+        __m512 v0 = _mm512_loadu_ps(x + 32 * i), v1 = _mm512_loadu_ps(x + 32 * i + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        float probe = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_mul_ps(v0, zero), _mm512_mul_ps(v1, zero)));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        if (probe != 0.0f) { /* NaN or Inf in the block (amax may not show it) */
+            memset(q + 32 * i, 0, 32);
+            xd[i] = NAN;
+            if (bw == 32) xs[i] = NAN;
+            else xs[2 * i] = xs[2 * i + 1] = NAN;
+            continue;
+        }
+        const __m512 vid = _mm512_set1_ps(id);
+        __m512i q0 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v0, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __m512i q1 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v1, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        _mm_storeu_si128((__m128i *)(q + 32 * i), _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(q + 32 * i + 16), _mm512_cvtepi32_epi8(q1));
+        int s0 = _mm512_reduce_add_epi32(q0), s1 = _mm512_reduce_add_epi32(q1);
+        xd[i] = d;
+        if (bw == 32) {
+            xs[i] = d * (float)(s0 + s1);
+        } else {
+            xs[2 * i] = d * (float)s0;
+            xs[2 * i + 1] = d * (float)s1;
+        }
+    }
+}
+
+/* ---------------------------------------------------------- unpacking --- */
+
+static inline void q4k_scale_min(const uint8_t *s, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+static void unpack(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, uint8_t *c, float *a, float *b) {
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+    switch (type) {
+    case DHSA_GGML_Q8_0: {
+        const __m256i flip = _mm256_set1_epi8((char)0x80);
+        for (int64_t i = 0; i < kn / 32; i++, c += 32) {
+            const uint8_t *blk = row + (k0 / 32 + i) * 34;
+            _mm256_storeu_si256((__m256i *)c, _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 2)), flip));
+            float d = half(blk);
+            a[i] = d;
+            b[i] = -128.0f * d;
+        }
+        return;
+    }
+    case DHSA_GGML_Q4_K:
+        for (int64_t i = 0; i < kn / 256; i++, c += 256, a += 8, b += 8) {
+            const uint8_t *blk = row + (k0 / 256 + i) * 144;
+            float d = half(blk), dmin = half(blk + 2);
+            for (int u = 0; u < 4; u++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * u));
+                _mm256_storeu_si256((__m256i *)(c + 64 * u), _mm256_and_si256(v, m4));
+                _mm256_storeu_si256((__m256i *)(c + 64 * u + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+            }
+            for (int j = 0; j < 8; j++) {
+                int sc, m;
+                q4k_scale_min(blk + 4, j, &sc, &m);
+                a[j] = d * (float)sc;
+                b[j] = -(dmin * (float)m);
+            }
+        }
+        return;
+    case DHSA_GGML_Q6_K:
+        for (int64_t i = 0; i < kn / 256; i++, c += 256, a += 16, b += 16) {
+            const uint8_t *blk = row + (k0 / 256 + i) * 210;
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            float d = half(blk + 208);
+            for (int nh = 0; nh < 2; nh++) {
+                __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * nh));
+                __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * nh + 32));
+                __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * nh));
+                uint8_t *cc = c + 128 * nh;
+                __m256i p0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
+                __m256i p1 = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
+                __m256i p2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
+                __m256i p3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
+                _mm256_storeu_si256((__m256i *)cc, p0);
+                _mm256_storeu_si256((__m256i *)(cc + 32), p1);
+                _mm256_storeu_si256((__m256i *)(cc + 64), p2);
+                _mm256_storeu_si256((__m256i *)(cc + 96), p3);
+            }
+            for (int j = 0; j < 16; j++) {
+                a[j] = d * (float)sc[j];
+                b[j] = -32.0f * a[j];
+            }
+        }
+        return;
+    default: dhsa__qi_unpack_scalar(type, row, k0, kn, c, a, b); return;
+    }
+}
+
+/* -------------------------------------------------------- fused route --- */
+
+static void dot_rows(const uint8_t *c, const float *a, const float *b, int64_t n, int bw, const dhsa_qi_act *x,
+                     int n_tok, float *y, int64_t ldy) {
+    const int64_t nb = n / bw;
+    /* ax[t][j] = a_j * xd_t (block j) */
+    float ax[TMAX][512 + 16];
+    for (int t0 = 0; t0 < n_tok; t0 += TMAX) {
+        const int nt = n_tok - t0 < TMAX ? n_tok - t0 : TMAX;
+        for (int64_t j0 = 0; j0 < nb; j0 += 512) {
+            const int64_t jn = nb - j0 < 512 ? nb - j0 : 512;
+            __m512 acc[TMAX], bacc[TMAX];
+            for (int t = 0; t < nt; t++) {
+                acc[t] = _mm512_setzero_ps();
+                bacc[t] = _mm512_setzero_ps();
+                const dhsa_qi_act *xt = &x[t0 + t];
+                for (int64_t j = 0; j < jn; j += 16) {
+                    const __mmask16 m = jn - j >= 16 ? 0xFFFF : (__mmask16)((1u << (jn - j)) - 1);
+                    __m512 av = _mm512_maskz_loadu_ps(m, a + j0 + j), xdv;
+                    if (bw == 32) {
+                        xdv = _mm512_maskz_loadu_ps(m, xt->xd + j0 + j);
+                    } else { /* block j uses xd[j / 2] */
+                        __m256 h = _mm256_loadu_ps(xt->xd + (j0 + j) / 2); /* may read past: masked below */
+                        const __m512i dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+                        xdv = _mm512_maskz_permutexvar_ps(m, dup, _mm512_castps256_ps512(h));
+                    }
+                    _mm512_storeu_ps(ax[t] + j, _mm512_mul_ps(av, xdv));
+                    bacc[t] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, b + j0 + j),
+                                              _mm512_maskz_loadu_ps(m, xt->xs + j0 + j), bacc[t]);
+                }
+            }
+            const int64_t v0 = j0 * bw, v1 = (j0 + jn) * bw;
+            const __m512i idx32 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+            const __m512i idx16 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+            int64_t v = v0;
+            for (; v + 64 <= v1; v += 64) {
+                const __m512i cv = _mm512_loadu_si512(c + v);
+                const int64_t jl = (v - v0) / bw; /* first block of these 64 values, local */
+                for (int t = 0; t < nt; t++) {
+                    __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), cv,
+                                                    _mm512_loadu_si512(x[t0 + t].q + v));
+                    __m512 s = bw == 32 ? _mm512_permutexvar_ps(idx32, _mm512_castps128_ps512(_mm_castsi128_ps(
+                                                                             _mm_loadl_epi64((const __m128i *)(ax[t] + jl)))))
+                                        : _mm512_permutexvar_ps(idx16, _mm512_castps128_ps512(_mm_loadu_ps(ax[t] + jl)));
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[t]);
+                }
+            }
+            if (v < v1) { /* 32 values left (n is a multiple of 32) */
+                const __mmask64 m = 0xFFFFFFFFull;
+                const __m512i cv = _mm512_maskz_loadu_epi8(m, c + v);
+                const int64_t jl = (v - v0) / bw;
+                for (int t = 0; t < nt; t++) {
+                    __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), cv, _mm512_maskz_loadu_epi8(m, x[t0 + t].q + v));
+                    __m512 s = bw == 32 ? _mm512_maskz_permutexvar_ps(0x00FF, idx32, _mm512_set1_ps(ax[t][jl]))
+                                        : _mm512_maskz_permutexvar_ps(0x00FF, idx16, _mm512_castps128_ps512(_mm_loadu_ps(ax[t] + jl)));
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[t]);
+                }
+            }
+            for (int t = 0; t < nt; t++) {
+                float r = _mm512_reduce_add_ps(acc[t]) + _mm512_reduce_add_ps(bacc[t]);
+                y[(t0 + t) * ldy] = j0 == 0 ? r : y[(t0 + t) * ldy] + r;
+            }
+        }
+    }
+}
+
+/* -------------------------------------------------------- panel route --- */
+
+static void tile(const uint8_t *w, const float *a, const float *b, int64_t n, int bw, const dhsa_qi_act *x,
+                 float *out) {
+    const int64_t nb = n / bw, qpb = bw / 4;
+    const uint8_t *w0 = w, *w1 = w + n * 16;
+    const float *a0 = a, *a1 = a + nb * 16, *b0 = b, *b1 = b + nb * 16;
+    __m512 f[MR][NG];
+    UNROLL for (int t = 0; t < MR; t++) {
+        f[t][0] = _mm512_loadu_ps(out + t * 16 * NG);
+        f[t][1] = _mm512_loadu_ps(out + t * 16 * NG + 16);
+    }
+    const int8_t *xq[MR];
+    for (int t = 0; t < MR; t++) xq[t] = x[t].q;
+    for (int64_t j = 0; j < nb; j++) {
+        __m512i s[MR][NG];
+        UNROLL for (int t = 0; t < MR; t++) s[t][0] = s[t][1] = _mm512_setzero_si512();
+        const int64_t qd0 = j * qpb;
+        for (int64_t qd = qd0; qd < qd0 + qpb; qd++) {
+            const __m512i v0 = _mm512_load_si512(w0 + qd * 64), v1 = _mm512_load_si512(w1 + qd * 64);
+            UNROLL for (int t = 0; t < MR; t++) {
+                int32_t four;
+                memcpy(&four, xq[t] + 4 * qd, 4);
+                const __m512i xb = _mm512_set1_epi32(four);
+                s[t][0] = _mm512_dpbusd_epi32(s[t][0], v0, xb);
+                s[t][1] = _mm512_dpbusd_epi32(s[t][1], v1, xb);
+            }
+        }
+        const __m512 A0 = _mm512_loadu_ps(a0 + j * 16), A1 = _mm512_loadu_ps(a1 + j * 16);
+        const __m512 B0 = _mm512_loadu_ps(b0 + j * 16), B1 = _mm512_loadu_ps(b1 + j * 16);
+        const int64_t jd = j * bw / 32;
+        UNROLL for (int t = 0; t < MR; t++) {
+            const __m512 xdv = _mm512_set1_ps(x[t].xd[jd]), xsv = _mm512_set1_ps(x[t].xs[j]);
+            f[t][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t][0]), _mm512_mul_ps(A0, xdv), f[t][0]);
+            f[t][0] = _mm512_fmadd_ps(B0, xsv, f[t][0]);
+            f[t][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t][1]), _mm512_mul_ps(A1, xdv), f[t][1]);
+            f[t][1] = _mm512_fmadd_ps(B1, xsv, f[t][1]);
+        }
+    }
+    UNROLL for (int t = 0; t < MR; t++) {
+        _mm512_storeu_ps(out + t * 16 * NG, f[t][0]);
+        _mm512_storeu_ps(out + t * 16 * NG + 16, f[t][1]);
+    }
+}
+
+const dhsa__qi_kernels dhsa__qi_vnni = {"avx512-vnni", MR, NG, TMAX, quant_act, unpack, dot_rows, tile};
+
+#elif defined(__x86_64__)
+#include "model/qint.h"
+/* Built without AVX512-VNNI: no kernels (dhsa__qi_kernels_active sees the NULL name). */
+const dhsa__qi_kernels dhsa__qi_vnni = {NULL, 0, 0, 0, NULL, NULL, NULL, NULL};
+#else
+typedef int dhsa__qi_vnni_unused; /* ISO C forbids an empty file */
+#endif

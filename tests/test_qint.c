@@ -1,0 +1,360 @@
+/* test_qint.c: tests of the integer route of the weight products
+ * (src/model/qint.h: 8-bit activations, integer dot products).
+ *
+ * Oracles:
+ *   - the unpacked form a*c + b of every quantized type against the
+ *     weights dhsa__dequantize_row gives (itself held to an independent
+ *     decoder by test_quant.c), within one F32 rounding of the weight;
+ *   - the activation codes re-derived here in double (nearest x / xd, xd =
+ *     max|x| / 127), every code;
+ *   - the product against the double product of the true weights and the
+ *     true activations: |y - ref| <= sum_i |w_i| (xd_i / 2) (the
+ *     activations' rounding, the route's only approximation) + 1e-6
+ *     sum_i |w_i x_i| (F32 sums); a deliberately wrong product fails it;
+ *   - SIMD kernels against the scalar ones: activations and unpacking
+ *     bitwise, the panel route bitwise (the contract), the fused route within
+ *     1e-6 of sum |terms|; 1 and 2 threads bitwise; NaN and Inf in an
+ *     activation block make its outputs NaN; edge shapes (n_in = 32, a
+ *     32-value tail, n_out not a multiple of 32, token tails).
+ *
+ * Run: make build/tests/test_qint && build/tests/test_qint
+ * Ends with "test_qint: P passed, F failed".
+ */
+#include "dhsa.h"
+#include "model/qint.h"
+#include "model/quant.h"
+#include "t.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define N_QTYPES 12
+static const uint32_t qtypes[N_QTYPES] = {DHSA_GGML_Q8_0, DHSA_GGML_Q4_0, DHSA_GGML_Q4_K,  DHSA_GGML_Q6_K,
+                                          DHSA_GGML_Q4_1, DHSA_GGML_Q5_0, DHSA_GGML_Q5_1,  DHSA_GGML_IQ4_NL,
+                                          DHSA_GGML_Q2_K, DHSA_GGML_Q3_K, DHSA_GGML_Q5_K, DHSA_GGML_IQ4_XS};
+static const char *const qnames[N_QTYPES] = {"Q8_0", "Q4_0",   "Q4_K", "Q6_K", "Q4_1", "Q5_0",
+                                             "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q5_K", "IQ4_XS"};
+
+typedef struct { uint64_t s; } rng_t;
+static uint64_t rng_u64(rng_t *r) {
+    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static double rng_unif(rng_t *r) { return (double)(rng_u64(r) >> 11) * 0x1p-53; }
+static double rng_normal(rng_t *r) {
+    double u1 = rng_unif(r), u2 = rng_unif(r);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* A quantized matrix of n_out rows of n_in values from N(0, 1), and its
+ * dequantized weights. */
+typedef struct {
+    dhsa_wmat W;
+    uint8_t *data;
+    float *w; /* [n_out][n_in] */
+} qmat;
+
+static int qmat_make(qmat *m, uint32_t type, int64_t n_in, int64_t n_out, uint64_t seed) {
+    rng_t r = {seed};
+    int64_t rb = dhsa__wt_row_bytes(type, n_in);
+    m->data = malloc((size_t)(rb * n_out));
+    m->w = malloc(sizeof(float) * (size_t)(n_in * n_out));
+    float *src = malloc(sizeof(float) * (size_t)n_in);
+    if (!m->data || !m->w || !src) return -1;
+    for (int64_t o = 0; o < n_out; o++) {
+        for (int64_t i = 0; i < n_in; i++) src[i] = (float)rng_normal(&r);
+        if (dhsa__quantize_row(type, src, m->data + o * rb, n_in) != DHSA_OK) return -1;
+        if (dhsa__dequantize_row(type, m->data + o * rb, m->w + o * n_in, n_in) != DHSA_OK) return -1;
+    }
+    free(src);
+    m->W.type = type;
+    m->W.data = m->data;
+    m->W.n_in = n_in;
+    m->W.n_out = n_out;
+    m->W.row_bytes = rb;
+    return 0;
+}
+
+static void qmat_free(qmat *m) {
+    free(m->data);
+    free(m->w);
+}
+
+static float *rand_x(int64_t n, uint64_t seed) {
+    rng_t r = {seed};
+    float *x = malloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) x[i] = (float)(rng_normal(&r) * (1.0 + 3.0 * (i % 97 == 0)));
+    return x;
+}
+
+/* ------------------------------------------------------------ unpack --- */
+
+static void test_unpack(void) {
+    const int64_t n = 512;
+    for (int ti = 0; ti < N_QTYPES; ti++) {
+        const uint32_t type = qtypes[ti];
+        const int bw = dhsa__qi_bw(type);
+        qmat m;
+        T_CHECK(qmat_make(&m, type, n, 3, 11 + (uint64_t)ti) == 0, "%s: fixture", qnames[ti]);
+        uint8_t c[512], c2[512];
+        float a[32], b[32], a2[32], b2[32];
+        double worst = 0.0;
+        int same = 1;
+        for (int64_t o = 0; o < 3; o++) {
+            const uint8_t *row = m.data + o * m.W.row_bytes;
+            dhsa__qi_unpack_scalar(type, row, 0, n, c, a, b);
+            for (int64_t i = 0; i < n; i++) {
+                double v = (double)a[i / bw] * c[i] + (double)b[i / bw], ref = m.w[o * n + i];
+                double e = fabs(v - ref) / (fabs(ref) + 1e-30);
+                if (ref != 0.0 && e > worst) worst = e;
+                if (ref == 0.0 && v != 0.0 && fabs(v) > 1e-6 * fabs(a[i / bw])) worst = 1.0;
+            }
+            /* a column range, as the kernels take it */
+            const int64_t blk = dhsa__wt_block(type), k0 = blk, kn = n - blk;
+            dhsa__qi_unpack_scalar(type, row, k0, kn, c2, a2, b2);
+            same &= memcmp(c2, c + k0, (size_t)kn) == 0 && memcmp(a2, a + k0 / bw, sizeof(float) * (size_t)(kn / bw)) == 0;
+#if defined(__x86_64__)
+            const dhsa__qi_kernels *k = dhsa__qi_kernels_active();
+            if (k) {
+                memset(c2, 0xAA, sizeof c2);
+                k->unpack(type, row, 0, n, c2, a2, b2);
+                same &= memcmp(c2, c, (size_t)n) == 0 && memcmp(a2, a, sizeof(float) * (size_t)(n / bw)) == 0 &&
+                        memcmp(b2, b, sizeof(float) * (size_t)(n / bw)) == 0;
+            }
+#endif
+        }
+        /* a*c + b is the weight to within one F32 rounding of it */
+        T_CHECK(worst <= 0x1p-24, "%s: a*c + b = the dequantized weight (worst relative %.3g)", qnames[ti], worst);
+        T_CHECK(same, "%s: unpacking a column range and the SIMD unpacking give the scalar codes", qnames[ti]);
+        qmat_free(&m);
+    }
+}
+
+/* -------------------------------------------------------- activations --- */
+
+static void test_quant_act(void) {
+    const int64_t n = 256;
+    float *x = rand_x(n, 5);
+    x[40] = 0.0f;
+    for (int j = 64; j < 96; j++) x[j] = 0.0f; /* an all-zero block */
+    x[100] = 1e-30f;
+    int8_t q[256], q2[256];
+    float xd[8], xs[16], xd2[8], xs2[16];
+    for (int bw = 16; bw <= 32; bw += 16) {
+        dhsa__qi_quant_act_scalar(x, n, bw, q, xd, xs);
+        int ok = 1;
+        for (int64_t i = 0; i < n / 32; i++) {
+            double amax = 0.0;
+            for (int j = 0; j < 32; j++) amax = fmax(amax, fabs(x[32 * i + j]));
+            double d = amax / 127.0;
+            if (fabs(xd[i] - d) > 1e-7 * d) ok = 0;
+            for (int j = 0; j < 32; j++) {
+                double v = d > 0 ? x[32 * i + j] / d : 0.0;
+                if (fabs(v - q[32 * i + j]) > 0.5 + 1e-5 || abs(q[32 * i + j]) > 127) ok = 0;
+            }
+        }
+        for (int64_t j = 0; j < n / bw; j++) {
+            int s = 0;
+            for (int l = 0; l < bw; l++) s += q[j * bw + l];
+            if (fabs(xs[j] - xd[j * bw / 32] * (double)s) > 1e-6 * fabs(xd[j * bw / 32] * (double)s)) ok = 0;
+        }
+        T_CHECK(ok, "activations (bw %d): codes within 0.5 of x / xd, xd = max|x| / 127, block sums", bw);
+#if defined(__x86_64__)
+        const dhsa__qi_kernels *k = dhsa__qi_kernels_active();
+        if (k) {
+            k->quant_act(x, n, bw, q2, xd2, xs2);
+            T_CHECK(memcmp(q, q2, sizeof q) == 0 && memcmp(xd, xd2, sizeof xd) == 0 &&
+                        memcmp(xs, xs2, sizeof(float) * (size_t)(n / bw)) == 0,
+                    "activations (bw %d): %s bitwise the scalar quantizer", bw, k->name);
+        }
+#endif
+    }
+    /* NaN and Inf make their block's scale NaN */
+    x[10] = NAN;
+    x[200] = INFINITY;
+    dhsa__qi_quant_act_scalar(x, n, 32, q, xd, xs);
+    T_CHECK(isnan(xd[0]) && isnan(xd[6]) && !isnan(xd[1]), "activations: a NaN or Inf block has xd = NaN, others not");
+#if defined(__x86_64__)
+    const dhsa__qi_kernels *k = dhsa__qi_kernels_active();
+    if (k) {
+        k->quant_act(x, n, 32, q2, xd2, xs2);
+        T_CHECK(isnan(xd2[0]) && isnan(xd2[6]) && !isnan(xd2[1]) && xd2[1] == xd[1], "activations: %s NaN and Inf as scalar",
+                k->name);
+    }
+#endif
+    free(x);
+}
+
+/* ----------------------------------------------------------- products --- */
+
+static double g_worst = 0.0;
+
+/* Largest |y - ref| / bound over the outputs (> 1 fails); ref and bound
+ * from the true weights and activations in double. */
+static double check_vs_double(const qmat *m, const float *x, int64_t n_tok, const float *y) {
+    const int64_t n = m->W.n_in;
+    double worst = 0.0;
+    for (int64_t t = 0; t < n_tok; t++) {
+        const float *xt = x + t * n;
+        for (int64_t o = 0; o < m->W.n_out; o++) {
+            const float *w = m->w + o * n;
+            double ref = 0.0, bound = 0.0, mag = 0.0;
+            for (int64_t b = 0; b < n / 32; b++) {
+                double amax = 0.0;
+                for (int j = 0; j < 32; j++) amax = fmax(amax, fabs(xt[32 * b + j]));
+                for (int j = 0; j < 32; j++) {
+                    int64_t i = 32 * b + j;
+                    ref += (double)w[i] * xt[i];
+                    bound += fabs(w[i]) * amax / 127.0 * 0.5 * (1 + 1e-6);
+                    mag += fabs((double)w[i] * xt[i]);
+                }
+            }
+            bound += 1e-6 * mag + 1e-30;
+            double r = fabs(y[t * m->W.n_out + o] - ref) / bound;
+            if (!(r <= worst)) worst = r; /* NaN counts as a failure */
+        }
+    }
+    return worst;
+}
+
+static int run_route(dhsa_ctx *ctx, const dhsa__qi_kernels *k, const qmat *m, const float *x, int64_t n_tok,
+                     float *y) {
+    return dhsa__qi_matmul(ctx, k, &m->W, x, m->W.n_in, n_tok, y, m->W.n_out) == DHSA_OK;
+}
+
+/* Largest |a - b| / sum_i |w_i x_i| over the outputs. */
+static double rel_diff(const qmat *m, const float *x, int64_t n_tok, const float *a, const float *b) {
+    const int64_t n = m->W.n_in;
+    double worst = 0.0;
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int64_t o = 0; o < m->W.n_out; o++) {
+            double mag = 1e-30;
+            for (int64_t i = 0; i < n; i++) mag += fabs((double)m->w[o * n + i] * x[t * n + i]);
+            int64_t e = t * m->W.n_out + o;
+            double d = fabs((double)a[e] - b[e]) / mag;
+            if (!(d <= worst)) worst = d;
+        }
+    return worst;
+}
+
+static void test_products(void) {
+    dhsa_ctx_params cp = dhsa_ctx_default_params();
+    cp.n_threads = 2;
+    dhsa_ctx *ctx2 = NULL, *ctx1 = NULL;
+    T_CHECK(dhsa_ctx_create(&cp, &ctx2) == DHSA_OK, "ctx with 2 threads");
+    cp.n_threads = 1;
+    T_CHECK(dhsa_ctx_create(&cp, &ctx1) == DHSA_OK, "ctx with 1 thread");
+    if (!ctx1 || !ctx2) return;
+    const dhsa__qi_kernels *simd = NULL;
+#if defined(__x86_64__)
+    simd = dhsa__qi_kernels_active();
+#endif
+    if (!simd) T_SKIP(1, "no AVX512-VNNI on this CPU: the integer route's SIMD kernels are not tested here");
+    struct { int64_t n_in, n_out, n_tok; } shapes[] = {{256, 40, 1}, {512, 33, 3}, {768, 64, 9}, {256, 70, 13},
+                                                        {512, 17, 8}, {1024, 96, 20}};
+    for (int ti = 0; ti < N_QTYPES; ti++) {
+        const uint32_t type = qtypes[ti];
+        const int64_t blk = dhsa__wt_block(type);
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            int64_t n_in = shapes[si].n_in, n_out = shapes[si].n_out, n_tok = shapes[si].n_tok;
+            if (n_in % blk) continue;
+            qmat m;
+            if (qmat_make(&m, type, n_in, n_out, 100 + (uint64_t)(ti * 10) + si) != 0) {
+                T_CHECK(0, "%s: fixture", qnames[ti]);
+                continue;
+            }
+            float *x = rand_x(n_in * n_tok, 7 + si);
+            size_t ny = (size_t)(n_out * n_tok);
+            float *ys = malloc(ny * sizeof(float)), *ys2 = malloc(ny * sizeof(float)), *yv = malloc(ny * sizeof(float)),
+                  *yv2 = malloc(ny * sizeof(float));
+            int ok = run_route(ctx2, &dhsa__qi_scalar, &m, x, n_tok, ys);
+            double r = check_vs_double(&m, x, n_tok, ys);
+            if (r > g_worst) g_worst = r;
+            T_CHECK(ok && r <= 1.0, "%s %lldx%lld, %lld tokens: scalar route vs double within the bound (%.3f of it)",
+                    qnames[ti], (long long)n_out, (long long)n_in, (long long)n_tok, r);
+            /* the scalar route's fused and panel forms are both block ordered */
+            if (n_tok > 1) {
+                int same = 1;
+                for (int64_t t = 0; t < n_tok && same; t++) {
+                    ok = run_route(ctx1, &dhsa__qi_scalar, &m, x + t * n_in, 1, ys2);
+                    same = ok && memcmp(ys2, ys + t * n_out, sizeof(float) * (size_t)n_out) == 0;
+                }
+                T_CHECK(same, "%s %lld tokens: scalar route, one token at a time = all at once, bitwise", qnames[ti],
+                        (long long)n_tok);
+            }
+            if (simd) {
+                ok = run_route(ctx2, simd, &m, x, n_tok, yv) && run_route(ctx1, simd, &m, x, n_tok, yv2);
+                T_CHECK(ok && memcmp(yv, yv2, ny * sizeof(float)) == 0, "%s %lld tokens: %s, 1 and 2 threads bitwise",
+                        qnames[ti], (long long)n_tok, simd->name);
+                int panel = n_tok > simd->max_tok_fused;
+                double d = rel_diff(&m, x, n_tok, yv, ys);
+                if (panel)
+                    T_CHECK(memcmp(yv, ys, ny * sizeof(float)) == 0, "%s %lldx%lld, %lld tokens: %s panel route bitwise the scalar",
+                            qnames[ti], (long long)n_out, (long long)n_in, (long long)n_tok, simd->name);
+                else
+                    T_CHECK(d <= 1e-6, "%s %lldx%lld, %lld tokens: %s fused route within 1e-6 sum|w x| of the scalar (%.2g)",
+                            qnames[ti], (long long)n_out, (long long)n_in, (long long)n_tok, simd->name, d);
+                r = check_vs_double(&m, x, n_tok, yv);
+                if (r > g_worst) g_worst = r;
+                T_CHECK(r <= 1.0, "%s: %s vs double within the bound (%.3f of it)", qnames[ti], simd->name, r);
+            }
+            free(x);
+            free(ys);
+            free(ys2);
+            free(yv);
+            free(yv2);
+            qmat_free(&m);
+        }
+    }
+    /* a wrong product fails the comparison */
+    {
+        qmat m;
+        qmat_make(&m, DHSA_GGML_Q4_K, 256, 8, 9);
+        float *x = rand_x(256, 3), y[8];
+        run_route(ctx1, &dhsa__qi_scalar, &m, x, 1, y);
+        y[3] += 5.0f; /* the bound here is about 1.5 */
+        T_CHECK(check_vs_double(&m, x, 1, y) > 1.0, "a product 5 off fails the bound");
+        /* NaN in the activations gives NaN outputs on every route */
+        x[17] = NAN;
+        int all_nan = run_route(ctx1, &dhsa__qi_scalar, &m, x, 1, y);
+        for (int o = 0; o < 8; o++) all_nan &= isnan(y[o]);
+        if (simd) {
+            float yb[8 * 9];
+            float *x9 = malloc(sizeof(float) * 256 * 9);
+            for (int t = 0; t < 9; t++) memcpy(x9 + 256 * t, x, sizeof(float) * 256);
+            all_nan &= run_route(ctx1, simd, &m, x9, 1, yb) && run_route(ctx1, simd, &m, x9, 9, yb);
+            for (int o = 0; o < 8 * 9; o++) all_nan &= isnan(yb[o]);
+            free(x9);
+        }
+        T_CHECK(all_nan, "a NaN activation makes every output of its token NaN (scalar, fused and panel)");
+        free(x);
+        qmat_free(&m);
+    }
+    /* the route the library takes for the model */
+    const char *name = dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_Q4_K);
+    T_CHECK(name && (strstr(name, "int8") != NULL) == (simd != NULL), "fast route for Q4_K: %s", name);
+    T_CHECK(strstr(dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_F16), "f32") != NULL &&
+                strstr(dhsa__matmul_route_name(DHSA_MM_EXACT, DHSA_GGML_Q4_K), "f32") != NULL,
+            "F16 weights and the exact route name the F32 route");
+    dhsa_ctx_free(ctx1);
+    dhsa_ctx_free(ctx2);
+}
+
+int main(void) {
+    const dhsa__qi_kernels *k = NULL;
+#if defined(__x86_64__)
+    k = dhsa__qi_kernels_active();
+#endif
+    printf("test_qint: integer kernels %s\n", k ? k->name : "none (scalar reference only)");
+    test_unpack();
+    test_quant_act();
+    test_products();
+    printf("test_qint: products vs double: largest error %.3f of the bound\n", g_worst);
+    return t_report("test_qint");
+}
