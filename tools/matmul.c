@@ -16,12 +16,14 @@
 
 #include "cli.h"
 #include "dhsa.h"
+#include "model/qint.h"
 #include "model/quant.h"
 #include "util/peak.h"
 
 const char dhsa_cli_bench_matmul_usage[] =
     "usage: dhsa bench matmul [--type TYPE|all] [--n-in N] [--n-out N]\n"
     "                         [--tok N] [--threads T] [--runs R] [--isa scalar|avx2|avx512] [--seed S]\n"
+    "                         [--route exact|fast|both]\n"
     "\n"
     "y[t][o] = sum_i W[o][i] x[t][i] with W (n_out x n_in) stored in the weight type\n"
     "and x, y in F32: the products of the model runner. Weights are random valid\n"
@@ -40,7 +42,14 @@ const char dhsa_cli_bench_matmul_usage[] =
     "            the same weight buffer with the same threads right after each\n"
     "            call, and % read the median of the per-call ratios (not shown\n"
     "            below 1 MiB, where the read mostly times waking the threads)\n"
-    "Defaults: --type all, --n-in 4096, --n-out 4096, --tok 1, --runs 7,\n"
+    "Routes (docs/quant.md): exact multiplies the weights in F32 (the\n"
+    "reference); fast quantizes x to 8-bit blocks and uses integer dot products\n"
+    "(AVX512-VNNI) for the quantized types, checked against the scalar integer\n"
+    "route (|a - b| <= 2e-6 sum |w x|); err is its NMSE against the exact route.\n"
+    "With both, every run times the two routes back to back and speedup is the\n"
+    "median of the per-run ratios. A type the fast route does not cover (F32,\n"
+    "F16, BF16, or no VNNI) prints \"(exact)\" in its fast row.\n"
+    "Defaults: --route both, --type all, --n-in 4096, --n-out 4096, --tok 1, --runs 7,\n"
     "threads = online CPUs. Sizes accept K/M suffixes (--n-out 11008).\n";
 
 #define EXIT_RUN DHSA_EXIT_RUN
@@ -137,6 +146,39 @@ static double check_rows(dhsa_ctx *ctx, const dhsa_wmat *W, int64_t r0, int64_t 
     return worst;
 }
 
+/* The fast route's check: rows [r0, r0 + nr) of y against the scalar
+ * integer route on the same rows, |a - b| <= 2e-6 sum |w x| (the two sum
+ * the same exact block integers in different orders, qint.h). */
+static double check_rows_fast(dhsa_ctx *ctx, const dhsa_wmat *W, int64_t r0, int64_t nr, const float *x, int64_t tok,
+                              const float *y, int64_t ldy, int64_t *wt, int64_t *wo) {
+    dhsa_wmat S = *W;
+    S.data = (const uint8_t *)W->data + r0 * W->row_bytes;
+    S.n_out = nr;
+    float *ys = malloc((size_t)(tok * nr) * sizeof(float)), *w = malloc((size_t)W->n_in * sizeof(float));
+    if (!ys || !w) dhsa_cli_die(EXIT_RUN, "out of memory");
+    dhsa_status st = dhsa__qi_matmul(ctx, &dhsa__qi_scalar, &S, x, W->n_in, tok, ys, nr);
+    if (st != DHSA_OK) dhsa_cli_die(EXIT_RUN, "scalar integer route: %s", dhsa_last_error());
+    double worst = 0.0;
+    for (int64_t o = 0; o < nr; o++) {
+        if (dhsa__wmat_row(&S, o, w) != DHSA_OK) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+        for (int64_t t = 0; t < tok; t++) {
+            double a = 0.0;
+            for (int64_t i = 0; i < W->n_in; i++) a += fabs((double)w[i] * x[t * W->n_in + i]);
+            double tol = 2e-6 * a + 1e-30;
+            double got = y[t * ldy + r0 + o], err = fabs(got - ys[t * nr + o]);
+            double ratio = isfinite(got) ? err / tol : INFINITY;
+            if (ratio > worst || (worst == 0.0 && *wt < 0)) {
+                worst = ratio;
+                *wt = t;
+                *wo = r0 + o;
+            }
+        }
+    }
+    free(ys);
+    free(w);
+    return worst;
+}
+
 static const uint32_t all_types[] = {
     DHSA_GGML_F32,  DHSA_GGML_F16,  DHSA_GGML_BF16, DHSA_GGML_Q8_0, DHSA_GGML_Q4_0,   DHSA_GGML_Q4_K,
     DHSA_GGML_Q6_K, DHSA_GGML_Q4_1, DHSA_GGML_Q5_0, DHSA_GGML_Q5_1, DHSA_GGML_IQ4_NL, DHSA_GGML_Q2_K,
@@ -147,7 +189,7 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
     dhsa_cli_set_command("bench matmul", "(see dhsa bench matmul --help)\n");
     int64_t n_in = 4096, n_out = 4096, tok = 1, seed = 1;
     int threads = 0, runs = 7, isa = -1, corrupt = 0;
-    const char *type_arg = "all";
+    const char *type_arg = "all", *route_arg = "both";
     for (int i = 3; i < argc; i++) {
         const char *o = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
 #define OPT(name) (strcmp(o, name) == 0 && (val || (dhsa_cli_die(EXIT_USAGE, "%s needs a value", name), 0)) && ++i)
@@ -156,6 +198,11 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
             return 0;
         } else if (strcmp(o, "--corrupt") == 0) corrupt = 1; /* test hook: one wrong output before the check */
         else if (OPT("--type")) type_arg = val;
+        else if (OPT("--route")) {
+            route_arg = val;
+            if (strcmp(val, "exact") && strcmp(val, "fast") && strcmp(val, "both"))
+                dhsa_cli_die(EXIT_USAGE, "--route: \"%s\" is not exact, fast or both", val);
+        }
         else if (OPT("--n-in")) n_in = dhsa_cli_int(o, val, 1, (int64_t)1 << 20, 1);
         else if (OPT("--n-out")) n_out = dhsa_cli_int(o, val, 1, (int64_t)1 << 24, 1);
         else if (OPT("--tok")) tok = dhsa_cli_int(o, val, 1, 1 << 16, 1);
@@ -208,15 +255,24 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
            dhsa_isa_name(dhsa_active_isa()), threads, threads > 1 ? "s" : "", (long long)n_in, (long long)n_out,
            (long long)tok, runs);
 
+    const int do_exact = strcmp(route_arg, "fast") != 0, do_fast = strcmp(route_arg, "exact") != 0;
     double *t = malloc((size_t)runs * sizeof *t), *tr = malloc((size_t)runs * sizeof *tr),
-           *ratio = malloc((size_t)runs * sizeof *ratio), *pk = malloc((size_t)runs * sizeof *pk);
+           *ratio = malloc((size_t)runs * sizeof *ratio), *pk = malloc((size_t)runs * sizeof *pk),
+           *tf = malloc((size_t)runs * sizeof *tf), *pkf = malloc((size_t)runs * sizeof *pkf),
+           *ratiof = malloc((size_t)runs * sizeof *ratiof), *spd = malloc((size_t)runs * sizeof *spd);
+    float *ye = dhsa_buffer_alloc((size_t)(tok * n_out) * sizeof(float));
+    typedef struct {
+        double ms, gflops, peak_share, wgbps, rdshare, check, err;
+        int fused, ran, covered;
+    } route_res;
     struct {
-        double mib, ms, gflops, peak_share, wgbps, rdgbps, rdshare, check;
-        int fused;
+        double mib, rdgbps, speedup;
+        route_res r[2]; /* exact, fast */
     } res[N_ALL_TYPES];
-    if (!t || !tr || !ratio || !pk) dhsa_cli_die(EXIT_RUN, "out of memory");
+    if (!t || !tr || !ratio || !pk || !tf || !pkf || !ratiof || !spd || !ye) dhsa_cli_die(EXIT_RUN, "out of memory");
+    memset(res, 0, sizeof res);
     int rc = 0;
-    for (int ti = 0; ti < n_types; ti++) {
+    for (int ti = 0; ti < n_types && rc == 0; ti++) {
         dhsa_wmat W;
         W.type = types[ti];
         W.n_in = n_in;
@@ -228,86 +284,153 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
         fill_weights(W.type, wd, n_out, W.row_bytes, (uint64_t)seed + (uint64_t)ti);
         W.data = wd;
         const char *tn = dhsa_ggml_type_name(W.type);
+        const dhsa__qi_kernels *qk = dhsa__qi_type(W.type) ? dhsa__qi_kernels_active() : NULL;
+        const int fast = do_fast && qk != NULL, exact = do_exact || !fast;
 
-        /* 1. correctness first */
-        dhsa_status st = dhsa__matmul(ctx, &W, x, n_in, tok, y, n_out);
+        /* 1. correctness first: the exact route against the scalar path,
+         * the fast one against the scalar integer route */
+        dhsa_status st = dhsa__matmul(ctx, &W, x, n_in, tok, ye, n_out);
         if (st != DHSA_OK) dhsa_cli_die(EXIT_RUN, "%s: %s", tn, dhsa_last_error());
-        if (corrupt) y[(tok - 1) * n_out + n_out - 1] += 1.0f;
-        int64_t wt = -1, wo = -1, nr = n_out < 64 ? n_out : 64;
-        double worst = check_rows(ctx, &W, 0, nr, x, tok, y, n_out, &wt, &wo);
-        int64_t wt2 = -1, wo2 = -1;
-        double worst2 = check_rows(ctx, &W, n_out - nr, nr, x, tok, y, n_out, &wt2, &wo2);
-        if (worst2 > worst) {
-            worst = worst2;
-            wt = wt2;
-            wo = wo2;
+        for (int ri = 0; ri < 2; ri++) {
+            if (ri == 0 ? !exact : !fast) continue;
+            float *yy = ye;
+            if (ri == 1) {
+                st = dhsa__matmul_on(ctx, DHSA_MM_FAST, &W, x, n_in, tok, y, n_out);
+                if (st != DHSA_OK) dhsa_cli_die(EXIT_RUN, "%s: %s", tn, dhsa_last_error());
+                yy = y;
+            }
+            if (corrupt) yy[(tok - 1) * n_out + n_out - 1] += 1.0f;
+            int64_t wt = -1, wo = -1, nr = n_out < 64 ? n_out : 64;
+            double worst = 0.0;
+            for (int part = 0; part < 2; part++) {
+                int64_t pt = -1, po = -1, r0 = part ? n_out - nr : 0;
+                double w1 = ri == 0 ? check_rows(ctx, &W, r0, nr, x, tok, yy, n_out, &pt, &po)
+                                    : check_rows_fast(ctx, &W, r0, nr, x, tok, yy, n_out, &pt, &po);
+                if (!(w1 <= worst)) {
+                    worst = w1;
+                    wt = pt;
+                    wo = po;
+                }
+            }
+            if (corrupt && ri == 0) ye[(tok - 1) * n_out + n_out - 1] -= 1.0f;
+            if (!(worst <= 1.0)) {
+                fprintf(stderr,
+                        "dhsa bench matmul: %s, %s route: check FAILED against the scalar path: token %lld, row %lld is "
+                        "%.3g of its tolerance. No timing is reported for a wrong result.\n",
+                        tn, ri ? "fast" : "exact", (long long)wt, (long long)wo, worst);
+                rc = EXIT_RUN;
+                break;
+            }
+            res[ti].r[ri].check = worst;
+            res[ti].r[ri].ran = 1;
+            res[ti].r[ri].covered = 1;
+            res[ti].r[ri].fused = ri ? tok <= qk->max_tok_fused : dhsa__matmul_fused(W.type, tok);
+            if (ri == 1) { /* the fast route's error: NMSE against the exact route */
+                double num = 0.0, den = 0.0;
+                for (int64_t e = 0; e < tok * n_out; e++) {
+                    double d = (double)y[e] - ye[e];
+                    num += d * d;
+                    den += (double)ye[e] * ye[e];
+                }
+                res[ti].r[1].err = num / (den + 1e-300);
+            }
         }
-        if (!(worst <= 1.0)) {
-            fprintf(stderr,
-                    "dhsa bench matmul: %s: check FAILED against the scalar path: token %lld, row %lld is %.3g of its "
-                    "tolerance. No timing is reported for a wrong result.\n",
-                    tn, (long long)wt, (long long)wo, worst);
-            rc = EXIT_RUN;
+        if (rc) {
             dhsa_buffer_free(wd);
             break;
         }
 
-        /* 2. timing: after each call, the FMA peak and (few tokens) a plain
-         * read of the weights, each with the same threads */
+        /* 2. timing, the routes back to back in every run; after each call
+         * the FMA peak and (few tokens) a plain read of the weights, each
+         * with the same threads */
         const double flops = 2.0 * (double)n_in * (double)n_out * (double)tok;
         double p_last = peak;
-        st = dhsa__matmul(ctx, &W, x, n_in, tok, y, n_out);
+        if (exact) dhsa__matmul(ctx, &W, x, n_in, tok, y, n_out);
+        if (fast) dhsa__matmul_on(ctx, DHSA_MM_FAST, &W, x, n_in, tok, y, n_out);
         float *wf = (float *)wd;
         size_t nf = wbytes / 4;
         for (int r = 0; r < runs; r++) {
-            double t0 = dhsa_cli_now();
-            st = dhsa__matmul(ctx, &W, x, n_in, tok, y, n_out);
-            t[r] = dhsa_cli_now() - t0;
-            if (st != DHSA_OK) dhsa_cli_die(EXIT_RUN, "%s: %s", tn, dhsa_last_error());
-            /* the peak after each call; with many short calls, after every
-             * (runs/20)-th, the calls between using the latest */
             if (r % (runs / 20 + 1) == 0) {
                 p_last = dhsa_peak_fma_gflops(ctx, threads, 0.03);
                 if (!(p_last > 0.0)) dhsa_cli_die(EXIT_RUN, "measuring the FMA peak failed: %s", dhsa_last_error());
                 if (p_last > peak) peak = p_last;
             }
-            pk[r] = flops / t[r] * 1e-9 / p_last;
             if (bw) {
                 const float *bufs[1] = {wf};
                 tr[r] = dhsa_peak_read_buffers_s(ctx, threads, bufs, &nf, 1);
                 if (!(tr[r] > 0.0)) dhsa_cli_die(EXIT_RUN, "plain read: %s", dhsa_last_error());
-                ratio[r] = tr[r] / t[r];
+            }
+            if (exact) {
+                double t0 = dhsa_cli_now();
+                st = dhsa__matmul(ctx, &W, x, n_in, tok, y, n_out);
+                t[r] = dhsa_cli_now() - t0;
+                if (st != DHSA_OK) dhsa_cli_die(EXIT_RUN, "%s: %s", tn, dhsa_last_error());
+                pk[r] = flops / t[r] * 1e-9 / p_last;
+                if (bw) ratio[r] = tr[r] / t[r];
+            }
+            if (fast) {
+                double t0 = dhsa_cli_now();
+                st = dhsa__matmul_on(ctx, DHSA_MM_FAST, &W, x, n_in, tok, y, n_out);
+                tf[r] = dhsa_cli_now() - t0;
+                if (st != DHSA_OK) dhsa_cli_die(EXIT_RUN, "%s: %s", tn, dhsa_last_error());
+                pkf[r] = flops / tf[r] * 1e-9 / p_last;
+                if (bw) ratiof[r] = tr[r] / tf[r];
+                if (exact) spd[r] = t[r] / tf[r];
             }
         }
-        double med = dhsa_cli_median(t, runs);
         res[ti].mib = (double)wbytes / 1048576.0;
-        res[ti].ms = med * 1e3;
-        res[ti].gflops = flops / med * 1e-9;
-        res[ti].peak_share = dhsa_cli_median(pk, runs);
-        res[ti].wgbps = (double)wbytes / med * 1e-9;
         res[ti].rdgbps = bw ? (double)wbytes / dhsa_cli_median(tr, runs) * 1e-9 : 0.0;
-        res[ti].rdshare = bw ? dhsa_cli_median(ratio, runs) : 0.0;
-        res[ti].check = worst;
-        res[ti].fused = dhsa__matmul_fused(W.type, tok);
+        for (int ri = 0; ri < 2; ri++) {
+            if (!res[ti].r[ri].ran) continue;
+            double med = dhsa_cli_median(ri ? tf : t, runs);
+            route_res *rr = &res[ti].r[ri];
+            rr->ms = med * 1e3;
+            rr->gflops = flops / med * 1e-9;
+            rr->peak_share = dhsa_cli_median(ri ? pkf : pk, runs);
+            rr->wgbps = (double)wbytes / med * 1e-9;
+            rr->rdshare = bw ? dhsa_cli_median(ri ? ratiof : ratio, runs) : 0.0;
+        }
+        res[ti].speedup = exact && fast ? dhsa_cli_median(spd, runs) : 0.0;
+        if (do_fast && !fast) res[ti].r[1].covered = 0;
         dhsa_buffer_free(wd);
     }
     if (rc == 0) {
-        printf("%-6s %6s %9s %10s %9s %7s %8s%s %11s\n", "type", "route", "W MiB", "median ms", "GFLOP/s", "% peak",
-               "W GB/s", bw ? " read GB/s  % read" : "", "check");
+        printf("%-6s %-16s %9s %10s %9s %7s %8s%s %9s %8s %8s\n", "type", "route", "W MiB", "median ms", "GFLOP/s",
+               "% peak", "W GB/s", bw ? " read GB/s  % read" : "", "check", "err", "speedup");
         for (int ti = 0; ti < n_types; ti++) {
-            printf("%-6s %6s %9.1f %10.4f %9.1f %6.1f%% %8.2f", dhsa_ggml_type_name(types[ti]),
-                   res[ti].fused ? "fused" : "panel", res[ti].mib, res[ti].ms,
-                   res[ti].gflops, 100.0 * res[ti].peak_share, res[ti].wgbps);
-            /* below 1 MiB a plain read mostly times waking the threads */
-            if (bw && res[ti].mib >= 1.0) printf(" %9.2f %6.1f%%", res[ti].rdgbps, 100.0 * res[ti].rdshare);
-            else if (bw) printf(" %9s %7s", "-", "-");
-            printf(" %6.3f tol\n", res[ti].check);
+            for (int ri = 0; ri < 2; ri++) {
+                const route_res *rr = &res[ti].r[ri];
+                if (ri == 1 && do_fast && !rr->covered) {
+                    printf("%-6s %-16s (exact: %s)\n", dhsa_ggml_type_name(types[ti]), "fast",
+                           dhsa__matmul_route_name(DHSA_MM_FAST, types[ti]));
+                    continue;
+                }
+                if (!rr->ran) continue;
+                char rname[32];
+                snprintf(rname, sizeof rname, "%s %s", ri ? "int8" : "f32", rr->fused ? "fused" : "panel");
+                printf("%-6s %-16s %9.1f %10.4f %9.1f %6.1f%% %8.2f", dhsa_ggml_type_name(types[ti]), rname,
+                       res[ti].mib, rr->ms, rr->gflops, 100.0 * rr->peak_share, rr->wgbps);
+                /* below 1 MiB a plain read mostly times waking the threads */
+                if (bw && res[ti].mib >= 1.0) printf(" %9.2f %6.1f%%", res[ti].rdgbps, 100.0 * rr->rdshare);
+                else if (bw) printf(" %9s %7s", "-", "-");
+                printf(" %5.3f tol", rr->check);
+                if (ri == 1) printf(" %8.1e", rr->err);
+                else printf(" %8s", "-");
+                if (ri == 1 && res[ti].speedup > 0) printf(" %7.2fx", res[ti].speedup);
+                printf("\n");
+            }
         }
         printf("fp32 FMA peak, %d thread%s: %.1f GFLOP/s at best in this run (%% peak: per call, against the peak "
-               "measured right after it); check: worst |a - b| as a share of its tolerance vs the scalar path, first "
-               "and last 64 rows\n",
+               "measured before it); check: worst |a - b| as a share of its tolerance vs the scalar path, first "
+               "and last 64 rows; err: NMSE of the fast route against the exact one; speedup: exact time / fast "
+               "time, median of the per-run ratios\n",
                threads, threads > 1 ? "s" : "", peak);
     }
+    free(tf);
+    free(pkf);
+    free(ratiof);
+    free(spd);
+    dhsa_buffer_free(ye);
     free(t);
     free(tr);
     free(ratio);

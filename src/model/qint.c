@@ -245,9 +245,11 @@ static void unpack_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64_t
     dhsa__qi_unpack_scalar(type, row, k0, kn, c, a, b);
 }
 
-static void dot_rows_scalar(const uint8_t *c, const float *a, const float *b, int64_t n, int bw, const dhsa_qi_act *x,
-                            int n_tok, float *y, int64_t ldy) {
-    for (int t = 0; t < n_tok; t++) y[t * ldy] = dhsa__qi_dot_scalar(c, a, b, n, bw, &x[t], 0.0f);
+static void dot_rows_scalar(const uint8_t *c, int64_t ldc, const float *a, const float *b, int64_t ldab, int nr,
+                            int64_t n, int bw, const dhsa_qi_act *x, int n_tok, float *y, int64_t ldy) {
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < n_tok; t++)
+            y[t * ldy + r] = dhsa__qi_dot_scalar(c + r * ldc, a + r * ldab, b + r * ldab, n, bw, &x[t], 0.0f);
 }
 
 static void tile_scalar(const uint8_t *w, const float *a, const float *b, int64_t n, int bw, const dhsa_qi_act *x,
@@ -273,7 +275,7 @@ static void tile_scalar(const uint8_t *w, const float *a, const float *b, int64_
         }
 }
 
-const dhsa__qi_kernels dhsa__qi_scalar = {"scalar", S_MR, S_NG, 4, dhsa__qi_quant_act_scalar, unpack_scalar,
+const dhsa__qi_kernels dhsa__qi_scalar = {"scalar", S_MR, S_NG, 4, 1, dhsa__qi_quant_act_scalar, unpack_scalar,
                                           dot_rows_scalar, tile_scalar};
 
 const dhsa__qi_kernels *dhsa__qi_kernels_active(void) {
@@ -325,8 +327,8 @@ static qi_plan qi_make_plan(const dhsa__qi_kernels *k, uint32_t type, int64_t n_
         p.n_units = ceil_div(n_out, p.unit_rows);
         double t = (double)row_bytes * (double)n_out / QI_FUSED_TASK_BYTES;
         p.n_tasks = t < 1.0 ? 1 : t > (double)p.n_units ? p.n_units : (int64_t)t;
-        /* one row's codes, a and b */
-        p.per_thread = (size_t)round_up(n_in, 64) + 2 * (size_t)round_up(nb, 16) * sizeof(float);
+        /* fused_rows rows' codes, a and b */
+        p.per_thread = (size_t)k->fused_rows * ((size_t)round_up(n_in, 64) + 2 * (size_t)round_up(nb, 16) * sizeof(float));
     } else {
         p.unit_rows = 16 * k->ng;
         p.n_units = ceil_div(n_out, p.unit_rows);
@@ -378,20 +380,24 @@ static void quant_task(void *arg, int64_t task, int thread) {
 
 static void fused_rows(const qi_job *j, int64_t o0, int64_t o1, char *buf) {
     const dhsa_wmat *W = j->W;
-    const int64_t n = W->n_in, nb = n / j->bw;
+    const int64_t n = W->n_in, nb = n / j->bw, ldc = round_up(n, 64), ldab = round_up(nb, 16);
+    const int R = j->k->fused_rows;
     uint8_t *c = (uint8_t *)buf;
-    float *a = (float *)(buf + round_up(n, 64)), *b = a + round_up(nb, 16);
+    float *a = (float *)(buf + R * ldc), *b = a + R * ldab;
     dhsa_qi_act x[64];
     const int nt = (int)j->n_tok;
     for (int t = 0; t < nt; t++) x[t] = act_of(j, t);
-    for (int64_t o = o0; o < o1; o++) {
+    for (int64_t o = o0; o < o1; o += R) {
+        const int nr = o1 - o < R ? (int)(o1 - o) : R;
         const uint8_t *row = (const uint8_t *)W->data + o * W->row_bytes;
-        if (o + 2 < o1) {
-            const uint8_t *nx = row + 2 * W->row_bytes;
-            for (int64_t e = 0; e < W->row_bytes; e += 64) __builtin_prefetch(nx + e, 0, 2);
+        if (o + 2 * R < o1) { /* the row group after next, into L2 */
+            const uint8_t *nx = row + 2 * R * W->row_bytes;
+            for (int64_t e = 0; e < R * W->row_bytes; e += 64) __builtin_prefetch(nx + e, 0, 2);
         }
-        j->k->unpack(W->type, row, 0, n, c, a, b);
-        j->k->dot_rows(c, a, b, n, j->bw, x, nt, j->y + o, j->ldy);
+        for (int r = 0; r < R; r++) /* past the last row: the last row again, its results dropped */
+            j->k->unpack(W->type, row + (r < nr ? r : nr - 1) * W->row_bytes, 0, n, c + r * ldc, a + r * ldab,
+                         b + r * ldab);
+        j->k->dot_rows(c, ldc, a, b, ldab, nr, n, j->bw, x, nt, j->y + o, j->ldy);
     }
 }
 

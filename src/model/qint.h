@@ -77,15 +77,18 @@ typedef struct {
     int mr;        /* panel tile: tokens */
     int ng;        /* panel tile: row groups of 16 */
     int max_tok_fused; /* n_tok up to which the fused route runs */
+    int fused_rows;    /* rows per dot_rows call */
     /* as dhsa__qi_quant_act_scalar, bitwise */
     void (*quant_act)(const float *x, int64_t n, int bw, int8_t *q, float *xd, float *xs);
     /* as dhsa__qi_unpack_scalar, bitwise (types the kernel has no SIMD
      * unpacking for call the scalar one) */
     void (*unpack)(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, uint8_t *codes, float *a, float *b);
-    /* Fused route: y[t] (t < n_tok) = the product of one unpacked row of n
-     * values with activation rows x[t]; lane order (see above). */
-    void (*dot_rows)(const uint8_t *codes, const float *a, const float *b, int64_t n, int bw, const dhsa_qi_act *x,
-                     int n_tok, float *y, int64_t ldy);
+    /* Fused route: y[t * ldy + r] (t < n_tok, r < nr <= fused_rows) = the
+     * product of unpacked row r (codes at codes + r * ldc, a and b at
+     * a / b + r * ldab; fused_rows rows are readable) with activation row
+     * x[t]; lane order (see above). */
+    void (*dot_rows)(const uint8_t *codes, int64_t ldc, const float *a, const float *b, int64_t ldab, int nr, int64_t n,
+                     int bw, const dhsa_qi_act *x, int n_tok, float *y, int64_t ldy);
     /* Panel route, one tile: out[t][r] (t < mr, r < 16 ng) starts from its
      * value and adds the block-ordered product of n values of rows in
      * VNNI layout (per group g: codes [n/4][16][4] at w + g * n * 16, a and b

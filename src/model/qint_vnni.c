@@ -8,7 +8,7 @@
  *   unpack     Q8_0, Q4_K and Q6_K with byte operations on ymm; the other
  *              types call the scalar unpacker (their products still run
  *              here; unpacking is a small share of a panel).
- *   dot_rows   fused route: per 64 codes one vpdpbusd (unsigned codes x
+ *   dot_rows   fused route, 4 rows x up to 4 tokens: per 64 codes one vpdpbusd (unsigned codes x
  *              signed activations) per token, its 16 lanes (4 or 2 per
  *              weight block) converted and scaled by a*xd per lane, the
  *              b*xs terms as a vector dot; lane order.
@@ -29,7 +29,7 @@
 #define UNROLL _Pragma("GCC unroll 16")
 #define MR 6
 #define NG 2
-#define TMAX 8 /* fused route: tokens */
+#define TMAX 4 /* fused route: tokens */
 
 static inline float half(const uint8_t *p) {
     uint16_t h;
@@ -71,16 +71,6 @@ static void quant_act(const float *x, int64_t n, int bw, int8_t *q, float *xd, f
 
 /* ---------------------------------------------------------- unpacking --- */
 
-static inline void q4k_scale_min(const uint8_t *s, int j, int *sc, int *m) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
-
 static void unpack(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, uint8_t *c, float *a, float *b) {
     const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
     switch (type) {
@@ -98,18 +88,25 @@ static void unpack(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, ui
     case DHSA_GGML_Q4_K:
         for (int64_t i = 0; i < kn / 256; i++, c += 256, a += 8, b += 8) {
             const uint8_t *blk = row + (k0 / 256 + i) * 144;
-            float d = half(blk), dmin = half(blk + 2);
+            const __m256 d = _mm256_set1_ps(half(blk)), ndmin = _mm256_set1_ps(-half(blk + 2));
             for (int u = 0; u < 4; u++) {
                 __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * u));
                 _mm256_storeu_si256((__m256i *)(c + 64 * u), _mm256_and_si256(v, m4));
                 _mm256_storeu_si256((__m256i *)(c + 64 * u + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
             }
-            for (int j = 0; j < 8; j++) {
-                int sc, m;
-                q4k_scale_min(blk + 4, j, &sc, &m);
-                a[j] = d * (float)sc;
-                b[j] = -(dmin * (float)m);
-            }
+            /* the eight 6-bit scales and mins (quant.c's q4k_scale_min), four at a time in 32-bit words */
+            uint32_t u0, u1, u2;
+            memcpy(&u0, blk + 4, 4);
+            memcpy(&u1, blk + 8, 4);
+            memcpy(&u2, blk + 12, 4);
+            uint64_t sc = (uint64_t)(u0 & 0x3f3f3f3fu) |
+                          (uint64_t)((u2 & 0x0f0f0f0fu) | ((u0 >> 6) & 0x03030303u) << 4) << 32;
+            uint64_t mn = (uint64_t)(u1 & 0x3f3f3f3fu) |
+                          (uint64_t)(((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 6) & 0x03030303u) << 4) << 32;
+            __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)));
+            __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn)));
+            _mm256_storeu_ps(a, _mm256_mul_ps(d, scf));
+            _mm256_storeu_ps(b, _mm256_mul_ps(ndmin, mnf)); /* -(dmin m), exactly */
         }
         return;
     case DHSA_GGML_Q6_K:
@@ -146,66 +143,92 @@ static void unpack(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, ui
 
 /* -------------------------------------------------------- fused route --- */
 
-static void dot_rows(const uint8_t *c, const float *a, const float *b, int64_t n, int bw, const dhsa_qi_act *x,
-                     int n_tok, float *y, int64_t ldy) {
-    const int64_t nb = n / bw;
-    /* ax[t][j] = a_j * xd_t (block j) */
-    float ax[TMAX][512 + 16];
+/* R rows x NT tokens, weight blocks of BW (compile-time constants, so that
+ * the R * NT accumulators live in registers and are independent chains). */
+#define R 4
+INLINE void dot_nt(const uint8_t *c, int64_t ldc, const float *a, const float *b, int64_t ldab, int64_t n,
+                   const int BW, const dhsa_qi_act *x, const int NT, float *y, int64_t ldy, int nr) {
+    const int64_t nb = n / BW;
+    float ax[R][TMAX][256 + 16]; /* ax[r][t][j] = a_rj * xd_t (block j of this chunk) */
+    const __m512i idx32 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i idx16 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m512i dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    float res[R][TMAX];
+    for (int64_t j0 = 0; j0 < nb; j0 += 256) {
+        const int64_t jn = nb - j0 < 256 ? nb - j0 : 256;
+        __m512 acc[R][TMAX];
+        /* the scales of this chunk, and the b * xs terms into the accumulators */
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < NT; t++) {
+            acc[r][t] = _mm512_setzero_ps();
+            const dhsa_qi_act *xt = &x[t];
+            const float *ar = a + r * ldab + j0, *br = b + r * ldab + j0;
+            for (int64_t j = 0; j < jn; j += 16) {
+                const __mmask16 m = jn - j >= 16 ? 0xFFFF : (__mmask16)((1u << (jn - j)) - 1);
+                __m512 xdv;
+                if (BW == 32) {
+                    xdv = _mm512_maskz_loadu_ps(m, xt->xd + j0 + j);
+                } else { /* block j uses xd[j / 2]; the lanes past the row are masked */
+                    __m256 h = _mm256_loadu_ps(xt->xd + (j0 + j) / 2);
+                    xdv = _mm512_maskz_permutexvar_ps(m, dup, _mm512_castps256_ps512(h));
+                }
+                _mm512_storeu_ps(ax[r][t] + j, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, ar + j), xdv));
+                acc[r][t] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, br + j), _mm512_maskz_loadu_ps(m, xt->xs + j0 + j),
+                                            acc[r][t]);
+            }
+        }
+        const int64_t v0 = j0 * BW, v1 = (j0 + jn) * BW;
+        int64_t v = v0, jl = 0;
+        for (; v + 64 <= v1; v += 64, jl += 64 / BW) {
+            __m512i xv[TMAX];
+            UNROLL for (int t = 0; t < NT; t++) xv[t] = _mm512_loadu_si512(x[t].q + v);
+            UNROLL for (int r = 0; r < R; r++) {
+                const __m512i cv = _mm512_loadu_si512(c + r * ldc + v);
+                UNROLL for (int t = 0; t < NT; t++) {
+                    __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), cv, xv[t]);
+                    __m512 s = BW == 32 ? _mm512_permutexvar_ps(idx32, _mm512_castps128_ps512(_mm_castsi128_ps(
+                                                                          _mm_loadl_epi64((const __m128i *)(ax[r][t] + jl)))))
+                                        : _mm512_permutexvar_ps(idx16, _mm512_castps128_ps512(_mm_loadu_ps(ax[r][t] + jl)));
+                    acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[r][t]);
+                }
+            }
+        }
+        if (v < v1) { /* 32 values left (n is a multiple of 32) */
+            const __mmask64 m = 0xFFFFFFFFull;
+            UNROLL for (int r = 0; r < R; r++) {
+                const __m512i cv = _mm512_maskz_loadu_epi8(m, c + r * ldc + v);
+                UNROLL for (int t = 0; t < NT; t++) {
+                    __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), cv, _mm512_maskz_loadu_epi8(m, x[t].q + v));
+                    __m512 s = BW == 32
+                                   ? _mm512_maskz_permutexvar_ps(0x00FF, idx32, _mm512_set1_ps(ax[r][t][jl]))
+                                   : _mm512_maskz_permutexvar_ps(0x00FF, idx16, _mm512_castps128_ps512(_mm_loadu_ps(ax[r][t] + jl)));
+                    acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[r][t]);
+                }
+            }
+        }
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < NT; t++) {
+            float sum = _mm512_reduce_add_ps(acc[r][t]);
+            res[r][t] = j0 == 0 ? sum : res[r][t] + sum;
+        }
+    }
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < NT; t++) y[t * ldy + r] = res[r][t];
+}
+
+#define DOT_CASE(NT)                                                                                                 \
+    case NT:                                                                                                         \
+        if (bw == 32) dot_nt(c, ldc, a, b, ldab, n, 32, x + t0, NT, y + t0 * ldy, ldy, nr);                          \
+        else dot_nt(c, ldc, a, b, ldab, n, 16, x + t0, NT, y + t0 * ldy, ldy, nr);                                   \
+        break;
+
+static void dot_rows(const uint8_t *c, int64_t ldc, const float *a, const float *b, int64_t ldab, int nr, int64_t n,
+                     int bw, const dhsa_qi_act *x, int n_tok, float *y, int64_t ldy) {
     for (int t0 = 0; t0 < n_tok; t0 += TMAX) {
-        const int nt = n_tok - t0 < TMAX ? n_tok - t0 : TMAX;
-        for (int64_t j0 = 0; j0 < nb; j0 += 512) {
-            const int64_t jn = nb - j0 < 512 ? nb - j0 : 512;
-            __m512 acc[TMAX], bacc[TMAX];
-            for (int t = 0; t < nt; t++) {
-                acc[t] = _mm512_setzero_ps();
-                bacc[t] = _mm512_setzero_ps();
-                const dhsa_qi_act *xt = &x[t0 + t];
-                for (int64_t j = 0; j < jn; j += 16) {
-                    const __mmask16 m = jn - j >= 16 ? 0xFFFF : (__mmask16)((1u << (jn - j)) - 1);
-                    __m512 av = _mm512_maskz_loadu_ps(m, a + j0 + j), xdv;
-                    if (bw == 32) {
-                        xdv = _mm512_maskz_loadu_ps(m, xt->xd + j0 + j);
-                    } else { /* block j uses xd[j / 2] */
-                        __m256 h = _mm256_loadu_ps(xt->xd + (j0 + j) / 2); /* may read past: masked below */
-                        const __m512i dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-                        xdv = _mm512_maskz_permutexvar_ps(m, dup, _mm512_castps256_ps512(h));
-                    }
-                    _mm512_storeu_ps(ax[t] + j, _mm512_mul_ps(av, xdv));
-                    bacc[t] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, b + j0 + j),
-                                              _mm512_maskz_loadu_ps(m, xt->xs + j0 + j), bacc[t]);
-                }
-            }
-            const int64_t v0 = j0 * bw, v1 = (j0 + jn) * bw;
-            const __m512i idx32 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-            const __m512i idx16 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-            int64_t v = v0;
-            for (; v + 64 <= v1; v += 64) {
-                const __m512i cv = _mm512_loadu_si512(c + v);
-                const int64_t jl = (v - v0) / bw; /* first block of these 64 values, local */
-                for (int t = 0; t < nt; t++) {
-                    __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), cv,
-                                                    _mm512_loadu_si512(x[t0 + t].q + v));
-                    __m512 s = bw == 32 ? _mm512_permutexvar_ps(idx32, _mm512_castps128_ps512(_mm_castsi128_ps(
-                                                                             _mm_loadl_epi64((const __m128i *)(ax[t] + jl)))))
-                                        : _mm512_permutexvar_ps(idx16, _mm512_castps128_ps512(_mm_loadu_ps(ax[t] + jl)));
-                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[t]);
-                }
-            }
-            if (v < v1) { /* 32 values left (n is a multiple of 32) */
-                const __mmask64 m = 0xFFFFFFFFull;
-                const __m512i cv = _mm512_maskz_loadu_epi8(m, c + v);
-                const int64_t jl = (v - v0) / bw;
-                for (int t = 0; t < nt; t++) {
-                    __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), cv, _mm512_maskz_loadu_epi8(m, x[t0 + t].q + v));
-                    __m512 s = bw == 32 ? _mm512_maskz_permutexvar_ps(0x00FF, idx32, _mm512_set1_ps(ax[t][jl]))
-                                        : _mm512_maskz_permutexvar_ps(0x00FF, idx16, _mm512_castps128_ps512(_mm_loadu_ps(ax[t] + jl)));
-                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[t]);
-                }
-            }
-            for (int t = 0; t < nt; t++) {
-                float r = _mm512_reduce_add_ps(acc[t]) + _mm512_reduce_add_ps(bacc[t]);
-                y[(t0 + t) * ldy] = j0 == 0 ? r : y[(t0 + t) * ldy] + r;
-            }
+        switch (n_tok - t0 < TMAX ? n_tok - t0 : TMAX) {
+            DOT_CASE(1)
+            DOT_CASE(2)
+            DOT_CASE(3)
+            DOT_CASE(4)
+        default: break;
         }
     }
 }
@@ -255,12 +278,12 @@ static void tile(const uint8_t *w, const float *a, const float *b, int64_t n, in
     }
 }
 
-const dhsa__qi_kernels dhsa__qi_vnni = {"avx512-vnni", MR, NG, TMAX, quant_act, unpack, dot_rows, tile};
+const dhsa__qi_kernels dhsa__qi_vnni = {"avx512-vnni", MR, NG, TMAX, R, quant_act, unpack, dot_rows, tile};
 
 #elif defined(__x86_64__)
 #include "model/qint.h"
 /* Built without AVX512-VNNI: no kernels (dhsa__qi_kernels_active sees the NULL name). */
-const dhsa__qi_kernels dhsa__qi_vnni = {NULL, 0, 0, 0, NULL, NULL, NULL, NULL};
+const dhsa__qi_kernels dhsa__qi_vnni = {NULL, 0, 0, 0, 0, NULL, NULL, NULL, NULL};
 #else
 typedef int dhsa__qi_vnni_unused; /* ISO C forbids an empty file */
 #endif
