@@ -1217,6 +1217,10 @@ dhsa_status dhsa_model_from_gguf(dhsa_gguf *g, const dhsa_model_params *p, dhsa_
 /* NULL is allowed. */
 void dhsa_model_free(dhsa_model *m);
 const dhsa_model_info *dhsa_model_get_info(const dhsa_model *m);
+/* Writes to buf (NUL-terminated, cut to n bytes) what the weight products
+ * of a session with this `exact` setting run, per weight type of the
+ * model's matrices, e.g. "Q4_K, Q6_K: int8 avx512-vnni; F32: f32 avx512". */
+dhsa_status dhsa_model_routes(const dhsa_model *m, int exact, char *buf, size_t n);
 const dhsa_gguf *dhsa_model_gguf(const dhsa_model *m);
 /* The model's tokenizer (owned by the model). */
 const dhsa_tokenizer *dhsa_model_tokenizer(const dhsa_model *m);
@@ -1247,6 +1251,14 @@ typedef struct {
      * set from attn: DHSA = SIMILARITY or LEARNED, BLOCK = FIXED). */
     dhsa_router_params router;
     int logits_all;         /* eval writes logits for every token (default: last) */
+    /* Weight products: 0 (default) the fast route, 1 the exact one. Fast:
+     * quantized weights (Q8_0 ... IQ4_XS) multiply activations quantized to
+     * 8-bit blocks of 32 with integer dot products where the CPU has the
+     * kernels (AVX512-VNNI); F32/F16/BF16 weights, and CPUs without them,
+     * take the exact route. Exact: weights dequantized to F32, F32 sums (the
+     * reference). dhsa_model_routes says what each weight type runs;
+     * docs/quant.md the fast route's measured error. */
+    int exact;
     /* Called after each ubatch of a prefill (done tokens of total). */
     void (*progress)(void *user, int64_t done, int64_t total);
     void *progress_user;

@@ -58,13 +58,13 @@ const char dhsa_cli_run_usage[] =
     "  --ubatch N          prefill tokens per step (default: largest <= 512\n"
     "                      that fits --mem-limit)\n"
     "  --kv f32|f16        KV cache type (default f32)\n"
+    "  --exact             weight products in F32 (default: 8-bit integer)\n"
     "  --mem-limit SIZE    the most the process may hold, its peak RSS (K/M/G\n"
     "                      suffix); refused before running if the plan exceeds it.\n"
-    "                      The plan counts the model file (whole) and heap, the\n"
-    "                      session's buffers, and the process when it plans: other\n"
-    "                      mapped files whole, memory it holds, 128 KiB stack per\n"
-    "                      thread, allocator slack (dhsa plan lists each; not\n"
-    "                      counted: --dump-layout's picture and index)\n"
+    "                      The plan counts the model file and heap, the session's\n"
+    "                      buffers, and the process: other mapped files, memory it\n"
+    "                      holds, 128 KiB stack per thread, allocator slack (dhsa\n"
+    "                      plan lists each; not --dump-layout's picture and index)\n"
     "  --threads T         (default: online CPUs)\n"
     "Attention:\n"
     "  --attn dense|dhsa|block|stream|oracle   (default dense)\n"
@@ -124,6 +124,7 @@ static void parse(int argc, char **argv, run_opts *o) {
         if (strcmp(a, "--verbose") == 0 || strcmp(a, "-v") == 0) { o->verbose = 1; continue; }
         if (strcmp(a, "--ignore-eos") == 0) { o->ignore_eos = 1; continue; }
         if (strcmp(a, "--no-echo") == 0) { o->no_echo = 1; continue; }
+        if (strcmp(a, "--exact") == 0) { o->ses.exact = 1; continue; }
         if (i + 1 >= argc) dhsa_cli_die(EXIT_USAGE, "%s needs a value (or is unknown: see dhsa help run)", a);
         const char *v = argv[++i];
         if (strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0) o->model = v;
@@ -652,6 +653,9 @@ static int run_main(int argc, char **argv, int plan_only) {
         print_model(stderr, o.model, in);
         fprintf(stderr, "attention: %s, KV %s, %d threads, %s; loaded in %.2f s\n", dhsa_attn_method_name(o.ses.attn),
                 dhsa_type_name(o.ses.kv_type), dhsa_ctx_n_threads(ctx), dhsa_isa_name(dhsa_active_isa()), t_load);
+        char routes[256];
+        if (dhsa_model_routes(m, o.ses.exact, routes, sizeof routes) == DHSA_OK)
+            fprintf(stderr, "weight products%s: %s\n", o.ses.exact ? " (--exact)" : "", routes);
         print_plan(stderr, &plan, dhsa_ctx_n_threads(ctx));
     }
     double t0 = dhsa_cli_now();
@@ -757,7 +761,7 @@ const char dhsa_cli_bench_model_usage[] =
     "usage: dhsa bench model [-m MODEL] [--tokenizer tok.bin] [--lengths 4K,16K,32K]\n"
     "                        [--attn dense,dhsa] [--decode N] [--density F | --budget N]\n"
     "                        [--boundary learned:FILE] [--runs N]\n"
-    "                        [--kv f32|f16] [--threads T] [--seed S] [--svg FILE]\n"
+    "                        [--kv f32|f16] [--exact] [--threads T] [--seed S] [--svg FILE]\n"
     "\n"
     "For each length L and attention method, in one process: a fresh session\n"
     "of L + decode tokens, a prefill of L random token ids (seeded), then N\n"
@@ -774,7 +778,9 @@ const char dhsa_cli_bench_model_usage[] =
     "--svg FILE also writes two plots against L, one line per method:\n"
     "FILE-time.svg (time to first token, log-log) and FILE-mem.svg (peak RSS\n"
     "solid, planned session memory dashed); a trailing .svg of FILE is\n"
-    "dropped first.\n";
+    "dropped first.\n"
+    "--exact runs the weight products on the exact F32 route (the header's\n"
+    "\"weight products\" line says which route each weight type takes).\n";
 
 /* The plot files of --svg: FILE without a trailing ".svg", then suffix. */
 static void svg_name(char *out, size_t cap, const char *file, const char *suffix) {
@@ -834,11 +840,16 @@ int dhsa_cli_bench_model(int argc, char **argv) {
     int64_t n_dec = 16, threads = 0, seed = 1, budget = 0, runs = 1;
     double density = 0;
     dhsa_type kv = DHSA_F32;
+    int exact = 0;
     for (int i = 3; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             fputs(dhsa_cli_bench_model_usage, stdout);
             return 0;
+        }
+        if (strcmp(a, "--exact") == 0) {
+            exact = 1;
+            continue;
         }
         if (i + 1 >= argc) dhsa_cli_die(EXIT_USAGE, "%s needs a value (or is unknown)", a);
         const char *v = argv[++i];
@@ -931,6 +942,7 @@ int dhsa_cli_bench_model(int argc, char **argv) {
         dhsa_session_params sp = dhsa_session_default_params();
         sp.n_ctx = Ls[li] + n_dec;
         sp.kv_type = kv;
+        sp.exact = exact;
         dhsa_mem_plan pl;
         if (dhsa_session_plan(ctx, m, &sp, &pl)) dhsa_cli_die(EXIT_RUN, "--lengths %lld: %s", (long long)Ls[li],
                                                               dhsa_last_error());
@@ -941,9 +953,11 @@ int dhsa_cli_bench_model(int argc, char **argv) {
                          dhsa_cli_bytes((double)pl.total, need, sizeof need), dhsa_cli_bytes(phys, have, sizeof have));
     }
     print_model(stdout, model, in);
-    printf("threads %d, %s, KV %s, decode %lld tokens%s%s\n\n", dhsa_ctx_n_threads(ctx),
+    char routes[256];
+    if (dhsa_model_routes(m, exact, routes, sizeof routes) != DHSA_OK) routes[0] = '\0';
+    printf("threads %d, %s, KV %s, decode %lld tokens%s%s\nweight products%s: %s\n\n", dhsa_ctx_n_threads(ctx),
            dhsa_isa_name(dhsa_active_isa()), dhsa_type_name(kv), (long long)n_dec,
-           pred_path ? ", dhsa-learned: predictor " : "", pred_path ? pred_path : "");
+           pred_path ? ", dhsa-learned: predictor " : "", pred_path ? pred_path : "", exact ? " (--exact)" : "", routes);
     printf("%8s %-12s %4s %10s %12s %11s %12s %12s %9s\n", "L", "attn", "run", "ttft_s", "prefill_t/s", "decode_t/s",
            "plan_MiB", "peakRSS_MiB", "speedup");
     float *logits = malloc((size_t)in->n_vocab * sizeof(float));
@@ -967,6 +981,8 @@ int dhsa_cli_bench_model(int argc, char **argv) {
             dhsa_session_params sp = dhsa_session_default_params();
             sp.n_ctx = L + n_dec;
             sp.kv_type = kv;
+            sp.exact = exact;
+        sp.exact = exact;
             sp.attn = ms[mi];
             if (learned[mi]) {
                 sp.router.boundary = DHSA_BOUNDARY_LEARNED;

@@ -622,5 +622,46 @@ void dhsa_model_free(dhsa_model *m) {
 }
 
 const dhsa_model_info *dhsa_model_get_info(const dhsa_model *m) { return m ? &m->info : NULL; }
+
+dhsa_status dhsa_model_routes(const dhsa_model *m, int exact, char *buf, size_t n) {
+    if (!m || !buf || n == 0) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_model_routes: m and buf must be set, n >= 1");
+    /* the distinct types of every matrix, in first-seen order */
+    uint32_t types[32];
+    int nt = 0;
+    for (int64_t l = -1; l < m->info.n_layer; l++) {
+        const dhsa_wmat *ms[7];
+        int k = 0;
+        if (l < 0) {
+            ms[k++] = &m->output;
+        } else {
+            const dhsa__layer *L = &m->layers[l];
+            const dhsa_wmat *all[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+            for (int i = 0; i < 7; i++) ms[k++] = all[i];
+        }
+        for (int i = 0; i < k; i++) {
+            if (!ms[i]->data) continue;
+            int seen = 0;
+            for (int j = 0; j < nt; j++) seen |= types[j] == ms[i]->type;
+            if (!seen && nt < 32) types[nt++] = ms[i]->type;
+        }
+    }
+    /* group the types by route name */
+    buf[0] = '\0';
+    size_t used = 0;
+    int done[32] = {0};
+    for (int i = 0; i < nt; i++) {
+        if (done[i]) continue;
+        const char *route = dhsa__matmul_route_name(exact ? DHSA_MM_EXACT : DHSA_MM_FAST, types[i]);
+        for (int j = i; j < nt; j++) {
+            if (done[j] || strcmp(route, dhsa__matmul_route_name(exact ? DHSA_MM_EXACT : DHSA_MM_FAST, types[j]))) continue;
+            done[j] = 1;
+            int w = snprintf(buf + used, n - used, "%s%s", j == i ? (used ? "; " : "") : ", ", dhsa_ggml_type_name(types[j]));
+            used += w > 0 && (size_t)w < n - used ? (size_t)w : n - used - 1;
+        }
+        int w = snprintf(buf + used, n - used, ": %s", route);
+        used += w > 0 && (size_t)w < n - used ? (size_t)w : n - used - 1;
+    }
+    return DHSA_OK;
+}
 const dhsa_gguf *dhsa_model_gguf(const dhsa_model *m) { return m ? m->g : NULL; }
 const dhsa_tokenizer *dhsa_model_tokenizer(const dhsa_model *m) { return m ? m->tok : NULL; }

@@ -318,7 +318,7 @@ static qi_plan qi_make_plan(const dhsa__qi_kernels *k, uint32_t type, int64_t n_
     p.fused = n_tok <= k->max_tok_fused;
     p.ldq = round_up(n_in, 64);
     p.nxd = round_up(n_in / 32, 16);
-    p.nxs = round_up(n_in / bw, 16);
+    p.nxs = round_up(n_in / 16, 16); /* the most a type needs: workspace alike for every type */
     p.act_bytes = (size_t)n_tok * ((size_t)p.ldq + (size_t)(p.nxd + p.nxs) * sizeof(float));
     const int64_t nb = n_in / bw;
     int64_t row_bytes = dhsa__wt_row_bytes(type, n_in);

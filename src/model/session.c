@@ -191,9 +191,10 @@ static dhsa_status plan_for(const dhsa_ctx *ctx, const dhsa_model *m, const dhsa
     const dhsa__layer *L = &m->layers[0];
     const dhsa_wmat *mats[8] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down, &m->output};
     for (int i = 0; i < 8; i++) {
-        size_t w = dhsa__matmul_workspace(mats[i]->type, mats[i]->n_in, mats[i]->n_out, i == 7 ? 1 : ub, nt);
+        const dhsa__mm_route route = p->exact ? DHSA_MM_EXACT : DHSA_MM_FAST;
+        size_t w = dhsa__matmul_workspace_on(route, mats[i]->type, mats[i]->n_in, mats[i]->n_out, i == 7 ? 1 : ub, nt);
         if (p->logits_all && i == 7)
-            w = dhsa__matmul_workspace(mats[i]->type, mats[i]->n_in, mats[i]->n_out, ub, nt);
+            w = dhsa__matmul_workspace_on(route, mats[i]->type, mats[i]->n_in, mats[i]->n_out, ub, nt);
         if (w > mw) mw = w;
     }
     pl->matmul_workspace = mw;
@@ -727,7 +728,7 @@ static dhsa_status attend(dhsa_session *s, int64_t l, int64_t n, int64_t pos0) {
 }
 
 static dhsa_status matmul(dhsa_session *s, const dhsa_wmat *W, const float *x, int64_t n, float *y) {
-    return dhsa__matmul(s->ctx, W, x, W->n_in, n, y, W->n_out);
+    return dhsa__matmul_on(s->ctx, s->p.exact ? DHSA_MM_EXACT : DHSA_MM_FAST, W, x, W->n_in, n, y, W->n_out);
 }
 
 /* The cache, index and attention of rows [t0, t0 + n) of a forward pass
