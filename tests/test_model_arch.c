@@ -33,6 +33,15 @@
 #include <string.h>
 #include <unistd.h>
 
+/* The exact route (F32 weight products): the one held to the double
+ * reference at the tight bounds below; the fast integer route is checked
+ * at its own bound (test_model_ref.c, check_fast). */
+static dhsa_session_params exact_params(void) {
+    dhsa_session_params p = dhsa_session_default_params();
+    p.exact = 1;
+    return p;
+}
+
 #define REL_MAX 1e-5 /* relative L2 of the logits against the double reference */
 #define FAR 0.02     /* a deliberately wrong reference is at least this far */
 
@@ -94,7 +103,7 @@ static void fixture_close(fixture *f) {
 static dhsa_status run_logits(const dhsa_model *m, int64_t n_ctx, const int32_t *ids, int64_t n, int by_token,
                               float *logits) {
     int64_t V = dhsa_model_get_info(m)->n_vocab;
-    dhsa_session_params sp = dhsa_session_default_params();
+    dhsa_session_params sp = exact_params();
     sp.logits_all = 1;
     sp.n_ctx = n_ctx;
     dhsa_session *s;
@@ -397,7 +406,7 @@ static void test_phi3(void) {
         if (want && want_long) {
             const int64_t V = f.ref.n_vocab;
             dhsa_session *ss[2] = {NULL, NULL};
-            dhsa_session_params sp = dhsa_session_default_params();
+            dhsa_session_params sp = exact_params();
             float *lg = malloc((size_t)(2 * V) * sizeof *lg);
             dhsa_status st = DHSA_OK;
             for (int k = 0; k < 2 && !st; k++) {

@@ -37,6 +37,15 @@
 #include <string.h>
 #include <unistd.h>
 
+/* The exact route (F32 weight products): the one held to the double
+ * reference at the tight bounds below; the fast integer route is checked
+ * at its own bound (test_model_ref.c, check_fast). */
+static dhsa_session_params exact_params(void) {
+    dhsa_session_params p = dhsa_session_default_params();
+    p.exact = 1;
+    return p;
+}
+
 #define REL_MAX 1e-5 /* relative L2 of the logits against the double reference */
 #define ATOL 2e-4    /* per element, as tests/test_model_ref.c */
 #define RTOL 2e-3
@@ -80,7 +89,7 @@ static dhsa_status load_bytes(const uint8_t *bytes, size_t size, dhsa_model **m)
  * token) a 3-token prefill and then decode one at a time. */
 static dhsa_status run_logits(const dhsa_model *m, const int32_t *ids, int64_t n, int by_token, float *logits) {
     int64_t V = dhsa_model_get_info(m)->n_vocab;
-    dhsa_session_params sp = dhsa_session_default_params();
+    dhsa_session_params sp = exact_params();
     sp.logits_all = 1;
     dhsa_session *s;
     dhsa_status st = dhsa_session_create(ctx, m, &sp, &s);

@@ -390,7 +390,7 @@ static void fused_rows(const qi_job *j, int64_t o0, int64_t o1, char *buf) {
     for (int64_t o = o0; o < o1; o += R) {
         const int nr = o1 - o < R ? (int)(o1 - o) : R;
         const uint8_t *row = (const uint8_t *)W->data + o * W->row_bytes;
-        if (o + 2 * R < o1) { /* the row group after next, into L2 */
+        if (0 && o + 2 * R < o1) { /* the row group after next, into L2 */
             const uint8_t *nx = row + 2 * R * W->row_bytes;
             for (int64_t e = 0; e < R * W->row_bytes; e += 64) __builtin_prefetch(nx + e, 0, 2);
         }
