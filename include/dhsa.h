@@ -1770,6 +1770,55 @@ void dhsa_niah_free(dhsa_niah_prompt *pr);
  * and no decimal part: "4821", "is 4821.", "4,821", "x4821y" state 4821;
  * "48210", "14821", "4821.5", "04821", "4 8 2 1" do not. */
 int dhsa_niah_answer_has(const char *answer, int64_t len, const char *number);
+/* eval copy: a sequence [BOS] filler[0, f1) PASSAGE filler[f1, F)
+ * PASSAGE of exactly L tokens (F = L - BOS - 2P, f1 = round(depth x F));
+ * the spans it puts where (dhsa_eval_copy_sequence fills it in):
+ *   first, second  where the two copies of the passage start
+ *   control        P filler keys right after the first copy (or before it
+ *                  when the filler between the copies is shorter than P)
+ * ids has room for L. A length under 2P + 2 or a filler shorter than F is
+ * DHSA_ERR_INVALID_ARG. */
+typedef struct {
+    int64_t first, second, control, passage, n_ids;
+} dhsa_eval_copy_layout;
+
+dhsa_status dhsa_eval_copy_sequence(const int32_t *filler, int64_t n_filler, const int32_t *passage, int64_t P,
+                                    int64_t L, double depth, int32_t bos, int32_t *ids, dhsa_eval_copy_layout *at);
+
+/* One copy sequence under a method, one session with the logits of the
+ * copies' rows only (64 rows at a time; the numbers are those of one eval
+ * over the whole sequence):
+ *   first_loss, rep_loss  mean loss (nats/token) on passage tokens 1..P-1
+ *                  at the first occurrence and at the repetition; score =
+ *                  first_loss - rep_loss (the loss drop)
+ *   density_used   selected / available keys, all rows and layers
+ * and, for the repetition's queries (the P - 1 rows that predict passage
+ * tokens), mean over rows, heads and layers, from each layer's call rerun
+ * dense with LSE outputs over all keys, the first copy's keys, those of
+ * them the layout selects, and the control span:
+ *   copy_keys_selected  share of the first copy's keys the layout selects
+ *   copy_mass      dense softmax mass on the first copy
+ *   control_mass   the same on the control span
+ *   copy_mass_kept (mass on the selected part) / copy_mass (1 when 0) */
+typedef struct {
+    double first_loss, rep_loss, score, density_used;
+    double copy_keys_selected, copy_mass, control_mass, copy_mass_kept;
+} dhsa_eval_copy_result;
+
+dhsa_status dhsa_eval_copy(dhsa_ctx *ctx, dhsa_model *m, const dhsa_eval_method *method, const int32_t *ids,
+                           const dhsa_eval_copy_layout *at, dhsa_eval_copy_result *r);
+
+/* Text the model writes itself, as eval copy's filler: n tokens from
+ * stories sampled at temperature 1 (the sampler's other defaults), a fresh
+ * session of 256 tokens per piece seeded seed x 1000003 + piece, BOS and
+ * EOS dropped so the stories run on. */
+dhsa_status dhsa_eval_sample_tokens(dhsa_ctx *ctx, dhsa_model *m, int64_t n, uint64_t seed, int32_t *out);
+
+/* The ordinary tokens (DHSA_TOKEN_NORMAL) a passage is drawn from; with
+ * words, only whole-word SPM pieces ("\u2581" and 2 or more ASCII
+ * letters). *n is their count; more than cap is DHSA_ERR_INVALID_ARG
+ * (cap 0 counts). */
+dhsa_status dhsa_eval_passage_tokens(const dhsa_tokenizer *tok, int words, int32_t *out, int64_t cap, int64_t *n);
 /* ---- Evaluation block end ---- */
 
 #ifdef __cplusplus

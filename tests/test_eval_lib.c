@@ -17,6 +17,11 @@
  *   - dhsa_niah_build: the prompt's ids against the text assembled here
  *     (the needle at the nearest boundary found by a scan of our own), the
  *     length bound, the stop ids, a chat template's markers;
+ *   - the copy measurement: the sequence against one laid out by hand, the
+ *     losses of the piecewise eval against one logits_all eval over the
+ *     whole sequence scored here (dense and block: the same numbers),
+ *     dense keeping all of its own mass; sampled filler without BOS/EOS,
+ *     the same for a seed; the passage vocabulary;
  *   - refusals: NULLs, a window of 1, a text shorter than a window, an
  *     id outside the vocabulary, an unknown method, a depth outside [0, 1].
  * Run: make test (or make build/tests/test_eval_lib && build/tests/test_eval_lib; a few seconds).
@@ -455,6 +460,112 @@ static void test_niah(dhsa_model *m) {
     dhsa_niah_free(&pr);
 }
 
+/* -------------------------------------------------------------- copy --- */
+
+/* Mean loss on ids[at + 1 .. at + P) from the logits of one full eval. */
+static double span_loss(const float *lg, int64_t V, const int32_t *ids, int64_t at, int64_t P) {
+    double *lp = malloc((size_t)V * sizeof(double)), s = 0;
+    for (int64_t r = at; r < at + P - 1; r++) {
+        log_softmax(lg + r * V, V, lp);
+        s -= lp[ids[r + 1]];
+    }
+    free(lp);
+    return s / (double)(P - 1);
+}
+
+static void test_copy(dhsa_ctx *ctx, dhsa_model *m) {
+    const dhsa_model_info *in = dhsa_model_get_info(m);
+    const dhsa_tokenizer *tok = dhsa_model_tokenizer(m);
+    const int64_t V = in->n_vocab, L = 200, P = 16;
+    int32_t *fill = malloc(400 * sizeof(int32_t)), *again = malloc(400 * sizeof(int32_t));
+    T_CHECK(dhsa_eval_sample_tokens(ctx, m, 400, 7, fill) == DHSA_OK &&
+                dhsa_eval_sample_tokens(ctx, m, 400, 7, again) == DHSA_OK,
+            "sampled filler: %s", dhsa_last_error());
+    int clean = 1;
+    for (int i = 0; i < 400; i++)
+        clean &= fill[i] >= 0 && fill[i] < V && fill[i] != dhsa_tokenizer_bos(tok) && fill[i] != dhsa_tokenizer_eos(tok);
+    T_CHECK(clean && memcmp(fill, again, 400 * sizeof(int32_t)) == 0, "filler: no BOS/EOS, the same for a seed");
+    dhsa_eval_sample_tokens(ctx, m, 400, 8, again);
+    T_CHECK(memcmp(fill, again, 400 * sizeof(int32_t)) != 0, "another seed, other filler");
+    /* the passage vocabulary */
+    int64_t n_all = 0, n_words = 0;
+    int32_t *voc = malloc((size_t)V * sizeof(int32_t));
+    T_CHECK(dhsa_eval_passage_tokens(tok, 0, voc, V, &n_all) == DHSA_OK &&
+                dhsa_eval_passage_tokens(tok, 1, voc, V, &n_words) == DHSA_OK && n_words > 10 && n_words < n_all,
+            "passage vocabulary: %lld tokens, %lld words", (long long)n_all, (long long)n_words);
+    int words_ok = 1;
+    for (int64_t i = 0; i < n_words; i++) {
+        int64_t tl = 0;
+        const char *t = dhsa_tokenizer_text(tok, voc[i], &tl);
+        words_ok &= tl >= 5 && memcmp(t, "\xe2\x96\x81", 3) == 0 && dhsa_tokenizer_type(tok, voc[i]) == DHSA_TOKEN_NORMAL;
+    }
+    T_CHECK(words_ok, "whole-word passage tokens start with the SPM space");
+    T_CHECK(dhsa_eval_passage_tokens(tok, 0, voc, 3, &n_all) == DHSA_ERR_INVALID_ARG, "cap too small refused");
+    /* the sequence, by hand */
+    int32_t passage[16], ids[200];
+    for (int i = 0; i < P; i++) passage[i] = voc[(i * 37) % n_words];
+    dhsa_eval_copy_layout at;
+    int32_t bos = dhsa_tokenizer_bos(tok);
+    T_CHECK(dhsa_eval_copy_sequence(fill, 400, passage, P, L, 0.25, bos, ids, &at) == DHSA_OK, "sequence: %s",
+            dhsa_last_error());
+    const int64_t F = L - 1 - 2 * P, f1 = (int64_t)llround(0.25 * (double)F);
+    int laid = at.n_ids == L && at.first == 1 + f1 && at.second == 1 + f1 + P + (F - f1) && at.passage == P &&
+               at.control == at.first + P && ids[0] == bos;
+    for (int64_t i = 0; i < P; i++) laid &= ids[at.first + i] == passage[i] && ids[at.second + i] == passage[i];
+    for (int64_t i = 0; i < f1; i++) laid &= ids[1 + i] == fill[i];
+    for (int64_t i = 0; i < F - f1; i++) laid &= ids[at.first + P + i] == fill[f1 + i];
+    T_CHECK(laid, "sequence laid out as [BOS] filler passage filler passage (first %lld, second %lld)",
+            (long long)at.first, (long long)at.second);
+    dhsa_eval_copy_layout late;
+    dhsa_eval_copy_sequence(fill, 400, passage, P, L, 1.0, bos, ids, &late);
+    T_CHECK(late.second == late.first + P && late.control == late.first - P, "depth 1: the control before the copy");
+    T_CHECK(dhsa_eval_copy_sequence(fill, 400, passage, P, 2 * P + 1, 0.5, bos, ids, &late) == DHSA_ERR_INVALID_ARG &&
+                dhsa_eval_copy_sequence(fill, 10, passage, P, L, 0.5, bos, ids, &late) == DHSA_ERR_INVALID_ARG,
+            "too short a length or filler refused");
+    dhsa_eval_copy_sequence(fill, 400, passage, P, L, 0.25, bos, ids, &at);
+    /* the losses against one full eval */
+    float *lg = malloc((size_t)(L * V) * sizeof(float));
+    dhsa_eval_method me[2] = {{DHSA_ATTN_DENSE, dhsa_eval_router_params(L, 1.0)},
+                              {DHSA_ATTN_BLOCK, dhsa_eval_router_params(L, 0.125)}};
+    for (int k = 0; k < 2; k++) {
+        dhsa_eval_copy_result r;
+        T_CHECK(dhsa_eval_copy(ctx, m, &me[k], ids, &at, &r) == DHSA_OK, "copy: %s", dhsa_last_error());
+        T_CHECK(run_logits(ctx, m, &me[k], ids, L, lg) == 0, "full eval");
+        double l1 = span_loss(lg, V, ids, at.first, P), l2 = span_loss(lg, V, ids, at.second, P);
+        /* the same routing; the products over pieces of rows round differently (~1e-8) */
+        T_CHECK(fabs(r.first_loss - l1) <= 1e-6 * l1 && fabs(r.rep_loss - l2) <= 1e-6 * l2 &&
+                    fabs(r.score - (l1 - l2)) <= 1e-6 * (l1 + l2),
+                "%s: losses %.9g / %.9g, one eval %.9g / %.9g", k ? "block" : "dense", r.first_loss, r.rep_loss, l1,
+                l2);
+        if (k == 0)
+            T_CHECK(r.copy_mass_kept == 1 && r.copy_keys_selected == 1 && r.density_used == 1 && r.copy_mass > 0 &&
+                        r.copy_mass < 1 && r.control_mass > 0,
+                    "dense keeps all its mass (%g), mass %g, control %g", r.copy_mass_kept, r.copy_mass,
+                    r.control_mass);
+        else
+            T_CHECK(r.density_used < 0.5 && r.copy_mass_kept >= 0 && r.copy_mass_kept <= 1 + 1e-9 &&
+                        r.copy_keys_selected >= 0 && r.copy_keys_selected <= 1,
+                    "block: density %g, kept %g, keys %g", r.density_used, r.copy_mass_kept, r.copy_keys_selected);
+    }
+    /* the check tells a wrong span apart: the losses of the first copy read one row later */
+    {
+        dhsa_eval_copy_result r;
+        dhsa_eval_copy_layout off = at;
+        off.first += 1;
+        dhsa_eval_copy(ctx, m, &me[0], ids, &off, &r);
+        run_logits(ctx, m, &me[0], ids, L, lg);
+        T_CHECK(fabs(r.first_loss - span_loss(lg, V, ids, at.first, P)) > 1e-6, "a shifted span gives other losses");
+    }
+    dhsa_eval_copy_layout bad = at;
+    bad.second = bad.first + 3;
+    dhsa_eval_copy_result r;
+    T_CHECK(dhsa_eval_copy(ctx, m, &me[0], ids, &bad, &r) == DHSA_ERR_INVALID_ARG, "overlapping copies refused");
+    free(lg);
+    free(voc);
+    free(fill);
+    free(again);
+}
+
 int main(void) {
     dhsa_ctx *ctx = NULL;
     dhsa_ctx_params cp = dhsa_ctx_default_params();
@@ -476,6 +587,7 @@ int main(void) {
         test_fidelity(ctx, m);
         test_answers(ctx, m);
         test_niah(m);
+        test_copy(ctx, m);
         dhsa_model_free(m);
     } else {
         T_CHECK(0, "the shipped model %s: %s", path, dhsa_last_error());

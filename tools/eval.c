@@ -15,10 +15,10 @@
  * to the evaluated length unless given (docs/eval.md says which and why).
  * The measurements are the library's (include/dhsa.h "Evaluation" block:
  * dhsa_eval_fidelity, dhsa_eval_generate, dhsa_eval_retrieval,
- * dhsa_niah_build; the layer hook of src/eval/probe.c); this file parses
- * the options, reads the input files, calls them and prints tables, JSON
- * and heat maps (src/util/svg.c). eval copy's sequences and losses are
- * still built here.
+ * dhsa_eval_copy, dhsa_niah_build; the layer hook of src/eval/probe.c);
+ * this file parses the options, reads the input files, draws the copy
+ * passages and NIAH numbers, calls them and prints tables, JSON and heat
+ * maps (src/util/svg.c).
  * Tested by tests/test_eval.c (CLI part through DHSA_CLI, on stories260K).
  */
 #include <errno.h>
@@ -32,7 +32,6 @@
 #include "cli.h"
 #include "dhsa.h"
 #include "eval/niah.h"
-#include "eval/probe.h"
 #include "util/svg.h"
 
 #define EXIT_RUN DHSA_EXIT_RUN
@@ -366,34 +365,6 @@ static void warn_ctx(eval_env *e, int64_t n_ctx) {
     }
 }
 
-/* Session parameters of method m at density for sequences of L tokens in
- * a cache of n_ctx, reporting to acc (may be NULL); eval copy's sessions. */
-static dhsa_session_params session_params(eval_env *e, dhsa_attn_method m, double density, int64_t L,
-                                          int64_t n_ctx, int logits_all, dhsa__probe *acc) {
-    dhsa_session_params sp = dhsa_session_default_params();
-    sp.n_ctx = n_ctx;
-    sp.attn = effective(e->o, m);
-    sp.router = router_for(e->o, L, density);
-    sp.logits_all = logits_all;
-    if (acc) {
-        sp.layer_hook = dhsa__probe_hook;
-        sp.layer_hook_user = acc;
-    }
-    warn_ctx(e, n_ctx);
-    return sp;
-}
-
-/* log-softmax of one row into lp (double). */
-static void log_softmax(const float *x, int64_t V, double *lp) {
-    double mx = -INFINITY;
-    for (int64_t i = 0; i < V; i++)
-        if (x[i] > mx) mx = x[i];
-    double s = 0;
-    for (int64_t i = 0; i < V; i++) s += exp((double)x[i] - mx);
-    double lse = mx + log(s);
-    for (int64_t i = 0; i < V; i++) lp[i] = (double)x[i] - lse;
-}
-
 /* Length of a valid UTF-8 sequence at s (2..4), or 0. */
 static int utf8_seq(const unsigned char *s) {
     int n = s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3 : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 0;
@@ -558,87 +529,9 @@ static int32_t *make_filler(eval_env *e, int64_t need, uint64_t seed, int from_f
         *n_out = n;
         return f;
     }
-    const int64_t piece = 256, V = e->in->n_vocab;
-    int32_t bos = dhsa_tokenizer_bos(e->tok), eos = dhsa_tokenizer_eos(e->tok);
-    dhsa_sampler_params smp = dhsa_sampler_default_params();
-    smp.temperature = 1.0f;
-    float *lg = xmalloc((size_t)V * sizeof(float));
-    for (uint64_t round = 0; n < need; round++) {
-        smp.seed = seed * 1000003u + round;
-        dhsa_sampler *s;
-        if (dhsa_sampler_create(&smp, V, &s)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
-        dhsa_session_params sp = dhsa_session_default_params();
-        sp.n_ctx = piece + 1;
-        dhsa_session *ses;
-        if (dhsa_session_create(e->ctx, e->m, &sp, &ses)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
-        int32_t cur = bos >= 0 ? bos : 0;
-        for (int64_t i = 0; i < piece && n < need; i++) {
-            if (dhsa_session_eval(ses, &cur, 1, lg)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
-            if (dhsa_sampler_sample(s, lg, NULL, 0, &cur)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
-            if (cur != bos && cur != eos) f[n++] = cur;
-        }
-        dhsa_session_free(ses);
-        dhsa_sampler_free(s);
-    }
-    free(lg);
-    *n_out = n;
+    if (dhsa_eval_sample_tokens(e->ctx, e->m, need, seed, f)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+    *n_out = need;
     return f;
-}
-
-/* Rows of logits copy_losses keeps at once (rounded to the query block). */
-#define COPY_ROWS 64
-
-/* Runs ids[0..n) in a fresh session (sp->logits_all set) and returns in
- * loss[c] the mean loss (nats) on tokens ids[at[c] + 1 .. at[c] + P) of the
- * two copies: the logits of rows [at[c], at[c] + P - 1) only, in pieces of
- * COPY_ROWS rows (whole query blocks) into *lg (grown to *lg_rows x V as
- * needed; lp [V] scratch), the rest without the output projection, so
- * memory does not grow with n. The pieces keep the single eval's partition:
- * they never cross one of its ubatch boundaries and start at one of its
- * query blocks, so every block is routed as in one dhsa_session_eval over
- * ids. The oracle's chunk boundaries depend on the whole ubatch
- * (dhsa_route over the cache): it runs in whole ubatches. */
-static void copy_losses(eval_env *e, const dhsa_session_params *sp, const int32_t *ids, int64_t n, const int64_t at[2],
-                        int64_t P, float **lg, int64_t *lg_rows, double *lp, dhsa__probe *acc, double loss[2]) {
-    const int64_t V = e->in->n_vocab;
-    dhsa_session *s;
-    if (dhsa_session_create(e->ctx, e->m, sp, &s)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
-    const int64_t U = dhsa_session_get_plan(s)->n_ubatch;
-    int64_t qb = sp->router.q_block > 0 ? sp->router.q_block : 1, rows = qb >= COPY_ROWS ? qb : COPY_ROWS / qb * qb;
-    if (sp->attn == DHSA_ATTN_ORACLE) qb = rows = U;
-    if (rows > *lg_rows) {
-        free(*lg);
-        *lg = xmalloc((size_t)rows * (size_t)V * sizeof(float));
-        *lg_rows = rows;
-    }
-    loss[0] = loss[1] = 0;
-    for (int64_t pos = 0; pos < n;) {
-        int64_t ub0 = pos / U * U, ub_end = ub0 + U < n ? ub0 + U : n, next = n;
-        for (int c = 0; c < 2; c++) { /* the first row >= pos whose logits a loss reads */
-            int64_t lo = at[c] > pos ? at[c] : pos;
-            if (lo < at[c] + P - 1 && lo < next) next = lo;
-        }
-        int64_t start = next >= ub_end ? ub_end : ub0 + (next - ub0) / qb * qb;
-        if (start > pos) { /* no row read here: no logits */
-            if (dhsa_session_eval(s, ids + pos, start - pos, NULL))
-                dhsa_cli_die(EXIT_RUN, "%s", (dhsa__probe_fail(acc, DHSA_ERR_INVALID_ARG), dhsa_last_error()));
-            pos = start;
-            continue;
-        }
-        int64_t end = pos + rows < ub_end ? pos + rows : ub_end;
-        if (dhsa_session_eval(s, ids + pos, end - pos, *lg))
-            dhsa_cli_die(EXIT_RUN, "%s", (dhsa__probe_fail(acc, DHSA_ERR_INVALID_ARG), dhsa_last_error()));
-        for (int64_t r = pos; r < end; r++) /* row r predicts token r + 1 */
-            for (int c = 0; c < 2; c++)
-                if (r >= at[c] && r < at[c] + P - 1) {
-                    log_softmax(*lg + (r - pos) * V, V, lp);
-                    loss[c] -= lp[ids[r + 1]];
-                }
-        pos = end;
-    }
-    dhsa_session_free(s);
-    loss[0] /= (double)(P - 1);
-    loss[1] /= (double)(P - 1);
 }
 
 typedef struct {
@@ -688,19 +581,8 @@ static int cmd_copy(eval_env *e) {
     /* the passage vocabulary: ordinary tokens only */
     int32_t *normal = xmalloc((size_t)V * sizeof(int32_t));
     int64_t n_normal = 0;
-    for (int32_t id = 0; id < V; id++) {
-        if (dhsa_tokenizer_type(e->tok, id) != DHSA_TOKEN_NORMAL) continue;
-        if (o->passage_kind == 1) { /* whole words: an SPM piece "▁" + 2 or more letters */
-            int64_t tl = 0;
-            const char *t = dhsa_tokenizer_text(e->tok, id, &tl);
-            if (!t || tl < 5 || memcmp(t, "\xe2\x96\x81", 3) != 0) continue;
-            int letters = 1;
-            for (int64_t k = 3; k < tl; k++)
-                letters &= (t[k] >= 'a' && t[k] <= 'z') || (t[k] >= 'A' && t[k] <= 'Z');
-            if (!letters) continue;
-        }
-        normal[n_normal++] = id;
-    }
+    if (dhsa_eval_passage_tokens(e->tok, o->passage_kind == 1, normal, V, &n_normal))
+        dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     if (n_normal < 2) dhsa_cli_die(EXIT_RUN, "the vocabulary has fewer than 2 ordinary tokens");
     double t0 = dhsa_cli_now();
     int64_t n_fill;
@@ -717,13 +599,7 @@ static int cmd_copy(eval_env *e) {
     const int n_var = o->n_var, nL = o->n_lengths, nD = o->n_depths;
     copy_cell *cells = calloc((size_t)n_var * nL * nD, sizeof *cells);
     int32_t *ids = xmalloc((size_t)max_len * sizeof(int32_t)), *passage = xmalloc((size_t)P * sizeof(int32_t));
-    /* logits of a few rows at a time (copy_losses), not [L][V] */
-    float *lg = NULL;
-    int64_t lg_rows = 0;
-    double *lp = xmalloc((size_t)V * sizeof(double));
     if (!cells) dhsa_cli_die(EXIT_RUN, "out of memory");
-    dhsa__probe acc;
-    if (dhsa__probe_init(&acc, e->ctx, e->in->n_layer, 0)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     int32_t bos = dhsa_tokenizer_bos(e->tok);
     for (int64_t tr = 0; tr < o->trials; tr++) {
         uint64_t rs = o->seed * 7919u + (uint64_t)tr;
@@ -738,40 +614,23 @@ static int cmd_copy(eval_env *e) {
         for (int li = 0; li < nL; li++)
             for (int di = 0; di < nD; di++) {
                 /* [BOS] F1 passage F2 passage, F1 = depth share of the filler */
-                int64_t L = o->lengths[li], n = 0;
-                if (bos >= 0) ids[n++] = bos;
-                int64_t fill = L - n - 2 * P, f1 = (int64_t)llround(o->depths[di] * (double)fill);
-                memcpy(ids + n, filler, (size_t)f1 * sizeof(int32_t));
-                n += f1;
-                int64_t at1 = n;
-                memcpy(ids + n, passage, (size_t)P * sizeof(int32_t));
-                n += P;
-                memcpy(ids + n, filler + f1, (size_t)(fill - f1) * sizeof(int32_t));
-                n += fill - f1;
-                int64_t at2 = n;
-                memcpy(ids + n, passage, (size_t)P * sizeof(int32_t));
-                n += P;
+                dhsa_eval_copy_layout at;
+                if (dhsa_eval_copy_sequence(filler, n_fill, passage, P, o->lengths[li], o->depths[di], bos, ids, &at))
+                    dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
                 for (int v = 0; v < n_var; v++) {
                     copy_cell *c = &cells[((size_t)v * nD + di) * nL + li];
-                    dhsa__probe_clear(&acc);
-                    acc.copy_at1 = at1;
-                    acc.copy_at2 = at2;
-                    acc.copy_len = P;
-                    /* control: filler keys as far from the repetition, after the copy (else before) */
-                    acc.copy_ctl = at2 - at1 - P >= P ? at1 + P : at1 >= P ? at1 - P : 0;
-                    dhsa_session_params sp = session_params(e, o->var[v].method, o->var[v].density, L, L, 1, &acc);
-                    double loss[2];
-                    const int64_t at[2] = {at1, at2};
-                    copy_losses(e, &sp, ids, n, at, P, &lg, &lg_rows, lp, &acc, loss);
-                    c->cover += acc.copy_cover / acc.copy_cover_n / (double)o->trials;
-                    c->mass += acc.copy_mass / acc.copy_rows / (double)o->trials;
-                    c->kept += (acc.copy_mass > 0 ? acc.copy_kept / acc.copy_mass : 1.0) / (double)o->trials;
-                    c->ctl += acc.copy_ctl_mass / acc.copy_rows / (double)o->trials;
-                    double first = loss[0], rep = loss[1];
-                    c->first += first / (double)o->trials;
-                    c->rep += rep / (double)o->trials;
-                    c->score += (first - rep) / (double)o->trials;
-                    c->density += dhsa__probe_density(&acc) / (double)o->trials;
+                    dhsa_eval_method me = eval_method(o, o->var[v].method, o->var[v].density, o->lengths[li]);
+                    warn_ctx(e, at.n_ids);
+                    dhsa_eval_copy_result r;
+                    if (dhsa_eval_copy(e->ctx, e->m, &me, ids, &at, &r)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+                    c->cover += r.copy_keys_selected / (double)o->trials;
+                    c->mass += r.copy_mass / (double)o->trials;
+                    c->kept += r.copy_mass_kept / (double)o->trials;
+                    c->ctl += r.control_mass / (double)o->trials;
+                    c->first += r.first_loss / (double)o->trials;
+                    c->rep += r.rep_loss / (double)o->trials;
+                    c->score += r.score / (double)o->trials;
+                    c->density += r.density_used / (double)o->trials;
                 }
             }
     }
@@ -893,12 +752,9 @@ static int cmd_copy(eval_env *e) {
                       0, hi > 0 ? ceil(hi) : 1, 1, vals, names, n_var);
         free(vals);
     }
-    dhsa__probe_free(&acc);
     free(cells);
     free(ids);
     free(passage);
-    free(lg);
-    free(lp);
     free(filler);
     free(normal);
     return 0;

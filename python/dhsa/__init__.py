@@ -24,7 +24,8 @@ scoring of `dhsa eval passkey`); the measurements of `dhsa eval`:
 dhsa.eval_fidelity(model, text, methods, window=) (KL, top-1, perplexity,
 per-layer recall and density used against dense), dhsa.eval_retrieval(model,
 task, method, density=) (greedy answer, hit, the per-miss explanation),
-dhsa.eval_generate, dhsa.eval_router, dhsa.niah_prompt, dhsa.niah_answer_has.
+dhsa.eval_generate, dhsa.eval_router, dhsa.niah_prompt, dhsa.niah_answer_has,
+dhsa.eval_copy with dhsa.copy_sequence, dhsa.sample_tokens, dhsa.passage_tokens.
 The model runner: dhsa.Model(path=None) (the shipped default model),
 .tokenize / .detokenize / .chat_template, dhsa.Session(model, ctx=, attn=,
 density=, kv=) with .eval(ids), .logits(), .generate(prompt, max_tokens,
@@ -41,8 +42,8 @@ from ._route import (KVIndex, Layout, Predictor, RouterParams, fidelity, layout_
                      route_sizes, synth)
 from ._eval import Task, Tokenizer, retrieval_task
 from ._runner import Model, Session
-from ._evaluate import (eval_fidelity, eval_generate, eval_retrieval, eval_router, niah_answer_has,
-                        niah_prompt)
+from ._evaluate import (copy_sequence, eval_copy, eval_fidelity, eval_generate, eval_retrieval, eval_router,
+                        niah_answer_has, niah_prompt, passage_tokens, sample_tokens)
 
 __all__ = [
     "attention", "workspace_size", "backend_in_use",
@@ -51,6 +52,7 @@ __all__ = [
     "Tokenizer", "retrieval_task", "Task",
     "Model", "Session",
     "eval_fidelity", "eval_retrieval", "eval_generate", "eval_router", "niah_prompt", "niah_answer_has",
+    "eval_copy", "copy_sequence", "sample_tokens", "passage_tokens",
     "Context", "default_context", "mem_stats",
     "peak_rss", "rss", "reset_peak_rss",
     "active_isa", "set_isa",

@@ -84,7 +84,18 @@ class NiahPrompt(ctypes.Structure):
                 ("n_sentences", c_int64), ("stop", ctypes.c_int32 * 16), ("n_stop", c_int)]
 
 
-LP64_SIZES = {"NiahParams": 48, "NiahPrompt": 104, "EvalMethod": 152, "FidelityParams": 24, "FidelityResult": 88, "FidelityInfo": 40,
+class CopyLayout(ctypes.Structure):
+    """dhsa_eval_copy_layout."""
+    _fields_ = [(n, c_int64) for n in ("first", "second", "control", "passage", "n_ids")]
+
+
+class CopyResult(ctypes.Structure):
+    """dhsa_eval_copy_result."""
+    _fields_ = [(n, c_double) for n in ("first_loss", "rep_loss", "score", "density_used", "copy_keys_selected",
+                                        "copy_mass", "control_mass", "copy_mass_kept")]
+
+
+LP64_SIZES = {"CopyLayout": 40, "CopyResult": 64, "NiahParams": 48, "NiahPrompt": 104, "EvalMethod": 152, "FidelityParams": 24, "FidelityResult": 88, "FidelityInfo": 40,
               "AnswerParams": 184, "Answer": 5168}
 
 _PROTOTYPES = {
@@ -95,6 +106,11 @@ _PROTOTYPES = {
     "dhsa_eval_answer_default_params": (AnswerParams, []),
     "dhsa_eval_generate": (c_int, [c_void_p, c_void_p, c_void_p, c_int64, _p(AnswerParams), _p(Answer)]),
     "dhsa_eval_retrieval": (c_int, [c_void_p, c_void_p, _p(_capi.Task), _p(AnswerParams), _p(Answer)]),
+    "dhsa_eval_copy_sequence": (c_int, [c_void_p, c_int64, c_void_p, c_int64, c_int64, c_double, ctypes.c_int32,
+                                        c_void_p, _p(CopyLayout)]),
+    "dhsa_eval_copy": (c_int, [c_void_p, c_void_p, _p(EvalMethod), c_void_p, _p(CopyLayout), _p(CopyResult)]),
+    "dhsa_eval_sample_tokens": (c_int, [c_void_p, c_void_p, c_int64, ctypes.c_uint64, c_void_p]),
+    "dhsa_eval_passage_tokens": (c_int, [c_void_p, c_int, c_void_p, c_int64, _p(c_int64)]),
     "dhsa_niah_default_params": (NiahParams, []),
     "dhsa_niah_build": (c_int, [c_void_p, _p(NiahParams), _p(NiahPrompt)]),
     "dhsa_niah_free": (None, [_p(NiahPrompt)]),
@@ -298,3 +314,58 @@ def niah_answer_has(answer, number):
     if r < 0:
         raise ValueError("number must be 1..32 decimal digits, not %r" % (number,))
     return bool(r)
+
+
+def _i32(x):
+    return np.ascontiguousarray(np.asarray(list(x), dtype=np.int64).astype(np.int32))
+
+
+def sample_tokens(model, n, seed=1, ctx=None, threads=None):
+    """n tokens of stories the model samples itself (dhsa_eval_sample_tokens:
+    temperature 1, fresh 256-token sessions, BOS/EOS dropped): eval copy's filler."""
+    out = np.zeros(max(1, int(n)), dtype=np.int32)
+    c = _ctx(ctx, threads)
+    with c._lock:
+        check(_lib().dhsa_eval_sample_tokens(c._live_handle(), model._handle(), int(n), int(seed), out.ctypes.data))
+    return out[:int(n)].tolist()
+
+
+def passage_tokens(model, words=False):
+    """The ordinary tokens a copy passage is drawn from (whole-word pieces with words)."""
+    L = _lib()
+    model._handle()
+    out = np.zeros(model.n_vocab, dtype=np.int32)
+    n = c_int64()
+    check(L.dhsa_eval_passage_tokens(model._tok, int(bool(words)), out.ctypes.data, out.size, ctypes.byref(n)))
+    return out[:n.value].tolist()
+
+
+def copy_sequence(filler, passage, length, depth, bos=-1):
+    """[BOS] filler passage filler passage of exactly `length` tokens
+    (dhsa_eval_copy_sequence): (ids, spans) with spans a dict first, second,
+    control, passage, n_ids. bos < 0: no BOS."""
+    f, p = _i32(filler), _i32(passage)
+    ids = np.zeros(max(1, int(length)), dtype=np.int32)
+    at = CopyLayout()
+    check(_lib().dhsa_eval_copy_sequence(f.ctypes.data, f.size, p.ctypes.data, p.size, int(length), float(depth),
+                                         int(bos), ids.ctypes.data, ctypes.byref(at)))
+    return ids[:at.n_ids].tolist(), {n: getattr(at, n) for n, _ in CopyLayout._fields_}
+
+
+def eval_copy(model, ids, spans, method="dense", density=0.125, length=None, ctx=None, threads=None, **routing):
+    """One copy sequence under a method (dhsa_eval_copy): dict first_loss,
+    rep_loss, score (the loss drop), density_used, copy_keys_selected,
+    copy_mass, control_mass, copy_mass_kept. spans: as copy_sequence gives."""
+    if not isinstance(model, Model):
+        raise TypeError("model must be a dhsa.Model")
+    arr = _i32(ids)
+    at = CopyLayout(**{n: int(spans[n]) for n, _ in CopyLayout._fields_})
+    if at.n_ids != arr.size:
+        raise ValueError("spans say %d ids, %d given" % (at.n_ids, arr.size))
+    _, _, me = _method(method, length or arr.size, density, routing)
+    r = CopyResult()
+    c = _ctx(ctx, threads)
+    with c._lock:
+        check(_lib().dhsa_eval_copy(c._live_handle(), model._handle(), ctypes.byref(me), arr.ctypes.data,
+                                    ctypes.byref(at), ctypes.byref(r)))
+    return {n: getattr(r, n) for n, _ in CopyResult._fields_}

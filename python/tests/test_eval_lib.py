@@ -108,6 +108,40 @@ def test_niah_matches_cli(model):
         dhsa.niah_prompt(model, "x", depth=2)
 
 
+def splitmix(state):
+    state = (state + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return state, z ^ (z >> 31)
+
+
+def test_copy_matches_cli(model):
+    L, P = 192, 16
+    cli = cli_json("copy", "--lengths", str(L), "--depths", "0.3", "--trials", "1", "--passage", str(P),
+                   "--attn", "dense,block", "--density", "0.125")
+    filler = dhsa.sample_tokens(model, L, seed=1, threads=2)           # the CLI's filler for --seed 1
+    normal = dhsa.passage_tokens(model)
+    state, passage = 1 * 7919 + 0, []                                   # the CLI's passage of trial 0
+    for _ in range(P):
+        state, z = splitmix(state)
+        passage.append(normal[z % len(normal)])
+    ids, spans = dhsa.copy_sequence(filler, passage, L, 0.3, bos=model.bos)
+    assert len(ids) == L and ids[spans["first"]:spans["first"] + P] == passage
+    for c, method in zip(cli["cells"], ("dense", "block")):
+        r = dhsa.eval_copy(model, ids, spans, method, density=0.125, length=L, threads=2)
+        for k, ck in (("first_loss", "first_loss"), ("rep_loss", "rep_loss"), ("score", "score"),
+                      ("density_used", "density_used"), ("copy_keys_selected", "copy_keys_selected"),
+                      ("copy_mass", "copy_mass"), ("control_mass", "control_mass"),
+                      ("copy_mass_kept", "copy_mass_kept")):
+            assert abs(r[k] - c[ck]) <= 1e-5 + 1e-4 * abs(c[ck]), (method, k, r[k], c[ck])
+    assert r["copy_mass_kept"] < 1  # block, not dense: the check can fail
+    with pytest.raises(dhsa.DhsaError):
+        dhsa.copy_sequence(filler, passage, 2 * P, 0.5)
+    with pytest.raises(ValueError):
+        dhsa.eval_copy(model, ids[:-1], spans)
+
+
 def test_router_defaults():
     r = dhsa.eval_router(512, 0.125)
     assert (r["q_block"], r["sink_tokens"], r["local_tokens"], r["dense_below"], r["min_chunk"], r["max_chunk"],
@@ -142,7 +176,8 @@ def test_struct_layout(tmp_path):
     structs = {"EvalMethod": "dhsa_eval_method", "FidelityParams": "dhsa_eval_fidelity_params",
                "FidelityResult": "dhsa_eval_fidelity_result", "FidelityInfo": "dhsa_eval_fidelity_info",
                "AnswerParams": "dhsa_eval_answer_params", "Answer": "dhsa_eval_answer",
-               "NiahParams": "dhsa_niah_params", "NiahPrompt": "dhsa_niah_prompt"}
+               "NiahParams": "dhsa_niah_params", "NiahPrompt": "dhsa_niah_prompt",
+               "CopyLayout": "dhsa_eval_copy_layout", "CopyResult": "dhsa_eval_copy_result"}
     lines = ['#include <stdio.h>', '#include <stddef.h>', '#include "dhsa.h"', "int main(void) {"]
     want = []
     for py, c in structs.items():
