@@ -788,6 +788,10 @@ static void test_lq_ne_lk(void) {
                      .q_pos0 = 298, .d = 80, .dv = 50, .tq = DHSA_BF16, .tk = DHSA_BF16,
                      .tv = DHSA_BF16, .lk = LAY_DIM2, .lv = LAY_PAD, .lo = LAY_PAD, .causal = 1,
                      .softcap = 20, .kb = KB_ALIBI});
+    run_spec(&(spec){.tag = "decode-f16-5-queries-wide", .Hq = 10, .Hkv = 2, .Lq = 1, .Lk = 333, .q_pos0 = 332,
+                     .d = 200, .dv = 70, .tk = DHSA_F16, .tv = DHSA_F16, .causal = 1});
+    run_spec(&(spec){.tag = "decode-bf16-contiguous", .Hq = 12, .Hkv = 4, .Lq = 2, .Lk = 130, .q_pos0 = 128,
+                     .d = 40, .dv = 24, .tk = DHSA_BF16, .tv = DHSA_BF16, .causal = 1});
     run_spec(&(spec){.tag = "decode-wide-d", .Hq = 4, .Hkv = 2, .Lq = 1, .Lk = 500, .q_pos0 = 499,
                      .d = 160, .dv = 50, .causal = 1});
     run_spec(&(spec){.tag = "decode-mqa", .Hq = 8, .Hkv = 1, .Lq = 1, .Lk = 1000, .q_pos0 = 999,
@@ -1394,6 +1398,52 @@ static void numeric_suite(void) {
     test_long();
 }
 
+/* Decode over an F16 / BF16 cache reads its rows in place (kern.h,
+ * qk_rows16): the output must be bitwise the output over an F32 cache
+ * holding the same (exactly widened) values, on every ISA. */
+static void test_cache16_bitwise(void) {
+    const int64_t Hq = 8, Hkv = 2, L = 300, d = 72, dv = 40;
+    float *q = malloc(sizeof(float) * (size_t)(Hq * d)), *k32 = malloc(sizeof(float) * (size_t)(Hkv * L * d)),
+          *v32 = malloc(sizeof(float) * (size_t)(Hkv * L * dv)), *o1 = malloc(sizeof(float) * (size_t)(Hq * dv)),
+          *o2 = malloc(sizeof(float) * (size_t)(Hq * dv));
+    uint16_t *k16 = malloc(2 * (size_t)(Hkv * L * d)), *v16 = malloc(2 * (size_t)(Hkv * L * dv));
+    rng_t seed = {99};
+    for (int64_t i = 0; i < Hq * d; i++) q[i] = (float)rng_normal(&seed);
+    for (int bf = 0; bf < 2; bf++) {
+        for (int64_t i = 0; i < Hkv * L * d; i++) {
+            float x = (float)rng_normal(&seed);
+            k16[i] = bf ? dhsa_f32_to_bf16(x) : dhsa_f32_to_f16(x);
+            k32[i] = bf ? dhsa_bf16_to_f32(k16[i]) : dhsa_f16_to_f32(k16[i]);
+        }
+        for (int64_t i = 0; i < Hkv * L * dv; i++) {
+            float x = (float)rng_normal(&seed);
+            v16[i] = bf ? dhsa_f32_to_bf16(x) : dhsa_f32_to_f16(x);
+            v32[i] = bf ? dhsa_bf16_to_f32(v16[i]) : dhsa_f16_to_f32(v16[i]);
+        }
+        const dhsa_type t16 = bf ? DHSA_BF16 : DHSA_F16;
+        const dhsa_isa best = dhsa_active_isa();
+        for (int isa = DHSA_ISA_SCALAR; isa <= (int)best; isa++) {
+            if (dhsa_set_isa((dhsa_isa)isa) != DHSA_OK) continue;
+            int same = 1;
+            for (int wide = 0; wide < 2; wide++) {
+                dhsa_attn_desc a = dhsa_attn_default_desc();
+                a.q = dhsa_tensor_bhld(q, DHSA_F32, 1, Hq, 1, d);
+                a.k = wide ? dhsa_tensor_bhld(k32, DHSA_F32, 1, Hkv, L, d) : dhsa_tensor_bhld(k16, t16, 1, Hkv, L, d);
+                a.v = wide ? dhsa_tensor_bhld(v32, DHSA_F32, 1, Hkv, L, dv) : dhsa_tensor_bhld(v16, t16, 1, Hkv, L, dv);
+                a.o = dhsa_tensor_bhld(wide ? o2 : o1, DHSA_F32, 1, Hq, 1, dv);
+                a.causal = 1;
+                a.q_pos0 = L - 1;
+                same &= dhsa_attention(g_ctx, &a) == DHSA_OK;
+            }
+            same &= memcmp(o1, o2, sizeof(float) * (size_t)(Hq * dv)) == 0;
+            T_CHECK(same, "decode over a %s cache = over the F32 cache of its values, bitwise (%s)", bf ? "BF16" : "F16",
+                    dhsa_isa_name((dhsa_isa)isa));
+        }
+        dhsa_set_isa(best);
+    }
+    free(q); free(k32); free(v32); free(o1); free(o2); free(k16); free(v16);
+}
+
 int main(void) {
     dhsa_ctx_params p = dhsa_ctx_default_params();
     if (dhsa_ctx_create(&p, &g_ctx) != DHSA_OK || !g_ctx) {
@@ -1405,6 +1455,7 @@ int main(void) {
 
     test_comparator_fails();
     test_desc_and_backends();
+    test_cache16_bitwise();
     int before = t_checks();
     test_wrong_oracles();
     const int n_oracles = t_checks() - before; /* the checks of an ISA that is skipped, below */

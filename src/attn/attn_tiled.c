@@ -30,6 +30,7 @@ typedef struct {
     int64_t q_block;   /* query rows per block: the layout's, or Lq (dense) */
     int64_t sub_tiles; /* tiles per query block */
     int k_direct, v_direct;
+    int k_rows16, v_rows16; /* narrow tiles read 16-bit rows in place (kern.h) */
     char *ws;
     size_t ws_per_thread;
 } job;
@@ -50,6 +51,9 @@ static int64_t tile_width(const dhsa__attn_problem *p, const dhsa_attn_desc *a) 
 }
 
 static int direct_rows(const dhsa_tensor *t) { return t->type == DHSA_F32 && t->stride[3] == 1; }
+static int kern16(const dhsa_attn_kernels *k, const dhsa_tensor *t) {
+    return k && (t->type == DHSA_F16 || t->type == DHSA_BF16) && t->stride[3] == 1;
+}
 
 static ws_layout layout(const dhsa__attn_problem *p, const dhsa_attn_desc *a, int k_direct,
                         int v_direct) {
@@ -217,20 +221,25 @@ static void tile_task(void *arg, int64_t task, int thread) {
             if (!open) continue;
         }
 
-        const float *K;
-        int64_t ldk;
-        if (jb->k_direct && contiguous) {
-            K = dhsa__at(&a->k, b, g, j0);
-            ldk = a->k.stride[2];
+        if (narrow && jb->k_rows16 && contiguous) { /* F16/BF16 rows read in place */
+            kern->qk_rows16(dhsa__at(&a->k, b, g, j0), a->k.type == DHSA_BF16, a->k.stride[2], n, (int)d, Qt, dq,
+                            ncols, S);
         } else {
-            gather_rows(kern, &a->k, b, g, keys, n, d, Kbuf);
-            K = Kbuf;
-            ldk = d;
+            const float *K;
+            int64_t ldk;
+            if (jb->k_direct && contiguous) {
+                K = dhsa__at(&a->k, b, g, j0);
+                ldk = a->k.stride[2];
+            } else {
+                gather_rows(kern, &a->k, b, g, keys, n, d, Kbuf);
+                K = Kbuf;
+                ldk = d;
+            }
+            if (narrow)
+                kern->qk_rows(K, ldk, n, (int)d, Qt, dq, ncols, S);
+            else
+                kern->qk(K, ldk, n, (int)d, Qt, W, S);
         }
-        if (narrow)
-            kern->qk_rows(K, ldk, n, (int)d, Qt, dq, ncols, S);
-        else
-            kern->qk(K, ldk, n, (int)d, Qt, W, S);
         if (a->softcap > 0) kern->softcap(S, narrow ? (int64_t)ncols * DHSA_BC : (int64_t)n * W, a->softcap);
 
         if (any_key_add) {
@@ -258,20 +267,25 @@ static void tile_task(void *arg, int64_t task, int thread) {
         else
             kern->softmax(S, n, W, m, l, alpha);
 
-        const float *V;
-        int64_t ldv;
-        if (jb->v_direct && contiguous) {
-            V = dhsa__at(&a->v, b, g, j0);
-            ldv = a->v.stride[2];
+        if (narrow && jb->v_rows16 && contiguous) {
+            kern->pv_rows16(dhsa__at(&a->v, b, g, j0), a->v.type == DHSA_BF16, a->v.stride[2], n, (int)dv, S, ncols,
+                            alpha, Ot);
         } else {
-            gather_rows(kern, &a->v, b, g, keys, n, dv, Vbuf);
-            V = Vbuf;
-            ldv = dv;
+            const float *V;
+            int64_t ldv;
+            if (jb->v_direct && contiguous) {
+                V = dhsa__at(&a->v, b, g, j0);
+                ldv = a->v.stride[2];
+            } else {
+                gather_rows(kern, &a->v, b, g, keys, n, dv, Vbuf);
+                V = Vbuf;
+                ldv = dv;
+            }
+            if (narrow)
+                kern->pv_rows(V, ldv, n, (int)dv, S, ncols, alpha, Ot);
+            else
+                kern->pv(V, ldv, n, (int)dv, S, W, alpha, Ot);
         }
-        if (narrow)
-            kern->pv_rows(V, ldv, n, (int)dv, S, ncols, alpha, Ot);
-        else
-            kern->pv(V, ldv, n, (int)dv, S, W, alpha, Ot);
     }
 
     for (int i = 0; i < ncols; i++) {
@@ -302,6 +316,8 @@ dhsa_status dhsa__attn_tiled_run(dhsa_ctx *ctx, const dhsa_attn_desc *a,
     jb.n_tiles = (p->Lq + jb.q_block - 1) / jb.q_block * jb.sub_tiles;
     jb.k_direct = direct_rows(&a->k);
     jb.v_direct = direct_rows(&a->v);
+    jb.k_rows16 = kern16(jb.kern, &a->k) && jb.kern->qk_rows16;
+    jb.v_rows16 = kern16(jb.kern, &a->v) && jb.kern->pv_rows16;
     jb.ws = ws;
     jb.ws_per_thread = layout(p, a, jb.k_direct, jb.v_direct).total * sizeof(float);
     int64_t n_tasks = p->B * p->Hkv * jb.n_tiles;

@@ -56,6 +56,15 @@ typedef struct {
     /* dst[c] = (float)src[c] for c < n; src is F16 (is_bf16 = 0) or BF16
      * (is_bf16 = 1), contiguous. Exact: both widen without rounding. */
     void (*widen)(const uint16_t *src, int is_bf16, int64_t n, float *dst);
+
+    /* qk_rows and pv_rows on F16 (is_bf16 = 0) or BF16 rows read in place
+     * (ldk, ldv in elements), widened in registers: the same arithmetic as
+     * widen followed by the F32 kernels, bitwise, at half the bytes. NULL
+     * where an ISA has none (the rows are then widened into a buffer). */
+    void (*qk_rows16)(const uint16_t *K, int is_bf16, int64_t ldk, int n, int d, const float *Qr, int64_t dq, int nq,
+                      float *Sr);
+    void (*pv_rows16)(const uint16_t *V, int is_bf16, int64_t ldv, int n, int dv, const float *Sr, int nq,
+                      const float *alpha, float *Or);
 } dhsa_attn_kernels;
 
 #define DHSA_NARROW 8

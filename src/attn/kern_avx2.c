@@ -232,7 +232,8 @@ static void widen(const uint16_t *src, int is_bf16, int64_t n, float *dst) {
     for (; c < n; c++) dst[c] = is_bf16 ? dhsa_bf16_to_f32(src[c]) : dhsa_f16_to_f32(src[c]);
 }
 
-const dhsa_attn_kernels dhsa__kern_avx2 = {qk, softmax, pv, softcap, qk_rows, softmax_rows, pv_rows, widen};
+const dhsa_attn_kernels dhsa__kern_avx2 = {qk, softmax, pv, softcap, qk_rows, softmax_rows, pv_rows, widen,
+                                          NULL, NULL};
 
 #else
 typedef int dhsa__kern_avx2_unused; /* ISO C forbids an empty file */

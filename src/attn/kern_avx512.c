@@ -13,6 +13,7 @@
 #include "dhsa.h"
 
 #define UNROLL _Pragma("GCC unroll 16")
+#define INLINE static inline __attribute__((always_inline))
 #ifndef PF
 #define PF 8
 #endif
@@ -205,81 +206,119 @@ static inline __m512 reduce16(__m512 *a) {
                          _mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-/* 16 keys at a time: per query, 16 accumulators over d (each K element is
- * one load and one FMA; the 16 K rows stay in L1 across queries), then one
- * transpose-reduce gives the 16 scores. */
-static void qk_rows(const float *K, int64_t ldk, int n, int d, const float *Qr, int64_t dq, int nq,
-                    float *Sr) {
+/* Rows of K and V are F32 (KIND 0), F16 (1) or BF16 (2): 16 values
+ * widened in registers (exact), so the 16-bit cache is read at half the
+ * bytes with the F32 kernels' arithmetic, bitwise. */
+INLINE __m512 load16(const void *p, int64_t c, __mmask16 mk, const int KIND) {
+    if (KIND == 0) return _mm512_maskz_loadu_ps(mk, (const float *)p + c);
+    __m256i h = _mm256_maskz_loadu_epi16(mk, (const uint16_t *)p + c);
+    if (KIND == 1) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+INLINE const void *row_at(const void *base, int64_t r, int64_t ld, const int KIND) {
+    return KIND == 0 ? (const void *)((const float *)base + r * ld) : (const void *)((const uint16_t *)base + r * ld);
+}
+
+/* 16 keys at a time. Each K vector is loaded (and widened) once and
+ * multiplied with every query: per (query, key) one accumulator over d,
+ * kept in acc[][] (L1) between K rows, then one transpose-reduce per query
+ * gives its 16 scores. The sum per (query, key) is the same FMA chain over
+ * d as one register would hold, so the F32 results do not depend on nq. */
+INLINE void qk_rows_t(const void *K, int64_t ldk, int n, int d, const float *Qr, int64_t dq, int nq, float *Sr,
+                      const int KIND) {
     int j = 0;
+    __m512 acc[DHSA_NARROW][16];
     for (; j + 16 <= n; j += 16) {
-        const float *k = K + j * ldk;
-        for (int i = 0; i < nq; i++) {
-            const float *q = Qr + (int64_t)i * dq; /* zero padded to dq */
-            __m512 acc[16];
-            UNROLL for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
-            /* K is read row by row (a sequential stream for the memory
-             * system; column-wise reads across 16 rows halve the bandwidth),
-             * with up to 128 floats of the query held in registers. */
-            for (int c0 = 0; c0 < d; c0 += 128) {
-                int left = d - c0;
-                __m512 qv[8];
-                UNROLL for (int x = 0; x < 8; x++) qv[x] =
-                    16 * x < left ? _mm512_loadu_ps(q + c0 + 16 * x) : _mm512_setzero_ps();
-                UNROLL for (int r = 0; r < 16; r++) {
-                    const float *kr = k + r * ldk + c0;
-                    UNROLL for (int x = 0; x < 8; x++) if (16 * x < left) acc[r] =
-                        _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail_mask(left - 16 * x), kr + 16 * x), qv[x], acc[r]);
+        /* K is read row by row (a sequential stream for the memory system;
+         * column-wise reads across 16 rows halve the bandwidth), up to 128
+         * values of a row in registers. */
+        for (int c0 = 0; c0 < d; c0 += 128) {
+            int left = d - c0;
+            UNROLL for (int r = 0; r < 16; r++) {
+                const void *kr = row_at(K, j + r, ldk, KIND);
+                __m512 kv[8];
+                UNROLL for (int x = 0; x < 8; x++) kv[x] =
+                    16 * x < left ? load16(kr, c0 + 16 * x, tail_mask(left - 16 * x), KIND) : _mm512_setzero_ps();
+                for (int i = 0; i < nq; i++) {
+                    const float *q = Qr + (int64_t)i * dq + c0; /* zero padded to dq */
+                    __m512 a = c0 == 0 ? _mm512_setzero_ps() : acc[i][r];
+                    UNROLL for (int x = 0; x < 8; x++) if (16 * x < left) a =
+                        _mm512_fmadd_ps(kv[x], _mm512_loadu_ps(q + 16 * x), a);
+                    acc[i][r] = a;
                 }
             }
-            _mm512_storeu_ps(Sr + i * DHSA_BC + j, reduce16(acc));
         }
+        for (int i = 0; i < nq; i++) _mm512_storeu_ps(Sr + i * DHSA_BC + j, reduce16(acc[i]));
     }
     for (; j < n; j++) {
-        const float *k = K + j * ldk;
+        const void *k = row_at(K, j, ldk, KIND);
         for (int i = 0; i < nq; i++) {
             const float *q = Qr + (int64_t)i * dq;
             __m512 a = _mm512_setzero_ps();
             for (int c = 0; c < d; c += 16)
-                a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail_mask(d - c), k + c), _mm512_loadu_ps(q + c), a);
+                a = _mm512_fmadd_ps(load16(k, c, tail_mask(d - c), KIND), _mm512_loadu_ps(q + c), a);
             Sr[i * DHSA_BC + j] = _mm512_reduce_add_ps(a);
         }
     }
 }
 
-/* Queries in pairs, 128 output columns at a time: 16 accumulators and one V
- * row (8 vectors) in registers. V is read row by row, a sequential stream. */
-static void pv_rows(const float *V, int64_t ldv, int n, int dv, const float *Sr, int nq,
-                    const float *alpha, float *Or) {
-    for (int c0 = 0; c0 < dv; c0 += 128) {
+static void qk_rows(const float *K, int64_t ldk, int n, int d, const float *Qr, int64_t dq, int nq, float *Sr) {
+    qk_rows_t(K, ldk, n, d, Qr, dq, nq, Sr, 0);
+}
+
+static void qk_rows16(const uint16_t *K, int is_bf16, int64_t ldk, int n, int d, const float *Qr, int64_t dq, int nq,
+                      float *Sr) {
+    if (is_bf16) qk_rows_t(K, ldk, n, d, Qr, dq, nq, Sr, 2);
+    else qk_rows_t(K, ldk, n, d, Qr, dq, nq, Sr, 1);
+}
+
+/* Four queries at a time, 64 output columns at a time: 16 accumulators,
+ * and each V vector loaded (and widened) once for the four. V is read row
+ * by row, a sequential stream. Per output the sum over keys is the same
+ * FMA chain whatever the grouping. */
+INLINE void pv_rows_t(const void *V, int64_t ldv, int n, int dv, const float *Sr, int nq, const float *alpha,
+                      float *Or, const int KIND) {
+    for (int c0 = 0; c0 < dv; c0 += 64) {
         int left = dv - c0;
-        __mmask16 mk[8];
-        UNROLL for (int x = 0; x < 8; x++) mk[x] = 16 * x < left ? tail_mask(left - 16 * x) : 0;
-        for (int i = 0; i < nq; i += 2) {
-            int two = i + 1 < nq;
-            float *o0 = Or + (int64_t)i * dv + c0, *o1 = two ? o0 + dv : o0;
-            __m512 al0 = _mm512_set1_ps(alpha[i]), al1 = _mm512_set1_ps(alpha[two ? i + 1 : i]);
-            __m512 a0[8], a1[8];
-            UNROLL for (int x = 0; x < 8; x++) {
-                a0[x] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk[x], o0 + 16 * x), al0);
-                a1[x] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk[x], o1 + 16 * x), al1);
+        __mmask16 mk[4];
+        UNROLL for (int x = 0; x < 4; x++) mk[x] = 16 * x < left ? tail_mask(left - 16 * x) : 0;
+        for (int i = 0; i < nq; i += 4) {
+            int nt = nq - i < 4 ? nq - i : 4;
+            float *o[4];
+            const float *sr[4];
+            __m512 a[4][4];
+            UNROLL for (int t = 0; t < 4; t++) {
+                int it = i + (t < nt ? t : nt - 1); /* past the last query: the last again, not stored */
+                o[t] = Or + (int64_t)it * dv + c0;
+                sr[t] = Sr + it * DHSA_BC;
+                __m512 al = _mm512_set1_ps(alpha[it]);
+                UNROLL for (int x = 0; x < 4; x++) a[t][x] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk[x], o[t] + 16 * x), al);
             }
-            const float *s0 = Sr + i * DHSA_BC, *s1 = s0 + two * DHSA_BC;
             for (int j = 0; j < n; j++) {
-                const float *v = V + j * ldv + c0;
-                __m512 p0 = _mm512_set1_ps(s0[j]);
-                __m512 p1 = _mm512_set1_ps(s1[j]);
-                UNROLL for (int x = 0; x < 8; x++) if (16 * x < left) {
-                    __m512 vv = _mm512_maskz_loadu_ps(mk[x], v + 16 * x);
-                    a0[x] = _mm512_fmadd_ps(p0, vv, a0[x]);
-                    a1[x] = _mm512_fmadd_ps(p1, vv, a1[x]);
+                const void *v = row_at(V, j, ldv, KIND);
+                __m512 vv[4];
+                UNROLL for (int x = 0; x < 4; x++) vv[x] = 16 * x < left ? load16(v, c0 + 16 * x, mk[x], KIND) : _mm512_setzero_ps();
+                UNROLL for (int t = 0; t < 4; t++) {
+                    __m512 p = _mm512_set1_ps(sr[t][j]);
+                    UNROLL for (int x = 0; x < 4; x++) a[t][x] = _mm512_fmadd_ps(p, vv[x], a[t][x]);
                 }
             }
-            UNROLL for (int x = 0; x < 8; x++) if (16 * x < left) {
-                if (two) _mm512_mask_storeu_ps(o1 + 16 * x, mk[x], a1[x]);
-                _mm512_mask_storeu_ps(o0 + 16 * x, mk[x], a0[x]);
-            }
+            for (int t = nt - 1; t >= 0; t--)
+                UNROLL for (int x = 0; x < 4; x++) if (16 * x < left) _mm512_mask_storeu_ps(o[t] + 16 * x, mk[x], a[t][x]);
         }
     }
+}
+
+static void pv_rows(const float *V, int64_t ldv, int n, int dv, const float *Sr, int nq, const float *alpha,
+                    float *Or) {
+    pv_rows_t(V, ldv, n, dv, Sr, nq, alpha, Or, 0);
+}
+
+static void pv_rows16(const uint16_t *V, int is_bf16, int64_t ldv, int n, int dv, const float *Sr, int nq,
+                      const float *alpha, float *Or) {
+    if (is_bf16) pv_rows_t(V, ldv, n, dv, Sr, nq, alpha, Or, 2);
+    else pv_rows_t(V, ldv, n, dv, Sr, nq, alpha, Or, 1);
 }
 
 static void softmax_rows(float *Sr, int n, int nq, float *m, float *l, float *alpha) {
@@ -315,7 +354,8 @@ static void widen(const uint16_t *src, int is_bf16, int64_t n, float *dst) {
     for (; c < n; c++) dst[c] = is_bf16 ? dhsa_bf16_to_f32(src[c]) : dhsa_f16_to_f32(src[c]);
 }
 
-const dhsa_attn_kernels dhsa__kern_avx512 = {qk, softmax, pv, softcap, qk_rows, softmax_rows, pv_rows, widen};
+const dhsa_attn_kernels dhsa__kern_avx512 = {qk, softmax, pv, softcap, qk_rows, softmax_rows, pv_rows, widen,
+                                             qk_rows16, pv_rows16};
 
 #else
 typedef int dhsa__kern_avx512_unused; /* ISO C forbids an empty file */

@@ -101,4 +101,5 @@ static void widen(const uint16_t *src, int is_bf16, int64_t n, float *dst) {
     for (int64_t c = 0; c < n; c++) dst[c] = is_bf16 ? dhsa_bf16_to_f32(src[c]) : dhsa_f16_to_f32(src[c]);
 }
 
-const dhsa_attn_kernels dhsa__kern_scalar = {qk, softmax, pv, softcap, qk_rows, softmax_rows, pv_rows, widen};
+const dhsa_attn_kernels dhsa__kern_scalar = {qk, softmax, pv, softcap, qk_rows, softmax_rows, pv_rows, widen,
+                                          NULL, NULL};
