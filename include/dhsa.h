@@ -639,6 +639,18 @@ dhsa_status dhsa_kv_index_size(const dhsa_router_params *rp, int64_t Hkv, int64_
  * route) is refused with DHSA_ERR_BUSY, appending nothing. */
 dhsa_status dhsa_kv_index_append(dhsa_kv_index *ix, const dhsa_tensor *k);
 int64_t dhsa_kv_index_length(const dhsa_kv_index *ix);
+/* Cuts the index back to its first n keys (0 <= n <= length): afterwards it
+ * is, field for field, the index that was only ever given those n keys, and
+ * later appends and routes give what they would have given there. k [1,
+ * Hkv, >= n, d] (any strides and type) must hold the keys the index was
+ * given (a session's cache), from which the open chunk's sums and the
+ * recent keys are recomputed; closed chunks decided before key n are kept
+ * as they are, the others dropped. Costs O(n) scalar steps plus the keys of
+ * the chunk left open, not a rebuild. The index keeps every candidate's
+ * boundary score for this (4 bytes per key of capacity, in
+ * dhsa_kv_index_size). Refused with DHSA_ERR_BUSY while another call runs
+ * on the index; on any error the index is unchanged. */
+dhsa_status dhsa_kv_index_truncate(dhsa_kv_index *ix, const dhsa_tensor *k, int64_t n);
 /* Closed chunks so far; with starts != NULL, their first positions. */
 int64_t dhsa_kv_index_chunks(const dhsa_kv_index *ix, const int64_t **starts);
 /* Routes the queries of `a` (q [1, Hq, Lq, d] at positions q_pos0 ..;

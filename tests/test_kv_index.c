@@ -38,12 +38,25 @@
  *      sentence, and leaves the index unchanged.
  *   6. Memory: the index lives in the ctx's statistics, does not grow while
  *      keys are appended, is far smaller than the keys, and is given back.
+ *   7. Truncation (dhsa_kv_index_truncate): an index of L keys cut back to
+ *      n equals, field for field (dhsa__kv_index_diff: chunk starts,
+ *      decisions, pooled keys, the open chunk's sums, the ring of recent
+ *      keys, the score ring and statistics, LEARNED's predictor rows), a
+ *      fresh index fed only the first n keys, for n on and around every
+ *      kind of edge (0, 1, the ring's length, chunk starts, the keys that
+ *      closed chunks, random points, L); appending keys [n, L) again in
+ *      other ubatches then equals, field for field and layout for layout
+ *      (prefill and decode routes), an index fed all L keys; a second cut
+ *      after that still equals a fresh one. FIXED, SIMILARITY and LEARNED
+ *      boundaries, every chunk score. Bad arguments are refused and leave
+ *      the index as it was.
  * Each comparator is shown once to fail on deliberately different data.
  *
  * Run: make build/tests/test_kv_index && build/tests/test_kv_index
  * (or `make test`). Ends with "test_kv_index: P passed, F failed".
  */
 #include "dhsa.h"
+#include "route/kv_index_internal.h"
 #include "t.h"
 
 #include <math.h>
@@ -2198,6 +2211,192 @@ static void test_memory(void) {
 
 /* ------------------------------------------------------------------------ */
 
+/* ------------------------------------------------------------------------ */
+/* 7. Truncation: cut back to n keys = fed n keys */
+
+/* A fresh index fed keys [0, n) of W in random ubatches of 1 to 97 keys. */
+static dhsa_kv_index *ix_fed(const dhsa_router_params *rp, const work *W, int64_t n, rng_t *r, const char *label) {
+    dhsa_kv_index *ix = ix_new(g_ctx, rp, W->Hkv, W->d, W->L, label);
+    for (int64_t u0 = 0; ix && u0 < n;) {
+        int64_t m = 1 + rng_range(r, 97);
+        if (m > n - u0) m = n - u0;
+        if (ix_append(ix, W, u0, m) != DHSA_OK) {
+            T_CHECK(0, "%s: append %lld+%lld: %s", label, (long long)u0, (long long)m, dhsa_last_error());
+            dhsa_kv_index_free(ix);
+            return NULL;
+        }
+        u0 += m;
+    }
+    return ix;
+}
+
+/* Layouts of x and y for query rows [r0, L) and for the last row alone
+ * (a decode step): how many blocks differ. */
+static int64_t routes_differ(const dhsa_kv_index *x, const dhsa_kv_index *y, const work *W, int64_t r0,
+                             const char *label) {
+    int64_t bad = 0;
+    const int64_t rows[2][2] = {{r0, W->L - r0}, {W->L - 1, 1}};
+    for (int i = 0; i < 2; i++) {
+        if (rows[i][1] < 1) continue;
+        dhsa_layout *lx = ix_route(g_ctx, x, W, rows[i][0], rows[i][1], W->L, 0, label);
+        dhsa_layout *ly = ix_route(g_ctx, y, W, rows[i][0], rows[i][1], W->L, 0, label);
+        if (!lx || !ly)
+            bad++;
+        else
+            bad += blocks_differ(lx, 0, ly, 0, (rows[i][1] + 15) / 16, W->Hkv, label, bad == 0);
+        dhsa_layout_free(lx);
+        dhsa_layout_free(ly);
+    }
+    return bad;
+}
+
+static void truncate_case(dhsa_boundary bd, dhsa_chunk_score sm, uint64_t seed) {
+    const int64_t L = 900, Hq = 4, Hkv = 2, d = 32;
+    char label[160];
+    snprintf(label, sizeof label, "truncate %s score %d seed %llu",
+             bd == DHSA_BOUNDARY_FIXED ? "fixed" : bd == DHSA_BOUNDARY_LEARNED ? "learned" : "similarity", (int)sm,
+             (unsigned long long)seed);
+    work W;
+    if (!work_synth(&W, L, Hq, Hkv, d, seed)) return;
+    dhsa_router_params rp = dhsa_router_default_params();
+    rp.boundary = bd;
+    rp.score_mode = sm;
+    rp.chunk = 24, rp.min_chunk = 12, rp.max_chunk = 60, rp.nms_window = 5, rp.sim_window = 7;
+    rp.q_block = 16, rp.dense_below = 0, rp.budget_tokens = 96;
+    dhsa_predictor *pred = NULL;
+    if (bd == DHSA_BOUNDARY_LEARNED) {
+        float *p = xcalloc((size_t)L, sizeof(float));
+        dhsa_tensor kt = dhsa_tensor_bhld(W.k, DHSA_F32, 1, Hkv, L, d);
+        T_CHECK(dhsa_predictor_create_random(Hkv * d, 4, 24, seed, &pred) == DHSA_OK &&
+                    dhsa_predictor_score(g_ctx, pred, &kt, 0, p) == DHSA_OK,
+                "%s: predictor: %s", label, dhsa_last_error());
+        rp.predictor = pred;
+        rp.learned_threshold = quantile(p, L, 0.7);
+        free(p);
+    }
+    rng_t r = {seed * 131 + 17};
+    const dhsa_tensor K = dhsa_tensor_bhld(W.k, DHSA_F32, 1, Hkv, L, d);
+    dhsa_kv_index *full = ix_fed(&rp, &W, L, &r, label);
+    if (!full) goto out;
+    /* the cut points: edges of the ring, of chunks and of their decisions */
+    int64_t cuts[64], nc = 0;
+    const int64_t *st0;
+    const int64_t chunks = dhsa_kv_index_chunks(full, &st0);
+    T_CHECK(chunks >= 8, "%s: only %lld chunks closed", label, (long long)chunks);
+    const int64_t fixed_pts[] = {0, 1, 2, 7, 8, 9, 13, 14, L - 1, L};
+    for (size_t i = 0; i < sizeof fixed_pts / sizeof *fixed_pts; i++) cuts[nc++] = fixed_pts[i];
+    for (int64_t c = 1; c < chunks && c < 9 && nc + 6 < 64; c += 2) {
+        /* chunk c starts at st0[c] and was decided nms_window (+ delay) keys later */
+        for (int64_t dd = -1; dd <= 1; dd++) cuts[nc++] = st0[c] + dd;
+        int64_t late = st0[c] + rp.nms_window + (bd == DHSA_BOUNDARY_LEARNED ? 3 : 0);
+        cuts[nc++] = late;
+        cuts[nc++] = late + 1;
+    }
+    for (int i = 0; i < 6 && nc < 64; i++) cuts[nc++] = rng_range(&r, L + 1);
+    int64_t bad_cut = 0, bad_again = 0, bad_route = 0, bad_second = 0;
+    char why[200], first[320] = "";
+    for (int64_t i = 0; i < nc; i++) {
+        const int64_t n = cuts[i];
+        if (n < 0 || n > L) continue;
+        dhsa_kv_index *a = ix_fed(&rp, &W, L, &r, label), *f = ix_fed(&rp, &W, n, &r, label);
+        if (!a || !f) {
+            bad_cut++;
+            dhsa_kv_index_free(a);
+            dhsa_kv_index_free(f);
+            continue;
+        }
+        dhsa_status st = dhsa_kv_index_truncate(a, &K, n);
+        if (st || dhsa__kv_index_diff(a, f, why, sizeof why)) {
+            if (!bad_cut++ && !first[0])
+                snprintf(first, sizeof first, "cut to %lld: %s", (long long)n, st ? dhsa_last_error() : why);
+        }
+        /* the same keys again, in other ubatches */
+        for (int64_t u0 = n; u0 < L;) {
+            int64_t m = 1 + rng_range(&r, 61);
+            if (m > L - u0) m = L - u0;
+            if (ix_append(a, &W, u0, m) != DHSA_OK) break;
+            u0 += m;
+        }
+        if (dhsa__kv_index_diff(a, full, why, sizeof why) && !bad_again++ && !first[0])
+            snprintf(first, sizeof first, "cut to %lld, appended to %lld: %s", (long long)n, (long long)L, why);
+        bad_route += routes_differ(a, full, &W, n < L ? n : L - 1, label) != 0;
+        /* a second cut, from a state truncation made */
+        const int64_t n2 = n / 2;
+        dhsa_kv_index *f2 = ix_fed(&rp, &W, n2, &r, label);
+        if (!f2 || dhsa_kv_index_truncate(a, &K, n2) || dhsa__kv_index_diff(a, f2, why, sizeof why)) {
+            if (!bad_second++ && !first[0]) snprintf(first, sizeof first, "second cut to %lld: %s", (long long)n2, why);
+        }
+        dhsa_kv_index_free(f2);
+        dhsa_kv_index_free(a);
+        dhsa_kv_index_free(f);
+    }
+    T_CHECK(bad_cut == 0, "%s: %lld of %lld cuts differ from a fresh index; first %s", label, (long long)bad_cut,
+            (long long)nc, first);
+    T_CHECK(bad_again == 0, "%s: %lld of %lld re-appended indexes differ from the full one; %s", label,
+            (long long)bad_again, (long long)nc, first);
+    T_CHECK(bad_route == 0, "%s: %lld of %lld re-appended indexes route otherwise than the full one", label,
+            (long long)bad_route, (long long)nc);
+    T_CHECK(bad_second == 0, "%s: %lld of %lld second cuts differ; %s", label, (long long)bad_second, (long long)nc,
+            first);
+    /* the comparator sees a difference of one key, and one bit */
+    {
+        dhsa_kv_index *x = ix_fed(&rp, &W, 500, &r, label), *y = ix_fed(&rp, &W, 501, &r, label);
+        T_CHECK(x && y && dhsa__kv_index_diff(x, y, why, sizeof why), "%s: 500 vs 501 keys not told apart", label);
+        dhsa_kv_index_free(x);
+        dhsa_kv_index_free(y);
+        float saved = W.k[(1 * L + 499) * d + 3];
+        x = ix_fed(&rp, &W, 500, &r, label);
+        W.k[(1 * L + 499) * d + 3] = nextafterf(saved, INFINITY);
+        y = ix_fed(&rp, &W, 500, &r, label);
+        W.k[(1 * L + 499) * d + 3] = saved;
+        T_CHECK(x && y && dhsa__kv_index_diff(x, y, why, sizeof why), "%s: a key one ulp apart not told apart",
+                label);
+        dhsa_kv_index_free(x);
+        dhsa_kv_index_free(y);
+    }
+    /* bad arguments: refused, the index unchanged */
+    {
+        dhsa_kv_index *ref = ix_fed(&rp, &W, L, &r, label);
+        dhsa_tensor shortk = rows_view(W.k, Hkv, L, d, 0, 100);
+        dhsa_tensor badh = dhsa_tensor_bhld(W.k, DHSA_F32, 1, Hkv + 1, L / 4, d);
+        plant_error();
+        dhsa_status e1 = dhsa_kv_index_truncate(full, &K, L + 1);
+        int f1 = fresh_error();
+        plant_error();
+        dhsa_status e2 = dhsa_kv_index_truncate(full, &shortk, 200);
+        int f2 = fresh_error();
+        plant_error();
+        dhsa_status e3 = dhsa_kv_index_truncate(full, &badh, 10);
+        int f3 = fresh_error();
+        dhsa_status e4 = dhsa_kv_index_truncate(full, NULL, 10), e5 = dhsa_kv_index_truncate(NULL, &K, 0);
+        dhsa_status e6 = dhsa_kv_index_truncate(full, &K, -1);
+        T_CHECK(e1 == DHSA_ERR_INVALID_ARG && e2 == DHSA_ERR_SHAPE && e3 == DHSA_ERR_SHAPE &&
+                    e4 == DHSA_ERR_INVALID_ARG && e5 == DHSA_ERR_INVALID_ARG && e6 == DHSA_ERR_INVALID_ARG &&
+                    f1 && f2 && f3,
+                "%s: bad truncations: %s %s %s %s %s %s, fresh sentences %d %d %d", label, dhsa_status_str(e1),
+                dhsa_status_str(e2), dhsa_status_str(e3), dhsa_status_str(e4), dhsa_status_str(e5),
+                dhsa_status_str(e6), f1, f2, f3);
+        T_CHECK(ref && dhsa__kv_index_diff(full, ref, why, sizeof why) == 0 &&
+                    dhsa_kv_index_truncate(full, &K, L) == DHSA_OK && dhsa__kv_index_diff(full, ref, why, sizeof why) == 0,
+                "%s: a refused truncation (or one to the length) changed the index: %s", label, why);
+        dhsa_kv_index_free(ref);
+    }
+    dhsa_kv_index_free(full);
+out:
+    dhsa_predictor_free(pred);
+    work_free(&W);
+}
+
+static void test_truncate(void) {
+    const dhsa_chunk_score modes[] = {DHSA_SCORE_MOMENTS, DHSA_SCORE_POOLED, DHSA_SCORE_HEADS, DHSA_SCORE_BOUND};
+    for (int m = 0; m < 4; m++) {
+        truncate_case(DHSA_BOUNDARY_SIMILARITY, modes[m], 40 + (uint64_t)m);
+        truncate_case(DHSA_BOUNDARY_FIXED, modes[m], 50 + (uint64_t)m);
+    }
+    truncate_case(DHSA_BOUNDARY_LEARNED, DHSA_SCORE_MOMENTS, 60);
+    truncate_case(DHSA_BOUNDARY_LEARNED, DHSA_SCORE_BOUND, 61);
+}
+
 int main(void) {
     g_ctx = ctx_new(0, 0);
     if (!g_ctx) return t_report("test_kv_index");
@@ -2243,6 +2442,7 @@ int main(void) {
 
     test_errors();
     test_memory();
+    test_truncate();
 
     dhsa_ctx_free(g_ctx);
     return t_report("test_kv_index");

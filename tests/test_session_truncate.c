@@ -8,8 +8,8 @@
  * reference session evaluates a prompt A and then a continuation B; the
  * other evaluates A, then 150 other tokens and 5 decode steps, is cut back
  * to A's length, then evaluates B and decodes greedily. Its logits must
- * equal the reference's bit for bit (the routing indexes are rebuilt from
- * the kept keys, so a stale chunk or pooled key would show). Also: cutting
+ * equal the reference's bit for bit (the routing indexes are cut back with
+ * dhsa_kv_index_truncate, so a stale chunk or pooled key would show). Also: cutting
  * to the length does nothing, beyond it is refused, cutting to 0 and
  * evaluating A again gives A's logits.
  *

@@ -1583,41 +1583,11 @@ dhsa_status dhsa_session_eval_batch(dhsa_session *const *ss, int64_t n, const in
     return st;
 }
 
-/* One layer's index fed the first n keys of the cache, in ubatch-sized
- * appends (a task of dhsa_parallel_for: its sentence goes into why, as
- * dhsa_last_error is per thread). */
-typedef struct {
-    dhsa_session *s;
-    int64_t n;
-    dhsa_status *st; /* [n_layer] */
-    char *why;       /* [n_layer][256] */
-} refill_job;
-
-static void refill_layer(void *arg, int64_t l, int thread) {
-    (void)thread;
-    refill_job *j = arg;
-    dhsa_session *s = j->s;
-    if (!s->ix[l]) return;
-    const int64_t hk = s->m->info.head_dim_k, step = s->plan.n_ubatch > 0 ? s->plan.n_ubatch : MAX_UBATCH;
-    for (int64_t pos0 = 0; pos0 < j->n; pos0 += step) {
-        dhsa_tensor kn = cache_view(s, l, 0, j->n);
-        kn.data = (char *)kn.data + (size_t)pos0 * (size_t)hk * dhsa_type_size(s->p.kv_type);
-        kn.shape[2] = j->n - pos0 < step ? j->n - pos0 : step;
-        dhsa_status st = dhsa_kv_index_append(s->ix[l], &kn);
-        if (st) {
-            j->st[l] = st;
-            snprintf(j->why + l * 256, 256, "%s", dhsa_last_error());
-            return;
-        }
-    }
-}
-
 /* Keeps the first n tokens (include/dhsa.h, dhsa_session_truncate). The
- * cache's keys and values up to n are already right; what has to follow is
- * the routing: each layer's index is made anew and fed the kept keys from
- * the cache in ubatch-sized pieces, which closes the same chunks as the
- * evals that wrote them (the index's boundaries do not depend on how the
- * keys were split into appends). */
+ * cache's keys and values up to n are already right; each layer's index is
+ * cut back to n keys (dhsa_kv_index_truncate: the state it had after n
+ * keys, from its kept boundary scores and the cache's keys), which is what
+ * the evals that wrote them left, whatever their ubatches. */
 static dhsa_status truncate_tokens(dhsa_session *s, int64_t n) {
     if (n < 0 || n > s->len)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_session_truncate: %lld tokens asked, the cache holds %lld",
@@ -1627,30 +1597,16 @@ static dhsa_status truncate_tokens(dhsa_session *s, int64_t n) {
     if (n == s->len) return DHSA_OK;
     memset(&s->st_last, 0, sizeof s->st_last);
     s->st_last.density = 1.0;
-    if (!s->ix) {
-        s->len = n;
-        return DHSA_OK;
-    }
-    free_indexes(s);
-    dhsa_status st = make_indexes(s);
-    if (!st) { /* the layers' indexes are independent: one task each on the ctx's threads */
-        const int64_t L = s->m->info.n_layer;
-        refill_job job = {s, n, calloc((size_t)L, sizeof(dhsa_status)), calloc((size_t)L, 256)};
-        if (!job.st || !job.why) {
-            st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
-        } else {
-            dhsa_parallel_for(s->ctx, L, refill_layer, &job);
-            for (int64_t l = 0; l < L && !st; l++)
-                if (job.st[l]) st = dhsa__fail(job.st[l], "rebuilding the routing index of layer %lld: %s", (long long)l,
-                                               job.why + l * 256);
+    for (int64_t l = 0; s->ix && l < s->m->info.n_layer; l++) {
+        if (!s->ix[l]) continue;
+        dhsa_tensor k = cache_view(s, l, 0, s->len);
+        dhsa_status st = dhsa_kv_index_truncate(s->ix[l], &k, n);
+        if (st) { /* as a failed reset: empty, and evals refused until a reset succeeds */
+            st = dhsa__fail(st, "cutting the routing index of layer %lld back: %s", (long long)l, dhsa_last_error());
+            free_indexes(s);
+            s->len = 0;
+            return st;
         }
-        free(job.st);
-        free(job.why);
-    }
-    if (st) { /* as a failed reset: empty, and evals refused until a reset succeeds */
-        free_indexes(s);
-        s->len = 0;
-        return st;
     }
     s->len = n;
     return DHSA_OK;

@@ -24,10 +24,22 @@
  * same chunks, bit for bit, because the probabilities are the same bits
  * (predictor_internal.h).
  *
- * A session undoes a failed eval's appends with dhsa__kv_index_mark and
- * dhsa__kv_index_rewind (kv_index_internal.h). An append refuses to overlap
- * any other call on the index (DHSA_ERR_BUSY, through `users`); routes may
- * overlap each other.
+ * Truncation (dhsa_kv_index_truncate; a session's prompt cache and the
+ * undoing of a failed eval, dhsa__kv_index_mark / dhsa__kv_index_rewind)
+ * rests on one rule: a closed chunk, its boundary and its summary are final,
+ * functions of the keys before the one that closed it (decided[c]). So
+ * the index at n keys is: the chunks decided before key n, the open chunk
+ * from the last of them (its sums, the ring of recent keys and LEARNED's
+ * predictor rows recomputed from the cache's keys, in the appends' order),
+ * and the online rule's state after candidates 1 .. n - 1 - delay. That
+ * state is the last 2 nms_window + 1 scores and a running mean / variance
+ * (Welford), which cannot be undone; the index keeps every candidate's
+ * score (4 bytes per key of capacity) and replays the running statistics
+ * from them, with the same operations in the same order. Cost: O(n)
+ * scalar updates plus O((open chunk + ring) x Hkv d) key reads, against
+ * O(n) appends for a rebuild (8.5 us per key and layer on the default model).
+ * An append or truncation refuses to overlap any other call on the index
+ * (DHSA_ERR_BUSY, through `users`); routes may overlap each other.
  * Tested by tests/test_kv_index.c, tests/test_session_fail.c and
  * tests/test_threads.c.
  */
@@ -37,6 +49,7 @@
 
 #include <math.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -82,6 +95,8 @@ struct dhsa_kv_index {
                          LEARNED: nms_window + w */
     float *ring;      /* [ring_len][Hkv][d], key t at t % ring_len */
     decider dc;       /* the scores and the online rule's state */
+    float *score_hist; /* [capacity]: score of candidate s at s (s >= 1), what
+                          truncation replays the running statistics from */
     int64_t delay;    /* keys after a candidate that its score needs:
                          LEARNED w - 1, else 0 */
     /* LEARNED: the predictor's rows of the last 2w - 1 keys (positions
@@ -95,11 +110,8 @@ struct dhsa_kv_index {
     float *pws;              /* window kernel scratch */
     float *pz;               /* [PIECE] probability of the candidate each
                                 key of the piece completes */
-    /* dhsa__kv_index_mark: the state to rewind to (length, closed chunks,
-     * the open chunk's start, the score statistics and ring) */
-    int64_t mark_len, mark_chunks, mark_open;
-    double mark_s_n, mark_s_mean, mark_s_m2;
-    float *mark_score; /* [score_size] */
+    int64_t mark_len;  /* dhsa__kv_index_mark: the length to rewind to */
+    int64_t append_from; /* the length before the last append (a delta carries the scores it made) */
     atomic_int users;  /* -1: an append runs; n > 0: n routes run */
 };
 
@@ -170,7 +182,8 @@ static dhsa_status index_sizes(const dhsa_router_params *rp, int64_t Hkv, int64_
     z->score_size = 2 * rp->nms_window + 1;
     size_t hd = (size_t)Hkv * (size_t)d;
     z->bytes = (size_t)(z->max_chunks + 1) * 8 + (size_t)z->max_chunks * 8 + (size_t)z->max_chunks * hd * 4 +
-               hd * 8 + (size_t)z->ring_len * hd * 4 + 2 * (size_t)z->score_size * 4 + hd * 8 + 64 * 7;
+               hd * 8 + (size_t)z->ring_len * hd * 4 + (size_t)z->score_size * 4 + (size_t)capacity * 4 + hd * 8 +
+               64 * 7;
     if (rp->score_mode != DHSA_SCORE_POOLED) /* MOMENTS, HEADS: spread, tail_sq, later_sq */
         z->bytes += (size_t)z->max_chunks * hd * 4 + 2 * hd * 8;
     memset(z->pred_floats, 0, sizeof z->pred_floats);
@@ -241,7 +254,7 @@ dhsa_status dhsa_kv_index_create(dhsa_ctx *ctx, const dhsa_router_params *rp, in
     ix->dc.learned = rp->boundary == DHSA_BOUNDARY_LEARNED;
     ix->dc.score = ix->ring + (size_t)ix->ring_len * hd;
     ix->dc.score_size = z.score_size;
-    ix->mark_score = ix->dc.score + z.score_size; /* the mark of the empty index: zeros */
+    ix->score_hist = ix->dc.score + z.score_size;
     ix->delay = z.delay;
     atomic_init(&ix->users, 0);
     if (ix->dc.learned) {
@@ -361,15 +374,17 @@ static float causal_score(const dhsa_kv_index *ix, int64_t t) {
  * s (s >= 1; s = 0 has none) has just become final; open is the start of
  * the open chunk. Returns where to close it (a boundary, or the max_chunk
  * cut), or -1. */
+static void record_score(decider *dc, int64_t s, float score) {
+    dc->score[s % dc->score_size] = score;
+    dc->s_n += 1;
+    double delta = score - dc->s_mean;
+    dc->s_mean += delta / dc->s_n;
+    dc->s_m2 += delta * (score - dc->s_mean);
+}
+
 static int64_t decide(decider *dc, int64_t open, int64_t s, float score) {
     const dhsa_router_params *rp = dc->rp;
-    if (s >= 1) {
-        dc->score[s % dc->score_size] = score;
-        dc->s_n += 1;
-        double delta = score - dc->s_mean;
-        dc->s_mean += delta / dc->s_n;
-        dc->s_m2 += delta * (score - dc->s_mean);
-    }
+    if (s >= 1) record_score(dc, s, score);
     /* the candidate nms_window scores back can now be judged */
     int64_t t = s - rp->nms_window;
     if (t >= 1) {
@@ -410,6 +425,7 @@ static dhsa_status step(dhsa_kv_index *ix, int64_t now, float learned) {
     if (s < 0) return DHSA_OK;
     float score = 0.0f;
     if (s >= 1) score = ix->pr ? learned : causal_score(ix, now);
+    if (s >= 1) ix->score_hist[s] = score;
     int64_t cut = decide(&ix->dc, open, s, score);
     return cut >= 0 ? close_chunk(ix, cut, now) : DHSA_OK;
 }
@@ -523,20 +539,13 @@ dhsa_status dhsa_kv_index_append(dhsa_kv_index *ix, const dhsa_tensor *k) {
     if (!ix || !k || !k->data) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_kv_index_append: NULL argument");
     int idle = 0;
     if (!atomic_compare_exchange_strong(&ix->users, &idle, -1)) return busy();
+    ix->append_from = ix->len;
     dhsa_status st = append_keys(ix, k);
     atomic_store(&ix->users, 0);
     return st;
 }
 
-void dhsa__kv_index_mark(dhsa_kv_index *ix) {
-    ix->mark_len = ix->len;
-    ix->mark_chunks = ix->n_chunks;
-    ix->mark_open = ix->starts[ix->n_chunks];
-    ix->mark_s_n = ix->dc.s_n;
-    ix->mark_s_mean = ix->dc.s_mean;
-    ix->mark_s_m2 = ix->dc.s_m2;
-    memcpy(ix->mark_score, ix->dc.score, (size_t)ix->dc.score_size * sizeof(float));
-}
+void dhsa__kv_index_mark(dhsa_kv_index *ix) { ix->mark_len = ix->len; }
 
 /* Key t of k [1, Hkv, n, d] into row [Hkv][d]. */
 static void load_key(const dhsa_kv_index *ix, const dhsa_tensor *k, int64_t t, float *row) {
@@ -546,18 +555,26 @@ static void load_key(const dhsa_kv_index *ix, const dhsa_tensor *k, int64_t t, f
     }
 }
 
-dhsa_status dhsa__kv_index_rewind(dhsa_kv_index *ix, const dhsa_tensor *k) {
-    const int64_t L = ix->mark_len, hd = ix->Hkv * ix->d;
-    if (!k || !k->data || k->shape[0] != 1 || k->shape[1] != ix->Hkv || k->shape[3] != ix->d || k->shape[2] < L)
-        return dhsa__fail(DHSA_ERR_INTERNAL, "rewinding the decode index to %lld keys needs them", (long long)L);
-    ix->len = L;
-    ix->n_chunks = ix->mark_chunks;
-    ix->starts[ix->n_chunks] = ix->mark_open;
-    ix->dc.s_n = ix->mark_s_n;
-    ix->dc.s_mean = ix->mark_s_mean;
-    ix->dc.s_m2 = ix->mark_s_m2;
-    memcpy(ix->dc.score, ix->mark_score, (size_t)ix->dc.score_size * sizeof(float));
-    for (int64_t t = L - ix->ring_len > 0 ? L - ix->ring_len : 0; t < L; t++) load_key(ix, k, t, ring_key(ix, t));
+/* The index as it was after its first n keys (the rule at the top of the
+ * file); k [1, Hkv, >= n, d] holds them. Checked by the callers. */
+static void truncate_keys(dhsa_kv_index *ix, const dhsa_tensor *k, int64_t n) {
+    const int64_t hd = ix->Hkv * ix->d;
+    /* the chunks decided before key n arrived; decided[] only grows */
+    int64_t nc = ix->n_chunks;
+    while (nc > 0 && ix->decided[nc - 1] >= n) nc--;
+    ix->n_chunks = nc; /* starts[nc], the open chunk's start, was set when chunk nc - 1 closed */
+    ix->len = n;
+    const int64_t open = ix->starts[nc];
+    if (ix->rp.boundary != DHSA_BOUNDARY_FIXED) { /* candidates 1 .. n - 1 - delay had their scores */
+        decider *dc = &ix->dc;
+        dc->s_n = dc->s_mean = dc->s_m2 = 0;
+        memset(dc->score, 0, (size_t)dc->score_size * sizeof(float));
+        for (int64_t s = 1; s <= n - 1 - ix->delay; s++) record_score(dc, s, ix->score_hist[s]);
+    }
+    /* the ring: keys n - ring_len .. n - 1, zero where an index of n keys
+     * has written none */
+    for (int64_t t = n - ix->ring_len > 0 ? n - ix->ring_len : 0; t < n; t++) load_key(ix, k, t, ring_key(ix, t));
+    for (int64_t t = n; t < ix->ring_len; t++) memset(ring_key(ix, t), 0, (size_t)hd * sizeof(float));
     /* the open chunk's sums, from zero in key order as the appends and
      * close_chunk added them */
     memset(ix->tail_sum, 0, (size_t)hd * sizeof(double));
@@ -565,21 +582,23 @@ dhsa_status dhsa__kv_index_rewind(dhsa_kv_index *ix, const dhsa_tensor *k) {
     float *row = (float *)ix->later; /* close_chunk's scratch of hd doubles: room for a key */
     if (ix->bound) { /* the range of the open chunk's keys no longer in the ring */
         reset_range(ix);
-        for (int64_t t = ix->mark_open; t < L - ix->ring_len; t++) {
+        for (int64_t t = open; t < n - ix->ring_len; t++) {
             load_key(ix, k, t, row);
             fold_range(ix, row);
         }
     }
-    for (int64_t t = ix->mark_open; t < L && !ix->bound; t++) {
+    for (int64_t t = open; t < n && !ix->bound; t++) {
         load_key(ix, k, t, row);
         for (int64_t x = 0; x < hd; x++) {
             ix->tail_sum[x] += row[x];
             if (ix->tail_sq) ix->tail_sq[x] += (double)row[x] * row[x];
         }
     }
-    if (ix->pr) { /* rows of the keys L - hist .. L - 1, zero keys before 0 */
+    memset(ix->later, 0, (size_t)hd * sizeof(double));
+    if (ix->later_sq) memset(ix->later_sq, 0, (size_t)hd * sizeof(double));
+    if (ix->pr) { /* rows of the keys n - hist .. n - 1, zero keys before 0 */
         for (int64_t i = 0; i < ix->hist; i++) {
-            int64_t t = L - ix->hist + i;
+            int64_t t = n - ix->hist + i;
             if (t >= 0)
                 load_key(ix, k, t, ix->px + i * hd);
             else
@@ -587,7 +606,89 @@ dhsa_status dhsa__kv_index_rewind(dhsa_kv_index *ix, const dhsa_tensor *k) {
         }
         dhsa__predictor_project(ix->pr, dhsa__attn_kernels(), ix->px, ix->hist, ix->pq, ix->pk, ix->pv, ix->ppn);
     }
+}
+
+static dhsa_status check_keys(const dhsa_kv_index *ix, const dhsa_tensor *k, int64_t n, const char *fn) {
+    if (!k || !k->data) return dhsa__fail(DHSA_ERR_INVALID_ARG, "%s: the keys are NULL", fn);
+    if (k->shape[0] != 1 || k->shape[1] != ix->Hkv || k->shape[3] != ix->d || k->shape[2] < n)
+        return dhsa__fail(DHSA_ERR_SHAPE, "%s to %lld keys: keys are [%lld, %lld, %lld, %lld], it needs [1, %lld, "
+                          ">= %lld, %lld] (the keys the index was given)", fn, (long long)n, (long long)k->shape[0],
+                          (long long)k->shape[1], (long long)k->shape[2], (long long)k->shape[3], (long long)ix->Hkv,
+                          (long long)n, (long long)ix->d);
+    if (k->type != DHSA_F32 && k->type != DHSA_F16 && k->type != DHSA_BF16)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "%s: keys have an unknown type", fn);
     return DHSA_OK;
+}
+
+dhsa_status dhsa_kv_index_truncate(dhsa_kv_index *ix, const dhsa_tensor *k, int64_t n) {
+    if (!ix) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_kv_index_truncate: NULL index");
+    if (n < 0 || n > ix->len)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_kv_index_truncate: %lld keys asked, the index holds %lld",
+                          (long long)n, (long long)ix->len);
+    dhsa_status st = check_keys(ix, k, n, "dhsa_kv_index_truncate");
+    if (st) return st;
+    int idle = 0;
+    if (!atomic_compare_exchange_strong(&ix->users, &idle, -1)) return busy();
+    if (n < ix->len) truncate_keys(ix, k, n);
+    atomic_store(&ix->users, 0);
+    return DHSA_OK;
+}
+
+dhsa_status dhsa__kv_index_rewind(dhsa_kv_index *ix, const dhsa_tensor *k) {
+    if (ix->mark_len > ix->len || check_keys(ix, k, ix->mark_len, "rewinding the decode index"))
+        return dhsa__fail(DHSA_ERR_INTERNAL, "rewinding the decode index to %lld keys needs them",
+                          (long long)ix->mark_len);
+    truncate_keys(ix, k, ix->mark_len);
+    return DHSA_OK;
+}
+
+static int differ(const void *x, const void *y, size_t bytes, const char *what, int64_t at, char *why, size_t cap) {
+    if (memcmp(x, y, bytes) == 0) return 0;
+    if (why && cap) snprintf(why, cap, "%s differ (at %lld)", what, (long long)at);
+    return 1;
+}
+
+int dhsa__kv_index_diff(const dhsa_kv_index *a, const dhsa_kv_index *b, char *why, size_t cap) {
+    if (why && cap) why[0] = 0;
+    if (a->Hkv != b->Hkv || a->d != b->d || a->ring_len != b->ring_len || a->dc.score_size != b->dc.score_size ||
+        a->rp.boundary != b->rp.boundary || a->rp.score_mode != b->rp.score_mode || a->hist != b->hist) {
+        if (why && cap) snprintf(why, cap, "the indexes have different parameters");
+        return 1;
+    }
+    if (a->len != b->len || a->n_chunks != b->n_chunks) {
+        if (why && cap)
+            snprintf(why, cap, "length %lld vs %lld, closed chunks %lld vs %lld", (long long)a->len,
+                     (long long)b->len, (long long)a->n_chunks, (long long)b->n_chunks);
+        return 1;
+    }
+    const size_t hd = (size_t)(a->Hkv * a->d), nc = (size_t)a->n_chunks;
+    int spread = a->spread != NULL, sq = a->tail_sq != NULL;
+    if (differ(a->starts, b->starts, (nc + 1) * 8, "chunk starts", 0, why, cap) ||
+        differ(a->decided, b->decided, nc * 8, "chunk decisions", 0, why, cap) ||
+        differ(a->pooled, b->pooled, nc * hd * 4, "pooled keys", 0, why, cap) ||
+        (spread && differ(a->spread, b->spread, nc * hd * 4, "chunk spreads", 0, why, cap)) ||
+        differ(a->tail_sum, b->tail_sum, hd * 8, "open chunk sums", a->starts[nc], why, cap) ||
+        (sq && differ(a->tail_sq, b->tail_sq, hd * 8, "open chunk squares", a->starts[nc], why, cap)) ||
+        differ(a->ring, b->ring, (size_t)a->ring_len * hd * 4, "rings of recent keys", a->len, why, cap) ||
+        differ(a->dc.score, b->dc.score, (size_t)a->dc.score_size * 4, "score rings", a->len, why, cap) ||
+        differ(&a->dc.s_n, &b->dc.s_n, 8, "score counts", a->len, why, cap) ||
+        differ(&a->dc.s_mean, &b->dc.s_mean, 8, "score means", a->len, why, cap) ||
+        differ(&a->dc.s_m2, &b->dc.s_m2, 8, "score variances", a->len, why, cap))
+        return 1;
+    /* the scores of the candidates an index of len keys has scored */
+    int64_t last = a->len - 1 - a->delay;
+    if (a->rp.boundary != DHSA_BOUNDARY_FIXED && last >= 1 &&
+        differ(a->score_hist + 1, b->score_hist + 1, (size_t)last * 4, "kept scores", last, why, cap))
+        return 1;
+    if (a->pr) {
+        const size_t rows = (size_t)a->hist * hd * 4;
+        if (differ(a->px, b->px, rows, "predictor keys", a->len, why, cap) ||
+            differ(a->pq, b->pq, rows, "predictor Q rows", a->len, why, cap) ||
+            differ(a->pk, b->pk, rows, "predictor K rows", a->len, why, cap) ||
+            differ(a->pv, b->pv, rows, "predictor V rows", a->len, why, cap))
+            return 1;
+    }
+    return 0;
 }
 
 /* HEADS and BOUND (route.c heads_scores, the same estimates): sc[c] for the visible
@@ -790,22 +891,33 @@ dhsa_status dhsa_kv_index_route(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dh
 
 /* ------------------------------------------------------------ delta --- */
 
-/* Delta layout (kv_index_internal.h): int64 [len, n_chunks, c0, bound],
- * double [s_n, s_mean, s_m2], int64 starts[c0 .. n_chunks], int64
+/* Delta layout (kv_index_internal.h): int64 [len, n_chunks, c0, bound,
+ * from], double [s_n, s_mean, s_m2], int64 starts[c0 .. n_chunks], int64
  * decided[c0 .. n_chunks), float pooled[n_new][hd], float spread[n_new][hd]
  * (when kept), double tail_sum[hd], double tail_sq[hd] (when kept), float
- * ring[ring_len][hd], float score[score_size]. */
+ * ring[ring_len][hd], float score[score_size], float kept scores of the
+ * candidates the append from length `from` scored (truncation replays
+ * them). */
+static void new_scores(const dhsa_kv_index *ix, int64_t from, int64_t *s0, int64_t *n) {
+    const int64_t lo = from - ix->delay > 1 ? from - ix->delay : 1, hi = ix->len - 1 - ix->delay;
+    *s0 = lo;
+    *n = ix->rp.boundary != DHSA_BOUNDARY_FIXED && hi >= lo ? hi - lo + 1 : 0;
+}
+
 size_t dhsa__kv_index_delta_bytes(const dhsa_kv_index *ix, int64_t c0) {
     const size_t hd = (size_t)(ix->Hkv * ix->d), n_new = (size_t)(ix->n_chunks - c0);
     const int sp = ix->spread != NULL;
-    return 4 * 8 + 3 * 8 + (n_new + 1) * 8 + n_new * 8 + n_new * hd * 4 * (sp ? 2 : 1) + hd * 8 * (sp ? 2 : 1) +
-           (size_t)ix->ring_len * hd * 4 + (size_t)ix->dc.score_size * 4;
+    int64_t s0, ns;
+    new_scores(ix, ix->append_from, &s0, &ns);
+    return 5 * 8 + 3 * 8 + (n_new + 1) * 8 + n_new * 8 + n_new * hd * 4 * (sp ? 2 : 1) + hd * 8 * (sp ? 2 : 1) +
+           (size_t)ix->ring_len * hd * 4 + (size_t)ix->dc.score_size * 4 + (size_t)ns * 4;
 }
 
 void dhsa__kv_index_delta_write(const dhsa_kv_index *ix, int64_t c0, void *buf) {
     const size_t hd = (size_t)(ix->Hkv * ix->d), n_new = (size_t)(ix->n_chunks - c0);
     char *p = buf;
-    int64_t hdr[4] = {ix->len, ix->n_chunks, c0, ix->bound};
+    int64_t hdr[5] = {ix->len, ix->n_chunks, c0, ix->bound, ix->append_from}, s0, ns;
+    new_scores(ix, ix->append_from, &s0, &ns);
     double st[3] = {ix->dc.s_n, ix->dc.s_mean, ix->dc.s_m2};
 #define PUT(src, bytes)                 \
     do {                                \
@@ -822,31 +934,35 @@ void dhsa__kv_index_delta_write(const dhsa_kv_index *ix, int64_t c0, void *buf) 
     if (ix->spread) PUT(ix->tail_sq, hd * 8);
     PUT(ix->ring, (size_t)ix->ring_len * hd * 4);
     PUT(ix->dc.score, (size_t)ix->dc.score_size * 4);
+    PUT(ix->score_hist + s0, (size_t)ns * 4);
 #undef PUT
 }
 
 dhsa_status dhsa__kv_index_delta_read(dhsa_kv_index *ix, const void *buf, size_t bytes) {
     const size_t hd = (size_t)(ix->Hkv * ix->d);
     const char *p = buf;
-    int64_t hdr[4];
+    int64_t hdr[5];
     if (bytes < sizeof hdr) return dhsa__fail(DHSA_ERR_INTERNAL, "routing-index delta of %zu bytes: truncated", bytes);
     memcpy(hdr, p, sizeof hdr);
     if (ix->dc.learned)
         return dhsa__fail(DHSA_ERR_UNSUPPORTED, "a routing-index delta does not carry LEARNED boundaries");
     if (hdr[2] != ix->n_chunks || hdr[1] < hdr[2] || hdr[1] > ix->max_chunks || hdr[0] < ix->len ||
-        hdr[0] > ix->capacity || hdr[3] != ix->bound)
+        hdr[0] > ix->capacity || hdr[3] != ix->bound || hdr[4] != ix->len)
         return dhsa__fail(DHSA_ERR_INTERNAL,
                           "routing-index delta from chunk %lld to %lld at length %lld does not follow this index "
                           "(%lld chunks, length %lld): the ranks' indexes have diverged",
                           (long long)hdr[2], (long long)hdr[1], (long long)hdr[0], (long long)ix->n_chunks,
                           (long long)ix->len);
-    const int64_t c0 = hdr[2];
+    const int64_t c0 = hdr[2], len0 = ix->len, from0 = ix->append_from;
     ix->n_chunks = hdr[1];
     ix->len = hdr[0];
-    if (dhsa__kv_index_delta_bytes(ix, c0) != bytes) {
+    ix->append_from = hdr[4];
+    const size_t want = dhsa__kv_index_delta_bytes(ix, c0);
+    if (want != bytes) {
         ix->n_chunks = c0;
-        return dhsa__fail(DHSA_ERR_INTERNAL, "routing-index delta of %zu bytes, %zu expected", bytes,
-                          dhsa__kv_index_delta_bytes(ix, c0));
+        ix->len = len0;
+        ix->append_from = from0;
+        return dhsa__fail(DHSA_ERR_INTERNAL, "routing-index delta of %zu bytes, %zu expected", bytes, want);
     }
     const size_t n_new = (size_t)(ix->n_chunks - c0);
     p += sizeof hdr;
@@ -868,6 +984,9 @@ dhsa_status dhsa__kv_index_delta_read(dhsa_kv_index *ix, const void *buf, size_t
     if (ix->spread) GET(ix->tail_sq, hd * 8);
     GET(ix->ring, (size_t)ix->ring_len * hd * 4);
     GET(ix->dc.score, (size_t)ix->dc.score_size * 4);
+    int64_t s0, ns;
+    new_scores(ix, ix->append_from, &s0, &ns);
+    GET(ix->score_hist + s0, (size_t)ns * 4);
 #undef GET
     return DHSA_OK;
 }
