@@ -55,6 +55,7 @@ int dhsa_cli_serve(int argc, char **argv) {
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -242,16 +243,24 @@ typedef struct {
     double t0;
 } request_ctx;
 
-static enum MHD_Result send_text(struct MHD_Connection *c, unsigned code, const char *type, char *body, size_t len) {
+/* close_after: the connection ends after this response (a request whose framing
+ * cannot be trusted). */
+static enum MHD_Result send_text_opt(struct MHD_Connection *c, unsigned code, const char *type, char *body, size_t len,
+                                     int close_after) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
     if (!r) {
         free(body);
         return MHD_NO;
     }
     MHD_add_response_header(r, "Content-Type", type);
+    if (close_after) MHD_add_response_header(r, "Connection", "close");
     enum MHD_Result ret = MHD_queue_response(c, code, r);
     MHD_destroy_response(r);
     return ret;
+}
+
+static enum MHD_Result send_text(struct MHD_Connection *c, unsigned code, const char *type, char *body, size_t len) {
+    return send_text_opt(c, code, type, body, len, 0);
 }
 
 static enum MHD_Result send_json(struct MHD_Connection *c, unsigned code, json_t *j) {
@@ -1235,17 +1244,79 @@ static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, en
     }
 }
 
+/* Malformed headers that libmicrohttpd lets through to the handler (it
+ * rejects others itself, docs/server.md): a name that is not an RFC 9110
+ * token (empty, a space before the colon), a NUL in a value, a second
+ * Content-Length, Content-Length with Transfer-Encoding (the two framings
+ * a proxy in front could read differently), HTTP/1.1 without Host. */
+typedef struct {
+    char why[200];
+    int n_length, n_host, n_te;
+} header_check;
+
+static int is_tchar(unsigned char ch) {
+    return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+           (ch && strchr("!#$%&'*+-.^_`|~", ch) != NULL);
+}
+
+static enum MHD_Result check_header(void *cls, enum MHD_ValueKind kind, const char *key, size_t key_size,
+                                    const char *value, size_t value_size) {
+    (void)kind;
+    header_check *h = cls;
+    size_t i = 0;
+    while (i < key_size && is_tchar((unsigned char)key[i])) i++;
+    if (key_size == 0 || i < key_size) {
+        snprintf(h->why, sizeof h->why, "malformed HTTP: the header name \"%.60s\" is not a token", key ? key : "");
+        return MHD_NO;
+    }
+    if (value && memchr(value, 0, value_size)) {
+        snprintf(h->why, sizeof h->why, "malformed HTTP: the header %.60s holds a NUL byte", key);
+        return MHD_NO;
+    }
+    h->n_length += strcasecmp(key, "Content-Length") == 0;
+    h->n_host += strcasecmp(key, "Host") == 0;
+    h->n_te += strcasecmp(key, "Transfer-Encoding") == 0;
+    return MHD_YES;
+}
+
+/* 1 with a sentence in why when the request's headers are malformed. */
+static int malformed_headers(struct MHD_Connection *c, const char *version, char *why, size_t cap) {
+    header_check h;
+    memset(&h, 0, sizeof h);
+    MHD_get_connection_values_n(c, MHD_HEADER_KIND, check_header, &h);
+    if (!h.why[0] && h.n_length > 1)
+        snprintf(h.why, sizeof h.why, "malformed HTTP: %d Content-Length headers", h.n_length);
+    if (!h.why[0] && h.n_length && h.n_te)
+        snprintf(h.why, sizeof h.why, "malformed HTTP: both Content-Length and Transfer-Encoding");
+    if (!h.why[0] && h.n_host != 1 && version && strcmp(version, "HTTP/1.1") == 0)
+        snprintf(h.why, sizeof h.why, "malformed HTTP: an HTTP/1.1 request needs exactly one Host header (%d)",
+                 h.n_host);
+    if (!h.why[0]) return 0;
+    snprintf(why, cap, "%s", h.why);
+    return 1;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     (void)cls;
-    (void)version;
     request_ctx *r = *con_cls;
     if (!r) {
         r = calloc(1, sizeof *r);
         if (!r) return MHD_NO;
         r->t0 = now_s();
         *con_cls = r;
-        return MHD_YES;
+        char why[200];
+        if (!malformed_headers(c, version, why, sizeof why)) return MHD_YES;
+        r->handled = 1; /* answered before the body; the connection is closed after it */
+        pthread_mutex_lock(&S.mu);
+        S.n_errors++;
+        pthread_mutex_unlock(&S.mu);
+        if (S.verbose) fprintf(stderr, "dhsa serve: 400 %s\n", why);
+        json_t *e = error_object(400, why, NULL, "malformed_http");
+        char *js = e ? json_dumps(e, JSON_COMPACT) : NULL;
+        json_decref(e);
+        if (!js) return MHD_NO;
+        return send_text_opt(c, 400, "application/json", js, strlen(js), 1);
     }
     if (*upload_size) { /* a piece of the body */
         if (!r->too_large) {
