@@ -159,6 +159,7 @@ typedef struct {
     int32_t *batch_ids;
     float *batch_logits;
     uint64_t n_batches, n_batch_rows;
+    double batch_eval_s, batch_wait_s; /* batcher: in dhsa_session_eval_batch; waiting for the other slots' steps */
     uint64_t use_clock;
     atomic_int stopping;
     /* metrics (under mu) */
@@ -478,6 +479,7 @@ static void *batcher_main(void *arg) {
     for (;;) {
         while (!S.n_posted && !S.batcher_quit) pthread_cond_wait(&S.cv_work, &S.mu);
         if (!S.n_posted) break; /* quit */
+        const double t_wait = now_s();
         if (S.n_posted < S.n_decoding) {
             struct timespec dl;
             clock_gettime(CLOCK_MONOTONIC, &dl);
@@ -496,8 +498,11 @@ static void *batcher_main(void *arg) {
                 S.batch_ss[k] = S.slots[i].s;
                 S.batch_ids[k++] = S.slots[i].next_id;
             }
+        const double t_eval = now_s();
+        S.batch_wait_s += t_eval - t_wait;
         pthread_mutex_unlock(&S.mu);
         dhsa_status st = dhsa_session_eval_batch(S.batch_ss, k, S.batch_ids, S.batch_logits);
+        const double t_evaluated = now_s();
         for (int64_t t = 0; t < k; t++) {
             slot *sl = S.batch_sl[t];
             if (st == DHSA_OK) {
@@ -513,6 +518,7 @@ static void *batcher_main(void *arg) {
         S.n_posted -= k;
         S.n_batches++;
         S.n_batch_rows += (uint64_t)k;
+        S.batch_eval_s += t_evaluated - t_eval;
         pthread_cond_broadcast(&S.cv_done);
     }
     pthread_mutex_unlock(&S.mu);
@@ -1214,6 +1220,13 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c) {
         "dhsa_decode_batches_total %" PRIu64 "\n", m.n_batches);
     OUT("# HELP dhsa_decode_batch_rows_total Decode steps run in those passes (rows / passes = mean batch).\n"
         "# TYPE dhsa_decode_batch_rows_total counter\ndhsa_decode_batch_rows_total %" PRIu64 "\n", m.n_batch_rows);
+    OUT("# HELP dhsa_decode_batch_eval_seconds_total Time of those passes in dhsa_session_eval_batch.\n"
+        "# TYPE dhsa_decode_batch_eval_seconds_total counter\ndhsa_decode_batch_eval_seconds_total %.6f\n",
+        m.batch_eval_s);
+    OUT("# HELP dhsa_decode_batch_wait_seconds_total Time the batcher held a posted step waiting for the other "
+        "decoding slots' (at most 1 ms a pass).\n"
+        "# TYPE dhsa_decode_batch_wait_seconds_total counter\ndhsa_decode_batch_wait_seconds_total %.6f\n",
+        m.batch_wait_s);
     OUT("# HELP dhsa_slots Slots (sessions served at once).\n# TYPE dhsa_slots gauge\ndhsa_slots %lld\n",
         (long long)m.n_slots);
     OUT("# HELP dhsa_slots_busy Slots serving a request.\n# TYPE dhsa_slots_busy gauge\ndhsa_slots_busy %lld\n",
