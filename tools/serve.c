@@ -87,8 +87,8 @@ const char dhsa_cli_serve_usage[] =
     "  --batch on|off      on (default): the slots share one ctx of --threads threads\n"
     "                      and their decode steps run as one batch (one pass over\n"
     "                      the weights); off: each slot has its own threads\n"
-    "  --threads T         threads (default: online CPUs; with --batch off, per slot:\n"
-    "                      online CPUs / slots, >= 1)\n"
+    "  --threads T         threads (default: online CPUs - 1 for the shared ctx, >= 1;\n"
+    "                      with --batch off, per slot: online CPUs / slots, >= 1)\n"
     "  --template NAME     chat template: llama3 chatml gemma mistral llama2\n"
     "                      (default: the one the model names)\n"
     "  --max-tokens N      the most tokens one request may generate (default 4096)\n"
@@ -1452,7 +1452,9 @@ static void parse_args(int argc, char **argv) {
     if (S.n_slots == 1) S.batch = 0; /* nothing to batch with */
     if (!S.threads) {
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        S.threads = cpus > 0 ? (S.batch ? cpus : cpus / S.n_slots) : 1;
+        /* batched: one core is left to the connection threads, which sample
+         * and post the next steps between passes (docs/server.md) */
+        S.threads = cpus > 0 ? (S.batch ? cpus - 1 : cpus / S.n_slots) : 1;
         if (S.threads < 1) S.threads = 1;
     }
 }
