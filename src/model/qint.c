@@ -246,10 +246,11 @@ static void unpack_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64_t
 }
 
 static void dot_rows_scalar(const uint8_t *c, int64_t ldc, const float *a, const float *b, int64_t ldab, int nr,
-                            int64_t n, int bw, const dhsa_qi_act *x, int n_tok, float *y, int64_t ldy) {
+                            int64_t n, int bw, const dhsa_qi_act *x, int n_tok, float *y, int64_t ldy, int accumulate) {
     for (int r = 0; r < nr; r++)
         for (int t = 0; t < n_tok; t++)
-            y[t * ldy + r] = dhsa__qi_dot_scalar(c + r * ldc, a + r * ldab, b + r * ldab, n, bw, &x[t], 0.0f);
+            y[t * ldy + r] = dhsa__qi_dot_scalar(c + r * ldc, a + r * ldab, b + r * ldab, n, bw, &x[t],
+                                                 accumulate ? y[t * ldy + r] : 0.0f);
 }
 
 static void tile_scalar(const uint8_t *w, const float *a, const float *b, int64_t n, int bw, const dhsa_qi_act *x,
@@ -378,26 +379,36 @@ static void quant_task(void *arg, int64_t task, int thread) {
                         j->xs + t * j->p.nxs);
 }
 
+/* The fused route works on column chunks of QI_FUSED_KC: the rows of a
+ * group are unpacked and multiplied a chunk at a time, so that the loads of
+ * the weights and the arithmetic interleave at a fine grain (a whole row
+ * unpacked first leaves the memory system idle during its products). */
+#define QI_FUSED_KC 1024
+
 static void fused_rows(const qi_job *j, int64_t o0, int64_t o1, char *buf) {
     const dhsa_wmat *W = j->W;
     const int64_t n = W->n_in, nb = n / j->bw, ldc = round_up(n, 64), ldab = round_up(nb, 16);
     const int R = j->k->fused_rows;
     uint8_t *c = (uint8_t *)buf;
     float *a = (float *)(buf + R * ldc), *b = a + R * ldab;
-    dhsa_qi_act x[64];
     const int nt = (int)j->n_tok;
-    for (int t = 0; t < nt; t++) x[t] = act_of(j, t);
     for (int64_t o = o0; o < o1; o += R) {
         const int nr = o1 - o < R ? (int)(o1 - o) : R;
         const uint8_t *row = (const uint8_t *)W->data + o * W->row_bytes;
-        if (0 && o + 2 * R < o1) { /* the row group after next, into L2 */
-            const uint8_t *nx = row + 2 * R * W->row_bytes;
-            for (int64_t e = 0; e < R * W->row_bytes; e += 64) __builtin_prefetch(nx + e, 0, 2);
+        for (int64_t k0 = 0; k0 < n; k0 += QI_FUSED_KC) {
+            const int64_t kn = n - k0 < QI_FUSED_KC ? n - k0 : QI_FUSED_KC;
+            for (int r = 0; r < R; r++) /* past the last row: the last row again, its results dropped */
+                j->k->unpack(W->type, row + (r < nr ? r : nr - 1) * W->row_bytes, k0, kn, c + r * ldc,
+                             a + r * ldab, b + r * ldab);
+            dhsa_qi_act x[64];
+            for (int t = 0; t < nt; t++) {
+                x[t] = act_of(j, t);
+                x[t].q += k0;
+                x[t].xd += k0 / 32;
+                x[t].xs += k0 / j->bw;
+            }
+            j->k->dot_rows(c, ldc, a, b, ldab, nr, kn, j->bw, x, nt, j->y + o, j->ldy, k0 > 0);
         }
-        for (int r = 0; r < R; r++) /* past the last row: the last row again, its results dropped */
-            j->k->unpack(W->type, row + (r < nr ? r : nr - 1) * W->row_bytes, 0, n, c + r * ldc, a + r * ldab,
-                         b + r * ldab);
-        j->k->dot_rows(c, ldc, a, b, ldab, nr, n, j->bw, x, nt, j->y + o, j->ldy);
     }
 }
 

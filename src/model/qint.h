@@ -86,9 +86,10 @@ typedef struct {
     /* Fused route: y[t * ldy + r] (t < n_tok, r < nr <= fused_rows) = the
      * product of unpacked row r (codes at codes + r * ldc, a and b at
      * a / b + r * ldab; fused_rows rows are readable) with activation row
-     * x[t]; lane order (see above). */
+     * x[t], plus y's value when accumulate is set (the scalar kernel
+     * continues its block-ordered sum from it); lane order (see above). */
     void (*dot_rows)(const uint8_t *codes, int64_t ldc, const float *a, const float *b, int64_t ldab, int nr, int64_t n,
-                     int bw, const dhsa_qi_act *x, int n_tok, float *y, int64_t ldy);
+                     int bw, const dhsa_qi_act *x, int n_tok, float *y, int64_t ldy, int accumulate);
     /* Panel route, one tile: out[t][r] (t < mr, r < 16 ng) starts from its
      * value and adds the block-ordered product of n values of rows in
      * VNNI layout (per group g: codes [n/4][16][4] at w + g * n * 16, a and b

@@ -75,10 +75,25 @@ static void unpack(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, ui
     const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
     switch (type) {
     case DHSA_GGML_Q8_0: {
-        const __m256i flip = _mm256_set1_epi8((char)0x80);
-        for (int64_t i = 0; i < kn / 32; i++, c += 32) {
+        /* two blocks per 64-byte store: the products load 64 codes at a
+         * time, and a load that spans two stores cannot be forwarded */
+        const __m512i flip = _mm512_set1_epi8((char)0x80);
+        int64_t i = 0;
+        for (; i + 2 <= kn / 32; i += 2, c += 64) {
             const uint8_t *blk = row + (k0 / 32 + i) * 34;
-            _mm256_storeu_si256((__m256i *)c, _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 2)), flip));
+            __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(blk + 2))),
+                                           _mm256_loadu_si256((const __m256i *)(blk + 36)), 1);
+            _mm512_storeu_si512(c, _mm512_xor_si512(v, flip));
+            float d0 = half(blk), d1 = half(blk + 34);
+            a[i] = d0;
+            b[i] = -128.0f * d0;
+            a[i + 1] = d1;
+            b[i + 1] = -128.0f * d1;
+        }
+        if (i < kn / 32) {
+            const uint8_t *blk = row + (k0 / 32 + i) * 34;
+            _mm256_storeu_si256((__m256i *)c, _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 2)),
+                                                               _mm512_castsi512_si256(flip)));
             float d = half(blk);
             a[i] = d;
             b[i] = -128.0f * d;
@@ -89,10 +104,10 @@ static void unpack(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, ui
         for (int64_t i = 0; i < kn / 256; i++, c += 256, a += 8, b += 8) {
             const uint8_t *blk = row + (k0 / 256 + i) * 144;
             const __m256 d = _mm256_set1_ps(half(blk)), ndmin = _mm256_set1_ps(-half(blk + 2));
-            for (int u = 0; u < 4; u++) {
+            for (int u = 0; u < 4; u++) { /* one 64-byte store per 64 codes (see Q8_0) */
                 __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * u));
-                _mm256_storeu_si256((__m256i *)(c + 64 * u), _mm256_and_si256(v, m4));
-                _mm256_storeu_si256((__m256i *)(c + 64 * u + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+                _mm512_storeu_si512(c + 64 * u, _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, m4)),
+                                                                   _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), 1));
             }
             /* the eight 6-bit scales and mins (quant.c's q4k_scale_min), four at a time in 32-bit words */
             uint32_t u0, u1, u2;
@@ -126,10 +141,8 @@ static void unpack(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, ui
                                              _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
                 __m256i p3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                                              _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
-                _mm256_storeu_si256((__m256i *)cc, p0);
-                _mm256_storeu_si256((__m256i *)(cc + 32), p1);
-                _mm256_storeu_si256((__m256i *)(cc + 64), p2);
-                _mm256_storeu_si256((__m256i *)(cc + 96), p3);
+                _mm512_storeu_si512(cc, _mm512_inserti64x4(_mm512_castsi256_si512(p0), p1, 1));
+                _mm512_storeu_si512(cc + 64, _mm512_inserti64x4(_mm512_castsi256_si512(p2), p3, 1));
             }
             for (int j = 0; j < 16; j++) {
                 a[j] = d * (float)sc[j];
@@ -147,7 +160,7 @@ static void unpack(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, ui
  * the R * NT accumulators live in registers and are independent chains). */
 #define R 4
 INLINE void dot_nt(const uint8_t *c, int64_t ldc, const float *a, const float *b, int64_t ldab, int64_t n,
-                   const int BW, const dhsa_qi_act *x, const int NT, float *y, int64_t ldy, int nr) {
+                   const int BW, const dhsa_qi_act *x, const int NT, float *y, int64_t ldy, int nr, int accumulate) {
     const int64_t nb = n / BW;
     float ax[R][TMAX][256 + 16]; /* ax[r][t][j] = a_rj * xd_t (block j of this chunk) */
     const __m512i idx32 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
@@ -211,17 +224,17 @@ INLINE void dot_nt(const uint8_t *c, int64_t ldc, const float *a, const float *b
         }
     }
     for (int r = 0; r < nr; r++)
-        for (int t = 0; t < NT; t++) y[t * ldy + r] = res[r][t];
+        for (int t = 0; t < NT; t++) y[t * ldy + r] = accumulate ? y[t * ldy + r] + res[r][t] : res[r][t];
 }
 
 #define DOT_CASE(NT)                                                                                                 \
     case NT:                                                                                                         \
-        if (bw == 32) dot_nt(c, ldc, a, b, ldab, n, 32, x + t0, NT, y + t0 * ldy, ldy, nr);                          \
-        else dot_nt(c, ldc, a, b, ldab, n, 16, x + t0, NT, y + t0 * ldy, ldy, nr);                                   \
+        if (bw == 32) dot_nt(c, ldc, a, b, ldab, n, 32, x + t0, NT, y + t0 * ldy, ldy, nr, accumulate);                          \
+        else dot_nt(c, ldc, a, b, ldab, n, 16, x + t0, NT, y + t0 * ldy, ldy, nr, accumulate);                                   \
         break;
 
 static void dot_rows(const uint8_t *c, int64_t ldc, const float *a, const float *b, int64_t ldab, int nr, int64_t n,
-                     int bw, const dhsa_qi_act *x, int n_tok, float *y, int64_t ldy) {
+                     int bw, const dhsa_qi_act *x, int n_tok, float *y, int64_t ldy, int accumulate) {
     for (int t0 = 0; t0 < n_tok; t0 += TMAX) {
         switch (n_tok - t0 < TMAX ? n_tok - t0 : TMAX) {
             DOT_CASE(1)
