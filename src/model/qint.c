@@ -397,6 +397,25 @@ static void fused_rows(const qi_job *j, int64_t o0, int64_t o1, char *buf) {
         const uint8_t *row = (const uint8_t *)W->data + o * W->row_bytes;
         for (int64_t k0 = 0; k0 < n; k0 += QI_FUSED_KC) {
             const int64_t kn = n - k0 < QI_FUSED_KC ? n - k0 : QI_FUSED_KC;
+            /* the next chunk of these rows (or the first of the next group)
+             * while this one computes: the loads stay in flight */
+            {
+                int64_t nk0 = k0 + QI_FUSED_KC, no = o;
+                if (nk0 >= n) {
+                    nk0 = 0;
+                    no = o + R;
+                }
+                if (no < o1) {
+                    const int64_t nkn = n - nk0 < QI_FUSED_KC ? n - nk0 : QI_FUSED_KC;
+                    const int64_t off = nk0 / dhsa__wt_block(W->type) * dhsa__wt_block_bytes(W->type);
+                    const int64_t len = nkn / dhsa__wt_block(W->type) * dhsa__wt_block_bytes(W->type);
+                    const int nrn = o1 - no < R ? (int)(o1 - no) : R;
+                    for (int r = 0; r < nrn; r++) {
+                        const uint8_t *p = (const uint8_t *)W->data + (no + r) * W->row_bytes + off;
+                        for (int64_t e = 0; e < len; e += 64) __builtin_prefetch(p + e, 0, 3);
+                    }
+                }
+            }
             for (int r = 0; r < R; r++) /* past the last row: the last row again, its results dropped */
                 j->k->unpack(W->type, row + (r < nr ? r : nr - 1) * W->row_bytes, k0, kn, c + r * ldc,
                              a + r * ldab, b + r * ldab);
