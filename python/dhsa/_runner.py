@@ -63,7 +63,7 @@ class SessionParams(ctypes.Structure):
     """dhsa_session_params, field for field (the callbacks stay NULL)."""
     _fields_ = [
         ("n_ctx", c_int64), ("n_ubatch", c_int64), ("kv_type", c_int), ("mem_limit", ctypes.c_size_t),
-        ("attn", c_int), ("router", _capi.RouterParams), ("logits_all", c_int),
+        ("attn", c_int), ("router", _capi.RouterParams), ("logits_all", c_int), ("exact", c_int),
         ("progress", c_void_p), ("progress_user", c_void_p),
         ("layer_hook", c_void_p), ("layer_hook_user", c_void_p),
         ("dist", c_void_p), ("dist_stripe", c_int64),  # context parallelism: NULL, one process
@@ -98,6 +98,7 @@ _PROTOTYPES = {
     "dhsa_model_load": (c_int, [c_char_p, _p(ModelParams), _p(c_void_p)]),
     "dhsa_model_free": (None, [c_void_p]),
     "dhsa_model_get_info": (_p(ModelInfo), [c_void_p]),
+    "dhsa_model_routes": (c_int, [c_void_p, c_int, c_char_p, ctypes.c_size_t]),
     "dhsa_model_gguf": (c_void_p, [c_void_p]),
     "dhsa_model_tokenizer": (c_void_p, [c_void_p]),
     "dhsa_session_default_params": (SessionParams, []),
@@ -212,6 +213,13 @@ class Model:
     def eos(self):
         return int(_lib().dhsa_tokenizer_eos(self._tok))
 
+    def routes(self, exact=False):
+        """What the weight products run per weight type, e.g. "Q4_K, Q6_K:
+        int8 avx512-vnni; F32: f32 avx512" (dhsa_model_routes)."""
+        buf = ctypes.create_string_buffer(256)
+        check(_lib().dhsa_model_routes(self._handle(), 1 if exact else 0, buf, 256))
+        return buf.value.decode()
+
     def tokenize(self, text, add_bos=None, parse_special=False):
         """Token ids (list of int) of text (str or bytes). add_bos: None = as the
         vocabulary asks (the CLI's default), True / False to force."""
@@ -308,10 +316,13 @@ class Session:
     Defaults are the CLI's: ctx the trained context, attn "dense", the router's
     density (0.0625) for the sparse methods, kv "f32", threads = online CPUs,
     ubatch the largest <= 512 that fits mem_limit. mem_limit (bytes) bounds the
-    process's peak RSS; a plan over it raises DhsaError(DHSA_ERR_MEMORY_BUDGET)."""
+    process's peak RSS; a plan over it raises DhsaError(DHSA_ERR_MEMORY_BUDGET).
+    exact=True runs the weight products on the exact F32 route (the CLI's
+    --exact); the default is the fast integer route for quantized weights
+    (docs/quant.md); Model.routes(exact) says which route each type takes."""
 
     def __init__(self, model, ctx=None, attn="dense", density=None, budget=None, kv="f32", mem_limit=None,
-                 threads=None, ubatch=None, dense_below=None):
+                 threads=None, ubatch=None, dense_below=None, exact=False):
         if attn not in ATTN:
             raise ValueError("attn is one of %s, not %r" % (", ".join(ATTN), attn))
         if kv not in KV:
@@ -328,6 +339,7 @@ class Session:
         p.kv_type = KV[kv]
         p.mem_limit = int(mem_limit or 0)
         p.attn = ATTN[attn]
+        p.exact = 1 if exact else 0
         if density is not None:
             if not 0 < float(density) <= 1:
                 raise ValueError("density must be in (0, 1], not %r" % (density,))

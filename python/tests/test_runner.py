@@ -96,6 +96,32 @@ def test_session_basics(model):
     assert s.length == 0
 
 
+def test_exact_and_fast_routes():
+    """Session(exact=True) is the F32 route; the default on a quantized file
+    is the integer route, close to it (docs/quant.md), and says so."""
+    q8 = REPO / "models" / "dhsa-retrieval-8m-q8_0.gguf"
+    if not q8.exists():
+        pytest.skip("%s is not in the checkout" % q8)
+    m = dhsa.Model(str(q8))
+    try:
+        ids = m.tokenize(PK)
+        out = {}
+        for exact in (False, True):
+            s = dhsa.Session(m, ctx=256, threads=1, exact=exact)
+            s.eval(ids)
+            out[exact] = s.logits().copy()
+            s.close()
+        assert "f32" in m.routes(exact=True) and "Q8_0" in m.routes()
+        rel = np.linalg.norm(out[False] - out[True]) / np.linalg.norm(out[True])
+        if "int8" in m.routes():
+            assert 0 < rel < 0.04, rel
+            assert int(np.argmax(out[False])) == int(np.argmax(out[True]))
+        else:  # no integer kernels on this CPU: both are the exact route
+            assert rel == 0
+    finally:
+        m.close()
+
+
 def test_errors(model):
     with pytest.raises(dhsa.DhsaError) as e:
         dhsa.Model("/nonexistent/model.gguf")
