@@ -18,6 +18,7 @@
 #include "core/internal.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 /* ------------------------------------------------------------ formats --- */
@@ -282,12 +283,14 @@ const dhsa__qi_kernels dhsa__qi_scalar = {"scalar", S_MR, S_NG, 4, 1, dhsa__qi_q
 const dhsa__qi_kernels *dhsa__qi_kernels_active(void) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     if (dhsa_active_isa() == DHSA_ISA_AVX512 && dhsa__qi_vnni.name) {
-        static int vnni = -1;
-        if (vnni < 0) {
+        static atomic_int vnni = -1; /* CPUID once; every thread writes the same value */
+        int v = atomic_load(&vnni);
+        if (v < 0) {
             __builtin_cpu_init();
-            vnni = __builtin_cpu_supports("avx512vnni") ? 1 : 0;
+            v = __builtin_cpu_supports("avx512vnni") ? 1 : 0;
+            atomic_store(&vnni, v);
         }
-        if (vnni) return &dhsa__qi_vnni;
+        if (v) return &dhsa__qi_vnni;
     }
 #endif
     return NULL;
@@ -520,7 +523,12 @@ dhsa_status dhsa__qi_matmul(dhsa_ctx *ctx, const dhsa__qi_kernels *k, const dhsa
     j.q = (int8_t *)j.ws;
     j.xd = (float *)(j.ws + (size_t)n_tok * (size_t)j.p.ldq);
     j.xs = j.xd + n_tok * j.p.nxd;
-    dhsa_parallel_for(ctx, n_tok < 64 ? n_tok : 64, quant_task, &j);
+    /* few tokens: quantized here (about a microsecond a row), sparing a
+     * second wake-up of the threads; many: in parallel over tokens */
+    if (n_tok <= 8)
+        for (int64_t t = 0; t < n_tok; t++) quant_task(&j, t, 0);
+    else
+        dhsa_parallel_for(ctx, n_tok < 64 ? n_tok : 64, quant_task, &j);
     dhsa_parallel_for(ctx, j.p.n_tasks, mm_task, &j);
     dhsa__ctx_unlock(ctx);
     return DHSA_OK;
