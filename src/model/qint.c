@@ -392,6 +392,7 @@ static void fused_rows(const qi_job *j, int64_t o0, int64_t o1, char *buf) {
     const dhsa_wmat *W = j->W;
     const int64_t n = W->n_in, nb = n / j->bw, ldc = round_up(n, 64), ldab = round_up(nb, 16);
     const int R = j->k->fused_rows;
+    const int64_t blk = dhsa__wt_block(W->type), blk_bytes = dhsa__wt_block_bytes(W->type);
     uint8_t *c = (uint8_t *)buf;
     float *a = (float *)(buf + R * ldc), *b = a + R * ldab;
     const int nt = (int)j->n_tok;
@@ -410,8 +411,7 @@ static void fused_rows(const qi_job *j, int64_t o0, int64_t o1, char *buf) {
                 }
                 if (no < o1) {
                     const int64_t nkn = n - nk0 < QI_FUSED_KC ? n - nk0 : QI_FUSED_KC;
-                    const int64_t off = nk0 / dhsa__wt_block(W->type) * dhsa__wt_block_bytes(W->type);
-                    const int64_t len = nkn / dhsa__wt_block(W->type) * dhsa__wt_block_bytes(W->type);
+                    const int64_t off = nk0 / blk * blk_bytes, len = nkn / blk * blk_bytes;
                     const int nrn = o1 - no < R ? (int)(o1 - no) : R;
                     for (int r = 0; r < nrn; r++) {
                         const uint8_t *p = (const uint8_t *)W->data + (no + r) * W->row_bytes + off;
