@@ -141,7 +141,12 @@ KIND_PHASES = [(0, KINDS),
                (2400, [("passkey", 0.10), ("multikey", 0.10), ("multivalue", 0.10), ("multiquery", 0.45),
                        ("repeat", 0.10), ("copy", 0.15)]),
                (4200, [("passkey", 0.10), ("multikey", 0.15), ("multivalue", 0.10), ("multiquery", 0.45),
-                       ("repeat", 0.05), ("copy", 0.15)])]
+                       ("repeat", 0.05), ("copy", 0.15)]),
+               (10000, [("passkey", 0.10), ("multikey", 0.15), ("multivalue", 0.10), ("multiquery", 0.45),
+                        ("repeat", 0.05), ("copy", 0.15)])]
+# The fourth run (docs/training.md) starts from the committed step-4200
+# weights grown from 4 to 6 layers and counts its steps from 10000, so that
+# the third run's steps (4200-4600, not shipped) keep their data and tables.
 
 # From the third run (step 4200) a fourth loss term: the mean over the
 # first digit of every answer number (the token after the "▁" piece that
@@ -169,10 +174,12 @@ SCHEDULE = [(0, {512: 1.0}), (960, {128: 0.4, 256: 0.4, 512: 0.2}),
             (2400, {256: 0.5, 512: 0.5}), (2750, {512: 0.4, 1024: 0.4, 2048: 0.2}),
             (3050, {1024: 0.3, 2048: 0.3, 4096: 0.2, 8192: 0.2}),
             (3400, {512: 0.3, 1024: 0.3, 2048: 0.2, 4096: 0.1, 8192: 0.1}),
-            (4200, {512: 0.2, 1024: 0.3, 2048: 0.25, 4096: 0.15, 8192: 0.1})]
+            (4200, {512: 0.2, 1024: 0.3, 2048: 0.25, 4096: 0.15, 8192: 0.1}),
+            (10000, {512: 0.5, 1024: 0.5}),
+            (10200, {512: 0.2, 1024: 0.25, 2048: 0.25, 4096: 0.15, 8192: 0.15})]
 # Each run starts with a warmup: the first from 0, the second re-warms from
 # the first's cooled-down learning rate.
-RUN_STARTS = [0, 2400, 4200]
+RUN_STARTS = [0, 2400, 4200, 10000]
 
 
 def step_length(step, rng):
@@ -254,12 +261,12 @@ def heldout_set(b, ev, seed, lengths, per_cell):
 
 
 @torch.no_grad()
-def evaluate(model, items):
+def evaluate(model, items, autocast=True):
     model.eval()
     res = {}
     for T, kind, ids, a in items:
         x = torch.tensor(ids[:-1])[None]
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             lo = model(x)
         pred = lo[0, a - 1:len(ids) - 2].argmax(-1)   # the answer tokens (EOS not required)
         ok = bool((pred == torch.tensor(ids[a:len(ids) - 1])).all())
@@ -278,6 +285,26 @@ def lr_at(step, steps, lr, warmup=100, cooldown=0.15):
     if step < c0:
         return lr
     return lr * max(0.1, 1 - 0.9 * (step - c0) / max(1, steps - c0))
+
+
+def grow(st, n_file, after):
+    """Block expansion: the state of a model with len(after) more layers, a new
+    layer after each file layer in `after`, initialised as a copy of that layer
+    with its attention output and FFN down projections zeroed, so that each new
+    layer adds nothing to the residual stream and the grown model computes
+    exactly the file's function until training moves those projections."""
+    out = {k: v for k, v in st.items() if not k.startswith("layers.")}
+    j = 0
+    for i in range(n_file):
+        src = {k[len(f"layers.{i}."):]: v for k, v in st.items() if k.startswith(f"layers.{i}.")}
+        for k, v in src.items():
+            out[f"layers.{j}.{k}"] = v.clone()
+        j += 1
+        if i in after:
+            for k, v in src.items():
+                out[f"layers.{j}.{k}"] = torch.zeros_like(v) if k in ("wo.weight", "w_down.weight") else v.clone()
+            j += 1
+    return out
 
 
 def save(path, model, opt, step, cfg, args):
@@ -301,27 +328,42 @@ def main():
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--init", help="start from the weights of this GGUF (F16/F32) file")
     ap.add_argument("--init-step", type=int, default=0, help="the step those weights were taken at")
+    ap.add_argument("--autocast", default="bf16", choices=["bf16", "none"],
+                    help="bf16 autocast (runs 1-3, on a machine with AMX: 6x float32) or float32 (run 4: "
+                         "on an AVX512-BF16 machine without AMX bf16 steps took 1.5x as long as float32)")
+    ap.add_argument("--layers", type=int, default=4, help="layers of a new model (a resumed one keeps its own)")
+    ap.add_argument("--grow-after", default="",
+                    help="with --init: comma-separated indices of the file's layers after which a new layer "
+                         "is inserted (block expansion: a copy of that layer with wo and w_down zeroed, so the "
+                         "grown model starts as exactly the file's function); --layers must match")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     os.makedirs(args.ckpt, exist_ok=True)
     sp = spm.SentencePieceProcessor(model_file=args.tokenizer)
-    cfg = Config(vocab=sp.vocab_size(), dim=384, n_layer=4, n_head=6, n_kv_head=2, head_dim=64, ffn=1024)
+    cfg = Config(vocab=sp.vocab_size(), dim=384, n_layer=args.layers, n_head=6, n_kv_head=2, head_dim=64, ffn=1024)
+    last = os.path.join(args.ckpt, "last.pt")
+    ck = torch.load(last, weights_only=False) if os.path.exists(last) else None
+    if ck is not None:
+        cfg = Config(**ck["cfg"])
     model = Model(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     step = 0
-    last = os.path.join(args.ckpt, "last.pt")
-    if os.path.exists(last):
-        ck = torch.load(last, weights_only=False)
+    if ck is not None:
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         step = ck["step"]
         print(f"resumed from {last} at step {step}", flush=True)
     elif args.init:
-        from export import load_gguf_weights
-        model.load_state_dict(load_gguf_weights(args.init, cfg))
+        from export import load_gguf_weights, read_config
+        fcfg = read_config(args.init)
+        st = load_gguf_weights(args.init, fcfg)
+        if args.grow_after:
+            st = grow(st, fcfg.n_layer, [int(i) for i in args.grow_after.split(",")])
+        model.load_state_dict(st)
         step = args.init_step
-        print(f"initialised from {args.init} (step {step})", flush=True)
+        print(f"initialised from {args.init} (step {step}, {fcfg.n_layer} layers"
+              f"{', grown after ' + args.grow_after if args.grow_after else ''})", flush=True)
     print(f"model: {model.n_params() / 1e6:.2f} M parameters, {cfg}", flush=True)
     tr, ev = load_sources(args.work)
     b = Builder(sp)
@@ -341,7 +383,7 @@ def main():
         lr = lr_at(step, args.steps, args.lr)
         for g in opt.param_groups:
             g["lr"] = lr
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast == "bf16"):
             logits = model(x)
         loss, l_lm, l_ans, l_cp, l_first = loss_fn(logits, y, w_lm, w_ans, w_cp, w_first)
         opt.zero_grad(set_to_none=True)
@@ -358,7 +400,8 @@ def main():
         if step % 10 == 0:
             print(json.dumps(rec), flush=True)
         if step % args.eval_every == 0 or step == args.steps:
-            acc = evaluate(model, held + (held_long if step % (4 * args.eval_every) == 0 or step == args.steps else []))
+            acc = evaluate(model, held + (held_long if step % (4 * args.eval_every) == 0 or step == args.steps else []),
+                           args.autocast == "bf16")
             log.write(json.dumps({"step": step, "eval": acc, "time": time.time()}) + "\n")
             log.flush()
             print("eval", step, json.dumps(acc), flush=True)
