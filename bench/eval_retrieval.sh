@@ -19,9 +19,16 @@
 # Usage: sh bench/eval_retrieval.sh [OUTDIR]   (default build/eval-retrieval)
 # Env: LENGTHS (1K,2K,4K,8K,16K), DEPTHS (0,0.25,0.5,0.75,1), TRIALS (10),
 #      DENSITIES (0.0625,0.125), TASKS (passkey multikey multivalue), MV_TRIALS (4),
-#      THREADS (all), PREDICTOR (none), MODEL (the default), DHSA (build/dhsa).
-# Writes OUTDIR/TASK.txt (tables, every sparse miss), TASK.svg (a panel per
-# method and density), with JSON=1 also TASK.json (a second run), and fidelity.txt.
+#      METHODS (dense,dhsa,block,stream,oracle), THREADS (all), MODEL (the default),
+#      DHSA (build/dhsa), PREDICTOR (none; a predictor file, or "train" to train
+#      one for MODEL with `dhsa train-boundary` on 60 KB of training filler first),
+#      FIDELITY (1; 0 skips it).
+# Writes OUTDIR/TASK.json (every answer: method, density used, expected and
+# given text, the needle's keys selected per layer, where the first wrong
+# token came from), TASK.svg (a panel per method and density), with a
+# predictor also TASK-learned.json and .svg, tables.md (bench/eval_tables.py:
+# accuracy per method, length and depth, paired differences with standard
+# errors, every miss classified) and fidelity.txt.
 # Everything is seeded: a rerun gives the same numbers.
 set -e
 out=${1:-build/eval-retrieval}
@@ -47,23 +54,33 @@ if [ ! -f "$here/train/work/eval.txt" ]; then
     python3 "$here/train/corpus.py" "$here/train/work"
 fi
 fill="--filler $here/train/work/eval.txt --keywords $here/train/work/keywords_eval.txt"
-methods=dense,dhsa,block,stream,oracle
+methods=${METHODS:-dense,dhsa,block,stream,oracle}
 mkdir -p "$out"
+pred=${PREDICTOR:-}
+if [ "$pred" = train ]; then
+    pred="$out/boundary.prd"
+    # 60 KB of *training* filler (never the held-out text the tasks use)
+    tail -c +12000001 "$here/train/work/train.txt" | head -c 60000 > "$out/boundary-text.txt"
+    $dhsa train-boundary $m --text "$out/boundary-text.txt" -o "$pred" --ctx 512 --max-tokens 8192 \
+        --steps 400 --lr 1e-3 > "$out/boundary.txt" 2>&1
+fi
+files=""
 for t in $tasks; do
     tr=$trials
     [ "$t" = multivalue ] && tr=$mv_trials
     $dhsa eval $t $m $th $fill --lengths $lengths --depths $depths --trials $tr --attn $methods \
-        --density $dens --svg "$out/$t.svg" > "$out/$t.txt"
-    if [ -n "$JSON" ]; then
-        $dhsa eval $t $m $th $fill --lengths $lengths --depths $depths --trials $tr --attn $methods \
-            --density $dens --json > "$out/$t.json"
-    fi
-    if [ -n "$PREDICTOR" ]; then
+        --density $dens --svg "$out/$t.svg" --json > "$out/$t.json"
+    files="$files $out/$t.json"
+    if [ -n "$pred" ]; then
         $dhsa eval $t $m $th $fill --lengths $lengths --depths $depths --trials $tr --attn dhsa \
-            --density $dens --boundary "learned:$PREDICTOR" > "$out/$t-learned.txt"
+            --density $dens --boundary "learned:$pred" --svg "$out/$t-learned.svg" --json > "$out/$t-learned.json"
+        files="$files $out/$t-learned.json"
     fi
+    python3 "$here/bench/eval_tables.py" $files > "$out/tables.md"
 done
-head -c 2000000 "$here/train/work/eval.txt" > "$out/heldout.txt"
-$dhsa eval fidelity $m $th -f "$out/heldout.txt" --ctx 2048 --windows 8 --attn dhsa,block,stream,oracle \
-    --density $dens > "$out/fidelity.txt"
+if [ "${FIDELITY:-1}" != 0 ]; then
+    head -c 2000000 "$here/train/work/eval.txt" > "$out/heldout.txt"
+    $dhsa eval fidelity $m $th -f "$out/heldout.txt" --ctx 2048 --windows 8 --attn dhsa,block,stream,oracle \
+        --density $dens > "$out/fidelity.txt"
+fi
 echo "wrote $out"
