@@ -52,7 +52,7 @@ def main(paths):
                 answers.append(a)
         lengths = sorted({a["length"] for a in answers})
         depths = sorted({a["depth"] for a in answers})
-        densities = sorted({a["density"] for a in answers if a["method"] != "dense"})
+        densities = sorted({a["density"] for a in answers if a["method"] != "dense"}) or [1.0]  # dense only
         methods = []
         for a in answers:
             if a["method"] not in methods:
