@@ -108,7 +108,9 @@ typedef enum {
 } dhsa_isa;
 
 /* The ISA the kernels use: the best this CPU and build support, or SCALAR
- * when the environment variable DHSA_FORCE_SCALAR=1 is set (read once). */
+ * when the environment variable DHSA_FORCE_SCALAR=1 is set, or at most
+ * DHSA_FORCE_ISA=scalar|avx2|avx-vnni|avx512 (read once; avx2 also keeps
+ * the fast route's integer kernels off VNNI, as on an AVX2-only CPU). */
 dhsa_isa dhsa_active_isa(void);
 const char *dhsa_isa_name(dhsa_isa isa);
 /* Override the ISA for this process (tests, benchmarks). Returns
