@@ -2,8 +2,9 @@
  * numbers in docs/quant.md): the scalar definitions (unpacking each type
  * into codes and block scales, quantizing activations, the block-ordered
  * product), the scalar kernels that are the reference of the per-ISA ones
- * (qint_vnni.c, qint_avxvnni.c, qint_avx2.c), their choice, and the driver: activations quantized once per call (in parallel over
- * tokens), then either
+ * (qint_vnni.c, qint_avxvnni.c, qint_avx2.c), their choice, and the
+ * driver: activations quantized once per call (in parallel over tokens),
+ * then either
  *   fused  n_tok <= max_tok_fused: a task unpacks each of its rows into an
  *          L1 buffer and multiplies it with every token (decode);
  *   panel  otherwise: a task unpacks a panel of 16 ng rows, all columns, in

@@ -1,7 +1,8 @@
 /* qint.h: the integer route of the weight products (src/model/qint.c,
- * qint_vnni.c, qint_avx2.c, qint_avxvnni.c): activations quantized to 8 bits per block, integer dot
- * products against the weights' own codes. Private to the library; the
- * exact F32 route (quant.h) stays the reference and the `exact` option.
+ * qint_vnni.c, qint_avx2.c, qint_avxvnni.c, qint_ymm.h): activations
+ * quantized to 8 bits per block, integer dot products against the
+ * weights' own codes. Private to the library; the exact F32 route
+ * (quant.h) stays the reference and the `exact` option.
  *
  * Weights, every quantized type: a row is read as blocks of bw values
  * (bw = 32, or 16 for Q2_K, Q3_K and Q6_K, whose scales are per 16), each
