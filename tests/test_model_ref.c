@@ -265,8 +265,8 @@ static void check_fast(dhsa_model *m, const char *name, const int32_t *ids, int6
         for (int i = 0; i < n_seen; i++) dup |= strcmp(seen[i], routes) == 0;
         if (!strstr(routes, "int8") || dup) { /* F32/F16/BF16 (the exact route ran above), or no such kernels here */
             if (quantized)
-                T_SKIP(1, "gen-model %s: no %s integer kernels here (or capped): %s", name,
-                       dhsa__idot_name((dhsa__idot)cap), routes);
+                T_SKIP(1, "gen-model %s, fast route capped at %s: %s (%s)", name, dhsa__idot_name((dhsa__idot)cap),
+                       routes, dup ? "checked already: this CPU or DHSA_FORCE_ISA has nothing else" : "no integer kernels here");
             continue;
         }
         memcpy(seen[n_seen++], routes, sizeof routes);
