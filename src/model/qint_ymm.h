@@ -26,8 +26,8 @@
  *
  *   quant_act  four ymm per block of 32: max |x|, one rounding multiply,
  *              packs; bitwise the scalar quantizer.
- *   unpack     Q8_0, Q4_K and Q6_K with byte operations; the other types
- *              call the scalar unpacker.
+ *   unpack     every type but Q2_K, Q3_K and Q5_K with byte operations
+ *              (those call the scalar unpacker).
  *   dot_rows   fused route, 4 rows x up to 2 tokens per pass: per 32 codes
  *              one dot per row and token, its 8 lanes (8 or 4 per weight
  *              block) converted and scaled by a*xd per lane; lane order.
@@ -172,9 +172,68 @@ static void quant_act(const float *x, int64_t n, int bw, int8_t *q, float *xd, f
 
 /* ---------------------------------------------------------- unpacking --- */
 
+/* 16 bytes of nibbles -> 32 codes: the low nibbles, then the high ones. */
+INLINE __m256i nibbles(const uint8_t *qs) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(15);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+}
+
+/* 32 bits -> 32 bytes of 16 (bit set) or 0: the fifth bit of Q5_0 / Q5_1. */
+INLINE __m256i high_bits(const uint8_t *qh) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), _mm256_set_epi64x(0x0303030303030303ll, 0x0202020202020202ll,
+                                                                                           0x0101010101010101ll, 0));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
+}
+
 static void unpack(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, uint8_t *c, float *a, float *b) {
     const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+    /* iq4_grid + 128 (qint.c), looked up per nibble */
+    const __m256i grid = _mm256_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153, (char)166,
+                                          (char)181, (char)197, (char)217, (char)241, 1, 24, 45, 63, 79, 93, 106, 118,
+                                          (char)129, (char)141, (char)153, (char)166, (char)181, (char)197, (char)217,
+                                          (char)241);
     switch (type) {
+    case DHSA_GGML_Q4_0:
+    case DHSA_GGML_Q4_1:
+    case DHSA_GGML_Q5_0:
+    case DHSA_GGML_Q5_1:
+    case DHSA_GGML_IQ4_NL: {
+        const int64_t bb = dhsa__wt_block_bytes(type);
+        const int qs_at = type == DHSA_GGML_Q5_0 ? 6 : type == DHSA_GGML_Q5_1 ? 8 : type == DHSA_GGML_Q4_1 ? 4 : 2;
+        for (int64_t i = 0; i < kn / 32; i++, c += 32) {
+            const uint8_t *blk = row + (k0 / 32 + i) * bb;
+            __m256i v = nibbles(blk + qs_at);
+            if (type == DHSA_GGML_Q5_0) v = _mm256_or_si256(v, high_bits(blk + 2));
+            if (type == DHSA_GGML_Q5_1) v = _mm256_or_si256(v, high_bits(blk + 4));
+            if (type == DHSA_GGML_IQ4_NL) v = _mm256_shuffle_epi8(grid, v);
+            _mm256_storeu_si256((__m256i *)c, v);
+            const float d = half(blk);
+            a[i] = d;
+            switch (type) {
+            case DHSA_GGML_Q4_0: b[i] = -8.0f * d; break;
+            case DHSA_GGML_Q5_0: b[i] = -16.0f * d; break;
+            case DHSA_GGML_IQ4_NL: b[i] = -128.0f * d; break;
+            default: b[i] = half(blk + 2); break; /* Q4_1, Q5_1: m */
+            }
+        }
+        return;
+    }
+    case DHSA_GGML_IQ4_XS:
+        for (int64_t i = 0; i < kn / 256; i++, c += 256, a += 8, b += 8) {
+            const uint8_t *blk = row + (k0 / 256 + i) * 136;
+            const float d = half(blk);
+            const unsigned sh = (unsigned)blk[2] | (unsigned)blk[3] << 8;
+            for (int ib = 0; ib < 8; ib++) {
+                _mm256_storeu_si256((__m256i *)(c + 32 * ib), _mm256_shuffle_epi8(grid, nibbles(blk + 8 + 16 * ib)));
+                const int ls = ((blk[4 + ib / 2] >> (4 * (ib % 2))) & 15) | ((sh >> (2 * ib)) & 3) << 4;
+                a[ib] = d * (float)(ls - 32);
+                b[ib] = -128.0f * a[ib];
+            }
+        }
+        return;
     case DHSA_GGML_Q8_0: {
         const __m256i flip = _mm256_set1_epi8((char)0x80);
         for (int64_t i = 0; i < kn / 32; i++, c += 32) {
