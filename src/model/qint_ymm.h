@@ -26,8 +26,8 @@
  *
  *   quant_act  four ymm per block of 32: max |x|, one rounding multiply,
  *              packs; bitwise the scalar quantizer.
- *   unpack     every type but Q2_K, Q3_K and Q5_K with byte operations
- *              (those call the scalar unpacker).
+ *   unpack     every type with byte operations (bitwise the scalar
+ *              unpacker, which any other type would call).
  *   dot_rows   fused route, 4 rows x up to 2 tokens per pass: per 32 codes
  *              one dot per row and token, its 8 lanes (8 or 4 per weight
  *              block) converted and scaled by a*xd per lane; lane order.
@@ -178,6 +178,18 @@ INLINE __m256i nibbles(const uint8_t *qs) {
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
 }
 
+/* Per byte of v: val where bit (a one-bit mask) is set, else 0. */
+INLINE __m256i bit_as(__m256i v, int bit, int val) {
+    const __m256i m = _mm256_set1_epi8((char)bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, m), m), _mm256_set1_epi8((char)val));
+}
+
+/* Q3_K's 6-bit scale j (qint.c's q3k_scale). */
+static inline int q3k_scale(const uint8_t *s, int j) {
+    int lo = j < 8 ? s[j] & 15 : s[j - 8] >> 4;
+    return lo | ((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4;
+}
+
 /* 32 bits -> 32 bytes of 16 (bit set) or 0: the fifth bit of Q5_0 / Q5_1. */
 INLINE __m256i high_bits(const uint8_t *qh) {
     uint32_t h;
@@ -246,13 +258,21 @@ static void unpack(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, ui
         return;
     }
     case DHSA_GGML_Q4_K:
+    case DHSA_GGML_Q5_K:
         for (int64_t i = 0; i < kn / 256; i++, c += 256, a += 8, b += 8) {
-            const uint8_t *blk = row + (k0 / 256 + i) * 144;
+            const int five = type == DHSA_GGML_Q5_K;
+            const uint8_t *blk = row + (k0 / 256 + i) * (five ? 176 : 144);
             const __m256 d = _mm256_set1_ps(half(blk)), ndmin = _mm256_set1_ps(-half(blk + 2));
+            const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
             for (int u = 0; u < 4; u++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * u));
-                _mm256_storeu_si256((__m256i *)(c + 64 * u), _mm256_and_si256(v, m4));
-                _mm256_storeu_si256((__m256i *)(c + 64 * u + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+                __m256i v = _mm256_loadu_si256((const __m256i *)(blk + (five ? 48 : 16) + 32 * u));
+                __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                if (five) { /* bit 2u (low nibbles) and 2u + 1 (high) of qh[l]: the fifth bit */
+                    lo = _mm256_or_si256(lo, bit_as(qh, 1 << (2 * u), 16));
+                    hi = _mm256_or_si256(hi, bit_as(qh, 1 << (2 * u + 1), 16));
+                }
+                _mm256_storeu_si256((__m256i *)(c + 64 * u), lo);
+                _mm256_storeu_si256((__m256i *)(c + 64 * u + 32), hi);
             }
             /* the eight 6-bit scales and mins (qint.c's q4k_scale_min), four at a time in 32-bit words */
             uint32_t u0, u1, u2;
@@ -294,6 +314,34 @@ static void unpack(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, ui
             for (int j = 0; j < 16; j++) {
                 a[j] = d * (float)sc[j];
                 b[j] = -32.0f * a[j];
+            }
+        }
+        return;
+    case DHSA_GGML_Q2_K:
+    case DHSA_GGML_Q3_K:
+        for (int64_t i = 0; i < kn / 256; i++, c += 256, a += 16, b += 16) {
+            const int q2 = type == DHSA_GGML_Q2_K;
+            const uint8_t *blk = row + (k0 / 256 + i) * (q2 ? 84 : 110);
+            const float d = half(blk + (q2 ? 80 : 108)), dmin = q2 ? half(blk + 82) : 0.0f;
+            const __m256i hm = q2 ? _mm256_setzero_si256() : _mm256_loadu_si256((const __m256i *)blk);
+            /* value 128 n + 32 j + k (k < 32): bits 2j of qs[32 n + k], plus
+             * 4 where bit 4n + j of hmask[k] is set (Q3_K) */
+            for (int n = 0; n < 2; n++) {
+                const __m256i x = _mm256_loadu_si256((const __m256i *)(blk + (q2 ? 16 : 32) + 32 * n));
+                for (int j = 0; j < 4; j++) {
+                    __m256i v = _mm256_and_si256(_mm256_srli_epi16(x, 2 * j), m2);
+                    if (!q2) v = _mm256_or_si256(v, bit_as(hm, 1 << (4 * n + j), 4));
+                    _mm256_storeu_si256((__m256i *)(c + 128 * n + 32 * j), v);
+                }
+            }
+            for (int j = 0; j < 16; j++) {
+                if (q2) {
+                    a[j] = d * (float)(blk[j] & 15);
+                    b[j] = -(dmin * (float)(blk[j] >> 4));
+                } else {
+                    a[j] = d * (float)(q3k_scale(blk + 96, j) - 32);
+                    b[j] = -4.0f * a[j];
+                }
             }
         }
         return;
