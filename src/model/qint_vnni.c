@@ -5,10 +5,9 @@
  *
  *   quant_act  two zmm per block of 32: max |x|, one rounding multiply,
  *              vpmovdb; bitwise the scalar quantizer.
- *   unpack     Q8_0, Q4_K and Q6_K with byte operations on ymm; Q4_0,
- *              Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS by the AVX2 kernels'
- *              unpacking (qint_ymm.h); Q2_K, Q3_K and Q5_K by the scalar
- *              unpacker (their products still run here).
+ *   unpack     Q8_0, Q4_K and Q6_K with byte operations here (64-byte
+ *              stores); the other types by the AVX2 kernels' byte
+ *              operations (qint_ymm.h).
  *   dot_rows   fused route, 4 rows x up to 4 tokens: per 64 codes one vpdpbusd (unsigned codes x
  *              signed activations) per token, its 16 lanes (4 or 2 per
  *              weight block) converted and scaled by a*xd per lane, the
@@ -154,7 +153,8 @@ static void unpack(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, ui
         return;
     default:
         /* the 256-bit kernels' byte operations (qint_ymm.h; AVX2 is part
-         * of every AVX512-VNNI CPU), else the scalar unpacker */
+         * of every AVX512-VNNI CPU), else (a build without them) the
+         * scalar unpacker */
         if (dhsa__qi_avx2.unpack) dhsa__qi_avx2.unpack(type, row, k0, kn, c, a, b);
         else dhsa__qi_unpack_scalar(type, row, k0, kn, c, a, b);
         return;
