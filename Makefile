@@ -20,8 +20,12 @@ ifeq ($(ARCH),x86_64)
   AVX512_FLAGS = -mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma -mf16c
   AVX2_FLAGS   = -mavx2 -mfma -mf16c
   VNNI_FLAGS   = $(AVX512_FLAGS) -mavx512vnni
+  # AVX-VNNI (vpdpbusd on ymm): GCC >= 11, clang >= 12; without it
+  # qint_avxvnni.c builds empty and the AVX2 kernels run instead.
+  AVXVNNI_FLAGS := $(AVX2_FLAGS) $(shell echo | $(CC) -mavxvnni -E -x c - >/dev/null 2>&1 && echo -mavxvnni)
 else
   VNNI_FLAGS   =
+  AVXVNNI_FLAGS =
   AVX512_FLAGS =
   AVX2_FLAGS   =
 endif
@@ -69,6 +73,10 @@ $(BUILD)/obj/%_avx512.o: src/%_avx512.c $(HDRS)
 $(BUILD)/obj/%_vnni.o: src/%_vnni.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(VNNI_FLAGS) -c $< -o $@
+
+$(BUILD)/obj/%_avxvnni.o: src/%_avxvnni.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(AVXVNNI_FLAGS) -c $< -o $@
 
 $(BUILD)/obj/%_avx2.o: src/%_avx2.c $(HDRS)
 	@mkdir -p $(dir $@)

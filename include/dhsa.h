@@ -108,7 +108,9 @@ typedef enum {
 } dhsa_isa;
 
 /* The ISA the kernels use: the best this CPU and build support, or SCALAR
- * when the environment variable DHSA_FORCE_SCALAR=1 is set (read once). */
+ * when the environment variable DHSA_FORCE_SCALAR=1 is set, or at most
+ * DHSA_FORCE_ISA=scalar|avx2|avx-vnni|avx512 (read once; avx2 also keeps
+ * the fast route's integer kernels off VNNI, as on an AVX2-only CPU). */
 dhsa_isa dhsa_active_isa(void);
 const char *dhsa_isa_name(dhsa_isa isa);
 /* Override the ISA for this process (tests, benchmarks). Returns
@@ -1266,9 +1268,9 @@ typedef struct {
     /* Weight products: 0 (default) the fast route, 1 the exact one. Fast:
      * quantized weights (Q8_0 ... IQ4_XS) multiply activations quantized to
      * 8-bit blocks of 32 with integer dot products where the CPU has the
-     * kernels (AVX512-VNNI); F32/F16/BF16 weights, and CPUs without them,
-     * take the exact route. Exact: weights dequantized to F32, F32 sums (the
-     * reference). dhsa_model_routes says what each weight type runs;
+     * kernels (AVX512-VNNI, AVX-VNNI or AVX2); F32/F16/BF16 weights, and
+     * CPUs without them, take the exact route. Exact: weights dequantized
+     * to F32, F32 sums (the reference). dhsa_model_routes says what each weight type runs;
      * docs/quant.md the fast route's measured error. */
     int exact;
     /* Called after each ubatch of a prefill (done tokens of total). */

@@ -20,6 +20,7 @@
  * outside (checked once below with a deliberately wrong reference).
  */
 #include "cli_run.h"
+#include "core/internal.h" /* dhsa__set_idot_cap: the fast route on each integer kernel set */
 #include "dhsa.h"
 #include "llm_ref.h"
 #include "t.h"
@@ -31,7 +32,8 @@
 
 /* The exact route (F32 weight products): the one held to the double
  * reference at the tight bounds below; the fast integer route is checked
- * at its own bound (test_model_ref.c, check_fast). */
+ * at its own bound (test_model_ref.c, check_fast), on every integer kernel
+ * set the CPU runs (avx512-vnni, avx-vnni, avx2). */
 static dhsa_session_params exact_params(void) {
     dhsa_session_params p = dhsa_session_default_params();
     p.exact = 1;
@@ -207,10 +209,8 @@ static void test_matrix(void) {
  * (docs/quant.md). */
 #define FAST_REL_MAX 0.04
 static double g_fast_worst = 0.0;
-static void check_fast(dhsa_model *m, const char *name, const int32_t *ids, int64_t n, int64_t V, const double *want) {
-    char routes[128];
-    dhsa_model_routes(m, 0, routes, sizeof routes);
-    if (!strstr(routes, "int8")) return; /* F32/F16/BF16, or no integer kernels here: the exact route ran above */
+static void check_fast_once(dhsa_model *m, const char *name, const int32_t *ids, int64_t n, int64_t V,
+                            const double *want, const char *routes) {
     float *got = malloc((size_t)(n * V) * sizeof(float)), *got2 = malloc((size_t)(n * V) * sizeof(float));
     dhsa_session_params sp = dhsa_session_default_params();
     dhsa_status st = run(m, sp, ids, n, 0, got);
@@ -243,10 +243,36 @@ static void check_fast(dhsa_model *m, const char *name, const int32_t *ids, int6
     T_CHECK(st == DHSA_OK && rel <= FAST_REL_MAX && agree == asked && rel_pd <= 1e-2,
             "gen-model %s, fast route (%s): logits vs double relative %.3g (max %.2g), argmax = reference's at %d of %d "
             "clear positions, prefill vs decode %.2g (max 1e-2)", name, routes, rel, FAST_REL_MAX, agree, asked, rel_pd);
-    printf("  fast route %-6s logits vs double: relative L2 %.4f, largest |error| %.3g, argmax agrees %d/%d\n", name, rel,
-           maxerr, agree, asked);
+    printf("  fast route %-6s logits vs double: relative L2 %.4f, largest |error| %.3g, argmax agrees %d/%d (%s)\n", name,
+           rel, maxerr, agree, asked, routes);
     free(got);
     free(got2);
+}
+
+/* The fast route on every integer kernel set this CPU runs: the best, then
+ * capped at avx-vnni and at avx2 (dhsa__set_idot_cap, what
+ * DHSA_FORCE_ISA=avx-vnni / avx2 do), each once. */
+static void check_fast(dhsa_model *m, const char *name, const int32_t *ids, int64_t n, int64_t V, const double *want) {
+    const dhsa__idot cap0 = dhsa__set_idot_cap(DHSA__IDOT_AVX512VNNI); /* the cap the environment set */
+    const int quantized = strcmp(name, "F32") && strcmp(name, "F16") && strcmp(name, "BF16");
+    char seen[3][128];
+    int n_seen = 0;
+    for (int cap = DHSA__IDOT_AVX512VNNI; cap >= DHSA__IDOT_AVX2; cap--) {
+        dhsa__set_idot_cap((dhsa__idot)(cap < (int)cap0 ? cap : (int)cap0));
+        char routes[128];
+        dhsa_model_routes(m, 0, routes, sizeof routes);
+        int dup = 0;
+        for (int i = 0; i < n_seen; i++) dup |= strcmp(seen[i], routes) == 0;
+        if (!strstr(routes, "int8") || dup) { /* F32/F16/BF16 (the exact route ran above), or no such kernels here */
+            if (quantized)
+                T_SKIP(1, "gen-model %s, fast route capped at %s: %s (%s)", name, dhsa__idot_name((dhsa__idot)cap),
+                       routes, dup ? "checked already: this CPU or DHSA_FORCE_ISA has nothing else" : "no integer kernels here");
+            continue;
+        }
+        memcpy(seen[n_seen++], routes, sizeof routes);
+        check_fast_once(m, name, ids, n, V, want, routes);
+    }
+    dhsa__set_idot_cap(cap0);
 }
 
 /* `dhsa gen-model --type T` for every type: the file it writes (quantized by

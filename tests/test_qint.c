@@ -11,15 +11,25 @@
  *     true activations: |y - ref| <= sum_i |w_i| (xd_i / 2) (the
  *     activations' rounding, the route's only approximation) + 1e-6
  *     sum_i |w_i x_i| (F32 sums); a deliberately wrong product fails it;
- *   - SIMD kernels against the scalar ones: activations and unpacking
- *     bitwise, the panel route bitwise (the contract), the fused route within
- *     1e-6 of sum |terms|; 1 and 2 threads bitwise; NaN and Inf in an
- *     activation block make its outputs NaN; edge shapes (n_in = 32, a
- *     32-value tail, n_out not a multiple of 32, token tails).
+ *   - every SIMD kernel set this CPU runs (avx2, avx-vnni, avx512-vnni),
+ *     each against the scalar kernels: activations and unpacking bitwise,
+ *     the panel route bitwise (the contract: the integer sums are exact on
+ *     every kernel, vpmaddubsw's included, and the float steps the same),
+ *     the fused route within 1e-6 of sum |terms|; 1 and 2 threads bitwise;
+ *     NaN and Inf in an activation block make its outputs NaN; edge shapes
+ *     (n_in = 32, a 32-value tail, n_out not a multiple of 16 or 32, 1 to 9
+ *     tokens and token tails, chunks past 256 blocks);
+ *   - the kernels called directly on codes at the saturation edge of
+ *     vpmaddubsw (every code 255 or 129 against activations of +-127):
+ *     bitwise the scalar tile; and the AVX2 kernels told a wrong (narrow)
+ *     largest code on such codes do differ (the test can fail);
+ *   - the dispatch: avx512-vnni > avx-vnni > avx2 under the caps
+ *     (dhsa__set_idot_cap, the ISA), and the route names.
  *
  * Run: make build/tests/test_qint && build/tests/test_qint
  * Ends with "test_qint: P passed, F failed".
  */
+#include "core/internal.h"
 #include "dhsa.h"
 #include "model/qint.h"
 #include "model/quant.h"
@@ -93,6 +103,22 @@ static float *rand_x(int64_t n, uint64_t seed) {
     return x;
 }
 
+/* The SIMD kernel sets of this build, and whether this CPU runs them. */
+#define N_KSETS 3
+static const dhsa__qi_kernels *kset(int i, int *runs) {
+    *runs = 0;
+#if defined(__x86_64__)
+    static const dhsa__idot level[N_KSETS] = {DHSA__IDOT_AVX2, DHSA__IDOT_AVXVNNI, DHSA__IDOT_AVX512VNNI};
+    const dhsa__qi_kernels *k[N_KSETS] = {&dhsa__qi_avx2, &dhsa__qi_avxvnni, &dhsa__qi_vnni};
+    *runs = k[i]->name != NULL && dhsa__idot_cpu_has(level[i]);
+    return k[i];
+#else
+    (void)i;
+    return NULL;
+#endif
+}
+static const char *const kset_names[N_KSETS] = {"avx2", "avx-vnni", "avx512-vnni"};
+
 /* ------------------------------------------------------------ unpack --- */
 
 static void test_unpack(void) {
@@ -119,19 +145,23 @@ static void test_unpack(void) {
             const int64_t blk = dhsa__wt_block(type), k0 = blk, kn = n - blk;
             dhsa__qi_unpack_scalar(type, row, k0, kn, c2, a2, b2);
             same &= memcmp(c2, c + k0, (size_t)kn) == 0 && memcmp(a2, a + k0 / bw, sizeof(float) * (size_t)(kn / bw)) == 0;
-#if defined(__x86_64__)
-            const dhsa__qi_kernels *k = dhsa__qi_kernels_active();
-            if (k) {
+            for (int ki = 0; ki < N_KSETS; ki++) {
+                int runs;
+                const dhsa__qi_kernels *k = kset(ki, &runs);
+                if (!runs) continue;
                 memset(c2, 0xAA, sizeof c2);
                 k->unpack(type, row, 0, n, c2, a2, b2);
                 same &= memcmp(c2, c, (size_t)n) == 0 && memcmp(a2, a, sizeof(float) * (size_t)(n / bw)) == 0 &&
                         memcmp(b2, b, sizeof(float) * (size_t)(n / bw)) == 0;
+                int cmax_ok = 1;
+                for (int64_t i = 0; i < n; i++) cmax_ok &= c[i] <= dhsa__qi_code_max(type);
+                same &= cmax_ok;
             }
-#endif
         }
         /* a*c + b is the weight to within one F32 rounding of it */
         T_CHECK(worst <= 0x1p-24, "%s: a*c + b = the dequantized weight (worst relative %.3g)", qnames[ti], worst);
-        T_CHECK(same, "%s: unpacking a column range and the SIMD unpacking give the scalar codes", qnames[ti]);
+        T_CHECK(same, "%s: unpacking a column range and every SIMD unpacking give the scalar codes, all <= %d",
+                qnames[ti], dhsa__qi_code_max(type));
         qmat_free(&m);
     }
 }
@@ -165,29 +195,36 @@ static void test_quant_act(void) {
             if (fabs(xs[j] - xd[j * bw / 32] * (double)s) > 1e-6 * fabs(xd[j * bw / 32] * (double)s)) ok = 0;
         }
         T_CHECK(ok, "activations (bw %d): codes within 0.5 of x / xd, xd = max|x| / 127, block sums", bw);
-#if defined(__x86_64__)
-        const dhsa__qi_kernels *k = dhsa__qi_kernels_active();
-        if (k) {
+        for (int ki = 0; ki < N_KSETS; ki++) {
+            int runs;
+            const dhsa__qi_kernels *k = kset(ki, &runs);
+            if (!runs) {
+                T_SKIP(1, "activations: no %s here", kset_names[ki]);
+                continue;
+            }
             k->quant_act(x, n, bw, q2, xd2, xs2);
             T_CHECK(memcmp(q, q2, sizeof q) == 0 && memcmp(xd, xd2, sizeof xd) == 0 &&
                         memcmp(xs, xs2, sizeof(float) * (size_t)(n / bw)) == 0,
                     "activations (bw %d): %s bitwise the scalar quantizer", bw, k->name);
         }
-#endif
     }
     /* NaN and Inf make their block's scale NaN */
     x[10] = NAN;
     x[200] = INFINITY;
     dhsa__qi_quant_act_scalar(x, n, 32, q, xd, xs);
     T_CHECK(isnan(xd[0]) && isnan(xd[6]) && !isnan(xd[1]), "activations: a NaN or Inf block has xd = NaN, others not");
-#if defined(__x86_64__)
-    const dhsa__qi_kernels *k = dhsa__qi_kernels_active();
-    if (k) {
+    for (int ki = 0; ki < N_KSETS; ki++) {
+        int runs;
+        const dhsa__qi_kernels *k = kset(ki, &runs);
+        if (!runs) {
+            T_SKIP(1, "activations: no %s here", kset_names[ki]);
+            continue;
+        }
         k->quant_act(x, n, 32, q2, xd2, xs2);
-        T_CHECK(isnan(xd2[0]) && isnan(xd2[6]) && !isnan(xd2[1]) && xd2[1] == xd[1], "activations: %s NaN and Inf as scalar",
-                k->name);
+        T_CHECK(isnan(xd2[0]) && isnan(xd2[6]) && !isnan(xd2[1]) && xd2[1] == xd[1] &&
+                    memcmp(q2, q, sizeof q) == 0,
+                "activations: %s NaN and Inf as scalar", k->name);
     }
-#endif
     free(x);
 }
 
@@ -251,13 +288,14 @@ static void test_products(void) {
     cp.n_threads = 1;
     T_CHECK(dhsa_ctx_create(&cp, &ctx1) == DHSA_OK, "ctx with 1 thread");
     if (!ctx1 || !ctx2) return;
-    const dhsa__qi_kernels *simd = NULL;
-#if defined(__x86_64__)
-    simd = dhsa__qi_kernels_active();
-#endif
-    if (!simd) T_SKIP(1, "no AVX512-VNNI on this CPU: the integer route's SIMD kernels are not tested here");
-    struct { int64_t n_in, n_out, n_tok; } shapes[] = {{256, 40, 1}, {512, 33, 3}, {768, 64, 9}, {256, 70, 13},
-                                                        {512, 17, 8}, {1024, 96, 20}};
+    /* n_in: one block, a few, a 32-value tail past 64, a second fused chunk
+     * (1536 > 1024); n_out: tails of the 4-row fused group and of the 16-
+     * and 32-row panels; n_tok: 1 to 9 (fused up to 4, panel tails of 4 and
+     * 6 tokens), 13 and 20 */
+    struct { int64_t n_in, n_out, n_tok; } shapes[] = {
+        {256, 40, 1},  {512, 33, 3},  {768, 64, 9}, {256, 70, 13}, {512, 17, 8}, {1024, 96, 20}, {32, 5, 2},
+        {96, 19, 4},   {64, 7, 5},    {288, 9, 1},  {256, 3, 6},   {512, 21, 7}, {1536, 10, 3}, {1536, 18, 2}};
+    int ks_checks[N_KSETS] = {0}; /* checks each kernel set made, for the skips of those this CPU lacks */
     for (int ti = 0; ti < N_QTYPES; ti++) {
         const uint32_t type = qtypes[ti];
         const int64_t blk = dhsa__wt_block(type);
@@ -288,7 +326,11 @@ static void test_products(void) {
                 T_CHECK(same, "%s %lld tokens: scalar route, one token at a time = all at once, bitwise", qnames[ti],
                         (long long)n_tok);
             }
-            if (simd) {
+            for (int ki = 0; ki < N_KSETS; ki++) {
+                int runs;
+                const dhsa__qi_kernels *simd = kset(ki, &runs);
+                if (!runs) continue;
+                const int before = t_checks();
                 ok = run_route(ctx2, simd, &m, x, n_tok, yv) && run_route(ctx1, simd, &m, x, n_tok, yv2);
                 T_CHECK(ok && memcmp(yv, yv2, ny * sizeof(float)) == 0, "%s %lld tokens: %s, 1 and 2 threads bitwise",
                         qnames[ti], (long long)n_tok, simd->name);
@@ -303,6 +345,7 @@ static void test_products(void) {
                 r = check_vs_double(&m, x, n_tok, yv);
                 if (r > g_worst) g_worst = r;
                 T_CHECK(r <= 1.0, "%s: %s vs double within the bound (%.3f of it)", qnames[ti], simd->name, r);
+                ks_checks[ki] += t_checks() - before;
             }
             free(x);
             free(ys);
@@ -311,6 +354,14 @@ static void test_products(void) {
             free(yv2);
             qmat_free(&m);
         }
+    }
+    int ran = 0;
+    for (int ki = 0; ki < N_KSETS; ki++) ran = ks_checks[ki] > ran ? ks_checks[ki] : ran;
+    for (int ki = 0; ki < N_KSETS; ki++) {
+        int runs;
+        kset(ki, &runs);
+        if (!runs)
+            T_SKIP(ran > 0 ? ran : 1, "no %s on this CPU or build: its integer route is not tested here", kset_names[ki]);
     }
     /* a wrong product fails the comparison */
     {
@@ -324,7 +375,10 @@ static void test_products(void) {
         x[17] = NAN;
         int all_nan = run_route(ctx1, &dhsa__qi_scalar, &m, x, 1, y);
         for (int o = 0; o < 8; o++) all_nan &= isnan(y[o]);
-        if (simd) {
+        for (int ki = 0; ki < N_KSETS; ki++) {
+            int runs;
+            const dhsa__qi_kernels *simd = kset(ki, &runs);
+            if (!runs) continue;
             float yb[8 * 9];
             float *x9 = malloc(sizeof(float) * 256 * 9);
             for (int t = 0; t < 9; t++) memcpy(x9 + 256 * t, x, sizeof(float) * 256);
@@ -332,29 +386,204 @@ static void test_products(void) {
             for (int o = 0; o < 8 * 9; o++) all_nan &= isnan(yb[o]);
             free(x9);
         }
-        T_CHECK(all_nan, "a NaN activation makes every output of its token NaN (scalar, fused and panel)");
+        T_CHECK(all_nan, "a NaN activation makes every output of its token NaN (scalar, fused and panel, every kernel)");
         free(x);
         qmat_free(&m);
     }
-    /* the route the library takes for the model */
-    const char *name = dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_Q4_K);
-    T_CHECK(name && (strstr(name, "int8") != NULL) == (simd != NULL), "fast route for Q4_K: %s", name);
-    T_CHECK(strstr(dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_F16), "f32") != NULL &&
-                strstr(dhsa__matmul_route_name(DHSA_MM_EXACT, DHSA_GGML_Q4_K), "f32") != NULL,
-            "F16 weights and the exact route name the F32 route");
     dhsa_ctx_free(ctx1);
     dhsa_ctx_free(ctx2);
 }
 
+/* ------------------------------------------------- kernels, directly --- */
+
+/* Rows of codes at the edge of vpmaddubsw's int16 pairs, against
+ * activations of +-127 (every |x| of a block equal): the kernels called
+ * directly, each output against the scalar block-ordered product of its
+ * row (dhsa__qi_dot_scalar, which the scalar tile is, value for value).
+ *   fill 0: random codes in [0, cmax];
+ *   fill 1: every code cmax, activations +-127 in pairs of one sign (the
+ *           largest pair sums, 2 cmax 127);
+ * cmax 255 (wide), 129 (the largest narrow one: pairs 32766), 63 (Q6_K).
+ * n = 300 blocks of 32 (600 of 16): two chunks of the fused kernels (256
+ * blocks each). Returns 1 when every output matches (panel: bitwise;
+ * fused: 1e-6 of sum |terms|); cmax_told is what the kernel is told. */
+enum { DK_N = 9600, DK_ROWS = 32 };
+static int direct_kernels(const dhsa__qi_kernels *k, int bw, int cmax, int cmax_told, int fill, int n_tok, int nr,
+                          uint64_t seed) {
+    const int64_t n = DK_N, nb = n / bw;
+    rng_t rg = {seed};
+    /* the panel 64-byte aligned, as the driver's (the AVX512-VNNI tile loads it aligned) */
+    uint8_t *c = malloc((size_t)(DK_ROWS * n)), *w = aligned_alloc(64, (size_t)(DK_ROWS * n) + 64);
+    float *a = malloc(sizeof(float) * (size_t)(DK_ROWS * nb)), *b = malloc(sizeof(float) * (size_t)(DK_ROWS * nb));
+    float *pa = malloc(sizeof(float) * (size_t)(DK_ROWS * nb)), *pb = malloc(sizeof(float) * (size_t)(DK_ROWS * nb));
+    float *xf = malloc(sizeof(float) * (size_t)n);
+    int8_t *q = malloc((size_t)(16 * n));
+    float *xd = malloc(sizeof(float) * (size_t)(16 * n / 32)), *xs = malloc(sizeof(float) * (size_t)(16 * n / 16));
+    int ok = c && w && a && b && pa && pb && xf && q && xd && xs;
+    dhsa_qi_act x[16];
+    for (int t = 0; t < 16 && ok; t++) {
+        for (int64_t i = 0; i < n; i++) {
+            double v = rng_normal(&rg);
+            if (fill == 1) v = ((i / 2 + t) % 3 ? 1.0 : -1.0) * (1.0 + (double)(i / 32 % 5)); /* |x| equal per block */
+            xf[i] = (float)v;
+        }
+        dhsa__qi_quant_act_scalar(xf, n, bw, q + t * n, xd + t * n / 32, xs + t * n / 16);
+        x[t].q = q + t * n;
+        x[t].xd = xd + t * n / 32;
+        x[t].xs = xs + t * n / 16;
+    }
+    for (int64_t r = 0; r < DK_ROWS && ok; r++) {
+        for (int64_t i = 0; i < n; i++)
+            c[r * n + i] = (uint8_t)(fill == 1 ? cmax : (int)(rng_u64(&rg) % (uint64_t)(cmax + 1)));
+        for (int64_t j = 0; j < nb; j++) {
+            a[r * nb + j] = (float)(rng_normal(&rg) * 1e-3);
+            b[r * nb + j] = (float)(rng_normal(&rg) * 1e-3);
+        }
+    }
+    /* the panel: groups of 16 rows in the VNNI layout */
+    for (int64_t r = 0; r < DK_ROWS && ok; r++) {
+        const int64_t g = r / 16, rr = r % 16;
+        for (int64_t qd = 0; qd < n / 4; qd++) memcpy(w + g * n * 16 + qd * 64 + rr * 4, c + r * n + 4 * qd, 4);
+        for (int64_t j = 0; j < nb; j++) {
+            pa[g * nb * 16 + j * 16 + rr] = a[r * nb + j];
+            pb[g * nb * 16 + j * 16 + rr] = b[r * nb + j];
+        }
+    }
+    int same = ok;
+    if (ok) {
+        /* panel: one tile of mr tokens x 16 ng rows, out starting at 0.5 */
+        const int rows = 16 * k->ng, mr = k->mr;
+        float out[16 * 32];
+        for (int e = 0; e < mr * rows; e++) out[e] = 0.5f;
+        k->tile(w, pa, pb, n, bw, cmax_told, x, out);
+        for (int t = 0; t < mr; t++)
+            for (int r = 0; r < rows; r++) {
+                float ref = dhsa__qi_dot_scalar(c + r * n, a + r * nb, b + r * nb, n, bw, &x[t], 0.5f);
+                same &= memcmp(&ref, &out[t * rows + r], sizeof ref) == 0;
+            }
+        /* fused: nr rows (fused_rows readable), n_tok tokens */
+        float y[16 * 4];
+        k->dot_rows(c, n, a, b, nb, nr, n, bw, cmax_told, x, n_tok, y, nr, 0);
+        for (int t = 0; t < n_tok; t++)
+            for (int r = 0; r < nr; r++) {
+                double ref = dhsa__qi_dot_scalar(c + r * n, a + r * nb, b + r * nb, n, bw, &x[t], 0.0f), mag = 1e-30;
+                for (int64_t j = 0; j < nb; j++) {
+                    int64_t is = 0;
+                    for (int l = 0; l < bw; l++) is += (int64_t)c[r * n + j * bw + l] * x[t].q[j * bw + l];
+                    mag += fabs((double)a[r * nb + j] * x[t].xd[j * bw / 32] * (double)is) +
+                           fabs((double)b[r * nb + j] * x[t].xs[j]);
+                }
+                same &= fabs(y[t * nr + r] - ref) <= 1e-6 * mag;
+            }
+    }
+    free(c);
+    free(w);
+    free(a);
+    free(b);
+    free(pa);
+    free(pb);
+    free(xf);
+    free(q);
+    free(xd);
+    free(xs);
+    return same;
+}
+
+static void test_kernels_direct(void) {
+    static const int cmaxes[3] = {255, 129, 63};
+    for (int ki = 0; ki < N_KSETS; ki++) {
+        int runs;
+        const dhsa__qi_kernels *k = kset(ki, &runs);
+        if (!runs) {
+            T_SKIP(12, "kernels directly: no %s here", kset_names[ki]);
+            continue;
+        }
+        for (int bw = 16; bw <= 32; bw += 16)
+            for (int ci = 0; ci < 3; ci++)
+                for (int fill = 0; fill < 2; fill++) {
+                    int n_tok = 1 + (ci * 2 + fill + bw / 16) % 7, nr = 1 + (ci + fill + bw / 16) % k->fused_rows;
+                    int ok = direct_kernels(k, bw, cmaxes[ci], cmaxes[ci], fill, n_tok, nr, 1000 + (uint64_t)(ci * 7 + fill));
+                    T_CHECK(ok, "%s directly, bw %d, codes %s %d, %d tokens, %d rows: panel tile bitwise the scalar, "
+                            "fused within 1e-6", k->name, bw, fill ? "all" : "up to", cmaxes[ci], n_tok, nr);
+                }
+    }
+    /* told that codes of 255 are narrow, vpmaddubsw saturates: the
+     * comparison sees it (only the AVX2 kernels have 16-bit pairs) */
+    int runs;
+    const dhsa__qi_kernels *k = kset(0, &runs);
+    if (!runs) {
+        T_SKIP(1, "kernels directly: no avx2 here (the saturation check)");
+        return;
+    }
+    T_CHECK(!direct_kernels(k, 32, 255, 63, 1, 2, 4, 77), "avx2 told a wrong largest code (63 for codes of 255): "
+            "its saturated sums fail the comparison");
+}
+
+/* ---------------------------------------------------------- dispatch --- */
+
+static void test_dispatch(void) {
+    const dhsa_isa isa = dhsa_active_isa();
+    const char *qk_name = dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_Q4_K);
+    T_CHECK(strstr(dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_F16), "f32") != NULL &&
+                strstr(dhsa__matmul_route_name(DHSA_MM_EXACT, DHSA_GGML_Q4_K), "f32") != NULL,
+            "F16 weights and the exact route name the F32 route");
+    const dhsa__qi_kernels *act = dhsa__qi_kernels_active();
+    T_CHECK(strcmp(qk_name, act ? dhsa__qi_route_name(act) : qk_name) == 0 && (strstr(qk_name, "int8") != NULL) == (act != NULL),
+            "fast route for Q4_K: %s", qk_name);
+    /* each cap, at the best ISA: the best kernel set within it */
+    dhsa_set_isa(DHSA_ISA_AVX512);
+    dhsa__idot cap0 = dhsa__set_idot_cap(DHSA__IDOT_AVX512VNNI);
+    const dhsa_isa best = dhsa_active_isa() == DHSA_ISA_AVX512 ? DHSA_ISA_AVX512 : isa;
+    dhsa_set_isa(best);
+    static const char *const want_name[4] = {NULL, "int8 avx2", "int8 avx-vnni", "int8 avx512-vnni"};
+    for (int cap = DHSA__IDOT_NONE; cap <= DHSA__IDOT_AVX512VNNI; cap++) {
+        dhsa__set_idot_cap((dhsa__idot)cap);
+        const char *want = NULL;
+        for (int l = cap; l >= 1 && !want; l--) {
+            int runs;
+            kset(l - 1, &runs);
+            if (runs && (l < DHSA__IDOT_AVX512VNNI || best == DHSA_ISA_AVX512) && (l > DHSA__IDOT_AVX2 || best >= DHSA_ISA_AVX2))
+                want = want_name[l];
+        }
+        const char *got = dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_Q6_K);
+        T_CHECK(want ? strcmp(got, want) == 0 : strncmp(got, "f32", 3) == 0,
+                "cap %s at ISA %s: fast route for Q6_K %s (want %s)", dhsa__idot_name((dhsa__idot)cap),
+                dhsa_isa_name(best), got, want ? want : "f32");
+    }
+    /* the AVX2 ISA: no AVX512-VNNI; the scalar ISA: the exact route */
+    dhsa__set_idot_cap(DHSA__IDOT_AVX512VNNI);
+    if (dhsa_set_isa(DHSA_ISA_AVX2) == DHSA_OK) {
+        int vnni_runs;
+        kset(1, &vnni_runs);
+        const char *got = dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_Q8_0);
+        T_CHECK(strcmp(got, vnni_runs ? "int8 avx-vnni" : "int8 avx2") == 0, "ISA avx2: fast route for Q8_0 %s", got);
+    } else {
+        T_SKIP(1, "no AVX2 here: the AVX2 ISA's route");
+    }
+    dhsa_set_isa(DHSA_ISA_SCALAR);
+    T_CHECK(strcmp(dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_Q8_0), "f32 scalar") == 0,
+            "ISA scalar: the fast route is the exact scalar one");
+    dhsa_set_isa(isa);
+    dhsa__set_idot_cap(cap0);
+    T_CHECK(strcmp(dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_Q4_K), qk_name) == 0, "ISA and cap restored: %s",
+            qk_name);
+}
+
 int main(void) {
-    const dhsa__qi_kernels *k = NULL;
-#if defined(__x86_64__)
-    k = dhsa__qi_kernels_active();
-#endif
-    printf("test_qint: integer kernels %s\n", k ? k->name : "none (scalar reference only)");
+    const dhsa__qi_kernels *k = dhsa__qi_kernels_active();
+    printf("test_qint: integer kernels of the fast route here: %s\n", k ? k->name : "none (scalar reference only)");
+    printf("test_qint: kernel sets tested:");
+    for (int ki = 0; ki < N_KSETS; ki++) {
+        int runs;
+        kset(ki, &runs);
+        if (runs) printf(" %s", kset_names[ki]);
+    }
+    printf("\n");
     test_unpack();
     test_quant_act();
     test_products();
+    test_kernels_direct();
+    test_dispatch();
     printf("test_qint: products vs double: largest error %.3f of the bound\n", g_worst);
     return t_report("test_qint");
 }

@@ -44,11 +44,12 @@ const char dhsa_cli_bench_matmul_usage[] =
     "            below 1 MiB, where the read mostly times waking the threads)\n"
     "Routes (docs/quant.md): exact multiplies the weights in F32 (the\n"
     "reference); fast quantizes x to 8-bit blocks and uses integer dot products\n"
-    "(AVX512-VNNI) for the quantized types, checked against the scalar integer\n"
-    "route (|a - b| <= 2e-6 sum |w x|); err is its NMSE against the exact route.\n"
+    "(AVX512-VNNI, AVX-VNNI or AVX2) for the quantized types, checked against\n"
+    "the scalar integer route (|a - b| <= 2e-6 sum |w x|); err is its NMSE\n"
+    "against the exact route.\n"
     "With both, every run times the two routes back to back and speedup is the\n"
     "median of the per-run ratios. A type the fast route does not cover (F32,\n"
-    "F16, BF16, or no VNNI) prints \"(exact)\" in its fast row.\n"
+    "F16, BF16, or no AVX2) prints \"(exact)\" in its fast row.\n"
     "Defaults: --route both, --type all, --n-in 4096, --n-out 4096, --tok 1, --runs 7,\n"
     "threads = online CPUs. Sizes accept K/M suffixes (--n-out 11008).\n";
 

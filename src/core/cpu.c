@@ -1,17 +1,30 @@
 /* cpu.c: run-time CPU feature detection and the process-wide ISA choice.
- * The best ISA the CPU and build support is used unless DHSA_FORCE_SCALAR=1
- * or dhsa_set_isa() says otherwise. Tested by tests/test_attn.c (every ISA
- * against the same reference).
+ * The best ISA the CPU and build support is used unless the environment
+ * (read once) or dhsa_set_isa() says otherwise:
+ *   DHSA_FORCE_SCALAR=1       the scalar kernels everywhere;
+ *   DHSA_FORCE_ISA=scalar     the same;
+ *   DHSA_FORCE_ISA=avx2       AVX2 kernels, and no VNNI in the fast route's
+ *                             integer kernels (vpmaddubsw): what an AVX2-only
+ *                             CPU runs;
+ *   DHSA_FORCE_ISA=avx-vnni   AVX2 kernels, the integer ones on AVX-VNNI;
+ *   DHSA_FORCE_ISA=avx512     the default on an AVX-512 CPU.
+ * A value above what the CPU has gives the CPU's best. The integer
+ * dot-product level (dhsa__idot_active) follows the active ISA and that cap.
+ * Tested by tests/test_attn.c (every ISA against the same reference) and
+ * tests/test_qint.c (every integer kernel against the scalar one).
  */
 #include "core/internal.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
 
 static atomic_int active = -1;
+static atomic_int idot_cap = -1; /* -1: the environment not read yet */
+static atomic_int idot_cpu = -1; /* bit 0: AVX-VNNI, bit 1: AVX512-VNNI */
 
 static dhsa_isa detect(void) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -31,13 +44,41 @@ static dhsa_isa detect(void) {
     return DHSA_ISA_SCALAR;
 }
 
+/* The caps the environment sets (see the top of the file). */
+static void env_caps(int *isa_cap, int *dot_cap) {
+    *isa_cap = DHSA_ISA_AVX512;
+    *dot_cap = DHSA__IDOT_AVX512VNNI;
+    const char *f = getenv("DHSA_FORCE_SCALAR"), *e = getenv("DHSA_FORCE_ISA");
+    if (f && f[0] == '1') {
+        *isa_cap = DHSA_ISA_SCALAR;
+        *dot_cap = DHSA__IDOT_NONE;
+        return;
+    }
+    if (!e || !e[0]) return;
+    if (strcmp(e, "scalar") == 0) {
+        *isa_cap = DHSA_ISA_SCALAR;
+        *dot_cap = DHSA__IDOT_NONE;
+    } else if (strcmp(e, "avx2") == 0) {
+        *isa_cap = DHSA_ISA_AVX2;
+        *dot_cap = DHSA__IDOT_AVX2;
+    } else if (strcmp(e, "avx-vnni") == 0) {
+        *isa_cap = DHSA_ISA_AVX2;
+        *dot_cap = DHSA__IDOT_AVXVNNI;
+    } else if (strcmp(e, "avx512") != 0) {
+        dhsa__warn_once("DHSA_FORCE_ISA", "DHSA_FORCE_ISA=%s is not one of scalar, avx2, avx-vnni, avx512: ignored",
+                        dhsa__esc(e));
+    }
+}
+
 static int supported(dhsa_isa isa) { return (int)isa <= (int)detect(); }
 
 dhsa_isa dhsa_active_isa(void) {
     int a = atomic_load(&active);
     if (a < 0) {
-        const char *f = getenv("DHSA_FORCE_SCALAR");
-        a = (f && f[0] == '1') ? DHSA_ISA_SCALAR : (int)detect();
+        int isa_cap, dot_cap;
+        env_caps(&isa_cap, &dot_cap);
+        a = (int)detect();
+        if (a > isa_cap) a = isa_cap;
         int expected = -1;
         if (!atomic_compare_exchange_strong(&active, &expected, a)) a = expected;
     }
@@ -59,6 +100,74 @@ const char *dhsa_isa_name(dhsa_isa isa) {
     case DHSA_ISA_SCALAR: return "scalar";
     case DHSA_ISA_AVX2: return "avx2";
     case DHSA_ISA_AVX512: return "avx512";
+    }
+    return "unknown";
+}
+
+/* ------------------------------------------- integer dot products --- */
+
+static int idot_cpu_flags(void) {
+    int v = atomic_load(&idot_cpu);
+    if (v >= 0) return v;
+    v = 0;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    /* AVX-VNNI: CPUID.(EAX=7,ECX=1):EAX bit 4 (the OS's saving of ymm is
+     * what the AVX2 ISA already required); AVX512-VNNI: the builtin. */
+    unsigned a, b, c, d;
+    if (__get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4))) v |= 1;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512vnni")) v |= 2;
+#endif
+    atomic_store(&idot_cpu, v); /* every thread computes the same value */
+    return v;
+}
+
+static int idot_cap_now(void) {
+    int cap = atomic_load(&idot_cap);
+    if (cap < 0) {
+        int isa_cap;
+        env_caps(&isa_cap, &cap);
+        int expected = -1;
+        if (!atomic_compare_exchange_strong(&idot_cap, &expected, cap)) cap = expected;
+    }
+    return cap;
+}
+
+dhsa__idot dhsa__idot_active(void) {
+    const dhsa_isa isa = dhsa_active_isa();
+    const int cap = idot_cap_now();
+    const int f = idot_cpu_flags();
+    int best = DHSA__IDOT_NONE;
+    if (isa == DHSA_ISA_AVX512 && (f & 2)) best = DHSA__IDOT_AVX512VNNI;
+    else if (isa >= DHSA_ISA_AVX2 && (f & 1)) best = DHSA__IDOT_AVXVNNI;
+    else if (isa >= DHSA_ISA_AVX2) best = DHSA__IDOT_AVX2;
+    return (dhsa__idot)(best < cap ? best : cap);
+}
+
+dhsa__idot dhsa__set_idot_cap(dhsa__idot cap) {
+    const int before = idot_cap_now();
+    atomic_store(&idot_cap, (int)cap);
+    return (dhsa__idot)before;
+}
+
+int dhsa__idot_cpu_has(dhsa__idot d) {
+    const dhsa_isa cpu = detect();
+    const int f = idot_cpu_flags();
+    switch (d) {
+    case DHSA__IDOT_NONE: return 1;
+    case DHSA__IDOT_AVX2: return cpu >= DHSA_ISA_AVX2;
+    case DHSA__IDOT_AVXVNNI: return cpu >= DHSA_ISA_AVX2 && (f & 1);
+    case DHSA__IDOT_AVX512VNNI: return cpu == DHSA_ISA_AVX512 && (f & 2);
+    }
+    return 0;
+}
+
+const char *dhsa__idot_name(dhsa__idot d) {
+    switch (d) {
+    case DHSA__IDOT_NONE: return "none";
+    case DHSA__IDOT_AVX2: return "avx2";
+    case DHSA__IDOT_AVXVNNI: return "avx-vnni";
+    case DHSA__IDOT_AVX512VNNI: return "avx512-vnni";
     }
     return "unknown";
 }

@@ -19,6 +19,24 @@
  * write `return dhsa__fail(DHSA_ERR_SHAPE, "k has %lld rows", n);`. */
 dhsa_status dhsa__fail(dhsa_status s, const char *fmt, ...) DHSA_PRINTF(2, 3);
 
+/* The integer dot-product instructions the fast route's kernels may use
+ * (model/qint.h), best last: the best the CPU has within the active ISA
+ * (AVX512-VNNI needs the AVX-512 ISA; AVX-VNNI and AVX2's maddubs the AVX2
+ * ISA or more), capped by DHSA_FORCE_ISA (src/core/cpu.c) and by
+ * dhsa__set_idot_cap (tests; DHSA__IDOT_AVX512VNNI lifts the cap). */
+typedef enum {
+    DHSA__IDOT_NONE = 0,
+    DHSA__IDOT_AVX2 = 1,       /* vpmaddubsw + vpmaddwd */
+    DHSA__IDOT_AVXVNNI = 2,    /* vpdpbusd on ymm (VEX) */
+    DHSA__IDOT_AVX512VNNI = 3  /* vpdpbusd on zmm */
+} dhsa__idot;
+dhsa__idot dhsa__idot_active(void);
+/* Sets the cap, returns the one before (tests: the kernels one by one). */
+dhsa__idot dhsa__set_idot_cap(dhsa__idot cap);
+/* 1 when the CPU can run d's instructions (whatever the caps). */
+int dhsa__idot_cpu_has(dhsa__idot d);
+const char *dhsa__idot_name(dhsa__idot d);
+
 /* Untrusted text for a terminal (src/core/escape.c has the rules): control
  * bytes, invalid UTF-8 and the code points a terminal acts on become \xNN
  * escapes; valid UTF-8 is kept. Writes at most cap bytes to out, NUL

@@ -1,9 +1,10 @@
 /* qint.c: the integer route of the weight products (contract in qint.h,
  * numbers in docs/quant.md): the scalar definitions (unpacking each type
  * into codes and block scales, quantizing activations, the block-ordered
- * product), the scalar kernels that are the reference of qint_vnni.c, and
- * the driver: activations quantized once per call (in parallel over
- * tokens), then either
+ * product), the scalar kernels that are the reference of the per-ISA ones
+ * (qint_vnni.c, qint_avxvnni.c, qint_avx2.c), their choice, and the
+ * driver: activations quantized once per call (in parallel over tokens),
+ * then either
  *   fused  n_tok <= max_tok_fused: a task unpacks each of its rows into an
  *          L1 buffer and multiplies it with every token (decode);
  *   panel  otherwise: a task unpacks a panel of 16 ng rows, all columns, in
@@ -18,7 +19,6 @@
 #include "core/internal.h"
 
 #include <math.h>
-#include <stdatomic.h>
 #include <string.h>
 
 /* ------------------------------------------------------------ formats --- */
@@ -67,6 +67,24 @@ int dhsa__qi_bw(uint32_t type) {
     case DHSA_GGML_Q2_K:
     case DHSA_GGML_Q3_K:
     case DHSA_GGML_Q6_K: return 16;
+    default: return 0;
+    }
+}
+
+int dhsa__qi_code_max(uint32_t type) {
+    switch (type) {
+    case DHSA_GGML_Q8_0:
+    case DHSA_GGML_IQ4_NL:
+    case DHSA_GGML_IQ4_XS: return 255;
+    case DHSA_GGML_Q6_K: return 63;
+    case DHSA_GGML_Q5_0:
+    case DHSA_GGML_Q5_1:
+    case DHSA_GGML_Q5_K: return 31;
+    case DHSA_GGML_Q4_0:
+    case DHSA_GGML_Q4_1:
+    case DHSA_GGML_Q4_K: return 15;
+    case DHSA_GGML_Q3_K: return 7;
+    case DHSA_GGML_Q2_K: return 3;
     default: return 0;
     }
 }
@@ -247,15 +265,18 @@ static void unpack_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64_t
 }
 
 static void dot_rows_scalar(const uint8_t *c, int64_t ldc, const float *a, const float *b, int64_t ldab, int nr,
-                            int64_t n, int bw, const dhsa_qi_act *x, int n_tok, float *y, int64_t ldy, int accumulate) {
+                            int64_t n, int bw, int cmax, const dhsa_qi_act *x, int n_tok, float *y, int64_t ldy,
+                            int accumulate) {
+    (void)cmax;
     for (int r = 0; r < nr; r++)
         for (int t = 0; t < n_tok; t++)
             y[t * ldy + r] = dhsa__qi_dot_scalar(c + r * ldc, a + r * ldab, b + r * ldab, n, bw, &x[t],
                                                  accumulate ? y[t * ldy + r] : 0.0f);
 }
 
-static void tile_scalar(const uint8_t *w, const float *a, const float *b, int64_t n, int bw, const dhsa_qi_act *x,
-                        float *out) {
+static void tile_scalar(const uint8_t *w, const float *a, const float *b, int64_t n, int bw, int cmax,
+                        const dhsa_qi_act *x, float *out) {
+    (void)cmax;
     const int64_t nb = n / bw;
     for (int t = 0; t < S_MR; t++)
         for (int r = 0; r < 16 * S_NG; r++) {
@@ -281,19 +302,24 @@ const dhsa__qi_kernels dhsa__qi_scalar = {"scalar", S_MR, S_NG, 4, 1, dhsa__qi_q
                                           dot_rows_scalar, tile_scalar};
 
 const dhsa__qi_kernels *dhsa__qi_kernels_active(void) {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    if (dhsa_active_isa() == DHSA_ISA_AVX512 && dhsa__qi_vnni.name) {
-        static atomic_int vnni = -1; /* CPUID once; every thread writes the same value */
-        int v = atomic_load(&vnni);
-        if (v < 0) {
-            __builtin_cpu_init();
-            v = __builtin_cpu_supports("avx512vnni") ? 1 : 0;
-            atomic_store(&vnni, v);
-        }
-        if (v) return &dhsa__qi_vnni;
-    }
+#if defined(__x86_64__)
+    /* the best the level allows and the build has (a kernel file built
+     * without its flags leaves a NULL name) */
+    const dhsa__idot d = dhsa__idot_active();
+    if (d >= DHSA__IDOT_AVX512VNNI && dhsa__qi_vnni.name) return &dhsa__qi_vnni;
+    if (d >= DHSA__IDOT_AVXVNNI && dhsa__qi_avxvnni.name) return &dhsa__qi_avxvnni;
+    if (d >= DHSA__IDOT_AVX2 && dhsa__qi_avx2.name) return &dhsa__qi_avx2;
 #endif
     return NULL;
+}
+
+const char *dhsa__qi_route_name(const dhsa__qi_kernels *k) {
+#if defined(__x86_64__)
+    if (k == &dhsa__qi_vnni) return "int8 avx512-vnni";
+    if (k == &dhsa__qi_avxvnni) return "int8 avx-vnni";
+    if (k == &dhsa__qi_avx2) return "int8 avx2";
+#endif
+    return k == &dhsa__qi_scalar ? "int8 scalar" : "int8";
 }
 
 /* ------------------------------------------------------------- driver --- */
@@ -356,7 +382,7 @@ typedef struct {
     int64_t ldx, n_tok;
     float *y;
     int64_t ldy;
-    int bw;
+    int bw, cmax;
     qi_plan p;
     char *ws;
     int8_t *q; /* [n_tok][ldq] */
@@ -429,7 +455,7 @@ static void fused_rows(const qi_job *j, int64_t o0, int64_t o1, char *buf) {
                 x[t].xd += k0 / 32;
                 x[t].xs += k0 / j->bw;
             }
-            j->k->dot_rows(c, ldc, a, b, ldab, nr, kn, j->bw, x, nt, j->y + o, j->ldy, k0 > 0);
+            j->k->dot_rows(c, ldc, a, b, ldab, nr, kn, j->bw, j->cmax, x, nt, j->y + o, j->ldy, k0 > 0);
         }
     }
 }
@@ -468,7 +494,7 @@ static void panel(const qi_job *j, int64_t o0, int64_t np, char *buf) {
         const int nt = j->n_tok - t0 < mr ? (int)(j->n_tok - t0) : mr;
         for (int t = 0; t < mr; t++) x[t] = act_of(j, t0 + (t < nt ? t : nt - 1));
         memset(out, 0, (size_t)mr * (size_t)rows * sizeof(float));
-        k->tile(pw, pa, pb, n, j->bw, x, out);
+        k->tile(pw, pa, pb, n, j->bw, j->cmax, x, out);
         for (int t = 0; t < nt; t++) memcpy(j->y + (t0 + t) * j->ldy + o0, out + t * rows, (size_t)np * sizeof(float));
     }
 }
@@ -512,6 +538,7 @@ dhsa_status dhsa__qi_matmul(dhsa_ctx *ctx, const dhsa__qi_kernels *k, const dhsa
     j.y = y;
     j.ldy = ldy;
     j.bw = dhsa__qi_bw(W->type);
+    j.cmax = dhsa__qi_code_max(W->type);
     j.p = qi_make_plan(k, W->type, W->n_in, W->n_out, n_tok, dhsa_ctx_n_threads(ctx));
     dhsa_status st = DHSA_OK;
     dhsa__ctx_lock(ctx);

@@ -1,7 +1,8 @@
 /* qint.h: the integer route of the weight products (src/model/qint.c,
- * qint_vnni.c): activations quantized to 8 bits per block, integer dot
- * products against the weights' own codes. Private to the library; the
- * exact F32 route (quant.h) stays the reference and the `exact` option.
+ * qint_vnni.c, qint_avx2.c, qint_avxvnni.c, qint_ymm.h): activations
+ * quantized to 8 bits per block, integer dot products against the
+ * weights' own codes. Private to the library; the exact F32 route
+ * (quant.h) stays the reference and the `exact` option.
  *
  * Weights, every quantized type: a row is read as blocks of bw values
  * (bw = 32, or 16 for Q2_K, Q3_K and Q6_K, whose scales are per 16), each
@@ -58,6 +59,10 @@ typedef struct {
 int dhsa__qi_type(uint32_t type);
 /* The weight block of the integer route: 16 or 32 (0 if not covered). */
 int dhsa__qi_bw(uint32_t type);
+/* The largest code the type's unpacking can give: 255 for Q8_0, IQ4_NL and
+ * IQ4_XS (signed values + 128), 2^bits - 1 for the others (63 for Q6_K).
+ * The AVX2 kernels' 16-bit pair sums depend on it (qint_avx2.h). */
+int dhsa__qi_code_max(uint32_t type);
 
 /* Scalar definitions, the reference of the per-ISA kernels:
  * codes[0..kn), a[0..kn/bw), b[0..kn/bw) of columns [k0, k0 + kn) of a
@@ -71,7 +76,7 @@ void dhsa__qi_quant_act_scalar(const float *x, int64_t n, int bw, int8_t *q, flo
 float dhsa__qi_dot_scalar(const uint8_t *codes, const float *a, const float *b, int64_t n, int bw,
                           const dhsa_qi_act *x, float y0);
 
-/* ---- Per-ISA kernels (private to qint.c and qint_vnni.c) ---- */
+/* ---- Per-ISA kernels (private to qint.c and qint_*.c) ---- */
 typedef struct {
     const char *name;
     int mr;        /* panel tile: tokens */
@@ -87,25 +92,34 @@ typedef struct {
      * product of unpacked row r (codes at codes + r * ldc, a and b at
      * a / b + r * ldab; fused_rows rows are readable) with activation row
      * x[t], plus y's value when accumulate is set (the scalar kernel
-     * continues its block-ordered sum from it); lane order (see above). */
+     * continues its block-ordered sum from it); lane order (see above).
+     * Every code is at most cmax (dhsa__qi_code_max of the type). */
     void (*dot_rows)(const uint8_t *codes, int64_t ldc, const float *a, const float *b, int64_t ldab, int nr, int64_t n,
-                     int bw, const dhsa_qi_act *x, int n_tok, float *y, int64_t ldy, int accumulate);
+                     int bw, int cmax, const dhsa_qi_act *x, int n_tok, float *y, int64_t ldy, int accumulate);
     /* Panel route, one tile: out[t][r] (t < mr, r < 16 ng) starts from its
      * value and adds the block-ordered product of n values of rows in
      * VNNI layout (per group g: codes [n/4][16][4] at w + g * n * 16, a and b
-     * [n/bw][16] at a + g * (n/bw) * 16) with activation rows x[t]. */
-    void (*tile)(const uint8_t *w, const float *a, const float *b, int64_t n, int bw, const dhsa_qi_act *x,
+     * [n/bw][16] at a + g * (n/bw) * 16) with activation rows x[t]; codes
+     * at most cmax. */
+    void (*tile)(const uint8_t *w, const float *a, const float *b, int64_t n, int bw, int cmax, const dhsa_qi_act *x,
                  float *out);
 } dhsa__qi_kernels;
 
 extern const dhsa__qi_kernels dhsa__qi_scalar;
 #if defined(__x86_64__)
-extern const dhsa__qi_kernels dhsa__qi_vnni;
+/* name NULL where the compiler could not build them */
+extern const dhsa__qi_kernels dhsa__qi_vnni;    /* AVX512-VNNI: vpdpbusd on zmm */
+extern const dhsa__qi_kernels dhsa__qi_avxvnni; /* AVX-VNNI: vpdpbusd on ymm */
+extern const dhsa__qi_kernels dhsa__qi_avx2;    /* AVX2: vpmaddubsw + vpmaddwd */
 #endif
-/* The integer kernels for the active ISA; NULL when it has none (the
- * scalar ISA, or an x86 CPU without AVX512-VNNI): the fast route is then the
- * exact route, and dhsa__matmul_route_name says so. */
+/* The integer kernels for the active ISA: avx512-vnni > avx-vnni > avx2 as
+ * dhsa__idot_active allows (core/internal.h: the CPU, the active ISA,
+ * DHSA_FORCE_ISA); NULL when it allows none (the scalar ISA, a CPU without
+ * AVX2): the fast route is then the exact route, and
+ * dhsa__matmul_route_name says so. */
 const dhsa__qi_kernels *dhsa__qi_kernels_active(void);
+/* "int8 " and the kernels' name (static storage): the route's name. */
+const char *dhsa__qi_route_name(const dhsa__qi_kernels *k);
 
 /* The integer route of dhsa__matmul (same contract, quant.h), with the
  * given kernels (tests pass &dhsa__qi_scalar). Workspace from the ctx's

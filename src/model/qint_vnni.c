@@ -5,9 +5,9 @@
  *
  *   quant_act  two zmm per block of 32: max |x|, one rounding multiply,
  *              vpmovdb; bitwise the scalar quantizer.
- *   unpack     Q8_0, Q4_K and Q6_K with byte operations on ymm; the other
- *              types call the scalar unpacker (their products still run
- *              here; unpacking is a small share of a panel).
+ *   unpack     Q8_0, Q4_K and Q6_K with byte operations here (64-byte
+ *              stores); the other types by the AVX2 kernels' byte
+ *              operations (qint_ymm.h).
  *   dot_rows   fused route, 4 rows x up to 4 tokens: per 64 codes one vpdpbusd (unsigned codes x
  *              signed activations) per token, its 16 lanes (4 or 2 per
  *              weight block) converted and scaled by a*xd per lane, the
@@ -151,7 +151,13 @@ static void unpack(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, ui
             }
         }
         return;
-    default: dhsa__qi_unpack_scalar(type, row, k0, kn, c, a, b); return;
+    default:
+        /* the 256-bit kernels' byte operations (qint_ymm.h; AVX2 is part
+         * of every AVX512-VNNI CPU), else (a build without them) the
+         * scalar unpacker */
+        if (dhsa__qi_avx2.unpack) dhsa__qi_avx2.unpack(type, row, k0, kn, c, a, b);
+        else dhsa__qi_unpack_scalar(type, row, k0, kn, c, a, b);
+        return;
     }
 }
 
@@ -235,7 +241,8 @@ INLINE void dot_nt(const uint8_t *c, int64_t ldc, const float *a, const float *b
         break;
 
 static void dot_rows(const uint8_t *c, int64_t ldc, const float *a, const float *b, int64_t ldab, int nr, int64_t n,
-                     int bw, const dhsa_qi_act *x, int n_tok, float *y, int64_t ldy, int accumulate) {
+                     int bw, int cmax, const dhsa_qi_act *x, int n_tok, float *y, int64_t ldy, int accumulate) {
+    (void)cmax; /* vpdpbusd sums in 32 bits: every code is exact */
     for (int t0 = 0; t0 < n_tok; t0 += TMAX) {
         switch (n_tok - t0 < TMAX ? n_tok - t0 : TMAX) {
             DOT_CASE(1)
@@ -249,8 +256,9 @@ static void dot_rows(const uint8_t *c, int64_t ldc, const float *a, const float 
 
 /* -------------------------------------------------------- panel route --- */
 
-static void tile(const uint8_t *w, const float *a, const float *b, int64_t n, int bw, const dhsa_qi_act *x,
+static void tile(const uint8_t *w, const float *a, const float *b, int64_t n, int bw, int cmax, const dhsa_qi_act *x,
                  float *out) {
+    (void)cmax;
     const int64_t nb = n / bw, qpb = bw / 4;
     const uint8_t *w0 = w, *w1 = w + n * 16;
     const float *a0 = a, *a1 = a + nb * 16, *b0 = b, *b1 = b + nb * 16;

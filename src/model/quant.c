@@ -1145,7 +1145,7 @@ size_t dhsa__matmul_workspace_on(dhsa__mm_route route, uint32_t type, int64_t n_
 
 const char *dhsa__matmul_route_name(dhsa__mm_route route, uint32_t type) {
     const dhsa__qi_kernels *k = route == DHSA_MM_FAST ? fast_kernels(type) : NULL;
-    if (k) return "int8 avx512-vnni";
+    if (k) return dhsa__qi_route_name(k);
     switch (dhsa_active_isa()) {
     case DHSA_ISA_AVX512: return "f32 avx512";
     case DHSA_ISA_AVX2: return "f32 avx2";
