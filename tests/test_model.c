@@ -10,8 +10,8 @@
  *     refuses with a sentence that says what would fit;
  *   - the sampler on hand-made logits (greedy ties, top-k/top-p/min-p sets,
  *     temperature, seeds, repetition penalty), and draw for draw against a
- *     plain reference (qsort of every candidate) on random logits with ties,
- *     -0 and +0, -inf, every parameter;
+ *     plain reference (qsort of every candidate; id order when nothing is
+ *     cut) on random logits with ties, -0 and +0, -inf, every parameter;
  *   - bad input: ids out of range, too many tokens, a session after a
  *     failed eval and after reset (every method: test_session_fail.c);
  *   - the CLI (env DHSA_CLI): dhsa run text and --ids against the peer,
@@ -478,8 +478,10 @@ static void test_sampler(void) {
 /* The sampler's contract written the plain way: repetition penalty,
  * argmax, every candidate sorted by qsort (value descending, ties by
  * ascending id, -0 == +0), top-k, softmax in that order, top-p, min-p,
- * the draw from xoshiro256** seeded by splitmix64. src/model/sample.c
- * sorts by radix and sorts only what top-k can keep; the draws must be the
+ * the draw from xoshiro256** seeded by splitmix64 walking that order; when
+ * nothing is cut (top-k off or >= V, top-p 1, min-p 0), softmax and the
+ * walk in id order. src/model/sample.c sorts by radix, sorts only what
+ * top-k can keep and nothing when nothing is cut; the draws must be the
  * same, id for id. */
 static const float *ref_vals;
 
@@ -529,6 +531,20 @@ static int32_t ref_sample(uint64_t *rng, const dhsa_sampler_params *p, const flo
     ref_vals = w;
     qsort(order, (size_t)n, sizeof *order, ref_before);
     if (p->temperature == 0.0f) return order[0];
+    if ((p->top_k == 0 || p->top_k >= V) && p->top_p >= 1.0f && p->min_p <= 0.0f) {
+        double mx = w[order[0]], sum = 0, acc = 0;
+        for (int64_t i = 0; i < V; i++) {
+            prob[i] = w[i] > -INFINITY ? (float)exp(((double)w[i] - mx) / (double)p->temperature) : 0.0f;
+            sum += prob[i];
+        }
+        double r = (double)(ref_next(rng) >> 11) * (1.0 / 9007199254740992.0) * sum;
+        int32_t last = order[0];
+        for (int64_t i = 0; i < V; i++) {
+            if (prob[i] > 0) last = (int32_t)i;
+            if (r < (acc += prob[i])) return (int32_t)i;
+        }
+        return last;
+    }
     if (p->top_k > 0 && n > p->top_k) n = p->top_k;
     double mx = w[order[0]], sum = 0;
     for (int64_t i = 0; i < n; i++) {

@@ -4,10 +4,16 @@
  * argmax (lowest id on ties), else softmax(logits / T), top-k, top-p
  * (smallest set of the most likely ids whose mass reaches p), min-p (ids
  * below min_p x the largest probability go), renormalise, draw with a
- * seeded xoshiro256** generator. Deterministic for a seed. A NaN or +Inf
+ * seeded xoshiro256** generator: the draw walks the kept ids from the most
+ * likely (value descending, ties by ascending id), or, when nothing is cut
+ * (top-k off or at least the vocabulary, top-p 1, min-p 0), every id in id
+ * order: the same distribution without sorting the vocabulary (dhsa
+ * serve's batcher samples every slot between two passes, docs/server.md).
+ * Deterministic for a seed. A NaN or +Inf
  * logit, or all of them -Inf, is DHSA_ERR_NONFINITE: there is nothing to
  * draw from, and a silent id 0 would look like a real choice.
- * Tested by tests/test_model.c (distributions on hand-made logits).
+ * Tested by tests/test_model.c (distributions on hand-made logits, and
+ * draw for draw against a plain reference).
  */
 #include "core/internal.h"
 #include "core/procmem.h"
@@ -234,6 +240,26 @@ dhsa_status dhsa_sampler_sample(dhsa_sampler *s, const float *logits, const int3
         return dhsa__fail(DHSA_ERR_NONFINITE, "all %lld logits are -Inf after the repetition penalty", (long long)V);
     if (s->p.temperature == 0.0f) {
         *out = (int32_t)best;
+        return DHSA_OK;
+    }
+    if ((s->p.top_k == 0 || s->p.top_k >= V) && s->p.top_p >= 1.0f && s->p.min_p <= 0.0f) {
+        /* nothing is cut: every id with its probability, in id order */
+        double mx = (double)w[best], sum = 0;
+        int64_t last = best; /* the last id that can be drawn (the walk's end, should rounding leave r past it) */
+        for (int64_t i = 0; i < V; i++) {
+            s->prob[i] = w[i] > -INFINITY ? (float)exp(((double)w[i] - mx) / (double)s->p.temperature) : 0.0f;
+            sum += s->prob[i];
+            if (s->prob[i] > 0) last = i;
+        }
+        double r = next_unit(s->rng) * sum, acc = 0;
+        for (int64_t i = 0; i < V; i++) {
+            acc += s->prob[i];
+            if (r < acc) {
+                *out = (int32_t)i;
+                return DHSA_OK;
+            }
+        }
+        *out = (int32_t)last;
         return DHSA_OK;
     }
     /* candidates, best first */
