@@ -6,8 +6,12 @@
  *
  * HTTP is libmicrohttpd's (one thread per connection), JSON jansson's
  * (request bodies in tools/serve_req.c); libdhsa knows neither. N slots,
- * each a session with its own ctx (so slots run at once), serve requests;
- * a request waits in a FIFO queue for a free slot (--queue-timeout). The
+ * each a session, serve requests; a request waits in a FIFO queue for a
+ * free slot (--queue-timeout). With --batch on (the default for N > 1)
+ * the slots share one ctx and a batcher thread runs the decode steps of
+ * all of them as one pass, sampling each one's next token right after it
+ * (the connection threads only send the text); --batch off gives each
+ * slot its own ctx and its own steps. The
  * prompt cache: each slot keeps its last request's tokens in its KV cache
  * and routing index; a request goes to the free slot whose cache shares
  * the longest prefix with its prompt, which is kept (dhsa_session_truncate)
@@ -149,8 +153,7 @@ typedef struct {
     dhsa_ctx *shared_ctx;
     pthread_t batcher;
     int batcher_started, batcher_quit;
-    pthread_cond_t cv_work;        /* a generation joined the batcher or asks to leave it */
-    int64_t n_joined;
+    pthread_cond_t cv_work;        /* a generation joined the batcher */
     dhsa_session **batch_ss;
     slot **batch_sl;
     struct gen **batch_g;
@@ -645,7 +648,6 @@ static void join(gen *g) {
     pthread_mutex_lock(&S.mu);
     g->joined = 1;
     g->sl->joined = g;
-    S.n_joined++;
     pthread_cond_signal(&S.cv_work);
     pthread_mutex_unlock(&S.mu);
 }
@@ -655,7 +657,6 @@ static void join(gen *g) {
 static void detach(gen *g) {
     g->joined = 0;
     g->sl->joined = NULL;
-    S.n_joined--;
     pthread_cond_signal(&g->cv);
 }
 
