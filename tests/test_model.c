@@ -9,7 +9,9 @@
  *   - the memory plan: totals add up, --mem-limit picks a smaller ubatch or
  *     refuses with a sentence that says what would fit;
  *   - the sampler on hand-made logits (greedy ties, top-k/top-p/min-p sets,
- *     temperature, seeds, repetition penalty);
+ *     temperature, seeds, repetition penalty), and draw for draw against a
+ *     plain reference (qsort of every candidate; id order when nothing is
+ *     cut) on random logits with ties, -0 and +0, -inf, every parameter;
  *   - bad input: ids out of range, too many tokens, a session after a
  *     failed eval and after reset (every method: test_session_fail.c);
  *   - the CLI (env DHSA_CLI): dhsa run text and --ids against the peer,
@@ -473,6 +475,169 @@ static void test_sampler(void) {
     dhsa_sampler_free(s);
 }
 
+/* The sampler's contract written the plain way: repetition penalty,
+ * argmax, every candidate sorted by qsort (value descending, ties by
+ * ascending id, -0 == +0), top-k, softmax in that order, top-p, min-p,
+ * the draw from xoshiro256** seeded by splitmix64 walking that order; when
+ * nothing is cut (top-k off or >= V, top-p 1, min-p 0), softmax and the
+ * walk in id order. src/model/sample.c sorts by radix, sorts only what
+ * top-k can keep and nothing when nothing is cut; the draws must be the
+ * same, id for id. */
+static const float *ref_vals;
+
+static int ref_before(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    if (ref_vals[x] != ref_vals[y]) return ref_vals[x] > ref_vals[y] ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+static uint64_t ref_rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t ref_next(uint64_t *s) {
+    uint64_t r = ref_rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = ref_rotl(s[3], 45);
+    return r;
+}
+
+static void ref_seed(uint64_t *s, uint64_t seed) {
+    for (int i = 0; i < 4; i++) {
+        uint64_t z = (seed += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        s[i] = z ^ (z >> 31);
+    }
+}
+
+/* w, prob: [V]; order: [V] */
+static int32_t ref_sample(uint64_t *rng, const dhsa_sampler_params *p, const float *logits, int64_t V,
+                          const int32_t *hist, int64_t nh, float *w, int32_t *order, float *prob) {
+    memcpy(w, logits, (size_t)V * sizeof(float));
+    if (p->repeat_penalty != 1.0f && nh > 0) {
+        int64_t from = nh > p->repeat_last_n ? nh - p->repeat_last_n : 0;
+        for (int64_t j = from; j < nh; j++) {
+            int seen = 0;
+            for (int64_t k = from; k < j; k++) seen |= hist[k] == hist[j];
+            if (!seen) w[hist[j]] = w[hist[j]] > 0 ? w[hist[j]] / p->repeat_penalty : w[hist[j]] * p->repeat_penalty;
+        }
+    }
+    int64_t n = 0;
+    for (int64_t i = 0; i < V; i++)
+        if (w[i] > -INFINITY) order[n++] = (int32_t)i;
+    ref_vals = w;
+    qsort(order, (size_t)n, sizeof *order, ref_before);
+    if (p->temperature == 0.0f) return order[0];
+    if ((p->top_k == 0 || p->top_k >= V) && p->top_p >= 1.0f && p->min_p <= 0.0f) {
+        double mx = w[order[0]], sum = 0, acc = 0;
+        for (int64_t i = 0; i < V; i++) {
+            prob[i] = w[i] > -INFINITY ? (float)exp(((double)w[i] - mx) / (double)p->temperature) : 0.0f;
+            sum += prob[i];
+        }
+        double r = (double)(ref_next(rng) >> 11) * (1.0 / 9007199254740992.0) * sum;
+        int32_t last = order[0];
+        for (int64_t i = 0; i < V; i++) {
+            if (prob[i] > 0) last = (int32_t)i;
+            if (r < (acc += prob[i])) return (int32_t)i;
+        }
+        return last;
+    }
+    if (p->top_k > 0 && n > p->top_k) n = p->top_k;
+    double mx = w[order[0]], sum = 0;
+    for (int64_t i = 0; i < n; i++) {
+        prob[i] = (float)exp(((double)w[order[i]] - mx) / (double)p->temperature);
+        sum += prob[i];
+    }
+    if (p->top_p < 1.0f) {
+        double acc = 0;
+        for (int64_t i = 0; i < n; i++)
+            if ((acc += (double)prob[i] / sum) >= (double)p->top_p) {
+                n = i + 1;
+                break;
+            }
+    }
+    if (p->min_p > 0.0f) {
+        int64_t keep = 1;
+        while (keep < n && (double)prob[keep] >= (double)p->min_p * (double)prob[0]) keep++;
+        n = keep;
+    }
+    sum = 0;
+    for (int64_t i = 0; i < n; i++) sum += prob[i];
+    double r = (double)(ref_next(rng) >> 11) * (1.0 / 9007199254740992.0) * sum, acc = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (r < (acc += prob[i])) return order[i];
+    return order[n - 1];
+}
+
+static void test_sampler_reference(void) {
+    const int64_t sizes[] = {1, 7, 300, 2048};
+    const int64_t top_ks[] = {0, 1, 3, 40, 299, 5000};
+    const float temps[] = {0.0f, 0.5f, 1.0f, 1.7f};
+    const float top_ps[] = {1.0f, 0.9f, 0.5f};
+    const float min_ps[] = {0.0f, 0.05f};
+    float *lg = malloc(2048 * sizeof(float)), *w = malloc(2048 * sizeof(float)), *prob = malloc(2048 * sizeof(float));
+    int32_t *order = malloc(2048 * sizeof(int32_t)), hist[32];
+    uint64_t gen[4]; /* the logits' generator */
+    ref_seed(gen, 12345);
+    int64_t draws = 0, differ = 0;
+    char first[200] = "";
+    for (size_t a = 0; a < sizeof sizes / sizeof *sizes; a++)
+        for (size_t b = 0; b < sizeof top_ks / sizeof *top_ks; b++)
+            for (size_t c = 0; c < sizeof temps / sizeof *temps; c++)
+                for (size_t d = 0; d < sizeof top_ps / sizeof *top_ps; d++)
+                    for (int e = 0; e < 4; e++) {
+                        const int64_t V = sizes[a];
+                        dhsa_sampler_params p = dhsa_sampler_default_params();
+                        p.top_k = top_ks[b];
+                        p.temperature = temps[c];
+                        p.top_p = top_ps[d];
+                        p.min_p = min_ps[e & 1];
+                        p.repeat_penalty = e & 2 ? 1.3f : 1.0f;
+                        p.seed = 1000 + (uint64_t)draws;
+                        dhsa_sampler *s = NULL;
+                        if (!lg || !w || !prob || !order || dhsa_sampler_create(&p, V, &s)) {
+                            differ++;
+                            continue;
+                        }
+                        uint64_t rng[4];
+                        ref_seed(rng, p.seed);
+                        for (int t = 0; t < 8; t++) {
+                            /* t % 4: spread logits, ties of a few values (-0 and +0 among
+                             * them), some -inf, nearly flat */
+                            for (int64_t i = 0; i < V; i++) {
+                                uint64_t u = ref_next(gen) >> 11;
+                                double x = (double)u / 9007199254740992.0;
+                                static const float few[5] = {0.0f, -0.0f, 1.0f, -1.0f, 0.5f};
+                                lg[i] = t % 4 == 0   ? (float)(12.0 * x - 6.0)
+                                        : t % 4 == 1 ? few[u % 5]
+                                        : t % 4 == 2 ? (u % 3 == 0 ? -INFINITY : (float)(4.0 * x))
+                                                     : (float)(1e-3 * x);
+                            }
+                            if (t % 4 == 2) lg[0] = 1.0f; /* never all -inf */
+                            int64_t nh = V < 32 ? V : 32;
+                            for (int64_t i = 0; i < nh; i++) hist[i] = (int32_t)((ref_next(gen) >> 11) % (uint64_t)V);
+                            int32_t got = -1, want = ref_sample(rng, &p, lg, V, hist, nh, w, order, prob);
+                            dhsa_sampler_sample(s, lg, hist, nh, &got);
+                            draws++;
+                            if (got != want && differ++ == 0)
+                                snprintf(first, sizeof first, "V %lld top_k %lld temp %g top_p %g min_p %g penalty %g "
+                                         "logits kind %d: %d, the reference %d", (long long)V, (long long)p.top_k,
+                                         (double)p.temperature, (double)p.top_p, (double)p.min_p,
+                                         (double)p.repeat_penalty, t % 4, got, want);
+                        }
+                        dhsa_sampler_free(s);
+                    }
+    T_CHECK(differ == 0 && draws > 9000, "the sampler draws the reference's ids: %lld of %lld differ (first: %s)",
+            (long long)differ, (long long)draws, first);
+    free(lg);
+    free(w);
+    free(prob);
+    free(order);
+}
+
 /* -------------------------------------------------------------- CLI --- */
 
 
@@ -562,6 +727,7 @@ int main(void) {
         return 1;
     }
     test_sampler();
+    test_sampler_reference();
     test_real();
     test_cli();
     dhsa_ctx_free(ctx);

@@ -15,7 +15,8 @@
  * lengths, every fifth one disconnecting early: no failed request, no
  * busy slot after, RSS within 5% of before; the slots' decode steps
  * batched, and two concurrent greedy requests each giving dhsa run's
- * text), --mem-limit refusing too
+ * text; seeded requests with penalties, streams and a stop string giving
+ * the same text alone and all at once), --mem-limit refusing too
  * many slots, and SIGTERM during a stream stopping the server cleanly.
  * Without libmicrohttpd and jansson both parts skip (saying so) and the
  * test checks that `dhsa serve` refuses, naming the packages.
@@ -50,7 +51,7 @@ static double dhsa_cli_now_test(void) {
 }
 
 #define N_PARSER_CHECKS 46
-#define N_HTTP_CHECKS 55
+#define N_HTTP_CHECKS 58
 
 #ifdef DHSA_HAVE_SERVE
 #include "serve.h"
@@ -476,6 +477,71 @@ static void *greedy_client(void *p) {
     return NULL;
 }
 
+/* One completion on its own thread: its text (the concatenated events'
+ * when streamed) and finish_reason. */
+typedef struct {
+    char body[512];
+    int stream, code;
+    char text[2048], finish[32];
+} req_arg;
+
+static void *req_client(void *p) {
+    req_arg *a = p;
+    char *r = NULL;
+    a->code = http("POST", "/v1/completions", a->body, &r);
+    if (a->stream) sse_text(r, "text", a->text, sizeof a->text);
+    else json_str(body_of(r), "text", a->text, sizeof a->text);
+    const char *f = r ? strstr(body_of(r), "\"finish_reason\":\"") : NULL;
+    snprintf(a->finish, sizeof a->finish, "%s", "");
+    if (f) sscanf(f + 17, "%31[a-z]", a->finish);
+    free(r);
+    return NULL;
+}
+
+/* Requests run alone, one after the other, then all at once (batched
+ * with each other on the server's 2 slots, the rest queued and joining the
+ * batcher while others decode): the batcher samples every row with the
+ * row's own sampler and penalties, so the same seed gives the same text
+ * either way; a stop string ends a streamed reply in a batch as alone. */
+static void test_concurrent_seeds(const char *want, const char *stop) {
+    enum { N = 5 };
+    req_arg alone[N], together[N];
+    memset(alone, 0, sizeof alone);
+    snprintf(alone[0].body, sizeof alone[0].body,
+             "{\"prompt\":\"Once upon a time\",\"max_tokens\":24,\"temperature\":0.9,\"seed\":11}");
+    snprintf(alone[1].body, sizeof alone[1].body,
+             "{\"prompt\":\"Once upon a time\",\"max_tokens\":24,\"temperature\":0.9,\"seed\":12,"
+             "\"presence_penalty\":0.8,\"frequency_penalty\":0.6,\"stream\":true}");
+    alone[1].stream = 1;
+    snprintf(alone[2].body, sizeof alone[2].body,
+             "{\"prompt\":\"" PK "\",\"max_tokens\":24,\"temperature\":0.8,\"top_k\":0,\"seed\":13,"
+             "\"repeat_penalty\":1.3}");
+    snprintf(alone[3].body, sizeof alone[3].body,
+             "{\"prompt\":\"The pass key is\",\"max_tokens\":24,\"temperature\":1.0,\"seed\":14,\"stream\":true}");
+    alone[3].stream = 1;
+    snprintf(alone[4].body, sizeof alone[4].body,
+             "{\"prompt\":\"" PK "\",\"max_tokens\":8,\"temperature\":0,\"stop\":[\"%s\"],\"stream\":true}", stop);
+    alone[4].stream = 1;
+    memcpy(together, alone, sizeof alone);
+    for (int i = 0; i < N; i++) req_client(&alone[i]);
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) pthread_create(&th[i], NULL, req_client, &together[i]);
+    for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+    int same = 1;
+    for (int i = 0; i < N; i++)
+        if (alone[i].code != 200 || together[i].code != 200 || !alone[i].text[0] ||
+            strcmp(alone[i].text, together[i].text) != 0 || strcmp(alone[i].finish, together[i].finish) != 0) {
+            same = 0;
+            fprintf(stderr, "  request %d: alone %d \"%s\" (%s), together %d \"%s\" (%s)\n", i, alone[i].code,
+                    alone[i].text, alone[i].finish, together[i].code, together[i].text, together[i].finish);
+        }
+    T_CHECK(same, "seeded requests (penalties, a stream, a stop string) give the same text alone and all at once");
+    T_CHECK(strncmp(together[4].text, want, 2) == 0 && strlen(together[4].text) == 2 &&
+                strcmp(together[4].finish, "stop") == 0,
+            "a streamed reply in a batch ends before its stop string \"%s\": \"%s\" (%s)", stop, together[4].text,
+            together[4].finish);
+}
+
 /* Raw malformed requests over a socket (docs/server.md, "Malformed HTTP").
  * Those that reach the handler get a 400 with the error object (code
  * malformed_http); those libmicrohttpd rejects before there is a request
@@ -811,6 +877,11 @@ static void test_http(void) {
     for (int i = 0; i < 2; i++) pthread_create(&gt[i], NULL, greedy_client, &ga[i]);
     for (int i = 0; i < 2; i++) pthread_join(gt[i], NULL);
     T_CHECK(ga[0].ok && ga[1].ok, "two concurrent greedy completions both give dhsa run's text");
+    test_concurrent_seeds(want, stop);
+    double sample_s = metric("dhsa_decode_batch_sample_seconds_total");
+    T_CHECK(sample_s > 0 && sample_s < metric("dhsa_decode_batch_eval_seconds_total"),
+            "metrics: the batcher's per-token work between passes (%g s) is counted, and less than the passes' (%g s)",
+            sample_s, metric("dhsa_decode_batch_eval_seconds_total"));
 
     /* SIGTERM during a stream */
     int fd = connect_server();

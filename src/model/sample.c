@@ -4,10 +4,16 @@
  * argmax (lowest id on ties), else softmax(logits / T), top-k, top-p
  * (smallest set of the most likely ids whose mass reaches p), min-p (ids
  * below min_p x the largest probability go), renormalise, draw with a
- * seeded xoshiro256** generator. Deterministic for a seed. A NaN or +Inf
+ * seeded xoshiro256** generator: the draw walks the kept ids from the most
+ * likely (value descending, ties by ascending id), or, when nothing is cut
+ * (top-k off or at least the vocabulary, top-p 1, min-p 0), every id in id
+ * order: the same distribution without sorting the vocabulary (dhsa
+ * serve's batcher samples every slot between two passes, docs/server.md).
+ * Deterministic for a seed. A NaN or +Inf
  * logit, or all of them -Inf, is DHSA_ERR_NONFINITE: there is nothing to
  * draw from, and a silent id 0 would look like a real choice.
- * Tested by tests/test_model.c (distributions on hand-made logits).
+ * Tested by tests/test_model.c (distributions on hand-made logits, and
+ * draw for draw against a plain reference).
  */
 #include "core/internal.h"
 #include "core/procmem.h"
@@ -23,7 +29,7 @@ struct dhsa_sampler {
     float *work;     /* [n_vocab] penalised logits */
     int32_t *order;  /* [n_vocab] candidate ids */
     float *prob;     /* [n_vocab] their probabilities */
-    int32_t *merge;  /* [n_vocab] the sort's other half */
+    uint64_t *keys;  /* [2 * n_vocab] the sort's (key, id) pairs, both halves */
 };
 
 dhsa_sampler_params dhsa_sampler_default_params(void) {
@@ -87,8 +93,8 @@ dhsa_status dhsa_sampler_create(const dhsa_sampler_params *p, int64_t n_vocab, d
     s->work = malloc((size_t)n_vocab * sizeof(float));
     s->order = malloc((size_t)n_vocab * sizeof(int32_t));
     s->prob = malloc((size_t)n_vocab * sizeof(float));
-    s->merge = malloc((size_t)n_vocab * sizeof(int32_t));
-    if (!s->work || !s->order || !s->prob || !s->merge) {
+    s->keys = malloc((size_t)n_vocab * 2 * sizeof(uint64_t));
+    if (!s->work || !s->order || !s->prob || !s->keys) {
         dhsa_sampler_free(s);
         return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
     }
@@ -98,7 +104,7 @@ dhsa_status dhsa_sampler_create(const dhsa_sampler_params *p, int64_t n_vocab, d
     dhsa__touch(s->work, (size_t)n_vocab * sizeof(float));
     dhsa__touch(s->order, (size_t)n_vocab * sizeof(int32_t));
     dhsa__touch(s->prob, (size_t)n_vocab * sizeof(float));
-    dhsa__touch(s->merge, (size_t)n_vocab * sizeof(int32_t));
+    dhsa__touch(s->keys, (size_t)n_vocab * 2 * sizeof(uint64_t));
     uint64_t x = p->seed;
     for (int i = 0; i < 4; i++) s->rng[i] = splitmix(&x);
     *out = s;
@@ -110,33 +116,87 @@ void dhsa_sampler_free(dhsa_sampler *s) {
     free(s->work);
     free(s->order);
     free(s->prob);
-    free(s->merge);
+    free(s->keys);
     free(s);
 }
 
-/* Whether id x goes before id y: descending value, ties by ascending id
- * (a total order, so every correct sort gives the same sequence). */
-static int before(const float *v, int32_t x, int32_t y) { return v[x] != v[y] ? v[x] > v[y] : x < y; }
+/* The order of the candidates: descending value, ties by ascending id (a
+ * total order, so the sequence is unique; -0 and +0 are the same value).
+ *
+ * The sort key of a value that is not NaN: ascending keys are descending
+ * values, and -0 has +0's key. */
+static uint32_t descending_key(float f) {
+    if (f == 0.0f) f = 0.0f;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u); /* ascending with the value */
+    return ~u;
+}
 
-/* Sorts ids[0..n) by before(), bottom-up merges through tmp[0..n): qsort
- * would do the same, but glibc's allocates n elements on every call, memory
- * no plan counts. A heap would do for top-k; the vocabulary sort is a small
- * cost next to a forward pass. */
-static void sort_ids(int32_t *ids, int32_t *tmp, int64_t n, const float *v) {
-    int32_t *src = ids, *dst = tmp;
-    for (int64_t w = 1; w < n; w *= 2) {
-        for (int64_t lo = 0; lo < n; lo += 2 * w) {
-            int64_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
-            int64_t i = lo, j = mid, k = lo;
-            while (i < mid && j < hi) dst[k++] = before(v, src[j], src[i]) ? src[j++] : src[i++];
-            while (i < mid) dst[k++] = src[i++];
-            while (j < hi) dst[k++] = src[j++];
+/* Keeps in pairs[0..n), (key << 32 | id), those that can be among the
+ * first k (1 <= k < n) of the order: the keys at most the k-th smallest
+ * key (ties with it included), in their order. Returns how many. The
+ * k-th key comes from counting rounds from the top byte, each over the
+ * keys that share the bytes found so far (copied to pairs[n..2n)). */
+static int64_t keep_best(uint64_t *pairs, int64_t n, int64_t k) {
+    const uint64_t *cur = pairs;
+    uint64_t *next = pairs + n;
+    int64_t m = n, rank = k; /* the k-th key is the rank-th of cur[0..m) */
+    uint32_t kth = 0;
+    for (int shift = 56; shift >= 32; shift -= 8) {
+        int64_t c[256] = {0};
+        for (int64_t i = 0; i < m; i++) c[(cur[i] >> shift) & 255]++;
+        uint64_t b = 0;
+        while (rank > c[b]) rank -= c[b++];
+        kth |= (uint32_t)(b << (shift - 32));
+        int64_t j = 0;
+        for (int64_t i = 0; i < m; i++)
+            if (((cur[i] >> shift) & 255) == b) next[j++] = cur[i];
+        cur = next;
+        m = j;
+        if (m == 1) {
+            kth = (uint32_t)(cur[0] >> 32);
+            break;
         }
-        int32_t *t = src;
+    }
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n; i++)
+        if ((uint32_t)(pairs[i] >> 32) <= kth) pairs[kept++] = pairs[i];
+    return kept;
+}
+
+/* Sorts pairs[0..n), ascending ids on entry, into that order and writes
+ * their ids to ids[0..n): a stable LSD radix sort, 4 passes over the key's
+ * bytes (a pass whose byte is the same for all is skipped), so equal values
+ * keep their ascending ids. No compares to mispredict: the merge sort it
+ * replaces cost 3-4x more, and dhsa serve's batcher samples every slot's
+ * token between two of its passes (docs/server.md). pairs: [2n]. */
+static void sort_pairs(uint64_t *pairs, int64_t n, int32_t *ids) {
+    uint64_t *src = pairs, *dst = pairs + n;
+    uint32_t at[4][256];
+    memset(at, 0, sizeof at);
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t key = (uint32_t)(src[i] >> 32);
+        at[0][key & 255]++;
+        at[1][(key >> 8) & 255]++;
+        at[2][(key >> 16) & 255]++;
+        at[3][key >> 24]++;
+    }
+    for (int d = 0; d < 4 && n > 1; d++) {
+        const int shift = 32 + 8 * d;
+        uint32_t *c = at[d];
+        if (c[(src[0] >> shift) & 255] == (uint32_t)n) continue;
+        for (uint32_t b = 0, sum = 0; b < 256; b++) {
+            uint32_t cb = c[b];
+            c[b] = sum;
+            sum += cb;
+        }
+        for (int64_t i = 0; i < n; i++) dst[c[(src[i] >> shift) & 255]++] = src[i];
+        uint64_t *t = src;
         src = dst;
         dst = t;
     }
-    if (src != ids) memcpy(ids, src, (size_t)n * sizeof *ids);
+    for (int64_t i = 0; i < n; i++) ids[i] = (int32_t)(uint32_t)src[i];
 }
 
 dhsa_status dhsa_sampler_sample(dhsa_sampler *s, const float *logits, const int32_t *history, int64_t n_history,
@@ -147,7 +207,7 @@ dhsa_status dhsa_sampler_sample(dhsa_sampler *s, const float *logits, const int3
     float *w = s->work;
     /* No distribution exists with a NaN or +Inf logit, nor when every logit
      * is -Inf: an error rather than a token nobody chose. */
-    int64_t n_minus_inf = 0;
+    int64_t n_minus_inf = 0, best = 0; /* best: the argmax, lowest id on ties */
     for (int64_t i = 0; i < V; i++) {
         if (isnan(logits[i]))
             return dhsa__fail(DHSA_ERR_NONFINITE, "logit %lld of %lld is NaN: no token can be drawn", (long long)i,
@@ -157,6 +217,7 @@ dhsa_status dhsa_sampler_sample(dhsa_sampler *s, const float *logits, const int3
                               (long long)V);
         n_minus_inf += logits[i] == -INFINITY;
         w[i] = logits[i];
+        if (w[i] > w[best]) best = i;
     }
     if (n_minus_inf == V)
         return dhsa__fail(DHSA_ERR_NONFINITE, "all %lld logits are -Inf: no token can be drawn", (long long)V);
@@ -171,21 +232,43 @@ dhsa_status dhsa_sampler_sample(dhsa_sampler *s, const float *logits, const int3
             if (seen) continue;
             w[id] = w[id] > 0 ? w[id] / s->p.repeat_penalty : w[id] * s->p.repeat_penalty;
         }
+        best = 0;
+        for (int64_t i = 1; i < V; i++)
+            if (w[i] > w[best]) best = i;
     }
-    int64_t best = 0;
-    for (int64_t i = 1; i < V; i++)
-        if (w[i] > w[best]) best = i;
     if (w[best] == -INFINITY) /* the penalty pushed the last finite logits to -Inf */
         return dhsa__fail(DHSA_ERR_NONFINITE, "all %lld logits are -Inf after the repetition penalty", (long long)V);
     if (s->p.temperature == 0.0f) {
         *out = (int32_t)best;
         return DHSA_OK;
     }
+    if ((s->p.top_k == 0 || s->p.top_k >= V) && s->p.top_p >= 1.0f && s->p.min_p <= 0.0f) {
+        /* nothing is cut: every id with its probability, in id order */
+        double mx = (double)w[best], sum = 0;
+        int64_t last = best; /* the last id that can be drawn (the walk's end, should rounding leave r past it) */
+        for (int64_t i = 0; i < V; i++) {
+            s->prob[i] = w[i] > -INFINITY ? (float)exp(((double)w[i] - mx) / (double)s->p.temperature) : 0.0f;
+            sum += s->prob[i];
+            if (s->prob[i] > 0) last = i;
+        }
+        double r = next_unit(s->rng) * sum, acc = 0;
+        for (int64_t i = 0; i < V; i++) {
+            acc += s->prob[i];
+            if (r < acc) {
+                *out = (int32_t)i;
+                return DHSA_OK;
+            }
+        }
+        *out = (int32_t)last;
+        return DHSA_OK;
+    }
     /* candidates, best first */
     int64_t n = 0;
     for (int64_t i = 0; i < V; i++)
-        if (w[i] > -INFINITY) s->order[n++] = (int32_t)i;
-    sort_ids(s->order, s->merge, n, w);
+        if (w[i] > -INFINITY) s->keys[n++] = (uint64_t)descending_key(w[i]) << 32 | (uint32_t)i;
+    /* top-k: only the candidates that can be among the first k are sorted */
+    if (s->p.top_k > 0 && n > s->p.top_k) n = keep_best(s->keys, n, s->p.top_k);
+    sort_pairs(s->keys, n, s->order);
     if (s->p.top_k > 0 && n > s->p.top_k) n = s->p.top_k;
     double mx = (double)w[s->order[0]], sum = 0;
     for (int64_t i = 0; i < n; i++) {
