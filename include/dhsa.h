@@ -170,11 +170,20 @@ void dhsa_parallel_for(dhsa_ctx *ctx, int64_t n_tasks, dhsa_task_fn fn, void *ar
 /* ------------------------------------------------------------------------ */
 /* Tensors                                                                   */
 
-typedef enum { DHSA_F32 = 0, DHSA_F16 = 1, DHSA_BF16 = 2 } dhsa_type;
+/* DHSA_Q8_0 is a block type (GGUF/ggml Q8_0): each run of 32 values along
+ * dim is one 34-byte block, an F16 scale d = max|x| / 127 then 32 int8
+ * codes q = round(x / d), value = d * q. It is for K and V only (a
+ * quantized KV cache; never q, o, lse or a mask). A Q8_0 view keeps strides
+ * in elements, like every other type, under three rules, each refused with
+ * a sentence (DHSA_ERR_SHAPE) where a call reads one: dim is a multiple of
+ * 32, stride[3] == 1, and stride[0..2] are multiples of 32 (so every row is
+ * whole blocks and element offset e lives at byte e / 32 * 34). */
+typedef enum { DHSA_F32 = 0, DHSA_F16 = 1, DHSA_BF16 = 2, DHSA_Q8_0 = 3 } dhsa_type;
 
 /* A strided view. shape and stride are in logical order
  * [batch, heads, seq, dim]; strides are in elements and may be 0 (broadcast)
- * where a call says so. data == NULL means "absent" for optional tensors. */
+ * where a call says so (Q8_0: see above). data == NULL means "absent" for
+ * optional tensors. */
 typedef struct {
     void *data;
     dhsa_type type;
@@ -182,7 +191,13 @@ typedef struct {
     int64_t stride[4];
 } dhsa_tensor;
 
+/* Bytes per element: 4 or 2; 0 for the block type Q8_0 (use
+ * dhsa_type_row_bytes). */
 size_t dhsa_type_size(dhsa_type t);
+/* Bytes of n consecutive elements: n * dhsa_type_size, or n / 32 * 34 for
+ * Q8_0 (n a multiple of 32; 0 otherwise, and for an unknown type). */
+size_t dhsa_type_row_bytes(dhsa_type t, int64_t n);
+/* "f32", "f16", "bf16", "q8_0"; "unknown" otherwise. */
 const char *dhsa_type_name(dhsa_type t);
 /* A contiguous [B, H, L, D] view. */
 dhsa_tensor dhsa_tensor_bhld(void *data, dhsa_type t, int64_t B, int64_t H, int64_t L, int64_t D);
@@ -195,6 +210,12 @@ dhsa_tensor dhsa_tensor_blhd(void *data, dhsa_type t, int64_t B, int64_t L, int6
  * dhsa_buffer_free (NULL allowed). */
 void *dhsa_buffer_alloc(size_t bytes);
 void dhsa_buffer_free(void *p);
+/* Q8_0 rows (n values, n a multiple of 32) to and from F32: the nearest
+ * encoding by ggml's reference rule (d = max|x| / 127 rounded to F16, codes
+ * round to nearest), and the exact values it stands for. Quantizing
+ * refuses NaN/Inf (DHSA_ERR_NONFINITE) and n not a multiple of 32. */
+dhsa_status dhsa_q8_0_quantize_row(const float *src, void *dst, int64_t n);
+dhsa_status dhsa_q8_0_dequantize_row(const void *src, float *dst, int64_t n);
 /* Conversions (round to nearest even). */
 uint16_t dhsa_f32_to_f16(float x);
 float dhsa_f16_to_f32(uint16_t h);
@@ -229,7 +250,9 @@ typedef struct dhsa_layout dhsa_layout;
  *   q    [B, Hq, Lq, d]      F32 / F16 / BF16
  *   k    [B, Hkv, Lk, d]     Hq % Hkv == 0 (GQA/MQA: query head h reads
  *                            K/V head h / (Hq / Hkv); nothing is copied)
- *   v    [B, Hkv, Lk, dv]    dv may differ from d
+ *   v    [B, Hkv, Lk, dv]    dv may differ from d; k and v are F32 / F16 /
+ *                            BF16 / Q8_0 (d, dv multiples of 32, rows whole
+ *                            blocks: see dhsa_type), read in place
  *   o    [B, Hq, Lq, dv]     output, F32 / F16 / BF16
  *   lse  [B, Hq, Lq, 1]      optional F32 output: natural-log sum of exp of
  *                            the final scores; -inf for rows with no key
@@ -1254,7 +1277,10 @@ typedef struct {
     int64_t n_ctx;          /* tokens the KV cache holds; 0 = the trained context */
     int64_t n_ubatch;       /* tokens per prefill step; 0 = the largest <= 512 that
                                fits mem_limit */
-    dhsa_type kv_type;      /* DHSA_F32 (default) or DHSA_F16 */
+    dhsa_type kv_type;      /* DHSA_F32 (default), DHSA_F16 or DHSA_Q8_0 (K/V
+                               rows quantized to 8-bit blocks of 32 on
+                               store, read in place by attention; head
+                               dims multiples of 32; not context parallel) */
     size_t mem_limit;       /* the most the process may hold: its peak RSS
                                (VmHWM) stays under it when the plan's total
                                fits (dhsa_mem_plan says what is counted);

@@ -82,27 +82,55 @@ void dhsa__warn_once(const char *key, const char *fmt, ...) DHSA_PRINTF(2, 3);
 
 static inline size_t dhsa__align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
-/* Loads element i of a typed row as float. */
+/* Q8_0 blocks (dhsa.h, dhsa_type): 32 values in 34 bytes, F16 scale first. */
+#define DHSA_Q8_BLOCK 32
+#define DHSA_Q8_BYTES 34
+
+/* Value i of a Q8_0 row starting at a block boundary: d * q, exact in F32
+ * (an 11-bit scale times a 7-bit code). */
+static inline float dhsa__load_q8_0(const void *p, int64_t i) {
+    const unsigned char *blk = (const unsigned char *)p + i / DHSA_Q8_BLOCK * DHSA_Q8_BYTES;
+    uint16_t h;
+    memcpy(&h, blk, 2);
+    return dhsa_f16_to_f32(h) * (float)(int8_t)blk[2 + i % DHSA_Q8_BLOCK];
+}
+
+/* Loads element i of a typed row as float (Q8_0: the row starts at a
+ * block boundary, which a checked view guarantees). */
 static inline float dhsa__load(const void *p, dhsa_type t, int64_t i) {
     switch (t) {
     case DHSA_F16: return dhsa_f16_to_f32(((const uint16_t *)p)[i]);
     case DHSA_BF16: return dhsa_bf16_to_f32(((const uint16_t *)p)[i]);
+    case DHSA_Q8_0: return dhsa__load_q8_0(p, i);
     default: return ((const float *)p)[i];
     }
 }
 
+/* Q8_0 is never an output (outputs are checked to be F32/F16/BF16). */
 static inline void dhsa__store(void *p, dhsa_type t, int64_t i, float x) {
     switch (t) {
     case DHSA_F16: ((uint16_t *)p)[i] = dhsa_f32_to_f16(x); break;
     case DHSA_BF16: ((uint16_t *)p)[i] = dhsa_f32_to_bf16(x); break;
+    case DHSA_Q8_0: break;
     default: ((float *)p)[i] = x; break;
     }
+}
+
+/* Byte offset of element offset off (Q8_0: off a multiple of 32). */
+static inline int64_t dhsa__byte_off(dhsa_type t, int64_t off) {
+    return t == DHSA_Q8_0 ? off / DHSA_Q8_BLOCK * DHSA_Q8_BYTES : off * (int64_t)dhsa_type_size(t);
 }
 
 /* Address of element (b, h, l, 0) of a view. */
 static inline void *dhsa__at(const dhsa_tensor *t, int64_t b, int64_t h, int64_t l) {
     int64_t off = b * t->stride[0] + h * t->stride[1] + l * t->stride[2];
-    return (char *)t->data + off * (int64_t)dhsa_type_size(t->type);
+    return (char *)t->data + dhsa__byte_off(t->type, off);
 }
+
+/* DHSA_OK for an F32/F16/BF16 view; for Q8_0 the rules of dhsa.h (dim a
+ * multiple of 32, unit dim stride, other strides multiples of 32), else
+ * DHSA_ERR_SHAPE with a sentence naming the view (`name`). An unknown type
+ * is DHSA_ERR_INVALID_ARG. */
+dhsa_status dhsa__check_view_type(const char *name, const dhsa_tensor *t);
 
 #endif

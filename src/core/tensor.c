@@ -3,15 +3,46 @@
  */
 #include "core/internal.h"
 
-size_t dhsa_type_size(dhsa_type t) { return t == DHSA_F32 ? 4 : 2; }
+size_t dhsa_type_size(dhsa_type t) {
+    switch (t) {
+    case DHSA_F32: return 4;
+    case DHSA_F16:
+    case DHSA_BF16: return 2;
+    case DHSA_Q8_0: return 0; /* a block type: dhsa_type_row_bytes */
+    }
+    return 0;
+}
+
+size_t dhsa_type_row_bytes(dhsa_type t, int64_t n) {
+    if (n < 0) return 0;
+    if (t == DHSA_Q8_0) return n % DHSA_Q8_BLOCK ? 0 : (size_t)(n / DHSA_Q8_BLOCK) * DHSA_Q8_BYTES;
+    return (size_t)n * dhsa_type_size(t);
+}
 
 const char *dhsa_type_name(dhsa_type t) {
     switch (t) {
     case DHSA_F32: return "f32";
     case DHSA_F16: return "f16";
     case DHSA_BF16: return "bf16";
+    case DHSA_Q8_0: return "q8_0";
     }
     return "unknown";
+}
+
+dhsa_status dhsa__check_view_type(const char *name, const dhsa_tensor *t) {
+    if (t->type == DHSA_F32 || t->type == DHSA_F16 || t->type == DHSA_BF16) return DHSA_OK;
+    if (t->type != DHSA_Q8_0) return dhsa__fail(DHSA_ERR_INVALID_ARG, "%s has an unknown type %d", name, (int)t->type);
+    if (t->shape[3] % DHSA_Q8_BLOCK)
+        return dhsa__fail(DHSA_ERR_SHAPE, "%s is Q8_0 with dim %lld: a Q8_0 row is whole blocks of 32 values, so "
+                          "the dim must be a multiple of 32", name, (long long)t->shape[3]);
+    if (t->stride[3] != 1)
+        return dhsa__fail(DHSA_ERR_SHAPE, "%s is Q8_0 with dim stride %lld: Q8_0 rows must be contiguous "
+                          "(stride[3] == 1)", name, (long long)t->stride[3]);
+    for (int i = 0; i < 3; i++)
+        if (t->stride[i] % DHSA_Q8_BLOCK)
+            return dhsa__fail(DHSA_ERR_SHAPE, "%s is Q8_0 with stride[%d] = %lld elements: Q8_0 strides must be "
+                              "multiples of 32 (rows start at block boundaries)", name, i, (long long)t->stride[i]);
+    return DHSA_OK;
 }
 
 dhsa_tensor dhsa_tensor_bhld(void *data, dhsa_type t, int64_t B, int64_t H, int64_t L, int64_t D) {

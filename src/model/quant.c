@@ -1152,3 +1152,14 @@ const char *dhsa__matmul_route_name(dhsa__mm_route route, uint32_t type) {
     default: return "f32 scalar";
     }
 }
+
+/* The public Q8_0 row conversions (dhsa.h): the weight quantizer above,
+ * so a Q8_0 KV cache holds exactly what a Q8_0 weight of the same values
+ * would. */
+dhsa_status dhsa_q8_0_quantize_row(const float *src, void *dst, int64_t n) {
+    return dhsa__quantize_row(DHSA_GGML_Q8_0, src, dst, n);
+}
+
+dhsa_status dhsa_q8_0_dequantize_row(const void *src, float *dst, int64_t n) {
+    return dhsa__dequantize_row(DHSA_GGML_Q8_0, src, dst, n);
+}
