@@ -44,9 +44,14 @@ dhsa_backend dhsa_attn_resolve_backend(dhsa_backend b) {
     return DHSA_BACKEND_TILED;
 }
 
-static dhsa_status check_view(const char *name, const dhsa_tensor *t, int out) {
+/* kv: the view is k or v, the only ones that may be Q8_0 (a quantized KV
+ * cache); q, o, lse and masks are per-element types. */
+static dhsa_status check_view(const char *name, const dhsa_tensor *t, int kv) {
     if (!t->data) return dhsa__fail(DHSA_ERR_INVALID_ARG, "%s has no data (NULL)", name);
-    if (t->type != DHSA_F32 && t->type != DHSA_F16 && t->type != DHSA_BF16)
+    if (t->type == DHSA_Q8_0 && !kv)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "%s is Q8_0, which only k and v may be (a quantized KV cache); "
+                          "%s must be F32, F16 or BF16", name, name);
+    if (t->type != DHSA_F32 && t->type != DHSA_F16 && t->type != DHSA_BF16 && t->type != DHSA_Q8_0)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "%s has an unknown type %d", name, (int)t->type);
     for (int i = 0; i < 4; i++) {
         int64_t lim = (i == 1 || i == 3) ? MAX_DIM : MAX_LEN;
@@ -59,8 +64,7 @@ static dhsa_status check_view(const char *name, const dhsa_tensor *t, int out) {
             return dhsa__fail(DHSA_ERR_SHAPE, "%s stride[%d] = %lld: strides must be in [0, 2^50]",
                               name, i, (long long)t->stride[i]);
     }
-    (void)out;
-    return DHSA_OK;
+    return dhsa__check_view_type(name, t);
 }
 
 static dhsa_status check_finite(const char *name, const dhsa_tensor *t) {
@@ -82,8 +86,8 @@ static dhsa_status check_finite(const char *name, const dhsa_tensor *t) {
 dhsa_status dhsa__attn_check(const dhsa_attn_desc *a, dhsa__attn_problem *p) {
     dhsa_status st;
     if (!a) return dhsa__fail(DHSA_ERR_INVALID_ARG, "attention descriptor is NULL");
-    if ((st = check_view("q", &a->q, 0)) || (st = check_view("k", &a->k, 0)) ||
-        (st = check_view("v", &a->v, 0)) || (st = check_view("o", &a->o, 1)))
+    if ((st = check_view("q", &a->q, 0)) || (st = check_view("k", &a->k, 1)) ||
+        (st = check_view("v", &a->v, 1)) || (st = check_view("o", &a->o, 0)))
         return st;
     p->B = a->q.shape[0];
     p->Hq = a->q.shape[1];
@@ -114,7 +118,7 @@ dhsa_status dhsa__attn_check(const dhsa_attn_desc *a, dhsa__attn_problem *p) {
                           (long long)a->o.shape[3], (long long)p->B, (long long)p->Hq,
                           (long long)p->Lq, (long long)p->dv);
     if (a->lse.data) {
-        if ((st = check_view("lse", &a->lse, 1))) return st;
+        if ((st = check_view("lse", &a->lse, 0))) return st;
         if (a->lse.type != DHSA_F32 || a->lse.shape[0] != p->B || a->lse.shape[1] != p->Hq ||
             a->lse.shape[2] != p->Lq || a->lse.shape[3] != 1)
             return dhsa__fail(DHSA_ERR_SHAPE, "lse must be F32 [%lld, %lld, %lld, 1]", (long long)p->B,

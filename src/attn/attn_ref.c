@@ -3,6 +3,8 @@
  * matrix in double precision, applies softcap, biases and masks, and
  * accumulates softmax(S) V in double. Deliberately simple and serial; its
  * memory is Lq*Lk*8 bytes, so it refuses calls above a cap (attn.c).
+ * Elements are read one by one through dhsa__load, which knows every
+ * type (a Q8_0 K/V element is d * q of its block, exact in F32).
  */
 #include "attn/attn_internal.h"
 #include "route/layout_internal.h"

@@ -10,7 +10,10 @@
  * union of the tile's allowed ranges; the per-ISA micro-kernels (kern.h) do
  * the scores, the softmax step and the P.V update. A tile of at most
  * DHSA_NARROW queries (decode) keeps them as rows instead, so K and V rows
- * stream through full-width vector loads. Each task's arithmetic is
+ * stream through full-width vector loads. F16/BF16/Q8_0 K/V rows are
+ * widened (exactly) into a block buffer, or read in place by the narrow
+ * kernels of ISAs that have them (kern.h): either way the same F32
+ * arithmetic as over an F32 view of the same values, bitwise. Each task's arithmetic is
  * fixed, so results do not depend on the thread count.
  *
  * Tested by tests/test_attn.c against the double-precision reference.
@@ -31,6 +34,7 @@ typedef struct {
     int64_t sub_tiles; /* tiles per query block */
     int k_direct, v_direct;
     int k_rows16, v_rows16; /* narrow tiles read 16-bit rows in place (kern.h) */
+    int k_rows_q8, v_rows_q8; /* ... and Q8_0 rows */
     char *ws;
     size_t ws_per_thread;
 } job;
@@ -54,6 +58,8 @@ static int direct_rows(const dhsa_tensor *t) { return t->type == DHSA_F32 && t->
 static int kern16(const dhsa_attn_kernels *k, const dhsa_tensor *t) {
     return k && (t->type == DHSA_F16 || t->type == DHSA_BF16) && t->stride[3] == 1;
 }
+/* Q8_0 views always have unit dim stride (attn.c checks). */
+static int kern_q8(const dhsa_tensor *t) { return t->type == DHSA_Q8_0; }
 
 static ws_layout layout(const dhsa__attn_problem *p, const dhsa_attn_desc *a, int k_direct,
                         int v_direct) {
@@ -92,12 +98,15 @@ const dhsa_attn_kernels *dhsa__attn_kernels(void) {
     }
 }
 
-/* Copies rows keys[0..n) of a strided typed view into dst[n][cols] as F32. */
+/* Copies rows keys[0..n) of a strided typed view into dst[n][cols] as F32
+ * (Q8_0 rows dequantized: exact). */
 static void gather_rows(const dhsa_attn_kernels *kern, const dhsa_tensor *t, int64_t b, int64_t h,
                         const int64_t *keys, int n, int64_t cols, float *dst) {
     for (int j = 0; j < n; j++) {
         const void *row = dhsa__at(t, b, h, keys[j]);
-        if (t->type == DHSA_F32 && t->stride[3] == 1)
+        if (t->type == DHSA_Q8_0)
+            kern->widen_q8(row, cols, dst + j * cols);
+        else if (t->type == DHSA_F32 && t->stride[3] == 1)
             memcpy(dst + j * cols, row, (size_t)cols * sizeof(float));
         else if (t->stride[3] == 1)
             kern->widen(row, t->type == DHSA_BF16, cols, dst + j * cols);
@@ -221,7 +230,9 @@ static void tile_task(void *arg, int64_t task, int thread) {
             if (!open) continue;
         }
 
-        if (narrow && jb->k_rows16 && contiguous) { /* F16/BF16 rows read in place */
+        if (narrow && jb->k_rows_q8 && contiguous) { /* Q8_0 rows read in place */
+            kern->qk_rows_q8(dhsa__at(&a->k, b, g, j0), a->k.stride[2], n, (int)d, Qt, dq, ncols, S);
+        } else if (narrow && jb->k_rows16 && contiguous) { /* F16/BF16 rows read in place */
             kern->qk_rows16(dhsa__at(&a->k, b, g, j0), a->k.type == DHSA_BF16, a->k.stride[2], n, (int)d, Qt, dq,
                             ncols, S);
         } else {
@@ -267,7 +278,9 @@ static void tile_task(void *arg, int64_t task, int thread) {
         else
             kern->softmax(S, n, W, m, l, alpha);
 
-        if (narrow && jb->v_rows16 && contiguous) {
+        if (narrow && jb->v_rows_q8 && contiguous) {
+            kern->pv_rows_q8(dhsa__at(&a->v, b, g, j0), a->v.stride[2], n, (int)dv, S, ncols, alpha, Ot);
+        } else if (narrow && jb->v_rows16 && contiguous) {
             kern->pv_rows16(dhsa__at(&a->v, b, g, j0), a->v.type == DHSA_BF16, a->v.stride[2], n, (int)dv, S, ncols,
                             alpha, Ot);
         } else {
@@ -318,6 +331,8 @@ dhsa_status dhsa__attn_tiled_run(dhsa_ctx *ctx, const dhsa_attn_desc *a,
     jb.v_direct = direct_rows(&a->v);
     jb.k_rows16 = kern16(jb.kern, &a->k) && jb.kern->qk_rows16;
     jb.v_rows16 = kern16(jb.kern, &a->v) && jb.kern->pv_rows16;
+    jb.k_rows_q8 = kern_q8(&a->k) && jb.kern->qk_rows_q8;
+    jb.v_rows_q8 = kern_q8(&a->v) && jb.kern->pv_rows_q8;
     jb.ws = ws;
     jb.ws_per_thread = layout(p, a, jb.k_direct, jb.v_direct).total * sizeof(float);
     int64_t n_tasks = p->B * p->Hkv * jb.n_tiles;

@@ -65,6 +65,17 @@ typedef struct {
                       float *Sr);
     void (*pv_rows16)(const uint16_t *V, int is_bf16, int64_t ldv, int n, int dv, const float *Sr, int nq,
                       const float *alpha, float *Or);
+
+    /* dst[c] = the value of element c of a Q8_0 row (n a multiple of 32,
+     * src at a block boundary): d * q, exact in F32. */
+    void (*widen_q8)(const void *src, int64_t n, float *dst);
+    /* qk_rows and pv_rows on Q8_0 rows read in place (row j at element
+     * offset j * ld, a multiple of 32; d, dv multiples of 32), dequantized
+     * in registers: bitwise widen_q8 followed by the F32 kernels. NULL
+     * where an ISA has none (rows then go through widen_q8 into a buffer). */
+    void (*qk_rows_q8)(const void *K, int64_t ldk, int n, int d, const float *Qr, int64_t dq, int nq, float *Sr);
+    void (*pv_rows_q8)(const void *V, int64_t ldv, int n, int dv, const float *Sr, int nq, const float *alpha,
+                       float *Or);
 } dhsa_attn_kernels;
 
 #define DHSA_NARROW 8

@@ -232,8 +232,24 @@ static void widen(const uint16_t *src, int is_bf16, int64_t n, float *dst) {
     for (; c < n; c++) dst[c] = is_bf16 ? dhsa_bf16_to_f32(src[c]) : dhsa_f16_to_f32(src[c]);
 }
 
+/* Q8_0 rows: per block of 34 bytes, 4 x 8 codes sign-extended, converted
+ * (exact) and scaled by the block's F16 scale (exact product). */
+static void widen_q8(const void *src, int64_t n, float *dst) {
+    const unsigned char *blk = src;
+    for (int64_t b = 0; b < n / 32; b++, blk += 34, dst += 32) {
+        uint16_t h;
+        memcpy(&h, blk, 2);
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
+        UNROLL for (int x = 0; x < 4; x++) {
+            __m128i q8 = _mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * x));
+            __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
+            _mm256_storeu_ps(dst + 8 * x, _mm256_mul_ps(d, q));
+        }
+    }
+}
+
 const dhsa_attn_kernels dhsa__kern_avx2 = {qk, softmax, pv, softcap, qk_rows, softmax_rows, pv_rows, widen,
-                                          NULL, NULL};
+                                          NULL, NULL, widen_q8, NULL, NULL};
 
 #else
 typedef int dhsa__kern_avx2_unused; /* ISO C forbids an empty file */

@@ -206,17 +206,27 @@ static inline __m512 reduce16(__m512 *a) {
                          _mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-/* Rows of K and V are F32 (KIND 0), F16 (1) or BF16 (2): 16 values
- * widened in registers (exact), so the 16-bit cache is read at half the
- * bytes with the F32 kernels' arithmetic, bitwise. */
+/* Rows of K and V are F32 (KIND 0), F16 (1), BF16 (2) or Q8_0 (3): 16
+ * values widened in registers (exact), so the 16-bit cache is read at half
+ * the bytes, and the Q8_0 one at 17/64, with the F32 kernels' arithmetic,
+ * bitwise. Q8_0: c is a multiple of 16, so the 16 values are one half of
+ * the block at c / 32; d * q is exact in F32. */
 INLINE __m512 load16(const void *p, int64_t c, __mmask16 mk, const int KIND) {
     if (KIND == 0) return _mm512_maskz_loadu_ps(mk, (const float *)p + c);
+    if (KIND == 3) {
+        const unsigned char *blk = (const unsigned char *)p + c / 32 * 34;
+        uint16_t h;
+        memcpy(&h, blk, 2);
+        __m128i q8 = _mm_maskz_loadu_epi8(mk, blk + 2 + c % 32);
+        return _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(h)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8)));
+    }
     __m256i h = _mm256_maskz_loadu_epi16(mk, (const uint16_t *)p + c);
     if (KIND == 1) return _mm512_cvtph_ps(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
 INLINE const void *row_at(const void *base, int64_t r, int64_t ld, const int KIND) {
+    if (KIND == 3) return (const unsigned char *)base + r * ld / 32 * 34;
     return KIND == 0 ? (const void *)((const float *)base + r * ld) : (const void *)((const uint16_t *)base + r * ld);
 }
 
@@ -273,6 +283,10 @@ static void qk_rows16(const uint16_t *K, int is_bf16, int64_t ldk, int n, int d,
     else qk_rows_t(K, ldk, n, d, Qr, dq, nq, Sr, 1);
 }
 
+static void qk_rows_q8(const void *K, int64_t ldk, int n, int d, const float *Qr, int64_t dq, int nq, float *Sr) {
+    qk_rows_t(K, ldk, n, d, Qr, dq, nq, Sr, 3);
+}
+
 /* Four queries at a time, 64 output columns at a time: 16 accumulators,
  * and each V vector loaded (and widened) once for the four. V is read row
  * by row, a sequential stream. Per output the sum over keys is the same
@@ -321,6 +335,11 @@ static void pv_rows16(const uint16_t *V, int is_bf16, int64_t ldv, int n, int dv
     else pv_rows_t(V, ldv, n, dv, Sr, nq, alpha, Or, 1);
 }
 
+static void pv_rows_q8(const void *V, int64_t ldv, int n, int dv, const float *Sr, int nq, const float *alpha,
+                       float *Or) {
+    pv_rows_t(V, ldv, n, dv, Sr, nq, alpha, Or, 3);
+}
+
 static void softmax_rows(float *Sr, int n, int nq, float *m, float *l, float *alpha) {
     for (int i = 0; i < nq; i++) {
         float *s = Sr + i * DHSA_BC;
@@ -354,8 +373,23 @@ static void widen(const uint16_t *src, int is_bf16, int64_t n, float *dst) {
     for (; c < n; c++) dst[c] = is_bf16 ? dhsa_bf16_to_f32(src[c]) : dhsa_f16_to_f32(src[c]);
 }
 
+/* Q8_0 rows: per block, two halves of 16 codes sign-extended, converted
+ * (exact) and scaled by the block's F16 scale (exact product). */
+static void widen_q8(const void *src, int64_t n, float *dst) {
+    const unsigned char *blk = src;
+    for (int64_t b = 0; b < n / 32; b++, blk += 34, dst += 32) {
+        uint16_t h;
+        memcpy(&h, blk, 2);
+        __m512 d = _mm512_set1_ps(_cvtsh_ss(h));
+        UNROLL for (int x = 0; x < 2; x++) {
+            __m128i q8 = _mm_loadu_si128((const __m128i *)(blk + 2 + 16 * x));
+            _mm512_storeu_ps(dst + 16 * x, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8))));
+        }
+    }
+}
+
 const dhsa_attn_kernels dhsa__kern_avx512 = {qk, softmax, pv, softcap, qk_rows, softmax_rows, pv_rows, widen,
-                                             qk_rows16, pv_rows16};
+                                             qk_rows16, pv_rows16, widen_q8, qk_rows_q8, pv_rows_q8};
 
 #else
 typedef int dhsa__kern_avx512_unused; /* ISO C forbids an empty file */

@@ -101,5 +101,16 @@ static void widen(const uint16_t *src, int is_bf16, int64_t n, float *dst) {
     for (int64_t c = 0; c < n; c++) dst[c] = is_bf16 ? dhsa_bf16_to_f32(src[c]) : dhsa_f16_to_f32(src[c]);
 }
 
+/* Q8_0 block: F16 scale at byte 0, 32 int8 codes at bytes 2..33. */
+static void widen_q8(const void *src, int64_t n, float *dst) {
+    const unsigned char *blk = src;
+    for (int64_t b = 0; b < n / 32; b++, blk += 34, dst += 32) {
+        uint16_t h;
+        memcpy(&h, blk, 2);
+        float d = dhsa_f16_to_f32(h);
+        for (int c = 0; c < 32; c++) dst[c] = d * (float)(int8_t)blk[2 + c];
+    }
+}
+
 const dhsa_attn_kernels dhsa__kern_scalar = {qk, softmax, pv, softcap, qk_rows, softmax_rows, pv_rows, widen,
-                                          NULL, NULL};
+                                          NULL, NULL, widen_q8, NULL, NULL};

@@ -498,8 +498,8 @@ static dhsa_status append_keys(dhsa_kv_index *ix, const dhsa_tensor *k) {
         return dhsa__fail(DHSA_ERR_SHAPE, "keys are [%lld, %lld, %lld, %lld], the index wants [1, %lld, n, %lld]",
                           (long long)k->shape[0], (long long)k->shape[1], (long long)k->shape[2],
                           (long long)k->shape[3], (long long)ix->Hkv, (long long)ix->d);
-    if (k->type != DHSA_F32 && k->type != DHSA_F16 && k->type != DHSA_BF16)
-        return dhsa__fail(DHSA_ERR_INVALID_ARG, "keys have an unknown type");
+    dhsa_status vst = dhsa__check_view_type("keys", k);
+    if (vst) return vst;
     if (k->shape[2] > ix->capacity - ix->len)
         return dhsa__fail(DHSA_ERR_TOO_LARGE, "appending %lld keys to %lld exceeds the capacity %lld",
                           (long long)k->shape[2], (long long)ix->len, (long long)ix->capacity);
@@ -615,9 +615,7 @@ static dhsa_status check_keys(const dhsa_kv_index *ix, const dhsa_tensor *k, int
                           ">= %lld, %lld] (the keys the index was given)", fn, (long long)n, (long long)k->shape[0],
                           (long long)k->shape[1], (long long)k->shape[2], (long long)k->shape[3], (long long)ix->Hkv,
                           (long long)n, (long long)ix->d);
-    if (k->type != DHSA_F32 && k->type != DHSA_F16 && k->type != DHSA_BF16)
-        return dhsa__fail(DHSA_ERR_INVALID_ARG, "%s: keys have an unknown type", fn);
-    return DHSA_OK;
+    return dhsa__check_view_type("keys", k);
 }
 
 dhsa_status dhsa_kv_index_truncate(dhsa_kv_index *ix, const dhsa_tensor *k, int64_t n) {

@@ -459,6 +459,8 @@ dhsa_status dhsa_predictor_score(dhsa_ctx *ctx, const dhsa_predictor *pr, const 
                           "dims = %lld: one predictor per model (KV heads x head dim)",
                           (long long)pr->C, (long long)k->shape[1], (long long)k->shape[3],
                           (long long)(k->shape[1] * k->shape[3]));
+    dhsa_status vst = dhsa__check_view_type("k", k);
+    if (vst) return vst;
     const int64_t L = k->shape[2];
     if (L == 0) return DHSA_OK;
     score_job j = {pr, k, b, L, k->shape[3], p, NULL, slab_floats(pr) * sizeof(float), dhsa__attn_kernels(),

@@ -324,8 +324,10 @@ static void mass_task(void *arg, int64_t blk, int thread) {
 
 static dhsa_status check_view(const dhsa_tensor *t, const char *name) {
     if (!t->data) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_boundary_mass_add: %s has no data", name);
-    if (t->type != DHSA_F32 && t->type != DHSA_F16 && t->type != DHSA_BF16)
+    if (t->type != DHSA_F32 && t->type != DHSA_F16 && t->type != DHSA_BF16 && t->type != DHSA_Q8_0)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_boundary_mass_add: %s has an unknown type", name);
+    dhsa_status st = dhsa__check_view_type(name, t);
+    if (st) return st;
     for (int i = 0; i < 4; i++)
         if (t->shape[i] < 0) return dhsa__fail(DHSA_ERR_SHAPE, "dhsa_boundary_mass_add: %s has a negative size", name);
     return DHSA_OK;
