@@ -57,7 +57,7 @@ const char dhsa_cli_run_usage[] =
     "                      a warning; generation stops when it is full\n"
     "  --ubatch N          prefill tokens per step (default: largest <= 512\n"
     "                      that fits --mem-limit)\n"
-    "  --kv f32|f16        KV cache type (default f32)\n"
+    "  --kv f32|f16|q8_0   KV cache type (default f32)\n"
     "  --exact             weight products in F32 (default: 8-bit integer)\n"
     "  --mem-limit SIZE    the most the process may hold, its peak RSS (K/M/G\n"
     "                      suffix); refused before running if the plan exceeds it.\n"
@@ -149,7 +149,8 @@ static void parse(int argc, char **argv, run_opts *o) {
         else if (strcmp(a, "--kv") == 0) {
             if (strcmp(v, "f32") == 0) o->ses.kv_type = DHSA_F32;
             else if (strcmp(v, "f16") == 0) o->ses.kv_type = DHSA_F16;
-            else dhsa_cli_die(EXIT_USAGE, "--kv is f32 or f16, not \"%s\"", v);
+            else if (strcmp(v, "q8_0") == 0) o->ses.kv_type = DHSA_Q8_0;
+            else dhsa_cli_die(EXIT_USAGE, "--kv is f32, f16 or q8_0, not \"%s\"", v);
         } else if (strcmp(a, "--attn") == 0) {
             dhsa_attn_method m;
             for (m = DHSA_ATTN_DENSE; m <= DHSA_ATTN_ORACLE; m++)
@@ -353,7 +354,7 @@ static int dump_hook(void *user, int64_t layer, const dhsa_attn_desc *a) {
     d->ubatches++;
     if (d->ix) { /* the ubatch's new keys: cache rows [pos0, pos0 + n) */
         dhsa_tensor kn = a->k;
-        kn.data = (char *)kn.data + (size_t)(pos0 * kn.stride[2]) * dhsa_type_size(kn.type);
+        kn.data = (char *)kn.data + dhsa_type_row_bytes(kn.type, pos0 * kn.stride[2]);
         kn.shape[2] = n;
         if (dhsa_kv_index_append(d->ix, &kn)) return dump_fail(d, "the mirror index");
     } else if (a->layout && d->rp.method != DHSA_ROUTE_STREAM) {
@@ -761,7 +762,7 @@ const char dhsa_cli_bench_model_usage[] =
     "usage: dhsa bench model [-m MODEL] [--tokenizer tok.bin] [--lengths 4K,16K,32K]\n"
     "                        [--attn dense,dhsa] [--decode N] [--density F | --budget N]\n"
     "                        [--boundary learned:FILE] [--runs N]\n"
-    "                        [--kv f32|f16] [--exact] [--threads T] [--seed S] [--svg FILE]\n"
+    "                        [--kv f32|f16|q8_0] [--exact] [--threads T] [--seed S] [--svg FILE]\n"
     "\n"
     "For each length L and attention method, in one process: a fresh session\n"
     "of L + decode tokens, a prefill of L random token ids (seeded), then N\n"
@@ -872,7 +873,8 @@ int dhsa_cli_bench_model(int argc, char **argv) {
         } else if (strcmp(a, "--kv") == 0) {
             if (strcmp(v, "f32") == 0) kv = DHSA_F32;
             else if (strcmp(v, "f16") == 0) kv = DHSA_F16;
-            else dhsa_cli_die(EXIT_USAGE, "--kv is f32 or f16");
+            else if (strcmp(v, "q8_0") == 0) kv = DHSA_Q8_0;
+            else dhsa_cli_die(EXIT_USAGE, "--kv is f32, f16 or q8_0");
         } else dhsa_cli_die(EXIT_USAGE, "unknown option \"%s\"", a);
     }
     char dmsg[512];

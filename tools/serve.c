@@ -82,7 +82,7 @@ const char dhsa_cli_serve_usage[] =
     "  --slots N           requests served at once, each with its own KV cache\n"
     "                      (default 1); more wait in a queue\n"
     "  --ctx N             KV cache of each slot (default: the trained context)\n"
-    "  --kv f32|f16        KV cache type (default f32)\n"
+    "  --kv f32|f16|q8_0   KV cache type (default f32)\n"
     "  --attn M            dense|dhsa|block|stream|oracle (default dense); a request's\n"
     "                      \"attn\" and \"density\" override it for that request\n"
     "  --density F         keys per query block of the sparse methods (default 0.0625)\n"
@@ -1556,7 +1556,8 @@ static void parse_args(int argc, char **argv) {
         else if (strcmp(a, "--kv") == 0) {
             if (strcmp(v, "f32") == 0) S.sp.kv_type = DHSA_F32;
             else if (strcmp(v, "f16") == 0) S.sp.kv_type = DHSA_F16;
-            else dhsa_cli_die(EXIT_USAGE, "--kv is f32 or f16, not \"%s\"", v);
+            else if (strcmp(v, "q8_0") == 0) S.sp.kv_type = DHSA_Q8_0;
+            else dhsa_cli_die(EXIT_USAGE, "--kv is f32, f16 or q8_0, not \"%s\"", v);
         } else if (strcmp(a, "--attn") == 0) {
             dhsa_attn_method m;
             for (m = DHSA_ATTN_DENSE; m <= DHSA_ATTN_ORACLE; m++)

@@ -31,7 +31,7 @@ c_char_p = ctypes.c_char_p
 
 DHSA_OK = 0
 
-DHSA_F32, DHSA_F16, DHSA_BF16 = 0, 1, 2
+DHSA_F32, DHSA_F16, DHSA_BF16, DHSA_Q8_0 = 0, 1, 2, 3
 
 DHSA_MASK_NO_POLARITY = 0
 DHSA_MASK_TRUE_IGNORES = 1  # PyTorch nn.MultiheadAttention key_padding_mask

@@ -30,7 +30,7 @@ _p = ctypes.POINTER
 
 DEFAULT_MODEL = "dhsa-retrieval-8m.gguf"  # tools/cli.h DHSA_DEFAULT_MODEL
 ATTN = {"dense": 0, "dhsa": 1, "block": 2, "stream": 3, "oracle": 4}
-KV = {"f32": _capi.DHSA_F32, "f16": _capi.DHSA_F16}
+KV = {"f32": _capi.DHSA_F32, "f16": _capi.DHSA_F16, "q8_0": _capi.DHSA_Q8_0}
 TEMPLATES = ("llama3", "chatml", "gemma", "mistral", "llama2")
 _ADD_BOS, _PARSE_SPECIAL = 1, 4
 _DETOK_SPECIAL = 1
@@ -314,7 +314,8 @@ class Session:
     """One sequence through a Model: KV cache, routing index, last logits.
 
     Defaults are the CLI's: ctx the trained context, attn "dense", the router's
-    density (0.0625) for the sparse methods, kv "f32", threads = online CPUs,
+    density (0.0625) for the sparse methods, kv "f32" ("f16", or "q8_0": 8-bit
+    blocks of 32 read in place by attention), threads = online CPUs,
     ubatch the largest <= 512 that fits mem_limit. mem_limit (bytes) bounds the
     process's peak RSS; a plan over it raises DhsaError(DHSA_ERR_MEMORY_BUDGET).
     exact=True runs the weight products on the exact F32 route (the CLI's
@@ -326,7 +327,7 @@ class Session:
         if attn not in ATTN:
             raise ValueError("attn is one of %s, not %r" % (", ".join(ATTN), attn))
         if kv not in KV:
-            raise ValueError("kv is f32 or f16, not %r" % (kv,))
+            raise ValueError("kv is f32, f16 or q8_0, not %r" % (kv,))
         if density is not None and budget is not None:
             raise ValueError("give density or budget, not both")
         self._h = self._ctx = None

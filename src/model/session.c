@@ -179,9 +179,8 @@ static dhsa_status plan_for(const dhsa_ctx *ctx, const dhsa_model *m, const dhsa
     pl->n_ctx = n_ctx;
     pl->n_ubatch = ub;
     pl->weights = (size_t)in->weight_bytes;
-    size_t es = dhsa_type_size(p->kv_type);
     pl->kv_cache = (size_t)in->n_layer * (size_t)n_ctx * (size_t)in->n_head_kv *
-                   (size_t)(in->head_dim_k + in->head_dim_v) * es;
+                   (dhsa_type_row_bytes(p->kv_type, in->head_dim_k) + dhsa_type_row_bytes(p->kv_type, in->head_dim_v));
     pl->activations = act_floats(in, ub) * sizeof(float) + 64 * 16;
     dhsa_attn_desc a = shape_desc(in, p->kv_type, n_ctx, ub);
     dhsa_status st = dhsa_attn_workspace_size(ctx, &a, &pl->attn_workspace);
@@ -295,6 +294,9 @@ static dhsa_status dist_plan(const dhsa_ctx *ctx, const dhsa_model *m, const dhs
         return dhsa__fail(DHSA_ERR_UNSUPPORTED, "context parallel: learned boundaries are not relayed between ranks "
                           "yet (docs/dist.md); use similarity boundaries");
     if (p->logits_all) return dhsa__fail(DHSA_ERR_UNSUPPORTED, "context parallel: logits for every token are not kept");
+    if (p->kv_type == DHSA_Q8_0)
+        return dhsa__fail(DHSA_ERR_UNSUPPORTED, "context parallel: a Q8_0 KV cache is not split between ranks yet "
+                          "(shards and fetched ranges are packed per element); use --kv f16 or f32");
     if (p->layer_hook) return dhsa__fail(DHSA_ERR_UNSUPPORTED, "context parallel: no layer hook (a rank sees part of a layer)");
     if (in->n_swa_layers > 0)
         return dhsa__fail(DHSA_ERR_UNSUPPORTED, "context parallel: sliding-window layers (%s) are not split yet",
@@ -348,8 +350,12 @@ dhsa_status dhsa_session_plan(const dhsa_ctx *ctx, const dhsa_model *m, const dh
     int64_t n_ctx = p->n_ctx > 0 ? p->n_ctx : in->n_ctx_train;
     if (n_ctx < 1 || n_ctx > ((int64_t)1 << 31))
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "context of %lld tokens (1 .. 2^31)", (long long)n_ctx);
-    if (p->kv_type != DHSA_F32 && p->kv_type != DHSA_F16)
-        return dhsa__fail(DHSA_ERR_INVALID_ARG, "the KV cache is F32 or F16");
+    if (p->kv_type != DHSA_F32 && p->kv_type != DHSA_F16 && p->kv_type != DHSA_Q8_0)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "the KV cache is F32, F16 or Q8_0");
+    if (p->kv_type == DHSA_Q8_0 && (in->head_dim_k % 32 || in->head_dim_v % 32))
+        return dhsa__fail(DHSA_ERR_UNSUPPORTED, "a Q8_0 KV cache stores rows as blocks of 32 values, but this model's "
+                          "heads have %lld (K) and %lld (V) dims; use --kv f16",
+                          (long long)in->head_dim_k, (long long)in->head_dim_v);
     if ((int)p->attn < DHSA_ATTN_DENSE || (int)p->attn > DHSA_ATTN_ORACLE)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "unknown attention method %d", (int)p->attn);
     if (p->n_ubatch < 0 || p->n_ubatch > 65536)
@@ -395,14 +401,15 @@ dhsa_status dhsa_session_plan(const dhsa_ctx *ctx, const dhsa_model *m, const dh
         if (ub == 1) break;
     }
     /* Nothing fits: say what would. */
-    size_t per_tok = (size_t)in->n_layer * (size_t)in->n_head_kv * (size_t)(in->head_dim_k + in->head_dim_v) *
-                     dhsa_type_size(p->kv_type);
+    size_t per_tok = (size_t)in->n_layer * (size_t)in->n_head_kv *
+                     (dhsa_type_row_bytes(p->kv_type, in->head_dim_k) + dhsa_type_row_bytes(p->kv_type, in->head_dim_v));
     size_t rest = out->total - out->kv_cache;
     char hint[256] = "";
     int64_t fit = p->mem_limit > rest ? (int64_t)((p->mem_limit - rest) / per_tok) * 9 / 10 : 0;
     if (fit > 0) {
         snprintf(hint, sizeof hint, "a context of about %lld tokens would fit%s", (long long)fit,
-                 p->kv_type == DHSA_F32 ? " (twice that with --kv f16)" : "");
+                 p->kv_type == DHSA_F32 ? " (twice that with --kv f16, 3.7x with --kv q8_0)"
+                 : p->kv_type == DHSA_F16 ? " (1.9x that with --kv q8_0)" : "");
     } else {
         snprintf(hint, sizeof hint, "no context fits, as all but the KV cache needs %s; a limit of %s would fit this one",
                  size_text(rest, alt, sizeof alt), size_text(out->total, big, sizeof big));
@@ -462,15 +469,14 @@ dhsa_status dhsa_session_create(dhsa_ctx *ctx, const dhsa_model *m, const dhsa_s
         if ((ms.budget == 0 || ms.budget > ms.in_use + room) && (st = dhsa_ctx_set_budget(ctx, ms.in_use + room)))
             goto fail;
     }
-    size_t es = dhsa_type_size(p->kv_type);
     s->cap = plan.n_ctx;
     if (p->dist && p->dist->size > 1) {
         s->dist = p->dist;
         s->stripe = dist_stripe_of(p, plan.n_ctx);
         s->cap = dist_count_before(s->stripe, p->dist->size, 0, plan.n_ctx);
     }
-    s->k_layer = (size_t)in->n_head_kv * (size_t)s->cap * (size_t)in->head_dim_k * es;
-    s->v_layer = (size_t)in->n_head_kv * (size_t)s->cap * (size_t)in->head_dim_v * es;
+    s->k_layer = (size_t)in->n_head_kv * (size_t)s->cap * dhsa_type_row_bytes(p->kv_type, in->head_dim_k);
+    s->v_layer = (size_t)in->n_head_kv * (size_t)s->cap * dhsa_type_row_bytes(p->kv_type, in->head_dim_v);
     s->kv = dhsa_buffer_alloc(plan.kv_cache > 0 ? plan.kv_cache : 64);
     if (!s->kv) {
         st = DHSA_ERR_OUT_OF_MEMORY;
@@ -627,19 +633,28 @@ static void rope(float *x, int64_t rows, int64_t heads, int64_t hd, int64_t n_ro
 }
 
 /* Copies rows [rows][heads][hd] into the head-major cache at pos. */
-static void store_cache(void *cache, dhsa_type t, int64_t n_ctx, const float *src, int64_t rows, int64_t heads,
-                        int64_t hd, int64_t pos) {
+/* Stores rows [pos, pos + rows) of a layer's cache [heads][n_ctx][hd]
+ * from src [rows][heads][hd] (F32), rounded to the cache's type: F16 to
+ * nearest even, Q8_0 by the weight quantizer (dhsa_q8_0_quantize_row,
+ * which refuses NaN/Inf: a non-finite key or value fails the eval with
+ * DHSA_ERR_NONFINITE instead of poisoning its block's scale). */
+static dhsa_status store_cache(void *cache, dhsa_type t, int64_t n_ctx, const float *src, int64_t rows, int64_t heads,
+                               int64_t hd, int64_t pos) {
     for (int64_t h = 0; h < heads; h++)
         for (int64_t r = 0; r < rows; r++) {
             const float *s = src + (r * heads + h) * hd;
             size_t off = ((size_t)h * (size_t)n_ctx + (size_t)(pos + r)) * (size_t)hd;
             if (t == DHSA_F32) {
                 memcpy((float *)cache + off, s, (size_t)hd * sizeof(float));
+            } else if (t == DHSA_Q8_0) {
+                dhsa_status st = dhsa_q8_0_quantize_row(s, (char *)cache + dhsa__byte_off(t, (int64_t)off), hd);
+                if (st) return st;
             } else {
                 uint16_t *d = (uint16_t *)cache + off;
                 for (int64_t i = 0; i < hd; i++) d[i] = dhsa_f32_to_f16(s[i]);
             }
         }
+    return DHSA_OK;
 }
 
 static float gelu_tanh(float z) {
@@ -741,15 +756,19 @@ static dhsa_status attend_rows(dhsa_session *host, dhsa_session *o, int64_t l, i
     const int64_t hk = in->head_dim_k, hv = in->head_dim_v;
     const size_t qrow = (size_t)(in->n_head * hk), orow = (size_t)(in->n_head * hv);
     dhsa_tensor kv = cache_view(o, l, 0, o->cap);
-    store_cache(kv.data, o->p.kv_type, o->cap, host->kt + (size_t)t0 * (size_t)(in->n_head_kv * hk), n,
-                in->n_head_kv, hk, pos);
     dhsa_tensor vv = cache_view(o, l, 1, o->cap);
-    store_cache(vv.data, o->p.kv_type, o->cap, host->vt + (size_t)t0 * (size_t)(in->n_head_kv * hv), n,
-                in->n_head_kv, hv, pos);
     dhsa_status st;
+    if ((st = store_cache(kv.data, o->p.kv_type, o->cap, host->kt + (size_t)t0 * (size_t)(in->n_head_kv * hk), n,
+                          in->n_head_kv, hk, pos)) ||
+        (st = store_cache(vv.data, o->p.kv_type, o->cap, host->vt + (size_t)t0 * (size_t)(in->n_head_kv * hv), n,
+                          in->n_head_kv, hv, pos)))
+        return st;
     if (o->ix && o->ix[l]) {
+        /* the index reads the keys back from the cache: it routes on the
+         * values attention sees (F16- or Q8_0-rounded), so a decode step
+         * and a prefill of the same tokens route alike */
         dhsa_tensor kn = cache_view(o, l, 0, pos + n);
-        kn.data = (char *)kn.data + (size_t)pos * (size_t)hk * dhsa_type_size(o->p.kv_type);
+        kn.data = (char *)kn.data + dhsa__byte_off(o->p.kv_type, pos * hk);
         kn.shape[2] = n;
         if ((st = dhsa_kv_index_append(o->ix[l], &kn))) return st;
     }
@@ -1240,15 +1259,23 @@ static dhsa_status attend_dist(dhsa_session *s, int64_t l, int64_t n) {
     if (s->mode == 2) {
         const int64_t p = s->rowpos[0];
         if ((p / S) % R == s->dist->rank) {
-            store_cache(cache_view(s, l, 0, s->cap).data, s->p.kv_type, s->cap, s->kt, 1, in->n_head_kv, hk, s->len_loc);
-            store_cache(cache_view(s, l, 1, s->cap).data, s->p.kv_type, s->cap, s->vt, 1, in->n_head_kv, hv, s->len_loc);
+            dhsa_status st;
+            if ((st = store_cache(cache_view(s, l, 0, s->cap).data, s->p.kv_type, s->cap, s->kt, 1, in->n_head_kv, hk,
+                                  s->len_loc)) ||
+                (st = store_cache(cache_view(s, l, 1, s->cap).data, s->p.kv_type, s->cap, s->vt, 1, in->n_head_kv, hv,
+                                  s->len_loc)))
+                return st;
         }
         s->dst.decode_layers++;
         return dist_decode(s, l);
     }
     if (n > 0) {
-        store_cache(cache_view(s, l, 0, s->cap).data, s->p.kv_type, s->cap, s->kt, n, in->n_head_kv, hk, s->len_loc);
-        store_cache(cache_view(s, l, 1, s->cap).data, s->p.kv_type, s->cap, s->vt, n, in->n_head_kv, hv, s->len_loc);
+        dhsa_status st;
+        if ((st = store_cache(cache_view(s, l, 0, s->cap).data, s->p.kv_type, s->cap, s->kt, n, in->n_head_kv, hk,
+                              s->len_loc)) ||
+            (st = store_cache(cache_view(s, l, 1, s->cap).data, s->p.kv_type, s->cap, s->vt, n, in->n_head_kv, hv,
+                              s->len_loc)))
+            return st;
     }
     s->dst.prefill_layers++;
     if (s->ix) return dist_prefill_dhsa(s, l);
