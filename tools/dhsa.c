@@ -121,6 +121,8 @@ static const char usage_bench_attn[] =
     "  --window W       keep only the last W keys of each query (0 = none)\n"
     "  --softcap C      scores become C*tanh(s/C) (0 = none)\n"
     "  --dtype T        f32 | f16 | bf16 for Q, K, V and O (default f32)\n"
+    "  --kv-dtype T     f32 | f16 | bf16 | q8_0 for K and V (default --dtype;\n"
+    "                   q8_0: 8-bit blocks of 32, --dim and --dv multiples of 32)\n"
     "  --threads T      threads (default: online CPUs)\n"
     "  --backend B      tiled | reference (default tiled)\n"
     "  --isa I          scalar | avx2 | avx512 (default: the best this CPU has;\n"
@@ -385,6 +387,14 @@ static void fill_task(void *arg, int64_t task, int thread) {
     (void)thread;
     const fill_job *f = arg;
     int64_t lo = task * FILL_CHUNK, hi = lo + FILL_CHUNK < f->buf->n ? lo + FILL_CHUNK : f->buf->n;
+    if (f->buf->type == DHSA_Q8_0) { /* whole blocks: FILL_CHUNK and n are multiples of 32 */
+        for (int64_t i = lo; i < hi; i += 32) {
+            float x[32];
+            for (int c = 0; c < 32; c++) x[c] = f->seed ? synth_value(f->seed, i + c) : 0.0f;
+            dhsa_q8_0_quantize_row(x, (char *)f->buf->data + dhsa_type_row_bytes(DHSA_Q8_0, i), 32);
+        }
+        return;
+    }
     for (int64_t i = lo; i < hi; i++) {
         float x = f->seed ? synth_value(f->seed, i) : 0.0f;
         switch (f->buf->type) {
@@ -398,7 +408,7 @@ static void fill_task(void *arg, int64_t task, int thread) {
 /* Allocates and writes n elements (random for seed != 0, zeros for 0). */
 static host_buf host_alloc(dhsa_ctx *ctx, const char *name, dhsa_type t, int64_t n, uint64_t seed) {
     host_buf b = {NULL, t, n};
-    size_t bytes = (size_t)n * dhsa_type_size(t);
+    size_t bytes = dhsa_type_row_bytes(t, n);
     size_t rounded = (bytes + 63) / 64 * 64;
     b.data = dhsa_buffer_alloc(rounded ? rounded : 64);
     if (!b.data) {
@@ -426,7 +436,7 @@ static int64_t view_off(const dhsa_tensor *t, int64_t b, int64_t h, int64_t l) {
 /* A view of heads [h, h+1) of batch b, rows [l0, l0 + rows). */
 static dhsa_tensor sub_view(const dhsa_tensor *t, int64_t b, int64_t h, int64_t l0, int64_t rows) {
     dhsa_tensor s = *t;
-    s.data = (char *)t->data + view_off(t, b, h, l0) * (int64_t)dhsa_type_size(t->type);
+    s.data = (char *)t->data + dhsa_type_row_bytes(t->type, view_off(t, b, h, l0));
     s.shape[0] = 1;
     s.shape[1] = 1;
     s.shape[2] = rows;
@@ -584,7 +594,7 @@ typedef struct {
     int causal, threads, runs, json, corrupt, isa; /* isa: -1 = as detected */
     double softcap, peak_seconds;
     int64_t peak_bytes;
-    dhsa_type dtype;
+    dhsa_type dtype, kv_dtype; /* kv_dtype: K and V (-1 until set: --dtype) */
     dhsa_backend backend;
 } bench_opts;
 
@@ -598,6 +608,7 @@ static bench_opts bench_parse(int argc, char **argv) {
     b.threads = online_cpus();
     b.runs = 5;
     b.dtype = DHSA_F32;
+    b.kv_dtype = (dhsa_type)-1;
     b.backend = DHSA_BACKEND_TILED;
     b.peak_seconds = 0.3;
     b.isa = -1;
@@ -628,6 +639,11 @@ static bench_opts bench_parse(int argc, char **argv) {
             const char *v = opt_value(&o);
             if (!parse_dtype(v, &b.dtype))
                 dhsa_cli_die(EXIT_USAGE, "--dtype: \"%s\" is not f32, f16 or bf16", v);
+        } else if (opt_is(&o, "--kv-dtype")) {
+            const char *v = opt_value(&o);
+            if (strcmp(v, "q8_0") == 0) b.kv_dtype = DHSA_Q8_0;
+            else if (!parse_dtype(v, &b.kv_dtype))
+                dhsa_cli_die(EXIT_USAGE, "--kv-dtype: \"%s\" is not f32, f16, bf16 or q8_0", v);
         } else if (opt_is(&o, "--threads"))
             b.threads = (int)dhsa_cli_int("--threads", opt_value(&o), 1, 1024, 0);
         else if (opt_is(&o, "--backend")) {
@@ -663,6 +679,10 @@ static bench_opts bench_parse(int argc, char **argv) {
     if (b.Lq < 0) b.Lq = b.L;
     if (b.kv_heads < 0) b.kv_heads = b.heads;
     if (b.dv < 0) b.dv = b.dim;
+    if ((int)b.kv_dtype < 0) b.kv_dtype = b.dtype;
+    if (b.kv_dtype == DHSA_Q8_0 && (b.dim % 32 || b.dv % 32))
+        dhsa_cli_die(EXIT_USAGE, "--kv-dtype q8_0 stores rows in blocks of 32: --dim %lld and --dv %lld must be "
+                     "multiples of 32", (long long)b.dim, (long long)b.dv);
     if (b.heads % b.kv_heads)
         dhsa_cli_die(EXIT_USAGE, "--heads %lld is not a multiple of --kv-heads %lld", (long long)b.heads,
                     (long long)b.kv_heads);
@@ -692,7 +712,8 @@ static int cmd_bench_attn(int argc, char **argv) {
     int64_t nv = elems4(o.batch, o.kv_heads, o.L, o.dv);
     int64_t no = elems4(o.batch, o.heads, o.Lq, o.dv);
     size_t es = dhsa_type_size(o.dtype);
-    double qkvo = (double)es * ((double)nq + (double)nk + (double)nv + (double)no);
+    double qkvo = (double)es * ((double)nq + (double)no) + (double)dhsa_type_row_bytes(o.kv_dtype, nk) +
+                  (double)dhsa_type_row_bytes(o.kv_dtype, nv);
     char s1[32], s2[32], s3[32];
     double phys = physical_memory_bytes();
     if (phys > 0 && qkvo > 0.8 * phys)
@@ -707,15 +728,15 @@ static int cmd_bench_attn(int argc, char **argv) {
 
     /* Q [B, Hq, Lq, d], K [B, Hkv, L, d], V [B, Hkv, L, dv], O [B, Hq, Lq, dv] */
     host_buf q = host_alloc(ctx, "Q", o.dtype, nq, 1);
-    host_buf k = host_alloc(ctx, "K", o.dtype, nk, 2);
-    host_buf v = host_alloc(ctx, "V", o.dtype, nv, 3);
+    host_buf k = host_alloc(ctx, "K", o.kv_dtype, nk, 2);
+    host_buf v = host_alloc(ctx, "V", o.kv_dtype, nv, 3);
     host_buf out = host_alloc(ctx, "O", o.dtype, no, 0);
     size_t rss_inputs = dhsa_proc_rss();
 
     dhsa_attn_desc a = dhsa_attn_default_desc();
     a.q = dhsa_tensor_bhld(q.data, o.dtype, o.batch, o.heads, o.Lq, o.dim);
-    a.k = dhsa_tensor_bhld(k.data, o.dtype, o.batch, o.kv_heads, o.L, o.dim);
-    a.v = dhsa_tensor_bhld(v.data, o.dtype, o.batch, o.kv_heads, o.L, o.dv);
+    a.k = dhsa_tensor_bhld(k.data, o.kv_dtype, o.batch, o.kv_heads, o.L, o.dim);
+    a.v = dhsa_tensor_bhld(v.data, o.kv_dtype, o.batch, o.kv_heads, o.L, o.dv);
     a.o = dhsa_tensor_bhld(out.data, o.dtype, o.batch, o.heads, o.Lq, o.dv);
     a.causal = o.causal;
     a.window = o.window;
@@ -772,7 +793,7 @@ static int cmd_bench_attn(int argc, char **argv) {
            *ratio = malloc((size_t)o.runs * sizeof *ratio);
     if (!t || !tr || !ratio) dhsa_cli_die(EXIT_RUN, "out of memory");
     const float *kv_bufs[2] = {(const float *)k.data, (const float *)v.data};
-    size_t kv_floats[2] = {(size_t)nk * es / 4, (size_t)nv * es / 4};
+    size_t kv_floats[2] = {dhsa_type_row_bytes(o.kv_dtype, nk) / 4, dhsa_type_row_bytes(o.kv_dtype, nv) / 4};
     for (int r = 0; r < o.runs; r++) {
         double t0 = dhsa_cli_now();
         st = dhsa_attention(ctx, &a);
@@ -798,7 +819,7 @@ static int cmd_bench_attn(int argc, char **argv) {
         read_bw = dhsa_peak_read_gbps(ctx, o.threads, (size_t)o.peak_bytes, o.peak_seconds);
         if (!(read_bw > 0.0)) dhsa_cli_die(EXIT_RUN, "measuring read bandwidth failed: %s", dhsa_last_error());
         double tr_med = dhsa_cli_median(tr, o.runs);
-        kv_read_bw = (double)es * (double)(nk + nv) / tr_med * 1e-9;
+        kv_read_bw = (double)(dhsa_type_row_bytes(o.kv_dtype, nk) + dhsa_type_row_bytes(o.kv_dtype, nv)) / tr_med * 1e-9;
         bw_fraction = dhsa_cli_median(ratio, o.runs);
     }
     free(tr);
@@ -807,7 +828,7 @@ static int cmd_bench_attn(int argc, char **argv) {
     const char *rule;
     double flops = attn_flops(&a, 0, o.Lq, &rule);
     double gflops = flops / med * 1e-9;
-    double kv_bytes = (double)es * (double)(nk + nv);
+    double kv_bytes = (double)(dhsa_type_row_bytes(o.kv_dtype, nk) + dhsa_type_row_bytes(o.kv_dtype, nv));
     double kv_gbps = kv_bytes / med * 1e-9;
     double ref_gflops = chk.ref_seconds > 0 ? chk.ref_flops / chk.ref_seconds * 1e-9 : 0.0;
     double extra_rss = (double)peak_rss - (double)rss_inputs;
@@ -828,6 +849,7 @@ static int cmd_bench_attn(int argc, char **argv) {
         json_num(&j, "softcap", o.softcap);
         json_int(&j, "q_pos0", a.q_pos0);
         json_str(&j, "dtype", dhsa_type_name(o.dtype));
+        json_str(&j, "kv_dtype", dhsa_type_name(o.kv_dtype));
         json_int(&j, "threads", o.threads);
         json_str(&j, "isa", isa);
         json_str(&j, "backend", backend);
@@ -863,6 +885,7 @@ static int cmd_bench_attn(int argc, char **argv) {
         printf("  %-14s B=%lld Hq=%lld Hkv=%lld Lq=%lld Lk=%lld d=%lld dv=%lld %s", "shape",
                (long long)o.batch, (long long)o.heads, (long long)o.kv_heads, (long long)o.Lq,
                (long long)o.L, (long long)o.dim, (long long)o.dv, dhsa_type_name(o.dtype));
+        if (o.kv_dtype != o.dtype) printf(", K/V %s", dhsa_type_name(o.kv_dtype));
         if (o.causal) printf(", causal");
         if (o.window) printf(", window %lld", (long long)o.window);
         if (o.softcap > 0) printf(", softcap %g", o.softcap);
