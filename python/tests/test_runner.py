@@ -96,6 +96,24 @@ def test_session_basics(model):
     assert s.length == 0
 
 
+def test_session_kv_q8_0(model):
+    """kv="q8_0" stores K/V as 8-bit blocks: the plan counts 34 bytes per 32
+    values, and the logits stay near the F32 cache's (tests/test_kv_q8.c
+    bounds them tightly; this only checks the option reaches the library)."""
+    ids = model.tokenize(PK)
+    ref = dhsa.Session(model, ctx=256, kv="f32", threads=1)
+    s = dhsa.Session(model, ctx=256, kv="q8_0", threads=1)
+    ref.eval(ids)
+    s.eval(ids)
+    assert s.plan["kv_cache"] * 64 == ref.plan["kv_cache"] * 17  # 34 / 32 bytes vs 4
+    diff = np.abs(s.logits() - ref.logits()).max()
+    assert 0 < diff < 0.5 * np.abs(ref.logits()).max()
+    with pytest.raises(ValueError):
+        dhsa.Session(model, ctx=256, kv="q4_0")
+    s.close()
+    ref.close()
+
+
 def test_exact_and_fast_routes():
     """Session(exact=True) is the F32 route; the default on a quantized file
     is the integer route, close to it (docs/quant.md), and says so."""
