@@ -10,8 +10,8 @@
  *     11-bit scale times a 7-bit code), and the kernels run the same F32
  *     arithmetic on the widened rows (block buffer, or in registers for
  *     narrow tiles on AVX-512). Dense and sparse (layout), causal, GQA
- *     ratios 1/2/4, Lk = 300 (not a multiple of the 64-key block), decode
- *     (Lq = 1 and 2), a chunked prefill and a full prefill, bhld and blhd
+ *     ratios 1/2/4, Lk = 300 and 130 (not multiples of the 64-key block),
+ *     decode (Lq = 1 and 2), a chunked prefill and a full prefill, bhld and blhd
  *     views, d = 64 and dv = 32; TILED and REFERENCE; every ISA. The TILED
  *     output is also held to the REFERENCE (double) over the same view
  *     with test_attn's F32 tolerances (atol 3e-5, rtol 2e-5).
@@ -267,8 +267,9 @@ static void attention_suite(void) {
     for (int G = 1; G <= 4; G *= 2)
         for (int mode = 0; mode < 4; mode++)
             for (int sparse = 0; sparse < 2; sparse++, k++) {
-                const int64_t Lk = 300;
-                /* decode Lq 1 and 2 (narrow tiles), a chunk after a prefix, a full prefill */
+                /* decode Lq 1 and 2 (narrow tiles), a chunk after a prefix, a full
+                 * prefill; no length a multiple of the 64-key block */
+                const int64_t Lk = mode == 3 ? 130 : 300;
                 const int64_t Lq = mode == 0 ? 1 : mode == 1 ? 2 : mode == 2 ? 37 : Lk;
                 kcase c = {2, 2 * G, 2, Lq, Lk, 64, 32, Lk - Lq, sparse, k % 2};
                 run_case(&c, &r);
