@@ -34,9 +34,11 @@ struct dhsa_ctx {
     pthread_t *workers;          /* n_threads - 1 */
     pthread_mutex_t mu;
     pthread_cond_t wake, done;
-    uint64_t generation;         /* bumped per job; guarded by mu */
-    int n_idle_done;             /* workers finished with the current job */
-    int stop;
+    atomic_ullong generation;    /* bumped per job, under mu */
+    atomic_int n_idle_done;      /* workers finished with the current job */
+    atomic_int stop;
+    int n_sleeping;              /* workers waiting on wake; guarded by mu */
+    int caller_sleeping;         /* the caller waits on done; guarded by mu */
     dhsa_task_fn fn;
     void *arg;
     int64_t n_tasks;
@@ -64,22 +66,54 @@ static void run_tasks(dhsa_ctx *ctx, int thread) {
     }
 }
 
+/* Waiting for the next job or for the workers: spin first, then sleep.
+ * A condition variable's wake-up costs tens of microseconds (measured: a
+ * decode pass of the default model, about 30 jobs, took 1.8 ms on 2
+ * threads against 0.67 ms on 1); the jobs of a decode step follow each
+ * other within microseconds, so each waiter polls for about SPIN_ROUNDS
+ * pauses (tens of microseconds) before it sleeps, and the side that ends
+ * the wait signals only a waiter that has gone to sleep. */
+#define SPIN_ROUNDS 4096
+
+static inline void cpu_pause(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 static void *worker_main(void *p) {
     worker_arg wa = *(worker_arg *)p;
     free(p);
     dhsa_ctx *ctx = wa.ctx;
     uint64_t seen = 0;
-    pthread_mutex_lock(&ctx->mu);
     for (;;) {
-        while (!ctx->stop && ctx->generation == seen) pthread_cond_wait(&ctx->wake, &ctx->mu);
-        if (ctx->stop) break;
-        seen = ctx->generation;
-        pthread_mutex_unlock(&ctx->mu);
+        int spin = 0;
+        while (atomic_load_explicit(&ctx->generation, memory_order_acquire) == seen &&
+               !atomic_load_explicit(&ctx->stop, memory_order_relaxed) && spin < SPIN_ROUNDS) {
+            cpu_pause();
+            spin++;
+        }
+        if (atomic_load_explicit(&ctx->generation, memory_order_acquire) == seen) {
+            /* the caller bumps the generation under mu: checked again under
+             * mu, no wake-up is lost */
+            pthread_mutex_lock(&ctx->mu);
+            ctx->n_sleeping++;
+            while (!atomic_load(&ctx->stop) && atomic_load(&ctx->generation) == seen)
+                pthread_cond_wait(&ctx->wake, &ctx->mu);
+            ctx->n_sleeping--;
+            pthread_mutex_unlock(&ctx->mu);
+        }
+        if (atomic_load(&ctx->stop)) break;
+        seen = atomic_load_explicit(&ctx->generation, memory_order_acquire);
         run_tasks(ctx, wa.id);
-        pthread_mutex_lock(&ctx->mu);
-        if (++ctx->n_idle_done == ctx->n_threads - 1) pthread_cond_signal(&ctx->done);
+        if (atomic_fetch_add_explicit(&ctx->n_idle_done, 1, memory_order_acq_rel) + 1 == ctx->n_threads - 1) {
+            pthread_mutex_lock(&ctx->mu);
+            if (ctx->caller_sleeping) pthread_cond_signal(&ctx->done);
+            pthread_mutex_unlock(&ctx->mu);
+        }
     }
-    pthread_mutex_unlock(&ctx->mu);
     return NULL;
 }
 
@@ -89,23 +123,34 @@ void dhsa_parallel_for(dhsa_ctx *ctx, int64_t n_tasks, dhsa_task_fn fn, void *ar
         for (int64_t t = 0; t < n_tasks; t++) fn(arg, t, 0);
         return;
     }
-    /* the job's fields and the workers' counts serve one job at a time */
+    /* the job's fields and the workers' counts serve one job at a time;
+     * every worker has finished the previous job (the wait below), so none
+     * reads them while they change */
     pthread_mutex_lock(&ctx->call_mu);
     pthread_mutex_lock(&ctx->mu);
     ctx->fn = fn;
     ctx->arg = arg;
     ctx->n_tasks = n_tasks;
     atomic_store(&ctx->next_task, 0);
-    ctx->n_idle_done = 0;
-    ctx->generation++;
-    pthread_cond_broadcast(&ctx->wake);
+    atomic_store(&ctx->n_idle_done, 0);
+    atomic_fetch_add_explicit(&ctx->generation, 1, memory_order_release);
+    if (ctx->n_sleeping) pthread_cond_broadcast(&ctx->wake);
     pthread_mutex_unlock(&ctx->mu);
 
     run_tasks(ctx, 0);
 
-    pthread_mutex_lock(&ctx->mu);
-    while (ctx->n_idle_done < ctx->n_threads - 1) pthread_cond_wait(&ctx->done, &ctx->mu);
-    pthread_mutex_unlock(&ctx->mu);
+    const int others = ctx->n_threads - 1;
+    for (int spin = 0; spin < SPIN_ROUNDS; spin++) {
+        if (atomic_load_explicit(&ctx->n_idle_done, memory_order_acquire) == others) break;
+        cpu_pause();
+    }
+    if (atomic_load_explicit(&ctx->n_idle_done, memory_order_acquire) != others) {
+        pthread_mutex_lock(&ctx->mu);
+        ctx->caller_sleeping = 1;
+        while (atomic_load(&ctx->n_idle_done) != others) pthread_cond_wait(&ctx->done, &ctx->mu);
+        ctx->caller_sleeping = 0;
+        pthread_mutex_unlock(&ctx->mu);
+    }
     pthread_mutex_unlock(&ctx->call_mu);
 }
 
@@ -145,6 +190,9 @@ dhsa_status dhsa_ctx_create(const dhsa_ctx_params *p, dhsa_ctx **out) {
     pthread_cond_init(&ctx->wake, NULL);
     pthread_cond_init(&ctx->done, NULL);
     atomic_init(&ctx->next_task, 0);
+    atomic_init(&ctx->generation, 0);
+    atomic_init(&ctx->n_idle_done, 0);
+    atomic_init(&ctx->stop, 0);
     if (ctx->n_threads > 1) {
         ctx->workers = calloc((size_t)ctx->n_threads - 1, sizeof(pthread_t));
         if (!ctx->workers) {
@@ -173,7 +221,7 @@ void dhsa_ctx_free(dhsa_ctx *ctx) {
     if (!ctx) return;
     if (ctx->workers) {
         pthread_mutex_lock(&ctx->mu);
-        ctx->stop = 1;
+        atomic_store(&ctx->stop, 1);
         pthread_cond_broadcast(&ctx->wake);
         pthread_mutex_unlock(&ctx->mu);
         for (int i = 1; i < ctx->n_threads; i++) pthread_join(ctx->workers[i - 1], NULL);
