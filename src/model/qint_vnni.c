@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "model/qint.h"
+#include "model/qint_kscale.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 16")
@@ -110,19 +111,7 @@ static void unpack(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, ui
                 _mm512_storeu_si512(c + 64 * u, _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, m4)),
                                                                    _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), 1));
             }
-            /* the eight 6-bit scales and mins (quant.c's q4k_scale_min), four at a time in 32-bit words */
-            uint32_t u0, u1, u2;
-            memcpy(&u0, blk + 4, 4);
-            memcpy(&u1, blk + 8, 4);
-            memcpy(&u2, blk + 12, 4);
-            uint64_t sc = (uint64_t)(u0 & 0x3f3f3f3fu) |
-                          (uint64_t)((u2 & 0x0f0f0f0fu) | ((u0 >> 6) & 0x03030303u) << 4) << 32;
-            uint64_t mn = (uint64_t)(u1 & 0x3f3f3f3fu) |
-                          (uint64_t)(((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 6) & 0x03030303u) << 4) << 32;
-            __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)));
-            __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn)));
-            _mm256_storeu_ps(a, _mm256_mul_ps(d, scf));
-            _mm256_storeu_ps(b, _mm256_mul_ps(ndmin, mnf)); /* -(dmin m), exactly */
+            dhsa__qi_k_scales(blk + 4, d, ndmin, a, b);
         }
         return;
     case DHSA_GGML_Q6_K:
