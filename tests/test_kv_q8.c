@@ -60,19 +60,7 @@ static double now_s(void) {
 /* ------------------------------------------------------------------------ */
 /* Deterministic inputs (splitmix64, Box-Muller) */
 
-typedef struct { uint64_t s; } rng_t;
-static uint64_t rng_u64(rng_t *r) {
-    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static double rng_unif(rng_t *r) { return (double)(rng_u64(r) >> 11) * 0x1p-53; }
-static double rng_normal(rng_t *r) {
-    double u1 = rng_unif(r), u2 = rng_unif(r);
-    if (u1 < 1e-300) u1 = 1e-300;
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
+#include "rng.h"
 
 /* ------------------------------------------------------------------------ */
 /* Q8_0 by its definition (GGUF block_q8_0: F16 d, then int8 qs[32]) */
