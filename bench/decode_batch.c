@@ -7,7 +7,7 @@
  *
  * Run from the repository root:
  *   cc -std=c11 -O2 -Iinclude -o build/decode_batch bench/decode_batch.c build/libdhsa.a -lpthread -lm
- *   build/decode_batch 1 && build/decode_batch 2
+ *   build/decode_batch 1 && build/decode_batch 2 [MODEL.gguf]
  */
 #define _POSIX_C_SOURCE 200809L
 #include "dhsa.h"
@@ -20,7 +20,8 @@ static int cmp(const void *a, const void *b) { double x = *(const double *)a, y 
 int main(int argc, char **argv) {
     int T = argc > 1 ? atoi(argv[1]) : 2;
     dhsa_model_params mp = dhsa_model_default_params();
-    dhsa_model *m; if (dhsa_model_load("models/dhsa-retrieval-8m.gguf", &mp, &m)) { puts(dhsa_last_error()); return 1; }
+    const char *path = argc > 2 ? argv[2] : "models/dhsa-retrieval-8m.gguf";
+    dhsa_model *m; if (dhsa_model_load(path, &mp, &m)) { puts(dhsa_last_error()); return 1; }
     dhsa_ctx_params cp = dhsa_ctx_default_params(); cp.n_threads = T;
     dhsa_ctx *ctx; dhsa_ctx_create(&cp, &ctx);
     dhsa_session_params sp = dhsa_session_default_params(); sp.n_ctx = 1024;
