@@ -109,7 +109,10 @@ def batch(b, tr, rng, tokens, lengths, groups=None, p_same=0.0):
             src = tr
             if groups and rng.random() < p_same:  # every keyword of the text as long as the others
                 src = rng.choices(groups, weights=[len(g.keywords) for g in groups])[0]
-            ids, spans = b.sample_multiquery(src, rng, T + 1, many=True)
+            try:
+                ids, spans = b.sample_multiquery(src, rng, T + 1, many=True)
+            except RuntimeError:  # too long for a 128-token sequence: a copy text instead
+                ids, spans = b.sample_copy(tr, rng, T + 1)
         else:
             ids, spans = b.sample_copy(tr, rng, T + 1)
         n = len(ids) - 1

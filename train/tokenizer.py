@@ -7,7 +7,7 @@ whitespace folding, so that dhsa's SentencePiece tokenizer (score-ordered
 merges, a leading U+2581, byte tokens for unknown characters) gives the
 same ids as the library; tests/test_trained_model.py checks that.
 
-Usage: python tokenizer.py WORKDIR OUT_PREFIX   (writes OUT_PREFIX.model)
+Usage: python tokenizer.py WORKDIR OUT_PREFIX [VOCAB]   (writes OUT_PREFIX.model; VOCAB default 2048)
 """
 import os
 import re
@@ -18,7 +18,7 @@ import sentencepiece as spm
 VOCAB = 2048
 
 
-def train(work, prefix):
+def train(work, prefix, vocab=VOCAB):
     text = open(os.path.join(work, "train.txt"), encoding="utf-8").read()
     # 24 evenly spaced 250 KB windows, cut into sentences: every source is represented
     n, win = 24, 250_000
@@ -32,7 +32,7 @@ def train(work, prefix):
         f.write("\n".join(lines))
     tmp = prefix + ".part"
     spm.SentencePieceTrainer.train(
-        input=src, model_prefix=tmp, vocab_size=VOCAB, model_type="bpe",
+        input=src, model_prefix=tmp, vocab_size=vocab, model_type="bpe",
         character_coverage=0.9995, byte_fallback=True, split_digits=True,
         normalization_rule_name="identity", remove_extra_whitespaces=False,
         add_dummy_prefix=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
@@ -46,4 +46,4 @@ def train(work, prefix):
 
 
 if __name__ == "__main__":
-    train(sys.argv[1], sys.argv[2])
+    train(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else VOCAB)

@@ -205,7 +205,11 @@ def step_length(step, rng):
     return ls[rng.choices(range(len(ls)), weights=[mix[x] for x in ls])[0]]
 
 
-def make_batch(b, src, seed, step, steps, tokens):
+def make_batch(b, src, seed, step, steps, tokens, groups=None, p_same=0.0):
+    """groups, p_same (--same-len): that share of the multiquery texts draws
+    all its keywords from one group of equal piece counts (probe.by_pieces),
+    so that a keyword's length cannot tell it from the others (without
+    p_same no extra draw is made: older runs' data is unchanged)."""
     rng = random.Random(seed * 1_000_003 + step)
     T = step_length(step, rng)
     B = max(1, tokens // T)
@@ -220,7 +224,10 @@ def make_batch(b, src, seed, step, steps, tokens):
         kind = rng.choices([k for k, _ in kinds], weights=[w for _, w in kinds])[0]
         spans = []
         if kind == "multiquery":
-            ids, ans_spans = b.sample_multiquery(src, rng, T + 1, many=step >= MANY_KEYS_FROM)
+            s = src
+            if p_same > 0 and rng.random() < p_same:
+                s = rng.choices(groups, weights=[len(g.keywords) for g in groups])[0]
+            ids, ans_spans = b.sample_multiquery(s, rng, T + 1, many=step >= MANY_KEYS_FROM)
             for c0, c1 in ans_spans:
                 w_ans[i, c0 - 1:c1 - 1] = 1  # targets ids[c0 .. c1): every answer's tokens
             a = len(ids)
@@ -353,6 +360,9 @@ def main():
                     help="with --init: comma-separated indices of the file's layers after which a new layer "
                          "is inserted (block expansion: a copy of that layer with wo and w_down zeroed, so the "
                          "grown model starts as exactly the file's function); --layers must match")
+    ap.add_argument("--same-len", type=float, default=0.0,
+                    help="share of multiquery texts whose keywords all have the same number of pieces "
+                         "(docs/training.md, Probes: the shipped model tells keywords apart by length)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -384,6 +394,8 @@ def main():
     print(f"model: {model.n_params() / 1e6:.2f} M parameters, {cfg}", flush=True)
     tr, ev = load_sources(args.work)
     b = Builder(sp)
+    from probe import by_pieces
+    groups = by_pieces(sp, tr) if args.same_len > 0 else None
     held = heldout_set(b, ev, args.seed, [1024, 4096], 12)
     held_long = heldout_set(b, ev, args.seed, [8192], 8)
     log = open(os.path.join(args.ckpt, "log.jsonl"), "a")
@@ -396,7 +408,7 @@ def main():
     t_ck = time.time()
     while step < args.steps and not stop["now"]:
         t0 = time.time()
-        x, y, w_lm, w_ans, w_cp, w_first, T = make_batch(b, tr, args.seed, step, args.steps, args.tokens)
+        x, y, w_lm, w_ans, w_cp, w_first, T = make_batch(b, tr, args.seed, step, args.steps, args.tokens, groups, args.same_len)
         lr = lr_at(step, args.steps, args.lr)
         for g in opt.param_groups:
             g["lr"] = lr
