@@ -4,7 +4,8 @@
 # sanitizers (in build-asan/ and build-ubsan/).
 #
 # Sources are found by wildcard: src/*/*.c. Files named *_avx512.c,
-# *_vnni.c (AVX-512 and VNNI) and *_avx2.c are per-ISA kernels compiled with their own flags (x86-64 only;
+# *_vnni.c (AVX-512 and VNNI), *_avx512bf16.c (AVX-512 and AVX512-BF16),
+# *_avxvnni.c and *_avx2.c are per-ISA kernels compiled with their own flags (x86-64 only;
 # on other machines they compile to nothing and the scalar path runs).
 
 CC      ?= cc
@@ -23,7 +24,11 @@ ifeq ($(ARCH),x86_64)
   # AVX-VNNI (vpdpbusd on ymm): GCC >= 11, clang >= 12; without it
   # qint_avxvnni.c builds empty and the AVX2 kernels run instead.
   AVXVNNI_FLAGS := $(AVX2_FLAGS) $(shell echo | $(CC) -mavxvnni -E -x c - >/dev/null 2>&1 && echo -mavxvnni)
+  # AVX512-BF16 (vdpbf16ps): GCC >= 10, clang >= 9; without it
+  # qbf16_avx512bf16.c builds empty and F16/BF16 weights take the exact route.
+  BF16_FLAGS := $(AVX512_FLAGS) $(shell echo | $(CC) -mavx512bf16 -E -x c - >/dev/null 2>&1 && echo -mavx512bf16)
 else
+  BF16_FLAGS   =
   VNNI_FLAGS   =
   AVXVNNI_FLAGS =
   AVX512_FLAGS =
@@ -73,6 +78,10 @@ $(BUILD)/obj/%_avx512.o: src/%_avx512.c $(HDRS)
 $(BUILD)/obj/%_vnni.o: src/%_vnni.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(VNNI_FLAGS) -c $< -o $@
+
+$(BUILD)/obj/%_avx512bf16.o: src/%_avx512bf16.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(BF16_FLAGS) -c $< -o $@
 
 $(BUILD)/obj/%_avxvnni.o: src/%_avxvnni.c $(HDRS)
 	@mkdir -p $(dir $@)

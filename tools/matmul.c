@@ -16,6 +16,7 @@
 
 #include "cli.h"
 #include "dhsa.h"
+#include "model/qbf16.h"
 #include "model/qint.h"
 #include "model/quant.h"
 #include "util/peak.h"
@@ -45,11 +46,14 @@ const char dhsa_cli_bench_matmul_usage[] =
     "Routes (docs/quant.md): exact multiplies the weights in F32 (the\n"
     "reference); fast quantizes x to 8-bit blocks and uses integer dot products\n"
     "(AVX512-VNNI, AVX-VNNI or AVX2) for the quantized types, checked against\n"
-    "the scalar integer route (|a - b| <= 2e-6 sum |w x|); err is its NMSE\n"
-    "against the exact route.\n"
+    "the scalar integer route (|a - b| <= 2e-6 sum |w x|), and rounds x (and F16\n"
+    "weights) to BF16 for vdpbf16ps (AVX512-BF16) for F16 and BF16, checked\n"
+    "against the scalar BF16 kernels (twice the worst case of the summation\n"
+    "order); err is its NMSE against the exact route.\n"
     "With both, every run times the two routes back to back and speedup is the\n"
-    "median of the per-run ratios. A type the fast route does not cover (F32,\n"
-    "F16, BF16, or no AVX2) prints \"(exact)\" in its fast row.\n"
+    "median of the per-run ratios. A type the fast route does not cover (F32;\n"
+    "F16 and BF16 without AVX512-BF16; all without AVX2) prints \"(exact)\" in\n"
+    "its fast row.\n"
     "Defaults: --route both, --type all, --n-in 4096, --n-out 4096, --tok 1, --runs 7,\n"
     "threads = online CPUs. Sizes accept K/M suffixes (--n-out 11008).\n";
 
@@ -148,8 +152,9 @@ static double check_rows(dhsa_ctx *ctx, const dhsa_wmat *W, int64_t r0, int64_t 
 }
 
 /* The fast route's check: rows [r0, r0 + nr) of y against the scalar
- * integer route on the same rows, |a - b| <= 2e-6 sum |w x| (the two sum
- * the same exact block integers in different orders, qint.h). */
+ * kernels of the same route on the same rows: integer, |a - b| <= 2e-6
+ * sum |w x| (the two sum the same exact block integers in different
+ * orders, qint.h); BF16, twice the worst case of its order (qbf16.h). */
 static double check_rows_fast(dhsa_ctx *ctx, const dhsa_wmat *W, int64_t r0, int64_t nr, const float *x, int64_t tok,
                               const float *y, int64_t ldy, int64_t *wt, int64_t *wo) {
     dhsa_wmat S = *W;
@@ -157,15 +162,21 @@ static double check_rows_fast(dhsa_ctx *ctx, const dhsa_wmat *W, int64_t r0, int
     S.n_out = nr;
     float *ys = malloc((size_t)(tok * nr) * sizeof(float)), *w = malloc((size_t)W->n_in * sizeof(float));
     if (!ys || !w) dhsa_cli_die(EXIT_RUN, "out of memory");
-    dhsa_status st = dhsa__qi_matmul(ctx, &dhsa__qi_scalar, &S, x, W->n_in, tok, ys, nr);
-    if (st != DHSA_OK) dhsa_cli_die(EXIT_RUN, "scalar integer route: %s", dhsa_last_error());
+    const int bf = dhsa__bf16_type(W->type);
+    dhsa_status st = bf ? dhsa__bf16_matmul(ctx, &dhsa__bf16_scalar, &S, x, W->n_in, tok, ys, nr)
+                        : dhsa__qi_matmul(ctx, &dhsa__qi_scalar, &S, x, W->n_in, tok, ys, nr);
+    if (st != DHSA_OK) dhsa_cli_die(EXIT_RUN, "scalar %s route: %s", bf ? "BF16" : "integer", dhsa_last_error());
+    /* BF16: both orders within gamma_D of the exact sum of the rounded
+     * terms (qbf16.h), each at most (1 + 2^-8)^2 times its |w x| */
+    const double blocks = (double)((W->n_in + DHSA_QK_KC - 1) / DHSA_QK_KC);
+    const double rel = bf ? 2.0 * (2.0 * DHSA_QK_KC / 32 + 4 + blocks) * 0x1p-24 * (1 + 0x1p-7) : 2e-6;
     double worst = 0.0;
     for (int64_t o = 0; o < nr; o++) {
         if (dhsa__wmat_row(&S, o, w) != DHSA_OK) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
         for (int64_t t = 0; t < tok; t++) {
             double a = 0.0;
             for (int64_t i = 0; i < W->n_in; i++) a += fabs((double)w[i] * x[t * W->n_in + i]);
-            double tol = 2e-6 * a + 1e-30;
+            double tol = rel * a + 1e-30;
             double got = y[t * ldy + r0 + o], err = fabs(got - ys[t * nr + o]);
             double ratio = isfinite(got) ? err / tol : INFINITY;
             if (ratio > worst || (worst == 0.0 && *wt < 0)) {
@@ -286,7 +297,8 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
         W.data = wd;
         const char *tn = dhsa_ggml_type_name(W.type);
         const dhsa__qi_kernels *qk = dhsa__qi_type(W.type) ? dhsa__qi_kernels_active() : NULL;
-        const int fast = do_fast && qk != NULL, exact = do_exact || !fast;
+        const dhsa__bf16_kernels *bk = dhsa__bf16_type(W.type) ? dhsa__bf16_kernels_active() : NULL;
+        const int fast = do_fast && (qk != NULL || bk != NULL), exact = do_exact || !fast;
 
         /* 1. correctness first: the exact route against the scalar path,
          * the fast one against the scalar integer route */
@@ -325,7 +337,8 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
             res[ti].r[ri].check = worst;
             res[ti].r[ri].ran = 1;
             res[ti].r[ri].covered = 1;
-            res[ti].r[ri].fused = ri ? tok <= qk->max_tok_fused : dhsa__matmul_fused(W.type, tok);
+            res[ti].r[ri].fused = !ri ? dhsa__matmul_fused(W.type, tok) : qk ? tok <= qk->max_tok_fused
+                                                                              : dhsa__bf16_fused(bk, tok);
             if (ri == 1) { /* the fast route's error: NMSE against the exact route */
                 double num = 0.0, den = 0.0;
                 for (int64_t e = 0; e < tok * n_out; e++) {
@@ -408,7 +421,8 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
                 }
                 if (!rr->ran) continue;
                 char rname[32];
-                snprintf(rname, sizeof rname, "%s %s", ri ? "int8" : "f32", rr->fused ? "fused" : "panel");
+                snprintf(rname, sizeof rname, "%s %s", !ri ? "f32" : dhsa__bf16_type(types[ti]) ? "bf16" : "int8",
+                         rr->fused ? "fused" : "panel");
                 printf("%-6s %-16s %9.1f %10.4f %9.1f %6.1f%% %8.2f", dhsa_ggml_type_name(types[ti]), rname,
                        res[ti].mib, rr->ms, rr->gflops, 100.0 * rr->peak_share, rr->wgbps);
                 /* below 1 MiB a plain read mostly times waking the threads */

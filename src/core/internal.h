@@ -37,6 +37,17 @@ dhsa__idot dhsa__set_idot_cap(dhsa__idot cap);
 int dhsa__idot_cpu_has(dhsa__idot d);
 const char *dhsa__idot_name(dhsa__idot d);
 
+/* AVX512-BF16 (vdpbf16ps), the fast route's kernels for F16 and BF16
+ * weights (model/qbf16.h): 1 when the CPU has it, the active ISA is AVX-512
+ * (so DHSA_FORCE_ISA=avx2, avx-vnni or scalar turn it off) and
+ * dhsa__set_bf16_allowed has not turned it off. */
+int dhsa__bf16_active(void);
+/* 1 when the CPU can run it, whatever the ISA and the switch. */
+int dhsa__bf16_cpu_has(void);
+/* Allows (1) or forbids (0) it, returns the setting before (tests: the
+ * exact route where the CPU has it). */
+int dhsa__set_bf16_allowed(int allowed);
+
 /* Untrusted text for a terminal (src/core/escape.c has the rules): control
  * bytes, invalid UTF-8 and the code points a terminal acts on become \xNN
  * escapes; valid UTF-8 is kept. Writes at most cap bytes to out, NUL

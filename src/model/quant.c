@@ -20,6 +20,7 @@
  *      build/dhsa bench matmul --help.
  */
 #include "model/quant.h"
+#include "model/qbf16.h"
 #include "model/qint.h"
 
 #include "core/internal.h"
@@ -1061,8 +1062,9 @@ size_t dhsa__matmul_workspace(uint32_t type, int64_t n_in, int64_t n_out, int64_
     return p.fused ? 0 : p.ws;
 }
 
-dhsa_status dhsa__matmul(dhsa_ctx *ctx, const dhsa_wmat *W, const float *x, int64_t ldx, int64_t n_tok, float *y,
-                         int64_t ldy) {
+/* The checks of a call, shared by every route (n_tok = 0 passes). */
+static dhsa_status check_call(dhsa_ctx *ctx, const dhsa_wmat *W, const float *x, int64_t ldx, int64_t n_tok,
+                              const float *y, int64_t ldy) {
     if (!ctx || !W || !x || !y || !W->data)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__matmul: ctx, W, W->data, x and y must not be NULL");
     dhsa_status st = check_mm(W->type, W->n_in, W->n_out, n_tok);
@@ -1081,6 +1083,13 @@ dhsa_status dhsa__matmul(dhsa_ctx *ctx, const dhsa_wmat *W, const float *x, int6
     uintptr_t xa = (uintptr_t)x, xb = (uintptr_t)(x + (n_tok - 1) * ldx + W->n_in);
     uintptr_t ya = (uintptr_t)y, yb = (uintptr_t)(y + (n_tok - 1) * ldy + W->n_out);
     if (xa < yb && ya < xb) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__matmul: x and y overlap");
+    return DHSA_OK;
+}
+
+dhsa_status dhsa__matmul(dhsa_ctx *ctx, const dhsa_wmat *W, const float *x, int64_t ldx, int64_t n_tok, float *y,
+                         int64_t ldy) {
+    dhsa_status st = check_call(ctx, W, x, ldx, n_tok, y, ldy);
+    if (st != DHSA_OK || n_tok == 0) return st;
 
     mm_job j;
     j.k = dhsa__quant_kernels_active();
@@ -1108,44 +1117,45 @@ dhsa_status dhsa__matmul(dhsa_ctx *ctx, const dhsa_wmat *W, const float *x, int6
 
 /* ------------------------------------------------------------ routes --- */
 
-static const dhsa__qi_kernels *fast_kernels(uint32_t type) {
-    return dhsa__qi_type(type) ? dhsa__qi_kernels_active() : NULL;
+/* The fast route's kernels for a weight type: the integer ones (quantized
+ * types, qint.h) or the BF16 ones (F16 and BF16, qbf16.h), where the CPU
+ * and the ISA allow; neither: the exact route. */
+typedef struct {
+    const dhsa__qi_kernels *qi;
+    const dhsa__bf16_kernels *bf;
+} fast_k;
+
+static fast_k fast_kernels(dhsa__mm_route route, uint32_t type) {
+    fast_k f = {NULL, NULL};
+    if (route != DHSA_MM_FAST) return f;
+    if (dhsa__qi_type(type)) f.qi = dhsa__qi_kernels_active();
+    if (dhsa__bf16_type(type)) f.bf = dhsa__bf16_kernels_active();
+    return f;
 }
 
 dhsa_status dhsa__matmul_on(dhsa_ctx *ctx, dhsa__mm_route route, const dhsa_wmat *W, const float *x, int64_t ldx,
                             int64_t n_tok, float *y, int64_t ldy) {
-    const dhsa__qi_kernels *k = route == DHSA_MM_FAST && W ? fast_kernels(W->type) : NULL;
-    if (!k || n_tok == 0) return dhsa__matmul(ctx, W, x, ldx, n_tok, y, ldy);
-    /* the exact route's argument checks, without running it */
-    if (!ctx || !x || !y || !W->data)
-        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__matmul: ctx, W, W->data, x and y must not be NULL");
-    dhsa_status st = check_mm(W->type, W->n_in, W->n_out, n_tok);
-    if (st != DHSA_OK) return st;
-    if (ldx < W->n_in || ldy < W->n_out)
-        return dhsa__fail(DHSA_ERR_SHAPE, "dhsa__matmul: ldx = %lld must be >= n_in = %lld and ldy = %lld >= n_out = %lld",
-                          (long long)ldx, (long long)W->n_in, (long long)ldy, (long long)W->n_out);
-    if (W->row_bytes < dhsa__wt_row_bytes(W->type, W->n_in))
-        return dhsa__fail(DHSA_ERR_SHAPE, "dhsa__matmul: row_bytes = %lld is less than a %s row of %lld values",
-                          (long long)W->row_bytes, info(W->type)->name, (long long)W->n_in);
-    if (ldx > INT64_MAX / n_tok || ldy > INT64_MAX / n_tok || W->row_bytes > INT64_MAX / W->n_out)
-        return dhsa__fail(DHSA_ERR_TOO_LARGE, "dhsa__matmul: a buffer size overflows 64 bits");
-    uintptr_t xa = (uintptr_t)x, xb = (uintptr_t)(x + (n_tok - 1) * ldx + W->n_in);
-    uintptr_t ya = (uintptr_t)y, yb = (uintptr_t)(y + (n_tok - 1) * ldy + W->n_out);
-    if (xa < yb && ya < xb) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__matmul: x and y overlap");
-    return dhsa__qi_matmul(ctx, k, W, x, ldx, n_tok, y, ldy);
+    const fast_k f = fast_kernels(route, W ? W->type : 0);
+    if (!f.qi && !f.bf) return dhsa__matmul(ctx, W, x, ldx, n_tok, y, ldy);
+    dhsa_status st = check_call(ctx, W, x, ldx, n_tok, y, ldy);
+    if (st != DHSA_OK || n_tok == 0) return st;
+    if (f.bf) return dhsa__bf16_matmul(ctx, f.bf, W, x, ldx, n_tok, y, ldy);
+    return dhsa__qi_matmul(ctx, f.qi, W, x, ldx, n_tok, y, ldy);
 }
 
 size_t dhsa__matmul_workspace_on(dhsa__mm_route route, uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok,
                                  int n_threads) {
-    const dhsa__qi_kernels *k = route == DHSA_MM_FAST ? fast_kernels(type) : NULL;
-    if (!k) return dhsa__matmul_workspace(type, n_in, n_out, n_tok, n_threads);
+    const fast_k f = fast_kernels(route, type);
+    if (!f.qi && !f.bf) return dhsa__matmul_workspace(type, n_in, n_out, n_tok, n_threads);
     if (check_mm(type, n_in, n_out, n_tok) != DHSA_OK || n_tok == 0) return 0;
-    return dhsa__qi_workspace(k, type, n_in, n_out, n_tok, n_threads);
+    if (f.bf) return dhsa__bf16_workspace(f.bf, type, n_in, n_out, n_tok, n_threads);
+    return dhsa__qi_workspace(f.qi, type, n_in, n_out, n_tok, n_threads);
 }
 
 const char *dhsa__matmul_route_name(dhsa__mm_route route, uint32_t type) {
-    const dhsa__qi_kernels *k = route == DHSA_MM_FAST ? fast_kernels(type) : NULL;
-    if (k) return dhsa__qi_route_name(k);
+    const fast_k f = fast_kernels(route, type);
+    if (f.qi) return dhsa__qi_route_name(f.qi);
+    if (f.bf) return dhsa__bf16_route_name(f.bf);
     switch (dhsa_active_isa()) {
     case DHSA_ISA_AVX512: return "f32 avx512";
     case DHSA_ISA_AVX2: return "f32 avx2";

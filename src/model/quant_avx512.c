@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "model/quant.h"
+#include "model/quant_tree512.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 16")
@@ -37,34 +38,6 @@
 #define TMAX 4 /* tokens per fused tile */
 #define MR 6   /* panel tile: tokens */
 #define NR 4   /* panel tile: rows */
-
-/* ----------------------------------------------------------- lane tree --- */
-
-/* s = ((v[j] + v[j+8]) for j < 8) -> (a[j] + a[j+4]) -> (b0 + b2, b1 + b3) -> c0 + c1 */
-INLINE float tree1(__m512 v) {
-    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
-}
-
-/* The same tree for four vectors at once: [tree1(v0), ..., tree1(v3)]. */
-INLINE __m128 tree4(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
-    __m256 a0 = _mm256_add_ps(_mm512_castps512_ps256(v0), _mm512_extractf32x8_ps(v0, 1));
-    __m256 a1 = _mm256_add_ps(_mm512_castps512_ps256(v1), _mm512_extractf32x8_ps(v1, 1));
-    __m256 a2 = _mm256_add_ps(_mm512_castps512_ps256(v2), _mm512_extractf32x8_ps(v2, 1));
-    __m256 a3 = _mm256_add_ps(_mm512_castps512_ps256(v3), _mm512_extractf32x8_ps(v3, 1));
-    /* b01 = [b0 | b1], b_k[j] = a_k[j] + a_k[j+4] */
-    __m256 b01 = _mm256_add_ps(_mm256_permute2f128_ps(a0, a1, 0x20), _mm256_permute2f128_ps(a0, a1, 0x31));
-    __m256 b23 = _mm256_add_ps(_mm256_permute2f128_ps(a2, a3, 0x20), _mm256_permute2f128_ps(a2, a3, 0x31));
-    /* c = [c0[0] c0[1] c2[0] c2[1] | c1[0] c1[1] c3[0] c3[1]], c_k[i] = b_k[i] + b_k[i+2] */
-    __m256 c = _mm256_add_ps(_mm256_shuffle_ps(b01, b23, _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm256_shuffle_ps(b01, b23, _MM_SHUFFLE(3, 2, 3, 2)));
-    /* g = [r0 r2 r0 r2 | r1 r3 r1 r3] */
-    __m256 g = _mm256_add_ps(_mm256_shuffle_ps(c, c, _MM_SHUFFLE(2, 0, 2, 0)),
-                             _mm256_shuffle_ps(c, c, _MM_SHUFFLE(3, 1, 3, 1)));
-    return _mm_unpacklo_ps(_mm256_castps256_ps128(g), _mm256_extractf128_ps(g, 1));
-}
 
 /* ------------------------------------------------------------- decoders --- */
 
