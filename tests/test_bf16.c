@@ -26,10 +26,12 @@
  *     C (within twice the bound of the SIMD ones);
  *   - a NaN activation makes its token's outputs NaN (and no other's), an
  *     Inf one its token's non-finite, on both routes;
- *   - dispatch: the fast route of F16/BF16 is "bf16 avx512-bf16" exactly
- *     when the CPU has AVX512-BF16 and the ISA is AVX-512; with it turned
- *     off (dhsa__set_bf16_allowed), the AVX2 or the scalar ISA, the exact
- *     route, named so; dhsa__matmul_on runs what the name says (bitwise);
+ *   - dispatch: the probe gives one ratio per process; the fast route of
+ *     F16/BF16 is "bf16 avx512-bf16" exactly when the CPU has AVX512-BF16,
+ *     the ISA is AVX-512 and the mode is on, or auto with the probe at most
+ *     2 FMA; otherwise the exact route, named with the reason (off, slower
+ *     here); the AVX2 and the scalar ISA the exact route; dhsa__matmul_on
+ *     runs what the name says (bitwise);
  *   - workspace: what dhsa__matmul_workspace_on says is what the ctx
  *     peaks at, and a budget a byte short fails before any work.
  * Parts on the AVX512-BF16 kernels are skipped (counted) on a CPU without.
@@ -483,30 +485,45 @@ static void test_dispatch(void) {
     const dhsa_isa isa = dhsa_active_isa();
     int runs;
     kset(1, &runs);
-    const int want_bf16 = runs && isa == DHSA_ISA_AVX512 && dhsa__bf16_active();
-    for (int ti = 0; ti < 2; ti++) {
-        const uint32_t type = ti ? DHSA_GGML_BF16 : DHSA_GGML_F16;
-        const char *got = dhsa__matmul_route_name(DHSA_MM_FAST, type);
-        T_CHECK(want_bf16 ? strcmp(got, "bf16 avx512-bf16") == 0 : strncmp(got, "f32 ", 4) == 0,
-                "%s fast route here (ISA %s): %s", ti ? "BF16" : "F16", dhsa_isa_name(isa), got);
-        T_CHECK(strncmp(dhsa__matmul_route_name(DHSA_MM_EXACT, type), "f32 ", 4) == 0, "the exact route stays F32");
+    const int here = runs && isa == DHSA_ISA_AVX512; /* the kernels can run under this ISA */
+    /* the probe: a time ratio, measured once, and the automatic choice follows it */
+    const double ratio = dhsa__bf16_probe();
+    T_CHECK(here ? ratio > 0.05 && ratio < 50.0 && dhsa__bf16_probe() == ratio : ratio == 0.0,
+            "probe: a vdpbf16ps takes %.2f FMA here (measured once)", ratio);
+    printf("test_bf16: the probe says a vdpbf16ps costs %.2f FMA here: the BF16 route %s by default\n", ratio,
+           here && ratio <= 2.0 ? "runs" : "does not run");
+    const dhsa__bf16_mode mode0 = dhsa__set_bf16_mode(DHSA__BF16_AUTO);
+    for (int m = DHSA__BF16_OFF; m <= DHSA__BF16_AUTO; m++) {
+        dhsa__set_bf16_mode((dhsa__bf16_mode)m);
+        const int on = here && (m == DHSA__BF16_ON || (m == DHSA__BF16_AUTO && ratio <= 2.0));
+        const char *want = on ? "bf16 avx512-bf16"
+                           : !here ? NULL
+                           : m == DHSA__BF16_OFF ? "f32 avx512 (DHSA_BF16=off)" : "f32 avx512 (avx512-bf16 slower here)";
+        for (int ti = 0; ti < 2; ti++) {
+            const char *got = dhsa__matmul_route_name(DHSA_MM_FAST, ti ? DHSA_GGML_BF16 : DHSA_GGML_F16);
+            T_CHECK(want ? strcmp(got, want) == 0 : strncmp(got, "f32 ", 4) == 0 && !strchr(got, '('),
+                    "mode %d, %s fast route (ISA %s): %s (want %s)", m, ti ? "BF16" : "F16", dhsa_isa_name(isa), got,
+                    want ? want : "f32 and no reason");
+        }
+        T_CHECK((dhsa__bf16_kernels_active() != NULL) == on && (dhsa__bf16_off_reason() != NULL) == (here && !on),
+                "mode %d: the kernels are active (%d) and a reason given (%d) as the name says", m,
+                dhsa__bf16_kernels_active() != NULL, dhsa__bf16_off_reason() != NULL);
     }
-    T_CHECK(strncmp(dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_F32), "f32 ", 4) == 0, "F32 weights: exact route");
-    /* turned off: the exact route, named so */
-    int before = dhsa__set_bf16_allowed(0);
-    T_CHECK(strncmp(dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_F16), "f32 ", 4) == 0 && !dhsa__bf16_active() &&
-                dhsa__bf16_kernels_active() == NULL,
-            "AVX512-BF16 turned off: F16 takes the exact route (%s)", dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_F16));
-    dhsa__set_bf16_allowed(before);
+    dhsa__set_bf16_mode(DHSA__BF16_ON);
+    T_CHECK(strncmp(dhsa__matmul_route_name(DHSA_MM_EXACT, DHSA_GGML_F16), "f32 ", 4) == 0 &&
+                strncmp(dhsa__matmul_route_name(DHSA_MM_EXACT, DHSA_GGML_BF16), "f32 ", 4) == 0 &&
+                strncmp(dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_F32), "f32 ", 4) == 0,
+            "the exact route stays F32, and F32 weights take it");
     if (dhsa_set_isa(DHSA_ISA_AVX2) == DHSA_OK) {
         T_CHECK(strcmp(dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_BF16), "f32 avx2") == 0,
-                "ISA avx2: BF16 weights take the exact AVX2 route (%s)", dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_BF16));
+                "ISA avx2, BF16 on: BF16 weights take the exact AVX2 route (%s)",
+                dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_BF16));
     } else {
         T_SKIP(1, "no AVX2 here: the AVX2 ISA's route");
     }
     dhsa_set_isa(DHSA_ISA_SCALAR);
     T_CHECK(strcmp(dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_F16), "f32 scalar") == 0,
-            "ISA scalar: F16 weights take the exact scalar route");
+            "ISA scalar, BF16 on: F16 weights take the exact scalar route");
     dhsa_set_isa(isa);
 
     /* dhsa__matmul_on runs what the name says, bitwise */
@@ -532,11 +549,14 @@ static void test_dispatch(void) {
     free(yr);
     mat_free(&m);
     dhsa_ctx_free(ctx);
+    dhsa__set_bf16_mode(mode0);
 }
 
 static void test_workspace(void) {
+    const dhsa__bf16_mode mode0 = dhsa__set_bf16_mode(DHSA__BF16_ON);
     if (!dhsa__bf16_kernels_active()) {
         T_SKIP(4, "workspace of the BF16 route: it does not run here");
+        dhsa__set_bf16_mode(mode0);
         return;
     }
     for (int64_t nt = 1; nt <= 64; nt *= 64) {
@@ -559,6 +579,7 @@ static void test_workspace(void) {
         mat_free(&m);
         dhsa_ctx_free(ctx);
     }
+    dhsa__set_bf16_mode(mode0);
 }
 
 int main(void) {

@@ -53,7 +53,9 @@ const char dhsa_cli_bench_matmul_usage[] =
     "With both, every run times the two routes back to back and speedup is the\n"
     "median of the per-run ratios. A type the fast route does not cover (F32;\n"
     "F16 and BF16 without AVX512-BF16; all without AVX2) prints \"(exact)\" in\n"
-    "its fast row.\n"
+    "its fast row. The BF16 route is timed wherever the CPU has it, also where\n"
+    "a session's fast route leaves it off because it does not pay there (the\n"
+    "header line says which; DHSA_BF16=off keeps it off).\n"
     "Defaults: --route both, --type all, --n-in 4096, --n-out 4096, --tok 1, --runs 7,\n"
     "threads = online CPUs. Sizes accept K/M suffixes (--n-out 11008).\n";
 
@@ -266,6 +268,15 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
     printf("dhsa bench matmul: isa %s, %d thread%s, n_in %lld, n_out %lld, tok %lld, %d runs\n",
            dhsa_isa_name(dhsa_active_isa()), threads, threads > 1 ? "s" : "", (long long)n_in, (long long)n_out,
            (long long)tok, runs);
+    /* F16/BF16: the BF16 route is timed wherever it can run, also where the
+     * session's fast route leaves it off (DHSA_BF16=auto and the probe says
+     * it does not pay); DHSA_BF16=off keeps it off */
+    const dhsa__bf16_mode bf_mode0 = dhsa__set_bf16_mode(DHSA__BF16_ON);
+    if (bf_mode0 == DHSA__BF16_OFF) dhsa__set_bf16_mode(DHSA__BF16_OFF);
+    if (dhsa__bf16_kernels_active())
+        printf("BF16 route (F16, BF16): a vdpbf16ps costs %.2f FMA here (probe), so the fast route of a session %s\n",
+               dhsa__bf16_probe(), bf_mode0 == DHSA__BF16_ON ? "takes it (DHSA_BF16=on)"
+                                   : dhsa__bf16_probe() <= 2.0 ? "takes it" : "does not (the exact route runs); timed here regardless");
 
     const int do_exact = strcmp(route_arg, "fast") != 0, do_fast = strcmp(route_arg, "exact") != 0;
     double *t = malloc((size_t)runs * sizeof *t), *tr = malloc((size_t)runs * sizeof *tr),

@@ -10,8 +10,9 @@
  *   DHSA_FORCE_ISA=avx512     the default on an AVX-512 CPU.
  * A value above what the CPU has gives the CPU's best. The integer
  * dot-product level (dhsa__idot_active) follows the active ISA and that cap;
- * AVX512-BF16 (dhsa__bf16_active, the fast route's F16/BF16 kernels) runs
- * only under the AVX-512 ISA, so avx2, avx-vnni and scalar turn it off.
+ * AVX512-BF16 (dhsa__bf16_isa_ok, the fast route's F16/BF16 kernels) runs
+ * only under the AVX-512 ISA, so avx2, avx-vnni and scalar turn it off
+ * (whether those kernels pay on this CPU, and DHSA_BF16, see model/qbf16.h).
  * Tested by tests/test_attn.c (every ISA against the same reference) and
  * tests/test_qint.c (every integer kernel against the scalar one).
  */
@@ -27,7 +28,6 @@
 static atomic_int active = -1;
 static atomic_int idot_cap = -1; /* -1: the environment not read yet */
 static atomic_int idot_cpu = -1; /* bit 0: AVX-VNNI, bit 1: AVX512-VNNI, bit 2: AVX512-BF16 */
-static atomic_int bf16_allowed = 1;
 
 static dhsa_isa detect(void) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -182,8 +182,4 @@ const char *dhsa__idot_name(dhsa__idot d) {
 
 int dhsa__bf16_cpu_has(void) { return detect() == DHSA_ISA_AVX512 && (idot_cpu_flags() & 4); }
 
-int dhsa__bf16_active(void) {
-    return atomic_load(&bf16_allowed) && dhsa_active_isa() == DHSA_ISA_AVX512 && (idot_cpu_flags() & 4);
-}
-
-int dhsa__set_bf16_allowed(int allowed) { return atomic_exchange(&bf16_allowed, allowed ? 1 : 0); }
+int dhsa__bf16_isa_ok(void) { return dhsa_active_isa() == DHSA_ISA_AVX512 && (idot_cpu_flags() & 4); }

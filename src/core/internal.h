@@ -37,16 +37,13 @@ dhsa__idot dhsa__set_idot_cap(dhsa__idot cap);
 int dhsa__idot_cpu_has(dhsa__idot d);
 const char *dhsa__idot_name(dhsa__idot d);
 
-/* AVX512-BF16 (vdpbf16ps), the fast route's kernels for F16 and BF16
- * weights (model/qbf16.h): 1 when the CPU has it, the active ISA is AVX-512
- * (so DHSA_FORCE_ISA=avx2, avx-vnni or scalar turn it off) and
- * dhsa__set_bf16_allowed has not turned it off. */
-int dhsa__bf16_active(void);
-/* 1 when the CPU can run it, whatever the ISA and the switch. */
+/* AVX512-BF16 (vdpbf16ps), for the fast route's kernels of F16 and BF16
+ * weights (model/qbf16.h, which also decides whether they pay here): 1 when
+ * the CPU has it and the active ISA is AVX-512 (so DHSA_FORCE_ISA=avx2,
+ * avx-vnni or scalar turn it off). */
+int dhsa__bf16_isa_ok(void);
+/* 1 when the CPU can run it, whatever the ISA. */
 int dhsa__bf16_cpu_has(void);
-/* Allows (1) or forbids (0) it, returns the setting before (tests: the
- * exact route where the CPU has it). */
-int dhsa__set_bf16_allowed(int allowed);
 
 /* Untrusted text for a terminal (src/core/escape.c has the rules): control
  * bytes, invalid UTF-8 and the code points a terminal acts on become \xNN

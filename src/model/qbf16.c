@@ -1,7 +1,8 @@
 /* qbf16.c: the BF16 route of the weight products (contract in qbf16.h,
  * numbers in docs/quant.md): the rounding of activations, the scalar
  * kernels that write the contract's order out in C (the reference of
- * qbf16_avx512bf16.c), the choice of kernels, and the driver: activations
+ * qbf16_avx512bf16.c), the choice of kernels (DHSA_BF16, the probe of
+ * whether they pay here), and the driver: activations
  * rounded to BF16 once per call into the ctx's scratch (in parallel over
  * tokens when there are many), then either
  *   fused  n_tok <= max_tok_fused: each task streams a chunk of rows once,
@@ -18,6 +19,8 @@
 
 #include "core/internal.h"
 
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 int dhsa__bf16_type(uint32_t type) { return type == DHSA_GGML_F16 || type == DHSA_GGML_BF16; }
@@ -98,13 +101,71 @@ static void gemv_scalar(uint32_t type, const uint8_t *w, int64_t row_bytes, int6
 }
 
 const dhsa__bf16_kernels dhsa__bf16_scalar = {"scalar", 4, S_MR, S_NR, round_act_scalar, gemv_scalar, to_bf16_scalar,
-                                              tile_scalar};
+                                              tile_scalar, NULL};
 
-const dhsa__bf16_kernels *dhsa__bf16_kernels_active(void) {
+/* ------------------------------------------------------------- choice --- */
+
+/* A vdpbf16ps (32 multiply-adds) must cost at most this many FMA (16 each)
+ * for the route to pay. */
+#define BF16_PAYS_RATIO 2.0
+
+static atomic_int mode = -1; /* -1: DHSA_BF16 not read yet */
+static _Atomic double probed = -1.0;
+
+static dhsa__bf16_mode mode_now(void) {
+    int m = atomic_load(&mode);
+    if (m >= 0) return (dhsa__bf16_mode)m;
+    const char *e = getenv("DHSA_BF16");
+    m = DHSA__BF16_AUTO;
+    if (e && strcmp(e, "on") == 0) m = DHSA__BF16_ON;
+    else if (e && strcmp(e, "off") == 0) m = DHSA__BF16_OFF;
+    else if (e && e[0] && strcmp(e, "auto") != 0)
+        dhsa__warn_once("DHSA_BF16", "DHSA_BF16=%s is not one of on, off, auto: auto", dhsa__esc(e));
+    int expected = -1;
+    if (!atomic_compare_exchange_strong(&mode, &expected, m)) m = expected;
+    return (dhsa__bf16_mode)m;
+}
+
+dhsa__bf16_mode dhsa__set_bf16_mode(dhsa__bf16_mode m) {
+    const dhsa__bf16_mode before = mode_now();
+    atomic_store(&mode, (int)m);
+    return before;
+}
+
+/* The kernels this CPU and ISA can run, whatever the mode. */
+static const dhsa__bf16_kernels *runnable(void) {
 #if defined(__x86_64__)
-    if (dhsa__bf16_active() && dhsa__bf16_avx512bf16.name) return &dhsa__bf16_avx512bf16;
+    if (dhsa__bf16_isa_ok() && dhsa__bf16_avx512bf16.name) return &dhsa__bf16_avx512bf16;
 #endif
     return NULL;
+}
+
+double dhsa__bf16_probe(void) {
+    double r = atomic_load(&probed);
+    if (r >= 0.0) return r;
+    const dhsa__bf16_kernels *k = runnable();
+    r = k && k->probe ? k->probe() : 0.0;
+    double expected = -1.0;
+    if (!atomic_compare_exchange_strong(&probed, &expected, r)) r = expected; /* the first measurement stays */
+    return r;
+}
+
+const dhsa__bf16_kernels *dhsa__bf16_kernels_active(void) {
+    const dhsa__bf16_kernels *k = runnable();
+    if (!k) return NULL;
+    switch (mode_now()) {
+    case DHSA__BF16_ON: return k;
+    case DHSA__BF16_OFF: return NULL;
+    default: {
+        const double r = dhsa__bf16_probe();
+        return r > 0.0 && r <= BF16_PAYS_RATIO ? k : NULL;
+    }
+    }
+}
+
+const char *dhsa__bf16_off_reason(void) {
+    if (!runnable() || dhsa__bf16_kernels_active()) return NULL;
+    return mode_now() == DHSA__BF16_OFF ? "DHSA_BF16=off" : "avx512-bf16 slower here";
 }
 
 const char *dhsa__bf16_route_name(const dhsa__bf16_kernels *k) {

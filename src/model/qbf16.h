@@ -34,6 +34,16 @@
  * significant bits: at most 2^-8 of the value) and, for F16 weights, of
  * each weight (2^-8): |y - ref| <= (2^-7 + 2^-16) sum |w x| for F16 and
  * 2^-8 sum |w x| for BF16, plus the summation term.
+ *
+ * When it runs (dhsa__bf16_kernels_active): where the CPU has AVX512-BF16,
+ * the ISA is AVX-512, and the route pays. One vdpbf16ps does 32
+ * multiply-adds, an F32 FMA 16, so the route is the faster one when the
+ * first costs at most twice the second; that is measured once per process
+ * (dhsa__bf16_probe, about 0.1 ms). Measured on an Intel Xeon (Emerald
+ * Rapids) it costs 4 FMA (half the F32 rate, not twice): there the fast
+ * route of F16/BF16 stays the exact one and its name says why. The
+ * environment's DHSA_BF16 (read once) overrides the choice: on (wherever
+ * the CPU and the ISA allow), off, auto (the default).
  */
 #ifndef DHSA_MODEL_QBF16_H
 #define DHSA_MODEL_QBF16_H
@@ -48,6 +58,19 @@ int dhsa__bf16_type(uint32_t type);
 
 /* x rounded to BF16 by the route's rule (above). */
 uint16_t dhsa__bf16_round(float x);
+
+/* Whether the fast route takes the kernels (see above); tests set it. */
+typedef enum { DHSA__BF16_OFF = 0, DHSA__BF16_ON = 1, DHSA__BF16_AUTO = 2 } dhsa__bf16_mode;
+/* Sets the mode, returns the one before (the first call reads DHSA_BF16). */
+dhsa__bf16_mode dhsa__set_bf16_mode(dhsa__bf16_mode m);
+/* The time of one vdpbf16ps over that of one vfmadd231ps (zmm, 12
+ * independent accumulators, the least of 9 interleaved timings of each),
+ * measured on the first call; 0 where the kernels cannot run. */
+double dhsa__bf16_probe(void);
+/* Why the fast route does not take the kernels though the CPU and the ISA
+ * have them: "avx512-bf16 slower here" or "DHSA_BF16=off"; NULL when it
+ * takes them, or when they cannot run here. */
+const char *dhsa__bf16_off_reason(void);
 
 /* ---- Kernels (private to qbf16.c and qbf16_*.c) ---- */
 typedef struct {
@@ -69,6 +92,8 @@ typedef struct {
      * kp columns (a multiple of 32) of W[r] . X[t], t < mr (mr <= 16),
      * r < nr (mr * nr <= 64); W rows at W + r * ldw, token rows X[t] (BF16). */
     void (*tile)(const uint16_t *W, int64_t ldw, const uint16_t *const *X, int64_t kp, float *out);
+    /* dhsa__bf16_probe's measurement (NULL: none) */
+    double (*probe)(void);
 } dhsa__bf16_kernels;
 
 /* The scalar kernels: the order above written out in C (float sums, no
@@ -79,9 +104,9 @@ extern const dhsa__bf16_kernels dhsa__bf16_scalar;
 /* name NULL where the compiler could not build it */
 extern const dhsa__bf16_kernels dhsa__bf16_avx512bf16;
 #endif
-/* The AVX512-BF16 kernels when dhsa__bf16_active() (core/internal.h: the
- * CPU has them, the active ISA is AVX-512, nothing turned them off) and
- * the build has them; NULL otherwise: F16 and BF16 weights then take the
+/* The AVX512-BF16 kernels when the build has them, dhsa__bf16_isa_ok()
+ * (core/internal.h: the CPU has them, the active ISA is AVX-512) and the
+ * mode says so (above); NULL otherwise: F16 and BF16 weights then take the
  * exact route on the fast route too, and dhsa__matmul_route_name says so. */
 const dhsa__bf16_kernels *dhsa__bf16_kernels_active(void);
 /* "bf16 " and the kernels' name (static storage). */

@@ -2,7 +2,8 @@
  * and summation order in qbf16.h). Compiled with the AVX-512 flags and
  * -mavx512bf16 by the Makefile where the compiler knows it; elsewhere this
  * file leaves the kernels' name NULL and F16/BF16 weights take the exact
- * route. Chosen at run time (dhsa__bf16_active: CPUID, the active ISA).
+ * route. Chosen at run time (dhsa__bf16_isa_ok: CPUID, the active ISA; and
+ * whether they pay here, qbf16.c).
  *
  * One vdpbf16ps multiplies 32 adjacent weights of a row, as pairs (k, k+1),
  * with 32 activations: a row's bytes are already in the order it wants, so
@@ -17,13 +18,16 @@
  *             per 32 columns 4 weight loads, 6 activation loads and 24
  *             vdpbf16ps (24 accumulators, 29 of the 32 zmm).
  * Both reduce each K block's lanes with quant_tree512.h's tree, so they
- * agree bitwise. Held to a double reference and to the scalar kernels by
+ * agree bitwise. The probe (below) tells qbf16.c whether they pay on this
+ * core. Held to a double reference and to the scalar kernels by
  * tests/test_bf16.c.
  */
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
     defined(__AVX512BF16__) && defined(__F16C__)
 #include <immintrin.h>
+#include <stdint.h>
 #include <string.h>
+#include <x86intrin.h> /* __rdtsc */
 
 #include "model/qbf16.h"
 #include "model/quant_tree512.h"
@@ -159,13 +163,66 @@ static void tile(const uint16_t *W, int64_t ldw, const uint16_t *const *X, int64
     UNROLL for (int t = 0; t < MR; t++) _mm_storeu_ps(out + t * NR, tree4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]));
 }
 
-const dhsa__bf16_kernels dhsa__bf16_avx512bf16 = {"avx512-bf16", TMAX, MR, NR, round_act, gemv, to_bf16, tile};
+/* --------------------------------------------------------------- probe --- */
+
+/* Whether the route pays here is a property of the core, not of ISA flags:
+ * vdpbf16ps does 32 multiply-adds where vfmadd231ps does 16, but measured
+ * on an Intel Xeon (Emerald Rapids) it issues once every 1.65 TSC ticks
+ * against 0.41 for the FMA (half the F32 rate), where AMD documents Zen 4's
+ * at the FMA's issue rate (twice the F32 rate). So: the time of each on 12
+ * independent accumulators (their latency hidden), the least of 9
+ * interleaved timings (an interruption only lengthens one), after a
+ * warm-up that wakes the 512-bit units. About 0.1 ms, once per process. */
+#define PROBE_ITERS 256
+#define PROBE_ACC 12
+
+__attribute__((noinline)) static uint64_t time_fma(float seed) {
+    __m512 a[PROBE_ACC], b = _mm512_set1_ps(0.5f), c = _mm512_set1_ps(seed);
+    UNROLL for (int i = 0; i < PROBE_ACC; i++) a[i] = _mm512_set1_ps(seed * (float)i);
+    const uint64_t t0 = __rdtsc();
+    for (int it = 0; it < PROBE_ITERS; it++) UNROLL for (int i = 0; i < PROBE_ACC; i++) a[i] = _mm512_fmadd_ps(a[i], b, c);
+    const uint64_t t = __rdtsc() - t0;
+    __m512 s = a[0];
+    UNROLL for (int i = 1; i < PROBE_ACC; i++) s = _mm512_add_ps(s, a[i]);
+    volatile float sink = _mm512_reduce_add_ps(s);
+    (void)sink;
+    return t;
+}
+
+__attribute__((noinline)) static uint64_t time_dpbf16(float seed) {
+    __m512 a[PROBE_ACC];
+    const __m512i b = pack_bf16(_mm512_set1_ps(0.5f), _mm512_set1_ps(seed));
+    UNROLL for (int i = 0; i < PROBE_ACC; i++) a[i] = _mm512_set1_ps(seed * (float)i);
+    const uint64_t t0 = __rdtsc();
+    for (int it = 0; it < PROBE_ITERS; it++)
+        UNROLL for (int i = 0; i < PROBE_ACC; i++) a[i] = _mm512_dpbf16_ps(a[i], as_bh(b), as_bh(b));
+    const uint64_t t = __rdtsc() - t0;
+    __m512 s = a[0];
+    UNROLL for (int i = 1; i < PROBE_ACC; i++) s = _mm512_add_ps(s, a[i]);
+    volatile float sink = _mm512_reduce_add_ps(s);
+    (void)sink;
+    return t;
+}
+
+static double probe(void) {
+    volatile float seed = 0.25f; /* not a constant the compiler could fold */
+    uint64_t best_f = UINT64_MAX, best_d = UINT64_MAX;
+    for (int r = 0; r < 4; r++) time_fma(seed); /* warm-up */
+    for (int r = 0; r < 9; r++) {
+        const uint64_t f = time_fma(seed), d = time_dpbf16(seed);
+        best_f = f < best_f ? f : best_f;
+        best_d = d < best_d ? d : best_d;
+    }
+    return best_f > 0 ? (double)best_d / (double)best_f : 0.0;
+}
+
+const dhsa__bf16_kernels dhsa__bf16_avx512bf16 = {"avx512-bf16", TMAX, MR, NR, round_act, gemv, to_bf16, tile, probe};
 
 #else
 #include "model/qbf16.h"
 #if defined(__x86_64__)
 /* built without -mavx512bf16: no kernels (the name NULL says so) */
-const dhsa__bf16_kernels dhsa__bf16_avx512bf16 = {NULL, 0, 0, 0, NULL, NULL, NULL, NULL};
+const dhsa__bf16_kernels dhsa__bf16_avx512bf16 = {NULL, 0, 0, 0, NULL, NULL, NULL, NULL, NULL};
 #else
 typedef int dhsa__qbf16_avx512bf16_unused; /* ISO C forbids an empty file */
 #endif

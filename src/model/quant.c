@@ -1156,6 +1156,10 @@ const char *dhsa__matmul_route_name(dhsa__mm_route route, uint32_t type) {
     const fast_k f = fast_kernels(route, type);
     if (f.qi) return dhsa__qi_route_name(f.qi);
     if (f.bf) return dhsa__bf16_route_name(f.bf);
+    /* F16/BF16 where the BF16 kernels could run but do not: say why */
+    const char *why = route == DHSA_MM_FAST && dhsa__bf16_type(type) ? dhsa__bf16_off_reason() : NULL;
+    if (why && strcmp(why, "DHSA_BF16=off") == 0) return "f32 avx512 (DHSA_BF16=off)";
+    if (why) return "f32 avx512 (avx512-bf16 slower here)";
     switch (dhsa_active_isa()) {
     case DHSA_ISA_AVX512: return "f32 avx512";
     case DHSA_ISA_AVX2: return "f32 avx2";
