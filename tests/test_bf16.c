@@ -33,12 +33,15 @@
  *     here); the AVX2 and the scalar ISA the exact route; dhsa__matmul_on
  *     runs what the name says (bitwise);
  *   - workspace: what dhsa__matmul_workspace_on says is what the ctx
- *     peaks at, and a budget a byte short fails before any work.
+ *     peaks at, and a budget a byte short fails before any work;
+ *   - `dhsa bench matmul` (DHSA_CLI) times the route after its check, and
+ *     a corrupted output fails the check (exit 1).
  * Parts on the AVX512-BF16 kernels are skipped (counted) on a CPU without.
  *
  * Run: make build/tests/test_bf16 && build/tests/test_bf16
  * (TEST_BF16_VERBOSE=1 prints the errors per type and shape).
  */
+#include "cli_run.h"
 #include "core/internal.h"
 #include "dhsa.h"
 #include "model/qbf16.h"
@@ -582,6 +585,30 @@ static void test_workspace(void) {
     dhsa__set_bf16_mode(mode0);
 }
 
+/* `dhsa bench matmul` times the BF16 route (where it runs) after checking
+ * it against the scalar kernels, and a wrong output fails that check. */
+static void test_bench_cli(void) {
+    if (!getenv("DHSA_CLI")) {
+        T_SKIP(3, "bench matmul: DHSA_CLI is not set (make test sets it)");
+        return;
+    }
+    int runs;
+    kset(1, &runs);
+    const int here = runs && dhsa_active_isa() == DHSA_ISA_AVX512;
+    const char *args = "bench matmul --type BF16 --n-in 100 --n-out 70 --tok 3 --runs 1 --threads 1 --clock cpu";
+    char *out = NULL;
+    int rc = cli_run(args, 0, &out);
+    T_CHECK(rc == 0 && out && strstr(out, here ? "bf16 fused" : "(exact"), "`dhsa %s`: status %d, %s row:\n%.600s",
+            args, rc, here ? "a bf16 fused" : "an (exact)", out ? out : "");
+    free(out);
+    args = "bench matmul --type F16 --n-in 100 --n-out 70 --tok 9 --runs 1 --threads 1 --route fast --corrupt";
+    rc = cli_run(args, 0, &out);
+    T_CHECK(out && strstr(out, "check FAILED") && strstr(out, here ? "fast route" : "exact route"),
+            "`dhsa %s` reports the failed check of the %s route:\n%.600s", args, here ? "fast" : "exact", out ? out : "");
+    T_CHECK(rc == 1, "`dhsa %s` exits 1 (status %d)", args, rc);
+    free(out);
+}
+
 int main(void) {
     verbose = getenv("TEST_BF16_VERBOSE") != NULL;
     test_rounding();
@@ -591,5 +618,6 @@ int main(void) {
     test_special();
     test_dispatch();
     test_workspace();
+    test_bench_cli();
     return t_report("test_bf16");
 }

@@ -58,7 +58,7 @@ const char dhsa_cli_run_usage[] =
     "  --ubatch N          prefill tokens per step (default: largest <= 512\n"
     "                      that fits --mem-limit)\n"
     "  --kv f32|f16|q8_0   KV cache type (default f32)\n"
-    "  --exact             weight products in F32 (default: 8-bit integer)\n"
+    "  --exact             weight products in F32 (default: the fast route)\n"
     "  --mem-limit SIZE    the most the process may hold, its peak RSS (K/M/G\n"
     "                      suffix); refused before running if the plan exceeds it.\n"
     "                      The plan counts the model file and heap, the session's\n"

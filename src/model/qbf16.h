@@ -39,7 +39,7 @@
  * the ISA is AVX-512, and the route pays. One vdpbf16ps does 32
  * multiply-adds, an F32 FMA 16, so the route is the faster one when the
  * first costs at most twice the second; that is measured once per process
- * (dhsa__bf16_probe, about 0.1 ms). Measured on an Intel Xeon (Emerald
+ * (dhsa__bf16_probe, about 0.2 ms). Measured on an Intel Xeon (Emerald
  * Rapids) it costs 4 FMA (half the F32 rate, not twice): there the fast
  * route of F16/BF16 stays the exact one and its name says why. The
  * environment's DHSA_BF16 (read once) overrides the choice: on (wherever

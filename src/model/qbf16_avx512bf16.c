@@ -172,8 +172,8 @@ static void tile(const uint16_t *W, int64_t ldw, const uint16_t *const *X, int64
  * at the FMA's issue rate (twice the F32 rate). So: the time of each on 12
  * independent accumulators (their latency hidden), the least of 9
  * interleaved timings (an interruption only lengthens one), after a
- * warm-up that wakes the 512-bit units. About 0.1 ms, once per process. */
-#define PROBE_ITERS 256
+ * warm-up that wakes the 512-bit units. About 0.2 ms, once per process. */
+#define PROBE_ITERS 1024 /* about 2 us of FMA: the reads of the clock are noise */
 #define PROBE_ACC 12
 
 __attribute__((noinline)) static uint64_t time_fma(float seed) {
@@ -207,7 +207,7 @@ __attribute__((noinline)) static uint64_t time_dpbf16(float seed) {
 static double probe(void) {
     volatile float seed = 0.25f; /* not a constant the compiler could fold */
     uint64_t best_f = UINT64_MAX, best_d = UINT64_MAX;
-    for (int r = 0; r < 4; r++) time_fma(seed); /* warm-up */
+    for (int r = 0; r < 16; r++) time_fma(seed); /* warm-up: the 512-bit units wake in some 10 us */
     for (int r = 0; r < 9; r++) {
         const uint64_t f = time_fma(seed), d = time_dpbf16(seed);
         best_f = f < best_f ? f : best_f;
