@@ -1294,10 +1294,13 @@ typedef struct {
     /* Weight products: 0 (default) the fast route, 1 the exact one. Fast:
      * quantized weights (Q8_0 ... IQ4_XS) multiply activations quantized to
      * 8-bit blocks of 32 with integer dot products where the CPU has the
-     * kernels (AVX512-VNNI, AVX-VNNI or AVX2); F32/F16/BF16 weights, and
-     * CPUs without them, take the exact route. Exact: weights dequantized
-     * to F32, F32 sums (the reference). dhsa_model_routes says what each weight type runs;
-     * docs/quant.md the fast route's measured error. */
+     * kernels (AVX512-VNNI, AVX-VNNI or AVX2); F16/BF16 weights multiply
+     * activations rounded to BF16 with vdpbf16ps where the CPU has
+     * AVX512-BF16 and a probe finds it pays (DHSA_BF16=on|off|auto); F32
+     * weights, and CPUs without the kernels, take the exact route. Exact:
+     * weights dequantized to F32, F32 sums (the reference).
+     * dhsa_model_routes says what each weight type runs; docs/quant.md the
+     * fast route's measured error. */
     int exact;
     /* Called after each ubatch of a prefill (done tokens of total). */
     void (*progress)(void *user, int64_t done, int64_t total);

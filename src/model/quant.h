@@ -70,15 +70,18 @@ size_t dhsa__matmul_workspace(uint32_t type, int64_t n_in, int64_t n_out, int64_
 /* The route of a product: EXACT is dhsa__matmul above; FAST is the
  * integer route of qint.h (8-bit activations, integer dot products) where
  * the weight type is quantized and the CPU has its kernels (AVX512-VNNI,
- * AVX-VNNI or AVX2), and the exact route otherwise (dhsa__matmul_route_name says which ran). */
+ * AVX-VNNI or AVX2), the BF16 route of qbf16.h (vdpbf16ps) for F16 and
+ * BF16 weights where the CPU has AVX512-BF16 and it pays, and the exact
+ * route otherwise (dhsa__matmul_route_name says which ran, and why not). */
 typedef enum { DHSA_MM_EXACT = 0, DHSA_MM_FAST = 1 } dhsa__mm_route;
 dhsa_status dhsa__matmul_on(dhsa_ctx *ctx, dhsa__mm_route route, const dhsa_wmat *W, const float *x, int64_t ldx,
                             int64_t n_tok, float *y, int64_t ldy);
 size_t dhsa__matmul_workspace_on(dhsa__mm_route route, uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok,
                                  int n_threads);
-/* "int8 avx512-vnni" (also avx-vnni, avx2) or "f32 avx512" (the exact
- * route and its ISA): what
- * dhsa__matmul_on runs for this route and type. */
+/* "int8 avx512-vnni" (also avx-vnni, avx2), "bf16 avx512-bf16" or
+ * "f32 avx512" (the exact route and its ISA; F16/BF16 where the BF16
+ * kernels could run but do not: "f32 avx512 (avx512-bf16 slower here)" or
+ * "(DHSA_BF16=off)"): what dhsa__matmul_on runs for this route and type. */
 const char *dhsa__matmul_route_name(dhsa__mm_route route, uint32_t type);
 
 /* dst[0..n_in) = row r of W, dequantized (embedding lookup). */
