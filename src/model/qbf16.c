@@ -177,8 +177,6 @@ const char *dhsa__bf16_route_name(const dhsa__bf16_kernels *k) {
 
 /* ------------------------------------------------------------- driver --- */
 
-static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-static inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
 /* Rows per panel, and task sizes as the exact route's (quant.c). */
 #define DHSA_BF_PANEL 64

@@ -324,8 +324,6 @@ const char *dhsa__qi_route_name(const dhsa__qi_kernels *k) {
 
 /* ------------------------------------------------------------- driver --- */
 
-static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-static inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
 /* Task sizes as the exact route's (quant.c). */
 #define QI_FUSED_TASK_BYTES (128 * 1024)

@@ -881,8 +881,6 @@ typedef struct {
     size_t ws;         /* bytes of scratch in all */
 } plan;
 
-static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-static inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
 static plan make_plan(const dhsa__quant_kernels *k, uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok,
                       int n_threads) {

@@ -21,6 +21,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Sizes of the product drivers' plans (quant.c, qint.c, qbf16.c). */
+static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
 /* The supported types, in the order of max_tok_fused[] below. */
 #define DHSA_QK_N_TYPES 15
 #define DHSA_QK_TYPE_LIST "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS"
