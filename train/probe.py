@@ -23,6 +23,7 @@ Usage (train/.venv, from train/):
 import argparse
 import copy
 import json
+import os
 import random
 import time
 
@@ -143,6 +144,9 @@ def main():
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--eval-n", type=int, default=100)
+    ap.add_argument("--reinit", default="",
+                    help="with --init: comma-separated layers whose blocks start from fresh random weights")
+    ap.add_argument("--save", help="the model's state (torch.save) at every evaluation, written to .part and renamed")
     ap.add_argument("--same-len", type=float, default=0.0,
                     help="share of multiquery texts whose keywords all have the same number of pieces")
     a = ap.parse_args()
@@ -158,6 +162,9 @@ def main():
             cfg = Config(**{**cfg.to_dict(), "n_kv_head": a.kv_heads})
         model = Model(cfg)
         model.load_state_dict(st)
+        for i in [int(x) for x in a.reinit.split(",") if x]:  # fresh weights, as Model() draws them
+            fresh = Model(cfg).layers[i]
+            model.layers[i].load_state_dict(fresh.state_dict())
     else:
         cfg = Config(vocab=sp.vocab_size(), dim=384, n_layer=a.layers, n_head=6,
                      n_kv_head=a.kv_heads or 2, head_dim=64, ffn=1024)
@@ -194,6 +201,9 @@ def main():
             rec["first"], rec["exact"] = evaluate(model, held, b)
             rec["first_same"], rec["exact_same"] = evaluate(model, held_same, b)
             print(json.dumps(rec), flush=True)
+            if a.save:
+                torch.save({"cfg": cfg.to_dict(), "model": model.state_dict(), "step": step}, a.save + ".part")
+                os.replace(a.save + ".part", a.save)
         log.write(json.dumps(rec) + "\n")
         log.flush()
 
