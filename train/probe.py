@@ -31,6 +31,7 @@ import sentencepiece as spm
 import torch
 import torch.nn.functional as F
 
+import attsup
 import tasks
 import train
 from model import Config, Model
@@ -99,7 +100,10 @@ def evaluate(model, items, b):
     return first / len(items), exact / len(items)
 
 
-def batch(b, tr, rng, tokens, lengths, groups=None, p_same=0.0):
+def batch(b, tr, rng, tokens, lengths, groups=None, p_same=0.0, targets=None):
+    """targets: a list that receives (sequence, row, [positions]) for every
+    answer's first digit: the row that predicts it and the positions of the
+    same number's first digit in the needles (for --att-sup)."""
     T = rng.choice(lengths)
     B = max(1, tokens // T)
     x = torch.zeros(B, T, dtype=torch.long)
@@ -125,6 +129,8 @@ def batch(b, tr, rng, tokens, lengths, groups=None, p_same=0.0):
         for j in range(1, n + 1):
             if w_ans[i, j - 1] and ids[j - 1] == b.space_id and ids[j] in b.digit_ids:
                 w_first[i, j - 1] = 1
+        if targets is not None:
+            targets += [(i, *t) for t in attsup.targets_for(b.anchors, ids, w_first[i].nonzero().flatten().tolist())]
     return x, y, w_lm, w_ans, w_first
 
 
@@ -147,6 +153,13 @@ def main():
     ap.add_argument("--reinit", default="",
                     help="with --init: comma-separated layers whose blocks start from fresh random weights")
     ap.add_argument("--save", help="the model's state (torch.save) at every evaluation, written to .part and renamed")
+    ap.add_argument("--att-sup", default="",
+                    help="LAYER:H1,H2,..: those heads' attention at an answer's first-digit row is pulled to the "
+                         "needle's first digit (an auxiliary loss)")
+    ap.add_argument("--att-weight", type=float, default=1.0)
+    ap.add_argument("--gather-sup", default="",
+                    help="LAYER:H1,..: those heads' attention at the answer row and at the needle's first digit "
+                         "is pulled to the keyword's pieces (the first hop; with --att-sup)")
     ap.add_argument("--same-len", type=float, default=0.0,
                     help="share of multiquery texts whose keywords all have the same number of pieces")
     a = ap.parse_args()
@@ -171,6 +184,7 @@ def main():
         model = Model(cfg)
     tr, ev = train.load_sources("work")
     b = train.Builder(sp)
+    b.anchors = attsup.Anchors(sp)
     held = eval_set(b, ev, a.eval_n, 512, 11)
     held_same = eval_set(b, ev, a.eval_n, 512, 11, by_pieces(sp, ev))
     groups = by_pieces(sp, tr)
@@ -183,13 +197,17 @@ def main():
     log.write(json.dumps({"step": 0, "first": f0, "exact": e0, "first_same": f1, "exact_same": e1,
                           "cfg": cfg.to_dict(), "args": vars(a)}) + "\n")
     log.flush()
+    sup = attsup.Supervisor(model, a.gather_sup, a.att_sup)
     for step in range(1, a.steps + 1):
         t0 = time.time()
-        x, y, w_lm, w_ans, w_first = batch(b, tr, rng, a.tokens, lengths, groups, a.same_len)
+        targets = [] if sup.active() else None
+        x, y, w_lm, w_ans, w_first = batch(b, tr, rng, a.tokens, lengths, groups, a.same_len, targets)
         for g in opt.param_groups:
             g["lr"] = a.lr * min(1.0, step / a.warmup)
         ce = F.cross_entropy(model(x).reshape(-1, cfg.vocab), y.reshape(-1), reduction="none").view(y.shape)
         terms = [(ce * w).sum() / w.sum().clamp(min=1) for w in (w_lm, w_ans, w_first)]
+        if sup.active():
+            terms += [a.att_weight * v for v in sup.losses(targets)]
         loss = sum(terms)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -197,6 +215,8 @@ def main():
         opt.step()
         rec = {"step": step, "loss": round(loss.item(), 4), "ans": round(terms[1].item(), 4),
                "firstloss": round(terms[2].item(), 4), "sec": round(time.time() - t0, 2)}
+        if sup.active():
+            rec["gatherloss"], rec["attloss"] = round(terms[3].item(), 4), round(terms[4].item(), 4)
         if step % a.eval_every == 0:
             rec["first"], rec["exact"] = evaluate(model, held, b)
             rec["first_same"], rec["exact_same"] = evaluate(model, held_same, b)

@@ -45,6 +45,7 @@ import sentencepiece as spm
 import torch
 import torch.nn.functional as F
 
+import attsup
 import tasks
 from model import Config, Model
 
@@ -149,6 +150,8 @@ KIND_PHASES = [(0, KINDS),
                (10000, [("passkey", 0.10), ("multikey", 0.15), ("multivalue", 0.10), ("multiquery", 0.45),
                         ("repeat", 0.05), ("copy", 0.15)]),
                (10450, [("passkey", 0.10), ("multikey", 0.10), ("multivalue", 0.05), ("multiquery", 0.60),
+                        ("repeat", 0.05), ("copy", 0.10)]),
+               (20000, [("passkey", 0.10), ("multikey", 0.10), ("multivalue", 0.10), ("multiquery", 0.55),
                         ("repeat", 0.05), ("copy", 0.10)])]
 # From step 10450 of the fourth run: more keywords per multiquery text (4
 # to T/80, at most 16) and more multiquery. A diagnosis of the step-4200
@@ -193,10 +196,16 @@ SCHEDULE = [(0, {512: 1.0}), (960, {128: 0.4, 256: 0.4, 512: 0.2}),
             (4200, {512: 0.2, 1024: 0.3, 2048: 0.25, 4096: 0.15, 8192: 0.1}),
             (10000, {512: 0.5, 1024: 0.5}),
             (10200, {512: 0.2, 1024: 0.25, 2048: 0.25, 4096: 0.15, 8192: 0.15}),
-            (10450, {512: 0.3, 1024: 0.3, 2048: 0.2, 4096: 0.1, 8192: 0.1})]
+            (10450, {512: 0.3, 1024: 0.3, 2048: 0.2, 4096: 0.1, 8192: 0.1}),
+            (20000, {256: 0.5, 512: 0.5}),
+            (20150, {512: 0.3, 1024: 0.3, 2048: 0.2, 4096: 0.1, 8192: 0.1})]
 # Each run starts with a warmup: the first from 0, the second re-warms from
 # the first's cooled-down learning rate.
-RUN_STARTS = [0, 2400, 4200, 10000]
+RUN_STARTS = [0, 2400, 4200, 10000, 20000]
+# The fifth run (docs/training.md) starts again from the committed step-4200
+# weights, numbered from 20000, with attention supervision (attsup.py):
+# 150 steps of 256-512 tokens, where the probes built the two-hop keyword
+# match within 100 steps, then the 512-8K mix.
 
 
 def step_length(step, rng):
@@ -205,11 +214,13 @@ def step_length(step, rng):
     return ls[rng.choices(range(len(ls)), weights=[mix[x] for x in ls])[0]]
 
 
-def make_batch(b, src, seed, step, steps, tokens, groups=None, p_same=0.0):
+def make_batch(b, src, seed, step, steps, tokens, groups=None, p_same=0.0, targets=None):
     """groups, p_same (--same-len): that share of the multiquery texts draws
     all its keywords from one group of equal piece counts (probe.by_pieces),
     so that a keyword's length cannot tell it from the others (without
-    p_same no extra draw is made: older runs' data is unchanged)."""
+    p_same no extra draw is made: older runs' data is unchanged).
+    targets: a list that receives attsup.targets_for's tuples, each with its
+    sequence index first (no random draw: the data is unchanged)."""
     rng = random.Random(seed * 1_000_003 + step)
     T = step_length(step, rng)
     B = max(1, tokens // T)
@@ -257,6 +268,8 @@ def make_batch(b, src, seed, step, steps, tokens, groups=None, p_same=0.0):
             for j in range(1, n + 1):  # target ids[j] at row j - 1
                 if w_ans[i, j - 1] and ids[j - 1] == b.space_id and ids[j] in b.digit_ids:
                     w_first[i, j - 1] = 1
+        if targets is not None:
+            targets += [(i, *t) for t in attsup.targets_for(b.anchors, ids, w_first[i].nonzero().flatten().tolist())]
     return x, y, w_lm, w_ans, w_cp, w_first, T
 
 
@@ -363,6 +376,13 @@ def main():
     ap.add_argument("--same-len", type=float, default=0.0,
                     help="share of multiquery texts whose keywords all have the same number of pieces "
                          "(docs/training.md, Probes: the shipped model tells keywords apart by length)")
+    ap.add_argument("--att-sup", default="",
+                    help="LAYER:HEADS: at an answer's first-digit row those heads' attention is pulled to the "
+                         "needle's first digit (attsup.py; training only)")
+    ap.add_argument("--gather-sup", default="",
+                    help="LAYER:HEADS: at the answer row and the needle's first digit those heads' attention is "
+                         "pulled to the keyword's pieces (attsup.py; training only)")
+    ap.add_argument("--att-weight", type=float, default=1.0, help="weight of each supervision loss")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -394,6 +414,8 @@ def main():
     print(f"model: {model.n_params() / 1e6:.2f} M parameters, {cfg}", flush=True)
     tr, ev = load_sources(args.work)
     b = Builder(sp)
+    b.anchors = attsup.Anchors(sp)
+    sup = attsup.Supervisor(model, args.gather_sup, args.att_sup)
     from probe import by_pieces
     groups = by_pieces(sp, tr) if args.same_len > 0 else None
     held = heldout_set(b, ev, args.seed, [1024, 4096], 12)
@@ -408,13 +430,19 @@ def main():
     t_ck = time.time()
     while step < args.steps and not stop["now"]:
         t0 = time.time()
-        x, y, w_lm, w_ans, w_cp, w_first, T = make_batch(b, tr, args.seed, step, args.steps, args.tokens, groups, args.same_len)
+        targets = [] if sup.active() else None
+        x, y, w_lm, w_ans, w_cp, w_first, T = make_batch(b, tr, args.seed, step, args.steps, args.tokens, groups,
+                                                         args.same_len, targets)
         lr = lr_at(step, args.steps, args.lr)
         for g in opt.param_groups:
             g["lr"] = lr
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast == "bf16"):
             logits = model(x)
         loss, l_lm, l_ans, l_cp, l_first = loss_fn(logits, y, w_lm, w_ans, w_cp, w_first)
+        l_gather = l_match = torch.zeros(())
+        if sup.active():
+            l_gather, l_match = sup.losses(targets)
+            loss = loss + args.att_weight * (l_gather + l_match)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -422,7 +450,8 @@ def main():
         step += 1
         rec = {"step": step, "T": T, "loss": round(loss.item(), 4), "lm": round(l_lm.item(), 4),
                "ans": round(float(l_ans), 4), "copy": round(float(l_cp), 4),
-               "first": round(float(l_first), 4), "lr": lr, "gnorm": round(gn.item(), 3),
+               "first": round(float(l_first), 4), "gather": round(float(l_gather), 4),
+               "match": round(float(l_match), 4), "lr": lr, "gnorm": round(gn.item(), 3),
                "sec": round(time.time() - t0, 2), "time": time.time()}
         log.write(json.dumps(rec) + "\n")
         log.flush()
