@@ -5,7 +5,8 @@
 #                                    (train/.venv, or $DHSA_TRAIN_VENV), the corpus
 #   sh train/run.sh train [ARGS]     trains (resumes from train/ckpt/last.pt when it
 #                                    exists); ARGS go to train.py (--steps, --init ...)
-#   sh train/run.sh export           ckpt -> models/dhsa-retrieval-8m{,-q8_0}.gguf and
+#   sh train/run.sh export [CKPT]    CKPT (default train/ckpt/last.pt) ->
+#                                    models/dhsa-retrieval-8m{,-q8_0}.gguf and
 #                                    their greedy test vectors (*.vectors.txt)
 #   sh train/run.sh check            torch vs dhsa logits on both files (needs `make`)
 #
@@ -40,9 +41,10 @@ train)
     exec "$py" train.py "$@"
     ;;
 export)
+    ck=$(cd "$(dirname "${1:-$here/ckpt/last.pt}")" && pwd)/$(basename "${1:-last.pt}")
     cd "$here"
-    "$py" export.py ckpt/last.pt tok2048.model "$root/models/$name.gguf" --type f16
-    "$py" export.py ckpt/last.pt tok2048.model "$root/models/$name-q8_0.gguf" --type q8_0
+    "$py" export.py "$ck" tok2048.model "$root/models/$name.gguf" --type f16
+    "$py" export.py "$ck" tok2048.model "$root/models/$name-q8_0.gguf" --type q8_0
     "$py" vectors.py "$root/models/$name.gguf" tok2048.model "$root/models/$name.vectors.txt"
     "$py" vectors.py "$root/models/$name-q8_0.gguf" tok2048.model "$root/models/$name-q8_0.vectors.txt"
     sha256sum "$root/models/$name.gguf" "$root/models/$name-q8_0.gguf"
@@ -54,7 +56,7 @@ check)
     done
     ;;
 *)
-    sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
     [ -z "$cmd" ] && exit 2
     echo "run.sh: unknown step \"$cmd\"" >&2
     exit 2
