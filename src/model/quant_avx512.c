@@ -37,6 +37,7 @@
 #define PF_GROUPS 2
 #define TMAX 4 /* tokens per fused tile */
 #define MR 6   /* panel tile: tokens */
+_Static_assert(R * TMAX == 16, "fused_tile reduces its R x TMAX accumulators with one tree16");
 #define NR 4   /* panel tile: rows */
 
 /* ------------------------------------------------------------- decoders --- */
@@ -471,7 +472,8 @@ INLINE void fused_block(const uint32_t type, const int T, const uint8_t *const *
                 __m512 wv = type == DHSA_GGML_F32   ? load_f32(w[r], k0 + k)
                             : type == DHSA_GGML_F16 ? load_f16(w[r], k0 + k)
                                                     : load_bf16(w[r], k0 + k);
-                prefetch(w[r] + pf + (type == DHSA_GGML_F32 ? 4 : 2) * (k0 + k), 1);
+                /* one prefetch per 64-byte line: every other step for F16 and BF16 */
+                if (type == DHSA_GGML_F32 || (k & 31) == 0) prefetch(w[r] + pf + (type == DHSA_GGML_F32 ? 4 : 2) * (k0 + k), 1);
                 UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
             }
         }
@@ -547,11 +549,30 @@ INLINE void fused_tile(const uint32_t type, const int T, const uint8_t *const *w
         __m512 acc[R][TMAX];
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < TMAX; t++) acc[r][t] = _mm512_setzero_ps();
         fused_block(type, T, w, x + k0, ldx, k0, kn, pf, acc);
-        UNROLL for (int t = 0; t < T; t++) {
+        if (T == 1) {
             float s[4];
-            _mm_storeu_ps(s, tree4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
+            _mm_storeu_ps(s, tree4(acc[0][0], acc[1][0], acc[2][0], acc[3][0]));
+            for (int r = 0; r < nr; r++) y[r] = k0 == 0 ? s[r] : y[r] + s[r];
+            continue;
+        }
+        /* all (row, token) sums in one tree16 (tokens >= T are zero) */
+        const __m512 s = tree16(&acc[0][0]);
+        UNROLL for (int t = 0; t < T; t++) {
+            __m128 st;
+            switch (t) { /* the lane-group index must be a constant */
+            case 0: st = _mm512_extractf32x4_ps(s, 0); break;
+            case 1: st = _mm512_extractf32x4_ps(s, 1); break;
+            case 2: st = _mm512_extractf32x4_ps(s, 2); break;
+            default: st = _mm512_extractf32x4_ps(s, 3); break;
+            }
             float *yt = y + t * ldy;
-            for (int r = 0; r < nr; r++) yt[r] = k0 == 0 ? s[r] : yt[r] + s[r];
+            if (nr == R) {
+                _mm_storeu_ps(yt, k0 == 0 ? st : _mm_add_ps(_mm_loadu_ps(yt), st));
+            } else {
+                float sv[4];
+                _mm_storeu_ps(sv, st);
+                for (int r = 0; r < nr; r++) yt[r] = k0 == 0 ? sv[r] : yt[r] + sv[r];
+            }
         }
     }
 }
