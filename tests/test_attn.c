@@ -18,6 +18,7 @@
  * Run: make build/tests/test_attn && build/tests/test_attn
  * (or `make test`). Ends with "test_attn: P passed, F failed".
  */
+#include "attn/kern.h"
 #include "dhsa.h"
 #include "t.h"
 
@@ -1431,6 +1432,116 @@ static void test_cache16_bitwise(void) {
     free(q); free(k32); free(v32); free(o1); free(o2); free(k16); free(v16);
 }
 
+/* ------------------------------------------------------------------------ */
+/* The FFN activation kernel (kern.h, glu): act(g) * u against double,
+ * on every ISA. SiLU z / (1 + e^-z); GELU in its tanh form as written in
+ * the papers, 0.5 z (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3))). Bounds:
+ * relative GLU_RTOL (SiLU) and GELU_RTOL (GELU, whose exp argument a
+ * carries the rounding of z^3, a relative error of about |a| u for
+ * |a| <= 88: largest near z = -9, where the value is ~1e-27) past an
+ * absolute 1e-30 (where the true value underflows, the kernels give about
+ * z / e^88). Measured here (test output): SiLU 1.9e-7; GELU 9.8e-6, and
+ * 1.3e-6 over |z| <= 4. */
+#define GLU_RTOL 4e-7
+#define GELU_RTOL 1.6e-5
+#define GLU_ATOL 1e-30
+
+static double glu_ref(double z, double u, int gelu) {
+    if (!gelu) return z / (1.0 + exp(-z)) * u;
+    /* 0.5 (1 + tanh y) = 1 / (1 + e^-2y); in double the tanh form loses
+     * every digit for y < -19 (1 + tanh y cancels), this one none */
+    double y = 0.79788456080286535588 * (z + 0.044715 * z * z * z);
+    return z / (1.0 + exp(-2.0 * y)) * u;
+}
+
+/* Largest |got - ref| / |ref| where |ref| > atol; *bad counts elements past
+ * atol + rtol |ref|, *worst is the index of the largest excess. */
+static double glu_compare(const float *g, const float *u, const float *got, int64_t n, int gelu, double rtol,
+                          double zmax, int64_t *bad, int64_t *worst) {
+    double max_rel = 0, max_ex = -1;
+    *bad = 0;
+    *worst = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double ref = glu_ref(g[i], u[i], gelu), e = fabs((double)got[i] - ref);
+        if (!(e <= GLU_ATOL + rtol * fabs(ref))) (*bad)++;
+        double ex = e - (GLU_ATOL + rtol * fabs(ref));
+        if (!(ex <= max_ex)) max_ex = ex, *worst = i;
+        if (fabs(ref) > GLU_ATOL && fabs(g[i]) <= zmax && e / fabs(ref) > max_rel) max_rel = e / fabs(ref);
+    }
+    return max_rel;
+}
+
+static int test_glu_isa(const dhsa_attn_kernels *k, const char *isa) {
+    const int before = t_checks();
+    enum { N = 20000 };
+    float *g = malloc(N * sizeof(float)), *u = malloc(N * sizeof(float)), *o = malloc(N * sizeof(float)),
+          *o2 = malloc(N * sizeof(float));
+    rng_t r = {7};
+    for (int gelu = 0; gelu < 2; gelu++) {
+        /* a dense grid over where the activation bends, then normals of
+         * several scales; up values normal */
+        const double lo = gelu ? -12 : -100, hi = gelu ? 12 : 40;
+        for (int64_t i = 0; i < N; i++) {
+            g[i] = i < N / 2 ? (float)(lo + (hi - lo) * (double)i / (N / 2 - 1))
+                             : (float)(rng_normal(&r) * (i % 3 == 0 ? 0.1 : i % 3 == 1 ? 2.0 : 8.0));
+            u[i] = (float)rng_normal(&r);
+        }
+        double rtol = gelu ? GELU_RTOL : GLU_RTOL;
+        int ok = 1;
+        /* every length 1..40 (vector tails), then the whole array */
+        for (int64_t n = 1; n <= 40; n++) {
+            k->glu(g + 3 * n, u + 3 * n, n, gelu, o);
+            int64_t bad, w;
+            glu_compare(g + 3 * n, u + 3 * n, o, n, gelu, rtol, INFINITY, &bad, &w);
+            ok &= bad == 0;
+        }
+        k->glu(g, u, N, gelu, o);
+        int64_t bad, w;
+        double rel4 = glu_compare(g, u, o, N, gelu, rtol, 4.0, &bad, &w);
+        double rel = glu_compare(g, u, o, N, gelu, rtol, INFINITY, &bad, &w);
+        printf("test_attn: glu %s %s: max relative error %.2e against double (bound %.1e), %.2e over |z| <= 4\n",
+               gelu ? "gelu" : "silu", isa, rel, rtol, rel4);
+        T_CHECK(ok && bad == 0, "glu %s (%s): %lld elements past %g + %g |ref|; worst at %lld: z = %.9g u = %.9g got %.9g, "
+                "want %.9g", gelu ? "gelu" : "silu", isa, (long long)bad, GLU_ATOL, rtol, (long long)w, (double)g[w],
+                (double)u[w], (double)o[w], glu_ref(g[w], u[w], gelu));
+        /* in place (out = g, as the session calls it) gives the same bits */
+        memcpy(o2, g, N * sizeof(float));
+        k->glu(o2, u, N, gelu, o2);
+        T_CHECK(memcmp(o, o2, N * sizeof(float)) == 0, "glu %s (%s) in place differs", gelu ? "gelu" : "silu", isa);
+        /* NaN in, NaN out; huge |z| (z^3 overflows) gives the limits z and 0 */
+        float gz[4] = {NAN, 1e30f, -1e30f, 0.0f}, uz[4] = {1, 1, 1, 1}, oz[4];
+        k->glu(gz, uz, 4, gelu, oz);
+        T_CHECK(isnan(oz[0]) && oz[1] == 1e30f && fabsf(oz[2]) < 1e-7f && oz[3] == 0.0f,
+                "glu %s (%s) edges: NaN -> %g, 1e30 -> %g, -1e30 -> %g, 0 -> %g", gelu ? "gelu" : "silu", isa,
+                (double)oz[0], (double)oz[1], (double)oz[2], (double)oz[3]);
+        /* the comparator catches the other activation (a test that can fail) */
+        glu_compare(g, u, o, N, !gelu, rtol, INFINITY, &bad, &w);
+        T_CHECK(bad > 0, "glu comparator accepts %s as %s", gelu ? "gelu" : "silu", gelu ? "silu" : "gelu");
+    }
+    free(g); free(u); free(o); free(o2);
+    return t_checks() - before;
+}
+
+static void test_glu(void) {
+    /* the reference's GELU against the tanh form where that is exact enough */
+    double dmax = 0;
+    for (double z = -4; z <= 8; z += 1.0 / 64) {
+        double t = 0.5 * z * (1.0 + tanh(0.79788456080286535588 * (z + 0.044715 * z * z * z)));
+        if (fabs(glu_ref(z, 1, 1) - t) > dmax) dmax = fabs(glu_ref(z, 1, 1) - t);
+    }
+    T_CHECK(dmax < 1e-14, "glu reference: GELU's sigmoid form differs from the tanh form by %g", dmax);
+    const dhsa_isa best = dhsa_active_isa();
+    int n_checks = test_glu_isa(&dhsa__kern_scalar, "scalar");
+    for (int isa = DHSA_ISA_AVX2; isa <= DHSA_ISA_AVX512; isa++) {
+        if (dhsa_set_isa((dhsa_isa)isa) != DHSA_OK) {
+            T_SKIP(n_checks, "glu: ISA %s unsupported here", dhsa_isa_name((dhsa_isa)isa));
+            continue;
+        }
+        test_glu_isa(dhsa__attn_kernels(), dhsa_isa_name((dhsa_isa)isa));
+    }
+    T_CHECK(dhsa_set_isa(best) == DHSA_OK, "could not restore ISA %s", dhsa_isa_name(best));
+}
+
 int main(void) {
     dhsa_ctx_params p = dhsa_ctx_default_params();
     if (dhsa_ctx_create(&p, &g_ctx) != DHSA_OK || !g_ctx) {
@@ -1443,6 +1554,7 @@ int main(void) {
     test_comparator_fails();
     test_desc_and_backends();
     test_cache16_bitwise();
+    test_glu();
     int before = t_checks();
     test_wrong_oracles();
     const int n_oracles = t_checks() - before; /* the checks of an ISA that is skipped, below */

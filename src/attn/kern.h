@@ -76,6 +76,15 @@ typedef struct {
     void (*qk_rows_q8)(const void *K, int64_t ldk, int n, int d, const float *Qr, int64_t dq, int nq, float *Sr);
     void (*pv_rows_q8)(const void *V, int64_t ldv, int n, int dv, const float *Sr, int nq, const float *alpha,
                        float *Or);
+
+    /* The gated FFN's activation (not attention, but the same exp), n
+     * values: out[i] = act(g[i]) * u[i], act = SiLU z * sigmoid(z)
+     * (gelu = 0) or GELU's tanh form (gelu = 1), computed as
+     * z * sigmoid(2 c (z + 0.044715 z^3)), c = sqrt(2/pi): equal to
+     * 0.5 z (1 + tanh(c (...))) and free of its cancellation for z < 0.
+     * Both are z / (1 + exp(a)) with dhsa__expf's exp. out may be g or u.
+     * Errors against double: tests/test_attn.c ("glu"). */
+    void (*glu)(const float *g, const float *u, int64_t n, int gelu, float *out);
 } dhsa_attn_kernels;
 
 #define DHSA_NARROW 8
@@ -102,6 +111,8 @@ extern const dhsa_attn_kernels dhsa__kern_avx512;
 #define DHSA_EXP_C5 (1.0f / 120)
 #define DHSA_EXP_C6 (1.0f / 720)
 #define DHSA_EXP_C7 (1.0f / 5040)
+#define DHSA_GELU_K1 (-1.5957691216057308f) /* -2 sqrt(2/pi): the glu kernels' exp argument */
+#define DHSA_GELU_K3 0.044715f
 
 static inline float dhsa__pow2i(int n) { /* 2^n for n in [-126, 127] */
     uint32_t u = (uint32_t)(n + 127) << 23;

@@ -248,8 +248,25 @@ static void widen_q8(const void *src, int64_t n, float *dst) {
     }
 }
 
+/* as kern_scalar.c's glu, 8 values a step; the tail (n % 8) scalar */
+static void glu(const float *g, const float *u, int64_t n, int gelu, float *out) {
+    const __m256 one = _mm256_set1_ps(1.0f), k1 = _mm256_set1_ps(DHSA_GELU_K1), k3 = _mm256_set1_ps(DHSA_GELU_K3);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 z = _mm256_loadu_ps(g + i);
+        __m256 a = gelu ? _mm256_mul_ps(k1, _mm256_fmadd_ps(_mm256_mul_ps(k3, z), _mm256_mul_ps(z, z), z))
+                        : _mm256_sub_ps(_mm256_setzero_ps(), z);
+        __m256 r = _mm256_div_ps(z, _mm256_add_ps(one, exp256(a)));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(r, _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) {
+        float z = g[i], a = gelu ? DHSA_GELU_K1 * (z + DHSA_GELU_K3 * z * z * z) : -z;
+        out[i] = z / (1.0f + dhsa__expf(a)) * u[i];
+    }
+}
+
 const dhsa_attn_kernels dhsa__kern_avx2 = {qk, softmax, pv, softcap, qk_rows, softmax_rows, pv_rows, widen,
-                                          NULL, NULL, widen_q8, NULL, NULL};
+                                          NULL, NULL, widen_q8, NULL, NULL, glu};
 
 #else
 typedef int dhsa__kern_avx2_unused; /* ISO C forbids an empty file */

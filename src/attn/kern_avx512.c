@@ -388,8 +388,21 @@ static void widen_q8(const void *src, int64_t n, float *dst) {
     }
 }
 
+/* as kern_scalar.c's glu, 16 values a step; the tail masked */
+static void glu(const float *g, const float *u, int64_t n, int gelu, float *out) {
+    const __m512 one = _mm512_set1_ps(1.0f), k1 = _mm512_set1_ps(DHSA_GELU_K1), k3 = _mm512_set1_ps(DHSA_GELU_K3);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 mk = tail_mask(n - i);
+        __m512 z = _mm512_maskz_loadu_ps(mk, g + i);
+        __m512 a = gelu ? _mm512_mul_ps(k1, _mm512_fmadd_ps(_mm512_mul_ps(k3, z), _mm512_mul_ps(z, z), z))
+                        : _mm512_sub_ps(_mm512_setzero_ps(), z);
+        __m512 r = _mm512_div_ps(z, _mm512_add_ps(one, exp512(a)));
+        _mm512_mask_storeu_ps(out + i, mk, _mm512_mul_ps(r, _mm512_maskz_loadu_ps(mk, u + i)));
+    }
+}
+
 const dhsa_attn_kernels dhsa__kern_avx512 = {qk, softmax, pv, softcap, qk_rows, softmax_rows, pv_rows, widen,
-                                             qk_rows16, pv_rows16, widen_q8, qk_rows_q8, pv_rows_q8};
+                                             qk_rows16, pv_rows16, widen_q8, qk_rows_q8, pv_rows_q8, glu};
 
 #else
 typedef int dhsa__kern_avx512_unused; /* ISO C forbids an empty file */

@@ -112,5 +112,15 @@ static void widen_q8(const void *src, int64_t n, float *dst) {
     }
 }
 
+static void glu(const float *g, const float *u, int64_t n, int gelu, float *out) {
+    for (int64_t i = 0; i < n; i++) {
+        float z = g[i];
+        /* z^3 may overflow to +-inf: exp then gives 0 or its clamp, and the
+         * quotient z or about 0, the limits */
+        float a = gelu ? DHSA_GELU_K1 * (z + DHSA_GELU_K3 * z * z * z) : -z;
+        out[i] = z / (1.0f + dhsa__expf(a)) * u[i];
+    }
+}
+
 const dhsa_attn_kernels dhsa__kern_scalar = {qk, softmax, pv, softcap, qk_rows, softmax_rows, pv_rows, widen,
-                                          NULL, NULL, widen_q8, NULL, NULL};
+                                          NULL, NULL, widen_q8, NULL, NULL, glu};

@@ -23,6 +23,7 @@
  * rounding) so that mem_limit bounds the peak RSS (dhsa_mem_plan).
  * Tested by tests/test_model.c and tests/test_memlimit.c.
  */
+#include "attn/kern.h"
 #include "core/internal.h"
 #include "core/procmem.h"
 #include "model/gguf.h"
@@ -657,9 +658,32 @@ static dhsa_status store_cache(void *cache, dhsa_type t, int64_t n_ctx, const fl
     return DHSA_OK;
 }
 
-static float gelu_tanh(float z) {
-    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
-    return 0.5f * z * (1.0f + tanhf(c * (z + 0.044715f * z * z * z)));
+/* The gated FFN's activation in place, hb = act(hb) * hb2 over n rows of
+ * F (the ISA's glu kernel, kern.h). A prefill ubatch is split over the
+ * ctx's threads in chunks of GLU_CHUNK values (a multiple of 16, so every
+ * chunk but the last is whole vectors: the results do not depend on the
+ * split); a decode step's few rows are not worth the fork. */
+#define GLU_CHUNK 16384
+typedef struct {
+    const dhsa_attn_kernels *k;
+    float *g;       /* [count] gate in, activation times up out */
+    const float *u; /* [count] up */
+    int64_t count;
+    int gelu;
+} glu_job;
+
+static void glu_task(void *arg, int64_t task, int thread) {
+    (void)thread;
+    const glu_job *j = arg;
+    int64_t i0 = task * GLU_CHUNK, m = j->count - i0 < GLU_CHUNK ? j->count - i0 : GLU_CHUNK;
+    j->k->glu(j->g + i0, j->u + i0, m, j->gelu, j->g + i0);
+}
+
+static void ffn_activation(dhsa_session *s, int64_t n, int64_t F, int gelu) {
+    glu_job j = {dhsa__attn_kernels(), s->hb, s->hb2, n * F, gelu};
+    int64_t tasks = (j.count + GLU_CHUNK - 1) / GLU_CHUNK;
+    if (tasks < 4 || dhsa_ctx_n_threads(s->ctx) < 2) j.k->glu(j.g, j.u, j.count, gelu, j.g);
+    else dhsa_parallel_for(s->ctx, tasks, glu_task, &j);
 }
 
 /* The view of layer l's cache holding its first n keys. */
@@ -1358,11 +1382,7 @@ static dhsa_status forward(dhsa_session *s, dhsa_session *const *batch, const in
         if ((st = matmul(s, &L->w_gate, s->xb, n, s->hb)) || (st = matmul(s, &L->w_up, s->xb, n, s->hb2))) return st;
         add_bias(s->hb, L->b_gate, n, F); /* before the activation, as llama.cpp's build_ffn */
         add_bias(s->hb2, L->b_up, n, F);
-        for (int64_t i = 0; i < n * F; i++) {
-            float g = s->hb[i];
-            g = gemma ? gelu_tanh(g) : g / (1.0f + expf(-g));
-            s->hb[i] = g * s->hb2[i];
-        }
+        ffn_activation(s, n, F, gemma);
         if ((st = matmul(s, &L->w_down, s->hb, n, s->xb))) return st;
         add_bias(s->xb, L->b_down, n, E);
         if (L->post_ffw_norm) rmsnorm(s->xb, s->xb, L->post_ffw_norm, n, E, in->rms_eps);
