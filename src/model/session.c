@@ -598,15 +598,27 @@ dhsa_status dhsa_session_reset(dhsa_session *s) {
 
 /* ---------------------------------------------------------- forward --- */
 
-/* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, rows of n. */
+/* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, rows of n. The sum of
+ * squares is in double over 8 interleaved partial sums: independent add
+ * chains (one chain waits an add's latency per element), and in double the
+ * order changes the float result only when a sum lands within 1e-16 of a
+ * rounding boundary. */
 static void rmsnorm(float *out, const float *x, const float *w, int64_t rows, int64_t n, float eps) {
     for (int64_t t = 0; t < rows; t++) {
         const float *xr = x + t * n;
         float *o = out + t * n;
-        double ss = 0;
-        for (int64_t i = 0; i < n; i++) ss += (double)xr[i] * xr[i];
+        double p0 = 0, p1 = 0, p2 = 0, p3 = 0, p4 = 0, p5 = 0, p6 = 0, p7 = 0;
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            const float *v = xr + i;
+            p0 += (double)v[0] * v[0], p1 += (double)v[1] * v[1], p2 += (double)v[2] * v[2];
+            p3 += (double)v[3] * v[3], p4 += (double)v[4] * v[4], p5 += (double)v[5] * v[5];
+            p6 += (double)v[6] * v[6], p7 += (double)v[7] * v[7];
+        }
+        for (; i < n; i++) p0 += (double)xr[i] * xr[i];
+        double ss = ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7));
         float r = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
-        for (int64_t i = 0; i < n; i++) o[i] = xr[i] * r * w[i];
+        for (i = 0; i < n; i++) o[i] = xr[i] * r * w[i];
     }
 }
 
