@@ -41,8 +41,7 @@ dens=${DENSITIES:-0.0625,0.125}
 tasks=${TASKS:-passkey multikey multivalue}
 here=$(cd "$(dirname "$0")/.." && pwd)
 [ "$dhsa" = build/dhsa ] && make -s build/dhsa
-m=
-[ -n "$MODEL" ] && m="-m $MODEL"
+m="-m ${MODEL:-$here/models/dhsa-retrieval-8m.gguf}"  # train-boundary has no default model
 th=
 [ -n "$THREADS" ] && th="--threads $THREADS"
 if [ ! -f "$here/train/work/eval.txt" ]; then
