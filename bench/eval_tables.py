@@ -46,6 +46,7 @@ def main(paths):
         answers, expect = [], {}
         for p, d in files:
             for a in d["answers"]:
+                a["method"] = a["method"].split(" ")[0]  # "dhsa 0.0625" -> "dhsa": the density is its own field
                 k = (a["length"], a["depth"], a["trial"])
                 if expect.setdefault(k, a["expected"]) != a["expected"]:
                     sys.exit(f"eval_tables: {p}: prompt {k} differs from another file's (seed or grid?)")
