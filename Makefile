@@ -230,7 +230,7 @@ fuzz: $(BUILD)/dhsa
 ifeq ($(HAVE_SERVE),1)
 	$(FUZZ_LINK) $(SERVE_CFLAGS) -Itools -o build-fuzz/serve_fuzz fuzz/serve_fuzz.c tools/serve_req.c build-fuzz/libdhsa.a $(SERVE_LIBS) -lpthread -lm
 	@mkdir -p build-fuzz/corpus-serve
-	@printf '\000{"messages":[{"role":"user","content":"Hi"}],"stream":true,"stop":["a"],"max_tokens":5}' > build-fuzz/corpus-serve/chat
+	@printf '\000{"messages":[{"role":"user","content":"Hi"}],"stream":true,"stop":["a"],"max_tokens":5,"ignore_eos":true}' > build-fuzz/corpus-serve/chat
 	@printf '\001{"prompt":[[1,2,3]],"temperature":0.5,"seed":7,"stream":true,"stream_options":{"include_usage":true}}' > build-fuzz/corpus-serve/ids
 	@printf '\002{"content":"caf\303\251","with_pieces":true}' > build-fuzz/corpus-serve/tok
 	@printf '\003{"tokens":[1,2,2047]}' > build-fuzz/corpus-serve/detok

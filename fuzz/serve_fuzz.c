@@ -57,6 +57,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         broken("penalties");
     if (r.density != 0 && !(r.density > 0 && r.density <= 1)) broken("density");
     if (r.include_usage && !r.stream) broken("include_usage without stream");
+    if (r.ignore_eos != 0 && r.ignore_eos != 1) broken("ignore_eos");
     serve_request_free(&r);
     return 0;
 }

@@ -8,7 +8,9 @@
  * round trip, greedy completions equal to `dhsa run --temp 0` (the first
  * time, and again from the prompt cache, and for a prompt that shares only
  * a prefix with the cache), streaming (SSE chunks, finish_reason, usage,
- * "data: [DONE]"), stop strings, chat, errors (malformed JSON, unknown
+ * "data: [DONE]"), stop strings, chat, ignore_eos (a reply that meets EOS
+ * runs to max_tokens, its text the library's greedy continuation with
+ * EOS's logit -Inf), errors (malformed JSON, unknown
  * parameter, n > 1, too long a prompt, body over --max-body, 404, 405,
  * malformed HTTP), a client that disconnects mid-stream frees its slot,
  * curl as the client, a bounded load test (8 clients x 20 requests, mixed
@@ -30,10 +32,12 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,8 +54,8 @@ static double dhsa_cli_now_test(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-#define N_PARSER_CHECKS 46
-#define N_HTTP_CHECKS 58
+#define N_PARSER_CHECKS 49
+#define N_HTTP_CHECKS 65
 
 #ifdef DHSA_HAVE_SERVE
 #include "serve.h"
@@ -106,8 +110,11 @@ static void test_parser(void) {
     T_CHECK(parses(SERVE_REQ_COMPLETION, "{\"prompt\":\"Once\"}", &r), "a minimal completion parses");
     dhsa_sampler_params sp = dhsa_sampler_default_params();
     T_CHECK(r.text_len == 4 && !r.has_ids && r.max_tokens == -1 && !r.stream && !r.seed_set &&
-                r.temperature == sp.temperature && r.top_k == sp.top_k && r.attn == SERVE_ATTN_UNSET,
-            "defaults: the CLI's sampling, no max_tokens, no stream, no seed");
+                r.temperature == sp.temperature && r.top_k == sp.top_k && r.attn == SERVE_ATTN_UNSET && !r.ignore_eos,
+            "defaults: the CLI's sampling, no max_tokens, no stream, no seed, EOS stops");
+    serve_request_free(&r);
+    T_CHECK(parses(SERVE_REQ_COMPLETION, "{\"prompt\":\"Once\",\"ignore_eos\":true}", &r) && r.ignore_eos == 1,
+            "ignore_eos: true");
     serve_request_free(&r);
     T_CHECK(parses(SERVE_REQ_COMPLETION, "{\"prompt\":[[1,2,3]],\"stop\":\"x\"}", &r) && r.has_ids && r.n_ids == 3 &&
                 r.ids[2] == 3 && r.n_stop == 1,
@@ -154,6 +161,8 @@ static void test_parser(void) {
     BAD("\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]", "stop", "five stop strings");
     BAD("\"stop\":\"\"", "stop", "an empty stop string");
     BAD("\"stream\":1", "stream", "stream not a boolean");
+    BAD("\"ignore_eos\":1", "ignore_eos", "ignore_eos not a boolean");
+    BAD("\"ignore_eos\":\"true\"", "ignore_eos", "ignore_eos a string");
     BAD("\"stream_options\":{\"include_usage\":true}", "stream_options", "stream_options without stream");
     BAD("\"n\":2", "n", "n = 2");
     BAD("\"logprobs\":true", "logprobs", "logprobs");
@@ -542,6 +551,157 @@ static void test_concurrent_seeds(const char *want, const char *stop) {
             together[4].finish);
 }
 
+/* The greedy continuation of prompt by the library itself (a session on
+ * its own ctx, argmax over the logits, lowest id on ties), n tokens, with
+ * EOS's logit taken as -Inf when mask_eos: the reference for ignore_eos.
+ * Writes the pieces' text to out and returns how many tokens came before
+ * the first EOS (n when none; with mask_eos always n), or -1 on a failure. */
+static int lib_greedy(const char *prompt, int n, int mask_eos, char *out, size_t cap) {
+    dhsa_model *m = NULL;
+    dhsa_ctx *ctx = NULL;
+    dhsa_session *s = NULL;
+    dhsa_model_params mp = dhsa_model_default_params();
+    dhsa_ctx_params cp = dhsa_ctx_default_params();
+    dhsa_session_params sp = dhsa_session_default_params();
+    sp.n_ctx = 512;
+    int32_t ids[512];
+    int64_t n_ids = 0;
+    float *logits = NULL;
+    int got = -1;
+    out[0] = 0;
+    if (dhsa_model_load("models/dhsa-retrieval-8m.gguf", &mp, &m) || dhsa_ctx_create(&cp, &ctx) ||
+        dhsa_session_create(ctx, m, &sp, &s))
+        goto done;
+    const dhsa_tokenizer *tok = dhsa_model_tokenizer(m);
+    const int64_t V = dhsa_model_get_info(m)->n_vocab;
+    const int32_t eos = dhsa_tokenizer_eos(tok);
+    logits = malloc((size_t)V * sizeof(float));
+    if (!logits || eos < 0 ||
+        dhsa_tokenize(tok, prompt, (int64_t)strlen(prompt), dhsa_tokenizer_default_flags(tok) & DHSA_TOKENIZE_ADD_BOS,
+                      ids, 512, &n_ids) ||
+        dhsa_session_eval(s, ids, n_ids, logits))
+        goto done;
+    size_t k = 0;
+    got = n;
+    for (int i = 0; i < n; i++) {
+        if (mask_eos) logits[eos] = -INFINITY;
+        int32_t best = 0;
+        for (int32_t j = 1; j < V; j++)
+            if (logits[j] > logits[best]) best = j;
+        if (best == eos) {
+            got = i;
+            break;
+        }
+        char piece[256];
+        int64_t len = 0;
+        if (dhsa_token_to_piece(tok, best, 0, piece, sizeof piece, &len) == DHSA_OK && k + (size_t)len + 1 < cap) {
+            memcpy(out + k, piece, (size_t)len);
+            k += (size_t)len;
+            out[k] = 0;
+        }
+        if (i + 1 < n && dhsa_session_eval(s, &best, 1, logits)) {
+            got = -1;
+            break;
+        }
+    }
+done:
+    free(logits);
+    dhsa_session_free(s);
+    dhsa_ctx_free(ctx);
+    dhsa_model_free(m);
+    return got;
+}
+
+/* The finish_reason of a reply (the last one of a stream) into out. */
+static void finish_of(const char *resp, char *out, size_t cap) {
+    const char *f = NULL;
+    for (const char *p = strstr(body_of(resp), "\"finish_reason\":\""); p; p = strstr(p + 1, "\"finish_reason\":\""))
+        f = p;
+    snprintf(out, cap, "%s", "");
+    if (f) sscanf(f + 17, "%31[a-z]", out);
+}
+
+/* ignore_eos (docs/server.md): PK's greedy continuation meets EOS after a
+ * few tokens; with ignore_eos the reply runs to max_tokens ("length"), and
+ * EOS is masked rather than emitted: the text is the library's greedy
+ * continuation with EOS's logit -Inf. Whole and streamed completions, a
+ * streamed chat (whose stop ids are EOS and the template's), a stop string
+ * still ending it, and a non-boolean value refused. */
+static void test_ignore_eos(void) {
+    enum { N = 16 };
+    char plain[1024], masked[1024], text[4096], fin[32], body[1024], *r = NULL;
+    int stops_at = lib_greedy(PK, N, 0, plain, sizeof plain);
+    int masked_n = lib_greedy(PK, N, 1, masked, sizeof masked);
+    T_CHECK(stops_at > 0 && stops_at < N && masked_n == N && strncmp(masked, plain, strlen(plain)) == 0 &&
+                strlen(masked) > strlen(plain),
+            "the library's greedy continuation meets EOS after %d tokens (\"%s\"); with EOS masked %d tokens \"%s\"",
+            stops_at, plain, masked_n, masked);
+    snprintf(body, sizeof body, "{\"prompt\":\"" PK "\",\"max_tokens\":%d,\"temperature\":0}", N);
+    int code = http("POST", "/v1/completions", body, &r);
+    json_str(body_of(r), "text", text, sizeof text);
+    finish_of(r, fin, sizeof fin);
+    T_CHECK(code == 200 && strcmp(fin, "stop") == 0 && json_int(body_of(r), "completion_tokens") == stops_at &&
+                strcmp(text, plain) == 0,
+            "without ignore_eos the reply stops at EOS: %d %s", code, body_of(r));
+    free(r);
+    snprintf(body, sizeof body, "{\"prompt\":\"" PK "\",\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true}", N);
+    code = http("POST", "/v1/completions", body, &r);
+    json_str(body_of(r), "text", text, sizeof text);
+    finish_of(r, fin, sizeof fin);
+    T_CHECK(code == 200 && strcmp(fin, "length") == 0 && json_int(body_of(r), "completion_tokens") == N &&
+                strcmp(text, masked) == 0 && !strstr(text, "</s>"),
+            "ignore_eos: max_tokens %d tokens, \"length\", the text with EOS masked \"%s\": %d %s", N, masked, code,
+            body_of(r));
+    free(r);
+    snprintf(body, sizeof body,
+             "{\"prompt\":\"" PK "\",\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true,\"stream\":true}", N);
+    code = http("POST", "/v1/completions", body, &r);
+    sse_text(r, "text", text, sizeof text);
+    finish_of(r, fin, sizeof fin);
+    T_CHECK(code == 200 && strcmp(fin, "length") == 0 && json_int(body_of(r), "completion_tokens") == N &&
+                strcmp(text, masked) == 0 && strstr(r, "data: [DONE]"),
+            "ignore_eos streamed: the same text, \"length\": %d \"%s\" (%s)", code, text, fin);
+    free(r);
+    /* a stop string past where EOS was still ends the reply */
+    char stop[8] = "";
+    size_t pl = strlen(plain);
+    if (strlen(masked) >= pl + 3) memcpy(stop, masked + pl + 1, 2);
+    snprintf(body, sizeof body, "{\"prompt\":\"" PK "\",\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true,"
+             "\"stop\":\"%s\"}", N, stop);
+    code = http("POST", "/v1/completions", body, &r);
+    json_str(body_of(r), "text", text, sizeof text);
+    finish_of(r, fin, sizeof fin);
+    const char *hit = stop[0] ? strstr(masked, stop) : NULL; /* its first place is past the EOS */
+    T_CHECK(code == 200 && hit && hit - masked > (ptrdiff_t)pl && strcmp(fin, "stop") == 0 && strlen(text) == (size_t)(hit - masked) &&
+                strncmp(text, masked, strlen(text)) == 0,
+            "ignore_eos with stop \"%s\": the text ends before it: %d \"%s\" (%s)", stop, code, text, fin);
+    free(r);
+    /* chat: the template's stop ids are masked too */
+    const char *msg = "{\"messages\":[{\"role\":\"user\",\"content\":\"" PK "\"}],\"max_tokens\":16,\"temperature\":0";
+    snprintf(body, sizeof body, "%s}", msg);
+    code = http("POST", "/v1/chat/completions", body, &r);
+    char reply[1024];
+    json_str(body_of(r), "content", reply, sizeof reply);
+    long n_stop = json_int(body_of(r), "completion_tokens");
+    finish_of(r, fin, sizeof fin);
+    free(r);
+    snprintf(body, sizeof body, "%s,\"ignore_eos\":true,\"stream\":true}", msg);
+    code = http("POST", "/v1/chat/completions", body, &r);
+    sse_text(r, "content", text, sizeof text);
+    char fin2[32];
+    finish_of(r, fin2, sizeof fin2);
+    T_CHECK(strcmp(fin, "stop") == 0 && n_stop < 16 && reply[0] && code == 200 && strcmp(fin2, "length") == 0 &&
+                json_int(body_of(r), "completion_tokens") == 16 && strncmp(text, reply, strlen(reply)) == 0 &&
+                strlen(text) > strlen(reply),
+            "a chat that stops after %ld tokens (\"%s\", %s) runs to 16 with ignore_eos: %d \"%s\" (%s)", n_stop, reply,
+            fin, code, text, fin2);
+    free(r);
+    code = http("POST", "/v1/completions", "{\"prompt\":\"a\",\"ignore_eos\":\"yes\"}", &r);
+    T_CHECK(code == 400 && strstr(r, "\"param\":\"ignore_eos\"") && strstr(r, "ignore_eos must be true or false"),
+            "a non-boolean ignore_eos: 400 naming it: %d %s", code, body_of(r));
+    free(r);
+}
+
 /* Raw malformed requests over a socket (docs/server.md, "Malformed HTTP").
  * Those that reach the handler get a 400 with the error object (code
  * malformed_http); those libmicrohttpd rejects before there is a request
@@ -727,6 +887,8 @@ static void test_http(void) {
                 json_int(body_of(r), "prompt_tokens"), (long long)want_n, body_of(r));
         free(r);
     }
+
+    test_ignore_eos();
 
     /* errors */
     code = http("POST", "/v1/completions", "{\"prompt\":", &r);

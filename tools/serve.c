@@ -504,16 +504,21 @@ static int append_out(gen *g, const char *p, int64_t n) {
 }
 
 /* Samples one id from logits [n_vocab] with the penalties of OpenAI (over
- * the ids generated so far). */
+ * the ids generated so far). With ignore_eos the stop ids' logits are -Inf
+ * (as llama.cpp's ignore_eos): the sampler never draws one, so none ends
+ * the reply and none is in its text or the slot's cache; their probability
+ * goes to the other ids, as a top-k / top-p cut's does. */
 static int sample_next(gen *g, const float *logits, int32_t *next) {
     slot *sl = g->sl;
     const float *lg = logits;
-    if (g->touched_count && (g->rq.presence_penalty != 0 || g->rq.frequency_penalty != 0)) {
+    const int penalties = g->touched_count && (g->rq.presence_penalty != 0 || g->rq.frequency_penalty != 0);
+    if (penalties || g->rq.ignore_eos) {
         memcpy(sl->scratch, logits, (size_t)S.in->n_vocab * sizeof(float));
-        for (int32_t i = 0; i < g->touched_count; i++) {
+        for (int32_t i = 0; penalties && i < g->touched_count; i++) {
             int32_t id = g->touched[i];
             sl->scratch[id] -= (float)(g->rq.frequency_penalty * sl->counts[id] + g->rq.presence_penalty);
         }
+        for (int i = 0; g->rq.ignore_eos && i < g->n_stop_ids; i++) sl->scratch[g->stop_ids[i]] = -INFINITY;
         lg = sl->scratch;
     }
     if (dhsa_sampler_sample(g->smp, lg, sl->tokens, sl->n_cached, next)) {
@@ -547,7 +552,7 @@ static int pick(gen *g, const float *logits) {
         return 0;
     }
     if (g->n_gen == 0) g->t_first = now_s();
-    for (int i = 0; i < g->n_stop_ids; i++)
+    for (int i = 0; i < g->n_stop_ids; i++) /* never true with ignore_eos: sample_next masked them */
         if (next == g->stop_ids[i]) {
             g->finish = "stop";
             return 0;
@@ -1114,7 +1119,8 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, serve_req_kind 
     }
     g->max_gen = want < S.max_tokens ? want : S.max_tokens;
     g->n_prompt = n;
-    /* stops: EOS, and the chat format's end-of-turn ids */
+    /* stops: EOS, and the chat format's end-of-turn ids (with ignore_eos
+     * they are masked instead: sample_next) */
     if (dhsa_tokenizer_eos(S.tok) >= 0) g->stop_ids[g->n_stop_ids++] = dhsa_tokenizer_eos(S.tok);
     if (g->chat)
         for (int i = 0; i < S.n_chat_stop && g->n_stop_ids < 20; i++) g->stop_ids[g->n_stop_ids++] = S.chat_stop[i];

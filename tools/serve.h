@@ -51,6 +51,7 @@ typedef struct {
     int with_pieces;          /* tokenize: each id with its piece */
     int stream, include_usage;
     int64_t max_tokens;       /* -1: not given */
+    int ignore_eos;           /* EOS (chat: and the end-of-turn ids) neither ends the reply nor is sampled */
     /* sampling: the CLI's defaults unless given */
     double temperature, top_p, min_p, repeat_penalty;
     int64_t top_k, repeat_last_n;

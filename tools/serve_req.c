@@ -310,6 +310,7 @@ static int parse_generate(json_t *root, serve_req_kind kind, const serve_limits 
                 r->seed_set = 1;
             }
         } else if (strcmp(key, "stop") == 0) rc = get_stop(v, r, e);
+        else if (strcmp(key, "ignore_eos") == 0) rc = get_bool(v, key, &r->ignore_eos, e); /* vLLM's, llama.cpp's */
         else if (strcmp(key, "attn") == 0) rc = get_attn(v, r, e);
         else if (strcmp(key, "density") == 0) rc = get_real(v, key, 1e-6, 1, &r->density, e);
         else if (strcmp(key, "user") == 0 || strcmp(key, "service_tier") == 0) {
