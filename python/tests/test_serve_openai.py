@@ -1,6 +1,7 @@
 """dhsa serve against the official `openai` Python package (PyPI), used
 unchanged as the client: chat and completions, streaming and not, greedy
-text equal to `dhsa run --temp 0`, and an OpenAI error for a bad request.
+text equal to `dhsa run --temp 0`, ignore_eos through extra_body, and an
+OpenAI error for a bad request.
 The server runs with --batch off (tests/test_serve.c covers --batch on).
 Skipped, saying why, where `openai` is not importable (.ci/run installs
 it) or the CLI was built without the server (no libmicrohttpd/jansson)."""
@@ -98,6 +99,20 @@ def test_chat(server):
     assert got == text  # greedy: streamed and whole replies agree
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
     assert c.models.list().data[0].id == "dhsa-retrieval-8m"
+
+
+def test_ignore_eos(server):
+    # the request extension of vLLM and llama.cpp, through extra_body (docs/server.md):
+    # PK's greedy reply meets EOS after a few tokens; with ignore_eos it runs to max_tokens
+    c = _client(server)
+    r = c.completions.create(model="x", prompt=PK, max_tokens=16, temperature=0)
+    assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens < 16
+    r2 = c.completions.create(model="x", prompt=PK, max_tokens=16, temperature=0, extra_body={"ignore_eos": True})
+    assert r2.choices[0].finish_reason == "length" and r2.usage.completion_tokens == 16
+    assert r2.choices[0].text.startswith(r.choices[0].text) and len(r2.choices[0].text) > len(r.choices[0].text)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model="x", prompt=PK, max_tokens=4, extra_body={"ignore_eos": 1})
+    assert "ignore_eos must be true or false" in str(e.value)
 
 
 def test_bad_request(server):
