@@ -13,14 +13,16 @@
          interleaved rounds after a warm-up: each client asks (without
          streaming) up to 256 tokens of free text sampled at temperature 1
          (the tokens are counted from usage: a client that meets EOS counts
-         less). Prints the ratios (of the medians, and the median of the
-         per-round ratios) and, from /metrics, the mean batch and the time
-         per pass in dhsa_session_eval_batch and in the batcher's per-token
-         work.
+         less, and the rest of its round runs with fewer rows; with
+         --ignore-eos every request asks "ignore_eos": true, so each reply
+         is exactly --tokens long, which is checked). Prints the ratios (of
+         the medians, and the median of the per-round ratios) and, from
+         /metrics, the mean batch and the time per pass in
+         dhsa_session_eval_batch and in the batcher's per-token work.
 
 Usage: PYTHONPATH=python python3 bench/serve.py ttft [--reps N] [--attn dense|dhsa]
        python3 bench/serve.py slots [--reps N] [--clients 4] [--tokens 256] [--batch on,off]
-                                    [--threads T] [--base-cli OTHER/dhsa] [--stream]
+                                    [--threads T] [--base-cli OTHER/dhsa] [--stream] [--ignore-eos]
 (needs build/dhsa built with dhsa serve, or DHSA_CLI; starts and stops its
 own servers on free ports). Prints markdown rows.
 """
@@ -34,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -126,7 +129,8 @@ def metrics(url):
         return out
 
 
-def slots(reps, clients=4, max_tokens=256, batch=("on", "off"), threads=None, base_cli=None, stream=False):
+def slots(reps, clients=4, max_tokens=256, batch=("on", "off"), threads=None, base_cli=None, stream=False,
+          ignore_eos=False):
     """Interleaved rounds: in each, 1 and `clients` concurrent clients against
     every server in turn: --slots `clients` with --batch on (the decode steps
     of all slots in one pass) and off (each slot decodes alone on its own
@@ -134,7 +138,9 @@ def slots(reps, clients=4, max_tokens=256, batch=("on", "off"), threads=None, ba
     build (the baseline, measured in the same rounds). One warm-up round is
     not counted. Ratios are of medians over the rounds and medians of the
     per-round ratios (absolute tok/s drift on a shared machine; ratios
-    within a round hold)."""
+    within a round hold). With ignore_eos every request asks for it and
+    every reply must be max_tokens long (a build without it answers 400:
+    the run stops, naming the server)."""
     extra = ["--threads", str(threads)] if threads else []
     servers = {}
     for b in batch:
@@ -151,7 +157,12 @@ def slots(reps, clients=4, max_tokens=256, batch=("on", "off"), threads=None, ba
         def one(i):  # whole replies by default: a Python client parsing an event per token can be the bottleneck
             body = {"prompt": prompts[i % len(prompts)], "max_tokens": max_tokens, "temperature": 1.0, "top_k": 0,
                     "top_p": 1.0, "min_p": 0.0, "seed": 1000 * rep + i}
-            res[i] = stream_usage(url, body) if stream else whole(url, body)["usage"]
+            if ignore_eos:
+                body["ignore_eos"] = True
+            try:
+                res[i] = stream_usage(url, body) if stream else whole(url, body)["usage"]
+            except urllib.error.HTTPError as e:
+                res[i] = "%s: HTTP %d: %s" % (url, e.code, e.read().decode(errors="replace"))
 
         th = [threading.Thread(target=one, args=(i,)) for i in range(n)]
         t0 = time.perf_counter()
@@ -160,6 +171,11 @@ def slots(reps, clients=4, max_tokens=256, batch=("on", "off"), threads=None, ba
         for t in th:
             t.join()
         wall = time.perf_counter() - t0
+        for u in res:
+            if isinstance(u, str):
+                sys.exit("dhsa serve refused a request (a build without ignore_eos?): " + u)
+            if ignore_eos and u["completion_tokens"] != max_tokens:
+                sys.exit("--ignore-eos: a reply of %d tokens, not %d: %s" % (u["completion_tokens"], max_tokens, u))
         return sum(u["completion_tokens"] for u in res) / wall
 
     try:
@@ -178,8 +194,9 @@ def slots(reps, clients=4, max_tokens=256, batch=("on", "off"), threads=None, ba
                         counters[(name, n)][k] += m1.get(k, 0.0) - m0.get(k, 0.0)
         first = next(iter(servers))
         base = statistics.median(runs[(first, 1)])
-        print("%d rounds (interleaved, after one warm-up), %d tokens per client, %s replies%s" %
-              (reps, max_tokens, "streamed" if stream else "whole", ", --threads %d" % threads if threads else ""))
+        print("%d rounds (interleaved, after one warm-up), %d tokens per client, %s replies%s%s" %
+              (reps, max_tokens, "streamed" if stream else "whole", ", --threads %d" % threads if threads else "",
+               ", ignore_eos: every reply exactly %d tokens (EOS masked)" % max_tokens if ignore_eos else ""))
         print()
         print("| server | clients | total tok/s, median (rounds) | ratio of medians to 1 client, same server "
               "| median of per-round ratios, same server | ratio to 1 client of %s | mean batch "
@@ -222,8 +239,12 @@ if __name__ == "__main__":
     ap.add_argument("--base-cli", default=None, help="slots: another build's dhsa, its --batch on server "
                     "measured in the same rounds (e.g. main before a change)")
     ap.add_argument("--stream", action="store_true", help="slots: streamed replies instead of whole ones")
+    ap.add_argument("--ignore-eos", action="store_true", help="slots: every request asks \"ignore_eos\": true, so "
+                    "each reply is --tokens long (as vLLM's benchmark_serving --ignore-eos); needs it in every "
+                    "server measured, --base-cli's too")
     a = ap.parse_args()
     if a.what == "ttft":
         ttft(a.reps, a.attn)
     else:
-        slots(a.reps, a.clients, a.tokens, tuple(a.batch.split(",")), a.threads or None, a.base_cli, a.stream)
+        slots(a.reps, a.clients, a.tokens, tuple(a.batch.split(",")), a.threads or None, a.base_cli, a.stream,
+              a.ignore_eos)
