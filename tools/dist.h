@@ -17,6 +17,13 @@ int dhsa_cli_dist_size(void);
 /* The sum / maximum of x over the ranks (x itself for one process). */
 double dhsa_cli_dist_sum(double x);
 double dhsa_cli_dist_max(double x);
+/* Every rank's x into all [size], in rank order, on every rank (all[0] = x
+ * for one process); 0, or nonzero after a sentence (at most 255 bytes) in
+ * why. */
+int dhsa_cli_dist_gather(double x, double *all, char *why);
+/* Returns once every rank has called it (at once for one process); 0, or
+ * nonzero after a sentence in why. Timings that start together use it. */
+int dhsa_cli_dist_barrier(char *why);
 /* 1 when every rank passed the same n ids (a hash gathered on every rank). */
 int dhsa_cli_dist_same_ids(const int32_t *ids, int64_t n);
 /* Ends MPI (after the last use of the transport). */

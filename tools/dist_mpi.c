@@ -220,6 +220,25 @@ static double reduce(double x, MPI_Op op) {
 double dhsa_cli_dist_sum(double x) { return reduce(x, MPI_SUM); }
 double dhsa_cli_dist_max(double x) { return reduce(x, MPI_MAX); }
 
+int dhsa_cli_dist_gather(double x, double *all, char *why) {
+    if (!g_started || g_size == 1) {
+        all[0] = x;
+        return 0;
+    }
+    MPI_Request r;
+    int rc = MPI_Iallgather(&x, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, MPI_COMM_WORLD, &r);
+    if (rc != MPI_SUCCESS) return mpi_why(rc, "Iallgather", why);
+    return wait_all(1, &r, "a gather of per-rank numbers", why);
+}
+
+int dhsa_cli_dist_barrier(char *why) {
+    if (!g_started || g_size == 1) return 0;
+    MPI_Request r;
+    int rc = MPI_Ibarrier(MPI_COMM_WORLD, &r);
+    if (rc != MPI_SUCCESS) return mpi_why(rc, "Ibarrier", why);
+    return wait_all(1, &r, "a barrier", why);
+}
+
 int dhsa_cli_dist_same_ids(const int32_t *ids, int64_t n) {
     uint64_t h = 1469598103934665603ull;
     for (int64_t i = 0; i < n; i++) h = (h ^ (uint32_t)ids[i]) * 1099511628211ull;
@@ -250,6 +269,15 @@ const dhsa_dist *dhsa_cli_dist_start(int *argc, char ***argv) {
 
 double dhsa_cli_dist_sum(double x) { return x; }
 double dhsa_cli_dist_max(double x) { return x; }
+int dhsa_cli_dist_gather(double x, double *all, char *why) {
+    (void)why;
+    all[0] = x;
+    return 0;
+}
+int dhsa_cli_dist_barrier(char *why) {
+    (void)why;
+    return 0;
+}
 int dhsa_cli_dist_same_ids(const int32_t *ids, int64_t n) {
     (void)ids;
     (void)n;

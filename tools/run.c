@@ -21,6 +21,11 @@
 #define EXIT_RUN DHSA_EXIT_RUN
 #define EXIT_USAGE DHSA_EXIT_USAGE
 
+/* --dist-stripe, the same words in run's and bench model's help. */
+#define DIST_STRIPE_HELP                                                                                               \
+    "  --dist-stripe N     under mpirun -np R: positions go to ranks in stripes\n"                                     \
+    "                      of N tokens (0, the default: contiguous; docs/dist.md)\n"
+
 const char dhsa_cli_run_usage[] =
     "usage: dhsa run [-m MODEL] [-p TEXT | -f FILE] [-n N] [options]\n"
     "       dhsa plan [-m MODEL] [options] [--prompt-tokens N]\n"
@@ -88,8 +93,7 @@ const char dhsa_cli_run_usage[] =
     "  --dump-layer N      the layer drawn (default 0)\n"
     "  --dump-head H       the KV head drawn (default 0)\n"
     "  --logits-out FILE   the logits of every step, F32 (tests/test_dist.c)\n"
-    "  --dist-stripe N     under mpirun -np R: positions go to ranks in stripes\n"
-    "                      of N tokens (0, the default: contiguous; docs/dist.md)\n";
+    DIST_STRIPE_HELP;
 
 static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
 
@@ -105,6 +109,51 @@ typedef struct {
     const char *logits_path;    /* --logits-out */
     int64_t dump_layer, dump_head;
 } run_opts;
+
+/* ---------------------------------------------------- context parallel --- */
+
+/* run and bench model under mpirun -np R > 1 (docs/dist.md): starts this
+ * rank's transport and sends stdout of every rank but 0 to /dev/null, so
+ * rank 0 alone prints the output (the others still say their errors on
+ * stderr); NULL for one process, which runs as it always did. */
+static const dhsa_dist *dist_begin(int *argc, char ***argv) {
+    const dhsa_dist *dist = dhsa_cli_dist_start(argc, argv);
+    if (dist && dist->rank != 0 && !freopen("/dev/null", "w", stdout))
+        dhsa_cli_die(EXIT_RUN, "rank %d: cannot silence stdout", dist->rank);
+    return dist;
+}
+
+/* --dist-stripe N: 0 (contiguous) or N tokens; the session checks that N
+ * is a multiple of the 64-row query block. */
+static int64_t dist_stripe_arg(const char *opt, const char *v) { return dhsa_cli_int(opt, v, 0, (int64_t)1 << 30, 1); }
+
+/* What crossed the wire in a context-parallel session since it was
+ * created: each kind summed over the ranks (dhsa_dist_stats). Collective:
+ * every rank calls it, in the same order as its other reductions. */
+typedef struct {
+    double kv, index, partial;
+} dist_wire;
+
+static dist_wire dist_wire_sum(const dhsa_dist_stats *mine) {
+    dist_wire w;
+    w.kv = dhsa_cli_dist_sum(mine->kv);
+    w.index = dhsa_cli_dist_sum(mine->index);
+    w.partial = dhsa_cli_dist_sum(mine->partial);
+    return w;
+}
+
+/* The wire in words: K/V per layer per prompt token (prefill), the index
+ * relay, the decode partials per layer per decode step. */
+static const char *dist_wire_text(const dist_wire *w, int64_t n_layer, int64_t n_prompt, int64_t n_dec, char *buf,
+                                  size_t cap) {
+    snprintf(buf, cap, "K/V %.3f MiB = %.1f bytes per layer per prompt token, index %.3f MiB, decode partials %.3f "
+             "MiB (%.0f bytes per layer per decode token)", w->kv / 1048576.0,
+             n_prompt > 0 ? w->kv / (double)n_layer / (double)n_prompt : 0.0, w->index / 1048576.0,
+             w->partial / 1048576.0, n_dec > 0 ? w->partial / (double)n_layer / (double)n_dec : 0.0);
+    return buf;
+}
+
+/* ------------------------------------------------------------------ run --- */
 
 static void parse(int argc, char **argv, run_opts *o) {
     memset(o, 0, sizeof *o);
@@ -175,7 +224,7 @@ static void parse(int argc, char **argv, run_opts *o) {
         else if (strcmp(a, "--dense-below") == 0) o->ses.router.dense_below = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--q-block") == 0) o->ses.router.q_block = dhsa_cli_int(a, v, 1, 65536, 0);
         else if (strcmp(a, "--logits-out") == 0) o->logits_path = v;
-        else if (strcmp(a, "--dist-stripe") == 0) o->ses.dist_stripe = dhsa_cli_int(a, v, 0, (int64_t)1 << 30, 1);
+        else if (strcmp(a, "--dist-stripe") == 0) o->ses.dist_stripe = dist_stripe_arg(a, v);
         else if (strcmp(a, "--dump-layout") == 0) {
             if (!v[0]) dhsa_cli_die(EXIT_USAGE, "--dump-layout needs a file name");
             o->dump_path = v;
@@ -518,27 +567,23 @@ static int dist_report(const dhsa_session *s, const dhsa_model_info *in, const i
             ds.index / 1048576.0, ds.partial / 1048576.0, ds.logits / 1048576.0, mib(dhsa_proc_peak_rss()),
             mib(dhsa_session_get_plan(s)->kv_cache));
     fflush(stderr);
-    double kv = dhsa_cli_dist_sum(ds.kv), ix = dhsa_cli_dist_sum(ds.index), pa = dhsa_cli_dist_sum(ds.partial);
+    dist_wire w = dist_wire_sum(&ds);
     double rss = dhsa_cli_dist_max((double)dhsa_proc_peak_rss()), tp = dhsa_cli_dist_max(t_prompt);
     int same = dhsa_cli_dist_same_ids(ids, n_ids);
     if (r != 0) return same;
-    char stxt[32];
+    char stxt[32], wtxt[256];
     snprintf(stxt, sizeof stxt, stripe ? "%lld" : "contiguous", (long long)stripe);
     const int64_t n_dec = n_ids - n_prompt > 1 ? n_ids - n_prompt - 1 : 0;
-    fprintf(stderr, "dist: %d ranks, stripe %s; on the wire (all ranks): K/V %.3f MiB = %.1f bytes per layer per "
-            "prompt token, index %.3f MiB, decode partials %.3f MiB (%.0f bytes per layer per decode token); slowest "
-            "prefill %.3f s; largest peak RSS %.1f MiB\n", R, stxt, kv / 1048576.0,
-            n_prompt > 0 ? kv / (double)L / (double)n_prompt : 0.0, ix / 1048576.0, pa / 1048576.0,
-            n_dec > 0 ? pa / (double)L / (double)n_dec : 0.0, tp, rss / 1048576.0);
+    fprintf(stderr, "dist: %d ranks, stripe %s; on the wire (all ranks): %s; slowest prefill %.3f s; largest peak "
+            "RSS %.1f MiB\n", R, stxt, dist_wire_text(&w, L, n_prompt, n_dec, wtxt, sizeof wtxt), tp,
+            rss / 1048576.0);
     fprintf(stderr, same ? "dist: every rank generated the same %lld token ids\n"
                          : "dist: THE RANKS GENERATED DIFFERENT TOKEN IDS (%lld)\n", (long long)n_ids);
     return same;
 }
 
 static int run_main(int argc, char **argv, int plan_only) {
-    const dhsa_dist *dist = plan_only ? NULL : dhsa_cli_dist_start(&argc, &argv);
-    if (dist && dist->rank != 0 && !freopen("/dev/null", "w", stdout))
-        dhsa_cli_die(EXIT_RUN, "rank %d: cannot silence stdout", dist->rank);
+    const dhsa_dist *dist = plan_only ? NULL : dist_begin(&argc, &argv);
     run_opts o;
     parse(argc, argv, &o);
     o.ses.dist = dist;
