@@ -3,7 +3,8 @@
  * of the same command line, without running). See `dhsa help run`.
  * Tested by tests/test_model.c (CLI part); docs/model.md, docs/results.md.
  * --dump-layout (run) and --svg (bench model) write figures; tested by
- * tests/test_plots.c.
+ * tests/test_plots.c. run and bench model started by mpirun -np R > 1 run
+ * context parallel (docs/dist.md); tested by tests/test_dist.c.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -806,8 +807,9 @@ int dhsa_cli_plan(int argc, char **argv) {
 const char dhsa_cli_bench_model_usage[] =
     "usage: dhsa bench model [-m MODEL] [--tokenizer tok.bin] [--lengths 4K,16K,32K]\n"
     "                        [--attn dense,dhsa] [--decode N] [--density F | --budget N]\n"
-    "                        [--boundary learned:FILE] [--runs N]\n"
+    "                        [--boundary learned:FILE] [--runs N] [--mem-limit SIZE]\n"
     "                        [--kv f32|f16|q8_0] [--exact] [--threads T] [--seed S] [--svg FILE]\n"
+    "       mpirun -np R dhsa bench model [the same options] [--dist-stripe N]\n"
     "\n"
     "For each length L and attention method, in one process: a fresh session\n"
     "of L + decode tokens, a prefill of L random token ids (seeded), then N\n"
@@ -826,7 +828,22 @@ const char dhsa_cli_bench_model_usage[] =
     "solid, planned session memory dashed); a trailing .svg of FILE is\n"
     "dropped first.\n"
     "--exact runs the weight products on the exact F32 route (the header's\n"
-    "\"weight products\" line says which route each weight type takes).\n";
+    "\"weight products\" line says which route each weight type takes).\n"
+    "--mem-limit SIZE: every session's plan must fit (K/M/G suffix; as in dhsa\n"
+    "run, the prefill ubatch shrinks to fit); checked for every length and\n"
+    "method before the first run.\n"
+    "\n"
+    "Under mpirun -np R (R > 1) the job runs context parallel (docs/dist.md):\n"
+    "every rank builds the same sessions over the same ids and holds its share\n"
+    "of the positions; the plan and --mem-limit are per rank. Rank 0 alone\n"
+    "prints (and writes --svg): the row's ttft and decode are the slowest\n"
+    "rank's, its plan and peak RSS the largest rank's; under each row, every\n"
+    "rank's peak RSS, ttft and decode time, whether the ranks decoded the same\n"
+    "ids, and the bytes on the wire (all ranks; as dhsa run's \"dist:\" line).\n"
+    "--threads is per rank. Methods dense, dhsa and block only: stream, oracle,\n"
+    "dhsa-learned and --kv q8_0 are refused with R > 1. With one process, or\n"
+    "-np 1, nothing changes.\n"
+    DIST_STRIPE_HELP;
 
 /* The plot files of --svg: FILE without a trailing ".svg", then suffix. */
 static void svg_name(char *out, size_t cap, const char *file, const char *suffix) {
@@ -839,14 +856,17 @@ static void svg_name(char *out, size_t cap, const char *file, const char *suffix
  * [n_methods][nL]. */
 static void write_model_plots(const char *file, const char *model, const char *const *ms, int nm,
                               const int64_t *Ls, int nL, const double *ttft, const double *rss,
-                              const double *plan_b, int threads, dhsa_type kv) {
+                              const double *plan_b, int threads, dhsa_type kv, int ranks) {
     char path[1024], title[512], sub[512];
     double x[32];
     for (int i = 0; i < nL; i++) x[i] = (double)Ls[i];
     const char *base = strrchr(model, '/');
     base = base ? base + 1 : model;
-    snprintf(sub, sizeof sub, "dhsa bench model -m %s: prefill of L random ids, %d threads, KV %s", base, threads,
-             dhsa_type_name(kv));
+    char par[128] = "";
+    if (ranks > 1)
+        snprintf(par, sizeof par, "; %d ranks (mpirun): the slowest rank's time, the largest rank's memory", ranks);
+    snprintf(sub, sizeof sub, "dhsa bench model -m %s: prefill of L random ids, %d threads, KV %s%s", base, threads,
+             dhsa_type_name(kv), par);
     for (int which = 0; which < 2; which++) {
         snprintf(title, sizeof title, "%s against prompt length", which ? "Memory" : "Time to first token");
         dhsa_plot *p = dhsa_plot_create(title, "prompt length L (tokens)", which ? "bytes" : "time to first token (s)");
@@ -879,18 +899,77 @@ static void write_model_plots(const char *file, const char *model, const char *c
     }
 }
 
+/* What every session of one bench model invocation shares; bench_params
+ * makes one session's params from it, the same for the plan checked before
+ * the first run and for the run. */
+typedef struct {
+    int64_t n_dec, budget, stripe;
+    double density;
+    dhsa_type kv;
+    int exact;
+    size_t mem_limit;
+    dhsa_predictor *pred;
+    const dhsa_dist *dist; /* NULL: one process */
+} bench_setup;
+
+static dhsa_session_params bench_params(const bench_setup *b, int64_t L, dhsa_attn_method method, int learned) {
+    dhsa_session_params sp = dhsa_session_default_params();
+    sp.n_ctx = L + b->n_dec;
+    sp.kv_type = b->kv;
+    sp.exact = b->exact;
+    sp.attn = method;
+    if (learned) {
+        sp.router.boundary = DHSA_BOUNDARY_LEARNED;
+        sp.router.predictor = b->pred;
+    }
+    if (b->density > 0) sp.router.density = b->density;
+    if (b->budget > 0) sp.router.budget_tokens = b->budget;
+    sp.mem_limit = b->mem_limit;
+    sp.dist = b->dist;
+    sp.dist_stripe = b->stripe;
+    return sp;
+}
+
+/* The largest of x [n]. */
+static double max_of(const double *x, int n) {
+    double m = x[0];
+    for (int i = 1; i < n; i++)
+        if (x[i] > m) m = x[i];
+    return m;
+}
+
+/* x [n] times scale, as "a/b/c" with fmt per number (rank order). */
+static const char *rank_list(const double *x, int n, double scale, const char *fmt, char *buf, size_t cap) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && used + 2 < cap; i++) {
+        if (i) {
+            buf[used++] = '/';
+            buf[used] = '\0';
+        }
+        int w = snprintf(buf + used, cap - used, fmt, x[i] * scale);
+        if (w < 0) break;
+        used += (size_t)w < cap - used ? (size_t)w : cap - used - 1;
+    }
+    return buf;
+}
+
 int dhsa_cli_bench_model(int argc, char **argv) {
     dhsa_cli_set_command("bench model", NULL);
+    const dhsa_dist *dist = dist_begin(&argc, &argv);
+    const int rank0 = !dist || dist->rank == 0, R = dist ? dist->size : 1;
     const char *model = NULL, *tokp = NULL, *lengths = "4K,16K,32K", *methods = NULL, *svg = NULL;
     const char *pred_path = NULL;
-    int64_t n_dec = 16, threads = 0, seed = 1, budget = 0, runs = 1;
+    int64_t n_dec = 16, threads = 0, seed = 1, budget = 0, runs = 1, stripe = 0;
     double density = 0;
+    size_t mem_limit = 0;
     dhsa_type kv = DHSA_F32;
     int exact = 0;
     for (int i = 3; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             fputs(dhsa_cli_bench_model_usage, stdout);
+            dhsa_cli_dist_finish();
             return 0;
         }
         if (strcmp(a, "--exact") == 0) {
@@ -909,6 +988,8 @@ int dhsa_cli_bench_model(int argc, char **argv) {
         else if (strcmp(a, "--density") == 0) density = dhsa_cli_real(a, v, 1e-6, 1);
         else if (strcmp(a, "--budget") == 0) budget = dhsa_cli_int(a, v, 1, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--runs") == 0) runs = dhsa_cli_int(a, v, 1, 1000, 1);
+        else if (strcmp(a, "--mem-limit") == 0) mem_limit = (size_t)dhsa_cli_int(a, v, 1, INT64_MAX, 1);
+        else if (strcmp(a, "--dist-stripe") == 0) stripe = dist_stripe_arg(a, v);
         else if (strcmp(a, "--boundary") == 0) {
             if (strncmp(v, "learned:", 8) != 0 || !v[8]) dhsa_cli_die(EXIT_USAGE, "--boundary is learned:FILE, not \"%s\"", v);
             pred_path = v + 8;
@@ -925,7 +1006,7 @@ int dhsa_cli_bench_model(int argc, char **argv) {
     char dmsg[512];
     if (!model) {
         if (!(model = dhsa_cli_default_model(dmsg, sizeof dmsg))) dhsa_cli_die(EXIT_USAGE, "%s", dmsg);
-        fprintf(stderr, "dhsa: model %s (the default; -m MODEL for another)\n", model);
+        if (rank0) fprintf(stderr, "dhsa: model %s (the default; -m MODEL for another)\n", model);
     }
     if (density > 0 && budget > 0)
         dhsa_cli_die(EXIT_USAGE, "give --density F or --budget N, not both (--budget sets the keys per query block; "
@@ -940,7 +1021,7 @@ int dhsa_cli_bench_model(int argc, char **argv) {
                          "--lengths %lld: with --decode %lld the session needs %lld tokens, above the 2^31 (%lld) a "
                          "session holds",
                          (long long)Ls[i], (long long)n_dec, (long long)(Ls[i] + n_dec), (long long)1 << 31);
-    if (svg) { /* both plot files, before the first run */
+    if (svg && rank0) { /* both plot files, before the first run */
         char path[1024];
         svg_name(path, sizeof path, svg, "-time.svg");
         dhsa_cli_check_output("--svg", path);
@@ -981,40 +1062,65 @@ int dhsa_cli_bench_model(int argc, char **argv) {
     cp.n_threads = (int)threads;
     dhsa_ctx *ctx;
     if (dhsa_ctx_create(&cp, &ctx)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
-    /* every length's session planned before the first runs: one too large for
-     * this machine is refused now, not after the others ran */
+    const bench_setup bs = {n_dec, budget, stripe, density, kv, exact, mem_limit, pred, dist};
+    /* What cannot run across ranks (a method, learned boundaries, the KV
+     * type, the stripe) is refused before anything runs, in the library's
+     * words: never replaced by something that can. */
+    for (int mi = 0; dist && mi < nm; mi++) {
+        dhsa_session_params sp = bench_params(&bs, Ls[0], ms[mi], learned[mi]);
+        dhsa_mem_plan pl;
+        dhsa_status st = dhsa_session_plan(ctx, m, &sp, &pl);
+        if (st == DHSA_ERR_UNSUPPORTED || st == DHSA_ERR_INVALID_ARG)
+            dhsa_cli_die(EXIT_USAGE, "under mpirun -np %d, --attn %s: %s", R, mname[mi], dhsa_last_error());
+    }
+    /* every length's and method's session planned before the first run: one
+     * too large for this machine (for this rank, under mpirun) or above
+     * --mem-limit is refused now, not after the others ran */
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     double phys = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
-    for (int li = 0; li < nL; li++) {
-        dhsa_session_params sp = dhsa_session_default_params();
-        sp.n_ctx = Ls[li] + n_dec;
-        sp.kv_type = kv;
-        sp.exact = exact;
-        dhsa_mem_plan pl;
-        if (dhsa_session_plan(ctx, m, &sp, &pl)) dhsa_cli_die(EXIT_RUN, "--lengths %lld: %s", (long long)Ls[li],
-                                                              dhsa_last_error());
-        char need[32], have[32];
-        if (phys > 0 && (double)pl.total > phys)
-            dhsa_cli_die(EXIT_RUN, "--lengths %lld: a dense session of %lld tokens needs %s, more than this "
-                         "machine's %s", (long long)Ls[li], (long long)sp.n_ctx,
-                         dhsa_cli_bytes((double)pl.total, need, sizeof need), dhsa_cli_bytes(phys, have, sizeof have));
-    }
+    for (int li = 0; li < nL; li++)
+        for (int mi = 0; mi < nm; mi++) {
+            dhsa_session_params sp = bench_params(&bs, Ls[li], ms[mi], learned[mi]);
+            dhsa_mem_plan pl;
+            if (dhsa_session_plan(ctx, m, &sp, &pl))
+                dhsa_cli_die(EXIT_RUN, "--lengths %lld, --attn %s: %s", (long long)Ls[li], mname[mi],
+                             dhsa_last_error());
+            char need[32], have[32];
+            if (phys > 0 && (double)pl.total > phys)
+                dhsa_cli_die(EXIT_RUN, "--lengths %lld, --attn %s: a session of %lld tokens needs %s%s, more than "
+                             "this machine's %s", (long long)Ls[li], mname[mi], (long long)sp.n_ctx,
+                             dhsa_cli_bytes((double)pl.total, need, sizeof need), dist ? " per rank" : "",
+                             dhsa_cli_bytes(phys, have, sizeof have));
+        }
     print_model(stdout, model, in);
     char routes[256];
     if (dhsa_model_routes(m, exact, routes, sizeof routes) != DHSA_OK) routes[0] = '\0';
-    printf("threads %d, %s, KV %s, decode %lld tokens%s%s\nweight products%s: %s\n\n", dhsa_ctx_n_threads(ctx),
+    printf("threads %d, %s, KV %s, decode %lld tokens%s%s\nweight products%s: %s\n", dhsa_ctx_n_threads(ctx),
            dhsa_isa_name(dhsa_active_isa()), dhsa_type_name(kv), (long long)n_dec,
            pred_path ? ", dhsa-learned: predictor " : "", pred_path ? pred_path : "", exact ? " (--exact)" : "", routes);
+    if (dist) {
+        char stxt[32];
+        snprintf(stxt, sizeof stxt, stripe ? "stripes of %lld tokens" : "contiguous", (long long)stripe);
+        printf("context parallel: %d ranks (mpirun), %s, the threads above per rank; ttft_s and decode_t/s are the "
+               "slowest rank's, plan_MiB and peakRSS_MiB the largest rank's; under each row: per rank (rank 0/1/..), "
+               "then the bytes on the wire, all ranks\n", R, stxt);
+    }
+    printf("\n");
     printf("%8s %-12s %4s %10s %12s %11s %12s %12s %9s\n", "L", "attn", "run", "ttft_s", "prefill_t/s", "decode_t/s",
            "plan_MiB", "peakRSS_MiB", "speedup");
     float *logits = malloc((size_t)in->n_vocab * sizeof(float));
     /* per run of one length: [method][run] */
     double *r_ttft = malloc(sizeof(double) * (size_t)(8 * runs)), *r_dec = malloc(sizeof(double) * (size_t)(8 * runs));
     double *r_tmp = malloc(sizeof(double) * (size_t)runs);
-    if (!logits || !r_ttft || !r_dec || !r_tmp) dhsa_cli_die(EXIT_RUN, "out of memory");
+    /* under mpirun, every rank's ttft, decode time, peak RSS, plan [4][R] */
+    double *g = malloc(sizeof(double) * 4 * (size_t)R);
+    if (!logits || !r_ttft || !r_dec || !r_tmp || !g) dhsa_cli_die(EXIT_RUN, "out of memory");
     double svg_ttft[8 * 32], svg_rss[8 * 32], svg_plan[8 * 32]; /* [method][length] for --svg */
+    int ids_differ = 0;
+    char why[256];
     for (int li = 0; li < nL; li++) {
         int64_t L = Ls[li];
+        /* the prompt, then the decoded ids (compared between ranks) */
         int32_t *ids = malloc((size_t)(L + n_dec) * sizeof(int32_t));
         if (!ids) dhsa_cli_die(EXIT_RUN, "out of memory");
         uint64_t x = (uint64_t)seed;
@@ -1025,28 +1131,23 @@ int dhsa_cli_bench_model(int argc, char **argv) {
         double base = 0;
         for (int64_t run = 0; run < runs; run++)
         for (int mi = 0; mi < nm; mi++) {
-            dhsa_session_params sp = dhsa_session_default_params();
-            sp.n_ctx = L + n_dec;
-            sp.kv_type = kv;
-            sp.exact = exact;
-        sp.exact = exact;
-            sp.attn = ms[mi];
-            if (learned[mi]) {
-                sp.router.boundary = DHSA_BOUNDARY_LEARNED;
-                sp.router.predictor = pred;
-            }
-            if (density > 0) sp.router.density = density;
-            if (budget > 0) sp.router.budget_tokens = budget;
+            dhsa_session_params sp = bench_params(&bs, L, ms[mi], learned[mi]);
             dhsa_proc_reset_peak_rss();
             dhsa_session *s;
             if (dhsa_session_create(ctx, m, &sp, &s)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+            /* the ranks start each timing together: a rank that arrived early
+             * would otherwise count its wait for the others */
+            if (dhsa_cli_dist_barrier(why)) dhsa_cli_die(EXIT_RUN, "%s", why);
             double t0 = dhsa_cli_now();
             if (dhsa_session_eval(s, ids, L, logits)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
             int32_t next = 0;
             for (int64_t i = 1; i < in->n_vocab; i++)
                 if (logits[i] > logits[next]) next = (int32_t)i;
-            double ttft = dhsa_cli_now() - t0, t1 = dhsa_cli_now();
+            double ttft = dhsa_cli_now() - t0;
+            if (dhsa_cli_dist_barrier(why)) dhsa_cli_die(EXIT_RUN, "%s", why);
+            double t1 = dhsa_cli_now();
             for (int64_t i = 0; i < n_dec; i++) {
+                ids[L + i] = next;
                 if (dhsa_session_eval(s, &next, 1, logits)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
                 int32_t b = 0;
                 for (int64_t k = 1; k < in->n_vocab; k++)
@@ -1054,15 +1155,40 @@ int dhsa_cli_bench_model(int argc, char **argv) {
                 next = b;
             }
             double td = dhsa_cli_now() - t1;
+            double rss = (double)dhsa_proc_peak_rss(), plan_b = (double)dhsa_session_get_plan(s)->total;
+            dist_wire w = {0, 0, 0};
+            int same = 1;
+            if (dist) { /* collective, on every rank in the same order */
+                dhsa_dist_stats ds;
+                dhsa_session_get_dist_stats(s, &ds);
+                w = dist_wire_sum(&ds);
+                if (dhsa_cli_dist_gather(ttft, g, why) || dhsa_cli_dist_gather(td, g + R, why) ||
+                    dhsa_cli_dist_gather(rss, g + 2 * R, why) || dhsa_cli_dist_gather(plan_b, g + 3 * R, why))
+                    dhsa_cli_die(EXIT_RUN, "%s", why);
+                same = dhsa_cli_dist_same_ids(ids, L + n_dec);
+                ids_differ |= !same;
+                ttft = max_of(g, R);
+                td = max_of(g + R, R);
+                rss = max_of(g + 2 * R, R);
+                plan_b = max_of(g + 3 * R, R);
+            }
             if (mi == 0) base = ttft;
             printf("%8lld %-12s %4lld %10.3f %12.1f %11.2f %12.1f %12.1f %8.2fx\n", (long long)L, mname[mi],
-                   (long long)run + 1, ttft, (double)L / ttft, (double)n_dec / td,
-                   mib(dhsa_session_get_plan(s)->total), mib(dhsa_proc_peak_rss()), base / ttft);
+                   (long long)run + 1, ttft, (double)L / ttft, (double)n_dec / td, mib((size_t)plan_b),
+                   mib((size_t)rss), base / ttft);
+            if (dist) {
+                char a[512], b[512], c[512], wt[256];
+                printf("%8s %-12s ranks: peak RSS %s MiB, ttft %s s, decode %s s; %s\n", "", "",
+                       rank_list(g + 2 * R, R, 1.0 / 1048576.0, "%.1f", a, sizeof a),
+                       rank_list(g, R, 1.0, "%.3f", b, sizeof b), rank_list(g + R, R, 1.0, "%.3f", c, sizeof c),
+                       same ? "every rank decoded the same ids" : "THE RANKS DECODED DIFFERENT IDS");
+                printf("%8s %-12s wire: %s\n", "", "", dist_wire_text(&w, in->n_layer, L, n_dec, wt, sizeof wt));
+            }
             fflush(stdout);
             r_ttft[mi * runs + run] = ttft;
             r_dec[mi * runs + run] = (double)n_dec / td;
-            svg_rss[mi * nL + li] = (double)dhsa_proc_peak_rss();
-            svg_plan[mi * nL + li] = (double)dhsa_session_get_plan(s)->total;
+            svg_rss[mi * nL + li] = rss;
+            svg_plan[mi * nL + li] = plan_b;
             dhsa_session_free(s);
             dhsa_ctx_trim(ctx);
         }
@@ -1092,14 +1218,18 @@ int dhsa_cli_bench_model(int argc, char **argv) {
         }
         free(ids);
     }
-    if (svg)
-        write_model_plots(svg, model, mname, nm, Ls, nL, svg_ttft, svg_rss, svg_plan, dhsa_ctx_n_threads(ctx), kv);
+    if (svg && rank0)
+        write_model_plots(svg, model, mname, nm, Ls, nL, svg_ttft, svg_rss, svg_plan, dhsa_ctx_n_threads(ctx), kv, R);
+    if (ids_differ && rank0)
+        fprintf(stderr, "dhsa bench model: THE RANKS DECODED DIFFERENT IDS in at least one run (see the rows)\n");
     free(logits);
     free(r_ttft);
     free(r_dec);
     free(r_tmp);
+    free(g);
     dhsa_ctx_free(ctx);
     dhsa_predictor_free(pred);
     dhsa_model_free(m);
-    return 0;
+    dhsa_cli_dist_finish();
+    return ids_differ ? 1 : 0;
 }
