@@ -6,8 +6,13 @@
  * (|a - b| <= 1e-5 (|ref| + rms(ref)) per element, every step). A rank
  * killed, or one that stalls, must end the job with a message within 30 s.
  * The reference is the one-process run of the same binary (its own
- * correctness is tests/test_default_model.c's). Skipped, saying so, without
- * mpirun or with a CLI built without MPI.
+ * correctness is tests/test_default_model.c's). `dhsa bench model` under
+ * mpirun -np 2 and 4 (512 tokens, dense and dhsa) must print one report
+ * (rank 0's) with every rank's peak RSS, say that the ranks decoded the same
+ * ids, and count the dense ring's K/V and the decode partials at the bytes
+ * per layer per token docs/dist.md's formulas give; a method that is not
+ * distributed (stream) must be refused with a sentence, before anything
+ * runs. Skipped, saying so, without mpirun or with a CLI built without MPI.
  */
 #include "t.h"
 #include "cli_run.h"
@@ -17,8 +22,8 @@
 
 /* every check main makes where it runs: the prompt, 2 methods x (the
  * reference + 2 stripes x 3 rank counts x 3), 6 dense logits, the wrong
- * prompt, 2 faults x 4 */
-#define N_CHECKS (1 + 2 * (1 + 2 * 3 * 3) + 6 + 1 + 2 * 4)
+ * prompt, 2 faults x 4, bench model: 2 rank counts x 6 + the refusal's 3 */
+#define N_CHECKS (1 + 2 * (1 + 2 * 3 * 3) + 6 + 1 + 2 * 4 + 2 * 6 + 3)
 #define MPIRUN "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 mpirun --oversubscribe"
 
 /* The generated ids: the last n_gen numbers of the --ids output line. */
@@ -83,6 +88,95 @@ static int write_prompt(const char *path) {
     for (int i = 13; i <= 24; i++) fprintf(f, "Line %d of the filler text talks about cats and dogs and the weather. ", i);
     fprintf(f, "What is the pass key? The pass key is");
     return fclose(f) == 0;
+}
+
+/* Runs `mpirun -np np $DHSA_CLI bench model ARGS`, stdout into out and
+ * stderr into err (NUL-terminated, truncated to their caps); returns the
+ * exit status (-1 if it did not exit). */
+static int mpirun_bench(int np, const char *args, const char *dir, char *out, size_t out_cap, char *err,
+                        size_t err_cap) {
+    char cmd[4096], ep[300];
+    snprintf(ep, sizeof ep, "%s/bench_err", dir);
+    snprintf(cmd, sizeof cmd, MPIRUN " -np %d '%s' bench model %s 2>%s", np, getenv("DHSA_CLI"), args, ep);
+    FILE *p = popen(cmd, "r");
+    size_t n = p ? fread(out, 1, out_cap - 1, p) : 0;
+    out[n] = 0;
+    int st = p ? pclose(p) : -1;
+    FILE *e = fopen(ep, "r");
+    n = e ? fread(err, 1, err_cap - 1, e) : 0;
+    err[n] = 0;
+    if (e) fclose(e);
+    return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int count_of(const char *hay, const char *needle) {
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)) != NULL; p += strlen(needle)) n++;
+    return n;
+}
+
+/* The numbers of the first "ranks: peak RSS a/b/.. MiB" after from: how
+ * many, and the smallest (MiB). */
+static int rank_rss(const char *from, double *least) {
+    const char *p = strstr(from, "ranks: peak RSS ");
+    int n = 0;
+    *least = 0;
+    if (!p) return 0;
+    p += strlen("ranks: peak RSS ");
+    for (;;) {
+        char *e;
+        double v = strtod(p, &e);
+        if (e == p) break;
+        if (n == 0 || v < *least) *least = v;
+        n++;
+        if (*e != '/') break;
+        p = e + 1;
+    }
+    return n;
+}
+
+/* bench model under mpirun (docs/dist.md, "bench model"): the default model
+ * has Hq = 6 query and Hkv = 2 KV heads of 64 dims, so with --kv f32 a
+ * token's K and V are b = 2 x 128 x 4 = 1024 bytes per layer: the dense ring
+ * receives (R - 1) b per layer per prompt token in all, and a decode step
+ * (R - 1) R Hq (dv + 1) 4 bytes per layer. */
+static void test_bench_model(const char *dir) {
+    static char out[65536], err[65536];
+    const int nps[2] = {2, 4};
+    for (int ni = 0; ni < 2; ni++) {
+        const int R = nps[ni];
+        char args[512], want[128];
+        snprintf(args, sizeof args, "--lengths 512 --attn dense,dhsa --decode 4 --threads 1 --dist-stripe %d",
+                 R == 4 ? 64 : 0);
+        int rc = mpirun_bench(R, args, dir, out, sizeof out, err, sizeof err);
+        T_CHECK(rc == 0, "bench model np %d: exit %d\n%.2000s", R, rc, err);
+        T_CHECK(count_of(out, " prefill_t/s ") == 1 && count_of(out, "     512 dense ") == 1 &&
+                count_of(out, "     512 dhsa ") == 1 && count_of(out, "model: ") == 1,
+                "bench model np %d: not one report (rank 0's) with a dense and a dhsa row:\n%.3000s", R, out);
+        const char *dense = strstr(out, "     512 dense ");
+        double least = 0;
+        int n_rss = dense ? rank_rss(dense, &least) : 0;
+        T_CHECK(n_rss == R && least > 1.0, "bench model np %d: %d per-rank peak RSS numbers (want %d, each above 1 "
+                "MiB; the smallest %.1f):\n%.3000s", R, n_rss, R, least, out);
+        T_CHECK(count_of(out, "every rank decoded the same ids") == 2, "bench model np %d: the ranks did not say "
+                "they decoded the same ids in both rows:\n%.3000s", R, out);
+        snprintf(want, sizeof want, "= %.1f bytes per layer per prompt token", (double)(R - 1) * 1024.0);
+        const char *wire = dense ? strstr(dense, "wire: K/V") : NULL, *eol = wire ? strchr(wire, '\n') : NULL;
+        const char *hit = wire ? strstr(wire, want) : NULL;
+        T_CHECK(hit && (!eol || hit < eol), "bench model np %d: the dense ring's K/V is not \"%s\":\n%.3000s", R,
+                want, out);
+        snprintf(want, sizeof want, "(%d bytes per layer per decode token)", (R - 1) * R * 6 * 65 * 4);
+        hit = wire ? strstr(wire, want) : NULL;
+        T_CHECK(hit && (!eol || hit < eol), "bench model np %d: the decode partials are not \"%s\":\n%.3000s", R,
+                want, out);
+    }
+    /* a method that is not distributed: refused, saying so, nothing run */
+    int rc = mpirun_bench(2, "--lengths 512 --attn dense,stream --decode 4 --threads 1", dir, out, sizeof out, err,
+                          sizeof err);
+    T_CHECK(rc != 0, "bench model np 2 --attn dense,stream: exit 0\n%.2000s", out);
+    T_CHECK(strstr(err, "under mpirun -np 2, --attn stream: context parallel runs dense, dhsa and block attention") !=
+                NULL, "bench model np 2 --attn dense,stream: no refusal that names stream:\n%.2000s", err);
+    T_CHECK(!strstr(out, " prefill_t/s "), "bench model np 2 --attn dense,stream: ran before refusing:\n%.2000s", out);
 }
 
 int main(void) {
@@ -197,6 +291,7 @@ int main(void) {
         T_CHECK(strstr(buf, "DHSA_DIST_FAULT") != NULL, "%s: the fault did not happen:\n%.2000s", faults[f], buf);
         fprintf(stderr, "test_dist: %s ended the job in %.1f s\n", faults[f], secs);
     }
+    test_bench_model(dir);
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "test_dist: could not remove %s\n", dir);
     return t_report("test_dist");
