@@ -83,6 +83,13 @@ def main(paths):
                 if tot:
                     out.append(f"| {m} | " + " | ".join(cells) + f" | {all_acc} |")
             out.append("")
+            chunks = []
+            for m, r in rows:
+                cs = [a["mean_chunk"] for L in lengths for D in depths for a in by[(m, r, L, D)] if a.get("mean_chunk")]
+                if cs:
+                    chunks.append(f"{m} {sum(cs) / len(cs):.2f}")
+            if chunks:
+                out.append("Keys per chunk over the prompts (mean over prompts and layers): " + ", ".join(chunks) + "\n")
             out.append(f"Per depth (all lengths pooled), density {rho:g}:\n")
             out.append("| method | " + " | ".join(f"{D:g}" for D in depths) + " |")
             out.append("|---" * (len(depths) + 1) + "|")

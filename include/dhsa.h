@@ -1749,6 +1749,9 @@ typedef struct {
     char text[4096];        /* the answer, NUL-terminated (cut to 4095 bytes) */
     int64_t n_tokens;       /* answer tokens generated */
     double density_used;    /* selected / available keys, prompt and answer rows */
+    double mean_chunk;      /* dhsa and block: keys per chunk of the boundaries
+                               the method cut over the prompt (prompt keys /
+                               chunks, summed over layers); 0 for the others */
     /* dhsa_eval_retrieval only (dhsa_eval_generate: hit -1, the rest 0): */
     int hit;                /* dhsa_task_check of text */
     int64_t first_wrong;    /* the first answer token whose text leaves the

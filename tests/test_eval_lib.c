@@ -355,6 +355,21 @@ static void test_answers(dhsa_ctx *ctx, dhsa_model *m) {
                                                                                : DHSA_EVAL_NEEDLE_NOWHERE;
     T_CHECK(ok && b->needle == want, "stream: \"%s\" hit %d, density %g, first wrong %lld, class %d (want %d)",
             b->text, b->hit, b->density_used, (long long)b->first_wrong, b->needle, want);
+    T_CHECK(a->mean_chunk == 0 && b->mean_chunk == 0, "dense and stream cut no chunks: %g, %g", a->mean_chunk,
+            b->mean_chunk);
+    /* chunk lengths: block's fixed chunks of 16 over the prompt's keys; dhsa's
+     * within its chunk limits */
+    ap.method.attn = DHSA_ATTN_BLOCK;
+    ap.method.router = dhsa_eval_router_params(256, 0.125);
+    T_CHECK(dhsa_eval_retrieval(ctx, m, &t, &ap, b) == DHSA_OK, "block retrieval: %s", dhsa_last_error());
+    double want_chunk = (double)t.n_ids / (double)((t.n_ids + 15) / 16);
+    T_CHECK(fabs(b->mean_chunk - want_chunk) < 1e-9, "block: %g keys per chunk, want %g (%lld keys)", b->mean_chunk,
+            want_chunk, (long long)t.n_ids);
+    ap.method.attn = DHSA_ATTN_DHSA;
+    T_CHECK(dhsa_eval_retrieval(ctx, m, &t, &ap, b) == DHSA_OK, "dhsa retrieval: %s", dhsa_last_error());
+    T_CHECK(b->mean_chunk >= (double)ap.method.router.min_chunk * 0.5 &&
+                b->mean_chunk <= (double)ap.method.router.max_chunk,
+            "dhsa: %g keys per chunk, within its limits", b->mean_chunk);
     /* refusals */
     ap.max_tokens = -1;
     T_CHECK(dhsa_eval_retrieval(ctx, m, &t, &ap, b) == DHSA_ERR_INVALID_ARG, "max_tokens -1");
@@ -576,7 +591,7 @@ int main(void) {
     }
     dhsa_router_params rp = dhsa_eval_router_params(512, 0.125), rq = dhsa_eval_router_params(2048, 0.25);
     T_CHECK(rp.q_block == 16 && rp.sink_tokens == 4 && rp.local_tokens == 16 && rp.dense_below == 0 &&
-                rp.min_chunk == 8 && rp.max_chunk == 32 && rp.chunk == 16 && rp.sim_window == 4 &&
+                rp.min_chunk == 8 && rp.max_chunk == 32 && rp.chunk == 16 && rp.sim_window == 8 &&
                 rp.nms_window == 4 && rp.density == 0.125 && rq.local_tokens == 32 && rq.density == 0.25,
             "the eval routing (docs/eval.md table)");
     test_probe(ctx);

@@ -74,7 +74,7 @@ const char dhsa_cli_eval_usage[] =
     "Routing (defaults scaled to the evaluated length L, docs/eval.md):\n"
     "  --q-block N (16)  --sink N (4)  --local N (16; 32 when L > 1024)\n"
     "  --dense-below N (0)  --min-chunk N (8)  --max-chunk N (32)\n"
-    "  --chunk N (16: block's fixed chunk)  --sim-window N (4)  --nms-window N (4)\n"    "  --score pooled|moments|heads|bound  the chunk score (default moments; include/dhsa.h)\n"
+    "  --chunk N (16: block's fixed chunk)  --sim-window N (8)  --nms-window N (4)\n"    "  --score pooled|moments|heads|bound  the chunk score (default moments; include/dhsa.h)\n"
     "fidelity:\n"
     "  -f FILE             the text        --ctx N  window (default: trained context)\n"
     "  --windows N         most windows (default 8)\n"
@@ -1026,7 +1026,8 @@ static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
     dhsa_eval_answer *res = xmalloc(sizeof *res);
     /* misses explained: per variant, misses where every layer selected the needle fully, partly, not at all */
     int64_t *miss_all = calloc((size_t)n_var * 3, sizeof(int64_t));
-    if (!miss_all) dhsa_cli_die(EXIT_RUN, "out of memory");
+    double *chunk_sum = calloc((size_t)n_var * 2, sizeof(double)); /* per variant: mean_chunk sum, count */
+    if (!miss_all || !chunk_sum) dhsa_cli_die(EXIT_RUN, "out of memory");
     double t0 = dhsa_cli_now();
     if (o->json) {
         printf("{\"command\": \"%s\", \"model\": ", dhsa_task_kind_name(kind));
@@ -1070,13 +1071,18 @@ static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
                     int64_t k_bad = res->first_wrong < DHSA_EVAL_ANSWER_ROWS - 1 ? res->first_wrong
                                                                                  : DHSA_EVAL_ANSWER_ROWS - 1;
                     if (!hit) miss_all[v * 3 + (int)res->needle]++;
+                    if (res->mean_chunk > 0) {
+                        chunk_sum[2 * v] += res->mean_chunk;
+                        chunk_sum[2 * v + 1] += 1;
+                    }
                     if (o->json) {
                         printf("%s{\"method\": ", first_json ? "" : ", ");
                         first_json = 0;
                         json_str(stdout, va->name);
-                        printf(", \"density\": %g, \"density_used\": %.4f, \"length\": %lld, \"prompt_tokens\": %lld, "
-                               "\"depth\": %g, \"needle_depth\": %.4f, \"trial\": %lld, \"expected\": ",
-                               va->density, d_used, (long long)o->lengths[li], (long long)t.n_ids, o->depths[di],
+                        printf(", \"density\": %g, \"density_used\": %.4f, \"mean_chunk\": %.2f, \"length\": %lld, "
+                               "\"prompt_tokens\": %lld, \"depth\": %g, \"needle_depth\": %.4f, \"trial\": %lld, "
+                               "\"expected\": ",
+                               va->density, d_used, res->mean_chunk, (long long)o->lengths[li], (long long)t.n_ids, o->depths[di],
                                t.depth_used, (long long)tr);
                         json_str(stdout, t.answer);
                         printf(", \"answer\": ");
@@ -1118,8 +1124,9 @@ static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
         for (int v = 0; v < n_var; v++) {
             printf("%s{\"method\": ", v ? ", " : "");
             json_str(stdout, names[v]);
-            printf(", \"needle_selected_everywhere\": %lld, \"partly\": %lld, \"nowhere\": %lld}",
-                   (long long)miss_all[v * 3], (long long)miss_all[v * 3 + 1], (long long)miss_all[v * 3 + 2]);
+            printf(", \"needle_selected_everywhere\": %lld, \"partly\": %lld, \"nowhere\": %lld, \"mean_chunk\": %.2f}",
+                   (long long)miss_all[v * 3], (long long)miss_all[v * 3 + 1], (long long)miss_all[v * 3 + 2],
+                   chunk_sum[2 * v + 1] > 0 ? chunk_sum[2 * v] / chunk_sum[2 * v + 1] : 0.0);
         }
         printf("], \"seconds\": %.3f}\n", secs);
     } else {
@@ -1150,6 +1157,9 @@ static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
                 printf(" %.3f [%.3f] |", m, d);
             }
             printf("\n");
+            if (chunk_sum[2 * v + 1] > 0)
+                printf("chunks: %.2f prompt keys per chunk (mean over prompts and layers)\n",
+                       chunk_sum[2 * v] / chunk_sum[2 * v + 1]);
             if (miss_all[v * 3] + miss_all[v * 3 + 1] + miss_all[v * 3 + 2])
                 printf("misses, at the row that produced the first wrong token: %lld with the needle's keys selected "
                        "in every layer (the model's error), %lld with them selected in some layers only, %lld with "
@@ -1167,6 +1177,7 @@ static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
     }
     free(res);
     free(miss_all);
+    free(chunk_sum);
     free(hits);
     free(dens);
     free(plen);

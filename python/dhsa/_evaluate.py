@@ -67,7 +67,7 @@ class AnswerParams(ctypes.Structure):
 class Answer(ctypes.Structure):
     """dhsa_eval_answer."""
     _fields_ = [("text", ctypes.c_char * 4096), ("n_tokens", c_int64), ("density_used", c_double),
-                ("hit", c_int), ("first_wrong", c_int64), ("n_layer", c_int64),
+                ("mean_chunk", c_double), ("hit", c_int), ("first_wrong", c_int64), ("n_layer", c_int64),
                 ("needle_selected", c_double * MAX_LAYERS), ("selected_at_wrong", c_double * MAX_LAYERS),
                 ("needle", c_int)]
 
@@ -96,7 +96,7 @@ class CopyResult(ctypes.Structure):
 
 
 LP64_SIZES = {"CopyLayout": 40, "CopyResult": 64, "NiahParams": 48, "NiahPrompt": 104, "EvalMethod": 152, "FidelityParams": 24, "FidelityResult": 88, "FidelityInfo": 40,
-              "AnswerParams": 184, "Answer": 5168}
+              "AnswerParams": 184, "Answer": 5176}
 
 _PROTOTYPES = {
     "dhsa_eval_router_params": (_capi.RouterParams, [c_int64, c_double]),
@@ -226,7 +226,8 @@ def _answer_params(model, method, density, length, max_tokens, stop, routing):
 
 
 def _answer_dict(a, task):
-    d = {"answer": a.text.decode("utf-8", "replace"), "n_tokens": a.n_tokens, "density_used": a.density_used}
+    d = {"answer": a.text.decode("utf-8", "replace"), "n_tokens": a.n_tokens, "density_used": a.density_used,
+         "mean_chunk": a.mean_chunk}
     if task:
         nl = a.n_layer
         d.update(hit=bool(a.hit), first_wrong=a.first_wrong, needle_selected=list(a.needle_selected[:nl]),
@@ -237,7 +238,8 @@ def _answer_dict(a, task):
 def eval_generate(model, ids, method="dense", density=0.125, max_tokens=12, stop=None, keep_space=False,
                   length=None, ctx=None, threads=None, **routing):
     """The greedy answer to the prompt ids under a method (dhsa_eval_generate):
-    dict answer, n_tokens, density_used. stop: ids that end it (None: EOS);
+    dict answer, n_tokens, density_used, mean_chunk (dhsa and block: the prompt's
+    keys per chunk; 0 otherwise). stop: ids that end it (None: EOS);
     length: the L the routing defaults are scaled to (None: len(ids))."""
     if not isinstance(model, Model):
         raise TypeError("model must be a dhsa.Model")
@@ -257,7 +259,7 @@ def eval_retrieval(model, task, method="dense", density=0.125, max_tokens=None, 
                    threads=None, **routing):
     """A retrieval task (dhsa.retrieval_task) answered greedily under a method,
     scored and explained (dhsa_eval_retrieval): dict answer, n_tokens,
-    density_used, hit, first_wrong (the first answer token that leaves the
+    density_used, mean_chunk, hit, first_wrong (the first answer token that leaves the
     expected answer), needle_selected / selected_at_wrong (per layer, the share
     of the needle's keys the layouts selected: least over the answer's rows /
     at the row of the first wrong token), needle ("everywhere", "partly",

@@ -79,6 +79,7 @@ def test_retrieval_matches_cli(model):
         a = dhsa.eval_retrieval(model, t, method, density=0.05, length=256, threads=2)
         assert a["answer"] == c["answer"] and a["hit"] == c["hit"]
         assert close(a["density_used"], c["density_used"], 1e-3)
+        assert close(a["mean_chunk"], c["mean_chunk"], 1e-2) and (a["mean_chunk"] > 0) == (method == "dhsa")
         assert [round(x, 3) for x in a["needle_selected"]] == c["needle_selected"]
         assert [round(x, 3) for x in a["selected_at_wrong"]] == c["selected_there"]
         assert (-1 if a["hit"] else min(a["first_wrong"], 63)) == c["first_wrong_token"]
@@ -145,7 +146,7 @@ def test_copy_matches_cli(model):
 def test_router_defaults():
     r = dhsa.eval_router(512, 0.125)
     assert (r["q_block"], r["sink_tokens"], r["local_tokens"], r["dense_below"], r["min_chunk"], r["max_chunk"],
-            r["chunk"], r["sim_window"], r["nms_window"]) == (16, 4, 16, 0, 8, 32, 16, 4, 4)
+            r["chunk"], r["sim_window"], r["nms_window"]) == (16, 4, 16, 0, 8, 32, 16, 8, 4)
     assert dhsa.eval_router(2048, 0.25, q_block=32)["local_tokens"] == 32
     assert dhsa.eval_router(2048, 0.25, q_block=32)["q_block"] == 32
     with pytest.raises(ValueError):

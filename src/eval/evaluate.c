@@ -27,7 +27,7 @@ dhsa_router_params dhsa_eval_router_params(int64_t L, double density) {
     rp.min_chunk = 8;
     rp.max_chunk = 32;
     rp.chunk = 16;
-    rp.sim_window = 4;
+    rp.sim_window = 8; /* chosen on development prompts (docs/eval.md) */
     rp.nms_window = 4;
     rp.density = density;
     return rp;
@@ -244,6 +244,12 @@ typedef struct {
     dhsa__probe *acc;
     const dhsa_task *task; /* NULL: no needle (dhsa_eval_generate) */
     int64_t from, n_layer;
+    /* chunk lengths: the method's boundaries over the prompt's keys, at the
+     * call holding the prompt's last row (rp NULL: no chunks, dense,
+     * stream or oracle) */
+    dhsa_ctx *ctx;
+    const dhsa_router_params *rp;
+    double chunk_keys, chunks;
     double sel[DHSA_EVAL_MAX_LAYERS];
     double at[DHSA_EVAL_MAX_LAYERS][DHSA_EVAL_ANSWER_ROWS];
 } answer_hook;
@@ -251,6 +257,13 @@ typedef struct {
 static int answer_hook_fn(void *user, int64_t layer, const dhsa_attn_desc *a) {
     answer_hook *h = user;
     if (dhsa__probe_hook(h->acc, layer, a)) return 1;
+    const int64_t Lk = a->k.shape[2];
+    if (h->rp && a->q_pos0 <= h->from && h->from < a->q_pos0 + a->q.shape[2] && Lk > 0) {
+        int64_t nc = 0;
+        if (dhsa_route_boundaries(h->ctx, h->rp, a, 0, NULL, 0, &nc)) return 1;
+        h->chunk_keys += (double)Lk;
+        h->chunks += (double)nc;
+    }
     if (!h->task || layer < 0 || layer >= h->n_layer || layer >= DHSA_EVAL_MAX_LAYERS) return 0;
     const int64_t n = a->q.shape[2], Hkv = a->k.shape[1];
     for (int64_t i = 0; i < n; i++) {
@@ -321,6 +334,15 @@ static dhsa_status answer(dhsa_ctx *ctx, dhsa_model *m, const int32_t *ids, int6
     rh->task = task;
     rh->n_layer = NL;
     rh->from = n_ids - 1;
+    /* the boundaries the session's indexes cut (session.c method_router) */
+    dhsa_router_params crp = p->method.router;
+    crp.causal_boundaries = 1;
+    if (p->method.attn == DHSA_ATTN_BLOCK) crp.boundary = DHSA_BOUNDARY_FIXED;
+    else if (crp.boundary == DHSA_BOUNDARY_FIXED) crp.boundary = DHSA_BOUNDARY_SIMILARITY;
+    if (p->method.attn == DHSA_ATTN_DHSA || p->method.attn == DHSA_ATTN_BLOCK) {
+        rh->ctx = ctx;
+        rh->rp = &crp;
+    }
     for (int64_t l = 0; l < NL && l < DHSA_EVAL_MAX_LAYERS; l++) rh->sel[l] = 1.0;
     dhsa_session_params sp = method_session(&p->method, p->n_ctx > 0 ? p->n_ctx : n_ids + cap, 0, answer_hook_fn, rh);
     st = dhsa_session_create(ctx, m, &sp, &s);
@@ -350,6 +372,7 @@ static dhsa_status answer(dhsa_ctx *ctx, dhsa_model *m, const int32_t *ids, int6
     out->text[alen] = 0;
     out->n_tokens = na;
     out->density_used = dhsa__probe_density(&acc);
+    out->mean_chunk = rh->chunks > 0 ? rh->chunk_keys / rh->chunks : 0.0;
     if (task) {
         out->hit = dhsa_task_check(task, out->text, alen);
         out->first_wrong = first_wrong_token(tok, ans, na, task->answer);
