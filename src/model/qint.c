@@ -299,7 +299,7 @@ static void tile_scalar(const uint8_t *w, const float *a, const float *b, int64_
 }
 
 const dhsa__qi_kernels dhsa__qi_scalar = {"scalar", S_MR, S_NG, 4, 1, dhsa__qi_quant_act_scalar, unpack_scalar,
-                                          dot_rows_scalar, tile_scalar};
+                                          dot_rows_scalar, tile_scalar, NULL};
 
 const dhsa__qi_kernels *dhsa__qi_kernels_active(void) {
 #if defined(__x86_64__)
@@ -443,9 +443,6 @@ static void fused_rows(const qi_job *j, int64_t o0, int64_t o1, char *buf) {
                     }
                 }
             }
-            for (int r = 0; r < R; r++) /* past the last row: the last row again, its results dropped */
-                j->k->unpack(W->type, row + (r < nr ? r : nr - 1) * W->row_bytes, k0, kn, c + r * ldc,
-                             a + r * ldab, b + r * ldab);
             dhsa_qi_act x[64];
             for (int t = 0; t < nt; t++) {
                 x[t] = act_of(j, t);
@@ -453,6 +450,13 @@ static void fused_rows(const qi_job *j, int64_t o0, int64_t o1, char *buf) {
                 x[t].xd += k0 / 32;
                 x[t].xs += k0 / j->bw;
             }
+            if (W->type == DHSA_GGML_Q8_0 && j->k->dot_q8_0) { /* no unpacked copy (qint.h) */
+                j->k->dot_q8_0(row + k0 / 32 * 34, W->row_bytes, nr, kn, x, nt, j->y + o, j->ldy, k0 > 0);
+                continue;
+            }
+            for (int r = 0; r < R; r++) /* past the last row: the last row again, its results dropped */
+                j->k->unpack(W->type, row + (r < nr ? r : nr - 1) * W->row_bytes, k0, kn, c + r * ldc,
+                             a + r * ldab, b + r * ldab);
             j->k->dot_rows(c, ldc, a, b, ldab, nr, kn, j->bw, j->cmax, x, nt, j->y + o, j->ldy, k0 > 0);
         }
     }

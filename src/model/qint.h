@@ -103,6 +103,13 @@ typedef struct {
      * at most cmax. */
     void (*tile)(const uint8_t *w, const float *a, const float *b, int64_t n, int bw, int cmax, const dhsa_qi_act *x,
                  float *out);
+    /* Fused route of Q8_0 straight from the file's blocks (NULL: unpack,
+     * then dot_rows): as dot_rows for rows r < nr of n values whose first
+     * blocks are at w + r * row_bytes (rows past nr are not read), with
+     * the codes, a and b the unpacking would give. Decode streams every
+     * weight once, so the unpacked copy was a second pass over it. */
+    void (*dot_q8_0)(const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const dhsa_qi_act *x, int n_tok, float *y,
+                     int64_t ldy, int accumulate);
 } dhsa__qi_kernels;
 
 extern const dhsa__qi_kernels dhsa__qi_scalar;

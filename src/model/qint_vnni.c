@@ -12,6 +12,10 @@
  *              signed activations) per token, its 16 lanes (4 or 2 per
  *              weight block) converted and scaled by a*xd per lane, the
  *              b*xs terms as a vector dot; lane order.
+ *   dot_q8_0   fused route of Q8_0 from the file's blocks, no unpacked
+ *              copy: one gather of 16 block scales, then per block a ymm
+ *              load of the codes (flipped to q + 128 in the register) and
+ *              one ymm vpdpbusd per token (decode 1.2-1.3x, docs/results.md).
  *   tile       panel route: 6 tokens x 32 rows (two groups of 16 in the
  *              lanes), 12 vpdpbusd per four columns on a broadcast of four
  *              activation codes; per weight block the two FMA of the
@@ -243,6 +247,82 @@ static void dot_rows(const uint8_t *c, int64_t ldc, const float *a, const float 
     }
 }
 
+/* ------------------------------------------------ fused route, Q8_0 --- */
+
+/* R rows x NT tokens straight from Q8_0 blocks (34 bytes: f16 d, 32 int8
+ * codes). Per 16 blocks of a row the scales come in with one gather (d and
+ * the first two codes as a 32-bit word; the low half is d) and a*xd goes
+ * into a small L1 table; then per block one 32-byte load of the codes,
+ * flipped to q + 128 in the register, and per token one ymm vpdpbusd, its
+ * 8 lanes converted and scaled by a broadcast of a*xd. ymm rather than
+ * zmm: the 34-byte stride puts two blocks' codes 36 bytes apart, and a
+ * ymm load per block costs no shuffle. The b*xs terms (b = -128 d) are a
+ * vector dot per 16 blocks, folded into the lanes. Order: lanes (8 per
+ * row and token) over the blocks, then the lanes' tree. */
+INLINE void q8_nt(const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const dhsa_qi_act *x, const int NT,
+                  float *y, int64_t ldy, int accumulate) {
+    const int64_t nb = n / 32;
+    const uint8_t *row[R];
+    for (int r = 0; r < R; r++) row[r] = w + (r < nr ? r : nr - 1) * row_bytes;
+    const __m512i idx = _mm512_set_epi32(15 * 34, 14 * 34, 13 * 34, 12 * 34, 11 * 34, 10 * 34, 9 * 34, 8 * 34, 7 * 34,
+                                         6 * 34, 5 * 34, 4 * 34, 3 * 34, 2 * 34, 34, 0);
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    const __m512 m128 = _mm512_set1_ps(-128.0f);
+    float ax[R][TMAX][16];
+    __m256 acc[R][TMAX];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t j0 = 0; j0 < nb; j0 += 16) {
+        const int jn = nb - j0 < 16 ? (int)(nb - j0) : 16;
+        const __mmask16 m = (__mmask16)((1u << jn) - 1u);
+        UNROLL for (int r = 0; r < R; r++) {
+            const __m512i raw = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, row[r] + j0 * 34, 1);
+            const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw));
+            const __m512 b = _mm512_mul_ps(d, m128); /* exact */
+            UNROLL for (int t = 0; t < NT; t++) {
+                _mm512_storeu_ps(ax[r][t], _mm512_mul_ps(d, _mm512_maskz_loadu_ps(m, x[t].xd + j0)));
+                const __m512 bx = _mm512_mul_ps(b, _mm512_maskz_loadu_ps(m, x[t].xs + j0));
+                acc[r][t] = _mm256_add_ps(acc[r][t], _mm256_add_ps(_mm512_castps512_ps256(bx),
+                                                                   _mm512_extractf32x8_ps(bx, 1)));
+            }
+        }
+        for (int j = 0; j < jn; j++) {
+            __m256i xv[TMAX];
+            UNROLL for (int t = 0; t < NT; t++) xv[t] = _mm256_loadu_si256((const __m256i *)(x[t].q + (j0 + j) * 32));
+            UNROLL for (int r = 0; r < R; r++) {
+                const __m256i cv =
+                    _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(row[r] + (j0 + j) * 34 + 2)), flip);
+                UNROLL for (int t = 0; t < NT; t++) {
+                    const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), cv, xv[t]);
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&ax[r][t][j]), acc[r][t]);
+                }
+            }
+        }
+    }
+    float res[R][TMAX]; /* all R rows unrolled: a run-time index into acc would keep it in memory */
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < NT; t++) {
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[r][t]), _mm256_extractf128_ps(acc[r][t], 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_add_ss(h, _mm_movehdup_ps(h));
+        res[r][t] = _mm_cvtss_f32(h);
+    }
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < NT; t++) y[t * ldy + r] = accumulate ? y[t * ldy + r] + res[r][t] : res[r][t];
+}
+
+static void dot_q8_0(const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const dhsa_qi_act *x, int n_tok,
+                     float *y, int64_t ldy, int accumulate) {
+    for (int t0 = 0; t0 < n_tok; t0 += TMAX) {
+        const dhsa_qi_act *xt = x + t0;
+        float *yt = y + t0 * ldy;
+        switch (n_tok - t0 < TMAX ? n_tok - t0 : TMAX) {
+        case 1: q8_nt(w, row_bytes, nr, n, xt, 1, yt, ldy, accumulate); break;
+        case 2: q8_nt(w, row_bytes, nr, n, xt, 2, yt, ldy, accumulate); break;
+        case 3: q8_nt(w, row_bytes, nr, n, xt, 3, yt, ldy, accumulate); break;
+        default: q8_nt(w, row_bytes, nr, n, xt, 4, yt, ldy, accumulate); break;
+        }
+    }
+}
+
 /* -------------------------------------------------------- panel route --- */
 
 static void tile(const uint8_t *w, const float *a, const float *b, int64_t n, int bw, int cmax, const dhsa_qi_act *x,
@@ -289,12 +369,13 @@ static void tile(const uint8_t *w, const float *a, const float *b, int64_t n, in
     }
 }
 
-const dhsa__qi_kernels dhsa__qi_vnni = {"avx512-vnni", MR, NG, MAX_TOK_FUSED, R, quant_act, unpack, dot_rows, tile};
+const dhsa__qi_kernels dhsa__qi_vnni = {"avx512-vnni", MR, NG, MAX_TOK_FUSED, R, quant_act, unpack, dot_rows, tile,
+                                        dot_q8_0};
 
 #elif defined(__x86_64__)
 #include "model/qint.h"
 /* Built without AVX512-VNNI: no kernels (dhsa__qi_kernels_active sees the NULL name). */
-const dhsa__qi_kernels dhsa__qi_vnni = {NULL, 0, 0, 0, 0, NULL, NULL, NULL, NULL};
+const dhsa__qi_kernels dhsa__qi_vnni = {NULL, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL};
 #else
 typedef int dhsa__qi_vnni_unused; /* ISO C forbids an empty file */
 #endif

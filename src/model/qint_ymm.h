@@ -477,4 +477,4 @@ static void tile(const uint8_t *w, const float *a, const float *b, int64_t n, in
 }
 
 const dhsa__qi_kernels QI_YMM_KERNELS = {QI_YMM_VNNI ? "avx-vnni" : "avx2", MR, NG, MAX_TOK_FUSED, R, quant_act, unpack,
-                                         dot_rows, tile};
+                                         dot_rows, tile, NULL};
