@@ -507,6 +507,87 @@ static void test_kernels_direct(void) {
             "its saturated sums fail the comparison");
 }
 
+/* ------------------------------------------------ several products --- */
+
+/* dhsa__qi_matmul_multi (q, k, v and gate, up of a decode step in one job):
+ * each y bitwise the single call's, with 1 and 2 threads and every kernel
+ * set; it declines (returns 0) past the fused route, for mixed types or
+ * n_in, and where the single products' scratch would not hold it. */
+static void test_multi(void) {
+    dhsa_ctx_params cp = dhsa_ctx_default_params();
+    dhsa_ctx *ctx[2] = {NULL, NULL};
+    for (int c = 0; c < 2; c++) {
+        cp.n_threads = c + 1;
+        T_CHECK(dhsa_ctx_create(&cp, &ctx[c]) == DHSA_OK, "ctx with %d threads", c + 1);
+    }
+    /* SmolLM-135M's q, k, v (576 -> 576, 192, 192) and a 1536-wide pair
+     * (two column chunks), Q8_0 (the direct kernel) and Q4_K (unpacked) */
+    struct { uint32_t type; const char *name; int64_t n_in, n_out[3]; int nw; } cases[] = {
+        {DHSA_GGML_Q8_0, "Q8_0", 576, {576, 192, 192}, 3}, {DHSA_GGML_Q8_0, "Q8_0", 1536, {300, 260, 0}, 2},
+        {DHSA_GGML_Q4_K, "Q4_K", 512, {1024, 256, 256}, 3}, {DHSA_GGML_Q6_K, "Q6_K", 1536, {300, 260, 0}, 2}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        qmat m[3];
+        const dhsa_wmat *W[3];
+        for (int i = 0; i < cases[ci].nw; i++) {
+            if (qmat_make(&m[i], cases[ci].type, cases[ci].n_in, cases[ci].n_out[i], 500 + ci * 3 + (uint64_t)i)) {
+                T_CHECK(0, "multi: fixture");
+                return;
+            }
+            W[i] = &m[i].W;
+        }
+        for (int ki = -1; ki < N_KSETS; ki++) {
+            int runs = 1;
+            const dhsa__qi_kernels *k = ki < 0 ? &dhsa__qi_scalar : kset(ki, &runs);
+            if (!runs) continue;
+            for (int64_t n_tok = 1; n_tok <= k->max_tok_fused; n_tok++)
+                for (int c = 0; c < 2; c++) {
+                    float *x = rand_x(cases[ci].n_in * n_tok, 77 + (uint64_t)n_tok);
+                    float *y1[3], *y2[3];
+                    for (int i = 0; i < cases[ci].nw; i++) {
+                        y1[i] = malloc(sizeof(float) * (size_t)(n_tok * cases[ci].n_out[i]));
+                        y2[i] = malloc(sizeof(float) * (size_t)(n_tok * cases[ci].n_out[i]));
+                        run_route(ctx[c], k, &m[i], x, n_tok, y1[i]);
+                    }
+                    dhsa_status st = DHSA_ERR_INTERNAL;
+                    int ran = dhsa__qi_matmul_multi(ctx[c], k, W, cases[ci].nw, x, cases[ci].n_in, n_tok, y2, &st);
+                    int same = ran && st == DHSA_OK;
+                    for (int i = 0; i < cases[ci].nw && same; i++)
+                        same = memcmp(y1[i], y2[i], sizeof(float) * (size_t)(n_tok * cases[ci].n_out[i])) == 0;
+                    T_CHECK(same, "multi %s n_in %lld, %d products, %lld tokens, %d threads, %s: ran, each bitwise "
+                            "the single call", cases[ci].name, (long long)cases[ci].n_in,
+                            cases[ci].nw, (long long)n_tok, c + 1, k->name);
+                    for (int i = 0; i < cases[ci].nw; i++) {
+                        free(y1[i]);
+                        free(y2[i]);
+                    }
+                    free(x);
+                }
+            /* past the fused route it declines */
+            float *x = rand_x(cases[ci].n_in * (k->max_tok_fused + 1), 5), *y[3] = {NULL, NULL, NULL};
+            dhsa_status st = DHSA_OK;
+            T_CHECK(!dhsa__qi_matmul_multi(ctx[1], k, W, cases[ci].nw, x, cases[ci].n_in, k->max_tok_fused + 1, y, &st),
+                    "multi declines %d tokens (panel route), %s", k->max_tok_fused + 1, k->name);
+            free(x);
+        }
+        for (int i = 0; i < cases[ci].nw; i++) qmat_free(&m[i]);
+    }
+    /* mixed types decline */
+    {
+        qmat a, b;
+        qmat_make(&a, DHSA_GGML_Q8_0, 256, 64, 1);
+        qmat_make(&b, DHSA_GGML_Q4_0, 256, 64, 2);
+        const dhsa_wmat *W[2] = {&a.W, &b.W};
+        float *x = rand_x(256, 3), y0[64], y1[64], *y[2] = {y0, y1};
+        dhsa_status st = DHSA_OK;
+        T_CHECK(!dhsa__qi_matmul_multi(ctx[1], &dhsa__qi_scalar, W, 2, x, 256, 1, y, &st), "multi declines mixed types");
+        free(x);
+        qmat_free(&a);
+        qmat_free(&b);
+    }
+    dhsa_ctx_free(ctx[0]);
+    dhsa_ctx_free(ctx[1]);
+}
+
 /* ---------------------------------------------------------- dispatch --- */
 
 static void test_dispatch(void) {
@@ -572,6 +653,7 @@ int main(void) {
     test_quant_act();
     test_products();
     test_kernels_direct();
+    test_multi();
     test_dispatch();
     printf("test_qint: products vs double: largest error %.3f of the bound\n", g_worst);
     return t_report("test_qint");

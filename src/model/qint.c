@@ -386,6 +386,7 @@ typedef struct {
     int8_t *q; /* [n_tok][ldq] */
     float *xd; /* [n_tok][nxd] */
     float *xs; /* [n_tok][nxs] */
+    int own_buf; /* each thread its own buffer even with one task (several products in one job) */
 } qi_job;
 
 static dhsa_qi_act act_of(const qi_job *j, int64_t t) {
@@ -505,7 +506,7 @@ static void mm_task(void *arg, int64_t task, int thread) {
     const qi_job *j = arg;
     int64_t u0 = task * j->p.n_units / j->p.n_tasks, u1 = (task + 1) * j->p.n_units / j->p.n_tasks;
     char *buf = j->ws + round_up((int64_t)j->p.act_bytes, 64) + (size_t)thread * j->p.per_thread;
-    if (j->p.n_tasks == 1) buf = j->ws + round_up((int64_t)j->p.act_bytes, 64);
+    if (j->p.n_tasks == 1 && !j->own_buf) buf = j->ws + round_up((int64_t)j->p.act_bytes, 64);
     for (int64_t u = u0; u < u1; u++) {
         int64_t o0 = u * j->p.unit_rows;
         int64_t np = j->W->n_out - o0 < j->p.unit_rows ? j->W->n_out - o0 : j->p.unit_rows;
@@ -561,4 +562,80 @@ dhsa_status dhsa__qi_matmul(dhsa_ctx *ctx, const dhsa__qi_kernels *k, const dhsa
     dhsa_parallel_for(ctx, j.p.n_tasks, mm_task, &j);
     dhsa__ctx_unlock(ctx);
     return DHSA_OK;
+}
+
+/* Several products of one activation in one parallel job (the products of
+ * a layer that read the same x: q, k, v; gate, up). A decode step is made
+ * of small products: one job each costs a wake-up and a barrier each, and
+ * a product under two tasks' worth (k and v of a small model) ran on the
+ * calling thread alone while the others waited. Here the tasks of all the
+ * products form one list and x is quantized once. Each product's tasks,
+ * rows and sums are those of its own call, so every y is bitwise what
+ * dhsa__qi_matmul gives. */
+#define QI_MULTI_MAX 4
+typedef struct {
+    qi_job j[QI_MULTI_MAX];
+    int64_t first[QI_MULTI_MAX + 1]; /* product i has tasks [first[i], first[i + 1]) */
+    int nw;
+} qi_multi_job;
+
+static void multi_task(void *arg, int64_t task, int thread) {
+    qi_multi_job *m = arg;
+    int i = 0;
+    while (task >= m->first[i + 1]) i++;
+    mm_task(&m->j[i], task - m->first[i], thread);
+}
+
+int dhsa__qi_matmul_multi(dhsa_ctx *ctx, const dhsa__qi_kernels *k, const dhsa_wmat *const *W, int nw, const float *x,
+                          int64_t ldx, int64_t n_tok, float *const *y, dhsa_status *st) {
+    *st = DHSA_OK;
+    if (!ctx || !k || nw < 1 || nw > QI_MULTI_MAX || n_tok < 1 || n_tok > k->max_tok_fused) return 0;
+    const int nth = dhsa_ctx_n_threads(ctx);
+    qi_multi_job m;
+    memset(&m, 0, sizeof m);
+    m.nw = nw;
+    size_t per_thread = 0, single_ws = 0;
+    for (int i = 0; i < nw; i++) {
+        if (!W[i] || !W[i]->data || !y[i] || W[i]->type != W[0]->type || W[i]->n_in != W[0]->n_in ||
+            !dhsa__qi_type(W[i]->type))
+            return 0;
+        qi_job *j = &m.j[i];
+        j->k = k;
+        j->W = W[i];
+        j->x = x;
+        j->ldx = ldx;
+        j->n_tok = n_tok;
+        j->y = y[i];
+        j->ldy = W[i]->n_out;
+        j->bw = dhsa__qi_bw(W[i]->type);
+        j->cmax = dhsa__qi_code_max(W[i]->type);
+        j->p = qi_make_plan(k, W[i]->type, W[i]->n_in, W[i]->n_out, n_tok, nth);
+        j->own_buf = 1;
+        if (j->p.per_thread > per_thread) per_thread = j->p.per_thread;
+        if (j->p.ws > single_ws) single_ws = j->p.ws;
+        m.first[i + 1] = m.first[i] + j->p.n_tasks;
+    }
+    /* the session planned its scratch for the single products: beyond it,
+     * make them one at a time */
+    const size_t act = (size_t)round_up((int64_t)m.j[0].p.act_bytes, 64);
+    const size_t ws = act + (size_t)nth * per_thread;
+    if (ws > single_ws || m.first[nw] < 2) return 0;
+    dhsa__ctx_lock(ctx);
+    char *buf = dhsa__scratch(ctx, ws, st);
+    if (!buf) {
+        dhsa__ctx_unlock(ctx);
+        return 1;
+    }
+    for (int i = 0; i < nw; i++) {
+        qi_job *j = &m.j[i];
+        j->ws = buf;
+        j->p.per_thread = per_thread;
+        j->q = (int8_t *)buf;
+        j->xd = (float *)(buf + (size_t)n_tok * (size_t)j->p.ldq);
+        j->xs = j->xd + n_tok * j->p.nxd;
+    }
+    for (int64_t t = 0; t < n_tok; t++) quant_task(&m.j[0], t, 0);
+    dhsa_parallel_for(ctx, m.first[nw], multi_task, &m);
+    dhsa__ctx_unlock(ctx);
+    return 1;
 }

@@ -133,6 +133,14 @@ const char *dhsa__qi_route_name(const dhsa__qi_kernels *k);
  * scratch: dhsa__qi_workspace bytes. */
 dhsa_status dhsa__qi_matmul(dhsa_ctx *ctx, const dhsa__qi_kernels *k, const dhsa_wmat *W, const float *x, int64_t ldx,
                             int64_t n_tok, float *y, int64_t ldy);
+/* The products of one x with nw (at most 4) weights of one type and n_in,
+ * y[i] [n_tok][W[i]->n_out], in one parallel job: each y bitwise what
+ * dhsa__qi_matmul gives. Only on the fused route, and only where the
+ * scratch that dhsa__qi_workspace of the largest product asks is enough;
+ * elsewhere it does nothing and returns 0 (make the products one by one).
+ * Returns 1 when it ran them, *st the result. */
+int dhsa__qi_matmul_multi(dhsa_ctx *ctx, const dhsa__qi_kernels *k, const dhsa_wmat *const *W, int nw, const float *x,
+                          int64_t ldx, int64_t n_tok, float *const *y, dhsa_status *st);
 size_t dhsa__qi_workspace(const dhsa__qi_kernels *k, uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok,
                           int n_threads);
 

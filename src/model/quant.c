@@ -1141,6 +1141,20 @@ dhsa_status dhsa__matmul_on(dhsa_ctx *ctx, dhsa__mm_route route, const dhsa_wmat
     return dhsa__qi_matmul(ctx, f.qi, W, x, ldx, n_tok, y, ldy);
 }
 
+dhsa_status dhsa__matmul_multi_on(dhsa_ctx *ctx, dhsa__mm_route route, const dhsa_wmat *const *W, int nw,
+                                  const float *x, int64_t ldx, int64_t n_tok, float *const *y) {
+    const fast_k f = fast_kernels(route, nw > 0 && W[0] ? W[0]->type : 0);
+    dhsa_status st = DHSA_OK;
+    if (f.qi) {
+        for (int i = 0; i < nw && st == DHSA_OK; i++)
+            st = check_call(ctx, W[i], x, ldx, n_tok, y[i], W[i] ? W[i]->n_out : 0);
+        if (st != DHSA_OK || n_tok == 0) return st;
+        if (dhsa__qi_matmul_multi(ctx, f.qi, W, nw, x, ldx, n_tok, y, &st)) return st;
+    }
+    for (int i = 0; i < nw && st == DHSA_OK; i++) st = dhsa__matmul_on(ctx, route, W[i], x, ldx, n_tok, y[i], W[i]->n_out);
+    return st;
+}
+
 size_t dhsa__matmul_workspace_on(dhsa__mm_route route, uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok,
                                  int n_threads) {
     const fast_k f = fast_kernels(route, type);

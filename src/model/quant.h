@@ -80,6 +80,12 @@ size_t dhsa__matmul_workspace(uint32_t type, int64_t n_in, int64_t n_out, int64_
 typedef enum { DHSA_MM_EXACT = 0, DHSA_MM_FAST = 1 } dhsa__mm_route;
 dhsa_status dhsa__matmul_on(dhsa_ctx *ctx, dhsa__mm_route route, const dhsa_wmat *W, const float *x, int64_t ldx,
                             int64_t n_tok, float *y, int64_t ldy);
+/* The products of one x [n_tok][ldx] with nw weights, y[i] [n_tok][W[i]->n_out]:
+ * each y bitwise what dhsa__matmul_on gives; where the fast route's
+ * integer kernels run them (decode) they are one parallel job
+ * (dhsa__qi_matmul_multi), elsewhere one call each. */
+dhsa_status dhsa__matmul_multi_on(dhsa_ctx *ctx, dhsa__mm_route route, const dhsa_wmat *const *W, int nw,
+                                  const float *x, int64_t ldx, int64_t n_tok, float *const *y);
 size_t dhsa__matmul_workspace_on(dhsa__mm_route route, uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok,
                                  int n_threads);
 /* "int8 avx512-vnni" (also avx-vnni, avx2), "bf16 avx512-bf16" or

@@ -782,6 +782,13 @@ static dhsa_status matmul(dhsa_session *s, const dhsa_wmat *W, const float *x, i
     return dhsa__matmul_on(s->ctx, s->p.exact ? DHSA_MM_EXACT : DHSA_MM_FAST, W, x, W->n_in, n, y, W->n_out);
 }
 
+/* Products of one x with several weights (q, k, v; gate, up): one
+ * parallel job where the fast route can (quant.h), same results. */
+static dhsa_status matmul_multi(dhsa_session *s, const dhsa_wmat *const *W, int nw, const float *x, int64_t n,
+                                float *const *y) {
+    return dhsa__matmul_multi_on(s->ctx, s->p.exact ? DHSA_MM_EXACT : DHSA_MM_FAST, W, nw, x, W[0]->n_in, n, y);
+}
+
 /* The cache, index and attention of rows [t0, t0 + n) of a forward pass
  * at layer l, all of session o at positions pos..: the new keys and values
  * (host's kt / vt rows) go into o's cache, o's index takes the keys, and
@@ -1367,9 +1374,11 @@ static dhsa_status forward(dhsa_session *s, dhsa_session *const *batch, const in
     for (int64_t l = 0; l < in->n_layer; l++) {
         const dhsa__layer *L = &m->layers[l];
         rmsnorm(s->xb, s->x, L->attn_norm, n, E, in->rms_eps);
-        if ((st = matmul(s, &L->wq, s->xb, n, s->q)) || (st = matmul(s, &L->wk, s->xb, n, s->kt)) ||
-            (st = matmul(s, &L->wv, s->xb, n, s->vt)))
-            return st;
+        {
+            const dhsa_wmat *w3[3] = {&L->wq, &L->wk, &L->wv};
+            float *y3[3] = {s->q, s->kt, s->vt};
+            if ((st = matmul_multi(s, w3, 3, s->xb, n, y3))) return st;
+        }
         add_bias(s->q, L->bq, n, in->n_head * hk);
         add_bias(s->kt, L->bk, n, in->n_head_kv * hk);
         add_bias(s->vt, L->bv, n, in->n_head_kv * hv);
@@ -1391,7 +1400,11 @@ static dhsa_status forward(dhsa_session *s, dhsa_session *const *batch, const in
         if (L->post_attn_norm) rmsnorm(s->xb, s->xb, L->post_attn_norm, n, E, in->rms_eps);
         for (int64_t i = 0; i < n * E; i++) s->x[i] += s->xb[i];
         rmsnorm(s->xb, s->x, L->ffn_norm, n, E, in->rms_eps);
-        if ((st = matmul(s, &L->w_gate, s->xb, n, s->hb)) || (st = matmul(s, &L->w_up, s->xb, n, s->hb2))) return st;
+        {
+            const dhsa_wmat *w2[2] = {&L->w_gate, &L->w_up};
+            float *y2[2] = {s->hb, s->hb2};
+            if ((st = matmul_multi(s, w2, 2, s->xb, n, y2))) return st;
+        }
         add_bias(s->hb, L->b_gate, n, F); /* before the activation, as llama.cpp's build_ffn */
         add_bias(s->hb2, L->b_up, n, F);
         ffn_activation(s, n, F, gemma);
