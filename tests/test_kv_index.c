@@ -50,6 +50,11 @@
  *      after that still equals a fresh one. FIXED, SIMILARITY and LEARNED
  *      boundaries, every chunk score. Bad arguments are refused and leave
  *      the index as it was.
+ *   8. Masked routing (context parallelism's fetch budget): every chunk
+ *      allowed routes as dhsa_kv_index_route, range for range; none
+ *      allowed reads a subset of that (the fixed parts); half allowed
+ *      reads no key of a chunk left out but the fixed ones; the blocks'
+ *      summed chunk weights are finite and add up over calls.
  * Each comparator is shown once to fail on deliberately different data.
  *
  * Run: make build/tests/test_kv_index && build/tests/test_kv_index
@@ -2384,6 +2389,125 @@ static void test_truncate(void) {
     truncate_case(DHSA_BOUNDARY_LEARNED, DHSA_SCORE_BOUND, 61);
 }
 
+/* ------------------------------------------------------------------------ */
+/* 8. Masked routing (kv_index_internal.h, dhsa__kv_index_route_masked: the
+ * rank-level fetch budget of docs/dist.md). With every chunk allowed it
+ * routes exactly as dhsa_kv_index_route; with none allowed each block reads
+ * only its fixed parts (a subset of its unmasked ranges); with half the
+ * chunks allowed every key a block reads is a fixed one or in an allowed
+ * chunk (and the unmasked layout breaks that rule, so the check can fail).
+ * The summed chunk weights: finite for every chunk a block could see, the
+ * same (1e-9) whether the rows are routed in one call or two. */
+
+/* Whether key x lies in one of the n ranges r. */
+static int in_ranges(const int64_t *r, int64_t n, int64_t x) {
+    for (int64_t i = 0; i < n; i++)
+        if (x >= r[2 * i] && x < r[2 * i + 1]) return 1;
+    return 0;
+}
+
+static void test_masked_route(int share_heads, dhsa_chunk_score score, uint64_t seed) {
+    const int64_t L = 4096, Hq = 8, Hkv = 2, d = 64, r0 = 1024, n = L - r0;
+    char label[96];
+    snprintf(label, sizeof label, "masked route (share_heads %d, score %d)", share_heads, (int)score);
+    work W;
+    if (!work_synth(&W, L, Hq, Hkv, d, seed)) return;
+    dhsa_router_params rp = dhsa_router_default_params();
+    rp.density = 0.25;
+    rp.dense_below = 0;
+    rp.share_heads = share_heads;
+    rp.score_mode = score;
+    rp.causal_boundaries = 1;
+    dhsa_kv_index *ix = ix_new(g_ctx, &rp, Hkv, d, L, label);
+    if (!ix || ix_append(ix, &W, 0, L)) {
+        T_CHECK(0, "%s: building the index: %s", label, dhsa_last_error());
+        dhsa_kv_index_free(ix);
+        work_free(&W);
+        return;
+    }
+    const int64_t *starts;
+    const int64_t nc = dhsa_kv_index_chunks(ix, &starts), G = dhsa__kv_index_groups(ix);
+    T_CHECK(G == (share_heads ? 1 : Hkv), "%s: %lld routed groups", label, (long long)G);
+    unsigned char *all = xcalloc((size_t)(G * nc + 1), 1), *none = xcalloc((size_t)(G * nc + 1), 1);
+    unsigned char *half = xcalloc((size_t)(G * nc + 1), 1);
+    double *agg = xcalloc((size_t)(G * nc + 1), sizeof(double)), *agg2 = xcalloc((size_t)(G * nc + 1), sizeof(double));
+    rng_t rg = {seed * 7 + 1};
+    for (int64_t x = 0; x < G * nc; x++) {
+        all[x] = 1;
+        half[x] = (unsigned char)(rng_u64(&rg) & 1);
+        agg[x] = agg2[x] = -INFINITY;
+    }
+    dhsa_attn_desc a = rows_desc(&W, r0, n, L, 0), a1 = rows_desc(&W, r0, n / 2, L, 0);
+    dhsa_attn_desc a2 = rows_desc(&W, r0 + n / 2, n - n / 2, L, 0);
+    dhsa_layout *base = NULL, *lall = NULL, *lnone = NULL, *lhalf = NULL, *p1 = NULL, *p2 = NULL;
+    dhsa_status st = dhsa_kv_index_route(g_ctx, ix, &a, &base);
+    if (!st) st = dhsa__kv_index_route_masked(g_ctx, ix, &a, all, agg, &lall);
+    if (!st) st = dhsa__kv_index_route_masked(g_ctx, ix, &a, none, NULL, &lnone);
+    if (!st) st = dhsa__kv_index_route_masked(g_ctx, ix, &a, half, NULL, &lhalf);
+    if (!st) st = dhsa__kv_index_route_masked(g_ctx, ix, &a1, none, agg2, &p1);
+    if (!st) st = dhsa__kv_index_route_masked(g_ctx, ix, &a2, none, agg2, &p2);
+    T_CHECK(st == DHSA_OK, "%s: routing: %s", label, dhsa_last_error());
+    if (!st) {
+        const int64_t nb = (n + rp.q_block - 1) / rp.q_block;
+        T_CHECK(blocks_differ(base, 0, lall, 0, nb, Hkv, label, 1) == 0, "%s: every chunk allowed does not route as "
+                "dhsa_kv_index_route", label);
+        int64_t not_sub = 0, outside = 0, outside_base = 0, fewer = 0;
+        for (int64_t g = 0; g < Hkv; g++)
+            for (int64_t qb = 0; qb < nb; qb++) {
+                const int64_t *rb, *rz, *rh;
+                int64_t nbase, nz, nh;
+                dhsa_layout_get(base, 0, g, qb, &rb, &nbase);
+                dhsa_layout_get(lnone, 0, g, qb, &rz, &nz);
+                dhsa_layout_get(lhalf, 0, g, qb, &rh, &nh);
+                const unsigned char *m = half + (share_heads ? 0 : g) * nc;
+                int64_t kz = 0, kb = 0;
+                for (int64_t i = 0; i < nz; i++)
+                    for (int64_t x = rz[2 * i]; x < rz[2 * i + 1]; x++, kz++) not_sub += !in_ranges(rb, nbase, x);
+                for (int64_t c = 0; c < nc; c++) {
+                    int bad = 0, bad_base = 0;
+                    for (int64_t x = starts[c]; x < starts[c + 1]; x++) {
+                        if (m[c] || in_ranges(rz, nz, x)) continue;
+                        bad |= in_ranges(rh, nh, x);
+                        bad_base |= in_ranges(rb, nbase, x);
+                    }
+                    outside += bad;
+                    outside_base += bad_base;
+                }
+                for (int64_t i = 0; i < nbase; i++) kb += rb[2 * i + 1] - rb[2 * i];
+                fewer += kz < kb;
+            }
+        T_CHECK(not_sub == 0 && fewer > 0, "%s: no chunk allowed: %lld keys read outside the unmasked layout, %lld "
+                "blocks read fewer keys", label, (long long)not_sub, (long long)fewer);
+        T_CHECK(outside == 0, "%s: half the chunks allowed: %lld (block, chunk) reads of a chunk not allowed", label,
+                (long long)outside);
+        T_CHECK(outside_base > 0, "%s: the unmasked layout reads no chunk the mask leaves out (the check above "
+                "would pass anything)", label);
+        /* the weights: finite for every closed chunk (the last block sees them all), additive over calls */
+        double worst = 0;
+        int64_t inf = 0;
+        for (int64_t x = 0; x < G * nc; x++) {
+            inf += !isfinite(agg[x]);
+            double e = fabs(agg[x] - agg2[x]);
+            worst = e > worst || !(e == e) ? e : worst;
+        }
+        T_CHECK(inf == 0 && worst <= 1e-9, "%s: %lld chunk weights not finite; one call against two differ by %.3g",
+                label, (long long)inf, worst);
+    }
+    dhsa_layout_free(base);
+    dhsa_layout_free(lall);
+    dhsa_layout_free(lnone);
+    dhsa_layout_free(lhalf);
+    dhsa_layout_free(p1);
+    dhsa_layout_free(p2);
+    free(all);
+    free(none);
+    free(half);
+    free(agg);
+    free(agg2);
+    dhsa_kv_index_free(ix);
+    work_free(&W);
+}
+
 int main(void) {
     g_ctx = ctx_new(0, 0);
     if (!g_ctx) return t_report("test_kv_index");
@@ -2430,6 +2554,10 @@ int main(void) {
     test_errors();
     test_memory();
     test_truncate();
+
+    test_masked_route(0, DHSA_SCORE_MOMENTS, 31);
+    test_masked_route(1, DHSA_SCORE_MOMENTS, 32);
+    test_masked_route(0, DHSA_SCORE_HEADS, 33);
 
     dhsa_ctx_free(g_ctx);
     return t_report("test_kv_index");

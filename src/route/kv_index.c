@@ -734,7 +734,71 @@ static void heads_scores(const dhsa_kv_index *ix, const dhsa_attn_desc *a, int64
     }
 }
 
-static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a, dhsa_layout **out) {
+/* MOMENTS and POOLED: sc[c] for the visible chunks from the block's rows
+ * [r0, r1) and query heads [h0, h1) against KV heads [k0, k1). qp [2d] is
+ * scratch. */
+static void pooled_scores(const dhsa_kv_index *ix, const dhsa_attn_desc *a, double scale, int moments, int64_t h0,
+                          int64_t h1, int64_t k0, int64_t k1, int64_t r0, int64_t r1, int64_t visible, float *qp,
+                          float *sc) {
+    const int64_t d = ix->d, Hkv = ix->Hkv;
+    /* pooled query of the block: POOLED, the rows' sum / sqrt(rows)
+     * averaged over heads; MOMENTS, qp[x] = scale x the mean row and
+     * qp[d + x] = scale^2 / 2 x the mean of the rows' squares (as in
+     * route.c) */
+    for (int64_t x = 0; x < 2 * d; x++) qp[x] = 0.0f;
+    for (int64_t h = h0; h < h1; h++)
+        for (int64_t r = r0; r < r1; r++) {
+            const void *q = dhsa__at(&a->q, 0, h, r);
+            for (int64_t x = 0; x < d; x++) {
+                float v = dhsa__load(q, a->q.type, x * a->q.stride[3]);
+                qp[x] += v;
+                qp[d + x] += v * v;
+            }
+        }
+    double rows = (double)(r1 - r0), hq = (double)(h1 - h0);
+    float norm = (float)(1.0 / (sqrt(rows) * hq)); /* POOLED: applied to the score */
+    if (moments) {
+        float n1 = (float)(scale / (rows * hq)), n2 = (float)(0.5 * scale * scale / (rows * hq));
+        for (int64_t x = 0; x < d; x++) {
+            qp[x] *= n1;
+            qp[d + x] *= n2;
+        }
+    }
+    /* score = mean over the KV heads routed together of qp . pooled
+     * (MOMENTS: + qp[d..] . spread) */
+    for (int64_t c = 0; c < visible; c++) {
+        double s = 0;
+        for (int64_t gg = k0; gg < k1; gg++) {
+            s += dot_f64(qp, ix->pooled + (c * Hkv + gg) * d, d);
+            if (moments) s += dot_f64(qp + d, ix->spread + (c * Hkv + gg) * d, d);
+        }
+        s /= (double)(k1 - k0);
+        sc[c] = (float)(moments ? s : s * norm);
+    }
+}
+
+/* agg[c] <- log(exp(agg[c]) + w[c]) for the visible chunks, w[c] the
+ * block's estimated attention weight per key of chunk c: a softmax of its
+ * scores weighted by the chunks' lengths (MOMENTS scores a key's mean log
+ * weight; HEADS and BOUND a head's share per key, renormalised here to
+ * the mean over the group's heads). In the log domain, so that a chunk
+ * far below the others still counts as visible (finite). */
+static void add_shares(const dhsa_kv_index *ix, const float *sc, int64_t visible, double *agg) {
+    double m = -INFINITY, z = 0;
+    for (int64_t c = 0; c < visible; c++) m = sc[c] > m ? sc[c] : m;
+    if (!(m > -INFINITY)) return;
+    for (int64_t c = 0; c < visible; c++) z += (double)(ix->starts[c + 1] - ix->starts[c]) * exp((double)sc[c] - m);
+    const double lz = m + log(z);
+    for (int64_t c = 0; c < visible; c++) {
+        double e = (double)sc[c] - lz, s = agg[c], top = s > e ? s : e;
+        if (top > -INFINITY) agg[c] = top + log(exp(s - top) + exp(e - top));
+    }
+}
+
+/* dhsa_kv_index_route, and dhsa__kv_index_route_masked with allowed / agg
+ * (kv_index_internal.h). */
+static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
+                               const unsigned char *allowed, double *agg, dhsa_layout **out) {
     if (!a->causal) return dhsa__fail(DHSA_ERR_UNSUPPORTED, "the decode index routes causal attention only");
     dhsa_attn_desc dd = *a;
     dd.v = a->k;
@@ -783,58 +847,24 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
     int64_t heads = rp->share_heads ? 1 : p.Hkv;
     for (int64_t g = 0; g < heads; g++) {
         int64_t h0 = rp->share_heads ? 0 : g * p.G, h1 = rp->share_heads ? p.Hq : (g + 1) * p.G;
+        int64_t k0 = rp->share_heads ? 0 : g, k1 = rp->share_heads ? p.Hkv : g + 1;
         for (int64_t qb = 0; qb < n_qb; qb++) {
             int64_t r0 = qb * rp->q_block, r1 = r0 + rp->q_block < p.Lq ? r0 + rp->q_block : p.Lq;
             int64_t last = a->q_pos0 + r1 - 1;
             /* chunks this block may know: closed at or before its last position */
             int64_t visible = nc;
             while (visible > 0 && ix->decided[visible - 1] > last) visible--;
-            if (heads_mode) {
-                heads_scores(ix, a, p.G, p.scale, h0, h1, r0, r1, visible, qp, eh, sc);
-            } else {
-            /* pooled query of the block: POOLED, the rows' sum / sqrt(rows)
-             * averaged over heads; MOMENTS, qp[x] = scale x the mean row and
-             * qp[d + x] = scale^2 / 2 x the mean of the rows' squares (as in
-             * route.c) */
-            for (int64_t x = 0; x < 2 * d; x++) qp[x] = 0.0f;
-            for (int64_t h = h0; h < h1; h++)
-                for (int64_t r = r0; r < r1; r++) {
-                    const void *q = dhsa__at(&a->q, 0, h, r);
-                    for (int64_t x = 0; x < d; x++) {
-                        float v = dhsa__load(q, a->q.type, x * a->q.stride[3]);
-                        qp[x] += v;
-                        qp[d + x] += v * v;
-                    }
-                }
-            double rows = (double)(r1 - r0), hq = (double)(h1 - h0);
-            float norm = (float)(1.0 / (sqrt(rows) * hq)); /* POOLED: applied to the score */
-            if (moments) {
-                float n1 = (float)(p.scale / (rows * hq)), n2 = (float)(0.5 * p.scale * p.scale / (rows * hq));
-                for (int64_t x = 0; x < d; x++) {
-                    qp[x] *= n1;
-                    qp[d + x] *= n2;
-                }
-            }
-            /* score = mean over the KV heads routed together of qp . pooled
-             * (MOMENTS: + qp[d..] . spread) */
-            int64_t k0 = rp->share_heads ? 0 : g, k1 = rp->share_heads ? p.Hkv : g + 1;
-            for (int64_t c = 0; c < visible; c++) {
-                double s = 0;
-                for (int64_t gg = k0; gg < k1; gg++) {
-                    s += dot_f64(qp, ix->pooled + (c * p.Hkv + gg) * d, d);
-                    if (moments) s += dot_f64(qp + d, ix->spread + (c * p.Hkv + gg) * d, d);
-                }
-                s /= (double)(k1 - k0);
-                sc[c] = (float)(moments ? s : s * norm);
-            }
-            }
+            if (heads_mode) heads_scores(ix, a, p.G, p.scale, h0, h1, r0, r1, visible, qp, eh, sc);
+            else pooled_scores(ix, a, p.scale, moments, h0, h1, k0, k1, r0, r1, visible, qp, sc);
+            if (agg) add_shares(ix, sc, visible, agg + g * nc);
             int64_t alo, ahi;
             dhsa__block_span(a, p.Lk, r0, r1, &alo, &ahi);
             int dense;
             /* keys after the last visible chunk (the open tail, and chunks
              * closed after this block) are always read */
             int64_t n = dhsa__select_ranges(rp, max_ranges, min_len, p.Lk, alo, ahi, a->q_pos0 + r0, last + 1,
-                                            ix->starts, visible, sc, 1, ix->starts[visible], order, rg, &dense);
+                                            ix->starts, visible, sc, 1, ix->starts[visible],
+                                            allowed ? allowed + g * nc : NULL, order, rg, &dense);
             lay->dense_blocks += rp->share_heads ? dense * p.Hkv : dense;
             st = dhsa_layout_set(lay, 0, g, qb, rg, n);
             if (st) break;
@@ -872,19 +902,34 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
     return DHSA_OK;
 }
 
-dhsa_status dhsa_kv_index_route(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
-                                dhsa_layout **out) {
-    if (!ctx || !ix || !a || !out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_kv_index_route: NULL argument");
-    *out = NULL;
-    /* routes only read the index: they may overlap each other, not an append */
+/* Routes only read the index: they may overlap each other, not an append. */
+static dhsa_status route_shared(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
+                                const unsigned char *allowed, double *agg, dhsa_layout **out) {
     atomic_int *users = (atomic_int *)&ix->users;
     int v = atomic_load(users);
     do {
         if (v < 0) return busy();
     } while (!atomic_compare_exchange_weak(users, &v, v + 1));
-    dhsa_status st = route_index(ctx, ix, a, out);
+    dhsa_status st = route_index(ctx, ix, a, allowed, agg, out);
     atomic_fetch_sub(users, 1);
     return st;
+}
+
+dhsa_status dhsa_kv_index_route(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
+                                dhsa_layout **out) {
+    if (!ctx || !ix || !a || !out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_kv_index_route: NULL argument");
+    *out = NULL;
+    return route_shared(ctx, ix, a, NULL, NULL, out);
+}
+
+int64_t dhsa__kv_index_groups(const dhsa_kv_index *ix) { return ix->rp.share_heads ? 1 : ix->Hkv; }
+
+dhsa_status dhsa__kv_index_route_masked(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
+                                        const unsigned char *allowed, double *agg, dhsa_layout **out) {
+    if (!ctx || !ix || !a || !out)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__kv_index_route_masked: NULL argument");
+    *out = NULL;
+    return route_shared(ctx, ix, a, allowed, agg, out);
 }
 
 /* ------------------------------------------------------------ delta --- */

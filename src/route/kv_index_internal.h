@@ -1,11 +1,14 @@
 /* kv_index_internal.h: what a session needs of the decode index beyond
- * include/dhsa.h (never installed): undoing the appends of a failed eval.
+ * include/dhsa.h (never installed): undoing the appends of a failed eval,
+ * the deltas that relay an index between the ranks of a context-parallel
+ * session, and routing with a chunk mask (a rank's fetch budget).
  *
  * A session marks each layer's index before an eval and, when the eval
  * fails, rewinds it to the mark, so that the index describes exactly the
  * keys committed before the call (include/dhsa.h, dhsa_session_eval); and
  * a state comparison for the tests of truncation.
- * Tested by tests/test_session_fail.c and tests/test_kv_index.c.
+ * Tested by tests/test_session_fail.c, tests/test_kv_index.c and
+ * tests/test_dist.c.
  */
 #ifndef DHSA_KV_INDEX_INTERNAL_H
 #define DHSA_KV_INDEX_INTERNAL_H
@@ -38,6 +41,23 @@ dhsa_status dhsa__kv_index_rewind(dhsa_kv_index *ix, const dhsa_tensor *k);
 size_t dhsa__kv_index_delta_bytes(const dhsa_kv_index *ix, int64_t c0);
 void dhsa__kv_index_delta_write(const dhsa_kv_index *ix, int64_t c0, void *buf);
 dhsa_status dhsa__kv_index_delta_read(dhsa_kv_index *ix, const void *buf, size_t bytes);
+
+/* Context parallelism with a rank-level fetch budget (docs/dist.md, "A
+ * fetch budget per rank"): dhsa_kv_index_route with two additions.
+ * allowed [groups][n_chunks] (NULL: every chunk): only the chunks c with
+ * allowed[g * n_chunks + c] != 0 are candidates of routed group g; the
+ * sinks, the local keys, the open tail and a dense block's keys are read
+ * all the same, so an all-zero mask gives exactly the ranges every block
+ * reads whatever the candidates. agg [groups][n_chunks] (NULL: none): for
+ * every query block and every chunk it may see, agg[g * n_chunks + c] <-
+ * log(exp(agg) + w), w the block's estimated attention weight per key of
+ * the chunk (the softmax of the same scores the selection ranks by,
+ * weighted by the chunks' lengths); start it at -INFINITY, and a chunk no
+ * block could see stays there. groups = 1 with share_heads, else Hkv
+ * (dhsa__kv_index_groups). */
+int64_t dhsa__kv_index_groups(const dhsa_kv_index *ix);
+dhsa_status dhsa__kv_index_route_masked(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
+                                        const unsigned char *allowed, double *agg, dhsa_layout **out);
 
 /* For tests: 0 when the two indexes (same parameters and sizes) hold the
  * same state, every field a later append or route reads (length, chunk

@@ -41,7 +41,7 @@ void dhsa__route_fixed_parts(const dhsa_router_params *rp, int64_t budget, int64
 int64_t dhsa__select_ranges(const dhsa_router_params *rp, int64_t max_ranges, int64_t min_len, int64_t Lk,
                             int64_t alo, int64_t ahi, int64_t pos0, int64_t pos1, const int64_t *starts,
                             int64_t nc_all, const float *score, int64_t stride, int64_t tail_lo,
-                            int64_t *order, int64_t *rg, int *dense);
+                            const unsigned char *allowed, int64_t *order, int64_t *rg, int *dense);
 
 /* LEARNED boundaries in their online form (kv_index.c), the rule the
  * decode index applies as keys arrive, run here over a whole sequence:

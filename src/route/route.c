@@ -563,7 +563,9 @@ void dhsa__block_span(const dhsa_attn_desc *a, int64_t Lk, int64_t r0, int64_t r
 
 /* Selection for one query block (see the file comment and dhsa.h): the
  * block may see keys [alo, ahi) and sits at positions [pos0, pos1); chunks
- * c < nc are [starts[c], starts[c + 1]) with scores sc.s[c * sc.stride].
+ * c < nc are [starts[c], starts[c + 1]) with scores sc.s[c * sc.stride];
+ * with allowed != NULL only the chunks with allowed[c] != 0 are candidates
+ * (the sinks, the local keys and the tail are read all the same).
  * Writes up to max_ranges pairs to rg (unsorted, may overlap: the layout
  * normalises them); returns their count; *dense = 1 if the block is dense.
  * order has room for nc indices. */
@@ -578,7 +580,7 @@ void dhsa__route_fixed_parts(const dhsa_router_params *rp, int64_t budget, int64
 int64_t dhsa__select_ranges(const dhsa_router_params *rp, int64_t max_ranges, int64_t min_len, int64_t Lk,
                             int64_t alo, int64_t ahi, int64_t pos0, int64_t pos1, const int64_t *starts,
                             int64_t nc_all, const float *score, int64_t stride, int64_t tail_lo,
-                            int64_t *order, int64_t *rg, int *dense) {
+                            const unsigned char *allowed, int64_t *order, int64_t *rg, int *dense) {
     scores sc = {score, stride};
     int64_t n = 0;
     int64_t avail = ahi - alo;
@@ -622,10 +624,10 @@ int64_t dhsa__select_ranges(const dhsa_router_params *rp, int64_t max_ranges, in
         int64_t i0 = s0 > l0 ? s0 : l0, i1 = s1 < l1 ? s1 : l1;
         if (i1 > i0) used -= i1 - i0;
     }
-    /* candidate chunks: those overlapping [alo, ahi) */
+    /* candidate chunks: those overlapping [alo, ahi) (and allowed) */
     int64_t nc = 0;
     for (int64_t c = 0; c < nc_all; c++) {
-        if (starts[c + 1] <= alo || starts[c] >= ahi) continue;
+        if (starts[c + 1] <= alo || starts[c] >= ahi || (allowed && !allowed[c])) continue;
         order[nc++] = c;
     }
     int64_t cap = max_ranges - 2; /* ranges left for chunks */
@@ -679,7 +681,7 @@ static void select_block(sel_job *j, thread_bufs *t, int64_t g, int64_t qb, cons
     dhsa__block_span(j->a, p->Lk, r0, r1, &alo, &ahi);
     int dense;
     int64_t n = dhsa__select_ranges(rp, j->pl->max_ranges, j->pl->min_len, p->Lk, alo, ahi, j->a->q_pos0 + r0,
-                                    j->a->q_pos0 + r1, j->starts, j->nc, sc, GROUP, -1, t->order, t->rg, &dense);
+                                    j->a->q_pos0 + r1, j->starts, j->nc, sc, GROUP, -1, NULL, t->order, t->rg, &dense);
     j->dense_blocks[thread] += dense;
     dhsa_layout_set(j->lay, j->b, g, qb, t->rg, n);
 }
