@@ -1332,6 +1332,22 @@ typedef struct {
      * (dhsa_dist); no thread of the session calls it. */
     const struct dhsa_dist *dist;
     int64_t dist_stripe;
+    /* DHSA and BLOCK, context parallel: a fetch budget per rank, 0 < F <= 1
+     * (0, the default: none; the ranks route exactly as one process).
+     * Per layer, KV head and other rank q, the rank first chooses which
+     * of q's chunks it may fetch: those with the largest estimated
+     * attention weight per key summed over its query blocks, while the
+     * keys fetched from q (the sinks, local keys and open tail its blocks
+     * read anyway included) stay within F x the keys q holds before the
+     * rank's last position; then each block routes as before over its
+     * own rank's chunks and the chosen ones only. The K/V fetched from q
+     * is then at most F of what the rank could see of q's (more only
+     * where the fixed parts alone exceed it; dhsa_dist_stats.kv_share_max
+     * says), and each KV head fetches its own ranges. F = 1 routes as
+     * one process does. Decode moves no K/V and is unchanged. Refused
+     * (DHSA_ERR_INVALID_ARG) outside [0, 1], with dense attention, and
+     * without dist (one process fetches nothing). docs/dist.md. */
+    double dist_fetch_share;
 } dhsa_session_params;
 
 dhsa_session_params dhsa_session_default_params(void);
@@ -1372,7 +1388,17 @@ typedef struct {
     double partial;   /* decode: partial outputs and their LSE */
     double logits;    /* the last row's logits from its rank after a prefill */
     int64_t prefill_layers, decode_layers; /* layer steps that sent them */
-    double kv_keys;   /* keys whose K and V were sent */
+    double kv_keys;   /* keys whose K and V were sent (a key: its K and V
+                         in every KV head; DHSA with dist_fetch_share, where
+                         each head fetches its own, kv / those bytes) */
+    /* DHSA prefill: the keys the other ranks held before this rank's last
+     * prefill position (what its queries could see of theirs), summed over
+     * the other ranks and the prefill layers, and the largest share of
+     * them fetched from one rank in one layer (kv bytes from it / its
+     * visible keys' bytes: at most dist_fetch_share when that is set and
+     * the fixed parts fit) */
+    double kv_visible;
+    double kv_share_max;
 } dhsa_dist_stats;
 
 /* Memory of a session and of the process around it, computed before the

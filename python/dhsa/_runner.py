@@ -67,6 +67,7 @@ class SessionParams(ctypes.Structure):
         ("progress", c_void_p), ("progress_user", c_void_p),
         ("layer_hook", c_void_p), ("layer_hook_user", c_void_p),
         ("dist", c_void_p), ("dist_stripe", c_int64),  # context parallelism: NULL, one process
+        ("dist_fetch_share", ctypes.c_double),
     ]
 
 
@@ -90,7 +91,7 @@ class ChatMessage(ctypes.Structure):
     _fields_ = [("role", c_char_p), ("content", c_char_p)]
 
 
-LP64_SIZES = {"ModelParams": 16, "ModelInfo": 208, "SessionParams": 224, "MemPlan": 136,
+LP64_SIZES = {"ModelParams": 16, "ModelInfo": 208, "SessionParams": 232, "MemPlan": 136,
               "SamplerParams": 48, "ChatMessage": 16}
 
 _PROTOTYPES = {

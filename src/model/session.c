@@ -307,12 +307,17 @@ static dhsa_status dist_plan(const dhsa_ctx *ctx, const dhsa_model *m, const dhs
                           "query block; 0 = contiguous)", (long long)p->dist_stripe);
     if (p->attn != DHSA_ATTN_DENSE && p->router.q_block != 64 && p->router.q_block > 0)
         return dhsa__fail(DHSA_ERR_UNSUPPORTED, "context parallel: query blocks of 64 rows only");
+    if (p->dist_fetch_share > 0 && !uses_index(p))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "context parallel: dist_fetch_share %g budgets what dhsa and block "
+                          "attention fetch; %s attention passes every key round the ring", p->dist_fetch_share,
+                          dhsa_attn_method_name(p->attn));
     const int64_t S = dist_stripe_of(p, n_ctx), cap = dist_count_before(S, d->size, 0, n_ctx);
     if (cap > 65536)
         return dhsa__fail(DHSA_ERR_TOO_LARGE, "context parallel: %lld positions per rank (more than 65536: use more "
                           "ranks)", (long long)cap);
     dhsa_session_params lp = *p;
     lp.dist = NULL;
+    lp.dist_fetch_share = 0;
     lp.n_ctx = cap;
     lp.n_ubatch = cap;
     lp.mem_limit = 0;
@@ -325,6 +330,13 @@ static dhsa_status dist_plan(const dhsa_ctx *ctx, const dhsa_model *m, const dhs
             (st = dhsa_kv_index_size(&rp, in->n_head_kv, in->head_dim_k, n_ctx, &ix_all)))
             return st;
         out->routing += (size_t)in->n_layer * (ix_all - ix_loc);
+        if (p->dist_fetch_share > 0) { /* fetch_plan: per chunk a weight, a mask, an order; the fixed ranges */
+            int64_t min_len, max_chunks, max_ranges;
+            dhsa__route_limits(&rp, n_ctx, &min_len, &max_chunks, &max_ranges);
+            const size_t G = rp.share_heads ? 1 : (size_t)in->n_head_kv;
+            out->activations += G * (size_t)max_chunks * (sizeof(double) + 2) + (size_t)max_chunks * 16 +
+                                G * (size_t)d->size * (size_t)(cap / 64 + 1) * 4 * 2 * sizeof(int64_t);
+        }
     }
     size_t es = dhsa_type_size(p->kv_type), shard = (size_t)in->n_head_kv * (size_t)cap *
                                                       (size_t)(in->head_dim_k + in->head_dim_v) * es;
@@ -370,7 +382,14 @@ dhsa_status dhsa_session_plan(const dhsa_ctx *ctx, const dhsa_model *m, const dh
                               "%lld (KV heads x head dim)", (long long)dhsa_predictor_width(p->router.predictor),
                               (long long)(in->n_head_kv * in->head_dim_k));
     }
+    if (!(p->dist_fetch_share >= 0.0 && p->dist_fetch_share <= 1.0))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dist_fetch_share = %g: a share of the keys in (0, 1], or 0 for no "
+                          "fetch budget", p->dist_fetch_share);
     if (p->dist && p->dist->size > 1) return dist_plan(ctx, m, p, n_ctx, out);
+    if (p->dist_fetch_share > 0)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dist_fetch_share %g budgets the keys a rank of a context-parallel "
+                          "prefill fetches from the other ranks; one process fetches nothing (docs/dist.md)",
+                          p->dist_fetch_share);
     const process_part pp = measure_process(ctx, m);
     char need[256], lim[32], alt[32], big[32];
     dhsa_status st;
@@ -883,25 +902,59 @@ static size_t shard_bytes(const dhsa_session *s, int64_t n) {
     return (size_t)(in->n_head_kv * n * (in->head_dim_k + in->head_dim_v)) * dhsa_type_size(s->p.kv_type);
 }
 
-/* Packs the local keys of the n ranges rg (local slots) of layer l into
- * buf as a shard of their total length; returns that length. */
-static int64_t pack_ranges(const dhsa_session *s, int64_t l, const int64_t *rg, int64_t n, char *buf) {
+/* Packs the local keys of layer l in nl lists of ranges (local slots),
+ * list h of n[h] ranges at rg after lists 0 .. h - 1, into buf: K of every
+ * KV head, then V, head-major, head g taking list g (nl = Hkv) or the one
+ * list (nl = 1: a shard of its total length). Returns the key rows packed
+ * (summed over the KV heads). */
+static int64_t pack_lists(const dhsa_session *s, int64_t l, const int64_t *rg, const int64_t *n, int64_t nl,
+                          char *buf) {
     const dhsa_model_info *in = &s->m->info;
+    const int64_t Hkv = in->n_head_kv;
     const size_t es = dhsa_type_size(s->p.kv_type);
-    int64_t tot = 0;
-    for (int64_t i = 0; i < n; i++) tot += rg[2 * i + 1] - rg[2 * i];
+    int64_t rows = 0;
+    for (int64_t g = 0; g < Hkv; g++) {
+        const int64_t *r = rg;
+        for (int64_t h = 0; h < (nl == 1 ? 0 : g); h++) r += 2 * n[h];
+        for (int64_t i = 0; i < n[nl == 1 ? 0 : g]; i++) rows += r[2 * i + 1] - r[2 * i];
+    }
     for (int is_v = 0; is_v < 2; is_v++) {
         const int64_t hd = is_v ? in->head_dim_v : in->head_dim_k;
         const char *c = (const char *)cache_view(s, l, is_v, s->cap).data;
-        char *dst = buf + (is_v ? (size_t)(in->n_head_kv * tot * in->head_dim_k) * es : 0);
-        for (int64_t h = 0; h < in->n_head_kv; h++)
-            for (int64_t i = 0; i < n; i++) {
-                size_t len = (size_t)(rg[2 * i + 1] - rg[2 * i]) * (size_t)hd * es;
-                memcpy(dst, c + ((size_t)h * (size_t)s->cap + (size_t)rg[2 * i]) * (size_t)hd * es, len);
+        char *dst = buf + (is_v ? (size_t)(rows * in->head_dim_k) * es : 0);
+        const int64_t *r = rg;
+        for (int64_t g = 0; g < Hkv; g++) {
+            const int64_t ng = n[nl == 1 ? 0 : g];
+            for (int64_t i = 0; i < ng; i++) {
+                size_t len = (size_t)(r[2 * i + 1] - r[2 * i]) * (size_t)hd * es;
+                memcpy(dst, c + ((size_t)g * (size_t)s->cap + (size_t)r[2 * i]) * (size_t)hd * es, len);
                 dst += len;
             }
+            if (nl > 1) r += 2 * ng;
+        }
     }
-    return tot;
+    return rows;
+}
+
+/* A shard received with n[g] keys for KV head g, packed (K heads, then V
+ * heads), spread in place to the strides of a shard of N = max n[g] keys
+ * per head (shard_views): every segment moves right, the last first. */
+static void spread_heads(const dhsa_session *s, char *buf, const int64_t *n, int64_t N) {
+    const dhsa_model_info *in = &s->m->info;
+    const int64_t Hkv = in->n_head_kv;
+    const size_t es = dhsa_type_size(s->p.kv_type);
+    int64_t rows = 0;
+    for (int64_t g = 0; g < Hkv; g++) rows += n[g];
+    for (int is_v = 1; is_v >= 0; is_v--) {
+        const size_t row = (size_t)(is_v ? in->head_dim_v : in->head_dim_k) * es;
+        const size_t from0 = is_v ? (size_t)rows * (size_t)in->head_dim_k * es : 0;
+        const size_t to0 = is_v ? (size_t)(Hkv * N) * (size_t)in->head_dim_k * es : 0;
+        int64_t before = rows;
+        for (int64_t g = Hkv - 1; g >= 0; g--) {
+            before -= n[g];
+            memmove(buf + to0 + (size_t)(g * N) * row, buf + from0 + (size_t)before * row, (size_t)n[g] * row);
+        }
+    }
 }
 
 /* The part of the n global ranges rg that rank q holds, in q's local
@@ -941,9 +994,12 @@ static int64_t compact_of(const int64_t *req, const int64_t *prefix, int64_t n, 
 
 /* The layout, over rank q's keys, of a piece's routed layout gl (global
  * positions): with req == NULL in q's local slots (Lk = lk), else in the
- * packed shard of the requested list req (lk keys). */
-static dhsa_status sub_layout(dhsa_session *s, const dhsa_layout *gl, int64_t q, const int64_t *req,
-                              const int64_t *prefix, int64_t n_req, int64_t lk, dhsa_layout **out) {
+ * packed shard of the requested lists: KV head g's list req[g] (nl = Hkv)
+ * or req[0] (nl = 1), n_req ranges, prefix its keys before each; lk keys
+ * per head. */
+static dhsa_status sub_layout(dhsa_session *s, const dhsa_layout *gl, int64_t q, int64_t *const *req,
+                              int64_t *const *prefix, const int64_t *n_req, int64_t nl, int64_t lk,
+                              dhsa_layout **out) {
     const int64_t S = s->stripe, R = s->dist->size;
     int64_t maxr = 1, maxin = 0;
     for (int64_t g = 0; g < gl->Hkv; g++)
@@ -963,11 +1019,11 @@ static dhsa_status sub_layout(dhsa_session *s, const dhsa_layout *gl, int64_t q,
             const int64_t *rg;
             int64_t n;
             dhsa_layout_get(gl, 0, g, qb, &rg, &n);
-            int64_t c = map_ranges(S, R, q, rg, n, tmp);
+            int64_t c = map_ranges(S, R, q, rg, n, tmp), h = nl == 1 ? 0 : g;
             if (req)
                 for (int64_t i = 0; i < 2 * c; i += 2) {
                     int64_t len = tmp[i + 1] - tmp[i];
-                    tmp[i] = compact_of(req, prefix, n_req, tmp[i]);
+                    tmp[i] = compact_of(req[h], prefix[h], n_req[h], tmp[i]);
                     tmp[i + 1] = tmp[i] + len;
                 }
             st = dhsa_layout_set(*out, 0, g, qb, tmp, c);
@@ -1029,40 +1085,209 @@ static dhsa_status dist_relay(dhsa_session *s, int64_t l, int64_t from, int64_t 
     return DHSA_OK;
 }
 
+/* The routing call of piece i at layer l: its query rows over the whole
+ * context's keys (the index holds them all; the key tensors only carry
+ * the shape). */
+static dhsa_attn_desc piece_desc(const dhsa_session *s, int64_t l, int64_t i) {
+    const dhsa_model_info *in = &s->m->info;
+    const int64_t Hq = in->n_head, hk = in->head_dim_k, hv = in->head_dim_v, Lk = dhsa_kv_index_length(s->ix[l]);
+    dhsa_attn_desc a = dhsa_attn_default_desc();
+    a.q = dhsa_tensor_blhd(s->q + s->pieces[i][0] * Hq * hk, DHSA_F32, 1, s->pieces[i][1], Hq, hk);
+    a.k = dhsa_tensor_bhld(s->kv, s->p.kv_type, 1, in->n_head_kv, Lk, hk);
+    a.v = dhsa_tensor_bhld(s->kv, s->p.kv_type, 1, in->n_head_kv, Lk, hv);
+    a.o = dhsa_tensor_blhd(s->att, DHSA_F32, 1, s->pieces[i][1], Hq, hv);
+    a.causal = 1;
+    a.q_pos0 = s->pieces[i][2];
+    a.softcap = in->attn_softcap;
+    a.scale = in->attn_scale;
+    return a;
+}
+
+/* The keys another rank q holds that this rank's prefill queries could
+ * see: those before its last position. */
+static int64_t dist_visible(const dhsa_session *s, int64_t q) {
+    if (s->n_pieces == 0) return 0;
+    const int64_t *last = s->pieces[s->n_pieces - 1];
+    return dist_count_before(s->stripe, s->dist->size, q, last[2] + last[1]);
+}
+
+/* ------------------------------------------------ a fetch budget per rank --- */
+
+/* A growing list of ranges [n][2]. */
+typedef struct {
+    int64_t *r;
+    int64_t n, cap;
+} range_list;
+
+/* Room for more ranges in l; 0 when out of memory. */
+static int list_reserve(range_list *l, int64_t more) {
+    if (l->n + more <= l->cap) return 1;
+    int64_t cap = 2 * (l->n + more) + 16;
+    int64_t *r = realloc(l->r, (size_t)cap * 2 * sizeof(int64_t));
+    if (!r) return 0;
+    l->r = r;
+    l->cap = cap;
+    return 1;
+}
+
+/* How many of the keys [x0, x1) the sorted disjoint ranges r [n] cover. */
+static int64_t covered(const int64_t *r, int64_t n, int64_t x0, int64_t x1) {
+    int64_t lo = 0, hi = n; /* the first range ending after x0 */
+    while (lo < hi) {
+        int64_t mid = (lo + hi) / 2;
+        if (r[2 * mid + 1] <= x0) lo = mid + 1;
+        else hi = mid;
+    }
+    int64_t c = 0;
+    for (int64_t i = lo; i < n && r[2 * i] < x1; i++) {
+        int64_t a = r[2 * i] > x0 ? r[2 * i] : x0, b = r[2 * i + 1] < x1 ? r[2 * i + 1] : x1;
+        c += b > a ? b - a : 0;
+    }
+    return c;
+}
+
+typedef struct {
+    double w;
+    int64_t c;
+} chunk_weight;
+
+static int cmp_weight_desc(const void *x, const void *y) {
+    const chunk_weight *a = x, *b = y;
+    if (a->w != b->w) return a->w > b->w ? -1 : 1;
+    return a->c < b->c ? -1 : a->c > b->c;
+}
+
+/* dist_fetch_share F > 0 (docs/dist.md, "A fetch budget per rank"): which
+ * of layer l's chunks this rank's blocks may select, allowed [groups]
+ * [n_chunks] (malloc; the caller frees). Every piece is routed once with
+ * no chunk a candidate, which gives the ranges its blocks read whatever
+ * they select (sinks, local keys, open tail, dense blocks) and sums each
+ * chunk's estimated attention weight per key over the blocks. Then, per
+ * routed group, the chunks in order of that sum: a chunk is allowed when
+ * the keys it adds on every other rank q (those not read anyway) fit what
+ * is left of q's budget, floor(F x q's visible keys) less the keys read
+ * anyway; a chunk that does not fit is passed over for smaller ones; a
+ * chunk held by this rank alone costs nothing. */
+static dhsa_status fetch_plan(dhsa_session *s, int64_t l, unsigned char **out) {
+    const dhsa_kv_index *ix = s->ix[l];
+    const int64_t S = s->stripe, R = s->dist->size, me = s->dist->rank, G = dhsa__kv_index_groups(ix);
+    const int64_t *starts;
+    const int64_t nc = dhsa_kv_index_chunks(ix, &starts);
+    const double F = s->p.dist_fetch_share;
+    *out = NULL;
+    unsigned char *allowed = malloc((size_t)(G * nc + 1)), *none = calloc((size_t)(G * nc + 1), 1);
+    double *agg = malloc((size_t)(G * nc + 1) * sizeof(double));
+    chunk_weight *order = malloc((size_t)(nc + 1) * sizeof *order);
+    range_list *fixed = calloc((size_t)(G * R), sizeof *fixed); /* [group][rank]: what is read anyway */
+    int64_t *left = malloc((size_t)(2 * R) * sizeof(int64_t)), *need = left + R;
+    dhsa_status st = DHSA_OK;
+    if (!allowed || !none || !agg || !order || !fixed || !left) {
+        st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory for the fetch budget");
+        goto done;
+    }
+    for (int64_t x = 0; x < G * nc; x++) agg[x] = -INFINITY;
+    for (int64_t i = 0; i < s->n_pieces && !st; i++) {
+        dhsa_attn_desc a = piece_desc(s, l, i);
+        dhsa_layout *fx = NULL;
+        if ((st = dhsa__kv_index_route_masked(s->ctx, ix, &a, none, agg, &fx))) break;
+        for (int64_t g = 0; g < G && !st; g++)
+            for (int64_t qb = 0; qb < fx->n_blocks && !st; qb++) {
+                const int64_t *rg;
+                int64_t n;
+                dhsa_layout_get(fx, 0, g, qb, &rg, &n); /* G = 1: head 0 routes for all */
+                for (int64_t q = 0; q < R; q++) {
+                    if (q == me) continue;
+                    range_list *f = &fixed[g * R + q];
+                    int64_t c = map_ranges(S, R, q, rg, n, NULL);
+                    if (!list_reserve(f, c)) {
+                        st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory for the fetch budget");
+                        break;
+                    }
+                    f->n += map_ranges(S, R, q, rg, n, f->r + 2 * f->n);
+                }
+            }
+        dhsa_layout_free(fx);
+        for (int64_t x = 0; x < G * R && !st; x++)
+            if (fixed[x].n) fixed[x].n = dhsa__ranges_normalise(fixed[x].r, fixed[x].n);
+    }
+    for (int64_t g = 0; g < G && !st; g++) {
+        for (int64_t q = 0; q < R; q++) {
+            const int64_t vis = dist_visible(s, q);
+            int64_t budget = (int64_t)floor(F * (double)vis);
+            while (budget > 0 && (double)budget / (double)vis > F) budget--; /* the share, as counted, <= F */
+            const range_list *f = &fixed[g * R + q];
+            left[q] = budget;
+            for (int64_t k = 0; k < f->n; k++) left[q] -= f->r[2 * k + 1] - f->r[2 * k];
+        }
+        int64_t n = 0;
+        for (int64_t c = 0; c < nc; c++) {
+            allowed[g * nc + c] = 0;
+            if (agg[g * nc + c] > -INFINITY) { /* a block could see it */
+                order[n].w = agg[g * nc + c];
+                order[n++].c = c;
+            }
+        }
+        qsort(order, (size_t)n, sizeof *order, cmp_weight_desc);
+        for (int64_t k = 0; k < n; k++) {
+            const int64_t c = order[k].c, a = starts[c], b = starts[c + 1];
+            for (int64_t q = 0; q < R; q++) need[q] = 0;
+            for (int64_t p = a / S; p * S < b; p++) { /* the chunk's pieces, stripe by stripe */
+                const int64_t q = p % R, x0 = p * S > a ? p * S : a, x1 = (p + 1) * S < b ? (p + 1) * S : b;
+                if (q == me || x0 >= x1) continue;
+                const int64_t y0 = dist_count_before(S, R, q, x0), y1 = y0 + (x1 - x0);
+                const range_list *f = &fixed[g * R + q];
+                need[q] += (y1 - y0) - covered(f->r, f->n, y0, y1);
+            }
+            int fits = 1;
+            for (int64_t q = 0; q < R; q++) fits &= need[q] == 0 || need[q] <= left[q];
+            if (!fits) continue;
+            for (int64_t q = 0; q < R; q++) left[q] -= need[q];
+            allowed[g * nc + c] = 1;
+        }
+    }
+done:
+    for (int64_t x = 0; fixed && x < G * R; x++) free(fixed[x].r);
+    free(fixed);
+    free(left);
+    free(order);
+    free(agg);
+    free(none);
+    if (st) free(allowed);
+    else *out = allowed;
+    return st;
+}
+
 /* The DHSA part of a sharded prefill at layer l: relay the index, route
- * each piece over the whole context's chunks, attend the local part of
- * the selection, ask each other rank for the keys it holds of the union
- * of this rank's selections, and attend those as they arrive. */
+ * each piece over the whole context's chunks (with dist_fetch_share, over
+ * this rank's chunks and those fetch_plan allows), attend the local part
+ * of the selection, ask each other rank for the keys it holds of the
+ * union of this rank's selections (with dist_fetch_share, one union per
+ * KV head: each head fetches its own), and attend those as they arrive. */
 static dhsa_status dist_prefill_dhsa(dhsa_session *s, int64_t l) {
     const dhsa_model_info *in = &s->m->info;
     const dhsa_dist *d = s->dist;
     const int64_t S = s->stripe, R = d->size, me = d->rank, Hq = in->n_head, hv = in->head_dim_v;
+    const int64_t Hkv = in->n_head_kv, nl = s->p.dist_fetch_share > 0 ? Hkv : 1; /* request lists per rank */
+    const size_t row_bytes = (size_t)(in->head_dim_k + hv) * dhsa_type_size(s->p.kv_type);
     char why[256] = "";
     dhsa_status st = dist_relay(s, l, s->len, s->dist_end);
     if (st) return st;
     const int64_t np = s->n_pieces;
     dhsa_layout **gl = calloc((size_t)(np ? np : 1), sizeof *gl);
-    int64_t *nreq = calloc((size_t)R, sizeof *nreq), *ngot = calloc((size_t)R, sizeof *ngot);
-    int64_t **req = calloc((size_t)R, sizeof *req), **pre = calloc((size_t)R, sizeof *pre);
+    int64_t *nreq = calloc((size_t)(R * nl), sizeof *nreq), *ngot = calloc((size_t)(R * nl), sizeof *ngot);
+    int64_t **req = calloc((size_t)(R * nl), sizeof *req), **pre = calloc((size_t)(R * nl), sizeof *pre);
     size_t *sb = calloc((size_t)R, sizeof *sb), *rb = calloc((size_t)R, sizeof *rb);
-    int64_t *inbox = NULL, *outbox = NULL;
-    if (!gl || !nreq || !ngot || !req || !pre || !sb || !rb) {
+    int64_t *inbox = NULL, *outbox = NULL, *nh = calloc((size_t)Hkv, sizeof *nh);
+    unsigned char *allowed = NULL;
+    if (!gl || !nreq || !ngot || !req || !pre || !sb || !rb || !nh) {
         st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
         goto done;
     }
+    if (s->p.dist_fetch_share > 0) st = fetch_plan(s, l, &allowed);
     /* route every piece over the whole context (the index holds it all) */
     for (int64_t i = 0; i < np && !st; i++) {
-        dhsa_attn_desc a = dhsa_attn_default_desc();
-        a.q = dhsa_tensor_blhd(s->q + s->pieces[i][0] * Hq * in->head_dim_k, DHSA_F32, 1, s->pieces[i][1], Hq,
-                               in->head_dim_k);
-        a.k = dhsa_tensor_bhld(s->kv, s->p.kv_type, 1, in->n_head_kv, dhsa_kv_index_length(s->ix[l]), in->head_dim_k);
-        a.v = dhsa_tensor_bhld(s->kv, s->p.kv_type, 1, in->n_head_kv, dhsa_kv_index_length(s->ix[l]), hv);
-        a.o = dhsa_tensor_blhd(s->att, DHSA_F32, 1, s->pieces[i][1], Hq, hv);
-        a.causal = 1;
-        a.q_pos0 = s->pieces[i][2];
-        a.softcap = in->attn_softcap;
-        a.scale = in->attn_scale;
-        if ((st = dhsa_kv_index_route(s->ctx, s->ix[l], &a, &gl[i]))) break;
+        dhsa_attn_desc a = piece_desc(s, l, i);
+        if ((st = dhsa__kv_index_route_masked(s->ctx, s->ix[l], &a, allowed, NULL, &gl[i]))) break;
         a.layout = gl[i];
         count_attention(s, &a);
     }
@@ -1070,56 +1295,60 @@ static dhsa_status dist_prefill_dhsa(dhsa_session *s, int64_t l) {
     for (int64_t i = 0; i < np && !st; i++) {
         int64_t r0 = s->pieces[i][0], m = s->pieces[i][1], l0 = s->len_loc + r0;
         dhsa_layout *ll = NULL;
-        if ((st = sub_layout(s, gl[i], me, NULL, NULL, 0, l0 + m, &ll))) break;
+        if ((st = sub_layout(s, gl[i], me, NULL, NULL, NULL, 1, l0 + m, &ll))) break;
         st = dist_call(s, r0, m, cache_view(s, l, 0, l0 + m), cache_view(s, l, 1, l0 + m), 1, l0, ll, s->att, s->lse1);
         dhsa_layout_free(ll);
     }
-    /* what to ask of each rank: the union of the pieces' selections it holds */
+    /* what to ask of each rank: the union of the pieces' selections it
+     * holds, over the KV heads (nl = 1) or per head (nl = Hkv) */
     for (int64_t q = 0; q < R && !st; q++) {
         if (q == me) continue;
-        int64_t tot = 0;
-        for (int64_t i = 0; i < np; i++)
-            for (int64_t g = 0; g < gl[i]->Hkv; g++)
-                for (int64_t qb = 0; qb < gl[i]->n_blocks; qb++) {
-                    const int64_t *rg;
-                    int64_t n;
-                    dhsa_layout_get(gl[i], 0, g, qb, &rg, &n);
-                    tot += map_ranges(S, R, q, rg, n, NULL);
-                }
-        req[q] = malloc((size_t)(tot + 1) * 2 * sizeof(int64_t));
-        if (!req[q]) {
-            st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
-            break;
+        for (int64_t h = 0; h < nl && !st; h++) {
+            const int64_t g0 = nl == 1 ? 0 : h, g1 = nl == 1 ? Hkv : h + 1, x = q * nl + h;
+            int64_t tot = 0;
+            for (int64_t i = 0; i < np; i++)
+                for (int64_t g = g0; g < g1; g++)
+                    for (int64_t qb = 0; qb < gl[i]->n_blocks; qb++) {
+                        const int64_t *rg;
+                        int64_t n;
+                        dhsa_layout_get(gl[i], 0, g, qb, &rg, &n);
+                        tot += map_ranges(S, R, q, rg, n, NULL);
+                    }
+            req[x] = malloc((size_t)(tot + 1) * 2 * sizeof(int64_t));
+            if (!req[x]) {
+                st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
+                break;
+            }
+            int64_t k = 0;
+            for (int64_t i = 0; i < np; i++)
+                for (int64_t g = g0; g < g1; g++)
+                    for (int64_t qb = 0; qb < gl[i]->n_blocks; qb++) {
+                        const int64_t *rg;
+                        int64_t n;
+                        dhsa_layout_get(gl[i], 0, g, qb, &rg, &n);
+                        k += map_ranges(S, R, q, rg, n, req[x] + 2 * k);
+                    }
+            nreq[x] = dhsa__ranges_normalise(req[x], k);
+            pre[x] = malloc((size_t)(nreq[x] + 1) * sizeof(int64_t));
+            if (!pre[x]) {
+                st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
+                break;
+            }
+            pre[x][0] = 0;
+            for (int64_t j = 0; j < nreq[x]; j++) pre[x][j + 1] = pre[x][j] + req[x][2 * j + 1] - req[x][2 * j];
         }
-        int64_t k = 0;
-        for (int64_t i = 0; i < np; i++)
-            for (int64_t g = 0; g < gl[i]->Hkv; g++)
-                for (int64_t qb = 0; qb < gl[i]->n_blocks; qb++) {
-                    const int64_t *rg;
-                    int64_t n;
-                    dhsa_layout_get(gl[i], 0, g, qb, &rg, &n);
-                    k += map_ranges(S, R, q, rg, n, req[q] + 2 * k);
-                }
-        nreq[q] = dhsa__ranges_normalise(req[q], k);
-        pre[q] = malloc((size_t)(nreq[q] + 1) * sizeof(int64_t));
-        if (!pre[q]) {
-            st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
-            break;
-        }
-        pre[q][0] = 0;
-        for (int64_t j = 0; j < nreq[q]; j++) pre[q][j + 1] = pre[q][j] + req[q][2 * j + 1] - req[q][2 * j];
     }
     /* A failure above still takes part in the exchanges (with nothing
      * asked), so that the other ranks are not left waiting. */
-    for (int64_t q = 0; q < R; q++) sb[q] = rb[q] = sizeof(int64_t);
+    for (int64_t q = 0; q < R; q++) sb[q] = rb[q] = (size_t)nl * sizeof(int64_t);
     if (d->alltoallv(d->user, nreq, sb, ngot, rb, why)) {
         st = dist_fail("exchanging the key requests", why);
         goto done;
     }
     int64_t n_out = 0, n_in = 0;
-    for (int64_t q = 0; q < R; q++) {
-        n_out += q == me ? 0 : nreq[q];
-        n_in += q == me ? 0 : ngot[q];
+    for (int64_t x = 0; x < R * nl; x++) {
+        n_out += x / nl == me ? 0 : nreq[x];
+        n_in += x / nl == me ? 0 : ngot[x];
     }
     outbox = malloc((size_t)(n_out + 1) * 2 * sizeof(int64_t));
     inbox = malloc((size_t)(n_in + 1) * 2 * sizeof(int64_t));
@@ -1128,11 +1357,16 @@ static dhsa_status dist_prefill_dhsa(dhsa_session *s, int64_t l) {
         goto done;
     }
     for (int64_t q = 0, k = 0; q < R; q++) {
-        if (q != me && nreq[q]) memcpy(outbox + 2 * k, req[q], (size_t)nreq[q] * 2 * sizeof(int64_t));
-        k += q == me ? 0 : nreq[q];
-        sb[q] = q == me ? 0 : (size_t)nreq[q] * 2 * sizeof(int64_t);
-        rb[q] = q == me ? 0 : (size_t)ngot[q] * 2 * sizeof(int64_t);
-        s->dst.index += (double)rb[q] + (q == me ? 0 : sizeof(int64_t));
+        int64_t n_q = 0, g_q = 0;
+        for (int64_t h = 0; q != me && h < nl; h++) {
+            if (nreq[q * nl + h]) memcpy(outbox + 2 * k, req[q * nl + h], (size_t)nreq[q * nl + h] * 2 * sizeof(int64_t));
+            k += nreq[q * nl + h];
+            n_q += nreq[q * nl + h];
+            g_q += ngot[q * nl + h];
+        }
+        sb[q] = (size_t)n_q * 2 * sizeof(int64_t);
+        rb[q] = (size_t)g_q * 2 * sizeof(int64_t);
+        s->dst.index += (double)rb[q] + (q == me ? 0 : (double)nl * sizeof(int64_t));
     }
     if (d->alltoallv(d->user, outbox, sb, inbox, rb, why)) {
         st = dist_fail("exchanging the key requests", why);
@@ -1143,25 +1377,38 @@ static dhsa_status dist_prefill_dhsa(dhsa_session *s, int64_t l) {
     for (int64_t k = 1; k < R; k++) {
         int64_t to = (me + k) % R, from = (me - k + R) % R;
         int64_t off = 0;
-        for (int64_t q = 0; q < to; q++) off += q == me ? 0 : ngot[q];
-        int64_t n_pack = pack_ranges(s, l, inbox + 2 * off, ngot[to], s->dbuf[0]);
+        for (int64_t x = 0; x < to * nl; x++) off += x / nl == me ? 0 : ngot[x];
+        int64_t rows_out = pack_lists(s, l, inbox + 2 * off, ngot + to * nl, nl, s->dbuf[0]);
         for (int64_t q = 0; q < R; q++) sb[q] = rb[q] = 0;
-        sb[to] = shard_bytes(s, n_pack);
-        int64_t n_from = from == me || !pre[from] ? 0 : pre[from][nreq[from]];
-        rb[from] = shard_bytes(s, n_from);
+        sb[to] = (size_t)rows_out * row_bytes;
+        /* the keys coming from `from`, per KV head, and the most of one head */
+        int64_t rows_in = 0, n_most = 0;
+        for (int64_t g = 0; g < Hkv; g++) {
+            const int64_t x = from * nl + (nl == 1 ? 0 : g);
+            nh[g] = from == me || !pre[x] ? 0 : pre[x][nreq[x]];
+            rows_in += nh[g];
+            n_most = nh[g] > n_most ? nh[g] : n_most;
+        }
+        rb[from] = (size_t)rows_in * row_bytes;
         if (d->alltoallv(d->user, s->dbuf[0], sb, s->dbuf[1], rb, why)) {
             st = dist_fail("fetching the selected keys", why);
             goto done;
         }
+        const int64_t vis = dist_visible(s, from);
         s->dst.kv += (double)rb[from];
-        s->dst.kv_keys += (double)n_from;
-        if (st || n_from == 0) continue;
+        s->dst.kv_keys += (double)rows_in / (double)Hkv;
+        s->dst.kv_visible += (double)vis;
+        if (vis > 0 && (double)rows_in / ((double)Hkv * (double)vis) > s->dst.kv_share_max)
+            s->dst.kv_share_max = (double)rows_in / ((double)Hkv * (double)vis);
+        if (st || n_most == 0) continue;
+        if (nl > 1) spread_heads(s, s->dbuf[1], nh, n_most);
         dhsa_tensor kk, vv;
-        shard_views(s, s->dbuf[1], n_from, &kk, &vv);
+        shard_views(s, s->dbuf[1], n_most, &kk, &vv);
         for (int64_t i = 0; i < np && !st; i++) {
             int64_t r0 = s->pieces[i][0], m = s->pieces[i][1];
             dhsa_layout *fl = NULL;
-            if ((st = sub_layout(s, gl[i], from, req[from], pre[from], nreq[from], n_from, &fl))) break;
+            if ((st = sub_layout(s, gl[i], from, req + from * nl, pre + from * nl, nreq + from * nl, nl, n_most, &fl)))
+                break;
             st = dist_call(s, r0, m, kk, vv, 0, 0, fl, s->o2, s->lse2);
             dhsa_layout_free(fl);
             if (!st) lse_merge(s->att + r0 * Hq * hv, s->lse1 + r0 * Hq, s->o2 + r0 * Hq * hv, s->lse2 + r0 * Hq, m, Hq, hv);
@@ -1169,9 +1416,9 @@ static dhsa_status dist_prefill_dhsa(dhsa_session *s, int64_t l) {
     }
 done:
     for (int64_t i = 0; gl && i < np; i++) dhsa_layout_free(gl[i]);
-    for (int64_t q = 0; q < R; q++) {
-        if (req) free(req[q]);
-        if (pre) free(pre[q]);
+    for (int64_t x = 0; x < R * nl; x++) {
+        if (req) free(req[x]);
+        if (pre) free(pre[x]);
     }
     free(gl);
     free(nreq);
@@ -1182,6 +1429,8 @@ done:
     free(rb);
     free(inbox);
     free(outbox);
+    free(nh);
+    free(allowed);
     return st;
 }
 
@@ -1194,8 +1443,8 @@ static dhsa_status dist_prefill_dense(dhsa_session *s, int64_t l) {
     const int64_t S = s->stripe, R = d->size, me = d->rank, Hq = in->n_head, hv = in->head_dim_v;
     char why[256] = "";
     dhsa_status st = DHSA_OK;
-    int64_t mine[2] = {0, dist_count_before(S, R, me, s->dist_end)};
-    pack_ranges(s, l, mine, 1, s->dbuf[0]);
+    int64_t mine[2] = {0, dist_count_before(S, R, me, s->dist_end)}, one = 1;
+    pack_lists(s, l, mine, &one, 1, s->dbuf[0]);
     char *cur = s->dbuf[0], *nxt = s->dbuf[1];
     for (int64_t k = 1; k <= R; k++) {
         int64_t held = (me - k + 1 + R) % R, coming = (me - k + R) % R; /* cur holds held's shard */
@@ -1263,7 +1512,7 @@ static dhsa_status dist_decode(dhsa_session *s, int64_t l) {
         a.v = dhsa_tensor_bhld(s->kv, s->p.kv_type, 1, Hkv, p + 1, hv);
         if ((st = dhsa_kv_index_route(s->ctx, s->ix[l], &a, &gl))) return st;
         a.layout = gl;
-        st = sub_layout(s, gl, me, NULL, NULL, 0, cnt, &ll);
+        st = sub_layout(s, gl, me, NULL, NULL, NULL, 1, cnt, &ll);
     } else {
         a.k = dhsa_tensor_bhld(s->kv, s->p.kv_type, 1, Hkv, p + 1, hk);
         a.v = a.k;
