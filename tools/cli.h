@@ -147,6 +147,7 @@ int dhsa_cli_plan(int argc, char **argv);
 extern const char dhsa_cli_run_usage[];
 int dhsa_cli_bench_model(int argc, char **argv);
 extern const char dhsa_cli_bench_model_usage[];
+extern const char dhsa_cli_dist_usage[]; /* printed after run's and bench model's */
 /* dhsa train-boundary (tools/train.c): the learned boundary predictor. */
 int dhsa_cli_train_boundary(int argc, char **argv);
 extern const char dhsa_cli_train_boundary_usage[];

@@ -22,10 +22,20 @@
 #define EXIT_RUN DHSA_EXIT_RUN
 #define EXIT_USAGE DHSA_EXIT_USAGE
 
-/* --dist-stripe, the same words in run's and bench model's help. */
-#define DIST_STRIPE_HELP                                                                                               \
-    "  --dist-stripe N     under mpirun -np R: positions go to ranks in stripes\n"                                     \
-    "                      of N tokens (0, the default: contiguous; docs/dist.md)\n"
+/* --dist-stripe and --dist-fetch, the same words after run's and bench
+ * model's help (a string of its own: one string of them all would pass
+ * the 4095 characters C99 promises to support). */
+const char dhsa_cli_dist_usage[] =
+    "Context parallel (mpirun -np R, R > 1; docs/dist.md):\n"
+    "  --dist-stripe N     positions go to ranks in stripes of N tokens (0, the\n"
+    "                      default: contiguous)\n"
+    "  --dist-fetch F      dhsa and block: a fetch budget per rank, 0 < F <= 1\n"
+    "                      (default: none, routing as one process). Per layer,\n"
+    "                      KV head and other rank, a rank fetches at most F of\n"
+    "                      that rank's keys its queries could see: the chunks its\n"
+    "                      blocks weigh most together; each block then selects\n"
+    "                      among its own rank's chunks and those (docs/dist.md,\n"
+    "                      \"A fetch budget per rank\"). Refused with one process\n";
 
 const char dhsa_cli_run_usage[] =
     "usage: dhsa run [-m MODEL] [-p TEXT | -f FILE] [-n N] [options]\n"
@@ -93,8 +103,7 @@ const char dhsa_cli_run_usage[] =
     "                      per query block the key ranges it read (docs/dhsa.md)\n"
     "  --dump-layer N      the layer drawn (default 0)\n"
     "  --dump-head H       the KV head drawn (default 0)\n"
-    "  --logits-out FILE   the logits of every step, F32 (tests/test_dist.c)\n"
-    DIST_STRIPE_HELP;
+    "  --logits-out FILE   the logits of every step, F32 (tests/test_dist.c)\n";
 
 static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
 
@@ -128,11 +137,28 @@ static const dhsa_dist *dist_begin(int *argc, char ***argv) {
  * is a multiple of the 64-row query block. */
 static int64_t dist_stripe_arg(const char *opt, const char *v) { return dhsa_cli_int(opt, v, 0, (int64_t)1 << 30, 1); }
 
+/* --dist-fetch F: 0 < F <= 1 (0 is the default, no budget: left out, not given). */
+static double dist_fetch_arg(const char *opt, const char *v) {
+    double f = dhsa_cli_real(opt, v, 0, 1);
+    if (!(f > 0))
+        dhsa_cli_die(EXIT_USAGE, "%s %s: a share of the keys in (0, 1]; no budget is the default (leave the option "
+                     "out)", opt, v);
+    return f;
+}
+
+/* --dist-fetch with one process: refused, as it would change nothing. */
+static void dist_fetch_needs_ranks(double f) {
+    if (f > 0)
+        dhsa_cli_die(EXIT_USAGE, "--dist-fetch %g budgets what each rank of a context-parallel prefill fetches from the "
+                     "others (under mpirun -np R, R > 1); one process fetches nothing: leave it out", f);
+}
+
 /* What crossed the wire in a context-parallel session since it was
  * created: each kind summed over the ranks (dhsa_dist_stats). Collective:
  * every rank calls it, in the same order as its other reductions. */
 typedef struct {
     double kv, index, partial;
+    double keys, visible, share_max; /* DHSA: keys fetched, keys the queries could see, the largest share */
 } dist_wire;
 
 static dist_wire dist_wire_sum(const dhsa_dist_stats *mine) {
@@ -140,17 +166,26 @@ static dist_wire dist_wire_sum(const dhsa_dist_stats *mine) {
     w.kv = dhsa_cli_dist_sum(mine->kv);
     w.index = dhsa_cli_dist_sum(mine->index);
     w.partial = dhsa_cli_dist_sum(mine->partial);
+    w.keys = dhsa_cli_dist_sum(mine->kv_keys);
+    w.visible = dhsa_cli_dist_sum(mine->kv_visible);
+    w.share_max = dhsa_cli_dist_max(mine->kv_share_max);
     return w;
 }
 
 /* The wire in words: K/V per layer per prompt token (prefill), the index
- * relay, the decode partials per layer per decode step. */
+ * relay, the decode partials per layer per decode step; for DHSA the share
+ * of the other ranks' keys fetched that the queries could see, and the
+ * largest from one rank in one layer (at most --dist-fetch). */
 static const char *dist_wire_text(const dist_wire *w, int64_t n_layer, int64_t n_prompt, int64_t n_dec, char *buf,
                                   size_t cap) {
-    snprintf(buf, cap, "K/V %.3f MiB = %.1f bytes per layer per prompt token, index %.3f MiB, decode partials %.3f "
-             "MiB (%.0f bytes per layer per decode token)", w->kv / 1048576.0,
-             n_prompt > 0 ? w->kv / (double)n_layer / (double)n_prompt : 0.0, w->index / 1048576.0,
-             w->partial / 1048576.0, n_dec > 0 ? w->partial / (double)n_layer / (double)n_dec : 0.0);
+    int k = snprintf(buf, cap, "K/V %.3f MiB = %.1f bytes per layer per prompt token, index %.3f MiB, decode "
+                     "partials %.3f MiB (%.0f bytes per layer per decode token)", w->kv / 1048576.0,
+                     n_prompt > 0 ? w->kv / (double)n_layer / (double)n_prompt : 0.0, w->index / 1048576.0,
+                     w->partial / 1048576.0, n_dec > 0 ? w->partial / (double)n_layer / (double)n_dec : 0.0);
+    if (w->visible > 0 && k > 0 && (size_t)k < cap)
+        snprintf(buf + k, cap - (size_t)k, "; fetched %.0f of the %.0f keys of other ranks the queries could see "
+                 "(%.2f%%; from one rank in one layer at most %.6f)", w->keys, w->visible,
+                 100.0 * w->keys / w->visible, w->share_max);
     return buf;
 }
 
@@ -165,6 +200,7 @@ static void parse(int argc, char **argv, run_opts *o) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             fputs(dhsa_cli_run_usage, stdout);
+            fputs(dhsa_cli_dist_usage, stdout);
             exit(0);
         }
         /* flags */
@@ -226,6 +262,7 @@ static void parse(int argc, char **argv, run_opts *o) {
         else if (strcmp(a, "--q-block") == 0) o->ses.router.q_block = dhsa_cli_int(a, v, 1, 65536, 0);
         else if (strcmp(a, "--logits-out") == 0) o->logits_path = v;
         else if (strcmp(a, "--dist-stripe") == 0) o->ses.dist_stripe = dist_stripe_arg(a, v);
+        else if (strcmp(a, "--dist-fetch") == 0) o->ses.dist_fetch_share = dist_fetch_arg(a, v);
         else if (strcmp(a, "--dump-layout") == 0) {
             if (!v[0]) dhsa_cli_die(EXIT_USAGE, "--dump-layout needs a file name");
             o->dump_path = v;
@@ -558,13 +595,17 @@ static void plan_failed(dhsa_status st, const dhsa_session_params *ses) {
 /* After a context-parallel run: what each rank received and held, and
  * whether every rank generated the same ids (rank 0 says so). */
 static int dist_report(const dhsa_session *s, const dhsa_model_info *in, const int32_t *ids, int64_t n_ids,
-                       int64_t n_prompt, double t_prompt, int64_t stripe) {
+                       int64_t n_prompt, double t_prompt, int64_t stripe, double fetch) {
     dhsa_dist_stats ds;
     dhsa_session_get_dist_stats(s, &ds);
     const int r = dhsa_cli_dist_rank(), R = dhsa_cli_dist_size();
     const int64_t L = in->n_layer;
-    fprintf(stderr, "dist rank %d/%d: received K/V %.3f MiB (%.0f keys), index %.3f MiB, decode partials %.3f MiB, "
-            "logits %.3f MiB; peak RSS %.1f MiB; KV cache %.1f MiB\n", r, R, ds.kv / 1048576.0, ds.kv_keys,
+    char vis[160] = "";
+    if (ds.kv_visible > 0)
+        snprintf(vis, sizeof vis, " of the %.0f its queries could see, from one rank in one layer at most %.6f",
+                 ds.kv_visible, ds.kv_share_max);
+    fprintf(stderr, "dist rank %d/%d: received K/V %.3f MiB (%.0f keys%s), index %.3f MiB, decode partials %.3f MiB, "
+            "logits %.3f MiB; peak RSS %.1f MiB; KV cache %.1f MiB\n", r, R, ds.kv / 1048576.0, ds.kv_keys, vis,
             ds.index / 1048576.0, ds.partial / 1048576.0, ds.logits / 1048576.0, mib(dhsa_proc_peak_rss()),
             mib(dhsa_session_get_plan(s)->kv_cache));
     fflush(stderr);
@@ -572,8 +613,9 @@ static int dist_report(const dhsa_session *s, const dhsa_model_info *in, const i
     double rss = dhsa_cli_dist_max((double)dhsa_proc_peak_rss()), tp = dhsa_cli_dist_max(t_prompt);
     int same = dhsa_cli_dist_same_ids(ids, n_ids);
     if (r != 0) return same;
-    char stxt[32], wtxt[256];
-    snprintf(stxt, sizeof stxt, stripe ? "%lld" : "contiguous", (long long)stripe);
+    char stxt[96], wtxt[512];
+    int k = snprintf(stxt, sizeof stxt, stripe ? "%lld" : "contiguous", (long long)stripe);
+    if (fetch > 0 && k > 0) snprintf(stxt + k, sizeof stxt - (size_t)k, ", fetch budget %g", fetch);
     const int64_t n_dec = n_ids - n_prompt > 1 ? n_ids - n_prompt - 1 : 0;
     fprintf(stderr, "dist: %d ranks, stripe %s; on the wire (all ranks): %s; slowest prefill %.3f s; largest peak "
             "RSS %.1f MiB\n", R, stxt, dist_wire_text(&w, L, n_prompt, n_dec, wtxt, sizeof wtxt), tp,
@@ -588,6 +630,7 @@ static int run_main(int argc, char **argv, int plan_only) {
     run_opts o;
     parse(argc, argv, &o);
     o.ses.dist = dist;
+    if (!dist) dist_fetch_needs_ranks(o.ses.dist_fetch_share);
     dhsa_model_params mp = dhsa_model_default_params();
     mp.tokenizer_path = o.tokenizer;
     dhsa_model *m;
@@ -766,7 +809,8 @@ static int run_main(int argc, char **argv, int plan_only) {
     fflush(stdout);
     if (o.dump_path) dump_end(&dump, o.model, in, n_prompt, plan.n_ubatch);
     if (o.ses.attn != DHSA_ATTN_DENSE) density_report(&st_prefill, s, &o.ses);
-    int same = dist ? dist_report(s, in, ids, n_prompt + n_gen, n_prompt, t_prompt, o.ses.dist_stripe) : 1;
+    int same = dist ? dist_report(s, in, ids, n_prompt + n_gen, n_prompt, t_prompt, o.ses.dist_stripe,
+                                  o.ses.dist_fetch_share) : 1;
     fprintf(stderr,
             "prompt: %lld tokens in %.3f s (%.1f tok/s), first token after %.3f s; decode: %lld tokens, %.1f tok/s; "
             "all forward passes: %.1f tok/s; peak RSS %.1f MiB (%zu KiB)",
@@ -809,7 +853,7 @@ const char dhsa_cli_bench_model_usage[] =
     "                        [--attn dense,dhsa] [--decode N] [--density F | --budget N]\n"
     "                        [--boundary learned:FILE] [--runs N] [--mem-limit SIZE]\n"
     "                        [--kv f32|f16|q8_0] [--exact] [--threads T] [--seed S] [--svg FILE]\n"
-    "       mpirun -np R dhsa bench model [the same options] [--dist-stripe N]\n"
+    "       mpirun -np R dhsa bench model [the same options] [--dist-stripe N] [--dist-fetch F]\n"
     "\n"
     "For each length L and attention method, in one process: a fresh session\n"
     "of L + decode tokens, a prefill of L random token ids (seeded), then N\n"
@@ -842,8 +886,8 @@ const char dhsa_cli_bench_model_usage[] =
     "ids, and the bytes on the wire (all ranks; as dhsa run's \"dist:\" line).\n"
     "--threads is per rank. Methods dense, dhsa and block only: stream, oracle,\n"
     "dhsa-learned and --kv q8_0 are refused with R > 1. With one process, or\n"
-    "-np 1, nothing changes.\n"
-    DIST_STRIPE_HELP;
+    "-np 1, nothing changes. --dist-fetch applies to the dhsa and block rows\n"
+    "(dense passes every key round the ring).\n";
 
 /* The plot files of --svg: FILE without a trailing ".svg", then suffix. */
 static void svg_name(char *out, size_t cap, const char *file, const char *suffix) {
@@ -904,7 +948,7 @@ static void write_model_plots(const char *file, const char *model, const char *c
  * the first run and for the run. */
 typedef struct {
     int64_t n_dec, budget, stripe;
-    double density;
+    double density, fetch;
     dhsa_type kv;
     int exact;
     size_t mem_limit;
@@ -927,6 +971,7 @@ static dhsa_session_params bench_params(const bench_setup *b, int64_t L, dhsa_at
     sp.mem_limit = b->mem_limit;
     sp.dist = b->dist;
     sp.dist_stripe = b->stripe;
+    if (method == DHSA_ATTN_DHSA || method == DHSA_ATTN_BLOCK) sp.dist_fetch_share = b->fetch;
     return sp;
 }
 
@@ -961,7 +1006,7 @@ int dhsa_cli_bench_model(int argc, char **argv) {
     const char *model = NULL, *tokp = NULL, *lengths = "4K,16K,32K", *methods = NULL, *svg = NULL;
     const char *pred_path = NULL;
     int64_t n_dec = 16, threads = 0, seed = 1, budget = 0, runs = 1, stripe = 0;
-    double density = 0;
+    double density = 0, fetch = 0;
     size_t mem_limit = 0;
     dhsa_type kv = DHSA_F32;
     int exact = 0;
@@ -969,6 +1014,7 @@ int dhsa_cli_bench_model(int argc, char **argv) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             fputs(dhsa_cli_bench_model_usage, stdout);
+            fputs(dhsa_cli_dist_usage, stdout);
             dhsa_cli_dist_finish();
             return 0;
         }
@@ -990,6 +1036,7 @@ int dhsa_cli_bench_model(int argc, char **argv) {
         else if (strcmp(a, "--runs") == 0) runs = dhsa_cli_int(a, v, 1, 1000, 1);
         else if (strcmp(a, "--mem-limit") == 0) mem_limit = (size_t)dhsa_cli_int(a, v, 1, INT64_MAX, 1);
         else if (strcmp(a, "--dist-stripe") == 0) stripe = dist_stripe_arg(a, v);
+        else if (strcmp(a, "--dist-fetch") == 0) fetch = dist_fetch_arg(a, v);
         else if (strcmp(a, "--boundary") == 0) {
             if (strncmp(v, "learned:", 8) != 0 || !v[8]) dhsa_cli_die(EXIT_USAGE, "--boundary is learned:FILE, not \"%s\"", v);
             pred_path = v + 8;
@@ -1046,8 +1093,15 @@ int dhsa_cli_bench_model(int argc, char **argv) {
         mname[nm] = learned[nm] ? "dhsa-learned" : dhsa_attn_method_name(m);
         ms[nm++] = m;
     }
-    int any_learned = 0;
-    for (int k = 0; k < nm; k++) any_learned |= learned[k];
+    int any_learned = 0, any_routed = 0;
+    for (int k = 0; k < nm; k++) {
+        any_learned |= learned[k];
+        any_routed |= ms[k] == DHSA_ATTN_DHSA || ms[k] == DHSA_ATTN_BLOCK;
+    }
+    if (!dist) dist_fetch_needs_ranks(fetch);
+    if (fetch > 0 && !any_routed)
+        dhsa_cli_die(EXIT_USAGE, "--dist-fetch %g budgets what dhsa and block fetch; --attn %s has neither (dense passes "
+                     "every key round the ring): add one or leave it out", fetch, methods);
     if (pred_path && !any_learned)
         dhsa_cli_die(EXIT_USAGE, "--boundary learned:%s is read by the method dhsa-learned, which --attn %s leaves "
                      "out: add it (or drop --boundary)", pred_path, methods);
@@ -1062,7 +1116,7 @@ int dhsa_cli_bench_model(int argc, char **argv) {
     cp.n_threads = (int)threads;
     dhsa_ctx *ctx;
     if (dhsa_ctx_create(&cp, &ctx)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
-    const bench_setup bs = {n_dec, budget, stripe, density, kv, exact, mem_limit, pred, dist};
+    const bench_setup bs = {n_dec, budget, stripe, density, fetch, kv, exact, mem_limit, pred, dist};
     /* What cannot run across ranks (a method, learned boundaries, the KV
      * type, the stripe) is refused before anything runs, in the library's
      * words: never replaced by something that can. */
@@ -1099,8 +1153,11 @@ int dhsa_cli_bench_model(int argc, char **argv) {
            dhsa_isa_name(dhsa_active_isa()), dhsa_type_name(kv), (long long)n_dec,
            pred_path ? ", dhsa-learned: predictor " : "", pred_path ? pred_path : "", exact ? " (--exact)" : "", routes);
     if (dist) {
-        char stxt[32];
-        snprintf(stxt, sizeof stxt, stripe ? "stripes of %lld tokens" : "contiguous", (long long)stripe);
+        char stxt[128];
+        int k = snprintf(stxt, sizeof stxt, stripe ? "stripes of %lld tokens" : "contiguous", (long long)stripe);
+        if (fetch > 0 && k > 0)
+            snprintf(stxt + k, sizeof stxt - (size_t)k, ", dhsa and block with a fetch budget of %g (--dist-fetch)",
+                     fetch);
         printf("context parallel: %d ranks (mpirun), %s, the threads above per rank; ttft_s and decode_t/s are the "
                "slowest rank's, plan_MiB and peakRSS_MiB the largest rank's; under each row: per rank (rank 0/1/..), "
                "then the bytes on the wire, all ranks\n", R, stxt);
@@ -1156,7 +1213,7 @@ int dhsa_cli_bench_model(int argc, char **argv) {
             }
             double td = dhsa_cli_now() - t1;
             double rss = (double)dhsa_proc_peak_rss(), plan_b = (double)dhsa_session_get_plan(s)->total;
-            dist_wire w = {0, 0, 0};
+            dist_wire w = {0, 0, 0, 0, 0, 0};
             int same = 1;
             if (dist) { /* collective, on every rank in the same order */
                 dhsa_dist_stats ds;
@@ -1177,7 +1234,7 @@ int dhsa_cli_bench_model(int argc, char **argv) {
                    (long long)run + 1, ttft, (double)L / ttft, (double)n_dec / td, mib((size_t)plan_b),
                    mib((size_t)rss), base / ttft);
             if (dist) {
-                char a[512], b[512], c[512], wt[256];
+                char a[512], b[512], c[512], wt[512];
                 printf("%8s %-12s ranks: peak RSS %s MiB, ttft %s s, decode %s s; %s\n", "", "",
                        rank_list(g + 2 * R, R, 1.0 / 1048576.0, "%.1f", a, sizeof a),
                        rank_list(g, R, 1.0, "%.3f", b, sizeof b), rank_list(g + R, R, 1.0, "%.3f", c, sizeof c),
