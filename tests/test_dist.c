@@ -22,8 +22,9 @@
 
 /* every check main makes where it runs: the prompt, 2 methods x (the
  * reference + 2 stripes x 3 rank counts x 3), 6 dense logits, the wrong
- * prompt, 2 faults x 4, bench model: 2 rank counts x 6 + the refusal's 3 */
-#define N_CHECKS (1 + 2 * (1 + 2 * 3 * 3) + 6 + 1 + 2 * 4 + 2 * 6 + 3)
+ * prompt, 2 faults x 4, bench model: 2 rank counts x 6 + --dist-fetch's 1
+ * + the refusal's 3, the fetch budget's 16 */
+#define N_CHECKS (1 + 2 * (1 + 2 * 3 * 3) + 6 + 1 + 2 * 4 + 2 * 6 + 1 + 3 + 16)
 #define MPIRUN "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 mpirun --oversubscribe"
 
 /* The generated ids: the last n_gen numbers of the --ids output line. */
@@ -146,8 +147,8 @@ static void test_bench_model(const char *dir) {
     for (int ni = 0; ni < 2; ni++) {
         const int R = nps[ni];
         char args[512], want[128];
-        snprintf(args, sizeof args, "--lengths 512 --attn dense,dhsa --decode 4 --threads 1 --dist-stripe %d",
-                 R == 4 ? 64 : 0);
+        snprintf(args, sizeof args, "--lengths 512 --attn dense,dhsa --decode 4 --threads 1 --dist-stripe %d%s",
+                 R == 4 ? 64 : 0, R == 2 ? " --dist-fetch 1" : "");
         int rc = mpirun_bench(R, args, dir, out, sizeof out, err, sizeof err);
         T_CHECK(rc == 0, "bench model np %d: exit %d\n%.2000s", R, rc, err);
         T_CHECK(count_of(out, " prefill_t/s ") == 1 && count_of(out, "     512 dense ") == 1 &&
@@ -165,6 +166,14 @@ static void test_bench_model(const char *dir) {
         const char *hit = wire ? strstr(wire, want) : NULL;
         T_CHECK(hit && (!eol || hit < eol), "bench model np %d: the dense ring's K/V is not \"%s\":\n%.3000s", R,
                 want, out);
+        if (R == 2) { /* --dist-fetch: said in the header, the dhsa row's fetch counted, not the dense row's */
+            const char *dw = strstr(out, "     512 dhsa "), *dhw = dw ? strstr(dw, "wire: K/V") : NULL;
+            const char *dhe = dhw ? strchr(dhw, '\n') : NULL, *f = dhw ? strstr(dhw, "; fetched ") : NULL;
+            const char *df = wire ? strstr(wire, "; fetched ") : NULL;
+            T_CHECK(strstr(out, "dhsa and block with a fetch budget of 1 (--dist-fetch)") && f && (!dhe || f < dhe) &&
+                    (!df || (eol && df > eol)), "bench model np 2 --dist-fetch 1: not said in the header, or the "
+                    "fetch not counted in the dhsa row only:\n%.3000s", out);
+        }
         snprintf(want, sizeof want, "(%d bytes per layer per decode token)", (R - 1) * R * 6 * 65 * 4);
         hit = wire ? strstr(wire, want) : NULL;
         T_CHECK(hit && (!eol || hit < eol), "bench model np %d: the decode partials are not \"%s\":\n%.3000s", R,
@@ -177,6 +186,183 @@ static void test_bench_model(const char *dir) {
     T_CHECK(strstr(err, "under mpirun -np 2, --attn stream: context parallel runs dense, dhsa and block attention") !=
                 NULL, "bench model np 2 --attn dense,stream: no refusal that names stream:\n%.2000s", err);
     T_CHECK(!strstr(out, " prefill_t/s "), "bench model np 2 --attn dense,stream: ran before refusing:\n%.2000s", out);
+}
+
+/* A prompt of about 2000 tokens of varied words (a seeded choice from
+ * short lists) with a pass key in the middle: enough query blocks per rank
+ * that a fetch budget binds. */
+static int write_long_prompt(const char *path) {
+    static const char *const adj[] = {"red", "quiet", "old", "bright", "heavy", "small", "distant", "wet",
+                                      "green", "empty", "warm", "narrow", "silver", "broken", "tall", "soft"};
+    static const char *const noun[] = {"river", "lamp", "garden", "engine", "letter", "harbour", "window", "forest",
+                                       "market", "bridge", "candle", "mountain", "kitchen", "wagon", "tower", "field"};
+    static const char *const verb[] = {"follows", "hides", "crosses", "carries", "watches", "paints", "finds",
+                                       "leaves", "opens", "mends", "passes", "remembers", "counts", "lifts",
+                                       "turns", "sells"};
+    FILE *f = fopen(path, "w");
+    if (!f) return 0;
+    uint64_t x = 12345;
+    for (int i = 0; i < 140; i++) {
+        int w[5];
+        for (int k = 0; k < 5; k++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            w[k] = (int)((x >> 33) % 16);
+        }
+        fprintf(f, "The %s %s %s the %s %s. ", adj[w[0]], noun[w[1]], verb[w[2]], adj[w[3]], noun[w[4]]);
+        if (i == 70) fprintf(f, "The pass key is 40913. Remember it. ");
+    }
+    fprintf(f, "What is the pass key? The pass key is");
+    return fclose(f) == 0;
+}
+
+/* Runs `mpirun -np np $DHSA_CLI run ARGS`: the ids into ids (count
+ * returned in *n), stderr into err (NUL-terminated); returns the exit
+ * status (-1 if it did not exit). */
+static int mpirun_run(int np, const char *args, const char *dir, int *ids, int cap, int *n, char *err,
+                      size_t err_cap) {
+    char cmd[4096], ep[300];
+    snprintf(ep, sizeof ep, "%s/run_err", dir);
+    snprintf(cmd, sizeof cmd, MPIRUN " -np %d '%s' run %s 2>%s", np, getenv("DHSA_CLI"), args, ep);
+    FILE *p = popen(cmd, "r");
+    static char buf[65536];
+    size_t nb = p ? fread(buf, 1, sizeof buf - 1, p) : 0;
+    buf[nb] = 0;
+    int st = p ? pclose(p) : -1;
+    *n = read_ids(buf, ids, cap);
+    FILE *e = fopen(ep, "r");
+    nb = e ? fread(err, 1, err_cap - 1, e) : 0;
+    err[nb] = 0;
+    if (e) fclose(e);
+    return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* From run's stderr: every rank's "at most S" (the largest share of one
+ * rank's visible keys fetched in one layer), the most of them into *most;
+ * returns how many ranks said one. */
+static int share_max(const char *err, double *most) {
+    int n = 0;
+    *most = 0;
+    for (const char *p = err; (p = strstr(p, "dist rank ")) != NULL; p++) {
+        const char *eol = strchr(p, '\n'), *a = strstr(p, "in one layer at most ");
+        if (!a || (eol && a > eol)) continue;
+        double v = strtod(a + strlen("in one layer at most "), NULL);
+        *most = n == 0 || v > *most ? v : *most;
+        n++;
+    }
+    return n;
+}
+
+/* From run's "dist:" line: K/V MiB, keys fetched and keys visible; 0 if absent. */
+static int wire_fetch(const char *err, double *mib_kv, double *keys, double *visible) {
+    const char *p = strstr(err, "on the wire (all ranks): K/V ");
+    if (!p) return 0;
+    *mib_kv = strtod(p + strlen("on the wire (all ranks): K/V "), NULL);
+    const char *f = strstr(p, "; fetched "), *eol = strchr(p, '\n');
+    if (!f || (eol && f > eol)) return 0;
+    char *e;
+    *keys = strtod(f + strlen("; fetched "), &e);
+    return sscanf(e, " of the %lf keys", visible) == 1;
+}
+
+/* The sorted "prefill: density used" lines of every rank (the layouts'
+ * selected / available keys), joined into out. */
+static void density_lines(const char *err, char *out, size_t cap) {
+    char lines[8][160];
+    int n = 0;
+    for (const char *p = err; n < 8 && (p = strstr(p, "prefill: density used")) != NULL; p++) {
+        const char *eol = strchr(p, '\n');
+        size_t len = eol ? (size_t)(eol - p) : strlen(p);
+        snprintf(lines[n++], sizeof lines[0], "%.*s", (int)(len < 159 ? len : 159), p);
+    }
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && strcmp(lines[j - 1], lines[j]) > 0; j--) {
+            char t[160];
+            memcpy(t, lines[j], sizeof t);
+            memcpy(lines[j], lines[j - 1], sizeof t);
+            memcpy(lines[j - 1], t, sizeof t);
+        }
+    out[0] = 0;
+    for (int i = 0; i < n; i++) snprintf(out + strlen(out), cap - strlen(out), "%s\n", lines[i]);
+}
+
+/* --dist-fetch (docs/dist.md, "A fetch budget per rank") on a 2000-token
+ * prompt, DHSA at 6.25% with every block routed (--dense-below 0):
+ * F = 1 must route as one process (the same ids, logits within 1e-5, each
+ * rank's layouts' density the same as without the option); F = 0.125 at
+ * R = 2 (contiguous) and 4 (stripes of 256) must run to the end with the
+ * same ids on every rank and fetch from one rank in one layer at most
+ * 0.125 of its keys the queries could see (the counters: K/V bytes of one
+ * rank's fetch / (its visible keys x b)), so in all at most 0.125 of the
+ * visible keys, K/V = those keys x b (b = 1024), and fewer bytes than F = 1.
+ * One process and dense attention refuse the option. */
+static void test_fetch_budget(const char *dir) {
+    static char err[65536], err_off[65536], dens_a[2048], dens_b[2048];
+    char prompt[300], refl[300], gotl[300], args[2048], cmd[4096];
+    snprintf(prompt, sizeof prompt, "%s/long.txt", dir);
+    snprintf(refl, sizeof refl, "%s/long_ref.f32", dir);
+    snprintf(gotl, sizeof gotl, "%s/long_got.f32", dir);
+    T_CHECK(write_long_prompt(prompt), "writing %s", prompt);
+    const char *common = "-n 4 --temp 0 --ids -t 1 --ctx 2560 --attn dhsa --dense-below 0";
+    char *out = NULL;
+    snprintf(args, sizeof args, "run -f %s %s --logits-out %s", prompt, common, refl);
+    int rc = cli_run(args, 1, &out);
+    int ref[4096], n_ref = out ? read_ids(out, ref, 4096) : 0;
+    free(out);
+    T_CHECK(rc == 0 && n_ref > 1500, "fetch budget: one process: exit %d, %d ids", rc, n_ref);
+    int ids[4096], n = 0;
+    /* without the option and with F = 1, R = 4, stripes of 256 */
+    double kv_off = 0, kv_one = 0, keys = 0, vis = 0, most = 0;
+    snprintf(args, sizeof args, "-f %s %s --dist-stripe 256", prompt, common);
+    rc = mpirun_run(4, args, dir, ids, 4096, &n, err_off, sizeof err_off);
+    T_CHECK(rc == 0 && wire_fetch(err_off, &kv_off, &keys, &vis), "fetch budget: np 4 without --dist-fetch: exit %d "
+            "or no fetch counts:\n%.2000s", rc, err_off);
+    snprintf(args, sizeof args, "-f %s %s --dist-stripe 256 --dist-fetch 1 --logits-out %s", prompt, common, gotl);
+    rc = mpirun_run(4, args, dir, ids, 4096, &n, err, sizeof err);
+    int same = n == n_ref;
+    for (int i = 0; same && i < n; i++) same = ids[i] == ref[i];
+    T_CHECK(rc == 0 && same && strstr(err, "dist: every rank generated the same"), "fetch budget 1, np 4: exit %d, "
+            "%d ids %s the one process's %d:\n%.2000s", rc, n, same ? "as" : "unlike", n_ref, err);
+    double lerr = logits_err(refl, gotl);
+    T_CHECK(lerr >= 0 && lerr <= 1e-5, "fetch budget 1, np 4: logits differ from one process's by %.3g relative "
+            "(1e-5)", lerr);
+    density_lines(err_off, dens_a, sizeof dens_a);
+    density_lines(err, dens_b, sizeof dens_b);
+    T_CHECK(dens_a[0] && strcmp(dens_a, dens_b) == 0, "fetch budget 1, np 4: the ranks' layouts differ from those "
+            "without the option:\n%s--\n%s", dens_a, dens_b);
+    T_CHECK(wire_fetch(err, &kv_one, &keys, &vis) && kv_one <= kv_off,
+            "fetch budget 1, np 4: K/V %.3f MiB, above the %.3f MiB without the option:\n%.2000s", kv_one, kv_off, err);
+    /* the check below can fail: F = 1 fetches more than 0.125 of some rank's keys in some layer */
+    T_CHECK(share_max(err, &most) >= 3 && most > 0.125, "fetch budget 1, np 4: the largest share %.4f is not above "
+            "0.125 (the bound below would pass anything)", most);
+    /* F = 0.125 at R = 2 and 4 */
+    const int nps[2] = {2, 4}, stripes[2] = {0, 256};
+    for (int k = 0; k < 2; k++) {
+        double kv = 0;
+        snprintf(args, sizeof args, "-f %s %s --dist-stripe %d --dist-fetch 0.125", prompt, common, stripes[k]);
+        rc = mpirun_run(nps[k], args, dir, ids, 4096, &n, err, sizeof err);
+        T_CHECK(rc == 0 && n == n_ref && strstr(err, "dist: every rank generated the same"), "fetch budget 0.125, np "
+                "%d: exit %d, %d ids (want %d), or the ranks' ids differ:\n%.2000s", nps[k], rc, n, n_ref, err);
+        int said = share_max(err, &most);
+        T_CHECK(said >= nps[k] - 1 && most <= 0.125, "fetch budget 0.125, np %d: from one rank in one layer a share "
+                "of %.6f (0.125 at most; %d ranks said)", nps[k], most, said);
+        int got = wire_fetch(err, &kv, &keys, &vis);
+        T_CHECK(got && vis > 0 && keys <= 0.125 * vis && fabs(kv - keys * 1024.0 / 1048576.0) <= 0.0005 &&
+                (k == 0 || kv < kv_one), "fetch budget 0.125, np %d: K/V %.3f MiB, %.1f keys of %.0f visible "
+                "(at most 0.125 of them, K/V = keys x 1024 bytes, below F = 1's %.3f MiB at np 4)", nps[k], kv, keys,
+                vis, kv_one);
+        fprintf(stderr, "test_dist: --dist-fetch 0.125 np %d: fetched %.0f of %.0f visible keys, K/V %.3f MiB, largest "
+                "share %.4f\n", nps[k], keys, vis, kv, most);
+    }
+    /* refused: one process, and dense attention under mpirun */
+    snprintf(args, sizeof args, "run -f %s %s --dist-fetch 0.125", prompt, common);
+    rc = cli_run(args, 0, &out);
+    T_CHECK(rc == 2 && out && strstr(out, "one process fetches nothing"), "--dist-fetch with one process: exit %d, "
+            "not refused:\n%.1000s", rc, out ? out : "");
+    free(out);
+    snprintf(cmd, sizeof cmd, "-f %s -n 1 --temp 0 -t 1 --ctx 2560 --attn dense --dist-fetch 0.125", prompt);
+    rc = mpirun_run(2, cmd, dir, ids, 4096, &n, err, sizeof err);
+    T_CHECK(rc != 0 && strstr(err, "dense attention passes every key round the ring"), "--dist-fetch with dense "
+            "attention under mpirun: exit %d, not refused:\n%.1000s", rc, err);
 }
 
 int main(void) {
@@ -292,6 +478,7 @@ int main(void) {
         fprintf(stderr, "test_dist: %s ended the job in %.1f s\n", faults[f], secs);
     }
     test_bench_model(dir);
+    test_fetch_budget(dir);
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "test_dist: could not remove %s\n", dir);
     return t_report("test_dist");
