@@ -12,7 +12,11 @@
  * ids, and count the dense ring's K/V and the decode partials at the bytes
  * per layer per token docs/dist.md's formulas give; a method that is not
  * distributed (stream) must be refused with a sentence, before anything
- * runs. Skipped, saying so, without mpirun or with a CLI built without MPI.
+ * runs. A fetch budget per rank (--dist-fetch, test_fetch_budget): F = 1
+ * routes as one process; F = 0.125 keeps every rank's fetch from every
+ * other rank, in every layer, within 0.125 of the keys its queries could
+ * see, with the same ids on every rank. Skipped, saying so, without mpirun
+ * or with a CLI built without MPI.
  */
 #include "t.h"
 #include "cli_run.h"
