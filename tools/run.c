@@ -512,12 +512,17 @@ static void dump_begin(layout_dump *d, const run_opts *o, const dhsa_model_info 
  * without a layout, the query blocks that ran dense. Said for the prefill
  * and for the whole run; a run in which nothing was routed says DENSE. */
 static void density_line(const char *what, const dhsa_attn_stats *st) {
-    fprintf(stderr, "  %s: density used %.4f over %lld layer calls", what, st->density, (long long)st->layer_calls);
-    if (st->dense_calls > 0) fprintf(stderr, ", %lld of them without a layout (dense)", (long long)st->dense_calls);
+    /* one write: stderr is unbuffered, and under mpirun the ranks share it */
+    char line[320];
+    int n = snprintf(line, sizeof line, "  %s: density used %.4f over %lld layer calls", what, st->density,
+                     (long long)st->layer_calls);
+    if (st->dense_calls > 0)
+        n += snprintf(line + n, sizeof line - (size_t)n, ", %lld of them without a layout (dense)",
+                      (long long)st->dense_calls);
     if (st->blocks > 0)
-        fprintf(stderr, ", %lld of %lld query blocks x KV heads ran dense", (long long)st->dense_blocks,
-                (long long)st->blocks);
-    fprintf(stderr, "\n");
+        n += snprintf(line + n, sizeof line - (size_t)n, ", %lld of %lld query blocks x KV heads ran dense",
+                      (long long)st->dense_blocks, (long long)st->blocks);
+    fprintf(stderr, "%s\n", line);
 }
 
 static void density_report(const dhsa_attn_stats *prefill, const dhsa_session *s, const dhsa_session_params *ses) {
