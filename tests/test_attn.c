@@ -1522,6 +1522,65 @@ static int test_glu_isa(const dhsa_attn_kernels *k, const char *isa) {
     return t_checks() - before;
 }
 
+/* The sampler's weights (kern.h, expw): exp((x - sub) * mul) against
+ * double exp of the same float argument, on every ISA: relative
+ * EXPW_RTOL past an absolute 1e-37 (AVX2 flushes below e^-87.3, the
+ * others below e^-104); -inf gives 0 and x = sub gives 1 exactly. */
+#define EXPW_RTOL 4e-7
+
+static int test_expw_isa(const dhsa_attn_kernels *k, const char *isa) {
+    const int before = t_checks();
+    enum { N = 20000 };
+    float *x = malloc(N * sizeof(float)), *o = malloc(N * sizeof(float));
+    rng_t r = {11};
+    const float subs[3] = {0.0f, 3.5f, -20.0f}, muls[3] = {1.0f, 1.0f / 0.7f, 0.25f};
+    double worst = 0;
+    int64_t bad = 0;
+    for (int c = 0; c < 3; c++) {
+        for (int64_t i = 0; i < N; i++)
+            x[i] = i < N / 2 ? (float)(subs[c] - 130.0 / muls[c] + (140.0 / muls[c]) * (double)i / (N / 2 - 1))
+                             : (float)(subs[c] + rng_normal(&r) * 8.0);
+        x[5] = -INFINITY;
+        x[6] = subs[c];
+        /* every length 1..40 (vector tails), then the whole array */
+        for (int64_t n = 1; n <= 41; n++) {
+            const int64_t off = n <= 40 ? 3 * n : 0, len = n <= 40 ? n : N;
+            k->expw(x + off, len, subs[c], muls[c], o);
+            for (int64_t i = 0; i < len; i++) {
+                float a = (x[off + i] - subs[c]) * muls[c];
+                double ref = exp((double)a), e = fabs((double)o[i] - ref);
+                if (!(e <= 1e-37 + EXPW_RTOL * ref)) bad++;
+                if (ref > 1e-37 && e / ref > worst) worst = e / ref;
+            }
+        }
+        k->expw(x, N, subs[c], muls[c], o);
+        T_CHECK(o[5] == 0.0f && o[6] == 1.0f, "expw (%s): exp(-inf) = %g, exp(0) = %.9g", isa, (double)o[5],
+                (double)o[6]);
+    }
+    printf("test_attn: expw %s: max relative error %.2e against double (bound %.1e)\n", isa, worst, EXPW_RTOL);
+    T_CHECK(bad == 0, "expw (%s): %lld values past 1e-37 + %g exp", isa, (long long)bad, EXPW_RTOL);
+    /* the comparison can fail: a weight off by 1e-6 relative is caught */
+    x[0] = 1.0f;
+    k->expw(x, 1, 0.0f, 1.0f, o);
+    T_CHECK(fabs((double)o[0] * (1 + 1e-6) - exp(1.0)) > EXPW_RTOL * exp(1.0), "expw comparator too loose");
+    free(x);
+    free(o);
+    return t_checks() - before;
+}
+
+static void test_expw(void) {
+    const dhsa_isa best = dhsa_active_isa();
+    int n_checks = test_expw_isa(&dhsa__kern_scalar, "scalar");
+    for (int isa = DHSA_ISA_AVX2; isa <= DHSA_ISA_AVX512; isa++) {
+        if (dhsa_set_isa((dhsa_isa)isa) != DHSA_OK) {
+            T_SKIP(n_checks, "expw: ISA %s unsupported here", dhsa_isa_name((dhsa_isa)isa));
+            continue;
+        }
+        test_expw_isa(dhsa__attn_kernels(), dhsa_isa_name((dhsa_isa)isa));
+    }
+    T_CHECK(dhsa_set_isa(best) == DHSA_OK, "could not restore ISA %s", dhsa_isa_name(best));
+}
+
 static void test_glu(void) {
     /* the reference's GELU against the tanh form where that is exact enough */
     double dmax = 0;
@@ -1555,6 +1614,7 @@ int main(void) {
     test_desc_and_backends();
     test_cache16_bitwise();
     test_glu();
+    test_expw();
     int before = t_checks();
     test_wrong_oracles();
     const int n_oracles = t_checks() - before; /* the checks of an ISA that is skipped, below */

@@ -85,6 +85,12 @@ typedef struct {
      * Both are z / (1 + exp(a)) with dhsa__expf's exp. out may be g or u.
      * Errors against double: tests/test_attn.c ("glu"). */
     void (*glu)(const float *g, const float *u, int64_t n, int gelu, float *out);
+
+    /* The sampler's weights (not attention, the same exp): out[i] =
+     * exp((x[i] - sub) * mul) for n values, dhsa__expf's exp, so -inf and
+     * arguments at or below -104 give 0. x has no NaN (the sampler refused
+     * it). Errors against double: tests/test_attn.c ("expw"). */
+    void (*expw)(const float *x, int64_t n, float sub, float mul, float *out);
 } dhsa_attn_kernels;
 
 #define DHSA_NARROW 8

@@ -265,8 +265,17 @@ static void glu(const float *g, const float *u, int64_t n, int gelu, float *out)
     }
 }
 
+/* as kern_scalar.c's expw, 8 values a step; the tail (n % 8) scalar */
+static void expw(const float *x, int64_t n, float sub, float mul, float *out) {
+    const __m256 vs = _mm256_set1_ps(sub), vm = _mm256_set1_ps(mul);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, exp256(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), vs), vm)));
+    for (; i < n; i++) out[i] = dhsa__expf((x[i] - sub) * mul);
+}
+
 const dhsa_attn_kernels dhsa__kern_avx2 = {qk, softmax, pv, softcap, qk_rows, softmax_rows, pv_rows, widen,
-                                          NULL, NULL, widen_q8, NULL, NULL, glu};
+                                          NULL, NULL, widen_q8, NULL, NULL, glu, expw};
 
 #else
 typedef int dhsa__kern_avx2_unused; /* ISO C forbids an empty file */

@@ -401,8 +401,18 @@ static void glu(const float *g, const float *u, int64_t n, int gelu, float *out)
     }
 }
 
+/* as kern_scalar.c's expw, 16 values a step; the tail masked */
+static void expw(const float *x, int64_t n, float sub, float mul, float *out) {
+    const __m512 vs = _mm512_set1_ps(sub), vm = _mm512_set1_ps(mul);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 mk = tail_mask(n - i);
+        __m512 a = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, x + i), vs), vm);
+        _mm512_mask_storeu_ps(out + i, mk, exp512(a));
+    }
+}
+
 const dhsa_attn_kernels dhsa__kern_avx512 = {qk, softmax, pv, softcap, qk_rows, softmax_rows, pv_rows, widen,
-                                             qk_rows16, pv_rows16, widen_q8, qk_rows_q8, pv_rows_q8, glu};
+                                             qk_rows16, pv_rows16, widen_q8, qk_rows_q8, pv_rows_q8, glu, expw};
 
 #else
 typedef int dhsa__kern_avx512_unused; /* ISO C forbids an empty file */

@@ -122,5 +122,9 @@ static void glu(const float *g, const float *u, int64_t n, int gelu, float *out)
     }
 }
 
+static void expw(const float *x, int64_t n, float sub, float mul, float *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = dhsa__expf((x[i] - sub) * mul);
+}
+
 const dhsa_attn_kernels dhsa__kern_scalar = {qk, softmax, pv, softcap, qk_rows, softmax_rows, pv_rows, widen,
-                                          NULL, NULL, widen_q8, NULL, NULL, glu};
+                                          NULL, NULL, widen_q8, NULL, NULL, glu, expw};
