@@ -1568,18 +1568,22 @@ static int test_expw_isa(const dhsa_attn_kernels *k, const char *isa) {
     return t_checks() - before;
 }
 
-static void test_expw(void) {
+/* f on the scalar kernels, then on every ISA's the CPU has (skipped,
+ * said, where it has not); the active ISA restored. */
+static void each_isa(int (*f)(const dhsa_attn_kernels *, const char *), const char *what) {
     const dhsa_isa best = dhsa_active_isa();
-    int n_checks = test_expw_isa(&dhsa__kern_scalar, "scalar");
+    int n_checks = f(&dhsa__kern_scalar, "scalar");
     for (int isa = DHSA_ISA_AVX2; isa <= DHSA_ISA_AVX512; isa++) {
         if (dhsa_set_isa((dhsa_isa)isa) != DHSA_OK) {
-            T_SKIP(n_checks, "expw: ISA %s unsupported here", dhsa_isa_name((dhsa_isa)isa));
+            T_SKIP(n_checks, "%s: ISA %s unsupported here", what, dhsa_isa_name((dhsa_isa)isa));
             continue;
         }
-        test_expw_isa(dhsa__attn_kernels(), dhsa_isa_name((dhsa_isa)isa));
+        f(dhsa__attn_kernels(), dhsa_isa_name((dhsa_isa)isa));
     }
     T_CHECK(dhsa_set_isa(best) == DHSA_OK, "could not restore ISA %s", dhsa_isa_name(best));
 }
+
+static void test_expw(void) { each_isa(test_expw_isa, "expw"); }
 
 static void test_glu(void) {
     /* the reference's GELU against the tanh form where that is exact enough */
@@ -1589,16 +1593,7 @@ static void test_glu(void) {
         if (fabs(glu_ref(z, 1, 1) - t) > dmax) dmax = fabs(glu_ref(z, 1, 1) - t);
     }
     T_CHECK(dmax < 1e-14, "glu reference: GELU's sigmoid form differs from the tanh form by %g", dmax);
-    const dhsa_isa best = dhsa_active_isa();
-    int n_checks = test_glu_isa(&dhsa__kern_scalar, "scalar");
-    for (int isa = DHSA_ISA_AVX2; isa <= DHSA_ISA_AVX512; isa++) {
-        if (dhsa_set_isa((dhsa_isa)isa) != DHSA_OK) {
-            T_SKIP(n_checks, "glu: ISA %s unsupported here", dhsa_isa_name((dhsa_isa)isa));
-            continue;
-        }
-        test_glu_isa(dhsa__attn_kernels(), dhsa_isa_name((dhsa_isa)isa));
-    }
-    T_CHECK(dhsa_set_isa(best) == DHSA_OK, "could not restore ISA %s", dhsa_isa_name(best));
+    each_isa(test_glu_isa, "glu");
 }
 
 int main(void) {
