@@ -980,6 +980,22 @@ static int64_t map_ranges(int64_t S, int64_t R, int64_t q, const int64_t *rg, in
     return k;
 }
 
+/* map_ranges over every query block's selection of KV heads [g0, g1) in
+ * the np layouts gl: what rank q holds of them (out NULL: only counted). */
+static int64_t rank_ranges(dhsa_layout *const *gl, int64_t np, int64_t g0, int64_t g1, int64_t S, int64_t R,
+                           int64_t q, int64_t *out) {
+    int64_t k = 0;
+    for (int64_t i = 0; i < np; i++)
+        for (int64_t g = g0; g < g1; g++)
+            for (int64_t qb = 0; qb < gl[i]->n_blocks; qb++) {
+                const int64_t *rg;
+                int64_t n;
+                dhsa_layout_get(gl[i], 0, g, qb, &rg, &n);
+                k += map_ranges(S, R, q, rg, n, out ? out + 2 * k : NULL);
+            }
+    return k;
+}
+
 /* Where local slot x of a requested list req (n sorted disjoint ranges,
  * prefix[i] = keys before range i) sits in the packed shard. */
 static int64_t compact_of(const int64_t *req, const int64_t *prefix, int64_t n, int64_t x) {
@@ -1305,29 +1321,13 @@ static dhsa_status dist_prefill_dhsa(dhsa_session *s, int64_t l) {
         if (q == me) continue;
         for (int64_t h = 0; h < nl && !st; h++) {
             const int64_t g0 = nl == 1 ? 0 : h, g1 = nl == 1 ? Hkv : h + 1, x = q * nl + h;
-            int64_t tot = 0;
-            for (int64_t i = 0; i < np; i++)
-                for (int64_t g = g0; g < g1; g++)
-                    for (int64_t qb = 0; qb < gl[i]->n_blocks; qb++) {
-                        const int64_t *rg;
-                        int64_t n;
-                        dhsa_layout_get(gl[i], 0, g, qb, &rg, &n);
-                        tot += map_ranges(S, R, q, rg, n, NULL);
-                    }
+            int64_t tot = rank_ranges(gl, np, g0, g1, S, R, q, NULL);
             req[x] = malloc((size_t)(tot + 1) * 2 * sizeof(int64_t));
             if (!req[x]) {
                 st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
                 break;
             }
-            int64_t k = 0;
-            for (int64_t i = 0; i < np; i++)
-                for (int64_t g = g0; g < g1; g++)
-                    for (int64_t qb = 0; qb < gl[i]->n_blocks; qb++) {
-                        const int64_t *rg;
-                        int64_t n;
-                        dhsa_layout_get(gl[i], 0, g, qb, &rg, &n);
-                        k += map_ranges(S, R, q, rg, n, req[x] + 2 * k);
-                    }
+            int64_t k = rank_ranges(gl, np, g0, g1, S, R, q, req[x]);
             nreq[x] = dhsa__ranges_normalise(req[x], k);
             pre[x] = malloc((size_t)(nreq[x] + 1) * sizeof(int64_t));
             if (!pre[x]) {

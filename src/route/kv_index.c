@@ -689,6 +689,19 @@ int dhsa__kv_index_diff(const dhsa_kv_index *a, const dhsa_kv_index *b, char *wh
     return 0;
 }
 
+/* qp[x] += q[x] and qp[d + x] += q[x]^2 over the rows [r0, r1) of query
+ * head h, row by row. */
+static void add_rows(const dhsa_attn_desc *a, int64_t h, int64_t r0, int64_t r1, int64_t d, float *qp) {
+    for (int64_t r = r0; r < r1; r++) {
+        const void *q = dhsa__at(&a->q, 0, h, r);
+        for (int64_t x = 0; x < d; x++) {
+            float v = dhsa__load(q, a->q.type, x * a->q.stride[3]);
+            qp[x] += v;
+            qp[d + x] += v * v;
+        }
+    }
+}
+
 /* HEADS and BOUND (route.c heads_scores, the same estimates): sc[c] for the visible
  * chunks = log of the sum over query heads [h0, h1) of the share of head
  * h's estimated attention that one key of chunk c holds. qp [2d] and eh
@@ -700,14 +713,7 @@ static void heads_scores(const dhsa_kv_index *ix, const dhsa_attn_desc *a, int64
     for (int64_t h = h0; h < h1; h++) {
         const int64_t g = h / G;
         for (int64_t x = 0; x < 2 * d; x++) qp[x] = 0.0f;
-        for (int64_t r = r0; r < r1; r++) {
-            const void *q = dhsa__at(&a->q, 0, h, r);
-            for (int64_t x = 0; x < d; x++) {
-                float v = dhsa__load(q, a->q.type, x * a->q.stride[3]);
-                qp[x] += v;
-                qp[d + x] += v * v;
-            }
-        }
+        add_rows(a, h, r0, r1, d, qp);
         double rows = (double)(r1 - r0);
         float n1 = (float)(scale / rows), n2 = (float)(0.5 * scale * scale / rows);
         for (int64_t x = 0; x < d; x++) {
@@ -746,15 +752,7 @@ static void pooled_scores(const dhsa_kv_index *ix, const dhsa_attn_desc *a, doub
      * qp[d + x] = scale^2 / 2 x the mean of the rows' squares (as in
      * route.c) */
     for (int64_t x = 0; x < 2 * d; x++) qp[x] = 0.0f;
-    for (int64_t h = h0; h < h1; h++)
-        for (int64_t r = r0; r < r1; r++) {
-            const void *q = dhsa__at(&a->q, 0, h, r);
-            for (int64_t x = 0; x < d; x++) {
-                float v = dhsa__load(q, a->q.type, x * a->q.stride[3]);
-                qp[x] += v;
-                qp[d + x] += v * v;
-            }
-        }
+    for (int64_t h = h0; h < h1; h++) add_rows(a, h, r0, r1, d, qp);
     double rows = (double)(r1 - r0), hq = (double)(h1 - h0);
     float norm = (float)(1.0 / (sqrt(rows) * hq)); /* POOLED: applied to the score */
     if (moments) {
