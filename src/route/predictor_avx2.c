@@ -17,11 +17,10 @@
 
 #include "route/predictor_internal.h"
 
-#define EXP_MIN (-87.3f)
 
 static inline __m256 exp256(__m256 x) { /* as kern_avx2.c */
-    __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_MIN), _CMP_LT_OQ);
-    x = _mm256_max_ps(x, _mm256_set1_ps(EXP_MIN));
+    __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(DHSA_EXP_VLO), _CMP_LT_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(DHSA_EXP_VLO));
     x = _mm256_min_ps(x, _mm256_set1_ps(DHSA_EXP_HI));
     __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(DHSA_LOG2E)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);

@@ -20,8 +20,9 @@
 
 #include "route/predictor_internal.h"
 
-static inline __m512 exp512(__m512 x) { /* as kern_avx512.c: x <= -104 gives 0 */
-    x = _mm512_max_ps(x, _mm512_set1_ps(DHSA_EXP_LO));
+static inline __m512 exp512(__m512 x) { /* as kern_avx512.c: x < -87.3 gives 0 */
+    __mmask16 ok = _mm512_cmp_ps_mask(x, _mm512_set1_ps(DHSA_EXP_VLO), _CMP_NLT_UQ);
+    x = _mm512_max_ps(x, _mm512_set1_ps(DHSA_EXP_VLO));
     x = _mm512_min_ps(x, _mm512_set1_ps(DHSA_EXP_HI));
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(DHSA_LOG2E)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -35,7 +36,7 @@ static inline __m512 exp512(__m512 x) { /* as kern_avx512.c: x <= -104 gives 0 *
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(DHSA_EXP_C2));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
+    return _mm512_maskz_scalef_ps(ok, p, n); /* 2^n >= 2^-126: never subnormal */
 }
 
 /* lanes [0, n) of a 16-lane vector, n >= 0 */

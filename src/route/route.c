@@ -686,8 +686,29 @@ static void select_block(sel_job *j, thread_bufs *t, int64_t g, int64_t qb, cons
     dhsa_layout_set(j->lay, j->b, g, qb, t->rg, n);
 }
 
+/* Keys [j0, j0 + n) of KV head g as F32 rows [n][d]: contiguous F32 copied,
+ * F16/BF16 widened by the kernel (exact), anything else element by element. */
+static void oracle_keys(const sel_job *j, int64_t g, int64_t j0, int n, int64_t d, float *kb) {
+    const dhsa_attn_desc *a = j->a;
+    for (int r = 0; r < n; r++) {
+        const void *k = dhsa__at(&a->k, j->b, g, j0 + r);
+        if (a->k.stride[3] == 1 && a->k.type == DHSA_F32)
+            memcpy(kb + r * d, k, (size_t)d * sizeof(float));
+        else if (a->k.stride[3] == 1 && (a->k.type == DHSA_F16 || a->k.type == DHSA_BF16))
+            j->kern->widen((const uint16_t *)k, a->k.type == DHSA_BF16, d, kb + r * d);
+        else
+            for (int64_t x = 0; x < d; x++) kb[r * d + x] = dhsa__load(k, a->k.type, x * a->k.stride[3]);
+    }
+}
+
 /* Oracle scores: the attention mass every chunk receives from the block's
- * rows and the group's heads, by two QK passes (LSE, then mass). */
+ * rows and the group's heads, by two QK passes over tiles of DHSA_BC keys x
+ * GROUP columns (a column is one row of one head), both through the
+ * attention kernels' online softmax: the first finds each column's
+ * log-sum-exp, the second, started at the LSE (no score exceeds it), gives
+ * each key's probability exp(s - LSE); a chunk's mass is the sum over its
+ * keys and the columns. Keys outside a column's range score -inf; padding
+ * columns (w < GROUP) start the second pass at +inf and add 0. */
 static void oracle_scores(sel_job *j, thread_bufs *t, int64_t g, int64_t qb, float *col) {
     const dhsa__attn_problem *p = &j->pl->p;
     const dhsa_attn_desc *a = j->a;
@@ -696,16 +717,16 @@ static void oracle_scores(sel_job *j, thread_bufs *t, int64_t g, int64_t qb, flo
     int64_t r0 = qb * rp->q_block, r1 = r0 + rp->q_block < p->Lq ? r0 + rp->q_block : p->Lq;
     int64_t cols = (r1 - r0) * G;
     for (int64_t c = 0; c < j->nc; c++) t->mass[c] = 0.0;
-    float *m = t->lse, *l = t->lse + GROUP;
+    float m[GROUP], l[GROUP], alpha[GROUP], acc[GROUP];
+    float *sb = t->sblk; /* [BC][GROUP] */
     for (int64_t u0 = 0; u0 < cols; u0 += GROUP) {
         int64_t w = cols - u0 < GROUP ? cols - u0 : GROUP;
-        int64_t lo[GROUP], hi[GROUP], jlo = p->Lk, jhi = 0;
+        int64_t lo[GROUP], hi[GROUP], jlo = p->Lk, jhi = 0, in_lo = 0, in_hi = p->Lk;
         for (int64_t i = 0; i < GROUP; i++) {
             m[i] = -INFINITY;
             l[i] = 0.0f;
             if (i >= w) {
                 for (int64_t x = 0; x < d; x++) t->qt[x * GROUP + i] = 0.0f;
-                lo[i] = hi[i] = 0;
                 continue;
             }
             int64_t u = u0 + i, row = r0 + u / G, hq = g * G + u % G;
@@ -715,39 +736,33 @@ static void oracle_scores(sel_job *j, thread_bufs *t, int64_t g, int64_t qb, flo
             dhsa__attn_key_range(a, p->Lk, a->q_pos0 + row, &lo[i], &hi[i]);
             if (lo[i] < jlo) jlo = lo[i];
             if (hi[i] > jhi) jhi = hi[i];
+            if (lo[i] > in_lo) in_lo = lo[i]; /* [in_lo, in_hi): in every column's range */
+            if (hi[i] < in_hi) in_hi = hi[i];
         }
         for (int pass = 0; pass < 2; pass++) {
             int64_t c = 0;
             if (pass == 1)
-                for (int64_t i = 0; i < w; i++) m[i] = l[i] > 0.0f ? m[i] + logf(l[i]) : INFINITY; /* LSE */
+                for (int64_t i = 0; i < GROUP; i++) /* LSE; padding or no keys: +inf (exp 0) */
+                    m[i] = i < w && l[i] > 0.0f ? m[i] + logf(l[i]) : INFINITY;
             for (int64_t j0 = jlo; j0 < jhi; j0 += DHSA_BC) {
                 int n = (int)(jhi - j0 < DHSA_BC ? jhi - j0 : DHSA_BC);
-                float *kb = t->kbuf; /* [BC][d] as F32 */
-                for (int r = 0; r < n; r++) {
-                    const void *k = dhsa__at(&a->k, j->b, g, j0 + r);
-                    for (int64_t x = 0; x < d; x++) kb[r * d + x] = dhsa__load(k, a->k.type, x * a->k.stride[3]);
-                }
-                j->kern->qk(kb, d, n, (int)d, t->qt, GROUP, t->sblk);
-                for (int r = 0; r < n; r++) {
-                    int64_t key = j0 + r;
-                    while (j->starts[c + 1] <= key) c++;
-                    float add = 0.0f;
-                    const float *sr = t->sblk + r * GROUP;
-                    for (int64_t i = 0; i < w; i++) {
-                        if (key < lo[i] || key >= hi[i]) continue;
-                        float s = sr[i];
-                        if (pass == 0) { /* online log-sum-exp per column */
-                            if (s > m[i]) {
-                                l[i] = l[i] * dhsa__expf(m[i] - s) + 1.0f;
-                                m[i] = s;
-                            } else {
-                                l[i] += dhsa__expf(s - m[i]);
-                            }
-                        } else {
-                            add += dhsa__expf(s - m[i]); /* probability of this key */
-                        }
-                    }
-                    if (pass == 1) t->mass[c] += add;
+                oracle_keys(j, g, j0, n, d, t->kbuf);
+                j->kern->qk(t->kbuf, d, n, (int)d, t->qt, GROUP, sb);
+                if (j0 < in_lo || j0 + n > in_hi)
+                    for (int r = 0; r < n; r++)
+                        for (int64_t i = 0; i < w; i++)
+                            if (j0 + r < lo[i] || j0 + r >= hi[i]) sb[r * GROUP + i] = -INFINITY;
+                j->kern->softmax(sb, n, GROUP, m, l, alpha); /* pass 1: m stays the LSE */
+                if (pass == 0) continue;
+                for (int r = 0; r < n;) { /* the tile's rows, chunk by chunk */
+                    while (j->starts[c + 1] <= j0 + r) c++;
+                    int re = j->starts[c + 1] - j0 < n ? (int)(j->starts[c + 1] - j0) : n;
+                    for (int64_t i = 0; i < GROUP; i++) acc[i] = 0.0f;
+                    for (; r < re; r++)
+                        for (int64_t i = 0; i < GROUP; i++) acc[i] += sb[r * GROUP + i];
+                    double sum = 0.0;
+                    for (int64_t i = 0; i < GROUP; i++) sum += acc[i];
+                    t->mass[c] += sum;
                 }
             }
         }
