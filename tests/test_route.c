@@ -2173,6 +2173,111 @@ static double recall_of(const rdata *R, const dhsa_router_params *rp, const outb
     return rec;
 }
 
+/* The oracle's ranking against masses computed here in double: with fixed
+ * chunks (all one size) the oracle must select, for every query block,
+ * chunks whose true attention mass (the block's rows and the group's
+ * heads, causal and window applied) is at least that of every chunk it
+ * left out. Chunks that meet the sinks or the local window, that a row of
+ * the block cannot see whole, or that the budget cut are not compared.
+ * Shapes: a block's columns (q_block x G) fewer than, equal to and more
+ * than the 64 scored together, a last partial block, a window, and
+ * chunked prefill (q_pos0 > 0). The same check on another block's masses
+ * must fail somewhere, so the check can see a wrong oracle. */
+static double oracle_mass(const rdata *R, int64_t g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    int64_t d = R->d, G = R->Hq / R->Hkv;
+    double scale = 1.0 / sqrt((double)d), mass = 0.0;
+    double *s = xcalloc((size_t)R->Lk, sizeof(double));
+    for (int64_t h = g * G; h < (g + 1) * G; h++)
+        for (int64_t r = r0; r < r1; r++) {
+            int64_t pos = R->a.q_pos0 + r, hi = pos + 1 < R->Lk ? pos + 1 : R->Lk;
+            int64_t lo = R->a.window > 0 && pos - R->a.window + 1 > 0 ? pos - R->a.window + 1 : 0;
+            double mx = -INFINITY, z = 0.0, in = 0.0;
+            for (int64_t j = lo; j < hi; j++) {
+                double v = 0.0;
+                for (int64_t x = 0; x < d; x++)
+                    v += (double)R->q[(h * R->Lq + r) * d + x] * (double)R->k[(g * R->Lk + j) * d + x];
+                s[j] = v * scale;
+                if (s[j] > mx) mx = s[j];
+            }
+            for (int64_t j = lo; j < hi; j++) {
+                double e = exp(s[j] - mx);
+                z += e;
+                if (j >= c0 && j < c1) in += e;
+            }
+            if (z > 0) mass += in / z;
+        }
+    free(s);
+    return mass;
+}
+
+static void test_oracle_masses(void) {
+    struct {
+        const char *what;
+        int64_t Hq, Hkv, Lq, Lk, q_pos0, window, q_block;
+    } cs[] = {
+        {"G 2, q_block 16 (32 columns: two blocks a tile), L 1000", 4, 2, 1000, 1000, 0, 0, 16},
+        {"G 8, q_block 16 (128 columns: two tiles a block), window 300", 8, 1, 700, 700, 0, 300, 16},
+        {"G 1, q_block 5 (12 blocks and a part a tile), chunked prefill 300 of 900", 4, 4, 300, 900, 600, 0, 5},
+        {"G 4, q_block 16 (64 columns), L 777", 8, 2, 777, 777, 0, 0, 16},
+    };
+    int64_t wrong_seen = 0;
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+        rdata R;
+        rdata_random(&R, 1, cs[ci].Hq, cs[ci].Hkv, cs[ci].Lq, cs[ci].Lk, 32, 40 + ci);
+        for (int64_t x = 0; x < R.Hq * R.Lq * R.d; x++) R.q[x] *= 0.6f; /* peaked, not flat */
+        R.a = dhsa_attn_default_desc();
+        R.a.q = dhsa_tensor_bhld(R.q, DHSA_F32, 1, R.Hq, R.Lq, R.d);
+        R.a.k = dhsa_tensor_bhld(R.k, DHSA_F32, 1, R.Hkv, R.Lk, R.d);
+        R.a.causal = 1, R.a.q_pos0 = cs[ci].q_pos0, R.a.window = cs[ci].window;
+        dhsa_router_params rp = rparams(DHSA_ROUTE_ORACLE, DHSA_BOUNDARY_FIXED, 128, 0);
+        rp.chunk = 16, rp.sink_tokens = 16, rp.local_tokens = 32, rp.q_block = cs[ci].q_block;
+        dhsa_layout *lay = route(g_ctx, &rp, &R.a, cs[ci].what);
+        if (!lay) {
+            rdata_free(&R);
+            continue;
+        }
+        int64_t compared = 0, bad = 0, wrong = 0, nqb = (R.Lq + rp.q_block - 1) / rp.q_block;
+        for (int64_t g = 0; g < R.Hkv; g++)
+            for (int64_t qb = 1; qb < nqb; qb++) {
+                int64_t r0 = qb * rp.q_block, r1 = r0 + rp.q_block < R.Lq ? r0 + rp.q_block : R.Lq;
+                int64_t first = R.a.q_pos0 + r0, last = R.a.q_pos0 + r1 - 1;
+                int64_t vis_lo = R.a.window > 0 && last - R.a.window + 1 > 0 ? last - R.a.window + 1 : 0;
+                double min_in = INFINITY, max_out = -INFINITY, wmin_in = INFINITY, wmax_out = -INFINITY;
+                int n_in = 0, n_out = 0;
+                for (int64_t c0 = 0; c0 + 16 <= first + 1; c0 += 16) {
+                    /* whole for every row, away from the sinks and the local keys */
+                    if (c0 < rp.sink_tokens || c0 < vis_lo || c0 + 16 > first + 1 - rp.local_tokens) continue;
+                    int sel = 0;
+                    for (int64_t j = c0; j < c0 + 16; j++) sel += dhsa_layout_selects(lay, 0, g, r0, j) == 1;
+                    if (sel != 0 && sel != 16) continue;
+                    double ms = oracle_mass(&R, g, r0, r1, c0, c0 + 16);
+                    double mw = oracle_mass(&R, g, r0 - rp.q_block, r0, c0, c0 + 16); /* the block before */
+                    if (sel == 16) {
+                        min_in = ms < min_in ? ms : min_in, wmin_in = mw < wmin_in ? mw : wmin_in, n_in++;
+                    } else {
+                        max_out = ms > max_out ? ms : max_out, wmax_out = mw > wmax_out ? mw : wmax_out, n_out++;
+                    }
+                }
+                if (n_in == 0 || n_out == 0) continue;
+                compared++;
+                if (max_out > min_in * (1 + 1e-4) + 1e-9) {
+                    if (bad++ < 3)
+                        T_CHECK(0, "oracle (%s): KV head %lld block %lld left out a chunk of mass %.6g above a "
+                                "selected one's %.6g", cs[ci].what, (long long)g, (long long)qb, max_out, min_in);
+                }
+                wrong += wmax_out > wmin_in * (1 + 1e-4) + 1e-9;
+            }
+        T_CHECK(bad == 0, "oracle (%s): %lld of %lld blocks out of mass order", cs[ci].what, (long long)bad,
+                (long long)compared);
+        T_CHECK(compared >= nqb / 2, "oracle (%s): only %lld of %lld blocks could be compared", cs[ci].what,
+                (long long)compared, (long long)nqb);
+        wrong_seen += wrong;
+        dhsa_layout_free(lay);
+        rdata_free(&R);
+    }
+    T_CHECK(wrong_seen > 0, "the mass-order check passes the previous block's masses too: it cannot see a wrong oracle");
+}
+
 static void test_oracle(void) {
     dhsa_synth_params sp = dhsa_synth_default_params();
     sp.B = 1, sp.Hq = 4, sp.Hkv = 2, sp.L = 2048, sp.d = 64, sp.seed = 3;
@@ -2669,6 +2774,7 @@ int main(void) {
     test_route_edges();
     test_routed_attention();
     test_oracle();
+    test_oracle_masses();
     test_fidelity();
     test_route_params();
     test_route_sizes_budget();

@@ -161,15 +161,13 @@ static ws_plan workspace(const dhsa_ctx *ctx, const plan *pl) {
     w.starts = dhsa__align_up((nc + 1) * sizeof(int64_t), 64);
     w.kp = dhsa__align_up((size_t)p->Hkv * nc * (size_t)pl->dk * sizeof(float), 64);
     /* per thread: Qt [dk][64], S [nc][64], the HEADS/BOUND sum [nc][64],
-     * candidate order [nc], ranges, oracle column LSE [64] and per-chunk
-     * mass [nc] doubles */
+     * candidate order [nc], ranges, the oracle's score tile [BC][64] and
+     * keys [BC][d] */
     w.per_thread = dhsa__align_up((size_t)(pl->dk > p->d ? pl->dk : p->d) * GROUP * sizeof(float), 64) +
                    dhsa__align_up(nc * GROUP * sizeof(float), 64) +
                    (pl->per_head ? dhsa__align_up(nc * GROUP * sizeof(float), 64) : 0) +
                    dhsa__align_up(nc * sizeof(int64_t), 64) +
                    dhsa__align_up((size_t)(pl->max_ranges + 8) * 2 * sizeof(int64_t), 64) +
-                   dhsa__align_up((size_t)GROUP * 2 * sizeof(float), 64) +
-                   dhsa__align_up(nc * sizeof(double), 64) +
                    dhsa__align_up((size_t)DHSA_BC * GROUP * sizeof(float), 64) +
                    dhsa__align_up((size_t)DHSA_BC * (size_t)p->d * sizeof(float), 64);
     w.pool = dhsa__align_up((size_t)p->Hkv * 2 * (size_t)p->d * sizeof(double), 64);
@@ -517,9 +515,8 @@ typedef struct {
 } sel_job;
 
 typedef struct {
-    float *qt, *S, *acc, *lse, *sblk, *kbuf;
+    float *qt, *S, *acc, *sblk, *kbuf;
     int64_t *order, *rg;
-    double *mass;
 } thread_bufs;
 
 static thread_bufs bufs_of(const sel_job *j, int thread) {
@@ -537,10 +534,6 @@ static thread_bufs bufs_of(const sel_job *j, int thread) {
     w += dhsa__align_up(nc * sizeof(int64_t), 64);
     t.rg = (int64_t *)w;
     w += dhsa__align_up((size_t)(pl->max_ranges + 8) * 2 * sizeof(int64_t), 64);
-    t.lse = (float *)w;
-    w += dhsa__align_up((size_t)GROUP * 2 * sizeof(float), 64);
-    t.mass = (double *)w;
-    w += dhsa__align_up(nc * sizeof(double), 64);
     t.sblk = (float *)w;
     w += dhsa__align_up((size_t)DHSA_BC * GROUP * sizeof(float), 64);
     t.kbuf = (float *)w;
@@ -701,35 +694,44 @@ static void oracle_keys(const sel_job *j, int64_t g, int64_t j0, int n, int64_t 
     }
 }
 
-/* Oracle scores: the attention mass every chunk receives from the block's
- * rows and the group's heads, by two QK passes over tiles of DHSA_BC keys x
- * GROUP columns (a column is one row of one head), both through the
- * attention kernels' online softmax: the first finds each column's
- * log-sum-exp, the second, started at the LSE (no score exceeds it), gives
- * each key's probability exp(s - LSE); a chunk's mass is the sum over its
- * keys and the columns. Keys outside a column's range score -inf; padding
- * columns (w < GROUP) start the second pass at +inf and add 0. */
-static void oracle_scores(sel_job *j, thread_bufs *t, int64_t g, int64_t qb, float *col) {
+/* Oracle scores of query blocks [qb0, qb1) of KV head g: S[c][qb - qb0] =
+ * the attention mass chunk c receives from the block's rows and the group's
+ * heads. The blocks' columns (a column is one row of one head) are laid
+ * side by side, GROUP to a tile (several blocks when q_block x G < GROUP),
+ * and take two QK passes over the keys, both through the attention
+ * kernels' online softmax: the first finds each column's log-sum-exp, the
+ * second, started at the LSE (no score exceeds it), gives each key's
+ * probability exp(s - LSE); a chunk's mass sums its keys and the block's
+ * columns. Keys outside a column's range score -inf; padding columns start
+ * the second pass at +inf and add 0. */
+static void oracle_scores(sel_job *j, thread_bufs *t, int64_t g, int64_t qb0, int64_t qb1) {
     const dhsa__attn_problem *p = &j->pl->p;
     const dhsa_attn_desc *a = j->a;
     const dhsa_router_params *rp = j->rp;
-    const int64_t d = p->d, G = p->G;
-    int64_t r0 = qb * rp->q_block, r1 = r0 + rp->q_block < p->Lq ? r0 + rp->q_block : p->Lq;
-    int64_t cols = (r1 - r0) * G;
-    for (int64_t c = 0; c < j->nc; c++) t->mass[c] = 0.0;
+    const int64_t d = p->d, G = p->G, nb = qb1 - qb0;
+    int64_t first[GROUP + 1]; /* block qb0 + b owns columns [first[b], first[b + 1]) */
+    first[0] = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t r0 = (qb0 + b) * rp->q_block, r1 = r0 + rp->q_block < p->Lq ? r0 + rp->q_block : p->Lq;
+        first[b + 1] = first[b] + (r1 - r0) * G;
+    }
+    for (int64_t x = 0; x < j->nc * GROUP; x++) t->S[x] = 0.0f;
     float m[GROUP], l[GROUP], alpha[GROUP], acc[GROUP];
     float *sb = t->sblk; /* [BC][GROUP] */
-    for (int64_t u0 = 0; u0 < cols; u0 += GROUP) {
-        int64_t w = cols - u0 < GROUP ? cols - u0 : GROUP;
+    for (int64_t u0 = 0, b0 = 0; u0 < first[nb]; u0 += GROUP) {
+        int64_t w = first[nb] - u0 < GROUP ? first[nb] - u0 : GROUP;
         int64_t lo[GROUP], hi[GROUP], jlo = p->Lk, jhi = 0, in_lo = 0, in_hi = p->Lk;
-        for (int64_t i = 0; i < GROUP; i++) {
+        while (first[b0 + 1] <= u0) b0++; /* the block of the tile's first column */
+        for (int64_t i = 0, b = b0; i < GROUP; i++) {
             m[i] = -INFINITY;
             l[i] = 0.0f;
             if (i >= w) {
                 for (int64_t x = 0; x < d; x++) t->qt[x * GROUP + i] = 0.0f;
                 continue;
             }
-            int64_t u = u0 + i, row = r0 + u / G, hq = g * G + u % G;
+            int64_t u = u0 + i;
+            while (first[b + 1] <= u) b++;
+            int64_t v = u - first[b], row = (qb0 + b) * rp->q_block + v / G, hq = g * G + v % G;
             const void *q = dhsa__at(&a->q, j->b, hq, row);
             for (int64_t x = 0; x < d; x++)
                 t->qt[x * GROUP + i] = p->scale * dhsa__load(q, a->q.type, x * a->q.stride[3]);
@@ -760,14 +762,17 @@ static void oracle_scores(sel_job *j, thread_bufs *t, int64_t g, int64_t qb, flo
                     for (int64_t i = 0; i < GROUP; i++) acc[i] = 0.0f;
                     for (; r < re; r++)
                         for (int64_t i = 0; i < GROUP; i++) acc[i] += sb[r * GROUP + i];
-                    double sum = 0.0;
-                    for (int64_t i = 0; i < GROUP; i++) sum += acc[i];
-                    t->mass[c] += sum;
+                    for (int64_t b = b0; b < nb && first[b] < u0 + w; b++) { /* the tile's blocks */
+                        int64_t i0 = first[b] > u0 ? first[b] - u0 : 0;
+                        int64_t i1 = first[b + 1] < u0 + w ? first[b + 1] - u0 : w;
+                        double sum = 0.0;
+                        for (int64_t i = i0; i < i1; i++) sum += acc[i];
+                        t->S[c * GROUP + b] += (float)sum;
+                    }
                 }
             }
         }
     }
-    for (int64_t c = 0; c < j->nc; c++) col[c * GROUP] = (float)t->mass[c];
 }
 
 /* HEADS and BOUND scores of blocks [qb0, qb1) of KV head g into t->S[c][i]: for each
@@ -889,11 +894,8 @@ static void select_task(void *arg, int64_t task, int thread) {
         /* S[c][i] = k~(c) . q~(qb0 + i) */
         j->kern->qk(j->kp + (rp->share_heads ? 0 : g) * j->nc * dk, dk, (int)j->nc, (int)dk, t.qt, GROUP, t.S);
     }
-    for (int64_t qb = qb0; qb < qb1; qb++) {
-        float *col = t.S + (qb - qb0);
-        if (rp->method == DHSA_ROUTE_ORACLE && p->Lk >= rp->dense_below) oracle_scores(j, &t, g, qb, col);
-        select_block(j, &t, g, qb, col, thread);
-    }
+    if (rp->method == DHSA_ROUTE_ORACLE && p->Lk >= rp->dense_below) oracle_scores(j, &t, g, qb0, qb1);
+    for (int64_t qb = qb0; qb < qb1; qb++) select_block(j, &t, g, qb, t.S + (qb - qb0), thread);
 }
 
 /* ---------------------------------------------------------------- route --- */
