@@ -782,6 +782,13 @@ static void test_lq_ne_lk(void) {
                      .d = 40, .dv = 24, .tk = DHSA_BF16, .tv = DHSA_BF16, .causal = 1});
     run_spec(&(spec){.tag = "decode-wide-d", .Hq = 4, .Hkv = 2, .Lq = 1, .Lk = 500, .q_pos0 = 499,
                      .d = 160, .dv = 50, .causal = 1});
+    run_spec(&(spec){.tag = "decode-f16-d64-4-queries", .B = 2, .Hq = 8, .Hkv = 2, .Lq = 1, .Lk = 777,
+                     .q_pos0 = 776, .d = 64, .tk = DHSA_F16, .tv = DHSA_F16, .causal = 1});
+    run_spec(&(spec){.tag = "decode-bf16-d64-2-queries", .Hq = 4, .Hkv = 2, .Lq = 1, .Lk = 517, .q_pos0 = 516,
+                     .d = 64, .tk = DHSA_BF16, .tv = DHSA_BF16, .lk = LAY_DIM2, .causal = 1, .window = 200});
+    run_spec(&(spec){.tag = "decode-f16-d64-1-query", .Hq = 3, .Hkv = 3, .Lq = 1, .Lk = 401, .q_pos0 = 400,
+                     .d = 64, .tk = DHSA_F16, .tv = DHSA_F16, .causal = 1, .km = KM_RANDOM,
+                     .pol = DHSA_MASK_TRUE_KEEPS});
     run_spec(&(spec){.tag = "decode-mqa", .Hq = 8, .Hkv = 1, .Lq = 1, .Lk = 1000, .q_pos0 = 999,
                      .d = 64, .causal = 1, .window = 300, .am = AM_FULL, .to = DHSA_F16});
     run_spec(&(spec){.tag = "decode-8-columns", .B = 2, .Hq = 4, .Hkv = 2, .Lq = 4, .Lk = 129,
@@ -1389,8 +1396,8 @@ static void numeric_suite(void) {
 /* Decode over an F16 / BF16 cache reads its rows in place (kern.h,
  * qk_rows16): the output must be bitwise the output over an F32 cache
  * holding the same (exactly widened) values, on every ISA. */
-static void test_cache16_bitwise(void) {
-    const int64_t Hq = 8, Hkv = 2, L = 300, d = 72, dv = 40;
+static void cache16_bitwise(int64_t Hq, int64_t Hkv, int64_t d, int64_t dv) {
+    const int64_t L = 300;
     float *q = malloc(sizeof(float) * (size_t)(Hq * d)), *k32 = malloc(sizeof(float) * (size_t)(Hkv * L * d)),
           *v32 = malloc(sizeof(float) * (size_t)(Hkv * L * dv)), *o1 = malloc(sizeof(float) * (size_t)(Hq * dv)),
           *o2 = malloc(sizeof(float) * (size_t)(Hq * dv));
@@ -1430,6 +1437,15 @@ static void test_cache16_bitwise(void) {
         dhsa_set_isa(best);
     }
     free(q); free(k32); free(v32); free(o1); free(o2); free(k16); free(v16);
+}
+
+/* Shapes: a d the kernels handle in general, and d = 64 with 4, 2 and 1
+ * queries per KV head (kern_avx512.c keeps those queries in registers). */
+static void test_cache16_bitwise(void) {
+    cache16_bitwise(8, 2, 72, 40);
+    cache16_bitwise(8, 2, 64, 64);
+    cache16_bitwise(4, 2, 64, 64);
+    cache16_bitwise(2, 2, 64, 48);
 }
 
 /* ------------------------------------------------------------------------ */
