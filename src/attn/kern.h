@@ -87,8 +87,9 @@ typedef struct {
     void (*glu)(const float *g, const float *u, int64_t n, int gelu, float *out);
 
     /* The sampler's weights (not attention, the same exp): out[i] =
-     * exp((x[i] - sub) * mul) for n values, dhsa__expf's exp, so -inf and
-     * arguments at or below -104 give 0. x has no NaN (the sampler refused
+     * exp((x[i] - sub) * mul) for n values, dhsa__expf's exp, so -inf
+     * gives 0, as do arguments below DHSA_EXP_VLO in the vector kernels (at
+     * or below -104 in the scalar one). x has no NaN (the sampler refused
      * it). Errors against double: tests/test_attn.c ("expw"). */
     void (*expw)(const float *x, int64_t n, float sub, float mul, float *out);
 } dhsa_attn_kernels;
