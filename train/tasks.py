@@ -183,14 +183,15 @@ def copy_list(src, rng, nchars):
     return "".join(out), ranges
 
 
-def multiquery(src, rng, nchars, n_keys=None, n_multi=None):
+def multiquery(src, rng, nchars, n_keys=None, n_multi=None, early=None):
     """Associative recall in the multikey format, many answers per sequence:
     n_keys keywords (some with 2-3 numbers) hidden in the filler, then one
     question per keyword in random order, each followed by its answer: the
     multikey question + " N." for a keyword with one number, the multivalue
     question + " N1, N2." for one with several. Returns (text, [(start, end)]):
     the character ranges of every answer (the digits, commas and spaces after
-    " is"/" are", before the full stop). Every question is exactly what the
+    " is"/" are", before the full stop). early: the first needle's position
+    (a fraction of the filler) instead of a random one. Every question is exactly what the
     evaluation asks; only the number of questions per text differs."""
     n_keys = n_keys or rng.randint(2, 8)
     n_multi = rng.randint(0, min(2, n_keys - 1)) if n_multi is None else n_multi
@@ -200,6 +201,8 @@ def multiquery(src, rng, nchars, n_keys=None, n_multi=None):
         for _ in range(rng.randint(2, 3) if i < n_multi else 1):
             n = src.number(rng, 7)
             items.append((kw, n)); pos.append(rng.random()); owner.append(i)
+    if early is not None:
+        pos[0] = early  # the first keyword's (first) needle near the start
     body, order = _insert(src.span(rng, nchars), [magic_needle(k, n) for k, n in items], pos)
     text = MAGIC_PRE + body
     ranges = []
