@@ -18,26 +18,7 @@
 #include "route/predictor_internal.h"
 
 
-static inline __m256 exp256(__m256 x) { /* as kern_avx2.c */
-    __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(DHSA_EXP_VLO), _CMP_LT_OQ);
-    x = _mm256_max_ps(x, _mm256_set1_ps(DHSA_EXP_VLO));
-    x = _mm256_min_ps(x, _mm256_set1_ps(DHSA_EXP_HI));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(DHSA_LOG2E)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(DHSA_LN2_HI), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(DHSA_LN2_LO), r);
-    __m256 p = _mm256_set1_ps(DHSA_EXP_C7);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(DHSA_EXP_C6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(DHSA_EXP_C5));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(DHSA_EXP_C4));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(DHSA_EXP_C3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(DHSA_EXP_C2));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-    return _mm256_andnot_ps(under, y);
-}
+#include "attn/exp_avx2.h" /* exp256: x < -87.3 gives 0 */
 
 /* lanes [0, n) of an 8-lane vector as a mask, n >= 0 */
 static inline __m256i lanes(int64_t n) {
