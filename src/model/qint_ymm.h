@@ -31,7 +31,7 @@
  *   dot_rows   fused route, 4 rows x up to 2 tokens per pass: per 32 codes
  *              one dot per row and token, its 8 lanes (8 or 4 per weight
  *              block) converted and scaled by a*xd per lane; lane order.
- *   tile       panel route: 4 tokens x 16 rows (two ymm of 8 rows x 4
+ *   tile       panel route: 3 tokens x 16 rows (two ymm of 8 rows x 4
  *              codes per four columns) on a broadcast of four activation
  *              codes; per weight block the contract's two FMA per lane, in
  *              block order.
@@ -45,8 +45,14 @@
 
 #define INLINE static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 16")
-#define MR 4
+#define MR 3 /* panel tile tokens: with 4 the float sums spilled (16 ymm); 3 is 1.17x (docs/results.md) */
 #define NG 1
+#if QI_YMM_VNNI
+#define GROUP_UNROLL UNROLL
+#else
+#define GROUP_UNROLL _Pragma("GCC unroll 1")
+#endif
+
 #define R 4             /* fused route: rows per call */
 #define TMAX 2          /* fused route: tokens per pass over the unpacked rows (16 ymm) */
 #define MAX_TOK_FUSED 4 /* as the AVX512-VNNI kernels */
@@ -434,7 +440,11 @@ INLINE void tile_bw(const uint8_t *w, const float *a, const float *b, int64_t n,
     for (int64_t j = 0; j < nb; j++) {
         __m256i s[MR][2];
         UNROLL for (int t = 0; t < MR; t++) s[t][0] = s[t][1] = _mm256_setzero_si256();
-        for (int64_t qd = j * qpb; qd < (j + 1) * qpb; qd++) {
+        /* AVX-VNNI: unrolled over the block (qpb is a constant); as a loop
+         * GCC copied the integer sums every group (as in qint_vnni.c).
+         * AVX2 keeps the loop: unrolled, its wider dot spilled (0.7x). */
+        GROUP_UNROLL for (int64_t u = 0; u < qpb; u++) {
+            const int64_t qd = j * qpb + u;
             const wvec w0 = wprep(_mm256_loadu_si256((const __m256i *)(w + qd * 64)), WIDE);
             const wvec w1 = wprep(_mm256_loadu_si256((const __m256i *)(w + qd * 64 + 32)), WIDE);
             UNROLL for (int t = 0; t < MR; t++) {
