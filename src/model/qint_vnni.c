@@ -344,6 +344,7 @@ INLINE void tile_bw(const uint8_t *w, const float *a, const float *b, int64_t n,
     for (int t = 0; t < MR; t++) xq[t] = x[t].q;
     for (int64_t j = 0; j < nb; j++) {
         __m512i s[MR][NG];
+        UNROLL for (int t = 0; t < MR; t++) s[t][0] = s[t][1] = _mm512_setzero_si512();
         const uint8_t *wj0 = w0 + j * qpb * 64, *wj1 = w1 + j * qpb * 64;
         const int64_t xo = j * bw;
         UNROLL for (int u = 0; u < qpb; u++) {
@@ -352,13 +353,8 @@ INLINE void tile_bw(const uint8_t *w, const float *a, const float *b, int64_t n,
                 int32_t four;
                 memcpy(&four, xq[t] + xo + 4 * u, 4);
                 const __m512i xb = _mm512_set1_epi32(four);
-                if (u == 0) {
-                    s[t][0] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v0, xb);
-                    s[t][1] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v1, xb);
-                } else {
-                    s[t][0] = _mm512_dpbusd_epi32(s[t][0], v0, xb);
-                    s[t][1] = _mm512_dpbusd_epi32(s[t][1], v1, xb);
-                }
+                s[t][0] = _mm512_dpbusd_epi32(s[t][0], v0, xb);
+                s[t][1] = _mm512_dpbusd_epi32(s[t][1], v1, xb);
             }
         }
         const __m512 A0 = _mm512_loadu_ps(a0 + j * 16), A1 = _mm512_loadu_ps(a1 + j * 16);
