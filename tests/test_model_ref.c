@@ -204,11 +204,12 @@ static void test_matrix(void) {
  * FAST_REL_MAX (BF16_REL_MAX) relative (L2 over every logit) of the double
  * reference, by prefill and by decode, the argmax
  * the reference's wherever its top two are further apart than twice the
- * route's largest error, and prefill and decode within 1e-2 of each other:
+ * route's largest error, and prefill and decode within 2e-2 of each other:
  * they quantize the same rows, but their F32 sums differ in order (fused
  * and panel kernels, qint.h), and an activation that lands on a rounding
  * tie in one and not the other moves by one code (measured: 3e-7 without
- * such a tie, 1e-3 with one, at n_embd 256). Prints the per-type error
+ * such a tie, 1e-3 with one, at n_embd 256; the K types, one activation
+ * scale per 256 values, so a coarser code: up to 0.011 for Q3_K). Prints the per-type error
  * (docs/quant.md). */
 #define FAST_REL_MAX 0.04
 /* The BF16 route (F16, BF16 files): activations rounded to BF16 (and F16
@@ -246,9 +247,9 @@ static void check_fast_once(dhsa_model *m, const char *name, const int32_t *ids,
         }
     }
     if (rel > g_fast_worst) g_fast_worst = rel;
-    T_CHECK(st == DHSA_OK && rel <= rel_max && agree == asked && rel_pd <= 1e-2,
+    T_CHECK(st == DHSA_OK && rel <= rel_max && agree == asked && rel_pd <= 2e-2,
             "gen-model %s, fast route (%s): logits vs double relative %.3g (max %.2g), argmax = reference's at %d of %d "
-            "clear positions, prefill vs decode %.2g (max 1e-2)", name, routes, rel, rel_max, agree, asked, rel_pd);
+            "clear positions, prefill vs decode %.2g (max 2e-2)", name, routes, rel, rel_max, agree, asked, rel_pd);
     printf("  fast route %-6s logits vs double: relative L2 %.4f, largest |error| %.3g, argmax agrees %d/%d (%s)\n", name,
            rel, maxerr, agree, asked, routes);
     free(got);

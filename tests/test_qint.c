@@ -164,43 +164,55 @@ static void test_quant_act(void) {
     x[100] = 1e-30f;
     int8_t q[256], q2[256];
     float xd[8], xs[16], xd2[8], xs2[16];
-    for (int bw = 16; bw <= 32; bw += 16) {
-        dhsa__qi_quant_act_scalar(x, n, bw, q, xd, xs);
-        int ok = 1;
-        for (int64_t i = 0; i < n / 32; i++) {
-            double amax = 0.0;
-            for (int j = 0; j < 32; j++) amax = fmax(amax, fabs(x[32 * i + j]));
-            double d = amax / 127.0;
-            if (fabs(xd[i] - d) > 1e-7 * d) ok = 0;
-            for (int j = 0; j < 32; j++) {
-                double v = d > 0 ? x[32 * i + j] / d : 0.0;
-                if (fabs(v - q[32 * i + j]) > 0.5 + 1e-5 || abs(q[32 * i + j]) > 127) ok = 0;
+    for (int bw = 16; bw <= 32; bw += 16)
+        for (int sb = 32; sb <= 256; sb *= 8) {
+            dhsa__qi_quant_act_scalar(x, n, bw, sb, q, xd, xs);
+            int ok = 1;
+            for (int64_t i = 0; i < n / 32; i++) {
+                double amax = 0.0;
+                const int64_t g0 = i / (sb / 32) * sb;
+                for (int j = 0; j < sb; j++) amax = fmax(amax, fabs(x[g0 + j]));
+                double d = amax / 127.0;
+                if (fabs(xd[i] - d) > 1e-7 * d) ok = 0;
+                for (int j = 0; j < 32; j++) {
+                    double v = d > 0 ? x[32 * i + j] / d : 0.0;
+                    if (fabs(v - q[32 * i + j]) > 0.5 + 1e-5 || abs(q[32 * i + j]) > 127) ok = 0;
+                }
+            }
+            for (int64_t j = 0; j < n / bw; j++) {
+                int s = 0;
+                for (int l = 0; l < bw; l++) s += q[j * bw + l];
+                if (fabs(xs[j] - xd[j * bw / 32] * (double)s) > 1e-6 * fabs(xd[j * bw / 32] * (double)s)) ok = 0;
+            }
+            T_CHECK(ok, "activations (bw %d, sb %d): codes within 0.5 of x / xd, xd = max|x| / 127 over the group, block sums",
+                    bw, sb);
+            for (int ki = 0; ki < N_KSETS; ki++) {
+                int runs;
+                const dhsa__qi_kernels *k = kset(ki, &runs);
+                if (!runs) {
+                    T_SKIP(1, "activations: no %s here", kset_names[ki]);
+                    continue;
+                }
+                k->quant_act(x, n, bw, sb, q2, xd2, xs2);
+                T_CHECK(memcmp(q, q2, sizeof q) == 0 && memcmp(xd, xd2, sizeof xd) == 0 &&
+                            memcmp(xs, xs2, sizeof(float) * (size_t)(n / bw)) == 0,
+                        "activations (bw %d, sb %d): %s bitwise the scalar quantizer", bw, sb, k->name);
             }
         }
-        for (int64_t j = 0; j < n / bw; j++) {
-            int s = 0;
-            for (int l = 0; l < bw; l++) s += q[j * bw + l];
-            if (fabs(xs[j] - xd[j * bw / 32] * (double)s) > 1e-6 * fabs(xd[j * bw / 32] * (double)s)) ok = 0;
-        }
-        T_CHECK(ok, "activations (bw %d): codes within 0.5 of x / xd, xd = max|x| / 127, block sums", bw);
-        for (int ki = 0; ki < N_KSETS; ki++) {
-            int runs;
-            const dhsa__qi_kernels *k = kset(ki, &runs);
-            if (!runs) {
-                T_SKIP(1, "activations: no %s here", kset_names[ki]);
-                continue;
-            }
-            k->quant_act(x, n, bw, q2, xd2, xs2);
-            T_CHECK(memcmp(q, q2, sizeof q) == 0 && memcmp(xd, xd2, sizeof xd) == 0 &&
-                        memcmp(xs, xs2, sizeof(float) * (size_t)(n / bw)) == 0,
-                    "activations (bw %d): %s bitwise the scalar quantizer", bw, k->name);
-        }
-    }
     /* NaN and Inf make their block's scale NaN */
     x[10] = NAN;
     x[200] = INFINITY;
-    dhsa__qi_quant_act_scalar(x, n, 32, q, xd, xs);
+    dhsa__qi_quant_act_scalar(x, n, 32, 32, q, xd, xs);
     T_CHECK(isnan(xd[0]) && isnan(xd[6]) && !isnan(xd[1]), "activations: a NaN or Inf block has xd = NaN, others not");
+    {
+        int8_t qg[512];
+        float xg[512], xdg[16], xsg[16];
+        for (int j = 0; j < 512; j++) xg[j] = j < 256 ? x[j] : 0.5f;
+        dhsa__qi_quant_act_scalar(xg, 512, 32, 256, qg, xdg, xsg);
+        int all = 1;
+        for (int i = 0; i < 8; i++) all &= isnan(xdg[i]) && isnan(xsg[i]) && !isnan(xdg[8 + i]);
+        T_CHECK(all, "activations (sb 256): NaN and Inf make the whole group's xd NaN, the next group not");
+    }
     for (int ki = 0; ki < N_KSETS; ki++) {
         int runs;
         const dhsa__qi_kernels *k = kset(ki, &runs);
@@ -208,7 +220,7 @@ static void test_quant_act(void) {
             T_SKIP(1, "activations: no %s here", kset_names[ki]);
             continue;
         }
-        k->quant_act(x, n, 32, q2, xd2, xs2);
+        k->quant_act(x, n, 32, 32, q2, xd2, xs2);
         T_CHECK(isnan(xd2[0]) && isnan(xd2[6]) && !isnan(xd2[1]) && xd2[1] == xd[1] &&
                     memcmp(q2, q, sizeof q) == 0,
                 "activations: %s NaN and Inf as scalar", k->name);
@@ -230,11 +242,12 @@ static double check_vs_double(const qmat *m, const float *x, int64_t n_tok, cons
         for (int64_t o = 0; o < m->W.n_out; o++) {
             const float *w = m->w + o * n;
             double ref = 0.0, bound = 0.0, mag = 0.0;
-            for (int64_t b = 0; b < n / 32; b++) {
+            const int sb = dhsa__qi_sb(m->W.type); /* the activations' scale group */
+            for (int64_t b = 0; b < n / sb; b++) {
                 double amax = 0.0;
-                for (int j = 0; j < 32; j++) amax = fmax(amax, fabs(xt[32 * b + j]));
-                for (int j = 0; j < 32; j++) {
-                    int64_t i = 32 * b + j;
+                for (int j = 0; j < sb; j++) amax = fmax(amax, fabs(xt[sb * b + j]));
+                for (int j = 0; j < sb; j++) {
+                    int64_t i = sb * b + j;
                     ref += (double)w[i] * xt[i];
                     bound += fabs(w[i]) * amax / 127.0 * 0.5 * (1 + 1e-6);
                     mag += fabs((double)w[i] * xt[i]);
@@ -357,8 +370,10 @@ static void test_products(void) {
         qmat_make(&m, DHSA_GGML_Q4_K, 256, 8, 9);
         float *x = rand_x(256, 3), y[8];
         run_route(ctx1, &dhsa__qi_scalar, &m, x, 1, y);
-        y[3] += 5.0f; /* the bound here is about 1.5 */
-        T_CHECK(check_vs_double(&m, x, 1, y) > 1.0, "a product 5 off fails the bound");
+        const double r0 = check_vs_double(&m, x, 1, y);
+        y[3] += 12.0f; /* the bound here is about 5 (one activation scale per 256 values) */
+        const double r1 = check_vs_double(&m, x, 1, y);
+        T_CHECK(r0 <= 1.0 && r1 > 1.0, "a product 12 off fails the bound (%.2f of it; right: %.2f)", r1, r0);
         /* NaN in the activations gives NaN outputs on every route */
         x[17] = NAN;
         int all_nan = run_route(ctx1, &dhsa__qi_scalar, &m, x, 1, y);
@@ -380,6 +395,80 @@ static void test_products(void) {
     }
     dhsa_ctx_free(ctx1);
     dhsa_ctx_free(ctx2);
+}
+
+/* The K types' fused kernels pack each lane's sum of 4 code x activation
+ * products to 16 bits (qint_vnni.c): at the largest codes (15, 31, 63),
+ * the largest scales and activations of +-127 in runs of one sign the
+ * lanes reach 4 * 63 * 127 = 32004; every kernel set against the scalar
+ * route there (a saturated lane would be far off). */
+static void test_k_extremes(void) {
+    static const uint32_t kt[3] = {DHSA_GGML_Q4_K, DHSA_GGML_Q5_K, DHSA_GGML_Q6_K};
+    static const char *const kn[3] = {"Q4_K", "Q5_K", "Q6_K"};
+    dhsa_ctx_params cp = dhsa_ctx_default_params();
+    cp.n_threads = 1;
+    dhsa_ctx *ctx = NULL;
+    if (dhsa_ctx_create(&cp, &ctx) != DHSA_OK) {
+        T_CHECK(0, "ctx");
+        return;
+    }
+    const int64_t n_in = 512, n_out = 6, n_tok = 3;
+    for (int ti = 0; ti < 3; ti++) {
+        qmat m;
+        const int64_t rb = dhsa__wt_row_bytes(kt[ti], n_in), bb = dhsa__wt_block_bytes(kt[ti]);
+        m.data = malloc((size_t)(rb * n_out));
+        m.w = malloc(sizeof(float) * (size_t)(n_in * n_out));
+        float *x = malloc(sizeof(float) * (size_t)(n_in * n_tok));
+        float *ys = malloc(sizeof(float) * (size_t)(n_out * n_tok)), *yv = malloc(sizeof(float) * (size_t)(n_out * n_tok));
+        if (!m.data || !m.w || !x || !ys || !yv) {
+            T_CHECK(0, "%s extremes: allocation", kn[ti]);
+            return;
+        }
+        memset(m.data, 0xFF, (size_t)(rb * n_out)); /* every code, scale and min at its largest */
+        for (int64_t o = 0; o < n_out; o++)
+            for (int64_t b = 0; b < n_in / 256; b++) {
+                uint8_t *blk = m.data + o * rb + b * bb;
+                const uint8_t one[2] = {0x00, 0x3C}; /* f16 1.0 */
+                if (kt[ti] == DHSA_GGML_Q6_K) {
+                    memcpy(blk + 208, one, 2);
+                    for (int j = 0; j < 16; j++) blk[192 + j] = (uint8_t)(j % 2 ? 0x80 : 0x7F); /* -128, 127 */
+                    if (o % 2) memset(blk, 0x00, 128); /* low bits 0: codes 48 */
+                } else {
+                    memcpy(blk, one, 2);
+                    memcpy(blk + 2, one, 2);
+                    if (o % 2) memset(blk + bb - 128, 0xF0, 128); /* low nibbles 0 */
+                }
+            }
+        int ok = 1;
+        for (int64_t o = 0; o < n_out; o++)
+            ok &= dhsa__dequantize_row(kt[ti], m.data + o * rb, m.w + o * n_in, n_in) == DHSA_OK;
+        m.W.type = kt[ti];
+        m.W.data = m.data;
+        m.W.n_in = n_in;
+        m.W.n_out = n_out;
+        m.W.row_bytes = rb;
+        for (int64_t t = 0; t < n_tok; t++)
+            for (int64_t i = 0; i < n_in; i++)
+                x[t * n_in + i] = t == 0 ? 1.0f : t == 1 ? -1.0f : ((i / 4) % 2 ? 2.0f : -2.0f);
+        ok &= run_route(ctx, &dhsa__qi_scalar, &m, x, n_tok, ys);
+        for (int ki = 0; ki < N_KSETS; ki++) {
+            int runs;
+            const dhsa__qi_kernels *k = kset(ki, &runs);
+            if (!runs) {
+                T_SKIP(1, "%s extremes: no %s here", kn[ti], kset_names[ki]);
+                continue;
+            }
+            int okk = ok && run_route(ctx, k, &m, x, n_tok, yv);
+            double d = rel_diff(&m, x, n_tok, yv, ys);
+            T_CHECK(okk && d <= 1e-6, "%s at its largest codes and scales, activations +-127: %s fused within 1e-6 of "
+                    "the scalar route (%.2g)", kn[ti], k->name, d);
+        }
+        free(x);
+        free(ys);
+        free(yv);
+        qmat_free(&m);
+    }
+    dhsa_ctx_free(ctx);
 }
 
 /* ------------------------------------------------- kernels, directly --- */
@@ -415,7 +504,7 @@ static int direct_kernels(const dhsa__qi_kernels *k, int bw, int cmax, int cmax_
             if (fill == 1) v = ((i / 2 + t) % 3 ? 1.0 : -1.0) * (1.0 + (double)(i / 32 % 5)); /* |x| equal per block */
             xf[i] = (float)v;
         }
-        dhsa__qi_quant_act_scalar(xf, n, bw, q + t * n, xd + t * n / 32, xs + t * n / 16);
+        dhsa__qi_quant_act_scalar(xf, n, bw, 32, q + t * n, xd + t * n / 32, xs + t * n / 16);
         x[t].q = q + t * n;
         x[t].xd = xd + t * n / 32;
         x[t].xs = xs + t * n / 16;
@@ -651,6 +740,7 @@ int main(void) {
     printf("\n");
     test_unpack();
     test_quant_act();
+    test_k_extremes();
     test_products();
     test_kernels_direct();
     test_multi();

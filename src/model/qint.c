@@ -216,29 +216,42 @@ void dhsa__qi_unpack_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64
     }
 }
 
-void dhsa__qi_quant_act_scalar(const float *x, int64_t n, int bw, int8_t *q, float *xd, float *xs) {
-    for (int64_t i = 0; i < n / 32; i++) {
-        const float *v = x + 32 * i;
+int dhsa__qi_sb(uint32_t type) {
+    switch (type) {
+    case DHSA_GGML_Q2_K:
+    case DHSA_GGML_Q3_K:
+    case DHSA_GGML_Q4_K:
+    case DHSA_GGML_Q5_K:
+    case DHSA_GGML_Q6_K: return 256;
+    default: return dhsa__qi_bw(type) ? 32 : 0;
+    }
+}
+
+void dhsa__qi_quant_act_scalar(const float *x, int64_t n, int bw, int sb, int8_t *q, float *xd, float *xs) {
+    for (int64_t g = 0; g < n / sb; g++) {
+        const float *v = x + sb * g;
         float amax = 0.0f, probe = 0.0f;
-        for (int j = 0; j < 32; j++) {
+        for (int j = 0; j < sb; j++) {
             float m = fabsf(v[j]);
             amax = m > amax ? m : amax;
             probe += v[j] * 0.0f; /* NaN when a value is NaN or Inf */
         }
         float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        int s[2] = {0, 0};
-        for (int j = 0; j < 32; j++) {
-            float r = nearbyintf(v[j] * id);
-            int qi = probe == 0.0f ? (int)r : 0;
-            q[32 * i + j] = (int8_t)qi;
-            s[j / 16] += qi;
-        }
-        xd[i] = probe == 0.0f ? d : NAN;
-        if (bw == 32) {
-            xs[i] = xd[i] * (float)(s[0] + s[1]);
-        } else {
-            xs[2 * i] = xd[i] * (float)s[0];
-            xs[2 * i + 1] = xd[i] * (float)s[1];
+        for (int64_t i = g * (sb / 32); i < (g + 1) * (sb / 32); i++) {
+            int s[2] = {0, 0};
+            for (int j = 0; j < 32; j++) {
+                float r = nearbyintf(x[32 * i + j] * id);
+                int qi = probe == 0.0f ? (int)r : 0;
+                q[32 * i + j] = (int8_t)qi;
+                s[j / 16] += qi;
+            }
+            xd[i] = probe == 0.0f ? d : NAN;
+            if (bw == 32) {
+                xs[i] = xd[i] * (float)(s[0] + s[1]);
+            } else {
+                xs[2 * i] = xd[i] * (float)s[0];
+                xs[2 * i + 1] = xd[i] * (float)s[1];
+            }
         }
     }
 }
@@ -380,7 +393,7 @@ typedef struct {
     int64_t ldx, n_tok;
     float *y;
     int64_t ldy;
-    int bw, cmax;
+    int bw, sb, cmax;
     qi_plan p;
     char *ws;
     int8_t *q; /* [n_tok][ldq] */
@@ -403,7 +416,7 @@ static void quant_task(void *arg, int64_t task, int thread) {
         t1 = task + 1;
     }
     for (int64_t t = t0; t < t1; t++)
-        j->k->quant_act(j->x + t * j->ldx, j->W->n_in, j->bw, j->q + t * j->p.ldq, j->xd + t * j->p.nxd,
+        j->k->quant_act(j->x + t * j->ldx, j->W->n_in, j->bw, j->sb, j->q + t * j->p.ldq, j->xd + t * j->p.nxd,
                         j->xs + t * j->p.nxs);
 }
 
@@ -451,10 +464,10 @@ static void fused_rows(const qi_job *j, int64_t o0, int64_t o1, char *buf) {
                 x[t].xd += k0 / 32;
                 x[t].xs += k0 / j->bw;
             }
-            if (W->type == DHSA_GGML_Q8_0 && j->k->dot_q8_0) { /* no unpacked copy (qint.h) */
-                j->k->dot_q8_0(row + k0 / 32 * 34, W->row_bytes, nr, kn, x, nt, j->y + o, j->ldy, k0 > 0);
+            if (j->k->dot_file && /* no unpacked copy (qint.h) */
+                j->k->dot_file(W->type, row + k0 / blk * blk_bytes, W->row_bytes, nr, kn, x, nt, j->y + o, j->ldy,
+                               k0 > 0))
                 continue;
-            }
             for (int r = 0; r < R; r++) /* past the last row: the last row again, its results dropped */
                 j->k->unpack(W->type, row + (r < nr ? r : nr - 1) * W->row_bytes, k0, kn, c + r * ldc,
                              a + r * ldab, b + r * ldab);
@@ -541,6 +554,7 @@ dhsa_status dhsa__qi_matmul(dhsa_ctx *ctx, const dhsa__qi_kernels *k, const dhsa
     j.y = y;
     j.ldy = ldy;
     j.bw = dhsa__qi_bw(W->type);
+    j.sb = dhsa__qi_sb(W->type);
     j.cmax = dhsa__qi_code_max(W->type);
     j.p = qi_make_plan(k, W->type, W->n_in, W->n_out, n_tok, dhsa_ctx_n_threads(ctx));
     dhsa_status st = DHSA_OK;
@@ -608,6 +622,7 @@ int dhsa__qi_matmul_multi(dhsa_ctx *ctx, const dhsa__qi_kernels *k, const dhsa_w
         j->y = y[i];
         j->ldy = W[i]->n_out;
         j->bw = dhsa__qi_bw(W[i]->type);
+        j->sb = dhsa__qi_sb(W[i]->type);
         j->cmax = dhsa__qi_code_max(W[i]->type);
         j->p = qi_make_plan(k, W[i]->type, W[i]->n_in, W[i]->n_out, n_tok, nth);
         j->own_buf = 1;

@@ -17,12 +17,19 @@
  *   Q2_K      c = q, a = d (sc & 15), b = -dmin (sc >> 4)
  * (a and b are rounded to F32 once; the codes are the file's, unchanged).
  *
- * Activations: a row of n_in values (a multiple of 32) is cut into blocks
- * of 32, each stored as int8 codes q = nearest(x / xd) in [-127, 127] with
- * xd = max|x| / 127 (dhsa's own block form, like ggml's Q8_0 with an F32
- * scale); a block holding NaN or Inf gets xd = NaN, so the products it
- * feeds are NaN, as on the exact route. xs[j] = xd * (sum of the codes
- * of weight block j) is kept per weight block.
+ * Activations: a row of n_in values (a multiple of 32) is cut into scale
+ * groups of sb values (dhsa__qi_sb: 256 for the K types Q2_K..Q6_K, whose
+ * super-blocks have one float scale, 32 for the others), each stored as
+ * int8 codes q = nearest(x / xd) in [-127, 127] with xd = max|x| / 127
+ * over the group (dhsa's own block form: like ggml's Q8_0 with an F32
+ * scale for sb = 32, like its Q8_K for sb = 256); xd is kept once per 32
+ * values (repeated over a group of 256). A group holding NaN or Inf gets
+ * xd = NaN, so the products it feeds are NaN, as on the exact route.
+ * xs[j] = xd * (sum of the codes of weight block j) is kept per weight
+ * block. One scale per 256 lets a K-type kernel apply the super-block's
+ * integer sub-block scales to integer sums and touch floats once per 256
+ * values (qint_vnni.c's dot_file); it costs precision where a group's
+ * values differ much in size (the bound below uses the group's xd).
  *
  * The product of a weight row and an activation row is then
  *   y = sum over weight blocks j, in order, of
@@ -69,8 +76,13 @@ int dhsa__qi_code_max(uint32_t type);
  * weight row (k0, kn multiples of the type's block). */
 void dhsa__qi_unpack_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, uint8_t *codes, float *a,
                             float *b);
-/* x[0..n) -> q[0..n), xd[0..n/32), xs[0..n/bw). */
-void dhsa__qi_quant_act_scalar(const float *x, int64_t n, int bw, int8_t *q, float *xd, float *xs);
+/* The activations' scale group of the weight type: 256 for Q2_K, Q3_K,
+ * Q4_K, Q5_K and Q6_K, 32 for the others (0 if not covered). Their n_in is
+ * a multiple of it (of the type's block). */
+int dhsa__qi_sb(uint32_t type);
+/* x[0..n) -> q[0..n), xd[0..n/32), xs[0..n/bw), one scale per sb values
+ * (32 or 256; n a multiple of sb). */
+void dhsa__qi_quant_act_scalar(const float *x, int64_t n, int bw, int sb, int8_t *q, float *xd, float *xs);
 /* The block-ordered product of one unpacked row and one activation row,
  * starting from y0 (the contract's two FMA per block). */
 float dhsa__qi_dot_scalar(const uint8_t *codes, const float *a, const float *b, int64_t n, int bw,
@@ -84,7 +96,7 @@ typedef struct {
     int max_tok_fused; /* n_tok up to which the fused route runs */
     int fused_rows;    /* rows per dot_rows call */
     /* as dhsa__qi_quant_act_scalar, bitwise */
-    void (*quant_act)(const float *x, int64_t n, int bw, int8_t *q, float *xd, float *xs);
+    void (*quant_act)(const float *x, int64_t n, int bw, int sb, int8_t *q, float *xd, float *xs);
     /* as dhsa__qi_unpack_scalar, bitwise (types the kernel has no SIMD
      * unpacking for call the scalar one) */
     void (*unpack)(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, uint8_t *codes, float *a, float *b);
@@ -103,13 +115,17 @@ typedef struct {
      * at most cmax. */
     void (*tile)(const uint8_t *w, const float *a, const float *b, int64_t n, int bw, int cmax, const dhsa_qi_act *x,
                  float *out);
-    /* Fused route of Q8_0 straight from the file's blocks (NULL: unpack,
-     * then dot_rows): as dot_rows for rows r < nr of n values whose first
-     * blocks are at w + r * row_bytes (rows past nr are not read), with
-     * the codes, a and b the unpacking would give. Decode streams every
-     * weight once, so the unpacked copy was a second pass over it. */
-    void (*dot_q8_0)(const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const dhsa_qi_act *x, int n_tok, float *y,
-                     int64_t ldy, int accumulate);
+    /* Fused route straight from the file's blocks, for the types the
+     * kernel set has it for (returns 0 and does nothing for the others:
+     * unpack, then dot_rows): as dot_rows for rows r < nr of n values
+     * whose first blocks are at w + r * row_bytes (rows past nr are not
+     * read), with the codes, a and b the unpacking would give; within
+     * float rounding of dot_rows (the K types sum a super-block's integer
+     * products with its integer sub-block scales first: one float step per
+     * 256 values, which needs sb = 256). Decode streams every weight once:
+     * an unpacked copy was a second pass over it. NULL: none. */
+    int (*dot_file)(uint32_t type, const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const dhsa_qi_act *x,
+                    int n_tok, float *y, int64_t ldy, int accumulate);
 } dhsa__qi_kernels;
 
 extern const dhsa__qi_kernels dhsa__qi_scalar;

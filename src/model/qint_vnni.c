@@ -3,8 +3,9 @@
  * Makefile (files named *_vnni.c); chosen at run time only where the CPU
  * has AVX512-VNNI; elsewhere this file is empty.
  *
- *   quant_act  two zmm per block of 32: max |x|, one rounding multiply,
- *              vpmovdb; bitwise the scalar quantizer.
+ *   quant_act  max |x| over the scale group, then two zmm per block of
+ *              32: one rounding multiply, vpmovdb; bitwise the scalar
+ *              quantizer.
  *   unpack     Q8_0, Q4_K and Q6_K with byte operations here (64-byte
  *              stores); the other types by the AVX2 kernels' byte
  *              operations (qint_ymm.h).
@@ -12,10 +13,14 @@
  *              signed activations) per token, its 16 lanes (4 or 2 per
  *              weight block) converted and scaled by a*xd per lane, the
  *              b*xs terms as a vector dot; lane order.
- *   dot_q8_0   fused route of Q8_0 from the file's blocks, no unpacked
- *              copy: one gather of 16 block scales, then per block a ymm
+ *   dot_file   fused route from the file's blocks, no unpacked copy:
+ *              Q8_0: one gather of 16 block scales, then per block a ymm
  *              load of the codes (flipped to q + 128 in the register) and
- *              one ymm vpdpbusd per token (decode 1.2-1.3x, docs/results.md).
+ *              one ymm vpdpbusd per token (decode 1.2-1.3x,
+ *              docs/results.md); Q4_K, Q5_K, Q6_K: codes from the nibbles
+ *              in the registers, vpdpbusd, the lanes' integer sub-block
+ *              scales by vpmaddwd / vpdpwssd, one float step per 256
+ *              values (the activations' scale group, qint.h).
  *   tile       panel route: 6 tokens x 32 rows (two groups of 16 in the
  *              lanes), 12 vpdpbusd per four columns on a broadcast of four
  *              activation codes; per weight block the two FMA of the
@@ -45,32 +50,40 @@ static inline float half(const uint8_t *p) {
 
 /* ------------------------------------------------------- activations --- */
 
-static void quant_act(const float *x, int64_t n, int bw, int8_t *q, float *xd, float *xs) {
+static void quant_act(const float *x, int64_t n, int bw, int sb, int8_t *q, float *xd, float *xs) {
     const __m512 zero = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n / 32; i++) {
-        __m512 v0 = _mm512_loadu_ps(x + 32 * i), v1 = _mm512_loadu_ps(x + 32 * i + 16);
-        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-        float probe = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_mul_ps(v0, zero), _mm512_mul_ps(v1, zero)));
-        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        if (probe != 0.0f) { /* NaN or Inf in the block (amax may not show it) */
-            memset(q + 32 * i, 0, 32);
-            xd[i] = NAN;
-            if (bw == 32) xs[i] = NAN;
-            else xs[2 * i] = xs[2 * i + 1] = NAN;
-            continue;
+    for (int64_t g = 0; g < n / sb; g++) {
+        /* the group's max |x| and NaN/Inf probe (any order: a max is exact) */
+        __m512 m = zero, pr = zero;
+        for (int k = 0; k < sb / 16; k++) {
+            __m512 v = _mm512_loadu_ps(x + sb * g + 16 * k);
+            m = _mm512_max_ps(m, _mm512_abs_ps(v));
+            pr = _mm512_add_ps(pr, _mm512_mul_ps(v, zero));
         }
+        float amax = _mm512_reduce_max_ps(m), probe = _mm512_reduce_add_ps(pr);
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         const __m512 vid = _mm512_set1_ps(id);
-        __m512i q0 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v0, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        __m512i q1 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v1, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        _mm_storeu_si128((__m128i *)(q + 32 * i), _mm512_cvtepi32_epi8(q0));
-        _mm_storeu_si128((__m128i *)(q + 32 * i + 16), _mm512_cvtepi32_epi8(q1));
-        int s0 = _mm512_reduce_add_epi32(q0), s1 = _mm512_reduce_add_epi32(q1);
-        xd[i] = d;
-        if (bw == 32) {
-            xs[i] = d * (float)(s0 + s1);
-        } else {
-            xs[2 * i] = d * (float)s0;
-            xs[2 * i + 1] = d * (float)s1;
+        for (int64_t i = g * (sb / 32); i < (g + 1) * (sb / 32); i++) {
+            if (probe != 0.0f) { /* NaN or Inf in the group (amax may not show it) */
+                memset(q + 32 * i, 0, 32);
+                xd[i] = NAN;
+                if (bw == 32) xs[i] = NAN;
+                else xs[2 * i] = xs[2 * i + 1] = NAN;
+                continue;
+            }
+            __m512 v0 = _mm512_loadu_ps(x + 32 * i), v1 = _mm512_loadu_ps(x + 32 * i + 16);
+            __m512i q0 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v0, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            __m512i q1 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v1, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            _mm_storeu_si128((__m128i *)(q + 32 * i), _mm512_cvtepi32_epi8(q0));
+            _mm_storeu_si128((__m128i *)(q + 32 * i + 16), _mm512_cvtepi32_epi8(q1));
+            int s0 = _mm512_reduce_add_epi32(q0), s1 = _mm512_reduce_add_epi32(q1);
+            xd[i] = d;
+            if (bw == 32) {
+                xs[i] = d * (float)(s0 + s1);
+            } else {
+                xs[2 * i] = d * (float)s0;
+                xs[2 * i + 1] = d * (float)s1;
+            }
         }
     }
 }
@@ -309,18 +322,221 @@ INLINE void q8_nt(const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const 
         for (int t = 0; t < NT; t++) y[t * ldy + r] = accumulate ? y[t * ldy + r] + res[r][t] : res[r][t];
 }
 
-static void dot_q8_0(const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const dhsa_qi_act *x, int n_tok,
-                     float *y, int64_t ldy, int accumulate) {
-    for (int t0 = 0; t0 < n_tok; t0 += TMAX) {
-        const dhsa_qi_act *xt = x + t0;
-        float *yt = y + t0 * ldy;
-        switch (n_tok - t0 < TMAX ? n_tok - t0 : TMAX) {
-        case 1: q8_nt(w, row_bytes, nr, n, xt, 1, yt, ldy, accumulate); break;
-        case 2: q8_nt(w, row_bytes, nr, n, xt, 2, yt, ldy, accumulate); break;
-        case 3: q8_nt(w, row_bytes, nr, n, xt, 3, yt, ldy, accumulate); break;
-        default: q8_nt(w, row_bytes, nr, n, xt, 4, yt, ldy, accumulate); break;
+/* ------------------------------------------- fused route, K types --- */
+
+/* The K types straight from the file's super-blocks (256 values, one
+ * activation scale xd per 256: qint.h's sb), R rows x NT tokens: per 64
+ * codes one zmm of unsigned codes and, per token, one vpmaddubsw (pairs of
+ * code x activation in 16 bits: at most 2 * 63 * 127 = 16002, no
+ * saturation) and one vpdpwssd by the pairs' integer sub-block scales
+ * into 32-bit lanes: the super-block's sum of sc_j * isum_j, exact (at
+ * most 256 * 63 * 127 * 128 < 2^31); then one float step, fl(d * xd) *
+ * that, and the min terms b_j * xs_j as a vector FMA. Within float
+ * rounding of dot_rows' per-block a_j * xd (tests/test_qint.c). */
+#define TK 2 /* tokens per pass: 4 activation zmm per token stay in registers */
+
+/* vpermw indices: per 64 codes, the scale of each 16-bit pair */
+static const int16_t q4k_sc_idx[2][32] = {
+    /* word w of packs(pL, pH) of two 64-code products (lanes of 4 codes):
+     * 128-bit lane k = w / 8, words 0-3 from pL (sub-block 0 for k < 2, 2
+     * after), 4-7 from pH (1, 3); +4 for the second 128 codes */
+    {0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 2, 2, 2, 2, 3, 3, 3, 3},
+    {4, 4, 4, 4, 5, 5, 5, 5, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7, 6, 6, 6, 6, 7, 7, 7, 7}};
+static const int16_t q6k_sc_idx[4][32] = {
+    /* 64 codes in order: 4 sub-blocks of 16, 8 pairs each */
+    {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
+    {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7},
+    {8, 8, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9, 9, 9, 9, 9, 10, 10, 10, 10, 10, 10, 10, 10, 11, 11, 11, 11, 11, 11, 11, 11},
+    {12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 13, 13, 13, 13, 13, 13, 14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15}};
+
+/* The 6-bit scales and mins of a Q4_K/Q5_K super-block (12 bytes at s;
+ * qint.c's q4k_scale_min) as bytes sc0..7 and m0..7 (qint_kscale.h's
+ * form; scalar work, which runs beside the vector ports). */
+INLINE void k4_scales(const uint8_t *s, uint64_t *sc, uint64_t *mn) {
+    uint32_t u0, u1, u2;
+    memcpy(&u0, s, 4);
+    memcpy(&u1, s + 4, 4);
+    memcpy(&u2, s + 8, 4);
+    *sc = (uint64_t)(u0 & 0x3f3f3f3fu) | (uint64_t)((u2 & 0x0f0f0f0fu) | ((u0 >> 6) & 0x03030303u) << 4) << 32;
+    *mn = (uint64_t)(u1 & 0x3f3f3f3fu) | (uint64_t)(((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 6) & 0x03030303u) << 4) << 32;
+}
+
+/* acc + the 16-bit pairs of codes c and activations q, times the pairs' scales */
+INLINE __m512i kdot(__m512i acc, __m512i c, __m512i q, __m512i sc) {
+    return _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(c, q), sc);
+}
+
+/* Q4_K (FIVE 0, 144-byte blocks) and Q5_K (FIVE 1, 176): c[64u + 32h + l] is
+ * the low (h 0) or high (h 1) nibble of qs[32u + l] (+ 16 for Q5_K's qh
+ * bit 2u + h). A zmm of 64 qs bytes gives codes 0-31 and 64-95 (low
+ * nibbles) and 32-63, 96-127 (high): the activations are shuffled to
+ * match, once per token and super-block. */
+INLINE void k45_nt(const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const dhsa_qi_act *x, const int NT,
+                   const int FIVE, float *y, int64_t ldy, int accumulate) {
+    const int64_t ns = n / 256, bb = FIVE ? 176 : 144;
+    const uint8_t *row[R];
+    for (int r = 0; r < R; r++) row[r] = w + (r < nr ? r : nr - 1) * row_bytes;
+    const __m512i m4 = _mm512_set1_epi8(15), bit4 = _mm512_set1_epi8(16);
+    const __m512i idx0 = _mm512_loadu_si512(q4k_sc_idx[0]), idx1 = _mm512_loadu_si512(q4k_sc_idx[1]);
+    __m512 acc[R][TK];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < ns; s++) {
+        __m512i X[TK][4];
+        float xd[TK];
+        UNROLL for (int t = 0; t < NT; t++) {
+            const int8_t *xq = x[t].q + 256 * s;
+            const __m512i a = _mm512_loadu_si512(xq), b = _mm512_loadu_si512(xq + 64);
+            const __m512i c = _mm512_loadu_si512(xq + 128), d = _mm512_loadu_si512(xq + 192);
+            X[t][0] = _mm512_shuffle_i64x2(a, b, 0x44); /* codes 0-31, 64-95 */
+            X[t][1] = _mm512_shuffle_i64x2(a, b, 0xEE); /* 32-63, 96-127 */
+            X[t][2] = _mm512_shuffle_i64x2(c, d, 0x44);
+            X[t][3] = _mm512_shuffle_i64x2(c, d, 0xEE);
+            xd[t] = x[t].xd[8 * s];
+        }
+        UNROLL for (int r = 0; r < R; r++) {
+            const uint8_t *blk = row[r] + s * bb;
+            uint64_t sc, mn;
+            k4_scales(blk + 4, &sc, &mn);
+            const __m512i scw = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));
+            uint32_t dd;
+            memcpy(&dd, blk, 4);
+            const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd)); /* d, dmin */
+            const float d = _mm_cvtss_f32(dm), dmin = _mm_cvtss_f32(_mm_movehdup_ps(dm));
+            /* b_j = -(dmin m_j), as the unpacking's */
+            const __m512 bm = _mm512_zextps256_ps512(_mm256_mul_ps(
+                _mm256_set1_ps(-dmin), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn)))));
+            const uint8_t *qs = blk + (FIVE ? 48 : 16);
+            const __m512i v0 = _mm512_loadu_si512(qs), v1 = _mm512_loadu_si512(qs + 64);
+            __m512i c[4];
+            c[0] = _mm512_and_si512(v0, m4);
+            c[1] = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4);
+            c[2] = _mm512_and_si512(v1, m4);
+            c[3] = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
+            if (FIVE) { /* qh bit 2u + h of byte l: bits 0, 1 (u 0), 2, 3 (u 1), 4-7 (u 2, 3) */
+                const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16));
+                const __m512i hz = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+                const __m512i hz4 = _mm512_srli_epi16(hz, 4);
+                /* a | (b & bit4): ternary logic 0xF8 */
+                c[0] = _mm512_ternarylogic_epi32(c[0], _mm512_slli_epi16(hz, 4), bit4, 0xF8);
+                c[1] = _mm512_ternarylogic_epi32(c[1], _mm512_slli_epi16(hz, 3), bit4, 0xF8);
+                c[2] = _mm512_ternarylogic_epi32(c[2], _mm512_slli_epi16(hz4, 4), bit4, 0xF8);
+                c[3] = _mm512_ternarylogic_epi32(c[3], _mm512_slli_epi16(hz4, 3), bit4, 0xF8);
+            }
+            const __m512i SC0 = _mm512_permutexvar_epi16(idx0, scw), SC1 = _mm512_permutexvar_epi16(idx1, scw);
+            UNROLL for (int t = 0; t < NT; t++) {
+                const __m512i z = _mm512_setzero_si512();
+                __m512i ai = _mm512_madd_epi16(
+                    _mm512_packs_epi32(_mm512_dpbusd_epi32(z, c[0], X[t][0]), _mm512_dpbusd_epi32(z, c[1], X[t][1])), SC0);
+                ai = _mm512_dpwssd_epi32(
+                    ai, _mm512_packs_epi32(_mm512_dpbusd_epi32(z, c[2], X[t][2]), _mm512_dpbusd_epi32(z, c[3], X[t][3])), SC1);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai), _mm512_set1_ps(d * xd[t]), acc[r][t]);
+                acc[r][t] = _mm512_fmadd_ps(bm, _mm512_maskz_loadu_ps(0xFF, x[t].xs + 8 * s), acc[r][t]);
+            }
         }
     }
+    float res[R][TK]; /* all R rows unrolled: a run-time index into acc would keep it in memory */
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < NT; t++) res[r][t] = _mm512_reduce_add_ps(acc[r][t]);
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < NT; t++) y[t * ldy + r] = accumulate ? y[t * ldy + r] + res[r][t] : res[r][t];
+}
+
+/* Q6_K (210-byte blocks: ql[128], qh[64], int8 scales[16], d): per half
+ * nh of 128 codes, c[128 nh + 32 p + l] = (ql[64 nh + 32 (p & 1) + l] >>
+ * 4 (p >> 1)) & 15 | ((qh[32 nh + l] >> 2p) & 3) << 4: a zmm of 64 ql
+ * bytes and the 32 qh bytes (and them >> 2) give codes 0-63 (low nibbles)
+ * and 64-127 (high) of the half, in order. b_j = -32 a_j. */
+INLINE void q6k_nt(const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const dhsa_qi_act *x, const int NT,
+                   float *y, int64_t ldy, int accumulate) {
+    const int64_t ns = n / 256;
+    const uint8_t *row[R];
+    for (int r = 0; r < R; r++) row[r] = w + (r < nr ? r : nr - 1) * row_bytes;
+    const __m512i m4 = _mm512_set1_epi8(15), m33 = _mm512_set1_epi8(0x33);
+    __m512i idx[4];
+    for (int i = 0; i < 4; i++) idx[i] = _mm512_loadu_si512(q6k_sc_idx[i]);
+    __m512 acc[R][TK];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < ns; s++) {
+        __m512i X[TK][4];
+        float xd[TK];
+        UNROLL for (int t = 0; t < NT; t++) {
+            UNROLL for (int i = 0; i < 4; i++) X[t][i] = _mm512_loadu_si512(x[t].q + 256 * s + 64 * i);
+            xd[t] = x[t].xd[8 * s];
+        }
+        UNROLL for (int r = 0; r < R; r++) {
+            const uint8_t *blk = row[r] + s * 210;
+            const __m128i sc8 = _mm_loadu_si128((const __m128i *)(blk + 192));
+            const __m512i scw = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc8));
+            uint16_t dh;
+            memcpy(&dh, blk + 208, 2);
+            const float d = _cvtsh_ss(dh);
+            /* b_j = -32 a_j, a_j = d sc_j, as the unpacking's */
+            const __m512 b = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc8))),
+                                           _mm512_set1_ps(-32.0f));
+            __m512i c[4];
+            UNROLL for (int nh = 0; nh < 2; nh++) {
+                const __m512i l = _mm512_loadu_si512(blk + 64 * nh);
+                const __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * nh));
+                /* bits 0, 1 and 4, 5 of each byte: the high bits of p 0 (p 1 in the upper half) and p 2 (p 3) */
+                const __m512i h2 = _mm512_and_si512(
+                    _mm512_inserti64x4(_mm512_castsi256_si512(h), _mm256_srli_epi16(h, 2), 1), m33);
+                /* m4 ? a : b, ternary logic 0xCA */
+                c[2 * nh] = _mm512_ternarylogic_epi32(m4, l, _mm512_slli_epi16(h2, 4), 0xCA);
+                c[2 * nh + 1] = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(l, 4), h2, 0xCA);
+            }
+            __m512i SC[4];
+            UNROLL for (int i = 0; i < 4; i++) SC[i] = _mm512_permutexvar_epi16(idx[i], scw);
+            UNROLL for (int t = 0; t < NT; t++) {
+                __m512i ai = _mm512_madd_epi16(_mm512_maddubs_epi16(c[0], X[t][0]), SC[0]);
+                UNROLL for (int i = 1; i < 4; i++) ai = kdot(ai, c[i], X[t][i], SC[i]);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai), _mm512_set1_ps(d * xd[t]), acc[r][t]);
+                acc[r][t] = _mm512_fmadd_ps(b, _mm512_loadu_ps(x[t].xs + 16 * s), acc[r][t]);
+            }
+        }
+    }
+    float res[R][TK];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < NT; t++) res[r][t] = _mm512_reduce_add_ps(acc[r][t]);
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < NT; t++) y[t * ldy + r] = accumulate ? y[t * ldy + r] + res[r][t] : res[r][t];
+}
+
+/* one function per form (each its own registers; named for profiles) */
+#define K_FORM(NAME, CALL)                                                                                           \
+    static void NAME(const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const dhsa_qi_act *x, float *y,          \
+                     int64_t ldy, int accumulate) {                                                                  \
+        CALL;                                                                                                        \
+    }
+K_FORM(k4_1, k45_nt(w, row_bytes, nr, n, x, 1, 0, y, ldy, accumulate))
+K_FORM(k4_2, k45_nt(w, row_bytes, nr, n, x, 2, 0, y, ldy, accumulate))
+K_FORM(k5_1, k45_nt(w, row_bytes, nr, n, x, 1, 1, y, ldy, accumulate))
+K_FORM(k5_2, k45_nt(w, row_bytes, nr, n, x, 2, 1, y, ldy, accumulate))
+K_FORM(k6_1, q6k_nt(w, row_bytes, nr, n, x, 1, y, ldy, accumulate))
+K_FORM(k6_2, q6k_nt(w, row_bytes, nr, n, x, 2, y, ldy, accumulate))
+
+static int dot_file(uint32_t type, const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const dhsa_qi_act *x,
+                    int n_tok, float *y, int64_t ldy, int accumulate) {
+    if (type == DHSA_GGML_Q8_0) {
+        for (int t0 = 0; t0 < n_tok; t0 += TMAX) {
+            const dhsa_qi_act *xt = x + t0;
+            float *yt = y + t0 * ldy;
+            switch (n_tok - t0 < TMAX ? n_tok - t0 : TMAX) {
+            case 1: q8_nt(w, row_bytes, nr, n, xt, 1, yt, ldy, accumulate); break;
+            case 2: q8_nt(w, row_bytes, nr, n, xt, 2, yt, ldy, accumulate); break;
+            case 3: q8_nt(w, row_bytes, nr, n, xt, 3, yt, ldy, accumulate); break;
+            default: q8_nt(w, row_bytes, nr, n, xt, 4, yt, ldy, accumulate); break;
+            }
+        }
+        return 1;
+    }
+    if (type != DHSA_GGML_Q4_K && type != DHSA_GGML_Q5_K && type != DHSA_GGML_Q6_K) return 0;
+    for (int t0 = 0; t0 < n_tok; t0 += TK) {
+        const dhsa_qi_act *xt = x + t0;
+        float *yt = y + t0 * ldy;
+        const int two = n_tok - t0 >= 2;
+        if (type == DHSA_GGML_Q4_K) (two ? k4_2 : k4_1)(w, row_bytes, nr, n, xt, yt, ldy, accumulate);
+        else if (type == DHSA_GGML_Q5_K) (two ? k5_2 : k5_1)(w, row_bytes, nr, n, xt, yt, ldy, accumulate);
+        else (two ? k6_2 : k6_1)(w, row_bytes, nr, n, xt, yt, ldy, accumulate);
+    }
+    return 1;
 }
 
 /* -------------------------------------------------------- panel route --- */
@@ -384,7 +600,7 @@ static void tile(const uint8_t *w, const float *a, const float *b, int64_t n, in
 }
 
 const dhsa__qi_kernels dhsa__qi_vnni = {"avx512-vnni", MR, NG, MAX_TOK_FUSED, R, quant_act, unpack, dot_rows, tile,
-                                        dot_q8_0};
+                                        dot_file};
 
 #elif defined(__x86_64__)
 #include "model/qint.h"

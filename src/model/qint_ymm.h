@@ -24,8 +24,9 @@
  * panel tile is bitwise the scalar tile. tests/test_qint.c checks that, and
  * that a wide type pushed through the narrow form (a wrong cmax) fails.
  *
- *   quant_act  four ymm per block of 32: max |x|, one rounding multiply,
- *              packs; bitwise the scalar quantizer.
+ *   quant_act  max |x| over the scale group, then four ymm per block of
+ *              32: one rounding multiply, packs; bitwise the scalar
+ *              quantizer.
  *   unpack     every type with byte operations (bitwise the scalar
  *              unpacker, which any other type would call).
  *   dot_rows   fused route, 4 rows x up to 2 tokens per pass: per 32 codes
@@ -141,38 +142,42 @@ INLINE int qsum(const int8_t *q, const int BW) {
 
 /* ------------------------------------------------------- activations --- */
 
-static void quant_act(const float *x, int64_t n, int bw, int8_t *q, float *xd, float *xs) {
+static void quant_act(const float *x, int64_t n, int bw, int sb, int8_t *q, float *xd, float *xs) {
     const __m256 zero = _mm256_setzero_ps(), sign = _mm256_set1_ps(-0.0f);
     const __m256i order = _mm256_set_epi32(7, 3, 6, 2, 5, 1, 4, 0); /* undo the packs' lane interleave */
-    for (int64_t i = 0; i < n / 32; i++) {
-        __m256 v[4];
-        for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(x + 32 * i + 8 * k);
-        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
-                                 _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
-        float amax = hmax_ps(m);
-        float probe = hsum_ps(_mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(v[0], zero), _mm256_mul_ps(v[1], zero)),
-                                            _mm256_add_ps(_mm256_mul_ps(v[2], zero), _mm256_mul_ps(v[3], zero))));
-        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        if (probe != 0.0f) { /* NaN or Inf in the block (amax may not show it) */
-            memset(q + 32 * i, 0, 32);
-            xd[i] = NAN;
-            if (bw == 32) xs[i] = NAN;
-            else xs[2 * i] = xs[2 * i + 1] = NAN;
-            continue;
+    for (int64_t g = 0; g < n / sb; g++) {
+        /* the group's max |x| and NaN/Inf probe (any order: a max is exact) */
+        __m256 m = zero, pr = zero;
+        for (int k = 0; k < sb / 8; k++) {
+            __m256 v = _mm256_loadu_ps(x + sb * g + 8 * k);
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v));
+            pr = _mm256_add_ps(pr, _mm256_mul_ps(v, zero));
         }
+        float amax = hmax_ps(m), probe = hsum_ps(pr);
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         const __m256 vid = _mm256_set1_ps(id);
-        __m256i qi[4];
-        for (int k = 0; k < 4; k++)
-            qi[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
-        _mm256_storeu_si256((__m256i *)(q + 32 * i), _mm256_permutevar8x32_epi32(p, order));
-        int s0 = hsum_i32(_mm256_add_epi32(qi[0], qi[1])), s1 = hsum_i32(_mm256_add_epi32(qi[2], qi[3]));
-        xd[i] = d;
-        if (bw == 32) {
-            xs[i] = d * (float)(s0 + s1);
-        } else {
-            xs[2 * i] = d * (float)s0;
-            xs[2 * i + 1] = d * (float)s1;
+        for (int64_t i = g * (sb / 32); i < (g + 1) * (sb / 32); i++) {
+            if (probe != 0.0f) { /* NaN or Inf in the group (amax may not show it) */
+                memset(q + 32 * i, 0, 32);
+                xd[i] = NAN;
+                if (bw == 32) xs[i] = NAN;
+                else xs[2 * i] = xs[2 * i + 1] = NAN;
+                continue;
+            }
+            __m256i qi[4];
+            for (int k = 0; k < 4; k++)
+                qi[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 32 * i + 8 * k), vid),
+                                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+            _mm256_storeu_si256((__m256i *)(q + 32 * i), _mm256_permutevar8x32_epi32(p, order));
+            int s0 = hsum_i32(_mm256_add_epi32(qi[0], qi[1])), s1 = hsum_i32(_mm256_add_epi32(qi[2], qi[3]));
+            xd[i] = d;
+            if (bw == 32) {
+                xs[i] = d * (float)(s0 + s1);
+            } else {
+                xs[2 * i] = d * (float)s0;
+                xs[2 * i + 1] = d * (float)s1;
+            }
         }
     }
 }
