@@ -437,6 +437,11 @@ static void fused_rows(const qi_job *j, int64_t o0, int64_t o1, char *buf) {
     for (int64_t o = o0; o < o1; o += R) {
         const int nr = o1 - o < R ? (int)(o1 - o) : R;
         const uint8_t *row = (const uint8_t *)W->data + o * W->row_bytes;
+        if (j->k->dot_file) { /* whole rows from the file's blocks, no unpacked copy (qint.h) */
+            dhsa_qi_act x[64];
+            for (int t = 0; t < nt; t++) x[t] = act_of(j, t);
+            if (j->k->dot_file(W->type, row, W->row_bytes, nr, n, x, nt, j->y + o, j->ldy, 0)) continue;
+        }
         for (int64_t k0 = 0; k0 < n; k0 += QI_FUSED_KC) {
             const int64_t kn = n - k0 < QI_FUSED_KC ? n - k0 : QI_FUSED_KC;
             /* the next chunk of these rows (or the first of the next group)
@@ -464,10 +469,6 @@ static void fused_rows(const qi_job *j, int64_t o0, int64_t o1, char *buf) {
                 x[t].xd += k0 / 32;
                 x[t].xs += k0 / j->bw;
             }
-            if (j->k->dot_file && /* no unpacked copy (qint.h) */
-                j->k->dot_file(W->type, row + k0 / blk * blk_bytes, W->row_bytes, nr, kn, x, nt, j->y + o, j->ldy,
-                               k0 > 0))
-                continue;
             for (int r = 0; r < R; r++) /* past the last row: the last row again, its results dropped */
                 j->k->unpack(W->type, row + (r < nr ? r : nr - 1) * W->row_bytes, k0, kn, c + r * ldc,
                              a + r * ldab, b + r * ldab);
