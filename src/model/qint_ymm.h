@@ -491,5 +491,100 @@ static void tile(const uint8_t *w, const float *a, const float *b, int64_t n, in
     else tile_bw(w, a, b, n, 16, 0, x, out);
 }
 
+/* -------------------------------------- fused route, Q4_K and Q5_K --- */
+
+/* Q4_K / Q5_K rows straight from the file's super-blocks (activations with
+ * one scale per 256 values, qint.h), one row at a time, up to KT tokens
+ * per pass: per 32 codes (the low or high nibbles of 32 qs bytes, in the
+ * activations' order) one vpmaddubsw against the activation codes (pairs
+ * in 16 bits: at most 2 * 31 * 127, no saturation) and the pairs times
+ * the sub-block's integer scale into 32-bit lanes (vpmaddwd and an add;
+ * AVX-VNNI: vpdpwssd), the super-block's sum of sc_j * isum_j exact; then
+ * one float step by fl(d * xd), and the mins b_j * xs_j as one FMA. The
+ * scales come from memory as broadcasts (loads, off the vector ports).
+ * Within float rounding of dot_rows (tests/test_qint.c). */
+#define KT 2
+
+INLINE __m256i kdot(__m256i acc, __m256i c, const int8_t *x, __m256i sc) {
+    const __m256i p = _mm256_maddubs_epi16(c, _mm256_loadu_si256((const __m256i *)x));
+#if QI_YMM_VNNI
+    return _mm256_dpwssd_avx_epi32(acc, p, sc);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
+#endif
+}
+
+INLINE void k45_row(const uint8_t *rw, int64_t n, const dhsa_qi_act *x, const int NT, const int FIVE, float *y,
+                    int64_t ldy, int accumulate) {
+    const int64_t ns = n / 256, bb = FIVE ? 176 : 144;
+    const __m256i m4 = _mm256_set1_epi8(15);
+    __m256 acc[KT];
+    UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < ns; s++) {
+        const uint8_t *blk = rw + s * bb;
+        if (s % 2 == 0) /* 2 super-blocks, 16 ahead (past the row: the next row's) */
+            for (int64_t e = 0; e < 2 * bb; e += 64) _mm_prefetch((const char *)(blk + 16 * bb + e), _MM_HINT_T0);
+        uint32_t u0, u1, u2;
+        memcpy(&u0, blk + 4, 4);
+        memcpy(&u1, blk + 8, 4);
+        memcpy(&u2, blk + 12, 4);
+        const uint64_t sc = (uint64_t)(u0 & 0x3f3f3f3fu) | (uint64_t)((u2 & 0x0f0f0f0fu) | ((u0 >> 6) & 0x03030303u) << 4) << 32;
+        const uint64_t mn =
+            (uint64_t)(u1 & 0x3f3f3f3fu) | (uint64_t)(((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 6) & 0x03030303u) << 4) << 32;
+        /* each scale as a 16-bit pair in a 32-bit word, broadcast from memory below */
+        int32_t scd[8];
+        const __m256i sw = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc));
+        _mm256_storeu_si256((__m256i *)scd, _mm256_or_si256(sw, _mm256_slli_epi32(sw, 16)));
+        const float d = half(blk), dmin = half(blk + 2);
+        /* b_j = -(dmin m_j), as the unpacking's */
+        const __m256 bm = _mm256_mul_ps(_mm256_set1_ps(-dmin),
+                                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn))));
+        const __m256i qh = FIVE ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+        __m256i ai[KT];
+        UNROLL for (int t = 0; t < NT; t++) ai[t] = _mm256_setzero_si256();
+        UNROLL for (int u = 0; u < 4; u++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + (FIVE ? 48 : 16) + 32 * u));
+            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            if (FIVE) { /* bit 2u (low nibbles) and 2u + 1 (high) of qh[l]: the fifth bit */
+                lo = _mm256_or_si256(lo, bit_as(qh, 1 << (2 * u), 16));
+                hi = _mm256_or_si256(hi, bit_as(qh, 1 << (2 * u + 1), 16));
+            }
+            const __m256i sl = _mm256_set1_epi32(scd[2 * u]), sh = _mm256_set1_epi32(scd[2 * u + 1]);
+            UNROLL for (int t = 0; t < NT; t++) {
+                const int8_t *xq = x[t].q + 256 * s + 64 * u;
+                ai[t] = kdot(ai[t], lo, xq, sl);
+                ai[t] = kdot(ai[t], hi, xq + 32, sh);
+            }
+        }
+        UNROLL for (int t = 0; t < NT; t++) {
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ai[t]), _mm256_set1_ps(d * x[t].xd[8 * s]), acc[t]);
+            acc[t] = _mm256_fmadd_ps(bm, _mm256_loadu_ps(x[t].xs + 8 * s), acc[t]);
+        }
+    }
+    UNROLL for (int t = 0; t < NT; t++) {
+        const float v = hsum_ps(acc[t]);
+        y[t * ldy] = accumulate ? y[t * ldy] + v : v;
+    }
+}
+
+static void k45_1(const uint8_t *rw, int64_t n, const dhsa_qi_act *x, int five, float *y, int64_t ldy, int acc) {
+    if (five) k45_row(rw, n, x, 1, 1, y, ldy, acc);
+    else k45_row(rw, n, x, 1, 0, y, ldy, acc);
+}
+static void k45_2(const uint8_t *rw, int64_t n, const dhsa_qi_act *x, int five, float *y, int64_t ldy, int acc) {
+    if (five) k45_row(rw, n, x, 2, 1, y, ldy, acc);
+    else k45_row(rw, n, x, 2, 0, y, ldy, acc);
+}
+
+static int dot_file(uint32_t type, const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const dhsa_qi_act *x,
+                    int n_tok, float *y, int64_t ldy, int accumulate) {
+    if (type != DHSA_GGML_Q4_K && type != DHSA_GGML_Q5_K) return 0;
+    const int five = type == DHSA_GGML_Q5_K;
+    for (int r = 0; r < nr; r++)
+        for (int t0 = 0; t0 < n_tok; t0 += KT)
+            (n_tok - t0 >= 2 ? k45_2 : k45_1)(w + r * row_bytes, n, x + t0, five, y + t0 * ldy + r, ldy, accumulate);
+    return 1;
+}
+
 const dhsa__qi_kernels QI_YMM_KERNELS = {QI_YMM_VNNI ? "avx-vnni" : "avx2", MR, NG, MAX_TOK_FUSED, R, quant_act, unpack,
-                                         dot_rows, tile, NULL};
+                                         dot_rows, tile, dot_file};
