@@ -46,6 +46,7 @@
 #ifndef DHSA_MODEL_QINT_H
 #define DHSA_MODEL_QINT_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -83,6 +84,24 @@ int dhsa__qi_sb(uint32_t type);
 /* x[0..n) -> q[0..n), xd[0..n/32), xs[0..n/bw), one scale per sb values
  * (32 or 256; n a multiple of sb). */
 void dhsa__qi_quant_act_scalar(const float *x, int64_t n, int bw, int sb, int8_t *q, float *xd, float *xs);
+/* The per-ISA quantizers' stores for block i of 32 activations: its scale
+ * and block sums (s0, s1: the sums of its two halves of 16 codes), or a
+ * block of a NaN/Inf group (codes 0, xd and xs NaN). */
+static inline void dhsa__qi_put_block(float *xd, float *xs, int64_t i, int bw, float d, int s0, int s1) {
+    xd[i] = d;
+    if (bw == 32) {
+        xs[i] = d * (float)(s0 + s1);
+    } else {
+        xs[2 * i] = d * (float)s0;
+        xs[2 * i + 1] = d * (float)s1;
+    }
+}
+static inline void dhsa__qi_put_nan_block(int8_t *q, float *xd, float *xs, int64_t i, int bw) {
+    for (int j = 0; j < 32; j++) q[32 * i + j] = 0;
+    xd[i] = (float)NAN;
+    if (bw == 32) xs[i] = (float)NAN;
+    else xs[2 * i] = xs[2 * i + 1] = (float)NAN;
+}
 /* The block-ordered product of one unpacked row and one activation row,
  * starting from y0 (the contract's two FMA per block). */
 float dhsa__qi_dot_scalar(const uint8_t *codes, const float *a, const float *b, int64_t n, int bw,

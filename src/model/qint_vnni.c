@@ -65,10 +65,7 @@ static void quant_act(const float *x, int64_t n, int bw, int sb, int8_t *q, floa
         const __m512 vid = _mm512_set1_ps(id);
         for (int64_t i = g * (sb / 32); i < (g + 1) * (sb / 32); i++) {
             if (probe != 0.0f) { /* NaN or Inf in the group (amax may not show it) */
-                memset(q + 32 * i, 0, 32);
-                xd[i] = NAN;
-                if (bw == 32) xs[i] = NAN;
-                else xs[2 * i] = xs[2 * i + 1] = NAN;
+                dhsa__qi_put_nan_block(q, xd, xs, i, bw);
                 continue;
             }
             __m512 v0 = _mm512_loadu_ps(x + 32 * i), v1 = _mm512_loadu_ps(x + 32 * i + 16);
@@ -77,13 +74,7 @@ static void quant_act(const float *x, int64_t n, int bw, int sb, int8_t *q, floa
             _mm_storeu_si128((__m128i *)(q + 32 * i), _mm512_cvtepi32_epi8(q0));
             _mm_storeu_si128((__m128i *)(q + 32 * i + 16), _mm512_cvtepi32_epi8(q1));
             int s0 = _mm512_reduce_add_epi32(q0), s1 = _mm512_reduce_add_epi32(q1);
-            xd[i] = d;
-            if (bw == 32) {
-                xs[i] = d * (float)(s0 + s1);
-            } else {
-                xs[2 * i] = d * (float)s0;
-                xs[2 * i + 1] = d * (float)s1;
-            }
+            dhsa__qi_put_block(xd, xs, i, bw, d, s0, s1);
         }
     }
 }

@@ -158,10 +158,7 @@ static void quant_act(const float *x, int64_t n, int bw, int sb, int8_t *q, floa
         const __m256 vid = _mm256_set1_ps(id);
         for (int64_t i = g * (sb / 32); i < (g + 1) * (sb / 32); i++) {
             if (probe != 0.0f) { /* NaN or Inf in the group (amax may not show it) */
-                memset(q + 32 * i, 0, 32);
-                xd[i] = NAN;
-                if (bw == 32) xs[i] = NAN;
-                else xs[2 * i] = xs[2 * i + 1] = NAN;
+                dhsa__qi_put_nan_block(q, xd, xs, i, bw);
                 continue;
             }
             __m256i qi[4];
@@ -171,13 +168,7 @@ static void quant_act(const float *x, int64_t n, int bw, int sb, int8_t *q, floa
             __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
             _mm256_storeu_si256((__m256i *)(q + 32 * i), _mm256_permutevar8x32_epi32(p, order));
             int s0 = hsum_i32(_mm256_add_epi32(qi[0], qi[1])), s1 = hsum_i32(_mm256_add_epi32(qi[2], qi[3]));
-            xd[i] = d;
-            if (bw == 32) {
-                xs[i] = d * (float)(s0 + s1);
-            } else {
-                xs[2 * i] = d * (float)s0;
-                xs[2 * i + 1] = d * (float)s1;
-            }
+            dhsa__qi_put_block(xd, xs, i, bw, d, s0, s1);
         }
     }
 }
