@@ -558,6 +558,65 @@ INLINE void k45_row(const uint8_t *rw, int64_t n, const dhsa_qi_act *x, const in
     }
 }
 
+/* Q6_K rows (210-byte blocks: ql[128], qh[64], int8 scales[16], d),
+ * one at a time as k45_row: per 32 codes c[128 nh + 32 p + l] =
+ * (ql[64 nh + 32 (p & 1) + l] >> 4 (p >> 1)) & 15 | ((qh[32 nh + l] >> 2p)
+ * & 3) << 4 (at most 63: pairs of at most 2 * 63 * 127, no saturation),
+ * whose 16 pairs are two sub-blocks of 16: the scale vector holds one
+ * scale per 128-bit half. b_j = -32 a_j. */
+INLINE void k6_row(const uint8_t *rw, int64_t n, const dhsa_qi_act *x, const int NT, float *y, int64_t ldy,
+                   int accumulate) {
+    const int64_t ns = n / 256;
+    const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30), lo16 = _mm256_set1_epi32(0xFFFF);
+    const __m256i halves = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    __m256 acc[KT];
+    UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < ns; s++) {
+        const uint8_t *blk = rw + s * 210;
+        if (s % 2 == 0) /* 2 super-blocks, 16 ahead (past the row: the next row's) */
+            for (int64_t e = 0; e < 2 * 210; e += 64) _mm_prefetch((const char *)(blk + 16 * 210 + e), _MM_HINT_T0);
+        /* each scale as a 16-bit pair in a 32-bit word, in memory */
+        int32_t scd[16];
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)(blk + 192));
+        const __m256i s0 = _mm256_cvtepi8_epi32(sc8), s1 = _mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8));
+        _mm256_storeu_si256((__m256i *)scd, _mm256_or_si256(_mm256_and_si256(s0, lo16), _mm256_slli_epi32(s0, 16)));
+        _mm256_storeu_si256((__m256i *)(scd + 8), _mm256_or_si256(_mm256_and_si256(s1, lo16), _mm256_slli_epi32(s1, 16)));
+        const float d = half(blk + 208);
+        /* b_j = -32 a_j, a_j = d sc_j, as the unpacking's */
+        const __m256 dv = _mm256_set1_ps(d), m32 = _mm256_set1_ps(-32.0f);
+        const __m256 b0 = _mm256_mul_ps(_mm256_mul_ps(dv, _mm256_cvtepi32_ps(s0)), m32);
+        const __m256 b1 = _mm256_mul_ps(_mm256_mul_ps(dv, _mm256_cvtepi32_ps(s1)), m32);
+        __m256i ai[KT];
+        UNROLL for (int t = 0; t < NT; t++) ai[t] = _mm256_setzero_si256();
+        UNROLL for (int nh = 0; nh < 2; nh++) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * nh));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * nh + 32));
+            const __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * nh));
+            __m256i c[4];
+            c[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30));
+            c[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m30));
+            c[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(h, m30));
+            c[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(h, 2), m30));
+            UNROLL for (int p = 0; p < 4; p++) {
+                const int j = 8 * nh + 2 * p; /* the sub-blocks j, j + 1 */
+                const __m256i sv =
+                    _mm256_permutevar8x32_epi32(_mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(scd + j))), halves);
+                UNROLL for (int t = 0; t < NT; t++) ai[t] = kdot(ai[t], c[p], x[t].q + 256 * s + 128 * nh + 32 * p, sv);
+            }
+        }
+        UNROLL for (int t = 0; t < NT; t++) {
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ai[t]), _mm256_set1_ps(d * x[t].xd[8 * s]), acc[t]);
+            acc[t] = _mm256_fmadd_ps(b0, _mm256_loadu_ps(x[t].xs + 16 * s), acc[t]);
+            acc[t] = _mm256_fmadd_ps(b1, _mm256_loadu_ps(x[t].xs + 16 * s + 8), acc[t]);
+        }
+    }
+    UNROLL for (int t = 0; t < NT; t++) {
+        const float v = hsum_ps(acc[t]);
+        y[t * ldy] = accumulate ? y[t * ldy] + v : v;
+    }
+}
+
 static void k45_1(const uint8_t *rw, int64_t n, const dhsa_qi_act *x, int five, float *y, int64_t ldy, int acc) {
     if (five) k45_row(rw, n, x, 1, 1, y, ldy, acc);
     else k45_row(rw, n, x, 1, 0, y, ldy, acc);
@@ -567,8 +626,23 @@ static void k45_2(const uint8_t *rw, int64_t n, const dhsa_qi_act *x, int five, 
     else k45_row(rw, n, x, 2, 0, y, ldy, acc);
 }
 
+static void k6_1(const uint8_t *rw, int64_t n, const dhsa_qi_act *x, int five, float *y, int64_t ldy, int acc) {
+    (void)five;
+    k6_row(rw, n, x, 1, y, ldy, acc);
+}
+static void k6_2(const uint8_t *rw, int64_t n, const dhsa_qi_act *x, int five, float *y, int64_t ldy, int acc) {
+    (void)five;
+    k6_row(rw, n, x, 2, y, ldy, acc);
+}
+
 static int dot_file(uint32_t type, const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const dhsa_qi_act *x,
                     int n_tok, float *y, int64_t ldy, int accumulate) {
+    if (type == DHSA_GGML_Q6_K) {
+        for (int r = 0; r < nr; r++)
+            for (int t0 = 0; t0 < n_tok; t0 += KT)
+                (n_tok - t0 >= 2 ? k6_2 : k6_1)(w + r * row_bytes, n, x + t0, 0, y + t0 * ldy + r, ldy, accumulate);
+        return 1;
+    }
     if (type != DHSA_GGML_Q4_K && type != DHSA_GGML_Q5_K) return 0;
     const int five = type == DHSA_GGML_Q5_K;
     for (int r = 0; r < nr; r++)
