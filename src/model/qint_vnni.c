@@ -349,12 +349,12 @@ static const int16_t q4k_sc_idx[2][32] = {
      * after), 4-7 from pH (1, 3); +4 for the second 128 codes */
     {0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 2, 2, 2, 2, 3, 3, 3, 3},
     {4, 4, 4, 4, 5, 5, 5, 5, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7, 6, 6, 6, 6, 7, 7, 7, 7}};
-static const int16_t q6k_sc_idx[4][32] = {
-    /* 64 codes in order: 4 sub-blocks of 16, 8 pairs each */
-    {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
-    {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7},
-    {8, 8, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9, 9, 9, 9, 9, 10, 10, 10, 10, 10, 10, 10, 10, 11, 11, 11, 11, 11, 11, 11, 11},
-    {12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 13, 13, 13, 13, 13, 13, 14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15}};
+static const int16_t q6k_sc_idx[2][32] = {
+    /* word w of packs(pA, pB) of two 64-code products (codes 0-63 and
+     * 64-127 of a half; lanes of 4 codes): 128-bit lane k = w / 8, words 0-3
+     * sub-block (of 16) k, words 4-7 sub-block 4 + k; +8 for the second half */
+    {0, 0, 0, 0, 4, 4, 4, 4, 1, 1, 1, 1, 5, 5, 5, 5, 2, 2, 2, 2, 6, 6, 6, 6, 3, 3, 3, 3, 7, 7, 7, 7},
+    {8, 8, 8, 8, 12, 12, 12, 12, 9, 9, 9, 9, 13, 13, 13, 13, 10, 10, 10, 10, 14, 14, 14, 14, 11, 11, 11, 11, 15, 15, 15, 15}};
 
 /* The 6-bit scales and mins of a Q4_K/Q5_K super-block (12 bytes at s;
  * qint.c's q4k_scale_min) as bytes sc0..7 and m0..7 (qint_kscale.h's
@@ -368,10 +368,6 @@ INLINE void k4_scales(const uint8_t *s, uint64_t *sc, uint64_t *mn) {
     *mn = (uint64_t)(u1 & 0x3f3f3f3fu) | (uint64_t)(((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 6) & 0x03030303u) << 4) << 32;
 }
 
-/* acc + the 16-bit pairs of codes c and activations q, times the pairs' scales */
-INLINE __m512i kdot(__m512i acc, __m512i c, __m512i q, __m512i sc) {
-    return _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(c, q), sc);
-}
 
 /* Q4_K (FIVE 0, 144-byte blocks) and Q5_K (FIVE 1, 176): c[64u + 32h + l] is
  * the low (h 0) or high (h 1) nibble of qs[32u + l] (+ 16 for Q5_K's qh
@@ -497,8 +493,7 @@ INLINE void q6k_nt(const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const
     const uint8_t *row[R];
     for (int r = 0; r < R; r++) row[r] = w + (r < nr ? r : nr - 1) * row_bytes;
     const __m512i m4 = _mm512_set1_epi8(15), m33 = _mm512_set1_epi8(0x33);
-    __m512i idx[4];
-    for (int i = 0; i < 4; i++) idx[i] = _mm512_loadu_si512(q6k_sc_idx[i]);
+    const __m512i idx0 = _mm512_loadu_si512(q6k_sc_idx[0]), idx1 = _mm512_loadu_si512(q6k_sc_idx[1]);
     __m512 acc[R][TK];
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
     for (int64_t s = 0; s < ns; s++) {
@@ -530,11 +525,13 @@ INLINE void q6k_nt(const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const
                 c[2 * nh] = _mm512_ternarylogic_epi32(m4, l, _mm512_slli_epi16(h2, 4), 0xCA);
                 c[2 * nh + 1] = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(l, 4), h2, 0xCA);
             }
-            __m512i SC[4];
-            UNROLL for (int i = 0; i < 4; i++) SC[i] = _mm512_permutexvar_epi16(idx[i], scw);
+            const __m512i SC0 = _mm512_permutexvar_epi16(idx0, scw), SC1 = _mm512_permutexvar_epi16(idx1, scw);
             UNROLL for (int t = 0; t < NT; t++) {
-                __m512i ai = _mm512_madd_epi16(_mm512_maddubs_epi16(c[0], X[t][0]), SC[0]);
-                UNROLL for (int i = 1; i < 4; i++) ai = kdot(ai, c[i], X[t][i], SC[i]);
+                const __m512i z = _mm512_setzero_si512();
+                __m512i ai = _mm512_madd_epi16(
+                    _mm512_packs_epi32(_mm512_dpbusd_epi32(z, c[0], X[t][0]), _mm512_dpbusd_epi32(z, c[1], X[t][1])), SC0);
+                ai = _mm512_dpwssd_epi32(
+                    ai, _mm512_packs_epi32(_mm512_dpbusd_epi32(z, c[2], X[t][2]), _mm512_dpbusd_epi32(z, c[3], X[t][3])), SC1);
                 acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai), _mm512_set1_ps(d * xd[t]), acc[r][t]);
                 acc[r][t] = _mm512_fmadd_ps(b, _mm512_loadu_ps(x[t].xs + 16 * s), acc[r][t]);
             }
