@@ -136,9 +136,11 @@ typedef struct {
                  float *out);
     /* Fused route straight from the file's blocks, for the types the
      * kernel set has it for (returns 0 and does nothing for the others:
-     * unpack, then dot_rows): as dot_rows for rows r < nr of n values
-     * whose first blocks are at w + r * row_bytes (rows past nr are not
-     * read), with the codes, a and b the unpacking would give; within
+     * unpack, then dot_rows): as dot_rows for whole rows r < nr (n values,
+     * the row's length, at w + r * row_bytes; rows past nr are not read,
+     * though the kernel prefetches ahead past the rows it was given,
+     * which never faults), with the codes, a and b the unpacking would
+     * give; within
      * float rounding of dot_rows (the K types sum a super-block's integer
      * products with its integer sub-block scales first: one float step per
      * 256 values, which needs sb = 256). Decode streams every weight once:
