@@ -333,13 +333,14 @@ INLINE void q8_nt(const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const 
 
 /* The K types straight from the file's super-blocks (256 values, one
  * activation scale xd per 256: qint.h's sb), R rows x NT tokens: per 64
- * codes one zmm of unsigned codes and, per token, one vpmaddubsw (pairs of
- * code x activation in 16 bits: at most 2 * 63 * 127 = 16002, no
- * saturation) and one vpdpwssd by the pairs' integer sub-block scales
- * into 32-bit lanes: the super-block's sum of sc_j * isum_j, exact (at
- * most 256 * 63 * 127 * 128 < 2^31); then one float step, fl(d * xd) *
- * that, and the min terms b_j * xs_j as a vector FMA. Within float
- * rounding of dot_rows' per-block a_j * xd (tests/test_qint.c). */
+ * codes one zmm of unsigned codes and, per token, one vpdpbusd (lanes of 4
+ * codes: |sum| <= 4 * 63 * 127 = 32004 < 2^15); two such products packed
+ * to 16 bits (vpackssdw) and multiplied by the lanes' integer sub-block
+ * scales (vpermw of the 8 or 16 scales) with vpmaddwd / vpdpwssd: the
+ * super-block's sum of sc_j * isum_j, exact in 32 bits (at most 256 * 63
+ * * 127 * 128 < 2^31); then one float step, fl(d * xd) * that, and the
+ * min terms b_j * xs_j as a vector FMA. Within float rounding of
+ * dot_rows' per-block a_j * xd (tests/test_qint.c). */
 #define TK 2 /* tokens per pass: 4 activation zmm per token stay in registers */
 
 /* vpermw indices: per 64 codes, the scale of each 16-bit pair */
@@ -367,18 +368,6 @@ INLINE __m512i sb_isum(__m512i c0, __m512i c1, __m512i c2, __m512i c3, __m512i x
         _mm512_madd_epi16(_mm512_packs_epi32(_mm512_dpbusd_epi32(z, c0, x0), _mm512_dpbusd_epi32(z, c1, x1)), SC0);
     return _mm512_dpwssd_epi32(ai, _mm512_packs_epi32(_mm512_dpbusd_epi32(z, c2, x2), _mm512_dpbusd_epi32(z, c3, x3)),
                                SC1);
-}
-
-/* The 6-bit scales and mins of a Q4_K/Q5_K super-block (12 bytes at s;
- * qint.c's q4k_scale_min) as bytes sc0..7 and m0..7 (qint_kscale.h's
- * form; scalar work, which runs beside the vector ports). */
-INLINE void k4_scales(const uint8_t *s, uint64_t *sc, uint64_t *mn) {
-    uint32_t u0, u1, u2;
-    memcpy(&u0, s, 4);
-    memcpy(&u1, s + 4, 4);
-    memcpy(&u2, s + 8, 4);
-    *sc = (uint64_t)(u0 & 0x3f3f3f3fu) | (uint64_t)((u2 & 0x0f0f0f0fu) | ((u0 >> 6) & 0x03030303u) << 4) << 32;
-    *mn = (uint64_t)(u1 & 0x3f3f3f3fu) | (uint64_t)(((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 6) & 0x03030303u) << 4) << 32;
 }
 
 
