@@ -255,9 +255,9 @@ static void dot_rows(const uint8_t *c, int64_t ldc, const float *a, const float 
 
 /* The fused kernels from the file's blocks take whole rows and prefetch
  * ahead themselves (Q8_0: per 8 blocks the 8 that are 32 ahead, 1.05-1.07x
- * over 16 per 16 on a 264 MB matrix; the K
- * types: per 2 super-blocks the 2 that are 8 ahead, 1.1x over 4 every 4 on
- * a 141 MB matrix): bytes [off, off + len) of each of the R rows, and past
+ * over 16 per 16 on a 264 MB matrix; the K types: per super-block the
+ * one 8 ahead, 1.1x over 4 every 4 on a 141 MB matrix, 1.02-1.05x over 2
+ * every 2): bytes [off, off + len) of each of the R rows, and past
  * a row's end the same bytes of the next group's rows (rows are
  * contiguous; a prefetch never faults, so one past the task's rows or
  * the matrix costs a line of bandwidth at most). Whole rows spare the
@@ -403,7 +403,7 @@ INLINE void k45_nt(const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const
         am[0][t] = am[1][t] = _mm512_setzero_ps();
     }
     for (int64_t s = 0; s < ns; s++) {
-        if (s % 2 == 0) pf_rows(row, row_bytes, (s + 8) * bb, 2 * bb);
+        pf_rows(row, row_bytes, (s + 8) * bb, bb);
         __m512i X[TK][4];
         __m512 xd[TK], xs[TK];
         UNROLL for (int t = 0; t < NT; t++) {
@@ -497,7 +497,7 @@ INLINE void q6k_nt(const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const
     __m512 acc[R][TK];
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
     for (int64_t s = 0; s < ns; s++) {
-        if (s % 2 == 0) pf_rows(row, row_bytes, (s + 8) * 210, 2 * 210);
+        pf_rows(row, row_bytes, (s + 8) * 210, 210);
         __m512i X[TK][4];
         float xd[TK];
         UNROLL for (int t = 0; t < NT; t++) {
