@@ -247,9 +247,14 @@ static void check_fast_once(dhsa_model *m, const char *name, const int32_t *ids,
         }
     }
     if (rel > g_fast_worst) g_fast_worst = rel;
-    T_CHECK(st == DHSA_OK && rel <= rel_max && agree == asked && rel_pd <= 2e-2,
+    /* where decode takes the exact route (quant.c's choice, the route name
+     * says "decode f32"), prefill and decode differ by the fast route's own
+     * error: bound them by it */
+    const double pd_max = strstr(routes, "decode f32") ? rel_max : 2e-2;
+    T_CHECK(st == DHSA_OK && rel <= rel_max && agree == asked && rel_pd <= pd_max,
             "gen-model %s, fast route (%s): logits vs double relative %.3g (max %.2g), argmax = reference's at %d of %d "
-            "clear positions, prefill vs decode %.2g (max 2e-2)", name, routes, rel, rel_max, agree, asked, rel_pd);
+            "clear positions, prefill vs decode %.2g (max %.2g)", name, routes, rel, rel_max, agree, asked, rel_pd,
+            pd_max);
     printf("  fast route %-6s logits vs double: relative L2 %.4f, largest |error| %.3g, argmax agrees %d/%d (%s)\n", name,
            rel, maxerr, agree, asked, routes);
     free(got);

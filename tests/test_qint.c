@@ -726,6 +726,40 @@ static void test_dispatch(void) {
     dhsa__set_idot_cap(cap0);
     T_CHECK(strcmp(dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_Q4_K), qk_name) == 0, "ISA and cap restored: %s",
             qk_name);
+    /* decode of the types AVX512-VNNI does not read from the file takes the
+     * exact route (quant.c), said in the route name; prefill stays integer */
+    if (act == &dhsa__qi_vnni) {
+        static const uint32_t slow[] = {DHSA_GGML_Q4_0, DHSA_GGML_Q4_1, DHSA_GGML_Q5_0, DHSA_GGML_Q5_1,
+                                        DHSA_GGML_IQ4_NL, DHSA_GGML_IQ4_XS, DHSA_GGML_Q2_K, DHSA_GGML_Q3_K};
+        static const uint32_t filed[] = {DHSA_GGML_Q8_0, DHSA_GGML_Q4_K, DHSA_GGML_Q5_K, DHSA_GGML_Q6_K};
+        int ok = 1;
+        for (size_t i = 0; i < sizeof slow / sizeof slow[0]; i++)
+            ok &= dhsa__qi_fused_exact(act, slow[i]) && !dhsa__matmul_fast_covers(slow[i], 1) &&
+                  !dhsa__matmul_fast_covers(slow[i], 4) && dhsa__matmul_fast_covers(slow[i], 5) &&
+                  strstr(dhsa__matmul_route_name(DHSA_MM_FAST, slow[i]), "decode f32") != NULL;
+        for (size_t i = 0; i < sizeof filed / sizeof filed[0]; i++)
+            ok &= !dhsa__qi_fused_exact(act, filed[i]) && dhsa__matmul_fast_covers(filed[i], 1) &&
+                  strstr(dhsa__matmul_route_name(DHSA_MM_FAST, filed[i]), "decode") == NULL;
+        T_CHECK(ok, "avx512-vnni: decode of Q4_0 ... Q3_K on the exact route (named), of Q8_0 and Q4_K-Q6_K from the file");
+        /* and the fast route's decode of Q4_0 is the exact route's, bitwise */
+        dhsa_ctx_params cp = dhsa_ctx_default_params();
+        cp.n_threads = 2;
+        dhsa_ctx *ctx = NULL;
+        qmat m;
+        if (dhsa_ctx_create(&cp, &ctx) == DHSA_OK && qmat_make(&m, DHSA_GGML_Q4_0, 512, 40, 77) == 0) {
+            float *x = rand_x(512 * 2, 78), ya[80], yb[80];
+            int same = dhsa__matmul_on(ctx, DHSA_MM_FAST, &m.W, x, 512, 2, ya, 40) == DHSA_OK &&
+                       dhsa__matmul(ctx, &m.W, x, 512, 2, yb, 40) == DHSA_OK && memcmp(ya, yb, sizeof ya) == 0;
+            T_CHECK(same, "Q4_0, 2 tokens: the fast route's result is the exact route's, bitwise");
+            free(x);
+            qmat_free(&m);
+        } else {
+            T_CHECK(0, "Q4_0 fixture");
+        }
+        dhsa_ctx_free(ctx);
+    } else {
+        T_SKIP(2, "no AVX512-VNNI here: its decode route choice");
+    }
 }
 
 int main(void) {

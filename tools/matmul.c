@@ -328,7 +328,8 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
         const char *tn = dhsa_ggml_type_name(W.type);
         const dhsa__qi_kernels *qk = dhsa__qi_type(W.type) ? dhsa__qi_kernels_active() : NULL;
         const dhsa__bf16_kernels *bk = dhsa__bf16_type(W.type) ? dhsa__bf16_kernels_active() : NULL;
-        const int fast = do_fast && (qk != NULL || bk != NULL), exact = do_exact || !fast;
+        const int fast = do_fast && (qk != NULL || bk != NULL) && dhsa__matmul_fast_covers(W.type, tok),
+                  exact = do_exact || !fast;
 
         /* 1. correctness first: the exact route against the scalar path,
          * the fast one against the scalar integer route */

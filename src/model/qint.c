@@ -326,6 +326,16 @@ const dhsa__qi_kernels *dhsa__qi_kernels_active(void) {
     return NULL;
 }
 
+int dhsa__qi_fused_exact(const dhsa__qi_kernels *k, uint32_t type) {
+#if defined(__x86_64__)
+    if (k == &dhsa__qi_vnni)
+        return !(k->dot_file && k->dot_file(type, NULL, 0, 0, 0, NULL, 0, NULL, 0, 0));
+#endif
+    (void)k;
+    (void)type;
+    return 0;
+}
+
 const char *dhsa__qi_route_name(const dhsa__qi_kernels *k) {
 #if defined(__x86_64__)
     if (k == &dhsa__qi_vnni) return "int8 avx512-vnni";

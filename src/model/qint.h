@@ -144,7 +144,8 @@ typedef struct {
      * float rounding of dot_rows (the K types sum a super-block's integer
      * products with its integer sub-block scales first: one float step per
      * 256 values, which needs sb = 256). Decode streams every weight once:
-     * an unpacked copy was a second pass over it. NULL: none. */
+     * an unpacked copy was a second pass over it. NULL: none. Called with
+     * nr <= 0 it reads nothing and only says whether it covers the type. */
     int (*dot_file)(uint32_t type, const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const dhsa_qi_act *x,
                     int n_tok, float *y, int64_t ldy, int accumulate);
 } dhsa__qi_kernels;
@@ -162,6 +163,15 @@ extern const dhsa__qi_kernels dhsa__qi_avx2;    /* AVX2: vpmaddubsw + vpmaddwd *
  * AVX2): the fast route is then the exact route, and
  * dhsa__matmul_route_name says so. */
 const dhsa__qi_kernels *dhsa__qi_kernels_active(void);
+/* 1 when the fused route (n_tok <= max_tok_fused) of this type on these
+ * kernels is not used because the exact route's fused kernels are faster:
+ * on AVX512-VNNI, the types its dot_file does not read from the file
+ * (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K: the unpacked route
+ * measured 0.45-0.9x the exact one at 1 and 4 tokens, docs/results.md).
+ * The 256-bit sets keep theirs (mixed there, and not measured on an
+ * AVX2-only CPU). quant.c's route choice asks this; dhsa__qi_matmul
+ * itself runs whatever it is given. */
+int dhsa__qi_fused_exact(const dhsa__qi_kernels *k, uint32_t type);
 /* "int8 " and the kernels' name (static storage): the route's name. */
 const char *dhsa__qi_route_name(const dhsa__qi_kernels *k);
 

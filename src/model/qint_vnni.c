@@ -554,6 +554,8 @@ K_FORM(k6_2, q6k_nt(w, row_bytes, nr, n, x, 2, y, ldy, accumulate))
 
 static int dot_file(uint32_t type, const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const dhsa_qi_act *x,
                     int n_tok, float *y, int64_t ldy, int accumulate) {
+    if (nr <= 0) /* a probe (qint.h) */
+        return type == DHSA_GGML_Q8_0 || type == DHSA_GGML_Q4_K || type == DHSA_GGML_Q5_K || type == DHSA_GGML_Q6_K;
     if (type == DHSA_GGML_Q8_0) {
         for (int t0 = 0; t0 < n_tok; t0 += TMAX) {
             const dhsa_qi_act *xt = x + t0;

@@ -1131,9 +1131,23 @@ static fast_k fast_kernels(dhsa__mm_route route, uint32_t type) {
     return f;
 }
 
+/* ... for a call of n_tok tokens: the few-token (decode) calls of the
+ * types whose integer fused route is slower than the exact one take the
+ * exact route (dhsa__qi_fused_exact; the route name says so) */
+static fast_k fast_kernels_n(dhsa__mm_route route, uint32_t type, int64_t n_tok) {
+    fast_k f = fast_kernels(route, type);
+    if (f.qi && n_tok <= f.qi->max_tok_fused && dhsa__qi_fused_exact(f.qi, type)) f.qi = NULL;
+    return f;
+}
+
+int dhsa__matmul_fast_covers(uint32_t type, int64_t n_tok) {
+    const fast_k f = fast_kernels_n(DHSA_MM_FAST, type, n_tok);
+    return f.qi != NULL || f.bf != NULL;
+}
+
 dhsa_status dhsa__matmul_on(dhsa_ctx *ctx, dhsa__mm_route route, const dhsa_wmat *W, const float *x, int64_t ldx,
                             int64_t n_tok, float *y, int64_t ldy) {
-    const fast_k f = fast_kernels(route, W ? W->type : 0);
+    const fast_k f = fast_kernels_n(route, W ? W->type : 0, n_tok);
     if (!f.qi && !f.bf) return dhsa__matmul(ctx, W, x, ldx, n_tok, y, ldy);
     dhsa_status st = check_call(ctx, W, x, ldx, n_tok, y, ldy);
     if (st != DHSA_OK || n_tok == 0) return st;
@@ -1143,7 +1157,7 @@ dhsa_status dhsa__matmul_on(dhsa_ctx *ctx, dhsa__mm_route route, const dhsa_wmat
 
 dhsa_status dhsa__matmul_multi_on(dhsa_ctx *ctx, dhsa__mm_route route, const dhsa_wmat *const *W, int nw,
                                   const float *x, int64_t ldx, int64_t n_tok, float *const *y) {
-    const fast_k f = fast_kernels(route, nw > 0 && W[0] ? W[0]->type : 0);
+    const fast_k f = fast_kernels_n(route, nw > 0 && W[0] ? W[0]->type : 0, n_tok);
     dhsa_status st = DHSA_OK;
     if (f.qi) {
         for (int i = 0; i < nw && st == DHSA_OK; i++)
@@ -1157,7 +1171,7 @@ dhsa_status dhsa__matmul_multi_on(dhsa_ctx *ctx, dhsa__mm_route route, const dhs
 
 size_t dhsa__matmul_workspace_on(dhsa__mm_route route, uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok,
                                  int n_threads) {
-    const fast_k f = fast_kernels(route, type);
+    const fast_k f = fast_kernels_n(route, type, n_tok);
     if (!f.qi && !f.bf) return dhsa__matmul_workspace(type, n_in, n_out, n_tok, n_threads);
     if (check_mm(type, n_in, n_out, n_tok) != DHSA_OK || n_tok == 0) return 0;
     if (f.bf) return dhsa__bf16_workspace(f.bf, type, n_in, n_out, n_tok, n_threads);
@@ -1166,6 +1180,8 @@ size_t dhsa__matmul_workspace_on(dhsa__mm_route route, uint32_t type, int64_t n_
 
 const char *dhsa__matmul_route_name(dhsa__mm_route route, uint32_t type) {
     const fast_k f = fast_kernels(route, type);
+    if (f.qi && dhsa__qi_fused_exact(f.qi, type)) /* decode on the exact route (fast_kernels_n) */
+        return "int8 avx512-vnni, decode f32 avx512 (faster here)";
     if (f.qi) return dhsa__qi_route_name(f.qi);
     if (f.bf) return dhsa__bf16_route_name(f.bf);
     /* F16/BF16 where the BF16 kernels could run but do not: say why */

@@ -138,5 +138,10 @@ const dhsa__quant_kernels *dhsa__quant_kernels_active(void);
 /* 1 when dhsa__matmul takes the fused route for this type and n_tok with the
  * active ISA (for benchmarks and tests). */
 int dhsa__matmul_fused(uint32_t type, int64_t n_tok);
+/* 1 when the fast route runs its own kernels (integer or BF16) for a call
+ * of this type and n_tok tokens, 0 when it takes the exact route there
+ * (a type it does not cover, or decode of a type whose integer fused
+ * route is slower: dhsa__qi_fused_exact). */
+int dhsa__matmul_fast_covers(uint32_t type, int64_t n_tok);
 
 #endif
