@@ -432,6 +432,8 @@ INLINE void k45_nt(const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const
         /* d, dmin of the rows: [d0, dmin0, d1, dmin1, ...] */
         const __m512 dv = _mm512_castps256_ps512(
             _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi32(dd_idx, H))));
+        __m512 dx[TK]; /* d_r * xd_t in lane 2r, once per token */
+        UNROLL for (int t = 0; t < NT; t++) dx[t] = _mm512_mul_ps(dv, xd[t]);
         /* the min terms: fl(dmin m_j) (= -b_j) xs_j, two rows per zmm */
         const __m512i MB = _mm512_permutexvar_epi64(mb_idx, S); /* m bytes of rows 0-3 */
         const __m512 bm01 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_castsi512_si128(MB))),
@@ -463,10 +465,10 @@ INLINE void k45_nt(const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const
             const __m512i Wr = r < 2 ? W01 : W23;
             const __m512i SC0 = _mm512_permutexvar_epi16(r & 1 ? idx0o : idx0, Wr);
             const __m512i SC1 = _mm512_permutexvar_epi16(r & 1 ? idx1o : idx1, Wr);
-            const __m512 dr = _mm512_permutexvar_ps(_mm512_set1_epi32(2 * r), dv);
+            const __m512i lane = _mm512_set1_epi32(2 * r);
             UNROLL for (int t = 0; t < NT; t++) {
                 const __m512i ai = sb_isum(c[0], c[1], c[2], c[3], X[t][0], X[t][1], X[t][2], X[t][3], SC0, SC1);
-                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai), _mm512_mul_ps(dr, xd[t]), acc[r][t]);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai), _mm512_permutexvar_ps(lane, dx[t]), acc[r][t]);
             }
         }
     }
