@@ -107,6 +107,16 @@ static const dhsa__qi_kernels *kset(int i, int *runs) {
 }
 static const char *const kset_names[N_KSETS] = {"avx2", "avx-vnni", "avx512-vnni"};
 
+/* Kernel set ki where this CPU runs it; else a skip ("WHAT: no SET here")
+ * and NULL. */
+static const dhsa__qi_kernels *kset_or_skip(int ki, const char *what) {
+    int runs;
+    const dhsa__qi_kernels *k = kset(ki, &runs);
+    if (runs) return k;
+    T_SKIP(1, "%s: no %s here", what, kset_names[ki]);
+    return NULL;
+}
+
 /* ------------------------------------------------------------ unpack --- */
 
 static void test_unpack(void) {
@@ -187,12 +197,8 @@ static void test_quant_act(void) {
             T_CHECK(ok, "activations (bw %d, sb %d): codes within 0.5 of x / xd, xd = max|x| / 127 over the group, block sums",
                     bw, sb);
             for (int ki = 0; ki < N_KSETS; ki++) {
-                int runs;
-                const dhsa__qi_kernels *k = kset(ki, &runs);
-                if (!runs) {
-                    T_SKIP(1, "activations: no %s here", kset_names[ki]);
-                    continue;
-                }
+                const dhsa__qi_kernels *k = kset_or_skip(ki, "activations");
+                if (!k) continue;
                 k->quant_act(x, n, bw, sb, q2, xd2, xs2);
                 T_CHECK(memcmp(q, q2, sizeof q) == 0 && memcmp(xd, xd2, sizeof xd) == 0 &&
                             memcmp(xs, xs2, sizeof(float) * (size_t)(n / bw)) == 0,
@@ -214,12 +220,8 @@ static void test_quant_act(void) {
         T_CHECK(all, "activations (sb 256): NaN and Inf make the whole group's xd NaN, the next group not");
     }
     for (int ki = 0; ki < N_KSETS; ki++) {
-        int runs;
-        const dhsa__qi_kernels *k = kset(ki, &runs);
-        if (!runs) {
-            T_SKIP(1, "activations: no %s here", kset_names[ki]);
-            continue;
-        }
+        const dhsa__qi_kernels *k = kset_or_skip(ki, "activations");
+        if (!k) continue;
         k->quant_act(x, n, 32, 32, q2, xd2, xs2);
         T_CHECK(isnan(xd2[0]) && isnan(xd2[6]) && !isnan(xd2[1]) && xd2[1] == xd[1] &&
                     memcmp(q2, q, sizeof q) == 0,
@@ -451,13 +453,11 @@ static void test_k_extremes(void) {
             for (int64_t i = 0; i < n_in; i++)
                 x[t * n_in + i] = t == 0 ? 1.0f : t == 1 ? -1.0f : ((i / 4) % 2 ? 2.0f : -2.0f);
         ok &= run_route(ctx, &dhsa__qi_scalar, &m, x, n_tok, ys);
+        char what[32];
+        snprintf(what, sizeof what, "%s extremes", kn[ti]);
         for (int ki = 0; ki < N_KSETS; ki++) {
-            int runs;
-            const dhsa__qi_kernels *k = kset(ki, &runs);
-            if (!runs) {
-                T_SKIP(1, "%s extremes: no %s here", kn[ti], kset_names[ki]);
-                continue;
-            }
+            const dhsa__qi_kernels *k = kset_or_skip(ki, what);
+            if (!k) continue;
             int okk = ok && run_route(ctx, k, &m, x, n_tok, yv);
             double d = rel_diff(&m, x, n_tok, yv, ys);
             T_CHECK(okk && d <= 1e-6, "%s at its largest codes and scales, activations +-127: %s fused within 1e-6 of "
