@@ -5,6 +5,7 @@
 #
 # Sources are found by wildcard: src/*/*.c. Files named *_avx512.c,
 # *_vnni.c (AVX-512 and VNNI), *_avx512bf16.c (AVX-512 and AVX512-BF16),
+# *_amx.c (those and the AMX tiles with BF16),
 # *_avxvnni.c and *_avx2.c are per-ISA kernels compiled with their own flags (x86-64 only;
 # on other machines they compile to nothing and the scalar path runs).
 
@@ -27,7 +28,12 @@ ifeq ($(ARCH),x86_64)
   # AVX512-BF16 (vdpbf16ps): GCC >= 10, clang >= 9; without it
   # qbf16_avx512bf16.c builds empty and F16/BF16 weights take the exact route.
   BF16_FLAGS := $(AVX512_FLAGS) $(shell echo | $(CC) -mavx512bf16 -E -x c - >/dev/null 2>&1 && echo -mavx512bf16)
+  # AMX tiles with BF16 (GCC >= 11, clang >= 12): the prefill route of
+  # qamx_amx.c; without them it builds empty and prefill stays on the
+  # integer or exact route.
+  AMX_FLAGS := $(BF16_FLAGS) $(shell echo | $(CC) -mamx-tile -mamx-bf16 -E -x c - >/dev/null 2>&1 && echo -mamx-tile -mamx-bf16)
 else
+  AMX_FLAGS    =
   BF16_FLAGS   =
   VNNI_FLAGS   =
   AVXVNNI_FLAGS =
@@ -82,6 +88,10 @@ $(BUILD)/obj/%_vnni.o: src/%_vnni.c $(HDRS)
 $(BUILD)/obj/%_avx512bf16.o: src/%_avx512bf16.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(BF16_FLAGS) -c $< -o $@
+
+$(BUILD)/obj/%_amx.o: src/%_amx.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(AMX_FLAGS) -c $< -o $@
 
 $(BUILD)/obj/%_avxvnni.o: src/%_avxvnni.c $(HDRS)
 	@mkdir -p $(dir $@)

@@ -248,15 +248,17 @@ static void check_fast_once(dhsa_model *m, const char *name, const int32_t *ids,
     }
     if (rel > g_fast_worst) g_fast_worst = rel;
     /* where decode takes the exact route (quant.c's choice, the route name
-     * says "decode f32"), prefill and decode differ by the fast route's own
-     * error: bound them by it */
-    const double pd_max = strstr(routes, "decode f32") ? rel_max : 2e-2;
+     * says "decode f32") or prefill the AMX tiles ("bf16 amx", qamx.h),
+     * prefill and decode differ by the fast route's own error: bound them
+     * by it */
+    const double pd_max = strstr(routes, "decode f32") || strstr(routes, "bf16 amx") ? rel_max : 2e-2;
     T_CHECK(st == DHSA_OK && rel <= rel_max && agree == asked && rel_pd <= pd_max,
             "gen-model %s, fast route (%s): logits vs double relative %.3g (max %.2g), argmax = reference's at %d of %d "
             "clear positions, prefill vs decode %.2g (max %.2g)", name, routes, rel, rel_max, agree, asked, rel_pd,
             pd_max);
-    printf("  fast route %-6s logits vs double: relative L2 %.4f, largest |error| %.3g, argmax agrees %d/%d (%s)\n", name,
-           rel, maxerr, agree, asked, routes);
+    printf("  fast route %-6s logits vs double: relative L2 %.4f (prefill %.4f, decode %.4f), largest |error| %.3g, "
+           "argmax agrees %d/%d (%s)\n", name, rel, st ? 1 : sqrt(num / den), st ? 1 : sqrt(num2 / den), maxerr, agree,
+           asked, routes);
     free(got);
     free(got2);
 }
@@ -279,18 +281,24 @@ static void check_fast(dhsa_model *m, const char *name, const int32_t *ids, int6
         return;
     }
     const dhsa__idot cap0 = dhsa__set_idot_cap(DHSA__IDOT_AVX512VNNI); /* the cap the environment set */
+    const int amx0 = dhsa__set_amx_cap(1);
     const int quantized = strcmp(name, "F32") != 0;
-    char seen[3][128];
+    char seen[4][160];
     int n_seen = 0;
-    for (int cap = DHSA__IDOT_AVX512VNNI; cap >= DHSA__IDOT_AVX2; cap--) {
-        dhsa__set_idot_cap((dhsa__idot)(cap < (int)cap0 ? cap : (int)cap0));
-        char routes[128];
+    /* the best kernels with the AMX tiles for prefill (where they run),
+     * then each integer kernel set alone */
+    for (int cap = DHSA__IDOT_AVX512VNNI + 1; cap >= DHSA__IDOT_AVX2; cap--) {
+        const int c = cap > DHSA__IDOT_AVX512VNNI ? DHSA__IDOT_AVX512VNNI : cap;
+        dhsa__set_idot_cap((dhsa__idot)(c < (int)cap0 ? c : (int)cap0));
+        dhsa__set_amx_cap(amx0 && cap > DHSA__IDOT_AVX512VNNI);
+        char routes[160];
         dhsa_model_routes(m, 0, routes, sizeof routes);
         int dup = 0;
         for (int i = 0; i < n_seen; i++) dup |= strcmp(seen[i], routes) == 0;
         if (!strstr(routes, "int8") || dup) { /* F32/F16/BF16 (the exact route ran above), or no such kernels here */
             if (quantized)
-                T_SKIP(1, "gen-model %s, fast route capped at %s: %s (%s)", name, dhsa__idot_name((dhsa__idot)cap),
+                T_SKIP(1, "gen-model %s, fast route capped at %s%s: %s (%s)", name, dhsa__idot_name((dhsa__idot)c),
+                       cap > DHSA__IDOT_AVX512VNNI ? " with AMX" : "",
                        routes, dup ? "checked already: this CPU or DHSA_FORCE_ISA has nothing else" : "no integer kernels here");
             continue;
         }
@@ -298,6 +306,7 @@ static void check_fast(dhsa_model *m, const char *name, const int32_t *ids, int6
         check_fast_once(m, name, ids, n, V, want, routes, FAST_REL_MAX);
     }
     dhsa__set_idot_cap(cap0);
+    dhsa__set_amx_cap(amx0);
 }
 
 /* `dhsa gen-model --type T` for every type: the file it writes (quantized by

@@ -15,7 +15,9 @@
 #include <time.h>
 
 #include "cli.h"
+#include "core/internal.h"
 #include "dhsa.h"
+#include "model/qamx.h"
 #include "model/qbf16.h"
 #include "model/qint.h"
 #include "model/quant.h"
@@ -204,6 +206,46 @@ static double check_rows_fast(dhsa_ctx *ctx, const dhsa_wmat *W, int64_t r0, int
     return worst;
 }
 
+/* The AMX route's check (model/qamx.h): rows [r0, r0 + nr) of y against
+ * the double product of the exact route's weights and x, within the
+ * route's bound (2^-8 + 2^-16 + n_in 2^-23) sum |w x|. */
+static double check_rows_amx(const dhsa_wmat *W, int64_t r0, int64_t nr, const float *x, int64_t tok, const float *y,
+                             int64_t ldy, int64_t *wt, int64_t *wo) {
+    float *w = malloc((size_t)W->n_in * sizeof(float));
+    if (!w) dhsa_cli_die(EXIT_RUN, "out of memory");
+    const double rel = 0x1p-8 + 0x1p-16 + (double)W->n_in * 0x1p-23;
+    double worst = 0.0;
+    for (int64_t o = r0; o < r0 + nr; o++) {
+        if (dhsa__wmat_row(W, o, w) != DHSA_OK) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+        for (int64_t t = 0; t < tok; t++) {
+            double a = 0.0, ref = 0.0;
+            for (int64_t i = 0; i < W->n_in; i++) {
+                const double p = (double)w[i] * x[t * W->n_in + i];
+                ref += p;
+                a += fabs(p);
+            }
+            const double got = y[t * ldy + o], ratio = isfinite(got) ? fabs(got - ref) / (rel * a + 1e-30) : INFINITY;
+            if (ratio > worst || (worst == 0.0 && *wt < 0)) {
+                worst = ratio;
+                *wt = t;
+                *wo = o;
+            }
+        }
+    }
+    free(w);
+    return worst;
+}
+
+/* One call of route ri: 0 exact, 1 fast without the AMX tiles, 2 fast with
+ * them (the session's default where they run). */
+static dhsa_status run_route(dhsa_ctx *ctx, int ri, const dhsa_wmat *W, const float *x, int64_t tok, float *y) {
+    if (ri == 0) return dhsa__matmul(ctx, W, x, W->n_in, tok, y, W->n_out);
+    const int before = dhsa__set_amx_cap(ri == 2);
+    dhsa_status st = dhsa__matmul_on(ctx, DHSA_MM_FAST, W, x, W->n_in, tok, y, W->n_out);
+    dhsa__set_amx_cap(before);
+    return st;
+}
+
 static const uint32_t all_types[] = {
     DHSA_GGML_F32,  DHSA_GGML_F16,  DHSA_GGML_BF16, DHSA_GGML_Q8_0, DHSA_GGML_Q4_0,   DHSA_GGML_Q4_K,
     DHSA_GGML_Q6_K, DHSA_GGML_Q4_1, DHSA_GGML_Q5_0, DHSA_GGML_Q5_1, DHSA_GGML_IQ4_NL, DHSA_GGML_Q2_K,
@@ -298,20 +340,30 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
                                    : dhsa__bf16_probe() <= 2.0 ? "takes it" : "does not (the exact route runs); timed here regardless");
 
     const int do_exact = strcmp(route_arg, "fast") != 0, do_fast = strcmp(route_arg, "exact") != 0;
-    double *t = malloc((size_t)runs * sizeof *t), *tr = malloc((size_t)runs * sizeof *tr),
-           *ratio = malloc((size_t)runs * sizeof *ratio), *pk = malloc((size_t)runs * sizeof *pk),
-           *tf = malloc((size_t)runs * sizeof *tf), *pkf = malloc((size_t)runs * sizeof *pkf),
-           *ratiof = malloc((size_t)runs * sizeof *ratiof), *spd = malloc((size_t)runs * sizeof *spd);
+    if (dhsa__amx_kernels_active() && tok >= DHSA__AMX_MIN_TOK)
+        printf("AMX route (calls of >= %d tokens, every type but F32): the fast route of a session takes it; timed "
+               "here as \"bf16 amx\" next to the fast route without it\n", DHSA__AMX_MIN_TOK);
+    /* per route (exact, fast without AMX, AMX): times, shares of the peak
+     * and of the plain read, speedups over exact */
+    double *t[3], *pk[3], *ratio[3], *spd[3], *tr = malloc((size_t)runs * sizeof *tr);
+    int alloc_ok = tr != NULL;
+    for (int ri = 0; ri < 3; ri++) {
+        t[ri] = malloc((size_t)runs * sizeof(double));
+        pk[ri] = malloc((size_t)runs * sizeof(double));
+        ratio[ri] = malloc((size_t)runs * sizeof(double));
+        spd[ri] = malloc((size_t)runs * sizeof(double));
+        alloc_ok = alloc_ok && t[ri] && pk[ri] && ratio[ri] && spd[ri];
+    }
     float *ye = dhsa_buffer_alloc((size_t)(tok * n_out) * sizeof(float));
     typedef struct {
-        double ms, gflops, peak_share, wgbps, rdshare, check, err;
+        double ms, gflops, peak_share, wgbps, rdshare, check, err, speedup;
         int fused, ran, covered;
     } route_res;
     struct {
-        double mib, rdgbps, speedup;
-        route_res r[2]; /* exact, fast */
+        double mib, rdgbps;
+        route_res r[3]; /* exact, fast, amx */
     } res[N_ALL_TYPES];
-    if (!t || !tr || !ratio || !pk || !tf || !pkf || !ratiof || !spd || !ye) dhsa_cli_die(EXIT_RUN, "out of memory");
+    if (!alloc_ok || !ye) dhsa_cli_die(EXIT_RUN, "out of memory");
     memset(res, 0, sizeof res);
     int rc = 0;
     for (int ti = 0; ti < n_types && rc == 0; ti++) {
@@ -328,18 +380,22 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
         const char *tn = dhsa_ggml_type_name(W.type);
         const dhsa__qi_kernels *qk = dhsa__qi_type(W.type) ? dhsa__qi_kernels_active() : NULL;
         const dhsa__bf16_kernels *bk = dhsa__bf16_type(W.type) ? dhsa__bf16_kernels_active() : NULL;
-        const int fast = do_fast && (qk != NULL || bk != NULL) && dhsa__matmul_fast_covers(W.type, tok),
-                  exact = do_exact || !fast;
+        const int amx_before = dhsa__set_amx_cap(0);
+        const int fast = do_fast && (qk != NULL || bk != NULL) && dhsa__matmul_fast_covers(W.type, tok);
+        dhsa__set_amx_cap(amx_before);
+        const int amx = do_fast && dhsa__amx_takes(W.type, tok), exact = do_exact || (!fast && !amx);
+        const int on[3] = {exact, fast, amx};
 
         /* 1. correctness first: the exact route against the scalar path,
-         * the fast one against the scalar integer route */
+         * the fast one against the scalar integer route, AMX against the
+         * double product */
         dhsa_status st = dhsa__matmul(ctx, &W, x, n_in, tok, ye, n_out);
         if (st != DHSA_OK) dhsa_cli_die(EXIT_RUN, "%s: %s", tn, dhsa_last_error());
-        for (int ri = 0; ri < 2; ri++) {
-            if (ri == 0 ? !exact : !fast) continue;
+        for (int ri = 0; ri < 3; ri++) {
+            if (!on[ri]) continue;
             float *yy = ye;
-            if (ri == 1) {
-                st = dhsa__matmul_on(ctx, DHSA_MM_FAST, &W, x, n_in, tok, y, n_out);
+            if (ri > 0) {
+                st = run_route(ctx, ri, &W, x, tok, y);
                 if (st != DHSA_OK) dhsa_cli_die(EXIT_RUN, "%s: %s", tn, dhsa_last_error());
                 yy = y;
             }
@@ -348,8 +404,9 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
             double worst = 0.0;
             for (int part = 0; part < 2; part++) {
                 int64_t pt = -1, po = -1, r0 = part ? n_out - nr : 0;
-                double w1 = ri == 0 ? check_rows(ctx, &W, r0, nr, x, tok, yy, n_out, &pt, &po)
-                                    : check_rows_fast(ctx, &W, r0, nr, x, tok, yy, n_out, &pt, &po);
+                double w1 = ri == 0   ? check_rows(ctx, &W, r0, nr, x, tok, yy, n_out, &pt, &po)
+                            : ri == 1 ? check_rows_fast(ctx, &W, r0, nr, x, tok, yy, n_out, &pt, &po)
+                                      : check_rows_amx(&W, r0, nr, x, tok, yy, n_out, &pt, &po);
                 if (!(w1 <= worst)) {
                     worst = w1;
                     wt = pt;
@@ -359,25 +416,28 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
             if (corrupt && ri == 0) ye[(tok - 1) * n_out + n_out - 1] -= 1.0f;
             if (!(worst <= 1.0)) {
                 fprintf(stderr,
-                        "dhsa bench matmul: %s, %s route: check FAILED against the scalar path: token %lld, row %lld is "
+                        "dhsa bench matmul: %s, %s route: check FAILED against %s: token %lld, row %lld is "
                         "%.3g of its tolerance. No timing is reported for a wrong result.\n",
-                        tn, ri ? "fast" : "exact", (long long)wt, (long long)wo, worst);
+                        tn, ri == 0 ? "exact" : ri == 1 ? "fast" : "AMX",
+                        ri == 2 ? "the double product" : "the scalar path", (long long)wt, (long long)wo, worst);
                 rc = EXIT_RUN;
                 break;
             }
             res[ti].r[ri].check = worst;
             res[ti].r[ri].ran = 1;
             res[ti].r[ri].covered = 1;
-            res[ti].r[ri].fused = !ri ? dhsa__matmul_fused(W.type, tok) : qk ? tok <= qk->max_tok_fused
-                                                                              : dhsa__bf16_fused(bk, tok);
-            if (ri == 1) { /* the fast route's error: NMSE against the exact route */
+            res[ti].r[ri].fused = ri == 0 ? dhsa__matmul_fused(W.type, tok)
+                                  : ri == 2 ? 0
+                                  : qk      ? tok <= qk->max_tok_fused
+                                            : dhsa__bf16_fused(bk, tok);
+            if (ri > 0) { /* the fast route's error: NMSE against the exact route */
                 double num = 0.0, den = 0.0;
                 for (int64_t e = 0; e < tok * n_out; e++) {
                     double d = (double)y[e] - ye[e];
                     num += d * d;
                     den += (double)ye[e] * ye[e];
                 }
-                res[ti].r[1].err = num / (den + 1e-300);
+                res[ti].r[ri].err = num / (den + 1e-300);
             }
         }
         if (rc) {
@@ -390,8 +450,8 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
          * with the same threads */
         const double flops = 2.0 * (double)n_in * (double)n_out * (double)tok;
         double p_last = peak;
-        if (exact) dhsa__matmul(ctx, &W, x, n_in, tok, y, n_out);
-        if (fast) dhsa__matmul_on(ctx, DHSA_MM_FAST, &W, x, n_in, tok, y, n_out);
+        for (int ri = 0; ri < 3; ri++)
+            if (on[ri]) run_route(ctx, ri, &W, x, tok, y);
         float *wf = (float *)wd;
         size_t nf = wbytes / 4;
         for (int r = 0; r < runs; r++) {
@@ -405,37 +465,30 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
                 tr[r] = dhsa_peak_read_buffers_s(ctx, threads, bufs, &nf, 1);
                 if (!(tr[r] > 0.0)) dhsa_cli_die(EXIT_RUN, "plain read: %s", dhsa_last_error());
             }
-            if (exact) {
+            for (int ri = 0; ri < 3; ri++) {
+                if (!on[ri]) continue;
                 double t0 = clock_now();
-                st = dhsa__matmul(ctx, &W, x, n_in, tok, y, n_out);
-                t[r] = clock_now() - t0;
+                st = run_route(ctx, ri, &W, x, tok, y);
+                t[ri][r] = clock_now() - t0;
                 if (st != DHSA_OK) dhsa_cli_die(EXIT_RUN, "%s: %s", tn, dhsa_last_error());
-                pk[r] = flops / t[r] * 1e-9 / p_last;
-                if (bw) ratio[r] = tr[r] / t[r];
-            }
-            if (fast) {
-                double t0 = clock_now();
-                st = dhsa__matmul_on(ctx, DHSA_MM_FAST, &W, x, n_in, tok, y, n_out);
-                tf[r] = clock_now() - t0;
-                if (st != DHSA_OK) dhsa_cli_die(EXIT_RUN, "%s: %s", tn, dhsa_last_error());
-                pkf[r] = flops / tf[r] * 1e-9 / p_last;
-                if (bw) ratiof[r] = tr[r] / tf[r];
-                if (exact) spd[r] = t[r] / tf[r];
+                pk[ri][r] = flops / t[ri][r] * 1e-9 / p_last;
+                if (bw) ratio[ri][r] = tr[r] / t[ri][r];
+                if (ri > 0 && exact) spd[ri][r] = t[0][r] / t[ri][r];
             }
         }
         res[ti].mib = (double)wbytes / 1048576.0;
         res[ti].rdgbps = bw ? (double)wbytes / dhsa_cli_median(tr, runs) * 1e-9 : 0.0;
-        for (int ri = 0; ri < 2; ri++) {
+        for (int ri = 0; ri < 3; ri++) {
             if (!res[ti].r[ri].ran) continue;
-            double med = dhsa_cli_median(ri ? tf : t, runs);
+            double med = dhsa_cli_median(t[ri], runs);
             route_res *rr = &res[ti].r[ri];
             rr->ms = med * 1e3;
             rr->gflops = flops / med * 1e-9;
-            rr->peak_share = dhsa_cli_median(ri ? pkf : pk, runs);
+            rr->peak_share = dhsa_cli_median(pk[ri], runs);
             rr->wgbps = (double)wbytes / med * 1e-9;
-            rr->rdshare = bw ? dhsa_cli_median(ri ? ratiof : ratio, runs) : 0.0;
+            rr->rdshare = bw ? dhsa_cli_median(ratio[ri], runs) : 0.0;
+            rr->speedup = ri > 0 && exact ? dhsa_cli_median(spd[ri], runs) : 0.0;
         }
-        res[ti].speedup = exact && fast ? dhsa_cli_median(spd, runs) : 0.0;
         if (do_fast && !fast) res[ti].r[1].covered = 0;
         dhsa_buffer_free(wd);
     }
@@ -443,44 +496,47 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
         printf("%-6s %-16s %9s %10s %9s %7s %8s%s %9s %8s %8s\n", "type", "route", "W MiB", "median ms", "GFLOP/s",
                "% peak", "W GB/s", bw ? " read GB/s  % read" : "", "check", "err", "speedup");
         for (int ti = 0; ti < n_types; ti++) {
-            for (int ri = 0; ri < 2; ri++) {
+            for (int ri = 0; ri < 3; ri++) {
                 const route_res *rr = &res[ti].r[ri];
                 if (ri == 1 && do_fast && !rr->covered) {
+                    const int before = dhsa__set_amx_cap(0);
                     printf("%-6s %-16s (exact: %s)\n", dhsa_ggml_type_name(types[ti]), "fast",
                            dhsa__matmul_route_name(DHSA_MM_FAST, types[ti]));
+                    dhsa__set_amx_cap(before);
                     continue;
                 }
                 if (!rr->ran) continue;
                 char rname[32];
-                snprintf(rname, sizeof rname, "%s %s", !ri ? "f32" : dhsa__bf16_type(types[ti]) ? "bf16" : "int8",
-                         rr->fused ? "fused" : "panel");
+                snprintf(rname, sizeof rname, "%s %s",
+                         ri == 0 ? "f32" : ri == 2 || dhsa__bf16_type(types[ti]) ? "bf16" : "int8",
+                         ri == 2 ? "amx" : rr->fused ? "fused" : "panel");
                 printf("%-6s %-16s %9.1f %10.4f %9.1f %6.1f%% %8.2f", dhsa_ggml_type_name(types[ti]), rname,
                        res[ti].mib, rr->ms, rr->gflops, 100.0 * rr->peak_share, rr->wgbps);
                 /* below 1 MiB a plain read mostly times waking the threads */
                 if (bw && res[ti].mib >= 1.0) printf(" %9.2f %6.1f%%", res[ti].rdgbps, 100.0 * rr->rdshare);
                 else if (bw) printf(" %9s %7s", "-", "-");
                 printf(" %5.3f tol", rr->check);
-                if (ri == 1) printf(" %8.1e", rr->err);
+                if (ri > 0) printf(" %8.1e", rr->err);
                 else printf(" %8s", "-");
-                if (ri == 1 && res[ti].speedup > 0) printf(" %7.2fx", res[ti].speedup);
+                if (ri > 0 && rr->speedup > 0) printf(" %7.2fx", rr->speedup);
                 printf("\n");
             }
         }
         printf("fp32 FMA peak, %d thread%s: %.1f GFLOP/s at best in this run (%% peak: per call, against the peak "
-               "measured before it); check: worst |a - b| as a share of its tolerance vs the scalar path, first "
+               "measured before it); check: worst |a - b| as a share of its tolerance vs the scalar path (bf16 "
+               "amx: vs the double product, bound (2^-8 + 2^-16 + n_in 2^-23) sum |w x|), first "
                "and last 64 rows; err: NMSE of the fast route against the exact one; speedup: exact time / fast "
                "time, median of the per-run ratios\n",
                threads, threads > 1 ? "s" : "", peak);
     }
-    free(tf);
-    free(pkf);
-    free(ratiof);
-    free(spd);
-    dhsa_buffer_free(ye);
-    free(t);
+    for (int ri = 0; ri < 3; ri++) {
+        free(t[ri]);
+        free(pk[ri]);
+        free(ratio[ri]);
+        free(spd[ri]);
+    }
     free(tr);
-    free(ratio);
-    free(pk);
+    dhsa_buffer_free(ye);
     dhsa_buffer_free(x);
     dhsa_buffer_free(y);
     dhsa_ctx_free(ctx);

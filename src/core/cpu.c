@@ -7,7 +7,10 @@
  *                             integer kernels (vpmaddubsw): what an AVX2-only
  *                             CPU runs;
  *   DHSA_FORCE_ISA=avx-vnni   AVX2 kernels, the integer ones on AVX-VNNI;
- *   DHSA_FORCE_ISA=avx512     the default on an AVX-512 CPU.
+ *   DHSA_FORCE_ISA=avx512-vnni AVX-512 without the AMX tiles (the prefill
+ *                             route of model/qamx.h off);
+ *   DHSA_FORCE_ISA=avx512     the default on an AVX-512 CPU (AMX where the
+ *                             CPU, the OS and the build have it).
  * A value above what the CPU has gives the CPU's best. The integer
  * dot-product level (dhsa__idot_active) follows the active ISA and that cap;
  * AVX512-BF16 (dhsa__bf16_isa_ok, the fast route's F16/BF16 kernels) runs
@@ -23,6 +26,10 @@
 #include <string.h>
 #if defined(__x86_64__)
 #include <cpuid.h>
+#endif
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 static atomic_int active = -1;
@@ -52,6 +59,7 @@ static void env_caps(int *isa_cap, int *dot_cap) {
     *isa_cap = DHSA_ISA_AVX512;
     *dot_cap = DHSA__IDOT_AVX512VNNI;
     const char *f = getenv("DHSA_FORCE_SCALAR"), *e = getenv("DHSA_FORCE_ISA");
+    if (e && strcmp(e, "avx512-vnni") == 0) return; /* the AMX cap: amx_env_on */
     if (f && f[0] == '1') {
         *isa_cap = DHSA_ISA_SCALAR;
         *dot_cap = DHSA__IDOT_NONE;
@@ -68,7 +76,7 @@ static void env_caps(int *isa_cap, int *dot_cap) {
         *isa_cap = DHSA_ISA_AVX2;
         *dot_cap = DHSA__IDOT_AVXVNNI;
     } else if (strcmp(e, "avx512") != 0) {
-        dhsa__warn_once("DHSA_FORCE_ISA", "DHSA_FORCE_ISA=%s is not one of scalar, avx2, avx-vnni, avx512: ignored",
+        dhsa__warn_once("DHSA_FORCE_ISA", "DHSA_FORCE_ISA=%s is not one of scalar, avx2, avx-vnni, avx512-vnni, avx512: ignored",
                         dhsa__esc(e));
     }
 }
@@ -183,3 +191,57 @@ const char *dhsa__idot_name(dhsa__idot d) {
 int dhsa__bf16_cpu_has(void) { return detect() == DHSA_ISA_AVX512 && (idot_cpu_flags() & 4); }
 
 int dhsa__bf16_isa_ok(void) { return dhsa_active_isa() == DHSA_ISA_AVX512 && (idot_cpu_flags() & 4); }
+
+/* ------------------------------------------------------------- AMX --- */
+
+static atomic_int amx_cpu = -1; /* -1: not asked yet */
+static atomic_int amx_cap = -1; /* -1: the environment not read yet */
+
+/* The CPU has the tiles and their BF16 products (CPUID.(7,0):EDX bits 24
+ * and 22), the OS saves their state (XCR0 bits 17 and 18), and Linux
+ * gave this process the tile data (arch_prctl ARCH_REQ_XCOMP_PERM, asked
+ * once; a process-wide grant). */
+static int amx_probe(void) {
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return 0; /* OSXSAVE */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 22))) return 0;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) return 0;
+    const long arch_req_xcomp_perm = 0x1023, xfeature_xtiledata = 18;
+    return syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0;
+#else
+    return 0;
+#endif
+}
+
+int dhsa__amx_cpu_has(void) {
+    int v = atomic_load(&amx_cpu);
+    if (v < 0) {
+        v = amx_probe();
+        atomic_store(&amx_cpu, v);
+    }
+    return v;
+}
+
+static int amx_env_on(void) {
+    int v = atomic_load(&amx_cap);
+    if (v < 0) {
+        const char *e = getenv("DHSA_FORCE_ISA");
+        v = !(e && strcmp(e, "avx512-vnni") == 0);
+        int expected = -1;
+        if (!atomic_compare_exchange_strong(&amx_cap, &expected, v)) v = expected;
+    }
+    return v;
+}
+
+int dhsa__amx_active(void) {
+    return dhsa_active_isa() == DHSA_ISA_AVX512 && dhsa__bf16_cpu_has() && amx_env_on() && dhsa__amx_cpu_has();
+}
+
+int dhsa__set_amx_cap(int on) {
+    const int before = amx_env_on();
+    atomic_store(&amx_cap, on ? 1 : 0);
+    return before;
+}

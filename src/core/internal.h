@@ -45,6 +45,17 @@ int dhsa__bf16_isa_ok(void);
 /* 1 when the CPU can run it, whatever the ISA. */
 int dhsa__bf16_cpu_has(void);
 
+/* AMX tiles with BF16 products (model/qamx.h, the prefill route): 1 when
+ * the CPU has them, the OS saves their state and Linux granted this
+ * process the tile data (asked on the first call). */
+int dhsa__amx_cpu_has(void);
+/* ... and the active ISA is AVX-512, AVX512-BF16 is there and neither
+ * DHSA_FORCE_ISA=avx512-vnni nor dhsa__set_amx_cap(0) turned it off. */
+int dhsa__amx_active(void);
+/* Sets the cap (0 off, 1 on where the CPU allows), returns the one before
+ * (tests and `dhsa bench matmul`: both prefill routes). */
+int dhsa__set_amx_cap(int on);
+
 /* Untrusted text for a terminal (src/core/escape.c has the rules): control
  * bytes, invalid UTF-8 and the code points a terminal acts on become \xNN
  * escapes; valid UTF-8 is kept. Writes at most cap bytes to out, NUL

@@ -661,6 +661,14 @@ dhsa_status dhsa_model_routes(const dhsa_model *m, int exact, char *buf, size_t 
         int w = snprintf(buf + used, n - used, ": %s", route);
         used += w > 0 && (size_t)w < n - used ? (size_t)w : n - used - 1;
     }
+    /* prefill on the AMX tiles (model/qamx.h): said once */
+    for (int i = 0; i < nt; i++) {
+        const char *pre = dhsa__matmul_prefill_name(exact ? DHSA_MM_EXACT : DHSA_MM_FAST, types[i]);
+        if (!pre) continue;
+        int w = snprintf(buf + used, n - used, "; calls of >= 16 tokens (prefill): %s", pre);
+        used += w > 0 && (size_t)w < n - used ? (size_t)w : n - used - 1;
+        break;
+    }
     return DHSA_OK;
 }
 const dhsa_gguf *dhsa_model_gguf(const dhsa_model *m) { return m ? m->g : NULL; }

@@ -20,6 +20,7 @@
  *      build/dhsa bench matmul --help.
  */
 #include "model/quant.h"
+#include "model/qamx.h"
 #include "model/qbf16.h"
 #include "model/qint.h"
 
@@ -1121,10 +1122,11 @@ dhsa_status dhsa__matmul(dhsa_ctx *ctx, const dhsa_wmat *W, const float *x, int6
 typedef struct {
     const dhsa__qi_kernels *qi;
     const dhsa__bf16_kernels *bf;
+    const dhsa__amx_kernels *amx; /* prefill of many tokens (qamx.h), set by fast_kernels_n */
 } fast_k;
 
 static fast_k fast_kernels(dhsa__mm_route route, uint32_t type) {
-    fast_k f = {NULL, NULL};
+    fast_k f = {NULL, NULL, NULL};
     if (route != DHSA_MM_FAST) return f;
     if (dhsa__qi_type(type)) f.qi = dhsa__qi_kernels_active();
     if (dhsa__bf16_type(type)) f.bf = dhsa__bf16_kernels_active();
@@ -1137,20 +1139,22 @@ static fast_k fast_kernels(dhsa__mm_route route, uint32_t type) {
 static fast_k fast_kernels_n(dhsa__mm_route route, uint32_t type, int64_t n_tok) {
     fast_k f = fast_kernels(route, type);
     if (f.qi && n_tok <= f.qi->max_tok_fused && dhsa__qi_fused_exact(f.qi, type)) f.qi = NULL;
+    if (route == DHSA_MM_FAST && dhsa__amx_takes(type, n_tok)) f.amx = dhsa__amx_kernels_active();
     return f;
 }
 
 int dhsa__matmul_fast_covers(uint32_t type, int64_t n_tok) {
     const fast_k f = fast_kernels_n(DHSA_MM_FAST, type, n_tok);
-    return f.qi != NULL || f.bf != NULL;
+    return f.qi != NULL || f.bf != NULL || f.amx != NULL;
 }
 
 dhsa_status dhsa__matmul_on(dhsa_ctx *ctx, dhsa__mm_route route, const dhsa_wmat *W, const float *x, int64_t ldx,
                             int64_t n_tok, float *y, int64_t ldy) {
     const fast_k f = fast_kernels_n(route, W ? W->type : 0, n_tok);
-    if (!f.qi && !f.bf) return dhsa__matmul(ctx, W, x, ldx, n_tok, y, ldy);
+    if (!f.qi && !f.bf && !f.amx) return dhsa__matmul(ctx, W, x, ldx, n_tok, y, ldy);
     dhsa_status st = check_call(ctx, W, x, ldx, n_tok, y, ldy);
     if (st != DHSA_OK || n_tok == 0) return st;
+    if (f.amx) return dhsa__amx_matmul(ctx, f.amx, W, x, ldx, n_tok, y, ldy);
     if (f.bf) return dhsa__bf16_matmul(ctx, f.bf, W, x, ldx, n_tok, y, ldy);
     return dhsa__qi_matmul(ctx, f.qi, W, x, ldx, n_tok, y, ldy);
 }
@@ -1159,7 +1163,7 @@ dhsa_status dhsa__matmul_multi_on(dhsa_ctx *ctx, dhsa__mm_route route, const dhs
                                   const float *x, int64_t ldx, int64_t n_tok, float *const *y) {
     const fast_k f = fast_kernels_n(route, nw > 0 && W[0] ? W[0]->type : 0, n_tok);
     dhsa_status st = DHSA_OK;
-    if (f.qi) {
+    if (f.qi && !f.amx) {
         for (int i = 0; i < nw && st == DHSA_OK; i++)
             st = check_call(ctx, W[i], x, ldx, n_tok, y[i], W[i] ? W[i]->n_out : 0);
         if (st != DHSA_OK || n_tok == 0) return st;
@@ -1172,10 +1176,15 @@ dhsa_status dhsa__matmul_multi_on(dhsa_ctx *ctx, dhsa__mm_route route, const dhs
 size_t dhsa__matmul_workspace_on(dhsa__mm_route route, uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok,
                                  int n_threads) {
     const fast_k f = fast_kernels_n(route, type, n_tok);
-    if (!f.qi && !f.bf) return dhsa__matmul_workspace(type, n_in, n_out, n_tok, n_threads);
+    if (!f.qi && !f.bf && !f.amx) return dhsa__matmul_workspace(type, n_in, n_out, n_tok, n_threads);
     if (check_mm(type, n_in, n_out, n_tok) != DHSA_OK || n_tok == 0) return 0;
+    if (f.amx) return dhsa__amx_workspace(type, n_in, n_out, n_tok, n_threads);
     if (f.bf) return dhsa__bf16_workspace(f.bf, type, n_in, n_out, n_tok, n_threads);
     return dhsa__qi_workspace(f.qi, type, n_in, n_out, n_tok, n_threads);
+}
+
+const char *dhsa__matmul_prefill_name(dhsa__mm_route route, uint32_t type) {
+    return route == DHSA_MM_FAST && dhsa__amx_takes(type, DHSA__AMX_MIN_TOK) ? "bf16 amx" : NULL;
 }
 
 const char *dhsa__matmul_route_name(dhsa__mm_route route, uint32_t type) {
