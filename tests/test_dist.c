@@ -17,6 +17,10 @@
  * other rank, in every layer, within 0.125 of the keys its queries could
  * see, with the same ids on every rank. Skipped, saying so, without mpirun
  * or with a CLI built without MPI.
+ * The runs compared with one process use --exact (F32 weight products): on
+ * the fast route's BF16 and AMX products (activations rounded to BF16) the
+ * ranks' logits differ from one process's by about 1e-3 relative, measured
+ * 2026-12-05 and not yet explained (docs/dist.md, "Not done").
  */
 #include "t.h"
 #include "cli_run.h"
@@ -309,7 +313,7 @@ static void test_fetch_budget(const char *dir) {
     snprintf(refl, sizeof refl, "%s/long_ref.f32", dir);
     snprintf(gotl, sizeof gotl, "%s/long_got.f32", dir);
     T_CHECK(write_long_prompt(prompt), "writing %s", prompt);
-    const char *common = "-n 4 --temp 0 --ids -t 1 --ctx 2560 --attn dhsa --dense-below 0";
+    const char *common = "--exact -n 4 --temp 0 --ids -t 1 --ctx 2560 --attn dhsa --dense-below 0";
     char *out = NULL;
     snprintf(args, sizeof args, "run -f %s %s --logits-out %s", prompt, common, refl);
     int rc = cli_run(args, 1, &out);
@@ -409,7 +413,7 @@ int main(void) {
     for (int mi = 0; mi < 2; mi++) {
         char args[1024];
         snprintf(refl, sizeof refl, "%s/ref%d.f32", dir, mi);
-        snprintf(args, sizeof args, "run -f %s -n 6 --temp 0 --ids -t 1 --ctx 1024 %s --logits-out %s", prompt,
+        snprintf(args, sizeof args, "run --exact -f %s -n 6 --temp 0 --ids -t 1 --ctx 1024 %s --logits-out %s", prompt,
                  methods[mi], refl);
         int rc = cli_run(args, 1, &out);
         int ref[2048], n_ref = out ? read_ids(out, ref, 2048) : 0;
@@ -418,7 +422,7 @@ int main(void) {
         for (int si = 0; si < 2; si++)
             for (int ni = 0; ni < 3; ni++) {
                 snprintf(gotl, sizeof gotl, "%s/got%d%d%d.f32", dir, mi, si, ni);
-                snprintf(cmd, sizeof cmd, MPIRUN " -np %d '%s' run -f %s -n 6 --temp 0 --ids -t 1 --ctx 1024 %s "
+                snprintf(cmd, sizeof cmd, MPIRUN " -np %d '%s' run --exact -f %s -n 6 --temp 0 --ids -t 1 --ctx 1024 %s "
                          "--dist-stripe %d --logits-out %s 2>%s/err", nps[ni], cli, prompt, methods[mi], stripes[si],
                          gotl, dir);
                 FILE *p = popen(cmd, "r");

@@ -16,6 +16,7 @@
  */
 #include "core/internal.h"
 #include "model/model_internal.h"
+#include "model/qamx.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -665,7 +666,7 @@ dhsa_status dhsa_model_routes(const dhsa_model *m, int exact, char *buf, size_t 
     for (int i = 0; i < nt; i++) {
         const char *pre = dhsa__matmul_prefill_name(exact ? DHSA_MM_EXACT : DHSA_MM_FAST, types[i]);
         if (!pre) continue;
-        int w = snprintf(buf + used, n - used, "; calls of >= 16 tokens (prefill): %s", pre);
+        int w = snprintf(buf + used, n - used, "; calls of >= %d tokens (prefill): %s", DHSA__AMX_MIN_TOK, pre);
         used += w > 0 && (size_t)w < n - used ? (size_t)w : n - used - 1;
         break;
     }

@@ -94,7 +94,7 @@ size_t dhsa__matmul_workspace_on(dhsa__mm_route route, uint32_t type, int64_t n_
  * "(DHSA_BF16=off)"): what dhsa__matmul_on runs for this route and type. */
 const char *dhsa__matmul_route_name(dhsa__mm_route route, uint32_t type);
 /* "bf16 amx" when the route's calls of this type with at least
- * DHSA__AMX_MIN_TOK (16) tokens take the AMX tiles instead (model/qamx.h),
+ * DHSA__AMX_MIN_TOK (5) tokens take the AMX tiles instead (model/qamx.h),
  * NULL otherwise. */
 const char *dhsa__matmul_prefill_name(dhsa__mm_route route, uint32_t type);
 
