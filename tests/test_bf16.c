@@ -529,7 +529,9 @@ static void test_dispatch(void) {
             "ISA scalar, BF16 on: F16 weights take the exact scalar route");
     dhsa_set_isa(isa);
 
-    /* dhsa__matmul_on runs what the name says, bitwise */
+    /* dhsa__matmul_on runs what the name says, bitwise (the AMX tiles
+     * off: calls of 5 tokens take them where they run, tests/test_amx.c) */
+    const int amx0 = dhsa__set_amx_cap(0);
     dhsa_ctx *ctx = make_ctx(2);
     mat m;
     mat_make(&m, DHSA_GGML_F16, 600, 70, 11);
@@ -552,6 +554,7 @@ static void test_dispatch(void) {
     free(yr);
     mat_free(&m);
     dhsa_ctx_free(ctx);
+    dhsa__set_amx_cap(amx0);
     dhsa__set_bf16_mode(mode0);
 }
 
