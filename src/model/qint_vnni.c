@@ -40,6 +40,12 @@
 #define MR 6
 #define NG 2
 #define TMAX 4 /* fused route: tokens per pass over the unpacked rows */
+#ifndef PF_FAR
+#define PF_FAR 32 /* K types: the second, far prefetch into L2, in super-blocks */
+#endif
+#ifndef PF_FAR_Q8
+#define PF_FAR_Q8 128
+#endif
 #define MAX_TOK_FUSED 4 /* fused route up to this many tokens (16 measured slower: 0.81x the exact route at n_in 576) */
 
 static inline float half(const uint8_t *p) {
@@ -262,6 +268,12 @@ static void dot_rows(const uint8_t *c, int64_t ldc, const float *a, const float 
  * contiguous; a prefetch never faults, so one past the task's rows or
  * the matrix costs a line of bandwidth at most). Whole rows spare the
  * per-chunk setup and final sums: 1.16x on Q4_K rows of 4096. */
+INLINE void pf_rows_l2(const uint8_t *const *row, int64_t row_bytes, int64_t off, int64_t len) {
+    for (int r = 0; r < R; r++) {
+        const uint8_t *p = off < row_bytes ? row[r] + off : row[r] + R * row_bytes + (off - row_bytes);
+        for (int64_t e = 0; e < len; e += 64) _mm_prefetch((const char *)(p + e), _MM_HINT_T1);
+    }
+}
 INLINE void pf_rows(const uint8_t *const *row, int64_t row_bytes, int64_t off, int64_t len) {
     for (int r = 0; r < R; r++) {
         const uint8_t *p = off < row_bytes ? row[r] + off : row[r] + R * row_bytes + (off - row_bytes);
@@ -307,7 +319,10 @@ INLINE void q8_nt(const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const 
             }
         }
         for (int j = 0; j < jn; j++) {
-            if (j % 8 == 0) pf_rows(row, row_bytes, (j0 + j + 32) * 34, 8 * 34);
+            if (j % 8 == 0) {
+                pf_rows(row, row_bytes, (j0 + j + 32) * 34, 8 * 34);
+                pf_rows_l2(row, row_bytes, (j0 + j + PF_FAR_Q8) * 34, 8 * 34);
+            }
             __m256i xv[TMAX];
             UNROLL for (int t = 0; t < NT; t++) xv[t] = _mm256_loadu_si256((const __m256i *)(x[t].q + (j0 + j) * 32));
             UNROLL for (int r = 0; r < R; r++) {
@@ -404,6 +419,7 @@ INLINE void k45_nt(const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const
     }
     for (int64_t s = 0; s < ns; s++) {
         pf_rows(row, row_bytes, (s + 8) * bb, bb);
+        pf_rows_l2(row, row_bytes, (s + PF_FAR) * bb, bb);
         __m512i X[TK][4];
         __m512 xd[TK], xs[TK];
         UNROLL for (int t = 0; t < NT; t++) {
@@ -500,6 +516,7 @@ INLINE void q6k_nt(const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
     for (int64_t s = 0; s < ns; s++) {
         pf_rows(row, row_bytes, (s + 8) * 210, 210);
+        pf_rows_l2(row, row_bytes, (s + PF_FAR) * 210, 210);
         __m512i X[TK][4];
         float xd[TK];
         UNROLL for (int t = 0; t < NT; t++) {

@@ -505,6 +505,9 @@ INLINE __m256i kdot(__m256i acc, __m256i c, const int8_t *x, __m256i sc) {
 #endif
 }
 
+#ifndef YPF_FAR
+#define YPF_FAR 64 /* super-blocks */
+#endif
 INLINE void k45_row(const uint8_t *rw, int64_t n, const dhsa_qi_act *x, const int NT, const int FIVE, float *y,
                     int64_t ldy, int accumulate) {
     const int64_t ns = n / 256, bb = FIVE ? 176 : 144;
@@ -513,8 +516,10 @@ INLINE void k45_row(const uint8_t *rw, int64_t n, const dhsa_qi_act *x, const in
     UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t s = 0; s < ns; s++) {
         const uint8_t *blk = rw + s * bb;
-        if (s % 2 == 0) /* 2 super-blocks, 16 ahead (past the row: the next row's) */
+        if (s % 2 == 0) { /* 2 super-blocks, 16 ahead (past the row: the next row's), and into L2 YPF_FAR ahead */
             for (int64_t e = 0; e < 2 * bb; e += 64) _mm_prefetch((const char *)(blk + 16 * bb + e), _MM_HINT_T0);
+            for (int64_t e = 0; e < 2 * bb; e += 64) _mm_prefetch((const char *)(blk + YPF_FAR * bb + e), _MM_HINT_T1);
+        }
         uint32_t u0, u1, u2;
         memcpy(&u0, blk + 4, 4);
         memcpy(&u1, blk + 8, 4);
@@ -573,8 +578,10 @@ INLINE void k6_row(const uint8_t *rw, int64_t n, const dhsa_qi_act *x, const int
     UNROLL for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t s = 0; s < ns; s++) {
         const uint8_t *blk = rw + s * 210;
-        if (s % 2 == 0) /* 2 super-blocks, 16 ahead (past the row: the next row's) */
+        if (s % 2 == 0) { /* 2 super-blocks, 16 ahead (past the row: the next row's), and into L2 YPF_FAR ahead */
             for (int64_t e = 0; e < 2 * 210; e += 64) _mm_prefetch((const char *)(blk + 16 * 210 + e), _MM_HINT_T0);
+            for (int64_t e = 0; e < 2 * 210; e += 64) _mm_prefetch((const char *)(blk + YPF_FAR * 210 + e), _MM_HINT_T1);
+        }
         /* each scale as a 16-bit pair in a 32-bit word, in memory */
         int32_t scd[16];
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)(blk + 192));
