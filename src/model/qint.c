@@ -444,14 +444,16 @@ static void fused_rows(const qi_job *j, int64_t o0, int64_t o1, char *buf) {
     uint8_t *c = (uint8_t *)buf;
     float *a = (float *)(buf + R * ldc), *b = a + R * ldab;
     const int nt = (int)j->n_tok;
+    if (j->k->dot_file) { /* whole rows from the file's blocks, no unpacked copy (qint.h): all of them in one call */
+        dhsa_qi_act x[64];
+        for (int t = 0; t < nt; t++) x[t] = act_of(j, t);
+        if (j->k->dot_file(W->type, (const uint8_t *)W->data + o0 * W->row_bytes, W->row_bytes, (int)(o1 - o0), n, x,
+                           nt, j->y + o0, j->ldy, 0))
+            return;
+    }
     for (int64_t o = o0; o < o1; o += R) {
         const int nr = o1 - o < R ? (int)(o1 - o) : R;
         const uint8_t *row = (const uint8_t *)W->data + o * W->row_bytes;
-        if (j->k->dot_file) { /* whole rows from the file's blocks, no unpacked copy (qint.h) */
-            dhsa_qi_act x[64];
-            for (int t = 0; t < nt; t++) x[t] = act_of(j, t);
-            if (j->k->dot_file(W->type, row, W->row_bytes, nr, n, x, nt, j->y + o, j->ldy, 0)) continue;
-        }
         for (int64_t k0 = 0; k0 < n; k0 += QI_FUSED_KC) {
             const int64_t kn = n - k0 < QI_FUSED_KC ? n - k0 : QI_FUSED_KC;
             /* the next chunk of these rows (or the first of the next group)

@@ -136,8 +136,10 @@ typedef struct {
                  float *out);
     /* Fused route straight from the file's blocks, for the types the
      * kernel set has it for (returns 0 and does nothing for the others:
-     * unpack, then dot_rows): as dot_rows for whole rows r < nr (n values,
-     * the row's length, at w + r * row_bytes; rows past nr are not read,
+     * unpack, then dot_rows): as dot_rows for whole rows r < nr (any
+     * count: the kernels take them fused_rows at a time, every token per
+     * group; n values, the row's length, at w + r * row_bytes; rows past
+     * nr are not read,
      * though the kernel prefetches ahead past the rows it was given,
      * which never faults), with the codes, a and b the unpacking would
      * give; within

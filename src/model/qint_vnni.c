@@ -560,9 +560,14 @@ INLINE void q6k_nt(const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const
 
 /* one function per form (each its own registers; named for profiles) */
 #define K_FORM(NAME, CALL)                                                                                           \
-    static void NAME(const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const dhsa_qi_act *x, float *y,          \
+    static void NAME(const uint8_t *w0, int64_t row_bytes, int nr_all, int64_t n, const dhsa_qi_act *x, float *y0,    \
                      int64_t ldy, int accumulate) {                                                                  \
-        CALL;                                                                                                        \
+        for (int g = 0; g < nr_all; g += R) {                                                                        \
+            const uint8_t *w = w0 + g * row_bytes;                                                                   \
+            const int nr = nr_all - g < R ? nr_all - g : R;                                                          \
+            float *y = y0 + g;                                                                                       \
+            CALL;                                                                                                    \
+        }                                                                                                            \
     }
 K_FORM(k4_1, k45_nt(w, row_bytes, nr, n, x, 1, 0, y, ldy, accumulate))
 K_FORM(k4_2, k45_nt(w, row_bytes, nr, n, x, 2, 0, y, ldy, accumulate))
@@ -570,32 +575,42 @@ K_FORM(k5_1, k45_nt(w, row_bytes, nr, n, x, 1, 1, y, ldy, accumulate))
 K_FORM(k5_2, k45_nt(w, row_bytes, nr, n, x, 2, 1, y, ldy, accumulate))
 K_FORM(k6_1, q6k_nt(w, row_bytes, nr, n, x, 1, y, ldy, accumulate))
 K_FORM(k6_2, q6k_nt(w, row_bytes, nr, n, x, 2, y, ldy, accumulate))
+K_FORM(q8_1, q8_nt(w, row_bytes, nr, n, x, 1, y, ldy, accumulate))
+K_FORM(q8_2, q8_nt(w, row_bytes, nr, n, x, 2, y, ldy, accumulate))
+K_FORM(q8_3, q8_nt(w, row_bytes, nr, n, x, 3, y, ldy, accumulate))
+K_FORM(q8_4, q8_nt(w, row_bytes, nr, n, x, 4, y, ldy, accumulate))
 
 static int dot_file(uint32_t type, const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const dhsa_qi_act *x,
                     int n_tok, float *y, int64_t ldy, int accumulate) {
     if (nr <= 0) /* a probe (qint.h) */
         return type == DHSA_GGML_Q8_0 || type == DHSA_GGML_Q4_K || type == DHSA_GGML_Q5_K || type == DHSA_GGML_Q6_K;
     if (type == DHSA_GGML_Q8_0) {
-        for (int t0 = 0; t0 < n_tok; t0 += TMAX) {
-            const dhsa_qi_act *xt = x + t0;
-            float *yt = y + t0 * ldy;
-            switch (n_tok - t0 < TMAX ? n_tok - t0 : TMAX) {
-            case 1: q8_nt(w, row_bytes, nr, n, xt, 1, yt, ldy, accumulate); break;
-            case 2: q8_nt(w, row_bytes, nr, n, xt, 2, yt, ldy, accumulate); break;
-            case 3: q8_nt(w, row_bytes, nr, n, xt, 3, yt, ldy, accumulate); break;
-            default: q8_nt(w, row_bytes, nr, n, xt, 4, yt, ldy, accumulate); break;
-            }
+        /* up to TMAX tokens: every group of rows in one function; more: per
+         * group of R rows every pass over the tokens (each row read once) */
+        if (n_tok <= TMAX) {
+            (n_tok == 1 ? q8_1 : n_tok == 2 ? q8_2 : n_tok == 3 ? q8_3 : q8_4)(w, row_bytes, nr, n, x, y, ldy, accumulate);
+            return 1;
         }
+        for (int g = 0; g < nr; g += R)
+            for (int t0 = 0; t0 < n_tok; t0 += TMAX) {
+                const int m = n_tok - t0 < TMAX ? n_tok - t0 : TMAX, ng = nr - g < R ? nr - g : R;
+                (m == 1 ? q8_1 : m == 2 ? q8_2 : m == 3 ? q8_3 : q8_4)(w + g * row_bytes, row_bytes, ng, n, x + t0,
+                                                                    y + t0 * ldy + g, ldy, accumulate);
+            }
         return 1;
     }
     if (type != DHSA_GGML_Q4_K && type != DHSA_GGML_Q5_K && type != DHSA_GGML_Q6_K) return 0;
-    for (int t0 = 0; t0 < n_tok; t0 += TK) {
-        const dhsa_qi_act *xt = x + t0;
-        float *yt = y + t0 * ldy;
-        const int two = n_tok - t0 >= 2;
-        if (type == DHSA_GGML_Q4_K) (two ? k4_2 : k4_1)(w, row_bytes, nr, n, xt, yt, ldy, accumulate);
-        else if (type == DHSA_GGML_Q5_K) (two ? k5_2 : k5_1)(w, row_bytes, nr, n, xt, yt, ldy, accumulate);
-        else (two ? k6_2 : k6_1)(w, row_bytes, nr, n, xt, yt, ldy, accumulate);
+    for (int g = 0; g < nr; g += (n_tok <= TK ? nr : R)) { /* as Q8_0's */
+        const int ng = n_tok <= TK ? nr : nr - g < R ? nr - g : R;
+        for (int t0 = 0; t0 < n_tok; t0 += TK) {
+            const dhsa_qi_act *xt = x + t0;
+            float *yt = y + t0 * ldy + g;
+            const uint8_t *wg = w + g * row_bytes;
+            const int two = n_tok - t0 >= 2;
+            if (type == DHSA_GGML_Q4_K) (two ? k4_2 : k4_1)(wg, row_bytes, ng, n, xt, yt, ldy, accumulate);
+            else if (type == DHSA_GGML_Q5_K) (two ? k5_2 : k5_1)(wg, row_bytes, ng, n, xt, yt, ldy, accumulate);
+            else (two ? k6_2 : k6_1)(wg, row_bytes, ng, n, xt, yt, ldy, accumulate);
+        }
     }
     return 1;
 }
