@@ -20,7 +20,8 @@
  * The runs compared with one process use --exact (F32 weight products): on
  * the fast route's BF16 and AMX products (activations rounded to BF16) the
  * ranks' logits differ from one process's by about 1e-3 relative, measured
- * 2026-12-05 and not yet explained (docs/dist.md, "Not done").
+ * 2026-12-05: the ranks' attention merges differ by float rounding and the
+ * rounding of activations amplifies it (docs/dist.md, "Not done").
  */
 #include "t.h"
 #include "cli_run.h"
