@@ -90,8 +90,8 @@ static void round_task(void *arg, int64_t task, int thread) {
     }
 }
 
-/* Rows [o0, o0 + np) packed at pw (the rest of the unit zero), then every
- * token tile. */
+/* Rows [o0, o0 + np) packed at pw (zeros up to a multiple of 32 rows),
+ * then every token tile. */
 static dhsa_status unit(const amx_job *j, int64_t o0, int64_t np, char *buf) {
     const dhsa_wmat *W = j->W;
     const int64_t kp = j->p.kp, n = W->n_in, U = j->p.unit_rows;
@@ -100,7 +100,9 @@ static dhsa_status unit(const amx_job *j, int64_t o0, int64_t np, char *buf) {
     float *row = (float *)(stage + 16 * kp);   /* [kp] */
     float *out = row + kp;                     /* [32][32] */
     const int f16 = W->type == DHSA_GGML_F16 || W->type == DHSA_GGML_BF16;
-    for (int64_t g = 0; g * 16 < np; g++) {
+    /* whole pairs of groups: the tile reads 32 rows, so the second group
+     * of the last pair is packed too (zeros) rather than left stale */
+    for (int64_t g = 0; g * 16 < round_up(np, 32); g++) {
         for (int64_t rr = 0; rr < 16; rr++) {
             const int64_t r = g * 16 + rr;
             uint16_t *d = stage + rr * kp;
