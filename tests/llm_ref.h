@@ -1649,6 +1649,9 @@ typedef struct {
     int f64_keys;              /* 1: float keys as FLOAT64 (else FLOAT32) */
     const char *omit_tensor;   /* leave this tensor out (loader tests); NULL: none */
     const char *extra_tensor;  /* add a tensor of this name, [n_embd] (loader tests); NULL: none */
+    double k_bias_big;         /* with biases: attn_k.bias is this (alternating sign per KV head) on
+                                  channels n_rot/2 - 1 and n_rot - 1 of each KV head, the pair NeoX
+                                  RoPE turns slowest, as in Qwen2.5's (0: plain random biases) */
     uint64_t seed;
 } llmref_spec;
 
@@ -1797,6 +1800,15 @@ static inline void llmref__fx_tensor(llmref__fx *fx, const char *name, uint32_t 
         case 1: val[i] = 0.8 + 0.4 * llmref_rand_uniform(&st); break;
         case 2: val[i] = 0.3 * (2.0 * llmref_rand_uniform(&st) - 1.0); break;
         default: val[i] = 1.0 + 3.0 * llmref_rand_uniform(&st); break;
+        }
+    }
+    if (kind == 2 && fx->s->k_bias_big != 0 && strstr(name, "attn_k.bias")) {
+        int64_t n_kv, hdk, hdv, rot;
+        llmref__spec_dims(fx->s, &n_kv, &hdk, &hdv, &rot);
+        for (int64_t h = 0; h < n_kv; h++) {
+            double big = h % 2 ? -fx->s->k_bias_big : fx->s->k_bias_big;
+            val[h * hdk + rot / 2 - 1] = big;
+            val[h * hdk + rot - 1] = 0.8 * big;
         }
     }
     int rc = llmref_quantize(type, val, n, buf);

@@ -40,6 +40,28 @@
 
 #define MAX_UBATCH 512
 
+/* ------------------------------------------------ centred Q8_0 keys --- */
+
+/* A Q8_0 block stores 32 values as codes of one step, max|x| / 127. The
+ * keys of real models have a few channels far larger than the rest
+ * (Qwen2.5-0.5B: 120-220 in channels 27-31 and 59-63 of several layers,
+ * most of it the K bias, where the other channels are |k| < 10): one such
+ * value sets a step of ~1.1 for its whole block and the scores lose ~2
+ * logits (first-token KL 6.9 nats against an F32 cache on a 5-token
+ * prompt). Those channels are the ones RoPE turns slowest, so they are
+ * nearly the same in every key. A Q8_0 cache therefore stores k - c, c a
+ * fixed vector per layer and KV head: every score of a query moves by the
+ * same q.c, which softmax cancels exactly (attention, and DHSA's chunk
+ * ranking, see the same thing). c is the K bias on the channel pairs that
+ * RoPE turns by at most KOFF_MAX_TURN radians over the cache (and on
+ * channels past n_rot, which it never turns); elsewhere 0. The bias is
+ * the model's, so c does not depend on the tokens: a prompt gives the
+ * same cache in one ubatch or many, and a failed eval has nothing to undo.
+ * Not used with a score softcap (tanh is not shift-invariant) or where
+ * the model has no K bias. docs/model.md "KV cache types". */
+#define KOFF_MAX_HD 1024
+#define KOFF_MAX_TURN 0.5
+
 struct dhsa_session {
     dhsa_ctx *ctx;
     const dhsa_model *m;
@@ -64,6 +86,7 @@ struct dhsa_session {
     float *o2, *lse1, *lse2;    /* [ub][n_head][hd_v], [ub][n_head] x 2: partial outputs and LSEs */
     float *krow;                /* [n_head_kv][hd_k] a decode key as the cache holds it */
     char *dbuf[2];              /* two shard buffers: one layer's K and V of cap positions */
+    float *koff;                /* [n_layer][n_head_kv][hd_k] Q8_0 keys' offsets (key_offsets), after the cache; or NULL */
     size_t dbuf_bytes;
     dhsa_dist_stats dst;
     int64_t dist_end;           /* a sharded prefill: the context's length after it */
@@ -113,6 +136,51 @@ static dhsa_router_params method_router(const dhsa_session_params *p) {
 }
 
 /* Whether the method routes through per-layer indexes. */
+/* Whether a session with p stores centred keys (the note above). */
+static int keys_centred(const dhsa_model *m, const dhsa_session_params *p) {
+    const dhsa_model_info *in = &m->info;
+    if (p->kv_type != DHSA_Q8_0 || in->attn_softcap > 0 || in->head_dim_k > KOFF_MAX_HD) return 0;
+    if (p->dist && p->dist->size > 1) return 0; /* a Q8_0 cache is not split between ranks */
+    for (int64_t l = 0; l < in->n_layer; l++)
+        if (m->layers[l].bk) return 1;
+    return 0;
+}
+
+/* The offsets' bytes after a cache of cache_bytes (64-byte aligned). */
+static size_t koff_bytes(const dhsa_model *m, const dhsa_session_params *p, size_t cache_bytes) {
+    if (!keys_centred(m, p)) return 0;
+    const dhsa_model_info *in = &m->info;
+    return dhsa__align_up(cache_bytes, 64) - cache_bytes +
+           (size_t)in->n_layer * (size_t)in->n_head_kv * (size_t)in->head_dim_k * sizeof(float);
+}
+
+/* Layer l's key offsets [n_head_kv][hd_k], or NULL (keys stored as they are). */
+static const float *key_offset(const dhsa_session *s, int64_t l) {
+    if (!s->koff) return NULL;
+    return s->koff + (size_t)l * (size_t)(s->m->info.n_head_kv * s->m->info.head_dim_k);
+}
+
+/* Fills s->koff (the note above): the K bias on the channels RoPE turns by
+ * at most KOFF_MAX_TURN over the cache's positions, else 0. */
+static void fill_key_offsets(dhsa_session *s) {
+    const dhsa_model_info *in = &s->m->info;
+    const int64_t hk = in->head_dim_k, half = in->n_rot / 2;
+    for (int64_t l = 0; l < in->n_layer; l++) {
+        const dhsa__layer *L = &s->m->layers[l];
+        float *c = s->koff + (size_t)l * (size_t)(in->n_head_kv * hk);
+        for (int64_t h = 0; h < in->n_head_kv; h++)
+            for (int64_t i = 0; i < hk; i++) {
+                int slow = 1;
+                if (i < in->n_rot) {
+                    int64_t pair = in->rope_neox ? i % half : i / 2;
+                    double turn = (double)s->inv_freq[L->rope_set * half + pair] * (double)(s->plan.n_ctx - 1);
+                    slow = turn <= KOFF_MAX_TURN;
+                }
+                c[h * hk + i] = slow && L->bk ? L->bk[h * hk + i] : 0.0f;
+            }
+    }
+}
+
 static int uses_index(const dhsa_session_params *p) {
     return p->attn == DHSA_ATTN_DHSA || p->attn == DHSA_ATTN_BLOCK;
 }
@@ -182,6 +250,7 @@ static dhsa_status plan_for(const dhsa_ctx *ctx, const dhsa_model *m, const dhsa
     pl->weights = (size_t)in->weight_bytes;
     pl->kv_cache = (size_t)in->n_layer * (size_t)n_ctx * (size_t)in->n_head_kv *
                    (dhsa_type_row_bytes(p->kv_type, in->head_dim_k) + dhsa_type_row_bytes(p->kv_type, in->head_dim_v));
+    pl->kv_cache += koff_bytes(m, p, pl->kv_cache);
     pl->activations = act_floats(in, ub) * sizeof(float) + 64 * 16;
     dhsa_attn_desc a = shape_desc(in, p->kv_type, n_ctx, ub);
     dhsa_status st = dhsa_attn_workspace_size(ctx, &a, &pl->attn_workspace);
@@ -552,6 +621,11 @@ dhsa_status dhsa_session_create(dhsa_ctx *ctx, const dhsa_model *m, const dhsa_s
             s->inv_freq[set * half + i] = (float)(f / lin);
         }
     }
+    if (keys_centred(m, p)) {
+        size_t cache = (size_t)in->n_layer * (s->k_layer + s->v_layer);
+        s->koff = (float *)((char *)s->kv + dhsa__align_up(cache, 64));
+        fill_key_offsets(s);
+    }
     if (p->attn != DHSA_ATTN_DENSE && uses_index(p) && (st = make_indexes(s))) goto fail;
     *out = s;
     return DHSA_OK;
@@ -671,7 +745,8 @@ static void rope(float *x, int64_t rows, int64_t heads, int64_t hd, int64_t n_ro
  * which refuses NaN/Inf: a non-finite key or value fails the eval with
  * DHSA_ERR_NONFINITE instead of poisoning its block's scale). */
 static dhsa_status store_cache(void *cache, dhsa_type t, int64_t n_ctx, const float *src, int64_t rows, int64_t heads,
-                               int64_t hd, int64_t pos) {
+                               int64_t hd, int64_t pos, const float *koff) {
+    float centred[KOFF_MAX_HD];
     for (int64_t h = 0; h < heads; h++)
         for (int64_t r = 0; r < rows; r++) {
             const float *s = src + (r * heads + h) * hd;
@@ -679,6 +754,10 @@ static dhsa_status store_cache(void *cache, dhsa_type t, int64_t n_ctx, const fl
             if (t == DHSA_F32) {
                 memcpy((float *)cache + off, s, (size_t)hd * sizeof(float));
             } else if (t == DHSA_Q8_0) {
+                if (koff) {
+                    for (int64_t i = 0; i < hd; i++) centred[i] = s[i] - koff[h * hd + i];
+                    s = centred;
+                }
                 dhsa_status st = dhsa_q8_0_quantize_row(s, (char *)cache + dhsa__byte_off(t, (int64_t)off), hd);
                 if (st) return st;
             } else {
@@ -821,9 +900,9 @@ static dhsa_status attend_rows(dhsa_session *host, dhsa_session *o, int64_t l, i
     dhsa_tensor vv = cache_view(o, l, 1, o->cap);
     dhsa_status st;
     if ((st = store_cache(kv.data, o->p.kv_type, o->cap, host->kt + (size_t)t0 * (size_t)(in->n_head_kv * hk), n,
-                          in->n_head_kv, hk, pos)) ||
+                          in->n_head_kv, hk, pos, key_offset(o, l))) ||
         (st = store_cache(vv.data, o->p.kv_type, o->cap, host->vt + (size_t)t0 * (size_t)(in->n_head_kv * hv), n,
-                          in->n_head_kv, hv, pos)))
+                          in->n_head_kv, hv, pos, NULL)))
         return st;
     if (o->ix && o->ix[l]) {
         /* the index reads the keys back from the cache: it routes on the
@@ -1553,9 +1632,9 @@ static dhsa_status attend_dist(dhsa_session *s, int64_t l, int64_t n) {
         if ((p / S) % R == s->dist->rank) {
             dhsa_status st;
             if ((st = store_cache(cache_view(s, l, 0, s->cap).data, s->p.kv_type, s->cap, s->kt, 1, in->n_head_kv, hk,
-                                  s->len_loc)) ||
+                                  s->len_loc, NULL)) ||
                 (st = store_cache(cache_view(s, l, 1, s->cap).data, s->p.kv_type, s->cap, s->vt, 1, in->n_head_kv, hv,
-                                  s->len_loc)))
+                                  s->len_loc, NULL)))
                 return st;
         }
         s->dst.decode_layers++;
@@ -1564,9 +1643,9 @@ static dhsa_status attend_dist(dhsa_session *s, int64_t l, int64_t n) {
     if (n > 0) {
         dhsa_status st;
         if ((st = store_cache(cache_view(s, l, 0, s->cap).data, s->p.kv_type, s->cap, s->kt, n, in->n_head_kv, hk,
-                              s->len_loc)) ||
+                              s->len_loc, NULL)) ||
             (st = store_cache(cache_view(s, l, 1, s->cap).data, s->p.kv_type, s->cap, s->vt, n, in->n_head_kv, hv,
-                              s->len_loc)))
+                              s->len_loc, NULL)))
             return st;
     }
     s->dst.prefill_layers++;
