@@ -20,6 +20,11 @@
  * text; seeded requests with penalties, streams and a stop string giving
  * the same text alone and all at once), --mem-limit refusing too
  * many slots, and SIGTERM during a stream stopping the server cleanly.
+ * Part 3, nothing leaks between clients (issue 34), on --slots 1, 4
+ * (batched) and 3 (--batch off): every form of an empty prompt right after
+ * another client's request is a 400 (it was sampled from that request's
+ * logits), and 24 concurrent clients with their own secrets, sharing a
+ * cached prefix, never see another's.
  * Without libmicrohttpd and jansson both parts skip (saying so) and the
  * test checks that `dhsa serve` refuses, naming the packages.
  *
@@ -54,8 +59,9 @@ static double dhsa_cli_now_test(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-#define N_PARSER_CHECKS 49
+#define N_PARSER_CHECKS 55
 #define N_HTTP_CHECKS 65
+#define N_LEAK_CHECKS 15 /* 5 per server */
 
 #ifdef DHSA_HAVE_SERVE
 #include "serve.h"
@@ -183,6 +189,20 @@ static void test_parser(void) {
     }
     T_CHECK(big && refused(SERVE_REQ_DETOKENIZE, big, "tokens"), "more ids than the limit");
     free(big);
+    /* no prompt of the request's own (issue 34: [[]] was sampled from the
+     * slot's stale logits) */
+    static const char *const empty[] = {"\"\"", "[]", "[[]]", "[\"\"]"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(b, sizeof b, "{\"prompt\":%s,\"max_tokens\":5}", empty[i]);
+        T_CHECK(refused(SERVE_REQ_COMPLETION, b, "prompt"), "an empty prompt %s", empty[i]);
+    }
+    T_CHECK(refused(SERVE_REQ_CHAT, "{\"messages\":[{\"role\":\"system\",\"content\":\"\"},{\"role\":\"user\","
+                    "\"content\":[]}]}", "messages"),
+            "messages that are all empty");
+    T_CHECK(parses(SERVE_REQ_CHAT, "{\"messages\":[{\"role\":\"system\",\"content\":\"\"},{\"role\":\"user\","
+                   "\"content\":\"a\"}]}", &r),
+            "an empty system message with a user message parses");
+    serve_request_free(&r);
 }
 
 /* ------------------------------------------------------------ client --- */
@@ -1074,16 +1094,207 @@ static void test_http(void) {
             "--mem-limit below the plan of 8 slots: refused at start (exit %d): %.300s", mrc, o ? o : "");
     free(o);
 }
+
+/* ------------------------------------------ nothing leaks between clients --- */
+
+/* Issue 34: with --slots 1, client A's completion left the slot's logits;
+ * client B's "prompt": [[]] was then sampled from them (HTTP 200, A's
+ * answer). Every form of an empty prompt is refused with a 400 naming it,
+ * whatever ran in the slot before; A's prompt then still gives its text. */
+static void test_empty_after_other(void) {
+    static const char *const a_body =
+        "{\"prompt\":\"The secret password is swordfish. I repeat, the secret password is\",\"max_tokens\":3,"
+        "\"temperature\":0}";
+    static const struct {
+        const char *path, *body, *param;
+    } empty[] = {
+        {"/v1/completions", "{\"prompt\":[[]],\"max_tokens\":5,\"temperature\":0}", "prompt"},
+        {"/v1/completions", "{\"prompt\":[],\"max_tokens\":5,\"temperature\":0}", "prompt"},
+        {"/v1/completions", "{\"prompt\":\"\",\"max_tokens\":5,\"temperature\":0}", "prompt"},
+        {"/v1/completions", "{\"prompt\":[\"\"],\"max_tokens\":5,\"temperature\":0,\"stream\":true}", "prompt"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"\"}],\"max_tokens\":5,\"temperature\":0}",
+         "messages"},
+    };
+    char *r = NULL, a_text[256] = "";
+    int code = http("POST", "/v1/completions", a_body, &r);
+    json_str(body_of(r), "text", a_text, sizeof a_text);
+    free(r);
+    int all = code == 200 && a_text[0];
+    for (size_t i = 0; i < sizeof empty / sizeof *empty; i++) {
+        code = http("POST", "/v1/completions", a_body, &r); /* A again: the slot holds its logits */
+        free(r);
+        code = http("POST", empty[i].path, empty[i].body, &r);
+        char param[32] = "";
+        json_str(body_of(r), "param", param, sizeof param);
+        if (code != 400 || strcmp(param, empty[i].param) != 0 || strstr(body_of(r), "\"choices\"")) {
+            all = 0;
+            fprintf(stderr, "  after client A, %s %s: %d %s\n", empty[i].path, empty[i].body, code, body_of(r));
+        }
+        free(r);
+    }
+    T_CHECK(all, "an empty prompt ([[]], [], \"\", [\"\"], empty chat) right after another client's request: 400 "
+            "naming it, never that client's answer (A: \"%s\")", a_text);
+    char again[256] = "";
+    code = http("POST", "/v1/completions", a_body, &r);
+    json_str(body_of(r), "text", again, sizeof again);
+    free(r);
+    T_CHECK(code == 200 && strcmp(again, a_text) == 0, "client A's request after them: the same text (\"%s\", \"%s\")",
+            again, a_text);
+}
+
+/* N clients at once, each with its own secret (a 6-digit pass key the
+ * model copies) in a prompt that shares a long prefix with everyone's (the
+ * prompt cache reuses it across clients), over several rounds: whole and
+ * streamed completions, chats, a client's own prompt again (from its
+ * cache), prompts with no secret after the shared prefix, and empty
+ * prompts (400). No response may hold another client's secret (in its
+ * bytes or in a stream's joined text); at least 80% of the secret-bearing
+ * completions give their own (so that the test would see a leak). A
+ * server whose prefill keeps the slot's old cache instead of cutting it
+ * back (checked once, by hand) leaks in about half of the requests. */
+#define SECRET_DOC "There is important information hidden in this text. Find it and remember it. The grass is green. The sky is blue. "
+#define SECRET_ASK "The grass is green. The sky is blue. What is the pass key? The pass key is"
+enum { N_SECRET = 24, SECRET_ROUNDS = 4 };
+static char g_secret[N_SECRET][16];
+
+typedef struct {
+    int id;
+    int leaks, own, asked, empty_ok, empty_n, failed;
+} secret_arg;
+
+static void *secret_client(void *p) {
+    secret_arg *a = p;
+    const char *mine = g_secret[a->id];
+    for (int round = 0; round < SECRET_ROUNDS; round++) {
+        const int kind = (a->id + round * 5) % 7;
+        char body[1024], *r = NULL;
+        const char *path = "/v1/completions";
+        int has_secret = 1, stream = 0, empty = 0;
+        switch (kind) {
+        case 0:
+        case 5: /* 5: again, often its own slot's cache */
+            snprintf(body, sizeof body, "{\"prompt\":\"" SECRET_DOC "The pass key is %s. Remember it. %s is the pass key. "
+                     SECRET_ASK "\",\"max_tokens\":10,\"temperature\":0}", mine, mine);
+            break;
+        case 1:
+            snprintf(body, sizeof body, "{\"prompt\":\"" SECRET_DOC "The pass key is %s. Remember it. %s is the pass key. "
+                     SECRET_ASK "\",\"max_tokens\":10,\"temperature\":0,\"stream\":true}", mine, mine);
+            stream = 1;
+            break;
+        case 2:
+            path = "/v1/chat/completions";
+            stream = round % 2;
+            snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"" SECRET_DOC "The pass key is %s. "
+                     "%s is the pass key. What is the pass key?\"}],\"max_tokens\":10,\"temperature\":0.5,\"seed\":%d%s}",
+                     mine, mine, a->id, stream ? ",\"stream\":true" : "");
+            has_secret = 0; /* the chat's reply need not copy it: only leaks are counted */
+            break;
+        case 3: /* the shared prefix and the question, no secret: the cache holds others' */
+            stream = round % 2;
+            snprintf(body, sizeof body, "{\"prompt\":\"" SECRET_DOC SECRET_ASK "\",\"max_tokens\":10,\"temperature\":0%s}",
+                     stream ? ",\"stream\":true" : "");
+            has_secret = 0;
+            break;
+        case 4: /* a prefix of everyone's prompt */
+            snprintf(body, sizeof body, "{\"prompt\":\"" SECRET_DOC "The pass key is\",\"max_tokens\":10,\"temperature\":0}");
+            has_secret = 0;
+            break;
+        default: { /* 6: empty, in one of its forms */
+            static const char *const e[] = {"{\"prompt\":[[]],\"max_tokens\":5,\"temperature\":0}",
+                                            "{\"prompt\":\"\",\"max_tokens\":5,\"temperature\":0,\"stream\":true}",
+                                            "{\"prompt\":[\"\"],\"max_tokens\":5}"};
+            snprintf(body, sizeof body, "%s", e[(a->id + round) % 3]);
+            empty = 1;
+            has_secret = 0;
+        }
+        }
+        int code = http("POST", path, body, &r);
+        const char *resp = r ? body_of(r) : "";
+        /* a stream's text is split over its events: searched joined too */
+        char joined[4096] = "";
+        sse_text(r, kind == 2 ? "content" : "text", joined, sizeof joined);
+        if (empty) {
+            a->empty_n++;
+            a->empty_ok += code == 400 && !strstr(resp, "\"choices\"");
+        } else if (code != 200 || !(stream ? strstr(resp, "data: [DONE]") != NULL : strstr(resp, "\"usage\"") != NULL)) {
+            a->failed++;
+            fprintf(stderr, "  secrets: client %d round %d: %d %.200s\n", a->id, round, code, resp);
+        }
+        for (int j = 0; j < N_SECRET; j++)
+            if (j != a->id && (strstr(resp, g_secret[j]) || strstr(joined, g_secret[j]))) {
+                a->leaks++;
+                fprintf(stderr, "  LEAK: client %d (secret %s) got client %d's secret %s: %.300s\n", a->id, mine, j,
+                        g_secret[j], resp);
+            }
+        if (has_secret && code == 200) {
+            a->asked++;
+            a->own += strstr(resp, mine) != NULL || strstr(joined, mine) != NULL;
+        }
+        free(r);
+    }
+    return NULL;
+}
+
+static void test_secrets(const char *args) {
+    char *r = NULL;
+    if (start_server(args) != 0) {
+        T_CHECK(0, "dhsa serve %s starts (log %s)", args, g_log);
+        T_SKIP(4, "the server did not start");
+        return;
+    }
+    for (int i = 0; i < N_SECRET; i++) /* distinct, 6 digits, none a substring of another */
+        snprintf(g_secret[i], sizeof g_secret[i], "%d", 271828 + i * 24989);
+    test_empty_after_other();
+    pthread_t th[N_SECRET];
+    secret_arg sa[N_SECRET];
+    for (int i = 0; i < N_SECRET; i++) {
+        memset(&sa[i], 0, sizeof sa[i]);
+        sa[i].id = i;
+        pthread_create(&th[i], NULL, secret_client, &sa[i]);
+    }
+    int leaks = 0, own = 0, asked = 0, empty_ok = 0, empty_n = 0, failed = 0;
+    for (int i = 0; i < N_SECRET; i++) {
+        pthread_join(th[i], NULL);
+        leaks += sa[i].leaks;
+        own += sa[i].own;
+        asked += sa[i].asked;
+        empty_ok += sa[i].empty_ok;
+        empty_n += sa[i].empty_n;
+        failed += sa[i].failed;
+    }
+    double hits = metric("dhsa_cache_hits_total");
+    printf("test_serve: secrets (serve %s): %d clients x %d requests: %d leaks, %d of %d secret prompts answered with "
+           "their own secret, %d of %d empty prompts refused, %d failed, %g cache hits\n", args, N_SECRET, SECRET_ROUNDS,
+           leaks, own, asked, empty_ok, empty_n, failed, hits);
+    T_CHECK(leaks == 0 && failed == 0 && asked > 0 && own * 10 >= asked * 8 && hits > 0,
+            "%d concurrent clients with their own secrets (serve %s): %d leaks (want 0), %d failed, %d of %d give their "
+            "own secret (>= 80%%: the model copies it), %g cache hits", N_SECRET, args, leaks, failed, own, asked, hits);
+    T_CHECK(empty_n > 0 && empty_ok == empty_n, "empty prompts among them: %d of %d refused with 400", empty_ok, empty_n);
+    int code = http("GET", "/health", NULL, &r);
+    T_CHECK(code == 200 && json_int(body_of(r), "slots_busy") == 0, "no slot busy after the secrets test");
+    free(r);
+    stop_server(20);
+    unlink(g_log);
+}
+
+static void test_no_leaks(void) {
+    test_secrets("--slots 1 --ctx 512 --threads 1");
+    test_secrets("--slots 4 --ctx 512 --threads 1");
+    test_secrets("--slots 3 --ctx 512 --threads 1 --batch off");
+}
 #endif
 
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
 #ifdef DHSA_HAVE_SERVE
     test_parser();
-    if (!getenv("DHSA_CLI")) T_SKIP(N_HTTP_CHECKS, "DHSA_CLI is not set (tests/run.sh sets it): no server to start");
-    else test_http();
+    if (!getenv("DHSA_CLI")) T_SKIP(N_HTTP_CHECKS + N_LEAK_CHECKS, "DHSA_CLI is not set (tests/run.sh sets it): no server to start");
+    else {
+        test_http();
+        test_no_leaks();
+    }
 #else
-    T_SKIP(N_PARSER_CHECKS + N_HTTP_CHECKS - 1,
+    T_SKIP(N_PARSER_CHECKS + N_HTTP_CHECKS + N_LEAK_CHECKS - 1,
            "built without libmicrohttpd and jansson (apt-get install libmicrohttpd-dev libjansson-dev pkg-config; "
            ".ci/run does): no dhsa serve to test");
     char *o = NULL;

@@ -113,6 +113,11 @@ typedef struct {
     int32_t *tokens;         /* [n_ctx + 1]: what the cache holds, then the next sampled id */
     int64_t n_cached;        /* = dhsa_session_length(s) */
     float *logits, *scratch; /* [n_vocab] */
+    /* the generation whose own prefill or decode step wrote logits; NULL
+     * when they are no one's (a request ended, an eval failed). Sampling
+     * from logits that are not the sampling request's own is refused
+     * (sample_next): a request never continues from another's state. */
+    const struct gen *logits_of;
     int32_t *counts;         /* [n_vocab]: generated ids, for presence/frequency penalties */
     uint64_t last_used;
     int busy;
@@ -379,6 +384,7 @@ static slot *acquire(const int32_t *prompt, int64_t n, const char **why) {
 /* Gives the slot to the first waiter, or frees it. */
 static void release(slot *sl) {
     pthread_mutex_lock(&S.mu);
+    sl->logits_of = NULL; /* the next request starts from its own prefill */
     sl->last_used = ++S.use_clock;
     if (S.q_head) {
         waiter *w = S.q_head;
@@ -511,6 +517,11 @@ static int append_out(gen *g, const char *p, int64_t n) {
 static int sample_next(gen *g, const float *logits, int32_t *next) {
     slot *sl = g->sl;
     const float *lg = logits;
+    if (logits == sl->logits && sl->logits_of != g) {
+        snprintf(g->err_msg, sizeof g->err_msg, "internal error: the slot's logits are not this request's own "
+                 "(its prompt was not evaluated); nothing was sampled");
+        return -1;
+    }
     const int penalties = g->touched_count && (g->rq.presence_penalty != 0 || g->rq.frequency_penalty != 0);
     if (penalties || g->rq.ignore_eos) {
         memcpy(sl->scratch, logits, (size_t)S.in->n_vocab * sizeof(float));
@@ -635,12 +646,14 @@ static void step_alone(gen *g) {
     slot *sl = g->sl;
     if (!advance(g, sl->logits)) return;
     double t = now_s();
+    sl->logits_of = NULL;
     if (dhsa_session_eval(sl->s, &g->next_id, 1, sl->logits)) {
         g->error = 1;
         snprintf(g->err_msg, sizeof g->err_msg, "decode: %s", dhsa_last_error());
         sl->n_cached = dhsa_session_length(sl->s);
         return;
     }
+    sl->logits_of = g;
     g->t_decode += now_s() - t;
     sl->n_cached++;
 }
@@ -715,12 +728,14 @@ static void *batcher_main(void *arg) {
             S.batch_next[t] = -1; /* ended without a piece to publish */
             if (st != DHSA_OK) {
                 lg = sl->logits;
+                sl->logits_of = NULL;
                 if (dhsa_session_eval(sl->s, &S.batch_ids[t], 1, sl->logits)) {
                     g->error = 1;
                     snprintf(g->err_msg, sizeof g->err_msg, "decode: %s", dhsa_last_error());
                     sl->n_cached = dhsa_session_length(sl->s);
                     continue;
                 }
+                sl->logits_of = g;
             }
             sl->n_cached++;
             g->t_decode += t_evaluated - t_eval;
@@ -973,6 +988,10 @@ static unsigned prompt_ids(gen *g, int32_t **ids, int64_t *n, char *msg, size_t 
         if (!*ids) return snprintf(msg, cap, "out of memory"), 500;
         memcpy(*ids, r->ids, (size_t)r->n_ids * sizeof(int32_t));
         *n = r->n_ids;
+        if (*n < 1) { /* serve_request_parse refuses it already */
+            *param = "prompt";
+            return snprintf(msg, cap, "prompt is empty: a completion needs at least one token of its own"), 400;
+        }
         return 0;
     }
     if (r->kind == SERVE_REQ_CHAT) {
@@ -1002,7 +1021,7 @@ static unsigned prompt_ids(gen *g, int32_t **ids, int64_t *n, char *msg, size_t 
         }
         if (*n == 0) {
             *param = "messages";
-            return snprintf(msg, cap, "the prompt is empty and the vocabulary adds no BOS"), 400;
+            return snprintf(msg, cap, "the messages render to no tokens"), 400;
         }
         return 0;
     }
@@ -1021,9 +1040,12 @@ static unsigned prompt_ids(gen *g, int32_t **ids, int64_t *n, char *msg, size_t 
         *ids = NULL;
         return 500;
     }
-    if (*n == 0) {
+    /* the BOS the server adds is not a token of the client's own */
+    const int bos_added = (flags & DHSA_TOKENIZE_ADD_BOS) && *n > 0 && (*ids)[0] == dhsa_tokenizer_bos(S.tok);
+    if (*n - bos_added < 1) {
         *param = "prompt";
-        return snprintf(msg, cap, "the prompt is empty and the vocabulary adds no BOS"), 400;
+        return snprintf(msg, cap, "the prompt tokenizes to nothing: a completion needs at least one token of its own"),
+               400;
     }
     return 0;
 }
@@ -1033,6 +1055,9 @@ static unsigned prompt_ids(gen *g, int32_t **ids, int64_t *n, char *msg, size_t 
  * Returns 0, or an HTTP status with msg. */
 static unsigned prefill(gen *g, const int32_t *ids, int64_t n, char *msg, size_t cap) {
     slot *sl = g->sl;
+    sl->logits_of = NULL;
+    if (n < 1) /* handle_generate refuses such a request: this is the last line */
+        return snprintf(msg, cap, "internal error: a request with no prompt tokens reached the prefill"), 500;
     int64_t keep = common_prefix(sl->tokens, sl->n_cached, ids, n);
     if (keep >= n) keep = n - 1; /* the last prompt token runs again for its logits */
     if (dhsa_session_truncate(sl->s, keep)) {
@@ -1056,6 +1081,7 @@ static unsigned prefill(gen *g, const int32_t *ids, int64_t n, char *msg, size_t
         }
         at += k;
         sl->n_cached = at;
+        if (at == n) sl->logits_of = g;
         if (at < n && (client_gone(g->conn) || atomic_load(&S.stopping))) {
             snprintf(msg, cap, "%s", atomic_load(&S.stopping) ? "the server is shutting down" : "the client went away");
             return 499;

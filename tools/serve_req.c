@@ -114,6 +114,14 @@ static int is_int_array(json_t *v) {
 
 /* The completion prompt: a string, [string], [ids] or [[ids]]. */
 static int get_prompt(json_t *v, const serve_limits *lim, serve_request *r, serve_error *e) {
+    /* an empty prompt would leave nothing of this request's own to sample
+     * from (the BOS the server adds is not the client's): refused in every
+     * form, "", [], [""], [[]] */
+    if ((json_is_string(v) && json_string_length(v) == 0) || (json_is_array(v) && json_array_size(v) == 0) ||
+        (json_is_array(v) && json_array_size(v) == 1 &&
+         ((json_is_string(json_array_get(v, 0)) && json_string_length(json_array_get(v, 0)) == 0) ||
+          (json_is_array(json_array_get(v, 0)) && json_array_size(json_array_get(v, 0)) == 0))))
+        return fail(e, "prompt", "prompt is empty: a completion needs at least one token of its own");
     if (json_is_string(v)) {
         r->text_len = (int64_t)json_string_length(v);
         r->text = dup_n(json_string_value(v), (size_t)r->text_len);
@@ -166,6 +174,7 @@ static int get_messages(json_t *v, serve_request *r, serve_error *e) {
     if (n > SERVE_MAX_MESSAGES) return fail(e, "messages", "%zu messages; at most %d are taken", n, SERVE_MAX_MESSAGES);
     r->messages = calloc(n, sizeof *r->messages);
     if (!r->messages) return fail(e, NULL, "out of memory");
+    size_t total = 0;
     for (size_t i = 0; i < n; i++) {
         json_t *m = json_array_get(v, i);
         if (!json_is_object(m)) return fail(e, "messages", "messages[%zu] must be an object", i);
@@ -190,7 +199,11 @@ static int get_messages(json_t *v, serve_request *r, serve_error *e) {
                                     strlen(strcmp(rs, "developer") == 0 ? "system" : rs));
         if (!r->messages[i].role) return fail(e, NULL, "out of memory");
         if (get_content(content, i, &r->messages[i].content, e)) return -1;
+        total += strlen(r->messages[i].content);
     }
+    /* the template's markers alone are not a conversation (as an empty
+     * completion prompt, which is refused) */
+    if (total == 0) return fail(e, "messages", "every message's content is empty: there is nothing to answer");
     return 0;
 }
 

@@ -120,3 +120,19 @@ def test_bad_request(server):
     with pytest.raises(openai.BadRequestError) as e:
         c.chat.completions.create(model="x", messages=[{"role": "user", "content": "a"}], n=2)
     assert "n must be 1" in str(e.value)
+
+
+def test_empty_prompt_refused(server):
+    # issue 34: an empty prompt right after another client's request was
+    # sampled from that request's logits (HTTP 200 with its answer)
+    c = _client(server)
+    first = c.completions.create(model="x", prompt="The secret password is swordfish. I repeat, the secret "
+                                 "password is", max_tokens=3, temperature=0)
+    assert first.choices[0].text
+    for p in ("", [], [[]], [""]):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(model="x", prompt=p, max_tokens=5, temperature=0)
+        assert "prompt is empty" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="x", messages=[{"role": "user", "content": ""}], max_tokens=5)
+    assert "empty" in str(e.value)
