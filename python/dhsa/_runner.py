@@ -9,14 +9,26 @@ and chat templates of include/dhsa.h), with the CLI's defaults (`dhsa run`):
         print(piece, end="", flush=True)
 
 Every C error becomes dhsa.DhsaError (its .name, e.g. "DHSA_ERR_MEMORY_BUDGET",
-and the library's sentence); a bad Python argument is ValueError / TypeError.
+and the library's sentence); a bad Python argument is ValueError / TypeError,
+raised before C sees it (every number is range-checked here: nothing wraps).
+Safe to misuse from threads: calls on a session run one at a time, a second
+generate() while one runs (or a stream is live) raises RuntimeError, and
+close() of a session or its model from another thread waits for the C call in
+progress instead of freeing memory under it (the interrupted generate() raises
+ValueError). python/tests/test_runner_safety.py tests each.
 The ctypes structs are declared here, field for field as in include/dhsa.h
 (checked against a C compiler by python/tests/test_runner.py). docs/python.md,
 "The model runner", says more.
 """
 import codecs
+import collections.abc
+import contextlib
 import ctypes
+import numbers
+import operator
 import os
+import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -156,20 +168,148 @@ def default_model_path():
     return str(Path(__file__).resolve().parent.parent.parent / "models" / DEFAULT_MODEL)
 
 
+# ------------------------------------------------------- argument checks ---
+# Every number is checked here before it reaches C, so that nothing wraps or
+# truncates on the way (a -1 context read as "the default", 2**64 + 256 as
+# 256, a float id cut to an int): a value of the wrong type is TypeError, one
+# out of range ValueError, each naming the argument.
+
+_INT32_MIN, _INT32_MAX = -2**31, 2**31 - 1
+_INT64_MAX = 2**63 - 1
+_SIZE_MAX = 2**64 - 1
+_MAX_THREADS = 1024  # dhsa_ctx_create's limit
+
+
+def _int(name, v, lo, hi):
+    """v as an int in [lo, hi]: TypeError for a float, a str, a bool; ValueError out of range."""
+    if isinstance(v, (bool, np.bool_)):
+        raise TypeError("%s must be an integer, not a bool" % name)
+    try:
+        i = operator.index(v)
+    except TypeError:
+        raise TypeError("%s must be an integer, not %s" % (name, type(v).__name__)) from None
+    if not lo <= i <= hi:
+        raise ValueError("%s = %d is out of range [%d, %d]" % (name, i, lo, hi))
+    return i
+
+
+def _real(name, v, lo, hi, lo_open=False):
+    """v as a finite float in [lo, hi] ((lo, hi] with lo_open)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        raise TypeError("%s must be a number, not %s" % (name, type(v).__name__))
+    x = float(v)
+    if not (lo < x <= hi if lo_open else lo <= x <= hi):
+        raise ValueError("%s = %r is out of range %s%g, %g]" % (name, v, "(" if lo_open else "[", lo, hi))
+    return x
+
+
+def _optional_int(name, v, lo, hi):
+    """None -> 0 (the library's default), else _int."""
+    return 0 if v is None else _int(name, v, lo, hi)
+
+
+def _token_ids(ids, what="token ids"):
+    """ids (a sequence of ints, an integer numpy array, or one int) as a C-contiguous
+    int32 array: floats and bools are TypeError, ids outside int32 ValueError (the
+    library then checks them against the vocabulary)."""
+    if isinstance(ids, np.ndarray):
+        a = ids.reshape(-1)
+        if a.dtype.kind not in "iu":
+            raise TypeError("%s are integers, not %s" % (what, a.dtype))
+        if a.size and (int(a.min()) < _INT32_MIN or int(a.max()) > _INT32_MAX):
+            raise ValueError("%s must fit in int32: %d .. %d given" % (what, int(a.min()), int(a.max())))
+        return np.ascontiguousarray(a, dtype=np.int32)
+    if isinstance(ids, (str, bytes, bytearray, dict)):
+        raise TypeError("%s are a sequence of integers, not %s" % (what, type(ids).__name__))
+    if isinstance(ids, numbers.Integral) and not isinstance(ids, (bool, np.bool_)):
+        ids = [ids]
+    try:
+        seq = list(ids)
+    except TypeError:
+        raise TypeError("%s are a sequence of integers, not %s" % (what, type(ids).__name__)) from None
+    return np.array([_int("%s[%d]" % (what, i), x, _INT32_MIN, _INT32_MAX) for i, x in enumerate(seq)],
+                    dtype=np.int32)
+
+
+def _c_string(name, v):
+    """A str (or PathLike) as UTF-8 bytes for a C string: a NUL would cut it short."""
+    if isinstance(v, os.PathLike):
+        v = os.fspath(v)
+    if isinstance(v, bytes):
+        b = v
+    elif isinstance(v, str):
+        b = v.encode("utf-8")
+    else:
+        raise TypeError("%s must be a str, not %s" % (name, type(v).__name__))
+    if b"\0" in b:
+        raise ValueError("%s holds a NUL character" % name)
+    return b
+
+
+def _messages(messages):
+    """Chat messages as (role, content) UTF-8 pairs. messages is a list (or tuple) of
+    dicts with str "role" and "content" (other keys are ignored): anything else is
+    TypeError, a missing key or a NUL character ValueError. Which roles a format takes,
+    and in what order, the library checks (DhsaError with its sentence)."""
+    if not isinstance(messages, (list, tuple)):
+        raise TypeError("messages is a list of {'role': str, 'content': str} dicts, not %s"
+                        % type(messages).__name__)
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, collections.abc.Mapping):
+            raise TypeError("message %d is %s, not a dict with 'role' and 'content'" % (i, type(m).__name__))
+        pair = []
+        for key in ("role", "content"):
+            if key not in m:
+                raise ValueError("message %d has no %r" % (i, key))
+            if not isinstance(m[key], str):
+                raise TypeError("message %d: %r is %s, not a str" % (i, key, type(m[key]).__name__))
+            pair.append(_c_string("message %d's %r" % (i, key), m[key]))
+        out.append(tuple(pair))
+    return out
+
+
+def _online_cpus():
+    try:
+        n = os.sysconf("SC_NPROCESSORS_ONLN")
+    except (ValueError, OSError, AttributeError):
+        n = os.cpu_count() or 1
+    return max(1, int(n))
+
+
+def _threads(threads, stacklevel=3):
+    """The CLI's rule for --threads (docs/python.md): None or 0 = the online CPUs;
+    above them, capped to them with a RuntimeWarning (the results do not depend on
+    the thread count; more threads than CPUs only wait for each other)."""
+    n = _optional_int("threads", threads, 0, _MAX_THREADS)
+    cpus = _online_cpus()
+    if n > cpus:
+        warnings.warn("threads=%d is above the %d online CPUs: using %d" % (n, cpus, cpus), RuntimeWarning,
+                      stacklevel=stacklevel)
+        n = cpus
+    return n
+
+
 class Model:
     """A GGUF model (or a llama2.c checkpoint with tokenizer_path), read-only once
-    loaded: any number of Sessions may use it. Model() loads the shipped default."""
+    loaded: any number of Sessions may use it. Model() loads the shipped default.
+
+    Safe to share between threads. close() (also from another thread, also while
+    a session of it generates) closes its sessions first (Session.close: waits for
+    the call in progress), then frees the weights; every later use raises
+    ValueError. Lock order: a model's lock before its sessions' locks."""
 
     def __init__(self, path=None, tokenizer_path=None, check_finite=True):
-        self._h, self._sessions = None, []
+        self._h, self._tok, self._sessions = None, None, []
+        self._mu = threading.RLock()  # reentrant: close() -> Session.close() -> _forget()
         L = _lib()
-        self.path = str(path) if path is not None else default_model_path()
+        self.path = os.fspath(path) if path is not None else default_model_path()
         p = L.dhsa_model_default_params()
-        tp = str(tokenizer_path).encode() if tokenizer_path is not None else None
+        tp = _c_string("tokenizer_path", tokenizer_path) if tokenizer_path is not None else None
         p.tokenizer_path = tp
         p.check_finite = 1 if check_finite else 0
         h = c_void_p()
-        check(L.dhsa_model_load(self.path.encode(), ctypes.byref(p), ctypes.byref(h)))
+        check(L.dhsa_model_load(_c_string("path", self.path), ctypes.byref(p), ctypes.byref(h)))
         self._h = h
         self._tok = L.dhsa_model_tokenizer(h)
         inf = L.dhsa_model_get_info(h).contents
@@ -177,12 +317,18 @@ class Model:
                      for n, _ in ModelInfo._fields_}
 
     def close(self):
-        """Frees the model (its sessions first)."""
-        for s in list(self._sessions):
-            s.close()
-        h, self._h = getattr(self, "_h", None), None
-        if h:
-            _lib().dhsa_model_free(h)
+        """Closes its sessions (each waits for its call in progress), then frees the
+        model. Idempotent."""
+        mu = self.__dict__.get("_mu")
+        if mu is None:  # __init__ failed before the lock existed
+            return
+        with mu:
+            for s in list(self._sessions):
+                s.close()
+            self._sessions = []
+            h, self._h, self._tok = self._h, None, None
+            if h:
+                _lib().dhsa_model_free(h)
 
     def __del__(self):
         self.close()
@@ -194,9 +340,14 @@ class Model:
         self.close()
 
     def _handle(self):
+        """The C handle; call with self._mu held."""
         if not self._h:
             raise ValueError("the model is closed")
         return self._h
+
+    @property
+    def closed(self):
+        return not self._h
 
     @property
     def n_vocab(self):
@@ -208,63 +359,78 @@ class Model:
 
     @property
     def bos(self):
-        return int(_lib().dhsa_tokenizer_bos(self._tok))
+        with self._mu:
+            self._handle()
+            return int(_lib().dhsa_tokenizer_bos(self._tok))
 
     @property
     def eos(self):
-        return int(_lib().dhsa_tokenizer_eos(self._tok))
+        with self._mu:
+            self._handle()
+            return int(_lib().dhsa_tokenizer_eos(self._tok))
 
     def routes(self, exact=False):
         """What the weight products run per weight type, e.g. "Q4_K, Q6_K:
         int8 avx512-vnni; F32: f32 avx512" (dhsa_model_routes)."""
         buf = ctypes.create_string_buffer(256)
-        check(_lib().dhsa_model_routes(self._handle(), 1 if exact else 0, buf, 256))
+        with self._mu:
+            check(_lib().dhsa_model_routes(self._handle(), 1 if exact else 0, buf, 256))
         return buf.value.decode()
 
     def tokenize(self, text, add_bos=None, parse_special=False):
         """Token ids (list of int) of text (str or bytes). add_bos: None = as the
         vocabulary asks (the CLI's default), True / False to force."""
-        self._handle()
+        if isinstance(text, str):
+            b = text.encode("utf-8")
+        elif isinstance(text, (bytes, bytearray, memoryview)):
+            b = bytes(text)
+        else:
+            raise TypeError("text is a str or bytes, not %s" % type(text).__name__)
         L = _lib()
-        b = text.encode("utf-8") if isinstance(text, str) else bytes(text)
-        flags = L.dhsa_tokenizer_default_flags(self._tok) & _ADD_BOS
-        if add_bos is not None:
-            flags = _ADD_BOS if add_bos else 0
-        if parse_special:
-            flags |= _PARSE_SPECIAL
-        n = c_int64()
-        L.dhsa_tokenize(self._tok, b, len(b), flags, None, 0, ctypes.byref(n))
-        out = (ctypes.c_int32 * max(1, n.value))()
-        check(L.dhsa_tokenize(self._tok, b, len(b), flags, out, n.value, ctypes.byref(n)))
+        with self._mu:
+            self._handle()
+            flags = L.dhsa_tokenizer_default_flags(self._tok) & _ADD_BOS
+            if add_bos is not None:
+                flags = _ADD_BOS if add_bos else 0
+            if parse_special:
+                flags |= _PARSE_SPECIAL
+            n = c_int64()
+            L.dhsa_tokenize(self._tok, b, len(b), flags, None, 0, ctypes.byref(n))
+            out = (ctypes.c_int32 * max(1, n.value))()
+            check(L.dhsa_tokenize(self._tok, b, len(b), flags, out, n.value, ctypes.byref(n)))
         return list(out[:n.value])
 
     def detokenize(self, ids, special=False):
         """Text of ids (the SentencePiece prefix space removed, as dhsa_detokenize does)."""
-        self._handle()
+        a = _token_ids(ids)
         L = _lib()
-        a = np.ascontiguousarray(ids, dtype=np.int32)
         flags = _DETOK_SPECIAL if special else 0
         n = c_int64()
-        L.dhsa_detokenize(self._tok, a.ctypes.data, a.size, flags, None, 0, ctypes.byref(n))
-        buf = ctypes.create_string_buffer(max(1, n.value))
-        check(L.dhsa_detokenize(self._tok, a.ctypes.data, a.size, flags, buf, n.value, ctypes.byref(n)))
+        with self._mu:
+            self._handle()
+            L.dhsa_detokenize(self._tok, a.ctypes.data, a.size, flags, None, 0, ctypes.byref(n))
+            buf = ctypes.create_string_buffer(max(1, n.value))
+            check(L.dhsa_detokenize(self._tok, a.ctypes.data, a.size, flags, buf, n.value, ctypes.byref(n)))
         return buf.raw[:n.value].decode("utf-8", "replace")
 
     def token_to_piece(self, token):
         """The bytes of one token (control tokens: b"")."""
-        self._handle()
+        t = _int("token", token, _INT32_MIN, _INT32_MAX)
         buf = ctypes.create_string_buffer(512)
         n = c_int64()
-        check(_lib().dhsa_token_to_piece(self._tok, int(token), 0, buf, 512, ctypes.byref(n)))
+        with self._mu:
+            self._handle()
+            check(_lib().dhsa_token_to_piece(self._tok, t, 0, buf, 512, ctypes.byref(n)))
         return buf.raw[:n.value]
 
     def _template(self, template):
+        """The chat format's number; call with self._mu held."""
         L = _lib()
         if template is None:
             t = L.dhsa_chat_detect(L.dhsa_model_gguf(self._handle()))
         else:
             t = c_int()
-            check(L.dhsa_chat_template_from_name(str(template).encode(), ctypes.byref(t)))
+            check(L.dhsa_chat_template_from_name(_c_string("template", template), ctypes.byref(t)))
             t = t.value
         if t == 0:
             raise ValueError("the model names no chat template dhsa writes: pass template= one of "
@@ -274,15 +440,16 @@ class Model:
     def chat_template(self, messages, add_generation_prompt=True, template=None):
         """The prompt text of messages ([{"role": ..., "content": ...}]) in the model's
         chat format (or template=NAME), as `dhsa run --chat` writes it."""
+        keep = _messages(messages)
         L = _lib()
-        t = self._template(template)
-        keep = [(m["role"].encode("utf-8"), m["content"].encode("utf-8")) for m in messages]
         arr = (ChatMessage * max(1, len(keep)))(*[ChatMessage(r, c) for r, c in keep])
+        gen = int(bool(add_generation_prompt))
         n = c_int64()
-        L.dhsa_chat_apply(t, arr, len(keep), int(bool(add_generation_prompt)), None, 0, ctypes.byref(n))
-        buf = ctypes.create_string_buffer(max(1, n.value))
-        check(L.dhsa_chat_apply(t, arr, len(keep), int(bool(add_generation_prompt)), buf, n.value,
-                                ctypes.byref(n)))
+        with self._mu:
+            t = self._template(template)
+            L.dhsa_chat_apply(t, arr, len(keep), gen, None, 0, ctypes.byref(n))
+            buf = ctypes.create_string_buffer(max(1, n.value))
+            check(L.dhsa_chat_apply(t, arr, len(keep), gen, buf, n.value, ctypes.byref(n)))
         return buf.raw[:n.value].decode("utf-8", "replace")
 
     def chat_tokenize(self, messages, add_generation_prompt=True, template=None):
@@ -290,25 +457,36 @@ class Model:
         `dhsa run --chat` feeds them: the template's markers are special tokens, the
         messages' text is plain text (a "<|im_end|>" in a message stays text), BOS as
         the vocabulary asks (dhsa_chat_tokenize)."""
+        keep = _messages(messages)
         L = _lib()
-        t = self._template(template)
-        keep = [(m["role"].encode("utf-8"), m["content"].encode("utf-8")) for m in messages]
         arr = (ChatMessage * max(1, len(keep)))(*[ChatMessage(r, c) for r, c in keep])
-        flags = L.dhsa_tokenizer_default_flags(self._tok) & _ADD_BOS
         gen = int(bool(add_generation_prompt))
         n = c_int64()
-        L.dhsa_chat_tokenize(t, self._tok, arr, len(keep), gen, flags, None, 0, ctypes.byref(n))
-        out = (ctypes.c_int32 * max(1, n.value))()
-        check(L.dhsa_chat_tokenize(t, self._tok, arr, len(keep), gen, flags, out, n.value, ctypes.byref(n)))
+        with self._mu:
+            t = self._template(template)
+            flags = L.dhsa_tokenizer_default_flags(self._tok) & _ADD_BOS
+            L.dhsa_chat_tokenize(t, self._tok, arr, len(keep), gen, flags, None, 0, ctypes.byref(n))
+            out = (ctypes.c_int32 * max(1, n.value))()
+            check(L.dhsa_chat_tokenize(t, self._tok, arr, len(keep), gen, flags, out, n.value, ctypes.byref(n)))
         return list(out[:n.value])
 
     def chat_stop_ids(self, template=None):
         """The ids that end a model's turn in its chat format."""
-        t = self._template(template)
         out = (ctypes.c_int32 * 16)()
         n = c_int()
-        check(_lib().dhsa_chat_stop_ids(t, self._tok, out, 16, ctypes.byref(n)))
+        with self._mu:
+            t = self._template(template)
+            check(_lib().dhsa_chat_stop_ids(t, self._tok, out, 16, ctypes.byref(n)))
         return list(out[:n.value])
+
+    def _forget(self, session, blocking=True):
+        """Drops a closed session from the list close() walks."""
+        if self._mu.acquire(blocking):
+            try:
+                if session in self._sessions:
+                    self._sessions.remove(session)
+            finally:
+                self._mu.release()
 
 
 class Session:
@@ -316,80 +494,117 @@ class Session:
 
     Defaults are the CLI's: ctx the trained context, attn "dense", the router's
     density (0.0625) for the sparse methods, kv "f32" ("f16", or "q8_0": 8-bit
-    blocks of 32 read in place by attention), threads = online CPUs,
-    ubatch the largest <= 512 that fits mem_limit. mem_limit (bytes) bounds the
-    process's peak RSS; a plan over it raises DhsaError(DHSA_ERR_MEMORY_BUDGET).
-    exact=True runs the weight products on the exact F32 route (the CLI's
-    --exact); the default is the fast integer route for quantized weights
-    (docs/quant.md); Model.routes(exact) says which route each type takes."""
+    blocks of 32 read in place by attention), threads = online CPUs (more are
+    capped to them with a RuntimeWarning), ubatch the largest <= 512 that fits
+    mem_limit. mem_limit (bytes) bounds the process's peak RSS; a plan over it
+    raises DhsaError(DHSA_ERR_MEMORY_BUDGET). exact=True runs the weight products
+    on the exact F32 route (the CLI's --exact); the default is the fast integer
+    route for quantized weights (docs/quant.md); Model.routes(exact) says which
+    route each type takes.
+
+    Threads: calls on one session run one at a time (a lock); while a generate()
+    runs (a stream not yet exhausted or closed included), a second generate(),
+    eval(), truncate() or reset() raises RuntimeError. close() from another
+    thread marks the session closed, waits for the C call in progress (one
+    evaluation) and frees it; the interrupted generate() raises ValueError."""
 
     def __init__(self, model, ctx=None, attn="dense", density=None, budget=None, kv="f32", mem_limit=None,
                  threads=None, ubatch=None, dense_below=None, exact=False):
+        self._h = self._ctx = None
+        self._mu = threading.RLock()  # reentrant: a dropped stream's __del__ may run under it
+        self._gen = None          # the running generate(), which owns the session
+        self._closing = False
+        if not isinstance(model, Model):
+            raise TypeError("model must be a dhsa.Model, not %s" % type(model).__name__)
         if attn not in ATTN:
             raise ValueError("attn is one of %s, not %r" % (", ".join(ATTN), attn))
         if kv not in KV:
             raise ValueError("kv is f32, f16 or q8_0, not %r" % (kv,))
         if density is not None and budget is not None:
             raise ValueError("give density or budget, not both")
-        self._h = self._ctx = None
         L = _lib()
         self.model = model
-        model._handle()
         p = L.dhsa_session_default_params()
-        p.n_ctx = int(ctx or 0)
-        p.n_ubatch = int(ubatch or 0)
+        p.n_ctx = _optional_int("ctx", ctx, 0, _INT64_MAX)  # 0 = the trained context
+        p.n_ubatch = _optional_int("ubatch", ubatch, 0, _INT64_MAX)
         p.kv_type = KV[kv]
-        p.mem_limit = int(mem_limit or 0)
+        p.mem_limit = _optional_int("mem_limit", mem_limit, 0, _SIZE_MAX)  # 0 = no limit
         p.attn = ATTN[attn]
         p.exact = 1 if exact else 0
         if density is not None:
-            if not 0 < float(density) <= 1:
-                raise ValueError("density must be in (0, 1], not %r" % (density,))
-            p.router.density = float(density)
+            p.router.density = _real("density", density, 0.0, 1.0, lo_open=True)
         if budget is not None:
-            p.router.budget_tokens = int(budget)
+            p.router.budget_tokens = _int("budget", budget, 1, _INT64_MAX)
         if dense_below is not None:
-            p.router.dense_below = int(dense_below)
+            p.router.dense_below = _int("dense_below", dense_below, 0, _INT64_MAX)
         cp = L.dhsa_ctx_default_params()
-        cp.n_threads = int(threads or 0)
+        cp.n_threads = _threads(threads)
         ctxh = c_void_p()
         check(L.dhsa_ctx_create(ctypes.byref(cp), ctypes.byref(ctxh)))
-        self._ctx = ctxh
         h = c_void_p()
-        try:
-            check(L.dhsa_session_create(ctxh, model._handle(), ctypes.byref(p), ctypes.byref(h)))
-        except Exception:
-            L.dhsa_ctx_free(ctxh)
-            self._ctx = None
-            raise
-        self._h = h
+        with model._mu:  # a Model.close() on another thread waits, or came first
+            try:
+                check(L.dhsa_session_create(ctxh, model._handle(), ctypes.byref(p), ctypes.byref(h)))
+            except Exception:
+                L.dhsa_ctx_free(ctxh)
+                raise
+            self._ctx, self._h = ctxh, h
+            model._sessions.append(self)
         self.attn = attn
+        self._n_ctx = int(L.dhsa_session_get_plan(h).contents.n_ctx)
         self._logits = np.zeros(model.n_vocab, dtype=np.float32)
         self._have_logits = False
         self.tokens = []          # what the cache holds
         self.n_reused = 0         # prompt tokens the last generate took from the cache
-        model._sessions.append(self)
 
-    def close(self):
-        L = _lib()
-        h, self._h = getattr(self, "_h", None), None
-        if h:
-            L.dhsa_session_free(h)
-        c, self._ctx = getattr(self, "_ctx", None), None
-        if c:
-            L.dhsa_ctx_free(c)
-        m = getattr(self, "model", None)
-        if m is not None and self in m._sessions:
-            m._sessions.remove(self)
+    def close(self, _blocking=True):
+        """Frees the session. From another thread while a call runs: marks the
+        session closed, waits for the C call in progress, then frees it (the call's
+        generate() raises ValueError). Idempotent."""
+        mu = self.__dict__.get("_mu")
+        if mu is None:  # __init__ failed before the lock existed
+            return
+        self._closing = True
+        with mu:
+            h, self._h = self._h, None
+            c, self._ctx = self._ctx, None
+            L = _lib() if (h or c) else None
+            if h:
+                L.dhsa_session_free(h)
+            if c:
+                L.dhsa_ctx_free(c)
+        m = self.__dict__.get("model")
+        if m is not None:
+            m._forget(self, _blocking)
 
     def __del__(self):
-        self.close()
+        # by the garbage collector, on whatever thread and under whatever lock
+        # it runs: the model's list is left to Model.close if it is busy
+        self.close(_blocking=False)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+    @property
+    def closed(self):
+        return not self._h
+
+    @contextlib.contextmanager
+    def _call(self, what, gen=None):
+        """Holds the session for one C call: the handle, or ValueError once closed,
+        RuntimeError while a generate() other than gen owns the session."""
+        if self._closing:
+            raise ValueError("the session is closed" + (" (during generate())" if gen else ""))
+        with self._mu:
+            if not self._h:
+                raise ValueError("the session is closed" + (" (during generate())" if gen else ""))
+            if self._gen is not None and self._gen is not gen:
+                raise RuntimeError("%s: a generate() of this session is still running (a stream not exhausted "
+                                   "or closed, or a call on another thread): finish it or close() it first" % what)
+            yield self._h
 
     def _handle(self):
         if not self._h:
@@ -399,58 +614,76 @@ class Session:
     @property
     def length(self):
         """Tokens in the cache."""
-        return int(_lib().dhsa_session_length(self._handle()))
+        with self._mu:
+            return int(_lib().dhsa_session_length(self._handle()))
 
     @property
     def n_ctx(self):
-        return int(_lib().dhsa_session_get_plan(self._handle()).contents.n_ctx)
+        self._handle()
+        return self._n_ctx
 
     @property
     def plan(self):
         """The memory plan (dict of bytes; dhsa_mem_plan)."""
-        pl = _lib().dhsa_session_get_plan(self._handle()).contents
-        return {n: getattr(pl, n) for n, _ in MemPlan._fields_}
+        with self._mu:
+            pl = _lib().dhsa_session_get_plan(self._handle()).contents
+            return {n: getattr(pl, n) for n, _ in MemPlan._fields_}
 
     def reset(self):
-        check(_lib().dhsa_session_reset(self._handle()))
-        self.tokens = []
-        self._have_logits = False
+        with self._call("reset()") as h:
+            check(_lib().dhsa_session_reset(h))
+            self.tokens = []
+            self._have_logits = False
 
     def truncate(self, n):
         """Keeps the first n tokens of the cache (dhsa_session_truncate)."""
-        check(_lib().dhsa_session_truncate(self._handle(), int(n)))
-        del self.tokens[int(n):]
-        self._have_logits = False
+        self._truncate(n, None)
+
+    def _truncate(self, n, gen):
+        n = _int("n", n, 0, _INT64_MAX)
+        with self._call("truncate()", gen) as h:
+            if n > len(self.tokens):
+                raise ValueError("truncate(%d): the cache holds %d tokens" % (n, len(self.tokens)))
+            check(_lib().dhsa_session_truncate(h, n))
+            del self.tokens[n:]
+            self._have_logits = False
 
     def eval(self, ids):
         """Appends ids to the cache; afterwards logits() are those after the last one."""
-        a = np.ascontiguousarray(ids, dtype=np.int32).reshape(-1)
+        self._eval(_token_ids(ids), None)
+
+    def _eval(self, a, gen):
         if a.size == 0:
             return
-        st = _lib().dhsa_session_eval(self._handle(), a.ctypes.data, a.size, self._logits.ctypes.data)
-        if st:
-            self._have_logits = False
-            check(st)
-        self.tokens.extend(int(x) for x in a)
-        self._have_logits = True
+        with self._call("eval()", gen) as h:
+            st = _lib().dhsa_session_eval(h, a.ctypes.data, a.size, self._logits.ctypes.data)
+            if st:
+                self._have_logits = False
+                check(st)
+            self.tokens.extend(int(x) for x in a)
+            self._have_logits = True
 
     def logits(self):
         """The logits after the last evaluated token (a copy, float32 [n_vocab])."""
-        if not self._have_logits:
-            raise ValueError("no logits: eval some tokens first")
-        return self._logits.copy()
+        with self._mu:
+            if not self._have_logits:
+                raise ValueError("no logits: eval some tokens first")
+            return self._logits.copy()
 
     def _prompt_ids(self, prompt, chat, template):
         m = self.model
-        messages = isinstance(prompt, (list, tuple)) and len(prompt) > 0 and isinstance(prompt[0], dict)
+        messages = isinstance(prompt, (list, tuple)) and len(prompt) > 0 and \
+            isinstance(prompt[0], collections.abc.Mapping)
         if chat and (isinstance(prompt, str) or messages):
             # the messages stay plain text: only the template's markers are special
             return m.chat_tokenize([{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt,
                                    template=template)
-        if isinstance(prompt, (list, tuple, np.ndarray)):
-            return [int(x) for x in prompt]
+        if messages:
+            raise TypeError("a list of messages is a prompt with chat=True")
         if isinstance(prompt, str):
             return m.tokenize(prompt)
+        if isinstance(prompt, (list, tuple, np.ndarray)):
+            return [int(x) for x in _token_ids(prompt, "prompt ids")]
         raise TypeError("prompt is a str, a list of token ids, or (chat=True) a list of messages")
 
     def generate(self, prompt=None, max_tokens=128, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
@@ -466,79 +699,149 @@ class Session:
         (and the chat format's end-of-turn ids with chat), at a stop string (the text
         ends before it) or at a full context. Returns the text, or with stream=True
         yields it in pieces (never inside a UTF-8 character); tokens=True gives the
-        generated ids instead of text."""
-        if max_tokens < 0:
-            raise ValueError("max_tokens must be >= 0")
+        generated ids instead of text. The session is the call's until it returns (a
+        stream's until it is exhausted or closed): another generate(), eval(),
+        truncate() or reset() meanwhile raises RuntimeError."""
+        max_tokens = _int("max_tokens", max_tokens, 0, _INT64_MAX)
+        sp = SamplerParams()
+        sp.temperature = _real("temperature", temperature, 0.0, 1e6)
+        sp.top_k = _int("top_k", top_k, 0, _INT64_MAX)
+        sp.top_p = _real("top_p", top_p, 0.0, 1.0, lo_open=True)
+        sp.min_p = _real("min_p", min_p, 0.0, 1.0)
+        sp.repeat_penalty = _real("repeat_penalty", repeat_penalty, 0.0, 1e6, lo_open=True)
+        sp.repeat_last_n = _int("repeat_last_n", repeat_last_n, 0, _INT64_MAX)
+        sp.seed = _int("seed", seed, 0, 2**64 - 1)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not isinstance(s, str) or not s for s in stops):
             raise ValueError("stop is a non-empty string or a list of them")
+        if template is not None and not isinstance(template, str):
+            raise TypeError("template is a str (a chat format's name), not %s" % type(template).__name__)
         m, L = self.model, _lib()
-        stop_ids = [] if ignore_eos else ([m.eos] if m.eos >= 0 else [])
+        eos = m.eos
+        stop_ids = [] if ignore_eos else ([eos] if eos >= 0 else [])
         if chat and not ignore_eos:
             stop_ids += [i for i in m.chat_stop_ids(template) if i not in stop_ids]
-        if prompt is not None:
-            ids = self._prompt_ids(prompt, chat, template)
-            if not ids:
-                raise ValueError("the prompt is empty and the vocabulary adds no BOS")
-            if len(ids) > self.n_ctx:
-                raise ValueError("the prompt has %d tokens but the context holds %d" % (len(ids), self.n_ctx))
-            keep = 0
-            while keep < min(len(ids), len(self.tokens)) and ids[keep] == self.tokens[keep]:
-                keep += 1
-            keep = min(keep, len(ids) - 1)  # the last one runs again for its logits
-            self.truncate(keep)
-            self.n_reused = keep
-            self.eval(ids[keep:])
-        elif not self._have_logits:
-            raise ValueError("no prompt and nothing evaluated: give a prompt")
-        sp = L.dhsa_sampler_default_params()
-        sp.temperature, sp.top_k, sp.top_p, sp.min_p = float(temperature), int(top_k), float(top_p), float(min_p)
-        sp.repeat_penalty, sp.repeat_last_n, sp.seed = float(repeat_penalty), int(repeat_last_n), int(seed) & (2**64 - 1)
-        smp = c_void_p()
-        check(L.dhsa_sampler_create(ctypes.byref(sp), m.n_vocab, ctypes.byref(smp)))
-        gen = self._run(smp, max_tokens, stop_ids, stops, tokens)
+        ids = self._prompt_ids(prompt, chat, template) if prompt is not None else None
+        if ids is not None and not ids:
+            raise ValueError("the prompt is empty and the vocabulary adds no BOS")
+        if ids is not None and len(ids) > self.n_ctx:
+            raise ValueError("the prompt has %d tokens but the context holds %d" % (len(ids), self.n_ctx))
+        owner = object()  # the claim; the stream holds it, the inner generator too (no cycle)
+        run = _Generation(self, L, owner)
+        with self._call("generate()"):  # claims the session, or raises
+            self._gen = owner
+        try:
+            if ids is not None:
+                keep = 0
+                while keep < min(len(ids), len(self.tokens)) and ids[keep] == self.tokens[keep]:
+                    keep += 1
+                keep = min(keep, len(ids) - 1)  # the last one runs again for its logits
+                self._truncate(keep, owner)
+                self.n_reused = keep
+                self._eval(np.asarray(ids[keep:], dtype=np.int32), owner)
+            elif not self._have_logits:
+                raise ValueError("no prompt and nothing evaluated: give a prompt")
+            smp = c_void_p()
+            check(L.dhsa_sampler_create(ctypes.byref(sp), m.n_vocab, ctypes.byref(smp)))
+            run._start(smp, self._run(owner, smp, max_tokens, stop_ids, stops, tokens))
+        except BaseException:
+            run.close()
+            raise
         if stream:
-            return gen
-        out = list(gen)
+            return run
+        out = list(run)
         return out if tokens else "".join(out)
 
-    def _run(self, smp, max_tokens, stop_ids, stops, tokens):
+    def _release(self, owner):
+        with self._mu:
+            if self._gen is owner:
+                self._gen = None
+
+    def _run(self, owner, smp, max_tokens, stop_ids, stops, tokens):
         L = _lib()
+        m = self.model
         dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
         text, sent = "", 0
         hold = max((len(s) for s in stops), default=0)
-        try:
-            for i in range(max_tokens):
-                hist = np.ascontiguousarray(self.tokens, dtype=np.int32)
-                nxt = ctypes.c_int32()
-                check(L.dhsa_sampler_sample(smp, self._logits.ctypes.data, hist.ctypes.data, hist.size,
-                                            ctypes.byref(nxt)))
-                t = int(nxt.value)
-                if t in stop_ids:
-                    break
-                if tokens:
-                    yield t
-                else:
-                    text += dec.decode(self.model.token_to_piece(t))
-                    # a stop string starts at or after `sent` (what could begin one was held back)
-                    cut = min((text.find(s, sent) for s in stops if text.find(s, sent) >= 0), default=-1)
-                    if cut >= 0:
-                        if cut > sent:
-                            yield text[sent:cut]
-                        return
-                    ready = len(text) - (hold - 1 if hold else 0)
-                    # hold back only what could begin a stop string
-                    while ready < len(text) and not any(s.startswith(text[ready:]) for s in stops):
-                        ready += 1
-                    if ready > sent:
-                        yield text[sent:ready]
-                        sent = ready
-                if i + 1 == max_tokens or self.length >= self.n_ctx:
-                    break
-                self.eval([t])
-            if not tokens:
-                text += dec.decode(b"", final=True)
-                if len(text) > sent:
-                    yield text[sent:]
-        finally:
-            L.dhsa_sampler_free(smp)
+        for i in range(max_tokens):
+            if self._closing:
+                raise ValueError("the session is closed (during generate())")
+            hist = np.ascontiguousarray(self.tokens, dtype=np.int32)
+            nxt = ctypes.c_int32()
+            check(L.dhsa_sampler_sample(smp, self._logits.ctypes.data, hist.ctypes.data, hist.size,
+                                        ctypes.byref(nxt)))
+            t = int(nxt.value)
+            if t in stop_ids:
+                break
+            if tokens:
+                yield t
+            else:
+                text += dec.decode(m.token_to_piece(t))
+                # a stop string starts at or after `sent` (what could begin one was held back)
+                cut = min((text.find(s, sent) for s in stops if text.find(s, sent) >= 0), default=-1)
+                if cut >= 0:
+                    if cut > sent:
+                        yield text[sent:cut]
+                    return
+                ready = len(text) - (hold - 1 if hold else 0)
+                # hold back only what could begin a stop string
+                while ready < len(text) and not any(s.startswith(text[ready:]) for s in stops):
+                    ready += 1
+                if ready > sent:
+                    yield text[sent:ready]
+                    sent = ready
+            if i + 1 == max_tokens or len(self.tokens) >= self._n_ctx:
+                break
+            self._eval(np.array([t], dtype=np.int32), owner)
+        if not tokens:
+            text += dec.decode(b"", final=True)
+            if len(text) > sent:
+                yield text[sent:]
+
+
+class _Generation:
+    """A running Session.generate(): an iterator over its pieces (or ids) that owns
+    the session until it is exhausted, fails or is closed (close(), or garbage
+    collection of a stream dropped early); closing frees its sampler and gives the
+    session back. Its steps run one at a time (a lock), so a close() from another
+    thread waits for the step in progress."""
+
+    def __init__(self, session, L, owner):
+        self._session, self._L, self._owner = session, L, owner
+        self._smp, self._inner = None, None
+        self._mu = threading.RLock()
+        self._done = False
+
+    def _start(self, smp, inner):
+        self._smp, self._inner = smp, inner
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        with self._mu:
+            if self._done:
+                raise StopIteration
+            try:
+                return next(self._inner)
+            except BaseException:
+                self.close()
+                raise
+
+    def close(self):
+        """Stops the generation (the text so far stays in the session's cache)."""
+        with self._mu:
+            if self._done:
+                return
+            self._done = True
+            inner, self._inner = self._inner, None
+            if inner is not None:
+                inner.close()
+            smp, self._smp = self._smp, None
+            if smp:
+                self._L.dhsa_sampler_free(smp)
+            self._session._release(self._owner)
+
+    def __del__(self):
+        if self.__dict__.get("_mu") is not None:
+            self.close()
