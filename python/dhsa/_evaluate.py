@@ -197,8 +197,8 @@ def eval_fidelity(model, text, methods=("dhsa", "block", "stream"), window=None,
     p.window, p.max_windows, p.recall = W, int(max_windows), int(bool(recall))
     info = FidelityInfo()
     c = _ctx(ctx, threads)
-    with c._lock:
-        check(L.dhsa_eval_fidelity(c._live_handle(), model._handle(), arr.ctypes.data, arr.size, ctypes.byref(p),
+    with c._lock, model._use() as mh:
+        check(L.dhsa_eval_fidelity(c._live_handle(), mh, arr.ctypes.data, arr.size, ctypes.byref(p),
                                    ms, n, res, ctypes.byref(info)))
     out = {"window": info.window, "n_windows": info.n_windows, "n_text": info.n_text,
            "n_predicted": info.n_predicted, "ppl_dense": info.ppl_dense, "results": []}
@@ -248,8 +248,8 @@ def eval_generate(model, ids, method="dense", density=0.125, max_tokens=12, stop
     p.detok_flags = _KEEP_SPACE if keep_space else 0
     a = Answer()
     c = _ctx(ctx, threads)
-    with c._lock:
-        check(_lib().dhsa_eval_generate(c._live_handle(), model._handle(), arr.ctypes.data, arr.size,
+    with c._lock, model._use() as mh:
+        check(_lib().dhsa_eval_generate(c._live_handle(), mh, arr.ctypes.data, arr.size,
                                         ctypes.byref(p), ctypes.byref(a)))
     del keep
     return _answer_dict(a, False)
@@ -271,8 +271,8 @@ def eval_retrieval(model, task, method="dense", density=0.125, max_tokens=None, 
     p, keep = _answer_params(model, method, density, length or task._t.n_ids, max_tokens, None, routing)
     a = Answer()
     c = _ctx(ctx, threads)
-    with c._lock:
-        check(_lib().dhsa_eval_retrieval(c._live_handle(), model._handle(), ctypes.byref(task._t), ctypes.byref(p),
+    with c._lock, model._use() as mh:
+        check(_lib().dhsa_eval_retrieval(c._live_handle(), mh, ctypes.byref(task._t), ctypes.byref(p),
                                          ctypes.byref(a)))
     return _answer_dict(a, True)
 
@@ -298,9 +298,9 @@ def niah_prompt(model, needle, length=1024, depth=0.5, sentences=None, template=
         check(L.dhsa_chat_template_from_name(str(template).encode(), ctypes.byref(t)))
         p.tmpl = t.value
     pr = NiahPrompt()
-    model._handle()
     try:
-        check(L.dhsa_niah_build(model._tok, ctypes.byref(p), ctypes.byref(pr)))
+        with model._use():
+            check(L.dhsa_niah_build(model._tok, ctypes.byref(p), ctypes.byref(pr)))
         return {"ids": list(pr.ids[:pr.n_ids]), "depth_used": pr.depth_used, "n_sentences": pr.n_sentences,
                 "stop": list(pr.stop[:pr.n_stop])}
     finally:
@@ -327,18 +327,18 @@ def sample_tokens(model, n, seed=1, ctx=None, threads=None):
     temperature 1, fresh 256-token sessions, BOS/EOS dropped): eval copy's filler."""
     out = np.zeros(max(1, int(n)), dtype=np.int32)
     c = _ctx(ctx, threads)
-    with c._lock:
-        check(_lib().dhsa_eval_sample_tokens(c._live_handle(), model._handle(), int(n), int(seed), out.ctypes.data))
+    with c._lock, model._use() as mh:
+        check(_lib().dhsa_eval_sample_tokens(c._live_handle(), mh, int(n), int(seed), out.ctypes.data))
     return out[:int(n)].tolist()
 
 
 def passage_tokens(model, words=False):
     """The ordinary tokens a copy passage is drawn from (whole-word pieces with words)."""
     L = _lib()
-    model._handle()
     out = np.zeros(model.n_vocab, dtype=np.int32)
     n = c_int64()
-    check(L.dhsa_eval_passage_tokens(model._tok, int(bool(words)), out.ctypes.data, out.size, ctypes.byref(n)))
+    with model._use():
+        check(L.dhsa_eval_passage_tokens(model._tok, int(bool(words)), out.ctypes.data, out.size, ctypes.byref(n)))
     return out[:n.value].tolist()
 
 
@@ -367,7 +367,7 @@ def eval_copy(model, ids, spans, method="dense", density=0.125, length=None, ctx
     _, _, me = _method(method, length or arr.size, density, routing)
     r = CopyResult()
     c = _ctx(ctx, threads)
-    with c._lock:
-        check(_lib().dhsa_eval_copy(c._live_handle(), model._handle(), ctypes.byref(me), arr.ctypes.data,
+    with c._lock, model._use() as mh:
+        check(_lib().dhsa_eval_copy(c._live_handle(), mh, ctypes.byref(me), arr.ctypes.data,
                                     ctypes.byref(at), ctypes.byref(r)))
     return {n: getattr(r, n) for n, _ in CopyResult._fields_}

@@ -302,6 +302,9 @@ class Model:
     def __init__(self, path=None, tokenizer_path=None, check_finite=True):
         self._h, self._tok, self._sessions = None, None, []
         self._mu = threading.RLock()  # reentrant: close() -> Session.close() -> _forget()
+        self._idle = threading.Condition(self._mu)
+        self._users = 0               # calls on the handle in progress (_use)
+        self._closing = False
         L = _lib()
         self.path = os.fspath(path) if path is not None else default_model_path()
         p = L.dhsa_model_default_params()
@@ -323,9 +326,12 @@ class Model:
         if mu is None:  # __init__ failed before the lock existed
             return
         with mu:
+            self._closing = True  # no new session, no new call
             for s in list(self._sessions):
                 s.close()
             self._sessions = []
+            while self._users:  # tokenizer and evaluation calls of other threads
+                self._idle.wait()
             h, self._h, self._tok = self._h, None, None
             if h:
                 _lib().dhsa_model_free(h)
@@ -341,9 +347,24 @@ class Model:
 
     def _handle(self):
         """The C handle; call with self._mu held."""
-        if not self._h:
+        if not self._h or self._closing:
             raise ValueError("the model is closed")
         return self._h
+
+    @contextlib.contextmanager
+    def _use(self):
+        """The C handle for one call (the tokenizer's too, self._tok): calls run
+        side by side, and close() waits until none runs; ValueError once closed."""
+        with self._mu:
+            h = self._handle()
+            self._users += 1
+        try:
+            yield h
+        finally:
+            with self._mu:
+                self._users -= 1
+                if not self._users:
+                    self._idle.notify_all()
 
     @property
     def closed(self):
@@ -359,22 +380,20 @@ class Model:
 
     @property
     def bos(self):
-        with self._mu:
-            self._handle()
+        with self._use():
             return int(_lib().dhsa_tokenizer_bos(self._tok))
 
     @property
     def eos(self):
-        with self._mu:
-            self._handle()
+        with self._use():
             return int(_lib().dhsa_tokenizer_eos(self._tok))
 
     def routes(self, exact=False):
         """What the weight products run per weight type, e.g. "Q4_K, Q6_K:
         int8 avx512-vnni; F32: f32 avx512" (dhsa_model_routes)."""
         buf = ctypes.create_string_buffer(256)
-        with self._mu:
-            check(_lib().dhsa_model_routes(self._handle(), 1 if exact else 0, buf, 256))
+        with self._use() as h:
+            check(_lib().dhsa_model_routes(h, 1 if exact else 0, buf, 256))
         return buf.value.decode()
 
     def tokenize(self, text, add_bos=None, parse_special=False):
@@ -387,8 +406,7 @@ class Model:
         else:
             raise TypeError("text is a str or bytes, not %s" % type(text).__name__)
         L = _lib()
-        with self._mu:
-            self._handle()
+        with self._use():
             flags = L.dhsa_tokenizer_default_flags(self._tok) & _ADD_BOS
             if add_bos is not None:
                 flags = _ADD_BOS if add_bos else 0
@@ -406,8 +424,7 @@ class Model:
         L = _lib()
         flags = _DETOK_SPECIAL if special else 0
         n = c_int64()
-        with self._mu:
-            self._handle()
+        with self._use():
             L.dhsa_detokenize(self._tok, a.ctypes.data, a.size, flags, None, 0, ctypes.byref(n))
             buf = ctypes.create_string_buffer(max(1, n.value))
             check(L.dhsa_detokenize(self._tok, a.ctypes.data, a.size, flags, buf, n.value, ctypes.byref(n)))
@@ -418,16 +435,15 @@ class Model:
         t = _int("token", token, _INT32_MIN, _INT32_MAX)
         buf = ctypes.create_string_buffer(512)
         n = c_int64()
-        with self._mu:
-            self._handle()
+        with self._use():
             check(_lib().dhsa_token_to_piece(self._tok, t, 0, buf, 512, ctypes.byref(n)))
         return buf.raw[:n.value]
 
     def _template(self, template):
-        """The chat format's number; call with self._mu held."""
+        """The chat format's number; call inside self._use()."""
         L = _lib()
         if template is None:
-            t = L.dhsa_chat_detect(L.dhsa_model_gguf(self._handle()))
+            t = L.dhsa_chat_detect(L.dhsa_model_gguf(self._h))
         else:
             t = c_int()
             check(L.dhsa_chat_template_from_name(_c_string("template", template), ctypes.byref(t)))
@@ -445,7 +461,7 @@ class Model:
         arr = (ChatMessage * max(1, len(keep)))(*[ChatMessage(r, c) for r, c in keep])
         gen = int(bool(add_generation_prompt))
         n = c_int64()
-        with self._mu:
+        with self._use():
             t = self._template(template)
             L.dhsa_chat_apply(t, arr, len(keep), gen, None, 0, ctypes.byref(n))
             buf = ctypes.create_string_buffer(max(1, n.value))
@@ -462,7 +478,7 @@ class Model:
         arr = (ChatMessage * max(1, len(keep)))(*[ChatMessage(r, c) for r, c in keep])
         gen = int(bool(add_generation_prompt))
         n = c_int64()
-        with self._mu:
+        with self._use():
             t = self._template(template)
             flags = L.dhsa_tokenizer_default_flags(self._tok) & _ADD_BOS
             L.dhsa_chat_tokenize(t, self._tok, arr, len(keep), gen, flags, None, 0, ctypes.byref(n))
@@ -474,7 +490,7 @@ class Model:
         """The ids that end a model's turn in its chat format."""
         out = (ctypes.c_int32 * 16)()
         n = c_int()
-        with self._mu:
+        with self._use():
             t = self._template(template)
             check(_lib().dhsa_chat_stop_ids(t, self._tok, out, 16, ctypes.byref(n)))
         return list(out[:n.value])

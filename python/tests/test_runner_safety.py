@@ -146,7 +146,8 @@ def test_closed_model_refuses_everything(model):
     m.close()
     assert s.closed and m.closed
     for call in (lambda: m.tokenize("a"), lambda: m.detokenize([1]), lambda: m.token_to_piece(1),
-                 lambda: dhsa.Session(m, ctx=64), lambda: s.length, lambda: s.eval([1])):
+                 lambda: dhsa.Session(m, ctx=64), lambda: s.length, lambda: s.eval([1]),
+                 lambda: dhsa.passage_tokens(m), lambda: dhsa.eval_generate(m, [1, 5, 6], max_tokens=2)):
         with pytest.raises(ValueError, match="closed"):
             call()
 
