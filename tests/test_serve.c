@@ -59,12 +59,15 @@ static double dhsa_cli_now_test(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-#define N_PARSER_CHECKS 55
+#define N_PARSER_CHECKS 62
 #define N_HTTP_CHECKS 65
 #define N_LEAK_CHECKS 15 /* 5 per server */
+#define N_MEM_CHECKS 6
 
 #ifdef DHSA_HAVE_SERVE
 #include "serve.h"
+
+#include <jansson.h>
 
 /* ------------------------------------------------------------ parser --- */
 
@@ -203,6 +206,104 @@ static void test_parser(void) {
                    "\"content\":\"a\"}]}", &r),
             "an empty system message with a user message parses");
     serve_request_free(&r);
+}
+
+/* serve_json_cost against what jansson allocates: its peak of live bytes
+ * (each block counted with 16 bytes of the allocator's header) while
+ * serve_request_parse runs, through json_set_alloc_funcs, for bodies of
+ * every shape (a long string, escapes, many ids, many keys, nested
+ * containers, many messages): the cost must bound it, and not by more
+ * than 8x on the long string (a bound that refuses everything is no
+ * bound). */
+static size_t g_live, g_peak;
+static void *count_malloc(size_t n) {
+    size_t *p = malloc(n + 16);
+    if (!p) return NULL;
+    p[0] = n;
+    g_live += n + 16;
+    if (g_live > g_peak) g_peak = g_live;
+    return (char *)p + 16;
+}
+static void count_free(void *q) {
+    if (!q) return;
+    size_t *p = (size_t *)((char *)q - 16);
+    g_live -= p[0] + 16;
+    free(p);
+}
+
+static void test_json_cost(void) {
+    enum { N = 7 };
+    char *body[N];
+    size_t len[N];
+    serve_req_kind kind[N] = {SERVE_REQ_TOKENIZE, SERVE_REQ_TOKENIZE, SERVE_REQ_COMPLETION, SERVE_REQ_COMPLETION,
+                              SERVE_REQ_COMPLETION, SERVE_REQ_CHAT, SERVE_REQ_DETOKENIZE};
+    const char *what[N] = {"a 200 KB string", "2000 \\u escapes", "20000 ids", "5000 keys", "nested [[{}]] x 3000",
+                           "1000 messages", "[1,[2,[3,...]]] deep"};
+    for (int i = 0; i < N; i++) {
+        body[i] = malloc(1 << 20);
+        size_t k = 0;
+        char *b = body[i];
+        if (!b) continue;
+        switch (i) {
+        case 0:
+            k = (size_t)sprintf(b, "{\"content\":\"");
+            memset(b + k, 'a', 200000);
+            k += 200000;
+            k += (size_t)sprintf(b + k, "\"}");
+            break;
+        case 1:
+            k = (size_t)sprintf(b, "{\"content\":\"");
+            for (int j = 0; j < 2000; j++) k += (size_t)sprintf(b + k, "\\u00e9\\n");
+            k += (size_t)sprintf(b + k, "\"}");
+            break;
+        case 2:
+            k = (size_t)sprintf(b, "{\"prompt\":[");
+            for (int j = 0; j < 20000; j++) k += (size_t)sprintf(b + k, "%s7", j ? "," : "");
+            k += (size_t)sprintf(b + k, "]}");
+            break;
+        case 3:
+            k = (size_t)sprintf(b, "{\"prompt\":\"a\",\"x\":{");
+            for (int j = 0; j < 5000; j++) k += (size_t)sprintf(b + k, "%s\"k%d\":%d", j ? "," : "", j, j);
+            k += (size_t)sprintf(b + k, "}}");
+            break;
+        case 4:
+            k = (size_t)sprintf(b, "{\"prompt\":\"a\",\"x\":[");
+            for (int j = 0; j < 3000; j++) k += (size_t)sprintf(b + k, "%s[[{}]]", j ? "," : "");
+            k += (size_t)sprintf(b + k, "]}");
+            break;
+        case 5:
+            k = (size_t)sprintf(b, "{\"messages\":[");
+            for (int j = 0; j < 1000; j++)
+                k += (size_t)sprintf(b + k, "%s{\"role\":\"user\",\"content\":\"message %d\"}", j ? "," : "", j);
+            k += (size_t)sprintf(b + k, "]}");
+            break;
+        default:
+            k = (size_t)sprintf(b, "{\"tokens\":");
+            for (int j = 0; j < 1000; j++) k += (size_t)sprintf(b + k, "[%d,", j);
+            for (int j = 0; j < 1000; j++) k += (size_t)sprintf(b + k, "1]");
+            k += (size_t)sprintf(b + k, "}");
+        }
+        len[i] = k;
+    }
+    json_set_alloc_funcs(count_malloc, count_free);
+    for (int i = 0; i < N; i++) {
+        if (!body[i]) {
+            T_CHECK(0, "out of memory for a body");
+            continue;
+        }
+        serve_limits lim = {1000, 100000, 2048};
+        serve_request r;
+        serve_error e;
+        g_live = g_peak = 0;
+        serve_request_parse(kind[i], body[i], len[i], &lim, &r, &e);
+        serve_request_free(&r);
+        size_t cost = serve_json_cost(body[i], len[i]);
+        T_CHECK(g_peak > 0 && cost >= g_peak && (i != 0 || cost <= 8 * g_peak),
+                "serve_json_cost bounds jansson's peak for %s (%zu bytes): cost %zu, peak %zu (%.2fx)", what[i], len[i],
+                cost, g_peak, (double)cost / (double)(g_peak ? g_peak : 1));
+        free(body[i]);
+    }
+    json_set_alloc_funcs(malloc, free);
 }
 
 /* ------------------------------------------------------------ client --- */
@@ -1282,19 +1383,175 @@ static void test_no_leaks(void) {
     test_secrets("--slots 4 --ctx 512 --threads 1");
     test_secrets("--slots 3 --ctx 512 --threads 1 --batch off");
 }
+
+/* ------------------------------------------------ --mem-limit holds --- */
+
+/* A POST whose body may be answered before it is sent whole (413, 503):
+ * sends and reads at once, and stops sending once an answer comes. Returns
+ * the status (-1: no answer) and the response in *out. */
+static int http_post_big(const char *path, const char *body, size_t len, char **out) {
+    *out = NULL;
+    int fd = connect_server();
+    if (fd < 0) return -1;
+    char head[256];
+    int hl = snprintf(head, sizeof head, "POST %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: "
+                      "application/json\r\nContent-Length: %zu\r\n\r\n", path, len);
+    size_t cap = 1 << 16, n = 0, sent = 0, total = (size_t)hl + len;
+    char *buf = malloc(cap);
+    if (!buf) {
+        close(fd);
+        return -1;
+    }
+    double t0 = dhsa_cli_now_test();
+    while (dhsa_cli_now_test() - t0 < 120) {
+        struct pollfd p = {fd, (short)(POLLIN | (sent < total && n == 0 ? POLLOUT : 0)), 0};
+        if (poll(&p, 1, 1000) < 0) break;
+        if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
+            if (cap - n < 4096) {
+                char *nb = realloc(buf, cap * 2);
+                if (!nb) break;
+                buf = nb;
+                cap *= 2;
+            }
+            ssize_t r = recv(fd, buf + n, cap - n - 1, 0);
+            if (r <= 0) break;
+            n += (size_t)r;
+            continue;
+        }
+        if (p.revents & POLLOUT) {
+            const char *src = sent < (size_t)hl ? head + sent : body + (sent - (size_t)hl);
+            size_t left = sent < (size_t)hl ? (size_t)hl - sent : total - sent;
+            ssize_t w = send(fd, src, left > 65536 ? 65536 : left, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (w > 0) sent += (size_t)w;
+            else if (errno != EAGAIN && errno != EWOULDBLOCK) break;
+        }
+    }
+    close(fd);
+    buf[n] = 0;
+    dechunk(buf);
+    *out = buf;
+    int code = -1;
+    if (sscanf(buf, "HTTP/1.%*d %d", &code) != 1) code = -1;
+    return code;
+}
+
+/* VmHWM of the server, bytes (-1 when unknown). */
+static double server_hwm(void) {
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)g_pid);
+    FILE *f = fopen(path, "r");
+    double v = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "VmHWM:", 6) == 0) v = strtod(line + 6, NULL) * 1024.0;
+    if (f) fclose(f);
+    return v;
+}
+
+typedef struct {
+    const char *path;
+    char *body;
+    size_t len;
+    int code, error_object;
+    char msg[160];
+} big_arg;
+
+static void *big_client(void *p) {
+    big_arg *a = p;
+    char *r = NULL;
+    a->code = http_post_big(a->path, a->body, a->len, &r);
+    a->error_object = r && strstr(body_of(r), "{\"error\":{\"message\":") != NULL;
+    json_str(r ? body_of(r) : "", "message", a->msg, sizeof a->msg);
+    free(r);
+    return NULL;
+}
+
+/* Issue 34: `serve --slots 1 --ctx 1024 --mem-limit 64M` reached a peak
+ * RSS of 1.89 GB under 4 /tokenize and 4 chat bodies of 7 MB at once. Now
+ * each request reserves what it will allocate (the body from its
+ * Content-Length, the parse from a scan of it, the tokenizer's work, the
+ * answer) from what the limit leaves, before allocating: the server's
+ * VmHWM stays under the limit, every answer is a result or a 4xx / 503
+ * with an error object, and afterwards nothing is left reserved and small
+ * requests are served. A Content-Length of 1 TiB is answered 413 at once,
+ * unread. */
+static void test_mem_limit(void) {
+    const double limit = 64.0 * 1048576.0;
+    if (start_server("--slots 1 --ctx 1024 --mem-limit 64M --threads 1") != 0) {
+        T_CHECK(0, "dhsa serve --mem-limit 64M starts (log %s)", g_log);
+        T_SKIP(N_MEM_CHECKS - 1, "the server did not start");
+        return;
+    }
+    enum { N = 8, BIG = 7000000 };
+    big_arg a[N];
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) {
+        memset(&a[i], 0, sizeof a[i]);
+        a[i].path = i % 2 ? "/v1/chat/completions" : "/tokenize";
+        a[i].body = malloc(BIG + 256);
+        if (!a[i].body) continue;
+        size_t k = (size_t)sprintf(a[i].body, i % 2 ? "{\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":\""
+                                                    : "{\"content\":\"");
+        for (size_t j = 0; j < BIG / 5; j++, k += 5) memcpy(a[i].body + k, "word ", 5);
+        k += (size_t)sprintf(a[i].body + k, i % 2 ? "\"}]}" : "\"}");
+        a[i].len = k;
+    }
+    double t0 = dhsa_cli_now_test();
+    for (int i = 0; i < N; i++) pthread_create(&th[i], NULL, big_client, &a[i]);
+    int answered = 1, n200 = 0;
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        int ok = a[i].code == 200 || ((a[i].code == 400 || a[i].code == 413 || a[i].code == 503) && a[i].error_object);
+        n200 += a[i].code == 200;
+        if (!ok) {
+            answered = 0;
+            fprintf(stderr, "  %s of 7 MB: %d %s\n", a[i].path, a[i].code, a[i].msg);
+        }
+        free(a[i].body);
+    }
+    double secs = dhsa_cli_now_test() - t0, hwm = server_hwm();
+    printf("test_serve: --mem-limit 64M, 8 concurrent bodies of 7 MB (4 /tokenize, 4 chat): %.2f s, %d answered 200, "
+           "server VmHWM %.1f MiB\n", secs, n200, hwm / 1048576.0);
+    T_CHECK(answered, "8 concurrent 7 MB bodies under --mem-limit 64M: each a result or a 4xx / 503 with an error object");
+    T_CHECK(hwm > 0 && hwm <= limit, "the server's peak RSS (VmHWM) %.1f MiB <= --mem-limit 64 MiB", hwm / 1048576.0);
+    char *r = NULL;
+    double t1 = dhsa_cli_now_test();
+    int code = http_raw("POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 1099511627776\r\n\r\n{\"content\":\"",
+                        70, &r, 0);
+    double took = dhsa_cli_now_test() - t1;
+    T_CHECK(code == 413 && strstr(body_of(r), "--max-body") && took < 5,
+            "Content-Length 1 TiB: 413 from the headers, the body unread (%.2f s): %d %s", took, code, body_of(r));
+    free(r);
+    code = http("POST", "/v1/chat/completions",
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":4,\"temperature\":0}", &r);
+    int chat_ok = code == 200;
+    free(r);
+    code = http("POST", "/tokenize", "{\"content\":\"The pass key is 40913.\"}", &r);
+    T_CHECK(chat_ok && code == 200 && strstr(body_of(r), "{\"tokens\":[1,"),
+            "after them a chat and a /tokenize are served (%d): %s", code, body_of(r));
+    free(r);
+    double reserved = metric("dhsa_request_memory_reserved_bytes"), pool = metric("dhsa_request_memory_pool_bytes");
+    double peak = metric("dhsa_request_memory_reserved_peak_bytes");
+    T_CHECK(reserved == 0 && pool > 0 && peak > 0 && peak <= pool,
+            "nothing reserved after them (%g bytes), the peak %g within the pool %g", reserved, peak, pool);
+    T_CHECK(server_hwm() <= limit, "VmHWM still <= 64 MiB after the 1 TiB header: %.1f MiB", server_hwm() / 1048576.0);
+    stop_server(20);
+    unlink(g_log);
+}
 #endif
 
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
 #ifdef DHSA_HAVE_SERVE
     test_parser();
-    if (!getenv("DHSA_CLI")) T_SKIP(N_HTTP_CHECKS + N_LEAK_CHECKS, "DHSA_CLI is not set (tests/run.sh sets it): no server to start");
+    test_json_cost();
+    if (!getenv("DHSA_CLI")) T_SKIP(N_HTTP_CHECKS + N_LEAK_CHECKS + N_MEM_CHECKS, "DHSA_CLI is not set (tests/run.sh sets it): no server to start");
     else {
         test_http();
         test_no_leaks();
+        test_mem_limit();
     }
 #else
-    T_SKIP(N_PARSER_CHECKS + N_HTTP_CHECKS + N_LEAK_CHECKS - 1,
+    T_SKIP(N_PARSER_CHECKS + N_HTTP_CHECKS + N_LEAK_CHECKS + N_MEM_CHECKS - 1,
            "built without libmicrohttpd and jansson (apt-get install libmicrohttpd-dev libjansson-dev pkg-config; "
            ".ci/run does): no dhsa serve to test");
     char *o = NULL;

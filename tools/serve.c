@@ -169,6 +169,13 @@ typedef struct {
     double batch_eval_s, batch_sample_s; /* batcher: in dhsa_session_eval_batch; in the rows' per-token work */
     uint64_t use_clock;
     atomic_int stopping;
+    /* --mem-limit for requests (docs/server.md, "Memory"): what the plan of
+     * the slots, the server's own buffers and the connections leave
+     * (mem_pool, 0: no limit); mem_used is reserved by requests now (under
+     * mu). max_piece: the most bytes of text one token covers. */
+    size_t mem_pool, mem_used, mem_peak;
+    uint64_t n_mem_refused;
+    int64_t max_piece;
     /* metrics (under mu) */
     uint64_t n_requests[5], n_errors, n_disconnects, n_cache_hits;
     uint64_t prompt_tokens, cached_tokens, gen_tokens;
@@ -246,10 +253,61 @@ static json_t *json_text(const char *s, int64_t n) {
 typedef struct {
     char *body;
     size_t len, cap;
-    int too_large;
+    int too_large;            /* the body went over --max-body or the memory pool: its status */
+    unsigned refused;         /* 413 / 503 from the memory pool while the body came */
     int handled;
     double t0;
+    size_t reserved;          /* bytes taken from S.mem_pool, given back in request_done */
 } request_ctx;
+
+/* ----------------------------------------------------------- memory --- */
+
+/* The bytes a request may allocate beyond what it is told: the tokenizer's
+ * work buffers and the ids per byte of text (tools/../src/model/tokenizer.c:
+ * the normalised text up to 3 bytes a byte, a 24-byte symbol and up to 3
+ * 24-byte queue entries per character, each grown by half again, the ids
+ * doubling: about 230), and what one connection costs while it is open
+ * (its thread's stack and malloc arena as touched, libmicrohttpd's 32 KiB
+ * pool: 20-30 KiB measured idle). */
+#define TOKENIZE_WORK_PER_BYTE 256
+#define CONNECTION_ALLOWANCE ((size_t)64 << 10)
+
+/* Takes bytes from the memory pool for request r before it allocates them.
+ * Returns 0; 413 when the request would need more than the whole pool
+ * (it can never be served under --mem-limit); 503 when other requests hold
+ * the pool now (it may be retried). msg says which, with the numbers. */
+static unsigned mem_take(request_ctx *r, size_t bytes, const char *what, char *msg, size_t cap) {
+    if (!S.mem_pool) return 0;
+    char a[32], b[32], c[32];
+    pthread_mutex_lock(&S.mu);
+    unsigned st = 0;
+    if (bytes > S.mem_pool || r->reserved > S.mem_pool - bytes) {
+        st = 413;
+        snprintf(msg, cap, "%s needs about %s of memory; --mem-limit leaves %s for requests (docs/server.md, Memory)",
+                 what, dhsa_cli_bytes((double)(r->reserved + bytes), a, sizeof a),
+                 dhsa_cli_bytes((double)S.mem_pool, b, sizeof b));
+    } else if (S.mem_used + bytes > S.mem_pool) {
+        st = 503;
+        snprintf(msg, cap, "%s needs about %s of memory and other requests hold %s of the %s --mem-limit leaves for "
+                 "requests: retry later", what, dhsa_cli_bytes((double)bytes, a, sizeof a),
+                 dhsa_cli_bytes((double)S.mem_used, b, sizeof b), dhsa_cli_bytes((double)S.mem_pool, c, sizeof c));
+    } else {
+        S.mem_used += bytes;
+        if (S.mem_used > S.mem_peak) S.mem_peak = S.mem_used;
+        r->reserved += bytes;
+    }
+    if (st) S.n_mem_refused++;
+    pthread_mutex_unlock(&S.mu);
+    return st;
+}
+
+static void mem_give(size_t *reserved) {
+    if (!*reserved) return;
+    pthread_mutex_lock(&S.mu);
+    S.mem_used -= *reserved;
+    pthread_mutex_unlock(&S.mu);
+    *reserved = 0;
+}
 
 /* close_after: the connection ends after this response (a request whose framing
  * cannot be trusted). */
@@ -477,6 +535,7 @@ typedef struct gen {
     /* stream: bytes waiting to go out */
     char *pend;
     size_t pend_len, pend_off;
+    size_t reserved;         /* a stream's memory, taken over from its request_ctx */
 } gen;
 
 /* 1 when the peer of socket fd has gone (EOF or an error; bytes waiting,
@@ -806,6 +865,7 @@ static void gen_free(gen *g) {
     free(g->view);
     free(g->touched);
     free(g->pend);
+    mem_give(&g->reserved);
     free(g);
 }
 
@@ -1098,17 +1158,19 @@ static unsigned prefill(gen *g, const int32_t *ids, int64_t n, char *msg, size_t
     return 0;
 }
 
-static enum MHD_Result handle_generate(struct MHD_Connection *c, serve_req_kind kind, const char *body, size_t len) {
+static enum MHD_Result handle_generate(struct MHD_Connection *c, request_ctx *rc, serve_req_kind kind) {
     serve_limits lim = {S.max_tokens, 2 * S.n_ctx + 16, S.in->n_vocab}; /* a longer prompt is refused below, naming --ctx */
     gen *g = calloc(1, sizeof *g);
     if (!g) return send_error(c, 500, "out of memory", NULL, NULL);
     pthread_cond_init(&g->cv, NULL);
     g->fd = -1;
     serve_error e;
-    if (serve_request_parse(kind, body, len, &lim, &g->rq, &e)) {
+    if (serve_request_parse(kind, rc->body, rc->len, &lim, &g->rq, &e)) {
         gen_free(g);
         return send_error(c, 400, e.message, e.param, NULL);
     }
+    free(rc->body); /* parsed: its bytes stay reserved until the answer is sent */
+    rc->body = NULL;
     g->conn = c;
     g->fd = connection_fd(c);
     g->chat = kind == SERVE_REQ_CHAT;
@@ -1120,7 +1182,24 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, serve_req_kind 
     const char *param = NULL, *code = NULL;
     int32_t *ids = NULL;
     int64_t n = 0;
-    unsigned status = prompt_ids(g, &ids, &n, msg, sizeof msg, &param, &code);
+    /* a text that cannot fit the context is refused before it is
+     * tokenized: a token covers at most max_piece bytes of it */
+    int64_t text_bytes = g->chat ? 0 : g->rq.text_len;
+    for (int64_t i = 0; i < g->rq.n_messages; i++) text_bytes += (int64_t)strlen(g->rq.messages[i].content);
+    unsigned status = 0;
+    if ((text_bytes + S.max_piece - 1) / S.max_piece > S.n_ctx) {
+        snprintf(msg, sizeof msg, "the prompt's %lld bytes of text are at least %lld tokens (a token covers at most %lld "
+                 "bytes here); a slot's context holds %lld (--ctx)", (long long)text_bytes,
+                 (long long)((text_bytes + S.max_piece - 1) / S.max_piece), (long long)S.max_piece, (long long)S.n_ctx);
+        status = 400;
+        param = g->chat ? "messages" : "prompt";
+        code = "context_length_exceeded";
+    }
+    /* the tokenizer's work (the template's markers: 64 bytes a message) */
+    if (!status)
+        status = mem_take(rc, (size_t)(text_bytes + 64 * g->rq.n_messages) * TOKENIZE_WORK_PER_BYTE + 4096,
+                          "tokenizing the prompt", msg, sizeof msg);
+    if (!status) status = prompt_ids(g, &ids, &n, msg, sizeof msg, &param, &code);
     if (!status && n > S.n_ctx) {
         snprintf(msg, sizeof msg, "the prompt has %lld tokens; a slot's context holds %lld (--ctx)", (long long)n,
                  (long long)S.n_ctx);
@@ -1145,6 +1224,17 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, serve_req_kind 
     }
     g->max_gen = want < S.max_tokens ? want : S.max_tokens;
     g->n_prompt = n;
+    /* the generation's own memory: the penalties' ids, the sampler (its
+     * arrays over the vocabulary), the text and its copies (the
+     * connection's view, UTF-8 cleaning, JSON escaping: 20 bytes a byte) */
+    status = mem_take(rc, (size_t)(g->max_gen + 1) * 4 + (size_t)S.in->n_vocab * 32 +
+                              (size_t)g->max_gen * (size_t)S.max_piece * 20 + ((size_t)64 << 10),
+                      "the generation", msg, sizeof msg);
+    if (status) {
+        free(ids);
+        gen_free(g);
+        return send_error(c, status, msg, NULL, NULL);
+    }
     /* stops: EOS, and the chat format's end-of-turn ids (with ignore_eos
      * they are masked instead: sample_next) */
     if (dhsa_tokenizer_eos(S.tok) >= 0) g->stop_ids[g->n_stop_ids++] = dhsa_tokenizer_eos(S.tok);
@@ -1203,6 +1293,11 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, serve_req_kind 
     /* --batch on: the first token here, the rest in the batcher's passes */
     if (S.batch && advance(g, g->sl->logits)) join(g);
     if (g->rq.stream) {
+        /* the stream outlives the request's handler: its memory goes with it (gen_free) */
+        pthread_mutex_lock(&S.mu);
+        g->reserved = rc->reserved;
+        rc->reserved = 0;
+        pthread_mutex_unlock(&S.mu);
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, g, stream_free);
         if (!r) {
             gen_free(g);
@@ -1249,54 +1344,106 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, serve_req_kind 
 
 /* ------------------------------------------------------ other calls --- */
 
-static enum MHD_Result handle_tokenize(struct MHD_Connection *c, serve_req_kind kind, const char *body, size_t len) {
+/* Appends s[0..n) to the growing buffer b (*len used of *cap, which the
+ * caller reserved: it never grows past it). Returns 0, or -1 when it would. */
+static int put_bytes(char *b, size_t *len, size_t cap, const char *s, size_t n) {
+    if (*len + n + 1 > cap) return -1;
+    memcpy(b + *len, s, n);
+    *len += n;
+    b[*len] = 0;
+    return 0;
+}
+
+/* /tokenize and /detokenize. The tokenizer's work, the ids and the answer
+ * are reserved against the memory pool before they are allocated; the
+ * answer is written as text (a jansson array would cost some 50 bytes an
+ * id), each piece escaped by jansson. */
+static enum MHD_Result handle_tokenize(struct MHD_Connection *c, request_ctx *rc, serve_req_kind kind) {
     serve_limits lim = {S.max_tokens, S.n_ctx, S.in->n_vocab};
     serve_request r;
     serve_error e;
-    if (serve_request_parse(kind, body, len, &lim, &r, &e)) return send_error(c, 400, e.message, e.param, NULL);
-    json_t *o = json_object();
-    if (kind == SERVE_REQ_TOKENIZE) {
-        unsigned flags = r.add_special ? (dhsa_tokenizer_default_flags(S.tok) & DHSA_TOKENIZE_ADD_BOS) : 0;
-        int64_t n = 0;
-        dhsa_tokenize(S.tok, r.text, r.text_len, flags, NULL, 0, &n);
-        int32_t *ids = malloc((size_t)(n + 1) * sizeof(int32_t));
-        if (!ids || dhsa_tokenize(S.tok, r.text, r.text_len, flags, ids, n, &n)) {
-            free(ids);
+    char msg[600];
+    if (serve_request_parse(kind, rc->body, rc->len, &lim, &r, &e)) return send_error(c, 400, e.message, e.param, NULL);
+    free(rc->body); /* parsed: its bytes stay reserved until the answer is sent */
+    rc->body = NULL;
+    if (kind == SERVE_REQ_DETOKENIZE) {
+        /* the text (at most max_piece bytes an id), its UTF-8 cleaning (3x) and JSON (6x) */
+        const size_t text = (size_t)r.n_ids * (size_t)S.max_piece + 16;
+        unsigned st = mem_take(rc, 10 * text + 4096, "detokenizing", msg, sizeof msg);
+        if (st) {
             serve_request_free(&r);
-            json_decref(o);
-            return send_error(c, 400, dhsa_last_error(), "content", NULL);
+            return send_error(c, st, msg, NULL, NULL);
         }
-        json_t *a = json_array();
-        for (int64_t i = 0; i < n; i++) {
-            if (!r.with_pieces) {
-                json_array_append_new(a, json_integer(ids[i]));
-                continue;
-            }
-            char piece[512];
-            int64_t pl = 0;
-            if (dhsa_token_to_piece(S.tok, ids[i], DHSA_DETOKENIZE_SPECIAL, piece, sizeof piece, &pl)) pl = 0;
-            json_t *t = json_object();
-            json_object_set_new(t, "id", json_integer(ids[i]));
-            json_object_set_new(t, "piece", json_text(piece, pl));
-            json_array_append_new(a, t);
-        }
-        json_object_set_new(o, "tokens", a);
-        free(ids);
-    } else {
         int64_t n = 0;
         dhsa_detokenize(S.tok, r.ids, r.n_ids, 0, NULL, 0, &n);
-        char *text = malloc((size_t)n + 1);
-        if (!text || dhsa_detokenize(S.tok, r.ids, r.n_ids, 0, text, n, &n)) {
-            free(text);
+        char *t = malloc((size_t)n + 1);
+        if (!t || dhsa_detokenize(S.tok, r.ids, r.n_ids, 0, t, n, &n)) {
+            free(t);
             serve_request_free(&r);
-            json_decref(o);
             return send_error(c, 400, dhsa_last_error(), "tokens", NULL);
         }
-        json_object_set_new(o, "content", json_text(text, n));
-        free(text);
+        json_t *o = json_object();
+        json_object_set_new(o, "content", json_text(t, n));
+        free(t);
+        serve_request_free(&r);
+        return send_json(c, 200, o);
     }
-    serve_request_free(&r);
-    return send_json(c, 200, o);
+    unsigned flags = r.add_special ? (dhsa_tokenizer_default_flags(S.tok) & DHSA_TOKENIZE_ADD_BOS) : 0;
+    unsigned st = mem_take(rc, (size_t)r.text_len * TOKENIZE_WORK_PER_BYTE + 4096, "tokenizing the content", msg,
+                           sizeof msg);
+    if (st) {
+        serve_request_free(&r);
+        return send_error(c, st, msg, "content", NULL);
+    }
+    int64_t n = 0;
+    dhsa_status ts = dhsa_tokenize(S.tok, r.text, r.text_len, flags, NULL, 0, &n); /* the count (cap 0) */
+    if (ts == DHSA_ERR_INVALID_ARG && n > 0) ts = DHSA_OK;
+    int32_t *ids = ts == DHSA_OK ? malloc((size_t)(n + 1) * sizeof(int32_t)) : NULL;
+    if (!ids || dhsa_tokenize(S.tok, r.text, r.text_len, flags, ids, n, &n)) {
+        snprintf(msg, sizeof msg, "%s", ts == DHSA_OK && !ids ? "out of memory" : dhsa_last_error());
+        free(ids);
+        serve_request_free(&r);
+        return send_error(c, ts == DHSA_OK && !ids ? 500 : 400, msg, "content", NULL);
+    }
+    const int with_pieces = r.with_pieces;
+    serve_request_free(&r); /* the text is done with */
+    /* an id is at most 10 digits and a comma; with pieces, {"id":..,"piece":".."} with the piece's
+     * bytes escaped (U+FFFD for a bad byte: 3 bytes, or \uXXXX: 6) */
+    const size_t per = with_pieces ? 32 + 6 * (size_t)S.max_piece : 12;
+    const size_t cap = (size_t)n * per + 64;
+    st = mem_take(rc, cap, "the answer", msg, sizeof msg);
+    char *b = st ? NULL : malloc(cap);
+    if (!b) {
+        free(ids);
+        return st ? send_error(c, st, msg, NULL, NULL) : send_error(c, 500, "out of memory", NULL, NULL);
+    }
+    size_t len = 0;
+    int bad = put_bytes(b, &len, cap, "{\"tokens\":[", 11);
+    for (int64_t i = 0; i < n && !bad; i++) {
+        char num[48];
+        if (!with_pieces) {
+            int k = snprintf(num, sizeof num, "%s%d", i ? "," : "", ids[i]);
+            bad = put_bytes(b, &len, cap, num, (size_t)k);
+            continue;
+        }
+        char piece[512];
+        int64_t pl = 0;
+        if (dhsa_token_to_piece(S.tok, ids[i], DHSA_DETOKENIZE_SPECIAL, piece, sizeof piece, &pl)) pl = 0;
+        json_t *pj = json_text(piece, pl);
+        char *ps = pj ? json_dumps(pj, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+        json_decref(pj);
+        int k = snprintf(num, sizeof num, "%s{\"id\":%d,\"piece\":", i ? "," : "", ids[i]);
+        bad = !ps || put_bytes(b, &len, cap, num, (size_t)k) || put_bytes(b, &len, cap, ps, strlen(ps)) ||
+              put_bytes(b, &len, cap, "}", 1);
+        free(ps);
+    }
+    if (!bad) bad = put_bytes(b, &len, cap, "]}", 2);
+    free(ids);
+    if (bad) {
+        free(b);
+        return send_error(c, 500, "internal error: the answer outgrew its reserved size", NULL, NULL);
+    }
+    return send_text(c, 200, "application/json", b, len);
 }
 
 static enum MHD_Result handle_models(struct MHD_Connection *c) {
@@ -1339,7 +1486,7 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c) {
     pthread_mutex_lock(&S.mu);
     server m = S; /* a copy of the counters */
     pthread_mutex_unlock(&S.mu);
-    size_t cap = 8192;
+    size_t cap = 12288;
     char *b = malloc(cap);
     if (!b) return send_error(c, 500, "out of memory", NULL, NULL);
     static const char *names[5] = {"chat", "completions", "tokenize", "detokenize", "other"};
@@ -1387,6 +1534,15 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c) {
         (long long)m.n_busy);
     OUT("# HELP dhsa_requests_queued Requests waiting for a slot.\n# TYPE dhsa_requests_queued gauge\n"
         "dhsa_requests_queued %lld\n", (long long)m.n_queued);
+    OUT("# HELP dhsa_request_memory_pool_bytes What --mem-limit leaves for requests (0: no limit).\n"
+        "# TYPE dhsa_request_memory_pool_bytes gauge\ndhsa_request_memory_pool_bytes %zu\n", m.mem_pool);
+    OUT("# HELP dhsa_request_memory_reserved_bytes Memory the requests in flight have reserved from it.\n"
+        "# TYPE dhsa_request_memory_reserved_bytes gauge\ndhsa_request_memory_reserved_bytes %zu\n", m.mem_used);
+    OUT("# HELP dhsa_request_memory_reserved_peak_bytes The most reserved at once since start.\n"
+        "# TYPE dhsa_request_memory_reserved_peak_bytes gauge\ndhsa_request_memory_reserved_peak_bytes %zu\n", m.mem_peak);
+    OUT("# HELP dhsa_request_memory_refused_total Requests refused (413 or 503) because the pool could not hold them.\n"
+        "# TYPE dhsa_request_memory_refused_total counter\ndhsa_request_memory_refused_total %" PRIu64 "\n",
+        m.n_mem_refused);
     OUT("# HELP dhsa_resident_bytes Resident memory of the process.\n# TYPE dhsa_resident_bytes gauge\n"
         "dhsa_resident_bytes %zu\n", dhsa_proc_rss());
 #undef OUT
@@ -1406,6 +1562,7 @@ static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, en
     request_ctx *r = *con_cls;
     if (r) {
         free(r->body);
+        mem_give(&r->reserved);
         free(r);
         *con_cls = NULL;
     }
@@ -1472,35 +1629,74 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!r) return MHD_NO;
         r->t0 = now_s();
         *con_cls = r;
-        char why[200];
-        if (!malformed_headers(c, version, why, sizeof why)) return MHD_YES;
+        char why[400];
+        unsigned early = 0;
+        const char *ecode = NULL;
+        if (malformed_headers(c, version, why, sizeof why)) {
+            early = 400;
+            ecode = "malformed_http";
+        } else {
+            /* the body's size from the headers, before a byte of it is
+             * read: over --max-body or the memory pool it is answered at
+             * once (and not read) */
+            const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+            if (cl) {
+                char *end = NULL;
+                errno = 0;
+                unsigned long long n = strtoull(cl, &end, 10); /* libmicrohttpd has checked the digits */
+                if (errno || end == cl || n > (unsigned long long)S.max_body) {
+                    early = 413;
+                    snprintf(why, sizeof why, "the request body of %s bytes is larger than --max-body %lld bytes", cl,
+                             (long long)S.max_body);
+                } else if (n > 0) {
+                    early = mem_take(r, (size_t)n + 1, "the request body", why, sizeof why);
+                    if (!early) {
+                        r->body = malloc((size_t)n + 1);
+                        if (!r->body) return MHD_NO;
+                        r->cap = (size_t)n + 1;
+                    }
+                }
+            }
+        }
+        if (!early) return MHD_YES;
         r->handled = 1; /* answered before the body; the connection is closed after it */
         pthread_mutex_lock(&S.mu);
         S.n_errors++;
         pthread_mutex_unlock(&S.mu);
-        if (S.verbose) fprintf(stderr, "dhsa serve: 400 %s\n", why);
-        json_t *e = error_object(400, why, NULL, "malformed_http");
+        if (S.verbose) fprintf(stderr, "dhsa serve: %u %s\n", early, why);
+        json_t *e = error_object(early, why, NULL, ecode);
         char *js = e ? json_dumps(e, JSON_COMPACT) : NULL;
         json_decref(e);
         if (!js) return MHD_NO;
-        return send_text_opt(c, 400, "application/json", js, strlen(js), 1);
+        return send_text_opt(c, early, "application/json", js, strlen(js), 1);
     }
     if (*upload_size) { /* a piece of the body */
-        if (!r->too_large) {
+        if (!r->too_large && !r->handled) {
             if (r->len + *upload_size > (size_t)S.max_body) {
-                r->too_large = 1;
+                r->too_large = 413;
+            } else if (r->len + *upload_size + 1 > r->cap) {
+                /* chunked (no Content-Length), or more than it said: the
+                 * buffer grows, each growth taken from the pool first */
+                size_t cap = r->cap ? r->cap : 4096;
+                while (cap < r->len + *upload_size + 1) cap *= 2;
+                if (cap > (size_t)S.max_body + 1) cap = (size_t)S.max_body + 1;
+                char msg[400];
+                unsigned st = mem_take(r, cap - r->cap, "the request body", msg, sizeof msg);
+                char *b = st ? NULL : realloc(r->body, cap);
+                if (st) {
+                    r->too_large = (int)st;
+                } else if (!b) {
+                    return MHD_NO;
+                } else {
+                    r->body = b;
+                    r->cap = cap;
+                }
+            }
+            if (r->too_large) { /* the rest is read and dropped */
                 free(r->body);
                 r->body = NULL;
                 r->len = r->cap = 0;
             } else {
-                if (r->len + *upload_size + 1 > r->cap) {
-                    size_t cap = r->cap ? r->cap : 4096;
-                    while (cap < r->len + *upload_size + 1) cap *= 2;
-                    char *b = realloc(r->body, cap);
-                    if (!b) return MHD_NO;
-                    r->body = b;
-                    r->cap = cap;
-                }
                 memcpy(r->body + r->len, upload, *upload_size);
                 r->len += *upload_size;
             }
@@ -1521,13 +1717,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     pthread_mutex_unlock(&S.mu);
     if (atomic_load(&S.stopping) && ep < 4) return send_error(c, 503, "the server is shutting down", NULL, NULL);
     if (r->too_large) {
-        char msg[160];
-        snprintf(msg, sizeof msg, "the request body is larger than --max-body %lld bytes", (long long)S.max_body);
-        return send_error(c, 413, msg, NULL, NULL);
+        char msg[300];
+        if (r->too_large == 413)
+            snprintf(msg, sizeof msg, "the request body is larger than --max-body %lld bytes", (long long)S.max_body);
+        else
+            snprintf(msg, sizeof msg, "the request body did not fit the memory other requests leave under --mem-limit "
+                     "now: retry later");
+        return send_error(c, (unsigned)r->too_large, msg, NULL, NULL);
     }
     if (ep < 4 && !post) return send_error(c, 405, "this endpoint takes POST", NULL, NULL);
-    if (ep == 0 || ep == 1) return handle_generate(c, ep == 0 ? SERVE_REQ_CHAT : SERVE_REQ_COMPLETION, r->body, r->len);
-    if (ep == 2 || ep == 3) return handle_tokenize(c, ep == 2 ? SERVE_REQ_TOKENIZE : SERVE_REQ_DETOKENIZE, r->body, r->len);
+    if (ep <= 3) { /* what parsing the body takes, before it is parsed */
+        char msg[400];
+        unsigned st = mem_take(r, serve_json_cost(r->body, r->len), "parsing the request body", msg, sizeof msg);
+        if (st) return send_error(c, st, msg, NULL, NULL);
+    }
+    if (ep == 0 || ep == 1) return handle_generate(c, r, ep == 0 ? SERVE_REQ_CHAT : SERVE_REQ_COMPLETION);
+    if (ep == 2 || ep == 3) return handle_tokenize(c, r, ep == 2 ? SERVE_REQ_TOKENIZE : SERVE_REQ_DETOKENIZE);
     int known_get = strcmp(url, "/health") == 0 || strcmp(url, "/metrics") == 0 || strcmp(url, "/v1/models") == 0;
     if (known_get && !get) return send_error(c, 405, "this endpoint takes GET", NULL, NULL);
     if (strcmp(url, "/health") == 0) return handle_health(c);
@@ -1636,6 +1841,38 @@ static void check_memory(void) {
                      dhsa_cli_bytes((double)S.sp.mem_limit, c2, sizeof c2), dhsa_cli_bytes((double)pl.total, b, sizeof b));
     S.n_ctx = pl.n_ctx;
     S.sp.n_ubatch = pl.n_ubatch; /* every slot the same */
+    if (!S.sp.mem_limit) return;
+    /* what requests may hold at once: the limit less the plan, the
+     * server's own buffers (each slot's tokens, logits, scratch and counts;
+     * the batcher's rows) and an allowance per connection */
+    const size_t V = (size_t)S.in->n_vocab;
+    const size_t own = (size_t)S.n_slots * ((size_t)(S.n_ctx + 1) * 4 + V * 12 + (S.batch ? V * 4 + 64 : 0));
+    const size_t conns = (size_t)S.max_conn * CONNECTION_ALLOWANCE;
+    const size_t need = total + own + conns + ((size_t)1 << 20);
+    if (need > S.sp.mem_limit)
+        dhsa_cli_die(EXIT_RUN, "--mem-limit %s leaves less than 1 MiB for requests: the slots' plan is %s, the server's "
+                     "buffers %s and --max-connections %lld x %s KiB: a larger limit, fewer --max-connections or --slots, "
+                     "or a smaller --ctx", dhsa_cli_bytes((double)S.sp.mem_limit, a, sizeof a),
+                     dhsa_cli_bytes((double)total, b, sizeof b), dhsa_cli_bytes((double)own, c2, sizeof c2),
+                     (long long)S.max_conn, "64");
+    S.mem_pool = S.sp.mem_limit - total - own - conns;
+    fprintf(stderr, "dhsa serve: --mem-limit leaves %s for requests (bodies, parsing, tokenizing, answers: "
+            "docs/server.md)\n", dhsa_cli_bytes((double)S.mem_pool, a, sizeof a));
+}
+
+/* The most bytes of text one token covers (its piece, as plain text or as
+ * a special token's text): a prompt of B bytes is at least B / max_piece
+ * tokens. */
+static void find_max_piece(void) {
+    S.max_piece = 1;
+    for (int32_t id = 0; id < S.in->n_vocab; id++) {
+        char piece[1024];
+        int64_t a = 0, b = 0;
+        if (dhsa_token_to_piece(S.tok, id, 0, piece, sizeof piece, &a)) a = (int64_t)sizeof piece;
+        if (dhsa_token_to_piece(S.tok, id, DHSA_DETOKENIZE_SPECIAL, piece, sizeof piece, &b)) b = (int64_t)sizeof piece;
+        if (a > S.max_piece) S.max_piece = a;
+        if (b > S.max_piece) S.max_piece = b;
+    }
 }
 
 static void setup(void) {
@@ -1665,6 +1902,7 @@ static void setup(void) {
         if (dhsa_ctx_create(&cp, &S.slots[i].ctx)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
         if (S.batch) S.shared_ctx = S.slots[i].ctx;
     }
+    find_max_piece();
     check_memory();
     size_t V = (size_t)S.in->n_vocab;
     for (int64_t i = 0; i < S.n_slots; i++) {

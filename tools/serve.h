@@ -78,4 +78,13 @@ int serve_request_parse(serve_req_kind kind, const char *body, size_t len, const
                         serve_request *out, serve_error *err);
 void serve_request_free(serve_request *r);
 
+/* An upper bound of the bytes that parsing body[0..len) takes while it
+ * runs (jansson's tree and lexer) and of serve_request_parse's copies out
+ * of it, from one pass over the bytes that allocates nothing: the server
+ * reserves it against --mem-limit before it parses (docs/server.md).
+ * Counts every string, number, array, object and member (n_values covers a
+ * member's slot whatever its value); malformed JSON costs no more than the
+ * parser's work up to its error, which the same counts bound. */
+size_t serve_json_cost(const char *body, size_t len);
+
 #endif

@@ -389,6 +389,49 @@ static int parse_tokenize(json_t *root, serve_req_kind kind, const serve_limits 
     return 0;
 }
 
+/* The cost model (tools/serve.h): jansson 2.14 on 64-bit glibc. A string
+ * literal of r raw bytes: the lexer's buffer of its raw text (doubling: at
+ * most 2r + 16, one at a time: the largest one, once), the decoded value
+ * (at most r + 1 bytes, taken over by the json_t or copied once more as an
+ * object key) and its 48-byte json_t; serve_request_parse's own copy of it
+ * (r + 1). A number: its 32-byte json_t, a table slot, 4 bytes as a token
+ * id. An array: 48 bytes and a table of 8-byte slots that doubles (16 per
+ * element). An object: 96 bytes, 8 buckets of 16 bytes to start and a
+ * pair of 64 bytes + its key per member, the buckets doubling (32 per
+ * member). Each malloc'd block counts 16 bytes of glibc's header and
+ * rounding. true, false and null are jansson's singletons. */
+size_t serve_json_cost(const char *body, size_t len) {
+    size_t strings = 0, max_raw = 0, n_strings = 0, n_numbers = 0, n_arrays = 0, n_objects = 0, n_values = 0;
+    for (size_t i = 0; i < len;) {
+        const char c = body[i];
+        if (c == '"') {
+            size_t j = i + 1;
+            while (j < len && body[j] != '"') j += body[j] == '\\' ? 2 : 1;
+            const size_t raw = (j < len ? j : len) - i - 1;
+            strings += raw;
+            if (raw > max_raw) max_raw = raw;
+            n_strings++;
+            n_values++;
+            i = j + 1;
+        } else if (c == '-' || (c >= '0' && c <= '9')) {
+            while (i < len && (body[i] == '-' || body[i] == '+' || body[i] == '.' || body[i] == 'e' || body[i] == 'E' ||
+                               (body[i] >= '0' && body[i] <= '9')))
+                i++;
+            n_numbers++;
+            n_values++;
+        } else {
+            n_arrays += c == '[';
+            n_objects += c == '{';
+            n_values += c == '[' || c == '{' || c == 't' || c == 'f' || c == 'n';
+            i++;
+        }
+    }
+    const size_t block = 16;
+    return 3 * strings + n_strings * (48 + 3 * block + 2) + 2 * max_raw + 16 + n_numbers * (32 + block + 4) +
+           n_arrays * (48 + block + 64) + n_objects * (96 + 128 + 2 * block) + n_values * (16 + 32 + 64 + block) +
+           4096;
+}
+
 int serve_request_parse(serve_req_kind kind, const char *body, size_t len, const serve_limits *lim,
                         serve_request *out, serve_error *err) {
     memset(out, 0, sizeof *out);
