@@ -63,6 +63,7 @@ static double dhsa_cli_now_test(void) {
 #define N_HTTP_CHECKS 65
 #define N_LEAK_CHECKS 15 /* 5 per server */
 #define N_MEM_CHECKS 6
+#define N_STOP_CHECKS 5
 
 #ifdef DHSA_HAVE_SERVE
 #include "serve.h"
@@ -1537,6 +1538,158 @@ static void test_mem_limit(void) {
     stop_server(20);
     unlink(g_log);
 }
+
+/* ----------------------------------------------------- a clean stop --- */
+
+typedef struct {
+    char body[512];
+    int started, code;
+    char *resp;
+} stop_arg;
+
+static void *stop_client(void *p) {
+    stop_arg *a = p;
+    int fd = connect_server();
+    a->code = -1;
+    if (fd < 0) return NULL;
+    char req[1024];
+    int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                     strlen(a->body), a->body);
+    if (send_all(fd, req, (size_t)n)) {
+        close(fd);
+        return NULL;
+    }
+    size_t cap = 1 << 16, got = 0;
+    char *buf = malloc(cap);
+    for (; buf;) {
+        if (cap - got < 4096) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) break;
+            buf = nb;
+            cap *= 2;
+        }
+        ssize_t r = recv(fd, buf + got, cap - got - 1, 0);
+        if (r <= 0) break;
+        got += (size_t)r;
+        __atomic_store_n(&a->started, 1, __ATOMIC_SEQ_CST);
+    }
+    close(fd);
+    if (!buf) return NULL;
+    buf[got] = 0;
+    dechunk(buf);
+    if (sscanf(buf, "HTTP/1.%*d %d", &a->code) != 1) a->code = -1;
+    a->resp = buf;
+    return NULL;
+}
+
+static long health_queued(void) {
+    char *r = NULL;
+    long q = http("GET", "/health", NULL, &r) == 200 ? json_int(body_of(r), "requests_queued") : -1;
+    free(r);
+    return q;
+}
+
+/* Waits up to secs for the server to exit; its exit status, or -1. */
+static int wait_exit(double secs) {
+    for (double t0 = dhsa_cli_now_test(); dhsa_cli_now_test() - t0 < secs; usleep(20000)) {
+        int st;
+        if (waitpid(g_pid, &st, WNOHANG) == g_pid) {
+            g_pid = 0;
+            return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        }
+    }
+    return -1;
+}
+
+/* Issue 34: SIGTERM during 5 streams and 3 queued requests cut the
+ * streams off (no error event, no final chunk, no [DONE]) and closed the
+ * queued requests' connections with no answer. Now: connects are refused
+ * at once, the queued get a 503 with an error object, each stream ends
+ * with an error event and data: [DONE], and the server exits 0. A second
+ * signal, while a request keeps the drain waiting (a body that never
+ * comes), stops it at once (exit 1). */
+static void test_clean_stop(void) {
+    if (start_server("--slots 5 --ctx 4096 --threads 1 --max-tokens 4000 --timeout 20") != 0) {
+        T_CHECK(0, "dhsa serve for the stop test starts (log %s)", g_log);
+        T_SKIP(N_STOP_CHECKS - 1, "the server did not start");
+        return;
+    }
+    enum { RUN = 5, QUEUED = 3 };
+    stop_arg a[RUN + QUEUED];
+    pthread_t th[RUN + QUEUED];
+    memset(a, 0, sizeof a);
+    for (int i = 0; i < RUN + QUEUED; i++)
+        snprintf(a[i].body, sizeof a[i].body, "{\"prompt\":\"Once upon a time %d\",\"max_tokens\":3900,\"ignore_eos\":true,"
+                 "\"seed\":%d%s}", i, i, i < RUN || i % 2 ? ",\"stream\":true" : "");
+    for (int i = 0; i < RUN; i++) pthread_create(&th[i], NULL, stop_client, &a[i]);
+    int started = 0;
+    for (double t0 = dhsa_cli_now_test(); started < RUN && dhsa_cli_now_test() - t0 < 30; usleep(10000)) {
+        started = 0;
+        for (int i = 0; i < RUN; i++) started += __atomic_load_n(&a[i].started, __ATOMIC_SEQ_CST);
+    }
+    for (int i = RUN; i < RUN + QUEUED; i++) pthread_create(&th[i], NULL, stop_client, &a[i]);
+    long queued = -1;
+    for (double t0 = dhsa_cli_now_test(); queued != QUEUED && dhsa_cli_now_test() - t0 < 10; usleep(10000))
+        queued = health_queued();
+    kill(g_pid, SIGTERM);
+    usleep(200000);
+    int fd = connect_server();
+    T_CHECK(fd < 0, "a connection after SIGTERM is refused (%s)", fd < 0 ? strerror(errno) : "accepted");
+    if (fd >= 0) close(fd);
+    for (int i = 0; i < RUN + QUEUED; i++) pthread_join(th[i], NULL);
+    int rc = wait_exit(40);
+    int streams_ok = 0, queued_ok = 0;
+    for (int i = 0; i < RUN + QUEUED; i++) {
+        const char *b = a[i].resp ? body_of(a[i].resp) : "";
+        size_t bl = strlen(b);
+        int ok;
+        if (i < RUN) {
+            const char *done = strstr(b, "data: [DONE]\n\n");
+            const char *err = strstr(b, "data: {\"error\":{\"message\":");
+            char fin[32] = "";
+            finish_of(a[i].resp, fin, sizeof fin);
+            ok = a[i].code == 200 && done && done + 14 == b + bl && (err || fin[0]);
+            streams_ok += ok;
+        } else {
+            ok = a[i].code == 503 && strstr(b, "{\"error\":{\"message\":\"the server is shutting down\"");
+            queued_ok += ok;
+        }
+        if (!ok)
+            fprintf(stderr, "  request %d (%s): %d ...%s\n", i, i < RUN ? "streaming" : "queued", a[i].code,
+                    bl > 300 ? b + bl - 300 : b);
+        free(a[i].resp);
+    }
+    printf("test_serve: SIGTERM with %d streams running and %ld queued: %d streams ended with an error event and "
+           "[DONE], %d queued answered 503, exit %d\n", RUN, queued, streams_ok, queued_ok, rc);
+    T_CHECK(queued == QUEUED && streams_ok == RUN, "SIGTERM during %d streams: each ends with an error event and "
+            "data: [DONE] (%d did; %ld requests were queued)", RUN, streams_ok, queued);
+    T_CHECK(queued_ok == QUEUED, "SIGTERM: the %d queued requests get a 503 with an error object (%d did)", QUEUED,
+            queued_ok);
+    T_CHECK(rc == 0, "SIGTERM: the server exits 0 after them (%d)", rc);
+    unlink(g_log);
+
+    /* a second signal while the drain waits for a body that never comes */
+    if (start_server("--slots 1 --ctx 512 --threads 1 --timeout 20") != 0) {
+        T_CHECK(0, "dhsa serve for the second-signal test starts");
+        T_SKIP(1, "the server did not start");
+        return;
+    }
+    fd = connect_server();
+    const char *partial = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\":";
+    if (fd >= 0) send_all(fd, partial, strlen(partial));
+    usleep(200000);
+    kill(g_pid, SIGTERM);
+    int rc1 = wait_exit(1.0); /* still draining: the request is not done */
+    double t0 = dhsa_cli_now_test();
+    if (g_pid > 0) kill(g_pid, SIGTERM);
+    int rc2 = g_pid > 0 ? wait_exit(10) : rc1;
+    double took = dhsa_cli_now_test() - t0;
+    if (fd >= 0) close(fd);
+    T_CHECK(rc1 == -1 && rc2 == 1 && took < 5, "a second signal stops at once: still draining after 1 s (%d), then "
+            "exit %d %.2f s after the second", rc1, rc2, took);
+    if (g_pid > 0) stop_server(5);
+    unlink(g_log);
+}
 #endif
 
 int main(void) {
@@ -1544,14 +1697,15 @@ int main(void) {
 #ifdef DHSA_HAVE_SERVE
     test_parser();
     test_json_cost();
-    if (!getenv("DHSA_CLI")) T_SKIP(N_HTTP_CHECKS + N_LEAK_CHECKS + N_MEM_CHECKS, "DHSA_CLI is not set (tests/run.sh sets it): no server to start");
+    if (!getenv("DHSA_CLI")) T_SKIP(N_HTTP_CHECKS + N_LEAK_CHECKS + N_MEM_CHECKS + N_STOP_CHECKS, "DHSA_CLI is not set (tests/run.sh sets it): no server to start");
     else {
         test_http();
         test_no_leaks();
         test_mem_limit();
+        test_clean_stop();
     }
 #else
-    T_SKIP(N_PARSER_CHECKS + N_HTTP_CHECKS + N_LEAK_CHECKS + N_MEM_CHECKS - 1,
+    T_SKIP(N_PARSER_CHECKS + N_HTTP_CHECKS + N_LEAK_CHECKS + N_MEM_CHECKS + N_STOP_CHECKS - 1,
            "built without libmicrohttpd and jansson (apt-get install libmicrohttpd-dev libjansson-dev pkg-config; "
            ".ci/run does): no dhsa serve to test");
     char *o = NULL;

@@ -17,8 +17,12 @@
  * the longest prefix with its prompt, which is kept (dhsa_session_truncate)
  * while only the rest is evaluated. A client that goes away (its socket
  * reads EOF, or a write fails) stops its generation and frees its slot.
- * SIGINT / SIGTERM: no new requests, running ones end with an error
- * event or a 503, then the daemon stops and everything is freed.
+ * SIGINT / SIGTERM: no new connections, queued requests a 503, running
+ * ones end with an error event and [DONE] or a 503; once every answer is
+ * out (at most --timeout, 30 s) the daemon stops and everything is freed;
+ * a second signal stops at once. --mem-limit also bounds the requests:
+ * each reserves what it will allocate from what the slots' plan leaves
+ * (mem_take), before allocating it.
  *
  * Built with DHSA_HAVE_SERVE only (the Makefile sets it when pkg-config
  * finds libmicrohttpd and jansson); otherwise `dhsa serve` refuses, naming
@@ -174,6 +178,7 @@ typedef struct {
      * (mem_pool, 0: no limit); mem_used is reserved by requests now (under
      * mu). max_piece: the most bytes of text one token covers. */
     size_t mem_pool, mem_used, mem_peak;
+    int64_t n_active;              /* requests between their first call and request_done (under mu) */
     uint64_t n_mem_refused;
     int64_t max_piece;
     /* metrics (under mu) */
@@ -319,7 +324,8 @@ static enum MHD_Result send_text_opt(struct MHD_Connection *c, unsigned code, co
         return MHD_NO;
     }
     MHD_add_response_header(r, "Content-Type", type);
-    if (close_after) MHD_add_response_header(r, "Connection", "close");
+    /* while the server stops, no connection is kept for another request */
+    if (close_after || atomic_load(&S.stopping)) MHD_add_response_header(r, "Connection", "close");
     enum MHD_Result ret = MHD_queue_response(c, code, r);
     MHD_destroy_response(r);
     return ret;
@@ -444,7 +450,7 @@ static void release(slot *sl) {
     pthread_mutex_lock(&S.mu);
     sl->logits_of = NULL; /* the next request starts from its own prefill */
     sl->last_used = ++S.use_clock;
-    if (S.q_head) {
+    if (S.q_head && !atomic_load(&S.stopping)) { /* stopping: the waiters leave with a 503 */
         waiter *w = S.q_head;
         S.q_head = w->next;
         if (!S.q_head) S.q_tail = NULL;
@@ -1272,6 +1278,11 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, request_ctx *rc
                  (long long)S.n_slots, strcmp(why, "queue") == 0 ? (long long)S.max_queue : (long long)S.queue_timeout);
         return send_error(c, 503, msg, NULL, NULL);
     }
+    if (atomic_load(&S.stopping)) { /* granted as the server began to stop: still a queued request */
+        free(ids);
+        gen_free(g);
+        return send_error(c, 503, "the server is shutting down", NULL, NULL);
+    }
     if (slot_prepare(g->sl, g->rq.attn, g->rq.density, msg, sizeof msg)) {
         free(ids);
         gen_free(g);
@@ -1305,6 +1316,7 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, request_ctx *rc
         }
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
+        if (atomic_load(&S.stopping)) MHD_add_response_header(r, "Connection", "close");
         enum MHD_Result ret = MHD_queue_response(c, 200, r);
         MHD_destroy_response(r); /* stream_free runs when the response is done with */
         return ret;
@@ -1565,6 +1577,9 @@ static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, en
         mem_give(&r->reserved);
         free(r);
         *con_cls = NULL;
+        pthread_mutex_lock(&S.mu);
+        S.n_active--;
+        pthread_mutex_unlock(&S.mu);
     }
 }
 
@@ -1629,6 +1644,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!r) return MHD_NO;
         r->t0 = now_s();
         *con_cls = r;
+        pthread_mutex_lock(&S.mu);
+        S.n_active++;
+        pthread_mutex_unlock(&S.mu);
         char why[400];
         unsigned early = 0;
         const char *ecode = NULL;
@@ -1980,7 +1998,8 @@ int dhsa_cli_serve(int argc, char **argv) {
         S.batcher_started = 1;
     }
     struct MHD_Daemon *d = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | (S.verbose ? MHD_USE_ERROR_LOG : 0), 0, NULL, NULL, on_request,
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC | (S.verbose ? MHD_USE_ERROR_LOG : 0),
+        0, NULL, NULL, on_request,
         NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)S.timeout,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)S.max_conn, MHD_OPTION_NOTIFY_COMPLETED, request_done, NULL,
         MHD_OPTION_END);
@@ -1996,12 +2015,40 @@ int dhsa_cli_serve(int argc, char **argv) {
     int sig = 0;
     while (sigwait(&sigs, &sig) != 0) {
     }
-    fprintf(stderr, "dhsa serve: %s: stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    fprintf(stderr, "dhsa serve: %s: stopping (a second signal stops at once)\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    fflush(stderr);
+    /* A clean stop: no new connection (the listening socket stops
+     * listening: connects are refused), queued requests answered 503,
+     * running generations end at their next token (a stream with an error
+     * event and [DONE], a whole reply with a 503), then every answer is
+     * let out before the daemon closes the connections. */
     atomic_store(&S.stopping, 1);
+    MHD_socket lfd = MHD_quiesce_daemon(d);
+    if (lfd != MHD_INVALID_SOCKET) shutdown(lfd, SHUT_RDWR); /* closed after MHD_stop_daemon, as its manual asks */
     pthread_mutex_lock(&S.mu);
     for (waiter *w = S.q_head; w; w = w->next) pthread_cond_signal(&w->cv);
     pthread_mutex_unlock(&S.mu);
+    const double drain_s = S.timeout < 30 ? (double)S.timeout : 30.0, drain_until = now_s() + drain_s;
+    int64_t active = 1;
+    int again = 0;
+    for (;;) {
+        pthread_mutex_lock(&S.mu);
+        active = S.n_active;
+        pthread_mutex_unlock(&S.mu);
+        if (active == 0 || now_s() > drain_until) break;
+        struct timespec tick = {0, 50 * 1000 * 1000};
+        if (sigtimedwait(&sigs, NULL, &tick) > 0) {
+            again = 1;
+            break;
+        }
+    }
+    if (active > 0)
+        fprintf(stderr, "dhsa serve: %s: %lld request%s cut off\n", again ? "a second signal" : "the drain time is over",
+                (long long)active, active == 1 ? "" : "s");
+    else
+        fprintf(stderr, "dhsa serve: every request answered (%g s at most are waited for)\n", drain_s);
     MHD_stop_daemon(d); /* joins every connection's thread */
+    if (lfd != MHD_INVALID_SOCKET) close(lfd);
     if (S.batcher_started) {
         pthread_mutex_lock(&S.mu);
         S.batcher_quit = 1;
@@ -2012,6 +2059,6 @@ int dhsa_cli_serve(int argc, char **argv) {
     teardown();
     pthread_mutex_destroy(&S.mu);
     fprintf(stderr, "dhsa serve: stopped\n");
-    return 0;
+    return again ? 1 : 0;
 }
 #endif
