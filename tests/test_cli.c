@@ -4,7 +4,9 @@
  * naming the option; `bench attn` prints JSON with every documented key and
  * an error under tolerance, and refuses (exit 1, no timing) when its output
  * is deliberately corrupted; `peak --json` has its keys; `demo` runs and
- * shows the mask polarity refusal. Skips when the binary is missing.
+ * shows the mask polarity refusal; --threads above the online CPUs is
+ * capped with a warning by every subcommand. Skips when the binary is
+ * missing.
  * Run: make test (or DHSA_CLI=build/dhsa build/tests/test_cli).
  */
 #include "t.h"
@@ -12,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char *cli;
@@ -252,8 +255,57 @@ static void test_sparse_json(void) {
     }
 }
 
+/* ------------------------------------------------------------ threads --- */
+
+/* --threads above the online CPUs is capped to them with a warning line, at
+ * every subcommand that takes it (tools/cli_base.c, dhsa_cli_threads): 999
+ * threads on 2 cores took 97 s for what 2 do in 1-2 s. Each subcommand is
+ * stopped by a bad option after --threads (the warning comes first); `run`
+ * runs whole, in little time, with the output of --threads CPUs. */
+#define N_THREAD_CHECKS 17
+static void test_threads_capped(void) {
+    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cpus < 1 || cpus >= 1000) {
+        T_SKIP(N_THREAD_CHECKS, "%ld online CPUs: --threads 1000 is not above them", cpus);
+        return;
+    }
+    char want[128];
+    snprintf(want, sizeof want, "warning: --threads 1000 is above the %ld online CPUs: using %ld", cpus, cpus);
+    const char *subs[] = {"run", "plan", "bench model", "bench attn", "bench matmul", "bench sparse", "bench decode",
+                          "peak", "demo", "eval fidelity", "eval passkey", "train-boundary", "serve"};
+    for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
+        char args[256], *out;
+        snprintf(args, sizeof args, "%s --threads 1000 --no-such-option", subs[i]);
+        run(args, &out);
+        T_CHECK(out && strstr(out, want), "dhsa %s: no \"%s\" in:\n%.2000s", args, want, out ? out : "(none)");
+        free(out);
+    }
+    char args[256], *ref = NULL, *out = NULL;
+    snprintf(args, sizeof args, "run -p 'Once upon a time' -n 8 --ctx 64 --temp 0 --ids --threads %ld", cpus);
+    int rc_ref = run(args, &ref);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rc = run("run -p 'Once upon a time' -n 8 --ctx 64 --temp 0 --ids --threads 1000", &out);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    T_CHECK(rc == 0 && rc_ref == 0 && out && strstr(out, want), "run --threads 1000: exit %d (%d), output:\n%.2000s", rc,
+            rc_ref, out ? out : "(none)");
+    /* the ids line (the first that starts with a digit): the same as with the CPUs' count */
+    const char *ids = out, *ids_ref = ref;
+    while (ids && *ids && !(*ids >= '0' && *ids <= '9')) ids = strchr(ids, '\n') ? strchr(ids, '\n') + 1 : NULL;
+    while (ids_ref && *ids_ref && !(*ids_ref >= '0' && *ids_ref <= '9'))
+        ids_ref = strchr(ids_ref, '\n') ? strchr(ids_ref, '\n') + 1 : NULL;
+    size_t n_ids = ids_ref && *ids_ref ? strcspn(ids_ref, "\n") : 0;
+    T_CHECK(n_ids > 0 && ids && strncmp(ids, ids_ref, n_ids + 1) == 0, "run --threads 1000 printed\n%s\nnot\n%s",
+            out ? out : "(none)", ref ? ref : "(none)");
+    T_CHECK(secs < 20, "run --threads 1000 took %.1f s (20 s at most: capped, it is as fast as %ld threads)", secs,
+            cpus);
+    free(ref);
+    free(out);
+}
+
 /* Every check of this file needs the CLI: what a skip of it all counts. */
-#define N_CHECKS 176
+#define N_CHECKS (176 + N_THREAD_CHECKS)
 
 int main(void) {
     cli = getenv("DHSA_CLI");
@@ -272,5 +324,6 @@ int main(void) {
     test_peak_json();
     test_demo();
     test_sparse_json();
+    test_threads_capped();
     return t_report("test_cli");
 }

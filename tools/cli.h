@@ -33,6 +33,21 @@ const char *dhsa_cli_command(void);
 _Noreturn void dhsa_cli_die(int code, const char *fmt, ...) DHSA_CLI_PRINTF(2, 3);
 /* A library call failed: "dhsa NAME: what: the library's sentence", exit 1. */
 _Noreturn void dhsa_cli_die_lib(const char *what);
+/* "dhsa NAME: sentence\n" on stderr with one write(2), as dhsa_cli_die
+ * writes its line: under mpirun (more than one rank) the line says "rank r
+ * of R: " after the name, and the lines of several ranks never mix (a line
+ * is cut at 4 KiB, under PIPE_BUF). For warnings and errors that go on. */
+void dhsa_cli_error_line(const char *fmt, ...) DHSA_CLI_PRINTF(1, 2);
+/* The same line into buf (cap bytes, NUL-terminated); returns its length.
+ * For a line written later from a signal handler. */
+size_t dhsa_cli_format_line(char *buf, size_t cap, const char *fmt, ...) DHSA_CLI_PRINTF(3, 4);
+/* --threads T for every subcommand: 1..1024, and above the online CPUs
+ * capped to them with a warning line (more threads than CPUs only wait for
+ * each other: 999 on 2 cores took 97 s instead of 1-2 s; results do not
+ * depend on the count). */
+int dhsa_cli_threads(const char *opt, const char *s);
+/* sysconf(_SC_NPROCESSORS_ONLN), at least 1. */
+int dhsa_cli_online_cpus(void);
 /* Monotonic seconds. */
 double dhsa_cli_now(void);
 /* Median of v[0..n) (sorts v). */

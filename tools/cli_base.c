@@ -7,13 +7,16 @@
  */
 #include "cli.h"
 #include "core/internal.h"
+#include "dist.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static const char *cmd_name; /* NULL: the top level, "dhsa: ..." */
 static const char *after_usage;
@@ -25,15 +28,69 @@ void dhsa_cli_set_command(const char *name, const char *after_usage_error) {
 
 const char *dhsa_cli_command(void) { return cmd_name ? cmd_name : ""; }
 
-void dhsa_cli_die(int code, const char *fmt, ...) {
+/* The line of dhsa_cli_format_line, from a va_list. */
+static size_t format_vline(char *buf, size_t cap, const char *fmt, va_list ap) {
+    if (cap < 8) return 0;
+    int k = cmd_name ? snprintf(buf, cap, "dhsa %s: ", cmd_name) : snprintf(buf, cap, "dhsa: ");
+    size_t n = k > 0 && (size_t)k < cap ? (size_t)k : 0;
+    if (dhsa_cli_dist_size() > 1) {
+        k = snprintf(buf + n, cap - n, "rank %d of %d: ", dhsa_cli_dist_rank(), dhsa_cli_dist_size());
+        if (k > 0 && (size_t)k < cap - n) n += (size_t)k;
+    }
+    k = vsnprintf(buf + n, cap - n, fmt, ap);
+    if (k < 0) k = 0;
+    if ((size_t)k >= cap - n - 1) { /* cut: end with "...", room kept for the newline */
+        n = cap - 5;
+        memcpy(buf + n, "...", 3);
+        n += 3;
+    } else {
+        n += (size_t)k;
+    }
+    buf[n++] = '\n';
+    buf[n] = 0;
+    return n;
+}
+
+size_t dhsa_cli_format_line(char *buf, size_t cap, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    if (cmd_name) fprintf(stderr, "dhsa %s: ", cmd_name);
-    else fputs("dhsa: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    size_t n = format_vline(buf, cap, fmt, ap);
     va_end(ap);
-    if (code == DHSA_EXIT_USAGE && after_usage) fprintf(stderr, "\n%s", after_usage);
+    return n;
+}
+
+/* One write(2) of the whole line: mpirun forwards each rank's stderr as
+ * it comes, so a line written in pieces can be cut by another rank's. A
+ * line of at most PIPE_BUF bytes is written to a pipe at once. */
+static void write_line(const char *buf, size_t n) {
+    fflush(stderr); /* what came before stays before */
+    while (n > 0) {
+        ssize_t w = write(2, buf, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return;
+        buf += w;
+        n -= (size_t)w;
+    }
+}
+
+void dhsa_cli_error_line(const char *fmt, ...) {
+    char buf[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    size_t n = format_vline(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    write_line(buf, n);
+}
+
+void dhsa_cli_die(int code, const char *fmt, ...) {
+    char buf[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    size_t n = format_vline(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    write_line(buf, n);
+    /* the usage text once, not once per rank */
+    if (code == DHSA_EXIT_USAGE && after_usage && dhsa_cli_dist_rank() == 0) fprintf(stderr, "\n%s", after_usage);
     exit(code);
 }
 
@@ -90,6 +147,22 @@ int dhsa_cli_chunk_score(const char *opt, const char *s) {
 
 const char *dhsa_cli_chunk_score_name(int score) {
     return score >= 0 && score < 4 ? chunk_scores[score] : "?";
+}
+
+int dhsa_cli_online_cpus(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 && n < 1 << 20 ? (int)n : 1;
+}
+
+int dhsa_cli_threads(const char *opt, const char *s) {
+    int64_t n = dhsa_cli_int(opt, s, 1, 1024, 0);
+    const int cpus = dhsa_cli_online_cpus();
+    if (n > cpus) {
+        dhsa_cli_error_line("warning: %s %lld is above the %d online CPUs: using %d (more threads than CPUs only "
+                            "wait for each other; results do not depend on the count)", opt, (long long)n, cpus, cpus);
+        n = cpus;
+    }
+    return (int)n;
 }
 
 int64_t dhsa_cli_int(const char *opt, const char *s, int64_t min, int64_t max, int suffix) {

@@ -298,7 +298,7 @@ static int cmd_peak(int argc, char **argv) {
     opt_scan o = opt_begin(argc, argv, 2);
     while (opt_next(&o)) {
         if (opt_is(&o, "--threads"))
-            threads = (int)dhsa_cli_int("--threads", opt_value(&o), 1, 1024, 0);
+            threads = dhsa_cli_threads("--threads", opt_value(&o));
         else if (opt_is(&o, "--json"))
             json = opt_flag(&o);
         else if (opt_is(&o, "--seconds"))
@@ -645,7 +645,7 @@ static bench_opts bench_parse(int argc, char **argv) {
             else if (!parse_dtype(v, &b.kv_dtype))
                 dhsa_cli_die(EXIT_USAGE, "--kv-dtype: \"%s\" is not f32, f16, bf16 or q8_0", v);
         } else if (opt_is(&o, "--threads"))
-            b.threads = (int)dhsa_cli_int("--threads", opt_value(&o), 1, 1024, 0);
+            b.threads = dhsa_cli_threads("--threads", opt_value(&o));
         else if (opt_is(&o, "--backend")) {
             const char *v = opt_value(&o);
             if (strcmp(v, "tiled") == 0) b.backend = DHSA_BACKEND_TILED;
@@ -958,7 +958,7 @@ static int cmd_demo(int argc, char **argv) {
         else if (opt_is(&op, "-m")) model = opt_value(&op);
         else if (opt_is(&op, "--model-L")) model_L = dhsa_cli_int("--model-L", opt_value(&op), 256, (int64_t)1 << 20, 1);
         else if (opt_is(&op, "--threads"))
-            threads = (int)dhsa_cli_int("--threads", opt_value(&op), 1, 1024, 0);
+            threads = dhsa_cli_threads("--threads", opt_value(&op));
         else opt_unknown(&op);
     }
     const int64_t B = 2, Hq = 8, Hkv = 2, d = 128, pad = L / 4;

@@ -210,7 +210,7 @@ static void parse(int argc, char **argv, eval_opts *o, const char *sub) {
         else if (strcmp(a, "--svg") == 0) o->svg = v;
         else if (strcmp(a, "--svg-attn") == 0) o->svg_attn = v;
         else if (strcmp(a, "--template") == 0) o->template_name = v;
-        else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) o->threads = dhsa_cli_int(a, v, 1, 1024, 0);
+        else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) o->threads = dhsa_cli_threads(a, v);
         else if (strcmp(a, "--ctx") == 0 || strcmp(a, "-c") == 0) o->ctx = dhsa_cli_int(a, v, 2, (int64_t)1 << 24, 1);
         else if (strcmp(a, "--windows") == 0) o->windows = dhsa_cli_int(a, v, 1, 1 << 20, 0);
         else if (strcmp(a, "--passage") == 0) o->passage = dhsa_cli_int(a, v, 2, 4096, 0);

@@ -283,7 +283,7 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
         else if (OPT("--n-in")) n_in = dhsa_cli_int(o, val, 1, (int64_t)1 << 20, 1);
         else if (OPT("--n-out")) n_out = dhsa_cli_int(o, val, 1, (int64_t)1 << 24, 1);
         else if (OPT("--tok")) tok = dhsa_cli_int(o, val, 1, 1 << 16, 1);
-        else if (OPT("--threads")) threads = (int)dhsa_cli_int(o, val, 1, 1024, 1);
+        else if (OPT("--threads")) threads = dhsa_cli_threads(o, val);
         else if (OPT("--runs")) runs = (int)dhsa_cli_int(o, val, 1, 100000, 1);
         else if (OPT("--seed")) seed = dhsa_cli_int(o, val, 0, INT64_MAX, 1);
         else if (OPT("--isa")) {

@@ -227,7 +227,7 @@ static void parse(int argc, char **argv, run_opts *o) {
         else if (strcmp(a, "--repeat-penalty") == 0) o->sp.repeat_penalty = (float)dhsa_cli_real(a, v, 1e-6, 1e6);
         else if (strcmp(a, "--repeat-last-n") == 0) o->sp.repeat_last_n = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 0);
         else if (strcmp(a, "--seed") == 0) o->sp.seed = (uint64_t)dhsa_cli_int(a, v, 0, INT64_MAX, 0);
-        else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) o->threads = dhsa_cli_int(a, v, 1, 1024, 0);
+        else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) o->threads = dhsa_cli_threads(a, v);
         else if (strcmp(a, "--ctx") == 0 || strcmp(a, "-c") == 0) o->ses.n_ctx = dhsa_cli_int(a, v, 1, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--ubatch") == 0) o->ses.n_ubatch = dhsa_cli_int(a, v, 1, 65536, 1);
         else if (strcmp(a, "--mem-limit") == 0) o->ses.mem_limit = (size_t)dhsa_cli_int(a, v, 1, INT64_MAX, 1);
@@ -1034,7 +1034,7 @@ int dhsa_cli_bench_model(int argc, char **argv) {
         else if (strcmp(a, "--lengths") == 0) lengths = v;
         else if (strcmp(a, "--attn") == 0) methods = v;
         else if (strcmp(a, "--decode") == 0) n_dec = dhsa_cli_int(a, v, 1, 1 << 20, 1);
-        else if (strcmp(a, "--threads") == 0) threads = dhsa_cli_int(a, v, 1, 1024, 0);
+        else if (strcmp(a, "--threads") == 0) threads = dhsa_cli_threads(a, v);
         else if (strcmp(a, "--seed") == 0) seed = dhsa_cli_int(a, v, 0, INT64_MAX, 0);
         else if (strcmp(a, "--density") == 0) density = dhsa_cli_real(a, v, 1e-6, 1);
         else if (strcmp(a, "--budget") == 0) budget = dhsa_cli_int(a, v, 1, (int64_t)1 << 31, 1);

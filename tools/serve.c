@@ -1793,7 +1793,7 @@ static void parse_args(int argc, char **argv) {
         else if (strcmp(a, "--port") == 0) S.port = dhsa_cli_int(a, v, 0, 65535, 0);
         else if (strcmp(a, "--slots") == 0) S.n_slots = dhsa_cli_int(a, v, 1, 256, 0);
         else if (strcmp(a, "--ctx") == 0 || strcmp(a, "-c") == 0) S.sp.n_ctx = dhsa_cli_int(a, v, 1, (int64_t)1 << 31, 1);
-        else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) S.threads = dhsa_cli_int(a, v, 1, 1024, 0);
+        else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) S.threads = dhsa_cli_threads(a, v);
         else if (strcmp(a, "--mem-limit") == 0) S.sp.mem_limit = (size_t)dhsa_cli_int(a, v, 1, INT64_MAX, 1);
         else if (strcmp(a, "--density") == 0) S.sp.router.density = dhsa_cli_real(a, v, 1e-6, 1);
         else if (strcmp(a, "--template") == 0) S.template_name = v;

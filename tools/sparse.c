@@ -284,7 +284,7 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
         else if (OPT("--dense-below")) rp.dense_below = dhsa_cli_int(o, val, 0, (int64_t)1 << 40, 1);
         else if (OPT("--needles")) needles = dhsa_cli_int(o, val, 0, 16, 1);
         else if (OPT("--seed")) seed = dhsa_cli_int(o, val, 0, INT64_MAX, 1);
-        else if (OPT("--threads")) threads = (int)dhsa_cli_int(o, val, 1, 1024, 1);
+        else if (OPT("--threads")) threads = dhsa_cli_threads(o, val);
         else if (OPT("--runs")) runs = (int)dhsa_cli_int(o, val, 1, 1000, 1);
         else if (OPT("--dense-runs")) dense_runs = (int)dhsa_cli_int(o, val, 1, 1000, 1);
         else if (OPT("--svg")) svg = val;
@@ -496,7 +496,7 @@ int dhsa_cli_bench_decode(int argc, char **argv) {
                 rp.boundary = DHSA_BOUNDARY_LEARNED;
                 pred_path = val + 8; /* loaded below, once the shape is known */
             } else dhsa_cli_die(EXIT_USAGE, "--boundary %s: use fixed, similarity or learned:FILE", val);
-        } else if (OPT("--threads")) threads = (int)dhsa_cli_int(o, val, 1, 1024, 1);
+        } else if (OPT("--threads")) threads = dhsa_cli_threads(o, val);
         else if (OPT("--runs")) runs = (int)dhsa_cli_int(o, val, 1, 1000, 1);
         else dhsa_cli_die(EXIT_USAGE, "unknown option \"%s\"", o);
 #undef OPT

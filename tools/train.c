@@ -196,7 +196,7 @@ int dhsa_cli_train_boundary(int argc, char **argv) {
         else if (strcmp(a, "--pos-weight") == 0) tp.pos_weight = dhsa_cli_real(a, v, 1e-6, 1e6);
         else if (strcmp(a, "--seed") == 0) tp.seed = (uint64_t)dhsa_cli_int(a, v, 0, INT64_MAX, 1);
         else if (strcmp(a, "--max-tokens") == 0) max_tokens = dhsa_cli_int(a, v, 1, INT64_MAX, 1);
-        else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) threads = dhsa_cli_int(a, v, 1, 1024, 1);
+        else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) threads = dhsa_cli_threads(a, v);
         else dhsa_cli_die(EXIT_USAGE, "unknown option \"%s\"", a);
     }
     if (!model) dhsa_cli_die(EXIT_USAGE, "-m MODEL is required");
