@@ -4,16 +4,24 @@
  * launch detection alone, which refuses an mpirun start with more than one
  * rank. The library never sees MPI.
  *
- * Faults: every operation is non-blocking and polled against a deadline
- * (DHSA_DIST_TIMEOUT seconds, default 300: a wait for the other ranks,
- * which includes their compute), so a rank that stalls ends the job with a
- * sentence on every waiting rank (then MPI_Abort) instead of a hang; a rank
- * that dies is noticed by mpirun, which ends the others with SIGTERM: a
- * handler writes which rank was told to stop before it exits. Errors from
- * MPI come back as sentences (MPI_ERRORS_RETURN).
+ * Faults: every operation is non-blocking and polled. A rank that stops
+ * (SIGSTOP, a debugger, a frozen node) is found by a liveness check: each
+ * rank runs a small thread that answers pings on its own communicator
+ * (MPI_THREAD_MULTIPLE), and a rank that has waited DHSA_DIST_PROBE s (5)
+ * for an operation pings the others; a rank whose answer does not come in
+ * DHSA_DIST_STALL s (15) is stopped, and the waiting rank names it and
+ * ends the job (MPI_Abort). A rank that computes for long answers, so long
+ * prefill steps are waited for. DHSA_DIST_TIMEOUT (default 3600 s) bounds
+ * any one wait all the same (a rank alive but hung). A rank that dies is
+ * noticed by mpirun, which ends the others with SIGTERM: a handler writes
+ * which rank was told to stop before it exits. Errors from MPI come back
+ * as sentences (MPI_ERRORS_RETURN). Every message is one line written with
+ * one write(2), prefixed with the rank (dhsa_cli_error_line), so the lines
+ * of several ranks do not mix.
  * Tested by tests/test_dist.c (skipped without mpirun).
  */
 #include "dist.h"
+#include "cli.h"
 
 #include <signal.h>
 #include <stdint.h>
@@ -36,13 +44,102 @@ int dhsa_cli_dist_size(void) { return g_size; }
 
 #ifdef DHSA_HAVE_MPI
 #include <mpi.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <time.h>
 
-static double g_timeout = 300.0;
+static double g_timeout = 3600.0; /* DHSA_DIST_TIMEOUT: any one wait, at most */
+static double g_probe = 5.0;      /* DHSA_DIST_PROBE: a wait this long checks the others are alive */
+static double g_stall = 15.0;     /* DHSA_DIST_STALL: a rank that does not answer in this long is stopped */
 static void fault_point(void);
 static int g_started = 0;
-static char g_term_msg[160];
+static char g_term_msg[320];
 static size_t g_term_len;
+
+/* ---------------------------------------------------------- liveness --- */
+/* Each rank's answering thread: takes pings (any rank, TAG_PING) on g_live
+ * and sends each back (TAG_PONG), polling every 10 ms so that it costs
+ * nothing; MPI_Test rather than a blocking receive, which would spin a
+ * core. It runs while the main thread computes, so only a rank that is
+ * stopped as a whole stays silent. */
+#define TAG_PING 7101
+#define TAG_PONG 7102
+static MPI_Comm g_live = MPI_COMM_NULL;
+static pthread_t g_live_thread;
+static atomic_int g_live_stop;
+static int g_live_on = 0;
+
+static void sleep_s(double s) {
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+static void *live_main(void *unused) {
+    (void)unused;
+    int ping = 0;
+    MPI_Request r;
+    if (MPI_Irecv(&ping, 1, MPI_INT, MPI_ANY_SOURCE, TAG_PING, g_live, &r) != MPI_SUCCESS) return NULL;
+    while (!atomic_load(&g_live_stop)) {
+        int flag = 0;
+        MPI_Status st;
+        if (MPI_Test(&r, &flag, &st) != MPI_SUCCESS) return NULL;
+        if (!flag) {
+            sleep_s(0.01);
+            continue;
+        }
+        int pong = ping;
+        MPI_Send(&pong, 1, MPI_INT, st.MPI_SOURCE, TAG_PONG, g_live);
+        if (MPI_Irecv(&ping, 1, MPI_INT, MPI_ANY_SOURCE, TAG_PING, g_live, &r) != MPI_SUCCESS) return NULL;
+    }
+    MPI_Cancel(&r);
+    MPI_Wait(&r, MPI_STATUS_IGNORE);
+    return NULL;
+}
+
+/* Pings every other rank and waits up to g_stall s for the answers. Writes
+ * the ranks that did not answer ("1", "1, 3") into who; returns how many. */
+static int roll_call(char *who, size_t cap) {
+    static int seq = 0;
+    int n_silent = 0, ping = ++seq;
+    MPI_Request *rq = malloc(2 * (size_t)g_size * sizeof *rq);
+    int *pong = malloc((size_t)g_size * sizeof *pong);
+    who[0] = 0;
+    if (!rq || !pong) {
+        free(rq);
+        free(pong);
+        return 0; /* no memory for the check: keep waiting, DHSA_DIST_TIMEOUT still holds */
+    }
+    for (int q = 0; q < g_size; q++) {
+        rq[2 * q] = rq[2 * q + 1] = MPI_REQUEST_NULL;
+        if (q == g_rank) continue;
+        MPI_Irecv(&pong[q], 1, MPI_INT, q, TAG_PONG, g_live, &rq[2 * q]);
+        MPI_Isend(&ping, 1, MPI_INT, q, TAG_PING, g_live, &rq[2 * q + 1]);
+    }
+    double t0 = MPI_Wtime();
+    int all = 0;
+    while (!all && MPI_Wtime() - t0 < g_stall) {
+        MPI_Testall(2 * g_size, rq, &all, MPI_STATUSES_IGNORE);
+        if (!all) sleep_s(0.002);
+    }
+    for (int q = 0; !all && q < g_size; q++) {
+        int got = 1;
+        if (rq[2 * q] != MPI_REQUEST_NULL) MPI_Test(&rq[2 * q], &got, MPI_STATUS_IGNORE);
+        if (got) continue;
+        size_t used = strlen(who);
+        snprintf(who + used, cap - used, "%s%d", n_silent ? ", " : "", q);
+        n_silent++;
+    }
+    free(rq);
+    free(pong);
+    return n_silent;
+}
+
+/* Ends the job from this rank: one line, then MPI_Abort. */
+_Noreturn static void end_job(const char *line) {
+    dhsa_cli_error_line("%s", line);
+    MPI_Abort(MPI_COMM_WORLD, 3);
+    _exit(3);
+}
 
 static void on_term(int sig) {
     (void)sig;
@@ -59,28 +156,45 @@ static int mpi_why(int rc, const char *what, char *why) {
     return 1;
 }
 
-/* Polls the requests until done or the deadline: at the deadline the job
- * ends (MPI_Abort), saying on this rank what it was waiting for. */
+/* Polls the requests until done. After g_probe s, and every g_probe s
+ * after, it checks that the other ranks are alive (roll_call): a rank that
+ * does not answer ends the job, named. At g_timeout s the job ends all the
+ * same, naming the ranks that do not answer if any. */
 static int wait_all(int n, MPI_Request *r, const char *what, char *why) {
-    double t0 = MPI_Wtime();
+    double t0 = MPI_Wtime(), next_probe = t0 + g_probe;
     long spins = 0;
     for (;;) {
         int flag = 0, rc = MPI_Testall(n, r, &flag, MPI_STATUSES_IGNORE);
         if (rc != MPI_SUCCESS) return mpi_why(rc, what, why);
         if (flag) return 0;
-        double waited = MPI_Wtime() - t0;
+        double now = MPI_Wtime(), waited = now - t0;
+        if (g_live_on && now >= next_probe) {
+            char who[256], line[640];
+            int silent = roll_call(who, sizeof who);
+            if (silent) {
+                snprintf(line, sizeof line,
+                         "rank%s %s of %d did not answer a liveness check for %.0f s (stopped or frozen: "
+                         "DHSA_DIST_STALL) while this rank waited %.0f s for %s; ending the job",
+                         silent > 1 ? "s" : "", who, g_size, g_stall, MPI_Wtime() - t0, what);
+                end_job(line);
+            }
+            next_probe = MPI_Wtime() + g_probe;
+        }
         if (waited > g_timeout) {
-            fprintf(stderr,
-                    "dhsa: rank %d of %d: no answer from the other ranks for %.0f s in %s (DHSA_DIST_TIMEOUT): a rank "
-                    "died or stalled; ending the job\n", g_rank, g_size, waited, what);
-            fflush(stderr);
-            MPI_Abort(MPI_COMM_WORLD, 3);
-            _exit(3);
+            char who[256] = "", line[640];
+            double keep = g_stall;
+            g_stall = g_stall < 2.0 ? g_stall : 2.0; /* a live rank answers in milliseconds */
+            int silent = g_live_on ? roll_call(who, sizeof who) : 0;
+            g_stall = keep;
+            snprintf(line, sizeof line,
+                     "no answer from the other ranks for %.0f s in %s (DHSA_DIST_TIMEOUT): %s%s%s; ending the job",
+                     waited, what, silent ? "rank(s) " : (g_live_on ? "every rank is alive, so one is hung or slower "
+                                                                     "than DHSA_DIST_TIMEOUT allows" : "a rank died or stalled"),
+                     who, silent ? " did not answer a liveness check" : "");
+            end_job(line);
         }
-        if (++spins > 2000) { /* after a short spin, sleep: the cores are shared with the other ranks */
-            struct timespec ts = {0, 200000};
-            nanosleep(&ts, NULL);
-        }
+        if (++spins > 2000) /* after a short spin, sleep: the cores are shared with the other ranks */
+            sleep_s(0.0002);
     }
 }
 
@@ -142,18 +256,20 @@ static int t_alltoallv(void *user, const void *send, const size_t *sb, void *rec
 
 static MPI_Request g_ring[2];
 
-/* DHSA_DIST_FAULT=kill:R or stall:R (tests/test_dist.c): rank R kills
- * itself (SIGKILL) or stops answering at its first transport call. */
+/* DHSA_DIST_FAULT=kill:R, stop:R or stall:R (tests/test_dist.c): rank R
+ * kills itself (SIGKILL), stops as a whole (SIGSTOP: its answering thread
+ * too), or hangs in its main thread (alive, answering) at its first
+ * transport call. */
 static void fault_point(void) {
     static int done = 0;
     const char *f = getenv("DHSA_DIST_FAULT");
     if (done || !f) return;
     done = 1;
-    int kill_it = strncmp(f, "kill:", 5) == 0, stall = strncmp(f, "stall:", 6) == 0;
-    if ((!kill_it && !stall) || atoi(f + (kill_it ? 5 : 6)) != g_rank) return;
-    fprintf(stderr, "dhsa: rank %d: DHSA_DIST_FAULT=%s: %s now\n", g_rank, f, kill_it ? "dying" : "stalling");
-    fflush(stderr);
+    int kill_it = strncmp(f, "kill:", 5) == 0, stall = strncmp(f, "stall:", 6) == 0, stop = strncmp(f, "stop:", 5) == 0;
+    if ((!kill_it && !stall && !stop) || atoi(f + (stall ? 6 : 5)) != g_rank) return;
+    dhsa_cli_error_line("DHSA_DIST_FAULT=%s: %s now", f, kill_it ? "dying" : stop ? "stopping (SIGSTOP)" : "stalling");
     if (kill_it) raise(SIGKILL);
+    if (stop) raise(SIGSTOP);
     for (;;) pause();
 }
 
@@ -176,25 +292,46 @@ static int t_ring_wait(void *user, char *why) {
 
 static dhsa_dist g_dist;
 
+/* A positive number of seconds from the environment, else def. */
+static double env_seconds(const char *name, double def) {
+    const char *v = getenv(name);
+    char *end;
+    double x = v ? strtod(v, &end) : 0;
+    if (!v) return def;
+    if (end == v || *end || !(x > 0) || x > 1e9) {
+        dhsa_cli_error_line("%s=\"%s\" is not a positive number of seconds", name, v);
+        exit(2);
+    }
+    return x;
+}
+
 const dhsa_dist *dhsa_cli_dist_start(int *argc, char ***argv) {
     if (launch_size() <= 1) return NULL;
     int provided = 0;
-    if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
-        fprintf(stderr, "dhsa: MPI_Init failed: cannot run context parallel\n");
+    /* MULTIPLE: the liveness thread uses MPI beside the main thread */
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
+        dhsa_cli_error_line("MPI_Init failed: cannot run context parallel");
         exit(1);
     }
     g_started = 1;
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_size);
-    const char *t = getenv("DHSA_DIST_TIMEOUT");
-    if (t && atof(t) > 0) g_timeout = atof(t);
-    snprintf(g_term_msg, sizeof g_term_msg,
-             "dhsa: rank %d of %d: stopped by the launcher (SIGTERM): another rank died or the job was ended\n",
-             g_rank, g_size);
-    g_term_len = strlen(g_term_msg);
+    g_timeout = env_seconds("DHSA_DIST_TIMEOUT", g_timeout);
+    g_probe = env_seconds("DHSA_DIST_PROBE", g_probe);
+    g_stall = env_seconds("DHSA_DIST_STALL", g_stall);
+    g_term_len = dhsa_cli_format_line(g_term_msg, sizeof g_term_msg,
+                                      "stopped by the launcher (SIGTERM): another rank died or the job was ended");
     signal(SIGTERM, on_term);
     if (g_size == 1) return NULL;
+    if (provided >= MPI_THREAD_MULTIPLE && MPI_Comm_dup(MPI_COMM_WORLD, &g_live) == MPI_SUCCESS) {
+        MPI_Comm_set_errhandler(g_live, MPI_ERRORS_RETURN);
+        atomic_store(&g_live_stop, 0);
+        g_live_on = pthread_create(&g_live_thread, NULL, live_main, NULL) == 0;
+    }
+    if (!g_live_on && g_rank == 0)
+        dhsa_cli_error_line("warning: this MPI gives no MPI_THREAD_MULTIPLE, so a stopped rank is only found after "
+                            "DHSA_DIST_TIMEOUT = %.0f s", g_timeout);
     g_dist.rank = g_rank;
     g_dist.size = g_size;
     g_dist.user = NULL;
@@ -248,7 +385,18 @@ int dhsa_cli_dist_same_ids(const int32_t *ids, int64_t n) {
 }
 
 void dhsa_cli_dist_finish(void) {
-    if (g_started) MPI_Finalize();
+    if (!g_started) return;
+    if (g_live_on) {
+        /* every rank past its last wait first: none pings a rank whose
+         * answering thread has ended */
+        char why[256];
+        if (dhsa_cli_dist_barrier(why)) dhsa_cli_error_line("%s", why);
+        atomic_store(&g_live_stop, 1);
+        pthread_join(g_live_thread, NULL);
+        g_live_on = 0;
+        MPI_Comm_free(&g_live);
+    }
+    MPI_Finalize();
     g_started = 0;
 }
 
@@ -259,9 +407,9 @@ const dhsa_dist *dhsa_cli_dist_start(int *argc, char ***argv) {
     (void)argv;
     int n = launch_size();
     if (n > 1) {
-        fprintf(stderr, "dhsa: launched as one of %d MPI ranks, but this dhsa was built without MPI, so each rank would "
-                        "run the whole job alone: install Open MPI (apt-get install openmpi-bin libopenmpi-dev), "
-                        "then make clean && make\n", n);
+        dhsa_cli_error_line("launched as one of %d MPI ranks, but this dhsa was built without MPI, so each rank would "
+                            "run the whole job alone: install Open MPI (apt-get install openmpi-bin libopenmpi-dev), "
+                            "then make clean && make", n);
         exit(1);
     }
     return NULL;

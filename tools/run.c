@@ -35,7 +35,11 @@ const char dhsa_cli_dist_usage[] =
     "                      that rank's keys its queries could see: the chunks its\n"
     "                      blocks weigh most together; each block then selects\n"
     "                      among its own rank's chunks and those (docs/dist.md,\n"
-    "                      \"A fetch budget per rank\"). Refused with one process\n";
+    "                      \"A fetch budget per rank\"). Refused with one process\n"
+    "A stopped rank (SIGSTOP, a frozen node) is found by a liveness check and\n"
+    "named: a wait of DHSA_DIST_PROBE s (5) pings the other ranks, and one that\n"
+    "does not answer in DHSA_DIST_STALL s (15) ends the job; DHSA_DIST_TIMEOUT\n"
+    "(3600 s) bounds any one wait (docs/dist.md, \"Faults\").\n";
 
 const char dhsa_cli_run_usage[] =
     "usage: dhsa run [-m MODEL] [-p TEXT | -f FILE] [-n N] [options]\n"
