@@ -64,6 +64,7 @@ static double dhsa_cli_now_test(void) {
 #define N_LEAK_CHECKS 15 /* 5 per server */
 #define N_MEM_CHECKS 6
 #define N_STOP_CHECKS 5
+#define N_CONN_CHECKS 4
 
 #ifdef DHSA_HAVE_SERVE
 #include "serve.h"
@@ -1690,6 +1691,84 @@ static void test_clean_stop(void) {
     if (g_pid > 0) stop_server(5);
     unlink(g_log);
 }
+
+/* ------------------------------------------------------ connections --- */
+
+/* GET /health on a new connection, retried every 100 ms (a refused or
+ * closed connection is retried) until it is answered 200 or secs pass.
+ * Returns the seconds it took, or -1. */
+static double health_within(double secs) {
+    double t0 = dhsa_cli_now_test();
+    while (dhsa_cli_now_test() - t0 < secs) {
+        char *r = NULL;
+        int code = http_raw("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 53, &r, 0);
+        free(r);
+        if (code == 200) return dhsa_cli_now_test() - t0;
+        usleep(100000);
+    }
+    return -1;
+}
+
+/* Issue 34: 140 idle TCP connections (the limit 128) locked every other
+ * client out for 59 s, until libmicrohttpd's idle timeout. Now, while the
+ * server is full, the connection idle the longest (1 s at least) is closed
+ * for a new one: a client gets its answer within a few seconds; a running
+ * stream is never the one closed; --max-connections-per-ip does the same
+ * within one address. */
+static void test_connections(void) {
+    if (start_server("--slots 1 --ctx 1024 --threads 1 --max-connections 16 --timeout 30") != 0) {
+        T_CHECK(0, "dhsa serve --max-connections 16 starts (log %s)", g_log);
+        T_SKIP(N_CONN_CHECKS - 1, "the server did not start");
+        return;
+    }
+    /* a long stream first: it must survive the flood */
+    stop_arg st;
+    memset(&st, 0, sizeof st);
+    snprintf(st.body, sizeof st.body, "{\"prompt\":\"Once upon a time\",\"max_tokens\":900,\"ignore_eos\":true,"
+             "\"temperature\":0,\"stream\":true,\"stream_options\":{\"include_usage\":true}}");
+    pthread_t sth;
+    pthread_create(&sth, NULL, stop_client, &st);
+    for (int i = 0; i < 500 && !__atomic_load_n(&st.started, __ATOMIC_SEQ_CST); i++) usleep(10000);
+    enum { IDLE = 24 };
+    int fds[IDLE];
+    for (int i = 0; i < IDLE; i++) fds[i] = connect_server();
+    usleep(200000);
+    double took = health_within(10);
+    printf("test_serve: %d idle connections against --max-connections 16: a client answered after %.2f s\n", IDLE, took);
+    T_CHECK(took >= 0 && took < 5, "%d idle connections (limit 16) do not lock a client out: answered after %.2f s",
+            IDLE, took);
+    double evicted = metric("dhsa_connections_evicted_total");
+    T_CHECK(evicted >= 1, "metrics count the idle connections closed for new ones (%g)", evicted);
+    /* a second wave, while the stream runs */
+    int fds2[IDLE];
+    for (int i = 0; i < IDLE; i++) fds2[i] = connect_server();
+    took = health_within(10);
+    pthread_join(sth, NULL);
+    T_CHECK(took >= 0 && st.code == 200 && st.resp && strstr(st.resp, "data: [DONE]") &&
+                strstr(st.resp, "\"completion_tokens\":900"),
+            "a running stream is not closed for new connections: %d, 900 tokens and [DONE]: %s; a client answered "
+            "after %.2f s", st.code, st.resp && strstr(st.resp, "\"completion_tokens\":900") ? "yes" : "no", took);
+    free(st.resp);
+    for (int i = 0; i < IDLE; i++) {
+        if (fds[i] >= 0) close(fds[i]);
+        if (fds2[i] >= 0) close(fds2[i]);
+    }
+    stop_server(20);
+    unlink(g_log);
+    if (start_server("--slots 1 --ctx 512 --threads 1 --max-connections-per-ip 4 --timeout 30") != 0) {
+        T_CHECK(0, "dhsa serve --max-connections-per-ip 4 starts");
+        return;
+    }
+    for (int i = 0; i < 8; i++) fds[i] = connect_server();
+    usleep(200000);
+    took = health_within(10);
+    T_CHECK(took >= 0 && took < 5 && metric("dhsa_connections_evicted_total") >= 1,
+            "8 idle connections of one address (--max-connections-per-ip 4): a client of it answered after %.2f s", took);
+    for (int i = 0; i < 8; i++)
+        if (fds[i] >= 0) close(fds[i]);
+    stop_server(20);
+    unlink(g_log);
+}
 #endif
 
 int main(void) {
@@ -1697,15 +1776,16 @@ int main(void) {
 #ifdef DHSA_HAVE_SERVE
     test_parser();
     test_json_cost();
-    if (!getenv("DHSA_CLI")) T_SKIP(N_HTTP_CHECKS + N_LEAK_CHECKS + N_MEM_CHECKS + N_STOP_CHECKS, "DHSA_CLI is not set (tests/run.sh sets it): no server to start");
+    if (!getenv("DHSA_CLI")) T_SKIP(N_HTTP_CHECKS + N_LEAK_CHECKS + N_MEM_CHECKS + N_STOP_CHECKS + N_CONN_CHECKS, "DHSA_CLI is not set (tests/run.sh sets it): no server to start");
     else {
         test_http();
         test_no_leaks();
         test_mem_limit();
         test_clean_stop();
+        test_connections();
     }
 #else
-    T_SKIP(N_PARSER_CHECKS + N_HTTP_CHECKS + N_LEAK_CHECKS + N_MEM_CHECKS + N_STOP_CHECKS - 1,
+    T_SKIP(N_PARSER_CHECKS + N_HTTP_CHECKS + N_LEAK_CHECKS + N_MEM_CHECKS + N_STOP_CHECKS + N_CONN_CHECKS - 1,
            "built without libmicrohttpd and jansson (apt-get install libmicrohttpd-dev libjansson-dev pkg-config; "
            ".ci/run does): no dhsa serve to test");
     char *o = NULL;

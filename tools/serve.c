@@ -104,7 +104,10 @@ const char dhsa_cli_serve_usage[] =
     "  --timeout S         a connection idle this long is closed (default 60)\n"
     "  --queue-timeout S   a request waits at most this long for a slot (default 60)\n"
     "  --max-queue N       requests that may wait for a slot (default 64)\n"
-    "  --max-connections N open connections (default 128)\n"
+    "  --max-connections N open connections (default 128); when full, the one idle\n"
+    "                      the longest (1 s at least) is closed for a new one\n"
+    "  --max-connections-per-ip N  open connections of one IPv4 address (default 0:\n"
+    "                      no limit of its own; loopback clients share 127.0.0.1)\n"
     "  --verbose           one line per request on stderr\n";
 
 /* ------------------------------------------------------------ state --- */
@@ -137,11 +140,26 @@ typedef struct waiter {
     int64_t n_prompt;
 } waiter;
 
+/* An open connection (MHD_OPTION_NOTIFY_CONNECTION), for the limits on
+ * connections: while the server is full, the connection idle the longest
+ * (no request in flight for at least FULL_IDLE_S) is closed to let a new
+ * one in. Under S.conn_mu. */
+typedef struct conn_rec {
+    struct conn_rec *prev, *next;
+    int fd;                  /* valid until its CLOSED notification, which comes before libmicrohttpd closes it */
+    uint32_t ip;             /* IPv4, network order */
+    double idle_since;       /* connected, or its last request answered */
+    int in_request;          /* headers received, answer not yet sent whole */
+    int evicted;             /* shut down by the policy; closing */
+} conn_rec;
+
+#define FULL_IDLE_S 1.0
+
 typedef struct {
     /* options */
     const char *model_path, *host, *template_name;
     char model_name[128];
-    int64_t port, n_slots, n_ctx, threads, max_tokens, max_body, timeout, queue_timeout, max_queue, max_conn;
+    int64_t port, n_slots, n_ctx, threads, max_tokens, max_body, timeout, queue_timeout, max_queue, max_conn, max_conn_ip;
     dhsa_session_params sp; /* the server's session params */
     int verbose;
     /* model */
@@ -179,6 +197,11 @@ typedef struct {
      * mu). max_piece: the most bytes of text one token covers. */
     size_t mem_pool, mem_used, mem_peak;
     int64_t n_active;              /* requests between their first call and request_done (under mu) */
+    /* connections (under conn_mu) */
+    pthread_mutex_t conn_mu;
+    conn_rec *conns;
+    int64_t n_conns;
+    uint64_t n_conn_evicted, n_conn_refused;
     uint64_t n_mem_refused;
     int64_t max_piece;
     /* metrics (under mu) */
@@ -1555,6 +1578,16 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c) {
     OUT("# HELP dhsa_request_memory_refused_total Requests refused (413 or 503) because the pool could not hold them.\n"
         "# TYPE dhsa_request_memory_refused_total counter\ndhsa_request_memory_refused_total %" PRIu64 "\n",
         m.n_mem_refused);
+    pthread_mutex_lock(&S.conn_mu);
+    const int64_t n_conns = S.n_conns;
+    const uint64_t n_evicted = S.n_conn_evicted, n_conn_refused = S.n_conn_refused;
+    pthread_mutex_unlock(&S.conn_mu);
+    OUT("# HELP dhsa_connections Open connections.\n# TYPE dhsa_connections gauge\ndhsa_connections %lld\n",
+        (long long)n_conns);
+    OUT("# HELP dhsa_connections_evicted_total Idle connections closed to let a new one in (the server was full).\n"
+        "# TYPE dhsa_connections_evicted_total counter\ndhsa_connections_evicted_total %" PRIu64 "\n", n_evicted);
+    OUT("# HELP dhsa_connections_refused_total New connections closed at once: full, and none idle.\n"
+        "# TYPE dhsa_connections_refused_total counter\ndhsa_connections_refused_total %" PRIu64 "\n", n_conn_refused);
     OUT("# HELP dhsa_resident_bytes Resident memory of the process.\n# TYPE dhsa_resident_bytes gauge\n"
         "dhsa_resident_bytes %zu\n", dhsa_proc_rss());
 #undef OUT
@@ -1565,14 +1598,106 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c) {
     return send_text(c, 200, "text/plain; version=0.0.4", b, k);
 }
 
+/* ------------------------------------------------------ connections --- */
+
+static conn_rec *conn_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? (conn_rec *)ci->socket_context : NULL;
+}
+
+static void conn_mark(struct MHD_Connection *c, int in_request) {
+    conn_rec *k = conn_of(c);
+    if (!k) return;
+    pthread_mutex_lock(&S.conn_mu);
+    k->in_request = in_request;
+    if (!in_request) k->idle_since = now_s();
+    pthread_mutex_unlock(&S.conn_mu);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+    (void)cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        conn_rec *k = calloc(1, sizeof *k);
+        if (!k) return; /* not tracked: never evicted, not counted */
+        k->fd = connection_fd(c);
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        if (ci && ci->client_addr && ci->client_addr->sa_family == AF_INET)
+            k->ip = ((const struct sockaddr_in *)(const void *)ci->client_addr)->sin_addr.s_addr;
+        k->idle_since = now_s();
+        pthread_mutex_lock(&S.conn_mu);
+        k->next = S.conns;
+        if (S.conns) S.conns->prev = k;
+        S.conns = k;
+        S.n_conns++;
+        pthread_mutex_unlock(&S.conn_mu);
+        *socket_context = k;
+        return;
+    }
+    conn_rec *k = *socket_context;
+    if (!k) return;
+    pthread_mutex_lock(&S.conn_mu);
+    if (k->prev) k->prev->next = k->next;
+    else S.conns = k->next;
+    if (k->next) k->next->prev = k->prev;
+    S.n_conns--;
+    pthread_mutex_unlock(&S.conn_mu);
+    free(k);
+    *socket_context = NULL;
+}
+
+/* A new connection (libmicrohttpd's accept policy). Under the limits it is
+ * let in. At --max-connections (or --max-connections-per-ip for its
+ * address) the connection that has been idle the longest, with no request
+ * in flight for at least FULL_IDLE_S (the server's short idle timeout
+ * while it is full), of that address when the address is at its limit,
+ * is shut down and the new one let in; when there is none, the new one is
+ * closed at once (the client sees its connection end, not a minute's
+ * hang). */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen) {
+    (void)cls;
+    uint32_t ip = 0;
+    if (addr && addrlen >= (socklen_t)sizeof(struct sockaddr_in) && addr->sa_family == AF_INET)
+        ip = ((const struct sockaddr_in *)(const void *)addr)->sin_addr.s_addr;
+    const double now = now_s();
+    enum MHD_Result ok = MHD_YES;
+    pthread_mutex_lock(&S.conn_mu);
+    int64_t same = 0, live = 0;
+    for (conn_rec *k = S.conns; k; k = k->next) {
+        live += !k->evicted;
+        same += !k->evicted && k->ip == ip;
+    }
+    const int ip_full = S.max_conn_ip > 0 && same >= S.max_conn_ip, full = live >= S.max_conn;
+    if (full || ip_full) {
+        conn_rec *victim = NULL;
+        for (conn_rec *k = S.conns; k; k = k->next)
+            if (!k->in_request && !k->evicted && k->fd >= 0 && (!ip_full || k->ip == ip) &&
+                now - k->idle_since >= FULL_IDLE_S && (!victim || k->idle_since < victim->idle_since))
+                victim = k;
+        if (victim) {
+            shutdown(victim->fd, SHUT_RDWR); /* its thread sees the end and closes it */
+            victim->evicted = 1;
+            S.n_conn_evicted++;
+        } else {
+            ok = MHD_NO;
+            S.n_conn_refused++;
+        }
+    }
+    pthread_mutex_unlock(&S.conn_mu);
+    if (S.verbose && (full || ip_full))
+        fprintf(stderr, "dhsa serve: %s: %s\n", ip_full ? "--max-connections-per-ip reached" : "--max-connections reached",
+                ok == MHD_YES ? "the longest idle connection closed for a new one" : "no idle connection: a new one refused");
+    return ok;
+}
+
 /* ---------------------------------------------------------- routing --- */
 
 static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode t) {
     (void)cls;
-    (void)c;
     (void)t;
     request_ctx *r = *con_cls;
     if (r) {
+        conn_mark(c, 0);
         free(r->body);
         mem_give(&r->reserved);
         free(r);
@@ -1647,6 +1772,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         pthread_mutex_lock(&S.mu);
         S.n_active++;
         pthread_mutex_unlock(&S.mu);
+        conn_mark(c, 1);
         char why[400];
         unsigned early = 0;
         const char *ecode = NULL;
@@ -1803,6 +1929,7 @@ static void parse_args(int argc, char **argv) {
         else if (strcmp(a, "--queue-timeout") == 0) S.queue_timeout = dhsa_cli_int(a, v, 0, 86400, 0);
         else if (strcmp(a, "--max-queue") == 0) S.max_queue = dhsa_cli_int(a, v, 0, 1 << 20, 0);
         else if (strcmp(a, "--max-connections") == 0) S.max_conn = dhsa_cli_int(a, v, 1, 65536, 0);
+        else if (strcmp(a, "--max-connections-per-ip") == 0) S.max_conn_ip = dhsa_cli_int(a, v, 0, 65536, 0);
         else if (strcmp(a, "--batch") == 0) {
             if (strcmp(v, "on") == 0) S.batch = 1;
             else if (strcmp(v, "off") == 0) S.batch = 0;
@@ -1977,6 +2104,7 @@ int dhsa_cli_serve(int argc, char **argv) {
         dhsa_cli_die(EXIT_USAGE, "--host %s: an IPv4 address is needed (127.0.0.1, 0.0.0.0, ...)", S.host);
     setup();
     pthread_mutex_init(&S.mu, NULL);
+    pthread_mutex_init(&S.conn_mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -1999,10 +2127,12 @@ int dhsa_cli_serve(int argc, char **argv) {
     }
     struct MHD_Daemon *d = MHD_start_daemon(
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC | (S.verbose ? MHD_USE_ERROR_LOG : 0),
-        0, NULL, NULL, on_request,
+        0, on_accept, NULL, on_request,
         NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)S.timeout,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)S.max_conn, MHD_OPTION_NOTIFY_COMPLETED, request_done, NULL,
-        MHD_OPTION_END);
+        /* libmicrohttpd's own limit stops accepting (connects then hang in
+         * the backlog): it is kept above ours, which on_accept applies */
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)(S.max_conn + 64), MHD_OPTION_NOTIFY_COMPLETED, request_done, NULL,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, NULL, MHD_OPTION_END);
     if (!d) dhsa_cli_die(EXIT_RUN, "cannot listen on %s:%lld: %s", S.host, (long long)S.port, strerror(errno));
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     int port = di ? (int)di->port : (int)S.port;
