@@ -1380,6 +1380,254 @@ static void test_desc_and_backends(void) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* Split-K decode (attn_tiled.c): few query rows over long keys are cut into
+ * pieces by key count and merged by LSE. Hkv = 1 (gemma-3-270m's one KV
+ * head) and 2, Lq = 1..4, 4100 keys (pieces of 128 keys and a short last
+ * one), F32 / F16 / Q8_0 K and V, dense and with a layout of random ranges;
+ * against the double reference here (its inputs are the values the library
+ * reads: F16 and Q8_0 decoded by their definitions), and bitwise the same
+ * with 1, 2 and 3 threads. */
+
+typedef struct {
+    int64_t Hq, Hkv, Lq, Lk, d, dv, window;
+    float softcap;
+    dhsa_type tkv;
+    int layout; /* random key ranges per (KV head) */
+} split_case;
+
+/* Q8_0 by its definition: F16 d, then 32 int8 codes per block */
+static double q8_value(const unsigned char *row, int64_t c) {
+    const unsigned char *blk = row + c / 32 * 34;
+    uint16_t h = (uint16_t)(blk[0] | blk[1] << 8);
+    return f16_decode(h) * (double)(int8_t)blk[2 + c % 32];
+}
+
+/* x [H][L][D] random normal -> the typed buffer and the values it holds */
+static void *split_fill(dhsa_type t, int64_t H, int64_t L, int64_t D, rng_t *r, double *canon) {
+    const int64_t n = H * L * D;
+    float *f = xcalloc((size_t)n, sizeof(float));
+    for (int64_t i = 0; i < n; i++) f[i] = (float)(1.2 * rng_normal(r));
+    if (t == DHSA_F32) {
+        for (int64_t i = 0; i < n; i++) canon[i] = f[i];
+        return f;
+    }
+    if (t == DHSA_F16) {
+        uint16_t *h = xcalloc((size_t)n, 2);
+        for (int64_t i = 0; i < n; i++) h[i] = dhsa_f32_to_f16(f[i]), canon[i] = f16_decode(h[i]);
+        free(f);
+        return h;
+    }
+    const size_t rb = dhsa_type_row_bytes(DHSA_Q8_0, D);
+    unsigned char *q = xcalloc((size_t)(H * L), rb);
+    for (int64_t row = 0; row < H * L; row++) {
+        dhsa_q8_0_quantize_row(f + row * D, q + (size_t)row * rb, D);
+        for (int64_t c = 0; c < D; c++) canon[row * D + c] = q8_value(q + (size_t)row * rb, c);
+    }
+    free(f);
+    return q;
+}
+
+/* o [Hq][Lq][dv], lse [Hq][Lq] in double; keys allowed by causality at
+ * q_pos0 = Lk - Lq, the window and sel[g][key] (NULL: all). */
+static void split_oracle(const split_case *c, const double *q, const double *k, const double *v,
+                         const unsigned char *sel, double *o, double *lse) {
+    const int64_t G = c->Hq / c->Hkv, pos0 = c->Lk - c->Lq;
+    const double scale = (double)(float)(1.0 / sqrt((double)c->d));
+    double *s = xcalloc((size_t)c->Lk, sizeof(double));
+    for (int64_t h = 0; h < c->Hq; h++)
+        for (int64_t r = 0; r < c->Lq; r++) {
+            const int64_t g = h / G, pos = pos0 + r;
+            const double *qr = q + (h * c->Lq + r) * c->d;
+            double mx = -INFINITY;
+            for (int64_t j = 0; j < c->Lk; j++) {
+                int ok = j <= pos && (c->window == 0 || j > pos - c->window) && (!sel || sel[g * c->Lk + j]);
+                s[j] = -INFINITY;
+                if (!ok) continue;
+                double x = 0;
+                for (int64_t e = 0; e < c->d; e++) x += qr[e] * k[(g * c->Lk + j) * c->d + e];
+                x *= scale;
+                if (c->softcap > 0) x = c->softcap * tanh(x / c->softcap);
+                s[j] = x;
+                if (x > mx) mx = x;
+            }
+            double sum = 0;
+            double *orow = o + (h * c->Lq + r) * c->dv;
+            for (int64_t e = 0; e < c->dv; e++) orow[e] = 0;
+            for (int64_t j = 0; j < c->Lk; j++) {
+                if (s[j] == -INFINITY) continue;
+                double p = exp(s[j] - mx);
+                sum += p;
+                for (int64_t e = 0; e < c->dv; e++) orow[e] += p * v[(g * c->Lk + j) * c->dv + e];
+            }
+            for (int64_t e = 0; e < c->dv; e++) orow[e] = sum > 0 ? orow[e] / sum : 0;
+            lse[h * c->Lq + r] = sum > 0 ? mx + log(sum) : -INFINITY;
+        }
+    free(s);
+}
+
+/* got (float) vs ref (double), n values: |a - b| <= atol + rtol |ref| */
+static int split_close(const float *got, const double *ref, int64_t n, double atol, double rtol, int64_t *worst) {
+    double we = -1;
+    int ok = 1;
+    for (int64_t i = 0; i < n; i++) {
+        double err = isinf(ref[i]) ? (got[i] == ref[i] ? 0 : INFINITY) : fabs(got[i] - ref[i]);
+        double ex = err / (atol + rtol * fabs(ref[i]));
+        if (!(ex <= 1)) ok = 0;
+        if (!(ex <= we)) we = ex, *worst = i;
+    }
+    return ok;
+}
+
+/* One case on the active ISA: 3 checks (the reference with 1 thread;
+ * 2 and 3 threads bitwise equal to 1). Returns whether all passed. */
+static int split_run(const split_case *c, dhsa_ctx *const ctxs[3], int corrupt) {
+    const int64_t Lq = c->Lq, Lk = c->Lk, d = c->d, dv = c->dv, Hq = c->Hq, Hkv = c->Hkv;
+    rng_t r = {0x5417 + (uint64_t)(Lq * 131 + Hkv * 7 + c->tkv * 3 + c->layout)};
+    double *cq = xcalloc((size_t)(Hq * Lq * d), sizeof(double)), *ck = xcalloc((size_t)(Hkv * Lk * d), sizeof(double)),
+           *cv = xcalloc((size_t)(Hkv * Lk * dv), sizeof(double));
+    float *q = split_fill(DHSA_F32, Hq, Lq, d, &r, cq);
+    void *k = split_fill(c->tkv, Hkv, Lk, d, &r, ck), *v = split_fill(c->tkv, Hkv, Lk, dv, &r, cv);
+    float *o[3], *lse[3];
+    for (int t = 0; t < 3; t++) {
+        o[t] = xcalloc((size_t)(Hq * Lq * dv), sizeof(float));
+        lse[t] = xcalloc((size_t)(Hq * Lq), sizeof(float));
+    }
+    double *ro = xcalloc((size_t)(Hq * Lq * dv), sizeof(double)), *rl = xcalloc((size_t)(Hq * Lq), sizeof(double));
+    /* a layout: a sink, random ranges of 1..300 keys, the last 200 keys */
+    unsigned char *sel = NULL;
+    dhsa_layout *lay = NULL;
+    if (c->layout) {
+        sel = xcalloc((size_t)(Hkv * Lk), 1);
+        T_CHECK(dhsa_layout_create(ctxs[0], 1, Hkv, Lq, Lk, 64, 64, &lay) == DHSA_OK, "layout_create: %s",
+                dhsa_last_error());
+        for (int64_t g = 0; lay && g < Hkv; g++) {
+            int64_t rg[2 * 24], n = 0;
+            rg[n++] = 0, rg[n++] = 40;
+            for (int i = 0; i < 21; i++) {
+                int64_t s0 = 40 + (int64_t)(rng_unif(&r) * (double)(Lk - 600)), len = 1 + (int64_t)(rng_unif(&r) * 300);
+                rg[n++] = s0, rg[n++] = s0 + len;
+            }
+            rg[n++] = Lk - 200, rg[n++] = Lk;
+            T_CHECK(dhsa_layout_set(lay, 0, g, 0, rg, n / 2) == DHSA_OK, "layout_set: %s", dhsa_last_error());
+            for (int64_t i = 0; i < n; i += 2)
+                for (int64_t j = rg[i]; j < rg[i + 1]; j++) sel[g * Lk + j] = 1;
+        }
+    }
+    if (corrupt == 1) cv[(Lk / 2) * dv + 3] += 0.5; /* one value in a middle piece */
+    split_oracle(c, cq, ck, cv, corrupt == 2 ? NULL : sel, ro, rl);
+    dhsa_attn_desc a = dhsa_attn_default_desc();
+    a.q = dhsa_tensor_bhld(q, DHSA_F32, 1, Hq, Lq, d);
+    a.k = dhsa_tensor_bhld(k, c->tkv, 1, Hkv, Lk, d);
+    a.v = dhsa_tensor_bhld(v, c->tkv, 1, Hkv, Lk, dv);
+    a.causal = 1;
+    a.q_pos0 = Lk - Lq;
+    a.window = c->window;
+    a.softcap = c->softcap;
+    a.layout = lay;
+    char desc[200];
+    snprintf(desc, sizeof desc, "split-K %s Hq %lld Hkv %lld Lq %lld Lk %lld d %lld window %lld softcap %g %s, %s",
+             dhsa_type_name(c->tkv), (long long)Hq, (long long)Hkv, (long long)Lq, (long long)Lk, (long long)d,
+             (long long)c->window, (double)c->softcap, c->layout ? "layout" : "dense", dhsa_isa_name(dhsa_active_isa()));
+    int all = 1;
+    for (int t = 0; t < 3; t++) {
+        a.o = dhsa_tensor_bhld(o[t], DHSA_F32, 1, Hq, Lq, dv);
+        a.lse = dhsa_tensor_bhld(lse[t], DHSA_F32, 1, Hq, Lq, 1);
+        dhsa_status st = dhsa_attention(ctxs[t], &a);
+        if (st != DHSA_OK) {
+            if (!corrupt) T_CHECK(0, "%s, %d threads: %s %s", desc, t + 1, dhsa_status_str(st), dhsa_last_error());
+            all = 0;
+            continue;
+        }
+        if (t == 0) {
+            int64_t wo = 0, wl = 0;
+            int ok = split_close(o[0], ro, Hq * Lq * dv, 3e-5, 2e-5, &wo) &
+                     split_close(lse[0], rl, Hq * Lq, 3e-5, 1e-5, &wl);
+            if (!corrupt)
+                T_CHECK(ok, "%s: against double, worst o[%lld] %.9g ref %.9g, lse[%lld] %.9g ref %.9g", desc,
+                        (long long)wo, (double)o[0][wo], ro[wo], (long long)wl, (double)lse[0][wl], rl[wl]);
+            all &= ok;
+        } else {
+            int same = memcmp(o[t], o[0], sizeof(float) * (size_t)(Hq * Lq * dv)) == 0 &&
+                       memcmp(lse[t], lse[0], sizeof(float) * (size_t)(Hq * Lq)) == 0;
+            if (!corrupt) T_CHECK(same, "%s: %d threads differ bitwise from 1 thread", desc, t + 1);
+            all &= same;
+        }
+    }
+    dhsa_layout_free(lay);
+    free(sel), free(q), free(k), free(v), free(cq), free(ck), free(cv), free(ro), free(rl);
+    for (int t = 0; t < 3; t++) free(o[t]), free(lse[t]);
+    return all;
+}
+
+/* The partials are part of the workspace the query reports: a decode call
+ * over 4100 keys needs more than one over 100 (no split), a budget one
+ * byte below the reported size refuses the call, the size itself runs it. */
+static void split_workspace(dhsa_ctx *ctx) {
+    const int64_t Lk = 4100, d = 64;
+    float *q = xcalloc(4 * (size_t)d, sizeof(float)), *o = xcalloc(4 * (size_t)d, sizeof(float));
+    float *k = xcalloc((size_t)(Lk * d), sizeof(float)), *v = xcalloc((size_t)(Lk * d), sizeof(float));
+    for (int64_t i = 0; i < Lk * d; i++) k[i] = (float)(i % 7) * 0.1f, v[i] = (float)(i % 5);
+    dhsa_attn_desc a = dhsa_attn_default_desc();
+    a.q = dhsa_tensor_bhld(q, DHSA_F32, 1, 4, 1, d);
+    a.k = dhsa_tensor_bhld(k, DHSA_F32, 1, 1, 100, d);
+    a.v = dhsa_tensor_bhld(v, DHSA_F32, 1, 1, 100, d);
+    a.o = dhsa_tensor_bhld(o, DHSA_F32, 1, 4, 1, d);
+    a.causal = 1;
+    a.q_pos0 = 99;
+    size_t w_short = 0, w_long = 0;
+    dhsa_status s1 = dhsa_attn_workspace_size(ctx, &a, &w_short);
+    a.k.shape[2] = a.v.shape[2] = Lk;
+    a.q_pos0 = Lk - 1;
+    dhsa_status s2 = dhsa_attn_workspace_size(ctx, &a, &w_long);
+    T_CHECK(!s1 && !s2 && w_long > w_short, "split-K workspace: %zu bytes over 4100 keys, %zu over 100 (%s)", w_long,
+            w_short, dhsa_last_error());
+    dhsa_ctx_trim(ctx);
+    size_t base = dhsa_ctx_mem_stats(ctx).in_use;
+    dhsa_ctx_set_budget(ctx, base + w_long - 1);
+    T_CHECK(dhsa_attention(ctx, &a) == DHSA_ERR_MEMORY_BUDGET, "split-K decode ran under a budget one byte short");
+    dhsa_ctx_set_budget(ctx, base + w_long);
+    T_CHECK(dhsa_attention(ctx, &a) == DHSA_OK && dhsa_ctx_mem_stats(ctx).peak <= base + w_long,
+            "split-K decode within its reported workspace: %s", dhsa_last_error());
+    dhsa_ctx_set_budget(ctx, 0);
+    free(q), free(o), free(k), free(v);
+}
+
+static void test_split_k(void) {
+    dhsa_ctx *ctxs[3] = {NULL, NULL, NULL};
+    for (int t = 0; t < 3; t++) {
+        dhsa_ctx_params p = dhsa_ctx_default_params();
+        p.n_threads = t + 1;
+        if (dhsa_ctx_create(&p, &ctxs[t]) != DHSA_OK) ctxs[t] = NULL;
+    }
+    T_CHECK(ctxs[0] && ctxs[1] && ctxs[2], "ctx_create (1, 2, 3 threads): %s", dhsa_last_error());
+    if (!ctxs[0] || !ctxs[1] || !ctxs[2]) {
+        for (int t = 0; t < 3; t++) dhsa_ctx_free(ctxs[t]);
+        return;
+    }
+    split_workspace(ctxs[1]);
+    static const dhsa_type types[3] = {DHSA_F32, DHSA_F16, DHSA_Q8_0};
+    for (int ty = 0; ty < 3; ty++)
+        for (int lay = 0; lay < 2; lay++)
+            for (int64_t lq = 1; lq <= 4; lq++) {
+                split_case c = {4, 1, lq, 4100, 64, 64, 0, 0.0f, types[ty], lay};
+                if (lq == 2) c.softcap = 30.0f;
+                if (lq == 3 && !lay) c.window = 2500;
+                split_run(&c, ctxs, 0);
+            }
+    /* two KV heads, d 128, dv 96 */
+    for (int ty = 0; ty < 3; ty++) {
+        split_case c = {6, 2, 1, 3000, 128, 96, 0, 0.0f, types[ty], ty == 1};
+        split_run(&c, ctxs, 0);
+    }
+    /* it can fail: a value changed in the middle of the keys, or the
+     * reference ignoring the layout */
+    split_case c = {4, 1, 1, 4100, 64, 64, 0, 0.0f, DHSA_F32, 1};
+    T_CHECK(!split_run(&c, ctxs, 1), "split-K test passes with one value of V changed in the reference");
+    T_CHECK(!split_run(&c, ctxs, 2), "split-K test passes with a reference that ignores the layout");
+    for (int t = 0; t < 3; t++) dhsa_ctx_free(ctxs[t]);
+}
+
+/* ------------------------------------------------------------------------ */
 
 /* The numeric cases (about 3 s per ISA at -O2 on 2 cores). */
 static void numeric_suite(void) {
@@ -1391,6 +1639,7 @@ static void numeric_suite(void) {
     test_all_masked();
     test_types_strides();
     test_long();
+    test_split_k();
 }
 
 /* Decode over an F16 / BF16 cache reads its rows in place (kern.h,

@@ -255,6 +255,15 @@ static dhsa_status plan_for(const dhsa_ctx *ctx, const dhsa_model *m, const dhsa
     dhsa_attn_desc a = shape_desc(in, p->kv_type, n_ctx, ub);
     dhsa_status st = dhsa_attn_workspace_size(ctx, &a, &pl->attn_workspace);
     if (st) return st;
+    /* calls of at most 16 query columns (decode, a short last ubatch) may
+     * split their keys across threads and keep partials (attn_tiled.c,
+     * split-K): the largest of those too */
+    for (int64_t n = 1; n <= 16 && n < ub; n++) {
+        size_t w;
+        dhsa_attn_desc d = shape_desc(in, p->kv_type, n_ctx, n);
+        if ((st = dhsa_attn_workspace_size(ctx, &d, &w))) return st;
+        if (w > pl->attn_workspace) pl->attn_workspace = w;
+    }
     int nt = dhsa_ctx_n_threads(ctx);
     size_t mw = 0;
     const dhsa__layer *L = &m->layers[0];
