@@ -1910,6 +1910,64 @@ static void test_route_determinism(void) {
     rdata_free(&S);
 }
 
+/* The router reads F32 rows with unit dim stride in place and converts
+ * any other view row by row (route.c, row_f32), sums with vectorised loops
+ * and scores the KV heads' boundaries in parallel: none of it may change a
+ * layout. The same values as a contiguous F32 view, as an F32 view with
+ * dim stride 2, and (rounded to F16 first) as F16 vs F32 views give equal
+ * layouts, for every chunk score, shared heads, one and two KV heads, and
+ * d = 72 (loop tails). layouts_equal can fail (test_route_determinism). */
+static void test_route_views(void) {
+    for (int hk = 1; hk <= 2; hk++) {
+        dhsa_synth_params sp = dhsa_synth_default_params();
+        sp.B = 1, sp.Hq = 4 * hk, sp.Hkv = hk, sp.L = 3000, sp.d = 72, sp.seed = 17 + (uint64_t)hk;
+        dhsa_synth_needle nd[DHSA_SYNTH_MAX_NEEDLES];
+        rdata S;
+        if (!rdata_synth(&S, &sp, nd)) continue;
+        const int64_t nq = sp.Hq * sp.L * sp.d, nk = sp.Hkv * sp.L * sp.d, d = sp.d, L = sp.L;
+        float *q2 = xcalloc((size_t)(2 * nq), sizeof(float)), *k2 = xcalloc((size_t)(2 * nk), sizeof(float));
+        float *qr = xcalloc((size_t)nq, sizeof(float)), *kr = xcalloc((size_t)nk, sizeof(float));
+        uint16_t *qh = xcalloc((size_t)nq, 2), *kh = xcalloc((size_t)nk, 2);
+        for (int64_t x = 0; x < nq; x++) {
+            q2[2 * x] = S.q[x];
+            qh[x] = dhsa_f32_to_f16(S.q[x]);
+            qr[x] = dhsa_f16_to_f32(qh[x]);
+        }
+        for (int64_t x = 0; x < nk; x++) {
+            k2[2 * x] = S.k[x];
+            kh[x] = dhsa_f32_to_f16(S.k[x]);
+            kr[x] = dhsa_f16_to_f32(kh[x]);
+        }
+        dhsa_attn_desc strided = S.a, half = S.a, rounded = S.a;
+        strided.q.data = q2, strided.k.data = k2;
+        for (int i = 0; i < 4; i++) strided.q.stride[i] *= 2, strided.k.stride[i] *= 2;
+        half.q = dhsa_tensor_bhld(qh, DHSA_F16, 1, sp.Hq, L, d);
+        half.k = dhsa_tensor_bhld(kh, DHSA_F16, 1, sp.Hkv, L, d);
+        rounded.q = dhsa_tensor_bhld(qr, DHSA_F32, 1, sp.Hq, L, d);
+        rounded.k = dhsa_tensor_bhld(kr, DHSA_F32, 1, sp.Hkv, L, d);
+        S.a.causal = strided.causal = half.causal = rounded.causal = 1;
+        static const dhsa_chunk_score modes[4] = {DHSA_SCORE_MOMENTS, DHSA_SCORE_POOLED, DHSA_SCORE_HEADS,
+                                                 DHSA_SCORE_BOUND};
+        for (int m = 0; m < 6; m++) {
+            dhsa_router_params rp = rparams(DHSA_ROUTE_DHSA, m == 5 ? DHSA_BOUNDARY_FIXED : DHSA_BOUNDARY_SIMILARITY,
+                                            0, 0.0625);
+            rp.dense_below = 1024;
+            rp.score_mode = modes[m < 4 ? m : 0];
+            rp.share_heads = m == 4;
+            char what[96];
+            snprintf(what, sizeof what, "views Hkv %d score %d%s%s", hk, (int)rp.score_mode, m == 4 ? " shared" : "",
+                     m == 5 ? " fixed" : "");
+            dhsa_layout *a = route(g_ctx, &rp, &S.a, what), *b = route(g_ctx, &rp, &strided, what),
+                        *c = route(g_ctx, &rp, &half, what), *e = route(g_ctx, &rp, &rounded, what);
+            T_CHECK(layouts_equal(a, b), "%s: a contiguous and a dim-stride-2 F32 view route differently", what);
+            T_CHECK(layouts_equal(c, e), "%s: an F16 view and the F32 view of its values route differently", what);
+            dhsa_layout_free(a), dhsa_layout_free(b), dhsa_layout_free(c), dhsa_layout_free(e);
+        }
+        free(q2), free(k2), free(qr), free(kr), free(qh), free(kh);
+        rdata_free(&S);
+    }
+}
+
 /* SIMILARITY boundaries on crafted sequences with known true boundaries:
  * segments of orthogonal constant directions plus noise 1e-3 (the score,
  * 1 - cos of the mean key left and right of t, is 1 exactly at a segment
@@ -2771,6 +2829,7 @@ int main(void) {
     test_layout_mismatch();
     test_route_share_heads();
     test_route_determinism();
+    test_route_views();
     test_route_edges();
     test_routed_attention();
     test_oracle();

@@ -35,6 +35,34 @@
 
 #define GROUP 64 /* query blocks scored together: one Qt tile of the qk kernel */
 
+/* Row l of head h, batch b of a typed view as d floats: in place when the
+ * view is F32 with unit dim stride, else converted into buf (exact: every
+ * type widens to F32 without rounding). The loops below then read plain
+ * floats; the values, and so every sum, are those of dhsa__load. */
+static const float *row_f32(const dhsa_tensor *t, int64_t b, int64_t h, int64_t l, int64_t d, float *buf) {
+    const void *row = dhsa__at(t, b, h, l);
+    if (t->type == DHSA_F32 && t->stride[3] == 1) return row;
+    for (int64_t x = 0; x < d; x++) buf[x] = dhsa__load(row, t->type, x * t->stride[3]);
+    return buf;
+}
+
+/* sum[x] += q[x] and, with sq, sq[x] += q[x] * q[x], for x < d. Blocks of
+ * 16 with a fixed trip count let -O2 vectorize it (no FMA: the build's
+ * flags have none, and C11 mode does not contract), and every element
+ * gets the same float operations in the same order as a plain loop. */
+static void add_row(float *restrict sum, float *restrict sq, const float *restrict q, int64_t d) {
+    int64_t x = 0;
+    for (; x + 16 <= d; x += 16) {
+        for (int k = 0; k < 16; k++) sum[x + k] += q[x + k];
+        if (sq)
+            for (int k = 0; k < 16; k++) sq[x + k] += q[x + k] * q[x + k];
+    }
+    for (; x < d; x++) {
+        sum[x] += q[x];
+        if (sq) sq[x] += q[x] * q[x];
+    }
+}
+
 dhsa_router_params dhsa_router_default_params(void) {
     dhsa_router_params r;
     memset(&r, 0, sizeof r);
@@ -85,6 +113,7 @@ typedef struct {
     int64_t min_len;     /* shortest chunk boundaries can make */
     int64_t dk;          /* floats per pooled key: d (POOLED) or 2d (MOMENTS, HEADS, BOUND) */
     int per_head;        /* HEADS or BOUND: a per-thread sum [nc][64] */
+    int similarity;      /* SIMILARITY boundaries: per-head score rows */
 } plan;
 
 dhsa_status dhsa__route_check_params(const dhsa_router_params *rp) {
@@ -143,8 +172,19 @@ static dhsa_status check(const dhsa_router_params *rp, const dhsa_attn_desc *a, 
     pl->n_qb = (p->Lq + rp->q_block - 1) / rp->q_block;
     pl->dk = rp->score_mode == DHSA_SCORE_POOLED ? p->d : 2 * p->d;
     pl->per_head = rp->score_mode == DHSA_SCORE_HEADS || rp->score_mode == DHSA_SCORE_BOUND;
+    pl->similarity = rp->boundary == DHSA_BOUNDARY_SIMILARITY;
     dhsa__route_limits(rp, p->Lk, &pl->min_len, &pl->max_chunks, &pl->max_ranges);
     return DHSA_OK;
+}
+
+/* The boundary scores: [Lk] floats, then with SIMILARITY and several KV
+ * heads one row [Lk] per head (similarity_scores). */
+static size_t scores_head_bytes(const dhsa__attn_problem *p) {
+    return dhsa__align_up((size_t)p->Lk * sizeof(float) + 64, 64);
+}
+static size_t scores_bytes(const plan *pl) {
+    size_t parts = pl->similarity && pl->p.Hkv > 1 ? (size_t)pl->p.Hkv * (size_t)pl->p.Lk : 0;
+    return scores_head_bytes(&pl->p) + dhsa__align_up(parts * sizeof(float), 64);
 }
 
 /* Workspace, in bytes, laid out by carve(). */
@@ -157,7 +197,7 @@ static ws_plan workspace(const dhsa_ctx *ctx, const plan *pl) {
     ws_plan w;
     size_t nt = (size_t)dhsa_ctx_n_threads(ctx);
     size_t nc = (size_t)pl->max_chunks;
-    w.scores = dhsa__align_up((size_t)p->Lk * sizeof(float) + 64, 64);
+    w.scores = scores_bytes(pl);
     w.starts = dhsa__align_up((nc + 1) * sizeof(int64_t), 64);
     w.kp = dhsa__align_up((size_t)p->Hkv * nc * (size_t)pl->dk * sizeof(float), 64);
     /* per thread: Qt [dk][64], S [nc][64], the HEADS/BOUND sum [nc][64],
@@ -170,7 +210,8 @@ static ws_plan workspace(const dhsa_ctx *ctx, const plan *pl) {
                    dhsa__align_up((size_t)(pl->max_ranges + 8) * 2 * sizeof(int64_t), 64) +
                    dhsa__align_up((size_t)DHSA_BC * GROUP * sizeof(float), 64) +
                    dhsa__align_up((size_t)DHSA_BC * (size_t)p->d * sizeof(float), 64);
-    w.pool = dhsa__align_up((size_t)p->Hkv * 2 * (size_t)p->d * sizeof(double), 64);
+    /* pooling: [Hkv][2d] doubles, then a row buffer [Hkv][d] (floats in double slots) */
+    w.pool = dhsa__align_up((size_t)p->Hkv * 3 * (size_t)p->d * sizeof(double), 64);
     w.total = w.scores + w.starts + w.kp + w.pool + nt * w.per_thread;
     return w;
 }
@@ -202,45 +243,104 @@ static double cosine(const double *x, const double *y, int64_t d) {
     return xx > 0 && yy > 0 ? xy / sqrt(xx * yy) : 1.0;
 }
 
+/* The sliding sums' steps, in blocks of 16 as add_row: L[c] += x[c] and
+ * R[c] -= x[c] (R may be NULL), or L[c] += sign * x[c] for sign +-1, in
+ * double. */
+static void slide_row(double *restrict L, double *restrict R, const float *restrict x, int64_t d) {
+    int64_t c = 0;
+    for (; c + 16 <= d; c += 16)
+        for (int k = 0; k < 16; k++) {
+            double v = x[c + k];
+            L[c + k] += v;
+            R[c + k] -= v;
+        }
+    for (; c < d; c++) {
+        double v = x[c];
+        L[c] += v;
+        R[c] -= v;
+    }
+}
+static void add_row_d(double *restrict L, const float *restrict x, int64_t d, int sub) {
+    int64_t c = 0;
+    if (sub) {
+        for (; c + 16 <= d; c += 16)
+            for (int k = 0; k < 16; k++) L[c + k] -= x[c + k];
+        for (; c < d; c++) L[c] -= x[c];
+    } else {
+        for (; c + 16 <= d; c += 16)
+            for (int k = 0; k < 16; k++) L[c + k] += x[c + k];
+        for (; c < d; c++) L[c] += x[c];
+    }
+}
+
+/* v[c] += (x[c] - m[c])^2 in double, blocks of 16 as add_row. */
+static void add_dev2(double *restrict v, const double *restrict m, const float *restrict x, int64_t d) {
+    int64_t c = 0;
+    for (; c + 16 <= d; c += 16)
+        for (int k = 0; k < 16; k++) {
+            double u = x[c + k] - m[c + k];
+            v[c + k] += u * u;
+        }
+    for (; c < d; c++) {
+        double u = x[c] - m[c];
+        v[c] += u * u;
+    }
+}
+
+typedef struct {
+    const dhsa_router_params *rp;
+    const dhsa_attn_desc *a;
+    const dhsa__attn_problem *p;
+    int64_t b;
+    float *out; /* [Hkv][Lk], or [Lk] with one KV head */
+    double *buf; /* [Hkv][3d]: L, R, a row */
+} sim_job;
+
+/* out[g][t] = (1 - cos(L, R)) / Hkv for KV head g (out[g][0] = 0). */
+static void similarity_head(void *arg, int64_t g, int thread) {
+    (void)thread;
+    const sim_job *j = arg;
+    const dhsa_router_params *rp = j->rp;
+    const dhsa_attn_desc *a = j->a;
+    const int64_t Lk = j->p->Lk, d = j->p->d, w = rp->sim_window, b = j->b;
+    double *L = j->buf + g * 3 * d, *R = L + d;
+    float *rowbuf = (float *)(R + d), *out = j->out + g * Lk;
+    memset(L, 0, (size_t)(2 * d) * sizeof(double));
+    out[0] = 0.0f;
+    /* L = sum k[t-w, t), R = sum k[t, t+w) (or k[t]) as t slides */
+    for (int64_t k = 0; k < w && k < Lk; k++)
+        if (!rp->causal_boundaries || k == 0) add_row_d(R, row_f32(&a->k, b, g, k, d, rowbuf), d, 0);
+    for (int64_t t = 1; t < Lk; t++) {
+        slide_row(L, R, row_f32(&a->k, b, g, t - 1, d, rowbuf), d); /* leaves R, enters L */
+        if (t - 1 - w >= 0) add_row_d(L, row_f32(&a->k, b, g, t - 1 - w, d, rowbuf), d, 1);
+        int64_t enter = rp->causal_boundaries ? t : t + w - 1;
+        if (enter < Lk && (rp->causal_boundaries || enter >= w))
+            add_row_d(R, row_f32(&a->k, b, g, enter, d, rowbuf), d, 0);
+        out[t] = (float)((1.0 - cosine(L, R, d)) / (double)j->p->Hkv);
+    }
+}
+
 /* score[t], t in [1, Lk): how much the keys change between t-1 and t:
  * mean over KV heads of 1 - cos(mean of k[t-w, t), mean of k[t, t+w)) (the
  * right window is k[t] alone when causal). score[0] = 0. Sliding sums in
- * double keep this O(Lk d Hkv). */
-static dhsa_status similarity_scores(const dhsa_router_params *rp, const dhsa_attn_desc *a,
-                                     const dhsa__attn_problem *p, int64_t b, float *score) {
-    const int64_t Lk = p->Lk, d = p->d, w = rp->sim_window;
-    double *L = calloc((size_t)(2 * d), sizeof(double));
-    if (!L) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory in the boundary scorer");
-    double *R = L + d;
-    for (int64_t t = 0; t < Lk; t++) score[t] = 0.0f;
-    for (int64_t g = 0; g < p->Hkv; g++) {
-        memset(L, 0, (size_t)(2 * d) * sizeof(double));
-        /* L = sum k[t-w, t), R = sum k[t, t+w) (or k[t]) as t slides */
-        for (int64_t j = 0; j < w && j < Lk; j++) {
-            const void *k = dhsa__at(&a->k, b, g, j);
-            if (!rp->causal_boundaries || j == 0)
-                for (int64_t c = 0; c < d; c++) R[c] += dhsa__load(k, a->k.type, c * a->k.stride[3]);
-        }
-        for (int64_t t = 1; t < Lk; t++) {
-            const void *kin = dhsa__at(&a->k, b, g, t - 1); /* leaves R, enters L */
-            for (int64_t c = 0; c < d; c++) {
-                double x = dhsa__load(kin, a->k.type, c * a->k.stride[3]);
-                L[c] += x;
-                R[c] -= x;
-            }
-            if (t - 1 - w >= 0) {
-                const void *kout = dhsa__at(&a->k, b, g, t - 1 - w);
-                for (int64_t c = 0; c < d; c++) L[c] -= dhsa__load(kout, a->k.type, c * a->k.stride[3]);
-            }
-            int64_t enter = rp->causal_boundaries ? t : t + w - 1;
-            if (enter < Lk && (rp->causal_boundaries || enter >= w)) {
-                const void *k = dhsa__at(&a->k, b, g, enter);
-                for (int64_t c = 0; c < d; c++) R[c] += dhsa__load(k, a->k.type, c * a->k.stride[3]);
-            }
-            score[t] += (float)((1.0 - cosine(L, R, d)) / (double)p->Hkv);
+ * double keep this O(Lk d Hkv); the KV heads run in parallel, each into
+ * its own row of part (scores_bytes), and add up in head order, so
+ * score is the same float sum as a loop over the heads. */
+static dhsa_status similarity_scores(dhsa_ctx *ctx, const dhsa_router_params *rp, const dhsa_attn_desc *a,
+                                     const dhsa__attn_problem *p, int64_t b, float *score, float *part) {
+    const int64_t Lk = p->Lk, d = p->d;
+    double *buf = calloc((size_t)(3 * d * p->Hkv), sizeof(double));
+    if (!buf) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory in the boundary scorer");
+    sim_job j = {rp, a, p, b, p->Hkv > 1 ? part : score, buf};
+    dhsa_parallel_for(ctx, p->Hkv, similarity_head, &j);
+    if (p->Hkv > 1) {
+        for (int64_t t = 0; t < Lk; t++) {
+            float s = 0.0f;
+            for (int64_t g = 0; g < p->Hkv; g++) s += part[g * Lk + t];
+            score[t] = s;
         }
     }
-    free(L);
+    free(buf);
     return DHSA_OK;
 }
 
@@ -280,7 +380,9 @@ static int64_t boundaries(dhsa_ctx *ctx, const dhsa_router_params *rp, const dhs
         /* candidates: local maxima of the boundary probability >= threshold */
         cut = rp->learned_threshold;
     } else {
-        if ((*err = similarity_scores(rp, a, &pl->p, b, score))) return -1;
+        if ((*err = similarity_scores(ctx, rp, a, &pl->p, b, score,
+                                      (float *)((char *)score + scores_head_bytes(&pl->p)))))
+            return -1;
         /* candidates: local maxima at or above mean + threshold * std */
         double mean = 0, var = 0;
         for (int64_t t = 1; t < Lk; t++) mean += score[t];
@@ -365,6 +467,7 @@ static void pool_keys_task(void *arg, int64_t g, int thread) {
     const int64_t d = p->d, dk = j->pl->dk;
     int shared = j->rp->share_heads;
     int64_t h0 = shared ? 0 : g, h1 = shared ? p->Hkv : g + 1;
+    float *rowbuf = (float *)(j->scratch + p->Hkv * 2 * d + g * d);
     for (int64_t c = 0; c < j->nc; c++) {
         float *out = j->kp + (g * j->nc + c) * dk;
         int64_t s = j->starts[c], e = j->starts[c + 1];
@@ -375,9 +478,9 @@ static void pool_keys_task(void *arg, int64_t g, int thread) {
                 out[d + x] = INFINITY;
             }
             for (int64_t t = s; t < e; t++) {
-                const void *k = dhsa__at(K, j->b, g, t);
+                const float *k = row_f32(K, j->b, g, t, d, rowbuf);
                 for (int64_t x = 0; x < d; x++) {
-                    float v = dhsa__load(k, K->type, x * K->stride[3]);
+                    float v = k[x];
                     out[x] = v > out[x] ? v : out[x];
                     out[d + x] = v < out[d + x] ? v : out[d + x];
                 }
@@ -388,18 +491,9 @@ static void pool_keys_task(void *arg, int64_t g, int thread) {
             double *m = j->scratch + g * 2 * d, *v = m + d, len = (double)(e - s), heads = (double)(h1 - h0);
             for (int64_t h = h0; h < h1; h++) {
                 for (int64_t x = 0; x < 2 * d; x++) m[x] = 0.0;
-                for (int64_t t = s; t < e; t++) {
-                    const void *k = dhsa__at(K, j->b, h, t);
-                    for (int64_t x = 0; x < d; x++) m[x] += dhsa__load(k, K->type, x * K->stride[3]);
-                }
+                for (int64_t t = s; t < e; t++) add_row_d(m, row_f32(K, j->b, h, t, d, rowbuf), d, 0);
                 for (int64_t x = 0; x < d; x++) m[x] /= len;
-                for (int64_t t = s; t < e; t++) {
-                    const void *k = dhsa__at(K, j->b, h, t);
-                    for (int64_t x = 0; x < d; x++) {
-                        double u = dhsa__load(k, K->type, x * K->stride[3]) - m[x];
-                        v[x] += u * u;
-                    }
-                }
+                for (int64_t t = s; t < e; t++) add_dev2(v, m, row_f32(K, j->b, h, t, d, rowbuf), d);
                 for (int64_t x = 0; x < d; x++) {
                     out[x] += (float)(m[x] / heads);
                     out[d + x] += (float)(v[x] / (len * heads));
@@ -409,8 +503,8 @@ static void pool_keys_task(void *arg, int64_t g, int thread) {
         }
         for (int64_t h = h0; h < h1; h++)
             for (int64_t t = s; t < e; t++) {
-                const void *k = dhsa__at(K, j->b, h, t);
-                for (int64_t x = 0; x < d; x++) out[x] += dhsa__load(k, K->type, x * K->stride[3]);
+                const float *k = row_f32(K, j->b, h, t, d, rowbuf);
+                for (int64_t x = 0; x < d; x++) out[x] += k[x];
             }
         float norm = (float)(1.0 / (sqrt((double)(e - s)) * (double)(h1 - h0)));
         for (int64_t x = 0; x < d; x++) out[x] *= norm;
@@ -806,19 +900,19 @@ static void heads_scores(sel_job *j, thread_bufs *t, int64_t g, int64_t qb0, int
     }
     for (int64_t x = 0; x < nc * GROUP; x++) t->acc[x] = -INFINITY;
     for (int64_t h = g * p->G; h < (g + 1) * p->G; h++) {
+        float *sum = t->kbuf, *rowbuf = t->kbuf + dk; /* as in select_task */
         for (int64_t i = 0; i < GROUP; i++) {
             int64_t qb = qb0 + i;
-            for (int64_t x = 0; x < dk; x++) t->qt[x * GROUP + i] = 0.0f;
-            if (qb >= qb1) continue;
-            int64_t r0 = qb * rp->q_block, r1 = r0 + rp->q_block < p->Lq ? r0 + rp->q_block : p->Lq;
-            for (int64_t r = r0; r < r1; r++) {
-                const void *q = dhsa__at(&j->a->q, j->b, h, r);
-                for (int64_t x = 0; x < d; x++) {
-                    float v = dhsa__load(q, j->a->q.type, x * j->a->q.stride[3]);
-                    t->qt[x * GROUP + i] += v;
-                    t->qt[(d + x) * GROUP + i] += v * v;
+            for (int64_t x = 0; x < dk; x++) sum[x] = 0.0f;
+            if (qb < qb1) {
+                int64_t r0 = qb * rp->q_block, r1 = r0 + rp->q_block < p->Lq ? r0 + rp->q_block : p->Lq;
+                for (int64_t r = r0; r < r1; r++) {
+                    add_row(sum, sum + d, row_f32(&j->a->q, j->b, h, r, d, rowbuf), d);
                 }
             }
+            for (int64_t x = 0; x < dk; x++) t->qt[x * GROUP + i] = sum[x];
+            if (qb >= qb1) continue;
+            int64_t r0 = qb * rp->q_block, r1 = r0 + rp->q_block < p->Lq ? r0 + rp->q_block : p->Lq;
             double rows = (double)(r1 - r0), sc = p->scale;
             float n1 = (float)(sc / rows), n2 = (float)(0.5 * sc * sc / rows);
             for (int64_t x = 0; x < d; x++) t->qt[x * GROUP + i] *= n1;
@@ -871,20 +965,22 @@ static void select_task(void *arg, int64_t task, int thread) {
         const int64_t dk = j->pl->dk;
         const int moments = rp->score_mode == DHSA_SCORE_MOMENTS;
         int64_t h0 = rp->share_heads ? 0 : g * p->G, h1 = rp->share_heads ? p->Hq : (g + 1) * p->G;
+        /* the sums in a contiguous [dk] (t.kbuf, the oracle's: free
+         * here), in the order the transposed tile took them before */
+        float *sum = t.kbuf, *rowbuf = t.kbuf + dk;
         for (int64_t i = 0; i < GROUP; i++) {
             int64_t qb = qb0 + i;
-            for (int64_t x = 0; x < dk; x++) t.qt[x * GROUP + i] = 0.0f;
+            for (int64_t x = 0; x < dk; x++) sum[x] = 0.0f;
+            if (qb < qb1) {
+                int64_t r0 = qb * rp->q_block, r1 = r0 + rp->q_block < p->Lq ? r0 + rp->q_block : p->Lq;
+                for (int64_t h = h0; h < h1; h++)
+                    for (int64_t r = r0; r < r1; r++) {
+                        add_row(sum, moments ? sum + d : NULL, row_f32(&j->a->q, j->b, h, r, d, rowbuf), d);
+                    }
+            }
+            for (int64_t x = 0; x < dk; x++) t.qt[x * GROUP + i] = sum[x];
             if (qb >= qb1) continue;
             int64_t r0 = qb * rp->q_block, r1 = r0 + rp->q_block < p->Lq ? r0 + rp->q_block : p->Lq;
-            for (int64_t h = h0; h < h1; h++)
-                for (int64_t r = r0; r < r1; r++) {
-                    const void *q = dhsa__at(&j->a->q, j->b, h, r);
-                    for (int64_t x = 0; x < d; x++) {
-                        float v = dhsa__load(q, j->a->q.type, x * j->a->q.stride[3]);
-                        t.qt[x * GROUP + i] += v;
-                        if (moments) t.qt[(d + x) * GROUP + i] += v * v;
-                    }
-                }
             double rows = (double)(r1 - r0), heads = (double)(h1 - h0), sc = p->scale;
             float norm = (float)(moments ? sc / (rows * heads) : 1.0 / (sqrt(rows) * heads));
             float norm2 = (float)(0.5 * sc * sc / (rows * heads));
@@ -1001,7 +1097,7 @@ dhsa_status dhsa_route_boundaries(dhsa_ctx *ctx, const dhsa_router_params *rp, c
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_route_boundaries: batch %lld of %lld", (long long)b,
                           (long long)pl.p.B);
     /* the same buffers dhsa_route carves: scores [Lk], starts [max_chunks + 1] */
-    size_t sb = dhsa__align_up((size_t)pl.p.Lk * sizeof(float) + 64, 64);
+    size_t sb = scores_bytes(&pl);
     char *ws = dhsa__alloc(ctx, sb + (size_t)(pl.max_chunks + 1) * sizeof(int64_t), &st);
     if (!ws) return st;
     int64_t *all = (int64_t *)(ws + sb);
