@@ -259,8 +259,10 @@ typedef struct dhsa_layout dhsa_layout;
  * Scores: s = scale * q.k; if softcap > 0, s = softcap * tanh(s / softcap);
  * then s += key_bias[b, j] + attn_mask[b, h, i, j]; keys excluded by the key
  * mask, causality or the window get s = -inf.
- * Positions: query i sits at q_pos0 + i, key j at j. causal keeps
- * j <= q_pos0 + i; window > 0 keeps j > q_pos0 + i - window.
+ * Positions: query i sits at q_pos0 + i, key j at k_pos0 + j (k_pos0 = 0
+ * unless the keys are the tail of a longer sequence, e.g. a sliding-window
+ * ring). causal keeps k_pos0 + j <= q_pos0 + i; window > 0 keeps
+ * k_pos0 + j > q_pos0 + i - window.
  * A row with no allowed key gets o = 0 and lse = -inf (never NaN). */
 typedef struct {
     dhsa_tensor q, k, v, o;
@@ -301,6 +303,9 @@ typedef struct {
     /* REFERENCE refuses calls whose score matrix needs more than this many
      * bytes (0 = default 1 GiB). */
     size_t reference_max_bytes;
+    /* Absolute position of key row 0 (default 0): 0 <= k_pos0 <= q_pos0.
+     * Masks, layouts and key_bias index key rows, not positions. */
+    int64_t k_pos0;
 } dhsa_attn_desc;
 
 /* A descriptor with defaults: nothing set but backend AUTO. */
@@ -1308,9 +1313,11 @@ typedef struct {
     /* Called for every layer of every ubatch right after its attention
      * ran, with the call it made: a->q the ubatch's post-RoPE queries
      * [1, n_head, n, hd_k], a->k / a->v the layer's cache up to the last
-     * of them [1, n_head_kv, q_pos0 + n, hd], a->o the output, a->layout
-     * the routing (NULL when dense), a->q_pos0, window, softcap, scale as
-     * used. Everything is read-only and valid during the call only. For
+     * of them [1, n_head_kv, q_pos0 + n - k_pos0, hd] (k_pos0 > 0 only in
+     * a sliding-window layer, whose cache is a ring of its last window - 1
+     * + n_ubatch positions: row j is position k_pos0 + j), a->o the output,
+     * a->layout the routing (NULL when dense), a->q_pos0, window, softcap,
+     * scale as used. Everything is read-only and valid during the call only. For
      * evaluation and training (attention recall, boundary labels, layout
      * pictures); a nonzero return stops the eval with DHSA_ERR_INVALID_ARG. */
     int (*layer_hook)(void *user, int64_t layer, const dhsa_attn_desc *a);

@@ -621,6 +621,124 @@ static void test_gen_model(void) {
     rmdir(dir);
 }
 
+/* ------------------------------------------------ sliding-window rings --- */
+
+static int stop_at_call; /* the layer hook stops the eval at this call (0: never) */
+static int stop_hook(void *user, int64_t layer, const dhsa_attn_desc *a) {
+    (void)layer;
+    (void)a;
+    int *calls = user;
+    return ++*calls == stop_at_call;
+}
+
+/* Every position's logits of ids through a session of n_ctx 64 and ubatch
+ * ub: one eval, or pieces of `piece` tokens; with fail_at > 0 a first eval
+ * of the whole prompt is stopped by the layer hook at that attention call
+ * (after some ubatches ran and moved the rings), then the pieces run as if
+ * it had never been made. */
+static dhsa_status ring_logits(const dhsa_model *m, int64_t ub, const int32_t *ids, int64_t n, int64_t piece,
+                               int fail_at, float *logits, size_t *kv_bytes) {
+    const int64_t V = dhsa_model_get_info(m)->n_vocab;
+    dhsa_session_params sp = exact_params();
+    sp.logits_all = 1;
+    sp.n_ctx = 64;
+    sp.n_ubatch = ub;
+    int calls = 0;
+    sp.layer_hook = stop_hook;
+    sp.layer_hook_user = &calls;
+    stop_at_call = 0;
+    dhsa_session *s;
+    dhsa_status st = dhsa_session_create(ctx, m, &sp, &s);
+    if (st) return st;
+    *kv_bytes = dhsa_session_get_plan(s)->kv_cache;
+    int64_t done = 0;
+    if (fail_at) {
+        st = dhsa_session_eval(s, ids, 12, logits); /* committed: 12 tokens */
+        stop_at_call = fail_at;
+        calls = 0;
+        if (!st && dhsa_session_eval(s, ids + 12, n - 12, logits + 12 * V) == DHSA_OK)
+            st = DHSA_ERR_INTERNAL; /* the hook did not stop the eval */
+        stop_at_call = 0;
+        done = 12;
+    }
+    for (; done < n && !st; done += piece) {
+        int64_t k = n - done < piece ? n - done : piece;
+        st = dhsa_session_eval(s, ids + done, k, logits + done * V);
+    }
+    dhsa_session_free(s);
+    return st;
+}
+
+/* gemma3 and gemma2 fixtures with a window of 5 (every other layer), a
+ * context of 64 and ubatches of 3: each sliding layer keeps 4 + 3 rows
+ * and a backup of 4, so the ring moves many times in a 40-token prompt.
+ * Prefill in one eval, in pieces of 7, token by token, and after an eval
+ * stopped by the layer hook mid-way (rings moved past the committed keys,
+ * then restored), all within REL_MAX of the double reference (which keeps
+ * every key); the plan's KV bytes are the global layers' 64 positions plus
+ * the sliding ones' 7 + 4; truncating into what a ring dropped is refused
+ * with a sentence and changes nothing, truncating within it works. */
+static void test_window_ring(void) {
+    static const char *const arches[2] = {"gemma3", "gemma2"};
+    for (int a = 0; a < 2; a++) {
+        llmref_spec s = llmref_spec_default(arches[a], LLMREF_F32);
+        s.n_ctx_train = 64;
+        char label[64];
+        snprintf(label, sizeof label, "%s window 5 ring, ubatch 3", arches[a]);
+        fixture f;
+        if (fixture_open(&s, &f, label)) {
+            fixture_close(&f);
+            continue;
+        }
+        const int64_t n = 40, V = f.ref.n_vocab;
+        int32_t ids[40];
+        make_ids(ids, n, V, 5);
+        double *want = malloc((size_t)(n * V) * sizeof *want);
+        float *got = malloc((size_t)(n * V) * sizeof *got);
+        if (!want || !got || llmref_forward(&f.ref, ids, n, want)) {
+            T_CHECK(0, "%s: reference forward: %s", label, llmref_error());
+        } else {
+            static const int64_t pieces[3] = {40, 7, 1};
+            const dhsa_model_info *in = dhsa_model_get_info(f.m);
+            const size_t row = 2 * (size_t)in->n_head_kv * (size_t)in->head_dim_k * sizeof(float);
+            const size_t want_kv = (size_t)(in->n_layer - in->n_swa_layers) * 64 * row +
+                                   (size_t)in->n_swa_layers * (4 + 3 + 4) * row;
+            for (int i = 0; i < 4; i++) {
+                size_t kv = 0;
+                dhsa_status st = ring_logits(f.m, 3, ids, n, i < 3 ? pieces[i] : 5, i == 3 ? 9 : 0, got, &kv);
+                double rel = st ? INFINITY : rel_l2(got, want, n * V);
+                T_CHECK(rel <= REL_MAX && kv == want_kv,
+                        "%s, %s: logits vs the double reference: relative L2 %.3g; KV bytes %zu (want %zu: %lld "
+                        "global layers x 64 positions, %lld sliding x 7 + 4)%s%s", label,
+                        i == 3 ? "after a failed eval" : i == 0 ? "one eval" : i == 1 ? "pieces of 7" : "by token",
+                        rel, kv, want_kv, (long long)(in->n_layer - in->n_swa_layers),
+                        (long long)in->n_swa_layers, st ? ": " : "", st ? dhsa_last_error() : "");
+                if (i == 0) printf("  %-40s relative L2 %.2e, KV %zu bytes\n", label, rel, kv);
+            }
+        }
+        /* truncate: 40 tokens in ubatches of 3 leave the ring from 36 on at most */
+        dhsa_session_params sp = exact_params();
+        sp.n_ctx = 64;
+        sp.n_ubatch = 3;
+        dhsa_session *se;
+        if (dhsa_session_create(ctx, f.m, &sp, &se) == DHSA_OK) {
+            dhsa_status st = dhsa_session_eval(se, ids, n, NULL);
+            dhsa_status bad = dhsa_session_truncate(se, 20);
+            int refused = bad == DHSA_ERR_UNSUPPORTED && strstr(dhsa_last_error(), "sliding layer") &&
+                          dhsa_session_length(se) == n;
+            dhsa_status ok = dhsa_session_truncate(se, n - 1);
+            T_CHECK(!st && refused && ok == DHSA_OK && dhsa_session_length(se) == n - 1 &&
+                        dhsa_session_truncate(se, 0) == DHSA_OK && dhsa_session_eval(se, ids, 5, NULL) == DHSA_OK,
+                    "%s: truncate into a moved ring refused (%d, \"%s\"), within it and to 0 done", label, (int)bad,
+                    dhsa_last_error());
+            dhsa_session_free(se);
+        }
+        free(want);
+        free(got);
+        fixture_close(&f);
+    }
+}
+
 int main(void) {
     dhsa_ctx_params cp = dhsa_ctx_default_params();
     cp.n_threads = 2;
@@ -631,6 +749,7 @@ int main(void) {
     test_matrix();
     test_gemma();
     test_phi3();
+    test_window_ring();
     test_refused();
     test_gen_model();
     dhsa_ctx_free(ctx);

@@ -350,8 +350,11 @@ static void print_model(FILE *f, const char *path, const dhsa_model_info *in) {
             (long long)in->n_ctx_train, dhsa_ggml_type_name(in->weight_type), (double)in->n_params / 1e6,
             mib((size_t)in->weight_bytes));
     if (in->n_swa_layers > 0)
-        fprintf(f, "model: %lld of %lld layers slide (window %lld, RoPE base %g)\n", (long long)in->n_swa_layers,
-                (long long)in->n_layer, (long long)in->sliding_window, (double)in->rope_base_swa);
+        fprintf(f, "model: %lld of %lld layers slide (window %lld, RoPE base %g): each keeps a ring of its last "
+                "window - 1 + ubatch keys (and a backup of window - 1), not the context, and attends densely; the "
+                "sparse methods (dhsa, block, stream, oracle) route only the %lld global layers\n",
+                (long long)in->n_swa_layers, (long long)in->n_layer, (long long)in->sliding_window,
+                (double)in->rope_base_swa, (long long)(in->n_layer - in->n_swa_layers));
     if (in->has_rope_factors)
         fprintf(f, "model: LongRoPE factors: the short ones up to a context of %lld, the long ones above\n",
                 (long long)in->n_ctx_orig);

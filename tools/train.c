@@ -81,7 +81,8 @@ typedef struct {
 
 static int hook(void *user, int64_t layer, const dhsa_attn_desc *a) {
     hook_state *h = user;
-    if (!h->use[layer]) return 0;
+    /* a sliding layer (its keys a ring from k_pos0) is never routed: no labels */
+    if (!h->use[layer] || a->k_pos0) return 0;
     if (dhsa_boundary_mass_add(h->ctx, a, h->w, h->mass[layer], h->n)) {
         h->failed = 1;
         return 1;

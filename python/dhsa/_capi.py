@@ -80,6 +80,7 @@ class AttnDesc(ctypes.Structure):
         ("backend", c_int),                 # dhsa_backend
         ("check_finite", c_int),
         ("reference_max_bytes", c_size_t),
+        ("k_pos0", c_int64),
     ]
 
 

@@ -135,6 +135,12 @@ dhsa_status dhsa__attn_check(const dhsa_attn_desc *a, dhsa__attn_problem *p) {
     if (a->q_pos0 < 0 || a->q_pos0 > MAX_LEN)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "q_pos0 = %lld is outside [0, 2^40]",
                           (long long)a->q_pos0);
+    if (a->k_pos0 < 0 || a->k_pos0 > a->q_pos0)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "k_pos0 = %lld is outside [0, q_pos0 = %lld]", (long long)a->k_pos0,
+                          (long long)a->q_pos0);
+    if (a->k_pos0 && a->layout)
+        return dhsa__fail(DHSA_ERR_UNSUPPORTED, "a layout over keys from k_pos0 = %lld: layouts are made over keys "
+                          "from position 0", (long long)a->k_pos0);
     if (a->window < 0 || a->window > MAX_LEN)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "window = %lld is outside [0 (none), 2^40]",
                           (long long)a->window);
@@ -220,6 +226,14 @@ dhsa_status dhsa_attention(dhsa_ctx *ctx, const dhsa_attn_desc *a) {
     dhsa_status st = workspace(ctx, a, &p, &be, &bytes);
     if (st) return st;
     if (p.Lq == 0) return DHSA_OK;
+    /* keys from k_pos0: the kernels see positions counted from key row 0 */
+    dhsa_attn_desc shifted;
+    if (a->k_pos0) {
+        shifted = *a;
+        shifted.q_pos0 -= a->k_pos0;
+        shifted.k_pos0 = 0;
+        a = &shifted;
+    }
     /* the scratch is the ctx's: one call at a time works in it */
     dhsa__ctx_lock(ctx);
     void *ws = dhsa__scratch(ctx, bytes, &st);

@@ -68,6 +68,7 @@ dhsa_status dhsa__probe_fail(const dhsa__probe *h, dhsa_status s) {
 
 /* The keys [lo, hi) query row `pos` may see under a causal (windowed) call. */
 static void visible_span(const dhsa_attn_desc *a, int64_t pos, int64_t *lo, int64_t *hi) {
+    pos -= a->k_pos0; /* key rows count from k_pos0 (a sliding layer's ring) */
     *hi = a->causal && pos + 1 < a->k.shape[2] ? pos + 1 : a->k.shape[2];
     *lo = a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
     if (*lo > *hi) *lo = *hi;

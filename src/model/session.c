@@ -62,6 +62,48 @@
 #define KOFF_MAX_HD 1024
 #define KOFF_MAX_TURN 0.5
 
+/* --------------------------------------------- sliding-window rings --- */
+
+/* A sliding-window layer (gemma2, gemma3: window w) reads only the keys of
+ * the last w positions, so its cache holds w - 1 + ubatch rows per head,
+ * not the context: the w - 1 keys before a ubatch and the ubatch's own.
+ * The rows hold positions [base, base + rows); when a ubatch would not
+ * fit, the w - 1 keys it needs move to the front (a memmove of w - 1 rows,
+ * once every ubatch + 1 tokens in decode) and base advances. Attention
+ * gets the rows with k_pos0 = base, so its masks see true positions.
+ * A failed eval must leave the committed keys: the first move of an eval
+ * that drops any of the w - 1 keys before its start copies them to a
+ * backup of w - 1 rows, which a roll-back puts back. A truncate to n needs
+ * the keys of [n - w + 1, n): it is refused (nothing changed) when the
+ * ring has moved past them; n = 0 always works. docs/model.md. */
+struct layer_cache {
+    int64_t rows;            /* positions per head: the context, or w - 1 + ubatch */
+    int64_t backup;          /* rows per head of the backup (w - 1), 0 when not a ring */
+    int64_t base;            /* position of row 0 */
+    size_t k, v, bk, bv;     /* byte offsets in s->kv: K, V, and their backups */
+    int saved;               /* the backup holds [saved_from, saved_from + saved_n) for this eval */
+    int64_t saved_from, saved_n;
+};
+
+/* Rows per head of layer l's cache for a context of n_ctx in ubatches of ub. */
+static int64_t layer_rows(const dhsa_model *m, const dhsa_session_params *p, int64_t l, int64_t n_ctx, int64_t ub) {
+    const int64_t w = m->layers[l].window;
+    if (w <= 0 || (p->dist && p->dist->size > 1)) return n_ctx;
+    return w - 1 + ub < n_ctx ? w - 1 + ub : n_ctx;
+}
+
+/* Bytes of every layer's cache and backups. */
+static size_t cache_bytes(const dhsa_model *m, const dhsa_session_params *p, int64_t n_ctx, int64_t ub) {
+    const dhsa_model_info *in = &m->info;
+    const size_t row = dhsa_type_row_bytes(p->kv_type, in->head_dim_k) + dhsa_type_row_bytes(p->kv_type, in->head_dim_v);
+    size_t total = 0;
+    for (int64_t l = 0; l < in->n_layer; l++) {
+        int64_t r = layer_rows(m, p, l, n_ctx, ub), b = r < n_ctx ? m->layers[l].window - 1 : 0;
+        total += (size_t)in->n_head_kv * (size_t)(r + b) * row;
+    }
+    return total;
+}
+
 struct dhsa_session {
     dhsa_ctx *ctx;
     const dhsa_model *m;
@@ -87,6 +129,8 @@ struct dhsa_session {
     float *krow;                /* [n_head_kv][hd_k] a decode key as the cache holds it */
     char *dbuf[2];              /* two shard buffers: one layer's K and V of cap positions */
     float *koff;                /* [n_layer][n_head_kv][hd_k] Q8_0 keys' offsets (key_offsets), after the cache; or NULL */
+    struct layer_cache *lc;     /* [n_layer] where each layer's K / V live (a sliding layer's: a ring) */
+    int64_t len0_eval;          /* the committed length when the running eval began */
     size_t dbuf_bytes;
     dhsa_dist_stats dst;
     int64_t dist_end;           /* a sharded prefill: the context's length after it */
@@ -248,8 +292,7 @@ static dhsa_status plan_for(const dhsa_ctx *ctx, const dhsa_model *m, const dhsa
     pl->n_ctx = n_ctx;
     pl->n_ubatch = ub;
     pl->weights = (size_t)in->weight_bytes;
-    pl->kv_cache = (size_t)in->n_layer * (size_t)n_ctx * (size_t)in->n_head_kv *
-                   (dhsa_type_row_bytes(p->kv_type, in->head_dim_k) + dhsa_type_row_bytes(p->kv_type, in->head_dim_v));
+    pl->kv_cache = cache_bytes(m, p, n_ctx, ub);
     pl->kv_cache += koff_bytes(m, p, pl->kv_cache);
     pl->activations = act_floats(in, ub) * sizeof(float) + 64 * 16;
     dhsa_attn_desc a = shape_desc(in, p->kv_type, n_ctx, ub);
@@ -576,9 +619,33 @@ dhsa_status dhsa_session_create(dhsa_ctx *ctx, const dhsa_model *m, const dhsa_s
     s->k_layer = (size_t)in->n_head_kv * (size_t)s->cap * dhsa_type_row_bytes(p->kv_type, in->head_dim_k);
     s->v_layer = (size_t)in->n_head_kv * (size_t)s->cap * dhsa_type_row_bytes(p->kv_type, in->head_dim_v);
     s->kv = dhsa_buffer_alloc(plan.kv_cache > 0 ? plan.kv_cache : 64);
-    if (!s->kv) {
-        st = DHSA_ERR_OUT_OF_MEMORY;
+    s->lc = calloc((size_t)in->n_layer, sizeof *s->lc);
+    if (!s->kv || !s->lc) {
+        st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory for the KV cache");
         goto fail;
+    }
+    {
+        const size_t rk = dhsa_type_row_bytes(p->kv_type, in->head_dim_k), rv = dhsa_type_row_bytes(p->kv_type, in->head_dim_v);
+        const size_t H = (size_t)in->n_head_kv;
+        size_t at = 0;
+        for (int64_t l = 0; l < in->n_layer; l++) {
+            struct layer_cache *c = &s->lc[l];
+            c->rows = s->dist ? s->cap : layer_rows(m, p, l, plan.n_ctx, plan.n_ubatch);
+            c->backup = c->rows < plan.n_ctx && !s->dist ? m->layers[l].window - 1 : 0;
+            c->k = at;
+            at += H * (size_t)c->rows * rk;
+        }
+        for (int64_t l = 0; l < in->n_layer; l++) {
+            s->lc[l].v = at;
+            at += H * (size_t)s->lc[l].rows * rv;
+        }
+        for (int64_t l = 0; l < in->n_layer; l++) {
+            struct layer_cache *c = &s->lc[l];
+            c->bk = at;
+            at += H * (size_t)c->backup * rk;
+            c->bv = at;
+            at += H * (size_t)c->backup * rv;
+        }
     }
     const int64_t ub = plan.n_ubatch;
     float *a = dhsa__alloc(ctx, act_floats(in, ub) * sizeof(float) + 64 * 16, &st);
@@ -631,7 +698,7 @@ dhsa_status dhsa_session_create(dhsa_ctx *ctx, const dhsa_model *m, const dhsa_s
         }
     }
     if (keys_centred(m, p)) {
-        size_t cache = (size_t)in->n_layer * (s->k_layer + s->v_layer);
+        size_t cache = cache_bytes(m, p, plan.n_ctx, plan.n_ubatch);
         s->koff = (float *)((char *)s->kv + dhsa__align_up(cache, 64));
         fill_key_offsets(s);
     }
@@ -651,6 +718,7 @@ void dhsa_session_free(dhsa_session *s) {
     dhsa_buffer_free(s->dbuf[0]);
     dhsa_buffer_free(s->dbuf[1]);
     dhsa_buffer_free(s->kv);
+    free(s->lc);
     free(s);
 }
 
@@ -685,6 +753,7 @@ dhsa_status dhsa_session_reset(dhsa_session *s) {
     dhsa_status st = DHSA_OK;
     s->len = 0;
     s->len_loc = 0;
+    for (int64_t l = 0; l < s->m->info.n_layer; l++) s->lc[l].base = 0;
     memset(&s->dst, 0, sizeof s->dst);
     s->broken = 0;
     memset(&s->st_last, 0, sizeof s->st_last);
@@ -809,9 +878,8 @@ static void ffn_activation(dhsa_session *s, int64_t n, int64_t F, int gelu) {
 static dhsa_tensor cache_view(const dhsa_session *s, int64_t l, int is_v, int64_t n) {
     const dhsa_model_info *in = &s->m->info;
     int64_t hd = is_v ? in->head_dim_v : in->head_dim_k;
-    char *base = (char *)s->kv + (size_t)in->n_layer * s->k_layer * (size_t)is_v +
-                 (size_t)l * (is_v ? s->v_layer : s->k_layer);
-    dhsa_tensor t = dhsa_tensor_bhld(base, s->p.kv_type, 1, in->n_head_kv, s->cap, hd);
+    char *base = (char *)s->kv + (is_v ? s->lc[l].v : s->lc[l].k);
+    dhsa_tensor t = dhsa_tensor_bhld(base, s->p.kv_type, 1, in->n_head_kv, s->lc[l].rows, hd);
     t.shape[2] = n;
     return t;
 }
@@ -852,16 +920,71 @@ static void count_attention(dhsa_session *s, const dhsa_attn_desc *a) {
     }
 }
 
+/* Per head of layer l (K then V): copies n rows from row `from` of the
+ * cache (or of the backup, back=1 reading it) to row `to` of the other
+ * (or of the same, move=1, which may overlap). */
+static void copy_rows(dhsa_session *s, int64_t l, int dir /* 0 cache->cache, 1 cache->backup, 2 backup->cache */,
+                      int64_t from, int64_t to, int64_t n) {
+    const dhsa_model_info *in = &s->m->info;
+    const struct layer_cache *c = &s->lc[l];
+    for (int is_v = 0; is_v < 2; is_v++) {
+        const size_t rb = dhsa_type_row_bytes(s->p.kv_type, is_v ? in->head_dim_v : in->head_dim_k);
+        char *cache = (char *)s->kv + (is_v ? c->v : c->k), *bak = (char *)s->kv + (is_v ? c->bv : c->bk);
+        for (int64_t h = 0; h < in->n_head_kv; h++) {
+            char *ch = cache + (size_t)h * (size_t)c->rows * rb, *bh = bak + (size_t)h * (size_t)c->backup * rb;
+            char *src = dir == 2 ? bh : ch, *dst = dir == 1 ? bh : ch;
+            memmove(dst + (size_t)to * rb, src + (size_t)from * rb, (size_t)n * rb);
+        }
+    }
+}
+
+/* Room in layer l's ring for n rows at positions pos.. (the note on
+ * sliding-window rings); nothing to do for a full-length cache. */
+static void ring_room(dhsa_session *s, int64_t l, int64_t pos, int64_t n) {
+    struct layer_cache *c = &s->lc[l];
+    if (!c->backup || pos + n - c->base <= c->rows) return;
+    const int64_t keep = s->m->layers[l].window - 1, nb = pos - keep;
+    const int64_t from = s->len0_eval > keep ? s->len0_eval - keep : 0;
+    if (!c->saved && nb > from && s->len0_eval > from) { /* committed keys about to go */
+        copy_rows(s, l, 1, from - c->base, 0, s->len0_eval - from);
+        c->saved = 1;
+        c->saved_from = from;
+        c->saved_n = s->len0_eval - from;
+    }
+    copy_rows(s, l, 0, nb - c->base, 0, pos - nb);
+    c->base = nb;
+}
+
+/* The eval that began at len0_eval failed: sliding layers get the keys
+ * they had then. */
+static void ring_restore(dhsa_session *s) {
+    for (int64_t l = 0; l < s->m->info.n_layer; l++) {
+        struct layer_cache *c = &s->lc[l];
+        if (!c->saved) continue;
+        copy_rows(s, l, 2, 0, 0, c->saved_n);
+        c->base = c->saved_from;
+        c->saved = 0;
+    }
+}
+
+/* A new eval begins at the committed length. */
+static void ring_begin(dhsa_session *s) {
+    s->len0_eval = s->len;
+    for (int64_t l = 0; l < s->m->info.n_layer; l++) s->lc[l].saved = 0;
+}
+
 static dhsa_status attend(dhsa_session *s, int64_t l, int64_t n, int64_t pos0) {
     const dhsa_model_info *in = &s->m->info;
     const dhsa__layer *L = &s->m->layers[l];
     dhsa_attn_desc a = dhsa_attn_default_desc();
     a.q = dhsa_tensor_blhd(s->q, DHSA_F32, 1, n, in->n_head, in->head_dim_k);
-    a.k = cache_view(s, l, 0, pos0 + n);
-    a.v = cache_view(s, l, 1, pos0 + n);
+    const int64_t base = s->lc[l].base;
+    a.k = cache_view(s, l, 0, pos0 + n - base);
+    a.v = cache_view(s, l, 1, pos0 + n - base);
     a.o = dhsa_tensor_blhd(s->att, DHSA_F32, 1, n, in->n_head, in->head_dim_v);
     a.causal = 1;
     a.q_pos0 = pos0;
+    a.k_pos0 = base;
     a.window = L->window;
     a.softcap = in->attn_softcap;
     a.scale = in->attn_scale; /* 1/sqrt(hd_k); gemma2 27B 1/sqrt(n_embd / n_head) */
@@ -905,13 +1028,18 @@ static dhsa_status attend_rows(dhsa_session *host, dhsa_session *o, int64_t l, i
     const dhsa_model_info *in = &host->m->info;
     const int64_t hk = in->head_dim_k, hv = in->head_dim_v;
     const size_t qrow = (size_t)(in->n_head * hk), orow = (size_t)(in->n_head * hv);
-    dhsa_tensor kv = cache_view(o, l, 0, o->cap);
-    dhsa_tensor vv = cache_view(o, l, 1, o->cap);
+    ring_room(o, l, pos, n);
+    const int64_t rows = o->lc[l].rows, slot = pos - o->lc[l].base;
+    if (slot < 0 || slot + n > rows) /* a bug: never write outside the layer's rows */
+        return dhsa__fail(DHSA_ERR_INTERNAL, "layer %lld: positions %lld.. fall outside its cache rows (from %lld, %lld "
+                          "rows)", (long long)l, (long long)pos, (long long)o->lc[l].base, (long long)rows);
+    dhsa_tensor kv = cache_view(o, l, 0, rows);
+    dhsa_tensor vv = cache_view(o, l, 1, rows);
     dhsa_status st;
-    if ((st = store_cache(kv.data, o->p.kv_type, o->cap, host->kt + (size_t)t0 * (size_t)(in->n_head_kv * hk), n,
-                          in->n_head_kv, hk, pos, key_offset(o, l))) ||
-        (st = store_cache(vv.data, o->p.kv_type, o->cap, host->vt + (size_t)t0 * (size_t)(in->n_head_kv * hv), n,
-                          in->n_head_kv, hv, pos, NULL)))
+    if ((st = store_cache(kv.data, o->p.kv_type, rows, host->kt + (size_t)t0 * (size_t)(in->n_head_kv * hk), n,
+                          in->n_head_kv, hk, slot, key_offset(o, l))) ||
+        (st = store_cache(vv.data, o->p.kv_type, rows, host->vt + (size_t)t0 * (size_t)(in->n_head_kv * hv), n,
+                          in->n_head_kv, hv, slot, NULL)))
         return st;
     if (o->ix && o->ix[l]) {
         /* the index reads the keys back from the cache: it routes on the
@@ -1768,6 +1896,7 @@ static dhsa_status forward(dhsa_session *s, dhsa_session *const *batch, const in
  * them. */
 static void roll_back(dhsa_session *s, int64_t len0) {
     s->len = len0;
+    ring_restore(s);
     if (!s->ix) return;
     char why[384];
     snprintf(why, sizeof why, "%s", dhsa_last_error());
@@ -1879,6 +2008,7 @@ static dhsa_status eval_tokens(dhsa_session *s, const int32_t *ids, int64_t n, f
     }
     const int64_t len0 = s->len;
     const dhsa_attn_stats total0 = s->st_total;
+    ring_begin(s);
     if (s->ix)
         for (int64_t l = 0; l < in->n_layer; l++)
             if (s->ix[l]) dhsa__kv_index_mark(s->ix[l]);
@@ -1937,6 +2067,7 @@ static dhsa_status batch_eval(dhsa_session *const *ss, int64_t n, const int32_t 
     for (int64_t t = 0; t < n; t++) {
         dhsa_session *o = ss[t];
         len0[t] = o->len;
+        ring_begin(o);
         total0[t] = o->st_total;
         memset(&o->st_last, 0, sizeof o->st_last);
         o->st_last.density = 1.0;
@@ -2004,6 +2135,17 @@ static dhsa_status truncate_tokens(dhsa_session *s, int64_t n) {
     if (s->broken)
         return dhsa__fail(DHSA_ERR_INTERNAL, "an earlier failed eval could not be undone: dhsa_session_reset first");
     if (n == s->len) return DHSA_OK;
+    for (int64_t l = 0; l < s->m->info.n_layer && n > 0; l++) {
+        const struct layer_cache *c = &s->lc[l];
+        const int64_t need = n - (s->m->layers[l].window - 1);
+        if (c->backup && c->base > need)
+            return dhsa__fail(DHSA_ERR_UNSUPPORTED, "dhsa_session_truncate: sliding layer %lld keeps the keys from "
+                              "position %lld on (a ring of %lld), and %lld tokens need them from %lld: reset and "
+                              "evaluate the prompt again", (long long)l, (long long)c->base, (long long)c->rows,
+                              (long long)n, (long long)(need > 0 ? need : 0));
+    }
+    if (n == 0)
+        for (int64_t l = 0; l < s->m->info.n_layer; l++) s->lc[l].base = 0;
     memset(&s->st_last, 0, sizeof s->st_last);
     s->st_last.density = 1.0;
     for (int64_t l = 0; s->ix && l < s->m->info.n_layer; l++) {

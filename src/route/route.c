@@ -156,6 +156,9 @@ dhsa_status dhsa__route_check_params(const dhsa_router_params *rp) {
 
 static dhsa_status check(const dhsa_router_params *rp, const dhsa_attn_desc *a, plan *pl) {
     if (!rp || !a) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_route: NULL params or descriptor");
+    if (a->k_pos0)
+        return dhsa__fail(DHSA_ERR_UNSUPPORTED, "dhsa_route: keys from k_pos0 = %lld (a window ring) are not routed; "
+                          "route over keys from position 0", (long long)a->k_pos0);
     dhsa_status st = dhsa__route_check_params(rp);
     if (st) return st;
     /* The attention check wants v and o: route needs only q and k. */
