@@ -4,7 +4,7 @@
  * build outside the repository (LLAMA_CPP=/path/to/llama.cpp with build/).
  *
  * usage: llamacpp_logits MODEL.gguf N_CTX OUT.f32 ID...
- * Runs the ids as one batch at positions 0.. in a context of N_CTX tokens
+ * Runs the ids in batches of 512 at positions 0.. in a context of N_CTX tokens
  * (CPU without repacked weights, F32 K/V cache, flash attention off, a
  * full-size SWA cache) and writes the logits of every
  * position, [n_ids][n_vocab] float32 little endian, to OUT.f32.
@@ -53,23 +53,27 @@ int main(int argc, char **argv) {
         fprintf(stderr, "llamacpp_logits: no context\n");
         return 1;
     }
-    struct llama_batch b = llama_batch_init(n, 0, 1);
-    for (int i = 0; i < n; i++) {
-        b.token[i] = ids[i];
-        b.pos[i] = i;
-        b.n_seq_id[i] = 1;
-        b.seq_id[i][0] = 0;
-        b.logits[i] = 1;
-    }
-    b.n_tokens = n;
-    if (llama_decode(ctx, b) != 0) {
-        fprintf(stderr, "llamacpp_logits: llama_decode failed\n");
-        return 1;
-    }
     int V = llama_vocab_n_tokens(llama_model_get_vocab(model));
     FILE *f = fopen(argv[3], "wb");
     if (!f) return 1;
-    for (int i = 0; i < n; i++) fwrite(llama_get_logits_ith(ctx, i), sizeof(float), (size_t)V, f);
+    /* batches of at most n_batch tokens, each one's logits written before the next */
+    struct llama_batch b = llama_batch_init(512, 0, 1);
+    for (int at = 0; at < n; at += 512) {
+        int m = n - at < 512 ? n - at : 512;
+        for (int i = 0; i < m; i++) {
+            b.token[i] = ids[at + i];
+            b.pos[i] = at + i;
+            b.n_seq_id[i] = 1;
+            b.seq_id[i][0] = 0;
+            b.logits[i] = 1;
+        }
+        b.n_tokens = m;
+        if (llama_decode(ctx, b) != 0) {
+            fprintf(stderr, "llamacpp_logits: llama_decode failed\n");
+            return 1;
+        }
+        for (int i = 0; i < m; i++) fwrite(llama_get_logits_ith(ctx, i), sizeof(float), (size_t)V, f);
+    }
     if (fclose(f) != 0) return 1;
     llama_batch_free(b);
     llama_free(ctx);
