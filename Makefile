@@ -54,8 +54,8 @@ PROGS := $(patsubst tests/progs/%.c,$(BUILD)/progs/%,$(sort $(wildcard tests/pro
 # links them. Without them the CLI is built without the server (`dhsa
 # serve` then names the packages to install and tests/test_serve skips);
 # .ci/run installs them (Debian: libmicrohttpd-dev libjansson-dev
-# pkg-config). `make HAVE_SERVE=` builds without them on purpose (make
-# does not track flags: make clean first when switching).
+# pkg-config). `make HAVE_SERVE=` builds without them on purpose (the CLI
+# is rebuilt when this changes: CLI_STAMP below).
 SERVE_PKGS := libmicrohttpd jansson
 HAVE_SERVE ?= $(shell pkg-config --exists $(SERVE_PKGS) 2>/dev/null && echo 1)
 ifeq ($(HAVE_SERVE),1)
@@ -67,12 +67,24 @@ endif
 # links Open MPI when pkg-config finds mpi-c (Debian: openmpi-bin
 # libopenmpi-dev, which .ci/run installs); libdhsa never does. Without it
 # the CLI refuses an mpirun launch of more than one rank and tests/test_dist
-# skips. `make HAVE_MPI=` builds without it on purpose (make clean first).
+# skips. `make HAVE_MPI=` builds without it on purpose (the CLI is rebuilt).
 HAVE_MPI ?= $(shell pkg-config --exists mpi-c 2>/dev/null && echo 1)
 ifeq ($(HAVE_MPI),1)
   MPI_CFLAGS := -DDHSA_HAVE_MPI $(patsubst -I%,-isystem %,$(shell pkg-config --cflags mpi-c))
   MPI_LIBS := $(shell pkg-config --libs mpi-c)
 endif
+
+# What the CLI is built with: when it changes (libmicrohttpd or Open MPI
+# installed or removed, HAVE_SERVE= given, another compiler or flags), the
+# stamp $(BUILD)/cli-config.txt is rewritten here and the CLI (and
+# test_serve) are rebuilt by the next `make`, no `make clean` needed. The
+# file is rewritten only when its text changes, so an unchanged setup
+# rebuilds nothing. Tested by tests/test_cli_small.c.
+CLI_CONFIG := cc=$(CC) cflags=$(CFLAGS_BASE) serve=$(HAVE_SERVE) $(SERVE_CFLAGS) $(SERVE_LIBS) \
+              mpi=$(HAVE_MPI) $(MPI_CFLAGS) $(MPI_LIBS) ldlibs=$(LDLIBS)
+CLI_STAMP := $(BUILD)/cli-config.txt
+$(shell mkdir -p '$(BUILD)' && printf '%s\n' '$(CLI_CONFIG)' | cmp -s - '$(CLI_STAMP)' || \
+  printf '%s\n' '$(CLI_CONFIG)' > '$(CLI_STAMP)')
 
 .PHONY: all test test-torch asan ubsan clean fuzz
 all: $(BUILD)/libdhsa.a $(BUILD)/libdhsa.so $(BUILD)/dhsa
@@ -112,7 +124,7 @@ $(BUILD)/libdhsa.a: $(OBJS)
 $(BUILD)/libdhsa.so: $(OBJS)
 	$(CC) -shared -o $@ $^ $(LDLIBS)
 
-$(BUILD)/dhsa: $(TOOLS_SRCS) $(wildcard tools/*.h) $(BUILD)/libdhsa.a $(HDRS)
+$(BUILD)/dhsa: $(TOOLS_SRCS) $(wildcard tools/*.h) $(BUILD)/libdhsa.a $(HDRS) $(CLI_STAMP)
 	$(CC) $(CFLAGS_BASE) $(SERVE_CFLAGS) $(MPI_CFLAGS) -o $@ $(TOOLS_SRCS) $(BUILD)/libdhsa.a $(SERVE_LIBS) $(MPI_LIBS) $(LDLIBS)
 
 $(BUILD)/progs/%: tests/progs/%.c $(BUILD)/libdhsa.a $(HDRS)
@@ -124,9 +136,14 @@ $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/libdhsa.a $(HDRS)
 	$(CC) $(CFLAGS_BASE) -o $@ $< $(BUILD)/libdhsa.a $(LDLIBS)
 
 # test_serve also drives the request parser of dhsa serve directly.
-$(BUILD)/tests/test_serve: tests/test_serve.c tools/serve_req.c tools/serve.h $(wildcard tests/*.h) $(BUILD)/libdhsa.a $(HDRS)
+$(BUILD)/tests/test_serve: tests/test_serve.c tools/serve_req.c tools/serve.h $(wildcard tests/*.h) $(BUILD)/libdhsa.a $(HDRS) $(CLI_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(SERVE_CFLAGS) -Itools -o $@ tests/test_serve.c tools/serve_req.c $(BUILD)/libdhsa.a $(SERVE_LIBS) $(LDLIBS)
+
+# test_cli_small also drives the CLI's model naming (tools/cli_model.c) directly.
+$(BUILD)/tests/test_cli_small: tests/test_cli_small.c tools/cli_model.c tools/cli.h $(wildcard tests/*.h) $(BUILD)/libdhsa.a $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -Itools -o $@ tests/test_cli_small.c tools/cli_model.c $(BUILD)/libdhsa.a $(LDLIBS)
 
 test: all $(TESTS) $(PROGS)
 	@sh tests/run.sh $(BUILD) $(TESTS)

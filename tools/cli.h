@@ -181,4 +181,12 @@ int dhsa_cli_eval(int argc, char **argv);
 extern const char dhsa_cli_eval_usage[];
 extern const char dhsa_cli_eval_usage_tasks[]; /* printed after it */
 
+/* ------------------------------------------------------------------------ */
+/* The model line's weights (tools/cli_model.c): the GGUF file type as
+ * llama.cpp names it ("Q4_K - Medium weights"; without general.file_type
+ * the type of most matrix bytes, most_type) and, when the matrices hold
+ * more than that one type, their mix by bytes ("(matrix bytes: Q5_0 61%,
+ * Q8_0 27%, ...)"). g may be NULL (a llama.2c checkpoint). */
+void dhsa_cli_weights_text(const dhsa_gguf *g, uint32_t most_type, char *out, size_t cap);
+
 #endif

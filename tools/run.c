@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -72,7 +73,7 @@ const char dhsa_cli_run_usage[] =
     "  --repeat-penalty R  (default 1 = off)      --repeat-last-n N (default 64)\n"
     "  --ignore-eos        keep going past EOS\n"
     "Memory and speed:\n"
-    "  --ctx N             KV cache length (default: the trained context, or the\n"
+    "  -c, --ctx N         KV cache length (default: the trained context, or the\n"
     "                      prompt + N when that is longer); longer than trained:\n"
     "                      a warning; generation stops when it is full\n"
     "  --ubatch N          prefill tokens per step (default: largest <= 512\n"
@@ -85,7 +86,7 @@ const char dhsa_cli_run_usage[] =
     "                      buffers, and the process: other mapped files, memory it\n"
     "                      holds, 128 KiB stack per thread, allocator slack (dhsa\n"
     "                      plan lists each; not --dump-layout's picture and index)\n"
-    "  --threads T         (default: online CPUs)\n"
+    "  -t, --threads T     (default: online CPUs)\n"
     "Attention:\n"
     "  --attn dense|dhsa|block|stream|oracle   (default dense)\n"
     "  --density F | --budget N                keys per query block, one of the\n"
@@ -342,12 +343,14 @@ static void print_plan(FILE *f, const dhsa_mem_plan *pl, int n_threads) {
     fprintf(f, "  %-19s %12s  (%zu bytes)\n", "total", plan_size(pl->total, b, sizeof b), pl->total);
 }
 
-static void print_model(FILE *f, const char *path, const dhsa_model_info *in) {
+static void print_model(FILE *f, const char *path, const dhsa_model *m, const dhsa_model_info *in) {
+    char weights[256];
+    dhsa_cli_weights_text(dhsa_model_gguf(m), in->weight_type, weights, sizeof weights);
     fprintf(f, "model: %s: %s, %lld layers, n_embd %lld, n_ff %lld, heads %lld/%lld (kv), head dim %lld, vocab %lld, "
-            "trained ctx %lld, %s weights, %.1f M parameters, %.1f MiB\n",
+            "trained ctx %lld, %s, %.1f M parameters, %.1f MiB\n",
             path, in->arch_name, (long long)in->n_layer, (long long)in->n_embd, (long long)in->n_ff,
             (long long)in->n_head, (long long)in->n_head_kv, (long long)in->head_dim_k, (long long)in->n_vocab,
-            (long long)in->n_ctx_train, dhsa_ggml_type_name(in->weight_type), (double)in->n_params / 1e6,
+            (long long)in->n_ctx_train, weights, (double)in->n_params / 1e6,
             mib((size_t)in->weight_bytes));
     if (in->n_swa_layers > 0)
         fprintf(f, "model: %lld of %lld layers slide (window %lld, RoPE base %g): each keeps a ring of its last "
@@ -358,6 +361,19 @@ static void print_model(FILE *f, const char *path, const dhsa_model_info *in) {
     if (in->has_rope_factors)
         fprintf(f, "model: LongRoPE factors: the short ones up to a context of %lld, the long ones above\n",
                 (long long)in->n_ctx_orig);
+}
+
+/* Whether the statistics must start with a line break of their own: when
+ * stderr is a terminal and stdout goes elsewhere (`dhsa run ... | cat`,
+ * `| tee`), the text reaches the terminal through the other process,
+ * which may not have written its last line break yet when our stderr
+ * line arrives ("it isprompt: 20 tokens"). Writing to one file (the same
+ * terminal, 2>&1) keeps the order: no blank line then. */
+static int stats_need_newline(void) {
+    if (!isatty(2)) return 0;
+    struct stat so, se;
+    if (fstat(1, &so) != 0 || fstat(2, &se) != 0) return 1;
+    return !(so.st_dev == se.st_dev && so.st_ino == se.st_ino && so.st_rdev == se.st_rdev);
 }
 
 /* Writes the bytes of one token to stdout. */
@@ -732,7 +748,7 @@ static int run_main(int argc, char **argv, int plan_only) {
     dhsa_mem_plan plan;
     dhsa_status st = dhsa_session_plan(ctx, m, &o.ses, &plan);
     if (plan_only) {
-        print_model(stdout, o.model, in);
+        print_model(stdout, o.model, m, in);
         printf("attention: %s, KV %s, %d threads\n", dhsa_attn_method_name(o.ses.attn),
                dhsa_type_name(o.ses.kv_type), dhsa_ctx_n_threads(ctx));
         if (st) plan_failed(st, &o.ses);
@@ -752,7 +768,7 @@ static int run_main(int argc, char **argv, int plan_only) {
     }
     if (st) plan_failed(st, &o.ses);
     if (o.verbose) {
-        print_model(stderr, o.model, in);
+        print_model(stderr, o.model, m, in);
         fprintf(stderr, "attention: %s, KV %s, %d threads, %s; loaded in %.2f s\n", dhsa_attn_method_name(o.ses.attn),
                 dhsa_type_name(o.ses.kv_type), dhsa_ctx_n_threads(ctx), dhsa_isa_name(dhsa_active_isa()), t_load);
         char routes[256];
@@ -819,15 +835,21 @@ static int run_main(int argc, char **argv, int plan_only) {
     if (lf && fclose(lf)) dhsa_cli_die(EXIT_RUN, "--logits-out %s: write failed", o.logits_path);
     printf("\n");
     fflush(stdout);
+    if (stats_need_newline()) fputc('\n', stderr);
     if (o.dump_path) dump_end(&dump, o.model, in, n_prompt, plan.n_ubatch);
     if (o.ses.attn != DHSA_ATTN_DENSE) density_report(&st_prefill, s, &o.ses);
     int same = dist ? dist_report(s, in, ids, n_prompt + n_gen, n_prompt, t_prompt, o.ses.dist_stripe,
                                   o.ses.dist_fetch_share) : 1;
+    /* Decode speed is defined only when a decode step ran: the first token
+     * comes from the prefill's logits, so -n 1 has none ("n/a", not 0). */
+    char dec_rate[48];
+    if (t_dec > 0 && n_dec > 0) snprintf(dec_rate, sizeof dec_rate, "%.1f tok/s", (double)n_dec / t_dec);
+    else snprintf(dec_rate, sizeof dec_rate, "n/a tok/s (no decode step)");
     fprintf(stderr,
-            "prompt: %lld tokens in %.3f s (%.1f tok/s), first token after %.3f s; decode: %lld tokens, %.1f tok/s; "
+            "prompt: %lld tokens in %.3f s (%.1f tok/s), first token after %.3f s; decode: %lld tokens, %s; "
             "all forward passes: %.1f tok/s; peak RSS %.1f MiB (%zu KiB)",
             (long long)n_prompt, t_prompt, t_prompt > 0 ? (double)n_prompt / t_prompt : 0.0, t_first,
-            (long long)n_gen, t_dec > 0 && n_dec > 0 ? (double)n_dec / t_dec : 0.0,
+            (long long)n_gen, dec_rate,
             t_prompt + t_dec > 0 ? (double)(n_prompt + n_dec) / (t_prompt + t_dec) : 0.0, mib(dhsa_proc_peak_rss()),
             dhsa_proc_peak_rss() >> 10);
     if (o.ses.mem_limit) {
@@ -1158,7 +1180,7 @@ int dhsa_cli_bench_model(int argc, char **argv) {
                              dhsa_cli_bytes((double)pl.total, need, sizeof need), dist ? " per rank" : "",
                              dhsa_cli_bytes(phys, have, sizeof have));
         }
-    print_model(stdout, model, in);
+    print_model(stdout, model, m, in);
     char routes[256];
     if (dhsa_model_routes(m, exact, routes, sizeof routes) != DHSA_OK) routes[0] = '\0';
     printf("threads %d, %s, KV %s, decode %lld tokens%s%s\nweight products%s: %s\n", dhsa_ctx_n_threads(ctx),

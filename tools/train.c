@@ -65,7 +65,7 @@ const char dhsa_cli_train_boundary_usage[] =
     "  --gamma G          focal exponent (default 2)  --pos-weight P (default 1.3)\n"
     "  --seed S           initial weights and minibatch order (default 1)\n"
     "  --max-tokens N     use only the first N tokens of the text\n"
-    "  --threads T        (default: online CPUs)\n";
+    "  -t, --threads T    (default: online CPUs)\n";
 
 /* ------------------------------------------------------- collection --- */
 

@@ -1,9 +1,11 @@
 """dhsa: Python binding of the dhsa C library (memory-bounded attention).
 
-ctypes over build/libdhsa.so and numpy arrays; no compiled extension. The
-library is found through the environment variable DHSA_LIB, else
-../../build/libdhsa.so relative to this package, else the system's library
-path; it is loaded on first use.
+ctypes over libdhsa.so and numpy arrays; no compiled extension. Install
+with `pip install .` from the repository root (the library and the default
+model go inside the package). The library is found through the environment
+variable DHSA_LIB, else the one inside this package (pip install), else
+../../build/libdhsa.so relative to it (a checkout), else the system's
+library path; it is loaded on first use.
 
     PYTHONPATH=python DHSA_LIB=build/libdhsa.so python3 -c '
     import numpy as np, dhsa

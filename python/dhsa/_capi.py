@@ -5,7 +5,9 @@ knows about numpy; see _attention.py and _context.py for the Python API.
 
 Where the library comes from, in order: the environment variable DHSA_LIB
 (a path; if it is set and cannot be loaded that is an error, never a silent
-fall-through), then build/libdhsa.so relative to this package
+fall-through: an explicit choice wins over everything), then the library
+bundled inside the package (dhsa/libdhsa.so, put there by `pip install .`,
+python/dhsa_build_backend.py), then build/libdhsa.so of a checkout
 (python/dhsa/../../build/libdhsa.so), then ctypes.util.find_library("dhsa").
 
 Struct layout is checked by python/tests/test_capi.py: sizes against the
@@ -344,6 +346,7 @@ def _candidates():
         return [("DHSA_LIB", env)]
     out = []
     here = Path(__file__).resolve().parent
+    out.append(("bundled", str(here / "libdhsa.so")))
     out.append(("package-relative", str(here.parent.parent / "build" / "libdhsa.so")))
     found = ctypes.util.find_library("dhsa")
     if found:
@@ -361,7 +364,7 @@ def lib():
             return _lib
         tried = []
         for how, path in _candidates():
-            if how == "package-relative" and not os.path.exists(path):
+            if how in ("bundled", "package-relative") and not os.path.exists(path):
                 tried.append("%s (%s: no such file)" % (path, how))
                 continue
             try:

@@ -160,12 +160,18 @@ def _lib():
 
 
 def default_model_path():
-    """As the CLI finds its default model: $DHSA_MODEL when set, else
-    models/dhsa-retrieval-8m.gguf of this checkout (python/dhsa/../../models)."""
+    """As the CLI finds its default model: $DHSA_MODEL when set, else the
+    copy bundled inside an installed package (dhsa/models/, put there by
+    `pip install .`), else models/dhsa-retrieval-8m.gguf of this checkout
+    (python/dhsa/../../models)."""
     env = os.environ.get("DHSA_MODEL")
     if env:
         return env
-    return str(Path(__file__).resolve().parent.parent.parent / "models" / DEFAULT_MODEL)
+    here = Path(__file__).resolve().parent
+    bundled = here / "models" / DEFAULT_MODEL
+    if bundled.is_file():
+        return str(bundled)
+    return str(here.parent.parent / "models" / DEFAULT_MODEL)
 
 
 # ------------------------------------------------------- argument checks ---

@@ -29,12 +29,15 @@ Contract (docs/torch.md, "Finding square intermediates"):
 Tested by python/tests/test_torch_find.py.
 """
 
+import contextlib
 import warnings
 
 import torch
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._pytree import tree_flatten
+
+from ._quiet import drop_stderr_lines
 
 _MODULE_TAG = "dhsa.module:"
 _RETURN_TAG = "dhsa.returned:"
@@ -302,9 +305,18 @@ def find_square_intermediates(module, *args, min_size=1024, **kwargs):
     handles = _module_hooks(names)
     try:
         module.eval()
-        with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU],
-                                             record_shapes=True, profile_memory=True) as prof:
-            module(*args, **kwargs)
+        prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True)
+        # Without a GPU the profiler's device probe logs an ERROR line on a
+        # correct run: dropped (only that line) where PyTorch sees no GPU.
+        quiet = drop_stderr_lines if not torch.cuda.is_available() else contextlib.nullcontext
+        with torch.inference_mode():
+            with quiet():
+                prof.__enter__()
+            try:
+                module(*args, **kwargs)
+            finally:
+                with quiet():
+                    prof.__exit__(None, None, None)
     finally:
         for h in handles:
             h.remove()
