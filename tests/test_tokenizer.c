@@ -455,9 +455,11 @@ static void test_metadata_errors(void) {
         }
         dhsa_tokenizer_free(t);
     }
-    st = build("gpt2", "deepseek-coder", &t);
-    T_CHECK(st == DHSA_ERR_UNSUPPORTED && t == NULL && strstr(dhsa_last_error(), "deepseek-coder"),
-            "a pre-tokenizer dhsa lacks stays a clear error: %s", dhsa_last_error());
+    st = build("gpt2", "qwen35", &t);
+    T_CHECK(st == DHSA_ERR_UNSUPPORTED && t == NULL && strstr(dhsa_last_error(), "qwen35") &&
+                strstr(dhsa_last_error(), "llama.cpp knows it") && strstr(dhsa_last_error(), "dhsa runs: ") &&
+                strstr(dhsa_last_error(), "smollm"),
+            "a pre-tokenizer dhsa lacks is refused by name, with what runs: %s", dhsa_last_error());
     st = build("wordpiece", NULL, &t);
     T_CHECK(st == DHSA_ERR_UNSUPPORTED && strstr(dhsa_last_error(), "wordpiece"), "unknown model: %s",
             dhsa_last_error());
@@ -485,6 +487,162 @@ static void test_metadata_errors(void) {
         dhsa_tokenizer_free(t);
     }
     T_CHECK(dhsa_tokenizer_from_gguf(NULL, &t) == DHSA_ERR_INVALID_ARG, "NULL gguf");
+}
+
+/* --------------------------------------------------------------------- */
+/* Every tokenizer.ggml.pre name llama.cpp knows                          */
+
+/* llama.cpp's names (src/llama-vocab.cpp of llama-cpp-python 0.3.36's
+ * vendored llama.cpp, llama_vocab::impl::load, in its order) with the
+ * regex set its llm_tokenizer_bpe selects for each (the comment: its
+ * LLAMA_VOCAB_PRE_TYPE), written here from that source by a script, not
+ * from tokenizer.c's table; NONE: dhsa refuses it. The three GPT-2 names
+ * that add a SEP token (BERT-style encoders) are refused. */
+static const struct {
+    const char *name;
+    dhsa_tok_pre pre;
+} llama_cpp_pre[] = {
+        {"default", DHSA_TOK_PRE_DEFAULT}, /* DEFAULT */
+        {"minicpm5", DHSA_TOK_PRE_MINICPM5}, /* MINICPM5 */
+        {"llama3", DHSA_TOK_PRE_LLAMA3}, /* LLAMA3 */
+        {"llama-v3", DHSA_TOK_PRE_LLAMA3}, /* LLAMA3 */
+        {"llama-bpe", DHSA_TOK_PRE_LLAMA3}, /* LLAMA3 */
+        {"falcon3", DHSA_TOK_PRE_LLAMA3}, /* LLAMA3 */
+        {"falcon-h1", DHSA_TOK_PRE_LLAMA3}, /* LLAMA3 */
+        {"pixtral", DHSA_TOK_PRE_LLAMA3}, /* LLAMA3 */
+        {"midm-2.0", DHSA_TOK_PRE_LLAMA3}, /* LLAMA3 */
+        {"lfm2", DHSA_TOK_PRE_LLAMA3}, /* LLAMA3 */
+        {"jina-v5-nano", DHSA_TOK_PRE_LLAMA3}, /* LLAMA3 */
+        {"deepseek-llm", DHSA_TOK_PRE_DEEPSEEK_LLM}, /* DEEPSEEK_LLM */
+        {"deepseek-coder", DHSA_TOK_PRE_DEEPSEEK_CODER}, /* DEEPSEEK_CODER */
+        {"deepseek-v3", DHSA_TOK_PRE_NONE}, /* DEEPSEEK3_LLM */
+        {"spark2_5", DHSA_TOK_PRE_NONE}, /* SPARK2_5 */
+        {"youtu", DHSA_TOK_PRE_NONE}, /* YOUTU */
+        {"falcon", DHSA_TOK_PRE_FALCON}, /* FALCON */
+        {"mpt", DHSA_TOK_PRE_GPT2}, /* MPT */
+        {"starcoder", DHSA_TOK_PRE_STARCODER}, /* STARCODER */
+        {"gpt-2", DHSA_TOK_PRE_GPT2}, /* GPT2 */
+        {"phi-2", DHSA_TOK_PRE_GPT2}, /* GPT2 */
+        {"jina-es", DHSA_TOK_PRE_GPT2}, /* GPT2 */
+        {"jina-de", DHSA_TOK_PRE_GPT2}, /* GPT2 */
+        {"gigachat", DHSA_TOK_PRE_GPT2}, /* GPT2 */
+        {"jina-v2-es", DHSA_TOK_PRE_GPT2}, /* GPT2 */
+        {"jina-v2-de", DHSA_TOK_PRE_GPT2}, /* GPT2 */
+        {"a.x-4.0", DHSA_TOK_PRE_GPT2}, /* GPT2 */
+        {"mellum", DHSA_TOK_PRE_GPT2}, /* GPT2 */
+        {"modern-bert", DHSA_TOK_PRE_GPT2}, /* GPT2 */
+        {"jais-2", DHSA_TOK_PRE_JAIS2}, /* JAIS2 */
+        {"gemma4", DHSA_TOK_PRE_NONE}, /* GEMMA4 */
+        {"granite-embed-multi-311m", DHSA_TOK_PRE_NONE}, /* GEMMA4 */
+        {"sarvam-moe", DHSA_TOK_PRE_NONE}, /* SARVAM_MOE */
+        {"jina-v1-en", DHSA_TOK_PRE_NONE}, /* GPT2 + add_sep: refused */
+        {"jina-v2-code", DHSA_TOK_PRE_NONE}, /* GPT2 + add_sep: refused */
+        {"roberta-bpe", DHSA_TOK_PRE_NONE}, /* GPT2 + add_sep: refused */
+        {"whitespace", DHSA_TOK_PRE_NONE}, /* WHITESPACE */
+        {"refact", DHSA_TOK_PRE_STARCODER}, /* REFACT */
+        {"command-r", DHSA_TOK_PRE_STARCODER}, /* COMMAND_R */
+        {"qwen2", DHSA_TOK_PRE_QWEN2}, /* QWEN2 */
+        {"deepseek-r1-qwen", DHSA_TOK_PRE_QWEN2}, /* QWEN2 */
+        {"kormo", DHSA_TOK_PRE_QWEN2}, /* QWEN2 */
+        {"f2llmv2", DHSA_TOK_PRE_QWEN2}, /* QWEN2 */
+        {"qwen35", DHSA_TOK_PRE_NONE}, /* QWEN35 */
+        {"stablelm2", DHSA_TOK_PRE_QWEN2}, /* STABLELM2 */
+        {"olmo", DHSA_TOK_PRE_GPT2}, /* OLMO */
+        {"dbrx", DHSA_TOK_PRE_LLAMA3}, /* DBRX */
+        {"smaug-bpe", DHSA_TOK_PRE_LLAMA3}, /* SMAUG */
+        {"poro-chat", DHSA_TOK_PRE_BLOOM}, /* PORO */
+        {"chatglm-bpe", DHSA_TOK_PRE_LLAMA3}, /* CHATGLM4 */
+        {"glm4", DHSA_TOK_PRE_LLAMA3}, /* CHATGLM4 */
+        {"glm5", DHSA_TOK_PRE_LLAMA3}, /* CHATGLM4 */
+        {"viking", DHSA_TOK_PRE_VIKING}, /* VIKING */
+        {"jais", DHSA_TOK_PRE_GPT2}, /* JAIS */
+        {"tekken", DHSA_TOK_PRE_TEKKEN}, /* TEKKEN */
+        {"smollm", DHSA_TOK_PRE_STARCODER}, /* SMOLLM */
+        {"codeshell", DHSA_TOK_PRE_STARCODER}, /* CODESHELL */
+        {"bloom", DHSA_TOK_PRE_BLOOM}, /* BLOOM */
+        {"gpt3-finnish", DHSA_TOK_PRE_BLOOM}, /* GPT3_FINNISH */
+        {"exaone", DHSA_TOK_PRE_STARCODER}, /* EXAONE */
+        {"exaone4", DHSA_TOK_PRE_GPT2}, /* GPT2 */
+        {"exaone-moe", DHSA_TOK_PRE_NONE}, /* EXAONE_MOE */
+        {"chameleon", DHSA_TOK_PRE_NONE}, /* CHAMELEON */
+        {"minerva-7b", DHSA_TOK_PRE_STARCODER}, /* MINERVA */
+        {"megrez", DHSA_TOK_PRE_QWEN2}, /* QWEN2 */
+        {"gpt-4o", DHSA_TOK_PRE_GPT4O}, /* GPT4O */
+        {"llama4", DHSA_TOK_PRE_GPT4O}, /* GPT4O */
+        {"kanana2", DHSA_TOK_PRE_GPT4O}, /* GPT4O */
+        {"talkie", DHSA_TOK_PRE_GPT4O}, /* GPT4O */
+        {"granite-embed-multi-97m", DHSA_TOK_PRE_NONE}, /* GRANITE_EMB_MULTI */
+        {"tiny_aya", DHSA_TOK_PRE_NONE}, /* TINY_AYA */
+        {"cohere2moe", DHSA_TOK_PRE_NONE}, /* TINY_AYA */
+        {"superbpe", DHSA_TOK_PRE_NONE}, /* SUPERBPE */
+        {"trillion", DHSA_TOK_PRE_GPT2}, /* TRILLION */
+        {"granite-docling", DHSA_TOK_PRE_GPT2}, /* GRANITE_DOCLING */
+        {"bailingmoe", DHSA_TOK_PRE_QWEN2}, /* BAILINGMOE */
+        {"bailingmoe2", DHSA_TOK_PRE_QWEN2}, /* BAILINGMOE */
+        {"llada-moe", DHSA_TOK_PRE_QWEN2}, /* BAILINGMOE */
+        {"seed-coder", DHSA_TOK_PRE_SEED_CODER}, /* SEED_CODER */
+        {"hunyuan", DHSA_TOK_PRE_QWEN2}, /* HUNYUAN */
+        {"hunyuan-dense", DHSA_TOK_PRE_NONE}, /* HUNYUAN_DENSE */
+        {"hy_v4", DHSA_TOK_PRE_NONE}, /* HY_V4 */
+        {"joyai-llm", DHSA_TOK_PRE_NONE}, /* JOYAI_LLM */
+        {"kimi-k2", DHSA_TOK_PRE_NONE}, /* KIMI_K2 */
+        {"ufakzeka", DHSA_TOK_PRE_UFAKZEKA}, /* UFAKZEKA */
+        {"grok-2", DHSA_TOK_PRE_QWEN2}, /* GROK_2 */
+        {"afmoe", DHSA_TOK_PRE_NONE}, /* AFMOE */
+        {"laguna", DHSA_TOK_PRE_LAGUNA}, /* LAGUNA */
+        {"minimax-m2", DHSA_TOK_PRE_GPT4O}, /* MINIMAX_M2 */
+        {"solar-open", DHSA_TOK_PRE_QWEN2}, /* SOLAR_OPEN */
+        {"mellum2", DHSA_TOK_PRE_STARCODER}, /* MELLUM2 */
+};
+
+static void test_pre_names(void) {
+    size_t n = sizeof llama_cpp_pre / sizeof llama_cpp_pre[0], runs = 0, refused = 0, n_dhsa = 0;
+    while (dhsa_tok__pre_name(n_dhsa)) n_dhsa++;
+    T_CHECK(n == 91 && n_dhsa == n, "llama.cpp knows %zu names, dhsa's table %zu", n, n_dhsa);
+    int bad_set = 0, bad_load = 0, bad_refusal = 0;
+    for (size_t i = 0; i < n; i++) {
+        dhsa_tok_pre pre;
+        unsigned flags;
+        const char *why;
+        int known = dhsa_tok__pre_lookup(llama_cpp_pre[i].name, &pre, &flags, &why);
+        if (!known || pre != llama_cpp_pre[i].pre) {
+            bad_set++;
+            fprintf(stderr, "  pre '%s': dhsa runs set %d, llama.cpp's is %d\n", llama_cpp_pre[i].name, (int)pre,
+                    (int)llama_cpp_pre[i].pre);
+        }
+        dhsa_tokenizer *t = NULL;
+        dhsa_status st = build("gpt2", llama_cpp_pre[i].name, &t);
+        if (llama_cpp_pre[i].pre != DHSA_TOK_PRE_NONE) {
+            runs++;
+            if (st != DHSA_OK) {
+                bad_load++;
+                fprintf(stderr, "  pre '%s' does not load: %s\n", llama_cpp_pre[i].name, dhsa_last_error());
+            }
+        } else {
+            refused++;
+            const char *e = dhsa_last_error();
+            char quoted[64];
+            snprintf(quoted, sizeof quoted, "'%s'", llama_cpp_pre[i].name);
+            if (st != DHSA_ERR_UNSUPPORTED || t || !strstr(e, quoted) || !strstr(e, "llama.cpp knows it") ||
+                !strstr(e, "dhsa runs: default, minicpm5, llama3")) {
+                bad_refusal++;
+                fprintf(stderr, "  pre '%s': not refused by name: %s\n", llama_cpp_pre[i].name, e);
+            }
+        }
+        dhsa_tokenizer_free(t);
+    }
+    printf("  pre-tokenizer names: %zu of llama.cpp's %zu run, %zu refused by name\n", runs, n, refused);
+    T_CHECK(bad_set == 0, "%d names map to another regex set than llama.cpp's", bad_set);
+    T_CHECK(bad_load == 0, "%d names that run do not load", bad_load);
+    T_CHECK(bad_refusal == 0, "%d refused names are not refused by name with the list", bad_refusal);
+    /* the table check can fail: a name mapped to another set is seen */
+    dhsa_tok_pre pre;
+    unsigned flags;
+    const char *why;
+    dhsa_tok__pre_lookup("smollm", &pre, &flags, &why);
+    T_CHECK(pre == DHSA_TOK_PRE_STARCODER && pre != DHSA_TOK_PRE_GPT2, "smollm is starcoder's split, not GPT-2's");
+    T_CHECK(!dhsa_tok__pre_lookup("no-such-pre", &pre, &flags, &why) && pre == DHSA_TOK_PRE_NONE,
+            "an unknown name is unknown");
 }
 
 /* --------------------------------------------------------------------- */
@@ -562,5 +720,6 @@ int main(void) {
     test_stories();
     test_metadata_errors();
     test_pretokenizers();
+    test_pre_names();
     return t_report("test_tokenizer");
 }

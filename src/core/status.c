@@ -7,7 +7,9 @@
 #include <stdio.h>
 #include <pthread.h>
 
-static _Thread_local char last_error[512];
+/* long enough for a refusal that lists the choices (the tokenizer names the
+ * ~70 pre-tokenizers it runs) */
+static _Thread_local char last_error[1536];
 
 const char *dhsa_status_str(dhsa_status s) {
     switch (s) {

@@ -431,6 +431,7 @@ static int32_t strtab_find(const strtab *st, const char *s, int64_t n) {
 struct dhsa_tokenizer {
     dhsa_tokenizer_kind kind;
     dhsa_tok_pre pre;
+    unsigned pre_flags; /* DHSA_TOK_PRE_IGNORE_MERGES, ... */
     int64_t n_vocab;
     char *tok_arena;  /* all token texts, each NUL-terminated */
     int64_t *tok_off; /* (n_vocab,) */
@@ -554,11 +555,145 @@ static dhsa_status opt_bool(const dhsa_gguf *g, const char *key, int def, int *o
     return dhsa_gguf_get_bool(g, key, out);
 }
 
-static const char *const pre_names[] = {"default", "gpt-2",  "starcoder",    "llama-bpe",
-                                        "llama3",  "qwen2", "deepseek-llm", "falcon"};
-static const dhsa_tok_pre pre_kinds[] = {DHSA_TOK_PRE_GPT2,   DHSA_TOK_PRE_GPT2,  DHSA_TOK_PRE_STARCODER,
-                                         DHSA_TOK_PRE_LLAMA3, DHSA_TOK_PRE_LLAMA3, DHSA_TOK_PRE_QWEN2,
-                                         DHSA_TOK_PRE_DEEPSEEK_LLM, DHSA_TOK_PRE_FALCON};
+/* Every tokenizer.ggml.pre name llama.cpp's loader knows (src/llama-vocab.cpp,
+ * llama_vocab::impl::load, llama-cpp-python 0.3.36's vendored copy), in its
+ * order, with the regex set it selects and the flags it sets. A set dhsa
+ * has not written is NONE with the reason: those names are refused by name
+ * (docs/tokenizer.md). */
+#define IGN DHSA_TOK_PRE_IGNORE_MERGES
+#define BOS DHSA_TOK_PRE_ADD_BOS
+typedef struct {
+    const char *name;
+    dhsa_tok_pre pre;
+    unsigned flags;
+    const char *why; /* NONE: what the set needs */
+} pre_entry;
+static const char WHY_MARKS[] = "its regexes use \\p{M} (combining marks), which dhsa's Unicode tables lack";
+static const char WHY_SPM_BPE[] = "it is a SentencePiece-style BPE over raw UTF-8 (no byte mapping)";
+static const pre_entry pre_table[] = {
+    {"default", DHSA_TOK_PRE_DEFAULT, 0, NULL},
+    {"minicpm5", DHSA_TOK_PRE_MINICPM5, IGN, NULL},
+    {"llama3", DHSA_TOK_PRE_LLAMA3, IGN | BOS, NULL},
+    {"llama-v3", DHSA_TOK_PRE_LLAMA3, IGN | BOS, NULL},
+    {"llama-bpe", DHSA_TOK_PRE_LLAMA3, IGN | BOS, NULL},
+    {"falcon3", DHSA_TOK_PRE_LLAMA3, IGN | BOS, NULL},
+    {"falcon-h1", DHSA_TOK_PRE_LLAMA3, IGN | BOS, NULL},
+    {"pixtral", DHSA_TOK_PRE_LLAMA3, IGN | BOS, NULL},
+    {"midm-2.0", DHSA_TOK_PRE_LLAMA3, IGN | BOS, NULL},
+    {"lfm2", DHSA_TOK_PRE_LLAMA3, IGN | BOS, NULL},
+    {"jina-v5-nano", DHSA_TOK_PRE_LLAMA3, IGN | BOS, NULL},
+    {"deepseek-llm", DHSA_TOK_PRE_DEEPSEEK_LLM, 0, NULL},
+    {"deepseek-coder", DHSA_TOK_PRE_DEEPSEEK_CODER, 0, NULL},
+    {"deepseek-v3", DHSA_TOK_PRE_NONE, 0, WHY_MARKS},
+    {"spark2_5", DHSA_TOK_PRE_NONE, 0, WHY_MARKS},
+    {"youtu", DHSA_TOK_PRE_NONE, 0, WHY_MARKS},
+    {"falcon", DHSA_TOK_PRE_FALCON, 0, NULL},
+    {"mpt", DHSA_TOK_PRE_GPT2, 0, NULL},
+    {"starcoder", DHSA_TOK_PRE_STARCODER, 0, NULL},
+    {"gpt-2", DHSA_TOK_PRE_GPT2, 0, NULL},
+    {"phi-2", DHSA_TOK_PRE_GPT2, 0, NULL},
+    {"jina-es", DHSA_TOK_PRE_GPT2, 0, NULL},
+    {"jina-de", DHSA_TOK_PRE_GPT2, 0, NULL},
+    {"gigachat", DHSA_TOK_PRE_GPT2, 0, NULL},
+    {"jina-v2-es", DHSA_TOK_PRE_GPT2, 0, NULL},
+    {"jina-v2-de", DHSA_TOK_PRE_GPT2, 0, NULL},
+    {"a.x-4.0", DHSA_TOK_PRE_GPT2, 0, NULL},
+    {"mellum", DHSA_TOK_PRE_GPT2, 0, NULL},
+    {"modern-bert", DHSA_TOK_PRE_GPT2, 0, NULL},
+    {"jais-2", DHSA_TOK_PRE_JAIS2, 0, NULL},
+    {"gemma4", DHSA_TOK_PRE_NONE, 0, WHY_SPM_BPE},
+    {"granite-embed-multi-311m", DHSA_TOK_PRE_NONE, 0, WHY_SPM_BPE},
+    {"sarvam-moe", DHSA_TOK_PRE_NONE, 0, WHY_SPM_BPE},
+    {"jina-v1-en", DHSA_TOK_PRE_NONE, 0, "it adds a SEP token after the text (a BERT-style encoder vocabulary)"},
+    {"jina-v2-code", DHSA_TOK_PRE_NONE, 0, "it adds a SEP token after the text (a BERT-style encoder vocabulary)"},
+    {"roberta-bpe", DHSA_TOK_PRE_NONE, 0, "it adds a SEP token after the text (a BERT-style encoder vocabulary)"},
+    {"whitespace", DHSA_TOK_PRE_NONE, 0, "it splits on whitespace over raw UTF-8 (no byte mapping)"},
+    {"refact", DHSA_TOK_PRE_STARCODER, 0, NULL},
+    {"command-r", DHSA_TOK_PRE_STARCODER, 0, NULL},
+    {"qwen2", DHSA_TOK_PRE_QWEN2, 0, NULL},
+    {"deepseek-r1-qwen", DHSA_TOK_PRE_QWEN2, 0, NULL},
+    {"kormo", DHSA_TOK_PRE_QWEN2, 0, NULL},
+    {"f2llmv2", DHSA_TOK_PRE_QWEN2, 0, NULL},
+    {"qwen35", DHSA_TOK_PRE_NONE, 0, WHY_MARKS},
+    {"stablelm2", DHSA_TOK_PRE_QWEN2, 0, NULL},
+    {"olmo", DHSA_TOK_PRE_GPT2, 0, NULL},
+    {"dbrx", DHSA_TOK_PRE_LLAMA3, 0, NULL},
+    {"smaug-bpe", DHSA_TOK_PRE_LLAMA3, 0, NULL},
+    {"poro-chat", DHSA_TOK_PRE_BLOOM, 0, NULL},
+    {"chatglm-bpe", DHSA_TOK_PRE_LLAMA3, 0, NULL},
+    {"glm4", DHSA_TOK_PRE_LLAMA3, IGN, NULL},
+    {"glm5", DHSA_TOK_PRE_LLAMA3, IGN, NULL},
+    {"viking", DHSA_TOK_PRE_VIKING, 0, NULL},
+    {"jais", DHSA_TOK_PRE_GPT2, 0, NULL},
+    {"tekken", DHSA_TOK_PRE_TEKKEN, IGN | BOS, NULL},
+    {"smollm", DHSA_TOK_PRE_STARCODER, 0, NULL},
+    {"codeshell", DHSA_TOK_PRE_STARCODER, 0, NULL},
+    {"bloom", DHSA_TOK_PRE_BLOOM, 0, NULL},
+    {"gpt3-finnish", DHSA_TOK_PRE_BLOOM, 0, NULL},
+    {"exaone", DHSA_TOK_PRE_STARCODER, 0, NULL},
+    {"exaone4", DHSA_TOK_PRE_GPT2, 0, NULL},
+    {"exaone-moe", DHSA_TOK_PRE_NONE, 0, WHY_MARKS},
+    {"chameleon", DHSA_TOK_PRE_NONE, 0, "its regexes cut image and sentinel tokens out of the text"},
+    {"minerva-7b", DHSA_TOK_PRE_STARCODER, 0, NULL},
+    {"megrez", DHSA_TOK_PRE_QWEN2, 0, NULL},
+    {"gpt-4o", DHSA_TOK_PRE_GPT4O, 0, NULL},
+    {"llama4", DHSA_TOK_PRE_GPT4O, 0, NULL},
+    {"kanana2", DHSA_TOK_PRE_GPT4O, 0, NULL},
+    {"talkie", DHSA_TOK_PRE_GPT4O, 0, NULL},
+    {"granite-embed-multi-97m", DHSA_TOK_PRE_NONE, 0, WHY_MARKS},
+    {"tiny_aya", DHSA_TOK_PRE_NONE, 0, WHY_MARKS},
+    {"cohere2moe", DHSA_TOK_PRE_NONE, 0, WHY_MARKS},
+    {"superbpe", DHSA_TOK_PRE_NONE, 0, "its second regex is an empty-match lookahead ((?=(\\d{3})+(?!\\d)))"},
+    {"trillion", DHSA_TOK_PRE_GPT2, 0, NULL},
+    {"granite-docling", DHSA_TOK_PRE_GPT2, 0, NULL},
+    {"bailingmoe", DHSA_TOK_PRE_QWEN2, 0, NULL},
+    {"bailingmoe2", DHSA_TOK_PRE_QWEN2, 0, NULL},
+    {"llada-moe", DHSA_TOK_PRE_QWEN2, 0, NULL},
+    {"seed-coder", DHSA_TOK_PRE_SEED_CODER, 0, NULL},
+    {"hunyuan", DHSA_TOK_PRE_QWEN2, 0, NULL},
+    {"hunyuan-dense", DHSA_TOK_PRE_NONE, 0, WHY_MARKS},
+    {"hy_v4", DHSA_TOK_PRE_NONE, 0, WHY_MARKS},
+    {"joyai-llm", DHSA_TOK_PRE_NONE, 0, WHY_MARKS},
+    {"kimi-k2", DHSA_TOK_PRE_NONE, 0, "its Han-script rules are a hand-written splitter in llama.cpp, not a regex"},
+    {"ufakzeka", DHSA_TOK_PRE_UFAKZEKA, 0, NULL},
+    {"grok-2", DHSA_TOK_PRE_QWEN2, 0, NULL},
+    {"afmoe", DHSA_TOK_PRE_NONE, 0, WHY_MARKS},
+    {"laguna", DHSA_TOK_PRE_LAGUNA, 0, NULL},
+    {"minimax-m2", DHSA_TOK_PRE_GPT4O, 0, NULL},
+    {"solar-open", DHSA_TOK_PRE_QWEN2, 0, NULL},
+    {"mellum2", DHSA_TOK_PRE_STARCODER, 0, NULL},
+};
+#undef IGN
+#undef BOS
+#define N_PRE (sizeof pre_table / sizeof pre_table[0])
+
+const char *dhsa_tok__pre_name(size_t i) { return i < N_PRE ? pre_table[i].name : NULL; }
+
+int dhsa_tok__pre_lookup(const char *name, dhsa_tok_pre *pre, unsigned *flags, const char **why) {
+    *pre = DHSA_TOK_PRE_NONE;
+    *flags = 0;
+    *why = "llama.cpp does not know it either";
+    for (size_t i = 0; i < N_PRE; i++)
+        if (strcmp(name, pre_table[i].name) == 0) {
+            *pre = pre_table[i].pre;
+            *flags = pre_table[i].flags;
+            *why = pre_table[i].why;
+            return 1;
+        }
+    return 0;
+}
+
+/* "name, name, ..." of every name that runs, for the refusal. */
+static void supported_pre_names(char *buf, size_t cap) {
+    size_t k = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < N_PRE && k + 1 < cap; i++) {
+        if (pre_table[i].pre == DHSA_TOK_PRE_NONE) continue;
+        int w = snprintf(buf + k, cap - k, "%s%s", k ? ", " : "", pre_table[i].name);
+        if (w < 0 || (size_t)w >= cap - k) break;
+        k += (size_t)w;
+    }
+}
 
 /* --------------------------------------------------------------------- */
 /* Token attributes: the file's types, then llama.cpp's rules by token text
@@ -824,18 +959,19 @@ dhsa_status dhsa_tokenizer_from_gguf(const dhsa_gguf *g, dhsa_tokenizer **out) {
         if (dhsa_gguf_find_kv(g, "tokenizer.ggml.pre") >= 0 &&
             (st = dhsa_gguf_get_str(g, "tokenizer.ggml.pre", &pre, NULL)))
             goto fail;
-        t->pre = DHSA_TOK_PRE_NONE;
-        for (size_t i = 0; i < sizeof pre_names / sizeof pre_names[0]; i++)
-            if (strcmp(pre, pre_names[i]) == 0) t->pre = pre_kinds[i];
+        const char *why = NULL;
+        int known = dhsa_tok__pre_lookup(pre, &t->pre, &t->pre_flags, &why);
         if (t->pre == DHSA_TOK_PRE_NONE) {
+            char runs[2048];
+            supported_pre_names(runs, sizeof runs);
             st = dhsa__fail(DHSA_ERR_UNSUPPORTED,
-                            "tokenizer: pre-tokenizer tokenizer.ggml.pre = '%s' is not implemented (dhsa knows "
-                            "default, gpt-2, starcoder, llama-bpe, qwen2, deepseek-llm, falcon)",
-                            dhsa__esc(pre));
+                            "tokenizer: pre-tokenizer tokenizer.ggml.pre = '%s' is not implemented (%s%s); dhsa runs: %s",
+                            dhsa__esc(pre), known ? "llama.cpp knows it: " : "", why, runs);
             goto fail;
         }
-        /* llama.cpp: a llama-bpe vocabulary adds BOS unless the file says no */
-        if (t->pre == DHSA_TOK_PRE_LLAMA3 && dhsa_gguf_find_kv(g, "tokenizer.ggml.add_bos_token") < 0) t->add_bos = 1;
+        /* llama.cpp: llama-bpe and tekken vocabularies add BOS unless the file says no */
+        if ((t->pre_flags & DHSA_TOK_PRE_ADD_BOS) && dhsa_gguf_find_kv(g, "tokenizer.ggml.add_bos_token") < 0)
+            t->add_bos = 1;
         dhsa_gguf_array m;
         if ((st = dhsa_gguf_get_arr(g, "tokenizer.ggml.merges", &m))) goto fail;
         if (m.type != DHSA_GGUF_STRING) {
@@ -1150,22 +1286,73 @@ static int64_t stage_gpt2(const uint32_t *cp, const uint8_t *cat, int64_t i, int
     return trailing_space(cat, i, n);
 }
 
-/* Llama 3 / Qwen2: (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,max_digits}|
- * ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
-static int64_t match_llama3(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n, int64_t max_digits) {
-    int64_t m = contraction(cp, i, n, 1);
-    if (m) return m;
-    if (cat[i] == CAT_LETTER) return run_of(cat, i, n, CAT_LETTER) - i;
-    if (cat[i] != CAT_NUMBER && !is_crlf(cp[i]) && i + 1 < n && cat[i + 1] == CAT_LETTER)
-        return run_of(cat, i + 1, n, CAT_LETTER) - i;
+/* The Llama 3 family: one regex of alternatives, tried in order at i,
+ *   (?i:'s|'t|'re|'ve|'m|'ll|'d)       when contractions
+ *   [^\r\n\p{L}\p{N}]?\p{L}+           (cased: the two rules below)
+ *   \p{N}{1,max_digits}
+ *    ?[^\s\p{L}\p{N}]+[\r\n]*          ([\r\n]* only when punct_newlines)
+ *   \s*[\r\n]+
+ *   \s+(?!\S)|\s+                      (jais2: \s{512}(?!\S)|...|\s{1,2}(?!\S)|\s{1})
+ * Cased (gpt-4o, tekken): [^\r\n\p{L}\p{N}]?U*L+C?|[^\r\n\p{L}\p{N}]?U+L*C?
+ * where U is a letter that is not a-z, L a letter that is not A-Z (a
+ * letter above ASCII is both: llama.cpp's rewrite of \p{Lu}/\p{Ll} into
+ * ASCII look-aheads) and C an optional contraction (gpt-4o). */
+typedef struct {
+    int contractions;     /* the contraction alternative comes first */
+    int64_t max_digits;   /* \p{N}{1,max_digits} */
+    int punct_newlines;   /* [\r\n]* after a punctuation run */
+    int cased;            /* 1: gpt-4o's cased letter rules, 2: the same with no contraction suffix (tekken) */
+    int jais_ws;          /* jais2's whitespace runs */
+} l3_opts;
+
+static int is_upper_ascii(uint32_t c) { return c >= 'A' && c <= 'Z'; }
+static int is_lower_ascii(uint32_t c) { return c >= 'a' && c <= 'z'; }
+
+/* U*L+ (alt 1) or U+L* (alt 2) from j; the end, or -1. */
+static int64_t cased_run(const uint32_t *cp, const uint8_t *cat, int64_t j, int64_t n, int alt) {
+    int64_t u = j;
+    while (u < n && cat[u] == CAT_LETTER && !is_lower_ascii(cp[u])) u++;
+    if (alt == 2) {
+        if (u == j) return -1;
+    } else {
+        /* U* gives back letters until L+ can start: the first L at or
+         * before u, looking back from u (a letter above ASCII is both) */
+        for (;; u--) {
+            if (u < n && cat[u] == CAT_LETTER && !is_upper_ascii(cp[u])) break;
+            if (u == j) return -1;
+        }
+    }
+    while (u < n && cat[u] == CAT_LETTER && !is_upper_ascii(cp[u])) u++;
+    return u;
+}
+
+static int64_t match_l3(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n, const l3_opts *o) {
+    int64_t m;
+    if (o->contractions && (m = contraction(cp, i, n, 1))) return m;
+    int prefix = cat[i] != CAT_LETTER && cat[i] != CAT_NUMBER && !is_crlf(cp[i]) && i + 1 < n && cat[i + 1] == CAT_LETTER;
+    if (o->cased) {
+        int64_t e = -1;
+        for (int alt = 1; alt <= 2 && e < 0; alt++) {
+            if (prefix) e = cased_run(cp, cat, i + 1, n, alt);
+            if (e < 0 && cat[i] == CAT_LETTER) e = cased_run(cp, cat, i, n, alt);
+        }
+        if (e >= 0) {
+            if (o->cased == 1 && (m = contraction(cp, e, n, 1))) e += m;
+            return e - i;
+        }
+    } else {
+        if (cat[i] == CAT_LETTER) return run_of(cat, i, n, CAT_LETTER) - i;
+        if (prefix) return run_of(cat, i + 1, n, CAT_LETTER) - i;
+    }
     if (cat[i] == CAT_NUMBER) {
         int64_t k = run_of(cat, i, n, CAT_NUMBER) - i;
-        return k < max_digits ? k : max_digits;
+        return k < o->max_digits ? k : o->max_digits;
     }
     int64_t j = cp[i] == ' ' && i + 1 < n ? i + 1 : i;
     if (cat[j] == CAT_OTHER) {
         int64_t k = run_of(cat, j, n, CAT_OTHER);
-        while (k < n && is_crlf(cp[k])) k++;
+        if (o->punct_newlines)
+            while (k < n && is_crlf(cp[k])) k++;
         return k - i;
     }
     /* cat[i] is whitespace here */
@@ -1173,15 +1360,78 @@ static int64_t match_llama3(const uint32_t *cp, const uint8_t *cat, int64_t i, i
     for (int64_t x = i; x < k; x++)
         if (is_crlf(cp[x])) last_nl = x;
     if (last_nl >= 0) return last_nl + 1 - i;
+    if (o->jais_ws) {
+        /* \s{N}(?!\S) for N = 512, 256, ..., 4, then \s{1,2}(?!\S), \s{1} */
+        int64_t r = k - i;
+        for (int64_t len = 512; len >= 4; len /= 2)
+            if (r > len || (r == len && k == n)) return len;
+        if (r > 2 || (r == 2 && k == n)) return 2;
+        return 1;
+    }
     return trailing_space(cat, i, n);
 }
 
+static const l3_opts l3_llama3 = {1, 3, 1, 0, 0}, l3_qwen2 = {1, 1, 1, 0, 0}, l3_ufakzeka = {0, 1, 1, 0, 0},
+                     l3_minicpm5 = {1, INT64_MAX, 1, 0, 0}, l3_seed_coder = {1, 1, 0, 0, 0},
+                     l3_jais2 = {1, 3, 1, 0, 1}, l3_gpt4o = {0, 3, 1, 1, 0}, l3_tekken = {0, 1, 1, 2, 0};
+
 static int64_t stage_llama3(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
-    return match_llama3(cp, cat, i, n, 3);
+    return match_l3(cp, cat, i, n, &l3_llama3);
+}
+static int64_t stage_qwen2(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+    return match_l3(cp, cat, i, n, &l3_qwen2);
+}
+static int64_t stage_ufakzeka(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+    return match_l3(cp, cat, i, n, &l3_ufakzeka);
+}
+static int64_t stage_minicpm5(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+    return match_l3(cp, cat, i, n, &l3_minicpm5);
+}
+static int64_t stage_seed_coder(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+    return match_l3(cp, cat, i, n, &l3_seed_coder);
+}
+static int64_t stage_jais2(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+    return match_l3(cp, cat, i, n, &l3_jais2);
+}
+static int64_t stage_gpt4o(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+    return match_l3(cp, cat, i, n, &l3_gpt4o);
+}
+static int64_t stage_tekken(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+    return match_l3(cp, cat, i, n, &l3_tekken);
 }
 
-static int64_t stage_qwen2(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
-    return match_llama3(cp, cat, i, n, 1);
+/* \p{N}{1,3} alone (minicpm5's first regex). */
+static int64_t stage_digits3(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+    (void)cp;
+    int64_t k = run_of(cat, i, n, CAT_NUMBER) - i;
+    return k < 3 ? k : 3;
+}
+
+/* [^\n]+|[\n]+ (laguna's first regex): runs of newlines and of the rest. */
+static int64_t stage_newline_runs(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+    (void)cat;
+    int64_t k = i;
+    int nl = cp[i] == '\n';
+    while (k < n && (cp[k] == '\n') == nl) k++;
+    return k - i;
+}
+
+/* bloom:  ?[^(\s|.,!?…。，、।۔،)]+ (a character class, parentheses and bar included) */
+static int bloom_word_char(uint32_t c) {
+    if (is_space_cp(c)) return 0;
+    switch (c) {
+    case '(': case '|': case '.': case ',': case '!': case '?': case ')':
+    case 0x2026: case 0x3002: case 0xFF0C: case 0x3001: case 0x0964: case 0x06D4: case 0x060C: return 0;
+    default: return 1;
+    }
+}
+
+static int64_t stage_bloom(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+    (void)cat;
+    int64_t j = cp[i] == ' ' && i + 1 < n && bloom_word_char(cp[i + 1]) ? i + 1 : i;
+    if (!bloom_word_char(cp[j])) return 0;
+    while (j < n && bloom_word_char(cp[j])) j++;
+    return j - i;
 }
 
 /* \p{N}: each number character alone (starcoder). */
@@ -1230,6 +1480,36 @@ static int64_t stage_falcon_punct(const uint32_t *cp, const uint8_t *cat, int64_
     int64_t j = i;
     while (j < n && falcon_punct(cp[j])) j++;
     return j - i;
+}
+
+/* "default": [\p{P}\$\+<=>\^~\|]+, falcon's class without the backtick. */
+static int default_punct(uint32_t c) { return c != '`' && falcon_punct(c); }
+
+static int64_t stage_default_punct(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+    (void)cat;
+    int64_t j = i;
+    while (j < n && default_punct(cp[j])) j++;
+    return j - i;
+}
+
+/* ---- deepseek-coder: [\r\n], \s?\p{L}+, \s?\p{P}+, [CJK]+, \p{N} */
+
+static int is_letter_cp(uint32_t c) { return cp_category(c) == CAT_LETTER; }
+
+/* \p{P} as llama.cpp matches it: the ASCII punctuation !-#%-*,-/:;?@[-]_{}
+ * (not the symbols $+<=>^`|~) and Unicode punctuation above ASCII. */
+static int is_punct_cp(uint32_t c) {
+    if (c < 0x80) return c != '$' && c != '+' && c != '<' && c != '=' && c != '>' && c != '^' && c != '`' &&
+                         c != '|' && c != '~' && falcon_punct(c);
+    return falcon_punct(c);
+}
+
+static int64_t stage_space_letters(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+    return space_opt_run(cp, cat, i, n, is_letter_cp);
+}
+
+static int64_t stage_space_punct(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
+    return space_opt_run(cp, cat, i, n, is_punct_cp);
 }
 
 static int64_t stage_three_digits(const uint32_t *cp, const uint8_t *cat, int64_t i, int64_t n) {
@@ -1296,12 +1576,35 @@ static const stage_fn *pre_stages(dhsa_tok_pre pre) {
     static const stage_fn deepseek[] = {stage_newline, stage_ds_letters, stage_ds_punct, stage_trailing_ws,
                                         stage_ds_cjk,  stage_numbers,    NULL};
     static const stage_fn falcon[] = {stage_falcon_punct, stage_gpt2, stage_three_digits, NULL};
+    static const stage_fn deflt[] = {stage_default_punct, stage_gpt2, stage_numbers, stage_three_digits, NULL};
+    static const stage_fn ds_coder[] = {stage_newline, stage_space_letters, stage_space_punct, stage_ds_cjk,
+                                        stage_digit, NULL};
+    static const stage_fn bloom[] = {stage_bloom, NULL};
+    static const stage_fn viking[] = {stage_bloom, stage_digit, NULL};
+    static const stage_fn ufakzeka[] = {stage_ufakzeka, NULL};
+    static const stage_fn minicpm5[] = {stage_digits3, stage_minicpm5, NULL};
+    static const stage_fn seed_coder[] = {stage_seed_coder, NULL};
+    static const stage_fn laguna[] = {stage_newline_runs, stage_qwen2, NULL};
+    static const stage_fn jais2[] = {stage_jais2, NULL};
+    static const stage_fn gpt4o[] = {stage_gpt4o, NULL};
+    static const stage_fn tekken[] = {stage_tekken, NULL};
     switch (pre) {
     case DHSA_TOK_PRE_STARCODER: return starcoder;
     case DHSA_TOK_PRE_LLAMA3: return llama3;
     case DHSA_TOK_PRE_QWEN2: return qwen2;
     case DHSA_TOK_PRE_DEEPSEEK_LLM: return deepseek;
     case DHSA_TOK_PRE_FALCON: return falcon;
+    case DHSA_TOK_PRE_DEFAULT: return deflt;
+    case DHSA_TOK_PRE_DEEPSEEK_CODER: return ds_coder;
+    case DHSA_TOK_PRE_BLOOM: return bloom;
+    case DHSA_TOK_PRE_VIKING: return viking;
+    case DHSA_TOK_PRE_UFAKZEKA: return ufakzeka;
+    case DHSA_TOK_PRE_MINICPM5: return minicpm5;
+    case DHSA_TOK_PRE_SEED_CODER: return seed_coder;
+    case DHSA_TOK_PRE_LAGUNA: return laguna;
+    case DHSA_TOK_PRE_JAIS2: return jais2;
+    case DHSA_TOK_PRE_GPT4O: return gpt4o;
+    case DHSA_TOK_PRE_TEKKEN: return tekken;
     default: return gpt2;
     }
 }
@@ -1410,7 +1713,7 @@ static dhsa_status bpe_word(work *w, const char *text, int64_t len) {
         i += k;
     }
     dhsa_status st;
-    if (t->pre == DHSA_TOK_PRE_LLAMA3) { /* llama.cpp's ignore_merges: a whole-word token wins */
+    if (t->pre_flags & DHSA_TOK_PRE_IGNORE_MERGES) { /* llama.cpp's ignore_merges: a whole-word token wins */
         int32_t id = strtab_find(&t->tokens, w->buf, blen);
         if (id >= 0) return push_id(w, id);
     }

@@ -14,16 +14,44 @@
 /* ------------------------------------------------------------------------ */
 /* Private: exposed for the tests                                            */
 
-/* Pre-tokenizers of byte-level BPE vocabularies (tokenizer.ggml.pre). */
+/* Pre-tokenizers of byte-level BPE vocabularies: the regex sets of
+ * llama.cpp's llm_tokenizer_bpe (src/llama-vocab.cpp). tokenizer.ggml.pre
+ * names one of its ~90 names; dhsa_tok__pre_lookup maps each to its set.
+ * docs/tokenizer.md lists every name and what it runs. */
 typedef enum {
     DHSA_TOK_PRE_NONE = 0,
-    DHSA_TOK_PRE_GPT2 = 1,      /* "gpt-2", "default" */
+    DHSA_TOK_PRE_GPT2 = 1,      /* "gpt-2": the GPT-2 regex */
     DHSA_TOK_PRE_STARCODER = 2, /* digits split off, then GPT-2 */
-    DHSA_TOK_PRE_LLAMA3 = 3,    /* "llama-bpe": Llama 3 regex, whole-word tokens first */
+    DHSA_TOK_PRE_LLAMA3 = 3,    /* "llama-bpe": Llama 3 regex (\p{N}{1,3}) */
     DHSA_TOK_PRE_QWEN2 = 4,     /* Llama 3 regex with single digits */
     DHSA_TOK_PRE_DEEPSEEK_LLM = 5, /* "deepseek-llm": six regexes in turn (docs/tokenizer.md) */
-    DHSA_TOK_PRE_FALCON = 6     /* "falcon": punctuation runs, GPT-2, then digit triples */
+    DHSA_TOK_PRE_FALCON = 6,    /* "falcon": punctuation runs, GPT-2, then digit triples */
+    DHSA_TOK_PRE_DEFAULT = 7,   /* "default": punctuation runs (no backtick), GPT-2, \p{N}+, digit triples */
+    DHSA_TOK_PRE_DEEPSEEK_CODER = 8, /* [\r\n], \s?\p{L}+, \s?\p{P}+, [CJK]+, \p{N} */
+    DHSA_TOK_PRE_BLOOM = 9,     /* " ?[^(\s|.,!?…。，、।۔،)]+" */
+    DHSA_TOK_PRE_VIKING = 10,   /* bloom's, then \p{N} */
+    DHSA_TOK_PRE_UFAKZEKA = 11, /* Qwen2 without the contractions */
+    DHSA_TOK_PRE_MINICPM5 = 12, /* \p{N}{1,3}, then Llama 3 with \p{N}+ */
+    DHSA_TOK_PRE_SEED_CODER = 13, /* Qwen2 without [\r\n]* after punctuation */
+    DHSA_TOK_PRE_LAGUNA = 14,   /* newline runs split off, then Qwen2 */
+    DHSA_TOK_PRE_JAIS2 = 15,    /* Llama 3 with whitespace in runs of 512, 256, ..., 4, 2, 1 */
+    DHSA_TOK_PRE_GPT4O = 16,    /* "gpt-4o", "llama4": cased letter runs, \p{N}{1,3} */
+    DHSA_TOK_PRE_TEKKEN = 17    /* "tekken": cased letter runs, \p{N}, no contractions */
 } dhsa_tok_pre;
+
+/* Flags of a pre-tokenizer name, as llama.cpp's loader sets them. */
+enum {
+    DHSA_TOK_PRE_IGNORE_MERGES = 1, /* a word that is a whole token is that token */
+    DHSA_TOK_PRE_ADD_BOS = 2        /* BOS added unless the file says otherwise */
+};
+
+/* What tokenizer.ggml.pre = name runs: *pre (DHSA_TOK_PRE_NONE for a name
+ * dhsa refuses) and *flags; returns 1 when llama.cpp knows the name, 0
+ * when nobody does. *why says, for a refused name, what it would need. */
+int dhsa_tok__pre_lookup(const char *name, dhsa_tok_pre *pre, unsigned *flags, const char **why);
+
+/* The i-th name llama.cpp knows, in its order; NULL past the last. */
+const char *dhsa_tok__pre_name(size_t i);
 
 /* Splits text[0..len) into words: ends[i] is the byte offset where word i
  * ends (word 0 starts at 0). Writes at most cap ends; *n_words is the full
