@@ -122,6 +122,16 @@ dhsa_predictor *dhsa_cli_load_predictor(const char *path, int64_t width_needed, 
 #define DHSA_DEFAULT_MODEL "dhsa-retrieval-8m.gguf"
 const char *dhsa_cli_default_model(char *msg, size_t msg_len);
 
+/* dhsa pull (tools/pull.c): a model of the catalog (models/catalog) into
+ * the cache ($DHSA_MODELS, default ~/.cache/dhsa/models), checked. */
+int dhsa_cli_pull(int argc, char **argv);
+extern const char dhsa_cli_pull_usage[];
+/* What -m ARG names: ARG itself when a file is there, when it has a folder
+ * or is not a catalog name; a catalog name's pulled file (or the
+ * repository's file for the shipped model). A catalog name not pulled yet
+ * exits with a sentence that says `dhsa pull NAME`. Static storage. */
+const char *dhsa_cli_model_arg(const char *arg);
+
 /* The model part of `dhsa demo` (tools/demo_model.c): a passkey prompt of
  * about L tokens answered with dense, DHSA, block and streaming attention. */
 int dhsa_cli_model_demo(const char *model, int64_t L, int threads);

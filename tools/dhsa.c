@@ -66,6 +66,8 @@ static const char usage_main[] =
     "               judged (linear or quadratic)\n"
     "  serve        an OpenAI-compatible HTTP server (chat, completions,\n"
     "               streaming, parallel slots, prompt cache)\n"
+    "  pull NAME    fetch a pretrained model of the catalog (--list shows it);\n"
+    "               then -m NAME names it\n"
     "  help [CMD]   this text, or the usage of CMD\n"
     "\n"
     "`dhsa CMD --help` describes each command. Exit status: 0 ok, 1 the run\n"
@@ -955,7 +957,7 @@ static int cmd_demo(int argc, char **argv) {
     opt_scan op = opt_begin(argc, argv, 2);
     while (opt_next(&op)) {
         if (opt_is(&op, "--L")) L = dhsa_cli_int("--L", opt_value(&op), 64, (int64_t)1 << 20, 1);
-        else if (opt_is(&op, "-m")) model = opt_value(&op);
+        else if (opt_is(&op, "-m")) model = dhsa_cli_model_arg(opt_value(&op));
         else if (opt_is(&op, "--model-L")) model_L = dhsa_cli_int("--model-L", opt_value(&op), 256, (int64_t)1 << 20, 1);
         else if (opt_is(&op, "--threads"))
             threads = dhsa_cli_threads("--threads", opt_value(&op));
@@ -1120,6 +1122,7 @@ static const char *usage_of(const char *cmd) {
     if (strcmp(cmd, "tokenize") == 0) return dhsa_cli_tokenize_usage;
     if (strcmp(cmd, "eval") == 0) return dhsa_cli_eval_usage;
     if (strcmp(cmd, "serve") == 0) return dhsa_cli_serve_usage;
+    if (strcmp(cmd, "pull") == 0) return dhsa_cli_pull_usage;
     return NULL;
 }
 
@@ -1172,6 +1175,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "tokenize") == 0) return dhsa_cli_tokenize(argc, argv);
     if (strcmp(cmd, "eval") == 0) return dhsa_cli_eval(argc, argv);
     if (strcmp(cmd, "serve") == 0) return dhsa_cli_serve(argc, argv);
+    if (strcmp(cmd, "pull") == 0) return dhsa_cli_pull(argc, argv);
     dhsa_cli_die(EXIT_USAGE, "unknown command \"%s\"", cmd);
     return EXIT_USAGE;
 }

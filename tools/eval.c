@@ -196,7 +196,7 @@ static void parse(int argc, char **argv, eval_opts *o, const char *sub) {
         if (strcmp(a, "--show") == 0) { o->show = 1; continue; }
         if (i + 1 >= argc) dhsa_cli_die(EXIT_USAGE, "%s needs a value (or is unknown: see dhsa help eval)", a);
         const char *v = argv[++i];
-        if (strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0) o->model = v;
+        if (strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0) o->model = dhsa_cli_model_arg(v);
         else if (strcmp(a, "--tokenizer") == 0) o->tokenizer = v;
         else if (strcmp(a, "-f") == 0 || strcmp(a, "--file") == 0) o->text_file = v;
         else if (strcmp(a, "--filler") == 0) o->filler_file = v;

@@ -218,7 +218,7 @@ static void parse(int argc, char **argv, run_opts *o) {
         if (strcmp(a, "--exact") == 0) { o->ses.exact = 1; continue; }
         if (i + 1 >= argc) dhsa_cli_die(EXIT_USAGE, "%s needs a value (or is unknown: see dhsa help run)", a);
         const char *v = argv[++i];
-        if (strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0) o->model = v;
+        if (strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0) o->model = dhsa_cli_model_arg(v);
         else if (strcmp(a, "--tokenizer") == 0) o->tokenizer = v;
         else if (strcmp(a, "-p") == 0 || strcmp(a, "--prompt") == 0) o->prompt = v;
         else if (strcmp(a, "-f") == 0 || strcmp(a, "--file") == 0) o->prompt_file = v;
@@ -1058,7 +1058,7 @@ int dhsa_cli_bench_model(int argc, char **argv) {
         }
         if (i + 1 >= argc) dhsa_cli_die(EXIT_USAGE, "%s needs a value (or is unknown)", a);
         const char *v = argv[++i];
-        if (strcmp(a, "-m") == 0) model = v;
+        if (strcmp(a, "-m") == 0) model = dhsa_cli_model_arg(v);
         else if (strcmp(a, "--tokenizer") == 0) tokp = v;
         else if (strcmp(a, "--lengths") == 0) lengths = v;
         else if (strcmp(a, "--attn") == 0) methods = v;

@@ -1918,7 +1918,7 @@ static void parse_args(int argc, char **argv) {
         }
         if (i + 1 >= argc) dhsa_cli_die(EXIT_USAGE, "%s needs a value (or is unknown: see dhsa help serve)", a);
         const char *v = argv[++i];
-        if (strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0) S.model_path = v;
+        if (strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0) S.model_path = dhsa_cli_model_arg(v);
         else if (strcmp(a, "--host") == 0) S.host = v;
         else if (strcmp(a, "--port") == 0) S.port = dhsa_cli_int(a, v, 0, 65535, 0);
         else if (strcmp(a, "--slots") == 0) S.n_slots = dhsa_cli_int(a, v, 1, 256, 0);

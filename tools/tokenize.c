@@ -84,6 +84,7 @@ int dhsa_cli_tokenize(int argc, char **argv) {
         }
     }
     if (!model) dhsa_cli_die(EXIT_USAGE, "-m MODEL is required");
+    model = dhsa_cli_model_arg(model);
     if (text && file) dhsa_cli_die(EXIT_USAGE, "give TEXT or -f FILE, not both");
     if (!text && !file) dhsa_cli_die(EXIT_USAGE, "nothing to tokenize: give TEXT or -f FILE");
 

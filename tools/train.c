@@ -179,7 +179,7 @@ int dhsa_cli_train_boundary(int argc, char **argv) {
         }
         if (i + 1 >= argc) dhsa_cli_die(EXIT_USAGE, "%s needs a value (or is unknown)", a);
         const char *v = argv[++i];
-        if (strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0) model = v;
+        if (strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0) model = dhsa_cli_model_arg(v);
         else if (strcmp(a, "--tokenizer") == 0) tokp = v;
         else if (strcmp(a, "--text") == 0) text_path = v;
         else if (strcmp(a, "-o") == 0 || strcmp(a, "--output") == 0) out = v;
