@@ -296,9 +296,47 @@ def _threads(threads, stacklevel=3):
     return n
 
 
+def resolve_model(arg):
+    """What Model(arg) opens, as the CLI's -m does it (tools/pull.c,
+    docs/models.md): arg itself when a file is there or it has a folder; a
+    name of models/catalog (or $DHSA_CATALOG) is the pulled file in
+    $DHSA_MODELS (default ~/.cache/dhsa/models), or the repository's file
+    for the shipped model; a catalog name not pulled yet raises
+    FileNotFoundError naming `dhsa pull NAME`."""
+    if not isinstance(arg, str) or os.path.exists(arg) or "/" in arg or os.sep in arg:
+        return arg
+    root = Path(__file__).resolve().parent.parent.parent
+    catalog = Path(os.environ.get("DHSA_CATALOG") or root / "models" / "catalog")
+    if not catalog.is_file():
+        return arg
+    entry, entries = None, {}
+    for line in catalog.read_text().splitlines():
+        line = line.strip()
+        if line.startswith("[") and line.endswith("]"):
+            entry = entries.setdefault(line[1:-1], {})
+        elif entry is not None and "=" in line and not line.startswith("#"):
+            k, v = (x.strip() for x in line.split("=", 1))
+            entry.setdefault(k, v)
+    if arg not in entries:
+        return arg
+    e = entries[arg]
+    if "repo" in e:
+        return str((catalog.parent.parent if "DHSA_CATALOG" not in os.environ else Path(".")) / e["repo"])
+    cache = os.environ.get("DHSA_MODELS") or os.path.join(os.path.expanduser("~"), ".cache", "dhsa", "models")
+    path = os.path.join(cache, e["file"])
+    if not os.path.isfile(path):
+        raise FileNotFoundError("model '%s' is in the catalog but not pulled yet (no %s): run `dhsa pull %s`"
+                                % (arg, path, arg))
+    if "size" in e and os.path.getsize(path) != int(e["size"]):
+        raise FileNotFoundError("model '%s': %s has %d bytes, the catalog says %s: run `dhsa pull %s` again"
+                                % (arg, path, os.path.getsize(path), e["size"], arg))
+    return path
+
+
 class Model:
     """A GGUF model (or a llama2.c checkpoint with tokenizer_path), read-only once
-    loaded: any number of Sessions may use it. Model() loads the shipped default.
+    loaded: any number of Sessions may use it. Model() loads the shipped default;
+    Model("NAME") a model of the catalog pulled with `dhsa pull NAME`.
 
     Safe to share between threads. close() (also from another thread, also while
     a session of it generates) closes its sessions first (Session.close: waits for
@@ -312,7 +350,7 @@ class Model:
         self._users = 0               # calls on the handle in progress (_use)
         self._closing = False
         L = _lib()
-        self.path = os.fspath(path) if path is not None else default_model_path()
+        self.path = resolve_model(os.fspath(path)) if path is not None else default_model_path()
         p = L.dhsa_model_default_params()
         tp = _c_string("tokenizer_path", tokenizer_path) if tokenizer_path is not None else None
         p.tokenizer_path = tp
