@@ -693,6 +693,21 @@ static void test_pretokenizers(void) {
     check_words(DHSA_TOK_PRE_FALCON, "a...b 1234567", "a|...|b| |123|456|7");
     check_words(DHSA_TOK_PRE_FALCON, "x  \xE2\x82\xAC" "5", "x| | \xE2\x82\xAC|5"); /* € is a symbol */
     check_words(DHSA_TOK_PRE_FALCON, "\xC2\xABq\xC2\xBB 1,000\n\n", "\xC2\xAB|q|\xC2\xBB| 1|,|000|\n\n");
+    /* default: punctuation runs (no backtick), GPT-2, \p{N}+, digit triples */
+    check_words(DHSA_TOK_PRE_DEFAULT, "a `b` 12345!", "a| `|b|`| |123|45|!");
+    /* deepseek-coder: [\r\n], \s?\p{L}+, \s?\p{P}+, CJK, \p{N} */
+    check_words(DHSA_TOK_PRE_DEEPSEEK_CODER, "x = 42, y\n", "x| = |4|2|,| y|\n");
+    check_words(DHSA_TOK_PRE_BLOOM, "Hi, you (there).", "Hi|,| you| (|there|).");
+    check_words(DHSA_TOK_PRE_VIKING, "ab12 c", "ab|1|2| c");
+    check_words(DHSA_TOK_PRE_UFAKZEKA, "Ankara'da 12", "Ankara|'da| |1|2");
+    check_words(DHSA_TOK_PRE_MINICPM5, "x12345", "x|123|45");
+    check_words(DHSA_TOK_PRE_SEED_CODER, "a;\nb", "a|;|\n|b");
+    check_words(DHSA_TOK_PRE_QWEN2, "a;\nb", "a|;\n|b");
+    check_words(DHSA_TOK_PRE_LAGUNA, "a \n\nb", "a| |\n\n|b");
+    check_words(DHSA_TOK_PRE_JAIS2, "a      b", "a|    | | b");
+    check_words(DHSA_TOK_PRE_GPT4O, "HELLOworld HTTPServer HeLLo I'm", "HELLOworld| HTTPServer| He|LLo| I'm");
+    check_words(DHSA_TOK_PRE_GPT4O, "\xC3\x89" "COLE 12345", "\xC3\x89|COLE| |123|45");
+    check_words(DHSA_TOK_PRE_TEKKEN, "I'm 12", "I|'m| |1|2");
     /* the checks can fail: GPT-2 splits a word falcon keeps whole */
     int64_t ends[8], n = 0;
     dhsa_tok__pretokenize(DHSA_TOK_PRE_FALCON, "I'm", 3, ends, 8, &n, NULL);
