@@ -695,6 +695,25 @@ static void supported_pre_names(char *buf, size_t cap) {
     }
 }
 
+dhsa_status dhsa_tok__set_pre(dhsa_tokenizer *t, const char *pre, int file_sets_add_bos) {
+    const char *why = NULL;
+    dhsa_tok_pre kind;
+    unsigned flags;
+    int known = dhsa_tok__pre_lookup(pre, &kind, &flags, &why);
+    if (kind == DHSA_TOK_PRE_NONE) {
+        char runs[1024];
+        supported_pre_names(runs, sizeof runs);
+        return dhsa__fail(DHSA_ERR_UNSUPPORTED,
+                          "tokenizer: pre-tokenizer tokenizer.ggml.pre = '%s' is not implemented (%s%s); dhsa runs: %s",
+                          dhsa__esc(pre), known ? "llama.cpp knows it: " : "", why, runs);
+    }
+    t->pre = kind;
+    t->pre_flags = flags;
+    /* llama.cpp: llama-bpe and tekken vocabularies add BOS unless the file says no */
+    if ((flags & DHSA_TOK_PRE_ADD_BOS) && !file_sets_add_bos) t->add_bos = 1;
+    return DHSA_OK;
+}
+
 /* --------------------------------------------------------------------- */
 /* Token attributes: the file's types, then llama.cpp's rules by token text
  * and model name (llama_vocab::impl::load in its src/llama-vocab.cpp; the
@@ -959,19 +978,7 @@ dhsa_status dhsa_tokenizer_from_gguf(const dhsa_gguf *g, dhsa_tokenizer **out) {
         if (dhsa_gguf_find_kv(g, "tokenizer.ggml.pre") >= 0 &&
             (st = dhsa_gguf_get_str(g, "tokenizer.ggml.pre", &pre, NULL)))
             goto fail;
-        const char *why = NULL;
-        int known = dhsa_tok__pre_lookup(pre, &t->pre, &t->pre_flags, &why);
-        if (t->pre == DHSA_TOK_PRE_NONE) {
-            char runs[2048];
-            supported_pre_names(runs, sizeof runs);
-            st = dhsa__fail(DHSA_ERR_UNSUPPORTED,
-                            "tokenizer: pre-tokenizer tokenizer.ggml.pre = '%s' is not implemented (%s%s); dhsa runs: %s",
-                            dhsa__esc(pre), known ? "llama.cpp knows it: " : "", why, runs);
-            goto fail;
-        }
-        /* llama.cpp: llama-bpe and tekken vocabularies add BOS unless the file says no */
-        if ((t->pre_flags & DHSA_TOK_PRE_ADD_BOS) && dhsa_gguf_find_kv(g, "tokenizer.ggml.add_bos_token") < 0)
-            t->add_bos = 1;
+        if ((st = dhsa_tok__set_pre(t, pre, dhsa_gguf_find_kv(g, "tokenizer.ggml.add_bos_token") >= 0))) goto fail;
         dhsa_gguf_array m;
         if ((st = dhsa_gguf_get_arr(g, "tokenizer.ggml.merges", &m))) goto fail;
         if (m.type != DHSA_GGUF_STRING) {

@@ -50,6 +50,13 @@ enum {
  * when nobody does. *why says, for a refused name, what it would need. */
 int dhsa_tok__pre_lookup(const char *name, dhsa_tok_pre *pre, unsigned *flags, const char **why);
 
+/* Sets a BPE tokenizer's pre-tokenizer by name, as the loader does
+ * (file_sets_add_bos: the file has tokenizer.ggml.add_bos_token, so a
+ * name's default BOS does not apply); a refused name is
+ * DHSA_ERR_UNSUPPORTED naming it, t unchanged. The loader's path, exposed
+ * so tests can run one vocabulary under every pre-tokenizer. */
+dhsa_status dhsa_tok__set_pre(dhsa_tokenizer *t, const char *pre, int file_sets_add_bos);
+
 /* The i-th name llama.cpp knows, in its order; NULL past the last. */
 const char *dhsa_tok__pre_name(size_t i);
 
