@@ -11,7 +11,7 @@ Writes two fixtures that `make test` checks without llama.cpp:
            Arabic, emoji), tokenized as llama.cpp does by default (BOS as the
            vocabulary says, special tokens parsed)
     greedy <TAB> MODEL <TAB> HEX(prompt) <TAB> prompt ids <TAB> generated ids <TAB> margins
-           16 greedy tokens (F32 K/V, 2 threads; llamacpp_greedy.c), with
+           16 greedy tokens (F32 K/V, 2 threads; llamacpp_greedy_text.c), with
            llama.cpp's margin between its best and second logit at each step
     chat   <TAB> MODEL <TAB> HEX(user message) <TAB> prompt ids <TAB> generated ids <TAB> margins
            the same on the model's chat format (the text llama.cpp's
@@ -147,7 +147,7 @@ def main():
     ap.add_argument("--write-pre", metavar="FILE")
     a = ap.parse_args()
     llama = os.environ.get("LLAMA_CPP", "/work/peer/llama.cpp")
-    tok, grd, cht = (build(llama, p) for p in ("llamacpp_tokens", "llamacpp_greedy", "llamacpp_chat"))
+    tok, grd, cht = (build(llama, p) for p in ("llamacpp_tokens", "llamacpp_greedy_text", "llamacpp_chat"))
     files = catalog()
     rows = []
     for name in ("smollm2-135m-instruct", "gemma-3-270m", "qwen2.5-coder-0.5b-instruct"):

