@@ -139,6 +139,9 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     readme = ROOT / "models" / "README.md"
     if readme.is_file():
         entries.append((NAME + "/models/README.md", readme.read_bytes()))
+    catalog = ROOT / "models" / "catalog"  # Model("NAME") of a pulled model (docs/models.md)
+    if catalog.is_file():
+        entries.append((NAME + "/models/catalog", catalog.read_bytes()))
     di = _dist_info(version)
     entries.append((di + "/METADATA", _metadata(version).encode()))
     entries.append((di + "/WHEEL", _wheel_file().encode()))

@@ -305,8 +305,10 @@ def resolve_model(arg):
     FileNotFoundError naming `dhsa pull NAME`."""
     if not isinstance(arg, str) or os.path.exists(arg) or "/" in arg or os.sep in arg:
         return arg
-    root = Path(__file__).resolve().parent.parent.parent
-    catalog = Path(os.environ.get("DHSA_CATALOG") or root / "models" / "catalog")
+    here = Path(__file__).resolve().parent
+    bundled = here / "models" / "catalog"  # an installed package (pip install .)
+    catalog = Path(os.environ.get("DHSA_CATALOG") or
+                   (bundled if bundled.is_file() else here.parent.parent / "models" / "catalog"))
     if not catalog.is_file():
         return arg
     entry, entries = None, {}

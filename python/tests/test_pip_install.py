@@ -94,7 +94,8 @@ def test_pip_install_then_model_from_elsewhere(tmp_path):
             "print(m.path)\n"
             "ids = m.tokenize('The pass key is 40913.')\n"
             "print(len(ids), m.detokenize(ids))\n"
-            "print(repr(dhsa.Session(m, ctx=64).generate('Once upon a time', max_tokens=4, temperature=0)))\n")
+            "print(repr(dhsa.Session(m, ctx=64).generate('Once upon a time', max_tokens=4, temperature=0)))\n"
+            "print(dhsa.Model('dhsa-retrieval-8m').path)\n")  # a catalog name (the bundled models/catalog)
     r = subprocess.run([str(py), "-c", code], cwd=elsewhere, env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, "import dhsa; dhsa.Model() failed:\n" + r.stdout + r.stderr
@@ -105,6 +106,8 @@ def test_pip_install_then_model_from_elsewhere(tmp_path):
     assert Path(lib).name == "libdhsa.so" and Path(model).name == "dhsa-retrieval-8m.gguf"
     assert tok.split(" ", 1)[1] == "The pass key is 40913.", tok
     assert len(eval(gen)) > 0, gen
+    by_name = r.stdout.strip().splitlines()[5]
+    assert Path(by_name).resolve() == Path(model).resolve(), "Model('dhsa-retrieval-8m') opened " + by_name
 
 
 def test_wheel_contents(tmp_path):
