@@ -1898,6 +1898,123 @@ dhsa_status dhsa_eval_sample_tokens(dhsa_ctx *ctx, dhsa_model *m, int64_t n, uin
  * letters). *n is their count; more than cap is DHSA_ERR_INVALID_ARG
  * (cap 0 counts). */
 dhsa_status dhsa_eval_passage_tokens(const dhsa_tokenizer *tok, int words, int32_t *out, int64_t cap, int64_t *n);
+/* RULER-style tasks (src/eval/ruler.c; docs/eval.md "eval ruler"):
+ * synthetic long-context tasks modelled on NVIDIA's RULER benchmark (task
+ * definitions and scoring learned from it; every string is dhsa's own).
+ *
+ *   SINGLE      one needle "The secret <kind> for <key> is: <value>." in
+ *               the haystack; asked for its value
+ *   MULTIKEY    the asked needle among n_keys - 1 needles of other keys
+ *               (with haystack NEEDLES, every filler sentence is such a
+ *               distractor needle)
+ *   MULTIVALUE  n_values needles of one key; asked for all of them
+ *   MULTIQUERY  n_keys needles of different keys; asked for n_queries keys
+ *   VT          variable tracking: chains "VAR A = 12345." "VAR B = VAR
+ *               A." ... (n_chains chains of n_hops hops); asked which
+ *               variables get the first chain's value
+ *   CWE         common words: a numbered list where n_common words occur
+ *               freq_common times and the others freq_uncommon times;
+ *               asked for the n_common most frequent
+ *   FWE         frequent words: coded words with Zipf counts (exponent
+ *               alpha); asked for the three most frequent (the top rank is
+ *               written as dots and not asked)
+ *
+ * Scoring is RULER's string_match_all: the share of expected strings that
+ * occur in the answer, case-insensitively, as substrings (multi-value,
+ * multi-query, VT and CWE get partial credit). Values, keys, variables and
+ * words come from one of two disjoint pools (split DEV or TEST: a hash of
+ * the string picks its pool), and so do the noise sentences and the prose,
+ * so that parameters chosen on DEV prompts are measured on TEST prompts
+ * they never saw. */
+typedef enum {
+    DHSA_RULER_SINGLE = 1,
+    DHSA_RULER_MULTIKEY = 2,
+    DHSA_RULER_MULTIVALUE = 3,
+    DHSA_RULER_MULTIQUERY = 4,
+    DHSA_RULER_VT = 5,
+    DHSA_RULER_CWE = 6,
+    DHSA_RULER_FWE = 7
+} dhsa_ruler_task;
+/* What the keys and values of the needles are: 7-digit numbers, words
+ * (adjective-noun pairs such as "quiet-harbor") or UUIDs (version 4). */
+typedef enum { DHSA_RULER_NUMBERS = 0, DHSA_RULER_WORDS = 1, DHSA_RULER_UUIDS = 2 } dhsa_ruler_kind;
+/* The filler: repeated noise sentences (built in, one set per split),
+ * sentences of real prose (params.prose, dhsa_ruler_load_prose), or
+ * distractor needles (MULTIKEY only). */
+typedef enum { DHSA_RULER_NOISE = 0, DHSA_RULER_PROSE = 1, DHSA_RULER_NEEDLES = 2 } dhsa_ruler_haystack;
+typedef enum { DHSA_RULER_DEV = 0, DHSA_RULER_TEST = 1 } dhsa_ruler_split;
+
+#define DHSA_RULER_MAX_EXPECTED 16
+
+typedef struct {
+    dhsa_ruler_task task;
+    int64_t length;               /* most prompt tokens, template and BOS included (64 .. 2^24) */
+    double depth;                 /* 0..1: where the first asked needle (VT: the chain's
+                                     first line) sits in the haystack; CWE, FWE: unused */
+    uint64_t seed;                /* everything random in the prompt */
+    dhsa_ruler_split split;       /* which pools values and filler come from */
+    dhsa_ruler_kind key_kind, value_kind;
+    dhsa_ruler_haystack haystack;
+    const char *prose;            /* PROSE: the text (its sentences are the units) */
+    int64_t prose_len;
+    const char *words;            /* CWE: the word list, one a line (dhsa_ruler_load_words);
+                                     lowercase ASCII words of 3..12 letters of the split's pool are used */
+    int64_t words_len;
+    int n_keys, n_values, n_queries; /* 0: per task (MULTIKEY 4 keys, MULTIVALUE 4 values,
+                                        MULTIQUERY 4 keys 4 queries, else 1) */
+    int n_chains, n_hops;         /* VT: 0 = 1 chain, 4 hops */
+    int n_common, freq_common, freq_uncommon; /* CWE: 0 = 10, 30, 3 (length < 4096: 10, 6, 1) */
+    double alpha;                 /* FWE: 0 = 2.0 */
+    dhsa_chat_template tmpl;      /* DHSA_CHAT_NONE: a plain completion prompt */
+} dhsa_ruler_params;
+
+/* A built prompt. With tmpl NONE: the text "<task text>\n<question><answer
+ * prefix>" tokenized whole (the tokenizer's default BOS); with a template:
+ * the task text and question as one user turn, the assistant's turn
+ * opened, then the answer prefix tokenized after it (so the model's
+ * answer continues "The secret number for X is:"). */
+typedef struct {
+    int32_t *ids;                 /* [n_ids] (owned) */
+    int64_t n_ids;
+    char *text;                   /* the prompt's text (plain) or the user turn's (owned) */
+    int n_expected;               /* strings the answer should contain */
+    char expected[DHSA_RULER_MAX_EXPECTED][48];
+    double depth_used;            /* the first asked needle's token offset in the haystack,
+                                     0..1; -1 for CWE and FWE */
+    int64_t n_units;              /* haystack units used (sentences, list items, words) */
+    int64_t answer_tokens;        /* RULER's answer budget: 128 NIAH, 30 VT, 120 CWE, 50 FWE */
+    int32_t stop[16];             /* ids that end an answer (as dhsa_niah_build's) */
+    int n_stop;
+} dhsa_ruler_prompt;
+
+dhsa_ruler_params dhsa_ruler_default_params(void);
+/* The suite's named configurations (RULER's, without QA): single_noise,
+ * single_prose, single_uuid, single_word, multikey, multikey_needles,
+ * multikey_uuid, multivalue, multiquery, vt, cwe, fwe. Sets task, kinds,
+ * haystack and counts of *p (the rest is kept); an unknown name is
+ * DHSA_ERR_INVALID_ARG naming them all. */
+dhsa_status dhsa_ruler_preset(const char *name, dhsa_ruler_params *p);
+/* Builds one prompt of at most length tokens: the haystack units are
+ * counted up (a binary search over their number) to the most that fit,
+ * the needles at the unit boundaries nearest their depths. A haystack or
+ * word list too short for the length is DHSA_ERR_INVALID_ARG. Free with
+ * dhsa_ruler_free (also after a failure). */
+dhsa_status dhsa_ruler_build(const dhsa_tokenizer *tok, const dhsa_ruler_params *p, dhsa_ruler_prompt *out);
+void dhsa_ruler_free(dhsa_ruler_prompt *pr);
+/* RULER's string_match_all of one answer: the share (0..1) of
+ * pr->expected[0..n_expected) found in answer[0..len) as substrings,
+ * ASCII case folded; 0 when n_expected is 0. */
+double dhsa_ruler_score(const dhsa_ruler_prompt *pr, const char *answer, int64_t len);
+/* The prose haystack from the Debian package gnu-standards (GFDL, in
+ * main): the paragraphs (<p> elements, tags removed, entities decoded) of
+ * dir/maintain.html for DEV and dir/standards.html for TEST, dir NULL =
+ * /usr/share/doc/gnu-standards. *text (malloc'd, the caller frees it) holds
+ * them one a line. A missing file is DHSA_ERR_IO whose sentence names the
+ * package to install. */
+dhsa_status dhsa_ruler_load_prose(const char *dir, dhsa_ruler_split split, char **text, int64_t *len);
+/* CWE's word list: path NULL = /usr/share/dict/words (Debian package
+ * wamerican); a missing file is DHSA_ERR_IO naming the package. */
+dhsa_status dhsa_ruler_load_words(const char *path, char **text, int64_t *len);
 /* ---- Evaluation block end ---- */
 
 #ifdef __cplusplus

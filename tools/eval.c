@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "dhsa.h"
@@ -44,6 +45,8 @@ const char dhsa_cli_eval_usage[] =
     "       dhsa eval niah [-m MODEL] [--lengths ...] [--depths ...] [--haystack FILE] [options]\n"
     "       dhsa eval passkey|multikey|multivalue [-m MODEL] [--lengths ...] [--depths ...]\n"
     "                      [--filler FILE] [--keywords FILE] [--trials N] [options]\n"
+    "       dhsa eval ruler [-m MODEL] [--tasks LIST] [--lengths 4K,...] [--depths ...] [--samples N]\n"
+    "                      [--split dev|test] [--out FILE.tsv] [options]\n"
     "\n"
     "fidelity: the text is tokenized and cut into windows of --ctx tokens (BOS\n"
     "  first); each window runs dense and then every method; prints per method\n"
@@ -110,7 +113,24 @@ const char dhsa_cli_eval_usage_tasks[] =
     "  greedy answer (up to --answer-tokens, default 12; multivalue 40) must state\n"
     "  the numbers in order. Every miss of a sparse method is printed with the\n"
     "  share of the needle's number keys each layer selected for the answer rows.\n"
-    "  --keys N: multikey needles (default 4) / multivalue values (default 3).\n";
+    "  --keys N: multikey needles (default 4) / multivalue values (default 3).\n"
+    "ruler: RULER-style tasks (dhsa.h dhsa_ruler_*; docs/eval.md \"eval ruler\"), scored as RULER\n"
+    "  scores them (share of expected strings in the answer, case-insensitive).\n"
+    "  --tasks LIST        single_noise,single_prose,single_uuid,single_word,multikey,\n"
+    "                      multikey_needles,multikey_uuid,multivalue,multiquery,vt,cwe,fwe\n"
+    "                      (default: all; without --tasks those whose data is missing are\n"
+    "                      skipped, saying why)\n"
+    "  --lengths LIST      prompt tokens (default 4K)   --depths LIST (default 0,0.25,0.5,0.75,1)\n"
+    "  --samples N         prompts per cell (= --trials; default 2)   --seed S (default 1)\n"
+    "  --split dev|test    disjoint pools of values, words and filler (default test;\n"
+    "                      choose parameters on dev only)\n"
+    "  --out FILE.tsv      every answer as it finishes (task, length, depth, method,\n"
+    "                      prompt tokens, expected, got, score); rerun the same command\n"
+    "                      to resume: finished answers are skipped\n"
+    "  --prose-dir DIR     prose haystack (default /usr/share/doc/gnu-standards: apt-get\n"
+    "                      install gnu-standards)   --words FILE: cwe's words (default\n"
+    "                      /usr/share/dict/words: apt-get install wamerican)\n"
+    "  --template auto|plain|NAME, --answer-tokens N (default RULER's per task), --show\n";
 
 static void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
@@ -140,6 +160,8 @@ typedef struct {
 typedef struct {
     const char *model, *tokenizer, *text_file, *filler_file, *haystack_file, *svg, *svg_attn, *template_name;
     const char *predictor_path, *keywords_file;
+    const char *tasks, *out_path, *prose_dir, *words_path; /* ruler */
+    int split;                                             /* ruler: dhsa_ruler_split */
     int64_t n_keys;
     int answer_tokens_set;
     int64_t threads, ctx, windows, passage, trials, answer_tokens, budget;
@@ -184,6 +206,7 @@ static void parse(int argc, char **argv, eval_opts *o, const char *sub) {
     o->q_block = o->sink = o->local = o->dense_below = o->min_chunk = o->max_chunk = o->chunk = o->sim_window =
         o->nms_window = -1;
     o->score = -1;
+    o->split = DHSA_RULER_TEST;
     char buf[1024], *items[MAX_LIST];
     for (int i = 3; i < argc; i++) {
         const char *a = argv[i];
@@ -220,6 +243,16 @@ static void parse(int argc, char **argv, eval_opts *o, const char *sub) {
             o->answer_tokens_set = 1;
         }
         else if (strcmp(a, "--keywords") == 0) o->keywords_file = v;
+        else if (strcmp(a, "--tasks") == 0) o->tasks = v;
+        else if (strcmp(a, "--out") == 0) o->out_path = v;
+        else if (strcmp(a, "--prose-dir") == 0) o->prose_dir = v;
+        else if (strcmp(a, "--words") == 0) o->words_path = v;
+        else if (strcmp(a, "--samples") == 0) o->trials = dhsa_cli_int(a, v, 1, 100000, 0);
+        else if (strcmp(a, "--split") == 0) {
+            if (strcmp(v, "dev") == 0) o->split = DHSA_RULER_DEV;
+            else if (strcmp(v, "test") == 0) o->split = DHSA_RULER_TEST;
+            else dhsa_cli_die(EXIT_USAGE, "--split is dev or test, not \"%s\"", v);
+        }
         else if (strcmp(a, "--keys") == 0) o->n_keys = dhsa_cli_int(a, v, 1, DHSA_TASK_MAX_NEEDLES, 0);
         else if (strcmp(a, "--seed") == 0) o->seed = (uint64_t)dhsa_cli_int(a, v, 0, INT64_MAX, 0);
         else if (strcmp(a, "--min-score") == 0) o->min_score = dhsa_cli_real(a, v, 0, 100);
@@ -278,6 +311,14 @@ static void parse(int argc, char **argv, eval_opts *o, const char *sub) {
     if (o->svg) dhsa_cli_check_output("--svg", o->svg);
     if (o->svg_attn) dhsa_cli_check_output("--svg-attn", o->svg_attn);
     if (!o->n_densities) o->densities[o->n_densities++] = 0.125;
+    int ruler = strcmp(sub, "ruler") == 0;
+    if (ruler && !o->n_lengths) o->lengths[o->n_lengths++] = 4096;
+    if (ruler && !o->n_depths) {
+        static const double def[] = {0, 0.25, 0.5, 0.75, 1};
+        memcpy(o->depths, def, sizeof def);
+        o->n_depths = 5;
+    }
+    if (o->out_path) dhsa_cli_check_output("--out", o->out_path);
     if (!o->n_lengths) {
         static const int64_t def[] = {512, 1024, 2048, 4096};
         memcpy(o->lengths, def, sizeof def);
@@ -763,42 +804,30 @@ static int cmd_copy(eval_env *e) {
 /* ---------------------------------------------------------------- niah --- */
 
 
-/* Sentences of a haystack file: split after '.', '!' or '?' followed by
- * white space, and at blank lines; trimmed; empty ones dropped. The
- * sentences point into text, which is modified (NULs written). */
-static int64_t split_sentences(char *text, int64_t len, char ***out) {
-    int64_t cap = 256, n = 0;
-    char **s = xmalloc((size_t)cap * sizeof(char *));
-    int64_t start = 0;
-    for (int64_t i = 0; i <= len; i++) {
-        int end = i == len;
-        if (!end && (text[i] == '.' || text[i] == '!' || text[i] == '?') &&
-            (i + 1 == len || text[i + 1] == ' ' || text[i + 1] == '\n' || text[i + 1] == '\t')) {
-            i++;
-            end = 1;
-        } else if (!end && text[i] == '\n' && i + 1 < len && text[i + 1] == '\n') {
-            end = 1;
+/* The prompt format of niah and ruler (--template): auto takes the
+ * model's chat template when its GGUF has one dhsa writes, else a plain
+ * completion prompt; *why says which and why. */
+static dhsa_chat_template pick_template(eval_env *e, const char **why) {
+    const eval_opts *o = e->o;
+    const dhsa_gguf *g = dhsa_model_gguf(e->m);
+    dhsa_chat_template tmpl;
+    if (!o->template_name || strcmp(o->template_name, "auto") == 0) {
+        if (g && dhsa_gguf_find_kv(g, "tokenizer.chat_template") >= 0) {
+            tmpl = dhsa_chat_detect(g);
+            *why = tmpl == DHSA_CHAT_NONE ? "the model's template is not one dhsa writes: plain prompt"
+                                          : "the model's chat template";
+        } else {
+            tmpl = DHSA_CHAT_NONE;
+            *why = "the model has no chat template (tokenizer.chat_template): plain completion prompt";
         }
-        if (!end) continue;
-        int64_t a = start, b = i;
-        while (a < b && (text[a] == ' ' || text[a] == '\n' || text[a] == '\t' || text[a] == '\r')) a++;
-        while (b > a && (text[b - 1] == ' ' || text[b - 1] == '\n' || text[b - 1] == '\t' || text[b - 1] == '\r')) b--;
-        if (b > a) {
-            if (n == cap) {
-                cap *= 2;
-                char **ns = realloc(s, (size_t)cap * sizeof(char *));
-                if (!ns) dhsa_cli_die(EXIT_RUN, "out of memory");
-                s = ns;
-            }
-            for (int64_t k = a; k < b; k++) /* one line per sentence */
-                if (text[k] == '\n' || text[k] == '\t' || text[k] == '\r') text[k] = ' ';
-            s[n++] = text + a;
-        }
-        if (i < len) text[i] = 0;
-        start = i + 1;
+    } else if (strcmp(o->template_name, "plain") == 0) {
+        tmpl = DHSA_CHAT_NONE;
+        *why = "--template plain";
+    } else {
+        if (dhsa_chat_template_from_name(o->template_name, &tmpl)) dhsa_cli_die(EXIT_USAGE, "%s", dhsa_last_error());
+        *why = "--template";
     }
-    *out = s;
-    return n;
+    return tmpl;
 }
 
 static int cmd_niah(eval_env *e) {
@@ -809,7 +838,8 @@ static int cmd_niah(eval_env *e) {
     if (o->haystack_file) {
         int64_t len;
         file_text = read_text("--haystack", o->haystack_file, &len);
-        n_sent = split_sentences(file_text, len, &sent);
+        n_sent = dhsa__split_sentences(file_text, len, &sent);
+        if (n_sent < 0) dhsa_cli_die(EXIT_RUN, "out of memory");
         if (n_sent == 0) dhsa_cli_die(EXIT_RUN, "the haystack file \"%s\" has no sentences", o->haystack_file);
     } else {
         const char *const *builtin_haystack = dhsa_task_builtin_sentences(&n_sent);
@@ -820,25 +850,8 @@ static int cmd_niah(eval_env *e) {
     struct {
         dhsa_chat_template tmpl; /* NONE: plain prompt */
     } np;
-    memset(&np, 0, sizeof np);
-    const dhsa_gguf *g = dhsa_model_gguf(e->m);
     const char *tmpl_why;
-    if (!o->template_name || strcmp(o->template_name, "auto") == 0) {
-        if (g && dhsa_gguf_find_kv(g, "tokenizer.chat_template") >= 0) {
-            np.tmpl = dhsa_chat_detect(g);
-            tmpl_why = np.tmpl == DHSA_CHAT_NONE ? "the model's template is not one dhsa writes: plain prompt"
-                                                 : "the model's chat template";
-        } else {
-            np.tmpl = DHSA_CHAT_NONE;
-            tmpl_why = "the model has no chat template (tokenizer.chat_template): plain completion prompt";
-        }
-    } else if (strcmp(o->template_name, "plain") == 0) {
-        np.tmpl = DHSA_CHAT_NONE;
-        tmpl_why = "--template plain";
-    } else {
-        if (dhsa_chat_template_from_name(o->template_name, &np.tmpl)) dhsa_cli_die(EXIT_USAGE, "%s", dhsa_last_error());
-        tmpl_why = "--template";
-    }
+    np.tmpl = pick_template(e, &tmpl_why);
     if (!o->json) {
         printf("niah: %s; haystack: %s (%lld sentences); prompt: %s (%s); %lld trials, answers of up to %lld "
                "tokens, greedy\n", o->model, o->haystack_file ? o->haystack_file : "built-in sentences",
@@ -1187,6 +1200,405 @@ static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
     return 0;
 }
 
+/* --------------------------------------------------------------- ruler --- */
+
+/* The suite's tasks in a fixed order (a task's seed uses its place here,
+ * so a cell draws the same prompts whatever --tasks lists). */
+static const char *const ruler_all[] = {"single_noise", "single_prose", "single_uuid", "single_word",
+                                        "multikey", "multikey_needles", "multikey_uuid", "multivalue",
+                                        "multiquery", "vt", "cwe", "fwe"};
+#define RULER_N_ALL ((int)(sizeof ruler_all / sizeof ruler_all[0]))
+
+/* One scored answer: a line of --out, and a row of the tables. */
+typedef struct {
+    int task, length_i, var;      /* indices into ruler_all, o->lengths, o->var */
+    double depth, score, density_used;
+    int64_t trial, prompt_tokens;
+} ruler_row;
+
+typedef struct {
+    ruler_row *r;
+    int64_t n, cap;
+    char **keys; /* "task\tlength\tdepth\ttrial\tmethod" of each finished answer, file and new */
+    int64_t n_keys, cap_keys;
+} ruler_done;
+
+static void done_add(ruler_done *d, const ruler_row *row, const char *key) {
+    if (row) {
+        if (d->n == d->cap) {
+            d->cap = d->cap ? 2 * d->cap : 256;
+            ruler_row *nr = realloc(d->r, (size_t)d->cap * sizeof *nr);
+            if (!nr) dhsa_cli_die(EXIT_RUN, "out of memory");
+            d->r = nr;
+        }
+        d->r[d->n++] = *row;
+    }
+    if (d->n_keys == d->cap_keys) {
+        d->cap_keys = d->cap_keys ? 2 * d->cap_keys : 256;
+        char **nk = realloc(d->keys, (size_t)d->cap_keys * sizeof *nk);
+        if (!nk) dhsa_cli_die(EXIT_RUN, "out of memory");
+        d->keys = nk;
+    }
+    d->keys[d->n_keys] = strdup(key);
+    if (!d->keys[d->n_keys]) dhsa_cli_die(EXIT_RUN, "out of memory");
+    d->n_keys++;
+}
+
+static int done_has(const ruler_done *d, const char *key) {
+    for (int64_t i = d->n_keys - 1; i >= 0; i--)
+        if (strcmp(d->keys[i], key) == 0) return 1;
+    return 0;
+}
+
+static void ruler_key(char *buf, size_t cap, const char *task, int64_t length, double depth, int64_t trial,
+                      const char *method) {
+    snprintf(buf, cap, "%s\t%lld\t%g\t%lld\t%s", task, (long long)length, depth, (long long)trial, method);
+}
+
+/* A TSV field: tab, newline, carriage return and backslash escaped. */
+static void tsv_str(FILE *f, const char *s) {
+    for (; *s; s++) {
+        if (*s == '\t') fputs("\\t", f);
+        else if (*s == '\n') fputs("\\n", f);
+        else if (*s == '\r') fputs("\\r", f);
+        else if (*s == '\\') fputs("\\\\", f);
+        else fputc(*s, f);
+    }
+}
+
+#define RULER_TSV_HEAD "task\tlength\tdepth\ttrial\tmethod\tdensity\tprompt_tokens\tdepth_used\tdensity_used\tscore\t" \
+                       "expected\tgot\tseconds\n"
+
+/* Reads a previous --out: its settings line must be `config`; every
+ * complete line is a finished answer (a line cut by an interruption is
+ * cut off the file). Returns the file opened for appending. */
+static FILE *ruler_open_out(const eval_opts *o, const char *config, ruler_done *d, int64_t *n_old) {
+    *n_old = 0;
+    FILE *f = fopen(o->out_path, "r+b");
+    if (!f) {
+        f = fopen(o->out_path, "wb");
+        if (!f) dhsa_cli_die(EXIT_RUN, "cannot write %s: %s", o->out_path, strerror(errno));
+        fprintf(f, "%s\n" RULER_TSV_HEAD, config);
+        fflush(f);
+        return f;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    long good = 0; /* bytes of complete lines */
+    int ln = 0;
+    while ((n = getline(&line, &cap, f)) > 0) {
+        if (line[n - 1] != '\n') break; /* cut by an interruption */
+        line[n - 1] = 0;
+        ln++;
+        if (ln == 1 && strcmp(line, config) != 0)
+            dhsa_cli_die(EXIT_USAGE, "%s was written by another run:\n  %s\nthis run is:\n  %s\nto resume, give the same "
+                         "options; else use another --out", o->out_path, line, config);
+        if (ln == 2 && strncmp(line, "task\t", 5) != 0) dhsa_cli_die(EXIT_USAGE, "%s: line 2 is not the header", o->out_path);
+        good += (long)n;
+        if (ln <= 2) continue;
+        char *fld[13];
+        int k = 0;
+        for (char *p = line; k < 13; k++) {
+            fld[k] = p;
+            char *tab = strchr(p, '\t');
+            if (!tab) { k++; break; }
+            *tab = 0;
+            p = tab + 1;
+        }
+        if (k != 13) dhsa_cli_die(EXIT_RUN, "%s line %d: %d fields, not 13", o->out_path, ln, k);
+        char key[512];
+        ruler_key(key, sizeof key, fld[0], strtoll(fld[1], NULL, 10), strtod(fld[2], NULL), strtoll(fld[3], NULL, 10),
+                  fld[4]);
+        ruler_row row;
+        memset(&row, 0, sizeof row);
+        row.task = row.length_i = row.var = -1;
+        for (int t = 0; t < RULER_N_ALL; t++)
+            if (strcmp(ruler_all[t], fld[0]) == 0) row.task = t;
+        for (int li = 0; li < o->n_lengths; li++)
+            if (o->lengths[li] == strtoll(fld[1], NULL, 10)) row.length_i = li;
+        for (int v = 0; v < o->n_var; v++)
+            if (strcmp(o->var[v].name, fld[4]) == 0) row.var = v;
+        row.depth = strtod(fld[2], NULL);
+        row.trial = strtoll(fld[3], NULL, 10);
+        row.prompt_tokens = strtoll(fld[6], NULL, 10);
+        row.density_used = strtod(fld[8], NULL);
+        row.score = strtod(fld[9], NULL);
+        done_add(d, &row, key);
+        (*n_old)++;
+    }
+    free(line);
+    if (ln == 0) { /* empty file: start it */
+        fclose(f);
+        f = fopen(o->out_path, "wb");
+        if (!f) dhsa_cli_die(EXIT_RUN, "cannot write %s: %s", o->out_path, strerror(errno));
+        fprintf(f, "%s\n" RULER_TSV_HEAD, config);
+        fflush(f);
+        return f;
+    }
+    if (fflush(f) != 0 || ftruncate(fileno(f), good) != 0 || fseek(f, good, SEEK_SET) != 0)
+        dhsa_cli_die(EXIT_RUN, "cannot cut %s to its complete lines: %s", o->out_path, strerror(errno));
+    return f;
+}
+
+static int cmd_ruler(eval_env *e) {
+    eval_opts *o = e->o;
+    /* the tasks */
+    int tasks[RULER_N_ALL], n_tasks = 0, explicit_tasks = o->tasks != NULL;
+    if (o->tasks) {
+        char buf[1024], *items[RULER_N_ALL * 2];
+        int n = dhsa_cli_split_list("--tasks", o->tasks, buf, sizeof buf, items, RULER_N_ALL * 2);
+        for (int i = 0; i < n; i++) {
+            int found = -1;
+            for (int t = 0; t < RULER_N_ALL; t++)
+                if (strcmp(items[i], ruler_all[t]) == 0) found = t;
+            if (found < 0) {
+                dhsa_ruler_params tmp = dhsa_ruler_default_params();
+                dhsa_ruler_preset(items[i], &tmp);
+                dhsa_cli_die(EXIT_USAGE, "--tasks: %s", dhsa_last_error());
+            }
+            tasks[n_tasks++] = found;
+        }
+    } else {
+        for (int t = 0; t < RULER_N_ALL; t++) tasks[n_tasks++] = t;
+    }
+    /* the Debian-packaged data the tasks need: prose and the word list */
+    char *prose = NULL, *words = NULL;
+    int64_t prose_len = 0, words_len = 0;
+    int need_prose = 0, need_words = 0;
+    for (int i = 0; i < n_tasks; i++) {
+        dhsa_ruler_params tp = dhsa_ruler_default_params();
+        dhsa_ruler_preset(ruler_all[tasks[i]], &tp);
+        need_prose |= tp.haystack == DHSA_RULER_PROSE && tp.task != DHSA_RULER_CWE;
+        need_words |= tp.task == DHSA_RULER_CWE;
+    }
+    const char *skip_why[2] = {NULL, NULL};
+    char why_buf[2][1024];
+    if (need_prose && dhsa_ruler_load_prose(o->prose_dir, (dhsa_ruler_split)o->split, &prose, &prose_len)) {
+        if (explicit_tasks) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+        snprintf(why_buf[0], sizeof why_buf[0], "%s", dhsa_last_error());
+        skip_why[0] = why_buf[0];
+    }
+    if (need_words && dhsa_ruler_load_words(o->words_path, &words, &words_len)) {
+        if (explicit_tasks) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+        snprintf(why_buf[1], sizeof why_buf[1], "%s", dhsa_last_error());
+        skip_why[1] = why_buf[1];
+    }
+    { /* without --tasks, the tasks whose data is missing are skipped, saying so */
+        int k = 0;
+        for (int i = 0; i < n_tasks; i++) {
+            dhsa_ruler_params tp = dhsa_ruler_default_params();
+            dhsa_ruler_preset(ruler_all[tasks[i]], &tp);
+            const char *why = tp.task == DHSA_RULER_CWE ? skip_why[1]
+                              : tp.haystack == DHSA_RULER_PROSE ? skip_why[0] : NULL;
+            if (why) fprintf(stderr, "dhsa eval ruler: skipping %s: %s\n", ruler_all[tasks[i]], why);
+            else tasks[k++] = tasks[i];
+        }
+        n_tasks = k;
+        if (!n_tasks) dhsa_cli_die(EXIT_RUN, "no task left to run");
+    }
+    const char *tmpl_why;
+    dhsa_chat_template tmpl = pick_template(e, &tmpl_why);
+    const char *tmpl_name = tmpl == DHSA_CHAT_NONE ? "plain" : dhsa_chat_template_name(tmpl);
+    const char *split_name = o->split == DHSA_RULER_DEV ? "dev" : "test";
+    /* what a resumed --out must have been written with */
+    char config[2048];
+    {
+        dhsa_router_params rp = router_for(o, 4096, 0.0625);
+        snprintf(config, sizeof config,
+                 "# dhsa eval ruler: model %s, split %s, seed %llu, template %s, answer tokens %s%lld, boundary %d, "
+                 "budget %lld, routing at 4K: q_block %lld sink %lld local %lld dense_below %lld min_chunk %lld "
+                 "max_chunk %lld chunk %lld sim_window %lld nms_window %lld score %d",
+                 o->model, split_name, (unsigned long long)o->seed, tmpl_name, o->answer_tokens_set ? "" : "task ",
+                 o->answer_tokens_set ? (long long)o->answer_tokens : 0LL, (int)o->boundary, (long long)o->budget,
+                 (long long)rp.q_block, (long long)rp.sink_tokens, (long long)rp.local_tokens,
+                 (long long)rp.dense_below, (long long)rp.min_chunk, (long long)rp.max_chunk, (long long)rp.chunk,
+                 (long long)rp.sim_window, (long long)rp.nms_window, (int)rp.score_mode);
+    }
+    ruler_done d;
+    memset(&d, 0, sizeof d);
+    int64_t n_old = 0;
+    FILE *out = o->out_path ? ruler_open_out(o, config, &d, &n_old) : NULL;
+    if (!o->json) {
+        printf("ruler: %s; split %s; prompt: %s (%s); %lld samples per cell, greedy answers%s\n", o->model, split_name,
+               tmpl_name, tmpl_why, (long long)o->trials, o->answer_tokens_set ? "" : " of RULER's lengths per task");
+        if (out) printf("samples: %s (%lld finished before, skipped)\n", o->out_path, (long long)n_old);
+        else printf("samples: not saved (--out FILE.tsv writes each one as it finishes, and resumes)\n");
+        for (int i = 0; i < o->n_lengths; i++) {
+            dhsa_router_params rp = router_for(o, o->lengths[i], o->densities[0]);
+            print_router(stdout, &rp, o->lengths[i]);
+        }
+        fflush(stdout);
+    }
+    dhsa_eval_answer *res = xmalloc(sizeof *res);
+    double t0 = dhsa_cli_now();
+    int64_t n_new = 0;
+    for (int li = 0; li < o->n_lengths; li++)
+        for (int ti = 0; ti < n_tasks; ti++) {
+            const int task = tasks[ti];
+            dhsa_ruler_params tp = dhsa_ruler_default_params();
+            dhsa_ruler_preset(ruler_all[task], &tp);
+            const int no_depth = tp.task == DHSA_RULER_CWE || tp.task == DHSA_RULER_FWE;
+            for (int di = 0; di < (no_depth ? 1 : o->n_depths); di++)
+                for (int64_t tr = 0; tr < o->trials; tr++) {
+                    const double depth = no_depth ? -1 : o->depths[di];
+                    char key[512];
+                    int todo = 0;
+                    for (int v = 0; v < o->n_var; v++) {
+                        ruler_key(key, sizeof key, ruler_all[task], o->lengths[li], depth, tr, o->var[v].name);
+                        todo |= !done_has(&d, key);
+                    }
+                    if (!todo) continue;
+                    tp.length = o->lengths[li];
+                    tp.depth = no_depth ? 0 : depth;
+                    tp.split = (dhsa_ruler_split)o->split;
+                    tp.tmpl = tmpl;
+                    tp.prose = prose;
+                    tp.prose_len = prose_len;
+                    tp.words = words;
+                    tp.words_len = words_len;
+                    /* the cell's identity, not its place in the lists, seeds it */
+                    uint64_t s = o->seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)task << 48) ^
+                                 ((uint64_t)o->lengths[li] << 20) ^ ((uint64_t)llround(depth * 1000 + 1000) << 8) ^
+                                 (uint64_t)tr;
+                    tp.seed = splitmix(&s);
+                    dhsa_ruler_prompt pr;
+                    if (dhsa_ruler_build(e->tok, &tp, &pr)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+                    char expected[DHSA_RULER_MAX_EXPECTED * 50] = "";
+                    for (int k = 0; k < pr.n_expected; k++) {
+                        size_t l = strlen(expected);
+                        snprintf(expected + l, sizeof expected - l, "%s%s", k ? "|" : "", pr.expected[k]);
+                    }
+                    int64_t cap_ans = o->answer_tokens_set ? o->answer_tokens : pr.answer_tokens;
+                    for (int v = 0; v < o->n_var; v++) {
+                        const variant *va = &o->var[v];
+                        ruler_key(key, sizeof key, ruler_all[task], o->lengths[li], depth, tr, va->name);
+                        if (done_has(&d, key)) continue;
+                        dhsa_eval_answer_params ap = dhsa_eval_answer_default_params();
+                        ap.method = eval_method(o, va->method, va->density, o->lengths[li]);
+                        ap.max_tokens = cap_ans;
+                        ap.stop = pr.stop;
+                        ap.n_stop = pr.n_stop;
+                        warn_ctx(e, pr.n_ids + cap_ans);
+                        double ts = dhsa_cli_now();
+                        if (dhsa_eval_generate(e->ctx, e->m, pr.ids, pr.n_ids, &ap, res))
+                            dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+                        double secs = dhsa_cli_now() - ts;
+                        double score = dhsa_ruler_score(&pr, res->text, (int64_t)strlen(res->text));
+                        ruler_row row = {task, li, v, depth, score, res->density_used, tr, pr.n_ids};
+                        done_add(&d, &row, key);
+                        n_new++;
+                        if (out) {
+                            fprintf(out, "%s\t%lld\t%g\t%lld\t%s\t%g\t%lld\t%.4f\t%.4f\t%.4f\t", ruler_all[task],
+                                    (long long)o->lengths[li], depth, (long long)tr, va->name, va->density,
+                                    (long long)pr.n_ids, pr.depth_used, res->density_used, score);
+                            tsv_str(out, expected);
+                            fputc('\t', out);
+                            tsv_str(out, res->text);
+                            fprintf(out, "\t%.2f\n", secs);
+                            if (fflush(out) != 0) dhsa_cli_die(EXIT_RUN, "cannot write %s: %s", o->out_path, strerror(errno));
+                        }
+                        if (o->show && !o->json)
+                            printf("%-16s %-10s L %5lld depth %5.2f (at %.3f) score %.2f want %s got \"%s\"\n",
+                                   ruler_all[task], va->name, (long long)pr.n_ids, depth, pr.depth_used, score,
+                                   expected, res->text);
+                    }
+                    dhsa_ruler_free(&pr);
+                }
+        }
+    double secs = dhsa_cli_now() - t0;
+    if (out && fclose(out) != 0) dhsa_cli_die(EXIT_RUN, "cannot write %s: %s", o->out_path, strerror(errno));
+    /* the tables: mean score x 100 per task, length and method over depths and samples */
+    const int n_var = o->n_var, nL = o->n_lengths;
+    size_t n_cells = (size_t)n_var * RULER_N_ALL * nL;
+    double *sum = calloc(n_cells, sizeof(double)), *dsum = calloc(n_cells, sizeof(double));
+    double *cnt = calloc(n_cells, sizeof(double)), *plen = calloc((size_t)nL, sizeof(double)),
+           *pcnt = calloc((size_t)nL, sizeof(double));
+    if (!sum || !dsum || !cnt || !plen || !pcnt) dhsa_cli_die(EXIT_RUN, "out of memory");
+    int in_grid[RULER_N_ALL] = {0};
+    for (int i = 0; i < n_tasks; i++) in_grid[tasks[i]] = 1;
+    for (int64_t i = 0; i < d.n; i++) {
+        const ruler_row *r = &d.r[i];
+        if (r->task < 0 || !in_grid[r->task] || r->length_i < 0 || r->var < 0 || r->trial >= o->trials) continue;
+        if (r->depth >= 0) { /* a depth of this run's list */
+            int ok = 0;
+            for (int di = 0; di < o->n_depths; di++) ok |= fabs(o->depths[di] - r->depth) < 1e-9;
+            if (!ok) continue;
+        }
+        size_t c = ((size_t)r->var * RULER_N_ALL + (size_t)r->task) * nL + (size_t)r->length_i;
+        sum[c] += r->score;
+        dsum[c] += r->density_used;
+        cnt[c] += 1;
+        plen[r->length_i] += (double)r->prompt_tokens;
+        pcnt[r->length_i] += 1;
+    }
+    if (o->json) {
+        printf("{\"command\": \"ruler\", \"model\": ");
+        json_str(stdout, o->model);
+        printf(", \"split\": \"%s\", \"template\": \"%s\", \"samples\": %lld, \"new_answers\": %lld, \"out\": ",
+               split_name, tmpl_name, (long long)o->trials, (long long)n_new);
+        if (o->out_path) json_str(stdout, o->out_path);
+        else printf("null");
+        printf(", \"cells\": [");
+        int first = 1;
+        for (int v = 0; v < n_var; v++)
+            for (int ti = 0; ti < n_tasks; ti++)
+                for (int li = 0; li < nL; li++) {
+                    size_t c = ((size_t)v * RULER_N_ALL + (size_t)tasks[ti]) * nL + (size_t)li;
+                    printf("%s{\"task\": \"%s\", \"method\": ", first ? "" : ", ", ruler_all[tasks[ti]]);
+                    first = 0;
+                    json_str(stdout, o->var[v].name);
+                    printf(", \"length\": %lld, \"answers\": %.0f, \"score\": ", (long long)o->lengths[li], cnt[c]);
+                    json_num(stdout, cnt[c] > 0 ? 100 * sum[c] / cnt[c] : NAN);
+                    printf(", \"density_used\": ");
+                    json_num(stdout, cnt[c] > 0 ? dsum[c] / cnt[c] : NAN);
+                    printf("}");
+                }
+        printf("], \"seconds\": %.3f}\n", secs);
+    } else {
+        for (int v = 0; v < n_var; v++) {
+            printf("\n%s: RULER score (share of expected strings in the answer, x100; density used in brackets)\n\n"
+                   "| task |", o->var[v].name);
+            for (int li = 0; li < nL; li++)
+                printf(" %lld (%.0f) |", (long long)o->lengths[li], pcnt[li] > 0 ? plen[li] / pcnt[li] : 0.0);
+            printf("\n|---|");
+            for (int li = 0; li < nL; li++) printf("---|");
+            printf("\n");
+            double msum[MAX_LIST] = {0}, mcnt[MAX_LIST] = {0};
+            for (int ti = 0; ti < n_tasks; ti++) {
+                printf("| %s |", ruler_all[tasks[ti]]);
+                for (int li = 0; li < nL; li++) {
+                    size_t c = ((size_t)v * RULER_N_ALL + (size_t)tasks[ti]) * nL + (size_t)li;
+                    if (cnt[c] > 0) {
+                        printf(" %.1f [%.3f] |", 100 * sum[c] / cnt[c], dsum[c] / cnt[c]);
+                        msum[li] += 100 * sum[c] / cnt[c];
+                        mcnt[li] += 1;
+                    } else {
+                        printf(" - |");
+                    }
+                }
+                printf("\n");
+            }
+            printf("| mean of tasks |");
+            for (int li = 0; li < nL; li++) printf(mcnt[li] > 0 ? " %.1f |" : " - |", msum[li] / (mcnt[li] > 0 ? mcnt[li] : 1));
+            printf("\n");
+        }
+        printf("\n(column heads: target length (mean prompt tokens)); %lld new answers, %.1f s\n", (long long)n_new, secs);
+    }
+    for (int64_t i = 0; i < d.n_keys; i++) free(d.keys[i]);
+    free(d.keys);
+    free(d.r);
+    free(sum);
+    free(dsum);
+    free(cnt);
+    free(plen);
+    free(pcnt);
+    free(res);
+    free(prose);
+    free(words);
+    return 0;
+}
+
 /* ---------------------------------------------------------------- main --- */
 
 int dhsa_cli_eval(int argc, char **argv) {
@@ -1203,7 +1615,9 @@ int dhsa_cli_eval(int argc, char **argv) {
     else if (strcmp(sub, "passkey") == 0) dhsa_cli_set_command("eval passkey", "(see dhsa help eval)\n");
     else if (strcmp(sub, "multikey") == 0) dhsa_cli_set_command("eval multikey", "(see dhsa help eval)\n");
     else if (strcmp(sub, "multivalue") == 0) dhsa_cli_set_command("eval multivalue", "(see dhsa help eval)\n");
-    else dhsa_cli_die(EXIT_USAGE, "unknown evaluation \"%s\": fidelity, copy, niah, passkey, multikey or multivalue", sub);
+    else if (strcmp(sub, "ruler") == 0) dhsa_cli_set_command("eval ruler", "(see dhsa help eval)\n");
+    else dhsa_cli_die(EXIT_USAGE, "unknown evaluation \"%s\": fidelity, copy, niah, passkey, multikey, multivalue or ruler",
+                      sub);
     eval_opts o;
     parse(argc, argv, &o, sub);
     dhsa_model_params mp = dhsa_model_default_params();
@@ -1225,6 +1639,7 @@ int dhsa_cli_eval(int argc, char **argv) {
     else if (strcmp(sub, "niah") == 0) rc = cmd_niah(&e);
     else if (strcmp(sub, "passkey") == 0) rc = cmd_retrieval(&e, DHSA_TASK_PASSKEY);
     else if (strcmp(sub, "multikey") == 0) rc = cmd_retrieval(&e, DHSA_TASK_MULTIKEY);
+    else if (strcmp(sub, "ruler") == 0) rc = cmd_ruler(&e);
     else rc = cmd_retrieval(&e, DHSA_TASK_MULTIVALUE);
     dhsa_ctx_free(e.ctx);
     dhsa_predictor_free(o.predictor);

@@ -12,7 +12,10 @@
 #ifndef DHSA_EVAL_NIAH_H
 #define DHSA_EVAL_NIAH_H
 
+#include <stddef.h>
 #include <stdint.h>
+
+#include "dhsa.h"
 
 /* Whether the answer states the needle's number. `number` is the needle's
  * value as ASCII decimal digits (1..32 of them, NUL-terminated; anything
@@ -38,5 +41,30 @@ int dhsa__niah_answer_has(const char *answer, int64_t len, const char *number);
  * depth x (total tokens); ties go to the earlier boundary. depth is
  * clamped to [0, 1]; n = 0 gives 0. */
 int64_t dhsa__niah_boundary(const int64_t *tokens, int64_t n, double depth);
+
+/* A growing NUL-terminated text (the prompt builders of niah_prompt.c,
+ * ruler.c). Start from {0}; after an allocation failure bad is 1, p is
+ * NULL and further calls do nothing. The caller frees p. */
+typedef struct {
+    char *p;
+    size_t n, cap;
+    int bad;
+} dhsa__text;
+
+void dhsa__text_put(dhsa__text *b, const char *s, size_t k);
+void dhsa__text_add(dhsa__text *b, const char *s);
+
+/* Sentences of a text: split after '.', '!' or '?' followed by white
+ * space (or the end), and at blank lines; trimmed, white space inside a
+ * sentence turned into spaces, empty ones dropped. The sentences point
+ * into text, which is modified (NULs written). *out (malloc'd, the caller
+ * frees it) holds them; returns their count, or -1 when out of memory
+ * (*out NULL then). */
+int64_t dhsa__split_sentences(char *text, int64_t len, char ***out);
+
+/* The ids that end an answer to a prompt in format tmpl: EOS, then the
+ * template's end-of-turn ids, or BOS for a plain prompt (DHSA_CHAT_NONE: a
+ * base model starts a new document). stop has room for 16. */
+dhsa_status dhsa__answer_stop_ids(const dhsa_tokenizer *tok, dhsa_chat_template tmpl, int32_t *stop, int *n_stop);
 
 #endif

@@ -18,45 +18,19 @@
 
 static const char niah_question[] = "What is the secret number mentioned in the text above?";
 
-/* A growing text buffer; on failure p is NULL and stays so. */
-typedef struct {
-    char *p;
-    size_t n, cap;
-    int bad;
-} sbuf;
-
-static void sb_add(sbuf *b, const char *s) {
-    if (b->bad) return;
-    size_t k = strlen(s);
-    if (b->n + k + 1 > b->cap) {
-        size_t cap = (b->n + k + 1) * 2;
-        char *np = realloc(b->p, cap);
-        if (!np) {
-            free(b->p);
-            b->p = NULL;
-            b->bad = 1;
-            return;
-        }
-        b->p = np;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, k + 1);
-    b->n += k;
-}
-
 /* The prompt's text for a haystack: the whole plain prompt, or (with a
  * chat template) the user message that niah_tokens puts into it. */
 static char *niah_text(dhsa_chat_template tmpl, const char *haystack) {
-    sbuf b = {0};
-    sb_add(&b, haystack);
+    dhsa__text b = {0};
+    dhsa__text_add(&b, haystack);
     if (tmpl == DHSA_CHAT_NONE) {
-        sb_add(&b, "\n\nQuestion: ");
-        sb_add(&b, niah_question);
-        sb_add(&b, "\nAnswer: The secret number is");
+        dhsa__text_add(&b, "\n\nQuestion: ");
+        dhsa__text_add(&b, niah_question);
+        dhsa__text_add(&b, "\nAnswer: The secret number is");
     } else {
-        sb_add(&b, "\n\n");
-        sb_add(&b, niah_question);
-        sb_add(&b, " Answer with the number only.");
+        dhsa__text_add(&b, "\n\n");
+        dhsa__text_add(&b, niah_question);
+        dhsa__text_add(&b, " Answer with the number only.");
     }
     return b.p;
 }
@@ -105,16 +79,8 @@ dhsa_status dhsa_niah_build(const dhsa_tokenizer *tok, const dhsa_niah_params *p
     const int64_t L = p->length;
     /* the stop ids: EOS, then the template's end of turn, or BOS for a
      * plain prompt (a base model starts a new document) */
-    int32_t eos = dhsa_tokenizer_eos(tok), bos = dhsa_tokenizer_bos(tok);
-    if (eos >= 0) out->stop[out->n_stop++] = eos;
-    if (tmpl != DHSA_CHAT_NONE) {
-        int extra = 0;
-        dhsa_status st = dhsa_chat_stop_ids(tmpl, tok, out->stop + out->n_stop, 16 - out->n_stop, &extra);
-        if (st) return st;
-        out->n_stop += extra;
-    } else if (bos >= 0) {
-        out->stop[out->n_stop++] = bos;
-    }
+    dhsa_status st0 = dhsa__answer_stop_ids(tok, tmpl, out->stop, &out->n_stop);
+    if (st0) return st0;
     int64_t *sent_tok = malloc((size_t)n_sent * sizeof(int64_t)), *counts = malloc(sizeof(int64_t) * (size_t)(L + 1));
     char *empty = niah_text(tmpl, p->needle), *text = NULL;
     dhsa_status st = DHSA_OK;
@@ -136,17 +102,17 @@ dhsa_status dhsa_niah_build(const dhsa_tokenizer *tok, const dhsa_niah_params *p
     }
     for (;;) {
         int64_t k = dhsa__niah_boundary(counts, cnt, p->depth);
-        sbuf b = {0};
-        sb_add(&b, "");
+        dhsa__text b = {0};
+        dhsa__text_add(&b, "");
         int64_t before = 0, all = 0;
         for (int64_t i = 0; i <= cnt; i++) {
             if (i == k) {
-                if (b.n) sb_add(&b, " ");
-                sb_add(&b, p->needle);
+                if (b.n) dhsa__text_add(&b, " ");
+                dhsa__text_add(&b, p->needle);
             }
             if (i == cnt) break;
-            if (b.n) sb_add(&b, " ");
-            sb_add(&b, sent[i % n_sent]);
+            if (b.n) dhsa__text_add(&b, " ");
+            dhsa__text_add(&b, sent[i % n_sent]);
             if (i < k) before += counts[i];
             all += counts[i];
         }
