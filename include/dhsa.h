@@ -2015,6 +2015,9 @@ dhsa_status dhsa_ruler_load_prose(const char *dir, dhsa_ruler_split split, char 
 /* CWE's word list: path NULL = /usr/share/dict/words (Debian package
  * wamerican); a missing file is DHSA_ERR_IO naming the package. */
 dhsa_status dhsa_ruler_load_words(const char *path, char **text, int64_t *len);
+/* Frees a text of dhsa_ruler_load_prose / _words (free() does too, from C
+ * code linked against the same C library). NULL is fine. */
+void dhsa_ruler_text_free(char *text);
 /* ---- Evaluation block end ---- */
 
 #ifdef __cplusplus

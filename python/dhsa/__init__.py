@@ -27,7 +27,10 @@ dhsa.eval_fidelity(model, text, methods, window=) (KL, top-1, perplexity,
 per-layer recall and density used against dense), dhsa.eval_retrieval(model,
 task, method, density=) (greedy answer, hit, the per-miss explanation),
 dhsa.eval_generate, dhsa.eval_router, dhsa.niah_prompt, dhsa.niah_answer_has,
-dhsa.eval_copy with dhsa.copy_sequence, dhsa.sample_tokens, dhsa.passage_tokens.
+dhsa.eval_copy with dhsa.copy_sequence, dhsa.sample_tokens, dhsa.passage_tokens;
+the RULER-style suite: dhsa.ruler_prompt(model, task, length=, depth=, split=)
+(dhsa.RULER_TASKS) answered with dhsa.eval_generate and scored by
+dhsa.ruler_score(expected, answer).
 The model runner: dhsa.Model(path=None) (the shipped default model),
 .tokenize / .detokenize / .chat_template, dhsa.Session(model, ctx=, attn=,
 density=, kv=) with .eval(ids), .logits(), .generate(prompt, max_tokens,
@@ -45,7 +48,8 @@ from ._route import (KVIndex, Layout, Predictor, RouterParams, fidelity, layout_
 from ._eval import Task, Tokenizer, retrieval_task
 from ._runner import Model, Session
 from ._evaluate import (copy_sequence, eval_copy, eval_fidelity, eval_generate, eval_retrieval, eval_router,
-                        niah_answer_has, niah_prompt, passage_tokens, sample_tokens)
+                        niah_answer_has, niah_prompt, passage_tokens, RULER_TASKS, ruler_prompt, ruler_score,
+                        sample_tokens)
 
 __all__ = [
     "attention", "workspace_size", "backend_in_use",
@@ -54,6 +58,7 @@ __all__ = [
     "Tokenizer", "retrieval_task", "Task",
     "Model", "Session",
     "eval_fidelity", "eval_retrieval", "eval_generate", "eval_router", "niah_prompt", "niah_answer_has",
+    "RULER_TASKS", "ruler_prompt", "ruler_score",
     "eval_copy", "copy_sequence", "sample_tokens", "passage_tokens",
     "Context", "default_context", "mem_stats",
     "peak_rss", "rss", "reset_peak_rss",

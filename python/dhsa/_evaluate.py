@@ -84,6 +84,23 @@ class NiahPrompt(ctypes.Structure):
                 ("n_sentences", c_int64), ("stop", ctypes.c_int32 * 16), ("n_stop", c_int)]
 
 
+class RulerParams(ctypes.Structure):
+    """dhsa_ruler_params."""
+    _fields_ = [("task", c_int), ("length", c_int64), ("depth", c_double), ("seed", ctypes.c_uint64),
+                ("split", c_int), ("key_kind", c_int), ("value_kind", c_int), ("haystack", c_int),
+                ("prose", c_void_p), ("prose_len", c_int64), ("words", c_void_p), ("words_len", c_int64),
+                ("n_keys", c_int), ("n_values", c_int), ("n_queries", c_int), ("n_chains", c_int), ("n_hops", c_int),
+                ("n_common", c_int), ("freq_common", c_int), ("freq_uncommon", c_int), ("alpha", c_double),
+                ("tmpl", c_int)]
+
+
+class RulerPrompt(ctypes.Structure):
+    """dhsa_ruler_prompt."""
+    _fields_ = [("ids", _p(ctypes.c_int32)), ("n_ids", c_int64), ("text", c_void_p), ("n_expected", c_int),
+                ("expected", (ctypes.c_char * 48) * 16), ("depth_used", c_double), ("n_units", c_int64),
+                ("answer_tokens", c_int64), ("stop", ctypes.c_int32 * 16), ("n_stop", c_int)]
+
+
 class CopyLayout(ctypes.Structure):
     """dhsa_eval_copy_layout."""
     _fields_ = [(n, c_int64) for n in ("first", "second", "control", "passage", "n_ids")]
@@ -96,7 +113,7 @@ class CopyResult(ctypes.Structure):
 
 
 LP64_SIZES = {"CopyLayout": 40, "CopyResult": 64, "NiahParams": 48, "NiahPrompt": 104, "EvalMethod": 152, "FidelityParams": 24, "FidelityResult": 88, "FidelityInfo": 40,
-              "AnswerParams": 184, "Answer": 5176}
+              "AnswerParams": 184, "Answer": 5176, "RulerParams": 128, "RulerPrompt": 896}
 
 _PROTOTYPES = {
     "dhsa_eval_router_params": (_capi.RouterParams, [c_int64, c_double]),
@@ -116,6 +133,14 @@ _PROTOTYPES = {
     "dhsa_niah_free": (None, [_p(NiahPrompt)]),
     "dhsa_niah_answer_has": (c_int, [ctypes.c_char_p, c_int64, ctypes.c_char_p]),
     "dhsa_chat_template_from_name": (c_int, [ctypes.c_char_p, _p(c_int)]),
+    "dhsa_ruler_default_params": (RulerParams, []),
+    "dhsa_ruler_preset": (c_int, [ctypes.c_char_p, _p(RulerParams)]),
+    "dhsa_ruler_build": (c_int, [c_void_p, _p(RulerParams), _p(RulerPrompt)]),
+    "dhsa_ruler_free": (None, [_p(RulerPrompt)]),
+    "dhsa_ruler_score": (c_double, [_p(RulerPrompt), ctypes.c_char_p, c_int64]),
+    "dhsa_ruler_load_prose": (c_int, [ctypes.c_char_p, c_int, _p(c_void_p), _p(c_int64)]),
+    "dhsa_ruler_load_words": (c_int, [ctypes.c_char_p, _p(c_void_p), _p(c_int64)]),
+    "dhsa_ruler_text_free": (None, [c_void_p]),
 }
 
 _L = None
@@ -371,3 +396,89 @@ def eval_copy(model, ids, spans, method="dense", density=0.125, length=None, ctx
         check(_lib().dhsa_eval_copy(c._live_handle(), mh, ctypes.byref(me), arr.ctypes.data,
                                     ctypes.byref(at), ctypes.byref(r)))
     return {n: getattr(r, n) for n, _ in CopyResult._fields_}
+
+
+# ------------------------------------------------------------------ ruler ---
+
+RULER_TASKS = ("single_noise", "single_prose", "single_uuid", "single_word", "multikey", "multikey_needles",
+               "multikey_uuid", "multivalue", "multiquery", "vt", "cwe", "fwe")
+_RULER_COUNTS = ("n_keys", "n_values", "n_queries", "n_chains", "n_hops", "n_common", "freq_common",
+                 "freq_uncommon", "alpha")
+
+
+def _ruler_data(kind, split, path):
+    """The Debian-packaged prose (split) or word list, as the library reads them."""
+    L = _lib()
+    buf, n = c_void_p(), c_int64()
+    b = None if path is None else str(path).encode()
+    if kind == "prose":
+        check(L.dhsa_ruler_load_prose(b, split, ctypes.byref(buf), ctypes.byref(n)))
+    else:
+        check(L.dhsa_ruler_load_words(b, ctypes.byref(buf), ctypes.byref(n)))
+    try:
+        return ctypes.string_at(buf.value, n.value)
+    finally:
+        L.dhsa_ruler_text_free(buf)
+
+
+def ruler_prompt(model, task, length=4096, depth=0.5, seed=1, split="test", template=None, prose_dir=None,
+                 words=None, **counts):
+    """A prompt of `dhsa eval ruler` (dhsa_ruler_build) with the model's tokenizer:
+    dict ids (list), text, expected (the strings the answer should hold),
+    depth_used (-1 for cwe / fwe), n_units, answer_tokens (RULER's budget), stop.
+    task: one of dhsa.RULER_TASKS; split: "dev" or "test" (disjoint pools of
+    values and filler); template: None (plain completion prompt) or a chat
+    template name; prose_dir / words: the prose and word list (None: the
+    Debian packages gnu-standards and wamerican); counts: n_keys, n_values,
+    n_queries, n_chains, n_hops, n_common, freq_common, freq_uncommon, alpha."""
+    if not isinstance(model, Model):
+        raise TypeError("model must be a dhsa.Model")
+    if split not in ("dev", "test"):
+        raise ValueError("split is 'dev' or 'test', not %r" % (split,))
+    bad = set(counts) - set(_RULER_COUNTS)
+    if bad:
+        raise TypeError("unknown ruler parameters: %s" % ", ".join(sorted(bad)))
+    L = _lib()
+    p = L.dhsa_ruler_default_params()
+    check(L.dhsa_ruler_preset(str(task).encode(), ctypes.byref(p)))
+    p.length, p.depth, p.seed, p.split = int(length), float(depth), int(seed), 0 if split == "dev" else 1
+    for k, v in counts.items():
+        setattr(p, k, v)
+    keep = []
+    if p.haystack == 1 and p.task not in (6, 7):  # PROSE
+        t = ctypes.create_string_buffer(_ruler_data("prose", p.split, prose_dir))
+        keep.append(t)
+        p.prose, p.prose_len = ctypes.cast(t, c_void_p), len(t.raw) - 1
+    if p.task == 6:  # CWE
+        t = ctypes.create_string_buffer(_ruler_data("words", p.split, words))
+        keep.append(t)
+        p.words, p.words_len = ctypes.cast(t, c_void_p), len(t.raw) - 1
+    if template is not None:
+        tm = c_int()
+        check(L.dhsa_chat_template_from_name(str(template).encode(), ctypes.byref(tm)))
+        p.tmpl = tm.value
+    pr = RulerPrompt()
+    model._handle()
+    try:
+        check(L.dhsa_ruler_build(model._tok, ctypes.byref(p), ctypes.byref(pr)))
+        return {"ids": list(pr.ids[:pr.n_ids]), "text": ctypes.string_at(pr.text).decode("utf-8", "replace"),
+                "expected": [pr.expected[i].value.decode() for i in range(pr.n_expected)],
+                "depth_used": pr.depth_used, "n_units": pr.n_units, "answer_tokens": pr.answer_tokens,
+                "stop": list(pr.stop[:pr.n_stop])}
+    finally:
+        L.dhsa_ruler_free(ctypes.byref(pr))
+        del keep
+
+
+def ruler_score(expected, answer):
+    """RULER's string_match_all (dhsa_ruler_score): the share of the expected
+    strings found in the answer, case-insensitively, as substrings."""
+    exp = list(expected)
+    if len(exp) > 16 or any(len(e.encode()) > 47 for e in exp):
+        raise ValueError("at most 16 expected strings of at most 47 bytes")
+    pr = RulerPrompt()
+    pr.n_expected = len(exp)
+    for i, e in enumerate(exp):
+        pr.expected[i].value = e.encode()
+    b = answer.encode("utf-8")
+    return float(_lib().dhsa_ruler_score(ctypes.byref(pr), b, len(b)))

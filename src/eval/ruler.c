@@ -241,6 +241,8 @@ static dhsa_status slurp(const char *path, const char *package, char **text, int
     return DHSA_OK;
 }
 
+void dhsa_ruler_text_free(char *text) { free(text); }
+
 dhsa_status dhsa_ruler_load_words(const char *path, char **text, int64_t *len) {
     if (!text || !len) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_ruler_load_words: NULL output");
     return slurp(path ? path : "/usr/share/dict/words", "wamerican", text, len);
