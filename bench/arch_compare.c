@@ -4,6 +4,7 @@
  * the build: bench/llamacpp_arch.sh compiles it against build/libdhsa.a.
  *
  * usage: arch_compare MODEL.gguf N_CTX PEER.f32 ID...
+ * dhsa runs its exact route (F32 weight products) with an F32 KV cache.
  * Prints one line: the relative L2 distance (over every position's
  * logits) of dhsa and of the peer to the reference, of dhsa to the peer,
  * and how many positions' argmax agree with the reference's.
@@ -60,6 +61,8 @@ int main(int argc, char **argv) {
     dhsa_session_params sp = dhsa_session_default_params();
     sp.n_ctx = n_ctx;
     sp.logits_all = 1;
+    sp.exact = 1; /* F32 weight products: the route held to the reference */
+    sp.kv_type = DHSA_F32;
     if (dhsa_ctx_create(&cp, &ctx) || dhsa_model_load(argv[1], NULL, &m) || dhsa_session_create(ctx, m, &sp, &s) ||
         dhsa_session_eval(s, ids, n, got)) {
         fprintf(stderr, "arch_compare: dhsa: %s\n", dhsa_last_error());

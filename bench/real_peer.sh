@@ -9,7 +9,10 @@
 #      Apache-2.0 licence text): llama.cpp's (bench/llamacpp_logits.c)
 #      against dhsa's exact and fast routes (bench/real_compare.c): relative
 #      L2, top-1 agreement, KL;
-#   3. 64 greedy tokens after a fixed prompt: llama.cpp's
+#   3. the first 32 of those tokens against the float64 forward of
+#      tests/llm_ref.h (bench/arch_compare.c): how far dhsa's exact route and
+#      llama.cpp each are from exact arithmetic on the same weights;
+#   4. 64 greedy tokens after a fixed prompt: llama.cpp's
 #      (bench/llamacpp_greedy.c) against `dhsa run --temp 0 --ids` with
 #      --exact and the fast route; where they part, llama.cpp's logit gap
 #      between its token and dhsa's at that step.
@@ -28,9 +31,10 @@ for p in llamacpp_logits llamacpp_greedy; do
         -Wl,-rpath,"$L/build/bin"
 done
 cc -std=c11 -O2 -D_GNU_SOURCE -Iinclude bench/real_compare.c -o "$out/real_compare" build/libdhsa.a -lm -lpthread
+cc -std=c11 -O2 -D_GNU_SOURCE -Iinclude -Itests bench/arch_compare.c -o "$out/arch_compare" build/libdhsa.a -lm -lpthread
 corpus="$out/corpus.txt"
 { cat /usr/share/common-licenses/GPL-3; cat src/attn/attn.c; seq 1 7 3000 | tr '\n' ' '; echo; cat bench/multilingual.txt; } > "$corpus"
-prompt="The history of the printing press begins"
+prompt="The three primary colors are red, yellow and"
 for model in "$@"; do
     name=$(basename "$model" .gguf)
     echo "== $name ($(wc -w < "$corpus") corpus words)"
@@ -48,7 +52,13 @@ for model in "$@"; do
     "$out/llamacpp_logits" "$model" 2048 "$out/$name.logits.f32" $ids
     "$out/real_compare" "$model" "$out/$name.logits.f32" $ids
     rm -f "$out/$name.logits.f32"
-    # 3. 64 greedy tokens
+    # 3. 32 tokens against the float64 forward
+    ids32=$(echo $ids | tr ' ' '\n' | head -n 32 | tr '\n' ' ')
+    "$out/llamacpp_logits" "$model" 64 "$out/$name.logits32.f32" $ids32
+    printf 'float64 forward, 32 tokens (relative L2 to it; argmax agreeing): '
+    "$out/arch_compare" "$model" 64 "$out/$name.logits32.f32" $ids32
+    rm -f "$out/$name.logits32.f32"
+    # 4. 64 greedy tokens
     pids=$($dhsa tokenize -m "$model" --ids-only "$prompt")
     "$out/llamacpp_greedy" "$model" 64 $pids > "$out/$name.greedy.llama"
     cut -d' ' -f2 "$out/$name.greedy.llama" > "$out/$name.gen.llama"

@@ -1514,7 +1514,9 @@ dhsa_status dhsa_session_truncate(dhsa_session *s, int64_t n);
 /* Runs ids[0..n) at positions length .. length + n - 1 in ubatches and
  * appends them to the cache. logits: [n][n_vocab] when logits_all, else
  * [n_vocab] for the last token; NULL skips the output projection where it
- * can. Ids out of range are DHSA_ERR_INVALID_ARG, more than n_ctx tokens
+ * can; n = 0 with logits != NULL is DHSA_ERR_INVALID_ARG (there are no
+ * logits of this call to write: the buffer would keep an earlier call's).
+ * Ids out of range are DHSA_ERR_INVALID_ARG, more than n_ctx tokens
  * DHSA_ERR_TOO_LARGE, both before anything runs.
  * A failed eval, wherever it fails (those checks, or in any ubatch: the
  * budget, a layer hook that stops it, ...), adds nothing, for every

@@ -231,6 +231,20 @@ int main(void) {
         };
         for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
             if (!ms[i].learned || pr) check_method(ctx, m, pr, &ms[i], ids);
+        /* issue 34: logits after 0 tokens are refused, never an earlier eval's */
+        dhsa_session *s0 = NULL;
+        float *lg = malloc((size_t)in->n_vocab * sizeof *lg);
+        if (lg && dhsa_session_create(ctx, m, NULL, &s0) == DHSA_OK) {
+            dhsa_status a = dhsa_session_eval(s0, ids, 4, lg);
+            dhsa_status z = dhsa_session_eval(s0, ids, 0, lg);
+            int said = strstr(dhsa_last_error(), "0 tokens give no logits") != NULL;
+            dhsa_status zn = dhsa_session_eval(s0, ids, 0, NULL);
+            T_CHECK(a == DHSA_OK && z == DHSA_ERR_INVALID_ARG && said && zn == DHSA_OK && dhsa_session_length(s0) == 4,
+                    "an eval of 0 tokens with a logits buffer is refused (%d, said %d), without one does nothing (%d)",
+                    (int)z, said, (int)zn);
+        }
+        dhsa_session_free(s0);
+        free(lg);
         dhsa_predictor_free(pr);
     } else {
         T_CHECK(0, "%d prompt ids from the model's tokenizer", N_A + N_FAIL);

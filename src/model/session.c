@@ -1986,6 +1986,11 @@ dhsa_status dhsa_session_get_dist_stats(const dhsa_session *s, dhsa_dist_stats *
 
 static dhsa_status eval_tokens(dhsa_session *s, const int32_t *ids, int64_t n, float *logits) {
     if (n < 0) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_session_eval: n = %lld", (long long)n);
+    /* logits after no token would be whatever an earlier eval (or another
+     * request on a shared session) left: never hand those out */
+    if (n == 0 && logits)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_session_eval: 0 tokens give no logits (pass logits = NULL to "
+                          "evaluate nothing)");
     if (n == 0) return DHSA_OK;
     const dhsa_model_info *in = &s->m->info;
     memset(&s->st_last, 0, sizeof s->st_last);
