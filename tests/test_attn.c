@@ -1382,7 +1382,7 @@ static void test_desc_and_backends(void) {
 /* ------------------------------------------------------------------------ */
 /* Split-K decode (attn_tiled.c): few query rows over long keys are cut into
  * pieces by key count and merged by LSE. Hkv = 1 (gemma-3-270m's one KV
- * head) and 2, Lq = 1..4, 4100 keys (pieces of 128 keys and a short last
+ * head) and 2, Lq = 1..4, 4100 keys (pieces of 512 keys and a short last
  * one), F32 / F16 / Q8_0 K and V, dense and with a layout of random ranges;
  * against the double reference here (its inputs are the values the library
  * reads: F16 and Q8_0 decoded by their definitions), and bitwise the same

@@ -78,7 +78,7 @@ static int64_t tile_width(const dhsa__attn_problem *p, const dhsa_attn_desc *a) 
  * at least SPLIT_MIN_KEYS keys per piece (a piece's fixed costs, packing
  * the queries and writing its slot, stay small against its keys). */
 #define SPLIT_SLOTS 64
-#define SPLIT_MIN_KEYS 128
+#define SPLIT_MIN_KEYS 512
 
 static int64_t n_tiles_of(const dhsa__attn_problem *p, const dhsa_attn_desc *a, int64_t *sub_tiles) {
     const int64_t qb = q_block_of(p, a), W = tile_width(p, a);
@@ -307,7 +307,7 @@ static void tile_task(void *arg, int64_t task, int thread) {
                 Qt[c * W + i] = x;
         }
     }
-    memset(Ot, 0, (size_t)dv * W * sizeof(float));
+    memset(Ot, 0, (size_t)dv * (narrow ? ncols : W) * sizeof(float)); /* narrow: [ncols][dv] */
     /* Element (key j, query i) of the score block: S[j * sj + i * si]. Wide
      * tiles store a key per row ([BC][W]), narrow ones a query per row
      * ([nq][BC]). */
