@@ -204,12 +204,12 @@ static ws_plan workspace(const dhsa_ctx *ctx, const plan *pl) {
     w.starts = dhsa__align_up((nc + 1) * sizeof(int64_t), 64);
     w.kp = dhsa__align_up((size_t)p->Hkv * nc * (size_t)pl->dk * sizeof(float), 64);
     /* per thread: Qt [dk][64], S [nc][64], the HEADS/BOUND sum [nc][64],
-     * candidate order [nc], ranges, the oracle's score tile [BC][64] and
+     * candidate order [nc], one block's scores [nc], ranges, the oracle's score tile [BC][64] and
      * keys [BC][d] */
     w.per_thread = dhsa__align_up((size_t)(pl->dk > p->d ? pl->dk : p->d) * GROUP * sizeof(float), 64) +
                    dhsa__align_up(nc * GROUP * sizeof(float), 64) +
                    (pl->per_head ? dhsa__align_up(nc * GROUP * sizeof(float), 64) : 0) +
-                   dhsa__align_up(nc * sizeof(int64_t), 64) +
+                   dhsa__align_up(nc * sizeof(int64_t), 64) + dhsa__align_up(nc * sizeof(float), 64) +
                    dhsa__align_up((size_t)(pl->max_ranges + 8) * 2 * sizeof(int64_t), 64) +
                    dhsa__align_up((size_t)DHSA_BC * GROUP * sizeof(float), 64) +
                    dhsa__align_up((size_t)DHSA_BC * (size_t)p->d * sizeof(float), 64);
@@ -540,60 +540,38 @@ static int before(scores sc, int64_t a, int64_t b) {
     return sa != sb ? sa > sb : a < b;
 }
 
-static void sort_desc(int64_t *idx, int64_t n, scores sc) {
-    while (n > 16) {
-        int64_t pv = idx[n / 2], i = 0, j = n - 1;
-        while (i <= j) {
-            while (before(sc, idx[i], pv)) i++;
-            while (before(sc, pv, idx[j])) j--;
-            if (i <= j) {
-                int64_t t = idx[i];
-                idx[i] = idx[j];
-                idx[j] = t;
-                i++;
-                j--;
-            }
-        }
-        /* recurse into the smaller side, loop on the larger */
-        if (j + 1 < n - i) {
-            sort_desc(idx, j + 1, sc);
-            idx += i;
-            n -= i;
-        } else {
-            sort_desc(idx + i, n - i, sc);
-            n = j + 1;
-        }
+/* The candidates in rank order, lazily: a binary max-heap by `before` in
+ * idx[0, m). Ranking all candidates (or a generous top slice, as before)
+ * cost most of the routing once chunks got short (1095 chunks at 32K
+ * with 16-row blocks: a block consumes a few dozen); building the heap is
+ * O(n) and each candidate consumed O(log n). `before` is a strict total
+ * order (ties by index), so the candidates come out in exactly the order
+ * a full sort gives. */
+static void sift_down(int64_t *idx, int64_t m, int64_t at, scores sc) {
+    const int64_t x = idx[at];
+    for (;;) {
+        int64_t c = 2 * at + 1;
+        if (c >= m) break;
+        if (c + 1 < m && before(sc, idx[c + 1], idx[c])) c++;
+        if (!before(sc, idx[c], x)) break;
+        idx[at] = idx[c];
+        at = c;
     }
-    for (int64_t a = 1; a < n; a++)
-        for (int64_t b = a; b > 0 && before(sc, idx[b], idx[b - 1]); b--) {
-            int64_t t = idx[b];
-            idx[b] = idx[b - 1];
-            idx[b - 1] = t;
-        }
+    idx[at] = x;
 }
 
-/* Moves the k highest-ranked of idx[0, n) to the front (in any order):
- * quickselect. */
-static void top_k(int64_t *idx, int64_t n, int64_t k, scores sc) {
-    if (k > n) k = n;
-    int64_t lo = 0, hi = n - 1;
-    while (lo < hi && k < n) {
-        int64_t pv = idx[lo + (hi - lo) / 2], i = lo, j = hi;
-        while (i <= j) {
-            while (before(sc, idx[i], pv)) i++;
-            while (before(sc, pv, idx[j])) j--;
-            if (i <= j) {
-                int64_t t = idx[i];
-                idx[i] = idx[j];
-                idx[j] = t;
-                i++;
-                j--;
-            }
-        }
-        if (k - 1 <= j) hi = j;
-        else if (k - 1 >= i) lo = i;
-        else break;
-    }
+static void heapify(int64_t *idx, int64_t m, scores sc) {
+    for (int64_t at = m / 2 - 1; at >= 0; at--) sift_down(idx, m, at, sc);
+}
+
+/* Takes the best of idx[0, *m) out: it goes to idx[*m - 1], the heap
+ * shrinks by one. Returns it. */
+static int64_t heap_pop(int64_t *idx, int64_t *m, scores sc) {
+    const int64_t best = idx[0], last = --*m;
+    idx[0] = idx[last];
+    idx[last] = best;
+    if (last > 1) sift_down(idx, last, 0, sc);
+    return best;
 }
 
 typedef struct {
@@ -612,7 +590,7 @@ typedef struct {
 } sel_job;
 
 typedef struct {
-    float *qt, *S, *acc, *sblk, *kbuf;
+    float *qt, *S, *acc, *sblk, *kbuf, *col;
     int64_t *order, *rg;
 } thread_bufs;
 
@@ -629,6 +607,8 @@ static thread_bufs bufs_of(const sel_job *j, int thread) {
     if (pl->per_head) w += dhsa__align_up(nc * GROUP * sizeof(float), 64);
     t.order = (int64_t *)w;
     w += dhsa__align_up(nc * sizeof(int64_t), 64);
+    t.col = (float *)w;
+    w += dhsa__align_up(nc * sizeof(float), 64);
     t.rg = (int64_t *)w;
     w += dhsa__align_up((size_t)(pl->max_ranges + 8) * 2 * sizeof(int64_t), 64);
     t.sblk = (float *)w;
@@ -721,16 +701,14 @@ int64_t dhsa__select_ranges(const dhsa_router_params *rp, int64_t max_ranges, in
         order[nc++] = c;
     }
     int64_t cap = max_ranges - 2; /* ranges left for chunks */
-    int64_t want = (budget - used) / (min_len > 0 ? min_len : 1) + 4;
-    if (want > nc) want = nc;
-    int64_t taken = 0, i = 0;
+    (void)min_len;
+    /* candidates best first (heap_pop): the i-th best is then at
+     * order[nc - 1 - i] */
+    int64_t taken = 0, i = 0, m = nc;
+    heapify(order, m, sc);
     while (used < budget && i < nc && taken < cap) {
-        if (i == 0 || i == want) { /* order the next slice of candidates */
-            int64_t rest = nc - i, k = i == 0 ? want : rest;
-            top_k(order + i, rest, k, sc);
-            sort_desc(order + i, k < rest ? k : rest, sc);
-        }
-        int64_t c = order[i++];
+        int64_t c = heap_pop(order, &m, sc);
+        i++;
         int64_t cs = starts[c] > alo ? starts[c] : alo;
         int64_t ce = starts[c + 1] < ahi ? starts[c + 1] : ahi;
         int64_t fresh = uncovered(cs, ce, s0, s1, l0, l1);
@@ -739,7 +717,7 @@ int64_t dhsa__select_ranges(const dhsa_router_params *rp, int64_t max_ranges, in
          * itself is passed over for lower-ranked ones that fit better, so
          * long content chunks do not buy extra density */
         if (used + fresh > budget && budget - used < fresh / 2) continue;
-        order[i - 1] = -1; /* taken */
+        order[nc - i] = -1; /* taken */
         rg[n++] = cs;
         rg[n++] = ce;
         used += fresh;
@@ -747,7 +725,7 @@ int64_t dhsa__select_ranges(const dhsa_router_params *rp, int64_t max_ranges, in
     }
     /* budget still not met: the best-ranked chunks passed over fill it */
     for (int64_t i2 = 0; used < budget && i2 < i && taken < cap; i2++) {
-        int64_t c = order[i2];
+        int64_t c = order[nc - 1 - i2];
         if (c < 0) continue;
         int64_t cs = starts[c] > alo ? starts[c] : alo;
         int64_t ce = starts[c + 1] < ahi ? starts[c + 1] : ahi;
@@ -770,8 +748,14 @@ static void select_block(sel_job *j, thread_bufs *t, int64_t g, int64_t qb, cons
     int64_t alo, ahi;
     dhsa__block_span(j->a, p->Lk, r0, r1, &alo, &ahi);
     int dense;
+    /* the block's column of scores, contiguous: the ranking compares
+     * scores O(nc log nc) times, each a cache miss at a stride of GROUP */
+    /* (chunks from ncb on start at or after ahi: never candidates) */
+    int64_t ncb = j->nc;
+    while (ncb > 0 && j->starts[ncb - 1] >= ahi) ncb--;
+    for (int64_t c = 0; c < ncb; c++) t->col[c] = sc[c * GROUP];
     int64_t n = dhsa__select_ranges(rp, j->pl->max_ranges, j->pl->min_len, p->Lk, alo, ahi, j->a->q_pos0 + r0,
-                                    j->a->q_pos0 + r1, j->starts, j->nc, sc, GROUP, -1, NULL, t->order, t->rg, &dense);
+                                    j->a->q_pos0 + r1, j->starts, ncb, t->col, 1, -1, NULL, t->order, t->rg, &dense);
     j->dense_blocks[thread] += dense;
     dhsa_layout_set(j->lay, j->b, g, qb, t->rg, n);
 }
@@ -901,6 +885,10 @@ static void heads_scores(sel_job *j, thread_bufs *t, int64_t g, int64_t qb0, int
         hi[i] = lo[i];
         while (hi[i] < nc && j->starts[hi[i]] < ahi) hi[i]++;
     }
+    /* rows c >= ncg (chunks after every block's span) are never read:
+     * not computed (each row of qk is its own dot products) */
+    int64_t ncg = 0;
+    for (int64_t i = 0; i < GROUP; i++) ncg = hi[i] > ncg ? hi[i] : ncg;
     for (int64_t x = 0; x < nc * GROUP; x++) t->acc[x] = -INFINITY;
     for (int64_t h = g * p->G; h < (g + 1) * p->G; h++) {
         float *sum = t->kbuf, *rowbuf = t->kbuf + dk; /* as in select_task */
@@ -928,7 +916,7 @@ static void heads_scores(sel_job *j, thread_bufs *t, int64_t g, int64_t qb0, int
                 }
         }
         /* S[c][i] = e_h(c) for block qb0 + i */
-        j->kern->qk(j->kp + g * nc * dk, dk, (int)nc, (int)dk, t->qt, GROUP, t->S);
+        j->kern->qk(j->kp + g * nc * dk, dk, (int)ncg, (int)dk, t->qt, GROUP, t->S);
         for (int64_t i = 0; i < GROUP && qb0 + i < qb1; i++) {
             double m = -INFINITY, z = 0;
             for (int64_t c = lo[i]; c < hi[i]; c++) m = t->S[c * GROUP + i] > m ? t->S[c * GROUP + i] : m;
@@ -990,8 +978,17 @@ static void select_task(void *arg, int64_t task, int thread) {
             for (int64_t x = 0; x < d; x++) t.qt[x * GROUP + i] *= norm;
             for (int64_t x = d; x < dk; x++) t.qt[x * GROUP + i] *= norm2;
         }
-        /* S[c][i] = k~(c) . q~(qb0 + i) */
-        j->kern->qk(j->kp + (rp->share_heads ? 0 : g) * j->nc * dk, dk, (int)j->nc, (int)dk, t.qt, GROUP, t.S);
+        /* S[c][i] = k~(c) . q~(qb0 + i), for the chunks c < ncg that start
+         * before the end of some block's span (the others are never
+         * candidates, select_block; each row of qk is its own dot
+         * products, so the rows computed do not change) */
+        int64_t ncg = 0;
+        for (int64_t qb = qb0; qb < qb1; qb++) {
+            int64_t r0 = qb * rp->q_block, r1 = r0 + rp->q_block < p->Lq ? r0 + rp->q_block : p->Lq, alo, ahi;
+            dhsa__block_span(j->a, p->Lk, r0, r1, &alo, &ahi);
+            while (ncg < j->nc && j->starts[ncg] < ahi) ncg++;
+        }
+        j->kern->qk(j->kp + (rp->share_heads ? 0 : g) * j->nc * dk, dk, (int)ncg, (int)dk, t.qt, GROUP, t.S);
     }
     if (rp->method == DHSA_ROUTE_ORACLE && p->Lk >= rp->dense_below) oracle_scores(j, &t, g, qb0, qb1);
     for (int64_t qb = qb0; qb < qb1; qb++) select_block(j, &t, g, qb, t.S + (qb - qb0), thread);
