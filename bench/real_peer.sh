@@ -64,7 +64,7 @@ for model in "$@"; do
     cut -d' ' -f2 "$out/$name.greedy.llama" > "$out/$name.gen.llama"
     n_ref=$(wc -l < "$out/$name.gen.llama")
     for flag in --exact ""; do
-        $dhsa run -m "$model" -p "$prompt" -n "$n_ref" --temp 0 --ids --ignore-eos --ctx 256 $flag 2>/dev/null |
+        $dhsa run -m "$model" -p "$prompt" -n "$n_ref" --temp 0 --ids --ignore-eos --ctx 256 --kv f32 $flag 2>/dev/null |
             tr ' ' '\n' | grep -v '^$' | tail -n "$n_ref" > "$out/$name.gen.dhsa"
         diffat=$(paste -d' ' "$out/$name.gen.llama" "$out/$name.gen.dhsa" | awk '$1 != $2 { print NR - 1; exit }')
         label=$([ -n "$flag" ] && echo exact || echo fast)
