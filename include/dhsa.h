@@ -1282,7 +1282,7 @@ typedef struct {
     int64_t n_ctx;          /* tokens the KV cache holds; 0 = the trained context */
     int64_t n_ubatch;       /* tokens per prefill step; 0 = the largest <= 512 that
                                fits mem_limit */
-    dhsa_type kv_type;      /* DHSA_F32 (default), DHSA_F16 or DHSA_Q8_0 (K/V
+    dhsa_type kv_type;      /* DHSA_F16 (default, as llama.cpp), DHSA_F32 or DHSA_Q8_0 (K/V
                                rows quantized to 8-bit blocks of 32 on
                                store, read in place by attention; head
                                dims multiples of 32; not context parallel) */

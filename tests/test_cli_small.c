@@ -13,7 +13,10 @@
  *   - `make` rebuilds the CLI when its configuration changes (libmicrohttpd
  *     installed: HAVE_SERVE flips), with no `make clean` (the Makefile's
  *     $(BUILD)/cli-config.txt stamp), in a scratch build folder;
- *   - README.md quotes no test total (it went stale with every commit).
+ *   - README.md quotes no test total (it went stale with every commit);
+ *   - defaults: an F16 KV cache (library, plan, bench model), the context
+ *     sized to the prompt and -n unless --ctx, and --mem-limit fitted by
+ *     the KV type (f16 -> q8_0) then the context when neither was given.
  * The CLI parts need DHSA_CLI (tests/run.sh sets it) and skip without it;
  * the make part needs make and the repository root as the working folder.
  * Run: make test (or DHSA_CLI=build/dhsa build/tests/test_cli_small).
@@ -242,6 +245,82 @@ static void test_make_tracks_config(void) {
     if (system(rm) != 0) fprintf(stderr, "note: could not remove %s\n", build);
 }
 
+/* ------------------------------------------------------ defaults -------- */
+
+/* "total ... (N bytes)" of a `dhsa plan` output; 0 if absent. */
+static long long plan_total(const char *out) {
+    const char *p = out ? strstr(out, "  total ") : NULL;
+    const char *b = p ? strchr(p, '(') : NULL;
+    return b ? atoll(b + 1) : 0;
+}
+
+/* F16 KV by default (library, CLI), the context sized to the prompt and
+ * -n unless --ctx, and --mem-limit fitted by the KV type then the context
+ * when they were not given (docs/model.md, "Defaults"). */
+static void test_defaults(void) {
+    dhsa_session_params sp = dhsa_session_default_params();
+    T_CHECK(sp.kv_type == DHSA_F16, "dhsa_session_default_params: KV F16 (llama.cpp's default), not %s",
+            dhsa_type_name(sp.kv_type));
+}
+
+static void test_cli_defaults(void) {
+    char *out = NULL;
+    /* "hello": BOS + 3 pieces; + -n 128 */
+    int rc = cli_run("plan -m " MODEL " -p hello", 0, &out);
+    T_CHECK(rc == 0 && out && strstr(out, "KV f16") && strstr(out, "ctx 132 tokens"),
+            "plan: KV f16, the context the prompt and -n 128 need (132), not the trained 32768: %.600s",
+            out ? out : "");
+    free(out);
+    rc = cli_run("plan -m " MODEL " -p hello --ctx 4K --kv f32", 0, &out);
+    T_CHECK(rc == 0 && out && strstr(out, "KV f32") && strstr(out, "ctx 4096 tokens"),
+            "plan --ctx 4K --kv f32: as given: %.600s", out ? out : "");
+    free(out);
+    rc = cli_run("bench model -m " MODEL " --lengths 64 --decode 1 --attn dense --runs 1", 0, &out);
+    T_CHECK(rc == 0 && out && strstr(out, "KV f16"), "bench model: KV f16 by default: %.600s", out ? out : "");
+    free(out);
+
+    /* --mem-limit between the q8_0 and f16 plans of a 32000-token context */
+    const char *big = "plan -m " MODEL " -p hello --prompt-tokens 16000 -n 16000";
+    char cmd[512], *o16 = NULL, *o8 = NULL;
+    snprintf(cmd, sizeof cmd, "%s --kv f16", big);
+    cli_run(cmd, 0, &o16);
+    snprintf(cmd, sizeof cmd, "%s --kv q8_0", big);
+    cli_run(cmd, 0, &o8);
+    long long t16 = plan_total(o16), t8 = plan_total(o8);
+    free(o16);
+    free(o8);
+    T_CHECK(t16 > 0 && t8 > 0 && t16 - t8 > (20 << 20), "the f16 and q8_0 plans (%lld, %lld bytes) are 20+ MiB apart",
+            t16, t8);
+    long long mid = (t16 + t8) / 2;
+    snprintf(cmd, sizeof cmd, "%s --mem-limit %lld", big, mid);
+    rc = cli_run(cmd, 0, &out);
+    T_CHECK(rc == 0 && out && strstr(out, "KV cache q8_0 (an f16 one does not fit") && strstr(out, "KV q8_0") &&
+                strstr(out, "ctx 32000 tokens") && strstr(out, ": fits"),
+            "--mem-limit between them, no --kv: q8_0 chosen, said, the context kept: %.700s", out ? out : "");
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s --mem-limit %lld --kv f16", big, mid);
+    rc = cli_run(cmd, 0, &out);
+    T_CHECK(rc == 0 && out && strstr(out, ": context ") && strstr(out, "KV f16") && !strstr(out, "q8_0"),
+            "--kv f16 given: kept, the context shrinks instead: rc %d %.500s", rc, out ? out : "");
+    free(out);
+    /* under the q8_0 plan by 8 MiB: the context shrinks (at least the prompt + 1) */
+    snprintf(cmd, sizeof cmd, "%s --mem-limit %lld", big, t8 - (8 << 20));
+    rc = cli_run(cmd, 0, &out);
+    const char *c = out ? strstr(out, "memory plan: ctx ") : NULL;
+    long long n_ctx = c ? atoll(c + strlen("memory plan: ctx ")) : 0;
+    T_CHECK(rc == 0 && out && strstr(out, ": context ") && strstr(out, "KV q8_0") && n_ctx > 16001 &&
+                n_ctx < 32000 && strstr(out, ": fits"),
+            "--mem-limit under the q8_0 plan: a shorter context (%lld), said: %.700s", n_ctx, out ? out : "");
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s --mem-limit %lld --ctx 32000 --kv f16", big, t8 - (8 << 20));
+    rc = cli_run(cmd, 0, &out);
+    T_CHECK(rc == 1 && out && strstr(out, "--mem-limit") && !strstr(out, ": context ") &&
+                !strstr(out, "memory plan: ctx"),
+            "--ctx and --kv given: nothing is changed, the plan is refused with its sentence: rc %d %.400s", rc,
+            out ? out : "");
+    free(out);
+}
+
 /* ------------------------------------------------------ README total ----- */
 
 static void test_readme_quotes_no_total(void) {
@@ -265,12 +344,14 @@ static void test_readme_quotes_no_total(void) {
 int main(void) {
     const char *cli = getenv("DHSA_CLI");
     if (!cli || access(cli, X_OK) != 0 || access(MODEL, R_OK) != 0) {
-        T_SKIP(8, "no CLI (DHSA_CLI) or no " MODEL " in the working folder: the run and help checks skip");
+        T_SKIP(8 + 8, "no CLI (DHSA_CLI) or no " MODEL " in the working folder: the run, help and default checks skip");
     } else {
         test_statistics_line(cli);
         test_decode_speed();
         test_help_short_options();
+        test_cli_defaults();
     }
+    test_defaults();
     test_weights_text();
     test_make_tracks_config();
     test_readme_quotes_no_total();

@@ -162,9 +162,11 @@ static void run_case(int i, case_result *r) {
     r->plan = plan;
     r->limit = limit;
     r->peak_kb = peak;
-    /* below what it really needed: refused before running, saying what fits */
+    /* below what it really needed: refused before running, saying what fits
+     * (the KV type pinned: without --kv, --mem-limit would take q8_0) */
     size_t below = (size_t)peak * 1024 / 100 * 98;
-    snprintf(args, sizeof args, "run %s --mem-limit %zu --no-echo --ids", opts, below);
+    snprintf(args, sizeof args, "run %s --mem-limit %zu --no-echo --ids%s", opts, below,
+             strstr(c->extra, "--kv") ? "" : " --kv f16");
     rc = cli_run_measured(NULL, args, &out, NULL, &rss);
     T_CHECK(rc == 1 && has(out, "would fit") && !has(out, "prompt: "),
             "case %d (%s): --mem-limit %zu (2%% under the measured peak) not refused before running: rc %d: %.600s",

@@ -114,6 +114,7 @@ static int hook(void *user, int64_t layer, const dhsa_attn_desc *a) {
 static void test_hook(const dhsa_model *m) {
     hook_state h = {0};
     dhsa_session_params sp = dhsa_session_default_params();
+    sp.kv_type = DHSA_F32; /* compared with F32 references (the default is F16) */
     sp.layer_hook = hook;
     sp.layer_hook_user = &h;
     sp.n_ubatch = 4;
@@ -172,6 +173,7 @@ static void test_peer(const dhsa_model *m, const char *what) {
     int32_t ids[257];
     memcpy(ids, prompt_ids, sizeof prompt_ids);
     dhsa_session_params sp = dhsa_session_default_params();
+    sp.kv_type = DHSA_F32; /* compared with F32 references (the default is F16) */
     dhsa_status st = greedy(m, sp, ids, 5, 252, NULL);
     int64_t first_bad = -1;
     for (int64_t i = 0; i < 257 && first_bad < 0; i++)
@@ -206,8 +208,11 @@ static void test_real(void) {
     test_peer(m, "GGUF");
     test_hook(m);
 
-    /* greedy decoding: the text */
+    /* greedy decoding: the text (an F32 cache: the checks below compare
+     * with recomputation to 1e-5 and count F32 cache bytes; the default
+     * is F16) */
     dhsa_session_params sp = dhsa_session_default_params();
+    sp.kv_type = DHSA_F32;
     int32_t ids[64 + 8];
     memcpy(ids, prompt_ids, sizeof prompt_ids);
     float *step = malloc((size_t)NG * V * sizeof(float));
@@ -664,7 +669,7 @@ static void test_cli(void) {
         T_CHECK(rc == 0 && strstr(out, "decode: 8 tokens") && strstr(out, "peak RSS"), "dhsa run summary: %.300s",
                 out);
         free(out);
-        rc = cli_run("plan -m " MODEL " --ctx 4K", 1, &out);
+        rc = cli_run("plan -m " MODEL " --ctx 4K --kv f32", 1, &out);
         T_CHECK(rc == 0 && strstr(out, "KV cache") && strstr(out, "5.0 MiB") && strstr(out, "total"),
                 "dhsa plan: %.400s", out);
         free(out);

@@ -38,6 +38,7 @@
  * set the CPU runs (avx512-vnni, avx-vnni, avx2). */
 static dhsa_session_params exact_params(void) {
     dhsa_session_params p = dhsa_session_default_params();
+    p.kv_type = DHSA_F32; /* compared with F32 references (the default is F16) */
     p.exact = 1;
     return p;
 }
@@ -220,6 +221,7 @@ static void check_fast_once(dhsa_model *m, const char *name, const int32_t *ids,
                             const double *want, const char *routes, double rel_max) {
     float *got = malloc((size_t)(n * V) * sizeof(float)), *got2 = malloc((size_t)(n * V) * sizeof(float));
     dhsa_session_params sp = dhsa_session_default_params();
+    sp.kv_type = DHSA_F32; /* compared with F32 references (the default is F16) */
     dhsa_status st = run(m, sp, ids, n, 0, got);
     if (!st) st = run(m, sp, ids, n, 1, got2);
     double num = 0, num2 = 0, den = 0, dd = 0, maxerr = 0;

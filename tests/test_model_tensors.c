@@ -42,6 +42,7 @@
  * at its own bound (test_model_ref.c, check_fast). */
 static dhsa_session_params exact_params(void) {
     dhsa_session_params p = dhsa_session_default_params();
+    p.kv_type = DHSA_F32; /* compared with F32 references (the default is F16) */
     p.exact = 1;
     return p;
 }

@@ -98,6 +98,7 @@ int main(void) {
     int ok = lg && ref;
     for (int i = 0; i < NS && ok; i++) {
         dhsa_session_params sp = dhsa_session_default_params();
+        sp.kv_type = DHSA_F32; /* compared with F32 references (the default is F16) */
         sp.n_ctx = 256;
         sp.n_ubatch = 64;
         sp.attn = meth[i];
@@ -151,6 +152,7 @@ int main(void) {
         dhsa_session *with_null[2] = {s[0], NULL};
         T_CHECK(dhsa_session_eval_batch(with_null, 2, two, lg) == DHSA_ERR_INVALID_ARG, "a NULL session is refused");
         dhsa_session_params sp = dhsa_session_default_params();
+        sp.kv_type = DHSA_F32; /* compared with F32 references (the default is F16) */
         sp.n_ctx = 64;
         sp.n_ubatch = 2;
         dhsa_session *small = NULL;

@@ -83,6 +83,7 @@ static void check_method(dhsa_ctx *ctx, const dhsa_model *m, const char *nm, dhs
                          const int32_t *ids) {
     const int64_t V = dhsa_model_get_info(m)->n_vocab;
     dhsa_session_params sp = dhsa_session_default_params();
+    sp.kv_type = DHSA_F32; /* compared with F32 references (the default is F16) */
     sp.n_ctx = 512;
     sp.n_ubatch = 64;
     sp.attn = attn;

@@ -138,6 +138,7 @@ static void session_stats(void) {
     /* dense: every call without a layout */
     for (int c = 0; c < 3; c++) {
         dhsa_session_params sp = dhsa_session_default_params();
+        sp.kv_type = DHSA_F32; /* compared with F32 references (the default is F16) */
         sp.n_ctx = 1024;
         sp.n_ubatch = 256;
         sp.attn = c == 0 ? DHSA_ATTN_DENSE : DHSA_ATTN_DHSA;

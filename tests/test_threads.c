@@ -262,6 +262,7 @@ static void test_shared_parallel_for(void) {
 /* The params of a method, routing really active on short prompts. */
 static dhsa_session_params method_params(dhsa_attn_method m) {
     dhsa_session_params sp = dhsa_session_default_params();
+    sp.kv_type = DHSA_F32; /* compared with F32 references (the default is F16) */
     sp.n_ctx = 256;
     sp.n_ubatch = 64;
     sp.attn = m;

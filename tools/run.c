@@ -73,12 +73,14 @@ const char dhsa_cli_run_usage[] =
     "  --repeat-penalty R  (default 1 = off)      --repeat-last-n N (default 64)\n"
     "  --ignore-eos        keep going past EOS\n"
     "Memory and speed:\n"
-    "  -c, --ctx N         KV cache length (default: the trained context, or the\n"
-    "                      prompt + N when that is longer); longer than trained:\n"
-    "                      a warning; generation stops when it is full\n"
+    "  -c, --ctx N         KV cache length (default: the prompt + N, what the run\n"
+    "                      needs; with --mem-limit, less when it does not fit);\n"
+    "                      longer than trained: a warning; generation stops when\n"
+    "                      it is full\n"
     "  --ubatch N          prefill tokens per step (default: largest <= 512\n"
     "                      that fits --mem-limit)\n"
-    "  --kv f32|f16|q8_0   KV cache type (default f32)\n"
+    "  --kv f32|f16|q8_0   KV cache type (default f16, as llama.cpp; with\n"
+    "                      --mem-limit and no --kv, q8_0 when f16 does not fit)\n"
     "  --exact             weight products in F32 (default: the fast route)\n"
     "  --mem-limit SIZE    the most the process may hold, its peak RSS (K/M/G\n"
     "                      suffix); refused before running if the plan exceeds it.\n"
@@ -116,6 +118,7 @@ typedef struct {
     const char *model, *tokenizer, *prompt, *prompt_file, *system, *template_name;
     int64_t n_predict, threads, prompt_tokens;
     int no_bos, chat, ids, verbose, ignore_eos, no_echo;
+    int kv_set;                 /* --kv given: --mem-limit's fit keeps it */
     int density_set, budget_set;
     dhsa_sampler_params sp;
     dhsa_session_params ses;
@@ -238,6 +241,7 @@ static void parse(int argc, char **argv, run_opts *o) {
         else if (strcmp(a, "--mem-limit") == 0) o->ses.mem_limit = (size_t)dhsa_cli_int(a, v, 1, INT64_MAX, 1);
         else if (strcmp(a, "--prompt-tokens") == 0) o->prompt_tokens = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--kv") == 0) {
+            o->kv_set = 1;
             if (strcmp(v, "f32") == 0) o->ses.kv_type = DHSA_F32;
             else if (strcmp(v, "f16") == 0) o->ses.kv_type = DHSA_F16;
             else if (strcmp(v, "q8_0") == 0) o->ses.kv_type = DHSA_Q8_0;
@@ -620,6 +624,74 @@ static void plan_failed(dhsa_status st, const dhsa_session_params *ses) {
     dhsa_cli_die(EXIT_RUN, "%s (sizes take K, M and G, as in --mem-limit 1G)", msg);
 }
 
+/* --mem-limit without --kv or --ctx (llama.cpp's --fit): when the plan
+ * does not fit, the session is made smaller, in this order, saying so on
+ * stderr: the ubatch (the library takes the largest <= 512 that fits when
+ * --ubatch is not given), then the KV cache type (F16 -> Q8_0, where head
+ * dims allow it and one process runs: the answer is kept whole, at 8-bit
+ * K/V), then the context (down to the largest that fits, at least the
+ * prompt + 1: generation stops when it is full); each first while the
+ * ubatch stays >= 64. The context comes after
+ * the KV type, unlike llama.cpp, because it is already sized to the prompt
+ * and -n: cutting it cuts the answer. Nothing given on the command line is
+ * changed; when nothing fits, the first plan's sentence is the error.
+ * Tested by tests/test_cli_small.c. */
+static dhsa_status fit_plan(dhsa_ctx *ctx, const dhsa_model *m, run_opts *o, int ctx_set, int64_t n_prompt,
+                            dhsa_mem_plan *plan) {
+    dhsa_status st = dhsa_session_plan(ctx, m, &o->ses, plan);
+    if (st != DHSA_ERR_MEMORY_BUDGET || !o->ses.mem_limit) return st;
+    char lim[32], need[32];
+    dhsa_cli_bytes((double)o->ses.mem_limit, lim, sizeof lim);
+    const dhsa_model_info *in = dhsa_model_get_info(m);
+    const dhsa_type kv0 = o->ses.kv_type;
+    const int64_t asked = o->ses.n_ctx;
+    const int to_q8 = !o->kv_set && kv0 == DHSA_F16 && !o->ses.dist && in->head_dim_k % 32 == 0 &&
+                      in->head_dim_v % 32 == 0;
+    /* First with a prefill ubatch of at least 64 (or the whole prompt): a
+     * plan that fits only at a ubatch of a few tokens makes the prefill
+     * many times slower, so a smaller step of the next kind is taken
+     * first; then with any ubatch. */
+    for (int pass = 0; pass < 2; pass++) {
+        const int64_t min_ub = pass ? 1 : (n_prompt < 64 ? n_prompt : 64);
+        if (to_q8) {
+            o->ses.kv_type = DHSA_Q8_0;
+            o->ses.n_ctx = asked;
+            st = dhsa_session_plan(ctx, m, &o->ses, plan);
+            if (st == DHSA_OK && plan->n_ubatch >= min_ub) {
+                fprintf(stderr, "dhsa %s: --mem-limit %s: KV cache q8_0 (an f16 one does not fit; plan %s; give "
+                        "--kv to choose)\n", dhsa_cli_command(), lim,
+                        dhsa_cli_bytes((double)plan->total, need, sizeof need));
+                return st;
+            }
+            if (st != DHSA_OK && st != DHSA_ERR_MEMORY_BUDGET) return st;
+        }
+        if (!ctx_set && asked > n_prompt + 1) {
+            int64_t lo = n_prompt + 1, hi = asked - 1, best = 0; /* the largest that fits */
+            while (lo <= hi) {
+                const int64_t mid = lo + (hi - lo) / 2;
+                o->ses.n_ctx = mid;
+                st = dhsa_session_plan(ctx, m, &o->ses, plan);
+                if (st == DHSA_OK && plan->n_ubatch >= min_ub) best = mid, lo = mid + 1;
+                else if (st == DHSA_OK || st == DHSA_ERR_MEMORY_BUDGET) hi = mid - 1;
+                else return st;
+            }
+            if (best) {
+                o->ses.n_ctx = best;
+                if ((st = dhsa_session_plan(ctx, m, &o->ses, plan)) != DHSA_OK) return st;
+                fprintf(stderr, "dhsa %s: --mem-limit %s: context %lld tokens, KV %s%s (the prompt and -n need "
+                        "%lld; generation stops when it is full; plan %s)\n", dhsa_cli_command(), lim,
+                        (long long)best, dhsa_type_name(o->ses.kv_type),
+                        o->ses.kv_type != kv0 ? " (an f16 cache does not fit)" : "", (long long)asked,
+                        dhsa_cli_bytes((double)plan->total, need, sizeof need));
+                return DHSA_OK;
+            }
+        }
+    }
+    o->ses.kv_type = kv0;
+    o->ses.n_ctx = asked;
+    return dhsa_session_plan(ctx, m, &o->ses, plan); /* the first plan again: its sentence is the error */
+}
+
 /* After a context-parallel run: what each rank received and held, and
  * whether every rank generated the same ids (rank 0 says so). */
 static int dist_report(const dhsa_session *s, const dhsa_model_info *in, const int32_t *ids, int64_t n_ids,
@@ -707,18 +779,19 @@ static int run_main(int argc, char **argv, int plan_only) {
     if (plan_only && o.prompt_tokens) n_prompt = o.prompt_tokens;
     if (n_prompt == 0) dhsa_cli_die(EXIT_RUN, "the prompt is empty and the vocabulary adds no BOS: give -p TEXT");
     const int64_t max_ctx = (int64_t)1 << 31; /* what a session holds */
-    if (o.ses.n_ctx == 0) {
-        o.ses.n_ctx = in->n_ctx_train;
-        if (n_prompt + o.n_predict > o.ses.n_ctx) {
-            if (n_prompt + o.n_predict > max_ctx)
-                dhsa_cli_die(EXIT_USAGE,
-                             "-n %lld: the prompt's %lld tokens and -n tokens must fit one context of at most 2^31 "
-                             "(%lld) tokens, so -n may be at most %lld here (or give --ctx: generation stops when "
-                             "it is full)",
-                             (long long)o.n_predict, (long long)n_prompt, (long long)max_ctx,
-                             (long long)(max_ctx - n_prompt));
-            o.ses.n_ctx = n_prompt + o.n_predict;
-        }
+    const int ctx_set = o.ses.n_ctx != 0;
+    if (!ctx_set) {
+        /* the context the run needs: the prompt and -n tokens (llama.cpp
+         * sizes to the trained context; a 32K F32 cache for a one-line
+         * prompt is most of a small model's plan) */
+        if (n_prompt + o.n_predict > max_ctx)
+            dhsa_cli_die(EXIT_USAGE,
+                         "-n %lld: the prompt's %lld tokens and -n tokens must fit one context of at most 2^31 "
+                         "(%lld) tokens, so -n may be at most %lld here (or give --ctx: generation stops when "
+                         "it is full)",
+                         (long long)o.n_predict, (long long)n_prompt, (long long)max_ctx,
+                         (long long)(max_ctx - n_prompt));
+        o.ses.n_ctx = n_prompt + o.n_predict;
     }
     /* ids: the prompt, then what is generated until -n or a full context */
     int64_t cap = (n_prompt + o.n_predict < o.ses.n_ctx ? n_prompt + o.n_predict : o.ses.n_ctx) + 1;
@@ -746,7 +819,7 @@ static int run_main(int argc, char **argv, int plan_only) {
     volatile float *touch = logits; /* a memset after malloc would become calloc: no page touched */
     for (int64_t i = 0; i < in->n_vocab; i++) touch[i] = 0.0f;
     dhsa_mem_plan plan;
-    dhsa_status st = dhsa_session_plan(ctx, m, &o.ses, &plan);
+    dhsa_status st = fit_plan(ctx, m, &o, ctx_set, n_prompt, &plan);
     if (plan_only) {
         print_model(stdout, o.model, m, in);
         printf("attention: %s, KV %s, %d threads\n", dhsa_attn_method_name(o.ses.attn),
@@ -1042,7 +1115,7 @@ int dhsa_cli_bench_model(int argc, char **argv) {
     int64_t n_dec = 16, threads = 0, seed = 1, budget = 0, runs = 1, stripe = 0;
     double density = 0, fetch = 0;
     size_t mem_limit = 0;
-    dhsa_type kv = DHSA_F32;
+    dhsa_type kv = DHSA_F16; /* dhsa_session_default_params' */
     int exact = 0;
     for (int i = 3; i < argc; i++) {
         const char *a = argv[i];

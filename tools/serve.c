@@ -86,7 +86,7 @@ const char dhsa_cli_serve_usage[] =
     "  --slots N           requests served at once, each with its own KV cache\n"
     "                      (default 1); more wait in a queue\n"
     "  -c, --ctx N         KV cache of each slot (default: the trained context)\n"
-    "  --kv f32|f16|q8_0   KV cache type (default f32)\n"
+    "  --kv f32|f16|q8_0   KV cache type (default f16, as llama.cpp)\n"
     "  --attn M            dense|dhsa|block|stream|oracle (default dense); a request's\n"
     "                      \"attn\" and \"density\" override it for that request\n"
     "  --density F         keys per query block of the sparse methods (default 0.0625)\n"

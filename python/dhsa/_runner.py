@@ -554,9 +554,9 @@ class Model:
 class Session:
     """One sequence through a Model: KV cache, routing index, last logits.
 
-    Defaults are the CLI's: ctx the trained context, attn "dense", the router's
-    density (0.0625) for the sparse methods, kv "f32" ("f16", or "q8_0": 8-bit
-    blocks of 32 read in place by attention), threads = online CPUs (more are
+    Defaults are the library's: ctx the trained context, attn "dense", the router's
+    density (0.0625) for the sparse methods, kv "f16" (llama.cpp's default;
+    "f32", or "q8_0": 8-bit blocks of 32 read in place by attention), threads = online CPUs (more are
     capped to them with a RuntimeWarning), ubatch the largest <= 512 that fits
     mem_limit. mem_limit (bytes) bounds the process's peak RSS; a plan over it
     raises DhsaError(DHSA_ERR_MEMORY_BUDGET). exact=True runs the weight products
@@ -570,7 +570,7 @@ class Session:
     thread marks the session closed, waits for the C call in progress (one
     evaluation) and frees it; the interrupted generate() raises ValueError."""
 
-    def __init__(self, model, ctx=None, attn="dense", density=None, budget=None, kv="f32", mem_limit=None,
+    def __init__(self, model, ctx=None, attn="dense", density=None, budget=None, kv="f16", mem_limit=None,
                  threads=None, ubatch=None, dense_below=None, exact=False):
         self._h = self._ctx = None
         self._mu = threading.RLock()  # reentrant: a dropped stream's __del__ may run under it

@@ -141,7 +141,7 @@ struct dhsa_session {
 dhsa_session_params dhsa_session_default_params(void) {
     dhsa_session_params p;
     memset(&p, 0, sizeof p);
-    p.kv_type = DHSA_F32;
+    p.kv_type = DHSA_F16; /* llama.cpp's default: half the cache of F32 (docs/model.md, "Defaults") */
     p.attn = DHSA_ATTN_DENSE;
     p.router = dhsa_router_default_params();
     return p;

@@ -36,6 +36,7 @@ int main(int argc, char **argv) {
     if (dhsa_model_load(argv[1], &mp, &m) || dhsa_ctx_create(NULL, &ctx)) goto done;
     const dhsa_model_info *in = dhsa_model_get_info(m);
     dhsa_session_params sp = dhsa_session_default_params();
+    sp.kv_type = DHSA_F32; /* compared with F32 references (the default is F16) */
     sp.exact = 1; /* the cross-check is of the exact forward (F32 products); the fast route is held to its own bound in test_model_ref */
     sp.n_ctx = n;
     sp.logits_all = 1;
