@@ -149,7 +149,7 @@ static int rank_rss(const char *from, double *least) {
 }
 
 /* bench model under mpirun (docs/dist.md, "bench model"): the default model
- * has Hq = 6 query and Hkv = 2 KV heads of 64 dims, so with --kv f32 a
+ * has Hq = 6 query and Hkv = 2 KV heads of 64 dims, so with --kv f32 (given: the default is f16) a
  * token's K and V are b = 2 x 128 x 4 = 1024 bytes per layer: the dense ring
  * receives (R - 1) b per layer per prompt token in all, and a decode step
  * (R - 1) R Hq (dv + 1) 4 bytes per layer. */
@@ -159,7 +159,7 @@ static void test_bench_model(const char *dir) {
     for (int ni = 0; ni < 2; ni++) {
         const int R = nps[ni];
         char args[512], want[128];
-        snprintf(args, sizeof args, "--lengths 512 --attn dense,dhsa --decode 4 --threads 1 --dist-stripe %d%s",
+        snprintf(args, sizeof args, "--lengths 512 --attn dense,dhsa --decode 4 --threads 1 --kv f32 --dist-stripe %d%s",
                  R == 4 ? 64 : 0, R == 2 ? " --dist-fetch 1" : "");
         int rc = mpirun_bench(R, args, dir, out, sizeof out, err, sizeof err);
         T_CHECK(rc == 0, "bench model np %d: exit %d\n%.2000s", R, rc, err);
@@ -317,7 +317,7 @@ static void test_fetch_budget(const char *dir) {
     snprintf(refl, sizeof refl, "%s/long_ref.f32", dir);
     snprintf(gotl, sizeof gotl, "%s/long_got.f32", dir);
     T_CHECK(write_long_prompt(prompt), "writing %s", prompt);
-    const char *common = "--exact -n 4 --temp 0 --ids -t 1 --ctx 2560 --attn dhsa --dense-below 0";
+    const char *common = "--exact -n 4 --temp 0 --ids -t 1 --ctx 2560 --kv f32 --attn dhsa --dense-below 0";
     char *out = NULL;
     snprintf(args, sizeof args, "run -f %s %s --logits-out %s", prompt, common, refl);
     int rc = cli_run(args, 1, &out);
@@ -448,7 +448,7 @@ int main(void) {
     for (int mi = 0; mi < 2; mi++) {
         char args[1024];
         snprintf(refl, sizeof refl, "%s/ref%d.f32", dir, mi);
-        snprintf(args, sizeof args, "run --exact -f %s -n 6 --temp 0 --ids -t 1 --ctx 1024 %s --logits-out %s", prompt,
+        snprintf(args, sizeof args, "run --exact -f %s -n 6 --temp 0 --ids -t 1 --ctx 1024 --kv f32 %s --logits-out %s", prompt,
                  methods[mi], refl);
         int rc = cli_run(args, 1, &out);
         int ref[2048], n_ref = out ? read_ids(out, ref, 2048) : 0;
@@ -457,7 +457,7 @@ int main(void) {
         for (int si = 0; si < 2; si++)
             for (int ni = 0; ni < 3; ni++) {
                 snprintf(gotl, sizeof gotl, "%s/got%d%d%d.f32", dir, mi, si, ni);
-                snprintf(cmd, sizeof cmd, MPIRUN " -np %d '%s' run --exact -f %s -n 6 --temp 0 --ids -t 1 --ctx 1024 %s "
+                snprintf(cmd, sizeof cmd, MPIRUN " -np %d '%s' run --exact -f %s -n 6 --temp 0 --ids -t 1 --ctx 1024 --kv f32 %s "
                          "--dist-stripe %d --logits-out %s 2>%s/err", nps[ni], cli, prompt, methods[mi], stripes[si],
                          gotl, dir);
                 FILE *p = popen(cmd, "r");
@@ -492,7 +492,7 @@ int main(void) {
         char args[1024];
         snprintf(gotl, sizeof gotl, "%s/other.f32", dir);
         snprintf(args, sizeof args, "run -p \"A different prompt entirely, about ships.\" -n 6 --temp 0 --ids -t 1 --ctx "
-                 "1024 --ignore-eos --logits-out %s", gotl);
+                 "1024 --kv f32 --ignore-eos --logits-out %s", gotl);
         int rc = cli_run(args, 1, &out);
         free(out);
         snprintf(refl, sizeof refl, "%s/ref0.f32", dir);
@@ -512,7 +512,7 @@ int main(void) {
                  MPIRUN " -np 2", faults[f], f == 2 ? "3600" : "5");
         double secs = 0;
         char args[1024];
-        snprintf(args, sizeof args, "run -f %s -n 4 --temp 0 --ctx 1024", prompt);
+        snprintf(args, sizeof args, "run -f %s -n 4 --temp 0 --ctx 1024 --kv f32", prompt);
         snprintf(cmd, sizeof cmd, "%s '%s' %s", pre, cli, args);
         char full[4200];
         snprintf(full, sizeof full, "timeout 60 sh -c \"%s\" 2>&1", cmd);
