@@ -17,7 +17,7 @@
  * fixed, so results do not depend on the thread count.
  *
  * Split-K (few queries, long keys: decode). A call whose query blocks hold
- * at most 16 columns (the W = 16 tiles) and that has fewer than
+ * at most 16 columns (the W = 16 tiles) and that has at most
  * SPLIT_SLOTS / 2 tiles in all would leave threads idle (gemma-3-270m has
  * one KV head: one task per decode call). Such a tile's keys, in the order
  * they are visited, are cut into pieces of S keys, S a multiple of BC fixed

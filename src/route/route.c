@@ -17,7 +17,8 @@
  * selected, merged into sorted disjoint ranges.
  *
  * Cost: O(L d Hkv) for boundaries and pooling, O((L / q_block) x chunks x d)
- * for the scores, O(chunks) per block for the selection (quickselect). The
+ * for the scores, O(chunks) per block for the selection (a heap: O(chunks)
+ * to build, O(log chunks) per chunk taken). The
  * oracle baseline replaces the scores by the true attention mass of each
  * chunk, which costs two dense QK passes: evaluation only.
  *
