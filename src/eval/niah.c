@@ -85,6 +85,7 @@ void dhsa__text_put(dhsa__text *b, const char *s, size_t k) {
         if (!np) {
             free(b->p);
             b->p = NULL;
+            b->n = b->cap = 0;
             b->bad = 1;
             return;
         }

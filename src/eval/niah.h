@@ -44,7 +44,7 @@ int64_t dhsa__niah_boundary(const int64_t *tokens, int64_t n, double depth);
 
 /* A growing NUL-terminated text (the prompt builders of niah_prompt.c,
  * ruler.c). Start from {0}; after an allocation failure bad is 1, p is
- * NULL and further calls do nothing. The caller frees p. */
+ * NULL, n is 0 and further calls do nothing. The caller frees p. */
 typedef struct {
     char *p;
     size_t n, cap;

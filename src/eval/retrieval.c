@@ -18,6 +18,7 @@
 
 #include "core/internal.h"
 #include "dhsa.h"
+#include "eval/niah.h"
 
 static const char passkey_pre[] =
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
@@ -128,30 +129,7 @@ static uint64_t draw_number(uint64_t *rs, int digits, int heldout) {
     }
 }
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-    int oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t k) {
-    if (b->oom) return;
-    if (b->n + k + 1 > b->cap) {
-        size_t cap = (b->n + k + 1) * 2;
-        char *np = realloc(b->p, cap);
-        if (!np) {
-            b->oom = 1;
-            return;
-        }
-        b->p = np;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, k);
-    b->n += k;
-    b->p[b->n] = 0;
-}
-
-static void sb_add(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+/* Texts grow in a dhsa__text (src/eval/niah.h). */
 
 static int is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '\f' || c == '\v'; }
 
@@ -192,26 +170,26 @@ static int cmp_needle(const void *a, const void *b) {
  * number offset. The span [a, a + n) of f is cut at word boundaries. */
 static char *compose(const char *f, int64_t flen, int64_t a, int64_t n, const char *pre, needle *nd, int nn,
                      const char *question) {
-    sbuf b = {0};
-    sb_add(&b, pre);
+    dhsa__text b = {0};
+    dhsa__text_add(&b, pre);
     if (a + n > flen) n = flen - a;
     int64_t last = a, end = a + n;
     for (int i = 0; i < nn; i++) {
         int64_t cut = a + (int64_t)(nd[i].pos * (double)n);
         if (cut < last) cut = last;
         while (cut < end && f[cut] != ' ') cut++;
-        if (cut > last) sb_put(&b, f + last, (size_t)(cut - last));
-        if (b.n > 0 && b.p[b.n - 1] != ' ') sb_add(&b, " ");
+        if (cut > last) dhsa__text_put(&b, f + last, (size_t)(cut - last));
+        if (b.n > 0 && b.p[b.n - 1] != ' ') dhsa__text_add(&b, " ");
         nd[i].at = (int64_t)b.n + nd[i].num_off;
-        sb_add(&b, nd[i].text);
+        dhsa__text_add(&b, nd[i].text);
         last = cut;
         while (last < end && f[last] == ' ') last++;
-        if (last < end) sb_add(&b, " ");
+        if (last < end) dhsa__text_add(&b, " ");
     }
-    if (end > last) sb_put(&b, f + last, (size_t)(end - last));
+    if (end > last) dhsa__text_put(&b, f + last, (size_t)(end - last));
     while (b.n > 0 && b.p[b.n - 1] == ' ') b.p[--b.n] = 0;
-    sb_add(&b, question);
-    if (b.oom) {
+    dhsa__text_add(&b, question);
+    if (b.bad) {
         free(b.p);
         return NULL;
     }
@@ -259,14 +237,14 @@ dhsa_status dhsa_task_build(const dhsa_tokenizer *tok, const dhsa_task_params *p
     if (p->filler) {
         f = fold(p->filler, p->filler_len, &flen);
     } else { /* the built-in sentences, in a seeded order, about 6 bytes per wanted token */
-        sbuf fb = {0};
+        dhsa__text fb = {0};
         uint64_t fs = p->seed ^ 0x5DEECE66Dull;
         const int64_t ns = (int64_t)(sizeof builtin_sentences / sizeof builtin_sentences[0]);
-        while ((int64_t)fb.n < 6 * p->length + 4096 && !fb.oom) {
-            if (fb.n) sb_add(&fb, " ");
-            sb_add(&fb, builtin_sentences[splitmix(&fs) % (uint64_t)ns]);
+        while ((int64_t)fb.n < 6 * p->length + 4096 && !fb.bad) {
+            if (fb.n) dhsa__text_add(&fb, " ");
+            dhsa__text_add(&fb, builtin_sentences[splitmix(&fs) % (uint64_t)ns]);
         }
-        f = fb.oom ? NULL : fold(fb.p, (int64_t)fb.n, &flen);
+        f = fb.bad ? NULL : fold(fb.p, (int64_t)fb.n, &flen);
         free(fb.p);
     }
     if (!f) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "dhsa_task_build: out of memory");

@@ -836,6 +836,26 @@ static dhsa_status setup_fwe(builder *b, uint64_t *rs, dhsa_ruler_prompt *out) {
     return DHSA_OK;
 }
 
+/* The largest x in [lo, hi] whose prompt fits the length (lo must fit;
+ * the token count grows with x): the number of whole units, or with tail
+ * the words of the cut sentence after n whole units (left in b->tail). */
+static dhsa_status most_that_fit(builder *b, int64_t lo, int64_t hi, int64_t n, int tail, int64_t *best) {
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo + 1) / 2, k = 0;
+        if (tail) b->tail = mid;
+        char *text = compose(b, tail ? n : mid);
+        if (!text) return oom();
+        dhsa_status st = prompt_tokens(b, text, NULL, 0, &k);
+        free(text);
+        if (st) return st;
+        if (k <= b->p->length) lo = mid;
+        else hi = mid - 1;
+    }
+    if (tail) b->tail = lo;
+    *best = lo;
+    return DHSA_OK;
+}
+
 static void builder_free(builder *b) {
     for (int64_t i = 0; i < b->n_owned; i++) free(b->owned[i]);
     free(b->owned);
@@ -954,38 +974,14 @@ dhsa_status dhsa_ruler_build(const dhsa_tokenizer *tok, const dhsa_ruler_params 
                         "more than the length %lld", (long long)n_tok, (long long)p->length);
         goto done;
     }
-    while (lo < hi) { /* invariant: lo fits */
-        int64_t mid = lo + (hi - lo + 1) / 2, n = 0;
-        free(text);
-        text = compose(&b, mid);
-        if (!text) {
-            st = oom();
-            goto done;
-        }
-        st = prompt_tokens(&b, text, NULL, 0, &n);
-        if (st) goto done;
-        if (n <= p->length) lo = mid;
-        else hi = mid - 1;
-    }
+    st = most_that_fit(&b, 0, hi, 0, 0, &lo);
+    if (st) goto done;
     if (p->haystack == DHSA_RULER_PROSE && !words_task && lo < b.n_cap) {
         /* then the most words of the next sentence that fit */
-        int64_t wlo = 0, whi = 0;
-        for (const char *s = b.unit[lo]; *s; s++) whi += *s == ' ';
-        while (wlo < whi) {
-            int64_t mid = wlo + (whi - wlo + 1) / 2, n = 0;
-            b.tail = mid;
-            free(text);
-            text = compose(&b, lo);
-            if (!text) {
-                st = oom();
-                goto done;
-            }
-            st = prompt_tokens(&b, text, NULL, 0, &n);
-            if (st) goto done;
-            if (n <= p->length) wlo = mid;
-            else whi = mid - 1;
-        }
-        b.tail = wlo;
+        int64_t words_next = 0, w;
+        for (const char *s = b.unit[lo]; *s; s++) words_next += *s == ' ';
+        st = most_that_fit(&b, 0, words_next, lo, 1, &w);
+        if (st) goto done;
     }
     free(text);
     text = compose(&b, lo);
