@@ -61,7 +61,7 @@ CHAT = {
 # one name per regex set (tokenizer.c's pre_table), and texts aimed at each
 PRE_NAMES = ["gpt-2", "default", "smollm", "llama-bpe", "qwen2", "deepseek-llm", "deepseek-coder", "falcon",
              "bloom", "viking", "ufakzeka", "minicpm5", "seed-coder", "laguna", "jais-2", "gpt-4o", "tekken",
-             "glm4"]
+             "glm4", "qwen35", "granite-embed-multi-97m"]
 PRE_EXTRA = [
     "HELLOworld HTTPServer HeLLo ÉCOLE Ünïcödé McDonald's",
     "12345678 1,000,000 3.14159 ٣٤٥ ½",
@@ -71,6 +71,7 @@ PRE_EXTRA = [
     "Hi, you (there). Wow! Really? 。，、। ۔ ، …",
     "中文分词测试 かなカナ 한국어 テスト123",
     "`code` $x + y = z^2 | a ~ b <tag>",
+    "cafe\u0301 nai\u0308ve \u0928\u092e\u0938\u094d\u0924\u0947 \u0e20\u0e32\u0e29\u0e32\u0e44\u0e17\u0e22 .\u0301 5\u0301 Z\u0335\u0321A\u0336L\u0338G\u0337O",
 ]
 
 MODEL_FILES = {}
@@ -150,7 +151,7 @@ def main():
     tok, grd, cht = (build(llama, p) for p in ("llamacpp_tokens", "llamacpp_greedy_text", "llamacpp_chat"))
     files = catalog()
     rows = []
-    for name in ("smollm2-135m-instruct", "gemma-3-270m", "qwen2.5-coder-0.5b-instruct"):
+    for name in ("smollm2-135m-instruct", "gemma-3-270m", "qwen2.5-coder-0.5b-instruct") if a.write else ():
         path = os.path.join(a.models, files[name])
         if not os.path.exists(path):
             print("skip %s: %s is not pulled" % (name, path))

@@ -11,7 +11,7 @@
  *     between its best and second logit are stored too: the prompts were
  *     chosen where they are wide (docs/models.md).
  *   - tests/pre_sets_peer.tsv: SmolLM2's vocabulary run under one name of
- *     every pre-tokenizer regex set dhsa runs (dhsa_tok__set_pre), 83
+ *     every pre-tokenizer regex set dhsa runs (dhsa_tok__set_pre), 84
  *     strings each (bench/tokenizer_peer.py's and some aimed at each set):
  *     llama.cpp's ids, with that name in the file.
  * A model that is not pulled skips its checks, saying which pull command
@@ -44,7 +44,7 @@ static const model models[] = {
     {"qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-0.5b-instruct-q8_0.gguf", 6},
 };
 #define N_MODELS 3
-#define N_PRE_SETS 18
+#define N_PRE_SETS 20
 
 static char models_dir[1024];
 

@@ -455,8 +455,8 @@ static void test_metadata_errors(void) {
         }
         dhsa_tokenizer_free(t);
     }
-    st = build("gpt2", "qwen35", &t);
-    T_CHECK(st == DHSA_ERR_UNSUPPORTED && t == NULL && strstr(dhsa_last_error(), "qwen35") &&
+    st = build("gpt2", "deepseek-v3", &t);
+    T_CHECK(st == DHSA_ERR_UNSUPPORTED && t == NULL && strstr(dhsa_last_error(), "deepseek-v3") &&
                 strstr(dhsa_last_error(), "llama.cpp knows it") && strstr(dhsa_last_error(), "dhsa runs: ") &&
                 strstr(dhsa_last_error(), "smollm"),
             "a pre-tokenizer dhsa lacks is refused by name, with what runs: %s", dhsa_last_error());
@@ -545,7 +545,7 @@ static const struct {
         {"deepseek-r1-qwen", DHSA_TOK_PRE_QWEN2}, /* QWEN2 */
         {"kormo", DHSA_TOK_PRE_QWEN2}, /* QWEN2 */
         {"f2llmv2", DHSA_TOK_PRE_QWEN2}, /* QWEN2 */
-        {"qwen35", DHSA_TOK_PRE_NONE}, /* QWEN35 */
+        {"qwen35", DHSA_TOK_PRE_QWEN35}, /* QWEN35 */
         {"stablelm2", DHSA_TOK_PRE_QWEN2}, /* STABLELM2 */
         {"olmo", DHSA_TOK_PRE_GPT2}, /* OLMO */
         {"dbrx", DHSA_TOK_PRE_LLAMA3}, /* DBRX */
@@ -571,7 +571,7 @@ static const struct {
         {"llama4", DHSA_TOK_PRE_GPT4O}, /* GPT4O */
         {"kanana2", DHSA_TOK_PRE_GPT4O}, /* GPT4O */
         {"talkie", DHSA_TOK_PRE_GPT4O}, /* GPT4O */
-        {"granite-embed-multi-97m", DHSA_TOK_PRE_NONE}, /* GRANITE_EMB_MULTI */
+        {"granite-embed-multi-97m", DHSA_TOK_PRE_GRANITE_MULTI}, /* GRANITE_EMB_MULTI */
         {"tiny_aya", DHSA_TOK_PRE_NONE}, /* TINY_AYA */
         {"cohere2moe", DHSA_TOK_PRE_NONE}, /* TINY_AYA */
         {"superbpe", DHSA_TOK_PRE_NONE}, /* SUPERBPE */
@@ -708,6 +708,10 @@ static void test_pretokenizers(void) {
     check_words(DHSA_TOK_PRE_GPT4O, "HELLOworld HTTPServer HeLLo I'm", "HELLOworld| HTTPServer| He|LLo| I'm");
     check_words(DHSA_TOK_PRE_GPT4O, "\xC3\x89" "COLE 12345", "\xC3\x89|COLE| |123|45");
     check_words(DHSA_TOK_PRE_TEKKEN, "I'm 12", "I|'m| |1|2");
+    /* qwen35: combining marks join the letters (U+0301 after e, Devanagari signs) */
+    check_words(DHSA_TOK_PRE_QWEN35, "cafe\xCC\x81 \xE0\xA4\xA8\xE0\xA4\xAE\xE0\xA4\xB8\xE0\xA5\x8D\xE0\xA4\xA4\xE0\xA5\x87",
+                "cafe\xCC\x81| \xE0\xA4\xA8\xE0\xA4\xAE\xE0\xA4\xB8\xE0\xA5\x8D\xE0\xA4\xA4\xE0\xA5\x87");
+    check_words(DHSA_TOK_PRE_QWEN2, "cafe\xCC\x81 x", "cafe|\xCC\x81| x");
     /* the checks can fail: GPT-2 splits a word falcon keeps whole */
     int64_t ends[8], n = 0;
     dhsa_tok__pretokenize(DHSA_TOK_PRE_FALCON, "I'm", 3, ends, 8, &n, NULL);

@@ -36,7 +36,9 @@ typedef enum {
     DHSA_TOK_PRE_LAGUNA = 14,   /* newline runs split off, then Qwen2 */
     DHSA_TOK_PRE_JAIS2 = 15,    /* Llama 3 with whitespace in runs of 512, 256, ..., 4, 2, 1 */
     DHSA_TOK_PRE_GPT4O = 16,    /* "gpt-4o", "llama4": cased letter runs, \p{N}{1,3} */
-    DHSA_TOK_PRE_TEKKEN = 17    /* "tekken": cased letter runs, \p{N}, no contractions */
+    DHSA_TOK_PRE_TEKKEN = 17,   /* "tekken": cased letter runs, \p{N}, no contractions */
+    DHSA_TOK_PRE_QWEN35 = 18,   /* Qwen2 with \p{M} joining letters */
+    DHSA_TOK_PRE_GRANITE_MULTI = 19 /* gpt-4o's cased runs with \p{M} in their look-aheads */
 } dhsa_tok_pre;
 
 /* Flags of a pre-tokenizer name, as llama.cpp's loader sets them. */
