@@ -5,7 +5,7 @@
  *     qwen2.5-coder-0.5b-instruct): the ids of a short mixed text (prose,
  *     numbers, code, Cyrillic, Japanese, Arabic, emoji; BOS as the
  *     vocabulary says, special tokens parsed), then `dhsa run --exact
- *     --temp 0 -n 16 --ids` on a plain prompt, and for the instruct models
+ *     --kv f32 --temp 0 -n 16 --ids` (llama.cpp's K/V were F32 too) on a plain prompt, and for the instruct models
  *     on `--chat` (ChatML): the prompt ids and the 16 greedy tokens (or up
  *     to the end of the turn) must be llama.cpp's. llama.cpp's margins
  *     between its best and second logit are stored too: the prompts were
@@ -140,7 +140,7 @@ static void check_row(char **f, int nf, const char *path) {
         unhex(f[2]);
         int np = parse_ids(f[3], want, MAX_IDS), ng = parse_ids(f[4], want_gen, MAX_IDS);
         char args[3000];
-        snprintf(args, sizeof args, "run -m '%.1200s' %s-p '%.1200s' -n %d --exact --temp 0 --ids --threads 2", path,
+        snprintf(args, sizeof args, "run -m '%.1200s' %s-p '%.1200s' -n %d --exact --kv f32 --temp 0 --ids --threads 2", path,
                  chat ? "--chat " : "", f[2], ng);
         char *out = NULL;
         double secs = 0;
