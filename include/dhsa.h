@@ -1565,6 +1565,44 @@ dhsa_status dhsa_session_get_stats(const dhsa_session *s, dhsa_attn_stats *last_
 /* Context parallelism: what this rank received (dhsa_dist_stats above). */
 dhsa_status dhsa_session_get_dist_stats(const dhsa_session *s, dhsa_dist_stats *out);
 
+/* Saved state (a prompt cache: docs/prompt-cache.md). dhsa_session_save
+ * writes the session's state to path: the n_ids = dhsa_session_length ids
+ * its evals took, in order (the caller keeps them: the session does not),
+ * the logits after the last of them ([n_vocab], or NULL: not stored), the
+ * K and V rows of those positions only, and what decides them: a hash of
+ * the model file, the KV type, the attention method and router
+ * parameters (a learned predictor's weights), --exact, the CPU kernels and
+ * weight routes, the ubatch, the RoPE frequencies and Q8_0 key offsets
+ * (these follow from the context: a session with another n_ctx loads the
+ * state when they agree). The routing indexes are not stored: a load makes
+ * them again from the keys (O(len) per layer, no forward pass). The file is
+ * written to a temporary name next to path and renamed over it when
+ * complete; on failure path is untouched. Context-parallel sessions are
+ * refused (DHSA_ERR_UNSUPPORTED); DHSA_ERR_BUSY as dhsa_session_eval.
+ *
+ * dhsa_session_load reads such a file into s: on success s holds the
+ * state, bit for bit as the saving session held it (its next evals give
+ * what the saving session's would have), ids[0..*n_ids) are the tokens and,
+ * when *has_logits, logits [n_vocab] the logits after the last (logits
+ * NULL: not written). A file that does not fit the session (another model
+ * or option) is DHSA_ERR_INVALID_ARG with the reason; more tokens than the
+ * session's context or than cap is DHSA_ERR_TOO_LARGE (*n_ids says how
+ * many); a file that is not a state, truncated, of another version or
+ * corrupt (a checksum covers every byte) is DHSA_ERR_FORMAT
+ * (_UNSUPPORTED for another version); a missing file DHSA_ERR_IO. Those
+ * found in the header and sizes, checked before anything is read into
+ * the session, leave it as it was; a corrupt payload or a read error
+ * leaves it empty (as after dhsa_session_reset). To reuse a state for a
+ * prompt that starts with its tokens: load, dhsa_session_truncate to the
+ * common prefix when shorter, eval the rest. _memory reads the same bytes
+ * from data [size]. */
+dhsa_status dhsa_session_save(dhsa_session *s, const int32_t *ids, int64_t n_ids, const float *logits,
+                              const char *path);
+dhsa_status dhsa_session_load(dhsa_session *s, const char *path, int32_t *ids, int64_t cap, int64_t *n_ids,
+                              float *logits, int *has_logits);
+dhsa_status dhsa_session_load_memory(dhsa_session *s, const void *data, size_t size, int32_t *ids, int64_t cap,
+                                     int64_t *n_ids, float *logits, int *has_logits);
+
 /* Sampling. Order: repetition penalty, temperature (0 = greedy: argmax,
  * lowest id on ties), top-k, top-p, min-p, then a draw from the seeded
  * generator. */

@@ -190,6 +190,11 @@ void dhsa_gguf__memory(const dhsa_gguf *g, const void **map, size_t *mapped, siz
     *heap = g->heap;
 }
 
+void dhsa_gguf__bytes(const dhsa_gguf *g, const uint8_t **base, uint64_t *size) {
+    *base = g->base;
+    *size = g->size;
+}
+
 static void *arena_alloc(dhsa_gguf *g, size_t n) {
     if (n > SIZE_MAX - 64) return NULL;
     n = (n + 7) & ~(size_t)7;

@@ -28,6 +28,9 @@ uint64_t dhsa_gguf__last_open_alloc(void);
  * dhsa__heap_block counts them (src/core/procmem.h). */
 void dhsa_gguf__memory(const dhsa_gguf *g, const void **map, size_t *mapped, size_t *owned, size_t *heap);
 
+/* The file's bytes [0, size) as the reader holds them (mapped or copied). */
+void dhsa_gguf__bytes(const dhsa_gguf *g, const uint8_t **base, uint64_t *size);
+
 /* dhsa_gguf_open_memory over a malloc'd buffer that the dhsa_gguf takes
  * over: freed by dhsa_gguf_close, or at once when the open fails (also on
  * a bad argument). Used by the llama2.c importer (src/model/llama2c.c),

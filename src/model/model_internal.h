@@ -7,6 +7,8 @@
 #include "dhsa.h"
 #include "model/quant.h"
 
+#include <stdatomic.h>
+
 /* One decoder layer. Vectors are F32 copies owned by the model (NULL when
  * the architecture has none); matrices point into the mapped file. */
 typedef struct {
@@ -46,6 +48,48 @@ struct dhsa_model {
     dhsa_gguf_array swa_layers;  /* or the key's per-layer flags (n = n_layer), when an array */
     float *vectors;              /* the F32 copies, one allocation */
     int64_t n_vector_floats;     /* its length (for the memory plan) */
+    _Atomic uint64_t file_hash;  /* the file's bytes hashed (session_state.c), once asked; 0: not yet */
 };
+
+/* ---- what src/model/session_state.c (saved prefills) needs of a session
+ * (src/model/session.c defines them) ---- */
+
+/* Marks the session busy (DHSA_ERR_BUSY, as an eval would, when it is);
+ * refuses a context-parallel session and one a failed eval broke. */
+dhsa_status dhsa__session_state_enter(dhsa_session *s, const char *call);
+void dhsa__session_state_leave(dhsa_session *s);
+
+/* What decides a session's state besides the tokens. */
+typedef struct {
+    const dhsa_model *m;
+    const dhsa_session_params *p;
+    const dhsa_router_params *rp;  /* the routing the method runs with */
+    const dhsa_mem_plan *plan;
+    int64_t len;                   /* tokens in the cache */
+    const float *inv_freq;         /* [n_inv_freq] RoPE frequencies (global, then sliding) */
+    int64_t n_inv_freq;
+    const float *koff;             /* [n_koff] Q8_0 keys' offsets, or NULL */
+    int64_t n_koff;
+} dhsa__state_info;
+void dhsa__session_state_info(const dhsa_session *s, dhsa__state_info *out);
+
+/* Layer l's cache: K rows k [n_head_kv][rows][row_k bytes], V likewise,
+ * holding positions [base, base + rows); ring: a sliding-window ring
+ * (its rows are fewer than the context's). */
+typedef struct {
+    char *k, *v;
+    size_t row_k, row_v;
+    int64_t rows, base;
+    int ring;
+} dhsa__state_layer;
+void dhsa__session_state_layer(const dhsa_session *s, int64_t l, dhsa__state_layer *out);
+
+/* After the caches' rows were written: the session holds len tokens, layer
+ * l's rows starting at position base[l]; the routing indexes are made
+ * again from the cache's keys, the statistics start from zero. On failure
+ * the cache is empty (as after dhsa_session_reset). */
+dhsa_status dhsa__session_state_commit(dhsa_session *s, int64_t len, const int64_t *base);
+/* Empties the cache (a load that failed half way). */
+void dhsa__session_state_clear(dhsa_session *s);
 
 #endif

@@ -2183,3 +2183,79 @@ dhsa_status dhsa_session_eval(dhsa_session *s, const int32_t *ids, int64_t n, fl
     leave(s);
     return st;
 }
+
+/* ------------------------------------- saved state (session_state.c) --- */
+
+/* What src/model/session_state.c reads and writes of a session
+ * (model_internal.h). */
+dhsa_status dhsa__session_state_enter(dhsa_session *s, const char *call) {
+    if (!s) return dhsa__fail(DHSA_ERR_INVALID_ARG, "%s: NULL session", call);
+    if (s->dist) return dhsa__fail(DHSA_ERR_UNSUPPORTED, "%s: a context-parallel session holds one rank's share of "
+                                    "the cache: its state is not saved or loaded", call);
+    if (!enter(s)) return session_busy(call);
+    if (s->broken) {
+        leave(s);
+        return dhsa__fail(DHSA_ERR_INTERNAL, "%s: an earlier failed eval could not be undone: dhsa_session_reset "
+                          "first", call);
+    }
+    return DHSA_OK;
+}
+
+void dhsa__session_state_leave(dhsa_session *s) { leave(s); }
+
+void dhsa__session_state_info(const dhsa_session *s, dhsa__state_info *out) {
+    const dhsa_model_info *in = &s->m->info;
+    out->m = s->m;
+    out->p = &s->p;
+    out->rp = &s->rp;
+    out->plan = &s->plan;
+    out->len = s->len;
+    out->inv_freq = s->inv_freq;
+    out->n_inv_freq = in->n_rot;
+    out->koff = s->koff;
+    out->n_koff = s->koff ? in->n_layer * in->n_head_kv * in->head_dim_k : 0;
+}
+
+void dhsa__session_state_layer(const dhsa_session *s, int64_t l, dhsa__state_layer *out) {
+    const dhsa_model_info *in = &s->m->info;
+    dhsa_tensor k = cache_view(s, l, 0, s->cap), v = cache_view(s, l, 1, s->cap);
+    out->k = k.data;
+    out->v = v.data;
+    out->row_k = dhsa_type_row_bytes(s->p.kv_type, in->head_dim_k);
+    out->row_v = dhsa_type_row_bytes(s->p.kv_type, in->head_dim_v);
+    out->rows = s->cap;
+    out->base = 0;
+    out->ring = 0;
+}
+
+/* An empty cache, as after a reset (the busy flag is the caller's). */
+static dhsa_status state_clear(dhsa_session *s) {
+    s->len = 0;
+    s->len_loc = 0;
+    memset(&s->st_last, 0, sizeof s->st_last);
+    memset(&s->st_total, 0, sizeof s->st_total);
+    s->st_last.density = s->st_total.density = 1.0;
+    if (!uses_index(&s->p)) return DHSA_OK;
+    free_indexes(s);
+    return make_indexes(s);
+}
+
+void dhsa__session_state_clear(dhsa_session *s) { (void)state_clear(s); }
+
+dhsa_status dhsa__session_state_commit(dhsa_session *s, int64_t len, const int64_t *base) {
+    (void)base; /* every layer holds positions from 0 */
+    dhsa_status st = state_clear(s);
+    for (int64_t l = 0; !st && s->ix && l < s->m->info.n_layer; l++) {
+        if (!s->ix[l] || len == 0) continue;
+        /* the keys as the evals gave them to the index: read back from the cache */
+        dhsa_tensor k = cache_view(s, l, 0, len);
+        if ((st = dhsa_kv_index_append(s->ix[l], &k)))
+            st = dhsa__fail(st, "rebuilding the routing index of layer %lld: %s", (long long)l, dhsa_last_error());
+    }
+    if (st) {
+        (void)state_clear(s);
+        return st;
+    }
+    s->len = len;
+    return DHSA_OK;
+}
