@@ -166,6 +166,19 @@ extern const char dhsa_cli_inspect_usage[];
 int dhsa_cli_tokenize(int argc, char **argv);
 extern const char dhsa_cli_tokenize_usage[];
 
+/* The prompt cache (tools/cli_state.c, docs/prompt-cache.md): loads the
+ * state saved in path into s (created empty) and keeps of it the longest
+ * prefix of ids[0..n) it holds, the last token excluded unless the file
+ * holds exactly ids with their logits (then written to logits and
+ * *have_logits set); returns the tokens kept (the session's length),
+ * saying on stderr what it reused or why it used nothing (a missing file,
+ * another model or option, another prompt: the caller prefills). */
+int64_t dhsa_cli_cache_load(dhsa_session *s, const char *path, const int32_t *ids, int64_t n, float *logits,
+                            int *have_logits);
+/* Saves s (holding ids[0..n), logits after the last) to path, saying so;
+ * exits on failure. */
+void dhsa_cli_cache_save(dhsa_session *s, const char *path, const int32_t *ids, int64_t n, const float *logits);
+
 /* dhsa run / plan / bench model (tools/run.c): the model runner. */
 int dhsa_cli_run(int argc, char **argv);
 int dhsa_cli_plan(int argc, char **argv);

@@ -60,6 +60,8 @@ const char dhsa_cli_run_usage[] =
     "  -p TEXT | -f FILE   the prompt (default: empty: BOS only); a FILE larger than\n"
     "                      the context can hold is refused before it is read\n"
     "  --no-bos            do not add BOS\n"
+    "  --prompt-cache FILE reuse the prefill in FILE for a prompt starting with its\n"
+    "                      tokens; save this one (docs/prompt-cache.md)\n"
     "  --chat              wrap the prompt in the model's chat template (the\n"
     "                      prompt is plain text; only the template's markers are special)\n"
     "  --system TEXT       system message (with --chat only)\n"
@@ -125,6 +127,7 @@ typedef struct {
     const char *predictor_path;
     const char *dump_path;      /* --dump-layout */
     const char *logits_path;    /* --logits-out */
+    const char *prompt_cache;   /* --prompt-cache */
     int64_t dump_layer, dump_head;
 } run_opts;
 
@@ -270,6 +273,10 @@ static void parse(int argc, char **argv, run_opts *o) {
         else if (strcmp(a, "--dense-below") == 0) o->ses.router.dense_below = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--q-block") == 0) o->ses.router.q_block = dhsa_cli_int(a, v, 1, 65536, 0);
         else if (strcmp(a, "--logits-out") == 0) o->logits_path = v;
+        else if (strcmp(a, "--prompt-cache") == 0) {
+            if (!v[0]) dhsa_cli_die(EXIT_USAGE, "--prompt-cache needs a file name");
+            o->prompt_cache = v;
+        }
         else if (strcmp(a, "--dist-stripe") == 0) o->ses.dist_stripe = dist_stripe_arg(a, v);
         else if (strcmp(a, "--dist-fetch") == 0) o->ses.dist_fetch_share = dist_fetch_arg(a, v);
         else if (strcmp(a, "--dump-layout") == 0) {
@@ -294,6 +301,8 @@ static void parse(int argc, char **argv, run_opts *o) {
     if (o->template_name && !o->chat) dhsa_cli_die(EXIT_USAGE, "--template names the template of --chat: add --chat");
     dhsa_cli_check_tokenizer(o->model, o->tokenizer);
     if (o->dump_path) dhsa_cli_check_output("--dump-layout", o->dump_path);
+    if (o->prompt_cache && o->dump_path)
+        dhsa_cli_die(EXIT_USAGE, "--dump-layout draws the prefill, which --prompt-cache may skip: give one of them");
     if (o->ses.router.boundary == DHSA_BOUNDARY_FIXED && o->ses.attn == DHSA_ATTN_DHSA)
         o->ses.attn = DHSA_ATTN_BLOCK; /* dhsa with fixed chunks is the block baseline */
 }
@@ -731,6 +740,9 @@ static int run_main(int argc, char **argv, int plan_only) {
     parse(argc, argv, &o);
     o.ses.dist = dist;
     if (!dist) dist_fetch_needs_ranks(o.ses.dist_fetch_share);
+    if (dist && o.prompt_cache)
+        dhsa_cli_die(EXIT_USAGE, "--prompt-cache: a context-parallel run holds its cache in shares across the ranks; "
+                     "it is not saved");
     dhsa_model_params mp = dhsa_model_default_params();
     mp.tokenizer_path = o.tokenizer;
     dhsa_model *m;
@@ -868,9 +880,17 @@ static int run_main(int argc, char **argv, int plan_only) {
     }
     t0 = dhsa_cli_now();
     dump.active = 1;
-    if (dhsa_session_eval(s, ids, n_prompt, logits))
+    int64_t reused = 0;
+    int have_logits = 0;
+    if (o.prompt_cache && !plan_only) reused = dhsa_cli_cache_load(s, o.prompt_cache, ids, n_prompt, logits, &have_logits);
+    if (!have_logits && dhsa_session_eval(s, ids + reused, n_prompt - reused, logits))
         dhsa_cli_die(EXIT_RUN, "%s", dump.error[0] ? dump.error : dhsa_last_error());
     dump.active = 0;
+    if (o.prompt_cache && !have_logits) {
+        double t_save = dhsa_cli_now();
+        dhsa_cli_cache_save(s, o.prompt_cache, ids, n_prompt, logits);
+        t0 += dhsa_cli_now() - t_save; /* the save is not the prompt's time */
+    }
     dhsa_attn_stats st_prefill;
     dhsa_session_get_stats(s, &st_prefill, NULL);
     double t_prompt = dhsa_cli_now() - t0, t_first = 0;
@@ -918,10 +938,12 @@ static int run_main(int argc, char **argv, int plan_only) {
     char dec_rate[48];
     if (t_dec > 0 && n_dec > 0) snprintf(dec_rate, sizeof dec_rate, "%.1f tok/s", (double)n_dec / t_dec);
     else snprintf(dec_rate, sizeof dec_rate, "n/a tok/s (no decode step)");
+    char reused_text[64] = "";
+    if (reused) snprintf(reused_text, sizeof reused_text, " (%lld from the prompt cache)", (long long)reused);
     fprintf(stderr,
-            "prompt: %lld tokens in %.3f s (%.1f tok/s), first token after %.3f s; decode: %lld tokens, %s; "
+            "prompt: %lld tokens%s in %.3f s (%.1f tok/s), first token after %.3f s; decode: %lld tokens, %s; "
             "all forward passes: %.1f tok/s; peak RSS %.1f MiB (%zu KiB)",
-            (long long)n_prompt, t_prompt, t_prompt > 0 ? (double)n_prompt / t_prompt : 0.0, t_first,
+            (long long)n_prompt, reused_text, t_prompt, t_prompt > 0 ? (double)n_prompt / t_prompt : 0.0, t_first,
             (long long)n_gen, dec_rate,
             t_prompt + t_dec > 0 ? (double)(n_prompt + n_dec) / (t_prompt + t_dec) : 0.0, mib(dhsa_proc_peak_rss()),
             dhsa_proc_peak_rss() >> 10);

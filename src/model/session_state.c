@@ -38,6 +38,8 @@
 #include "route/predictor_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -331,10 +333,17 @@ static dhsa_status save_locked(dhsa_session *s, const int32_t *ids, int64_t n_id
     make_fields(&i, logits != NULL, fl);
     /* a temporary name in the file's folder, renamed over it once complete */
     size_t plen = strlen(path);
-    char *tmp = malloc(plen + 16);
+    char *tmp = malloc(plen + 40);
     if (!tmp) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
-    snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(tmp);
+    /* a name of its own (the pid and a counter), created with the usual
+     * permissions (0666 less the umask), as fopen would make path */
+    static atomic_uint counter;
+    int fd = -1;
+    for (int tries = 0; fd < 0 && tries < 100; tries++) {
+        snprintf(tmp, plen + 40, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&counter, 1) % 1000000u);
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0 && errno != EEXIST) break;
+    }
     if (fd < 0) {
         int e = errno;
         free(tmp);
