@@ -74,6 +74,21 @@ ifeq ($(HAVE_MPI),1)
   MPI_LIBS := $(shell pkg-config --libs mpi-c)
 endif
 
+# dhsa chat (tools/chat.c) edits its input line with libedit (BSD
+# licence; Debian: libedit-dev) or else GNU readline (GPL-3: a binary
+# linked with it is distributed under the GPL; Debian: libreadline-dev),
+# found by pkg-config; without either it reads plain lines. Only the CLI
+# links it. `make LINE_EDIT=` builds without.
+LINE_EDIT ?= $(shell pkg-config --exists libedit 2>/dev/null && echo libedit || \
+               { pkg-config --exists readline 2>/dev/null && echo readline; })
+ifeq ($(LINE_EDIT),libedit)
+  LINE_CFLAGS := -DDHSA_HAVE_LIBEDIT $(filter-out -D%,$(shell pkg-config --cflags libedit))
+  LINE_LIBS := $(shell pkg-config --libs libedit)
+else ifeq ($(LINE_EDIT),readline)
+  LINE_CFLAGS := -DDHSA_HAVE_READLINE $(filter-out -D%,$(shell pkg-config --cflags readline))
+  LINE_LIBS := $(shell pkg-config --libs readline)
+endif
+
 # What the CLI is built with: when it changes (libmicrohttpd or Open MPI
 # installed or removed, HAVE_SERVE= given, another compiler or flags), the
 # stamp $(BUILD)/cli-config.txt is rewritten here and the CLI (and
@@ -81,7 +96,8 @@ endif
 # file is rewritten only when its text changes, so an unchanged setup
 # rebuilds nothing. Tested by tests/test_cli_small.c.
 CLI_CONFIG := cc=$(CC) cflags=$(CFLAGS_BASE) serve=$(HAVE_SERVE) $(SERVE_CFLAGS) $(SERVE_LIBS) \
-              mpi=$(HAVE_MPI) $(MPI_CFLAGS) $(MPI_LIBS) ldlibs=$(LDLIBS)
+              mpi=$(HAVE_MPI) $(MPI_CFLAGS) $(MPI_LIBS) line=$(LINE_EDIT) $(LINE_CFLAGS) $(LINE_LIBS) \
+              ldlibs=$(LDLIBS)
 CLI_STAMP := $(BUILD)/cli-config.txt
 $(shell mkdir -p '$(BUILD)' && printf '%s\n' '$(CLI_CONFIG)' | cmp -s - '$(CLI_STAMP)' || \
   printf '%s\n' '$(CLI_CONFIG)' > '$(CLI_STAMP)')
@@ -125,7 +141,7 @@ $(BUILD)/libdhsa.so: $(OBJS)
 	$(CC) -shared -o $@ $^ $(LDLIBS)
 
 $(BUILD)/dhsa: $(TOOLS_SRCS) $(wildcard tools/*.h) $(BUILD)/libdhsa.a $(HDRS) $(CLI_STAMP)
-	$(CC) $(CFLAGS_BASE) $(SERVE_CFLAGS) $(MPI_CFLAGS) -o $@ $(TOOLS_SRCS) $(BUILD)/libdhsa.a $(SERVE_LIBS) $(MPI_LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS_BASE) $(SERVE_CFLAGS) $(MPI_CFLAGS) $(LINE_CFLAGS) -o $@ $(TOOLS_SRCS) $(BUILD)/libdhsa.a $(SERVE_LIBS) $(MPI_LIBS) $(LINE_LIBS) $(LDLIBS)
 
 $(BUILD)/progs/%: tests/progs/%.c $(BUILD)/libdhsa.a $(HDRS)
 	@mkdir -p $(dir $@)

@@ -179,6 +179,10 @@ int64_t dhsa_cli_cache_load(dhsa_session *s, const char *path, const int32_t *id
  * exits on failure. */
 void dhsa_cli_cache_save(dhsa_session *s, const char *path, const int32_t *ids, int64_t n, const float *logits);
 
+/* dhsa chat (tools/chat.c): a conversation over documents, prefilled once. */
+int dhsa_cli_chat(int argc, char **argv);
+extern const char dhsa_cli_chat_usage[];
+
 /* dhsa run / plan / bench model (tools/run.c): the model runner. */
 int dhsa_cli_run(int argc, char **argv);
 int dhsa_cli_plan(int argc, char **argv);

@@ -44,6 +44,7 @@ static const char usage_main[] =
     "commands:\n"
     "  run          generate text with a GGUF (or llama2.c) model, dense or DHSA\n"
     "               attention, under a memory limit\n"
+    "  chat         a conversation over documents, prefilled once (-f DOC)\n"
     "  plan         the memory plan of a run, without running it\n"
     "  peak         measured fp32 FMA peak and memory read bandwidth\n"
     "  bench attn   attention benchmark (checked against the reference first)\n"
@@ -1123,6 +1124,7 @@ static const char *usage_of(const char *cmd) {
     if (strcmp(cmd, "eval") == 0) return dhsa_cli_eval_usage;
     if (strcmp(cmd, "serve") == 0) return dhsa_cli_serve_usage;
     if (strcmp(cmd, "pull") == 0) return dhsa_cli_pull_usage;
+    if (strcmp(cmd, "chat") == 0) return dhsa_cli_chat_usage;
     return NULL;
 }
 
@@ -1176,6 +1178,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "eval") == 0) return dhsa_cli_eval(argc, argv);
     if (strcmp(cmd, "serve") == 0) return dhsa_cli_serve(argc, argv);
     if (strcmp(cmd, "pull") == 0) return dhsa_cli_pull(argc, argv);
+    if (strcmp(cmd, "chat") == 0) return dhsa_cli_chat(argc, argv);
     dhsa_cli_die(EXIT_USAGE, "unknown command \"%s\"", cmd);
     return EXIT_USAGE;
 }
