@@ -2218,20 +2218,24 @@ void dhsa__session_state_info(const dhsa_session *s, dhsa__state_info *out) {
 
 void dhsa__session_state_layer(const dhsa_session *s, int64_t l, dhsa__state_layer *out) {
     const dhsa_model_info *in = &s->m->info;
-    dhsa_tensor k = cache_view(s, l, 0, s->cap), v = cache_view(s, l, 1, s->cap);
-    out->k = k.data;
-    out->v = v.data;
+    const struct layer_cache *c = &s->lc[l];
+    out->k = (char *)s->kv + c->k;
+    out->v = (char *)s->kv + c->v;
     out->row_k = dhsa_type_row_bytes(s->p.kv_type, in->head_dim_k);
     out->row_v = dhsa_type_row_bytes(s->p.kv_type, in->head_dim_v);
-    out->rows = s->cap;
-    out->base = 0;
-    out->ring = 0;
+    out->rows = c->rows;
+    out->base = c->base;
+    out->ring = c->backup > 0;
 }
 
 /* An empty cache, as after a reset (the busy flag is the caller's). */
 static dhsa_status state_clear(dhsa_session *s) {
     s->len = 0;
     s->len_loc = 0;
+    for (int64_t l = 0; l < s->m->info.n_layer; l++) {
+        s->lc[l].base = 0;
+        s->lc[l].saved = 0;
+    }
     memset(&s->st_last, 0, sizeof s->st_last);
     memset(&s->st_total, 0, sizeof s->st_total);
     s->st_last.density = s->st_total.density = 1.0;
@@ -2243,8 +2247,8 @@ static dhsa_status state_clear(dhsa_session *s) {
 void dhsa__session_state_clear(dhsa_session *s) { (void)state_clear(s); }
 
 dhsa_status dhsa__session_state_commit(dhsa_session *s, int64_t len, const int64_t *base) {
-    (void)base; /* every layer holds positions from 0 */
     dhsa_status st = state_clear(s);
+    for (int64_t l = 0; l < s->m->info.n_layer; l++) s->lc[l].base = base[l];
     for (int64_t l = 0; !st && s->ix && l < s->m->info.n_layer; l++) {
         if (!s->ix[l] || len == 0) continue;
         /* the keys as the evals gave them to the index: read back from the cache */
