@@ -195,6 +195,8 @@ ubsan:
 #   tokenizer  any text through every vocabulary of ../shared/vocab, the
 #              shipped model's and stories260K's (absent ones are skipped)
 #   num        the CLI's number parsers (tools/cli_num.c)
+#   state      a saved session state (dhsa_session_load_memory, also with
+#              its checksum fixed up) into a session of the shipped model
 #   serve      dhsa serve's request bodies (tools/serve_req.c; needs jansson,
 #              skipped, saying so, without it)
 # Seeds: ../shared/models and ../shared/vocab where present, tiny models
@@ -208,7 +210,7 @@ FUZZ_CC ?= clang
 FUZZ_SAN = -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 FUZZ_LINK = $(FUZZ_CC) -std=c11 -g -O1 -D_GNU_SOURCE -Iinclude -Isrc $(FUZZ_SAN) -fsanitize=fuzzer
 FUZZ_RUN = -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1
-FUZZ_HARNESSES = gguf predictor llama2c model tokenizer num
+FUZZ_HARNESSES = gguf predictor llama2c model tokenizer num state
 SHARED ?= ../shared
 fuzz: $(BUILD)/dhsa
 	@printf 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (void)d; (void)n; return 0; }\n' \
@@ -226,6 +228,7 @@ fuzz: $(BUILD)/dhsa
 	$(FUZZ_LINK) -o build-fuzz/model_fuzz fuzz/model_fuzz.c build-fuzz/libdhsa.a -lpthread -lm
 	$(FUZZ_LINK) -o build-fuzz/tokenizer_fuzz fuzz/tokenizer_fuzz.c build-fuzz/libdhsa.a -lpthread -lm
 	$(FUZZ_LINK) -Itools -o build-fuzz/num_fuzz fuzz/num_fuzz.c tools/cli_num.c -lm
+	$(FUZZ_LINK) -o build-fuzz/state_fuzz fuzz/state_fuzz.c build-fuzz/libdhsa.a -lpthread -lm
 	@for h in $(FUZZ_HARNESSES); do mkdir -p build-fuzz/corpus-$$h; done
 	@mkdir -p build-fuzz/seeds-model
 	@if [ -f $(SHARED)/models/stories260K.gguf ]; then cp $(SHARED)/models/stories260K.gguf build-fuzz/corpus-gguf/; fi
@@ -270,6 +273,12 @@ fuzz: $(BUILD)/dhsa
 	@printf '\000\120512K' > build-fuzz/corpus-num/int-suffix; printf '\001\1200.0625' > build-fuzz/corpus-num/real
 	@printf '\020\120-9223372036854775808' > build-fuzz/corpus-num/int-min; printf '\001\1200x1.8p-3' > build-fuzz/corpus-num/hex
 	build-fuzz/num_fuzz $(FUZZ_RUN) -max_len=64 build-fuzz/corpus-num
+	@# state seeds: the states of two prompts, saved with the harness's options
+	@$(BUILD)/dhsa run -p "Once upon a time" -n 1 --ctx 64 --ubatch 64 --temp 0 \
+	  --prompt-cache build-fuzz/corpus-state/once >/dev/null 2>&1 || { echo "state seed failed"; exit 1; }
+	@$(BUILD)/dhsa run -p "The pass key is 40913." -n 1 --ctx 64 --ubatch 64 --temp 0 \
+	  --prompt-cache build-fuzz/corpus-state/key >/dev/null 2>&1 || { echo "state seed failed"; exit 1; }
+	build-fuzz/state_fuzz $(FUZZ_RUN) -max_len=600000 build-fuzz/corpus-state
 ifeq ($(HAVE_SERVE),1)
 	$(FUZZ_LINK) $(SERVE_CFLAGS) -Itools -o build-fuzz/serve_fuzz fuzz/serve_fuzz.c tools/serve_req.c build-fuzz/libdhsa.a $(SERVE_LIBS) -lpthread -lm
 	@mkdir -p build-fuzz/corpus-serve

@@ -76,7 +76,7 @@ int main(void) {
     snprintf(cmd, sizeof cmd, "{ cat %s; echo; echo 'What is it about?'; } > %s", doc, q);
     if (system(cmd)) fprintf(stderr, "could not write %s\n", q);
     snprintf(cache, sizeof cache, "%s/cache", dir);
-    const char *opts = "-m " MODEL " -n 16 --temp 0 --no-echo --ctx 4096";
+    const char *opts = "-m " MODEL " -n 16 --temp 0 --no-echo --ctx 4096 --kv f32";
 
     /* run: without the cache, then twice with it */
     char a[1024], *e0, *e1, *e2;
@@ -114,7 +114,7 @@ int main(void) {
     free(qcached);
     free(qplain);
     /* other options: not used, saying why */
-    snprintf(a, sizeof a, "run %s -f %s --kv f16", opts, doc);
+    snprintf(a, sizeof a, "run %s -f %s --kv f16", opts, doc); /* the later --kv wins */
     char *f16 = run_out(a, &e0);
     snprintf(cmd, sizeof cmd, "cp %s %s/cache0", cache, dir);
     if (system(cmd)) fprintf(stderr, "cp failed\n");

@@ -190,6 +190,7 @@ extern const char dhsa_cli_run_usage[];
 int dhsa_cli_bench_model(int argc, char **argv);
 extern const char dhsa_cli_bench_model_usage[];
 extern const char dhsa_cli_dist_usage[]; /* printed after run's and bench model's */
+extern const char dhsa_cli_run_cache_usage[]; /* --prompt-cache, printed after run's */
 /* dhsa train-boundary (tools/train.c): the learned boundary predictor. */
 int dhsa_cli_train_boundary(int argc, char **argv);
 extern const char dhsa_cli_train_boundary_usage[];

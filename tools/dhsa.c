@@ -1161,6 +1161,7 @@ int main(int argc, char **argv) {
         if (!u) dhsa_cli_die(EXIT_USAGE, "no command \"%s\"", argv[2]);
         fputs(u, stdout);
         if (u == dhsa_cli_eval_usage) fputs(dhsa_cli_eval_usage_tasks, stdout);
+        if (u == dhsa_cli_run_usage) fputs(dhsa_cli_run_cache_usage, stdout);
         if (u == dhsa_cli_run_usage || u == dhsa_cli_bench_model_usage) fputs(dhsa_cli_dist_usage, stdout);
         return 0;
     }

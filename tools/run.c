@@ -42,6 +42,15 @@ const char dhsa_cli_dist_usage[] =
     "does not answer in DHSA_DIST_STALL s (15) ends the job; DHSA_DIST_TIMEOUT\n"
     "(3600 s) bounds any one wait (docs/dist.md, \"Faults\").\n";
 
+/* --prompt-cache, printed after run's usage (its own string: run's is
+ * near the 4095 characters C99 promises to support). */
+const char dhsa_cli_run_cache_usage[] =
+    "Prompt cache (docs/prompt-cache.md):\n"
+    "  --prompt-cache FILE reuse the prefill saved in FILE for a prompt that starts\n"
+    "                      with its tokens (only the rest is evaluated); save this\n"
+    "                      prompt's there; a file of another model or option is\n"
+    "                      not used, saying why\n";
+
 const char dhsa_cli_run_usage[] =
     "usage: dhsa run [-m MODEL] [-p TEXT | -f FILE] [-n N] [options]\n"
     "       dhsa plan [-m MODEL] [options] [--prompt-tokens N]\n"
@@ -60,8 +69,7 @@ const char dhsa_cli_run_usage[] =
     "  -p TEXT | -f FILE   the prompt (default: empty: BOS only); a FILE larger than\n"
     "                      the context can hold is refused before it is read\n"
     "  --no-bos            do not add BOS\n"
-    "  --prompt-cache FILE reuse the prefill in FILE for a prompt starting with its\n"
-    "                      tokens; save this one (docs/prompt-cache.md)\n"
+
     "  --chat              wrap the prompt in the model's chat template (the\n"
     "                      prompt is plain text; only the template's markers are special)\n"
     "  --system TEXT       system message (with --chat only)\n"
@@ -211,6 +219,7 @@ static void parse(int argc, char **argv, run_opts *o) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             fputs(dhsa_cli_run_usage, stdout);
+            fputs(dhsa_cli_run_cache_usage, stdout);
             fputs(dhsa_cli_dist_usage, stdout);
             exit(0);
         }

@@ -123,6 +123,8 @@ _PROTOTYPES = {
     "dhsa_session_reset": (c_int, [c_void_p]),
     "dhsa_session_truncate": (c_int, [c_void_p, c_int64]),
     "dhsa_session_eval": (c_int, [c_void_p, c_void_p, c_int64, c_void_p]),
+    "dhsa_session_save": (c_int, [c_void_p, c_void_p, c_int64, c_void_p, c_char_p]),
+    "dhsa_session_load": (c_int, [c_void_p, c_char_p, c_void_p, c_int64, _p(c_int64), c_void_p, _p(c_int)]),
     "dhsa_sampler_default_params": (SamplerParams, []),
     "dhsa_sampler_create": (c_int, [_p(SamplerParams), c_int64, _p(c_void_p)]),
     "dhsa_sampler_free": (None, [c_void_p]),
@@ -724,6 +726,36 @@ class Session:
                 check(st)
             self.tokens.extend(int(x) for x in a)
             self._have_logits = True
+
+    def save_state(self, path):
+        """Saves the session's state (its tokens, KV cache, the logits after the last
+        token) to path, written to a temporary name and renamed (dhsa_session_save,
+        docs/prompt-cache.md)."""
+        with self._call("save_state()") as h:
+            ids = np.ascontiguousarray(self.tokens, dtype=np.int32)
+            lg = self._logits.ctypes.data if self._have_logits else None
+            check(_lib().dhsa_session_save(h, ids.ctypes.data, ids.size, lg, os.fsencode(path)))
+
+    def load_state(self, path):
+        """Replaces the session's state with the one saved in path (save_state, or
+        `dhsa run --prompt-cache`); returns the number of tokens it holds. A file of
+        another model or option raises DhsaError (DHSA_ERR_INVALID_ARG) with the
+        reason and leaves the session as it was; a corrupt one leaves it empty.
+        A later generate() whose prompt starts with these tokens evaluates only the
+        rest."""
+        with self._call("load_state()") as h:
+            ids = np.zeros(self._n_ctx, dtype=np.int32)
+            n, has = c_int64(0), c_int(0)
+            st = _lib().dhsa_session_load(h, os.fsencode(path), ids.ctypes.data, ids.size, ctypes.byref(n),
+                                          self._logits.ctypes.data, ctypes.byref(has))
+            if st:
+                self.tokens = self.tokens[:int(_lib().dhsa_session_length(h))]
+                if not self.tokens:
+                    self._have_logits = False
+                check(st)
+            self.tokens = [int(x) for x in ids[:n.value]]
+            self._have_logits = bool(has.value)
+            return n.value
 
     def logits(self):
         """The logits after the last evaluated token (a copy, float32 [n_vocab])."""

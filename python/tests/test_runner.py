@@ -181,3 +181,29 @@ def test_struct_layout(tmp_path):
     subprocess.run(["cc", "-std=c11", "-I", str(REPO / "include"), "-o", str(exe), str(src)], check=True)
     got = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
     assert got == want
+
+
+def test_save_load_state(model, tmp_path):
+    """save_state / load_state (docs/prompt-cache.md): the loaded session holds
+    the tokens and the last logits bit for bit and generates what a session
+    that evaluated the prompt itself generates; other options are refused with
+    the reason, leaving the session as it was."""
+    ids = model.tokenize(PK)
+    path = str(tmp_path / "pk.state")
+    s = dhsa.Session(model, ctx=256, attn="dhsa", density=0.125, kv="f16", threads=1)
+    s.eval(ids)
+    s.save_state(path)
+    r = dhsa.Session(model, ctx=256, attn="dhsa", density=0.125, kv="f16", threads=1)
+    assert r.load_state(path) == len(ids) and r.tokens == ids and r.length == len(ids)
+    np.testing.assert_array_equal(r.logits(), s.logits())
+    want = dhsa.Session(model, ctx=256, attn="dhsa", density=0.125, kv="f16", threads=1).generate(
+        PK, max_tokens=8, temperature=0, tokens=True)
+    assert r.generate(PK, max_tokens=8, temperature=0, tokens=True) == want
+    assert r.n_reused >= len(ids) - 1
+    other = dhsa.Session(model, ctx=256, kv="f32", threads=1)
+    other.eval(ids[:3])
+    with pytest.raises(dhsa.DhsaError, match="--kv"):
+        other.load_state(path)
+    assert other.tokens == ids[:3] and other.length == 3
+    for x in (s, r, other):
+        x.close()

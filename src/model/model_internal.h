@@ -89,6 +89,9 @@ void dhsa__session_state_layer(const dhsa_session *s, int64_t l, dhsa__state_lay
  * again from the cache's keys, the statistics start from zero. On failure
  * the cache is empty (as after dhsa_session_reset). */
 dhsa_status dhsa__session_state_commit(dhsa_session *s, int64_t len, const int64_t *base);
+/* The checksum a state file ends with, of its bytes before it (for the
+ * fuzz harness, fuzz/state_fuzz.c, to see past it). */
+uint64_t dhsa__state_checksum(const void *data, size_t n);
 /* Empties the cache (a load that failed half way). */
 void dhsa__session_state_clear(dhsa_session *s);
 

@@ -123,6 +123,8 @@ static uint64_t hash_bytes(const void *p, size_t n, uint64_t seed) {
     return hash_end(&h);
 }
 
+uint64_t dhsa__state_checksum(const void *data, size_t n) { return hash_bytes(data, n, 7); }
+
 /* The model file's bytes, hashed once per loaded model. */
 static uint64_t model_hash(const dhsa_model *m) {
     dhsa_model *mm = (dhsa_model *)m; /* the cache only: the model is otherwise read-only */
