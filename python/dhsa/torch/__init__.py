@@ -1,6 +1,8 @@
 """dhsa.torch: PyTorch tools. Find the operators of a model that build
 square (L x L) attention intermediates, and replace the attention that
-builds them with dhsa's tiled kernels on CPU tensors.
+builds them: dhsa's tiled kernels on CPU tensors, PyTorch's own kernels
+(SDPA with the masks turned right, DHSA layouts gathered per query block)
+on any other device or with backend="torch".
 
     from dhsa.torch import find_square_intermediates
     print(find_square_intermediates(model, x, key_padding_mask=pad))

@@ -256,6 +256,21 @@ def _walk(roots, seq, min_size, known, features, types):
 # ----------------------------------------------------------------- API ---
 
 
+def _activities(inputs, module):
+    """The profiler activities for the devices the inputs and the module's
+    tensors are on: CPU always (operators are recorded there, with their
+    shapes, whatever device runs them), plus CUDA (also ROCm) and XPU where
+    a tensor lives there, so that the device's allocations are recorded."""
+    devs = {t.device.type for t in inputs}
+    devs |= {t.device.type for t in list(module.parameters()) + list(module.buffers())}
+    acts = [ProfilerActivity.CPU]
+    if "cuda" in devs and hasattr(ProfilerActivity, "CUDA"):
+        acts.append(ProfilerActivity.CUDA)
+    if "xpu" in devs and hasattr(ProfilerActivity, "XPU"):
+        acts.append(ProfilerActivity.XPU)
+    return acts
+
+
 def find_square_intermediates(module, *args, min_size=1024, **kwargs):
     """Runs module(*args, **kwargs) once in eval() under
     torch.inference_mode() and returns a Findings list of the square
@@ -305,7 +320,8 @@ def find_square_intermediates(module, *args, min_size=1024, **kwargs):
     handles = _module_hooks(names)
     try:
         module.eval()
-        prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True)
+        prof = profile(activities=_activities(inputs, module), record_shapes=True,
+                       profile_memory=True)
         # Without a GPU the profiler's device probe logs an ERROR line on a
         # correct run: dropped (only that line) where PyTorch sees no GPU.
         quiet = drop_stderr_lines if not torch.cuda.is_available() else contextlib.nullcontext

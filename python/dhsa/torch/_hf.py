@@ -1,5 +1,6 @@
 """_hf.py: patch_transformers(model, method=..., density=...), dhsa as the
-attention of Hugging Face transformers Llama, Qwen2 and Gemma2 models on CPU
+attention of Hugging Face transformers Llama, Qwen2 and Gemma2 models, on the
+CPU through dhsa's kernels and on other devices through PyTorch's (backend=)
 (the plug-in mode of the DHSA reference code: the model's own projections
 and RoPE, dhsa between them and the output projection).
 
@@ -26,7 +27,7 @@ import torch
 
 import dhsa
 
-from ._ops import attention, mask_numpy, route
+from ._ops import attention, pick_backend, route
 
 NAME = "dhsa"
 _SUPPORTED = ("LlamaAttention", "Qwen2Attention", "Gemma2Attention")
@@ -138,7 +139,7 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
             raise NotImplementedError("dhsa attention: got a %s attention mask; the 'dhsa' mask "
                                       "function gives None or [B, 1, 1, Lk]"
                                       % (tuple(attention_mask.shape),))
-        kw["attn_mask"] = mask_numpy("attention_mask", attention_mask)  # per key, True = keep
+        kw["attn_mask"] = attention_mask  # per key, True = keep
     lay = None
     try:
         if cfg["method"] != "dense":
@@ -148,7 +149,8 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
             kw["sparse"] = lay
         # BLHD views of the BHLD tensors: dhsa writes o as [B, Lq, Hq, d],
         # the layout transformers wants, so nothing is transposed after.
-        o = attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), **kw)
+        o = attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                      backend=cfg.get("backend"), **kw)
     finally:
         if lay is not None:
             lay.close()
@@ -176,7 +178,7 @@ def _set_implementation(model, name):
         model.config._attn_implementation = name
 
 
-def patch_transformers(model, method="dhsa", density=0.0625, **router):
+def patch_transformers(model, method="dhsa", density=0.0625, backend=None, **router):
     """Makes a transformers Llama, Qwen2 or Gemma2 model (…ForCausalLM or
     the bare model) run its attention on dhsa, in place, on CPU tensors.
 
@@ -185,7 +187,10 @@ def patch_transformers(model, method="dhsa", density=0.0625, **router):
     keys each query block may see (routed methods); router: any other
     dhsa.route() keyword (budget=, q_block=, sink=, local=, dense_below=,
     boundary=, ...: docs/python.md). Returns the paths of the attention
-    modules patched. model_stats(model) gives the routed densities;
+    modules patched. backend: None (dhsa's C kernels for a model on the
+    CPU, PyTorch's kernels on any other device: SDPA for "dense", the
+    routed layout gathered per query block otherwise), "c" or "torch".
+    model_stats(model) gives the routed densities;
     unpatch_transformers(model) restores the previous implementation."""
     _transformers()
     if method not in METHODS:
@@ -200,17 +205,20 @@ def patch_transformers(model, method="dhsa", density=0.0625, **router):
         if "budget" not in router:
             router["density"] = density
         dhsa.RouterParams(**{k: v for k, v in router.items() if k != "params"})  # names checked now
-    for name, p in model.named_parameters():
-        if p.device.type != "cpu":
-            raise ValueError("patch_transformers: parameter %s is on %s; dhsa runs on the CPU"
-                             % (name, p.device))
+    pick_backend(backend)  # the name
+    if backend == "c":
+        for name, p in model.named_parameters():
+            if p.device.type != "cpu":
+                raise ValueError("patch_transformers: backend='c' runs dhsa's CPU kernels and "
+                                 "parameter %s is on %s: use backend=None or 'torch'"
+                                 % (name, p.device))
     _register()
     prev = getattr(model.config, "_attn_implementation", None)
     if prev == NAME:
         prev = getattr(model, "_dhsa_previous_attn", prev)
     stats = []
     for _, m in mods:
-        m._dhsa = {"method": method, "router": router, "stats": stats}
+        m._dhsa = {"method": method, "router": router, "stats": stats, "backend": backend}
     model._dhsa_previous_attn = prev
     model._dhsa_stats = stats
     _set_implementation(model, NAME)

@@ -15,8 +15,11 @@ Contract (docs/torch.md, "MultiheadAttention"):
     and dhsa's fixed workspace; never [B, H, L, S] unless need_weights
     asks for the weights, which are L x S by definition (computed one head
     at a time from dhsa's log-sum-exp).
+  - Back ends: backend=None (the default) runs dhsa's C kernels on CPU
+    tensors and PyTorch's SDPA (masks in its convention, per key as
+    [B, 1, 1, S]) on any other device; "c" / "torch" force one.
   - Refused, with a sentence: attention dropout in training mode; backward
-    (dhsa's kernels are forward-only); non-CPU tensors.
+    through the C kernels (forward-only); backend="c" with non-CPU tensors.
 Tested by python/tests/test_torch_mha.py.
 """
 
@@ -25,7 +28,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ._ops import _needs_graph, attention, mask_numpy
+from ._ops import _needs_graph, attention, pick_backend
 
 
 def _leave_fused_paths(module, args):
@@ -46,12 +49,14 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
     dropout > 0 is accepted and refused at a forward in training mode.
     from_module(mha) wraps an existing module's parameters."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, backend=None, **kwargs):
         super().__init__(*args, **kwargs)
+        pick_backend(backend)  # checks the name
+        self.backend = backend
         self.register_forward_pre_hook(_leave_fused_paths)
 
     @classmethod
-    def from_module(cls, mha):
+    def from_module(cls, mha, backend=None):
         """A dhsa MultiheadAttention sharing mha's parameters (and its
         out_proj module) and training flag: no weight is copied, and a
         change to one is seen by the other."""
@@ -61,7 +66,7 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         new = cls(mha.embed_dim, mha.num_heads, dropout=mha.dropout,
                   bias=mha.in_proj_bias is not None, add_bias_kv=mha.bias_k is not None,
                   add_zero_attn=mha.add_zero_attn, kdim=mha.kdim, vdim=mha.vdim,
-                  batch_first=mha.batch_first, device="meta")
+                  batch_first=mha.batch_first, device="meta", backend=backend)
         for name in list(new._parameters):
             new._parameters[name] = mha._parameters[name]
         new.out_proj = mha.out_proj
@@ -151,11 +156,11 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         dense = None
         if am is not None and not is_causal:
             if am.dtype == torch.bool:  # True = NOT allowed: one float 0 / -inf copy
-                am = torch.zeros(am.shape, dtype=torch.float32).masked_fill_(am, float("-inf"))
+                am = torch.zeros(am.shape, dtype=torch.float32,
+                                 device=am.device).masked_fill_(am, float("-inf"))
             dense = am if am.dim() == 2 else am.view(B, H, L, S)
-        o = attention(q4, k4, v4, layout="BLHD", causal=bool(is_causal),
-                      key_padding_mask=mask_numpy("key_padding_mask", kpm),
-                      attn_mask=mask_numpy("attn_mask", dense), return_lse=need_weights)
+        o = attention(q4, k4, v4, backend=self.backend, layout="BLHD", causal=bool(is_causal),
+                      key_padding_mask=kpm, attn_mask=dense, return_lse=need_weights)
         lse = None
         if need_weights:
             o, lse = o
@@ -175,9 +180,11 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
 def _pad_masks(kpm, am):
     """The masks with one more key that takes part (add_bias_kv, add_zero_attn)."""
     if kpm is not None:
-        kpm = torch.cat([kpm, torch.zeros(kpm.shape[:-1] + (1,), dtype=kpm.dtype)], dim=-1)
+        kpm = torch.cat([kpm, torch.zeros(kpm.shape[:-1] + (1,), dtype=kpm.dtype,
+                                          device=kpm.device)], dim=-1)
     if am is not None:
-        am = torch.cat([am, torch.zeros(am.shape[:-1] + (1,), dtype=am.dtype)], dim=-1)
+        am = torch.cat([am, torch.zeros(am.shape[:-1] + (1,), dtype=am.dtype,
+                                        device=am.device)], dim=-1)
     return kpm, am
 
 
@@ -187,13 +194,14 @@ def _weights(q4, k4, lse, kpm, dense, causal, average):
     B, L, H, d = q4.shape
     S = k4.shape[1]
     scale = 1.0 / math.sqrt(d)
-    add = torch.zeros(B, 1, S, dtype=torch.float32)
+    dev = q4.device
+    add = torch.zeros(B, 1, S, dtype=torch.float32, device=dev)
     if kpm is not None:
-        add = add + (torch.zeros(kpm.shape).masked_fill_(kpm, float("-inf"))
+        add = add + (torch.zeros(kpm.shape, device=dev).masked_fill_(kpm, float("-inf"))
                      if kpm.dtype == torch.bool else kpm.float()).reshape(B, 1, S)
     if causal:
-        cm = torch.ones(L, S, dtype=torch.bool).triu_(1)
-    out = torch.zeros((B, L, S) if average else (B, H, L, S), dtype=q4.dtype)
+        cm = torch.ones(L, S, dtype=torch.bool, device=dev).triu_(1)
+    out = torch.zeros((B, L, S) if average else (B, H, L, S), dtype=q4.dtype, device=dev)
     for h in range(H):
         s = torch.matmul(q4[:, :, h].float(), k4[:, :, h].float().transpose(1, 2)) * scale
         s = s + add
@@ -201,7 +209,7 @@ def _weights(q4, k4, lse, kpm, dense, causal, average):
             s = s + (dense if dense.dim() == 2 else dense[:, h]).float()
         if causal:
             s = s.masked_fill(cm, float("-inf"))
-        w = torch.exp(s - lse[:, h, :, None])
+        w = torch.exp(s - lse[:, h, :, None].to(dev))
         if average:
             out += w.to(out.dtype)
         else:
@@ -226,12 +234,14 @@ class _WeightsForwardOnly(torch.autograd.Function):
                            "kernel (no backward): train with PyTorch's attention")
 
 
-def replace_multihead_attention(model):
+def replace_multihead_attention(model, backend=None):
     """Swaps every torch.nn.MultiheadAttention inside model (not model
     itself: use MultiheadAttention.from_module) for a dhsa
     MultiheadAttention sharing its parameters, in place, and turns off
     nn.TransformerEncoder's nested-tensor path (use_nested_tensor = False)
     so that the layers receive padded tensors and a key_padding_mask.
+    backend: None (dhsa's C kernels for CPU tensors, PyTorch's SDPA for
+    tensors on other devices), "c" or "torch" (docs/torch.md, "Back ends").
     Returns the dotted paths replaced."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError("replace_multihead_attention takes a torch.nn.Module, not %s"
@@ -244,7 +254,7 @@ def replace_multihead_attention(model):
         for name, child in list(parent.named_children()):
             if isinstance(child, torch.nn.MultiheadAttention) and \
                     not isinstance(child, MultiheadAttention):
-                setattr(parent, name, MultiheadAttention.from_module(child))
+                setattr(parent, name, MultiheadAttention.from_module(child, backend=backend))
                 done.append(path + "." + name if path else name)
     for m in model.modules():
         if isinstance(m, torch.nn.TransformerEncoder):

@@ -2,8 +2,11 @@
 dhsa.torch.scaled_dot_product_attention (F.scaled_dot_product_attention's
 semantics, plus DHSA routing through sparse=).
 
-Contract (docs/torch.md, "Tensors" and "scaled_dot_product_attention"):
-  - CPU, strided tensors only; float32 and float16 go to C as numpy views of
+Contract (docs/torch.md, "Back ends", "Tensors" and
+"scaled_dot_product_attention"):
+  - backend: None = the C kernels when every tensor is on the CPU, else
+    PyTorch's (_backend.py); "c" / "torch" force one (pick_backend).
+  - C back end: CPU, strided tensors only; float32 and float16 go to C as numpy views of
     the tensor's own memory (Tensor.numpy() shares it), bfloat16 as a
     uint16 view of the same bits; other dtypes and devices are refused.
   - The output is a new tensor wrapping the array C wrote (torch.from_numpy,
@@ -102,10 +105,41 @@ class _ForwardOnly(torch.autograd.Function):
                            "eval() under torch.inference_mode() or torch.no_grad())")
 
 
-def attention(q, k, v, **kw):
+BACKENDS = (None, "c", "torch")
+
+
+def pick_backend(backend, *tensors):
+    """"c" (dhsa's C kernels) or "torch" (PyTorch's kernels) for these
+    tensors: None picks "c" when every tensor is on the CPU and "torch"
+    otherwise; "c" with a tensor off the CPU is refused."""
+    if backend not in BACKENDS:
+        raise ValueError("backend must be None (C kernels on the CPU, PyTorch's elsewhere), 'c' "
+                         "or 'torch', not %r" % (backend,))
+    devs = {t.device.type for t in tensors if isinstance(t, torch.Tensor)}
+    if backend == "torch":
+        return "torch"
+    if devs <= {"cpu"}:
+        return "c"
+    if backend == "c":
+        raise ValueError("backend='c' runs dhsa's CPU kernels, and a tensor is on %s: move it "
+                         "with .cpu(), or use backend=None / 'torch' (PyTorch's kernels on its "
+                         "device)" % ", ".join(sorted(devs - {"cpu"})))
+    return "torch"
+
+
+def attention(q, k, v, backend=None, **kw):
     """dhsa.attention over torch tensors (the keywords of dhsa.attention;
-    masks as numpy from mask_numpy). Returns o, or (o, lse) with
-    return_lse=True."""
+    masks as torch tensors). backend: see pick_backend. Returns o, or
+    (o, lse) with return_lse=True."""
+    if pick_backend(backend, q, k, v, kw.get("attn_mask"), kw.get("key_padding_mask")) == "torch":
+        from . import _backend
+        if "layout" in kw and not isinstance(kw["layout"], str):
+            raise TypeError("layout= must be 'BHLD' or 'BLHD' here; pass a layout as sparse=")
+        kw.pop("backend", None)
+        return _backend.attention(q, k, v, **kw)
+    for name in ("attn_mask", "key_padding_mask"):
+        if isinstance(kw.get(name), torch.Tensor):
+            kw[name] = mask_numpy(name, kw[name])
     if _needs_graph(q, k, v):
         r = _ForwardOnly.apply(q, k, v, kw)
         return r
@@ -136,8 +170,9 @@ def route(q, k, *, causal, sparse, q_pos0=0, window=0):
     bfloat16 q/k are converted to float32 for the router (one copy each,
     linear in L: the router's binding takes float32/float16)."""
     kw = _router_kwargs(sparse)
-    qf = q.detach().float() if q.dtype == _BF16 else q
-    kf = k.detach().float() if k.dtype == _BF16 else k
+    qf = q.detach().float() if q.dtype == _BF16 or q.device.type != "cpu" else q
+    kf = k.detach().float() if k.dtype == _BF16 or k.device.type != "cpu" else k
+    qf, kf = qf.cpu(), kf.cpu()  # off the CPU: one [B, H, L, d] copy each (linear in L)
     qa, _ = as_numpy("q", qf)
     ka, _ = as_numpy("k", kf)
     return dhsa.route(qa, ka, causal=causal, q_pos0=q_pos0, window=window, **kw)
@@ -166,7 +201,7 @@ def _mask4(m, nd):
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False, *, sparse=None,
-                                 sparse_stats=None):
+                                 sparse_stats=None, backend=None):
     """F.scaled_dot_product_attention on dhsa's tiled kernel (CPU tensors).
 
     query [..., Hq, L, E], key [..., Hkv, S, E], value [..., Hkv, S, Ev]
@@ -182,7 +217,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     settings (a dict of dhsa.route() keywords such as {"density": 0.0625},
     a dhsa.RouterParams, or a method name) to route this call with
     dhsa.route(query, key, causal=is_causal). sparse_stats: a list; each
-    routed call appends its layout's stats() dict (density, ...)."""
+    routed call appends its layout's stats() dict (density, ...).
+
+    backend: None (dhsa's C kernels for CPU tensors, PyTorch's kernels for
+    tensors on any other device), "c" or "torch" (PyTorch's kernels on the
+    CPU too); both give the same results (docs/torch.md, "Back ends")."""
     if dropout_p:
         raise ValueError("dropout_p = %r: dhsa's kernels have no attention dropout; pass 0 (as "
                          "Hugging Face models do in eval())" % (dropout_p,))
@@ -199,7 +238,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                            "attention (as in PyTorch)" % (q.shape[1], k.shape[1]))
     kw = dict(causal=bool(is_causal), scale=scale)
     if attn_mask is not None:
-        kw["attn_mask"] = mask_numpy("attn_mask", _mask4(attn_mask, nd))
+        kw["attn_mask"] = _mask4(attn_mask, nd)
     lay = None
     try:
         if isinstance(sparse, dhsa.Layout):
@@ -209,7 +248,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             if sparse_stats is not None:
                 sparse_stats.append(lay.stats())
             kw["sparse"] = lay
-        o = attention(q, k, v, **kw)
+        o = attention(q, k, v, backend=backend, **kw)
     finally:
         if lay is not None:
             lay.close()

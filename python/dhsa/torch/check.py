@@ -10,8 +10,10 @@ lone tensor x the only input. Prints the findings and exits with
   2  the command line, the file, the factory or the forward failed (said why).
 
 Options: --min-size N (elements, default 1024), --quiet (findings only, no
-notes). The production-mode notes (a module in training mode, grad mode
-on) go to stderr. Tested by python/tests/test_torch_find.py.
+notes), --device DEV (move the module and tensor inputs to DEV, e.g. cuda,
+first; CUDA/XPU operators and allocations are recorded as the CPU's).
+The production-mode notes (a module in training mode, grad mode on) go to
+stderr. Tested by python/tests/test_torch_find.py.
 """
 
 import argparse
@@ -82,6 +84,9 @@ def main(argv=None):
     ap.add_argument("--min-size", type=int, default=1024, metavar="N",
                     help="elements a tensor must have to count (default 1024)")
     ap.add_argument("--quiet", action="store_true", help="no notes, only the findings")
+    ap.add_argument("--device", metavar="DEV", default=None,
+                    help="move the module and its tensor inputs to DEV (e.g. cuda) before the "
+                         "check; default: where the factory put them")
     try:
         a = ap.parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on usage errors, 0 on --help
@@ -97,6 +102,15 @@ def main(argv=None):
         module, args, kwargs = _split(_load_factory(a.target)(), torch)
     except Exception as e:
         return _fail("%s: %s: %s" % (a.target, type(e).__name__, e))
+    if a.device is not None:
+        try:
+            dev = torch.device(a.device)
+            module = module.to(dev)
+            mv = lambda x: x.to(dev) if isinstance(x, torch.Tensor) else x  # noqa: E731
+            args = tuple(mv(x) for x in args)
+            kwargs = {k: mv(v) for k, v in kwargs.items()}
+        except Exception as e:
+            return _fail("--device %s: %s: %s" % (a.device, type(e).__name__, e))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ProductionModeWarning)  # printed below, once

@@ -1,0 +1,358 @@
+"""_backend.py: dhsa.torch's second back end, PyTorch's own kernels, for
+tensors on any device (CUDA, MPS, XPU, ...) and for CPU tensors with
+backend="torch".
+
+Contract (docs/torch.md, "Back ends"):
+  - attention(q, k, v, ...) has the semantics of dhsa.attention (the C
+    back end): causal with q_pos0, window, softcap, scale, key_padding_mask
+    (bool True = ignore, or float added), attn_mask broadcastable to
+    [B, Hq, Lq, Lk] (bool True = take part, or float added), GQA (Hq a
+    multiple of Hkv, K/V never repeated), layout "BHLD" or "BLHD", sparse=
+    a dhsa.Layout, return_lse. A query row with no allowed key gives zeros
+    (lse -inf), as the C back end (PyTorch's SDPA gives NaN).
+  - Dense: F.scaled_dot_product_attention with the masks turned into its
+    convention explicitly (bool True = keep), per key as [B, 1, 1, Lk]
+    where that is all there is, so that the memory-efficient / flash
+    kernels are eligible. Where a mask depends on the query row (causal
+    with q_pos0 or a window, combined with padding; a 2-D/4-D attn_mask),
+    the rows are taken in chunks whose mask is [B|1, Hq|1, C, Lk] with
+    C * Lk * B * Hq within a fixed element budget: never Lq x Lk at once
+    unless Lq is within the chunk.
+  - softcap and return_lse: the same chunks in float32 arithmetic
+    (matmul, logsumexp), still never Lq x Lk at once.
+  - Sparse: the layout's key ranges, per (batch, KV head, query block),
+    become a padded index of the selected keys; each chunk of query blocks
+    gathers its keys and computes [.., q_block, K] scores (K = the most
+    keys any block selects), with causality, window and masks applied per
+    key. Memory: the index (selected keys) plus one chunk.
+Tested by python/tests/test_torch_backend.py.
+"""
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+# Elements of the largest score/mask chunk materialised at once (float32:
+# 4 bytes each): 64 MiB on the CPU, 512 MiB on a device (fewer, larger
+# kernel launches; a GPU has the memory).
+CHUNK_ELEMS = 1 << 24
+CHUNK_ELEMS_DEVICE = 1 << 27
+
+
+def _budget(dev):
+    return CHUNK_ELEMS if dev.type == "cpu" else CHUNK_ELEMS_DEVICE
+
+
+def _bhld(t, layout):
+    return t if layout == "BHLD" else t.transpose(1, 2)
+
+
+def _mask4(m, B, Hq, Lq, Lk):
+    """attn_mask as a 4-D view broadcastable to [B, Hq, Lq, Lk], checked."""
+    if m.dim() > 4 or m.dim() < 1:
+        raise ValueError("attn_mask must have 1 to 4 dimensions broadcastable to [B, Hq, Lq, Lk] "
+                         "= %s, got shape %s" % ([B, Hq, Lq, Lk], tuple(m.shape)))
+    while m.dim() < 4:
+        m = m.unsqueeze(0)
+    if any(n not in (1, t) for n, t in zip(m.shape, (B, Hq, Lq, Lk))):
+        raise ValueError("attn_mask of shape %s does not broadcast to [B, Hq, Lq, Lk] = %s"
+                         % (tuple(m.shape), [B, Hq, Lq, Lk]))
+    if m.dtype != torch.bool and not m.is_floating_point():
+        raise TypeError("attn_mask has dtype %s: use bool (True = take part) or float (added)"
+                        % m.dtype)
+    return m
+
+
+def _key_terms(key_padding_mask, attn_mask, B, Lk, device):
+    """(keep [B|1, 1, 1, Lk] bool or None, add [B|1, 1, 1, Lk] float or
+    None, row_mask 4-D or None): the per-key part of the masks (SDPA's
+    convention: True = keep) and the part that depends on head or row."""
+    keep = add = row = None
+    if key_padding_mask is not None:
+        m = key_padding_mask
+        if m.dim() != 2 or m.shape[0] not in (1, B) or m.shape[1] != Lk:
+            raise ValueError("key_padding_mask must be [B, Lk] = [%d, %d] (or [1, %d]), got shape "
+                             "%s" % (B, Lk, Lk, tuple(m.shape)))
+        m = m.to(device)
+        if m.dtype == torch.bool:
+            keep = (~m)[:, None, None, :]  # True = ignore -> True = keep
+        elif m.is_floating_point():
+            add = m.float()[:, None, None, :]
+        else:
+            raise TypeError("key_padding_mask has dtype %s: use bool (True = ignore the key) or "
+                            "float (added)" % m.dtype)
+    if attn_mask is not None:
+        m = attn_mask.to(device)
+        if m.shape[1] == 1 and m.shape[2] == 1:  # per key
+            if m.dtype == torch.bool:
+                keep = m if keep is None else keep & m
+            else:
+                add = m.float() if add is None else add + m.float()
+        else:
+            row = m
+    return keep, add, row
+
+
+def _row_keep(r0, r1, Lk, causal, q_pos0, window, device):
+    """[1, 1, r1 - r0, Lk] bool: causality and window for rows r0..r1, or
+    None when neither applies."""
+    if not causal and window <= 0:
+        return None
+    pos = torch.arange(r0 + q_pos0, r1 + q_pos0, device=device)[:, None]
+    j = torch.arange(Lk, device=device)[None, :]
+    ok = None
+    if causal:
+        ok = j <= pos
+    if window > 0:
+        w = j > pos - window
+        ok = w if ok is None else ok & w
+    return ok[None, None]
+
+
+def _combine(keep, add, extra_keep, row_chunk):
+    """One SDPA mask (bool keep or float additive) from the parts, or None."""
+    k = keep
+    if extra_keep is not None:
+        k = extra_keep if k is None else k & extra_keep
+    a = add
+    if row_chunk is not None:
+        if row_chunk.dtype == torch.bool:
+            k = row_chunk if k is None else k & row_chunk
+        else:
+            a = row_chunk.float() if a is None else a + row_chunk.float()
+    if a is None:
+        return k
+    if k is not None:
+        a = a.masked_fill(~k, float("-inf"))
+    return a
+
+
+def _allowed_rows(mask, shape):
+    """[B|1, Hq|1, rows|1, 1] bool: whether each row has an allowed key."""
+    if mask is None:
+        return None
+    ok = mask if mask.dtype == torch.bool else mask > float("-inf")
+    return ok.any(-1, keepdim=True)
+
+
+def _manual(q, k, v, mask, scale, softcap, G):
+    """float32 attention of q [B, Hq, C, d] over k/v [B, Hkv, S, *]:
+    (o, lse). mask: None, bool keep or float additive, broadcastable."""
+    B, Hq, C, d = q.shape
+    Hkv = k.shape[1]
+    qf = q.float().reshape(B, Hkv, G, C, d)
+    s = torch.matmul(qf, k.float().unsqueeze(2).transpose(-1, -2)) * scale  # [B, Hkv, G, C, S]
+    s = s.reshape(B, Hq, C, -1)
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None])
+    p = torch.nan_to_num(p, nan=0.0)  # rows with no key: lse = -inf, exp(nan)
+    o = torch.matmul(p.reshape(B, Hkv, G, C, -1), v.float().unsqueeze(2)).reshape(B, Hq, C, -1)
+    return o, lse
+
+
+def _sdpa_gqa(q, k, v, mask, scale, G):
+    """SDPA of q [B, Hq, C, d] over k/v [B, Hkv, S, *] with the G query
+    heads of a KV head folded into its rows ([B, Hkv, G*C, d]): K/V are
+    neither repeated nor passed with enable_gqa (which the memory-efficient
+    kernel does not take, so PyTorch would pick the math kernel and build
+    the scores). The mask follows the fold (a per-key mask stays
+    [B|1, 1, 1, S]). Rows with no allowed key give zeros."""
+    B, Hq, C, d = q.shape
+    Hkv = k.shape[1]
+    if G > 1:
+        q = q.reshape(B, Hkv, G * C, d)
+        if mask is not None and mask.shape[2] > 1:  # row-dependent: fold it too
+            mb, mh, S = mask.shape[0], mask.shape[1], mask.shape[3]
+            if mh == 1:
+                mask = mask.unsqueeze(2).expand(mb, 1, G, C, S).reshape(mb, 1, G * C, S)
+            else:
+                mask = mask.reshape(mb, Hkv, G * C, S)
+        elif mask is not None and mask.shape[1] > 1:  # per head, per key
+            mb, S = mask.shape[0], mask.shape[3]
+            mask = mask.reshape(mb, Hkv, G, S).unsqueeze(3).expand(mb, Hkv, G, C, S)
+            mask = mask.reshape(mb, Hkv, G * C, S)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    ok = _allowed_rows(mask, None)
+    if ok is not None:
+        o = o.masked_fill(~ok, 0.0)
+    return o.reshape(B, Hq, C, -1)
+
+
+def _dense(q, k, v, *, causal, q_pos0, window, scale, softcap, keep, add, row, return_lse):
+    B, Hq, Lq, d = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    dev = q.device
+    rowdep = causal or window > 0 or row is not None
+    manual = softcap > 0 or return_lse
+    if not rowdep and not manual:
+        C = Lq
+    else:
+        C = max(1, min(Lq, _budget(dev) // max(1, B * Hq * Lk)))
+    outs, lses = [], []
+    for r0 in range(0, Lq, C):
+        r1 = min(Lq, r0 + C)
+        extra = _row_keep(r0, r1, Lk, causal, q_pos0, window, dev)
+        rc = None
+        if row is not None:
+            rc = row if row.shape[2] == 1 else row[:, :, r0:r1]
+        mask = _combine(keep, add, extra, rc)
+        qc = q[:, :, r0:r1]
+        if manual:
+            o, lse = _manual(qc, k, v, mask, scale, softcap, G)
+            lses.append(lse)
+        else:
+            o = _sdpa_gqa(qc, k, v, mask, scale, G)
+        outs.append(o)
+    o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+    lse = None
+    if return_lse:
+        lse = lses[0] if len(lses) == 1 else torch.cat(lses, dim=2)
+    return o, lse
+
+
+def layout_index(lay, device):
+    """(idx [B, Hkv, nqb, K] int64, valid [B, Hkv, nqb, K] bool): the
+    selected keys of every block of the dhsa.Layout, padded to K (the most
+    keys any block selects; padding points at key 0 and is not valid)."""
+    B, Hkv, nqb = lay.B, lay.Hkv, lay.n_blocks
+    per = []
+    K = 0
+    for b in range(B):
+        for g in range(Hkv):
+            for qb in range(nqb):
+                r = lay.ranges(b, g, qb)
+                keys = (np.concatenate([np.arange(s, e, dtype=np.int64) for s, e in r])
+                        if len(r) else np.zeros(0, dtype=np.int64))
+                per.append(keys)
+                K = max(K, len(keys))
+    K = max(K, 1)
+    idx = np.zeros((B * Hkv * nqb, K), dtype=np.int64)
+    valid = np.zeros((B * Hkv * nqb, K), dtype=np.bool_)
+    for i, keys in enumerate(per):
+        idx[i, :len(keys)] = keys
+        valid[i, :len(keys)] = True
+    return (torch.from_numpy(idx).reshape(B, Hkv, nqb, K).to(device),
+            torch.from_numpy(valid).reshape(B, Hkv, nqb, K).to(device))
+
+
+def _sparse(q, k, v, lay, *, causal, q_pos0, window, scale, softcap, keep, add, row,
+            return_lse):
+    B, Hq, Lq, d = q.shape
+    Hkv, Lk, dv = k.shape[1], k.shape[2], v.shape[3]
+    G = Hq // Hkv
+    if (lay.B, lay.Hkv, lay.Lq, lay.Lk) != (B, Hkv, Lq, Lk):
+        raise ValueError("sparse layout is for B=%d Hkv=%d Lq=%d Lk=%d, the tensors are B=%d "
+                         "Hkv=%d Lq=%d Lk=%d" % (lay.B, lay.Hkv, lay.Lq, lay.Lk, B, Hkv, Lq, Lk))
+    dev = q.device
+    qbk, nqb = lay.q_block, lay.n_blocks
+    idx, valid = layout_index(lay, dev)
+    K = idx.shape[-1]
+    nb = max(1, min(nqb, _budget(dev) // max(1, B * Hq * qbk * (K if row is None else Lk))))
+    pad = nqb * qbk - Lq
+    qp = F.pad(q, (0, 0, 0, pad)) if pad else q
+    o = torch.zeros(B, Hq, nqb * qbk, dv, dtype=torch.float32, device=dev)
+    lse = torch.full((B, Hq, nqb * qbk), float("-inf"), device=dev) if return_lse else None
+    kidx_all = idx  # [B, Hkv, nqb, K]
+    for b0 in range(0, nqb, nb):
+        b1 = min(nqb, b0 + nb)
+        n = b1 - b0
+        r0, r1 = b0 * qbk, b1 * qbk
+        ix = kidx_all[:, :, b0:b1]                       # [B, Hkv, n, K]
+        flat = ix.reshape(B, Hkv, n * K, 1)
+        kg = torch.gather(k, 2, flat.expand(B, Hkv, n * K, d)).reshape(B, Hkv, 1, n, K, d)
+        vg = torch.gather(v, 2, flat.expand(B, Hkv, n * K, dv)).reshape(B, Hkv, 1, n, K, dv)
+        qc = qp[:, :, r0:r1].reshape(B, Hkv, G, n, qbk, d)
+        s = torch.matmul(qc.float(), kg.float().transpose(-1, -2)) * scale  # [B,Hkv,G,n,qbk,K]
+        if softcap > 0:
+            s = softcap * torch.tanh(s / softcap)
+        ok = valid[:, :, b0:b1].reshape(B, Hkv, 1, n, 1, K)
+        kpos = ix.reshape(B, Hkv, 1, n, 1, K)
+        qpos = (torch.arange(r0, r1, device=dev) + q_pos0).reshape(1, 1, 1, n, qbk, 1)
+        ok = ok & (qpos < Lq + q_pos0)  # padded rows see nothing
+        if causal:
+            ok = ok & (kpos <= qpos)
+        if window > 0:
+            ok = ok & (kpos > qpos - window)
+        if keep is not None:  # [B|1, 1, 1, Lk] -> per selected key
+            km = keep[:, 0, 0, :].expand(B, Lk)[:, None, :].expand(B, Hkv, Lk)
+            ok = ok & torch.gather(km, 2, ix.reshape(B, Hkv, n * K)).reshape(B, Hkv, 1, n, 1, K)
+        if add is not None:
+            am = add[:, 0, 0, :].expand(B, Lk)[:, None, :].expand(B, Hkv, Lk)
+            s = s + torch.gather(am, 2, ix.reshape(B, Hkv, n * K)).reshape(B, Hkv, 1, n, 1, K)
+        if row is not None:  # [mb, mh, Lq|1, Lk]: gathered at the selected keys
+            mb, mh = row.shape[0], row.shape[1]
+            if row.shape[2] == 1:
+                rr = row.reshape(mb, mh // G if mh > 1 else 1, G if mh > 1 else 1, 1, Lk)
+                rr = rr.expand(B, Hkv, G, n, Lk)
+                gi = ix.reshape(B, Hkv, 1, n, K).expand(B, Hkv, G, n, K)
+                gm = torch.gather(rr, 4, gi).reshape(B, Hkv, G, n, 1, K)
+            else:
+                rr = row[:, :, r0:min(r1, Lq)]
+                if rr.shape[2] < r1 - r0:  # the last chunk's padded rows
+                    fill = torch.zeros(mb, mh, r1 - r0 - rr.shape[2], Lk, dtype=rr.dtype,
+                                       device=dev)
+                    rr = torch.cat([rr, fill], dim=2)
+                rr = rr.reshape(mb, mh // G if mh > 1 else 1, G if mh > 1 else 1, r1 - r0, Lk)
+                rr = rr.expand(B, Hkv, G, r1 - r0, Lk)
+                gi = ix.reshape(B, Hkv, 1, n, 1, K).expand(B, Hkv, G, n, qbk, K)
+                gm = torch.gather(rr, 4, gi.reshape(B, Hkv, G, n * qbk, K))
+                gm = gm.reshape(B, Hkv, G, n, qbk, K)
+            if gm.dtype == torch.bool:
+                ok = ok & gm
+            else:
+                s = s + gm.float()
+        s = s.masked_fill(~ok, float("-inf"))
+        l = torch.logsumexp(s, dim=-1)
+        p = torch.nan_to_num(torch.exp(s - l[..., None]), nan=0.0)
+        oc = torch.matmul(p, vg.float())  # [B, Hkv, G, n, qbk, dv]
+        o[:, :, r0:r1] = oc.reshape(B, Hq, r1 - r0, dv)
+        if lse is not None:
+            lse[:, :, r0:r1] = l.reshape(B, Hq, r1 - r0)
+    o = o[:, :, :Lq]
+    return o, (lse[:, :, :Lq] if lse is not None else None)
+
+
+def attention(q, k, v, *, layout="BHLD", causal=False, q_pos0=0, window=0, scale=None,
+              softcap=0.0, key_padding_mask=None, attn_mask=None, sparse=None,
+              return_lse=False):
+    """dhsa.attention's semantics on PyTorch's kernels (any device). q/k/v
+    torch tensors in `layout`; returns o in the same layout and q's dtype
+    (or (o, lse) with return_lse, lse [B, Hq, Lq] float32)."""
+    if layout not in ("BHLD", "BLHD"):
+        raise ValueError("layout must be 'BHLD' or 'BLHD', not %r" % (layout,))
+    for name, t in (("k", k), ("v", v)):
+        if t.device != q.device:
+            raise ValueError("q is on %s and %s on %s: put q, k and v on one device"
+                             % (q.device, name, t.device))
+    qh, kh, vh = _bhld(q, layout), _bhld(k, layout), _bhld(v, layout)
+    if qh.dim() != 4 or kh.dim() != 4 or vh.dim() != 4:
+        raise ValueError("q, k and v must be 4-D")
+    B, Hq, Lq, d = qh.shape
+    Hkv, Lk = kh.shape[1], kh.shape[2]
+    if kh.shape[0] != B or kh.shape[3] != d or vh.shape[:3] != kh.shape[:3]:
+        raise ValueError("q %s, k %s and v %s do not match (as [B, H, L, D])"
+                         % (tuple(qh.shape), tuple(kh.shape), tuple(vh.shape)))
+    if Hkv < 1 or Hq % Hkv:
+        raise ValueError("q has %d heads, not a multiple of k's %d" % (Hq, Hkv))
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    if attn_mask is not None:
+        attn_mask = _mask4(attn_mask, B, Hq, Lq, Lk)
+    keep, add, row = _key_terms(key_padding_mask, attn_mask, B, Lk, q.device)
+    kw = dict(causal=bool(causal), q_pos0=int(q_pos0), window=int(window), scale=float(scale),
+              softcap=float(softcap or 0.0), keep=keep, add=add, row=row, return_lse=return_lse)
+    if sparse is not None:
+        o, lse = _sparse(qh, kh, vh, sparse, **kw)
+    else:
+        o, lse = _dense(qh, kh, vh, **kw)
+    o = o.to(q.dtype)
+    if layout == "BLHD":
+        o = o.transpose(1, 2).contiguous()
+    return (o, lse) if return_lse else o
