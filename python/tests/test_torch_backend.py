@@ -273,3 +273,20 @@ def test_patch_transformers_backend_torch(close):
     for method in ("dense", "dhsa"):
         close(out["c", method].numpy(), out["torch", method].numpy(), what="llama " + method,
               atol=1e-4, rtol=1e-4)
+
+
+def test_check_cli_device(tmp_path, capsys):
+    """python -m dhsa.torch.check --device: the module and its inputs are
+    moved first (cpu here; cuda in bench/gpu.sh); a bad device exits 2."""
+    from dhsa.torch import check
+    f = tmp_path / "guard.py"
+    f.write_text("import torch\n"
+                 "def mha():\n"
+                 "    m = torch.nn.MultiheadAttention(16, 2, batch_first=True).eval()\n"
+                 "    x = torch.randn(1, 64, 16); pad = torch.zeros(1, 64, dtype=torch.bool)\n"
+                 "    pad[:, -8:] = True\n"
+                 "    return m, (x, x, x), {'key_padding_mask': pad, 'need_weights': False}\n")
+    assert check.main(["%s:mha" % f, "--device", "cpu", "--quiet"]) == 1
+    assert "[1, 2, 64, 64]" in capsys.readouterr().out
+    assert check.main(["%s:mha" % f, "--device", "nosuchdevice"]) == 2
+    assert "--device nosuchdevice" in capsys.readouterr().err
