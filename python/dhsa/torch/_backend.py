@@ -191,6 +191,18 @@ def _dense(q, k, v, *, causal, q_pos0, window, scale, softcap, keep, add, row, r
     dev = q.device
     rowdep = causal or window > 0 or row is not None
     manual = softcap > 0 or return_lse
+    if causal and window <= 0 and row is None and keep is None and add is None and not manual \
+            and q_pos0 in (0, Lk - Lq) and 0 < Lq <= Lk:  # every row sees key 0
+        # plain causal (top-left, or bottom-right over a cache): no mask at
+        # all, so that flash attention is eligible
+        if q_pos0 == 0:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                               enable_gqa=G > 1)
+        else:
+            from torch.nn.attention.bias import causal_lower_right
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(Lq, Lk),
+                                               scale=scale, enable_gqa=G > 1)
+        return o, None
     if not rowdep and not manual:
         C = Lq
     else:
