@@ -274,9 +274,9 @@ fuzz: $(BUILD)/dhsa
 	@printf '\020\120-9223372036854775808' > build-fuzz/corpus-num/int-min; printf '\001\1200x1.8p-3' > build-fuzz/corpus-num/hex
 	build-fuzz/num_fuzz $(FUZZ_RUN) -max_len=64 build-fuzz/corpus-num
 	@# state seeds: the states of two prompts, saved with the harness's options
-	@$(BUILD)/dhsa run -p "Once upon a time" -n 1 --ctx 64 --ubatch 64 --temp 0 \
+	@$(BUILD)/dhsa run -p "Once upon a time" -n 1 --ctx 64 --ubatch 64 --kv f16 --temp 0 \
 	  --prompt-cache build-fuzz/corpus-state/once >/dev/null 2>&1 || { echo "state seed failed"; exit 1; }
-	@$(BUILD)/dhsa run -p "The pass key is 40913." -n 1 --ctx 64 --ubatch 64 --temp 0 \
+	@$(BUILD)/dhsa run -p "The pass key is 40913." -n 1 --ctx 64 --ubatch 64 --kv f16 --temp 0 \
 	  --prompt-cache build-fuzz/corpus-state/key >/dev/null 2>&1 || { echo "state seed failed"; exit 1; }
 	build-fuzz/state_fuzz $(FUZZ_RUN) -max_len=600000 build-fuzz/corpus-state
 ifeq ($(HAVE_SERVE),1)

@@ -7,7 +7,7 @@
  * checksum is wrong is also loaded with the right one written in (a copy),
  * so the checks behind it (ids, positions, sizes) see mutated files too.
  * The session: the shipped model (models/dhsa-retrieval-8m.gguf, run from
- * the repository root), context 64, ubatch 64, F32 K/V, dense: the options
+ * the repository root), context 64, ubatch 64, F16 K/V, dense: the options
  * of the seed `make fuzz` writes with `dhsa run --prompt-cache`.
  * Run: make fuzz.
  */
@@ -35,6 +35,7 @@ static void setup(void) {
     dhsa_session_params sp = dhsa_session_default_params();
     sp.n_ctx = 64;
     sp.n_ubatch = 64;
+    sp.kv_type = DHSA_F16;
     if (dhsa_ctx_create(&cp, &ctx) || dhsa_session_create(ctx, model, &sp, &sess)) abort();
     logits = malloc((size_t)dhsa_model_get_info(model)->n_vocab * sizeof(float));
     if (!logits) abort();
