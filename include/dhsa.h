@@ -412,7 +412,7 @@ typedef enum {
                               retrieves is not averaged away by the others.
                               G times MOMENTS' scoring work; not with
                               share_heads */
-    DHSA_SCORE_BOUND = 3   /* per query head h, the largest s q_h . k any key
+    DHSA_SCORE_BOUND = 3,  /* per query head h, the largest s q_h . k any key
                               of the chunk can reach, from the keys' per-
                               dimension range (sum over x of the larger of
                               q_x max_x and q_x min_x; Quest's page bound),
@@ -422,6 +422,22 @@ typedef enum {
                               candidate chunks, summed: a chunk holding one
                               key a head wants is not diluted by the rest of
                               the chunk. Not with share_heads */
+    DHSA_SCORE_ROWS = 4    /* per query head h and scored row r of the block,
+                              e(c) = s q_hr . k_mean(c), turned into the share of
+                              that row's estimated attention one key of chunk c
+                              holds (a softmax over the block's candidate
+                              chunks, weighted by their lengths), summed over
+                              the rows and the group's heads (as a log): a row
+                              that retrieves is not averaged away by the block's
+                              other rows, nor a head by the group's other heads.
+                              Scored rows: score_rows of them, the block's last
+                              row and then every ceil(q_block / score_rows)-th
+                              row before it (0: every row). On real pretrained
+                              models the query rows of one block differ so much
+                              that their mean row finds a needle that one row
+                              wants in 0.52 of the cases that matter, these
+                              shares in 0.99 (docs/dhsa.md, "Real pretrained
+                              models"). Not with share_heads */
 } dhsa_chunk_score;
 
 /* The learned boundary predictor (DHSA). Input: the keys of all KV heads
@@ -597,9 +613,31 @@ typedef struct {
                               given, which at 64 + 256 fill a 4K block's
                               whole budget at density 0.0625 (default 1; a
                               zeroed struct gets 0) */
+    int64_t score_rows;    /* ROWS: query rows scored per block and head (the
+                              last, then evenly back; 0 = every row) */
 } dhsa_router_params;
 
+/* The neutral defaults of the routing primitives (dhsa_route, the decode
+ * index), listed field by field above; not what sessions and tools run,
+ * which is dhsa_router_params_for. */
 dhsa_router_params dhsa_router_default_params(void);
+/* The routing every entry point runs by default (sessions, `dhsa run`,
+ * `serve`, `eval`, `bench`, `demo`, Python), for a context of n tokens at
+ * a density: dhsa_router_default_params() with the ROWS chunk score, then
+ * the length-scaled fields of dhsa_router_scale(n). n = 0 leaves those
+ * fields unset (-1): a session scales them to its n_ctx when it is planned
+ * or created (dhsa_session_default_params uses this). Chosen on
+ * development prompts of real pretrained models (docs/dhsa.md, "One set
+ * of routing defaults"). */
+dhsa_router_params dhsa_router_params_for(int64_t n, double density);
+/* Gives each length-scaled field of rp that is unset (negative) its value
+ * for a context of n tokens (n rounded to the nearest power of two, nb;
+ * B = budget_tokens or density x nb); fields already set are kept:
+ * q_block 16 (nb <= 8K), 32 (16K), 64 (longer); sink_tokens 4;
+ * local_tokens B / 8 rounded to 16, within [16, 256]; dense_below 0;
+ * min_chunk / max_chunk / chunk / nms_window 8 / 32 / 16 / 4 up to 8K,
+ * 16 / 64 / 32 / 8 beyond; score_rows 4. */
+void dhsa_router_scale(dhsa_router_params *rp, int64_t n);
 
 /* Checks the params and gives the exact layout size and routing workspace
  * (both allocated from the ctx by dhsa_route) for the call described by `a`
@@ -1294,7 +1332,10 @@ typedef struct {
     /* Routing of the sparse methods: budget/density, sinks, local,
      * dense_below, q_block, boundary detection (method and boundary are
      * set from attn: DHSA = SIMILARITY or LEARNED, BLOCK = FIXED). */
-    dhsa_router_params router;
+    dhsa_router_params router; /* dhsa_router_params_for(0, 0.0625): the length-scaled
+                              fields left unset (-1) are scaled to n_ctx when the
+                              session is planned or created (dhsa_router_scale);
+                              a field set by the caller is kept */
     int logits_all;         /* eval writes logits for every token (default: last) */
     /* Weight products: 0 (default) the fast route, 1 the exact one. Fast:
      * quantized weights (Q8_0 ... IQ4_XS) multiply activations quantized to
@@ -1561,6 +1602,9 @@ typedef struct {
  * eval adds nothing, here as in the cache); total: every eval since the
  * session was created or reset.
  * Either may be NULL. */
+/* The routing the session runs (unset fields scaled to its n_ctx; method
+ * and boundary set from attn), e.g. to print it. */
+dhsa_status dhsa_session_get_router(const dhsa_session *s, dhsa_router_params *out);
 dhsa_status dhsa_session_get_stats(const dhsa_session *s, dhsa_attn_stats *last_eval, dhsa_attn_stats *total);
 /* Context parallelism: what this rank received (dhsa_dist_stats above). */
 dhsa_status dhsa_session_get_dist_stats(const dhsa_session *s, dhsa_dist_stats *out);

@@ -592,8 +592,9 @@ int main(void) {
     dhsa_router_params rp = dhsa_eval_router_params(512, 0.125), rq = dhsa_eval_router_params(2048, 0.25);
     T_CHECK(rp.q_block == 16 && rp.sink_tokens == 4 && rp.local_tokens == 16 && rp.dense_below == 0 &&
                 rp.min_chunk == 8 && rp.max_chunk == 32 && rp.chunk == 16 && rp.sim_window == 8 &&
-                rp.nms_window == 4 && rp.density == 0.125 && rq.local_tokens == 32 && rq.density == 0.25,
-            "the eval routing (docs/eval.md table)");
+                rp.nms_window == 4 && rp.density == 0.125 && rp.score_mode == DHSA_SCORE_ROWS &&
+                rp.score_rows == 4 && rq.local_tokens == 64 && rq.density == 0.25,
+            "the eval routing (dhsa_router_params_for: docs/dhsa.md, \"One set of routing defaults\")");
     test_probe(ctx);
     const char *path = getenv("DHSA_TEST_MODEL") ? getenv("DHSA_TEST_MODEL") : MODEL_DEFAULT;
     dhsa_model *m = NULL;

@@ -2380,8 +2380,9 @@ out:
 }
 
 static void test_truncate(void) {
-    const dhsa_chunk_score modes[] = {DHSA_SCORE_MOMENTS, DHSA_SCORE_POOLED, DHSA_SCORE_HEADS, DHSA_SCORE_BOUND};
-    for (int m = 0; m < 4; m++) {
+    const dhsa_chunk_score modes[] = {DHSA_SCORE_MOMENTS, DHSA_SCORE_POOLED, DHSA_SCORE_HEADS, DHSA_SCORE_BOUND,
+                                      DHSA_SCORE_ROWS};
+    for (int m = 0; m < 5; m++) {
         truncate_case(DHSA_BOUNDARY_SIMILARITY, modes[m], 40 + (uint64_t)m);
         truncate_case(DHSA_BOUNDARY_FIXED, modes[m], 50 + (uint64_t)m);
     }
@@ -2530,6 +2531,9 @@ int main(void) {
     test_incremental(4096, 8, 2, 128, DHSA_BOUNDARY_SIMILARITY, 0.25, 0, 1);
     test_incremental(4096 + 37, 4, 4, 64, DHSA_BOUNDARY_FIXED, 0.0625, 700, 3);
     test_incremental(4096, 8, 2, 64, DHSA_BOUNDARY_LEARNED, 0.25, 0, 5);
+    g_score = DHSA_SCORE_ROWS; /* per-row shares (the routing every entry point runs) */
+    test_incremental(4096, 8, 2, 128, DHSA_BOUNDARY_SIMILARITY, 0.25, 0, 1);
+    test_incremental(4096 + 37, 4, 4, 64, DHSA_BOUNDARY_FIXED, 0.0625, 700, 3);
     g_score = DHSA_SCORE_MOMENTS;
     test_score_crafted();
     test_decode_vs_prefill(4096, 5, 0, 256);

@@ -520,8 +520,9 @@ static int mirror_run(const dhsa_model *m, dhsa_type kv, int requant, const int3
     sp.router.density = 0.25;
     sp.layer_hook = mirror_hook;
     sp.layer_hook_user = mr;
-    /* session.c's method_router for DHSA */
+    /* session.c's method_router for DHSA, the unset fields scaled to n_ctx as the session does */
     dhsa_router_params rp = sp.router;
+    dhsa_router_scale(&rp, sp.n_ctx);
     rp.method = DHSA_ROUTE_DHSA;
     if (rp.boundary == DHSA_BOUNDARY_FIXED) rp.boundary = DHSA_BOUNDARY_SIMILARITY;
     rp.causal_boundaries = 1;

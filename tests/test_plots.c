@@ -424,7 +424,8 @@ static void test_cli_sparse(const char *cli) {
     free(out);
     /* dense as the first method: the causal staircase, one bar per block */
     snprintf(args, sizeof args,
-             "bench sparse --L 1000 --heads 2 --kv-heads 1 --dim 16 --runs 1 --threads 1 --method dense --svg '%s'",
+             "bench sparse --L 1000 --heads 2 --kv-heads 1 --dim 16 --runs 1 --threads 1 --method dense --q-block 64 "
+             "--svg '%s'",
              path);
     rc = run_cli(cli, args, &out);
     svg = read_file(path, NULL);

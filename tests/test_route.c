@@ -1514,7 +1514,8 @@ static int64_t fixed_selection_mismatches(const dhsa_layout *lay, const dhsa_rou
     const int64_t C = rp->chunk, nc = (Lk + C - 1) / C, qbk = rp->q_block, nqb = (Lq + qbk - 1) / qbk;
     const int64_t heads = rp->share_heads ? 1 : Hkv;
     const int moments = rp->score_mode != DHSA_SCORE_POOLED, bound = rp->score_mode == DHSA_SCORE_BOUND;
-    const int per_head = rp->score_mode == DHSA_SCORE_HEADS || bound;
+    const int rowsm = rp->score_mode == DHSA_SCORE_ROWS;
+    const int per_head = rp->score_mode == DHSA_SCORE_HEADS || bound || rowsm;
     const int64_t dk = moments ? 2 * d : d;
     const double sc = 1.0 / sqrt((double)d);
     double *kp = xcalloc((size_t)(heads * nc * dk), sizeof(double)), *qp = xcalloc((size_t)dk, sizeof(double));
@@ -1571,7 +1572,29 @@ static int64_t fixed_selection_mismatches(const dhsa_layout *lay, const dhsa_rou
                     int64_t m = 0;
                     if (per_head) {
                         for (int64_t c = 0; c < nc; c++) score[c] = 0;
-                        for (int64_t h = h0; h < h1; h++) {
+                        /* ROWS: each scored row of each head alone (the block's last
+                         * row, then every ceil(q_block / score_rows)-th before it),
+                         * s q_r . mean(k), the same shares */
+                        int64_t step = rp->score_rows > 0 ? (qbk + rp->score_rows - 1) / rp->score_rows : 1;
+                        for (int64_t hr = h0 * Lq; rowsm && hr < h1 * Lq; hr++) {
+                            int64_t h = hr / Lq, r = hr % Lq, j = (r1 - 1 - r) / step;
+                            if (r < r0 || r >= r1 || (r1 - 1 - r) % step || (rp->score_rows > 0 && j >= rp->score_rows))
+                                continue;
+                            double z = 0;
+                            for (int64_t c = 0; c < nc; c++) {
+                                int64_t s = c * C, e = s + C < Lk ? s + C : Lk;
+                                if (e <= alo || s >= ahi) continue;
+                                eh[c] = 0;
+                                for (int64_t x = 0; x < d; x++) eh[c] += sc * R->q[((b * Hq + h) * Lq + r) * d + x] * kg[c * dk + x];
+                                z += (double)(e - s) * exp(eh[c]);
+                            }
+                            for (int64_t c = 0; c < nc; c++) {
+                                int64_t s = c * C, e = s + C < Lk ? s + C : Lk;
+                                if (e <= alo || s >= ahi) continue;
+                                score[c] += exp(eh[c]) / z;
+                            }
+                        }
+                        for (int64_t h = h0; h < h1 && !rowsm; h++) {
                             memset(qp, 0, (size_t)dk * sizeof(double));
                             for (int64_t i = r0; i < r1; i++)
                                 for (int64_t x = 0; x < d; x++) {
@@ -1744,6 +1767,12 @@ static void test_route_properties(void) {
              rparams(DHSA_ROUTE_DHSA, DHSA_BOUNDARY_FIXED, 512, 0)},
             {"synth L=4096 dhsa/similarity density 1/16, bound score",
              rparams(DHSA_ROUTE_DHSA, DHSA_BOUNDARY_SIMILARITY, 0, 0.0625)},
+            {"synth L=4096 dhsa/fixed (block) budget 512, rows score (every row)",
+             rparams(DHSA_ROUTE_DHSA, DHSA_BOUNDARY_FIXED, 512, 0)},
+            {"synth L=4096 dhsa/fixed (block) budget 512, rows score (4 rows of 48)",
+             rparams(DHSA_ROUTE_DHSA, DHSA_BOUNDARY_FIXED, 512, 0)},
+            {"synth L=4096 dhsa/similarity density 1/16, rows score",
+             rparams(DHSA_ROUTE_DHSA, DHSA_BOUNDARY_SIMILARITY, 0, 0.0625)},
         };
         cs[0].rp.dense_below = 2048; /* the default: blocks seeing fewer keys run dense */
         cs[6].rp.causal_boundaries = 1;
@@ -1753,11 +1782,14 @@ static void test_route_properties(void) {
         cs[9].rp.score_mode = DHSA_SCORE_HEADS;
         cs[10].rp.score_mode = DHSA_SCORE_BOUND;
         cs[11].rp.score_mode = DHSA_SCORE_BOUND;
+        cs[12].rp.score_mode = cs[13].rp.score_mode = cs[14].rp.score_mode = DHSA_SCORE_ROWS;
+        cs[13].rp.score_rows = 4;
+        cs[13].rp.q_block = 48;
         for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
             dhsa_layout *lay = route(g_ctx, &cs[c].rp, &S.a, cs[c].what);
             check_routed(cs[c].what, lay, &cs[c].rp, &S.a);
             if (cs[c].rp.boundary == DHSA_BOUNDARY_FIXED && cs[c].rp.method == DHSA_ROUTE_DHSA)
-                check_fixed_exact(cs[c].what, lay, &cs[c].rp, &S, c == 1 || c == 7 || c == 8 || c == 10);
+                check_fixed_exact(cs[c].what, lay, &cs[c].rp, &S, c == 1 || c == 7 || c == 8 || c == 10 || c == 12 || c == 13);
             dhsa_layout_free(lay);
         }
         /* the density test has blocks held to it: check the counts */

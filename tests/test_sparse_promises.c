@@ -142,7 +142,7 @@ static void session_stats(void) {
         sp.n_ctx = 1024;
         sp.n_ubatch = 256;
         sp.attn = c == 0 ? DHSA_ATTN_DENSE : DHSA_ATTN_DHSA;
-        if (c == 2) sp.router.dense_below = 0;
+        sp.router.dense_below = c == 2 ? 0 : 2048; /* a set field is kept; the default is 0 */
         hook_acc h;
         memset(&h, 0, sizeof h);
         sp.layer_hook = hook;
@@ -213,7 +213,7 @@ static void cli_says_dense(void) {
         return;
     }
     char *out = NULL;
-    int rc = cli_run("run -m " MODEL " --attn dhsa -p 'The pass key is' -n 2 --temp 0", 0, &out);
+    int rc = cli_run("run -m " MODEL " --attn dhsa --dense-below 2048 -p 'The pass key is' -n 2 --temp 0", 0, &out);
     T_CHECK(rc == 0 && out && strstr(out, "this run was DENSE"), "run --attn dhsa on a short prompt (exit %d): %s",
             rc, out ? out : "");
     T_CHECK(out && strstr(out, "dense below 2048 keys"), "the output names dense_below: %s", out ? out : "");
@@ -226,10 +226,10 @@ static void cli_says_dense(void) {
     free(out);
     /* the benches: DENSE said when every block ran dense, not otherwise */
     static const char *bench[4] = {
+        "bench decode --L 1024 --heads 4 --kv-heads 2 --dim 32 --runs 1 --dense-below 2048",
         "bench decode --L 1024 --heads 4 --kv-heads 2 --dim 32 --runs 1",
-        "bench decode --L 1024 --heads 4 --kv-heads 2 --dim 32 --runs 1 --dense-below 0",
-        "bench sparse --L 1024 --heads 4 --kv-heads 2 --dim 32 --runs 1 --method dhsa",
-        "bench sparse --L 1024 --heads 4 --kv-heads 2 --dim 32 --runs 1 --method dhsa --dense-below 0"};
+        "bench sparse --L 1024 --heads 4 --kv-heads 2 --dim 32 --runs 1 --method dhsa --dense-below 2048",
+        "bench sparse --L 1024 --heads 4 --kv-heads 2 --dim 32 --runs 1 --method dhsa"};
     for (int i = 0; i < 4; i++) {
         rc = cli_run(bench[i], 0, &out);
         int dense = out && strstr(out, "this run was DENSE") != NULL;
@@ -238,7 +238,7 @@ static void cli_says_dense(void) {
         free(out);
     }
     rc = cli_run("help run", 0, &out);
-    T_CHECK(rc == 0 && out && strstr(out, "--dense-below") && strstr(out, "2048"),
+    T_CHECK(rc == 0 && out && strstr(out, "--dense-below") && strstr(out, "(default\n                      0: all routed)"),
             "run --help shows --dense-below and its default: %s", out ? out : "");
     free(out);
 }

@@ -7,6 +7,7 @@
 #define DHSA_TOOLS_CLI_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "dhsa.h"
@@ -74,6 +75,14 @@ int dhsa_cli_real_list(const char *opt, const char *s, double min, double max_va
 /* --score: "pooled", "moments", "heads" or "bound" (dhsa_chunk_score), and back. */
 int dhsa_cli_chunk_score(const char *opt, const char *s);
 const char *dhsa_cli_chunk_score_name(int score);
+/* The routing defaults of every command (dhsa_router_params_for): unset
+ * marks the length-scaled fields (and the chunk score) as not given (-1)
+ * before the options are parsed; fill gives each field still unset its
+ * default for L tokens at the density; print writes the one line every
+ * command prints ("routing at L = ...: ...", tests/test_defaults.c). */
+void dhsa_cli_router_unset(dhsa_router_params *rp);
+void dhsa_cli_router_fill(dhsa_router_params *rp, int64_t L, double density);
+void dhsa_cli_print_router(FILE *f, const dhsa_router_params *rp, int64_t L);
 
 /* Strict numbers (tools/cli_num.c): the whole string must be the number;
  * integers may take a K/M/G/T suffix (powers of 1024) when suffix != 0.

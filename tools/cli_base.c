@@ -136,17 +136,17 @@ const char *dhsa_cli_bytes(double b, char *buf, size_t cap) {
     return buf;
 }
 
-static const char *const chunk_scores[] = {"pooled", "moments", "heads", "bound"};
+static const char *const chunk_scores[] = {"pooled", "moments", "heads", "bound", "rows"};
 
 int dhsa_cli_chunk_score(const char *opt, const char *s) {
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         if (strcmp(s, chunk_scores[i]) == 0) return i;
-    dhsa_cli_die(DHSA_EXIT_USAGE, "%s takes pooled, moments, heads or bound, not \"%s\"", opt, s);
+    dhsa_cli_die(DHSA_EXIT_USAGE, "%s takes pooled, moments, heads, bound or rows, not \"%s\"", opt, s);
     return -1;
 }
 
 const char *dhsa_cli_chunk_score_name(int score) {
-    return score >= 0 && score < 4 ? chunk_scores[score] : "?";
+    return score >= 0 && score < 5 ? chunk_scores[score] : "?";
 }
 
 int dhsa_cli_online_cpus(void) {
@@ -219,4 +219,35 @@ size_t dhsa_cli_print_escaped(const char *s, int64_t n, unsigned flags) {
     fwrite(buf, 1, need, stdout);
     if (buf != small) free(buf);
     return need;
+}
+
+/* ------------------------------------------------------------ routing --- */
+
+void dhsa_cli_router_unset(dhsa_router_params *rp) {
+    dhsa_router_params u = dhsa_router_params_for(0, rp->density); /* the scaled fields unset (-1) */
+    rp->q_block = u.q_block;
+    rp->sink_tokens = u.sink_tokens;
+    rp->local_tokens = u.local_tokens;
+    rp->dense_below = u.dense_below;
+    rp->min_chunk = u.min_chunk;
+    rp->max_chunk = u.max_chunk;
+    rp->chunk = u.chunk;
+    rp->nms_window = u.nms_window;
+    rp->score_rows = u.score_rows;
+    rp->score_mode = (dhsa_chunk_score)-1;
+}
+
+void dhsa_cli_router_fill(dhsa_router_params *rp, int64_t L, double density) {
+    if ((int)rp->score_mode < 0) rp->score_mode = dhsa_router_params_for(0, density).score_mode;
+    rp->density = density;
+    dhsa_router_scale(rp, L);
+}
+
+void dhsa_cli_print_router(FILE *f, const dhsa_router_params *rp, int64_t L) {
+    fprintf(f, "routing at L = %lld: q_block %lld, sink %lld, local %lld, dense_below %lld, min_chunk %lld, "
+            "max_chunk %lld, block chunk %lld, sim_window %lld, nms_window %lld, score %s, score_rows %lld\n",
+            (long long)L, (long long)rp->q_block, (long long)rp->sink_tokens, (long long)rp->local_tokens,
+            (long long)rp->dense_below, (long long)rp->min_chunk, (long long)rp->max_chunk, (long long)rp->chunk,
+            (long long)rp->sim_window, (long long)rp->nms_window, dhsa_cli_chunk_score_name(rp->score_mode),
+            (long long)rp->score_rows);
 }

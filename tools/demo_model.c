@@ -1,7 +1,7 @@
 /* demo_model.c: the model part of `dhsa demo`: the shipped default model
  * (or -m MODEL) answers a passkey question hidden in a long prompt, with
  * dense attention and with DHSA, fixed blocks and streaming at 6.25%
- * density, routing forced on (dense_below 0). Prints, per method, the
+ * density, with the routing every entry point runs (dhsa_router_params_for). Prints, per method, the
  * answer, whether it is right, the density really used (selected / causal
  * keys, from the session statistics) and the prefill time. Declared in tools/cli.h.
  */
@@ -51,8 +51,7 @@ int dhsa_cli_model_demo(const char *model, int64_t L, int threads) {
         dhsa_session_params sp = dhsa_session_default_params();
         sp.n_ctx = t.n_ids + 16;
         sp.attn = methods[k];
-        sp.router.density = 0.0625;
-        sp.router.dense_below = 0;
+        sp.router.density = 0.0625; /* the routing every entry point runs: dhsa_router_params_for */
         dhsa_session *s = NULL;
         if (dhsa_session_create(ctx, m, &sp, &s)) {
             fprintf(stderr, "dhsa demo: %s\n", dhsa_last_error());

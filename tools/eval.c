@@ -77,7 +77,8 @@ const char dhsa_cli_eval_usage[] =
     "Routing (defaults scaled to the evaluated length L, docs/eval.md):\n"
     "  --q-block N (16)  --sink N (4)  --local N (16; 32 when L > 1024)\n"
     "  --dense-below N (0)  --min-chunk N (8)  --max-chunk N (32)\n"
-    "  --chunk N (16: block's fixed chunk)  --sim-window N (8)  --nms-window N (4)\n"    "  --score pooled|moments|heads|bound  the chunk score (default moments; include/dhsa.h)\n"
+    "  --chunk N (16: block's fixed chunk)  --sim-window N (8)  --nms-window N (4)\n"    "  --score pooled|moments|heads|bound|rows  the chunk score (include/dhsa.h)\n"
+    "  --score-rows N      rows: query rows scored per block and head (0 = all)\n"
     "fidelity:\n"
     "  -f FILE             the text   -c, --ctx N  window (default: trained context)\n"
     "  --windows N         most windows (default 8)\n"
@@ -179,6 +180,7 @@ typedef struct {
     /* routing overrides; -1 = the scaled default */
     int64_t q_block, sink, local, dense_below, min_chunk, max_chunk, chunk, sim_window, nms_window;
     int score; /* dhsa_chunk_score, -1 = the library default */
+    int64_t score_rows; /* -1 = the default */
     int json, show, passage_kind; /* 0 tokens, 1 words, 2 text */
     variant var[MAX_VAR];
     int n_var;
@@ -207,6 +209,7 @@ static void parse(int argc, char **argv, eval_opts *o, const char *sub) {
         o->nms_window = -1;
     o->score = -1;
     o->split = DHSA_RULER_TEST;
+    o->score_rows = -1;
     char buf[1024], *items[MAX_LIST];
     for (int i = 3; i < argc; i++) {
         const char *a = argv[i];
@@ -267,6 +270,7 @@ static void parse(int argc, char **argv, eval_opts *o, const char *sub) {
         else if (strcmp(a, "--sim-window") == 0) o->sim_window = dhsa_cli_int(a, v, 1, 4096, 0);
         else if (strcmp(a, "--nms-window") == 0) o->nms_window = dhsa_cli_int(a, v, 0, 4096, 0);
         else if (strcmp(a, "--score") == 0) o->score = dhsa_cli_chunk_score(a, v);
+        else if (strcmp(a, "--score-rows") == 0) o->score_rows = dhsa_cli_int(a, v, 0, 1 << 20, 0);
         else if (strcmp(a, "--boundary") == 0) {
             if (strcmp(v, "fixed") == 0) o->boundary = DHSA_BOUNDARY_FIXED;
             else if (strcmp(v, "similarity") == 0) o->boundary = DHSA_BOUNDARY_SIMILARITY;
@@ -359,6 +363,7 @@ static dhsa_router_params router_for(const eval_opts *o, int64_t L, double densi
     rp.boundary = o->boundary == DHSA_BOUNDARY_FIXED ? DHSA_BOUNDARY_SIMILARITY : o->boundary;
     rp.predictor = o->predictor;
     if (o->score >= 0) rp.score_mode = (dhsa_chunk_score)o->score;
+    if (o->score_rows >= 0) rp.score_rows = o->score_rows;
     return rp;
 }
 
@@ -372,13 +377,7 @@ static const char *method_label(const eval_opts *o, dhsa_attn_method m) {
     return dhsa_attn_method_name(effective(o, m));
 }
 
-static void print_router(FILE *f, const dhsa_router_params *rp, int64_t L) {
-    fprintf(f, "routing at L = %lld: q_block %lld, sink %lld, local %lld, dense_below %lld, min_chunk %lld, "
-            "max_chunk %lld, block chunk %lld, sim_window %lld, nms_window %lld, score %s\n",
-            (long long)L, (long long)rp->q_block, (long long)rp->sink_tokens, (long long)rp->local_tokens,
-            (long long)rp->dense_below, (long long)rp->min_chunk, (long long)rp->max_chunk, (long long)rp->chunk,
-            (long long)rp->sim_window, (long long)rp->nms_window, dhsa_cli_chunk_score_name(rp->score_mode));
-}
+static void print_router(FILE *f, const dhsa_router_params *rp, int64_t L) { dhsa_cli_print_router(f, rp, L); }
 
 /* ------------------------------------------------------------ sessions --- */
 

@@ -104,13 +104,13 @@ const char dhsa_cli_run_usage[] =
     "  --density F | --budget N                keys per query block, one of the\n"
     "                                          two (default density 0.0625)\n"
     "  --boundary fixed|similarity|learned:FILE\n"
-    "  --sink N            first keys every routed block reads (default 64)\n"
-    "  --local N           keys before the block's own it reads (default 256);\n"
-    "                      both at most 1/8 and 1/4 of the block's budget\n"
-    "  --dense-below N     a block that may see fewer keys runs dense (default\n"
-    "                      2048: prompts under 2048 tokens run dense; 0 routes\n"
-    "                      every block); the run says the density it used\n"
-    "  --q-block N         query rows per routed block (default 64)\n"
+    "  --sink N            first keys a routed block reads (default 4)\n"
+    "  --local N           keys before the block's own (default budget/8);\n"
+    "                      at most 1/8 and 1/4 of the block's budget\n"
+    "  --dense-below N     a block seeing fewer keys runs dense (default\n"
+    "                      0: all routed); the run says the density used\n"
+    "  --q-block N         rows per block (default 16; 64 past 16K tokens)\n"
+    "  (defaults: dhsa_router_params_for, as every command; -v prints them)\n"
     "Output:\n"
     "  --ids               print token ids (prompt, then generated) instead of text\n"
     "  --verbose           print the model, the plan and the timings\n"
@@ -215,6 +215,7 @@ static void parse(int argc, char **argv, run_opts *o) {
     o->n_predict = 128;
     o->sp = dhsa_sampler_default_params();
     o->ses = dhsa_session_default_params();
+    dhsa_cli_router_unset(&o->ses.router); /* the defaults for the run's length, once it is known */
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -839,6 +840,11 @@ static int run_main(int argc, char **argv, int plan_only) {
     if (!logits) dhsa_cli_die(EXIT_RUN, "out of memory");
     volatile float *touch = logits; /* a memset after malloc would become calloc: no page touched */
     for (int64_t i = 0; i < in->n_vocab; i++) touch[i] = 0.0f;
+    /* the routing every entry point runs for the tokens this run holds
+     * (dhsa_router_params_for), with the options given over it */
+    const int64_t run_len = cap - 1;
+    if (o.ses.dist && dhsa_cli_dist_size() > 1 && o.ses.router.q_block < 0) o.ses.router.q_block = 64;
+    dhsa_cli_router_fill(&o.ses.router, run_len, o.ses.router.density);
     dhsa_mem_plan plan;
     dhsa_status st = fit_plan(ctx, m, &o, ctx_set, n_prompt, &plan);
     if (plan_only) {
@@ -846,6 +852,7 @@ static int run_main(int argc, char **argv, int plan_only) {
         printf("attention: %s, KV %s, %d threads\n", dhsa_attn_method_name(o.ses.attn),
                dhsa_type_name(o.ses.kv_type), dhsa_ctx_n_threads(ctx));
         if (st) plan_failed(st, &o.ses);
+        if (o.ses.attn != DHSA_ATTN_DENSE) dhsa_cli_print_router(stdout, &o.ses.router, run_len);
         print_plan(stdout, &plan, dhsa_ctx_n_threads(ctx));
         if (o.ses.mem_limit) {
             char lim[32];
@@ -880,6 +887,10 @@ static int run_main(int argc, char **argv, int plan_only) {
     if (o.dump_path) dump_begin(&dump, &o, in, n_prompt, &o.ses);
     dhsa_session *s;
     if ((st = dhsa_session_create(ctx, m, &o.ses, &s))) plan_failed(st, &o.ses);
+    if (o.verbose && o.ses.attn != DHSA_ATTN_DENSE) {
+        dhsa_router_params used;
+        if (dhsa_session_get_router(s, &used) == DHSA_OK) dhsa_cli_print_router(stderr, &used, run_len);
+    }
 
     if (o.ids) {
         for (int64_t i = 0; i < n_prompt; i++) printf("%s%d", i ? " " : "", ids[i]);

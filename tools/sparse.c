@@ -23,7 +23,7 @@ const char dhsa_cli_bench_sparse_usage[] =
     "                         [--density F | --budget N]\n"
     "                         [--boundary fixed|similarity|learned:FILE]\n"
     "                         [--q-block N] [--chunk N] [--min-chunk N] [--max-chunk N]\n"
-    "                         [--score pooled|moments|heads|bound]\n"
+    "                         [--score pooled|moments|heads|bound|rows]\n"
     "                         [--sink N] [--local N] [--dense-below N] [--share-heads]\n"
     "                         [--no-causal] [--needles N] [--seed S] [--threads T]\n"
     "                         [--runs N] [--dense-runs N] [--json]\n"
@@ -178,7 +178,7 @@ int dhsa_cli_sparse_demo(int64_t L, int threads) {
     printf("  %-8s %10.1f %9s %8s %8s %8s %8s %8s\n", "dense", dense_ms, "1.00x", "1", "1", "0", "all", "-");
     static const char *names[3] = {"dhsa", "block", "stream"};
     for (int m = 0; m < 3; m++) {
-        dhsa_router_params rp = dhsa_router_default_params();
+        dhsa_router_params rp = dhsa_router_params_for(L, 0.0625);
         if (m == 1) rp.boundary = DHSA_BOUNDARY_FIXED;
         if (m == 2) rp.method = DHSA_ROUTE_STREAM;
         double route_ms, kernel_ms;
@@ -257,6 +257,7 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
     const char *method = "dhsa", *boundary = NULL, *svg = NULL;
     int64_t svg_head = 0;
     dhsa_router_params rp = dhsa_router_default_params();
+    dhsa_cli_router_unset(&rp); /* the defaults for L and the density, once both are known */
     for (int i = 3; i < argc; i++) {
         const char *o = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
 #define OPT(name) (strcmp(o, name) == 0 && (val || (dhsa_cli_die(EXIT_USAGE, "%s needs a value", name), 0)) && ++i)
@@ -278,6 +279,7 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
         else if (OPT("--chunk")) rp.chunk = dhsa_cli_int(o, val, 1, (int64_t)1 << 30, 1);
         else if (OPT("--min-chunk")) rp.min_chunk = dhsa_cli_int(o, val, 1, (int64_t)1 << 30, 1);
         else if (OPT("--score")) rp.score_mode = (dhsa_chunk_score)dhsa_cli_chunk_score(o, val);
+        else if (OPT("--score-rows")) rp.score_rows = dhsa_cli_int(o, val, 0, 1 << 20, 0);
         else if (OPT("--max-chunk")) rp.max_chunk = dhsa_cli_int(o, val, 1, (int64_t)1 << 30, 1);
         else if (OPT("--sink")) rp.sink_tokens = dhsa_cli_int(o, val, 0, (int64_t)1 << 40, 1);
         else if (OPT("--local")) rp.local_tokens = dhsa_cli_int(o, val, 0, (int64_t)1 << 40, 1);
@@ -293,6 +295,7 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
 #undef OPT
     }
     if (L == 0) dhsa_cli_die(EXIT_USAGE, "--L is required");
+    dhsa_cli_router_fill(&rp, L, density);
     if (svg && !svg[0]) dhsa_cli_die(EXIT_USAGE, "--svg needs a file name");
     if (svg) dhsa_cli_check_output("--svg", svg);
     if (density_set && budget)
@@ -419,6 +422,8 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
         printf("  %-12s L=%lld Hq=%lld Hkv=%lld d=%lld f32%s, q_block %lld, %s %g\n", "shape", (long long)L,
                (long long)H, (long long)Hkv, (long long)D, causal ? ", causal" : "", (long long)rp.q_block,
                budget ? "budget" : "density", budget ? (double)budget : density);
+        printf("  ");
+        dhsa_cli_print_router(stdout, &rp, L);
         printf("  %-12s dense %.1f ms (median of %d)\n", "dense", dense_ms, dense_runs);
         printf("  %-12s route %.1f ms + kernel %.1f ms (medians of %d): speedup %.2fx, routing %.1f%% of "
                "the kernel\n", "sparse", route_ms, kernel_ms, runs, speedup,
@@ -471,6 +476,7 @@ int dhsa_cli_bench_decode(int argc, char **argv) {
     double density = 0.0625;
     const char *pred_path = NULL;
     dhsa_router_params rp = dhsa_router_default_params();
+    dhsa_cli_router_unset(&rp); /* the defaults for L and the density, once both are known */
     rp.causal_boundaries = 1;
     for (int i = 3; i < argc; i++) {
         const char *o = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -502,6 +508,7 @@ int dhsa_cli_bench_decode(int argc, char **argv) {
 #undef OPT
     }
     if (L == 0) dhsa_cli_die(EXIT_USAGE, "--L is required");
+    dhsa_cli_router_fill(&rp, L, density);
     if (H % Hkv) dhsa_cli_die(EXIT_USAGE, "--heads %lld is not a multiple of --kv-heads %lld", (long long)H, (long long)Hkv);
     if (density_set && budget)
         dhsa_cli_die(EXIT_USAGE, "give --density F or --budget N, not both (--budget sets the keys per query block; "
@@ -624,6 +631,8 @@ int dhsa_cli_bench_decode(int argc, char **argv) {
         printf("  %-10s recall %.4f, output rel_err %.4f, needle selected for %d of %lld KV heads\n",
                "fidelity", fid.recall, fid.rel_err, hits, (long long)Hkv);
         print_routing(&rp, &st);
+        printf("  ");
+        dhsa_cli_print_router(stdout, &rp, L);
     }
     dhsa_layout_free(lay);
     dhsa_kv_index_free(ix);

@@ -110,7 +110,7 @@ class MemStats(ctypes.Structure):
 
 DHSA_BOUNDARY_FIXED, DHSA_BOUNDARY_SIMILARITY, DHSA_BOUNDARY_LEARNED = 0, 1, 2
 DHSA_ROUTE_DHSA, DHSA_ROUTE_STREAM, DHSA_ROUTE_ORACLE = 0, 1, 2
-DHSA_SCORE_POOLED, DHSA_SCORE_MOMENTS, DHSA_SCORE_HEADS, DHSA_SCORE_BOUND = 0, 1, 2, 3
+DHSA_SCORE_POOLED, DHSA_SCORE_MOMENTS, DHSA_SCORE_HEADS, DHSA_SCORE_BOUND, DHSA_SCORE_ROWS = 0, 1, 2, 3, 4
 DHSA_SYNTH_MAX_NEEDLES = 64
 
 
@@ -137,6 +137,7 @@ class RouterParams(ctypes.Structure):
         ("share_heads", c_int),
         ("score_mode", c_int),              # dhsa_chunk_score
         ("scale_fixed", c_int),
+        ("score_rows", c_int64),
     ]
 
 
@@ -191,7 +192,7 @@ class Fidelity(ctypes.Structure):
 # Sizes on LP64 (x86-64 / aarch64 Linux), computed by hand from dhsa.h and
 # checked by the tests against both ctypes and a compiled C program.
 LP64_SIZES = {"Tensor": 80, "AttnDesc": 584, "CtxParams": 16, "MemStats": 40,
-              "RouterParams": 144, "LayoutStats": 152, "SynthParams": 600,
+              "RouterParams": 152, "LayoutStats": 152, "SynthParams": 600,
               "SynthNeedle": 32, "Fidelity": 32}
 
 # ------------------------------------------------------------ prototypes ---
@@ -255,6 +256,7 @@ _ROUTE_PROTOTYPES = {
     "dhsa_predictor_window": (c_int64, [c_void_p]),
     "dhsa_predictor_score": (c_int, [c_void_p, c_void_p, _p(Tensor), c_int64, _p(c_float)]),
     "dhsa_router_default_params": (RouterParams, []),
+    "dhsa_router_params_for": (RouterParams, [c_int64, ctypes.c_double]),
     "dhsa_route_sizes": (c_int, [c_void_p, _p(RouterParams), _p(AttnDesc), _p(c_size_t),
                                  _p(c_size_t)]),
     "dhsa_route": (c_int, [c_void_p, _p(RouterParams), _p(AttnDesc), _p(c_void_p)]),

@@ -212,7 +212,8 @@ _METHODS = {"dhsa": _capi.DHSA_ROUTE_DHSA, "block": _capi.DHSA_ROUTE_DHSA,
             "stream": _capi.DHSA_ROUTE_STREAM, "oracle": _capi.DHSA_ROUTE_ORACLE}
 _BOUNDARIES = {"fixed": _capi.DHSA_BOUNDARY_FIXED, "similarity": _capi.DHSA_BOUNDARY_SIMILARITY}
 _SCORES = {"pooled": _capi.DHSA_SCORE_POOLED, "moments": _capi.DHSA_SCORE_MOMENTS,
-           "heads": _capi.DHSA_SCORE_HEADS, "bound": _capi.DHSA_SCORE_BOUND}
+           "heads": _capi.DHSA_SCORE_HEADS, "bound": _capi.DHSA_SCORE_BOUND,
+           "rows": _capi.DHSA_SCORE_ROWS}
 
 
 @dataclasses.dataclass
@@ -230,8 +231,12 @@ class RouterParams:
         use density (share of the keys each block may see).
     sink, local: sink_tokens, local_tokens; with scale_fixed (default)
         each block reads at most budget / 8 sinks and budget / 4 local keys.
-    score: "moments" (default), "pooled", "heads" or "bound": the DHSA chunk
-        score (include/dhsa.h, dhsa_chunk_score).
+    score: "moments" (default), "pooled", "heads", "bound" or "rows": the
+        DHSA chunk score (include/dhsa.h, dhsa_chunk_score); score_rows: the
+        rows "rows" scores per block and head (0 = all).
+    RouterParams.for_length(n, density): the routing every entry point runs
+        by default for n tokens (dhsa_router_params_for; sessions get it
+        for their context unless given other router params).
     Other names as in C.
     """
     method: str = "dhsa"
@@ -253,6 +258,19 @@ class RouterParams:
     share_heads: bool = False
     score: str = "moments"
     scale_fixed: bool = True
+    score_rows: int = 0
+
+    @classmethod
+    def for_length(cls, n, density=0.0625):
+        """dhsa_router_params_for(n, density) as a RouterParams."""
+        c = _capi.lib().dhsa_router_params_for(_i64("n", n), float(density))
+        names = {v: k for k, v in _SCORES.items()}
+        return cls(method="dhsa", boundary=None, learned_threshold=c.learned_threshold, chunk=c.chunk,
+                   sim_window=c.sim_window, threshold=c.threshold, nms_window=c.nms_window,
+                   min_chunk=c.min_chunk, max_chunk=c.max_chunk, causal_boundaries=bool(c.causal_boundaries),
+                   q_block=c.q_block, budget=None, density=c.density, sink=c.sink_tokens,
+                   local=c.local_tokens, dense_below=c.dense_below, share_heads=bool(c.share_heads),
+                   score=names[c.score_mode], scale_fixed=bool(c.scale_fixed), score_rows=c.score_rows)
 
     def to_c(self):
         """(the _capi.RouterParams struct, the Predictor or None). Keep the
@@ -294,6 +312,7 @@ class RouterParams:
             raise ValueError("score must be one of %s, not %r" % (", ".join(sorted(_SCORES)), self.score))
         rp.score_mode = _SCORES[self.score]
         rp.scale_fixed = 1 if self.scale_fixed else 0
+        rp.score_rows = _i64("score_rows", self.score_rows)
         return rp, pred
 
 

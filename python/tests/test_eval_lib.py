@@ -147,7 +147,7 @@ def test_router_defaults():
     r = dhsa.eval_router(512, 0.125)
     assert (r["q_block"], r["sink_tokens"], r["local_tokens"], r["dense_below"], r["min_chunk"], r["max_chunk"],
             r["chunk"], r["sim_window"], r["nms_window"]) == (16, 4, 16, 0, 8, 32, 16, 8, 4)
-    assert dhsa.eval_router(2048, 0.25, q_block=32)["local_tokens"] == 32
+    assert dhsa.eval_router(2048, 0.25, q_block=32)["local_tokens"] == 64  # budget / 8 (dhsa_router_params_for)
     assert dhsa.eval_router(2048, 0.25, q_block=32)["q_block"] == 32
     with pytest.raises(ValueError):
         dhsa.eval_router(512, q_blok=3)

@@ -19,18 +19,7 @@
 #include "eval/probe.h"
 
 dhsa_router_params dhsa_eval_router_params(int64_t L, double density) {
-    dhsa_router_params rp = dhsa_router_default_params();
-    rp.q_block = 16;
-    rp.sink_tokens = 4;
-    rp.local_tokens = L <= 1024 ? 16 : 32;
-    rp.dense_below = 0;
-    rp.min_chunk = 8;
-    rp.max_chunk = 32;
-    rp.chunk = 16;
-    rp.sim_window = 8; /* chosen on development prompts (docs/eval.md) */
-    rp.nms_window = 4;
-    rp.density = density;
-    return rp;
+    return dhsa_router_params_for(L, density); /* one set of defaults for every entry point */
 }
 
 dhsa_eval_fidelity_params dhsa_eval_fidelity_default_params(void) {

@@ -143,8 +143,18 @@ dhsa_session_params dhsa_session_default_params(void) {
     memset(&p, 0, sizeof p);
     p.kv_type = DHSA_F16; /* llama.cpp's default: half the cache of F32 (docs/model.md, "Defaults") */
     p.attn = DHSA_ATTN_DENSE;
-    p.router = dhsa_router_default_params();
+    p.router = dhsa_router_params_for(0, 0.0625); /* scaled to n_ctx at plan and create */
     return p;
+}
+
+/* p with the router's unset fields scaled to the context (the defaults
+ * plumbing: dhsa_router_scale). Context parallelism runs query blocks of
+ * 64 rows. */
+static dhsa_session_params resolve_router(const dhsa_model *m, const dhsa_session_params *p) {
+    dhsa_session_params q = *p;
+    if (q.dist && q.dist->size > 1 && q.router.q_block < 0) q.router.q_block = 64;
+    dhsa_router_scale(&q.router, q.n_ctx > 0 ? q.n_ctx : m->info.n_ctx_train);
+    return q;
 }
 
 const char *dhsa_attn_method_name(dhsa_attn_method m) {
@@ -480,6 +490,8 @@ static dhsa_status dist_plan(const dhsa_ctx *ctx, const dhsa_model *m, const dhs
 dhsa_status dhsa_session_plan(const dhsa_ctx *ctx, const dhsa_model *m, const dhsa_session_params *p,
                               dhsa_mem_plan *out) {
     if (!ctx || !m || !p || !out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_session_plan: NULL argument");
+    const dhsa_session_params rq = resolve_router(m, p);
+    p = &rq;
     const dhsa_model_info *in = &m->info;
     int64_t n_ctx = p->n_ctx > 0 ? p->n_ctx : in->n_ctx_train;
     if (n_ctx < 1 || n_ctx > ((int64_t)1 << 31))
@@ -590,6 +602,8 @@ dhsa_status dhsa_session_create(dhsa_ctx *ctx, const dhsa_model *m, const dhsa_s
     if (!ctx || !m) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_session_create: NULL argument");
     dhsa_session_params dp = dhsa_session_default_params();
     if (!p) p = &dp;
+    const dhsa_session_params rq = resolve_router(m, p);
+    p = &rq;
     dhsa_mem_plan plan;
     dhsa_status st = dhsa_session_plan(ctx, m, p, &plan);
     if (st) return st;
@@ -724,6 +738,12 @@ void dhsa_session_free(dhsa_session *s) {
 
 const dhsa_mem_plan *dhsa_session_get_plan(const dhsa_session *s) { return s ? &s->plan : NULL; }
 int64_t dhsa_session_length(const dhsa_session *s) { return s ? s->len : 0; }
+
+dhsa_status dhsa_session_get_router(const dhsa_session *s, dhsa_router_params *out) {
+    if (!s || !out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_session_get_router: NULL argument");
+    *out = s->rp;
+    return DHSA_OK;
+}
 
 dhsa_status dhsa_session_get_stats(const dhsa_session *s, dhsa_attn_stats *last_eval, dhsa_attn_stats *total) {
     if (!s) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_session_get_stats: NULL session");

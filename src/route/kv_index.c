@@ -828,12 +828,15 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
     const int64_t d = p.d, nc = ix->n_chunks, n_qb = (p.Lq + rp->q_block - 1) / rp->q_block;
     const int moments = rp->score_mode == DHSA_SCORE_MOMENTS,
               heads_mode = rp->score_mode == DHSA_SCORE_HEADS || rp->score_mode == DHSA_SCORE_BOUND;
-    float *qp = malloc((size_t)(2 * d) * sizeof(float));
+    const int rows_mode = rp->score_mode == DHSA_SCORE_ROWS;
+    float *qp = malloc((size_t)(rows_mode ? 64 * d : 2 * d) * sizeof(float));
     float *sc = malloc((size_t)(nc + 1) * sizeof(float));
-    double *eh = heads_mode ? malloc((size_t)(nc + 1) * sizeof(double)) : NULL;
+    double *eh = heads_mode || rows_mode ? malloc((size_t)(nc + 1) * sizeof(double)) : NULL;
+    float *tile = rows_mode ? malloc((size_t)(nc + 1) * 64 * sizeof(float)) : NULL;
     int64_t *order = malloc((size_t)(nc + 1) * sizeof(int64_t));
     int64_t *rg = malloc((size_t)(max_ranges + 8) * 2 * sizeof(int64_t));
-    if (!qp || !sc || !order || !rg || (heads_mode && !eh)) {
+    if (!qp || !sc || !order || !rg || ((heads_mode || rows_mode) && !eh) || (rows_mode && !tile)) {
+        free(tile);
         free(eh);
         free(qp);
         free(sc);
@@ -852,7 +855,10 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
             /* chunks this block may know: closed at or before its last position */
             int64_t visible = nc;
             while (visible > 0 && ix->decided[visible - 1] > last) visible--;
-            if (heads_mode) heads_scores(ix, a, p.G, p.scale, h0, h1, r0, r1, visible, qp, eh, sc);
+            if (rows_mode)
+                dhsa__rows_scores(a, 0, h0, h1, r0, r1, rp, p.scale, ix->pooled + g * d, ix->Hkv * d, ix->starts, 0,
+                                  visible, qp, tile, eh, sc, 1);
+            else if (heads_mode) heads_scores(ix, a, p.G, p.scale, h0, h1, r0, r1, visible, qp, eh, sc);
             else pooled_scores(ix, a, p.scale, moments, h0, h1, k0, k1, r0, r1, visible, qp, sc);
             if (agg) add_shares(ix, sc, visible, agg + g * nc);
             int64_t alo, ahi;
@@ -887,6 +893,7 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
         }
         lay->chunk_mean = (double)ix->starts[nc] / (double)nc;
     }
+    free(tile);
     free(eh);
     free(qp);
     free(sc);

@@ -30,6 +30,17 @@ static inline int64_t dhsa__layout_index(const dhsa_layout *l, int64_t b, int64_
 int64_t dhsa__ranges_normalise(int64_t *r, int64_t n);
 
 /* Shared by route.c and kv_index.c. */
+/* ROWS chunk scores (dhsa.h, DHSA_SCORE_ROWS) of the block of rows [r0, r1)
+ * for query heads [h0, h1) against chunks [c0, c1): kmean + c * ldk is
+ * chunk c's mean key (d floats), starts[] the chunk starts. out[(c - c0) *
+ * out_stride] = log of the sum over the scored rows and heads of the share
+ * of that row's estimated attention one key of chunk c holds. Scratch: qt
+ * [d][64] floats, S [c1 - c0][64] floats, acc [c1 - c0] doubles. Used by
+ * dhsa_route and the decode index alike, so both score the same. */
+void dhsa__rows_scores(const dhsa_attn_desc *a, int64_t b, int64_t h0, int64_t h1, int64_t r0, int64_t r1,
+                       const dhsa_router_params *rp, float scale, const float *kmean, int64_t ldk,
+                       const int64_t *starts, int64_t c0, int64_t c1, float *qt, float *S, double *acc, float *out,
+                       int64_t out_stride);
 void dhsa__block_span(const dhsa_attn_desc *a, int64_t Lk, int64_t r0, int64_t r1, int64_t *lo, int64_t *hi);
 dhsa_status dhsa__route_check_params(const dhsa_router_params *rp);
 void dhsa__route_limits(const dhsa_router_params *rp, int64_t Lk, int64_t *min_len, int64_t *max_chunks,

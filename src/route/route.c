@@ -86,6 +86,41 @@ dhsa_router_params dhsa_router_default_params(void) {
     return r;
 }
 
+/* The length-scaled routing (dhsa.h, dhsa_router_scale; the choice and its
+ * measurements in docs/dhsa.md, "One set of routing defaults"). n is
+ * rounded to the nearest power of two first, so that a prompt of 4,078
+ * tokens plus its answer and an evaluation at 4K get the same values. */
+void dhsa_router_scale(dhsa_router_params *rp, int64_t n) {
+    if (!rp) return;
+    int64_t nb = 64;
+    while (nb < ((int64_t)1 << 40) && (double)nb * 1.4142135623730951 < (double)n) nb *= 2;
+    const int longer = nb > 8192, longest = nb > 16384;
+    double budget = rp->budget_tokens > 0 ? (double)rp->budget_tokens : rp->density * (double)nb;
+    int64_t local = (int64_t)(budget / 8.0 / 16.0 + 0.5) * 16;
+#define SCALED(f, v) if (rp->f < 0) rp->f = (v)
+    SCALED(q_block, longest ? 64 : longer ? 32 : 16);
+    SCALED(sink_tokens, 4);
+    SCALED(local_tokens, local < 16 ? 16 : local > 256 ? 256 : local);
+    SCALED(dense_below, 0);
+    SCALED(min_chunk, longer ? 16 : 8);
+    SCALED(max_chunk, longer ? 64 : 32);
+    SCALED(chunk, longer ? 32 : 16);
+    SCALED(nms_window, longer ? 8 : 4);
+    SCALED(score_rows, 4);
+#undef SCALED
+}
+
+dhsa_router_params dhsa_router_params_for(int64_t n, double density) {
+    dhsa_router_params rp = dhsa_router_default_params();
+    rp.density = density;
+    rp.score_mode = DHSA_SCORE_ROWS;
+    rp.sim_window = 8;
+    rp.q_block = rp.sink_tokens = rp.local_tokens = rp.dense_below = -1;
+    rp.min_chunk = rp.max_chunk = rp.chunk = rp.nms_window = rp.score_rows = -1;
+    if (n > 0) dhsa_router_scale(&rp, n);
+    return rp;
+}
+
 /* ------------------------------------------------------------ checking --- */
 
 void dhsa__route_limits(const dhsa_router_params *rp, int64_t Lk, int64_t *min_len, int64_t *max_chunks,
@@ -129,13 +164,18 @@ dhsa_status dhsa__route_check_params(const dhsa_router_params *rp) {
         rp->boundary != DHSA_BOUNDARY_LEARNED)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "unknown boundary method %d", (int)rp->boundary);
     if (rp->score_mode != DHSA_SCORE_POOLED && rp->score_mode != DHSA_SCORE_MOMENTS &&
-        rp->score_mode != DHSA_SCORE_HEADS && rp->score_mode != DHSA_SCORE_BOUND)
+        rp->score_mode != DHSA_SCORE_HEADS && rp->score_mode != DHSA_SCORE_BOUND &&
+        rp->score_mode != DHSA_SCORE_ROWS)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "unknown chunk score %d", (int)rp->score_mode);
-    if ((rp->score_mode == DHSA_SCORE_HEADS || rp->score_mode == DHSA_SCORE_BOUND) && rp->share_heads)
+    if ((rp->score_mode == DHSA_SCORE_HEADS || rp->score_mode == DHSA_SCORE_BOUND ||
+         rp->score_mode == DHSA_SCORE_ROWS) && rp->share_heads)
         return dhsa__fail(DHSA_ERR_INVALID_ARG,
                           "the %s chunk score weighs each query head against its own KV head's chunks: "
                           "it cannot share one routing over all heads (share_heads = 1)",
-                          rp->score_mode == DHSA_SCORE_HEADS ? "HEADS" : "BOUND");
+                          rp->score_mode == DHSA_SCORE_HEADS ? "HEADS" : rp->score_mode == DHSA_SCORE_BOUND ? "BOUND" : "ROWS");
+    if (rp->score_rows < 0 || rp->score_rows > (1 << 20))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "score_rows = %lld: use 0 (every row) .. 2^20",
+                          (long long)rp->score_rows);
     if (rp->q_block < 1 || rp->q_block > (1 << 20))
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "q_block = %lld: use 1..2^20", (long long)rp->q_block);
     if (rp->chunk < 1 || rp->min_chunk < 1 || rp->max_chunk < rp->min_chunk || rp->sim_window < 1 ||
@@ -175,7 +215,8 @@ static dhsa_status check(const dhsa_router_params *rp, const dhsa_attn_desc *a, 
     if (p->Lq < 1) return dhsa__fail(DHSA_ERR_SHAPE, "dhsa_route needs at least one query row");
     pl->n_qb = (p->Lq + rp->q_block - 1) / rp->q_block;
     pl->dk = rp->score_mode == DHSA_SCORE_POOLED ? p->d : 2 * p->d;
-    pl->per_head = rp->score_mode == DHSA_SCORE_HEADS || rp->score_mode == DHSA_SCORE_BOUND;
+    pl->per_head = rp->score_mode == DHSA_SCORE_HEADS || rp->score_mode == DHSA_SCORE_BOUND ||
+                   rp->score_mode == DHSA_SCORE_ROWS;
     pl->similarity = rp->boundary == DHSA_BOUNDARY_SIMILARITY;
     dhsa__route_limits(rp, p->Lk, &pl->min_len, &pl->max_chunks, &pl->max_ranges);
     return DHSA_OK;
@@ -935,6 +976,59 @@ static void heads_scores(sel_job *j, thread_bufs *t, int64_t g, int64_t qb0, int
     for (int64_t x = 0; x < nc * GROUP; x++) t->S[x] = t->acc[x];
 }
 
+/* DHSA_SCORE_ROWS (layout_internal.h): the scored rows' queries, scaled, go
+ * as columns of qt (at most GROUP at a time, padded to 16) through the qk
+ * micro-kernel against the chunks' mean keys; per column the exponentials
+ * relative to its largest score (the softmax micro-kernel with m preset
+ * to that maximum, so its alpha is 1), normalised by the length-weighted
+ * sum, are each chunk's share per key; acc sums them in double. */
+void dhsa__rows_scores(const dhsa_attn_desc *a, int64_t b, int64_t h0, int64_t h1, int64_t r0, int64_t r1,
+                       const dhsa_router_params *rp, float scale, const float *kmean, int64_t ldk,
+                       const int64_t *starts, int64_t c0, int64_t c1, float *qt, float *S, double *acc, float *out,
+                       int64_t out_stride) {
+    const dhsa_attn_kernels *kern = dhsa__attn_kernels();
+    const int64_t d = a->q.shape[3], n = c1 - c0;
+    for (int64_t c = 0; c < n; c++) acc[c] = 0.0;
+    if (n <= 0) return;
+    const int64_t step = rp->score_rows > 0 ? (rp->q_block + rp->score_rows - 1) / rp->score_rows : 1;
+    int64_t nrows = 0; /* rows r1 - 1, r1 - 1 - step, ... >= r0, at most score_rows */
+    for (int64_t r = r1 - 1; r >= r0 && (rp->score_rows == 0 || nrows < rp->score_rows); r -= step) nrows++;
+    const int64_t cols = nrows * (h1 - h0);
+    float m[GROUP], l[GROUP], alpha[GROUP];
+    for (int64_t col0 = 0; col0 < cols; col0 += GROUP) {
+        int64_t w = cols - col0 < GROUP ? cols - col0 : GROUP, W = (w + 15) / 16 * 16;
+        for (int64_t i = 0; i < W; i++) {
+            for (int64_t x = 0; x < d; x++) qt[x * W + i] = 0.0f;
+            if (i >= w) continue;
+            int64_t col = col0 + i, h = h0 + col / nrows, r = r1 - 1 - (col % nrows) * step;
+            const void *q = dhsa__at(&a->q, b, h, r);
+            for (int64_t x = 0; x < d; x++) qt[x * W + i] = scale * dhsa__load(q, a->q.type, x * a->q.stride[3]);
+        }
+        kern->qk(kmean + c0 * ldk, ldk, (int)n, (int)d, qt, (int)W, S);
+        for (int64_t i = 0; i < W; i++) {
+            m[i] = -INFINITY;
+            l[i] = 0.0f;
+        }
+        for (int64_t c = 0; c < n; c++)
+            for (int64_t i = 0; i < W; i++) m[i] = S[c * W + i] > m[i] ? S[c * W + i] : m[i];
+        for (int64_t c = 0; c < n; c += DHSA_BC) /* m stays: exp(S - max) in place */
+            kern->softmax(S + c * W, (int)(n - c < DHSA_BC ? n - c : DHSA_BC), (int)W, m, l, alpha);
+        double z[GROUP];
+        for (int64_t i = 0; i < W; i++) z[i] = 0.0;
+        for (int64_t c = 0; c < n; c++) {
+            double len = (double)(starts[c0 + c + 1] - starts[c0 + c]);
+            for (int64_t i = 0; i < w; i++) z[i] += len * (double)S[c * W + i];
+        }
+        for (int64_t i = 0; i < w; i++) z[i] = z[i] > 0.0 ? 1.0 / z[i] : 0.0;
+        for (int64_t c = 0; c < n; c++) {
+            double t = 0.0;
+            for (int64_t i = 0; i < w; i++) t += (double)S[c * W + i] * z[i];
+            acc[c] += t;
+        }
+    }
+    for (int64_t c = 0; c < n; c++) out[c * out_stride] = acc[c] > 0.0 ? (float)log(acc[c]) : -FLT_MAX;
+}
+
 /* One task: GROUP consecutive query blocks of one KV head (g), or of the
  * shared routing (g = 0, copied to every head afterwards). */
 static void select_task(void *arg, int64_t task, int thread) {
@@ -946,7 +1040,22 @@ static void select_task(void *arg, int64_t task, int thread) {
     int64_t qb0 = grp * GROUP, qb1 = qb0 + GROUP < j->pl->n_qb ? qb0 + GROUP : j->pl->n_qb;
     thread_bufs t = bufs_of(j, thread);
 
-    if (rp->method == DHSA_ROUTE_DHSA && p->Lk >= rp->dense_below &&
+    if (rp->method == DHSA_ROUTE_DHSA && p->Lk >= rp->dense_below && rp->score_mode == DHSA_SCORE_ROWS) {
+        for (int64_t x = 0; x < j->nc * GROUP; x++) t.S[x] = -INFINITY;
+        for (int64_t qb = qb0; qb < qb1; qb++) {
+            int64_t r0 = qb * rp->q_block, r1 = r0 + rp->q_block < p->Lq ? r0 + rp->q_block : p->Lq;
+            int64_t alo, ahi, lo = 0, hi;
+            dhsa__block_span(j->a, p->Lk, r0, r1, &alo, &ahi);
+            while (lo < j->nc && j->starts[lo + 1] <= alo) lo++;
+            hi = lo;
+            while (hi < j->nc && j->starts[hi] < ahi) hi++;
+            /* t.acc is the kernel's [chunks][64] tile, t.order (free until
+             * the selection) the doubles */
+            dhsa__rows_scores(j->a, j->b, g * p->G, (g + 1) * p->G, r0, r1, rp, p->scale, j->kp + g * j->nc * j->pl->dk,
+                              j->pl->dk, j->starts, lo, hi, t.qt, t.acc, (double *)(void *)t.order,
+                              t.S + lo * GROUP + (qb - qb0), GROUP);
+        }
+    } else if (rp->method == DHSA_ROUTE_DHSA && p->Lk >= rp->dense_below &&
         (rp->score_mode == DHSA_SCORE_HEADS || rp->score_mode == DHSA_SCORE_BOUND)) {
         heads_scores(j, &t, g, qb0, qb1);
     } else if (rp->method == DHSA_ROUTE_DHSA && p->Lk >= rp->dense_below) {
