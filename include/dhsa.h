@@ -1762,12 +1762,9 @@ double dhsa_task_selected(const dhsa_task *t, const dhsa_layout *layout, int64_t
  * failure inside a layer's measurement is named after the session's
  * sentence). */
 
-/* The routing an evaluation at L tokens runs with by default: the
- * library's routing defaults scaled to short contexts (docs/eval.md, "The
- * routing an evaluation runs with"): q_block 16, sink_tokens 4,
- * local_tokens 16 (L <= 1024) or 32, dense_below 0, min_chunk 8,
- * max_chunk 32, chunk 16, sim_window 4, nms_window 4; density as given,
- * the rest dhsa_router_default_params(). */
+/* The routing an evaluation at L tokens runs with by default:
+ * dhsa_router_params_for(L, density), the routing every entry point runs
+ * (docs/dhsa.md, "One set of routing defaults"). */
 dhsa_router_params dhsa_eval_router_params(int64_t L, double density);
 
 /* A method as evaluated: the session's attn and its routing (the block
