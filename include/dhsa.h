@@ -436,8 +436,10 @@ typedef enum {
                               models the query rows of one block differ so much
                               that their mean row finds a needle that one row
                               wants in 0.52 of the cases that matter, these
-                              shares in 0.99 (docs/dhsa.md, "Real pretrained
-                              models"). Not with share_heads */
+                              shares in 0.98 (docs/dhsa.md, "Real pretrained
+                              models"), but end to end at 4K it answered no
+                              more pass keys and lost fidelity, so MOMENTS
+                              stays the default. Not with share_heads */
 } dhsa_chunk_score;
 
 /* The learned boundary predictor (DHSA). Input: the keys of all KV heads
@@ -623,7 +625,7 @@ typedef struct {
 dhsa_router_params dhsa_router_default_params(void);
 /* The routing every entry point runs by default (sessions, `dhsa run`,
  * `serve`, `eval`, `bench`, `demo`, Python), for a context of n tokens at
- * a density: dhsa_router_default_params() with the ROWS chunk score, then
+ * a density: dhsa_router_default_params() (MOMENTS chunk scores), then
  * the length-scaled fields of dhsa_router_scale(n). n = 0 leaves those
  * fields unset (-1): a session scales them to its n_ctx when it is planned
  * or created (dhsa_session_default_params uses this). Chosen on

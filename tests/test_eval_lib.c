@@ -592,7 +592,7 @@ int main(void) {
     dhsa_router_params rp = dhsa_eval_router_params(512, 0.125), rq = dhsa_eval_router_params(2048, 0.25);
     T_CHECK(rp.q_block == 16 && rp.sink_tokens == 4 && rp.local_tokens == 16 && rp.dense_below == 0 &&
                 rp.min_chunk == 8 && rp.max_chunk == 32 && rp.chunk == 16 && rp.sim_window == 8 &&
-                rp.nms_window == 4 && rp.density == 0.125 && rp.score_mode == DHSA_SCORE_ROWS &&
+                rp.nms_window == 4 && rp.density == 0.125 && rp.score_mode == DHSA_SCORE_MOMENTS &&
                 rp.score_rows == 4 && rq.local_tokens == 64 && rq.density == 0.25,
             "the eval routing (dhsa_router_params_for: docs/dhsa.md, \"One set of routing defaults\")");
     test_probe(ctx);

@@ -113,7 +113,7 @@ void dhsa_router_scale(dhsa_router_params *rp, int64_t n) {
 dhsa_router_params dhsa_router_params_for(int64_t n, double density) {
     dhsa_router_params rp = dhsa_router_default_params();
     rp.density = density;
-    rp.score_mode = DHSA_SCORE_ROWS;
+    rp.score_mode = DHSA_SCORE_MOMENTS; /* ROWS measured and not taken: docs/dhsa.md */
     rp.sim_window = 8;
     rp.q_block = rp.sink_tokens = rp.local_tokens = rp.dense_below = -1;
     rp.min_chunk = rp.max_chunk = rp.chunk = rp.nms_window = rp.score_rows = -1;
