@@ -10,7 +10,9 @@
  * fast vs exact: positions, the relative L2 distance of the logits (all
  * positions), top-1 agreement, mean and max KL(first || second) in nats,
  * and at the positions whose argmax differs the largest logit gap of the
- * first between the two tokens (a near tie is a small gap).
+ * first between the two tokens (a near tie is a small gap). With
+ * REAL_COMPARE_SHOW set, also each position where a route's KL to the
+ * peer exceeds 0.3.
  */
 #include "dhsa.h"
 
@@ -117,6 +119,13 @@ int main(int argc, char **argv) {
             if (fread(peer, sizeof(float), (size_t)V, f) != (size_t)V) {
                 fprintf(stderr, "real_compare: the peer's file is short\n");
                 return 1;
+            }
+            if (getenv("REAL_COMPARE_SHOW")) {
+                double k0 = kl(peer, got[0] + t * V, V), k1 = kl(peer, got[1] + t * V, V);
+                if (k0 > 0.3 || k1 > 0.3)
+                    printf("position %lld: KL exact %.3f fast %.3f; argmax peer %lld exact %lld fast %lld\n",
+                           (long long)(at + t), k0, k1, (long long)argmax(peer, V), (long long)argmax(got[0] + t * V, V),
+                           (long long)argmax(got[1] + t * V, V));
             }
             cmp_add(&c[0], peer, got[0] + t * V, V);
             cmp_add(&c[1], peer, got[1] + t * V, V);

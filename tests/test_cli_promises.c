@@ -330,7 +330,7 @@ static void test_messages(void) {
         {"bench model --lengths ''", 2, "--lengths is empty", NULL},
         {"bench model --lengths 256 --boundary learned:x.prd --attn dense,dhsa", 2, "dhsa-learned", NULL},
         {"--help", 0, "memprobe", NULL},
-        {"run --help", 0, "prompt + N when that is longer", NULL},
+        {"run --help", 0, "default: the prompt + N", NULL},
         {"bench matmul --help", 0, "% peak", "%%"},
         {"bench --help", 0, "matmul", NULL},
         {"help bench model", 0, "usage: dhsa bench model", NULL},
