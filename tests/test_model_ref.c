@@ -499,11 +499,21 @@ static void test_learned_session(void) {
                 st ? dhsa_last_error() : "", md);
     }
     sp.router.budget_tokens = 16;
+    /* the routing the sessions run: the fields sp leaves unset (-1) scaled
+     * to the context, as dhsa_session_get_router reports them */
+    dhsa_router_params ran = sp.router;
+    {
+        dhsa_session *s0;
+        if (dhsa_session_create(ctx, f.m, &sp, &s0) == DHSA_OK) {
+            dhsa_session_get_router(s0, &ran);
+            dhsa_session_free(s0);
+        }
+    }
     const int64_t ubs[] = {64, 7, 0};
     for (int u = 0; u < 3; u++) {
         learned_hook_state h;
         memset(&h, 0, sizeof h);
-        h.rp = sp.router;
+        h.rp = ran;
         h.rp.method = DHSA_ROUTE_DHSA;
         h.rp.causal_boundaries = 1; /* as the session routes */
         dhsa_session_params hp = sp;
