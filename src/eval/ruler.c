@@ -661,9 +661,11 @@ static dhsa_status setup_niah(builder *b, uint64_t *rs, dhsa_ruler_prompt *out) 
     snprintf(b->pre, sizeof b->pre,
              "Below, some secret %ss are hidden in a long text, each one given for a key. Memorize them: you will "
              "be asked about them afterwards.", kind);
-    snprintf(b->question, sizeof b->question, "What %s the secret %s%s for %s in the text above?",
+    /* the query's length bounded to what each buffer holds (gcc at -O1,
+     * make asan, refuses a possible cut otherwise) */
+    snprintf(b->question, sizeof b->question, "What %s the secret %s%s for %.900s in the text above?",
              many ? "are all" : "is", kind, many ? "s" : "", query);
-    snprintf(b->prefix, sizeof b->prefix, " The secret %s%s for %s %s:", kind, many ? "s" : "", query,
+    snprintf(b->prefix, sizeof b->prefix, " The secret %s%s for %.400s %s:", kind, many ? "s" : "", query,
              many ? "are" : "is");
     /* distractor needles as the haystack: other keys, other values */
     if (p->haystack == DHSA_RULER_NEEDLES) {
