@@ -29,6 +29,8 @@ Tested by python/tests/test_torch_backend.py.
 """
 
 import math
+import os
+import warnings
 
 import numpy as np
 import torch
@@ -39,6 +41,15 @@ import torch.nn.functional as F
 # kernel launches; a GPU has the memory).
 CHUNK_ELEMS = 1 << 24
 CHUNK_ELEMS_DEVICE = 1 << 27
+
+# The kernel for a TorchLayout's sparse attention (sparse_kernel()).
+SPARSE_KERNEL = os.environ.get("DHSA_TORCH_SPARSE", "auto")
+# FlexAttention's tile (its BlockMask's Q and KV block size).
+FLEX_TILE = 128
+# Whether flex_attention runs compiled: None = on CUDA only (eager
+# elsewhere); True / False force it (a compiled CPU run needs a C++
+# compiler and takes tens of seconds to compile).
+FLEX_COMPILE = None
 
 
 def _budget(dev):
@@ -254,17 +265,57 @@ def layout_index(lay, device):
             torch.from_numpy(valid).reshape(B, Hkv, nqb, K).to(device))
 
 
-def _sparse(q, k, v, lay, *, causal, q_pos0, window, scale, softcap, keep, add, row,
-            return_lse):
+def sparse_kernel(device):
+    """The sparse attention kernel for a TorchLayout on `device`: SPARSE_KERNEL
+    "auto" gives "flex" on CUDA (FlexAttention, compiled) and "gather"
+    elsewhere; "flex" or "gather" force one (flex off CUDA runs eagerly,
+    which materialises each head's Lq x Lk scores: for tests at small
+    sizes)."""
+    k = SPARSE_KERNEL
+    if k not in ("auto", "flex", "gather"):
+        raise ValueError("dhsa.torch sparse kernel must be 'auto', 'flex' or 'gather', not %r "
+                         "(DHSA_TORCH_SPARSE / _backend.SPARSE_KERNEL)" % (k,))
+    if k == "auto":
+        return "flex" if device.type == "cuda" and _flex_available() else "gather"
+    return k
+
+
+def _flex_available():
+    try:
+        from torch.nn.attention import flex_attention  # noqa: F401
+        return True
+    except Exception:
+        return False
+
+
+def _sparse(q, k, v, lay, **kw):
     B, Hq, Lq, d = q.shape
-    Hkv, Lk, dv = k.shape[1], k.shape[2], v.shape[3]
-    G = Hq // Hkv
+    Hkv, Lk = k.shape[1], k.shape[2]
     if (lay.B, lay.Hkv, lay.Lq, lay.Lk) != (B, Hkv, Lq, Lk):
         raise ValueError("sparse layout is for B=%d Hkv=%d Lq=%d Lk=%d, the tensors are B=%d "
                          "Hkv=%d Lq=%d Lk=%d" % (lay.B, lay.Hkv, lay.Lq, lay.Lk, B, Hkv, Lq, Lk))
+    from ._route import TorchLayout
+    if isinstance(lay, TorchLayout):
+        if lay.device != q.device:
+            raise ValueError("the layout is on %s and q on %s: route on the attention's device"
+                             % (lay.device, q.device))
+        if sparse_kernel(q.device) == "flex":
+            return _flex(q, k, v, lay, **kw)
+        idx, valid = lay.key_index()
+    else:
+        idx, valid = layout_index(lay, q.device)
+    return _gather(q, k, v, idx, valid, lay.q_block, lay.n_blocks, **kw)
+
+
+def _gather(q, k, v, idx, valid, qbk, nqb, *, causal, q_pos0, window, scale, softcap, keep, add,
+            row, return_lse):
+    """Sparse attention of q [B, Hq, Lq, d] over the keys idx [B, Hkv,
+    nqb, K] (valid where `valid`) of each query block: the keys gathered,
+    [.., q_block, K] scores per chunk of blocks."""
+    B, Hq, Lq, d = q.shape
+    Hkv, Lk, dv = k.shape[1], k.shape[2], v.shape[3]
+    G = Hq // Hkv
     dev = q.device
-    qbk, nqb = lay.q_block, lay.n_blocks
-    idx, valid = layout_index(lay, dev)
     K = idx.shape[-1]
     nb = max(1, min(nqb, _budget(dev) // max(1, B * Hq * qbk * (K if row is None else Lk))))
     pad = nqb * qbk - Lq
@@ -329,6 +380,145 @@ def _sparse(q, k, v, lay, *, causal, q_pos0, window, scale, softcap, keep, add, 
             lse[:, :, r0:r1] = l.reshape(B, Hq, r1 - r0)
     o = o[:, :, :Lq]
     return o, (lse[:, :, :Lq] if lse is not None else None)
+
+
+_FLEX_COMPILED = None
+
+
+def _flex_fn(device):
+    """flex_attention, compiled once per process on CUDA (its fused kernel;
+    eager off CUDA)."""
+    global _FLEX_COMPILED
+    from torch.nn.attention.flex_attention import flex_attention
+    if not (FLEX_COMPILE if FLEX_COMPILE is not None else device.type == "cuda"):
+        return flex_attention
+    if _FLEX_COMPILED is None:
+        _FLEX_COMPILED = torch.compile(flex_attention)  # dynamic after a first recompile
+    return _FLEX_COMPILED
+
+
+def flex_block_mask(lay, Hq, mask_mod):
+    """The BlockMask of a TorchLayout: FLEX_TILE x FLEX_TILE tiles, a KV tile
+    listed for a query tile when a range of one of its router blocks
+    reaches into it (every listed tile partial: mask_mod decides per key).
+    Built from the merged ranges, [B, Hkv, n_blocks, KV tiles] at most:
+    never Lq x Lk."""
+    from torch.nn.attention.flex_attention import BlockMask
+    T = FLEX_TILE
+    B, Hkv, nqb, qbk, Lq, Lk = lay.B, lay.Hkv, lay.n_blocks, lay.q_block, lay.Lq, lay.Lk
+    dev = lay.device
+    nqt, nkt = (Lq + T - 1) // T, (Lk + T - 1) // T
+    r, n = lay.merged()                                           # [B, Hkv, nqb, R, 2]
+    R = r.shape[3]
+    ok = torch.arange(R, device=dev) < n[..., None]
+    t0 = torch.where(ok, r[..., 0] // T, torch.full_like(r[..., 0], nkt))
+    t1 = torch.where(ok, (r[..., 1] - 1) // T + 1, torch.full_like(t0, nkt))
+    diff = torch.zeros(B, Hkv, nqb, nkt + 1, dtype=torch.int32, device=dev)
+    one = torch.ones_like(t0, dtype=torch.int32)
+    diff.scatter_add_(3, t0, one)
+    diff.scatter_add_(3, t1, -one)
+    occ = (torch.cumsum(diff, 3)[..., :nkt] > 0).to(torch.int32)   # [B, Hkv, nqb, nkt]
+    # router blocks -> query tiles (a block may straddle two or more tiles)
+    r0 = torch.arange(nqb, device=dev) * qbk
+    r1 = torch.clamp(r0 + qbk, max=Lq)
+    occ_t = torch.zeros(B, Hkv, nqt, nkt, dtype=torch.int32, device=dev)
+    span = (qbk + T - 1) // T + 1
+    for o in range(span):  # the tiles a block reaches: at most a few
+        tq = torch.minimum(r0 // T + o, (r1 - 1) // T)
+        occ_t.scatter_reduce_(2, tq.view(1, 1, nqb, 1).expand(B, Hkv, nqb, nkt), occ, "amax")
+    num = occ_t.sum(-1).to(torch.int32)
+    ind = torch.sort(occ_t, dim=-1, descending=True, stable=True).indices.to(torch.int32)
+    G = Hq // Hkv
+    if G > 1:
+        num = num.repeat_interleave(G, dim=1)
+        ind = ind.repeat_interleave(G, dim=1)
+    return BlockMask.from_kv_blocks(num.contiguous(), ind.contiguous(), BLOCK_SIZE=(T, T),
+                                    mask_mod=mask_mod, seq_lengths=(Lq, Lk))
+
+
+def _flex(q, k, v, lay, *, causal, q_pos0, window, scale, softcap, keep, add, row, return_lse):
+    """Sparse attention of a TorchLayout through FlexAttention: the block
+    mask lists the KV tiles each query tile's router blocks reach; the
+    mask_mod keeps key kv for row q iff kv is in a chunk the row's block
+    took or in one of its two fixed ranges, and causality, window and the
+    per-key / per-row boolean masks allow it; the score_mod applies softcap
+    and the additive masks. Rows with no allowed key give zeros (lse
+    -inf)."""
+    from torch.nn.attention.flex_attention import AuxRequest
+    B, Hq, Lq, d = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    qbk = lay.q_block
+    nc = lay.taken.shape[-1]
+    # padded to the most chunks the shape allows (+ one "no chunk"), so that
+    # the compiled kernel sees one size per shape whatever the routing made
+    pad = max(getattr(lay, "max_chunks", nc), nc) + 1 - nc
+    taken = torch.cat([lay.taken, lay.taken.new_zeros(*lay.taken.shape[:-1], pad)], -1)
+    chunk_of = lay.chunk_of
+    fixed = lay.fixed                                             # [nqb, 2, 2]
+    lastq, lastk = Lq - 1, Lk - 1
+    causal, q_pos0, window = bool(causal), int(q_pos0), int(window)
+    keep_b = None if keep is None else keep[:, 0, 0, :]          # [B|1, Lk]
+    add_b = None if add is None else add[:, 0, 0, :].float()
+    row_bool = row if row is not None and row.dtype == torch.bool else None
+    row_add = row.float() if row is not None and row.dtype != torch.bool else None
+
+    def pick(m, b, h, qi, ki):  # m [mb, mh, Lq|1, Lk] at (b, h, qi, ki), broadcast dims at 0
+        bi = b if m.shape[0] > 1 else 0
+        hi = h if m.shape[1] > 1 else 0
+        if m.shape[2] > 1:
+            return m[bi, hi, torch.clamp(qi, max=lastq), ki]
+        return m[bi, hi, 0, ki]
+
+    def mask_mod(b, h, qi, ki):
+        kc = torch.clamp(ki, max=lastk)
+        qc = torch.clamp(qi, max=lastq)
+        blk = qc // qbk
+        c = chunk_of[b, kc]
+        ok = taken[b, h // G, blk, c]
+        ok = ok | ((kc >= fixed[blk, 0, 0]) & (kc < fixed[blk, 0, 1]))
+        ok = ok | ((kc >= fixed[blk, 1, 0]) & (kc < fixed[blk, 1, 1]))
+        pos = qc + q_pos0
+        if causal:
+            ok = ok & (kc <= pos)
+        if window > 0:
+            ok = ok & (kc > pos - window)
+        if keep_b is not None:
+            ok = ok & keep_b[b if keep_b.shape[0] > 1 else 0, kc]
+        if row_bool is not None:
+            ok = ok & pick(row_bool, b, h, qi, kc)
+        return ok
+
+    score_mod = None
+    if softcap > 0 or add_b is not None or row_add is not None:
+        use_cap = softcap > 0
+        # a captured Python float becomes a SymFloat, which the op refuses
+        cap_t = torch.tensor(float(softcap), dtype=torch.float32, device=q.device)
+
+        def score_mod(s, b, h, qi, ki):
+            kc = torch.clamp(ki, max=lastk)
+            if use_cap:
+                s = cap_t * torch.tanh(s / cap_t)
+            if add_b is not None:
+                s = s + add_b[b if add_b.shape[0] > 1 else 0, kc]
+            if row_add is not None:
+                s = s + pick(row_add, b, h, qi, kc)
+            return s
+    del nc
+    bm = flex_block_mask(lay, Hq, mask_mod)
+    fn = _flex_fn(q.device)
+    dt = q.dtype if q.dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float32
+    with warnings.catch_warnings():
+        # eager off CUDA: PyTorch warns that it materialises the scores (documented)
+        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile")
+        # rows with no allowed key: FlexAttention gives zeros (its kernels
+        # guard them unless ROWS_GUARANTEED_SAFE) and lse -inf, as C
+        r = fn(q.to(dt), k.to(dt), v.to(dt), score_mod=score_mod, block_mask=bm,
+               scale=float(scale), enable_gqa=G > 1,
+               return_aux=AuxRequest(lse=True) if return_lse else None)
+    if return_lse:
+        return r[0].float(), r[1].lse.float()
+    return r.float(), None
 
 
 def attention(q, k, v, *, layout="BHLD", causal=False, q_pos0=0, window=0, scale=None,

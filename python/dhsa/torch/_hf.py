@@ -144,7 +144,8 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     try:
         if cfg["method"] != "dense":
             lay = route(query, key, causal=True, q_pos0=q_pos0, window=window,
-                        sparse=dict(cfg["router"], method=cfg["method"]))
+                        sparse=dict(cfg["router"], method=cfg["method"]),
+                        backend=cfg.get("backend"))
             cfg["stats"].append(lay.stats())
             kw["sparse"] = lay
         # BLHD views of the BHLD tensors: dhsa writes o as [B, Lq, Hq, d],

@@ -149,6 +149,11 @@ def attention(q, k, v, backend=None, **kw):
 # ------------------------------------------------------------- routing ---
 
 
+def _is_torch_layout(x):
+    from ._route import TorchLayout
+    return isinstance(x, TorchLayout)
+
+
 def _router_kwargs(sparse):
     """Router keywords from sparse=: a dict of dhsa.route() keywords, a
     dhsa.RouterParams, or a method name ("dhsa", "block", "stream",
@@ -164,15 +169,19 @@ def _router_kwargs(sparse):
                     % type(sparse).__name__)
 
 
-def route(q, k, *, causal, sparse, q_pos0=0, window=0):
-    """A dhsa.Layout for q [B, Hq, Lq, d] over k [B, Hkv, Lk, d] (torch,
-    BHLD) under the router settings `sparse` (see _router_kwargs).
-    bfloat16 q/k are converted to float32 for the router (one copy each,
-    linear in L: the router's binding takes float32/float16)."""
+def route(q, k, *, causal, sparse, q_pos0=0, window=0, backend=None):
+    """A layout for q [B, Hq, Lq, d] over k [B, Hkv, Lk, d] (torch, BHLD)
+    under the router settings `sparse` (see _router_kwargs). The back end
+    (pick_backend) routes: "c", dhsa.route() (a dhsa.Layout; bfloat16 q/k
+    converted to float32 first, one copy each, linear in L); "torch", the
+    torch router on the tensors' device (_route.py: a TorchLayout, the same
+    layout)."""
     kw = _router_kwargs(sparse)
-    qf = q.detach().float() if q.dtype == _BF16 or q.device.type != "cpu" else q
-    kf = k.detach().float() if k.dtype == _BF16 or k.device.type != "cpu" else k
-    qf, kf = qf.cpu(), kf.cpu()  # off the CPU: one [B, H, L, d] copy each (linear in L)
+    if pick_backend(backend, q, k) == "torch":
+        from . import _route
+        return _route.route(q, k, causal=causal, q_pos0=q_pos0, window=window, **kw)
+    qf = q.detach().float() if q.dtype == _BF16 else q
+    kf = k.detach().float() if k.dtype == _BF16 else k
     qa, _ = as_numpy("q", qf)
     ka, _ = as_numpy("k", kf)
     return dhsa.route(qa, ka, causal=causal, q_pos0=q_pos0, window=window, **kw)
@@ -241,10 +250,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         kw["attn_mask"] = _mask4(attn_mask, nd)
     lay = None
     try:
-        if isinstance(sparse, dhsa.Layout):
+        if isinstance(sparse, dhsa.Layout) or _is_torch_layout(sparse):
             kw["sparse"] = sparse
         elif sparse is not None:
-            lay = route(q, k, causal=bool(is_causal), sparse=sparse)
+            lay = route(q, k, causal=bool(is_causal), sparse=sparse, backend=backend)
             if sparse_stats is not None:
                 sparse_stats.append(lay.stats())
             kw["sparse"] = lay

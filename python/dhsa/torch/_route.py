@@ -648,7 +648,7 @@ def route(q, k, *, causal=True, window=0, q_pos0=0, params=None, scale=None, **r
         chunk_of[b] = torch.repeat_interleave(torch.arange(nc, device=dev), lens[b])
     lens_all = torch.cat(lens)
     return TorchLayout(B=B, Hkv=Hkv, Lq=Lq, Lk=Lk, q_block=qbk, n_blocks=nqb,
-                       max_ranges=max_ranges, q_pos0=q_pos0, causal=bool(causal), window=window,
+                       max_ranges=max_ranges, max_chunks=max_chunks, q_pos0=q_pos0, causal=bool(causal), window=window,
                        starts=starts_t, chunk_of=chunk_of, taken=taken_t, fixed=fixed,
                        alo=alo, ahi=ahi, dense_blocks=int(dense.sum()) * B * Hkv,
                        chunks=nchunks, chunk_mean=float(lens_all.double().mean()) if nchunks else 0.0,
