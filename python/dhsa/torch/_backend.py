@@ -455,7 +455,7 @@ def _flex(q, k, v, lay, *, causal, q_pos0, window, scale, softcap, keep, add, ro
     pad = max(getattr(lay, "max_chunks", nc), nc) + 1 - nc
     taken = torch.cat([lay.taken, lay.taken.new_zeros(*lay.taken.shape[:-1], pad)], -1)
     chunk_of = lay.chunk_of
-    fixed = lay.fixed                                             # [nqb, 2, 2]
+    fixed = lay.fixed                                             # [nqb, 4]
     lastq, lastk = Lq - 1, Lk - 1
     causal, q_pos0, window = bool(causal), int(q_pos0), int(window)
     keep_b = None if keep is None else keep[:, 0, 0, :]          # [B|1, Lk]
@@ -476,8 +476,8 @@ def _flex(q, k, v, lay, *, causal, q_pos0, window, scale, softcap, keep, add, ro
         blk = qc // qbk
         c = chunk_of[b, kc]
         ok = taken[b, h // G, blk, c]
-        ok = ok | ((kc >= fixed[blk, 0, 0]) & (kc < fixed[blk, 0, 1]))
-        ok = ok | ((kc >= fixed[blk, 1, 0]) & (kc < fixed[blk, 1, 1]))
+        ok = ok | ((kc >= fixed[blk, 0]) & (kc < fixed[blk, 1]))
+        ok = ok | ((kc >= fixed[blk, 2]) & (kc < fixed[blk, 3]))
         pos = qc + q_pos0
         if causal:
             ok = ok & (kc <= pos)
@@ -504,7 +504,6 @@ def _flex(q, k, v, lay, *, causal, q_pos0, window, scale, softcap, keep, add, ro
             if row_add is not None:
                 s = s + pick(row_add, b, h, qi, kc)
             return s
-    del nc
     bm = flex_block_mask(lay, Hq, mask_mod)
     fn = _flex_fn(q.device)
     dt = q.dtype if q.dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float32

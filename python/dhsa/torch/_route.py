@@ -225,9 +225,8 @@ def _pool_keys(kb, starts, p):
     nc = starts.numel() - 1
     ln = (starts[1:] - starts[:-1]).to(wd)                      # [nc]
     cid = torch.repeat_interleave(torch.arange(nc, device=dev), starts[1:] - starts[:-1])
-    heads = range(Hkv)
     outs = []
-    for g in heads:
+    for g in range(Hkv):
         x = kb[g].to(wd)
         s = torch.zeros(nc, d, dtype=wd, device=dev).index_add_(0, cid, x)
         if p.moments:
@@ -273,14 +272,12 @@ def _pool_queries(qb_, Hkv, p, scale):
     s1 = x.sum(dim=(1, 3))                                        # [groups, nqb, d]
     rows = torch.full((nqb,), float(qbk), dtype=wd, device=dev)
     rows[-1] = float(Lq - (nqb - 1) * qbk)
-    f32 = np.float32
     if p.moments:
         s2 = (x * x).sum(dim=(1, 3))
         # C's norms are float32: (float)(sc / (rows * heads)), (float)(0.5 sc^2 / (rows * heads))
         n1 = (float(scale) / (rows * heads)).to(torch.float32).to(wd)
         n2 = (0.5 * float(scale) * float(scale) / (rows * heads)).to(torch.float32).to(wd)
         return torch.cat([s1 * n1[None, :, None], s2 * n2[None, :, None]], -1)
-    del f32
     n1 = (1.0 / (torch.sqrt(rows) * heads)).to(torch.float32).to(wd)
     return s1 * n1[None, :, None]
 
@@ -399,7 +396,7 @@ class TorchLayout:
     n_blocks, max_ranges, q_pos0, causal, window; and the tensors
     starts [B, nc_max + 1] (chunk starts, padded with Lk), chunk_of
     [B, Lk] (the chunk of each key), taken [B, Hkv, n_blocks, nc_max] bool,
-    fixed [n_blocks, 2, 2] (two [start, end) ranges per block). ranges()
+    fixed [n_blocks, 4] (two ranges per block: [a0, a1, b0, b1]). ranges()
     and stats() as dhsa.Layout's; close() does nothing (torch frees it)."""
 
     def __init__(self, **kw):
@@ -441,9 +438,9 @@ class TorchLayout:
         ahi = self.ahi[None, None, :, None]
         cs = torch.maximum(cs, alo)
         ce = torch.minimum(ce, ahi)
-        fx = self.fixed[None, None].expand(B, Hkv, nqb, 2, 2)
-        s = torch.cat([fx[..., 0], cs], -1)
-        e = torch.cat([fx[..., 1], ce], -1)
+        fx = self.fixed[None, None].expand(B, Hkv, nqb, 4)
+        s = torch.cat([fx[..., 0::2], cs], -1)
+        e = torch.cat([fx[..., 1::2], ce], -1)
         ok = torch.cat([torch.ones(B, Hkv, nqb, 2, dtype=torch.bool, device=dev), okc], -1)
         ok &= e > s
         Lk = self.Lk
@@ -544,12 +541,16 @@ class TorchLayout:
 # --------------------------------------------------------------- route ---
 
 
-def route(q, k, *, causal=True, window=0, q_pos0=0, params=None, scale=None, **router):
+def route(q, k, *, causal=True, window=0, q_pos0=0, params=None, scale=None, _trace=None,
+          **router):
     """DHSA routing of one layer in torch operations on q's device: a
     TorchLayout for q [B, Hq, Lq, d] over k [B, Hkv, Lk, d] (BHLD) under
     causal / window / q_pos0, with the router keywords of dhsa.route()
     (params=RouterParams(...) and/or its field names). scale: the
-    attention scale the MOMENTS score uses (None = 1/sqrt(d), as C)."""
+    attention scale the MOMENTS score uses (None = 1/sqrt(d), as C).
+    _trace: a list that gets, per batch, {"starts", "scores" [Hkv or 1,
+    n_blocks, chunks] (-inf: not a candidate), "fresh" [n_blocks, chunks]}
+    (tests: near ties)."""
     p = _router_params(params, router, "dhsa.torch.route()")
     P = _P(p)
     for name, t in (("q", q), ("k", k)):
@@ -601,10 +602,11 @@ def route(q, k, *, causal=True, window=0, q_pos0=0, params=None, scale=None, **r
         f2 = torch.stack([torch.maximum(ahi - recent, alo), ahi], -1)
     else:
         f2 = torch.stack([l0, l1], -1)
-    fixed = torch.stack([torch.stack([s0, s1], -1), f2], -2)              # [nqb, 2, 2]
-    fixed = torch.where(dense[:, None, None], torch.stack(
-        [torch.stack([alo, ahi], -1), torch.stack([ahi, ahi], -1)], -2), fixed)
-    fixed = torch.where((avail > 0)[:, None, None], fixed, torch.zeros_like(fixed))
+    # [nqb, 4]: [a0, a1, b0, b1], two ranges (not [nqb, 2, 2], whose last
+    # two sizes the square finder would take for a square)
+    fixed = torch.cat([s0[:, None], s1[:, None], f2], -1)
+    fixed = torch.where(dense[:, None], torch.stack([alo, ahi, ahi, ahi], -1), fixed)
+    fixed = torch.where((avail > 0)[:, None], fixed, torch.zeros_like(fixed))
     used = (s1 - s0) + (l1 - l0) - (torch.minimum(s1, l1) - torch.maximum(s0, l0)).clamp(min=0)
     routed = ~dense & (avail > 0) & (not P.stream)
     score_them = not P.stream and Lk >= P.dense_below
@@ -632,6 +634,8 @@ def route(q, k, *, causal=True, window=0, q_pos0=0, params=None, scale=None, **r
             fresh = _uncovered(cs, ce, s0[:, None], s1[:, None], l0[:, None], l1[:, None])
             fresh = torch.where(cand, fresh, torch.zeros_like(fresh))       # [nqb, nc]
             fr = torch.gather(fresh[None].expand(G_, nqb, nc), 2, order).reshape(G_ * nqb, nc)
+            if _trace is not None:
+                _trace.append(dict(b=b, starts=starts, scores=S, fresh=fresh))
             t_sorted = _greedy(fr, budget.repeat(G_), used.repeat(G_), cap, routed.repeat(G_))
             taken.view(G_ * nqb, nc).scatter_(1, order.reshape(G_ * nqb, nc), t_sorted)
         if P.share_heads:
