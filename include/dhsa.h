@@ -1102,7 +1102,9 @@ typedef enum {
     DHSA_CHAT_GEMMA = 3,   /* <start_of_turn>user\n...<end_of_turn>\n; assistant is "model" */
     DHSA_CHAT_MISTRAL = 4, /* [INST] user [/INST] answer</s> */
     DHSA_CHAT_LLAMA2 = 5,  /* [INST] <<SYS>>\nsystem\n<</SYS>>\n\nuser [/INST] answer </s><s>... */
-    DHSA_CHAT_PHI3 = 6     /* <|user|>\ncontent<|end|>\n ... <|assistant|>\n (Phi-3, Phi-3.5) */
+    DHSA_CHAT_PHI3 = 6,    /* <|user|>\ncontent<|end|>\n ... <|assistant|>\n (Phi-3, Phi-3.5) */
+    DHSA_CHAT_QWEN25 = 7,  /* CHATML, first a system turn: the given one, else Qwen2.5-Instruct's default */
+    DHSA_CHAT_SMOLLM2 = 8  /* CHATML, SmolLM2-Instruct's default system turn when none is given first */
 } dhsa_chat_template;
 
 /* One message: role "system", "user" or "assistant" (Llama 3 also takes
@@ -1112,8 +1114,9 @@ typedef struct {
     const char *content;
 } dhsa_chat_message;
 
-/* The format a model's metadata names: tokenizer.chat_template's markers
- * first, in llama.cpp's order (<|im_start|> -> CHATML; [INST] -> LLAMA2
+/* The format a model's metadata names, unchecked (dhsa_chat_choose below
+ * refuses what is not checked): a checked template (dhsa_chat_choose) its
+ * format, else tokenizer.chat_template's markers, in llama.cpp's order (<|im_start|> -> CHATML; [INST] -> LLAMA2
  * when the template also has <<SYS>>, NONE with Mistral's v3/v7 markers
  * [AVAILABLE_TOOLS] or [SYSTEM_PROMPT], else MISTRAL; <start_of_turn> ->
  * GEMMA; <|start_header_id|> and <|end_header_id|> -> LLAMA3); a template
@@ -1124,7 +1127,20 @@ typedef struct {
  * <|start_header_id|> token, else MISTRAL when general.name says
  * "mistral", else LLAMA2. Anything else (or g = NULL) is NONE. */
 dhsa_chat_template dhsa_chat_detect(const dhsa_gguf *g);
-/* "llama3", "chatml" (or "qwen2"), "gemma", "mistral", "llama2", "none";
+/* The format to write a model's conversations in, as the CLI and the
+ * Python binding choose it: when the file has a tokenizer.chat_template,
+ * only a template dhsa renders byte for byte as jinja2 does (known by the
+ * SHA-256 of its text; the list and how it is checked: docs/chat.md) is
+ * taken (QWEN25 for Qwen2.5-Instruct's, SMOLLM2 for SmolLM2-Instruct's);
+ * any other template is DHSA_ERR_UNSUPPORTED, *out set to the closest
+ * format dhsa_chat_detect finds (NONE when none), and the error says so
+ * and asks for --template NAME or --template plain. Without a template,
+ * dhsa_chat_detect's choice by architecture (DHSA_ERR_UNSUPPORTED when it
+ * is NONE). On success *how is a static sentence saying which way the
+ * format was chosen. */
+dhsa_status dhsa_chat_choose(const dhsa_gguf *g, dhsa_chat_template *out, const char **how);
+/* "llama3", "chatml" (or "qwen2"), "qwen2.5", "smollm2", "gemma",
+ * "mistral", "llama2", "phi3", "none";
  * another name is DHSA_ERR_UNSUPPORTED listing these. */
 dhsa_status dhsa_chat_template_from_name(const char *name, dhsa_chat_template *out);
 /* "llama3", "chatml", ...; "none" for NONE; "?" outside the enum. */

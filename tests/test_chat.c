@@ -265,7 +265,7 @@ static void test_cap_len(void) {
 }
 
 static void test_names(void) {
-    for (int i = DHSA_CHAT_NONE; i <= DHSA_CHAT_PHI3; i++) {
+    for (int i = DHSA_CHAT_NONE; i <= DHSA_CHAT_SMOLLM2; i++) {
         dhsa_chat_template t = (dhsa_chat_template)-1;
         const char *name = dhsa_chat_template_name((dhsa_chat_template)i);
         T_CHECK(dhsa_chat_template_from_name(name, &t) == DHSA_OK && (int)t == i, "name '%s' round-trips", name);
@@ -330,8 +330,18 @@ static const char tmpl_zephyr[] =
     "eos_token }}{% endif %}{% endfor %}";
 
 /* Detects the format of a GGUF written here: any of tmpl, arch, name may
- * be NULL; header_token puts <|start_header_id|> in the vocabulary. */
-static dhsa_chat_template detect(const char *tmpl, const char *arch, const char *name, int header_token) {
+ * be NULL; header_token puts <|start_header_id|> in the vocabulary. With
+ * choose set, dhsa_chat_choose's status, format and sentence go there
+ * too. */
+typedef struct {
+    dhsa_status st;
+    dhsa_chat_template t;
+    const char *how;
+    char error[1024];
+} choice;
+
+static dhsa_chat_template detect_or_choose(const char *tmpl, const char *arch, const char *name, int header_token,
+                                           choice *choose) {
     static const char *const plain[] = {"a", "b"};
     static const char *const llama3[] = {"a", "<|start_header_id|>"};
     dhsa_gguf_writer *w = NULL;
@@ -351,10 +361,83 @@ static dhsa_chat_template detect(const char *tmpl, const char *arch, const char 
     if (!st) st = dhsa_gguf_open_memory(buf, size, &g);
     T_CHECK(st == DHSA_OK, "writing a GGUF in memory: %s", dhsa_last_error());
     if (!st) t = dhsa_chat_detect(g);
+    if (!st && choose) {
+        choose->st = dhsa_chat_choose(g, &choose->t, &choose->how);
+        snprintf(choose->error, sizeof choose->error, "%s", choose->st ? dhsa_last_error() : "");
+    }
     dhsa_gguf_close(g);
     dhsa_gguf_writer_free(w);
     free(buf);
     return t;
+}
+
+static dhsa_chat_template detect(const char *tmpl, const char *arch, const char *name, int header_token) {
+    return detect_or_choose(tmpl, arch, name, header_token, NULL);
+}
+
+/* dhsa_chat_choose: a template not checked against jinja2 is refused,
+ * naming the closest format and the way out; no template: by
+ * architecture. (The checked ones, the real models' templates, are in
+ * tests/test_chat_peer.c and python/tests/test_chat_jinja.py.) */
+static void test_choose(void) {
+    struct {
+        const char *tmpl, *arch;
+        dhsa_status want_st;
+        dhsa_chat_template want;
+        const char *in_error, *what;
+    } cases[] = {
+        {tmpl_llama3, "llama", DHSA_ERR_UNSUPPORTED, DHSA_CHAT_LLAMA3, "looks like llama3",
+         "a Llama 3 template not checked"},
+        {tmpl_qwen2, "qwen2", DHSA_ERR_UNSUPPORTED, DHSA_CHAT_CHATML, "--template chatml",
+         "Qwen2's template (its default system message differs from chatml)"},
+        {tmpl_zephyr, "llama", DHSA_ERR_UNSUPPORTED, DHSA_CHAT_NONE, "is not one dhsa renders",
+         "an unknown template"},
+        {NULL, "gemma3", DHSA_OK, DHSA_CHAT_GEMMA, NULL, "no template: by architecture"},
+        {NULL, "gpt2", DHSA_ERR_UNSUPPORTED, DHSA_CHAT_NONE, "no chat template", "no template, unknown architecture"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        choice c = {0};
+        detect_or_choose(cases[i].tmpl, cases[i].arch, NULL, 0, &c);
+        int ok = c.st == cases[i].want_st && c.t == cases[i].want &&
+                 (cases[i].want_st == DHSA_OK ? c.how && strstr(c.how, "architecture")
+                                              : strstr(c.error, cases[i].in_error) && strstr(c.error, "--template") &&
+                                                    strstr(c.error, "plain") && !c.how);
+        T_CHECK(ok, "choose: %s: status %d, %s, \"%s\"", cases[i].what, (int)c.st, dhsa_chat_template_name(c.t),
+                c.st ? c.error : c.how);
+    }
+    dhsa_chat_template t;
+    const char *how;
+    T_CHECK(dhsa_chat_choose(NULL, &t, &how) == DHSA_ERR_INVALID_ARG, "choose(NULL)");
+}
+
+/* Qwen2.5-Instruct's and SmolLM2-Instruct's templates: ChatML with their
+ * default system message. */
+#define QWEN_SYS "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+#define SMOL_SYS "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+static void test_chatml_default_system(void) {
+    const char *chatml_sys = "<|im_start|>system\n" SYS "<|im_end|>\n"
+                             "<|im_start|>user\n" U1 "<|im_end|>\n"
+                             "<|im_start|>assistant\n" A1 "<|im_end|>\n"
+                             "<|im_start|>user\n" U2 "<|im_end|>\n"
+                             "<|im_start|>assistant\n";
+    const char *chatml = "<|im_start|>user\n" U1 "<|im_end|>\n"
+                         "<|im_start|>assistant\n" A1 "<|im_end|>\n"
+                         "<|im_start|>user\n" U2 "<|im_end|>\n";
+    char want[1024];
+    expect(DHSA_CHAT_QWEN25, conv_sys, 4, 1, chatml_sys, "a system message: as chatml");
+    expect(DHSA_CHAT_SMOLLM2, conv_sys, 4, 1, chatml_sys, "a system message: as chatml");
+    snprintf(want, sizeof want, "%s%s", QWEN_SYS, chatml);
+    expect(DHSA_CHAT_QWEN25, conv, 3, 0, want, "no system message: the default first");
+    snprintf(want, sizeof want, "%s%s", SMOL_SYS, chatml);
+    expect(DHSA_CHAT_SMOLLM2, conv, 3, 0, want, "no system message: the default first");
+    expect(DHSA_CHAT_SMOLLM2, NULL, 0, 1, "<|im_start|>assistant\n", "no messages: the generation prompt only");
+    int64_t len = 0;
+    T_CHECK(dhsa_chat_apply(DHSA_CHAT_QWEN25, NULL, 0, 1, NULL, 0, &len) == DHSA_ERR_INVALID_ARG,
+            "qwen2.5 refuses no messages (its template reads messages[0])");
+    dhsa_chat_message later[] = {{"user", U1}, {"system", SYS}};
+    snprintf(want, sizeof want, "%s<|im_start|>user\n" U1 "<|im_end|>\n<|im_start|>system\n" SYS "<|im_end|>\n",
+             QWEN_SYS);
+    expect(DHSA_CHAT_QWEN25, later, 2, 0, want, "a later system message is a turn of its own");
 }
 
 static void test_detect(void) {
@@ -665,6 +748,8 @@ int main(void) {
     test_cap_len();
     test_names();
     test_detect();
+    test_choose();
+    test_chatml_default_system();
     test_stop_ids();
     test_bos_contract();
     test_chat_tokenize();

@@ -9,9 +9,12 @@
  * non-Latin scripts and emoji, code) as llama.cpp's
  * llama_chat_apply_template formats them (bench/chat_peer.py wrote it).
  * Here each template is put in a GGUF written in memory with its
- * architecture, dhsa_chat_detect must find the format (ChatML, ChatML,
- * Gemma's turns), and dhsa_chat_apply must write llama.cpp's text byte for
- * byte. When the pulled files are in $DHSA_MODELS (dhsa pull), detection
+ * architecture, dhsa_chat_detect must find the format (smollm2, qwen2.5:
+ * ChatML with the template's default system message; Gemma's turns), and
+ * dhsa_chat_apply must write llama.cpp's text byte for byte (plain ChatML
+ * where the conversation has no system message: llama.cpp's built-in
+ * chatml leaves out the default one that the templates, and dhsa, add;
+ * python/tests/test_chat_jinja.py checks those against jinja2). When the pulled files are in $DHSA_MODELS (dhsa pull), detection
  * is checked on them too (skipped, saying so, otherwise). A wrong
  * expectation is caught (the generation prompt flipped).
  * Run: make test, or build/tests/test_chat_peer (from the repository root).
@@ -32,8 +35,8 @@ typedef struct {
 } model;
 
 static model models[] = {
-    {"smollm2-135m-instruct", "", "SmolLM2-135M-Instruct.Q4_1.gguf", DHSA_CHAT_CHATML, DHSA_CHAT_NONE},
-    {"qwen2.5-coder-0.5b-instruct", "", "qwen2.5-coder-0.5b-instruct-q8_0.gguf", DHSA_CHAT_CHATML, DHSA_CHAT_NONE},
+    {"smollm2-135m-instruct", "", "SmolLM2-135M-Instruct.Q4_1.gguf", DHSA_CHAT_SMOLLM2, DHSA_CHAT_NONE},
+    {"qwen2.5-coder-0.5b-instruct", "", "qwen2.5-coder-0.5b-instruct-q8_0.gguf", DHSA_CHAT_QWEN25, DHSA_CHAT_NONE},
     {"gemma-3-270m", "", "gemma-3-270m-q4_k_m.gguf", DHSA_CHAT_GEMMA, DHSA_CHAT_NONE},
 };
 #define N_MODELS 3
@@ -56,7 +59,10 @@ static long unhex(char *s) {
     return n;
 }
 
-static dhsa_chat_template detect_from(const char *arch, const char *tmpl) {
+/* dhsa_chat_detect on a GGUF with arch and tmpl ("" for none); with st
+ * set, dhsa_chat_choose's status goes there and its sentence into err. */
+static dhsa_chat_template detect_or_choose(const char *arch, const char *tmpl, dhsa_status *choose_st, char *err,
+                                           size_t err_cap) {
     dhsa_gguf_writer *w = NULL;
     dhsa_gguf *g = NULL;
     void *buf = NULL;
@@ -70,10 +76,21 @@ static dhsa_chat_template detect_from(const char *arch, const char *tmpl) {
     if (!st) st = dhsa_gguf_writer_write_memory(w, buf, size);
     if (!st) st = dhsa_gguf_open_memory(buf, size, &g);
     if (!st) t = dhsa_chat_detect(g);
+    if (!st && choose_st) {
+        dhsa_chat_template c;
+        const char *how;
+        *choose_st = dhsa_chat_choose(g, &c, &how);
+        snprintf(err, err_cap, "%s", *choose_st ? dhsa_last_error() : how);
+        if (!*choose_st && c != t) *choose_st = DHSA_ERR_INVALID_ARG; /* caught below */
+    }
     dhsa_gguf_close(g);
     dhsa_gguf_writer_free(w);
     free(buf);
     return t;
+}
+
+static dhsa_chat_template detect_from(const char *arch, const char *tmpl) {
+    return detect_or_choose(arch, tmpl, NULL, NULL, 0);
 }
 
 /* dhsa_chat_apply's text, NUL-terminated (malloc'd), or NULL. */
@@ -111,6 +128,18 @@ int main(void) {
             snprintf(m->arch, sizeof m->arch, "%s", fields[2]);
             m->got = detect_from(fields[2], fields[3]);
             T_CHECK(m->got == m->want, "%s: template detected as %d, want %d", m->name, (int)m->got, (int)m->want);
+            if (fields[3][0]) { /* the file's template is checked; one byte changed, it is refused */
+                dhsa_status cst = DHSA_OK;
+                char err[1024];
+                detect_or_choose(fields[2], fields[3], &cst, err, sizeof err);
+                T_CHECK(cst == DHSA_OK && strstr(err, "checked against jinja2"), "%s: chosen: %s", m->name, err);
+                fields[3][strlen(fields[3]) - 1] ^= 1;
+                detect_or_choose(fields[2], fields[3], &cst, err, sizeof err);
+                T_CHECK(cst == DHSA_ERR_UNSUPPORTED && strstr(err, "looks like chatml") && strstr(err, "--template chatml") &&
+                            strstr(err, "--template plain"),
+                        "%s: the template with one byte changed is refused by name: %s", m->name, err);
+                fields[3][strlen(fields[3]) - 1] ^= 1;
+            }
         } else if (fields[0][0] == 'C' && nf == 5) {
             model *m = find_model(fields[1]);
             long nm = unhex(fields[3]), ne = unhex(fields[4]);
@@ -133,7 +162,15 @@ int main(void) {
             }
             int gen = atoi(fields[2]);
             int64_t len;
-            char *got = apply(m->got, msg, n, gen, &len);
+            /* llama.cpp's built-in chatml leaves out the default system
+             * message the files' templates (Qwen2.5's, SmolLM2's) add when
+             * the conversation has none; dhsa writes it as the templates do
+             * (python/tests/test_chat_jinja.py checks that against jinja2),
+             * so those conversations are compared with plain chatml */
+            dhsa_chat_template fmt = m->got;
+            if ((fmt == DHSA_CHAT_QWEN25 || fmt == DHSA_CHAT_SMOLLM2) && (n == 0 || strcmp(msg[0].role, "system") != 0))
+                fmt = DHSA_CHAT_CHATML;
+            char *got = apply(fmt, msg, n, gen, &len);
             cases++;
             if (!got || len != ne || memcmp(got, fields[4], (size_t)ne) != 0) {
                 bad++;
@@ -142,7 +179,7 @@ int main(void) {
             }
             free(got);
             /* the comparison can fail: the generation prompt flipped differs */
-            got = apply(m->got, msg, n, !gen, &len);
+            got = apply(fmt, msg, n, !gen, &len);
             caught += got && (len != ne || memcmp(got, fields[4], (size_t)ne) != 0);
             free(got);
         }

@@ -6,7 +6,7 @@
  *     numbers, code, Cyrillic, Japanese, Arabic, emoji; BOS as the
  *     vocabulary says, special tokens parsed), then `dhsa run --exact
  *     --kv f32 --temp 0 -n 16 --ids` (llama.cpp's K/V were F32 too) on a plain prompt, and for the instruct models
- *     on `--chat` (ChatML): the prompt ids and the 16 greedy tokens (or up
+ *     on `--chat --template chatml`: the prompt ids and the 16 greedy tokens (or up
  *     to the end of the turn) must be llama.cpp's. llama.cpp's margins
  *     between its best and second logit are stored too: the prompts were
  *     chosen where they are wide (docs/models.md).
@@ -140,8 +140,12 @@ static void check_row(char **f, int nf, const char *path) {
         unhex(f[2]);
         int np = parse_ids(f[3], want, MAX_IDS), ng = parse_ids(f[4], want_gen, MAX_IDS);
         char args[3000];
+        /* llama.cpp's vectors were made with its built-in chatml, which
+         * leaves out the default system message of the files' own
+         * templates (that dhsa's default format adds, checked against
+         * jinja2 by python/tests/test_chat_jinja.py): --template chatml */
         snprintf(args, sizeof args, "run -m '%.1200s' %s-p '%.1200s' -n %d --exact --kv f32 --temp 0 --ids --threads 2", path,
-                 chat ? "--chat " : "", f[2], ng);
+                 chat ? "--chat --template chatml " : "", f[2], ng);
         char *out = NULL;
         double secs = 0;
         int rc = cli_run_measured(NULL, args, &out, &secs, NULL);

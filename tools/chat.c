@@ -53,8 +53,9 @@ const char dhsa_cli_chat_usage[] =
     "  --prompt-cache FILE load the documents' prefill from FILE when it matches\n"
     "                      (model, options, tokens), else prefill and save it there\n"
     "  --system TEXT       system message\n"
-    "  --template NAME     chat template: llama3 chatml gemma mistral llama2 phi3\n"
-    "                      (default: the one the model names)\n"
+    "  --template NAME     chat format: llama3 chatml qwen2.5 smollm2 gemma mistral\n"
+    "                      llama2 phi3 (default: the model's own template when dhsa\n"
+    "                      renders it exactly, else refused: docs/chat.md)\n"
     "  -n N                most tokens per answer (default 512)\n"
     "  --temp T            0 = greedy (default 0)  --seed S (default 42)\n"
     "  --top-k K, --top-p P, --min-p P, --repeat-penalty R as in dhsa run\n"
@@ -445,11 +446,12 @@ int dhsa_cli_chat(int argc, char **argv) {
     const dhsa_model_info *in = dhsa_model_get_info(c.m);
     c.tok = dhsa_model_tokenizer(c.m);
     c.V = in->n_vocab;
-    c.t = dhsa_chat_detect(dhsa_model_gguf(c.m));
-    if (c.o.template_name && dhsa_chat_template_from_name(c.o.template_name, &c.t))
-        dhsa_cli_die(EXIT_USAGE, "%s", dhsa_last_error());
+    const char *how = NULL;
+    c.t = dhsa_cli_chat_template(dhsa_model_gguf(c.m), c.o.template_name, &how);
     if (c.t == DHSA_CHAT_NONE)
-        dhsa_cli_die(EXIT_RUN, "the model names no chat template I know: give --template llama3|chatml|gemma|mistral|llama2|phi3");
+        dhsa_cli_die(EXIT_USAGE, "a conversation needs a chat format, and --template %s names none: give "
+                     "--template llama3|chatml|qwen2.5|smollm2|gemma|mistral|llama2|phi3",
+                     c.o.template_name);
     c.flags = dhsa_tokenizer_default_flags(c.tok) & DHSA_TOKENIZE_ADD_BOS;
     if (dhsa_chat_stop_ids(c.t, c.tok, c.stop, 8, &c.n_stop)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     if (c.o.ses.n_ctx == 0) c.o.ses.n_ctx = in->n_ctx_train;
@@ -474,8 +476,8 @@ int dhsa_cli_chat(int argc, char **argv) {
     if (c.o.verbose || tty) {
         const dhsa_mem_plan *pl = dhsa_session_get_plan(c.s);
         char kv[32];
-        fprintf(stderr, "dhsa chat: %s (%s), template %s, context %lld (KV %s %s), %s attention; line editing: %s\n",
-                c.o.model, in->arch_name, dhsa_chat_template_name(c.t), (long long)c.n_ctx,
+        fprintf(stderr, "dhsa chat: %s (%s), template %s (%s), context %lld (KV %s %s), %s attention; line editing: %s\n",
+                c.o.model, in->arch_name, dhsa_chat_template_name(c.t), how, (long long)c.n_ctx,
                 dhsa_cli_bytes((double)pl->kv_cache, kv, sizeof kv), dhsa_type_name(c.o.ses.kv_type),
                 dhsa_attn_method_name(c.o.ses.attn),
                 LINE_EDITING ? (tty ? LINE_EDITING : LINE_EDITING " (not used: stdin is not a terminal)") : "none in this build");

@@ -226,4 +226,12 @@ extern const char dhsa_cli_eval_usage_tasks[]; /* printed after it */
  * Q8_0 27%, ...)"). g may be NULL (a llama.2c checkpoint). */
 void dhsa_cli_weights_text(const dhsa_gguf *g, uint32_t most_type, char *out, size_t cap);
 
+/* The chat format of run --chat, chat and serve (tools/cli_model.c):
+ * --template NAME when given ("plain": DHSA_CHAT_NONE, no template), else
+ * the model's own as dhsa_chat_choose checks it; *how says which way
+ * ("--template", or dhsa_chat_choose's sentence). A model template dhsa
+ * does not render exactly exits with the library's sentence, which names
+ * the closest format and asks for --template NAME or --template plain. */
+dhsa_chat_template dhsa_cli_chat_template(const dhsa_gguf *g, const char *name, const char **how);
+
 #endif

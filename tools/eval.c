@@ -811,9 +811,14 @@ static dhsa_chat_template pick_template(eval_env *e, const char **why) {
     dhsa_chat_template tmpl;
     if (!o->template_name || strcmp(o->template_name, "auto") == 0) {
         if (g && dhsa_gguf_find_kv(g, "tokenizer.chat_template") >= 0) {
-            tmpl = dhsa_chat_detect(g);
-            *why = tmpl == DHSA_CHAT_NONE ? "the model's template is not one dhsa writes: plain prompt"
-                                          : "the model's chat template";
+            const char *how;
+            if (dhsa_chat_choose(g, &tmpl, &how) == DHSA_OK) {
+                *why = "the model's chat template, checked against jinja2";
+            } else {
+                tmpl = DHSA_CHAT_NONE;
+                *why = "the model's template is not one dhsa renders exactly (dhsa run --chat says which format "
+                       "is closest; give --template NAME to use it): plain prompt";
+            }
         } else {
             tmpl = DHSA_CHAT_NONE;
             *why = "the model has no chat template (tokenizer.chat_template): plain completion prompt";

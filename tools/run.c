@@ -72,9 +72,9 @@ const char dhsa_cli_run_usage[] =
 
     "  --chat              wrap the prompt in the model's chat template (the\n"
     "                      prompt is plain text; only the template's markers are special)\n"
-    "  --system TEXT       system message (with --chat only)\n"
-    "  --template NAME     chat template (with --chat only): llama3 chatml gemma\n"
-    "                      mistral llama2 phi3\n"
+    "  --system TEXT       system message (--chat only)\n"
+    "  --template NAME     --chat's format (default: the model's if checked):\n"
+    "                      llama3 chatml qwen2.5 smollm2 gemma mistral llama2 phi3 plain\n"
     "Sampling:\n"
     "  -n N                tokens to generate (default 128)\n"
     "  --temp T            0 = greedy (default 0.8)\n"
@@ -420,16 +420,22 @@ static void emit(const dhsa_tokenizer *tok, int32_t id, int first) {
  * the prompt and system texts. */
 typedef struct {
     dhsa_chat_template t;
+    const char *how; /* why this format (dhsa_cli_chat_template) */
     dhsa_chat_message msgs[2];
     int n;
 } chat_prompt;
 
 static void chat_setup(const dhsa_gguf *g, const dhsa_tokenizer *tok, const char *name, const char *system,
                        const char *text, chat_prompt *c, int32_t *stop, int *n_stop, int cap) {
-    c->t = dhsa_chat_detect(g);
-    if (name && dhsa_chat_template_from_name(name, &c->t)) dhsa_cli_die(EXIT_USAGE, "%s", dhsa_last_error());
-    if (c->t == DHSA_CHAT_NONE)
-        dhsa_cli_die(EXIT_RUN, "the model names no chat template I know: give --template llama3|chatml|gemma|mistral|llama2|phi3");
+    c->t = dhsa_cli_chat_template(g, name, &c->how);
+    /* the format used is named on every --chat run: which one ran decides
+     * what the model saw (stderr, like the statistics) */
+    if (c->t == DHSA_CHAT_NONE) {
+        if (system) dhsa_cli_die(EXIT_USAGE, "--system needs a chat template: --template plain has none");
+        fprintf(stderr, "chat template: none (%s): the prompt as it is\n", c->how);
+        return;
+    }
+    fprintf(stderr, "chat template: %s (%s)\n", dhsa_chat_template_name(c->t), c->how);
     c->n = 0;
     if (system) c->msgs[c->n++] = (dhsa_chat_message){"system", system};
     c->msgs[c->n++] = (dhsa_chat_message){"user", text ? text : ""};
@@ -792,7 +798,7 @@ static int run_main(int argc, char **argv, int plan_only) {
     if (o.chat) {
         chat_setup(dhsa_model_gguf(m), tok, o.template_name, o.system, text, &chat, stop_ids, &n_stop,
                    (int)(sizeof stop_ids / sizeof stop_ids[0]));
-        chat_p = &chat;
+        if (chat.t != DHSA_CHAT_NONE) chat_p = &chat;
     }
     int64_t n_prompt = 0;
     if (prompt_ids(tok, chat_p, text, text_len, flags, NULL, 0, &n_prompt) != DHSA_OK && n_prompt == 0)

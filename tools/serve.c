@@ -97,8 +97,10 @@ const char dhsa_cli_serve_usage[] =
     "                      the weights); off: each slot has its own threads\n"
     "  -t, --threads T     threads (default: online CPUs - 1 for the shared ctx, >= 1;\n"
     "                      with --batch off, per slot: online CPUs / slots, >= 1)\n"
-    "  --template NAME     chat template: llama3 chatml gemma mistral llama2\n"
-    "                      (default: the one the model names)\n"
+    "  --template NAME     chat format: llama3 chatml qwen2.5 smollm2 gemma mistral\n"
+    "                      llama2 phi3, or plain (/v1/chat/completions off); default:\n"
+    "                      the model's own template when dhsa renders it exactly,\n"
+    "                      else refused (docs/chat.md)\n"
     "  --max-tokens N      the most tokens one request may generate (default 4096)\n"
     "  --max-body SIZE     the largest request body (default 8M)\n"
     "  --timeout S         a connection idle this long is closed (default 60)\n"
@@ -167,6 +169,7 @@ typedef struct {
     const dhsa_model_info *in;
     const dhsa_tokenizer *tok;
     dhsa_chat_template tmpl;
+    const char *tmpl_how; /* why this format (dhsa_cli_chat_template) */
     int32_t chat_stop[16];
     int n_chat_stop;
     /* slots and queue */
@@ -1089,8 +1092,9 @@ static unsigned prompt_ids(gen *g, int32_t **ids, int64_t *n, char *msg, size_t 
     }
     if (r->kind == SERVE_REQ_CHAT) {
         if (S.tmpl == DHSA_CHAT_NONE)
-            return snprintf(msg, cap, "the model names no chat template dhsa writes: start dhsa serve with "
-                            "--template llama3|chatml|gemma|mistral|llama2, or use /v1/completions"), 400;
+            return snprintf(msg, cap, "dhsa serve runs without a chat template (--template plain): start it "
+                            "with --template llama3|chatml|qwen2.5|smollm2|gemma|mistral|llama2|phi3, or use "
+                            "/v1/completions"), 400;
         dhsa_chat_message *cm = malloc((size_t)r->n_messages * sizeof *cm);
         if (!cm) return snprintf(msg, cap, "out of memory"), 500;
         for (int64_t i = 0; i < r->n_messages; i++) cm[i] = (dhsa_chat_message){r->messages[i].role, r->messages[i].content};
@@ -2033,9 +2037,7 @@ static void setup(void) {
     snprintf(S.model_name, sizeof S.model_name, "%s", base ? base + 1 : S.model_path);
     char *dot = strrchr(S.model_name, '.');
     if (dot && strcmp(dot, ".gguf") == 0) *dot = 0;
-    S.tmpl = dhsa_chat_detect(dhsa_model_gguf(S.m));
-    if (S.template_name && dhsa_chat_template_from_name(S.template_name, &S.tmpl))
-        dhsa_cli_die(EXIT_USAGE, "%s", dhsa_last_error());
+    S.tmpl = dhsa_cli_chat_template(dhsa_model_gguf(S.m), S.template_name, &S.tmpl_how);
     if (S.tmpl != DHSA_CHAT_NONE && dhsa_chat_stop_ids(S.tmpl, S.tok, S.chat_stop, 16, &S.n_chat_stop))
         dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     if (S.sp.n_ctx == 0) S.sp.n_ctx = S.in->n_ctx_train;
@@ -2140,10 +2142,10 @@ int dhsa_cli_serve(int argc, char **argv) {
     if (!d) dhsa_cli_die(EXIT_RUN, "cannot listen on %s:%lld: %s", S.host, (long long)S.port, strerror(errno));
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     int port = di ? (int)di->port : (int)S.port;
-    fprintf(stderr, "dhsa serve: %s, %lld slot%s x %lld tokens, attention %s, %lld threads %s, chat template %s\n",
+    fprintf(stderr, "dhsa serve: %s, %lld slot%s x %lld tokens, attention %s, %lld threads %s, chat template %s (%s)\n",
             S.model_name, (long long)S.n_slots, S.n_slots == 1 ? "" : "s", (long long)S.n_ctx,
             dhsa_attn_method_name(S.sp.attn), (long long)S.threads,
-            S.batch ? "shared, decode steps batched" : "each", dhsa_chat_template_name(S.tmpl));
+            S.batch ? "shared, decode steps batched" : "each", dhsa_chat_template_name(S.tmpl), S.tmpl_how);
     fprintf(stderr, "dhsa serve: listening on http://%s:%d\n", S.host, port);
     fflush(stderr);
     int sig = 0;

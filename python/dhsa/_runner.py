@@ -43,7 +43,7 @@ _p = ctypes.POINTER
 DEFAULT_MODEL = "dhsa-retrieval-8m.gguf"  # tools/cli.h DHSA_DEFAULT_MODEL
 ATTN = {"dense": 0, "dhsa": 1, "block": 2, "stream": 3, "oracle": 4}
 KV = {"f32": _capi.DHSA_F32, "f16": _capi.DHSA_F16, "q8_0": _capi.DHSA_Q8_0}
-TEMPLATES = ("llama3", "chatml", "gemma", "mistral", "llama2")
+TEMPLATES = ("llama3", "chatml", "qwen2.5", "smollm2", "gemma", "mistral", "llama2", "phi3")
 _ADD_BOS, _PARSE_SPECIAL = 1, 4
 _DETOK_SPECIAL = 1
 
@@ -137,6 +137,7 @@ _PROTOTYPES = {
     "dhsa_detokenize": (c_int, [c_void_p, c_void_p, c_int64, ctypes.c_uint, c_void_p, c_int64, _p(c_int64)]),
     "dhsa_token_to_piece": (c_int, [c_void_p, ctypes.c_int32, ctypes.c_uint, c_void_p, c_int64, _p(c_int64)]),
     "dhsa_chat_detect": (c_int, [c_void_p]),
+    "dhsa_chat_choose": (c_int, [c_void_p, _p(c_int), _p(c_char_p)]),
     "dhsa_chat_template_from_name": (c_int, [c_char_p, _p(c_int)]),
     "dhsa_chat_template_name": (c_char_p, [c_int]),
     "dhsa_chat_apply": (c_int, [c_int, _p(ChatMessage), c_int64, c_int, c_void_p, c_int64, _p(c_int64)]),
@@ -491,7 +492,11 @@ class Model:
         """The chat format's number; call inside self._use()."""
         L = _lib()
         if template is None:
-            t = L.dhsa_chat_detect(L.dhsa_model_gguf(self._h))
+            # the model's own template only when dhsa renders it exactly
+            # (dhsa_chat_choose: DhsaError naming the closest format otherwise)
+            t, how = c_int(), c_char_p()
+            check(L.dhsa_chat_choose(L.dhsa_model_gguf(self._h), ctypes.byref(t), ctypes.byref(how)))
+            t = t.value
         else:
             t = c_int()
             check(L.dhsa_chat_template_from_name(_c_string("template", template), ctypes.byref(t)))
@@ -500,6 +505,16 @@ class Model:
             raise ValueError("the model names no chat template dhsa writes: pass template= one of "
                              + ", ".join(TEMPLATES))
         return t
+
+    def chat_format(self):
+        """(name, how): the chat format chat_template() uses without template=,
+        and which way it was chosen (dhsa_chat_choose); DhsaError when the
+        model's template is not one dhsa renders exactly."""
+        L = _lib()
+        t, how = c_int(), c_char_p()
+        with self._use():
+            check(L.dhsa_chat_choose(L.dhsa_model_gguf(self._h), ctypes.byref(t), ctypes.byref(how)))
+        return L.dhsa_chat_template_name(t.value).decode(), how.value.decode()
 
     def chat_template(self, messages, add_generation_prompt=True, template=None):
         """The prompt text of messages ([{"role": ..., "content": ...}]) in the model's

@@ -14,6 +14,7 @@
 #include "core/internal.h"
 #include "dhsa.h"
 #include "model/tokenizer.h"
+#include "util/sha256.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -187,6 +188,23 @@ static void write_chatml(sbuf *b, const dhsa_chat_message *m, int64_t n, int gen
     if (gen) puts_(b, "<|im_start|>assistant\n");
 }
 
+/* ChatML with the default system message of a model's own template:
+ * Qwen2.5-Instruct's writes its system turn first, always (the given
+ * system message, else its default); SmolLM2-Instruct's writes its default
+ * before the first message when that is not a system message (an empty
+ * conversation stays empty). The rest is ChatML. */
+static const char qwen25_system[] = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+static const char smollm2_system[] = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+
+static void write_chatml_default_system(sbuf *b, const dhsa_chat_message *m, int64_t n, int gen, const char *sys) {
+    if (n > 0 && !is_role(m[0].role, "system")) {
+        puts_(b, "<|im_start|>system\n");
+        puts_(b, sys);
+        puts_(b, "<|im_end|>\n");
+    }
+    write_chatml(b, m, n, gen);
+}
+
 /* Gemma 3 (and 2, which has no system role): the system message, as is,
  * plus "\n\n" opens the first user turn; assistant is "model". */
 static void write_gemma(sbuf *b, const dhsa_chat_message *m, int64_t n, int gen) {
@@ -296,7 +314,8 @@ static void write_llama2(sbuf *b, const dhsa_chat_message *m, int64_t n) {
 /* --------------------------------------------------------------------- */
 /* Public                                                                 */
 
-static const char *const template_names[] = {"none", "llama3", "chatml", "gemma", "mistral", "llama2", "phi3"};
+static const char *const template_names[] = {"none",   "llama3", "chatml",  "gemma",
+                                             "mistral", "llama2", "phi3", "qwen2.5", "smollm2"};
 
 const char *dhsa_chat_template_name(dhsa_chat_template t) {
     if ((int)t < 0 || (size_t)t >= sizeof template_names / sizeof template_names[0]) return "?";
@@ -315,8 +334,8 @@ dhsa_status dhsa_chat_template_from_name(const char *name, dhsa_chat_template *o
         return DHSA_OK;
     }
     return dhsa__fail(DHSA_ERR_UNSUPPORTED,
-                      "chat template '%s' is not one dhsa writes (llama3, chatml or qwen2, gemma, mistral, "
-                      "llama2, phi3, none)",
+                      "chat template '%s' is not one dhsa writes (llama3, chatml or qwen2, qwen2.5, smollm2, "
+                      "gemma, mistral, llama2, phi3, none)",
                       dhsa__esc(name));
 }
 
@@ -335,7 +354,13 @@ static dhsa_status chat_build(const char *fn, dhsa_chat_template t, const dhsa_c
     switch (t) {
     case DHSA_CHAT_LLAMA3: st = check_roles(name, msgs, n, roles_llama3); break;
     case DHSA_CHAT_CHATML:
+    case DHSA_CHAT_SMOLLM2:
     case DHSA_CHAT_PHI3: st = check_roles(name, msgs, n, roles_chatml); break;
+    case DHSA_CHAT_QWEN25:
+        /* its template reads messages[0] and raises on an empty list */
+        st = n == 0 ? dhsa__fail(DHSA_ERR_INVALID_ARG, "%s: qwen2.5's template needs at least one message", fn)
+                    : check_roles(name, msgs, n, roles_chatml);
+        break;
     case DHSA_CHAT_GEMMA:
     case DHSA_CHAT_MISTRAL:
     case DHSA_CHAT_LLAMA2: st = check_alternating(name, msgs, n); break;
@@ -352,6 +377,8 @@ static dhsa_status chat_build(const char *fn, dhsa_chat_template t, const dhsa_c
     case DHSA_CHAT_GEMMA: write_gemma(b, msgs, n, add_generation_prompt); break;
     case DHSA_CHAT_MISTRAL: write_mistral(b, msgs, n); break;
     case DHSA_CHAT_PHI3: write_phi3(b, msgs, n, add_generation_prompt); break;
+    case DHSA_CHAT_QWEN25: write_chatml_default_system(b, msgs, n, add_generation_prompt, qwen25_system); break;
+    case DHSA_CHAT_SMOLLM2: write_chatml_default_system(b, msgs, n, add_generation_prompt, smollm2_system); break;
     default: write_llama2(b, msgs, n); break;
     }
     if (b->oom) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
@@ -442,24 +469,108 @@ static int is_one_of(const char *s, const char *const *names) {
     return 0;
 }
 
+/* The templates dhsa renders byte for byte as jinja2 renders them, by the
+ * SHA-256 of their text: python/tests/test_chat_jinja.py renders each
+ * with jinja2 (as transformers does) and compares with dhsa_chat_apply.
+ * A template whose text differs in one byte is not in this list. */
+static const struct {
+    const char *sha256, *what;
+    dhsa_chat_template format;
+} checked_templates[] = {
+    {"cd8e9439f0570856fd70470bf8889ebd8b5d1107207f67a5efb46e342330527f", "Qwen2.5-Coder-0.5B-Instruct's",
+     DHSA_CHAT_QWEN25},
+    {"d5495a1e5db0611132a97e46a65dbb64a642a499421228b9c8b93229097fa9a4", "Qwen2.5-Coder-1.5B-Instruct's",
+     DHSA_CHAT_QWEN25},
+    {"872be49dbb638044ad01b60388f48d469ff2980e5f0dccdc22ec907db54d0788", "SmolLM2-Instruct's", DHSA_CHAT_SMOLLM2},
+};
+
+/* The entry of checked_templates for the template text s[0..n), or -1. */
+static int checked_index(const char *s, int64_t n) {
+    dhsa_sha256 h;
+    char hex[65];
+    dhsa_sha256_init(&h);
+    dhsa_sha256_update(&h, s, (size_t)n);
+    dhsa_sha256_final_hex(&h, hex);
+    for (size_t i = 0; i < sizeof checked_templates / sizeof checked_templates[0]; i++)
+        if (strcmp(hex, checked_templates[i].sha256) == 0) return (int)i;
+    return -1;
+}
+
+/* The format of a template text by its markers, in llama.cpp's order. */
+static dhsa_chat_template by_markers(const char *tmpl) {
+    /* Phi-4 (architecture phi3) separates role and content with
+     * <|im_sep|>, not a newline: a format not written here */
+    if (has(tmpl, "<|im_start|>")) return has(tmpl, "<|im_sep|>") ? DHSA_CHAT_NONE : DHSA_CHAT_CHATML;
+    if (has(tmpl, "[INST]")) {
+        if (has(tmpl, "<<SYS>>")) return DHSA_CHAT_LLAMA2;
+        /* Mistral's v3 and v7 formats ([AVAILABLE_TOOLS], [SYSTEM_PROMPT])
+         * space [INST] differently: not written here */
+        if (has(tmpl, "[SYSTEM_PROMPT]") || has(tmpl, "[AVAILABLE_TOOLS]")) return DHSA_CHAT_NONE;
+        return DHSA_CHAT_MISTRAL;
+    }
+    if (has(tmpl, "<|assistant|>") && has(tmpl, "<|end|>")) return DHSA_CHAT_PHI3;
+    if (has(tmpl, "<start_of_turn>")) return DHSA_CHAT_GEMMA;
+    if (has(tmpl, "<|start_header_id|>") && has(tmpl, "<|end_header_id|>")) return DHSA_CHAT_LLAMA3;
+    return DHSA_CHAT_NONE;
+}
+
+dhsa_status dhsa_chat_choose(const dhsa_gguf *g, dhsa_chat_template *out, const char **how) {
+    if (out) *out = DHSA_CHAT_NONE;
+    if (how) *how = NULL;
+    if (!g || !out || !how) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_chat_choose: NULL argument");
+    const char *tmpl = NULL;
+    int64_t len = 0;
+    if (dhsa_gguf_find_kv(g, "tokenizer.chat_template") >= 0 &&
+        dhsa_gguf_get_str(g, "tokenizer.chat_template", &tmpl, &len) == DHSA_OK) {
+        int k = checked_index(tmpl, len);
+        if (k >= 0) {
+            *out = checked_templates[k].format;
+            *how = "the file's tokenizer.chat_template, checked against jinja2";
+            return DHSA_OK;
+        }
+        dhsa_chat_template near = by_markers(tmpl);
+        dhsa_sha256 h;
+        char hex[65];
+        dhsa_sha256_init(&h);
+        dhsa_sha256_update(&h, tmpl, (size_t)len);
+        dhsa_sha256_final_hex(&h, hex);
+        hex[12] = 0;
+        *out = near;
+        if (near == DHSA_CHAT_NONE)
+            return dhsa__fail(DHSA_ERR_UNSUPPORTED,
+                              "the model's chat template (tokenizer.chat_template, %llu bytes, sha256 %s...) is "
+                              "not one dhsa renders: give --template NAME (llama3, chatml, qwen2.5, smollm2, gemma, "
+                              "mistral, llama2, phi3) or --template plain",
+                              (unsigned long long)len, hex);
+        return dhsa__fail(DHSA_ERR_UNSUPPORTED,
+                          "the model's chat template (tokenizer.chat_template, %llu bytes, sha256 %s...) looks like "
+                          "%s but is not one dhsa has checked to render exactly (docs/chat.md): give --template %s "
+                          "to use dhsa's %s format anyway, or --template plain",
+                          (unsigned long long)len, hex, dhsa_chat_template_name(near), dhsa_chat_template_name(near),
+                          dhsa_chat_template_name(near));
+    }
+    dhsa_chat_template t = dhsa_chat_detect(g);
+    *out = t;
+    if (t == DHSA_CHAT_NONE) {
+        const char *arch = opt_str(g, "general.architecture");
+        return dhsa__fail(DHSA_ERR_UNSUPPORTED,
+                          "the model has no chat template (no tokenizer.chat_template; architecture %s has no "
+                          "known format): give --template NAME (llama3, chatml, qwen2.5, smollm2, gemma, mistral, "
+                          "llama2, phi3) or --template plain",
+                          arch ? dhsa__esc(arch) : "(none)");
+    }
+    *how = "by the architecture: the file has no tokenizer.chat_template";
+    return DHSA_OK;
+}
+
 dhsa_chat_template dhsa_chat_detect(const dhsa_gguf *g) {
     if (!g) return DHSA_CHAT_NONE;
-    const char *tmpl = opt_str(g, "tokenizer.chat_template");
-    if (tmpl) { /* llama.cpp's order of markers */
-        /* Phi-4 (architecture phi3) separates role and content with
-         * <|im_sep|>, not a newline: a format not written here */
-        if (has(tmpl, "<|im_start|>")) return has(tmpl, "<|im_sep|>") ? DHSA_CHAT_NONE : DHSA_CHAT_CHATML;
-        if (has(tmpl, "[INST]")) {
-            if (has(tmpl, "<<SYS>>")) return DHSA_CHAT_LLAMA2;
-            /* Mistral's v3 and v7 formats ([AVAILABLE_TOOLS], [SYSTEM_PROMPT])
-             * space [INST] differently: not written here */
-            if (has(tmpl, "[SYSTEM_PROMPT]") || has(tmpl, "[AVAILABLE_TOOLS]")) return DHSA_CHAT_NONE;
-            return DHSA_CHAT_MISTRAL;
-        }
-        if (has(tmpl, "<|assistant|>") && has(tmpl, "<|end|>")) return DHSA_CHAT_PHI3;
-        if (has(tmpl, "<start_of_turn>")) return DHSA_CHAT_GEMMA;
-        if (has(tmpl, "<|start_header_id|>") && has(tmpl, "<|end_header_id|>")) return DHSA_CHAT_LLAMA3;
-        return DHSA_CHAT_NONE;
+    const char *tmpl = NULL;
+    int64_t len = 0;
+    if (dhsa_gguf_find_kv(g, "tokenizer.chat_template") >= 0 &&
+        dhsa_gguf_get_str(g, "tokenizer.chat_template", &tmpl, &len) == DHSA_OK) {
+        int k = checked_index(tmpl, len);
+        return k >= 0 ? checked_templates[k].format : by_markers(tmpl);
     }
     static const char *const qwen[] = {"qwen", "qwen2", "qwen2moe", "qwen3", "qwen3moe", NULL};
     static const char *const gemma[] = {"gemma", "gemma2", "gemma3", NULL};
@@ -493,7 +604,9 @@ dhsa_status dhsa_chat_stop_ids(dhsa_chat_template t, const dhsa_tokenizer *tok, 
     switch (t) {
     case DHSA_CHAT_NONE: texts = none; break;
     case DHSA_CHAT_LLAMA3: texts = llama3; break;
-    case DHSA_CHAT_CHATML: texts = chatml; break;
+    case DHSA_CHAT_CHATML:
+    case DHSA_CHAT_QWEN25:
+    case DHSA_CHAT_SMOLLM2: texts = chatml; break;
     case DHSA_CHAT_GEMMA: texts = gemma; break;
     case DHSA_CHAT_PHI3: texts = phi3; break;
     case DHSA_CHAT_MISTRAL:
