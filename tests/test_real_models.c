@@ -25,9 +25,13 @@
 #include "model/tokenizer.h"
 #include "t.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #define FIXTURE "tests/real_models.tsv"
 #define PRE_FIXTURE "tests/pre_sets_peer.tsv"
@@ -280,6 +284,77 @@ static void test_pre_sets(void) {
     T_CHECK(n_sets == N_PRE_SETS, "%d regex sets checked", n_sets);
 }
 
+/* The chat format from the file, through the CLI: SmolLM2's template is
+ * one dhsa has checked (run --chat names smollm2); a copy of the file with
+ * one byte of its template changed is refused by name (exit 1, the
+ * closest format and the way out), by run --chat, chat and serve alike,
+ * and --template chatml / plain run it. */
+#define N_TEMPLATE_CHECKS 7
+static void test_template_refusal(void) {
+    char path[1200], copy[1300];
+    if (!model_path(&models[0], path, sizeof path)) {
+        T_SKIP(N_TEMPLATE_CHECKS, "%s is not pulled (dhsa pull %s): no chat-template refusal checks", models[0].name,
+               models[0].name);
+        return;
+    }
+    char *out = NULL;
+    char args[3000];
+    snprintf(args, sizeof args, "run -m '%s' --chat -p Hi -n 1 --temp 0", path);
+    int rc = cli_run(args, 0, &out);
+    T_CHECK(rc == 0 && out && strstr(out, "chat template: smollm2 (the file's tokenizer.chat_template, checked"),
+            "run --chat names the checked format (exit %d):\n%s", rc, out ? out : "");
+    free(out);
+    /* the copy: the file with "SmolLM" in its template turned into "SmolLN" */
+    snprintf(copy, sizeof copy, "%s/dhsa_test_template_%d.gguf", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+             (int)getpid());
+    FILE *in = fopen(path, "rb"), *o = fopen(copy, "wb");
+    int changed = 0;
+    static char buf[(1 << 20) + 32];
+    size_t n, keep = 0; /* the last bytes of a chunk are searched again with the next */
+    while (in && o && (n = fread(buf + keep, 1, sizeof buf - keep, in)) > 0) {
+        n += keep;
+        for (size_t i = 0; i + 22 <= n && !changed; i++)
+            if (memcmp(buf + i, "assistant named SmolLM", 22) == 0) buf[i + 21] = 'N', changed = 1;
+        keep = n < 32 ? n : 32;
+        fwrite(buf, 1, n - keep, o);
+        memmove(buf, buf + n - keep, keep);
+    }
+    if (o) fwrite(buf, 1, keep, o);
+    if (in) fclose(in);
+    if (o && fclose(o) != 0) changed = 0;
+    T_CHECK(changed, "a copy with one byte of the template changed (%s)", copy);
+    const char *cmds[] = {"run -m '%s' --chat -p Hi -n 1", "chat -m '%s' -n 1 </dev/null",
+                          /* a port held here: were the refusal gone, serve would fail to listen, not hang */
+                          "serve -m '%s' --port %d"};
+    int held = socket(AF_INET, SOCK_STREAM, 0), port = 0;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    if (held >= 0 && bind(held, (struct sockaddr *)&a, sizeof a) == 0 && listen(held, 1) == 0 &&
+        getsockname(held, (struct sockaddr *)&a, &alen) == 0)
+        port = ntohs(a.sin_port);
+    for (int i = 0; i < 3; i++) {
+        if (i == 2) snprintf(args, sizeof args, cmds[i], copy, port);
+        else snprintf(args, sizeof args, cmds[i], copy);
+        rc = cli_run(args, 0, &out);
+        T_CHECK(rc == 1 && out && strstr(out, "looks like chatml") && strstr(out, "--template chatml") &&
+                    strstr(out, "--template plain"),
+                "dhsa %s: the unchecked template is refused by name (exit %d):\n%s", args, rc, out ? out : "");
+        free(out);
+    }
+    if (held >= 0) close(held);
+    snprintf(args, sizeof args, "run -m '%s' --chat --template chatml -p Hi -n 1 --temp 0", copy);
+    rc = cli_run(args, 0, &out);
+    T_CHECK(rc == 0 && out && strstr(out, "chat template: chatml (--template)"), "--template chatml runs it (exit %d):\n%s",
+            rc, out ? out : "");
+    free(out);
+    snprintf(args, sizeof args, "run -m '%s' --chat --template plain -p Hi -n 1 --temp 0", copy);
+    rc = cli_run(args, 0, &out);
+    T_CHECK(rc == 0 && out && strstr(out, "chat template: none (--template plain"), "--template plain runs it (exit %d):\n%s",
+            rc, out ? out : "");
+    free(out);
+    remove(copy);
+}
+
 int main(void) {
     const char *env = getenv("DHSA_MODELS");
     if (env && env[0]) snprintf(models_dir, sizeof models_dir, "%s", env);
@@ -287,5 +362,6 @@ int main(void) {
     if (!getenv("DHSA_CLI")) setenv("DHSA_CLI", "build/dhsa", 0);
     test_pre_sets();
     test_models();
+    test_template_refusal();
     return t_report("test_real_models");
 }

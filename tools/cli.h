@@ -226,7 +226,7 @@ extern const char dhsa_cli_eval_usage_tasks[]; /* printed after it */
  * Q8_0 27%, ...)"). g may be NULL (a llama.2c checkpoint). */
 void dhsa_cli_weights_text(const dhsa_gguf *g, uint32_t most_type, char *out, size_t cap);
 
-/* The chat format of run --chat, chat and serve (tools/cli_model.c):
+/* The chat format of run --chat, chat and serve (tools/cli_base.c):
  * --template NAME when given ("plain": DHSA_CHAT_NONE, no template), else
  * the model's own as dhsa_chat_choose checks it; *how says which way
  * ("--template", or dhsa_chat_choose's sentence). A model template dhsa

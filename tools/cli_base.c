@@ -251,3 +251,20 @@ void dhsa_cli_print_router(FILE *f, const dhsa_router_params *rp, int64_t L) {
             (long long)rp->sim_window, (long long)rp->nms_window, dhsa_cli_chunk_score_name(rp->score_mode),
             (long long)rp->score_rows);
 }
+
+/* ------------------------------------------------------------ chat format --- */
+
+dhsa_chat_template dhsa_cli_chat_template(const dhsa_gguf *g, const char *name, const char **how) {
+    dhsa_chat_template t = DHSA_CHAT_NONE;
+    if (name && strcmp(name, "plain") == 0) {
+        *how = "--template plain: no chat template";
+        return DHSA_CHAT_NONE;
+    }
+    if (name) {
+        if (dhsa_chat_template_from_name(name, &t)) dhsa_cli_die(DHSA_EXIT_USAGE, "%s", dhsa_last_error());
+        *how = "--template";
+        return t;
+    }
+    if (dhsa_chat_choose(g, &t, how)) dhsa_cli_die(DHSA_EXIT_RUN, "%s", dhsa_last_error());
+    return t;
+}

@@ -99,20 +99,3 @@ void dhsa_cli_weights_text(const dhsa_gguf *g, uint32_t most_type, char *out, si
     PUT(")");
 #undef PUT
 }
-
-/* ------------------------------------------------------------ chat format --- */
-
-dhsa_chat_template dhsa_cli_chat_template(const dhsa_gguf *g, const char *name, const char **how) {
-    dhsa_chat_template t = DHSA_CHAT_NONE;
-    if (name && strcmp(name, "plain") == 0) {
-        *how = "--template plain: no chat template";
-        return DHSA_CHAT_NONE;
-    }
-    if (name) {
-        if (dhsa_chat_template_from_name(name, &t)) dhsa_cli_die(DHSA_EXIT_USAGE, "%s", dhsa_last_error());
-        *how = "--template";
-        return t;
-    }
-    if (dhsa_chat_choose(g, &t, how)) dhsa_cli_die(DHSA_EXIT_RUN, "%s", dhsa_last_error());
-    return t;
-}
