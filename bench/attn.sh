@@ -1,5 +1,5 @@
 #!/bin/sh
-# bench/attn.sh: the dense-attention tables of docs/results.md, regenerated.
+# bench/attn.sh: the dense-attention tables of docs/notes/results-attention.md, regenerated.
 # Usage: sh bench/attn.sh [speed|decode|memory|all] (default all); needs
 # build/dhsa (make). Prints markdown tables; each row is one
 # `build/dhsa bench attn ... --json` run, the command is printed above.

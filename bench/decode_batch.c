@@ -1,5 +1,5 @@
 /* bench/decode_batch.c: the library's cap for dhsa serve's batched decode
- * (docs/results.md, "Where the time goes"). On the default model, one
+ * (docs/notes/results-serve-dist.md, "Where the time goes"). On the default model, one
  * session's one-token step (dhsa_session_eval, and dhsa_session_eval_batch
  * of 1) against dhsa_session_eval_batch over 4 sessions, all on one ctx of
  * T threads, interleaved in 8 rounds of 5 x 10 passes; medians per pass,

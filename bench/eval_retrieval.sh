@@ -1,6 +1,6 @@
 #!/bin/sh
 # bench/eval_retrieval.sh: the default model's retrieval evaluation (issue 10;
-# docs/eval.md, the tables in docs/results.md "Retrieval on the default model").
+# docs/eval.md, the tables in docs/notes/results-evaluation.md "Retrieval on the default model").
 #
 #   1. held-out filler and keywords: `python3 train/corpus.py` (standard
 #      library only) writes train/work/eval.txt (The Devil's Dictionary,

@@ -1,6 +1,6 @@
 #!/bin/sh
 # bench/eval_stories260k.sh: the evaluation of issue 5 on stories260K
-# (docs/eval.md; the tables in docs/results.md, "Evaluation on stories260K").
+# (docs/eval.md; the tables in docs/notes/results-evaluation.md, "Evaluation on stories260K").
 #
 #   1. text: there is no dataset here, so the fidelity text is the model's
 #      own: TEXTS samples of 520 tokens (temperature 1, the sampler's other

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """llamacpp_speed.py: dhsa against llama.cpp's llama-bench on the same GGUF
-files, same threads, in one interleaved run (issue 11; docs/results.md).
+files, same threads, in one interleaved run (issue 11; docs/notes/results-models.md).
 
 For every file and round: llama-bench (prefill P, decode N from an empty
 context, and with --depth D also prefill D and decode N after D tokens),

@@ -1,7 +1,7 @@
 #!/bin/sh
 # real_peer.sh: dhsa against llama.cpp on real pretrained GGUF files
 # (issue 32 item 3; the table "Real models against llama.cpp" of
-# docs/results.md). For each model file:
+# docs/notes/results-models.md). For each model file:
 #   1. token ids of a corpus of mixed prose (the GPL-3 text), C code
 #      (src/attn/attn.c), numbers and ten scripts (bench/multilingual.txt):
 #      dhsa tokenize vs llama-tokenize, equal or the first difference;

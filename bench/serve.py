@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench/serve.py: the dhsa serve numbers of docs/results.md (issue 14).
+"""bench/serve.py: the dhsa serve numbers of docs/notes/results-serve-dist.md (issue 14).
 
   ttft   the prompt cache: on the default model, a document of about 16K tokens
          (a passkey task of dhsa.retrieval_task) asked a first question (cold:

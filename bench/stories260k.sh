@@ -4,7 +4,7 @@
 # Usage: RUN_C=/path/to/llama2.c/run sh bench/stories260k.sh [REPS]
 # RUN_C is a run.c binary built outside this repository (gcc -O3 -o run
 # run.c -lm); without it only dhsa is measured. Prints each rep and the
-# medians; docs/results.md records a run.
+# medians; docs/notes/results-models.md records a run.
 set -e
 reps=${1:-7}
 m=../shared/models

@@ -15,7 +15,8 @@
  * Before the fix the plan left out the process (code, the model's heap,
  * stacks, the allocator's rounding): the SmolLM-shaped case peaked at
  * 246.7 MiB under a plan of 238.2 MiB, and these checks failed.
- * Prints the table of docs/results.md ("Memory limit vs peak RSS").
+ * Prints the table of docs/results.md ("Memory") and
+ * docs/notes/results-models.md ("Memory limit vs peak RSS").
  * Run: make test (or DHSA_CLI=build/dhsa build/tests/test_memlimit).
  */
 #include "cli_run.h"

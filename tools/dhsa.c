@@ -1078,7 +1078,7 @@ static int cmd_demo(int argc, char **argv) {
     }
     printf("  * measured 130 B per L^2 of extra peak memory (PyTorch 2.15\n"
            "    nn.MultiheadAttention with key_padding_mask in inference, E=1024, 16 heads,\n"
-           "    fp32, B=1; docs/results.md): reference only\n");
+           "    fp32, B=1; docs/notes/results-attention.md): reference only\n");
 
     printf("\n  %-13s key_mask with DHSA_MASK_NO_POLARITY -> %s\n", "mask polarity",
            bad_st == DHSA_OK ? "ACCEPTED (it must be refused)" : dhsa_status_str(bad_st));

@@ -1,7 +1,7 @@
 /* run.c: `dhsa run` (generate text with a GGUF or llama2.c model, dense or
  * routed attention, under a memory limit) and `dhsa plan` (the memory plan
  * of the same command line, without running). See `dhsa help run`.
- * Tested by tests/test_model.c (CLI part); docs/model.md, docs/results.md.
+ * Tested by tests/test_model.c (CLI part); docs/model.md, docs/results.md (docs/notes/).
  * --dump-layout (run) and --svg (bench model) write figures; tested by
  * tests/test_plots.c. run and bench model started by mpirun -np R > 1 run
  * context parallel (docs/dist.md); tested by tests/test_dist.c.

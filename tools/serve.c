@@ -1968,7 +1968,7 @@ static void parse_args(int argc, char **argv) {
         /* batched: one core is left to the connection threads (HTTP, JSON,
          * the streams' events) and the batcher's per-token work between
          * passes; on 2 cores a second ctx thread cost more than it gave
-         * (docs/server.md, docs/results.md) */
+         * (docs/server.md, docs/notes/results-serve-dist.md) */
         S.threads = cpus > 0 ? (S.batch ? cpus - 1 : cpus / S.n_slots) : 1;
         if (S.threads < 1) S.threads = 1;
     }

@@ -3,7 +3,7 @@
  * time, dense time, speedup, the density actually used, attention recall,
  * output error and needle hits. See `dhsa bench sparse --help`.
  * --svg draws the first method's layout (tests/test_plots.c).
- * Tested by tests/test_cli.c; numbers in docs/results.md.
+ * Tested by tests/test_cli.c; numbers in docs/notes/results-attention.md.
  */
 #include <errno.h>
 #include <math.h>
@@ -57,7 +57,7 @@ const char dhsa_cli_bench_sparse_usage[] =
     "--svg FILE draws the layout of the first method of --method for KV head\n"
     "--svg-head (default 0): per query block its selected key ranges, the\n"
     "chunk starts of the routing (dhsa_route_boundaries), sinks, the local\n"
-    "window and the causal diagonal (docs/results.md, Figures).\n";
+    "window and the causal diagonal (docs/notes/results-attention.md, Figures).\n";
 
 #define EXIT_RUN DHSA_EXIT_RUN
 #define EXIT_USAGE DHSA_EXIT_USAGE

@@ -169,7 +169,7 @@ const dhsa__qi_kernels *dhsa__qi_kernels_active(void);
  * kernels is not used because the exact route's fused kernels are faster:
  * on AVX512-VNNI, the types its dot_file does not read from the file
  * (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K: the unpacked route
- * measured 0.45-0.9x the exact one at 1 and 4 tokens, docs/results.md).
+ * measured 0.45-0.9x the exact one at 1 and 4 tokens, docs/notes/results-models.md).
  * The 256-bit sets keep theirs (mixed there, and not measured on an
  * AVX2-only CPU). quant.c's route choice asks this; dhsa__qi_matmul
  * itself runs whatever it is given. */

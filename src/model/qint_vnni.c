@@ -17,7 +17,7 @@
  *              Q8_0: one gather of 16 block scales, then per block a ymm
  *              load of the codes (flipped to q + 128 in the register) and
  *              one ymm vpdpbusd per token (decode 1.2-1.3x,
- *              docs/results.md); Q4_K, Q5_K, Q6_K: codes from the nibbles
+ *              docs/notes/results-models.md); Q4_K, Q5_K, Q6_K: codes from the nibbles
  *              in the registers, vpdpbusd, the lanes' integer sub-block
  *              scales by vpmaddwd / vpdpwssd, one float step per 256
  *              values (the activations' scale group, qint.h).
@@ -620,7 +620,7 @@ static int dot_file(uint32_t type, const uint8_t *w, int64_t row_bytes, int nr, 
 /* One weight block of QPB four-column groups, unrolled: with a run-time
  * trip count GCC 12 kept the 12 integer sums in a rotating set of registers
  * and copied each one twice per group (24 zmm moves per 12 vpdpbusd: a
- * third of the tile's issue slots, docs/results.md). */
+ * third of the tile's issue slots, docs/notes/results-models.md). */
 INLINE void tile_bw(const uint8_t *w, const float *a, const float *b, int64_t n, const int bw,
                     const dhsa_qi_act *x, float *out) {
     const int qpb = bw / 4;

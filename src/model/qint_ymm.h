@@ -46,7 +46,7 @@
 
 #define INLINE static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 16")
-#define MR 3 /* panel tile tokens: with 4 the float sums spilled (16 ymm); 3 is 1.17x (docs/results.md) */
+#define MR 3 /* panel tile tokens: with 4 the float sums spilled (16 ymm); 3 is 1.17x (docs/notes/results-models.md) */
 #define NG 1
 #if QI_YMM_VNNI
 #define GROUP_UNROLL UNROLL
