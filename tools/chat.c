@@ -59,6 +59,9 @@ const char dhsa_cli_chat_usage[] =
     "  -n N                most tokens per answer (default 512)\n"
     "  --temp T            0 = greedy (default 0)  --seed S (default 42)\n"
     "  --top-k K, --top-p P, --min-p P, --repeat-penalty R as in dhsa run\n"
+    "  --json              every answer is one JSON object (constrained sampling)\n"
+    "  --json-schema S     every answer is JSON valid under the schema S (JSON\n"
+    "                      text or a file; docs/server.md lists what is supported)\n"
     "  --ctx N             context (default: the trained one)\n"
     "  --ubatch N, --kv f32|f16|q8_0, --exact, --mem-limit SIZE, --threads T\n"
     "  --attn dense|dhsa|block|stream, --density F | --budget N, --dense-below N\n"
@@ -69,6 +72,8 @@ typedef struct {
     const char *model, *system, *template_name, *prompt_cache;
     const char *docs[MAX_DOCS];
     int n_docs, verbose;
+    int json;                /* --json or --json-schema */
+    const char *json_schema; /* --json-schema's argument */
     int64_t n_predict, threads;
     dhsa_sampler_params sp;
     dhsa_session_params ses;
@@ -89,6 +94,11 @@ static void parse(int argc, char **argv, chat_opts *o) {
         }
         if (strcmp(a, "--exact") == 0) { o->ses.exact = 1; continue; }
         if (strcmp(a, "--verbose") == 0 || strcmp(a, "-v") == 0) { o->verbose = 1; continue; }
+        if (strcmp(a, "--json") == 0) {
+            if (o->json) dhsa_cli_die(EXIT_USAGE, "--json and --json-schema: give one of them");
+            o->json = 1;
+            continue;
+        }
         if (i + 1 >= argc) dhsa_cli_die(EXIT_USAGE, "%s needs a value (or is unknown: see dhsa help chat)", a);
         const char *v = argv[++i];
         if (strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0) o->model = v;
@@ -99,6 +109,11 @@ static void parse(int argc, char **argv, chat_opts *o) {
             if (!v[0]) dhsa_cli_die(EXIT_USAGE, "--prompt-cache needs a file name");
             o->prompt_cache = v;
         } else if (strcmp(a, "--system") == 0) o->system = v;
+        else if (strcmp(a, "--json-schema") == 0) {
+            if (o->json) dhsa_cli_die(EXIT_USAGE, "--json and --json-schema: give one of them");
+            o->json = 1;
+            o->json_schema = v;
+        }
         else if (strcmp(a, "--template") == 0) o->template_name = v;
         else if (strcmp(a, "-n") == 0) o->n_predict = dhsa_cli_int(a, v, 1, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--temp") == 0) o->sp.temperature = (float)dhsa_cli_real(a, v, 0, 1e6);
@@ -149,6 +164,9 @@ typedef struct {
     dhsa_ctx *ctx;
     dhsa_session *s;
     dhsa_sampler *smp;
+    dhsa_json_schema *schema;   /* --json / --json-schema, else NULL */
+    dhsa_json_vocab *jvocab;
+    dhsa_json_constraint *jc;   /* the answer's, reset per question */
     dhsa_chat_template t;
     unsigned flags;
     int32_t stop[8];
@@ -359,8 +377,11 @@ static void ask(chat *c, const char *q) {
     double t_first = 0, t_dec0 = 0;
     ans = dup_text("", 0, "", 0);
     acap = 1;
+    if (c->jc) dhsa_json_constraint_reset(c->jc);
     while (gen < c->o.n_predict) {
         int32_t next;
+        if (c->jc && dhsa_json_constraint_mask(c->jc, c->logits, c->stop, c->n_stop, NULL))
+            dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
         if (dhsa_sampler_sample(c->smp, c->logits, c->sid, c->slen, &next)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
         if (gen == 0) {
             t_first = dhsa_cli_now() - t0;
@@ -369,8 +390,10 @@ static void ask(chat *c, const char *q) {
         int stop = 0;
         for (int i = 0; i < c->n_stop; i++) stop |= next == c->stop[i];
         if (stop) break;
+        if (c->jc && dhsa_json_constraint_accept(c->jc, next)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
         emit(c, next, &ans, &alen, &acap);
         gen++;
+        if (c->jc && dhsa_json_constraint_finished(c->jc)) break; /* the value closed */
         if (c->slen >= c->n_ctx) {
             fprintf(stderr, "\ndhsa chat: the context is full (%lld tokens): /clear to go on\n", (long long)c->n_ctx);
             break;
@@ -381,6 +404,9 @@ static void ask(chat *c, const char *q) {
     double el = dhsa_cli_now() - t_dec0;
     printf("\n");
     fflush(stdout);
+    if (c->jc && !dhsa_json_constraint_can_end(c->jc))
+        fprintf(stderr, "dhsa chat: the answer stopped (finish: length, %lld tokens) before its JSON value was "
+                "complete: it is not valid JSON (raise -n)\n", (long long)gen);
     push_msg(c, "assistant", ans);
     c->turns++;
     c->last_ttft = t_first;
@@ -441,6 +467,7 @@ int dhsa_cli_chat(int argc, char **argv) {
     chat c;
     memset(&c, 0, sizeof c);
     parse(argc, argv, &c.o);
+    if (c.o.json) c.schema = dhsa_cli_json_schema(c.o.json_schema ? "--json-schema" : "--json", c.o.json_schema);
     dhsa_model_params mp = dhsa_model_default_params();
     if (dhsa_model_load(c.o.model, &mp, &c.m)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     const dhsa_model_info *in = dhsa_model_get_info(c.m);
@@ -460,6 +487,8 @@ int dhsa_cli_chat(int argc, char **argv) {
     cp.n_threads = (int)c.o.threads;
     if (dhsa_ctx_create(&cp, &c.ctx)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     if (dhsa_sampler_create(&c.o.sp, c.V, &c.smp)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+    if (c.schema && (dhsa_json_vocab_create(c.tok, &c.jvocab) || dhsa_json_constraint_create(c.schema, c.jvocab, &c.jc)))
+        dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     c.logits = malloc((size_t)c.V * sizeof(float));
     c.sid = malloc((size_t)c.n_ctx * sizeof(int32_t));
     c.ids = malloc((size_t)c.n_ctx * sizeof(int32_t));
@@ -544,6 +573,9 @@ int dhsa_cli_chat(int argc, char **argv) {
     free(c.sid);
     free(c.ids);
     dhsa_sampler_free(c.smp);
+    dhsa_json_constraint_free(c.jc);
+    dhsa_json_vocab_free(c.jvocab);
+    dhsa_json_schema_free(c.schema);
     dhsa_session_free(c.s);
     dhsa_ctx_free(c.ctx);
     dhsa_model_free(c.m);

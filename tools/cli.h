@@ -102,6 +102,11 @@ char *dhsa_cli_read_file(const char *path, int64_t max_bytes, int64_t *len);
  * is too large, the limit and why (limit_why: "the context of 4096
  * tokens", NULL for none). */
 char *dhsa_cli_slurp(const char *opt, const char *path, int64_t max_bytes, const char *limit_why, int64_t *len);
+/* --json-schema ARG / --json (arg NULL): the compiled schema. ARG is the
+ * schema's JSON text when it begins with '{' (after blanks), else a file
+ * holding it (at most 1 MiB). Exits (usage) with the reason when it cannot
+ * be read or compiled (a keyword outside the subset is named). */
+dhsa_json_schema *dhsa_cli_json_schema(const char *opt, const char *arg);
 /* The most bytes of text that can tokenize to at most n_tokens tokens with
  * tok: n_tokens x its longest piece (no token stands for more text than
  * its piece), plus room for a BOS; a file limit known before reading. */

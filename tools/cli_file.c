@@ -81,6 +81,29 @@ char *dhsa_cli_slurp(const char *opt, const char *path, int64_t max_bytes, const
     dhsa_cli_die(DHSA_EXIT_RUN, "cannot read %s (%s): %s", path, opt, strerror(errno));
 }
 
+dhsa_json_schema *dhsa_cli_json_schema(const char *opt, const char *arg) {
+    dhsa_json_schema *s = NULL;
+    if (!arg) {
+        if (dhsa_json_schema_compile(NULL, 0, &s)) dhsa_cli_die(DHSA_EXIT_RUN, "%s: %s", opt, dhsa_last_error());
+        return s;
+    }
+    const char *p = arg;
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+    char *text = NULL;
+    int64_t len;
+    if (*p == '{') len = (int64_t)strlen(arg);
+    else text = dhsa_cli_slurp(opt, arg, (int64_t)1 << 20, "the most a schema may have", &len);
+    if (dhsa_json_schema_compile(text ? text : arg, len, &s)) {
+        char why[600];
+        snprintf(why, sizeof why, "%s", dhsa_last_error());
+        const int from_file = text != NULL;
+        free(text);
+        dhsa_cli_die(DHSA_EXIT_USAGE, "%s %s: %s", opt, from_file ? arg : "(inline)", why);
+    }
+    free(text);
+    return s;
+}
+
 int64_t dhsa_cli_text_limit(const dhsa_tokenizer *tok, int64_t n_tokens) {
     int64_t longest = 1;
     for (int64_t id = 0; id < dhsa_tokenizer_n_vocab(tok); id++) {

@@ -42,14 +42,21 @@ const char dhsa_cli_dist_usage[] =
     "does not answer in DHSA_DIST_STALL s (15) ends the job; DHSA_DIST_TIMEOUT\n"
     "(3600 s) bounds any one wait (docs/dist.md, \"Faults\").\n";
 
-/* --prompt-cache, printed after run's usage (its own string: run's is
- * near the 4095 characters C99 promises to support). */
+/* --prompt-cache and --json, printed after run's usage (its own string:
+ * run's is near the 4095 characters C99 promises to support). */
 const char dhsa_cli_run_cache_usage[] =
     "Prompt cache (docs/prompt-cache.md):\n"
     "  --prompt-cache FILE reuse the prefill saved in FILE for a prompt that starts\n"
     "                      with its tokens (only the rest is evaluated); save this\n"
     "                      prompt's there; a file of another model or option is\n"
-    "                      not used, saying why\n";
+    "                      not used, saying why\n"
+    "Structured output (docs/server.md, \"Structured output\"):\n"
+    "  --json              the output is one JSON object (sampling constrained\n"
+    "                      token by token; it ends when the object closes)\n"
+    "  --json-schema S     the output is JSON valid under the schema S (its JSON\n"
+    "                      text, or a file); a keyword outside the subset is\n"
+    "                      refused by name. Both imply --no-echo. If -n ends the\n"
+    "                      value first: a message and exit status 1 (not JSON)\n";
 
 const char dhsa_cli_run_usage[] =
     "usage: dhsa run [-m MODEL] [-p TEXT | -f FILE] [-n N] [options]\n"
@@ -128,6 +135,8 @@ typedef struct {
     const char *model, *tokenizer, *prompt, *prompt_file, *system, *template_name;
     int64_t n_predict, threads, prompt_tokens;
     int no_bos, chat, ids, verbose, ignore_eos, no_echo;
+    int json;                   /* --json or --json-schema given */
+    const char *json_schema;    /* --json-schema's argument */
     int kv_set;                 /* --kv given: --mem-limit's fit keeps it */
     int density_set, budget_set;
     dhsa_sampler_params sp;
@@ -232,6 +241,11 @@ static void parse(int argc, char **argv, run_opts *o) {
         if (strcmp(a, "--ignore-eos") == 0) { o->ignore_eos = 1; continue; }
         if (strcmp(a, "--no-echo") == 0) { o->no_echo = 1; continue; }
         if (strcmp(a, "--exact") == 0) { o->ses.exact = 1; continue; }
+        if (strcmp(a, "--json") == 0) {
+            if (o->json_schema) dhsa_cli_die(EXIT_USAGE, "--json and --json-schema: give one of them");
+            o->json = 1;
+            continue;
+        }
         if (i + 1 >= argc) dhsa_cli_die(EXIT_USAGE, "%s needs a value (or is unknown: see dhsa help run)", a);
         const char *v = argv[++i];
         if (strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0) o->model = dhsa_cli_model_arg(v);
@@ -283,7 +297,11 @@ static void parse(int argc, char **argv, run_opts *o) {
         else if (strcmp(a, "--dense-below") == 0) o->ses.router.dense_below = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--q-block") == 0) o->ses.router.q_block = dhsa_cli_int(a, v, 1, 65536, 0);
         else if (strcmp(a, "--logits-out") == 0) o->logits_path = v;
-        else if (strcmp(a, "--prompt-cache") == 0) {
+        else if (strcmp(a, "--json-schema") == 0) {
+            if (o->json) dhsa_cli_die(EXIT_USAGE, "--json and --json-schema: give one of them");
+            o->json = 1;
+            o->json_schema = v;
+        } else if (strcmp(a, "--prompt-cache") == 0) {
             if (!v[0]) dhsa_cli_die(EXIT_USAGE, "--prompt-cache needs a file name");
             o->prompt_cache = v;
         }
@@ -754,6 +772,11 @@ static int run_main(int argc, char **argv, int plan_only) {
     const dhsa_dist *dist = plan_only ? NULL : dist_begin(&argc, &argv);
     run_opts o;
     parse(argc, argv, &o);
+    if (o.json && o.ids) dhsa_cli_die(EXIT_USAGE, "--ids prints token ids; --json / --json-schema constrain text: give one");
+    if (o.json) o.no_echo = 1; /* stdout is the JSON value alone */
+    /* the schema before the model: a refused one costs no load */
+    dhsa_json_schema *schema = o.json && !plan_only ? dhsa_cli_json_schema(o.json_schema ? "--json-schema" : "--json",
+                                                                           o.json_schema) : NULL;
     o.ses.dist = dist;
     if (!dist) dist_fetch_needs_ranks(o.ses.dist_fetch_share);
     if (dist && o.prompt_cache)
@@ -842,6 +865,10 @@ static int run_main(int argc, char **argv, int plan_only) {
      * resident when it measures the process, so --mem-limit counts them. */
     dhsa_sampler *smp;
     if (dhsa_sampler_create(&o.sp, in->n_vocab, &smp)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+    dhsa_json_vocab *jvocab = NULL;
+    dhsa_json_constraint *jc = NULL;
+    if (schema && (dhsa_json_vocab_create(tok, &jvocab) || dhsa_json_constraint_create(schema, jvocab, &jc)))
+        dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     float *logits = malloc((size_t)in->n_vocab * sizeof(float));
     if (!logits) dhsa_cli_die(EXIT_RUN, "out of memory");
     volatile float *touch = logits; /* a memset after malloc would become calloc: no page touched */
@@ -920,8 +947,8 @@ static int run_main(int argc, char **argv, int plan_only) {
     dhsa_attn_stats st_prefill;
     dhsa_session_get_stats(s, &st_prefill, NULL);
     double t_prompt = dhsa_cli_now() - t0, t_first = 0;
-    int64_t n_gen = 0, n_dec = 0;
-    double t_dec = 0;
+    int64_t n_gen = 0, n_dec = 0, n_mask = 0;
+    double t_dec = 0, t_mask = 0;
     FILE *lf = NULL;
     if (o.logits_path && (!dist || dist->rank == 0) && !(lf = fopen(o.logits_path, "wb")))
         dhsa_cli_die(EXIT_RUN, "--logits-out %s: %s", o.logits_path, strerror(errno));
@@ -929,11 +956,19 @@ static int run_main(int argc, char **argv, int plan_only) {
         int32_t next;
         if (lf && fwrite(logits, sizeof(float), (size_t)in->n_vocab, lf) != (size_t)in->n_vocab)
             dhsa_cli_die(EXIT_RUN, "--logits-out %s: write failed", o.logits_path);
+        if (jc) { /* the ids that cannot continue the JSON text go (the end ids until it is complete) */
+            double tm = dhsa_cli_now();
+            if (dhsa_json_constraint_mask(jc, logits, stop_ids, o.ignore_eos ? 0 : n_stop, NULL))
+                dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+            t_mask += dhsa_cli_now() - tm;
+            n_mask++;
+        }
         if (dhsa_sampler_sample(smp, logits, ids, n_prompt + n_gen, &next)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
         if (n_gen == 0) t_first = dhsa_cli_now() - t0;
         int stop = 0;
         for (int i = 0; i < n_stop; i++) stop |= next == stop_ids[i];
         if (stop && !o.ignore_eos) break;
+        if (jc && dhsa_json_constraint_accept(jc, next)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
         ids[n_prompt + n_gen++] = next;
         if (o.ids) {
             printf(" %d", next);
@@ -941,6 +976,7 @@ static int run_main(int argc, char **argv, int plan_only) {
         } else {
             emit(tok, next, n_prompt + n_gen == 1);
         }
+        if (jc && dhsa_json_constraint_finished(jc)) break; /* the value closed: nothing may follow */
         if (n_gen == o.n_predict) break;
         if (dhsa_session_length(s) >= plan.n_ctx) {
             fprintf(stderr, "\ndhsa %s: the context is full (%lld tokens)\n", dhsa_cli_command(), (long long)plan.n_ctx);
@@ -978,7 +1014,16 @@ static int run_main(int argc, char **argv, int plan_only) {
         fprintf(stderr, " under --mem-limit %s (plan %s)", dhsa_cli_bytes((double)o.ses.mem_limit, lim, sizeof lim),
                 dhsa_cli_bytes((double)dhsa_session_get_plan(s)->total, pl, sizeof pl));
     }
+    if (jc) fprintf(stderr, "; JSON mask %.3f ms per token", n_mask ? 1e3 * t_mask / (double)n_mask : 0.0);
     fprintf(stderr, "\n");
+    /* a value -n or the context cut short is not JSON: said, and the exit status 1 */
+    const int json_cut = jc && !dhsa_json_constraint_can_end(jc);
+    if (json_cut)
+        fprintf(stderr, "dhsa %s: generation stopped (finish: length, after %lld tokens) before the JSON value was "
+                "complete: the output is not valid JSON (raise -n)\n", dhsa_cli_command(), (long long)n_gen);
+    dhsa_json_constraint_free(jc);
+    dhsa_json_vocab_free(jvocab);
+    dhsa_json_schema_free(schema);
     free(logits);
     dhsa_sampler_free(smp);
     dhsa_session_free(s);
@@ -988,7 +1033,7 @@ static int run_main(int argc, char **argv, int plan_only) {
     free(ids);
     free(text);
     dhsa_cli_dist_finish();
-    return same ? 0 : 1;
+    return same && !json_cut ? 0 : 1;
 }
 
 int dhsa_cli_run(int argc, char **argv) {
