@@ -69,7 +69,7 @@ static double dhsa_cli_now_test(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-#define N_PARSER_CHECKS 62
+#define N_PARSER_CHECKS 68
 #define N_HTTP_CHECKS 67
 #define N_LEAK_CHECKS 15 /* 5 per server */
 #define N_MEM_CHECKS 6
@@ -189,7 +189,30 @@ static void test_parser(void) {
     BAD("\"n\":2", "n", "n = 2");
     BAD("\"logprobs\":true", "logprobs", "logprobs");
     BAD("\"tools\":[{\"type\":\"function\"}]", "tools", "tools");
-    BAD("\"response_format\":{\"type\":\"json_object\"}", "response_format", "JSON mode");
+    BAD("\"response_format\":{\"type\":\"xml\"}", "response_format", "an unknown response_format type");
+    BAD("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\"}}", "response_format",
+        "json_schema without its schema");
+    BAD("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":"
+        "\"string\",\"pattern\":\"a\"}}}", "response_format", "a schema keyword outside the subset");
+    BAD("\"response_format\":{\"type\":\"json_object\"},\"stop\":\"x\"", "stop", "a stop string with JSON");
+    {
+        serve_limits lim = {1000, 100, 2048};
+        serve_error e;
+        snprintf(b, sizeof b, "%s\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":"
+                 "{\"properties\":{\"d\":{\"format\":\"date\"}}}}}}", m);
+        int rc = serve_request_parse(SERVE_REQ_CHAT, b, strlen(b), &lim, &r, &e);
+        serve_request_free(&r);
+        T_CHECK(rc != 0 && strstr(e.message, "\"format\"") && strstr(e.message, "/properties/d"),
+                "the 400 names the keyword and where: %s", e.message);
+    }
+    T_CHECK(parses(SERVE_REQ_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"response_format\":"
+                   "{\"type\":\"json_object\"}}", &r) && r.json && !r.json_schema, "json_object");
+    serve_request_free(&r);
+    T_CHECK(parses(SERVE_REQ_COMPLETION, "{\"prompt\":\"a\",\"response_format\":{\"type\":\"json_schema\","
+                   "\"json_schema\":{\"name\":\"n\",\"strict\":true,\"schema\":{\"type\":\"object\",\"properties\":"
+                   "{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}}}}", &r) && r.json && r.json_schema,
+            "json_schema");
+    serve_request_free(&r);
     BAD("\"attn\":\"sparse\"", "attn", "an unknown attention method");
     BAD("\"density\":2", "density", "density above 1");
     BAD("\"frobnicate\":1", "frobnicate", "an unknown parameter");

@@ -172,6 +172,11 @@ typedef struct {
     const char *tmpl_how; /* why this format (dhsa_cli_chat_template) */
     int32_t chat_stop[16];
     int n_chat_stop;
+    /* response_format json_object / json_schema (docs/server.md,
+     * "Structured output"): each token's bytes, and the schema of any
+     * object */
+    dhsa_json_vocab *jvocab;
+    dhsa_json_schema *json_object;
     /* slots and queue */
     slot *slots;
     pthread_mutex_t mu;
@@ -541,6 +546,7 @@ typedef struct gen {
     time_t created;
     int64_t n_prompt, n_reused, n_gen, max_gen;
     dhsa_sampler *smp;
+    dhsa_json_constraint *jc; /* response_format JSON: what may come next, else NULL */
     int32_t stop_ids[20];
     int n_stop_ids;
     int32_t next_id;         /* sampled: what the next decode step evaluates */
@@ -618,7 +624,7 @@ static int sample_next(gen *g, const float *logits, int32_t *next) {
         return -1;
     }
     const int penalties = g->touched_count && (g->rq.presence_penalty != 0 || g->rq.frequency_penalty != 0);
-    if (penalties || g->rq.ignore_eos) {
+    if (penalties || g->rq.ignore_eos || g->jc) {
         memcpy(sl->scratch, logits, (size_t)S.in->n_vocab * sizeof(float));
         for (int32_t i = 0; penalties && i < g->touched_count; i++) {
             int32_t id = g->touched[i];
@@ -626,6 +632,13 @@ static int sample_next(gen *g, const float *logits, int32_t *next) {
         }
         for (int i = 0; g->rq.ignore_eos && i < g->n_stop_ids; i++) sl->scratch[g->stop_ids[i]] = -INFINITY;
         lg = sl->scratch;
+        /* JSON: only the ids that continue the value; the stop ids only
+         * once it is complete */
+        if (g->jc && dhsa_json_constraint_mask(g->jc, sl->scratch, g->stop_ids, g->rq.ignore_eos ? 0 : g->n_stop_ids,
+                                               NULL)) {
+            snprintf(g->err_msg, sizeof g->err_msg, "response_format: %s", dhsa_last_error());
+            return -1;
+        }
     }
     if (dhsa_sampler_sample(g->smp, lg, sl->tokens, sl->n_cached, next)) {
         snprintf(g->err_msg, sizeof g->err_msg, "sampling: %s", dhsa_last_error());
@@ -663,6 +676,11 @@ static int pick(gen *g, const float *logits) {
             g->finish = "stop";
             return 0;
         }
+    if (g->jc && dhsa_json_constraint_accept(g->jc, next)) { /* the mask let it through: a bug if refused */
+        g->error = 1;
+        snprintf(g->err_msg, sizeof g->err_msg, "internal error: response_format: %s", dhsa_last_error());
+        return 0;
+    }
     g->n_gen++;
     int64_t len = 0;
     if (dhsa_token_to_piece(S.tok, next, 0, g->piece, sizeof g->piece, &len) != DHSA_OK) len = 0;
@@ -704,6 +722,8 @@ static int publish(gen *g, int picked) {
             if (cut >= 0) {
                 g->out_len = g->safe_len + cut;
                 g->finish = "stop";
+            } else if (g->jc && dhsa_json_constraint_finished(g->jc)) {
+                g->finish = "stop"; /* the JSON value closed: nothing may follow */
             } else if (g->n_gen >= g->max_gen || sl->n_cached >= dhsa_session_get_plan(sl->s)->n_ctx) {
                 g->finish = "length";
             }
@@ -895,6 +915,7 @@ static void gen_free(gen *g) {
         release(sl);
     }
     dhsa_sampler_free(g->smp);
+    dhsa_json_constraint_free(g->jc);
     serve_request_free(&g->rq);
     pthread_cond_destroy(&g->cv);
     free(g->out);
@@ -1264,7 +1285,7 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, request_ctx *rc
     /* the generation's own memory: the penalties' ids, the sampler (its
      * arrays over the vocabulary), the text and its copies (the
      * connection's view, UTF-8 cleaning, JSON escaping: 20 bytes a byte) */
-    status = mem_take(rc, (size_t)(g->max_gen + 1) * 4 + (size_t)S.in->n_vocab * 32 +
+    status = mem_take(rc, (size_t)(g->max_gen + 1) * 4 + (size_t)S.in->n_vocab * (32 + (g->rq.json ? 1 : 0)) +
                               (size_t)g->max_gen * (size_t)S.max_piece * 20 + ((size_t)64 << 10),
                       "the generation", msg, sizeof msg);
     if (status) {
@@ -1291,7 +1312,9 @@ static enum MHD_Result handle_generate(struct MHD_Connection *c, request_ctx *rc
         sp.seed = ((uint64_t)ts.tv_sec * 1000000007u) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)atomic_load(&S.id_counter) << 32);
     }
     g->touched = malloc((size_t)(g->max_gen + 1) * sizeof(int32_t));
-    if (!g->touched || dhsa_sampler_create(&sp, S.in->n_vocab, &g->smp)) {
+    if (!g->touched || dhsa_sampler_create(&sp, S.in->n_vocab, &g->smp) ||
+        (g->rq.json && dhsa_json_constraint_create(g->rq.json_schema ? g->rq.json_schema : S.json_object, S.jvocab,
+                                                   &g->jc))) {
         snprintf(msg, sizeof msg, "sampler: %s", g->touched ? dhsa_last_error() : "out of memory");
         free(ids);
         gen_free(g);
@@ -2054,6 +2077,8 @@ static void setup(void) {
         if (S.batch) S.shared_ctx = S.slots[i].ctx;
     }
     find_max_piece();
+    if (dhsa_json_vocab_create(S.tok, &S.jvocab) || dhsa_json_schema_compile(NULL, 0, &S.json_object))
+        dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     check_memory();
     size_t V = (size_t)S.in->n_vocab;
     for (int64_t i = 0; i < S.n_slots; i++) {
@@ -2095,6 +2120,8 @@ static void teardown(void) {
     free(S.batch_next);
     free(S.batch_ids);
     free(S.batch_logits);
+    dhsa_json_vocab_free(S.jvocab);
+    dhsa_json_schema_free(S.json_object);
     dhsa_model_free(S.m);
 }
 

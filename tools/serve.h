@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dhsa.h"
+
 typedef enum {
     SERVE_REQ_CHAT = 1,       /* POST /v1/chat/completions */
     SERVE_REQ_COMPLETION = 2, /* POST /v1/completions */
@@ -63,6 +65,8 @@ typedef struct {
     int n_stop;
     int attn;                 /* dhsa_attn_method, or SERVE_ATTN_UNSET: the server's */
     double density;           /* 0: the server's */
+    int json;                 /* response_format json_object or json_schema: constrained sampling */
+    dhsa_json_schema *json_schema; /* json_schema's schema, compiled (owned); NULL with json: any object */
     char model[128];          /* as asked (any name is accepted: one model is served) */
 } serve_request;
 

@@ -37,6 +37,7 @@ void serve_request_free(serve_request *r) {
     free(r->text);
     free(r->ids);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    dhsa_json_schema_free(r->json_schema);
     memset(r, 0, sizeof *r);
 }
 
@@ -273,17 +274,59 @@ static int off_value(const char *key, json_t *v, serve_error *e) {
         if (json_is_string(v) && strcmp(json_string_value(v), "none") == 0) return 0;
         return fail(e, key, "%s: dhsa serve does not call tools", key);
     }
-    if (strcmp(key, "response_format") == 0) {
-        json_t *t = json_object_get(v, "type");
-        if (json_is_object(v) && json_object_size(v) == 1 && json_is_string(t) && strcmp(json_string_value(t), "text") == 0)
-            return 0;
-        return fail(e, key, "response_format: dhsa serve writes plain text only ({\"type\": \"text\"})");
-    }
     if (strcmp(key, "suffix") == 0) {
         if (json_is_string(v) && json_string_length(v) == 0) return 0;
         return fail(e, key, "suffix (insertion) is not supported by dhsa serve");
     }
     return 1; /* not one of them */
+}
+
+/* response_format: {"type": "text"}, {"type": "json_object"} or
+ * {"type": "json_schema", "json_schema": {"name": ..., "schema": {...},
+ * "strict": ..., "description": ...}}; the schema is compiled here, so that
+ * one outside the subset is a 400 naming the keyword (docs/server.md). */
+static int get_response_format(json_t *v, serve_request *r, serve_error *e) {
+    const char *p = "response_format";
+    if (json_is_null(v)) return 0;
+    json_t *t = json_object_get(v, "type");
+    if (!json_is_object(v) || !json_is_string(t))
+        return fail(e, p, "response_format must be an object with a type: \"text\", \"json_object\" or \"json_schema\"");
+    const char *type = json_string_value(t), *key;
+    json_t *x;
+    json_object_foreach(v, key, x) {
+        if (strcmp(key, "type") != 0 && !(strcmp(type, "json_schema") == 0 && strcmp(key, "json_schema") == 0))
+            return fail(e, p, "response_format.%.40s is not supported with type \"%.20s\"", key, type);
+    }
+    if (strcmp(type, "text") == 0) return 0;
+    if (strcmp(type, "json_object") == 0) {
+        r->json = 1;
+        return 0;
+    }
+    if (strcmp(type, "json_schema") != 0)
+        return fail(e, p, "response_format.type \"%.40s\": dhsa serve takes text, json_object and json_schema", type);
+    json_t *js = json_object_get(v, "json_schema");
+    if (!json_is_object(js)) return fail(e, p, "response_format.json_schema must be an object holding the schema");
+    json_object_foreach(js, key, x) {
+        if (strcmp(key, "name") == 0 || strcmp(key, "description") == 0) {
+            if (!json_is_string(x)) return fail(e, p, "response_format.json_schema.%s must be a string", key);
+        } else if (strcmp(key, "strict") == 0) {
+            /* strict or not, the answer follows the schema: sampling is constrained */
+            if (!json_is_boolean(x) && !json_is_null(x))
+                return fail(e, p, "response_format.json_schema.strict must be true or false");
+        } else if (strcmp(key, "schema") != 0) {
+            return fail(e, p, "response_format.json_schema.%.40s is not supported (name, description, schema, "
+                        "strict are)", key);
+        }
+    }
+    json_t *schema = json_object_get(js, "schema");
+    if (!schema) return fail(e, p, "response_format.json_schema.schema is required");
+    char *text = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (!text) return fail(e, NULL, "out of memory");
+    dhsa_status st = dhsa_json_schema_compile(text, (int64_t)strlen(text), &r->json_schema);
+    free(text);
+    if (st) return fail(e, p, "response_format.json_schema.schema: %s", dhsa_last_error());
+    r->json = 1;
+    return 0;
 }
 
 static int parse_generate(json_t *root, serve_req_kind kind, const serve_limits *lim, serve_request *r,
@@ -325,6 +368,7 @@ static int parse_generate(json_t *root, serve_req_kind kind, const serve_limits 
         } else if (strcmp(key, "stop") == 0) rc = get_stop(v, r, e);
         else if (strcmp(key, "ignore_eos") == 0) rc = get_bool(v, key, &r->ignore_eos, e); /* vLLM's, llama.cpp's */
         else if (strcmp(key, "attn") == 0) rc = get_attn(v, r, e);
+        else if (strcmp(key, "response_format") == 0) rc = get_response_format(v, r, e);
         else if (strcmp(key, "density") == 0) rc = get_real(v, key, 1e-6, 1, &r->density, e);
         else if (strcmp(key, "user") == 0 || strcmp(key, "service_tier") == 0) {
             if (!json_is_string(v) && !json_is_null(v)) rc = fail(e, key, "%s must be a string", key);
@@ -340,6 +384,9 @@ static int parse_generate(json_t *root, serve_req_kind kind, const serve_limits 
     if (!have_input)
         return fail(e, kind == SERVE_REQ_CHAT ? "messages" : "prompt", "%s is required",
                     kind == SERVE_REQ_CHAT ? "messages" : "prompt");
+    /* a stop string would cut the JSON value short, and it would read as complete */
+    if (r->json && r->n_stop)
+        return fail(e, "stop", "stop strings with a JSON response_format would cut the value short: give one of them");
     if (stream_options && !json_is_null(stream_options)) {
         if (!r->stream) return fail(e, "stream_options", "stream_options is only allowed with stream: true");
         const char *k2;

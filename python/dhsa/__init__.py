@@ -46,7 +46,7 @@ from ._attention import (attention, backend_in_use, from_bfloat16, to_bfloat16,
 from ._route import (KVIndex, Layout, Predictor, RouterParams, fidelity, layout_size, route,
                      route_sizes, synth)
 from ._eval import Task, Tokenizer, retrieval_task
-from ._runner import Model, Session
+from ._runner import IncompleteJSONError, Model, Session
 from ._evaluate import (copy_sequence, eval_copy, eval_fidelity, eval_generate, eval_retrieval, eval_router,
                         niah_answer_has, niah_prompt, passage_tokens, RULER_TASKS, ruler_prompt, ruler_score,
                         sample_tokens)
@@ -56,7 +56,7 @@ __all__ = [
     "route", "route_sizes", "RouterParams", "Layout", "layout_size",
     "Predictor", "KVIndex", "synth", "fidelity",
     "Tokenizer", "retrieval_task", "Task",
-    "Model", "Session",
+    "Model", "Session", "IncompleteJSONError",
     "eval_fidelity", "eval_retrieval", "eval_generate", "eval_router", "niah_prompt", "niah_answer_has",
     "RULER_TASKS", "ruler_prompt", "ruler_score",
     "eval_copy", "copy_sequence", "sample_tokens", "passage_tokens",

@@ -24,6 +24,7 @@ import codecs
 import collections.abc
 import contextlib
 import ctypes
+import json as _json
 import numbers
 import operator
 import os
@@ -144,7 +145,29 @@ _PROTOTYPES = {
     "dhsa_chat_tokenize": (c_int, [c_int, c_void_p, _p(ChatMessage), c_int64, c_int, ctypes.c_uint, c_void_p,
                                    c_int64, _p(c_int64)]),
     "dhsa_chat_stop_ids": (c_int, [c_int, c_void_p, _p(ctypes.c_int32), c_int, _p(c_int)]),
+    "dhsa_json_schema_compile": (c_int, [c_char_p, c_int64, _p(c_void_p)]),
+    "dhsa_json_schema_free": (None, [c_void_p]),
+    "dhsa_json_vocab_create": (c_int, [c_void_p, _p(c_void_p)]),
+    "dhsa_json_vocab_free": (None, [c_void_p]),
+    "dhsa_json_constraint_create": (c_int, [c_void_p, c_void_p, _p(c_void_p)]),
+    "dhsa_json_constraint_free": (None, [c_void_p]),
+    "dhsa_json_constraint_mask": (c_int, [c_void_p, c_void_p, c_void_p, c_int64, _p(c_int64)]),
+    "dhsa_json_constraint_accept": (c_int, [c_void_p, ctypes.c_int32]),
+    "dhsa_json_constraint_can_end": (c_int, [c_void_p]),
+    "dhsa_json_constraint_finished": (c_int, [c_void_p]),
 }
+
+
+class IncompleteJSONError(RuntimeError):
+    """generate(json=True / json_schema=...) reached max_tokens (or a full context)
+    before the JSON value was complete: the text is not valid JSON. .text holds
+    what was generated (a stream has yielded it already)."""
+
+    def __init__(self, text, n_tokens):
+        super().__init__("generation stopped (finish: length, after %d tokens) before the JSON value was "
+                         "complete: the text is not valid JSON (raise max_tokens)" % n_tokens)
+        self.text = text
+        self.n_tokens = n_tokens
 
 _L = None
 
@@ -350,6 +373,7 @@ class Model:
 
     def __init__(self, path=None, tokenizer_path=None, check_finite=True):
         self._h, self._tok, self._sessions = None, None, []
+        self._jvocab = None  # each token's bytes for JSON constraints, made at the first use
         self._mu = threading.RLock()  # reentrant: close() -> Session.close() -> _forget()
         self._idle = threading.Condition(self._mu)
         self._users = 0               # calls on the handle in progress (_use)
@@ -382,6 +406,9 @@ class Model:
             while self._users:  # tokenizer and evaluation calls of other threads
                 self._idle.wait()
             h, self._h, self._tok = self._h, None, None
+            jv, self._jvocab = self._jvocab, None
+            if jv:
+                _lib().dhsa_json_vocab_free(jv)
             if h:
                 _lib().dhsa_model_free(h)
 
@@ -558,6 +585,16 @@ class Model:
             check(_lib().dhsa_chat_stop_ids(t, self._tok, out, 16, ctypes.byref(n)))
         return list(out[:n.value])
 
+    def _json_vocab(self):
+        """The token bytes table of dhsa_json_vocab_create (made once; the model owns it)."""
+        with self._mu:
+            self._handle()
+            if self._jvocab is None:
+                v = c_void_p()
+                check(_lib().dhsa_json_vocab_create(self._tok, ctypes.byref(v)))
+                self._jvocab = v
+            return self._jvocab
+
     def _forget(self, session, blocking=True):
         """Drops a closed session from the list close() walks."""
         if self._mu.acquire(blocking):
@@ -634,6 +671,7 @@ class Session:
         self._logits = np.zeros(model.n_vocab, dtype=np.float32)
         self._have_logits = False
         self.tokens = []          # what the cache holds
+        self.finish_reason = None # the last generate()'s: "stop" or "length"
         self.n_reused = 0         # prompt tokens the last generate took from the cache
 
     def close(self, _blocking=True):
@@ -797,7 +835,7 @@ class Session:
 
     def generate(self, prompt=None, max_tokens=128, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
                  repeat_penalty=1.0, repeat_last_n=64, seed=42, stop=None, ignore_eos=False, chat=False,
-                 template=None, stream=False, tokens=False):
+                 template=None, stream=False, tokens=False, json=False, json_schema=None):
         """Generates up to max_tokens tokens after prompt (the CLI's `dhsa run` with the
         same options: the same defaults and, for the same seed, the same tokens).
 
@@ -810,7 +848,15 @@ class Session:
         yields it in pieces (never inside a UTF-8 character); tokens=True gives the
         generated ids instead of text. The session is the call's until it returns (a
         stream's until it is exhausted or closed): another generate(), eval(),
-        truncate() or reset() meanwhile raises RuntimeError."""
+        truncate() or reset() meanwhile raises RuntimeError.
+
+        json=True: the text is one JSON object; json_schema (a dict, or its JSON
+        text): the text is JSON valid under that schema (the subset of
+        docs/server.md; a keyword outside it raises DhsaError naming it, before
+        anything runs). Sampling is constrained token by token and ends when the
+        value closes; max_tokens reached first raises IncompleteJSONError (with
+        the text). Not with stop strings or tokens=True. After a call,
+        finish_reason is "stop" or "length"."""
         max_tokens = _int("max_tokens", max_tokens, 0, _INT64_MAX)
         sp = SamplerParams()
         sp.temperature = _real("temperature", temperature, 0.0, 1e6)
@@ -826,6 +872,24 @@ class Session:
         if template is not None and not isinstance(template, str):
             raise TypeError("template is a str (a chat format's name), not %s" % type(template).__name__)
         m, L = self.model, _lib()
+        schema = None
+        if json_schema is not None or json:
+            if json_schema is not None and json:
+                raise ValueError("give json=True or json_schema, not both")
+            if stops:
+                raise ValueError("stop strings with json / json_schema would cut the JSON value short")
+            if tokens:
+                raise ValueError("tokens=True gives ids; json / json_schema constrain text: give one")
+            if json_schema is not None:
+                if isinstance(json_schema, str):
+                    text = json_schema
+                elif isinstance(json_schema, (collections.abc.Mapping, bool)):
+                    text = _json.dumps(json_schema)
+                else:
+                    raise TypeError("json_schema is a dict or its JSON text, not %s" % type(json_schema).__name__)
+                b = text.encode("utf-8")
+            else:
+                b = None
         eos = m.eos
         stop_ids = [] if ignore_eos else ([eos] if eos >= 0 else [])
         if chat and not ignore_eos:
@@ -835,10 +899,18 @@ class Session:
             raise ValueError("the prompt is empty and the vocabulary adds no BOS")
         if ids is not None and len(ids) > self.n_ctx:
             raise ValueError("the prompt has %d tokens but the context holds %d" % (len(ids), self.n_ctx))
+        if json_schema is not None or json:  # compiled last: nothing above may raise and leak it
+            schema = c_void_p()
+            check(L.dhsa_json_schema_compile(b, len(b) if b is not None else 0, ctypes.byref(schema)))
         owner = object()  # the claim; the stream holds it, the inner generator too (no cycle)
         run = _Generation(self, L, owner)
-        with self._call("generate()"):  # claims the session, or raises
-            self._gen = owner
+        run._schema = schema
+        try:
+            with self._call("generate()"):  # claims the session, or raises
+                self._gen = owner
+        except BaseException:
+            run.close()
+            raise
         try:
             if ids is not None:
                 keep = 0
@@ -850,9 +922,14 @@ class Session:
                 self._eval(np.asarray(ids[keep:], dtype=np.int32), owner)
             elif not self._have_logits:
                 raise ValueError("no prompt and nothing evaluated: give a prompt")
+            jc = None
+            if schema is not None:
+                jc = c_void_p()
+                check(L.dhsa_json_constraint_create(schema, m._json_vocab(), ctypes.byref(jc)))
+                run._jc = jc
             smp = c_void_p()
             check(L.dhsa_sampler_create(ctypes.byref(sp), m.n_vocab, ctypes.byref(smp)))
-            run._start(smp, self._run(owner, smp, max_tokens, stop_ids, stops, tokens))
+            run._start(smp, self._run(owner, smp, max_tokens, stop_ids, stops, tokens, jc))
         except BaseException:
             run.close()
             raise
@@ -866,22 +943,35 @@ class Session:
             if self._gen is owner:
                 self._gen = None
 
-    def _run(self, owner, smp, max_tokens, stop_ids, stops, tokens):
+    def _run(self, owner, smp, max_tokens, stop_ids, stops, tokens, jc=None):
         L = _lib()
         m = self.model
         dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
         text, sent = "", 0
         hold = max((len(s) for s in stops), default=0)
+        self.finish_reason = "length"
+        scratch = np.empty_like(self._logits) if jc else None
+        ends = np.asarray(stop_ids, dtype=np.int32)
+        n_gen = 0
         for i in range(max_tokens):
             if self._closing:
                 raise ValueError("the session is closed (during generate())")
             hist = np.ascontiguousarray(self.tokens, dtype=np.int32)
+            lg = self._logits
+            if jc:  # only the ids that continue the JSON value (the end ids once it is complete)
+                np.copyto(scratch, self._logits)
+                check(L.dhsa_json_constraint_mask(jc, scratch.ctypes.data, ends.ctypes.data, ends.size, None))
+                lg = scratch
             nxt = ctypes.c_int32()
-            check(L.dhsa_sampler_sample(smp, self._logits.ctypes.data, hist.ctypes.data, hist.size,
+            check(L.dhsa_sampler_sample(smp, lg.ctypes.data, hist.ctypes.data, hist.size,
                                         ctypes.byref(nxt)))
             t = int(nxt.value)
             if t in stop_ids:
+                self.finish_reason = "stop"
                 break
+            if jc:
+                check(L.dhsa_json_constraint_accept(jc, t))
+            n_gen += 1
             if tokens:
                 yield t
             else:
@@ -889,6 +979,7 @@ class Session:
                 # a stop string starts at or after `sent` (what could begin one was held back)
                 cut = min((text.find(s, sent) for s in stops if text.find(s, sent) >= 0), default=-1)
                 if cut >= 0:
+                    self.finish_reason = "stop"
                     if cut > sent:
                         yield text[sent:cut]
                     return
@@ -899,6 +990,9 @@ class Session:
                 if ready > sent:
                     yield text[sent:ready]
                     sent = ready
+            if jc and L.dhsa_json_constraint_finished(jc):
+                self.finish_reason = "stop"  # the value closed: nothing may follow
+                break
             if i + 1 == max_tokens or len(self.tokens) >= self._n_ctx:
                 break
             self._eval(np.array([t], dtype=np.int32), owner)
@@ -906,6 +1000,8 @@ class Session:
             text += dec.decode(b"", final=True)
             if len(text) > sent:
                 yield text[sent:]
+        if jc and not L.dhsa_json_constraint_can_end(jc):
+            raise IncompleteJSONError(text, n_gen)
 
 
 class _Generation:
@@ -918,6 +1014,7 @@ class _Generation:
     def __init__(self, session, L, owner):
         self._session, self._L, self._owner = session, L, owner
         self._smp, self._inner = None, None
+        self._schema, self._jc = None, None  # JSON: the compiled schema and the constraint
         self._mu = threading.RLock()
         self._done = False
 
@@ -949,6 +1046,12 @@ class _Generation:
             smp, self._smp = self._smp, None
             if smp:
                 self._L.dhsa_sampler_free(smp)
+            jc, self._jc = self._jc, None
+            if jc:
+                self._L.dhsa_json_constraint_free(jc)
+            schema, self._schema = self._schema, None
+            if schema:
+                self._L.dhsa_json_schema_free(schema)
             self._session._release(self._owner)
 
     def __del__(self):
