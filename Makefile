@@ -197,6 +197,8 @@ ubsan:
 #   num        the CLI's number parsers (tools/cli_num.c)
 #   state      a saved session state (dhsa_session_load_memory, also with
 #              its checksum fixed up) into a session of the shipped model
+#   json       JSON Schema text and JSON text through structured output's
+#              automaton (src/model/json_constraint.c)
 #   serve      dhsa serve's request bodies (tools/serve_req.c; needs jansson,
 #              skipped, saying so, without it)
 # Seeds: ../shared/models and ../shared/vocab where present, tiny models
@@ -210,7 +212,7 @@ FUZZ_CC ?= clang
 FUZZ_SAN = -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 FUZZ_LINK = $(FUZZ_CC) -std=c11 -g -O1 -D_GNU_SOURCE -Iinclude -Isrc $(FUZZ_SAN) -fsanitize=fuzzer
 FUZZ_RUN = -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1
-FUZZ_HARNESSES = gguf predictor llama2c model tokenizer num state
+FUZZ_HARNESSES = gguf predictor llama2c model tokenizer num state json
 SHARED ?= ../shared
 fuzz: $(BUILD)/dhsa
 	@printf 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (void)d; (void)n; return 0; }\n' \
@@ -229,6 +231,7 @@ fuzz: $(BUILD)/dhsa
 	$(FUZZ_LINK) -o build-fuzz/tokenizer_fuzz fuzz/tokenizer_fuzz.c build-fuzz/libdhsa.a -lpthread -lm
 	$(FUZZ_LINK) -Itools -o build-fuzz/num_fuzz fuzz/num_fuzz.c tools/cli_num.c -lm
 	$(FUZZ_LINK) -o build-fuzz/state_fuzz fuzz/state_fuzz.c build-fuzz/libdhsa.a -lpthread -lm
+	$(FUZZ_LINK) -o build-fuzz/json_fuzz fuzz/json_fuzz.c build-fuzz/libdhsa.a -lpthread -lm
 	@for h in $(FUZZ_HARNESSES); do mkdir -p build-fuzz/corpus-$$h; done
 	@mkdir -p build-fuzz/seeds-model
 	@if [ -f $(SHARED)/models/stories260K.gguf ]; then cp $(SHARED)/models/stories260K.gguf build-fuzz/corpus-gguf/; fi
@@ -279,6 +282,10 @@ fuzz: $(BUILD)/dhsa
 	@$(BUILD)/dhsa run -p "The pass key is 40913." -n 1 --ctx 64 --ubatch 64 --kv f16 --temp 0 \
 	  --prompt-cache build-fuzz/corpus-state/key >/dev/null 2>&1 || { echo "state seed failed"; exit 1; }
 	build-fuzz/state_fuzz $(FUZZ_RUN) -max_len=600000 build-fuzz/corpus-state
+	@# json seeds: byte 0 even: a schema; odd: a text
+	@printf '\000{"type":"object","properties":{"a":{"enum":[1,12,"x"]},"b":{"type":"array","items":{"anyOf":[{"type":"string","maxLength":3},{"type":"null"}]},"maxItems":2}},"required":["a"]}' > build-fuzz/corpus-json/schema
+	@printf '\001{ "k\\u00e9": [1, -0.5e+3, "x\\n", {"": null}],\n    "t": true }' > build-fuzz/corpus-json/text
+	build-fuzz/json_fuzz $(FUZZ_RUN) -max_len=4096 build-fuzz/corpus-json
 ifeq ($(HAVE_SERVE),1)
 	$(FUZZ_LINK) $(SERVE_CFLAGS) -Itools -o build-fuzz/serve_fuzz fuzz/serve_fuzz.c tools/serve_req.c build-fuzz/libdhsa.a $(SERVE_LIBS) -lpthread -lm
 	@mkdir -p build-fuzz/corpus-serve
