@@ -11,7 +11,9 @@
  *     its time per call on GPT-2's 50K tokens;
  *   - 20 answers of the shipped model (models/dhsa-retrieval-8m.gguf)
  *     sampled under a schema, each checked by this file's own JSON reader
- *     and schema check (not the library's automaton).
+ *     and schema check (not the library's automaton);
+ *   - `dhsa run --json-schema` (DHSA_CLI): an enum answered exactly, a
+ *     refused keyword (exit 2), -n before the value closes (exit 1, said).
  * Run: make build/tests/test_json_constraint && build/tests/test_json_constraint
  */
 #include <math.h>
@@ -20,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli_run.h"
 #include "dhsa.h"
 #include "t.h"
 
@@ -555,11 +558,34 @@ static void test_model(void) {
     dhsa_model_free(m);
 }
 
+static void test_cli(void) {
+    if (!getenv("DHSA_CLI")) {
+        T_SKIP(3, "DHSA_CLI is not set (tests/run.sh sets it): the CLI is not tested");
+        return;
+    }
+    char *out = NULL;
+    int rc = cli_run("run -p 'The color is' -n 8 --temp 1 --seed 3 --json-schema "
+                     "'{\"enum\": [\"red\", \"green\", 12]}'", 1, &out);
+    T_CHECK(rc == 0 && out && (strcmp(out, "\"red\"\n") == 0 || strcmp(out, "\"green\"\n") == 0 ||
+                               strcmp(out, "12\n") == 0 || strcmp(out, " \"red\"\n") == 0 ||
+                               strcmp(out, " \"green\"\n") == 0 || strcmp(out, " 12\n") == 0),
+            "run --json-schema with an enum: exit %d, stdout \"%s\"", rc, out ? out : "");
+    free(out);
+    rc = cli_run("run -p x --json-schema '{\"type\": \"string\", \"pattern\": \"a\"}'", 0, &out);
+    T_CHECK(rc == 2 && out && strstr(out, "\"pattern\""), "a refused keyword: exit %d: %s", rc, out ? out : "");
+    free(out);
+    rc = cli_run("run -p x -n 2 --json", 0, &out);
+    T_CHECK(rc == 1 && out && strstr(out, "finish: length") && strstr(out, "not valid JSON"),
+            "-n before the value closes: exit %d: %s", rc, out ? out : "");
+    free(out);
+}
+
 int main(void) {
     test_object_mode();
     test_schemas();
     test_refusals();
     test_mask();
     test_model();
+    test_cli();
     return t_report("test_json_constraint");
 }
