@@ -775,8 +775,8 @@ static int run_main(int argc, char **argv, int plan_only) {
     if (o.json && o.ids) dhsa_cli_die(EXIT_USAGE, "--ids prints token ids; --json / --json-schema constrain text: give one");
     if (o.json) o.no_echo = 1; /* stdout is the JSON value alone */
     /* the schema before the model: a refused one costs no load */
-    dhsa_json_schema *schema = o.json && !plan_only ? dhsa_cli_json_schema(o.json_schema ? "--json-schema" : "--json",
-                                                                           o.json_schema) : NULL;
+    dhsa_json_schema *schema = o.json ? dhsa_cli_json_schema(o.json_schema ? "--json-schema" : "--json",
+                                                             o.json_schema) : NULL;
     o.ses.dist = dist;
     if (!dist) dist_fetch_needs_ranks(o.ses.dist_fetch_share);
     if (dist && o.prompt_cache)
@@ -893,6 +893,9 @@ static int run_main(int argc, char **argv, int plan_only) {
         }
         free(logits);
         dhsa_sampler_free(smp);
+        dhsa_json_constraint_free(jc);
+        dhsa_json_vocab_free(jvocab);
+        dhsa_json_schema_free(schema);
         dhsa_ctx_free(ctx);
         dhsa_model_free(m);
         dhsa_predictor_free(pred);
