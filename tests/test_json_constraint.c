@@ -7,8 +7,9 @@
  *     overlapping anyOf, required outside properties, bad JSON);
  *   - the mask (first-byte groups, plain string tokens taken at once)
  *     against running every token's bytes alone, on the shipped model's
- *     vocabulary and GPT-2's (../shared/vocab; skipped when absent), with
- *     its time per call on GPT-2's 50K tokens;
+ *     vocabulary, GPT-2's (byte-level BPE) and Llama's (SentencePiece with
+ *     byte tokens; ../shared/vocab, skipped when absent), with the time
+ *     per call;
  *   - 20 answers of the shipped model (models/dhsa-retrieval-8m.gguf)
  *     sampled under a schema, each checked by this file's own JSON reader
  *     and schema check (not the library's automaton);
@@ -232,9 +233,10 @@ static void mask_matches(const char *what, const dhsa_json_schema *s, const dhsa
 }
 
 static void test_mask(void) {
-    static const char *const vocabs[2] = {"models/dhsa-retrieval-8m.gguf", "../shared/vocab/ggml-vocab-gpt-2.gguf"};
+    static const char *const vocabs[3] = {"models/dhsa-retrieval-8m.gguf", "../shared/vocab/ggml-vocab-gpt-2.gguf",
+                                          "../shared/vocab/ggml-vocab-llama-spm.gguf"};
     dhsa_json_schema *person = compile(PERSON), *obj = compile(NULL);
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         dhsa_gguf *g;
         if (dhsa_gguf_open(vocabs[k], &g)) {
             T_SKIP(4, "%s is absent", vocabs[k]);
