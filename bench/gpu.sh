@@ -3,7 +3,7 @@
 # Usage: sh bench/gpu.sh [RESULTS]        (default bench/gpu_results.txt)
 # Needs: a CUDA GPU, a Python with torch (+ transformers for part 4) and numpy;
 #   PYTHON=... picks it (default: the test venv ~/.cache/dhsa-torch-venv, else
-#   python3); build/libdhsa.so (make) for the C router DHSA uses.
+#   python3); build/libdhsa.so (make): the C router is the check's reference.
 # Parts (each bounded, the whole under 10 minutes on one H100):
 #   1. peak GPU memory of nn.MultiheadAttention with a padding mask (its
 #      inference fast path) vs dhsa.torch.MultiheadAttention (SDPA with a
@@ -12,7 +12,13 @@
 #   2. the finder on CUDA: nn.MultiheadAttention's [B, H, P, P] found, the
 #      drop-in's nothing (P = 4096).
 #   3. prefill time, 8 q / 2 kv heads, d 128, bf16, causal: dense SDPA vs DHSA
-#      at density 6.25% (route time and attention time apart) at 16K..128K.
+#      at density 6.25% (RouterParams.for_length(L)) at 16K..128K: routing by
+#      the torch router on the GPU, sparse attention through FlexAttention
+#      (compiled; the first call's compile time shown apart), after a check
+#      at 16K (layouts vs the C router's, FlexAttention vs the gather kernel).
+#   GPU_SMOKE=1 sh bench/gpu.sh: part 3 only, on the CPU at 2K and 4K (float32,
+#      the gather kernel; the check runs FlexAttention eagerly): the script's
+#      own test where there is no GPU (about 30 s).
 #   4. patch_transformers on a small Llama and Qwen2 built from a config with
 #      random weights (bf16, 2 x 4K tokens): logits of dense/dhsa vs SDPA,
 #      time per forward.
@@ -35,11 +41,19 @@ out = open(sys.argv[1], "w")
 def say(*a):
     s = " ".join(str(x) for x in a)
     print(s); out.write(s + "\n"); out.flush()
-if not torch.cuda.is_available():
+import os
+SMOKE = os.environ.get("GPU_SMOKE") == "1"
+if not torch.cuda.is_available() and not SMOKE:
     say("no CUDA device: nothing run"); sys.exit(3)
 import dhsa, dhsa.torch as dt
-dev = torch.device("cuda")
-say("device:", torch.cuda.get_device_name(0), "| torch", torch.__version__)
+from dhsa.torch import _backend as dt_backend, _ops as dt_ops
+dev = torch.device("cpu" if SMOKE else "cuda")
+say("device:", "cpu (GPU_SMOKE=1: part 3 at CPU sizes)" if SMOKE else torch.cuda.get_device_name(0),
+    "| torch", torch.__version__)
+
+def sync():
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
 
 def peak(fn):
     torch.cuda.synchronize(); torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
@@ -51,12 +65,83 @@ def peak(fn):
     return torch.cuda.max_memory_allocated() - base
 
 def timed(fn, reps=3):
-    fn(); torch.cuda.synchronize()
+    fn(); sync()
     t = time.perf_counter()
     for _ in range(reps):
         fn()
-    torch.cuda.synchronize()
+    sync()
     return (time.perf_counter() - t) / reps
+
+# ---- 3. prefill: dense SDPA vs DHSA (torch router + FlexAttention)
+def prefill(sizes, dtype, reps):
+    say("\n## 3. prefill, 8 q / 2 kv heads, d 128, %s, causal, on %s: dense SDPA vs DHSA density "
+        "6.25%% (RouterParams.for_length(L)); the torch router on the device, sparse kernel %s"
+        % (str(dtype).replace("torch.", ""), dev, dt_backend.sparse_kernel(dev)))
+    # correctness first, at the smallest size: the torch router's layout vs
+    # the C router's (q/k copied to the CPU), and the sparse kernel vs the
+    # gather kernel on the same layout
+    L = sizes[0]
+    g = torch.Generator(device=dev).manual_seed(0)
+    q = torch.randn(1, 8, L, 128, device=dev, dtype=dtype, generator=g)
+    k = torch.randn(1, 2, L, 128, device=dev, dtype=dtype, generator=g)
+    v = torch.randn(1, 2, L, 128, device=dev, dtype=dtype, generator=g)
+    rp = dhsa.RouterParams.for_length(L, 0.0625)
+    with torch.inference_mode():
+        lay = dt.route(q, k, causal=True, params=rp)
+        with dhsa.route(q.float().cpu().numpy(), k.float().cpu().numpy(), causal=True,
+                        params=rp) as cl:
+            n = same = 0
+            for gg in range(2):
+                for qb in range(cl.n_blocks):
+                    a, b = cl.ranges(0, gg, qb), lay.ranges(0, gg, qb)
+                    n += 1
+                    same += int(a.shape == b.shape and (a == b).all())
+        old = dt_backend.SPARSE_KERNEL
+        dt_backend.SPARSE_KERNEL = "flex"  # eager off CUDA (it builds the scores: small L only)
+        o1 = dt_ops.attention(q, k, v, backend="torch", causal=True, sparse=lay)
+        dt_backend.SPARSE_KERNEL = "gather"
+        o2 = dt_ops.attention(q, k, v, backend="torch", causal=True, sparse=lay)
+        dt_backend.SPARSE_KERNEL = old
+    say("check at L %d: layouts equal to the C router's in %d of %d blocks; FlexAttention vs "
+        "the gather kernel max |diff| %.2e" % (L, same, n, (o1.float() - o2.float()).abs().max().item()))
+    del q, k, v, o1, o2, lay
+    say("L | dense SDPA ms | DHSA route ms | DHSA attention ms (first call, compile) | "
+        "speedup (attention) | speedup (route + attention) | density")
+    for L in sizes:
+        try:
+            g = torch.Generator(device=dev).manual_seed(0)
+            q = torch.randn(1, 8, L, 128, device=dev, dtype=dtype, generator=g)
+            k = torch.randn(1, 2, L, 128, device=dev, dtype=dtype, generator=g)
+            v = torch.randn(1, 2, L, 128, device=dev, dtype=dtype, generator=g)
+            rp = dhsa.RouterParams.for_length(L, 0.0625)
+            with torch.inference_mode():
+                td = timed(lambda: torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, is_causal=True, enable_gqa=True), reps=reps)
+                box = {}
+                tr = timed(lambda: box.__setitem__("lay", dt.route(q, k, causal=True, params=rp)),
+                           reps=reps)
+                lay = box["lay"]
+                t0 = time.perf_counter()
+                dt_ops.attention(q, k, v, backend="torch", causal=True, sparse=lay)
+                sync()
+                tfirst = time.perf_counter() - t0
+                ts = timed(lambda: dt_ops.attention(q, k, v, backend="torch", causal=True,
+                                                     sparse=lay), reps=reps)
+                dens = lay.stats()["density"]
+            say(L, "|", "%.1f" % (td * 1e3), "|", "%.1f" % (tr * 1e3), "|",
+                "%.1f (%.1f s)" % (ts * 1e3, tfirst), "|", "%.2fx" % (td / ts), "|",
+                "%.2fx" % (td / (tr + ts)), "| %.4f" % dens)
+            del q, k, v, lay, box
+        except Exception:
+            say(L, "failed:", traceback.format_exc().replace("\n", " | ")[-600:])
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+if SMOKE:  # part 3 only, on the CPU, at CPU sizes
+    prefill((2048, 4096), torch.float32, 1)
+    say("\ndone (smoke)")
+    sys.exit(0)
 
 # ---- 1. MHA with a padding mask vs the drop-in: peak GPU memory
 say("\n## 1. peak GPU memory, MHA + key_padding_mask vs dhsa.torch drop-in (E 256, 8 heads, bf16, B 1)")
@@ -89,31 +174,8 @@ try:
 except Exception:
     say("finder failed:", traceback.format_exc().replace("\n", " | "))
 
-# ---- 3. prefill: dense SDPA vs DHSA
-say("\n## 3. prefill, 8 q / 2 kv heads, d 128, bf16, causal: dense SDPA vs DHSA density 6.25%")
-say("L | dense SDPA ms | DHSA route ms (C router, CPU copy of q/k) | DHSA attention ms | speedup (attention) | speedup (route + attention)")
-for L in (16384, 32768, 65536, 131072):
-    try:
-        g = torch.Generator(device=dev).manual_seed(0)
-        q = torch.randn(1, 8, L, 128, device=dev, dtype=torch.bfloat16, generator=g)
-        k = torch.randn(1, 2, L, 128, device=dev, dtype=torch.bfloat16, generator=g)
-        v = torch.randn(1, 2, L, 128, device=dev, dtype=torch.bfloat16, generator=g)
-        with torch.inference_mode():
-            td = timed(lambda: torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, is_causal=True, enable_gqa=True), reps=2)
-            t0 = time.perf_counter()
-            lay = dt._ops.route(q, k, causal=True, sparse={"density": 0.0625})
-            tr = time.perf_counter() - t0
-            ts = timed(lambda: dt._ops.attention(q, k, v, backend="torch", causal=True,
-                                                 sparse=lay), reps=1)
-            dens = lay.stats()["density"]
-            lay.close()
-        say(L, "|", "%.1f" % (td * 1e3), "|", "%.1f" % (tr * 1e3), "|", "%.1f" % (ts * 1e3), "|",
-            "%.2fx" % (td / ts), "|", "%.2fx" % (td / (tr + ts)), "| density %.4f" % dens)
-        del q, k, v
-    except Exception:
-        say(L, "failed:", traceback.format_exc().replace("\n", " | ")[-600:])
-    torch.cuda.empty_cache()
+# ---- 3. prefill (the function above)
+prefill((16384, 32768, 65536, 131072), torch.bfloat16, 2)
 
 # ---- 4. patch_transformers on small random models
 say("\n## 4. patch_transformers, random weights, bf16, B 2 x 4096 tokens (left padding 100)")

@@ -1,7 +1,8 @@
 """dhsa.torch: PyTorch tools. Find the operators of a model that build
 square (L x L) attention intermediates, and replace the attention that
 builds them: dhsa's tiled kernels on CPU tensors, PyTorch's own kernels
-(SDPA with the masks turned right, DHSA layouts gathered per query block)
+(SDPA with the masks turned right; DHSA routed by torch ops, its sparse
+attention through FlexAttention on CUDA, gathered per query block elsewhere)
 on any other device or with backend="torch".
 
     from dhsa.torch import find_square_intermediates
@@ -13,6 +14,8 @@ on any other device or with backend="torch".
     dhsa.torch.replace_multihead_attention(m)  swaps every instance in place
     dhsa.torch.scaled_dot_product_attention    F.scaled_dot_product_attention (+ sparse=)
     dhsa.torch.patch_transformers(model, method="dhsa", density=0.0625)
+    dhsa.torch.route(q, k, causal=True, density=0.0625)   DHSA routing in torch ops
+                                                          (any device; dhsa.route's layout)
 
 `import dhsa.torch` does not import PyTorch; the first use of a name above
 does (PEP 562 module __getattr__), and raises ImportError saying so when
@@ -33,6 +36,8 @@ _EXPORTS = {
     "patch_transformers": "_hf",
     "unpatch_transformers": "_hf",
     "model_stats": "_hf",
+    "route": "_route",
+    "TorchLayout": "_route",
 }
 
 __all__ = sorted(_EXPORTS)
