@@ -20,12 +20,16 @@ Contract (docs/torch.md, "Back ends"):
     unless Lq is within the chunk.
   - softcap and return_lse: the same chunks in float32 arithmetic
     (matmul, logsumexp), still never Lq x Lk at once.
-  - Sparse: the layout's key ranges, per (batch, KV head, query block),
-    become a padded index of the selected keys; each chunk of query blocks
-    gathers its keys and computes [.., q_block, K] scores (K = the most
-    keys any block selects), with causality, window and masks applied per
-    key. Memory: the index (selected keys) plus one chunk.
-Tested by python/tests/test_torch_backend.py.
+  - Sparse, a TorchLayout (_route.py) on CUDA: FlexAttention (compiled)
+    with a BlockMask from the layout's ranges (128 x 128 tiles) and a
+    mask_mod that decides per key (_flex); sparse_kernel() says which.
+  - Sparse otherwise (a dhsa.Layout, or off CUDA): the layout's key ranges,
+    per (batch, KV head, query block), become a padded index of the
+    selected keys; each chunk of query blocks gathers its keys and computes
+    [.., q_block, K] scores (K = the most keys any block selects), with
+    causality, window and masks applied per key. Memory: the index
+    (selected keys) plus one chunk.
+Tested by python/tests/test_torch_backend.py and test_torch_route.py.
 """
 
 import math

@@ -184,7 +184,8 @@ def patch_transformers(model, method="dhsa", density=0.0625, backend=None, **rou
     the bare model) run its attention on dhsa, in place, on CPU tensors.
 
     method: "dense" (dhsa's dense kernel), "dhsa" (DHSA routing), "block",
-    "stream" or "oracle" (dhsa.route() baselines). density: the share of
+    "stream" or "oracle" (dhsa.route() baselines; the torch back end routes
+    with dhsa.torch.route, which refuses "oracle" and learned boundaries). density: the share of
     keys each query block may see (routed methods); router: any other
     dhsa.route() keyword (budget=, q_block=, sink=, local=, dense_below=,
     boundary=, ...: docs/python.md). Returns the paths of the attention

@@ -222,10 +222,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     dropout). Returns [..., Hq, L, Ev] in query's dtype. A query row with no
     allowed key gives zeros (PyTorch: NaN).
 
-    sparse: None (dense); a dhsa.Layout made for these shapes; or router
-    settings (a dict of dhsa.route() keywords such as {"density": 0.0625},
-    a dhsa.RouterParams, or a method name) to route this call with
-    dhsa.route(query, key, causal=is_causal). sparse_stats: a list; each
+    sparse: None (dense); a dhsa.Layout or dhsa.torch.TorchLayout made for
+    these shapes; or router settings (a dict of dhsa.route() keywords such
+    as {"density": 0.0625}, a dhsa.RouterParams, or a method name) to
+    route this call, causal=is_causal, by the back end's router (route()). sparse_stats: a list; each
     routed call appends its layout's stats() dict (density, ...).
 
     backend: None (dhsa's C kernels for CPU tensors, PyTorch's kernels for
