@@ -15,10 +15,11 @@
 #      at density 6.25% (RouterParams.for_length(L)) at 16K..128K: routing by
 #      the torch router on the GPU, sparse attention through FlexAttention
 #      (compiled; the first call's compile time shown apart), after a check
-#      at 16K (layouts vs the C router's, FlexAttention vs the gather kernel).
-#   GPU_SMOKE=1 sh bench/gpu.sh: part 3 only, on the CPU at 2K and 4K (float32,
-#      the gather kernel; the check runs FlexAttention eagerly): the script's
-#      own test where there is no GPU (about 30 s).
+#      at 16K (layouts vs the C router's, FlexAttention vs the gather kernel);
+#      at 128K also BlockMask tiles 128x128, 64x64 (the default), 64x32.
+#   GPU_SMOKE=1 sh bench/gpu.sh: part 3 only, on the CPU at 2K and 3K (float32,
+#      the gather kernel; the check and the tile rows run FlexAttention
+#      eagerly): the script's own test where there is no GPU (about a minute).
 #   4. patch_transformers on a small Llama and Qwen2 built from a config with
 #      random weights (bf16, 2 x 4K tokens): logits of dense/dhsa vs SDPA,
 #      time per forward.
@@ -131,6 +132,28 @@ def prefill(sizes, dtype, reps):
             say(L, "|", "%.1f" % (td * 1e3), "|", "%.1f" % (tr * 1e3), "|",
                 "%.1f (%.1f s)" % (ts * 1e3, tfirst), "|", "%.2fx" % (td / ts), "|",
                 "%.2fx" % (td / (tr + ts)), "| %.4f" % dens)
+            if L == sizes[-1] and (dt_backend.sparse_kernel(dev) == "flex" or SMOKE):
+                # the BlockMask tile at the largest size: smaller tiles list
+                # fewer keys of the scattered chunks, larger ones run faster
+                # (smoke: FlexAttention eagerly, to run this code)
+                old, oldk = dt_backend.FLEX_TILE, dt_backend.SPARSE_KERNEL
+                dt_backend.SPARSE_KERNEL = "flex"
+                for tile in ((128, 128), (64, 64), (64, 32)):
+                    dt_backend.FLEX_TILE = tile
+                    try:
+                        with torch.inference_mode():
+                            bm = dt_backend.flex_block_mask(lay, 8, lambda b, h, qi, ki: qi >= ki)
+                            share = (bm.kv_num_blocks.double().sum(-1).mean().item() * tile[0]
+                                     * tile[1] / (L * L / 2))
+                            tt = timed(lambda: dt_ops.attention(q, k, v, backend="torch",
+                                                                causal=True, sparse=lay),
+                                       reps=reps)
+                        say("  tile %dx%d: attention %.1f ms, %.2fx dense; listed tiles %.3f of "
+                            "the causal area" % (tile[0], tile[1], tt * 1e3, td / tt, share))
+                    except Exception:
+                        say("  tile %dx%d failed:" % tile,
+                            traceback.format_exc().replace("\n", " | ")[-400:])
+                dt_backend.FLEX_TILE, dt_backend.SPARSE_KERNEL = old, oldk
             del q, k, v, lay, box
         except Exception:
             say(L, "failed:", traceback.format_exc().replace("\n", " | ")[-600:])
@@ -139,7 +162,7 @@ def prefill(sizes, dtype, reps):
 
 
 if SMOKE:  # part 3 only, on the CPU, at CPU sizes
-    prefill((2048, 4096), torch.float32, 1)
+    prefill((2048, 3072), torch.float32, 1)
     say("\ndone (smoke)")
     sys.exit(0)
 
