@@ -8,13 +8,15 @@ What must hold (issue 35): the same layout as dhsa_route on the same
 inputs, block for block (GQA 8q/2kv, d 64/128, L 1K-8K, densities 6.25%
 and 12.5%, causal with q offsets, windows, the fixed/stream/pooled/
 share_heads variants, and a sweep of random router settings that walks
-the selection's overshoot, pass-over and fill rules); where a block's
+the selection's overshoot, pass-over and fill rules, learned boundaries
+from a predictor); where a block's
 ranges differ, the chunks the two routers took differently must be near
 ties (scores within 1e-5 of each other), which this test reports rather
 than hides; outputs within 1e-5 of the C back end (float32) on the same
 layout, through both sparse kernels; nothing square at P = 8192 on the
 DHSA path; a tensor on another device routes with the torch router; the
-parts that stay in C (oracle, learned boundaries, other scores) are
+parts that stay in C (oracle, learned boundaries with causal_boundaries,
+other scores) are
 refused with a sentence.
 """
 
@@ -164,6 +166,28 @@ def test_layout_variants_equal_c_router(extra):
     p = dhsa.RouterParams.for_length(1024, 0.0625)
     n, diff = compare_layouts(q, k, causal=True, params=p, **extra)
     assert diff <= n // 100
+
+
+@pytest.mark.parametrize("Hkv,d,w,hidden,L,thr", [(2, 32, 4, 64, 1000, 0.5),
+                                                   (1, 16, 2, 8, 300, 0.5),
+                                                   (2, 64, 4, 256, 4096, 0.5),
+                                                   (2, 32, 4, 64, 777, 0.45)])
+def test_learned_boundaries_equal_c_router(Hkv, d, w, hidden, L, thr, close):
+    """The predictor's network in torch: probabilities within 1e-6 of
+    Predictor.score (C), layouts equal to the C router's."""
+    with dhsa.Predictor.random(Hkv * d, w=w, hidden=hidden, seed=3) as pr:
+        q, k = make(2, 4 * Hkv, Hkv, L, L, d, seed=L)
+        for b in range(2):
+            close(pr.score(k.numpy(), b), _route._learned_score(k[b], pr).numpy(),
+                  what="probabilities, batch %d" % b, atol=1e-6, rtol=0)
+        n, diff = compare_layouts(q, k, causal=True, boundary=pr, learned_threshold=thr,
+                                  density=0.1, dense_below=0, q_block=16, sink=4, local=16,
+                                  min_chunk=4, max_chunk=32, nms_window=2)
+        assert diff == 0
+        # the comparison can fail: another predictor's boundaries differ
+        with dhsa.Predictor.random(Hkv * d, w=w, hidden=hidden, seed=4) as other:
+            assert not np.allclose(other.score(k.numpy(), 0), _route._learned_score(k[0], pr),
+                                   atol=1e-3)
 
 
 def test_c_defaults_and_dense_below():
@@ -381,12 +405,16 @@ def test_refusals():
         _route.route(q, k, method="oracle")
     with pytest.raises(ValueError, match="'heads' chunk score"):
         _route.route(q, k, score="heads")
-    with dhsa.Predictor.random(16, w=2, hidden=8) as pred:
-        with pytest.raises(ValueError, match="learned boundaries"):
-            _route.route(q, k, boundary=pred)
-        with pytest.raises(ValueError, match="learned boundaries"):  # through the front
+    with dhsa.Predictor.random(32, w=2, hidden=8) as pred:
+        with pytest.raises(ValueError, match="learned boundaries with causal_boundaries"):
+            _route.route(q, k, boundary=pred, causal_boundaries=True)
+        with pytest.raises(ValueError, match="learned boundaries with causal"):  # the front
             dt.scaled_dot_product_attention(q, k, k, is_causal=True, enable_gqa=True,
-                                            sparse=dict(boundary=pred), backend="torch")
+                                            sparse=dict(boundary=pred, causal_boundaries=True),
+                                            backend="torch")
+    with dhsa.Predictor.random(48, w=2, hidden=8) as pred:  # C = 48, k has 2 x 16
+        with pytest.raises(ValueError, match="C = 48 features per token"):
+            _route.route(q, k, boundary=pred)
     with pytest.raises(ValueError, match="q_block"):
         _route.route(q, k, q_block=0)
     with pytest.raises(TypeError, match="unexpected keyword"):

@@ -12,11 +12,13 @@ Contract (docs/torch.md, "DHSA in the torch back end"):
     NMS, min_chunk, max_chunk, causal_boundaries) and "fixed"; chunk scores
     "moments" (default) and "pooled"; share_heads; budget or density with
     sinks, local keys, scale_fixed, dense_below; causal, window, q_pos0.
+    Learned boundaries (a dhsa.Predictor): its network ported
+    (_learned_score, the same file's weights), non-causal boundaries only.
     Refused with a sentence (ValueError): the oracle baseline (two dense QK
-    passes, evaluation only), learned boundaries (a dhsa.Predictor: the
-    predictor's network runs in C only) and the "heads", "bound" and
-    "rows" scores; route those with dhsa.route() on the CPU and pass the
-    dhsa.Layout as sparse=.
+    passes, evaluation only), learned boundaries with causal_boundaries
+    (the decode index's online rule, sequential) and the "heads", "bound"
+    and "rows" scores; route those with dhsa.route() on the CPU and pass
+    the dhsa.Layout as sparse=.
   - Same layout as C: the steps of route.c in the same order with the same
     rules (candidates, NMS in score order, even splits, per-block greedy
     selection with its half-chunk overshoot rule, the fill from passed-over
@@ -54,11 +56,13 @@ class _P:
                              "attention mass, two dense QK passes: evaluation only) runs in the C "
                              "router only: route with dhsa.route() on CPU tensors and pass the "
                              "dhsa.Layout as sparse=")
-        if isinstance(params.boundary, dhsa.Predictor):
-            raise ValueError("dhsa.torch: learned boundaries (a dhsa.Predictor) run in the C router "
-                             "only (the predictor's network is not ported to torch): route with "
-                             "dhsa.route(..., boundary=predictor) on CPU tensors and pass the "
-                             "dhsa.Layout as sparse=, or use boundary='similarity' / 'fixed'")
+        self.predictor = params.boundary if isinstance(params.boundary, dhsa.Predictor) else None
+        if self.predictor is not None and params.causal_boundaries:
+            raise ValueError("dhsa.torch: learned boundaries with causal_boundaries=True follow the "
+                             "decode index's online rule (a sequential state machine), which runs "
+                             "in the C router only: route with dhsa.route(..., boundary=predictor, "
+                             "causal_boundaries=True) on CPU tensors and pass the dhsa.Layout as "
+                             "sparse=, or use causal_boundaries=False")
         if params.score not in ("moments", "pooled"):
             raise ValueError("dhsa.torch: the %r chunk score runs in the C router only (the torch "
                              "router has 'moments', the default, and 'pooled'): route with "
@@ -93,7 +97,7 @@ class _P:
         """(min_len, max_chunks, max_ranges): dhsa__route_limits."""
         min_len = self.chunk if self.fixed else self.min_chunk
         smallest = min_len
-        if not self.fixed and self.max_chunk // 2 < smallest:
+        if self.boundary == _capi.DHSA_BOUNDARY_SIMILARITY and self.max_chunk // 2 < smallest:
             smallest = max(self.max_chunk // 2, 1)
         max_chunks = Lk // smallest + 2
         if Lk < self.dense_below:
@@ -175,6 +179,93 @@ def _nms(cand_t, cand_s, Lk, gap):
     return torch.nonzero(kept).view(-1)
 
 
+# ---------------------------------------------------- learned boundaries ---
+
+
+def predictor_weights(pred, device):
+    """The weights of a dhsa.Predictor as float32 tensors on `device`
+    (read from its file format, docs/predictor.md: header, then wq [C][C],
+    bq, wk, bk, wv, bv, gamma, beta [C], w1 [4C + 1][hidden], b1, w2
+    [hidden], b2), cached on the predictor per device."""
+    cache = pred.__dict__.setdefault("_torch_weights", {})
+    key = str(device)
+    if key in cache:
+        return cache[key]
+    import os
+    import struct
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "predictor.bin")
+        pred.save(path)
+        with open(path, "rb") as f:
+            data = f.read()
+    C, w, hidden = struct.unpack("<III", data[12:24])
+    fl = np.frombuffer(data, dtype="<f4", offset=28, count=(len(data) - 32) // 4)
+    F = 4 * C + 1
+    sizes = [("wq", C * C), ("bq", C), ("wk", C * C), ("bk", C), ("wv", C * C), ("bv", C),
+             ("gamma", C), ("beta", C), ("w1", F * hidden), ("b1", hidden), ("w2", hidden),
+             ("b2", 1)]
+    out, at = {"C": C, "w": w, "hidden": hidden}, 0
+    for name, n in sizes:
+        out[name] = torch.from_numpy(fl[at:at + n].copy()).to(device)
+        at += n
+    for name in ("wq", "wk", "wv"):
+        out[name] = out[name].view(C, C)
+    out["w1"] = out["w1"].view(F, hidden)
+    cache[key] = out
+    return out
+
+
+LEARNED_SLAB = 8192  # candidates per pass of the predictor: [slab, 2w, C] windows
+
+
+def _learned_score(kb, pred):
+    """Boundary probabilities p [Lk] float32 of the keys kb [Hkv, Lk, d] of
+    one batch: the predictor's network (docs/predictor.md) for every
+    candidate at once, its windows as strided views, LayerNorm statistics
+    and the cosine in float64 as src/route/predictor.c; p[0] = 0."""
+    Hkv, Lk, d = kb.shape
+    dev = kb.device
+    W = predictor_weights(pred, dev)
+    C, w = W["C"], W["w"]
+    if Hkv * d != C:
+        raise ValueError("the predictor reads C = %d features per token but k has %d KV heads x %d "
+                         "dims = %d: one predictor per model (KV heads x head dim)"
+                         % (C, Hkv, d, Hkv * d))
+    wd = _wide(dev)
+    X = kb.permute(1, 0, 2).reshape(Lk, C).to(torch.float32)        # x[g * d + c]
+    zero = torch.zeros(w, C, dtype=torch.float32, device=dev)
+    Xp = torch.cat([zero, X, zero])                                  # [Lk + 2w, C]
+    Q = Xp @ W["wq"] + W["bq"]
+    K = Xp @ W["wk"] + W["bk"]
+    V = Xp @ W["wv"] + W["bv"]
+    inv = float(np.float32(1.0 / math.sqrt(C)))
+    p = torch.empty(Lk, dtype=torch.float32, device=dev)
+    for t0 in range(0, Lk, LEARNED_SLAB):  # memory: one slab of windows at a time
+        t1 = min(Lk, t0 + LEARNED_SLAB)
+        win = lambda M: M[t0:t1 + 2 * w - 1].unfold(0, 2 * w, 1).transpose(1, 2)  # [n, 2w, C]
+        Xw, Qw, Kw, Vw = win(Xp), win(Q), win(K), win(V)
+        A = torch.softmax(torch.matmul(Qw, Kw.transpose(1, 2)) * inv, -1)
+        h = Xw + torch.matmul(A, Vw)                                  # [n, 2w, C]
+        h64 = h.to(wd)
+        mean = h64.mean(-1, keepdim=True)
+        var = ((h64 - mean) ** 2).mean(-1, keepdim=True)
+        rstd = (1.0 / torch.sqrt(var + 1e-5)).to(torch.float32)
+        y = ((h64 - mean).to(torch.float32) * rstd * W["gamma"] + W["beta"]) / float(w)
+        lft, rgt = y[:, :w].sum(1), y[:, w:].sum(1)                   # [n, C]
+        ll = (lft.to(wd) ** 2).sum(-1)
+        rr = (rgt.to(wd) ** 2).sum(-1)
+        lr = (lft.to(wd) * rgt.to(wd)).sum(-1)
+        ok = (ll > 0) & (rr > 0)
+        cos = torch.where(ok, lr / torch.sqrt(torch.where(ok, ll * rr, torch.ones_like(ll))),
+                          torch.zeros_like(lr)).to(torch.float32)
+        f = torch.cat([lft, rgt, (lft - rgt).abs(), lft * rgt, cos[:, None]], -1)
+        z = torch.relu(f @ W["w1"] + W["b1"]) @ W["w2"] + W["b2"]
+        p[t0:t1] = 1.0 / (1.0 + torch.exp(-z))
+    p[0] = 0.0
+    return p
+
+
 def _boundaries(kb, p):
     """Chunk starts [n + 1] int64 of one batch (kb [Hkv, Lk, d]): starts[0]
     = 0 < ... < starts[n] = Lk."""
@@ -183,12 +274,18 @@ def _boundaries(kb, p):
     if p.fixed:
         return torch.cat([torch.arange(0, Lk, p.chunk, device=dev),
                           torch.tensor([Lk], device=dev)])
-    score = _similarity_score(kb, p)
+    if p.predictor is not None:
+        score = _learned_score(kb, p.predictor)
+    else:
+        score = _similarity_score(kb, p)
     if Lk > 1:
         s = score[1:].to(torch.float64)
-        mean = s.sum() / (Lk - 1)
-        var = ((s - mean) ** 2).sum()
-        cut = mean + float(p.threshold) * torch.sqrt(var / (Lk - 1))
+        if p.predictor is not None:  # local maxima of the probability >= the threshold
+            cut = torch.tensor(float(p.learned_threshold), dtype=torch.float64, device=dev)
+        else:  # local maxima at or above mean + threshold * std
+            mean = s.sum() / (Lk - 1)
+            var = ((s - mean) ** 2).sum()
+            cut = mean + float(p.threshold) * torch.sqrt(var / (Lk - 1))
         t = torch.arange(1, Lk, device=dev)
         sc = score[1:]
         prev = torch.where(t > 1, score[t - 1], torch.full_like(sc, -math.inf))
