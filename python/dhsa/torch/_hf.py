@@ -185,10 +185,10 @@ def patch_transformers(model, method="dhsa", density=0.0625, backend=None, **rou
 
     method: "dense" (dhsa's dense kernel), "dhsa" (DHSA routing), "block",
     "stream" or "oracle" (dhsa.route() baselines; the torch back end routes
-    with dhsa.torch.route, which refuses "oracle" and causal learned boundaries). density: the share of
-    keys each query block may see (routed methods); router: any other
-    dhsa.route() keyword (budget=, q_block=, sink=, local=, dense_below=,
-    boundary=, ...: docs/python.md). Returns the paths of the attention
+    with dhsa.torch.route, which refuses "oracle" and causal learned
+    boundaries). density: the share of keys each query block may see
+    (routed methods); router: any other dhsa.route() keyword (budget=,
+    q_block=, sink=, local=, dense_below=, boundary=, ...: docs/python.md). Returns the paths of the attention
     modules patched. backend: None (dhsa's C kernels for a model on the
     CPU, PyTorch's kernels on any other device: SDPA for "dense", the
     routed layout gathered per query block otherwise), "c" or "torch".

@@ -225,8 +225,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     sparse: None (dense); a dhsa.Layout or dhsa.torch.TorchLayout made for
     these shapes; or router settings (a dict of dhsa.route() keywords such
     as {"density": 0.0625}, a dhsa.RouterParams, or a method name) to
-    route this call, causal=is_causal, by the back end's router (route()). sparse_stats: a list; each
-    routed call appends its layout's stats() dict (density, ...).
+    route this call, causal=is_causal, by the back end's router (route()).
+    sparse_stats: a list; each routed call appends its layout's stats()
+    dict (density, ...).
 
     backend: None (dhsa's C kernels for CPU tensors, PyTorch's kernels for
     tensors on any other device), "c" or "torch" (PyTorch's kernels on the

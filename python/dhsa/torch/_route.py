@@ -58,9 +58,9 @@ class _P:
                              "dhsa.Layout as sparse=")
         self.predictor = params.boundary if isinstance(params.boundary, dhsa.Predictor) else None
         if self.predictor is not None and params.causal_boundaries:
-            raise ValueError("dhsa.torch: learned boundaries with causal_boundaries=True follow the "
-                             "decode index's online rule (a sequential state machine), which runs "
-                             "in the C router only: route with dhsa.route(..., boundary=predictor, "
+            raise ValueError("dhsa.torch: learned boundaries with causal_boundaries=True follow "
+                             "the decode index's online rule (a sequential state machine), "
+                             "which runs in the C router only: route with dhsa.route(..., boundary=predictor, "
                              "causal_boundaries=True) on CPU tensors and pass the dhsa.Layout as "
                              "sparse=, or use causal_boundaries=False")
         if params.score not in ("moments", "pooled"):
@@ -243,8 +243,9 @@ def _learned_score(kb, pred):
     p = torch.empty(Lk, dtype=torch.float32, device=dev)
     for t0 in range(0, Lk, LEARNED_SLAB):  # memory: one slab of windows at a time
         t1 = min(Lk, t0 + LEARNED_SLAB)
-        win = lambda M: M[t0:t1 + 2 * w - 1].unfold(0, 2 * w, 1).transpose(1, 2)  # [n, 2w, C]
-        Xw, Qw, Kw, Vw = win(Xp), win(Q), win(K), win(V)
+        # candidate t's window: rows [t, t + 2w) of the padded rows, [n, 2w, C] views
+        Xw, Qw, Kw, Vw = (M[t0:t1 + 2 * w - 1].unfold(0, 2 * w, 1).transpose(1, 2)
+                          for M in (Xp, Q, K, V))
         A = torch.softmax(torch.matmul(Qw, Kw.transpose(1, 2)) * inv, -1)
         h = Xw + torch.matmul(A, Vw)                                  # [n, 2w, C]
         h64 = h.to(wd)
@@ -749,10 +750,12 @@ def route(q, k, *, causal=True, window=0, q_pos0=0, params=None, scale=None, _tr
         chunk_of[b] = torch.repeat_interleave(torch.arange(nc, device=dev), lens[b])
     lens_all = torch.cat(lens)
     return TorchLayout(B=B, Hkv=Hkv, Lq=Lq, Lk=Lk, q_block=qbk, n_blocks=nqb,
-                       max_ranges=max_ranges, max_chunks=max_chunks, q_pos0=q_pos0, causal=bool(causal), window=window,
+                       max_ranges=max_ranges, max_chunks=max_chunks, q_pos0=q_pos0,
+                       causal=bool(causal), window=window,
                        starts=starts_t, chunk_of=chunk_of, taken=taken_t, fixed=fixed,
                        alo=alo, ahi=ahi, dense_blocks=int(dense.sum()) * B * Hkv,
-                       chunks=nchunks, chunk_mean=float(lens_all.double().mean()) if nchunks else 0.0,
+                       chunks=nchunks,
+                       chunk_mean=float(lens_all.double().mean()) if nchunks else 0.0,
                        chunk_min=int(lens_all.min()) if nchunks else 0,
                        chunk_max=int(lens_all.max()) if nchunks else 0)
 
