@@ -188,10 +188,11 @@ def patch_transformers(model, method="dhsa", density=0.0625, backend=None, **rou
     with dhsa.torch.route, which refuses "oracle" and causal learned
     boundaries). density: the share of keys each query block may see
     (routed methods); router: any other dhsa.route() keyword (budget=,
-    q_block=, sink=, local=, dense_below=, boundary=, ...: docs/python.md). Returns the paths of the attention
-    modules patched. backend: None (dhsa's C kernels for a model on the
-    CPU, PyTorch's kernels on any other device: SDPA for "dense", the
-    routed layout gathered per query block otherwise), "c" or "torch".
+    q_block=, sink=, local=, dense_below=, boundary=, ...:
+    docs/python.md). Returns the paths of the attention modules patched.
+    backend: None (dhsa's C kernels for a model on the CPU, PyTorch's
+    kernels on any other device: SDPA for "dense", the torch router and
+    FlexAttention / the gather kernel otherwise), "c" or "torch".
     model_stats(model) gives the routed densities;
     unpatch_transformers(model) restores the previous implementation."""
     _transformers()

@@ -60,9 +60,9 @@ class _P:
         if self.predictor is not None and params.causal_boundaries:
             raise ValueError("dhsa.torch: learned boundaries with causal_boundaries=True follow "
                              "the decode index's online rule (a sequential state machine), "
-                             "which runs in the C router only: route with dhsa.route(..., boundary=predictor, "
-                             "causal_boundaries=True) on CPU tensors and pass the dhsa.Layout as "
-                             "sparse=, or use causal_boundaries=False")
+                             "which runs in the C router only: route with dhsa.route(..., "
+                             "boundary=predictor, causal_boundaries=True) on CPU tensors and "
+                             "pass the dhsa.Layout as sparse=, or use causal_boundaries=False")
         if params.score not in ("moments", "pooled"):
             raise ValueError("dhsa.torch: the %r chunk score runs in the C router only (the torch "
                              "router has 'moments', the default, and 'pooled'): route with "
