@@ -83,7 +83,17 @@ int main(int argc, char **argv) {
     tp.filler_len = fl;
     tp.heldout_numbers = 0; /* development: the training set's numbers */
     dhsa_task task;
-    if (dhsa_task_build(dhsa_model_tokenizer(m), &tp, &task)) {
+    if (strcmp(argv[3], "text") == 0) { /* the filler itself, its first LENGTH tokens (no needle) */
+        memset(&task, 0, sizeof task);
+        task.ids = malloc((size_t)(tp.length + 1) * sizeof(int32_t));
+        int64_t n = 0;
+        if (dhsa_tokenize(dhsa_model_tokenizer(m), filler, fl, 0, task.ids, tp.length, &n) && n < tp.length) {
+            fprintf(stderr, "%s\n", dhsa_last_error());
+            return 1;
+        }
+        task.n_ids = n < tp.length ? n : tp.length;
+        task.n_spans = 1;
+    } else if (dhsa_task_build(dhsa_model_tokenizer(m), &tp, &task)) {
         fprintf(stderr, "%s\n", dhsa_last_error());
         return 1;
     }
@@ -100,6 +110,7 @@ int main(int argc, char **argv) {
     dhsa_session_params sp = dhsa_session_default_params();
     sp.n_ctx = task.n_ids;
     sp.n_ubatch = task.n_ids;
+    sp.kv_type = DHSA_F32; /* the hook reads F32 rows */
     sp.layer_hook = hook;
     sp.layer_hook_user = &d;
     dhsa_session *s;

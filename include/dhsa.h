@@ -617,6 +617,15 @@ typedef struct {
                               zeroed struct gets 0) */
     int64_t score_rows;    /* ROWS: query rows scored per block and head (the
                               last, then evenly back; 0 = every row) */
+    int64_t sink_window;   /* > sink_tokens: the sinks are the sink_tokens keys
+                              among the first sink_window the block may see
+                              whose keys score highest against the block's
+                              mean query (its rows and the group's heads);
+                              real models' sinks are the first delimiters of
+                              a chat template, not position 0 (docs/dhsa.md,
+                              "Sinks where the model puts them"). <=
+                              sink_tokens: the first sink_tokens keys
+                              (default 0 here; 64 in dhsa_router_params_for) */
 } dhsa_router_params;
 
 /* The neutral defaults of the routing primitives (dhsa_route, the decode
@@ -638,7 +647,7 @@ dhsa_router_params dhsa_router_params_for(int64_t n, double density);
  * q_block 16 (nb <= 8K), 32 (16K), 64 (longer); sink_tokens 4;
  * local_tokens B / 8 rounded to 16, within [16, 256]; dense_below 0;
  * min_chunk / max_chunk / chunk / nms_window 8 / 32 / 16 / 4 up to 8K,
- * 16 / 64 / 32 / 8 beyond; score_rows 4. */
+ * 16 / 64 / 32 / 8 beyond; score_rows 4; sink_window 64. */
 void dhsa_router_scale(dhsa_router_params *rp, int64_t n);
 
 /* Checks the params and gives the exact layout size and routing workspace

@@ -111,7 +111,7 @@ const char dhsa_cli_run_usage[] =
     "  --density F | --budget N                keys per query block, one of the\n"
     "                                          two (default density 0.0625)\n"
     "  --boundary fixed|similarity|learned:FILE\n"
-    "  --sink N            first keys a routed block reads (default 4)\n"
+    "  --sink N            sinks a block reads (4; best of --sink-window 64)\n"
     "  --local N           keys before the block's own (default budget/8);\n"
     "                      at most 1/8 and 1/4 of the block's budget\n"
     "  --dense-below N     a block seeing fewer keys runs dense (default\n"
@@ -293,6 +293,7 @@ static void parse(int argc, char **argv, run_opts *o) {
                 o->predictor_path = v + 8;
             } else dhsa_cli_die(EXIT_USAGE, "--boundary is fixed, similarity or learned:FILE, not \"%s\"", v);
         } else if (strcmp(a, "--sink") == 0) o->ses.router.sink_tokens = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
+        else if (strcmp(a, "--sink-window") == 0) o->ses.router.sink_window = dhsa_cli_int(a, v, 0, 4096, 0);
         else if (strcmp(a, "--local") == 0) o->ses.router.local_tokens = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--dense-below") == 0) o->ses.router.dense_below = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--q-block") == 0) o->ses.router.q_block = dhsa_cli_int(a, v, 1, 65536, 0);

@@ -138,6 +138,7 @@ class RouterParams(ctypes.Structure):
         ("score_mode", c_int),              # dhsa_chunk_score
         ("scale_fixed", c_int),
         ("score_rows", c_int64),
+        ("sink_window", c_int64),
     ]
 
 

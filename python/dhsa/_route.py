@@ -233,7 +233,9 @@ class RouterParams:
         each block reads at most budget / 8 sinks and budget / 4 local keys.
     score: "moments" (default), "pooled", "heads", "bound" or "rows": the
         DHSA chunk score (include/dhsa.h, dhsa_chunk_score); score_rows: the
-        rows "rows" scores per block and head (0 = all).
+        rows "rows" scores per block and head (0 = all); sink_window: > sink
+        picks the sink keys among the first sink_window by the block's mean
+        query (0 = the first `sink` keys).
     RouterParams.for_length(n, density): the routing every entry point runs
         by default for n tokens (dhsa_router_params_for; sessions get it
         for their context unless given other router params).
@@ -259,6 +261,7 @@ class RouterParams:
     score: str = "moments"
     scale_fixed: bool = True
     score_rows: int = 0
+    sink_window: int = 0
 
     @classmethod
     def for_length(cls, n, density=0.0625):
@@ -270,7 +273,8 @@ class RouterParams:
                    min_chunk=c.min_chunk, max_chunk=c.max_chunk, causal_boundaries=bool(c.causal_boundaries),
                    q_block=c.q_block, budget=None, density=c.density, sink=c.sink_tokens,
                    local=c.local_tokens, dense_below=c.dense_below, share_heads=bool(c.share_heads),
-                   score=names[c.score_mode], scale_fixed=bool(c.scale_fixed), score_rows=c.score_rows)
+                   score=names[c.score_mode], scale_fixed=bool(c.scale_fixed), score_rows=c.score_rows,
+                   sink_window=c.sink_window)
 
     def to_c(self):
         """(the _capi.RouterParams struct, the Predictor or None). Keep the
@@ -313,6 +317,7 @@ class RouterParams:
         rp.score_mode = _SCORES[self.score]
         rp.scale_fixed = 1 if self.scale_fixed else 0
         rp.score_rows = _i64("score_rows", self.score_rows)
+        rp.sink_window = _i64("sink_window", self.sink_window)
         return rp, pred
 
 

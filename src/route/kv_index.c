@@ -835,7 +835,13 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
     float *tile = rows_mode ? malloc((size_t)(nc + 1) * 64 * sizeof(float)) : NULL;
     int64_t *order = malloc((size_t)(nc + 1) * sizeof(int64_t));
     int64_t *rg = malloc((size_t)(max_ranges + 8) * 2 * sizeof(int64_t));
-    if (!qp || !sc || !order || !rg || ((heads_mode || rows_mode) && !eh) || (rows_mode && !tile)) {
+    const int picks = dhsa__sink_picked(rp);
+    float *sbuf = picks ? malloc((size_t)(2 * d + rp->sink_window) * sizeof(float)) : NULL;
+    int64_t *srank = picks ? malloc((size_t)rp->sink_window * sizeof(int64_t)) : NULL;
+    if (!qp || !sc || !order || !rg || ((heads_mode || rows_mode) && !eh) || (rows_mode && !tile) ||
+        (picks && (!sbuf || !srank))) {
+        free(sbuf);
+        free(srank);
         free(tile);
         free(eh);
         free(qp);
@@ -864,11 +870,12 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
             int64_t alo, ahi;
             dhsa__block_span(a, p.Lk, r0, r1, &alo, &ahi);
             int dense;
+            int64_t n_rank = picks ? dhsa__rank_sinks(rp, a, 0, k0, h0, h1, r0, r1, alo, ahi, sbuf, srank) : 0;
             /* keys after the last visible chunk (the open tail, and chunks
              * closed after this block) are always read */
             int64_t n = dhsa__select_ranges(rp, max_ranges, min_len, p.Lk, alo, ahi, a->q_pos0 + r0, last + 1,
                                             ix->starts, visible, sc, 1, ix->starts[visible],
-                                            allowed ? allowed + g * nc : NULL, order, rg, &dense);
+                                            allowed ? allowed + g * nc : NULL, srank, n_rank, 1, order, rg, &dense);
             lay->dense_blocks += rp->share_heads ? dense * p.Hkv : dense;
             st = dhsa_layout_set(lay, 0, g, qb, rg, n);
             if (st) break;
@@ -893,6 +900,8 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
         }
         lay->chunk_mean = (double)ix->starts[nc] / (double)nc;
     }
+    free(sbuf);
+    free(srank);
     free(tile);
     free(eh);
     free(qp);

@@ -49,10 +49,22 @@ void dhsa__route_limits(const dhsa_router_params *rp, int64_t Lk, int64_t *min_l
  * reads: rp's counts, capped at budget / 8 and budget / 4 when
  * rp->scale_fixed. */
 void dhsa__route_fixed_parts(const dhsa_router_params *rp, int64_t budget, int64_t *sink, int64_t *local);
+/* Sinks where the model puts them (dhsa.h, sink_window): 1 when rp picks
+ * them (sink_window > sink_tokens). */
+int dhsa__sink_picked(const dhsa_router_params *rp);
+/* The candidate sinks of a block, best first (route.c); scratch buf of 2 d
+ * + sink_window floats, rank room for sink_window. */
+int64_t dhsa__rank_sinks(const dhsa_router_params *rp, const dhsa_attn_desc *a, int64_t b, int64_t g, int64_t h0,
+                         int64_t h1, int64_t r0, int64_t r1, int64_t alo, int64_t ahi, float *buf, int64_t *rank);
+/* sink_rank: NULL for the first sink keys, or dhsa__rank_sinks' n_rank
+ * positions, of which the best-ranked sink count are read. causal: STREAM
+ * then always reads the block's own rows (the diagonal), even past its
+ * budget. */
 int64_t dhsa__select_ranges(const dhsa_router_params *rp, int64_t max_ranges, int64_t min_len, int64_t Lk,
                             int64_t alo, int64_t ahi, int64_t pos0, int64_t pos1, const int64_t *starts,
                             int64_t nc_all, const float *score, int64_t stride, int64_t tail_lo,
-                            const unsigned char *allowed, int64_t *order, int64_t *rg, int *dense);
+                            const unsigned char *allowed, const int64_t *sink_rank, int64_t n_rank, int causal,
+                            int64_t *order, int64_t *rg, int *dense);
 
 /* LEARNED boundaries in their online form (kv_index.c), the rule the
  * decode index applies as keys arrive, run here over a whole sequence:

@@ -107,6 +107,7 @@ void dhsa_router_scale(dhsa_router_params *rp, int64_t n) {
     SCALED(chunk, longer ? 32 : 16);
     SCALED(nms_window, longer ? 8 : 4);
     SCALED(score_rows, 4);
+    SCALED(sink_window, 64);
 #undef SCALED
 }
 
@@ -116,7 +117,7 @@ dhsa_router_params dhsa_router_params_for(int64_t n, double density) {
     rp.score_mode = DHSA_SCORE_MOMENTS; /* ROWS measured and not taken: docs/dhsa.md */
     rp.sim_window = 8;
     rp.q_block = rp.sink_tokens = rp.local_tokens = rp.dense_below = -1;
-    rp.min_chunk = rp.max_chunk = rp.chunk = rp.nms_window = rp.score_rows = -1;
+    rp.min_chunk = rp.max_chunk = rp.chunk = rp.nms_window = rp.score_rows = rp.sink_window = -1;
     if (n > 0) dhsa_router_scale(&rp, n);
     return rp;
 }
@@ -136,7 +137,8 @@ void dhsa__route_limits(const dhsa_router_params *rp, int64_t Lk, int64_t *min_l
         *max_ranges = 1;
     } else {
         double budget = rp->budget_tokens > 0 ? (double)rp->budget_tokens : ceil(rp->density * (double)Lk);
-        double r = budget / (double)smallest + 5.0; /* + sink, local, two clipped chunks, one overshoot */
+        /* + sink (one range per picked sink), local, two clipped chunks, one overshoot */
+        double r = budget / (double)smallest + 4.0 + (double)(dhsa__sink_picked(rp) ? rp->sink_tokens : 1);
         *max_ranges = r > (double)*max_chunks + 2 ? *max_chunks + 2 : (int64_t)r;
     }
 }
@@ -150,6 +152,8 @@ typedef struct {
     int64_t dk;          /* floats per pooled key: d (POOLED) or 2d (MOMENTS, HEADS, BOUND) */
     int per_head;        /* HEADS or BOUND: a per-thread sum [nc][64] */
     int similarity;      /* SIMILARITY boundaries: per-head score rows */
+    int sinks;           /* sinks picked per block (dhsa__sink_picked) */
+    int64_t sink_window;
 } plan;
 
 dhsa_status dhsa__route_check_params(const dhsa_router_params *rp) {
@@ -173,6 +177,9 @@ dhsa_status dhsa__route_check_params(const dhsa_router_params *rp) {
                           "the %s chunk score weighs each query head against its own KV head's chunks: "
                           "it cannot share one routing over all heads (share_heads = 1)",
                           rp->score_mode == DHSA_SCORE_HEADS ? "HEADS" : rp->score_mode == DHSA_SCORE_BOUND ? "BOUND" : "ROWS");
+    if (rp->sink_window < 0 || rp->sink_window > 4096)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "sink_window = %lld: use 0 (the first sink_tokens keys) .. 4096",
+                          (long long)rp->sink_window);
     if (rp->score_rows < 0 || rp->score_rows > (1 << 20))
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "score_rows = %lld: use 0 (every row) .. 2^20",
                           (long long)rp->score_rows);
@@ -218,6 +225,8 @@ static dhsa_status check(const dhsa_router_params *rp, const dhsa_attn_desc *a, 
     pl->per_head = rp->score_mode == DHSA_SCORE_HEADS || rp->score_mode == DHSA_SCORE_BOUND ||
                    rp->score_mode == DHSA_SCORE_ROWS;
     pl->similarity = rp->boundary == DHSA_BOUNDARY_SIMILARITY;
+    pl->sinks = dhsa__sink_picked(rp);
+    pl->sink_window = rp->sink_window;
     dhsa__route_limits(rp, p->Lk, &pl->min_len, &pl->max_chunks, &pl->max_ranges);
     return DHSA_OK;
 }
@@ -230,6 +239,13 @@ static size_t scores_head_bytes(const dhsa__attn_problem *p) {
 static size_t scores_bytes(const plan *pl) {
     size_t parts = pl->similarity && pl->p.Hkv > 1 ? (size_t)pl->p.Hkv * (size_t)pl->p.Lk : 0;
     return scores_head_bytes(&pl->p) + dhsa__align_up(parts * sizeof(float), 64);
+}
+
+/* Picked sinks (dhsa__rank_sinks): the scratch floats and the ranking. */
+static size_t sinks_bytes(const plan *pl) {
+    if (!pl->sinks) return 0;
+    return dhsa__align_up((size_t)(2 * pl->p.d + pl->sink_window) * sizeof(float), 64) +
+           dhsa__align_up((size_t)pl->sink_window * sizeof(int64_t), 64);
 }
 
 /* Workspace, in bytes, laid out by carve(). */
@@ -254,7 +270,8 @@ static ws_plan workspace(const dhsa_ctx *ctx, const plan *pl) {
                    dhsa__align_up(nc * sizeof(int64_t), 64) + dhsa__align_up(nc * sizeof(float), 64) +
                    dhsa__align_up((size_t)(pl->max_ranges + 8) * 2 * sizeof(int64_t), 64) +
                    dhsa__align_up((size_t)DHSA_BC * GROUP * sizeof(float), 64) +
-                   dhsa__align_up((size_t)DHSA_BC * (size_t)p->d * sizeof(float), 64);
+                   dhsa__align_up((size_t)DHSA_BC * (size_t)p->d * sizeof(float), 64) +
+                   sinks_bytes(pl);
     /* pooling: [Hkv][2d] doubles, then a row buffer [Hkv][d] (floats in double slots) */
     w.pool = dhsa__align_up((size_t)p->Hkv * 3 * (size_t)p->d * sizeof(double), 64);
     w.total = w.scores + w.starts + w.kp + w.pool + nt * w.per_thread;
@@ -570,6 +587,13 @@ static int64_t uncovered(int64_t s, int64_t e, int64_t a0, int64_t a1, int64_t b
     return n - ia - ib + iab;
 }
 
+/* Picked sinks in [s, e) outside the local keys [l0, l1). */
+static int64_t picked_in(const int64_t *picked, int64_t n, int64_t s, int64_t e, int64_t l0, int64_t l1) {
+    int64_t c = 0;
+    for (int64_t i = 0; i < n; i++) c += picked[i] >= s && picked[i] < e && (picked[i] < l0 || picked[i] >= l1);
+    return c;
+}
+
 /* Ranking of chunks by score, descending; ties go to the lower index, so
  * the order (and the layout) is deterministic. */
 typedef struct {
@@ -632,8 +656,8 @@ typedef struct {
 } sel_job;
 
 typedef struct {
-    float *qt, *S, *acc, *sblk, *kbuf, *col;
-    int64_t *order, *rg;
+    float *qt, *S, *acc, *sblk, *kbuf, *col, *sbuf;
+    int64_t *order, *rg, *srank;
 } thread_bufs;
 
 static thread_bufs bufs_of(const sel_job *j, int thread) {
@@ -656,6 +680,14 @@ static thread_bufs bufs_of(const sel_job *j, int thread) {
     t.sblk = (float *)w;
     w += dhsa__align_up((size_t)DHSA_BC * GROUP * sizeof(float), 64);
     t.kbuf = (float *)w;
+    w += dhsa__align_up((size_t)DHSA_BC * (size_t)pl->p.d * sizeof(float), 64);
+    t.sbuf = NULL;
+    t.srank = NULL;
+    if (pl->sinks) {
+        t.sbuf = (float *)w;
+        w += dhsa__align_up((size_t)(2 * pl->p.d + pl->sink_window) * sizeof(float), 64);
+        t.srank = (int64_t *)w;
+    }
     return t;
 }
 
@@ -689,10 +721,46 @@ void dhsa__route_fixed_parts(const dhsa_router_params *rp, int64_t budget, int64
     if (*local > budget / 4) *local = budget / 4;
 }
 
+int dhsa__sink_picked(const dhsa_router_params *rp) { return rp->sink_window > rp->sink_tokens; }
+
+/* Sinks where the model puts them (dhsa.h, sink_window): the keys [alo,
+ * alo + sink_window) of KV head g (clipped to ahi), ranked by their dot
+ * product with the block's mean query (rows [r0, r1), heads [h0, h1) of
+ * batch b), best first, ties to the lower position. Writes the ranked
+ * positions to rank (room for sink_window) and returns their count.
+ * Scratch: buf, 2 d floats + sink_window floats. */
+int64_t dhsa__rank_sinks(const dhsa_router_params *rp, const dhsa_attn_desc *a, int64_t b, int64_t g, int64_t h0,
+                         int64_t h1, int64_t r0, int64_t r1, int64_t alo, int64_t ahi, float *buf, int64_t *rank) {
+    const int64_t d = a->q.shape[3];
+    int64_t w = ahi - alo < rp->sink_window ? ahi - alo : rp->sink_window;
+    if (w <= 0 || r1 <= r0 || h1 <= h0) return 0;
+    float *qm = buf, *row = buf + d, *sc = buf + 2 * d;
+    for (int64_t x = 0; x < d; x++) qm[x] = 0.0f;
+    for (int64_t h = h0; h < h1; h++)
+        for (int64_t r = r0; r < r1; r++) add_row(qm, NULL, row_f32(&a->q, b, h, r, d, row), d);
+    for (int64_t j = 0; j < w; j++) {
+        const float *k = row_f32(&a->k, b, g, alo + j - a->k_pos0, d, row);
+        double t = 0;
+        for (int64_t x = 0; x < d; x++) t += (double)qm[x] * (double)k[x];
+        sc[j] = (float)t;
+    }
+    /* insertion into a ranked list: w is small (sink_window <= 4096, 64 by default) */
+    for (int64_t j = 0; j < w; j++) {
+        int64_t at = j;
+        while (at > 0 && sc[rank[at - 1] - alo] < sc[j]) {
+            rank[at] = rank[at - 1];
+            at--;
+        }
+        rank[at] = alo + j;
+    }
+    return w;
+}
+
 int64_t dhsa__select_ranges(const dhsa_router_params *rp, int64_t max_ranges, int64_t min_len, int64_t Lk,
                             int64_t alo, int64_t ahi, int64_t pos0, int64_t pos1, const int64_t *starts,
                             int64_t nc_all, const float *score, int64_t stride, int64_t tail_lo,
-                            const unsigned char *allowed, int64_t *order, int64_t *rg, int *dense) {
+                            const unsigned char *allowed, const int64_t *sink_rank, int64_t n_rank, int causal,
+                            int64_t *order, int64_t *rg, int *dense) {
     scores sc = {score, stride};
     int64_t n = 0;
     int64_t avail = ahi - alo;
@@ -713,17 +781,34 @@ int64_t dhsa__select_ranges(const dhsa_router_params *rp, int64_t max_ranges, in
     dhsa__route_fixed_parts(rp, budget, &sink, &local);
     int64_t s0 = alo, s1 = sink < ahi ? sink : ahi;
     if (s1 < s0) s1 = s0;
+    /* picked sinks: the best-ranked sink_rank[0 .. sink) as single keys
+     * (the range [s0, s1) is then empty) */
+    const int64_t *picked = NULL;
+    int64_t n_picked = 0;
+    if (sink_rank) {
+        picked = sink_rank;
+        n_picked = sink < n_rank ? sink : n_rank;
+        s1 = s0;
+    }
     int64_t l0 = pos0 - local > alo ? pos0 - local : alo;
     int64_t l1 = pos1 < ahi ? pos1 : ahi;
     /* the decode index's open tail (keys not in a closed chunk yet) is
      * always read: it extends the local diagonal back to its start */
     if (tail_lo >= 0 && tail_lo < l0) l0 = tail_lo > alo ? tail_lo : alo;
     if (l0 > l1) l0 = l1;
-    if (rp->method == DHSA_ROUTE_STREAM) { /* sinks + the most recent keys */
-        int64_t ns = s1 - s0, recent = budget - ns > 0 ? budget - ns : 0;
+    for (int64_t i = 0; i < n_picked; i++) {
+        rg[n++] = picked[i];
+        rg[n++] = picked[i] + 1;
+    }
+    if (rp->method == DHSA_ROUTE_STREAM) {
+        /* sinks + the most recent keys: the block's own rows (the
+         * diagonal) always, then back from it while the budget lasts */
+        int64_t ns = s1 - s0 + n_picked, recent = budget - ns > 0 ? budget - ns : 0;
+        int64_t r0 = ahi - recent > alo ? ahi - recent : alo;
+        if (causal && pos0 < r0) r0 = pos0 > alo ? pos0 : alo; /* each row sees itself */
         rg[n++] = s0;
         rg[n++] = s1;
-        rg[n++] = ahi - recent > alo ? ahi - recent : alo;
+        rg[n++] = r0;
         rg[n++] = ahi;
         return n / 2;
     }
@@ -736,6 +821,7 @@ int64_t dhsa__select_ranges(const dhsa_router_params *rp, int64_t max_ranges, in
         int64_t i0 = s0 > l0 ? s0 : l0, i1 = s1 < l1 ? s1 : l1;
         if (i1 > i0) used -= i1 - i0;
     }
+    for (int64_t i = 0; i < n_picked; i++) used += picked[i] < l0 || picked[i] >= l1;
     /* candidate chunks: those overlapping [alo, ahi) (and allowed) */
     int64_t nc = 0;
     for (int64_t c = 0; c < nc_all; c++) {
@@ -753,7 +839,7 @@ int64_t dhsa__select_ranges(const dhsa_router_params *rp, int64_t max_ranges, in
         i++;
         int64_t cs = starts[c] > alo ? starts[c] : alo;
         int64_t ce = starts[c + 1] < ahi ? starts[c + 1] : ahi;
-        int64_t fresh = uncovered(cs, ce, s0, s1, l0, l1);
+        int64_t fresh = uncovered(cs, ce, s0, s1, l0, l1) - picked_in(picked, n_picked, cs, ce, l0, l1);
         if (fresh == 0) continue;
         /* a chunk that would overshoot the budget by more than half of
          * itself is passed over for lower-ranked ones that fit better, so
@@ -771,7 +857,7 @@ int64_t dhsa__select_ranges(const dhsa_router_params *rp, int64_t max_ranges, in
         if (c < 0) continue;
         int64_t cs = starts[c] > alo ? starts[c] : alo;
         int64_t ce = starts[c + 1] < ahi ? starts[c + 1] : ahi;
-        int64_t fresh = uncovered(cs, ce, s0, s1, l0, l1);
+        int64_t fresh = uncovered(cs, ce, s0, s1, l0, l1) - picked_in(picked, n_picked, cs, ce, l0, l1);
         if (fresh == 0) continue;
         rg[n++] = cs;
         rg[n++] = ce;
@@ -796,8 +882,14 @@ static void select_block(sel_job *j, thread_bufs *t, int64_t g, int64_t qb, cons
     int64_t ncb = j->nc;
     while (ncb > 0 && j->starts[ncb - 1] >= ahi) ncb--;
     for (int64_t c = 0; c < ncb; c++) t->col[c] = sc[c * GROUP];
+    int64_t n_rank = 0;
+    if (t->srank) {
+        int64_t h0 = rp->share_heads ? 0 : g * p->G, h1 = rp->share_heads ? p->Hq : (g + 1) * p->G;
+        n_rank = dhsa__rank_sinks(rp, j->a, j->b, rp->share_heads ? 0 : g, h0, h1, r0, r1, alo, ahi, t->sbuf, t->srank);
+    }
     int64_t n = dhsa__select_ranges(rp, j->pl->max_ranges, j->pl->min_len, p->Lk, alo, ahi, j->a->q_pos0 + r0,
-                                    j->a->q_pos0 + r1, j->starts, ncb, t->col, 1, -1, NULL, t->order, t->rg, &dense);
+                                    j->a->q_pos0 + r1, j->starts, ncb, t->col, 1, -1, NULL, t->srank, n_rank,
+                                    j->a->causal, t->order, t->rg, &dense);
     j->dense_blocks[thread] += dense;
     dhsa_layout_set(j->lay, j->b, g, qb, t->rg, n);
 }
