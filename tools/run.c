@@ -111,7 +111,7 @@ const char dhsa_cli_run_usage[] =
     "  --density F | --budget N                keys per query block, one of the\n"
     "                                          two (default density 0.0625)\n"
     "  --boundary fixed|similarity|learned:FILE\n"
-    "  --sink N            sinks a block reads (4; best of --sink-window 64)\n"
+    "  --sink N            sinks per block (4), of --sink-window 64\n"
     "  --local N           keys before the block's own (default budget/8);\n"
     "                      at most 1/8 and 1/4 of the block's budget\n"
     "  --dense-below N     a block seeing fewer keys runs dense (default\n"
