@@ -344,7 +344,7 @@ static void test_cli_niah(const char *dir) {
 static void test_cli(void) {
     const char *cli = getenv("DHSA_CLI");
     if (!cli || strchr(cli, '\'') || access(cli, X_OK) != 0) {
-        T_SKIP(42, "DHSA_CLI unset or not executable (make test sets it): eval CLI checks skipped");
+        T_SKIP(43, "DHSA_CLI unset or not executable (make test sets it): eval CLI checks skipped");
         return;
     }
     char *out;
@@ -376,6 +376,28 @@ static void test_cli(void) {
         rc = cli_run("eval copy -m " MODEL " --boundary learned:/no/such/file.prd", 0, &out);
         T_CHECK(rc == 1 && strstr(out, "/no/such/file.prd"), "missing predictor file: %.200s", out);
         free(out);
+    }
+    {
+        /* a model with sliding-window layers whose ring has moved (gemma3,
+         * window 32, 1,200 tokens): the answer's hook skips those layers'
+         * chunks (they are not routed) instead of stopping the eval */
+        char gdir[] = "/tmp/dhsa_test_eval_gemma_XXXXXX", args[700];
+        if (mkdtemp(gdir)) {
+            snprintf(args, sizeof args, "gen-model -o %s/g.gguf --arch gemma3 --n-embd 64 --n-layer 6 --n-head 2 "
+                     "--n-head-kv 1 --window 32 --n-ff 128 --vocab 300 --ctx 4096 --type F32", gdir);
+            rc = cli_run(args, 0, &out);
+            free(out);
+            snprintf(args, sizeof args, "eval passkey -m %s/g.gguf --lengths 1200 --depths 0.5 --trials 1 "
+                     "--attn dense,dhsa", gdir);
+            rc = cli_run(args, 0, &out);
+            T_CHECK(rc == 0 && strstr(out, "dhsa: accuracy") && !strstr(out, "hook stopped"),
+                    "eval passkey on a sliding-window model past its ring: rc %d %.300s", rc, out);
+            free(out);
+            snprintf(args, sizeof args, "rm -rf '%s'", gdir);
+            if (system(args) != 0) fprintf(stderr, "warning: could not remove %s\n", gdir);
+        } else {
+            T_CHECK(0, "mkdtemp");
+        }
     }
     rc = cli_run("eval niah -m /no/such/model.gguf", 0, &out);
     T_CHECK(rc == 1 && strstr(out, "/no/such/model.gguf"), "missing model: %.200s", out);

@@ -247,7 +247,9 @@ static int answer_hook_fn(void *user, int64_t layer, const dhsa_attn_desc *a) {
     answer_hook *h = user;
     if (dhsa__probe_hook(h->acc, layer, a)) return 1;
     const int64_t Lk = a->k.shape[2];
-    if (h->rp && a->q_pos0 <= h->from && h->from < a->q_pos0 + a->q.shape[2] && Lk > 0) {
+    /* sliding-window layers (gemma's) are not routed: no chunks to count,
+     * and their keys may start past position 0 (a ring) */
+    if (h->rp && !a->window && a->q_pos0 <= h->from && h->from < a->q_pos0 + a->q.shape[2] && Lk > 0) {
         int64_t nc = 0;
         if (dhsa_route_boundaries(h->ctx, h->rp, a, 0, NULL, 0, &nc)) return 1;
         h->chunk_keys += (double)Lk;
