@@ -476,6 +476,24 @@ def test_flex_compiled_on_cpu_if_a_compiler_works(close, kernel):
                 pytest.skip("torch.compile(flex_attention) does not run on this CPU: %s"
                             % str(e).splitlines()[0][:200])
             _same(a, b, close, "compiled flex")
+        # other shapes in the same process (each its own static kernel on the
+        # CPU): a query block over a longer cache, one decode row, masks
+        kw = dict(density=0.2, dense_below=0, q_block=16, sink=4, local=16, min_chunk=4,
+                  max_chunk=32)
+        for Lq, Lk, extra in ((255, 512, {}), (1, 513, dict(softcap=4.0)),
+                              (100, 300, dict(window=70))):
+            q, k = make(1, 4, 2, Lq, Lk, 32, seed=Lk)
+            v = torch.randn(1, 2, Lk, 32)
+            w = extra.get("window", 0)
+            lay_t = _route.route(q, k, causal=True, q_pos0=Lk - Lq, window=w, **kw)
+            with dhsa.route(q.numpy(), k.numpy(), causal=True, q_pos0=Lk - Lq, window=w,
+                            **kw) as lay_c:
+                a, b = _both(q, k, v, lay_c, lay_t, "flex", causal=True, q_pos0=Lk - Lq,
+                             **extra)
+                _same(a, b, close, "compiled flex Lq %d Lk %d %s" % (Lq, Lk, list(extra)))
+                with pytest.raises(ValueError, match="lse"):  # said, not an inductor error
+                    _both(q, k, v, lay_c, lay_t, "flex", causal=True, q_pos0=Lk - Lq,
+                          return_lse=True, **extra)
     finally:
         _backend.FLEX_COMPILE = old
         _backend._FLEX_COMPILED = None

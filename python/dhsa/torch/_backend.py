@@ -401,7 +401,12 @@ def _flex_fn(device):
     if not (FLEX_COMPILE if FLEX_COMPILE is not None else device.type == "cuda"):
         return flex_attention
     if _FLEX_COMPILED is None:
-        _FLEX_COMPILED = torch.compile(flex_attention)  # dynamic after a first recompile
+        # CUDA: dynamic shapes after a first recompile (the usual use). The
+        # CPU (inductor's C++ flex template, torch 2.15) failed to compile
+        # the dynamic version of this mask_mod ("cur_qSplitSize3 was not
+        # declared"): one static kernel per shape there.
+        _FLEX_COMPILED = torch.compile(flex_attention,
+                                       dynamic=None if device.type == "cuda" else False)
     return _FLEX_COMPILED
 
 
@@ -440,7 +445,11 @@ def flex_block_mask(lay, Hq, mask_mod):
     if G > 1:
         num = num.repeat_interleave(G, dim=1)
         ind = ind.repeat_interleave(G, dim=1)
-    return BlockMask.from_kv_blocks(num.contiguous(), ind.contiguous(), BLOCK_SIZE=(TQ, T),
+    # no full tiles (every listed tile goes through mask_mod), stated as
+    # zeros: inductor's CPU template (torch 2.15) fails to compile a
+    # one-row query without them
+    return BlockMask.from_kv_blocks(num.contiguous(), ind.contiguous(), torch.zeros_like(num),
+                                    torch.zeros_like(ind), BLOCK_SIZE=(TQ, T),
                                     mask_mod=mask_mod, seq_lengths=(Lq, Lk))
 
 
@@ -464,8 +473,15 @@ def _flex(q, k, v, lay, *, causal, q_pos0, window, scale, softcap, keep, add, ro
     taken = torch.cat([lay.taken, lay.taken.new_zeros(*lay.taken.shape[:-1], pad)], -1)
     chunk_of = lay.chunk_of
     fixed = lay.fixed                                             # [nqb, 4]
-    lastq, lastk = Lq - 1, Lk - 1
-    causal, q_pos0, window = bool(causal), int(q_pos0), int(window)
+    # per-call numbers as 0-d tensors: the compiled kernel takes them as
+    # inputs instead of recompiling for each value (q_pos0 moves with
+    # every decode step)
+    dev = q.device
+    lastq = torch.tensor(Lq - 1, device=dev)
+    lastk = torch.tensor(Lk - 1, device=dev)
+    q_pos0_t = torch.tensor(int(q_pos0), device=dev)
+    window_t = torch.tensor(int(window), device=dev)
+    causal, use_window = bool(causal), int(window) > 0
     keep_b = None if keep is None else keep[:, 0, 0, :]          # [B|1, Lk]
     add_b = None if add is None else add[:, 0, 0, :].float()
     row_bool = row if row is not None and row.dtype == torch.bool else None
@@ -475,22 +491,22 @@ def _flex(q, k, v, lay, *, causal, q_pos0, window, scale, softcap, keep, add, ro
         bi = b if m.shape[0] > 1 else 0
         hi = h if m.shape[1] > 1 else 0
         if m.shape[2] > 1:
-            return m[bi, hi, torch.clamp(qi, max=lastq), ki]
+            return m[bi, hi, torch.minimum(qi, lastq), ki]
         return m[bi, hi, 0, ki]
 
     def mask_mod(b, h, qi, ki):
-        kc = torch.clamp(ki, max=lastk)
-        qc = torch.clamp(qi, max=lastq)
+        kc = torch.minimum(ki, lastk)
+        qc = torch.minimum(qi, lastq)
         blk = qc // qbk
         c = chunk_of[b, kc]
         ok = taken[b, h // G, blk, c]
         ok = ok | ((kc >= fixed[blk, 0]) & (kc < fixed[blk, 1]))
         ok = ok | ((kc >= fixed[blk, 2]) & (kc < fixed[blk, 3]))
-        pos = qc + q_pos0
+        pos = qc + q_pos0_t
         if causal:
             ok = ok & (kc <= pos)
-        if window > 0:
-            ok = ok & (kc > pos - window)
+        if use_window:
+            ok = ok & (kc > pos - window_t)
         if keep_b is not None:
             ok = ok & keep_b[b if keep_b.shape[0] > 1 else 0, kc]
         if row_bool is not None:
@@ -504,7 +520,7 @@ def _flex(q, k, v, lay, *, causal, q_pos0, window, scale, softcap, keep, add, ro
         cap_t = torch.tensor(float(softcap), dtype=torch.float32, device=q.device)
 
         def score_mod(s, b, h, qi, ki):
-            kc = torch.clamp(ki, max=lastk)
+            kc = torch.minimum(ki, lastk)
             if use_cap:
                 s = cap_t * torch.tanh(s / cap_t)
             if add_b is not None:
@@ -512,6 +528,11 @@ def _flex(q, k, v, lay, *, causal, q_pos0, window, scale, softcap, keep, add, ro
             if row_add is not None:
                 s = s + pick(row_add, b, h, qi, kc)
             return s
+    if return_lse and q.device.type == "cpu" and FLEX_COMPILE:
+        raise ValueError("return_lse with FlexAttention compiled on the CPU: PyTorch's CPU "
+                         "template does not return the lse; use the gather kernel "
+                         "(_backend.SPARSE_KERNEL = 'gather', the CPU default) or FLEX_COMPILE "
+                         "= None")
     bm = flex_block_mask(lay, Hq, mask_mod)
     fn = _flex_fn(q.device)
     dt = q.dtype if q.dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float32
