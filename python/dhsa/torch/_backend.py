@@ -473,6 +473,18 @@ def _flex(q, k, v, lay, *, causal, q_pos0, window, scale, softcap, keep, add, ro
     taken = torch.cat([lay.taken, lay.taken.new_zeros(*lay.taken.shape[:-1], pad)], -1)
     chunk_of = lay.chunk_of
     fixed = lay.fixed                                             # [nqb, 4]
+    # picked sinks as a table over each block's first keys: sink_tab[b, g,
+    # qb, j] = key alo[qb] + j is a picked sink
+    sinks = getattr(lay, "sinks", None)
+    if sinks is not None:
+        SW = sinks.shape[-1]
+        rel = torch.where(sinks >= 0, sinks - lay.alo[None, None, :, None],
+                          torch.full_like(sinks, SW))
+        sink_tab = torch.zeros(*sinks.shape[:-1], SW + 1, dtype=torch.bool, device=q.device)
+        sink_tab.scatter_(3, rel, True)
+        sink_tab = sink_tab[..., :SW].contiguous()
+        alo_t = lay.alo
+        sw_last = SW - 1
     # per-call numbers as 0-d tensors: the compiled kernel takes them as
     # inputs instead of recompiling for each value (q_pos0 moves with
     # every decode step)
@@ -502,6 +514,10 @@ def _flex(q, k, v, lay, *, causal, q_pos0, window, scale, softcap, keep, add, ro
         ok = taken[b, h // G, blk, c]
         ok = ok | ((kc >= fixed[blk, 0]) & (kc < fixed[blk, 1]))
         ok = ok | ((kc >= fixed[blk, 2]) & (kc < fixed[blk, 3]))
+        if sinks is not None:
+            rel = kc - alo_t[blk]
+            hit = sink_tab[b, h // G, blk, torch.clamp(rel, min=0, max=sw_last)]
+            ok = ok | (hit & (rel >= 0) & (rel <= sw_last))
         pos = qc + q_pos0_t
         if causal:
             ok = ok & (kc <= pos)

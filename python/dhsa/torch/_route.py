@@ -73,6 +73,7 @@ class _P:
             if f != "predictor":
                 setattr(self, f, getattr(rp, f))
         self.stream = rp.method == _capi.DHSA_ROUTE_STREAM
+        self.picked = self.sink_window > self.sink_tokens  # dhsa__sink_picked
         self.fixed = rp.boundary == _capi.DHSA_BOUNDARY_FIXED
         self.moments = rp.score_mode == _capi.DHSA_SCORE_MOMENTS
         bad = None
@@ -84,6 +85,8 @@ class _P:
                    "nms_window >= 0 (got chunk %d, min %d, max %d, w %d, nms %d)"
                    % (self.chunk, self.min_chunk, self.max_chunk, self.sim_window,
                       self.nms_window))
+        elif not 0 <= self.sink_window <= 4096:
+            bad = "sink_window = %d: use 0 (the first sink_tokens keys) .. 4096" % self.sink_window
         elif not math.isfinite(self.threshold):
             bad = "threshold must be finite"
         elif min(self.budget_tokens, self.sink_tokens, self.local_tokens, self.dense_below) < 0:
@@ -105,7 +108,8 @@ class _P:
         else:
             budget = float(self.budget_tokens) if self.budget_tokens > 0 \
                 else math.ceil(self.density * Lk)
-            r = budget / smallest + 5.0
+            # + sink (one range per picked sink), local, two clipped chunks, one overshoot
+            r = budget / smallest + 4.0 + (self.sink_tokens if self.picked else 1)
             max_ranges = max_chunks + 2 if r > max_chunks + 2 else int(r)
         return min_len, max_chunks, max_ranges
 
@@ -482,6 +486,56 @@ def _greedy(fresh, budget, used, cap, active):
     taken[fl, first_skip[fl]] = True
     return taken
 
+def _pick_sinks(qb_, kb, p, alo, avail, n_pick, G_):
+    """(picked [G_, nqb, SW] int64, scores [G_, nqb, SW] float32): per block
+    the keys [alo, alo + min(avail, SW)) of the KV head (head 0 with
+    share_heads) ranked by their dot product with the sum of the block's
+    query rows over the group's heads (float32, as dhsa__rank_sinks; the
+    dot in float64, rounded to float32), best first, ties to the lower
+    position; the first n_pick kept, -1 elsewhere. scores: the ranked
+    scores (-inf beyond the keys), for the tests' near-tie checks."""
+    Hq, Lq, d = qb_.shape
+    Hkv, Lk = kb.shape[0], kb.shape[1]
+    dev = qb_.device
+    wd = _wide(dev)
+    SW, qbk = p.sink_window, p.q_block
+    nqb = alo.numel()
+    pad = nqb * qbk - Lq
+    x = qb_.to(wd)
+    if pad:
+        x = torch.cat([x, torch.zeros(Hq, pad, d, dtype=wd, device=dev)], 1)
+    heads = Hq // G_
+    qm = x.view(G_, heads, nqb, qbk, d).sum(dim=(1, 3)).to(torch.float32).to(wd)  # [G_, nqb, d]
+    kk = kb[:G_].to(wd) if p.share_heads else kb.to(wd)                  # [G_, Lk, d]
+    j = torch.arange(SW, device=dev)
+    wlen = torch.clamp(torch.minimum(avail, torch.full_like(avail, SW)), min=0)  # [nqb]
+    ok = j[None, :] < wlen[:, None]                                       # [nqb, SW]
+    pos = (alo[:, None] + j[None, :]).clamp(max=Lk - 1)
+    # the keys are read in pieces none of which is [.., d, d]: the square
+    # finder would take sink_window x d keys for a square when sink_window
+    # equals d
+    cuts = [0, SW]
+    if SW == d:
+        cuts = [0, next(c for c in (SW // 2, SW // 2 + 1, 16, 17, 1) if 0 < c < SW and c != d
+                        and SW - c != d), SW]
+    pieces = list(zip(cuts[:-1], cuts[1:]))
+    if bool((alo == alo[0]).all()):  # no window: the same keys for every block (views)
+        a0 = int(alo[0])
+        m = max(0, min(SW, Lk - a0))
+        parts = [torch.matmul(qm, kk[:, a0 + i:a0 + min(j, m)].transpose(1, 2))
+                 for i, j in pieces if min(j, m) > i]
+        sc = torch.cat(parts + [qm.new_zeros(G_, nqb, SW - m)], -1)
+    else:
+        sc = torch.cat([(qm[:, :, None, :] * kk[:, pos[:, i:j]]).sum(-1) for i, j in pieces],
+                       -1)
+    sc = sc.to(torch.float32)
+    sc = torch.where(ok[None], sc, torch.full_like(sc, -math.inf))
+    sc, r = torch.sort(sc, dim=-1, descending=True, stable=True)
+    picked = alo[None, :, None] + r
+    keep = j[None, None, :] < n_pick[None, :, None]
+    return torch.where(keep, picked, torch.full_like(picked, -1)), sc
+
+
 # -------------------------------------------------------------- layout ---
 
 
@@ -494,7 +548,9 @@ class TorchLayout:
     n_blocks, max_ranges, q_pos0, causal, window; and the tensors
     starts [B, nc_max + 1] (chunk starts, padded with Lk), chunk_of
     [B, Lk] (the chunk of each key), taken [B, Hkv, n_blocks, nc_max] bool,
-    fixed [n_blocks, 4] (two ranges per block: [a0, a1, b0, b1]). ranges()
+    fixed [n_blocks, 4] (two ranges per block: [a0, a1, b0, b1]), sinks
+    [B, Hkv, n_blocks, sink_window] (picked sink keys, -1 = none) or None
+    (sink_window <= sink: the first keys, in fixed). ranges()
     and stats() as dhsa.Layout's; close() does nothing (torch frees it)."""
 
     def __init__(self, **kw):
@@ -540,6 +596,10 @@ class TorchLayout:
         s = torch.cat([fx[..., 0::2], cs], -1)
         e = torch.cat([fx[..., 1::2], ce], -1)
         ok = torch.cat([torch.ones(B, Hkv, nqb, 2, dtype=torch.bool, device=dev), okc], -1)
+        if self.sinks is not None:  # picked sinks: one key each
+            s = torch.cat([s, self.sinks], -1)
+            e = torch.cat([e, self.sinks + 1], -1)
+            ok = torch.cat([ok, self.sinks >= 0], -1)
         ok &= e > s
         Lk = self.Lk
         s = torch.where(ok, s, torch.full_like(s, Lk + 1))
@@ -693,11 +753,22 @@ def route(q, k, *, causal=True, window=0, q_pos0=0, params=None, scale=None, _tr
         local = torch.minimum(local, torch.div(budget, 4, rounding_mode="floor"))
     s0 = alo
     s1 = torch.maximum(torch.minimum(sink, ahi), s0)
+    SW = P.sink_window if P.picked else 0
+    n_pick = torch.zeros_like(avail)
+    if P.picked:  # sinks picked among the first sink_window keys: no sink range
+        s1 = s0.clone()
+        n_pick = torch.minimum(sink, torch.clamp(torch.minimum(avail, torch.full_like(avail, SW)),
+                                                 min=0))
     l1 = torch.minimum(pos1, ahi)
     l0 = torch.minimum(torch.maximum(pos0 - local, alo), l1)
     if P.stream:
-        recent = (budget - (s1 - s0)).clamp(min=0)
-        f2 = torch.stack([torch.maximum(ahi - recent, alo), ahi], -1)
+        # sinks, then the block's own rows always (causal), then back from
+        # them while the budget lasts
+        recent = (budget - (s1 - s0) - n_pick).clamp(min=0)
+        r0 = torch.maximum(ahi - recent, alo)
+        if causal:
+            r0 = torch.where(pos0 < r0, torch.maximum(pos0, alo), r0)
+        f2 = torch.stack([r0, ahi], -1)
     else:
         f2 = torch.stack([l0, l1], -1)
     # [nqb, 4]: [a0, a1, b0, b1], two ranges (not [nqb, 2, 2], whose last
@@ -710,7 +781,7 @@ def route(q, k, *, causal=True, window=0, q_pos0=0, params=None, scale=None, _tr
     score_them = not P.stream and Lk >= P.dense_below
     cap = max_ranges - 2
 
-    all_starts, takens, nchunks, lens = [], [], 0, []
+    all_starts, takens, nchunks, lens, sinks = [], [], 0, [], []
     for b in range(B):
         starts = _boundaries(k[b], P)                                      # [nc + 1]
         nc = starts.numel() - 1
@@ -719,6 +790,14 @@ def route(q, k, *, causal=True, window=0, q_pos0=0, params=None, scale=None, _tr
         all_starts.append(starts)
         G_ = 1 if P.share_heads else Hkv
         taken = torch.zeros(G_, nqb, nc, dtype=torch.bool, device=dev)
+        used_g = used[None].expand(G_, nqb)
+        picked = None
+        if P.picked:
+            picked, sink_sc = _pick_sinks(q[b], k[b], P, alo, avail, n_pick, G_)  # [G_, nqb, SW]
+            in_local = (picked >= l0[None, :, None]) & (picked < l1[None, :, None])
+            extra = ((picked >= 0) & ~in_local)
+            used_g = used_g + extra.sum(-1)
+            sinks.append(picked)
         if score_them and bool(routed.any()):
             kp = _pool_keys(k[b], starts, P)                               # [G_, nc, dk]
             qt = _pool_queries(q[b], Hkv, P, scale)                        # [G_, nqb, dk]
@@ -731,13 +810,28 @@ def route(q, k, *, causal=True, window=0, q_pos0=0, params=None, scale=None, _tr
             ce = torch.minimum(cen, ahi[:, None])
             fresh = _uncovered(cs, ce, s0[:, None], s1[:, None], l0[:, None], l1[:, None])
             fresh = torch.where(cand, fresh, torch.zeros_like(fresh))       # [nqb, nc]
-            fr = torch.gather(fresh[None].expand(G_, nqb, nc), 2, order).reshape(G_ * nqb, nc)
+            fresh = fresh[None].expand(G_, nqb, nc)
+            if picked is not None:  # picked sinks outside the local keys are read already
+                cid = torch.repeat_interleave(torch.arange(nc, device=dev),
+                                              starts[1:] - starts[:-1])
+                pc = torch.zeros(G_, nqb, nc, dtype=torch.int64, device=dev)
+                pc.scatter_add_(2, cid[picked.clamp(min=0)], extra.to(torch.int64))
+                fresh = fresh - pc
+            fr = torch.gather(fresh, 2, order).reshape(G_ * nqb, nc)
             if _trace is not None:
-                _trace.append(dict(b=b, starts=starts, scores=S, fresh=fresh))
-            t_sorted = _greedy(fr, budget.repeat(G_), used.repeat(G_), cap, routed.repeat(G_))
+                _trace.append(dict(b=b, starts=starts, scores=S, fresh=fresh[0],
+                                   fresh_g=fresh, sink_scores=sink_sc if P.picked else None,
+                                   n_pick=n_pick))
+            t_sorted = _greedy(fr, budget.repeat(G_), used_g.reshape(-1), cap,
+                               routed.repeat(G_))
             taken.view(G_ * nqb, nc).scatter_(1, order.reshape(G_ * nqb, nc), t_sorted)
+        elif _trace is not None and P.picked:
+            _trace.append(dict(b=b, starts=starts, scores=None, sink_scores=sink_sc,
+                               n_pick=n_pick))
         if P.share_heads:
             taken = taken.expand(Hkv, nqb, nc)
+            if picked is not None:
+                sinks[-1] = picked.expand(Hkv, nqb, SW)
         takens.append(taken)
     ncmax = max(s.numel() - 1 for s in all_starts)
     starts_t = torch.full((B, ncmax + 1), Lk, dtype=torch.int64, device=dev)
@@ -749,7 +843,11 @@ def route(q, k, *, causal=True, window=0, q_pos0=0, params=None, scale=None, _tr
         taken_t[b, :, :, :nc] = takens[b]
         chunk_of[b] = torch.repeat_interleave(torch.arange(nc, device=dev), lens[b])
     lens_all = torch.cat(lens)
-    return TorchLayout(B=B, Hkv=Hkv, Lq=Lq, Lk=Lk, q_block=qbk, n_blocks=nqb,
+    sinks_t = torch.stack(sinks) if P.picked else None                 # [B, Hkv, nqb, SW]
+    if sinks_t is not None:  # only blocks that route (not dense, something to see) read them
+        sinks_t = torch.where((~dense & (avail > 0))[None, None, :, None], sinks_t,
+                              torch.full_like(sinks_t, -1))
+    return TorchLayout(sinks=sinks_t, B=B, Hkv=Hkv, Lq=Lq, Lk=Lk, q_block=qbk, n_blocks=nqb,
                        max_ranges=max_ranges, max_chunks=max_chunks, q_pos0=q_pos0,
                        causal=bool(causal), window=window,
                        starts=starts_t, chunk_of=chunk_of, taken=taken_t, fixed=fixed,
