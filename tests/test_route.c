@@ -2949,6 +2949,64 @@ static void test_picked_sinks(void) {
     }
     rp.sink_window = 5000;
     T_CHECK(dhsa_route(g_ctx, &rp, &a, &lay) == DHSA_ERR_INVALID_ARG, "sink_window 5000 refused");
+    /* more picked sinks than chunks (L 54, fixed chunks of 37, 36 sinks
+     * unscaled): the block keeps its ranges */
+    {
+        float *q2 = q, *k2 = k;
+        dhsa_attn_desc a2 = a;
+        a2.q = dhsa_tensor_blhd(q2, DHSA_F32, 1, 54, Hq, d);
+        a2.k = dhsa_tensor_blhd(k2, DHSA_F32, 1, 54, Hkv, d);
+        a2.v = a2.k;
+        a2.o = a2.q;
+        rp = dhsa_router_params_for(54, 0.9);
+        rp.boundary = DHSA_BOUNDARY_FIXED;
+        rp.chunk = 37;
+        rp.sink_tokens = 36;
+        rp.scale_fixed = 0;
+        rp.q_block = 16;
+        lay = NULL;
+        T_CHECK(dhsa_route(g_ctx, &rp, &a2, &lay) == DHSA_OK, "36 sinks, 54 keys: %s", dhsa_last_error());
+        int64_t empty = 0;
+        for (int64_t g = 0; lay && g < Hkv; g++)
+            for (int64_t qb = 0; qb * 16 < 54; qb++) {
+                const int64_t *rg;
+                int64_t n;
+                dhsa_layout_get(lay, 0, g, qb, &rg, &n);
+                empty += n == 0;
+            }
+        T_CHECK(lay && empty == 0, "36 picked sinks over 54 keys: %lld empty blocks", (long long)empty);
+        dhsa_layout_free(lay);
+    }
+    /* many picked sinks, many small chunks: every block still holds its
+     * diagonal (the picked sinks' ranges count against max_ranges) */
+    for (int mi = 0; mi < 2; mi++) {
+        rp = dhsa_router_params_for(L, 0.25);
+        rp.sink_tokens = 48;
+        rp.min_chunk = 8;
+        rp.max_chunk = 8;
+        lay = NULL;
+        dhsa_kv_index *ix = NULL;
+        if (mi) {
+            if (dhsa_kv_index_create(g_ctx, &rp, Hkv, d, L, &ix) || dhsa_kv_index_append(ix, &a.k) ||
+                dhsa_kv_index_route(g_ctx, ix, &a, &lay))
+                T_CHECK(0, "index with 48 picked sinks: %s", dhsa_last_error());
+        } else {
+            T_CHECK(dhsa_route(g_ctx, &rp, &a, &lay) == DHSA_OK, "48 picked sinks: %s", dhsa_last_error());
+        }
+        int64_t empty = 0;
+        for (int64_t g = 0; lay && g < Hkv; g++)
+            for (int64_t qb = 0; qb * rp.q_block < L; qb++) {
+                const int64_t *rg;
+                int64_t n, last = (qb + 1) * rp.q_block < L ? (qb + 1) * rp.q_block - 1 : L - 1, in = 0;
+                dhsa_layout_get(lay, 0, g, qb, &rg, &n);
+                for (int64_t i = 0; i < n; i++) in |= last >= rg[2 * i] && last < rg[2 * i + 1];
+                empty += !in;
+            }
+        T_CHECK(lay && empty == 0, "48 picked sinks (%s): %lld blocks without their diagonal",
+                mi ? "decode index" : "dhsa_route", (long long)empty);
+        dhsa_layout_free(lay);
+        dhsa_kv_index_free(ix);
+    }
     free(q);
     free(k);
 }

@@ -138,8 +138,10 @@ void dhsa__route_limits(const dhsa_router_params *rp, int64_t Lk, int64_t *min_l
     } else {
         double budget = rp->budget_tokens > 0 ? (double)rp->budget_tokens : ceil(rp->density * (double)Lk);
         /* + sink (one range per picked sink), local, two clipped chunks, one overshoot */
-        double r = budget / (double)smallest + 4.0 + (double)(dhsa__sink_picked(rp) ? rp->sink_tokens : 1);
-        *max_ranges = r > (double)*max_chunks + 2 ? *max_chunks + 2 : (int64_t)r;
+        const int64_t picked = dhsa__sink_picked(rp) ? rp->sink_tokens : 0;
+        double r = budget / (double)smallest + 5.0 + (double)picked;
+        /* never more than every chunk, the sinks and the local keys */
+        *max_ranges = r > (double)(*max_chunks + 2 + picked) ? *max_chunks + 2 + picked : (int64_t)r;
     }
 }
 
@@ -828,7 +830,7 @@ int64_t dhsa__select_ranges(const dhsa_router_params *rp, int64_t max_ranges, in
         if (starts[c + 1] <= alo || starts[c] >= ahi || (allowed && !allowed[c])) continue;
         order[nc++] = c;
     }
-    int64_t cap = max_ranges - 2; /* ranges left for chunks */
+    int64_t cap = max_ranges - 2 - n_picked; /* ranges left for chunks (after sinks, local, picked sinks) */
     (void)min_len;
     /* candidates best first (heap_pop): the i-th best is then at
      * order[nc - 1 - i] */
