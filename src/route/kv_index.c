@@ -110,6 +110,9 @@ struct dhsa_kv_index {
     float *pws;              /* window kernel scratch */
     float *pz;               /* [PIECE] probability of the candidate each
                                 key of the piece completes */
+    int64_t sink_n;    /* picked sinks (dhsa__sink_picked): the first sink_n keys are kept */
+    float *sinkk;      /* [sink_n][Hkv][d]: those keys, the sink candidates every route ranks
+                          (the index's own copy: a distributed rank may not hold them) */
     int64_t mark_len;  /* dhsa__kv_index_mark: the length to rewind to */
     int64_t append_from; /* the length before the last append (a delta carries the scores it made) */
     atomic_int users;  /* -1: an append runs; n > 0: n routes run */
@@ -149,7 +152,7 @@ static float *ring_key(const dhsa_kv_index *ix, int64_t t) {
 
 /* Sizes of an index's arrays (one allocation, laid out in create). */
 typedef struct {
-    int64_t min_len, max_chunks, ring_len, score_size, delay;
+    int64_t min_len, max_chunks, ring_len, score_size, delay, sink_n;
     size_t pred_offset; /* LEARNED: bytes before the predictor's buffers */
     size_t pred_floats[7]; /* px, pq, pk, pv, pfe, ppn + pws, pz (each a multiple of 16) */
     size_t bytes;
@@ -186,6 +189,8 @@ static dhsa_status index_sizes(const dhsa_router_params *rp, int64_t Hkv, int64_
                64 * 7;
     if (rp->score_mode != DHSA_SCORE_POOLED) /* MOMENTS, HEADS: spread, tail_sq, later_sq */
         z->bytes += (size_t)z->max_chunks * hd * 4 + 2 * hd * 8;
+    z->sink_n = dhsa__sink_picked(rp) ? (rp->sink_window < capacity ? rp->sink_window : capacity) : 0;
+    z->bytes += (size_t)z->sink_n * hd * 4;
     memset(z->pred_floats, 0, sizeof z->pred_floats);
     z->pred_offset = 0;
     if (learned) {
@@ -255,6 +260,8 @@ dhsa_status dhsa_kv_index_create(dhsa_ctx *ctx, const dhsa_router_params *rp, in
     ix->dc.score = ix->ring + (size_t)ix->ring_len * hd;
     ix->dc.score_size = z.score_size;
     ix->score_hist = ix->dc.score + z.score_size;
+    ix->sink_n = z.sink_n;
+    ix->sinkk = ix->sink_n ? ix->score_hist + capacity : NULL;
     ix->delay = z.delay;
     atomic_init(&ix->users, 0);
     if (ix->dc.learned) {
@@ -526,6 +533,8 @@ static dhsa_status append_keys(dhsa_kv_index *ix, const dhsa_tensor *k) {
                     if (ix->tail_sq) ix->tail_sq[g * ix->d + x] += (double)v * v;
                 }
             }
+            if (t < ix->sink_n) memcpy(ix->sinkk + (size_t)t * (size_t)(ix->Hkv * ix->d), slot,
+                                       (size_t)(ix->Hkv * ix->d) * sizeof(float));
             ix->len = t + 1;
             dhsa_status st = step(ix, t, ix->pr ? ix->pz[j - j0] : 0.0f);
             if (st) return st;
@@ -564,6 +573,7 @@ static void truncate_keys(dhsa_kv_index *ix, const dhsa_tensor *k, int64_t n) {
     while (nc > 0 && ix->decided[nc - 1] >= n) nc--;
     ix->n_chunks = nc; /* starts[nc], the open chunk's start, was set when chunk nc - 1 closed */
     ix->len = n;
+    for (int64_t t = n; t < ix->sink_n; t++) memset(ix->sinkk + t * hd, 0, (size_t)hd * sizeof(float));
     const int64_t open = ix->starts[nc];
     if (ix->rp.boundary != DHSA_BOUNDARY_FIXED) { /* candidates 1 .. n - 1 - delay had their scores */
         decider *dc = &ix->dc;
@@ -672,6 +682,9 @@ int dhsa__kv_index_diff(const dhsa_kv_index *a, const dhsa_kv_index *b, char *wh
         differ(&a->dc.s_n, &b->dc.s_n, 8, "score counts", a->len, why, cap) ||
         differ(&a->dc.s_mean, &b->dc.s_mean, 8, "score means", a->len, why, cap) ||
         differ(&a->dc.s_m2, &b->dc.s_m2, 8, "score variances", a->len, why, cap))
+        return 1;
+    if (a->sink_n != b->sink_n ||
+        (a->sink_n && differ(a->sinkk, b->sinkk, (size_t)a->sink_n * hd * 4, "kept first keys (sinks)", 0, why, cap)))
         return 1;
     /* the scores of the candidates an index of len keys has scored */
     int64_t last = a->len - 1 - a->delay;
@@ -870,7 +883,12 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
             int64_t alo, ahi;
             dhsa__block_span(a, p.Lk, r0, r1, &alo, &ahi);
             int dense;
-            int64_t n_rank = picks ? dhsa__rank_sinks(rp, a, 0, k0, h0, h1, r0, r1, alo, ahi, sbuf, srank) : 0;
+            int64_t n_rank = 0;
+            if (picks) {
+                int64_t w = ahi - alo < rp->sink_window ? ahi - alo : rp->sink_window;
+                const float *kr = alo + w <= ix->sink_n ? ix->sinkk + (size_t)k0 * (size_t)d : NULL;
+                n_rank = dhsa__rank_sinks(rp, a, 0, k0, h0, h1, r0, r1, alo, ahi, kr, ix->Hkv * d, sbuf, srank);
+            }
             /* keys after the last visible chunk (the open tail, and chunks
              * closed after this block) are always read */
             int64_t n = dhsa__select_ranges(rp, max_ranges, min_len, p.Lk, alo, ahi, a->q_pos0 + r0, last + 1,
@@ -955,6 +973,12 @@ dhsa_status dhsa__kv_index_route_masked(dhsa_ctx *ctx, const dhsa_kv_index *ix, 
  * ring[ring_len][hd], float score[score_size], float kept scores of the
  * candidates the append from length `from` scored (truncation replays
  * them). */
+/* The sink rows an append from length `from` wrote: [from, *t1). */
+static int64_t new_sinks(const dhsa_kv_index *ix, int64_t from, int64_t *t1) {
+    *t1 = ix->len < ix->sink_n ? ix->len : ix->sink_n;
+    return *t1 > from ? *t1 - from : 0;
+}
+
 static void new_scores(const dhsa_kv_index *ix, int64_t from, int64_t *s0, int64_t *n) {
     const int64_t lo = from - ix->delay > 1 ? from - ix->delay : 1, hi = ix->len - 1 - ix->delay;
     *s0 = lo;
@@ -964,10 +988,11 @@ static void new_scores(const dhsa_kv_index *ix, int64_t from, int64_t *s0, int64
 size_t dhsa__kv_index_delta_bytes(const dhsa_kv_index *ix, int64_t c0) {
     const size_t hd = (size_t)(ix->Hkv * ix->d), n_new = (size_t)(ix->n_chunks - c0);
     const int sp = ix->spread != NULL;
-    int64_t s0, ns;
+    int64_t s0, ns, t1;
     new_scores(ix, ix->append_from, &s0, &ns);
+    const size_t nk = (size_t)new_sinks(ix, ix->append_from, &t1);
     return 5 * 8 + 3 * 8 + (n_new + 1) * 8 + n_new * 8 + n_new * hd * 4 * (sp ? 2 : 1) + hd * 8 * (sp ? 2 : 1) +
-           (size_t)ix->ring_len * hd * 4 + (size_t)ix->dc.score_size * 4 + (size_t)ns * 4;
+           (size_t)ix->ring_len * hd * 4 + (size_t)ix->dc.score_size * 4 + (size_t)ns * 4 + nk * hd * 4;
 }
 
 void dhsa__kv_index_delta_write(const dhsa_kv_index *ix, int64_t c0, void *buf) {
@@ -992,6 +1017,8 @@ void dhsa__kv_index_delta_write(const dhsa_kv_index *ix, int64_t c0, void *buf) 
     PUT(ix->ring, (size_t)ix->ring_len * hd * 4);
     PUT(ix->dc.score, (size_t)ix->dc.score_size * 4);
     PUT(ix->score_hist + s0, (size_t)ns * 4);
+    int64_t t1, nk = new_sinks(ix, ix->append_from, &t1);
+    if (nk) PUT(ix->sinkk + (size_t)(t1 - nk) * hd, (size_t)nk * hd * 4);
 #undef PUT
 }
 
@@ -1044,6 +1071,8 @@ dhsa_status dhsa__kv_index_delta_read(dhsa_kv_index *ix, const void *buf, size_t
     int64_t s0, ns;
     new_scores(ix, ix->append_from, &s0, &ns);
     GET(ix->score_hist + s0, (size_t)ns * 4);
+    int64_t t1, nk = new_sinks(ix, ix->append_from, &t1);
+    if (nk) GET(ix->sinkk + (size_t)(t1 - nk) * hd, (size_t)nk * hd * 4);
 #undef GET
     return DHSA_OK;
 }

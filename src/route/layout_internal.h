@@ -55,7 +55,8 @@ int dhsa__sink_picked(const dhsa_router_params *rp);
 /* The candidate sinks of a block, best first (route.c); scratch buf of 2 d
  * + sink_window floats, rank room for sink_window. */
 int64_t dhsa__rank_sinks(const dhsa_router_params *rp, const dhsa_attn_desc *a, int64_t b, int64_t g, int64_t h0,
-                         int64_t h1, int64_t r0, int64_t r1, int64_t alo, int64_t ahi, float *buf, int64_t *rank);
+                         int64_t h1, int64_t r0, int64_t r1, int64_t alo, int64_t ahi, const float *kr, int64_t ldk,
+                         float *buf, int64_t *rank);
 /* sink_rank: NULL for the first sink keys, or dhsa__rank_sinks' n_rank
  * positions, of which the best-ranked sink count are read. causal: STREAM
  * then always reads the block's own rows (the diagonal), even past its

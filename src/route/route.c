@@ -728,11 +728,14 @@ int dhsa__sink_picked(const dhsa_router_params *rp) { return rp->sink_window > r
 /* Sinks where the model puts them (dhsa.h, sink_window): the keys [alo,
  * alo + sink_window) of KV head g (clipped to ahi), ranked by their dot
  * product with the block's mean query (rows [r0, r1), heads [h0, h1) of
- * batch b), best first, ties to the lower position. Writes the ranked
+ * batch b), best first, ties to the lower position; keys from a->k, or
+ * with kr != NULL from F32 rows kr + position x ldk (the decode index's
+ * copy of its first keys). Writes the ranked
  * positions to rank (room for sink_window) and returns their count.
  * Scratch: buf, 2 d floats + sink_window floats. */
 int64_t dhsa__rank_sinks(const dhsa_router_params *rp, const dhsa_attn_desc *a, int64_t b, int64_t g, int64_t h0,
-                         int64_t h1, int64_t r0, int64_t r1, int64_t alo, int64_t ahi, float *buf, int64_t *rank) {
+                         int64_t h1, int64_t r0, int64_t r1, int64_t alo, int64_t ahi, const float *kr, int64_t ldk,
+                         float *buf, int64_t *rank) {
     const int64_t d = a->q.shape[3];
     int64_t w = ahi - alo < rp->sink_window ? ahi - alo : rp->sink_window;
     if (w <= 0 || r1 <= r0 || h1 <= h0) return 0;
@@ -741,7 +744,7 @@ int64_t dhsa__rank_sinks(const dhsa_router_params *rp, const dhsa_attn_desc *a, 
     for (int64_t h = h0; h < h1; h++)
         for (int64_t r = r0; r < r1; r++) add_row(qm, NULL, row_f32(&a->q, b, h, r, d, row), d);
     for (int64_t j = 0; j < w; j++) {
-        const float *k = row_f32(&a->k, b, g, alo + j - a->k_pos0, d, row);
+        const float *k = kr ? kr + (alo + j) * ldk : row_f32(&a->k, b, g, alo + j - a->k_pos0, d, row);
         double t = 0;
         for (int64_t x = 0; x < d; x++) t += (double)qm[x] * (double)k[x];
         sc[j] = (float)t;
@@ -887,7 +890,8 @@ static void select_block(sel_job *j, thread_bufs *t, int64_t g, int64_t qb, cons
     int64_t n_rank = 0;
     if (t->srank) {
         int64_t h0 = rp->share_heads ? 0 : g * p->G, h1 = rp->share_heads ? p->Hq : (g + 1) * p->G;
-        n_rank = dhsa__rank_sinks(rp, j->a, j->b, rp->share_heads ? 0 : g, h0, h1, r0, r1, alo, ahi, t->sbuf, t->srank);
+        n_rank = dhsa__rank_sinks(rp, j->a, j->b, rp->share_heads ? 0 : g, h0, h1, r0, r1, alo, ahi, NULL, 0, t->sbuf,
+                                  t->srank);
     }
     int64_t n = dhsa__select_ranges(rp, j->pl->max_ranges, j->pl->min_len, p->Lk, alo, ahi, j->a->q_pos0 + r0,
                                     j->a->q_pos0 + r1, j->starts, ncb, t->col, 1, -1, NULL, t->srank, n_rank,
