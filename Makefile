@@ -45,7 +45,10 @@ SRCS  := $(sort $(wildcard src/*/*.c))
 OBJS  := $(patsubst src/%.c,$(BUILD)/obj/%.o,$(SRCS))
 HDRS  := $(wildcard include/*.h src/*/*.h)
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(sort $(wildcard tests/test_*.c)))
-TOOLS_SRCS := $(sort $(wildcard tools/*.c))
+# The CLI's support code that tests link as build/libdhsa_cli.a (libc and
+# libm only, nothing of libdhsa): the JSON writer.
+CLI_LIB_SRCS := tools/cli_json.c
+TOOLS_SRCS := $(filter-out $(CLI_LIB_SRCS),$(sort $(wildcard tools/*.c)))
 # Small programs the tests drive (memory-probe targets and the like).
 PROGS := $(patsubst tests/progs/%.c,$(BUILD)/progs/%,$(sort $(wildcard tests/progs/*.c)))
 
@@ -140,8 +143,16 @@ $(BUILD)/libdhsa.a: $(OBJS)
 $(BUILD)/libdhsa.so: $(OBJS)
 	$(CC) -shared -o $@ $^ $(LDLIBS)
 
-$(BUILD)/dhsa: $(TOOLS_SRCS) $(wildcard tools/*.h) $(BUILD)/libdhsa.a $(HDRS) $(CLI_STAMP)
-	$(CC) $(CFLAGS_BASE) $(SERVE_CFLAGS) $(MPI_CFLAGS) $(LINE_CFLAGS) -o $@ $(TOOLS_SRCS) $(BUILD)/libdhsa.a $(SERVE_LIBS) $(MPI_LIBS) $(LINE_LIBS) $(LDLIBS)
+$(BUILD)/obj/tools/%.o: tools/%.c tools/cli.h $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -Itools -c $< -o $@
+
+$(BUILD)/libdhsa_cli.a: $(patsubst tools/%.c,$(BUILD)/obj/tools/%.o,$(CLI_LIB_SRCS))
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/dhsa: $(TOOLS_SRCS) $(wildcard tools/*.h) $(BUILD)/libdhsa_cli.a $(BUILD)/libdhsa.a $(HDRS) $(CLI_STAMP)
+	$(CC) $(CFLAGS_BASE) $(SERVE_CFLAGS) $(MPI_CFLAGS) $(LINE_CFLAGS) -o $@ $(TOOLS_SRCS) $(BUILD)/libdhsa_cli.a $(BUILD)/libdhsa.a $(SERVE_LIBS) $(MPI_LIBS) $(LINE_LIBS) $(LDLIBS)
 
 $(BUILD)/progs/%: tests/progs/%.c $(BUILD)/libdhsa.a $(HDRS)
 	@mkdir -p $(dir $@)
@@ -155,6 +166,11 @@ $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/libdhsa.a $(HDRS)
 $(BUILD)/tests/test_serve: tests/test_serve.c tools/serve_req.c tools/serve.h $(wildcard tests/*.h) $(BUILD)/libdhsa.a $(HDRS) $(CLI_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(SERVE_CFLAGS) -Itools -o $@ tests/test_serve.c tools/serve_req.c $(BUILD)/libdhsa.a $(SERVE_LIBS) $(LDLIBS)
+
+# test_cli_json drives the CLI's JSON writer through its library (no tools/ source).
+$(BUILD)/tests/test_cli_json: tests/test_cli_json.c tools/cli.h $(wildcard tests/*.h) $(BUILD)/libdhsa_cli.a $(BUILD)/libdhsa.a $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -Itools -o $@ tests/test_cli_json.c $(BUILD)/libdhsa_cli.a $(BUILD)/libdhsa.a $(LDLIBS)
 
 # test_cli_small also drives the CLI's model naming (tools/cli_model.c) directly.
 $(BUILD)/tests/test_cli_small: tests/test_cli_small.c tools/cli_model.c tools/cli.h $(wildcard tests/*.h) $(BUILD)/libdhsa.a $(HDRS)

@@ -62,6 +62,49 @@ const char *dhsa_cli_bytes(double bytes, char *buf, size_t cap);
  * a file cannot drive the terminal. Returns the bytes written. */
 size_t dhsa_cli_print_escaped(const char *s, int64_t n, unsigned flags);
 
+/* ------------------------------------------------------------------------ */
+/* JSON out (tools/cli_json.c): the one writer of every --json output.
+ * Strings: '"' and '\\' backslashed, other bytes below 0x20 as \u00xx;
+ * the style bits add what each output has always done:
+ *   DHSA_CLI_JSON_CHECK_UTF8     bytes that are not valid UTF-8 become
+ *                                \ufffd (eval: a model's answer may hold
+ *                                byte tokens), so the document parses;
+ *   DHSA_CLI_JSON_SHORT_ESCAPES  \n and \t as such, DEL as \u007f
+ *                                (memprobe: a command's output).
+ * Without CHECK_UTF8 bytes from 0x80 up are copied as they are. Numbers
+ * that are not finite are written as null (JSON has no NaN or Inf). */
+#define DHSA_CLI_JSON_CHECK_UTF8 1u
+#define DHSA_CLI_JSON_SHORT_ESCAPES 2u
+/* The NUL-terminated s as a JSON string on f. */
+void dhsa_cli_json_string(FILE *f, const char *s, unsigned style);
+/* v with the printf format fmt (one double conversion), or null. */
+void dhsa_cli_json_number(FILE *f, const char *fmt, double v);
+
+/* A writer that keeps the separators: open an object or an array, write
+ * values, close what was opened; closing the outermost one ends the line.
+ * key names the member inside an object and is NULL inside an array and at
+ * the top. ", " between items, ": " after a key. The struct is the
+ * caller's (no allocation); nesting deeper than DHSA_CLI_JSON_MAX_DEPTH
+ * writes nothing more and sets too_deep. */
+#define DHSA_CLI_JSON_MAX_DEPTH 16
+typedef struct {
+    FILE *f;
+    unsigned style;            /* DHSA_CLI_JSON_* for every string and key */
+    const char *number_format; /* printf format of dhsa_cli_json_num ("%.6g") */
+    int depth, too_deep;
+    char kind[DHSA_CLI_JSON_MAX_DEPTH]; /* '}' or ']' per open level */
+    int items[DHSA_CLI_JSON_MAX_DEPTH]; /* items written per open level */
+} dhsa_cli_json;
+void dhsa_cli_json_init(dhsa_cli_json *j, FILE *f, unsigned style, const char *number_format);
+void dhsa_cli_json_object(dhsa_cli_json *j, const char *key);
+void dhsa_cli_json_array(dhsa_cli_json *j, const char *key);
+void dhsa_cli_json_close(dhsa_cli_json *j);
+void dhsa_cli_json_str(dhsa_cli_json *j, const char *key, const char *s); /* s NULL: null */
+void dhsa_cli_json_num(dhsa_cli_json *j, const char *key, double v);
+void dhsa_cli_json_int(dhsa_cli_json *j, const char *key, int64_t v);
+void dhsa_cli_json_bool(dhsa_cli_json *j, const char *key, int v);
+void dhsa_cli_json_null(dhsa_cli_json *j, const char *key);
+
 /* The strict parsers below, exiting with a usage error that names opt. */
 int64_t dhsa_cli_int(const char *opt, const char *s, int64_t min, int64_t max, int suffix);
 double dhsa_cli_real(const char *opt, const char *s, double min, double max);

@@ -254,41 +254,6 @@ static int opt_flag(const opt_scan *o) {
 
 static void opt_unknown(const opt_scan *o) { dhsa_cli_die(EXIT_USAGE, "unknown option \"%s\"", o->argv[o->i]); }
 
-/* -------------------------------------------------------------- JSON out --- */
-
-/* One flat JSON object on stdout, keys in the order written. */
-typedef struct {
-    int n;
-} json_obj;
-
-static void json_key(json_obj *j, const char *k) { printf("%s\"%s\": ", j->n++ ? ", " : "{", k); }
-
-static void json_num(json_obj *j, const char *k, double v) {
-    json_key(j, k);
-    if (isfinite(v))
-        printf("%.6g", v);
-    else
-        printf("null"); /* JSON has no NaN or Inf */
-}
-
-static void json_int(json_obj *j, const char *k, int64_t v) {
-    json_key(j, k);
-    printf("%lld", (long long)v);
-}
-
-/* Only fixed ASCII names are written, so no escaping is needed. */
-static void json_str(json_obj *j, const char *k, const char *v) {
-    json_key(j, k);
-    printf("\"%s\"", v);
-}
-
-static void json_bool(json_obj *j, const char *k, int v) {
-    json_key(j, k);
-    printf("%s", v ? "true" : "false");
-}
-
-static void json_end(json_obj *j) { printf("%s}\n", j->n ? "" : "{"); }
-
 /* ----------------------------------------------------------------- peak --- */
 
 static int cmd_peak(int argc, char **argv) {
@@ -330,14 +295,16 @@ static int cmd_peak(int argc, char **argv) {
     }
     const char *isa = dhsa_isa_name(dhsa_active_isa());
     if (json) {
-        json_obj j = {0};
-        json_str(&j, "isa", isa);
-        json_num(&j, "gflops_1t", g1);
-        json_num(&j, "gflops_all", gall);
-        json_int(&j, "threads", threads);
-        json_num(&j, "read_gbps", bw);
-        json_int(&j, "read_bytes", bytes);
-        json_end(&j);
+        dhsa_cli_json j;
+        dhsa_cli_json_init(&j, stdout, 0, "%.6g");
+        dhsa_cli_json_object(&j, NULL);
+        dhsa_cli_json_str(&j, "isa", isa);
+        dhsa_cli_json_num(&j, "gflops_1t", g1);
+        dhsa_cli_json_num(&j, "gflops_all", gall);
+        dhsa_cli_json_int(&j, "threads", threads);
+        dhsa_cli_json_num(&j, "read_gbps", bw);
+        dhsa_cli_json_int(&j, "read_bytes", bytes);
+        dhsa_cli_json_close(&j);
     } else {
         char b[32];
         printf("dhsa peak: measured in this process (isa %s, %d online CPUs)\n", isa,
@@ -839,49 +806,51 @@ static int cmd_bench_attn(int argc, char **argv) {
     const char *backend = dhsa_backend_name(dhsa_attn_resolve_backend(o.backend));
 
     if (o.json) {
-        json_obj j = {0};
-        json_int(&j, "L", o.L);
-        json_int(&j, "Lq", o.Lq);
-        json_int(&j, "batch", o.batch);
-        json_int(&j, "heads", o.heads);
-        json_int(&j, "kv_heads", o.kv_heads);
-        json_int(&j, "dim", o.dim);
-        json_int(&j, "dv", o.dv);
-        json_bool(&j, "causal", o.causal);
-        json_int(&j, "window", o.window);
-        json_num(&j, "softcap", o.softcap);
-        json_int(&j, "q_pos0", a.q_pos0);
-        json_str(&j, "dtype", dhsa_type_name(o.dtype));
-        json_str(&j, "kv_dtype", dhsa_type_name(o.kv_dtype));
-        json_int(&j, "threads", o.threads);
-        json_str(&j, "isa", isa);
-        json_str(&j, "backend", backend);
-        json_int(&j, "runs", o.runs);
-        json_num(&j, "median_ms", med * 1e3);
-        json_num(&j, "min_ms", tmin * 1e3);
-        json_num(&j, "flops", flops);
-        json_str(&j, "flops_rule", rule);
-        json_num(&j, "gflops", gflops);
-        json_num(&j, "peak_gflops", peak);
-        json_num(&j, "peak_fraction", gflops / peak);
-        json_num(&j, "kv_gbps", kv_gbps);
+        dhsa_cli_json j;
+        dhsa_cli_json_init(&j, stdout, 0, "%.6g");
+        dhsa_cli_json_object(&j, NULL);
+        dhsa_cli_json_int(&j, "L", o.L);
+        dhsa_cli_json_int(&j, "Lq", o.Lq);
+        dhsa_cli_json_int(&j, "batch", o.batch);
+        dhsa_cli_json_int(&j, "heads", o.heads);
+        dhsa_cli_json_int(&j, "kv_heads", o.kv_heads);
+        dhsa_cli_json_int(&j, "dim", o.dim);
+        dhsa_cli_json_int(&j, "dv", o.dv);
+        dhsa_cli_json_bool(&j, "causal", o.causal);
+        dhsa_cli_json_int(&j, "window", o.window);
+        dhsa_cli_json_num(&j, "softcap", o.softcap);
+        dhsa_cli_json_int(&j, "q_pos0", a.q_pos0);
+        dhsa_cli_json_str(&j, "dtype", dhsa_type_name(o.dtype));
+        dhsa_cli_json_str(&j, "kv_dtype", dhsa_type_name(o.kv_dtype));
+        dhsa_cli_json_int(&j, "threads", o.threads);
+        dhsa_cli_json_str(&j, "isa", isa);
+        dhsa_cli_json_str(&j, "backend", backend);
+        dhsa_cli_json_int(&j, "runs", o.runs);
+        dhsa_cli_json_num(&j, "median_ms", med * 1e3);
+        dhsa_cli_json_num(&j, "min_ms", tmin * 1e3);
+        dhsa_cli_json_num(&j, "flops", flops);
+        dhsa_cli_json_str(&j, "flops_rule", rule);
+        dhsa_cli_json_num(&j, "gflops", gflops);
+        dhsa_cli_json_num(&j, "peak_gflops", peak);
+        dhsa_cli_json_num(&j, "peak_fraction", gflops / peak);
+        dhsa_cli_json_num(&j, "kv_gbps", kv_gbps);
         if (decode) {
-            json_num(&j, "read_gbps", read_bw);
-            json_num(&j, "kv_plain_read_gbps", kv_read_bw);
-            json_num(&j, "bandwidth_fraction", bw_fraction);
+            dhsa_cli_json_num(&j, "read_gbps", read_bw);
+            dhsa_cli_json_num(&j, "kv_plain_read_gbps", kv_read_bw);
+            dhsa_cli_json_num(&j, "bandwidth_fraction", bw_fraction);
         }
-        json_int(&j, "workspace_bytes", (int64_t)ws);
-        json_int(&j, "ctx_peak_bytes", (int64_t)ms.peak);
-        json_num(&j, "qkvo_bytes", qkvo);
-        json_int(&j, "rss_inputs_bytes", (int64_t)rss_inputs);
-        json_int(&j, "peak_rss_bytes", (int64_t)peak_rss);
-        json_num(&j, "extra_rss_bytes", extra_rss);
-        json_bool(&j, "peak_rss_reset", rss_reset);
-        json_num(&j, "max_abs_err", chk.max_abs_err);
-        json_num(&j, "tolerance", tol);
-        json_int(&j, "checked_rows", chk.rows);
-        json_num(&j, "reference_gflops", ref_gflops);
-        json_end(&j);
+        dhsa_cli_json_int(&j, "workspace_bytes", (int64_t)ws);
+        dhsa_cli_json_int(&j, "ctx_peak_bytes", (int64_t)ms.peak);
+        dhsa_cli_json_num(&j, "qkvo_bytes", qkvo);
+        dhsa_cli_json_int(&j, "rss_inputs_bytes", (int64_t)rss_inputs);
+        dhsa_cli_json_int(&j, "peak_rss_bytes", (int64_t)peak_rss);
+        dhsa_cli_json_num(&j, "extra_rss_bytes", extra_rss);
+        dhsa_cli_json_bool(&j, "peak_rss_reset", rss_reset);
+        dhsa_cli_json_num(&j, "max_abs_err", chk.max_abs_err);
+        dhsa_cli_json_num(&j, "tolerance", tol);
+        dhsa_cli_json_int(&j, "checked_rows", chk.rows);
+        dhsa_cli_json_num(&j, "reference_gflops", ref_gflops);
+        dhsa_cli_json_close(&j);
     } else {
         printf("dhsa bench attn: %s backend, isa %s, %d thread%s\n", backend, isa, o.threads,
                o.threads > 1 ? "s" : "");

@@ -409,42 +409,10 @@ static void warn_ctx(eval_env *e, int64_t n_ctx) {
     }
 }
 
-/* Length of a valid UTF-8 sequence at s (2..4), or 0. */
-static int utf8_seq(const unsigned char *s) {
-    int n = s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3 : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 0;
-    for (int i = 1; i < n; i++)
-        if ((s[i] & 0xC0) != 0x80) return 0;
-    if (n == 3 && ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] > 0x9F))) return 0;
-    if (n == 4 && ((s[0] == 0xF0 && s[1] < 0x90) || (s[0] == 0xF4 && s[1] > 0x8F))) return 0;
-    return n;
-}
-
-/* Prints a JSON string: quotes and backslashes escaped, control bytes as
- * \u00XX, bytes that are not valid UTF-8 (a model's answer may hold byte
- * tokens) as U+FFFD, so the document always parses. */
-static void json_str(FILE *f, const char *s) {
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-        else if (*p < 0x80) fputc(*p, f);
-        else {
-            int n = utf8_seq(p);
-            if (n) {
-                fwrite(p, 1, (size_t)n, f);
-                p += n - 1;
-            } else {
-                fputs("\\ufffd", f);
-            }
-        }
-    }
-    fputc('"', f);
-}
-
-static void json_num(FILE *f, double v) {
-    if (isfinite(v)) fprintf(f, "%.6g", v);
-    else fputs("null", f);
-}
+/* eval's JSON strings replace invalid UTF-8 (a model's answer may hold byte
+ * tokens) with U+FFFD, so the document always parses. */
+static void json_str(FILE *f, const char *s) { dhsa_cli_json_string(f, s, DHSA_CLI_JSON_CHECK_UTF8); }
+static void json_num(FILE *f, double v) { dhsa_cli_json_number(f, "%.6g", v); }
 
 /* ------------------------------------------------------------ fidelity --- */
 

@@ -164,35 +164,11 @@ static const char *fmt_num(char *buf, size_t cap, double v) {
     return buf;
 }
 
-/* A JSON string (quotes, backslashes and control characters escaped;
- * other bytes as they are). */
-static void json_string(const char *s) {
-    putchar('"');
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') printf("\\%c", *p);
-        else if (*p == '\n') fputs("\\n", stdout);
-        else if (*p == '\t') fputs("\\t", stdout);
-        else if (*p < 0x20 || *p == 0x7f) printf("\\u%04x", *p);
-        else putchar(*p);
-    }
-    putchar('"');
-}
-
-/* A JSON number; null for NaN and infinities (JSON has neither). */
-static void json_number(double v) {
-    if (isfinite(v))
-        printf("%.10g", v);
-    else
-        fputs("null", stdout);
-}
-
-static void json_argv(char *const *argv) {
-    putchar('[');
-    for (int i = 0; argv[i]; i++) {
-        if (i) fputs(", ", stdout);
-        json_string(argv[i]);
-    }
-    putchar(']');
+/* The command line as a JSON array of strings. */
+static void json_argv(dhsa_cli_json *j, const char *key, char *const *argv) {
+    dhsa_cli_json_array(j, key);
+    for (int i = 0; argv[i]; i++) dhsa_cli_json_str(j, NULL, argv[i]);
+    dhsa_cli_json_close(j);
 }
 
 /* ---------------------------------------------------------------- runs --- */
@@ -556,110 +532,88 @@ int dhsa_cli_memprobe(int argc, char **argv) {
     double bl = an.fitted || base_ok ? an.baseline : NAN;
     if (!an.fitted && base_ok) bl = base.peak;
     if (json) {
-        printf("{\"command\": ");
-        json_argv(cmd);
-        printf(", \"sizes\": [");
-        for (int k = 0; k < n_sizes; k++) printf("%s%lld", k ? ", " : "", (long long)sizes[k]);
-        printf("], \"repeat\": %d, \"timeout_s\": ", o.repeat);
-        json_number(o.rp.timeout_s);
-        printf(", \"baseline_kind\": \"%s\", \"baseline_command\": ",
-               base_ok ? "command" : "fitted-c");
+        /* memprobe's strings: \n, \t and DEL escaped, other bytes as they are;
+         * numbers to 10 digits (byte counts stay exact) */
+        dhsa_cli_json j;
+        dhsa_cli_json_init(&j, stdout, DHSA_CLI_JSON_SHORT_ESCAPES, "%.10g");
+        dhsa_cli_json_object(&j, NULL);
+        json_argv(&j, "command", cmd);
+        dhsa_cli_json_array(&j, "sizes");
+        for (int k = 0; k < n_sizes; k++) dhsa_cli_json_int(&j, NULL, sizes[k]);
+        dhsa_cli_json_close(&j);
+        dhsa_cli_json_int(&j, "repeat", o.repeat);
+        dhsa_cli_json_num(&j, "timeout_s", o.rp.timeout_s);
+        dhsa_cli_json_str(&j, "baseline_kind", base_ok ? "command" : "fitted-c");
         if (base_cmd)
-            json_argv(base_cmd);
+            json_argv(&j, "baseline_command", base_cmd);
         else
-            fputs("null", stdout);
+            dhsa_cli_json_null(&j, "baseline_command");
         if (baseline_text) {
             char st[32];
-            printf(", \"baseline_status\": ");
-            json_string(status_text(st, sizeof st, &base));
-            printf(", \"baseline_peak_bytes\": ");
-            json_number(base.peak);
+            dhsa_cli_json_str(&j, "baseline_status", status_text(st, sizeof st, &base));
+            dhsa_cli_json_num(&j, "baseline_peak_bytes", base.peak);
         }
-        printf(", \"baseline_bytes\": ");
-        json_number(bl);
-        printf(", \"results\": [");
+        dhsa_cli_json_num(&j, "baseline_bytes", bl);
+        dhsa_cli_json_array(&j, "results");
         for (int k = 0; k < n_sizes; k++) {
             const size_rec *s = &sz[k];
             int in_fit = s->state == DHSA_MEMPROBE_OK;
-            printf("%s{\"n\": %lld, \"status\": \"%s\", \"exit_code\": ", k ? ", " : "",
-                   (long long)s->n, dhsa_memprobe_state_name(s->state));
+            dhsa_cli_json_object(&j, NULL);
+            dhsa_cli_json_int(&j, "n", s->n);
+            dhsa_cli_json_str(&j, "status", dhsa_memprobe_state_name(s->state));
             if (s->state == DHSA_MEMPROBE_OK || s->state == DHSA_MEMPROBE_EXIT)
-                printf("%d", s->exit_code);
+                dhsa_cli_json_int(&j, "exit_code", s->exit_code);
             else
-                fputs("null", stdout);
-            printf(", \"signal\": ");
+                dhsa_cli_json_null(&j, "exit_code");
             if (s->signal && (s->state == DHSA_MEMPROBE_SIGNAL || s->state == DHSA_MEMPROBE_TIMEOUT))
-                json_string(dhsa_memprobe_signal_name(s->signal));
+                dhsa_cli_json_str(&j, "signal", dhsa_memprobe_signal_name(s->signal));
             else
-                fputs("null", stdout);
-            printf(", \"in_fit\": %s, \"peak_bytes\": ", in_fit ? "true" : "false");
-            json_number(s->peak);
+                dhsa_cli_json_null(&j, "signal");
+            dhsa_cli_json_bool(&j, "in_fit", in_fit);
+            dhsa_cli_json_num(&j, "peak_bytes", s->peak);
             double above = in_fit ? s->peak - bl : NAN;
-            printf(", \"peak_minus_baseline\": ");
-            json_number(above);
-            printf(", \"bytes_per_n\": ");
-            json_number(above / (double)s->n);
-            printf(", \"bytes_per_n2\": ");
-            json_number(above / ((double)s->n * (double)s->n));
-            printf(", \"ru_maxrss_bytes\": ");
-            json_number(s->ru_maxrss);
-            printf(", \"vmhwm_bytes\": ");
-            json_number(s->vmhwm > 0 ? s->vmhwm : NAN);
-            printf(", \"wall_s\": ");
-            json_number(s->wall);
-            printf(", \"runs\": [");
+            dhsa_cli_json_num(&j, "peak_minus_baseline", above);
+            dhsa_cli_json_num(&j, "bytes_per_n", above / (double)s->n);
+            dhsa_cli_json_num(&j, "bytes_per_n2", above / ((double)s->n * (double)s->n));
+            dhsa_cli_json_num(&j, "ru_maxrss_bytes", s->ru_maxrss);
+            dhsa_cli_json_num(&j, "vmhwm_bytes", s->vmhwm > 0 ? s->vmhwm : NAN);
+            dhsa_cli_json_num(&j, "wall_s", s->wall);
+            dhsa_cli_json_array(&j, "runs");
             for (int r = 0; r < s->n_runs; r++) {
                 const run_rec *rr = &s->runs[r];
-                printf("%s{\"status\": \"%s\", \"peak_bytes\": ", r ? ", " : "",
-                       dhsa_memprobe_state_name(rr->state));
-                json_number(rr->peak);
-                printf(", \"ru_maxrss_bytes\": ");
-                json_number(rr->ru_maxrss);
-                printf(", \"vmhwm_bytes\": ");
-                json_number(rr->vmhwm > 0 ? rr->vmhwm : NAN);
-                printf(", \"vmhwm_samples\": %d, \"wall_s\": ", rr->vmhwm_samples);
-                json_number(rr->wall);
-                printf("}");
+                dhsa_cli_json_object(&j, NULL);
+                dhsa_cli_json_str(&j, "status", dhsa_memprobe_state_name(rr->state));
+                dhsa_cli_json_num(&j, "peak_bytes", rr->peak);
+                dhsa_cli_json_num(&j, "ru_maxrss_bytes", rr->ru_maxrss);
+                dhsa_cli_json_num(&j, "vmhwm_bytes", rr->vmhwm > 0 ? rr->vmhwm : NAN);
+                dhsa_cli_json_int(&j, "vmhwm_samples", rr->vmhwm_samples);
+                dhsa_cli_json_num(&j, "wall_s", rr->wall);
+                dhsa_cli_json_close(&j);
             }
-            printf("]");
-            if (s->tail) {
-                printf(", \"last_output\": ");
-                json_string(s->tail);
-            }
-            printf("}");
+            dhsa_cli_json_close(&j);
+            if (s->tail) dhsa_cli_json_str(&j, "last_output", s->tail);
+            dhsa_cli_json_close(&j);
         }
-        printf("], \"sizes_ok\": %d, \"sizes_failed\": %d, \"fitted\": %s", m, failed,
-               an.fitted ? "true" : "false");
-        printf(", \"a\": ");
-        json_number(an.a);
-        printf(", \"b\": ");
-        json_number(an.b);
-        printf(", \"c\": ");
-        json_number(an.c);
-        printf(", \"bytes_per_n2\": ");
-        json_number(an.a);
-        printf(", \"bytes_per_n\": ");
-        json_number(an.b);
-        printf(", \"slope\": ");
-        json_number(an.slope);
-        printf(", \"n2_share\": ");
-        json_number(an.n2_share);
-        printf(", \"residual\": ");
-        json_number(an.residual);
-        printf(", \"verdict\": \"%s\", \"verdict_reason\": ",
-               dhsa_memprobe_verdict_name(an.verdict));
-        json_string(an.reason);
-        printf(", \"failures\": ");
-        if (failures[0])
-            json_string(failures);
-        else
-            fputs("null", stdout);
-        printf(", \"budget_bytes\": ");
-        json_number(budget);
-        printf(", \"max_n_for_budget\": ");
-        json_number(max_n); /* null: no fit, or no limit (below) */
-        printf(", \"budget_unbounded\": %s", isinf(max_n) ? "true" : "false");
-        printf(", \"ok\": %s}\n", ok ? "true" : "false");
+        dhsa_cli_json_close(&j);
+        dhsa_cli_json_int(&j, "sizes_ok", m);
+        dhsa_cli_json_int(&j, "sizes_failed", failed);
+        dhsa_cli_json_bool(&j, "fitted", an.fitted);
+        dhsa_cli_json_num(&j, "a", an.a);
+        dhsa_cli_json_num(&j, "b", an.b);
+        dhsa_cli_json_num(&j, "c", an.c);
+        dhsa_cli_json_num(&j, "bytes_per_n2", an.a);
+        dhsa_cli_json_num(&j, "bytes_per_n", an.b);
+        dhsa_cli_json_num(&j, "slope", an.slope);
+        dhsa_cli_json_num(&j, "n2_share", an.n2_share);
+        dhsa_cli_json_num(&j, "residual", an.residual);
+        dhsa_cli_json_str(&j, "verdict", dhsa_memprobe_verdict_name(an.verdict));
+        dhsa_cli_json_str(&j, "verdict_reason", an.reason);
+        dhsa_cli_json_str(&j, "failures", failures[0] ? failures : NULL);
+        dhsa_cli_json_num(&j, "budget_bytes", budget);
+        dhsa_cli_json_num(&j, "max_n_for_budget", max_n); /* null: no fit, or no limit (below) */
+        dhsa_cli_json_bool(&j, "budget_unbounded", isinf(max_n));
+        dhsa_cli_json_bool(&j, "ok", ok);
+        dhsa_cli_json_close(&j);
     } else {
         char b1[32], b2[32], b3[32];
         printf("dhsa memprobe: ");
