@@ -103,6 +103,8 @@ static void test_nesting(void) {
     dhsa_cli_json_close(&j);
     dhsa_cli_json_num(&j, "k\"ey", NAN);
     dhsa_cli_json_num(&j, "e", 0.25);
+    dhsa_cli_json_numf(&j, "p", "%.4f", 0.5);
+    dhsa_cli_json_numf(&j, "q", "%.4f", -INFINITY);
     dhsa_cli_json_bool(&j, "f", 0);
     dhsa_cli_json_str(&j, "g", "x\"y");
     dhsa_cli_json_close(&j);
@@ -110,7 +112,7 @@ static void test_nesting(void) {
     dhsa_cli_json_close(&j); /* nothing open: writes nothing */
     cap_check(&c,
               "{\"a\": [-9007199254740993, {\"b\": null, \"c\": true, \"s\": null}, []], \"d\": {}, "
-              "\"k\\\"ey\": null, \"e\": 0.25, \"f\": false, \"g\": \"x\\\"y\"}\n",
+              "\"k\\\"ey\": null, \"e\": 0.25, \"p\": 0.5000, \"q\": null, \"f\": false, \"g\": \"x\\\"y\"}\n",
               "nested object");
 
     cap_open(&c);

@@ -101,6 +101,8 @@ void dhsa_cli_json_array(dhsa_cli_json *j, const char *key);
 void dhsa_cli_json_close(dhsa_cli_json *j);
 void dhsa_cli_json_str(dhsa_cli_json *j, const char *key, const char *s); /* s NULL: null */
 void dhsa_cli_json_num(dhsa_cli_json *j, const char *key, double v);
+/* v with its own printf format fmt instead of number_format ("%.4f"). */
+void dhsa_cli_json_numf(dhsa_cli_json *j, const char *key, const char *fmt, double v);
 void dhsa_cli_json_int(dhsa_cli_json *j, const char *key, int64_t v);
 void dhsa_cli_json_bool(dhsa_cli_json *j, const char *key, int v);
 void dhsa_cli_json_null(dhsa_cli_json *j, const char *key);

@@ -109,6 +109,11 @@ void dhsa_cli_json_num(dhsa_cli_json *j, const char *key, double v) {
     dhsa_cli_json_number(j->f, j->number_format, v);
 }
 
+void dhsa_cli_json_numf(dhsa_cli_json *j, const char *key, const char *fmt, double v) {
+    item(j, key);
+    dhsa_cli_json_number(j->f, fmt, v);
+}
+
 void dhsa_cli_json_int(dhsa_cli_json *j, const char *key, int64_t v) {
     item(j, key);
     fprintf(j->f, "%lld", (long long)v);

@@ -409,10 +409,41 @@ static void warn_ctx(eval_env *e, int64_t n_ctx) {
     }
 }
 
-/* eval's JSON strings replace invalid UTF-8 (a model's answer may hold byte
- * tokens) with U+FFFD, so the document always parses. */
-static void json_str(FILE *f, const char *s) { dhsa_cli_json_string(f, s, DHSA_CLI_JSON_CHECK_UTF8); }
-static void json_num(FILE *f, double v) { dhsa_cli_json_number(f, "%.6g", v); }
+/* Every eval --json output: one object on stdout, numbers "%.6g" unless a
+ * field gives its own format (a non-finite one is null), strings with
+ * invalid UTF-8 replaced by U+FFFD (a model's answer may hold byte tokens)
+ * so the document always parses. Opened here; json_end adds the run's
+ * seconds and closes it. */
+static void json_begin(dhsa_cli_json *j) {
+    dhsa_cli_json_init(j, stdout, DHSA_CLI_JSON_CHECK_UTF8, "%.6g");
+    dhsa_cli_json_object(j, NULL);
+}
+
+/* "cells": accuracy and density used per method, depth and length (niah
+ * and the retrieval tasks). */
+static void json_cells(dhsa_cli_json *j, const eval_opts *o, const char *const *names, int n_var,
+                       const double *hits, const double *dens) {
+    const int nD = o->n_depths, nL = o->n_lengths;
+    dhsa_cli_json_array(j, "cells");
+    for (int v = 0; v < n_var; v++)
+        for (int di = 0; di < nD; di++)
+            for (int li = 0; li < nL; li++) {
+                size_t cell = ((size_t)v * nD + di) * nL + li;
+                dhsa_cli_json_object(j, NULL);
+                dhsa_cli_json_str(j, "method", names[v]);
+                dhsa_cli_json_int(j, "length", o->lengths[li]);
+                dhsa_cli_json_numf(j, "depth", "%g", o->depths[di]);
+                dhsa_cli_json_numf(j, "accuracy", "%.4f", hits[cell]);
+                dhsa_cli_json_numf(j, "density_used", "%.4f", dens[cell]);
+                dhsa_cli_json_close(j);
+            }
+    dhsa_cli_json_close(j);
+}
+
+static void json_end(dhsa_cli_json *j, double secs) {
+    dhsa_cli_json_numf(j, "seconds", "%.3f", secs);
+    dhsa_cli_json_close(j);
+}
 
 /* ------------------------------------------------------------ fidelity --- */
 
@@ -447,14 +478,16 @@ static int cmd_fidelity(eval_env *e) {
         dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     }
     double secs = dhsa_cli_now() - t0;
+    dhsa_cli_json j = {0};
     if (o->json) {
-        printf("{\"command\": \"fidelity\", \"model\": ");
-        json_str(stdout, o->model);
-        printf(", \"text\": ");
-        json_str(stdout, o->text_file);
-        printf(", \"ctx\": %lld, \"windows\": %lld, \"ppl_dense\": ", (long long)W, (long long)info.n_windows);
-        json_num(stdout, info.ppl_dense);
-        printf(", \"results\": [");
+        json_begin(&j);
+        dhsa_cli_json_str(&j, "command", "fidelity");
+        dhsa_cli_json_str(&j, "model", o->model);
+        dhsa_cli_json_str(&j, "text", o->text_file);
+        dhsa_cli_json_int(&j, "ctx", W);
+        dhsa_cli_json_int(&j, "windows", info.n_windows);
+        dhsa_cli_json_num(&j, "ppl_dense", info.ppl_dense);
+        dhsa_cli_json_array(&j, "results");
     } else {
         printf("fidelity: %s, %lld windows of %lld tokens from %s (%lld tokens)\n", o->model, (long long)info.n_windows,
                (long long)W, o->text_file, (long long)n_text);
@@ -475,18 +508,21 @@ static int cmd_fidelity(eval_env *e) {
         const char *name = method_label(o, va->method);
         int dense = va->method == DHSA_ATTN_DENSE;
         if (o->json) {
-            printf("%s{\"method\": ", vi ? ", " : "");
-            json_str(stdout, name);
-            printf(", \"density\": %g, \"density_used\": %.6f, \"kl\": %.6g, \"top1\": %.6f, \"ppl\": %.6f, "
-                   "\"ppl_dense\": %.6f, \"density_used_late\": %.6f, \"kl_late\": %.6g, \"top1_late\": %.6f, "
-                   "\"recall\": [",
-                   o->budget && !dense ? 0.0 : va->density, r->density_used, r->kl, r->top1, r->ppl, r->ppl_dense,
-                   r->density_used_late, r->kl_late, r->top1_late);
-            for (int64_t l = 0; l < NL; l++) {
-                if (l) printf(", ");
-                json_num(stdout, r->recall[l]);
-            }
-            printf("]}");
+            dhsa_cli_json_object(&j, NULL);
+            dhsa_cli_json_str(&j, "method", name);
+            dhsa_cli_json_numf(&j, "density", "%g", o->budget && !dense ? 0.0 : va->density);
+            dhsa_cli_json_numf(&j, "density_used", "%.6f", r->density_used);
+            dhsa_cli_json_num(&j, "kl", r->kl);
+            dhsa_cli_json_numf(&j, "top1", "%.6f", r->top1);
+            dhsa_cli_json_numf(&j, "ppl", "%.6f", r->ppl);
+            dhsa_cli_json_numf(&j, "ppl_dense", "%.6f", r->ppl_dense);
+            dhsa_cli_json_numf(&j, "density_used_late", "%.6f", r->density_used_late);
+            dhsa_cli_json_num(&j, "kl_late", r->kl_late);
+            dhsa_cli_json_numf(&j, "top1_late", "%.6f", r->top1_late);
+            dhsa_cli_json_array(&j, "recall");
+            for (int64_t l = 0; l < NL; l++) dhsa_cli_json_num(&j, NULL, r->recall[l]);
+            dhsa_cli_json_close(&j);
+            dhsa_cli_json_close(&j);
         } else {
             char dens[32];
             if (dense) snprintf(dens, sizeof dens, "1");
@@ -498,7 +534,10 @@ static int cmd_fidelity(eval_env *e) {
             printf("\n");
         }
     }
-    if (o->json) printf("], \"seconds\": %.3f}\n", secs);
+    if (o->json) {
+        dhsa_cli_json_close(&j); /* results */
+        json_end(&j, secs);
+    }
     free(methods);
     free(res);
     free(rec);
@@ -654,13 +693,16 @@ static int cmd_copy(eval_env *e) {
         if (o->var[v].method == DHSA_ATTN_DENSE && dense_var < 0) dense_var = v;
         names[v] = o->var[v].name;
     }
+    dhsa_cli_json j = {0};
     if (o->json) {
-        printf("{\"command\": \"copy\", \"model\": ");
-        json_str(stdout, o->model);
-        printf(", \"passage\": %lld, \"trials\": %lld, \"min_score\": %g, \"cells\": [", (long long)P,
-               (long long)o->trials, o->min_score);
+        json_begin(&j);
+        dhsa_cli_json_str(&j, "command", "copy");
+        dhsa_cli_json_str(&j, "model", o->model);
+        dhsa_cli_json_int(&j, "passage", P);
+        dhsa_cli_json_int(&j, "trials", o->trials);
+        dhsa_cli_json_numf(&j, "min_score", "%g", o->min_score);
+        dhsa_cli_json_array(&j, "cells");
     }
-    int first_json = 1;
     for (int v = 0; v < n_var; v++) {
         int dense = o->var[v].method == DHSA_ATTN_DENSE;
         if (!o->json) {
@@ -691,17 +733,24 @@ static int cmd_copy(eval_env *e) {
                 /* by attention: dense attends the copy (twice the control), the method keeps half of it */
                 int attended = d && d->mass >= 2.0 * d->ctl, kept_attn = c->kept >= 0.5;
                 if (o->json) {
-                    printf("%s{\"method\": ", first_json ? "" : ", ");
-                    first_json = 0;
-                    json_str(stdout, method_label(o, o->var[v].method));
-                    printf(", \"density\": %g, \"length\": %lld, \"depth\": %g, \"first_loss\": %.5f, "
-                           "\"rep_loss\": %.5f, \"score\": %.5f, \"density_used\": %.5f, \"copy_keys_selected\": "
-                           "%.5f, \"copy_mass\": %.5f, \"control_mass\": %.5f, \"copy_mass_kept\": %.5f, "
-                           "\"kept_loss\": %s, \"kept_attention\": %s}",
-                           o->var[v].density, (long long)o->lengths[li], o->depths[di], c->first, c->rep,
-                           c->score, c->density, c->cover, c->mass, c->ctl, c->kept,
-                           na ? "null" : kept ? "true" : "false",
-                           !attended ? "null" : kept_attn ? "true" : "false");
+                    dhsa_cli_json_object(&j, NULL);
+                    dhsa_cli_json_str(&j, "method", method_label(o, o->var[v].method));
+                    dhsa_cli_json_numf(&j, "density", "%g", o->var[v].density);
+                    dhsa_cli_json_int(&j, "length", o->lengths[li]);
+                    dhsa_cli_json_numf(&j, "depth", "%g", o->depths[di]);
+                    dhsa_cli_json_numf(&j, "first_loss", "%.5f", c->first);
+                    dhsa_cli_json_numf(&j, "rep_loss", "%.5f", c->rep);
+                    dhsa_cli_json_numf(&j, "score", "%.5f", c->score);
+                    dhsa_cli_json_numf(&j, "density_used", "%.5f", c->density);
+                    dhsa_cli_json_numf(&j, "copy_keys_selected", "%.5f", c->cover);
+                    dhsa_cli_json_numf(&j, "copy_mass", "%.5f", c->mass);
+                    dhsa_cli_json_numf(&j, "control_mass", "%.5f", c->ctl);
+                    dhsa_cli_json_numf(&j, "copy_mass_kept", "%.5f", c->kept);
+                    if (na) dhsa_cli_json_null(&j, "kept_loss");
+                    else dhsa_cli_json_bool(&j, "kept_loss", kept);
+                    if (!attended) dhsa_cli_json_null(&j, "kept_attention");
+                    else dhsa_cli_json_bool(&j, "kept_attention", kept_attn);
+                    dhsa_cli_json_close(&j);
                 } else if (dense) {
                     printf(" %.2f%s / %.1f%% (%.1f%%) |", c->score, na ? "" : "*", 100.0 * c->mass, 100.0 * c->ctl);
                 } else {
@@ -729,8 +778,11 @@ static int cmd_copy(eval_env *e) {
                        drop / cnt);
         }
     }
-    if (o->json) printf("], \"seconds\": %.3f}\n", secs);
-    else printf("\n%.1f s. Marks: after the loss drop, * where dense's drop is >= %.2f and the method's at least "
+    if (o->json) {
+        dhsa_cli_json_close(&j); /* cells */
+        json_end(&j, secs);
+    } else
+        printf("\n%.1f s. Marks: after the loss drop, * where dense's drop is >= %.2f and the method's at least "
                 "half of it (x: less); after the share, * where dense puts at least twice the control's mass on the "
                 "first copy and the method keeps at least half of it (x: less). No mark: dense does not copy / "
                 "attend (or did not run).\n", secs, o->min_score);
@@ -846,13 +898,15 @@ static int cmd_niah(eval_env *e) {
     int64_t cap_ans = o->answer_tokens;
     dhsa_eval_answer *res = xmalloc(sizeof *res);
     double t0 = dhsa_cli_now();
+    dhsa_cli_json j = {0};
     if (o->json) {
-        printf("{\"command\": \"niah\", \"model\": ");
-        json_str(stdout, o->model);
-        printf(", \"template\": \"%s\", \"trials\": %lld, \"answers\": [",
-               np.tmpl == DHSA_CHAT_NONE ? "plain" : dhsa_chat_template_name(np.tmpl), (long long)o->trials);
+        json_begin(&j);
+        dhsa_cli_json_str(&j, "command", "niah");
+        dhsa_cli_json_str(&j, "model", o->model);
+        dhsa_cli_json_str(&j, "template", np.tmpl == DHSA_CHAT_NONE ? "plain" : dhsa_chat_template_name(np.tmpl));
+        dhsa_cli_json_int(&j, "trials", o->trials);
+        dhsa_cli_json_array(&j, "answers");
     }
-    int first_json = 1;
     for (int64_t tr = 0; tr < o->trials; tr++)
         for (int li = 0; li < nL; li++)
             for (int di = 0; di < nD; di++) {
@@ -890,15 +944,18 @@ static int cmd_niah(eval_env *e) {
                     hits[cell] += hit / (double)o->trials;
                     dens[cell] += res->density_used / (double)o->trials;
                     if (o->json) {
-                        printf("%s{\"method\": ", first_json ? "" : ", ");
-                        first_json = 0;
-                        json_str(stdout, method_label(o, va->method));
-                        printf(", \"density\": %g, \"length\": %lld, \"prompt_tokens\": %lld, \"depth\": %g, "
-                               "\"needle_depth\": %.4f, \"trial\": %lld, \"number\": \"%s\", \"answer\": ",
-                               va->density, (long long)o->lengths[li], (long long)n_ids, o->depths[di],
-                               depth_used, (long long)tr, number);
-                        json_str(stdout, answer);
-                        printf(", \"hit\": %s}", hit ? "true" : "false");
+                        dhsa_cli_json_object(&j, NULL);
+                        dhsa_cli_json_str(&j, "method", method_label(o, va->method));
+                        dhsa_cli_json_numf(&j, "density", "%g", va->density);
+                        dhsa_cli_json_int(&j, "length", o->lengths[li]);
+                        dhsa_cli_json_int(&j, "prompt_tokens", n_ids);
+                        dhsa_cli_json_numf(&j, "depth", "%g", o->depths[di]);
+                        dhsa_cli_json_numf(&j, "needle_depth", "%.4f", depth_used);
+                        dhsa_cli_json_int(&j, "trial", tr);
+                        dhsa_cli_json_str(&j, "number", number);
+                        dhsa_cli_json_str(&j, "answer", answer);
+                        dhsa_cli_json_bool(&j, "hit", hit);
+                        dhsa_cli_json_close(&j);
                     } else if (o->show) {
                         printf("%-8s L %5lld depth %.2f (at %.3f) number %s: %s \"%s\"\n", va->name,
                                (long long)n_ids, o->depths[di], depth_used,
@@ -908,20 +965,12 @@ static int cmd_niah(eval_env *e) {
                 dhsa_niah_free(&pr);
             }
     double secs = dhsa_cli_now() - t0;
-    const char *names[MAX_VAR];
+    const char *names[MAX_VAR] = {0};
     for (int v = 0; v < n_var; v++) names[v] = o->var[v].name;
     if (o->json) {
-        printf("], \"cells\": [");
-        for (int v = 0; v < n_var; v++)
-            for (int di = 0; di < nD; di++)
-                for (int li = 0; li < nL; li++) {
-                    size_t cell = ((size_t)v * nD + di) * nL + li;
-                    printf("%s{\"method\": ", v || di || li ? ", " : "");
-                    json_str(stdout, names[v]);
-                    printf(", \"length\": %lld, \"depth\": %g, \"accuracy\": %.4f, \"density_used\": %.4f}",
-                           (long long)o->lengths[li], o->depths[di], hits[cell], dens[cell]);
-                }
-        printf("], \"seconds\": %.3f}\n", secs);
+        dhsa_cli_json_close(&j);
+        json_cells(&j, o, names, n_var, hits, dens);
+        json_end(&j, secs);
     } else {
         for (int v = 0; v < n_var; v++) {
             printf("\n%s: share of answers with the number (density used in brackets)\n\n| depth |", names[v]);
@@ -1018,14 +1067,15 @@ static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
     double *chunk_sum = calloc((size_t)n_var * 2, sizeof(double)); /* per variant: mean_chunk sum, count */
     if (!miss_all || !chunk_sum) dhsa_cli_die(EXIT_RUN, "out of memory");
     double t0 = dhsa_cli_now();
+    dhsa_cli_json j = {0};
     if (o->json) {
-        printf("{\"command\": \"%s\", \"model\": ", dhsa_task_kind_name(kind));
-        json_str(stdout, o->model);
-        printf(", \"filler\": ");
-        json_str(stdout, fill_name);
-        printf(", \"trials\": %lld, \"answers\": [", (long long)o->trials);
+        json_begin(&j);
+        dhsa_cli_json_str(&j, "command", dhsa_task_kind_name(kind));
+        dhsa_cli_json_str(&j, "model", o->model);
+        dhsa_cli_json_str(&j, "filler", fill_name);
+        dhsa_cli_json_int(&j, "trials", o->trials);
+        dhsa_cli_json_array(&j, "answers");
     }
-    int first_json = 1;
     for (int64_t tr = 0; tr < o->trials; tr++)
         for (int li = 0; li < nL; li++)
             for (int di = 0; di < nD; di++) {
@@ -1065,22 +1115,29 @@ static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
                         chunk_sum[2 * v + 1] += 1;
                     }
                     if (o->json) {
-                        printf("%s{\"method\": ", first_json ? "" : ", ");
-                        first_json = 0;
-                        json_str(stdout, va->name);
-                        printf(", \"density\": %g, \"density_used\": %.4f, \"mean_chunk\": %.2f, \"length\": %lld, "
-                               "\"prompt_tokens\": %lld, \"depth\": %g, \"needle_depth\": %.4f, \"trial\": %lld, "
-                               "\"expected\": ",
-                               va->density, d_used, res->mean_chunk, (long long)o->lengths[li], (long long)t.n_ids, o->depths[di],
-                               t.depth_used, (long long)tr);
-                        json_str(stdout, t.answer);
-                        printf(", \"answer\": ");
-                        json_str(stdout, answer);
-                        printf(", \"hit\": %s, \"needle_selected\": [", hit ? "true" : "false");
-                        for (int64_t l = 0; l < res->n_layer; l++) printf("%s%.3f", l ? ", " : "", res->needle_selected[l]);
-                        printf("], \"first_wrong_token\": %lld, \"selected_there\": [", hit ? -1LL : (long long)k_bad);
-                        for (int64_t l = 0; l < res->n_layer; l++) printf("%s%.3f", l ? ", " : "", res->selected_at_wrong[l]);
-                        printf("]}");
+                        dhsa_cli_json_object(&j, NULL);
+                        dhsa_cli_json_str(&j, "method", va->name);
+                        dhsa_cli_json_numf(&j, "density", "%g", va->density);
+                        dhsa_cli_json_numf(&j, "density_used", "%.4f", d_used);
+                        dhsa_cli_json_numf(&j, "mean_chunk", "%.2f", res->mean_chunk);
+                        dhsa_cli_json_int(&j, "length", o->lengths[li]);
+                        dhsa_cli_json_int(&j, "prompt_tokens", t.n_ids);
+                        dhsa_cli_json_numf(&j, "depth", "%g", o->depths[di]);
+                        dhsa_cli_json_numf(&j, "needle_depth", "%.4f", t.depth_used);
+                        dhsa_cli_json_int(&j, "trial", tr);
+                        dhsa_cli_json_str(&j, "expected", t.answer);
+                        dhsa_cli_json_str(&j, "answer", answer);
+                        dhsa_cli_json_bool(&j, "hit", hit);
+                        dhsa_cli_json_array(&j, "needle_selected");
+                        for (int64_t l = 0; l < res->n_layer; l++)
+                            dhsa_cli_json_numf(&j, NULL, "%.3f", res->needle_selected[l]);
+                        dhsa_cli_json_close(&j);
+                        dhsa_cli_json_int(&j, "first_wrong_token", hit ? -1 : k_bad);
+                        dhsa_cli_json_array(&j, "selected_there");
+                        for (int64_t l = 0; l < res->n_layer; l++)
+                            dhsa_cli_json_numf(&j, NULL, "%.3f", res->selected_at_wrong[l]);
+                        dhsa_cli_json_close(&j);
+                        dhsa_cli_json_close(&j);
                     } else if (o->show || (!hit && va->method != DHSA_ATTN_DENSE)) {
                         printf("%-10s L %5lld depth %.2f (at %.3f) want%s: %s \"%s\"; needle keys selected per "
                                "layer (least over the answer's rows):", va->name, (long long)t.n_ids, o->depths[di], t.depth_used, t.answer,
@@ -1096,28 +1153,24 @@ static int cmd_retrieval(eval_env *e, dhsa_task_kind kind) {
                 dhsa_task_free(&t);
             }
     double secs = dhsa_cli_now() - t0;
-    const char *names[MAX_VAR];
+    const char *names[MAX_VAR] = {0};
     for (int v = 0; v < n_var; v++) names[v] = o->var[v].name;
     if (o->json) {
-        printf("], \"cells\": [");
-        for (int v = 0; v < n_var; v++)
-            for (int di = 0; di < nD; di++)
-                for (int li = 0; li < nL; li++) {
-                    size_t cell = ((size_t)v * nD + di) * nL + li;
-                    printf("%s{\"method\": ", v || di || li ? ", " : "");
-                    json_str(stdout, names[v]);
-                    printf(", \"length\": %lld, \"depth\": %g, \"accuracy\": %.4f, \"density_used\": %.4f}",
-                           (long long)o->lengths[li], o->depths[di], hits[cell], dens[cell]);
-                }
-        printf("], \"misses\": [");
+        dhsa_cli_json_close(&j); /* answers */
+        json_cells(&j, o, names, n_var, hits, dens);
+        dhsa_cli_json_array(&j, "misses");
         for (int v = 0; v < n_var; v++) {
-            printf("%s{\"method\": ", v ? ", " : "");
-            json_str(stdout, names[v]);
-            printf(", \"needle_selected_everywhere\": %lld, \"partly\": %lld, \"nowhere\": %lld, \"mean_chunk\": %.2f}",
-                   (long long)miss_all[v * 3], (long long)miss_all[v * 3 + 1], (long long)miss_all[v * 3 + 2],
-                   chunk_sum[2 * v + 1] > 0 ? chunk_sum[2 * v] / chunk_sum[2 * v + 1] : 0.0);
+            dhsa_cli_json_object(&j, NULL);
+            dhsa_cli_json_str(&j, "method", names[v]);
+            dhsa_cli_json_int(&j, "needle_selected_everywhere", miss_all[v * 3]);
+            dhsa_cli_json_int(&j, "partly", miss_all[v * 3 + 1]);
+            dhsa_cli_json_int(&j, "nowhere", miss_all[v * 3 + 2]);
+            dhsa_cli_json_numf(&j, "mean_chunk", "%.2f",
+                               chunk_sum[2 * v + 1] > 0 ? chunk_sum[2 * v] / chunk_sum[2 * v + 1] : 0.0);
+            dhsa_cli_json_close(&j);
         }
-        printf("], \"seconds\": %.3f}\n", secs);
+        dhsa_cli_json_close(&j);
+        json_end(&j, secs);
     } else {
         for (int v = 0; v < n_var; v++) {
             printf("\n%s: accuracy (density used in brackets)\n\n| depth |", names[v]);
@@ -1509,28 +1562,31 @@ static int cmd_ruler(eval_env *e) {
         pcnt[r->length_i] += 1;
     }
     if (o->json) {
-        printf("{\"command\": \"ruler\", \"model\": ");
-        json_str(stdout, o->model);
-        printf(", \"split\": \"%s\", \"template\": \"%s\", \"samples\": %lld, \"new_answers\": %lld, \"out\": ",
-               split_name, tmpl_name, (long long)o->trials, (long long)n_new);
-        if (o->out_path) json_str(stdout, o->out_path);
-        else printf("null");
-        printf(", \"cells\": [");
-        int first = 1;
+        dhsa_cli_json j;
+        json_begin(&j);
+        dhsa_cli_json_str(&j, "command", "ruler");
+        dhsa_cli_json_str(&j, "model", o->model);
+        dhsa_cli_json_str(&j, "split", split_name);
+        dhsa_cli_json_str(&j, "template", tmpl_name);
+        dhsa_cli_json_int(&j, "samples", o->trials);
+        dhsa_cli_json_int(&j, "new_answers", n_new);
+        dhsa_cli_json_str(&j, "out", o->out_path); /* NULL: null */
+        dhsa_cli_json_array(&j, "cells");
         for (int v = 0; v < n_var; v++)
             for (int ti = 0; ti < n_tasks; ti++)
                 for (int li = 0; li < nL; li++) {
                     size_t c = ((size_t)v * RULER_N_ALL + (size_t)tasks[ti]) * nL + (size_t)li;
-                    printf("%s{\"task\": \"%s\", \"method\": ", first ? "" : ", ", ruler_all[tasks[ti]]);
-                    first = 0;
-                    json_str(stdout, o->var[v].name);
-                    printf(", \"length\": %lld, \"answers\": %.0f, \"score\": ", (long long)o->lengths[li], cnt[c]);
-                    json_num(stdout, cnt[c] > 0 ? 100 * sum[c] / cnt[c] : NAN);
-                    printf(", \"density_used\": ");
-                    json_num(stdout, cnt[c] > 0 ? dsum[c] / cnt[c] : NAN);
-                    printf("}");
+                    dhsa_cli_json_object(&j, NULL);
+                    dhsa_cli_json_str(&j, "task", ruler_all[tasks[ti]]);
+                    dhsa_cli_json_str(&j, "method", o->var[v].name);
+                    dhsa_cli_json_int(&j, "length", o->lengths[li]);
+                    dhsa_cli_json_numf(&j, "answers", "%.0f", cnt[c]);
+                    dhsa_cli_json_num(&j, "score", cnt[c] > 0 ? 100 * sum[c] / cnt[c] : NAN);
+                    dhsa_cli_json_num(&j, "density_used", cnt[c] > 0 ? dsum[c] / cnt[c] : NAN);
+                    dhsa_cli_json_close(&j);
                 }
-        printf("], \"seconds\": %.3f}\n", secs);
+        dhsa_cli_json_close(&j);
+        json_end(&j, secs);
     } else {
         for (int v = 0; v < n_var; v++) {
             printf("\n%s: RULER score (share of expected strings in the answer, x100; density used in brackets)\n\n"
