@@ -108,9 +108,11 @@ class _P:
         else:
             budget = float(self.budget_tokens) if self.budget_tokens > 0 \
                 else math.ceil(self.density * Lk)
-            # + sink (one range per picked sink), local, two clipped chunks, one overshoot
-            r = budget / smallest + 4.0 + (self.sink_tokens if self.picked else 1)
-            max_ranges = max_chunks + 2 if r > max_chunks + 2 else int(r)
+            # + sink, local, two clipped chunks, one overshoot, + one range per picked sink;
+            # never more than every chunk, the sinks and the local keys
+            picked = self.sink_tokens if self.picked else 0
+            r = budget / smallest + 5.0 + picked
+            max_ranges = max_chunks + 2 + picked if r > max_chunks + 2 + picked else int(r)
         return min_len, max_chunks, max_ranges
 
 
@@ -420,7 +422,7 @@ def _uncovered(s, e, a0, a1, b0, b1):
 def _greedy(fresh, budget, used, cap, active):
     """The per-block greedy of dhsa__select_ranges over candidates in rank
     order: fresh [N, M] (keys a candidate adds; 0 = not a candidate or
-    nothing new), budget/used [N] int64, cap (ranges left for chunks),
+    nothing new), budget/used [N] int64, cap [N] (ranges left for chunks),
     active [N] bool. Returns taken [N, M] bool.
 
     A candidate that fits is taken; one that overshoots is taken if the
@@ -452,7 +454,7 @@ def _greedy(fresh, budget, used, cap, active):
         cnt = torch.cumsum(pf.to(torch.int64), 1)
         before = u[:, None] + cum - f                     # used before each candidate
         cntb = tk[:, None] + cnt - pf.to(torch.int64)
-        ev = pf & ((before + f > budget[:, None]) | (cntb >= cap))
+        ev = pf & ((before + f > budget[:, None]) | (cntb >= cap[:, None]))
         j = torch.where(ev, pos, torch.full_like(pos, big)).min(1).values  # first event
         run = pf & (pos < j[:, None])
         taken |= run
@@ -779,7 +781,7 @@ def route(q, k, *, causal=True, window=0, q_pos0=0, params=None, scale=None, _tr
     used = (s1 - s0) + (l1 - l0) - (torch.minimum(s1, l1) - torch.maximum(s0, l0)).clamp(min=0)
     routed = ~dense & (avail > 0) & (not P.stream)
     score_them = not P.stream and Lk >= P.dense_below
-    cap = max_ranges - 2
+    cap = max_ranges - 2 - n_pick  # [nqb]: ranges left for chunks after the picked sinks
 
     all_starts, takens, nchunks, lens, sinks = [], [], 0, [], []
     for b in range(B):
@@ -822,7 +824,7 @@ def route(q, k, *, causal=True, window=0, q_pos0=0, params=None, scale=None, _tr
                 _trace.append(dict(b=b, starts=starts, scores=S, fresh=fresh[0],
                                    fresh_g=fresh, sink_scores=sink_sc if P.picked else None,
                                    n_pick=n_pick))
-            t_sorted = _greedy(fr, budget.repeat(G_), used_g.reshape(-1), cap,
+            t_sorted = _greedy(fr, budget.repeat(G_), used_g.reshape(-1), cap.repeat(G_),
                                routed.repeat(G_))
             taken.view(G_ * nqb, nc).scatter_(1, order.reshape(G_ * nqb, nc), t_sorted)
         elif _trace is not None and P.picked:
