@@ -23,13 +23,13 @@ ifeq ($(ARCH),x86_64)
   AVX2_FLAGS   = -mavx2 -mfma -mf16c
   VNNI_FLAGS   = $(AVX512_FLAGS) -mavx512vnni
   # AVX-VNNI (vpdpbusd on ymm): GCC >= 11, clang >= 12; without it
-  # qint_avxvnni.c builds empty and the AVX2 kernels run instead.
+  # int8_avxvnni.c builds empty and the AVX2 kernels run instead.
   AVXVNNI_FLAGS := $(AVX2_FLAGS) $(shell echo | $(CC) -mavxvnni -E -x c - >/dev/null 2>&1 && echo -mavxvnni)
   # AVX512-BF16 (vdpbf16ps): GCC >= 10, clang >= 9; without it
-  # qbf16_avx512bf16.c builds empty and F16/BF16 weights take the exact route.
+  # bf16_avx512bf16.c builds empty and F16/BF16 weights take the exact route.
   BF16_FLAGS := $(AVX512_FLAGS) $(shell echo | $(CC) -mavx512bf16 -E -x c - >/dev/null 2>&1 && echo -mavx512bf16)
   # AMX tiles with BF16 (GCC >= 11, clang >= 12): the prefill route of
-  # qamx_amx.c; without them it builds empty and prefill stays on the
+  # amx_amx.c; without them it builds empty and prefill stays on the
   # integer or exact route.
   AMX_FLAGS := $(BF16_FLAGS) $(shell echo | $(CC) -mamx-tile -mamx-bf16 -E -x c - >/dev/null 2>&1 && echo -mamx-tile -mamx-bf16)
 else

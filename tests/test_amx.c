@@ -1,5 +1,5 @@
 /* test_amx.c: tests of the AMX route of the weight products
- * (src/model/qamx.h: prefill of quantized, F16 and BF16 weights on the AMX
+ * (src/matmul/amx.h: prefill of quantized, F16 and BF16 weights on the AMX
  * tiles, BF16 products, F32 sums).
  *
  * Oracles:
@@ -12,7 +12,7 @@
  *     fail it (the check can fail);
  *   - the route against the double product of the ORIGINAL weights (as the
  *     exact route reads them) and activations, every covered type: within
- *     (2^-8 + 2^-16 + n_in 2^-23) sum |w x| (qamx.h); shapes with token
+ *     (2^-8 + 2^-16 + n_in 2^-23) sum |w x| (amx.h); shapes with token
  *     tails (16, 17, 40, 100 tokens: tiles of 16 and 32 and partial ones),
  *     row tails (n_out 200, 37) and ldx > n_in, ldy > n_out with the
  *     padding untouched; n_in 8192 (32-row units);
@@ -30,8 +30,8 @@
  */
 #include "core/internal.h"
 #include "dhsa.h"
-#include "model/qamx.h"
-#include "model/quant.h"
+#include "matmul/amx.h"
+#include "matmul/quant.h"
 #include "rng.h"
 #include "t.h"
 

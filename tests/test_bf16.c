@@ -1,5 +1,5 @@
 /* test_bf16.c: tests of the BF16 route of the weight products
- * (src/model/qbf16.h: F16 and BF16 weights through vdpbf16ps, activations
+ * (src/matmul/bf16.h: F16 and BF16 weights through vdpbf16ps, activations
  * rounded to BF16).
  *
  * Oracles:
@@ -44,8 +44,8 @@
 #include "cli_run.h"
 #include "core/internal.h"
 #include "dhsa.h"
-#include "model/qbf16.h"
-#include "model/quant.h"
+#include "matmul/bf16.h"
+#include "matmul/quant.h"
 #include "rng.h"
 #include "t.h"
 

@@ -23,7 +23,7 @@
 #include "cli_run.h"
 #include "core/internal.h" /* dhsa__set_idot_cap: the fast route on each integer kernel set */
 #include "dhsa.h"
-#include "model/qbf16.h" /* dhsa__set_bf16_mode: the BF16 route where it does not pay */
+#include "matmul/bf16.h" /* dhsa__set_bf16_mode: the BF16 route where it does not pay */
 #include "llm_ref.h"
 #include "t.h"
 
@@ -207,7 +207,7 @@ static void test_matrix(void) {
  * the reference's wherever its top two are further apart than twice the
  * route's largest error, and prefill and decode within 2e-2 of each other:
  * they quantize the same rows, but their F32 sums differ in order (fused
- * and panel kernels, qint.h), and an activation that lands on a rounding
+ * and panel kernels, int8.h), and an activation that lands on a rounding
  * tie in one and not the other moves by one code (measured: 3e-7 without
  * such a tie, 1e-3 with one, at n_embd 256; the K types, one activation
  * scale per 256 values, so a coarser code: up to 0.011 for Q3_K). Prints the per-type error
@@ -250,7 +250,7 @@ static void check_fast_once(dhsa_model *m, const char *name, const int32_t *ids,
     }
     if (rel > g_fast_worst) g_fast_worst = rel;
     /* where decode takes the exact route (quant.c's choice, the route name
-     * says "decode f32") or prefill the AMX tiles ("bf16 amx", qamx.h),
+     * says "decode f32") or prefill the AMX tiles ("bf16 amx", amx.h),
      * prefill and decode differ by the fast route's own error: bound them
      * by it */
     const double pd_max = strstr(routes, "decode f32") || strstr(routes, "bf16 amx") ? rel_max : 2e-2;
@@ -268,7 +268,7 @@ static void check_fast_once(dhsa_model *m, const char *name, const int32_t *ids,
 /* The fast route on every integer kernel set this CPU runs: the best, then
  * capped at avx-vnni and at avx2 (dhsa__set_idot_cap, what
  * DHSA_FORCE_ISA=avx-vnni / avx2 do), each once. F16 and BF16: the BF16
- * route (qbf16.h), turned on (DHSA_BF16=on) where the CPU has it, also
+ * route (bf16.h), turned on (DHSA_BF16=on) where the CPU has it, also
  * where it does not pay and sessions leave it off. */
 static void check_fast(dhsa_model *m, const char *name, const int32_t *ids, int64_t n, int64_t V, const double *want) {
     if (!strcmp(name, "F16") || !strcmp(name, "BF16")) {

@@ -1,5 +1,5 @@
 /* test_qint.c: tests of the integer route of the weight products
- * (src/model/qint.h: 8-bit activations, integer dot products).
+ * (src/matmul/int8.h: 8-bit activations, integer dot products).
  *
  * Oracles:
  *   - the unpacked form a*c + b of every quantized type against the
@@ -31,8 +31,8 @@
  */
 #include "core/internal.h"
 #include "dhsa.h"
-#include "model/qint.h"
-#include "model/quant.h"
+#include "matmul/int8.h"
+#include "matmul/quant.h"
 #include "t.h"
 
 #include <math.h>
@@ -400,7 +400,7 @@ static void test_products(void) {
 }
 
 /* The K types' fused kernels pack each lane's sum of 4 code x activation
- * products to 16 bits (qint_vnni.c): at the largest codes (15, 31, 63),
+ * products to 16 bits (int8_vnni.c): at the largest codes (15, 31, 63),
  * the largest scales and activations of +-127 in runs of one sign the
  * lanes reach 4 * 63 * 127 = 32004; every kernel set against the scalar
  * route there (a saturated lane would be far off). */

@@ -25,7 +25,7 @@
 
 #include "cli.h"
 #include "dhsa.h"
-#include "model/quant.h"
+#include "matmul/quant.h"
 
 #define EXIT_RUN DHSA_EXIT_RUN
 #define EXIT_USAGE DHSA_EXIT_USAGE

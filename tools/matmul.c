@@ -1,5 +1,5 @@
 /* matmul.c: `dhsa bench matmul`, the weight products of the model runner
- * (src/model/quant.h) on one shape, per weight type: checks the active ISA
+ * (src/matmul/quant.h) on one shape, per weight type: checks the active ISA
  * against the scalar path first (refusing to time a wrong result), then
  * times dhsa__matmul and prints a table: median of --runs, GFLOP/s, the share
  * of the fp32 FMA peak measured in the same run and, for few tokens, the
@@ -17,10 +17,10 @@
 #include "cli.h"
 #include "core/internal.h"
 #include "dhsa.h"
-#include "model/qamx.h"
-#include "model/qbf16.h"
-#include "model/qint.h"
-#include "model/quant.h"
+#include "matmul/amx.h"
+#include "matmul/bf16.h"
+#include "matmul/int8.h"
+#include "matmul/quant.h"
 #include "util/peak.h"
 
 const char dhsa_cli_bench_matmul_usage[] =
@@ -173,7 +173,7 @@ static double check_rows(dhsa_ctx *ctx, const dhsa_wmat *W, int64_t r0, int64_t 
 /* The fast route's check: rows [r0, r0 + nr) of y against the scalar
  * kernels of the same route on the same rows: integer, |a - b| <= 2e-6
  * sum |w x| (the two sum the same exact block integers in different
- * orders, qint.h); BF16, twice the worst case of its order (qbf16.h). */
+ * orders, int8.h); BF16, twice the worst case of its order (bf16.h). */
 static double check_rows_fast(dhsa_ctx *ctx, const dhsa_wmat *W, int64_t r0, int64_t nr, const float *x, int64_t tok,
                               const float *y, int64_t ldy, int64_t *wt, int64_t *wo) {
     dhsa_wmat S = *W;
@@ -186,7 +186,7 @@ static double check_rows_fast(dhsa_ctx *ctx, const dhsa_wmat *W, int64_t r0, int
                         : dhsa__qi_matmul(ctx, &dhsa__qi_scalar, &S, x, W->n_in, tok, ys, nr);
     if (st != DHSA_OK) dhsa_cli_die(EXIT_RUN, "scalar %s route: %s", bf ? "BF16" : "integer", dhsa_last_error());
     /* BF16: both orders within gamma_D of the exact sum of the rounded
-     * terms (qbf16.h), each at most (1 + 2^-8)^2 times its |w x| */
+     * terms (bf16.h), each at most (1 + 2^-8)^2 times its |w x| */
     const double blocks = (double)((W->n_in + DHSA_QK_KC - 1) / DHSA_QK_KC);
     const double rel = bf ? 2.0 * (2.0 * DHSA_QK_KC / 32 + 4 + blocks) * 0x1p-24 * (1 + 0x1p-7) : 2e-6;
     double worst = 0.0;
@@ -210,7 +210,7 @@ static double check_rows_fast(dhsa_ctx *ctx, const dhsa_wmat *W, int64_t r0, int
     return worst;
 }
 
-/* The AMX route's check (model/qamx.h): rows [r0, r0 + nr) of y against
+/* The AMX route's check (matmul/amx.h): rows [r0, r0 + nr) of y against
  * the double product of the exact route's weights and x, within the
  * route's bound (2^-8 + 2^-16 + n_in 2^-23) sum |w x|. */
 static double check_rows_amx(const dhsa_wmat *W, int64_t r0, int64_t nr, const float *x, int64_t tok, const float *y,

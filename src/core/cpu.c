@@ -8,14 +8,14 @@
  *                             CPU runs;
  *   DHSA_FORCE_ISA=avx-vnni   AVX2 kernels, the integer ones on AVX-VNNI;
  *   DHSA_FORCE_ISA=avx512-vnni AVX-512 without the AMX tiles (the prefill
- *                             route of model/qamx.h off);
+ *                             route of matmul/amx.h off);
  *   DHSA_FORCE_ISA=avx512     the default on an AVX-512 CPU (AMX where the
  *                             CPU, the OS and the build have it).
  * A value above what the CPU has gives the CPU's best. The integer
  * dot-product level (dhsa__idot_active) follows the active ISA and that cap;
  * AVX512-BF16 (dhsa__bf16_isa_ok, the fast route's F16/BF16 kernels) runs
  * only under the AVX-512 ISA, so avx2, avx-vnni and scalar turn it off
- * (whether those kernels pay on this CPU, and DHSA_BF16, see model/qbf16.h).
+ * (whether those kernels pay on this CPU, and DHSA_BF16, see matmul/bf16.h).
  * Tested by tests/test_attn.c (every ISA against the same reference) and
  * tests/test_qint.c (every integer kernel against the scalar one).
  */

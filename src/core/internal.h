@@ -20,7 +20,7 @@
 dhsa_status dhsa__fail(dhsa_status s, const char *fmt, ...) DHSA_PRINTF(2, 3);
 
 /* The integer dot-product instructions the fast route's kernels may use
- * (model/qint.h), best last: the best the CPU has within the active ISA
+ * (matmul/int8.h), best last: the best the CPU has within the active ISA
  * (AVX512-VNNI needs the AVX-512 ISA; AVX-VNNI and AVX2's maddubs the AVX2
  * ISA or more), capped by DHSA_FORCE_ISA (src/core/cpu.c) and by
  * dhsa__set_idot_cap (tests; DHSA__IDOT_AVX512VNNI lifts the cap). */
@@ -38,14 +38,14 @@ int dhsa__idot_cpu_has(dhsa__idot d);
 const char *dhsa__idot_name(dhsa__idot d);
 
 /* AVX512-BF16 (vdpbf16ps), for the fast route's kernels of F16 and BF16
- * weights (model/qbf16.h, which also decides whether they pay here): 1 when
+ * weights (matmul/bf16.h, which also decides whether they pay here): 1 when
  * the CPU has it and the active ISA is AVX-512 (so DHSA_FORCE_ISA=avx2,
  * avx-vnni or scalar turn it off). */
 int dhsa__bf16_isa_ok(void);
 /* 1 when the CPU can run it, whatever the ISA. */
 int dhsa__bf16_cpu_has(void);
 
-/* AMX tiles with BF16 products (model/qamx.h, the prefill route): 1 when
+/* AMX tiles with BF16 products (matmul/amx.h, the prefill route): 1 when
  * the CPU has them, the OS saves their state and Linux granted this
  * process the tile data (asked on the first call). */
 int dhsa__amx_cpu_has(void);

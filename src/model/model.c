@@ -16,7 +16,7 @@
  */
 #include "core/internal.h"
 #include "model/model_internal.h"
-#include "model/qamx.h"
+#include "matmul/amx.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -662,7 +662,7 @@ dhsa_status dhsa_model_routes(const dhsa_model *m, int exact, char *buf, size_t 
         int w = snprintf(buf + used, n - used, ": %s", route);
         used += w > 0 && (size_t)w < n - used ? (size_t)w : n - used - 1;
     }
-    /* prefill on the AMX tiles (model/qamx.h): said once */
+    /* prefill on the AMX tiles (matmul/amx.h): said once */
     for (int i = 0; i < nt; i++) {
         const char *pre = dhsa__matmul_prefill_name(exact ? DHSA_MM_EXACT : DHSA_MM_FAST, types[i]);
         if (!pre) continue;

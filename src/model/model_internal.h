@@ -5,7 +5,7 @@
 #define DHSA_MODEL_INTERNAL_H
 
 #include "dhsa.h"
-#include "model/quant.h"
+#include "matmul/quant.h"
 
 #include <stdatomic.h>
 

@@ -7,7 +7,7 @@
  * little-endian F32 values to stdout; exits 1 with a sentence on stderr if
  * dhsa refuses (an ISA the machine lacks included), 2 on a short read. */
 #include "dhsa.h"
-#include "model/quant.h"
+#include "matmul/quant.h"
 
 #include <stdio.h>
 #include <stdlib.h>

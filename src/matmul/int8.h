@@ -1,5 +1,5 @@
-/* qint.h: the integer route of the weight products (src/model/qint.c,
- * qint_vnni.c, qint_avx2.c, qint_avxvnni.c, qint_ymm.h): activations
+/* int8.h: the integer route of the weight products (src/matmul/int8.c,
+ * int8_vnni.c, int8_avx2.c, int8_avxvnni.c, int8_ymm.h): activations
  * quantized to 8 bits per block, integer dot products against the
  * weights' own codes. Private to the library; the exact F32 route
  * (quant.h) stays the reference and the `exact` option.
@@ -28,7 +28,7 @@
  * xs[j] = xd * (sum of the codes of weight block j) is kept per weight
  * block. One scale per 256 lets a K-type kernel apply the super-block's
  * integer sub-block scales to integer sums and touch floats once per 256
- * values (qint_vnni.c's dot_file); it costs precision where a group's
+ * values (int8_vnni.c's dot_file); it costs precision where a group's
  * values differ much in size (the bound below uses the group's xd).
  *
  * The product of a weight row and an activation row is then
@@ -50,7 +50,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/quant.h"
+#include "matmul/quant.h"
 
 #define DHSA_QI_XBLOCK 32 /* activation block */
 #define DHSA_QI_GROUP 16  /* rows per VNNI group of the panel route */
@@ -69,7 +69,7 @@ int dhsa__qi_type(uint32_t type);
 int dhsa__qi_bw(uint32_t type);
 /* The largest code the type's unpacking can give: 255 for Q8_0, IQ4_NL and
  * IQ4_XS (signed values + 128), 2^bits - 1 for the others (63 for Q6_K).
- * The AVX2 kernels' 16-bit pair sums depend on it (qint_avx2.h). */
+ * The AVX2 kernels' 16-bit pair sums depend on it (int8_avx2.h). */
 int dhsa__qi_code_max(uint32_t type);
 
 /* Scalar definitions, the reference of the per-ISA kernels:
@@ -107,7 +107,7 @@ static inline void dhsa__qi_put_nan_block(int8_t *q, float *xd, float *xs, int64
 float dhsa__qi_dot_scalar(const uint8_t *codes, const float *a, const float *b, int64_t n, int bw,
                           const dhsa_qi_act *x, float y0);
 
-/* ---- Per-ISA kernels (private to qint.c and qint_*.c) ---- */
+/* ---- Per-ISA kernels (private to int8.c and int8_*.c) ---- */
 typedef struct {
     const char *name;
     int mr;        /* panel tile: tokens */

@@ -1,4 +1,4 @@
-/* quant_avx2.c: AVX2 + FMA + F16C kernels of the weight products, for x86
+/* f32_avx2.c: AVX2 + FMA + F16C kernels of the weight products, for x86
  * machines without AVX-512 (contract and summation order in quant.h).
  * Compiled with -mavx2 -mfma -mf16c by the Makefile; elsewhere this file is
  * empty and the scalar path runs.
@@ -18,7 +18,7 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "model/quant.h"
+#include "matmul/quant.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 16")
@@ -421,7 +421,7 @@ static void tile(const float *W, int64_t ldw, const float *X, int64_t ldxp, int6
 
 /* ---------------------------------------------------------- fused tile --- */
 
-/* Prefetch of [p, p + n) in the next row group (see quant_avx512.c). */
+/* Prefetch of [p, p + n) in the next row group (see f32_avx512.c). */
 INLINE void prefetch(const uint8_t *p, int n) {
     for (int b = 0; b < n; b += 64) _mm_prefetch((const char *)(p + b), _MM_HINT_T1);
 }

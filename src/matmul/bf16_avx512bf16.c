@@ -1,9 +1,9 @@
-/* qbf16_avx512bf16.c: the AVX512-BF16 kernels of the BF16 route (contract
- * and summation order in qbf16.h). Compiled with the AVX-512 flags and
+/* bf16_avx512bf16.c: the AVX512-BF16 kernels of the BF16 route (contract
+ * and summation order in bf16.h). Compiled with the AVX-512 flags and
  * -mavx512bf16 by the Makefile where the compiler knows it; elsewhere this
  * file leaves the kernels' name NULL and F16/BF16 weights take the exact
  * route. Chosen at run time (dhsa__bf16_isa_ok: CPUID, the active ISA; and
- * whether they pay here, qbf16.c).
+ * whether they pay here, bf16.c).
  *
  * One vdpbf16ps multiplies 32 adjacent weights of a row, as pairs (k, k+1),
  * with 32 activations: a row's bytes are already in the order it wants, so
@@ -17,8 +17,8 @@
  *   panel     (prefill) a 6 token x 4 row tile over a panel of BF16 rows:
  *             per 32 columns 4 weight loads, 6 activation loads and 24
  *             vdpbf16ps (24 accumulators, 29 of the 32 zmm).
- * Both reduce each K block's lanes with quant_tree512.h's tree, so they
- * agree bitwise. The probe (below) tells qbf16.c whether they pay on this
+ * Both reduce each K block's lanes with tree512.h's tree, so they
+ * agree bitwise. The probe (below) tells bf16.c whether they pay on this
  * core. Held to a double reference and to the scalar kernels by
  * tests/test_bf16.c.
  */
@@ -29,8 +29,8 @@
 #include <string.h>
 #include <x86intrin.h> /* __rdtsc */
 
-#include "model/qbf16.h"
-#include "model/quant_tree512.h"
+#include "matmul/bf16.h"
+#include "matmul/tree512.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 16")
@@ -219,7 +219,7 @@ static double probe(void) {
 const dhsa__bf16_kernels dhsa__bf16_avx512bf16 = {"avx512-bf16", TMAX, MR, NR, round_act, gemv, to_bf16, tile, probe};
 
 #else
-#include "model/qbf16.h"
+#include "matmul/bf16.h"
 #if defined(__x86_64__)
 /* built without -mavx512bf16: no kernels (the name NULL says so) */
 const dhsa__bf16_kernels dhsa__bf16_avx512bf16 = {NULL, 0, 0, 0, NULL, NULL, NULL, NULL, NULL};

@@ -6,7 +6,7 @@
  * formulas, a plain-C micro-tile), the quantizers used for conversion and
  * test fixtures, the finite check, run-time dispatch, and the driver of
  * dhsa__matmul: argument checks, the choice of route, the split into tasks
- * and the workspace. The SIMD kernels live in quant_avx2.c / quant_avx512.c
+ * and the workspace. The SIMD kernels live in f32_avx2.c / f32_avx512.c
  * and are compared with this file's by tests/test_quant.c.
  *
  * Routes (the same arithmetic per output element, see quant.h):
@@ -19,10 +19,10 @@
  * Run: make build/tests/test_quant && build/tests/test_quant;
  *      build/dhsa bench matmul --help.
  */
-#include "model/quant.h"
-#include "model/qamx.h"
-#include "model/qbf16.h"
-#include "model/qint.h"
+#include "matmul/quant.h"
+#include "matmul/amx.h"
+#include "matmul/bf16.h"
+#include "matmul/int8.h"
 
 #include "core/internal.h"
 
@@ -1117,12 +1117,12 @@ dhsa_status dhsa__matmul(dhsa_ctx *ctx, const dhsa_wmat *W, const float *x, int6
 /* ------------------------------------------------------------ routes --- */
 
 /* The fast route's kernels for a weight type: the integer ones (quantized
- * types, qint.h) or the BF16 ones (F16 and BF16, qbf16.h), where the CPU
+ * types, int8.h) or the BF16 ones (F16 and BF16, bf16.h), where the CPU
  * and the ISA allow; neither: the exact route. */
 typedef struct {
     const dhsa__qi_kernels *qi;
     const dhsa__bf16_kernels *bf;
-    const dhsa__amx_kernels *amx; /* prefill of many tokens (qamx.h), set by fast_kernels_n */
+    const dhsa__amx_kernels *amx; /* prefill of many tokens (amx.h), set by fast_kernels_n */
 } fast_k;
 
 static fast_k fast_kernels(dhsa__mm_route route, uint32_t type) {

@@ -1,5 +1,5 @@
-/* qbf16.h: the BF16 route of the weight products (src/model/qbf16.c,
- * qbf16_avx512bf16.c): F16 and BF16 weights multiplied with vdpbf16ps
+/* bf16.h: the BF16 route of the weight products (src/matmul/bf16.c,
+ * bf16_avx512bf16.c): F16 and BF16 weights multiplied with vdpbf16ps
  * (AVX512-BF16), activations rounded to BF16. Private to the library; the
  * fast route of F16/BF16 weights where the CPU has the instruction, the
  * exact F32 route (quant.h) staying the reference and the `exact` option.
@@ -51,7 +51,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/quant.h"
+#include "matmul/quant.h"
 
 /* 1 for the weight types the route covers: F16 and BF16. */
 int dhsa__bf16_type(uint32_t type);
@@ -72,7 +72,7 @@ double dhsa__bf16_probe(void);
  * takes them, or when they cannot run here. */
 const char *dhsa__bf16_off_reason(void);
 
-/* ---- Kernels (private to qbf16.c and qbf16_*.c) ---- */
+/* ---- Kernels (private to bf16.c and bf16_*.c) ---- */
 typedef struct {
     const char *name;
     int max_tok_fused; /* n_tok up to which the fused route runs */

@@ -1,8 +1,8 @@
-/* qint.c: the integer route of the weight products (contract in qint.h,
+/* int8.c: the integer route of the weight products (contract in int8.h,
  * numbers in docs/quant.md): the scalar definitions (unpacking each type
  * into codes and block scales, quantizing activations, the block-ordered
  * product), the scalar kernels that are the reference of the per-ISA ones
- * (qint_vnni.c, qint_avxvnni.c, qint_avx2.c), their choice, and the
+ * (int8_vnni.c, int8_avxvnni.c, int8_avx2.c), their choice, and the
  * driver: activations quantized once per call (in parallel over tokens),
  * then either
  *   fused  n_tok <= max_tok_fused: a task unpacks each of its rows into an
@@ -14,7 +14,7 @@
  *
  * Run: make build/tests/test_qint && build/tests/test_qint.
  */
-#include "model/qint.h"
+#include "matmul/int8.h"
 
 #include "core/internal.h"
 
@@ -350,7 +350,7 @@ const char *dhsa__qi_route_name(const dhsa__qi_kernels *k) {
 
 /* Task sizes. Fused (decode): 512 KB of weights a task where the product
  * is large, so that a thread's stream of rows (and the kernels' prefetch
- * far ahead, qint_vnni.c) runs on across few task boundaries (Q4_K 2048 x
+ * far ahead, int8_vnni.c) runs on across few task boundaries (Q4_K 2048 x
  * 131072, 2 threads: 77-79% of a plain read with 128 KB tasks, 85-88% with
  * 512 KB); small products still cut into up to 4 tasks per thread of at
  * least 128 KB, as before. Panel: as the exact route's (quant.c). */
@@ -452,7 +452,7 @@ static void fused_rows(const qi_job *j, int64_t o0, int64_t o1, char *buf) {
     uint8_t *c = (uint8_t *)buf;
     float *a = (float *)(buf + R * ldc), *b = a + R * ldab;
     const int nt = (int)j->n_tok;
-    if (j->k->dot_file) { /* whole rows from the file's blocks, no unpacked copy (qint.h): all of them in one call */
+    if (j->k->dot_file) { /* whole rows from the file's blocks, no unpacked copy (int8.h): all of them in one call */
         dhsa_qi_act x[64];
         for (int t = 0; t < nt; t++) x[t] = act_of(j, t);
         if (j->k->dot_file(W->type, (const uint8_t *)W->data + o0 * W->row_bytes, W->row_bytes, (int)(o1 - o0), n, x,

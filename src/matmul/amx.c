@@ -1,16 +1,16 @@
-/* qamx.c: the driver of the AMX route (contract in qamx.h): activations
+/* amx.c: the driver of the AMX route (contract in amx.h): activations
  * rounded to BF16 once per call (in parallel over tokens, padded with zero
  * tokens to a multiple of 16), then per task a unit of up to AMX_U rows:
  * each row read as the exact route reads it, rounded to BF16, packed for
- * the tiles into an L2 buffer, and the 32 x 32 tile (qamx_amx.c) run over
+ * the tiles into an L2 buffer, and the 32 x 32 tile (amx_amx.c) run over
  * every token; full tiles store straight into y.
  *
  * Run: make build/tests/test_amx && build/tests/test_amx.
  */
-#include "model/qamx.h"
+#include "matmul/amx.h"
 
 #include "core/internal.h"
-#include "model/qbf16.h"
+#include "matmul/bf16.h"
 
 #include <stdatomic.h>
 #include <string.h>

@@ -1,6 +1,6 @@
 /* quant.h: weight types of the model runner (ggml block formats) and the
- * matrix products over them (src/model/quant.c, quant_avx2.c,
- * quant_avx512.c). Private to the library.
+ * matrix products over them (src/matmul/quant.c, f32_avx2.c,
+ * f32_avx512.c). Private to the library.
  *
  * Types are ggml ids (dhsa_ggml_type): F32, F16, BF16, Q8_0, Q4_0, Q4_1,
  * Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, with ggml's
@@ -21,7 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Sizes of the product drivers' plans (quant.c, qint.c, qbf16.c). */
+/* Sizes of the product drivers' plans (quant.c, int8.c, bf16.c). */
 static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
@@ -72,9 +72,9 @@ dhsa_status dhsa__matmul(dhsa_ctx *ctx, const dhsa_wmat *W, const float *x, int6
 size_t dhsa__matmul_workspace(uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok, int n_threads);
 
 /* The route of a product: EXACT is dhsa__matmul above; FAST is the
- * integer route of qint.h (8-bit activations, integer dot products) where
+ * integer route of int8.h (8-bit activations, integer dot products) where
  * the weight type is quantized and the CPU has its kernels (AVX512-VNNI,
- * AVX-VNNI or AVX2), the BF16 route of qbf16.h (vdpbf16ps) for F16 and
+ * AVX-VNNI or AVX2), the BF16 route of bf16.h (vdpbf16ps) for F16 and
  * BF16 weights where the CPU has AVX512-BF16 and it pays, and the exact
  * route otherwise (dhsa__matmul_route_name says which ran, and why not). */
 typedef enum { DHSA_MM_EXACT = 0, DHSA_MM_FAST = 1 } dhsa__mm_route;
@@ -94,14 +94,14 @@ size_t dhsa__matmul_workspace_on(dhsa__mm_route route, uint32_t type, int64_t n_
  * "(DHSA_BF16=off)"): what dhsa__matmul_on runs for this route and type. */
 const char *dhsa__matmul_route_name(dhsa__mm_route route, uint32_t type);
 /* "bf16 amx" when the route's calls of this type with at least
- * DHSA__AMX_MIN_TOK (5) tokens take the AMX tiles instead (model/qamx.h),
+ * DHSA__AMX_MIN_TOK (5) tokens take the AMX tiles instead (matmul/amx.h),
  * NULL otherwise. */
 const char *dhsa__matmul_prefill_name(dhsa__mm_route route, uint32_t type);
 
 /* dst[0..n_in) = row r of W, dequantized (embedding lookup). */
 dhsa_status dhsa__wmat_row(const dhsa_wmat *W, int64_t r, float *dst);
 
-/* ---- Per-ISA kernels (private to quant.c, quant_avx2.c, quant_avx512.c) ----
+/* ---- Per-ISA kernels (private to quant.c, f32_avx2.c, f32_avx512.c) ----
  *
  * Summation order, the same for every route of one ISA: the n_in columns are
  * cut into K blocks of DHSA_QK_KC; within a block, lane j of one vector

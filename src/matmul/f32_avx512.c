@@ -1,4 +1,4 @@
-/* quant_avx512.c: AVX-512 kernels of the weight products (contract and
+/* f32_avx512.c: AVX-512 kernels of the weight products (contract and
  * summation order in quant.h). Compiled with -mavx512f/bw/dq/vl -mfma -mf16c
  * by the Makefile; elsewhere this file is empty and the scalar path runs.
  *
@@ -16,7 +16,7 @@
  *                and scaled (Q2_K: one FMA with the scale and min);
  *   Q8_0, F16, BF16  widen and convert.
  * Fused route (decode): 4 rows x up to 4 tokens of accumulators, each row
- * streamed once; 2-4 tokens reduce all 16 in one tree16 (quant_tree512.h). Panel route (prefill): a 6 token x 4 row tile over
+ * streamed once; 2-4 tokens reduce all 16 in one tree16 (tree512.h). Panel route (prefill): a 6 token x 4 row tile over
  * dequantized rows, 24 accumulators. Both sum lane j of a K block in column
  * order with FMA and reduce the 16 lanes by the same tree, so they agree
  * bitwise. Held to the scalar path by tests/test_quant.c.
@@ -26,8 +26,8 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "model/quant.h"
-#include "model/quant_tree512.h"
+#include "matmul/quant.h"
+#include "matmul/tree512.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 16")

@@ -1,5 +1,5 @@
-/* qint_vnni.c: AVX512-VNNI kernels of the integer route (contract in
- * qint.h). Compiled with the AVX-512 flags plus -mavx512vnni by the
+/* int8_vnni.c: AVX512-VNNI kernels of the integer route (contract in
+ * int8.h). Compiled with the AVX-512 flags plus -mavx512vnni by the
  * Makefile (files named *_vnni.c); chosen at run time only where the CPU
  * has AVX512-VNNI; elsewhere this file is empty.
  *
@@ -8,7 +8,7 @@
  *              quantizer.
  *   unpack     Q8_0, Q4_K and Q6_K with byte operations here (64-byte
  *              stores); the other types by the AVX2 kernels' byte
- *              operations (qint_ymm.h).
+ *              operations (int8_ymm.h).
  *   dot_rows   fused route, 4 rows x up to 4 tokens: per 64 codes one vpdpbusd (unsigned codes x
  *              signed activations) per token, its 16 lanes (4 or 2 per
  *              weight block) converted and scaled by a*xd per lane, the
@@ -20,7 +20,7 @@
  *              docs/notes/results-models.md); Q4_K, Q5_K, Q6_K: codes from the nibbles
  *              in the registers, vpdpbusd, the lanes' integer sub-block
  *              scales by vpmaddwd / vpdpwssd, one float step per 256
- *              values (the activations' scale group, qint.h).
+ *              values (the activations' scale group, int8.h).
  *   tile       panel route: 6 tokens x 32 rows (two groups of 16 in the
  *              lanes), 12 vpdpbusd per four columns on a broadcast of four
  *              activation codes; per weight block the two FMA of the
@@ -32,8 +32,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "model/qint.h"
-#include "model/qint_kscale.h"
+#include "matmul/int8.h"
+#include "matmul/int8_kscale.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 16")
@@ -155,7 +155,7 @@ static void unpack(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, ui
         }
         return;
     default:
-        /* the 256-bit kernels' byte operations (qint_ymm.h; AVX2 is part
+        /* the 256-bit kernels' byte operations (int8_ymm.h; AVX2 is part
          * of every AVX512-VNNI CPU), else (a build without them) the
          * scalar unpacker */
         if (dhsa__qi_avx2.unpack) dhsa__qi_avx2.unpack(type, row, k0, kn, c, a, b);
@@ -349,7 +349,7 @@ INLINE void q8_nt(const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const 
 /* ------------------------------------------- fused route, K types --- */
 
 /* The K types straight from the file's super-blocks (256 values, one
- * activation scale xd per 256: qint.h's sb), R rows x NT tokens: per 64
+ * activation scale xd per 256: int8.h's sb), R rows x NT tokens: per 64
  * codes one zmm of unsigned codes and, per token, one vpdpbusd (lanes of 4
  * codes: |sum| <= 4 * 63 * 127 = 32004 < 2^15); two such products packed
  * to 16 bits (vpackssdw) and multiplied by the lanes' integer sub-block
@@ -433,7 +433,7 @@ INLINE void k45_nt(const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const
             xd[t] = _mm512_set1_ps(x[t].xd[8 * s]);
             xs[t] = _mm512_broadcast_f32x8(_mm256_loadu_ps(x[t].xs + 8 * s)); /* both halves */
         }
-        /* the scales and mins of the four rows (qint.c's q4k_scale_min) as bytes
+        /* the scales and mins of the four rows (int8.c's q4k_scale_min) as bytes
          * [sc0..7, m0..7] per lane: sc0-3 = s0-3 & 63, m0-3 = s4-7 & 63,
          * sc4-7 = (s8-11 & 15) | (s0-3 >> 6) << 4, m4-7 = (s8-11 >> 4) | (s4-7 >> 6) << 4 */
         __m512i H = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(row[0] + s * bb)));
@@ -582,7 +582,7 @@ K_FORM(q8_4, q8_nt(w, row_bytes, nr, n, x, 4, y, ldy, accumulate))
 
 static int dot_file(uint32_t type, const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const dhsa_qi_act *x,
                     int n_tok, float *y, int64_t ldy, int accumulate) {
-    if (nr <= 0) /* a probe (qint.h) */
+    if (nr <= 0) /* a probe (int8.h) */
         return type == DHSA_GGML_Q8_0 || type == DHSA_GGML_Q4_K || type == DHSA_GGML_Q5_K || type == DHSA_GGML_Q6_K;
     if (type == DHSA_GGML_Q8_0) {
         /* up to TMAX tokens: every group of rows in one function; more: per
@@ -679,7 +679,7 @@ const dhsa__qi_kernels dhsa__qi_vnni = {"avx512-vnni", MR, NG, MAX_TOK_FUSED, R,
                                         dot_file};
 
 #elif defined(__x86_64__)
-#include "model/qint.h"
+#include "matmul/int8.h"
 /* Built without AVX512-VNNI: no kernels (dhsa__qi_kernels_active sees the NULL name). */
 const dhsa__qi_kernels dhsa__qi_vnni = {NULL, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL};
 #else

@@ -1,5 +1,5 @@
-/* qamx.h: the AMX route of the weight products (src/model/qamx.c,
- * qamx_amx.c): prefill (n_tok >= DHSA__AMX_MIN_TOK) of quantized, F16 and
+/* amx.h: the AMX route of the weight products (src/matmul/amx.c,
+ * amx_amx.c): prefill (n_tok >= DHSA__AMX_MIN_TOK) of quantized, F16 and
  * BF16 weights on the AMX tiles with BF16 products (TDPBF16PS), where the
  * CPU, the OS and the build have them. Private to the library; part of the
  * fast route (decode stays on the integer or BF16 kernels), the exact F32
@@ -7,7 +7,7 @@
  * tiles' int8 products, and the numbers: docs/quant.md ("The AMX route").
  *
  * Activations: every value rounded to BF16 once per product, by the BF16
- * route's rule (qbf16.h: to nearest even, denormals to zero, NaN stays
+ * route's rule (bf16.h: to nearest even, denormals to zero, NaN stays
  * NaN, Inf stays Inf).
  * Weights: a panel of rows at a time, each row's values as the exact route
  * reads them (dhsa__dequantize_row, bitwise), rounded to BF16 by the same
@@ -33,7 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/quant.h"
+#include "matmul/quant.h"
 
 /* Calls of at least this many tokens take the AMX route: every call
  * above the few-token (decode) kernels' 4, so that a prompt gives the same
@@ -42,7 +42,7 @@
  * at 16, 2.4x at 512; docs/quant.md). */
 #define DHSA__AMX_MIN_TOK 5
 
-/* ---- Kernels (private to qamx.c and qamx_amx.c) ---- */
+/* ---- Kernels (private to amx.c and amx_amx.c) ---- */
 typedef struct {
     const char *name;
     /* dst [kp/2][16][2] (the tiles' B layout: per pair of columns, the

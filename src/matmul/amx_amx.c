@@ -1,4 +1,4 @@
-/* qamx_amx.c: the AMX kernels of the AMX route (contract in qamx.h).
+/* amx_amx.c: the AMX kernels of the AMX route (contract in amx.h).
  * Compiled with the AVX-512, AVX512-BF16 and AMX flags by the Makefile
  * where the compiler knows them; elsewhere this file leaves the kernels'
  * name NULL and prefill keeps the other routes. Chosen at run time
@@ -19,7 +19,7 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "model/qamx.h"
+#include "matmul/amx.h"
 
 typedef struct {
     uint8_t palette, start_row;
@@ -102,7 +102,7 @@ static void tile(const uint16_t *pw, int64_t kp, const uint16_t *xb, int64_t ldx
 const dhsa__amx_kernels dhsa__amx_tiles = {"amx", pack16, tile};
 
 #elif defined(__x86_64__)
-#include "model/qamx.h"
+#include "matmul/amx.h"
 /* Built without the AMX flags: no kernels (dhsa__amx_kernels_active sees the NULL name). */
 const dhsa__amx_kernels dhsa__amx_tiles = {NULL, NULL, NULL};
 #else

@@ -1,7 +1,7 @@
-/* qbf16.c: the BF16 route of the weight products (contract in qbf16.h,
+/* bf16.c: the BF16 route of the weight products (contract in bf16.h,
  * numbers in docs/quant.md): the rounding of activations, the scalar
  * kernels that write the contract's order out in C (the reference of
- * qbf16_avx512bf16.c), the choice of kernels (DHSA_BF16, the probe of
+ * bf16_avx512bf16.c), the choice of kernels (DHSA_BF16, the probe of
  * whether they pay here), and the driver: activations
  * rounded to BF16 once per call into the ctx's scratch (in parallel over
  * tokens when there are many), then either
@@ -15,7 +15,7 @@
  *
  * Run: make build/tests/test_bf16 && build/tests/test_bf16.
  */
-#include "model/qbf16.h"
+#include "matmul/bf16.h"
 
 #include "core/internal.h"
 

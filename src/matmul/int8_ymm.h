@@ -1,7 +1,7 @@
-/* qint_ymm.h: the 256-bit kernels of the integer route (contract in
- * qint.h), written once and compiled twice: by qint_avx2.c (-mavx2 -mfma
+/* int8_ymm.h: the 256-bit kernels of the integer route (contract in
+ * int8.h), written once and compiled twice: by int8_avx2.c (-mavx2 -mfma
  * -mf16c: the dot of four unsigned codes with four signed activations is
- * vpmaddubsw + vpmaddwd) and by qint_avxvnni.c (plus -mavxvnni: one
+ * vpmaddubsw + vpmaddwd) and by int8_avxvnni.c (plus -mavxvnni: one
  * vpdpbusd on ymm). Each of them defines QI_YMM_VNNI (0 or 1) and
  * QI_YMM_KERNELS (the table to define), then includes this file; nothing
  * else does.
@@ -41,8 +41,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "model/qint.h"
-#include "model/qint_kscale.h"
+#include "matmul/int8.h"
+#include "matmul/int8_kscale.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 16")
@@ -187,7 +187,7 @@ INLINE __m256i bit_as(__m256i v, int bit, int val) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, m), m), _mm256_set1_epi8((char)val));
 }
 
-/* Q3_K's 6-bit scale j (qint.c's q3k_scale). */
+/* Q3_K's 6-bit scale j (int8.c's q3k_scale). */
 static inline int q3k_scale(const uint8_t *s, int j) {
     int lo = j < 8 ? s[j] & 15 : s[j - 8] >> 4;
     return lo | ((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4;
@@ -205,7 +205,7 @@ INLINE __m256i high_bits(const uint8_t *qh) {
 
 static void unpack(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, uint8_t *c, float *a, float *b) {
     const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
-    /* iq4_grid + 128 (qint.c), looked up per nibble */
+    /* iq4_grid + 128 (int8.c), looked up per nibble */
     const __m256i grid = _mm256_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153, (char)166,
                                           (char)181, (char)197, (char)217, (char)241, 1, 24, 45, 63, 79, 93, 106, 118,
                                           (char)129, (char)141, (char)153, (char)166, (char)181, (char)197, (char)217,
@@ -437,7 +437,7 @@ INLINE void tile_bw(const uint8_t *w, const float *a, const float *b, int64_t n,
         __m256i s[MR][2];
         UNROLL for (int t = 0; t < MR; t++) s[t][0] = s[t][1] = _mm256_setzero_si256();
         /* AVX-VNNI: unrolled over the block (qpb is a constant); as a loop
-         * GCC copied the integer sums every group (as in qint_vnni.c).
+         * GCC copied the integer sums every group (as in int8_vnni.c).
          * AVX2 keeps the loop: unrolled, its wider dot spilled (0.7x). */
         GROUP_UNROLL for (int64_t u = 0; u < qpb; u++) {
             const int64_t qd = j * qpb + u;
@@ -485,7 +485,7 @@ static void tile(const uint8_t *w, const float *a, const float *b, int64_t n, in
 /* -------------------------------------- fused route, Q4_K and Q5_K --- */
 
 /* Q4_K / Q5_K rows straight from the file's super-blocks (activations with
- * one scale per 256 values, qint.h), one row at a time, up to KT tokens
+ * one scale per 256 values, int8.h), one row at a time, up to KT tokens
  * per pass: per 32 codes (the low or high nibbles of 32 qs bytes, in the
  * activations' order) one vpmaddubsw against the activation codes (pairs
  * in 16 bits: at most 2 * 31 * 127, no saturation) and the pairs times
@@ -644,7 +644,7 @@ static void k6_2(const uint8_t *rw, int64_t n, const dhsa_qi_act *x, int five, f
 
 static int dot_file(uint32_t type, const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const dhsa_qi_act *x,
                     int n_tok, float *y, int64_t ldy, int accumulate) {
-    if (nr <= 0) /* a probe (qint.h) */
+    if (nr <= 0) /* a probe (int8.h) */
         return type == DHSA_GGML_Q4_K || type == DHSA_GGML_Q5_K || type == DHSA_GGML_Q6_K;
     if (type == DHSA_GGML_Q6_K) {
         for (int r = 0; r < nr; r++)
