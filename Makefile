@@ -48,11 +48,11 @@ TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(sort $(wildcard tests/test_*.c)
 # The CLI's support code that tests link as build/libdhsa_cli.a (libc and
 # libm only, nothing of libdhsa): the JSON writer.
 CLI_LIB_SRCS := tools/cli_json.c
-TOOLS_SRCS := $(filter-out $(CLI_LIB_SRCS),$(sort $(wildcard tools/*.c)))
+TOOLS_SRCS := $(filter-out $(CLI_LIB_SRCS),$(sort $(wildcard tools/*.c tools/serve/*.c)))
 # Small programs the tests drive (memory-probe targets and the like).
 PROGS := $(patsubst tests/progs/%.c,$(BUILD)/progs/%,$(sort $(wildcard tests/progs/*.c)))
 
-# dhsa serve (tools/serve.c) speaks HTTP through libmicrohttpd and JSON
+# dhsa serve (tools/serve/) speaks HTTP through libmicrohttpd and JSON
 # through jansson (docs/server.md), found by pkg-config; libdhsa never
 # links them. Without them the CLI is built without the server (`dhsa
 # serve` then names the packages to install and tests/test_serve skips);
@@ -151,8 +151,8 @@ $(BUILD)/libdhsa_cli.a: $(patsubst tools/%.c,$(BUILD)/obj/tools/%.o,$(CLI_LIB_SR
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/dhsa: $(TOOLS_SRCS) $(wildcard tools/*.h) $(BUILD)/libdhsa_cli.a $(BUILD)/libdhsa.a $(HDRS) $(CLI_STAMP)
-	$(CC) $(CFLAGS_BASE) $(SERVE_CFLAGS) $(MPI_CFLAGS) $(LINE_CFLAGS) -o $@ $(TOOLS_SRCS) $(BUILD)/libdhsa_cli.a $(BUILD)/libdhsa.a $(SERVE_LIBS) $(MPI_LIBS) $(LINE_LIBS) $(LDLIBS)
+$(BUILD)/dhsa: $(TOOLS_SRCS) $(wildcard tools/*.h tools/serve/*.h) $(BUILD)/libdhsa_cli.a $(BUILD)/libdhsa.a $(HDRS) $(CLI_STAMP)
+	$(CC) $(CFLAGS_BASE) $(SERVE_CFLAGS) $(MPI_CFLAGS) $(LINE_CFLAGS) -Itools -o $@ $(TOOLS_SRCS) $(BUILD)/libdhsa_cli.a $(BUILD)/libdhsa.a $(SERVE_LIBS) $(MPI_LIBS) $(LINE_LIBS) $(LDLIBS)
 
 $(BUILD)/progs/%: tests/progs/%.c $(BUILD)/libdhsa.a $(HDRS)
 	@mkdir -p $(dir $@)
@@ -163,9 +163,9 @@ $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/libdhsa.a $(HDRS)
 	$(CC) $(CFLAGS_BASE) -o $@ $< $(BUILD)/libdhsa.a $(LDLIBS)
 
 # test_serve also drives the request parser of dhsa serve directly.
-$(BUILD)/tests/test_serve: tests/test_serve.c tools/serve_req.c tools/serve.h $(wildcard tests/*.h) $(BUILD)/libdhsa.a $(HDRS) $(CLI_STAMP)
+$(BUILD)/tests/test_serve: tests/test_serve.c tools/serve/request.c tools/serve/serve.h $(wildcard tests/*.h) $(BUILD)/libdhsa.a $(HDRS) $(CLI_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) $(SERVE_CFLAGS) -Itools -o $@ tests/test_serve.c tools/serve_req.c $(BUILD)/libdhsa.a $(SERVE_LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS_BASE) $(SERVE_CFLAGS) -Itools -Itools/serve -o $@ tests/test_serve.c tools/serve/request.c $(BUILD)/libdhsa.a $(SERVE_LIBS) $(LDLIBS)
 
 # test_cli_json drives the CLI's JSON writer through its library (no tools/ source).
 $(BUILD)/tests/test_cli_json: tests/test_cli_json.c tools/cli.h $(wildcard tests/*.h) $(BUILD)/libdhsa_cli.a $(BUILD)/libdhsa.a $(HDRS)
@@ -215,7 +215,7 @@ ubsan:
 #              its checksum fixed up) into a session of the shipped model
 #   json       JSON Schema text and JSON text through structured output's
 #              automaton (src/model/json_constraint.c)
-#   serve      dhsa serve's request bodies (tools/serve_req.c; needs jansson,
+#   serve      dhsa serve's request bodies (tools/serve/request.c; needs jansson,
 #              skipped, saying so, without it)
 # Seeds: ../shared/models and ../shared/vocab where present, tiny models
 # from `build/dhsa gen-model`, models/dhsa-retrieval-8m-q8_0.gguf, random
@@ -303,7 +303,7 @@ fuzz: $(BUILD)/dhsa
 	@printf '\001{ "k\\u00e9": [1, -0.5e+3, "x\\n", {"": null}],\n    "t": true }' > build-fuzz/corpus-json/text
 	build-fuzz/json_fuzz $(FUZZ_RUN) -max_len=4096 build-fuzz/corpus-json
 ifeq ($(HAVE_SERVE),1)
-	$(FUZZ_LINK) $(SERVE_CFLAGS) -Itools -o build-fuzz/serve_fuzz fuzz/serve_fuzz.c tools/serve_req.c build-fuzz/libdhsa.a $(SERVE_LIBS) -lpthread -lm
+	$(FUZZ_LINK) $(SERVE_CFLAGS) -Itools -Itools/serve -o build-fuzz/serve_fuzz fuzz/serve_fuzz.c tools/serve/request.c build-fuzz/libdhsa.a $(SERVE_LIBS) -lpthread -lm
 	@mkdir -p build-fuzz/corpus-serve
 	@printf '\000{"messages":[{"role":"user","content":"Hi"}],"stream":true,"stop":["a"],"max_tokens":5,"ignore_eos":true}' > build-fuzz/corpus-serve/chat
 	@printf '\001{"prompt":[[1,2,3]],"temperature":0.5,"seed":7,"stream":true,"stream_options":{"include_usage":true}}' > build-fuzz/corpus-serve/ids
