@@ -8,12 +8,15 @@
 # *_amx.c (those and the AMX tiles with BF16),
 # *_avxvnni.c and *_avx2.c are per-ISA kernels compiled with their own flags (x86-64 only;
 # on other machines they compile to nothing and the scalar path runs).
+#
+# -fvisibility=hidden: libdhsa.so exports only what include/dhsa.h declares
+# with DHSA_API (tests/test_exports.c checks; docs/architecture.md).
 
 CC      ?= cc
 BUILD   ?= build
 OPT     ?= -O2
 WERROR  ?= -Werror
-CFLAGS_BASE = -std=c11 -g $(OPT) -fPIC -Wall -Wextra -Wpedantic -Wshadow $(WERROR) \
+CFLAGS_BASE = -std=c11 -g $(OPT) -fPIC -fvisibility=hidden -Wall -Wextra -Wpedantic -Wshadow $(WERROR) \
               -D_GNU_SOURCE -Iinclude -Isrc $(EXTRA_CFLAGS)
 LDLIBS  = -lpthread -lm $(EXTRA_LDFLAGS)
 

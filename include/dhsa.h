@@ -34,6 +34,20 @@ extern "C" {
 
 #define DHSA_VERSION "0.1.0"
 
+/* DHSA_API marks the functions libdhsa.so exports. The library is compiled
+ * with -fvisibility=hidden, so the functions declared here are its whole
+ * binary interface; the internals (dhsa__*, src/ headers) stay inside it and
+ * reach tests and tools only through the static library libdhsa.a
+ * (docs/architecture.md, "The library's face"). tests/test_exports.c checks
+ * that `nm -D --defined-only libdhsa.so` lists exactly these functions. */
+#ifndef DHSA_API
+#if defined(__GNUC__) || defined(__clang__)
+#define DHSA_API __attribute__((visibility("default")))
+#else
+#define DHSA_API
+#endif
+#endif
+
 /* ------------------------------------------------------------------------ */
 /* Status codes                                                              */
 
@@ -55,10 +69,10 @@ typedef enum {
 } dhsa_status;
 
 /* Name of a status ("DHSA_ERR_SHAPE"); never NULL. */
-const char *dhsa_status_str(dhsa_status s);
+DHSA_API const char *dhsa_status_str(dhsa_status s);
 /* The last error sentence set on this thread ("" if none). The pointer stays
  * valid until the next failing dhsa call on the same thread. */
-const char *dhsa_last_error(void);
+DHSA_API const char *dhsa_last_error(void);
 
 /* ------------------------------------------------------------------------ */
 /* Threads (docs/dhsa.md, "Threads and failed calls"; tests/test_threads.c)  */
@@ -111,12 +125,12 @@ typedef enum {
  * when the environment variable DHSA_FORCE_SCALAR=1 is set, or at most
  * DHSA_FORCE_ISA=scalar|avx2|avx-vnni|avx512 (read once; avx2 also keeps
  * the fast route's integer kernels off VNNI, as on an AVX2-only CPU). */
-dhsa_isa dhsa_active_isa(void);
-const char *dhsa_isa_name(dhsa_isa isa);
+DHSA_API dhsa_isa dhsa_active_isa(void);
+DHSA_API const char *dhsa_isa_name(dhsa_isa isa);
 /* Override the ISA for this process (tests, benchmarks). Returns
  * DHSA_ERR_UNSUPPORTED if the CPU or build lacks it. Not thread-safe with
  * running kernels. */
-dhsa_status dhsa_set_isa(dhsa_isa isa);
+DHSA_API dhsa_status dhsa_set_isa(dhsa_isa isa);
 
 /* ------------------------------------------------------------------------ */
 /* Context: threads, memory arena, statistics, budget                        */
@@ -136,28 +150,28 @@ typedef struct {
     size_t budget;       /* 0 = unlimited */
 } dhsa_mem_stats;
 
-dhsa_ctx_params dhsa_ctx_default_params(void);
+DHSA_API dhsa_ctx_params dhsa_ctx_default_params(void);
 /* Creates a context; *out is NULL on failure. */
-dhsa_status dhsa_ctx_create(const dhsa_ctx_params *p, dhsa_ctx **out);
+DHSA_API dhsa_status dhsa_ctx_create(const dhsa_ctx_params *p, dhsa_ctx **out);
 /* Frees the context and its arena. NULL is allowed. Only once no call on
  * it runs, and after everything allocated from it (sessions, layouts,
  * indexes) was freed. */
-void dhsa_ctx_free(dhsa_ctx *ctx);
-int dhsa_ctx_n_threads(const dhsa_ctx *ctx);
-dhsa_mem_stats dhsa_ctx_mem_stats(const dhsa_ctx *ctx);
+DHSA_API void dhsa_ctx_free(dhsa_ctx *ctx);
+DHSA_API int dhsa_ctx_n_threads(const dhsa_ctx *ctx);
+DHSA_API dhsa_mem_stats dhsa_ctx_mem_stats(const dhsa_ctx *ctx);
 /* Sets peak = in_use. */
-void dhsa_ctx_reset_peak(dhsa_ctx *ctx);
+DHSA_API void dhsa_ctx_reset_peak(dhsa_ctx *ctx);
 /* 0 = unlimited. Fails with DHSA_ERR_MEMORY_BUDGET if in_use already
  * exceeds the new budget (the budget is left unchanged). */
-dhsa_status dhsa_ctx_set_budget(dhsa_ctx *ctx, size_t bytes);
+DHSA_API dhsa_status dhsa_ctx_set_budget(dhsa_ctx *ctx, size_t bytes);
 /* Tracked allocation, 64-byte aligned, counted in the statistics and held to
  * the budget. Returns NULL and sets the last error on failure. */
-void *dhsa_ctx_alloc(dhsa_ctx *ctx, size_t bytes);
-void dhsa_ctx_release(dhsa_ctx *ctx, void *ptr);
+DHSA_API void *dhsa_ctx_alloc(dhsa_ctx *ctx, size_t bytes);
+DHSA_API void dhsa_ctx_release(dhsa_ctx *ctx, void *ptr);
 /* Kernels keep their workspace in a grow-only scratch arena between calls
  * (it counts in in_use); trim gives it back, waiting for a call that works
  * in it on another thread. */
-void dhsa_ctx_trim(dhsa_ctx *ctx);
+DHSA_API void dhsa_ctx_trim(dhsa_ctx *ctx);
 
 /* Runs fn(arg, task, thread) for task in [0, n_tasks) on the ctx's threads;
  * tasks are handed out in increasing order; thread is in [0, n_threads).
@@ -165,7 +179,7 @@ void dhsa_ctx_trim(dhsa_ctx *ctx);
  * one after another. Not reentrant: fn must not call the library on the
  * same ctx. */
 typedef void (*dhsa_task_fn)(void *arg, int64_t task, int thread);
-void dhsa_parallel_for(dhsa_ctx *ctx, int64_t n_tasks, dhsa_task_fn fn, void *arg);
+DHSA_API void dhsa_parallel_for(dhsa_ctx *ctx, int64_t n_tasks, dhsa_task_fn fn, void *arg);
 
 /* ------------------------------------------------------------------------ */
 /* Tensors                                                                   */
@@ -193,34 +207,34 @@ typedef struct {
 
 /* Bytes per element: 4 or 2; 0 for the block type Q8_0 (use
  * dhsa_type_row_bytes). */
-size_t dhsa_type_size(dhsa_type t);
+DHSA_API size_t dhsa_type_size(dhsa_type t);
 /* Bytes of n consecutive elements: n * dhsa_type_size, or n / 32 * 34 for
  * Q8_0 (n a multiple of 32; 0 otherwise, and for an unknown type). */
-size_t dhsa_type_row_bytes(dhsa_type t, int64_t n);
+DHSA_API size_t dhsa_type_row_bytes(dhsa_type t, int64_t n);
 /* "f32", "f16", "bf16", "q8_0"; "unknown" otherwise. */
-const char *dhsa_type_name(dhsa_type t);
+DHSA_API const char *dhsa_type_name(dhsa_type t);
 /* A contiguous [B, H, L, D] view. */
-dhsa_tensor dhsa_tensor_bhld(void *data, dhsa_type t, int64_t B, int64_t H, int64_t L, int64_t D);
+DHSA_API dhsa_tensor dhsa_tensor_bhld(void *data, dhsa_type t, int64_t B, int64_t H, int64_t L, int64_t D);
 /* A view of a contiguous batch-first buffer [B, L, H, D] (no copy). */
-dhsa_tensor dhsa_tensor_blhd(void *data, dhsa_type t, int64_t B, int64_t L, int64_t H, int64_t D);
+DHSA_API dhsa_tensor dhsa_tensor_blhd(void *data, dhsa_type t, int64_t B, int64_t L, int64_t H, int64_t D);
 /* Large tensor buffers (K/V caches, activations), owned by the caller and
  * not tracked by any ctx: 64-byte aligned, and from 2 MiB up 2 MiB aligned
  * and advised as transparent huge pages on Linux, so that streaming long
  * K/V does not thrash the TLB. NULL (last error set) on failure; free with
  * dhsa_buffer_free (NULL allowed). */
-void *dhsa_buffer_alloc(size_t bytes);
-void dhsa_buffer_free(void *p);
+DHSA_API void *dhsa_buffer_alloc(size_t bytes);
+DHSA_API void dhsa_buffer_free(void *p);
 /* Q8_0 rows (n values, n a multiple of 32) to and from F32: the nearest
  * encoding by ggml's reference rule (d = max|x| / 127 rounded to F16, codes
  * round to nearest), and the exact values it stands for. Quantizing
  * refuses NaN/Inf (DHSA_ERR_NONFINITE) and n not a multiple of 32. */
-dhsa_status dhsa_q8_0_quantize_row(const float *src, void *dst, int64_t n);
-dhsa_status dhsa_q8_0_dequantize_row(const void *src, float *dst, int64_t n);
+DHSA_API dhsa_status dhsa_q8_0_quantize_row(const float *src, void *dst, int64_t n);
+DHSA_API dhsa_status dhsa_q8_0_dequantize_row(const void *src, float *dst, int64_t n);
 /* Conversions (round to nearest even). */
-uint16_t dhsa_f32_to_f16(float x);
-float dhsa_f16_to_f32(uint16_t h);
-uint16_t dhsa_f32_to_bf16(float x);
-float dhsa_bf16_to_f32(uint16_t h);
+DHSA_API uint16_t dhsa_f32_to_f16(float x);
+DHSA_API float dhsa_f16_to_f32(uint16_t h);
+DHSA_API uint16_t dhsa_f32_to_bf16(float x);
+DHSA_API float dhsa_bf16_to_f32(uint16_t h);
 
 /* ------------------------------------------------------------------------ */
 /* Attention                                                                 */
@@ -309,19 +323,19 @@ typedef struct {
 } dhsa_attn_desc;
 
 /* A descriptor with defaults: nothing set but backend AUTO. */
-dhsa_attn_desc dhsa_attn_default_desc(void);
+DHSA_API dhsa_attn_desc dhsa_attn_default_desc(void);
 
 /* Exact bytes of workspace the call will allocate from the ctx (for the
  * backend it will use). Checks the descriptor first. */
-dhsa_status dhsa_attn_workspace_size(const dhsa_ctx *ctx, const dhsa_attn_desc *a, size_t *bytes);
+DHSA_API dhsa_status dhsa_attn_workspace_size(const dhsa_ctx *ctx, const dhsa_attn_desc *a, size_t *bytes);
 
 /* Computes attention. Validates everything first; on error nothing is
  * written. */
-dhsa_status dhsa_attention(dhsa_ctx *ctx, const dhsa_attn_desc *a);
+DHSA_API dhsa_status dhsa_attention(dhsa_ctx *ctx, const dhsa_attn_desc *a);
 
 /* The backend AUTO resolves to in this process (after DHSA_ATTN). */
-dhsa_backend dhsa_attn_resolve_backend(dhsa_backend b);
-const char *dhsa_backend_name(dhsa_backend b);
+DHSA_API dhsa_backend dhsa_attn_resolve_backend(dhsa_backend b);
+DHSA_API const char *dhsa_backend_name(dhsa_backend b);
 
 /* ------------------------------------------------------------------------ */
 /* Sparse layouts                                                            */
@@ -332,23 +346,23 @@ const char *dhsa_backend_name(dhsa_backend b);
  * disjoint, non-adjacent key ranges [start, end) within [0, Lk). */
 
 /* Exact bytes dhsa_layout_create allocates from the ctx for these sizes. */
-dhsa_status dhsa_layout_size(int64_t B, int64_t Hkv, int64_t Lq, int64_t Lk, int64_t q_block,
-                             int64_t max_ranges, size_t *bytes);
+DHSA_API dhsa_status dhsa_layout_size(int64_t B, int64_t Hkv, int64_t Lq, int64_t Lk, int64_t q_block,
+                                      int64_t max_ranges, size_t *bytes);
 /* An empty layout (every block selects nothing) owned by the caller,
  * allocated from ctx (held to its budget). */
-dhsa_status dhsa_layout_create(dhsa_ctx *ctx, int64_t B, int64_t Hkv, int64_t Lq, int64_t Lk,
-                               int64_t q_block, int64_t max_ranges, dhsa_layout **out);
-void dhsa_layout_free(dhsa_layout *layout);
+DHSA_API dhsa_status dhsa_layout_create(dhsa_ctx *ctx, int64_t B, int64_t Hkv, int64_t Lq, int64_t Lk,
+                                        int64_t q_block, int64_t max_ranges, dhsa_layout **out);
+DHSA_API void dhsa_layout_free(dhsa_layout *layout);
 /* Sets the ranges of one block (not while another call reads the layout:
  * "Threads"): `ranges` holds n pairs (start, end). They are
  * sorted and merged here (overlapping or adjacent ranges join), then checked
  * against [0, Lk) and max_ranges; on error the block is left unchanged. */
-dhsa_status dhsa_layout_set(dhsa_layout *layout, int64_t b, int64_t g, int64_t qb,
-                            const int64_t *ranges, int64_t n);
+DHSA_API dhsa_status dhsa_layout_set(dhsa_layout *layout, int64_t b, int64_t g, int64_t qb,
+                                     const int64_t *ranges, int64_t n);
 /* The ranges of one block: *ranges points to n pairs inside the layout
  * (valid until the layout is changed or freed). */
-dhsa_status dhsa_layout_get(const dhsa_layout *layout, int64_t b, int64_t g, int64_t qb,
-                            const int64_t **ranges, int64_t *n);
+DHSA_API dhsa_status dhsa_layout_get(const dhsa_layout *layout, int64_t b, int64_t g, int64_t qb,
+                                     const int64_t **ranges, int64_t *n);
 
 typedef struct {
     int64_t B, Hkv, Lq, Lk, q_block, n_blocks, max_ranges;
@@ -370,7 +384,7 @@ typedef struct {
 /* Statistics; density counts, for every query row, the keys it could attend
  * to under the layout's causal/window/q_pos0 (as recorded by the router, or
  * none for a hand-made layout: then every key is available). */
-dhsa_status dhsa_layout_get_stats(const dhsa_layout *layout, dhsa_layout_stats *st);
+DHSA_API dhsa_status dhsa_layout_get_stats(const dhsa_layout *layout, dhsa_layout_stats *st);
 
 /* ------------------------------------------------------------------------ */
 /* DHSA routing (prefill)                                                    */
@@ -459,22 +473,22 @@ typedef struct dhsa_predictor dhsa_predictor;
 
 /* Reads a predictor file; every size is checked against the file before
  * use, every weight must be finite, the CRC must match. */
-dhsa_status dhsa_predictor_load(const char *path, dhsa_predictor **out);
-dhsa_status dhsa_predictor_load_memory(const void *data, size_t size, dhsa_predictor **out);
+DHSA_API dhsa_status dhsa_predictor_load(const char *path, dhsa_predictor **out);
+DHSA_API dhsa_status dhsa_predictor_load_memory(const void *data, size_t size, dhsa_predictor **out);
 /* Writes the file through a temporary in path's folder, renamed over path
  * when complete (docs/files.md): a reader of the old file keeps it, and a
  * failure leaves the old file untouched. */
-dhsa_status dhsa_predictor_save(const dhsa_predictor *pr, const char *path);
+DHSA_API dhsa_status dhsa_predictor_save(const dhsa_predictor *pr, const char *path);
 /* Random weights (Xavier-like, fixed seed): tests and training starts. */
-dhsa_status dhsa_predictor_create_random(int64_t C, int64_t w, int64_t hidden, uint64_t seed,
-                                         dhsa_predictor **out);
-void dhsa_predictor_free(dhsa_predictor *pr);
-int64_t dhsa_predictor_width(const dhsa_predictor *pr);  /* C */
-int64_t dhsa_predictor_window(const dhsa_predictor *pr); /* w */
+DHSA_API dhsa_status dhsa_predictor_create_random(int64_t C, int64_t w, int64_t hidden, uint64_t seed,
+                                                  dhsa_predictor **out);
+DHSA_API void dhsa_predictor_free(dhsa_predictor *pr);
+DHSA_API int64_t dhsa_predictor_width(const dhsa_predictor *pr);  /* C */
+DHSA_API int64_t dhsa_predictor_window(const dhsa_predictor *pr); /* w */
 /* Boundary probabilities p[t] for t in [0, L) of batch b of k [B, Hkv, L, d]
  * (p[0] = 0: nothing starts before the first key). Hkv * d must equal C. */
-dhsa_status dhsa_predictor_score(dhsa_ctx *ctx, const dhsa_predictor *pr, const dhsa_tensor *k, int64_t b,
-                                 float *p);
+DHSA_API dhsa_status dhsa_predictor_score(dhsa_ctx *ctx, const dhsa_predictor *pr, const dhsa_tensor *k, int64_t b,
+                                          float *p);
 
 /* ---- Predictor training block begin (src/route/predictor_train.c, docs/predictor.md) ---- */
 /* Soft boundary labels from dense attention (the published recipe). For a
@@ -496,16 +510,16 @@ dhsa_status dhsa_predictor_score(dhsa_ctx *ctx, const dhsa_predictor *pr, const 
  * The result does not depend on the ctx's threads. Workspace from ctx:
  * (Hq * Lq * hd + Hkv * Lk * hd + (min(16, Lq) * 2w + threads) * Lk)
  * doubles. */
-dhsa_status dhsa_boundary_mass_add(dhsa_ctx *ctx, const dhsa_attn_desc *a, int64_t w, double *mass,
-                                   int64_t n_keys);
+DHSA_API dhsa_status dhsa_boundary_mass_add(dhsa_ctx *ctx, const dhsa_attn_desc *a, int64_t w, double *mass,
+                                            int64_t n_keys);
 /* Step 2, once all n_keys queries were added: y[c] for c in [0, n_keys)
  * (and log r in log_ratio[c], may be NULL). A candidate is labelled when
  * its windows hold no key before `sink` (the first keys draw attention
  * whatever the content: sink 1 leaves out BOS) and at least w queries
  * follow it: c - w >= sink and c + 2w <= n_keys; others get y = -1. A zero
  * mass on one side (a sliding window) gives log r = 50; on both sides 0. */
-dhsa_status dhsa_boundary_labels(const double *mass, int64_t n_keys, int64_t w, int64_t sink, float *y,
-                                 float *log_ratio);
+DHSA_API dhsa_status dhsa_boundary_labels(const double *mass, int64_t n_keys, int64_t w, int64_t sink, float *y,
+                                          float *log_ratio);
 
 /* One sequence of training data for one layer. */
 typedef struct {
@@ -560,7 +574,7 @@ typedef struct {
     double seconds;
 } dhsa_train_report;
 
-dhsa_train_params dhsa_train_default_params(void);
+DHSA_API dhsa_train_params dhsa_train_default_params(void);
 /* Trains pr in place (from its current weights, e.g. those of
  * dhsa_predictor_create_random) on the candidates of seqs[0 .. n_seqs):
  * each sample is the window of 2w keys around t (as in
@@ -570,8 +584,8 @@ dhsa_train_params dhsa_train_default_params(void);
  * one validation sample; keys must be finite, labels <= 1. Deterministic
  * for a seed, whatever the ctx's threads. report may be NULL. Nothing else
  * may use pr during the call (an index, a session, a score). */
-dhsa_status dhsa_predictor_train(dhsa_ctx *ctx, dhsa_predictor *pr, const dhsa_train_seq *seqs, int64_t n_seqs,
-                                 const dhsa_train_params *p, dhsa_train_report *report);
+DHSA_API dhsa_status dhsa_predictor_train(dhsa_ctx *ctx, dhsa_predictor *pr, const dhsa_train_seq *seqs, int64_t n_seqs,
+                                          const dhsa_train_params *p, dhsa_train_report *report);
 /* ---- Predictor training block end ---- */
 
 typedef struct {
@@ -631,7 +645,7 @@ typedef struct {
 /* The neutral defaults of the routing primitives (dhsa_route, the decode
  * index), listed field by field above; not what sessions and tools run,
  * which is dhsa_router_params_for. */
-dhsa_router_params dhsa_router_default_params(void);
+DHSA_API dhsa_router_params dhsa_router_default_params(void);
 /* The routing every entry point runs by default (sessions, `dhsa run`,
  * `serve`, `eval`, `bench`, `demo`, Python), for a context of n tokens at
  * a density: dhsa_router_default_params() (MOMENTS chunk scores), then
@@ -640,7 +654,7 @@ dhsa_router_params dhsa_router_default_params(void);
  * or created (dhsa_session_default_params uses this). Chosen on
  * development prompts of real pretrained models (docs/dhsa.md, "One set
  * of routing defaults"). */
-dhsa_router_params dhsa_router_params_for(int64_t n, double density);
+DHSA_API dhsa_router_params dhsa_router_params_for(int64_t n, double density);
 /* Gives each length-scaled field of rp that is unset (negative) its value
  * for a context of n tokens (n rounded to the nearest power of two, nb;
  * B = budget_tokens or density x nb); fields already set are kept:
@@ -648,19 +662,19 @@ dhsa_router_params dhsa_router_params_for(int64_t n, double density);
  * local_tokens B / 8 rounded to 16, within [16, 256]; dense_below 0;
  * min_chunk / max_chunk / chunk / nms_window 8 / 32 / 16 / 4 up to 8K,
  * 16 / 64 / 32 / 8 beyond; score_rows 4; sink_window 64. */
-void dhsa_router_scale(dhsa_router_params *rp, int64_t n);
+DHSA_API void dhsa_router_scale(dhsa_router_params *rp, int64_t n);
 
 /* Checks the params and gives the exact layout size and routing workspace
  * (both allocated from the ctx by dhsa_route) for the call described by `a`
  * (q, k, causal, window and q_pos0 are used; v and o are not). */
-dhsa_status dhsa_route_sizes(const dhsa_ctx *ctx, const dhsa_router_params *rp,
-                             const dhsa_attn_desc *a, size_t *layout_bytes, size_t *workspace_bytes);
+DHSA_API dhsa_status dhsa_route_sizes(const dhsa_ctx *ctx, const dhsa_router_params *rp,
+                                      const dhsa_attn_desc *a, size_t *layout_bytes, size_t *workspace_bytes);
 
 /* Routes one layer: builds a layout for `a` (q, k post-RoPE) that
  * dhsa_attention then uses through a->layout. The caller frees it with
  * dhsa_layout_free. */
-dhsa_status dhsa_route(dhsa_ctx *ctx, const dhsa_router_params *rp, const dhsa_attn_desc *a,
-                       dhsa_layout **out);
+DHSA_API dhsa_status dhsa_route(dhsa_ctx *ctx, const dhsa_router_params *rp, const dhsa_attn_desc *a,
+                                dhsa_layout **out);
 
 /* The chunk starts dhsa_route uses for batch b of the call `a` (rp's
  * boundary method, windows and chunk limits; q and k as for dhsa_route):
@@ -670,8 +684,8 @@ dhsa_status dhsa_route(dhsa_ctx *ctx, const dhsa_router_params *rp, const dhsa_a
  * starts; more chunks than cap is DHSA_ERR_INVALID_ARG with *n set;
  * starts = NULL with cap = 0 only sizes (DHSA_OK). Scratch comes from the
  * ctx and is given back before the call returns. */
-dhsa_status dhsa_route_boundaries(dhsa_ctx *ctx, const dhsa_router_params *rp, const dhsa_attn_desc *a,
-                                  int64_t b, int64_t *starts, int64_t cap, int64_t *n);
+DHSA_API dhsa_status dhsa_route_boundaries(dhsa_ctx *ctx, const dhsa_router_params *rp, const dhsa_attn_desc *a,
+                                           int64_t b, int64_t *starts, int64_t cap, int64_t *n);
 
 /* ------------------------------------------------------------------------ */
 /* DHSA at decode time: an index beside the KV cache                         */
@@ -706,18 +720,18 @@ typedef struct dhsa_kv_index dhsa_kv_index;
  * Memory comes from ctx (LEARNED adds the predictor's rows of the last
  * 2w - 1 keys and of a 64-key piece: about (4 (2w + 63) + 4 x 64) C
  * floats). */
-dhsa_status dhsa_kv_index_create(dhsa_ctx *ctx, const dhsa_router_params *rp, int64_t Hkv, int64_t d,
-                                 int64_t capacity, dhsa_kv_index **out);
-void dhsa_kv_index_free(dhsa_kv_index *ix);
+DHSA_API dhsa_status dhsa_kv_index_create(dhsa_ctx *ctx, const dhsa_router_params *rp, int64_t Hkv, int64_t d,
+                                          int64_t capacity, dhsa_kv_index **out);
+DHSA_API void dhsa_kv_index_free(dhsa_kv_index *ix);
 /* Exact bytes dhsa_kv_index_create allocates from the ctx (checks rp). */
-dhsa_status dhsa_kv_index_size(const dhsa_router_params *rp, int64_t Hkv, int64_t d, int64_t capacity,
-                               size_t *bytes);
+DHSA_API dhsa_status dhsa_kv_index_size(const dhsa_router_params *rp, int64_t Hkv, int64_t d, int64_t capacity,
+                                        size_t *bytes);
 /* Appends keys k [1, Hkv, n, d] (any strides and type) at positions
  * length .. length + n - 1. Checked before anything is appended. An append
  * that would overlap another call on the index (another thread's append or
  * route) is refused with DHSA_ERR_BUSY, appending nothing. */
-dhsa_status dhsa_kv_index_append(dhsa_kv_index *ix, const dhsa_tensor *k);
-int64_t dhsa_kv_index_length(const dhsa_kv_index *ix);
+DHSA_API dhsa_status dhsa_kv_index_append(dhsa_kv_index *ix, const dhsa_tensor *k);
+DHSA_API int64_t dhsa_kv_index_length(const dhsa_kv_index *ix);
 /* Cuts the index back to its first n keys (0 <= n <= length): afterwards it
  * is, field for field, the index that was only ever given those n keys, and
  * later appends and routes give what they would have given there. k [1,
@@ -729,22 +743,22 @@ int64_t dhsa_kv_index_length(const dhsa_kv_index *ix);
  * boundary score for this (4 bytes per key of capacity, in
  * dhsa_kv_index_size). Refused with DHSA_ERR_BUSY while another call runs
  * on the index; on any error the index is unchanged. */
-dhsa_status dhsa_kv_index_truncate(dhsa_kv_index *ix, const dhsa_tensor *k, int64_t n);
+DHSA_API dhsa_status dhsa_kv_index_truncate(dhsa_kv_index *ix, const dhsa_tensor *k, int64_t n);
 /* Closed chunks so far; with starts != NULL, their first positions. */
-int64_t dhsa_kv_index_chunks(const dhsa_kv_index *ix, const int64_t **starts);
+DHSA_API int64_t dhsa_kv_index_chunks(const dhsa_kv_index *ix, const int64_t **starts);
 /* Routes the queries of `a` (q [1, Hq, Lq, d] at positions q_pos0 ..;
  * routes of one index may run at once; one that would overlap an append is
  * DHSA_ERR_BUSY;
  * k [1, Hkv, Lk, d] must be the cache the index describes: Lk = length)
  * into a new layout (free with dhsa_layout_free). Only causal attention
  * (a->causal = 1) is supported. */
-dhsa_status dhsa_kv_index_route(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
-                                dhsa_layout **out);
+DHSA_API dhsa_status dhsa_kv_index_route(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
+                                         dhsa_layout **out);
 
 /* Whether query row `row` of (batch b, KV head g) may attend to key `key`
  * under the layout (its block's ranges; causality/window not applied).
  * Returns 1, 0, or a negative status on bad arguments. */
-int dhsa_layout_selects(const dhsa_layout *layout, int64_t b, int64_t g, int64_t row, int64_t key);
+DHSA_API int dhsa_layout_selects(const dhsa_layout *layout, int64_t b, int64_t g, int64_t row, int64_t key);
 
 /* ------------------------------------------------------------------------ */
 /* Synthetic workloads and fidelity                                          */
@@ -779,11 +793,11 @@ typedef struct {
     int64_t rows;  /* rows in that block */
 } dhsa_synth_needle;
 
-dhsa_synth_params dhsa_synth_default_params(void);
+DHSA_API dhsa_synth_params dhsa_synth_default_params(void);
 /* Fills q [B, Hq, L, d], k and v [B, Hkv, L, d] (contiguous F32, caller
  * allocated) and needles[n_needles]. Deterministic for a seed. */
-dhsa_status dhsa_synth_generate(const dhsa_synth_params *sp, float *q, float *k, float *v,
-                                dhsa_synth_needle *needles);
+DHSA_API dhsa_status dhsa_synth_generate(const dhsa_synth_params *sp, float *q, float *k, float *v,
+                                         dhsa_synth_needle *needles);
 
 typedef struct {
     double recall;      /* mean over rows and heads of the dense softmax mass on
@@ -797,19 +811,19 @@ typedef struct {
 /* Compares a sparse result with the dense one: o [B, H, L, dv] F32 views,
  * lse [B, H, L, 1] F32 views, from dhsa_attention with and without a
  * layout. */
-dhsa_status dhsa_fidelity_compare(const dhsa_tensor *o_dense, const dhsa_tensor *lse_dense,
-                                  const dhsa_tensor *o_sparse, const dhsa_tensor *lse_sparse,
-                                  dhsa_fidelity *out);
+DHSA_API dhsa_status dhsa_fidelity_compare(const dhsa_tensor *o_dense, const dhsa_tensor *lse_dense,
+                                           const dhsa_tensor *o_sparse, const dhsa_tensor *lse_sparse,
+                                           dhsa_fidelity *out);
 
 /* ------------------------------------------------------------------------ */
 /* Process memory (Linux /proc; 0 elsewhere)                                 */
 
 /* Peak resident set in bytes: max(VmHWM, VmRSS), or 0 if unknown. */
-size_t dhsa_proc_peak_rss(void);
+DHSA_API size_t dhsa_proc_peak_rss(void);
 /* Current resident set (VmRSS) in bytes, or 0 if unknown. */
-size_t dhsa_proc_rss(void);
+DHSA_API size_t dhsa_proc_rss(void);
 /* Resets VmHWM to the current RSS (writes 5 to /proc/self/clear_refs). */
-dhsa_status dhsa_proc_reset_peak_rss(void);
+DHSA_API dhsa_status dhsa_proc_reset_peak_rss(void);
 
 /* ------------------------------------------------------------------------ */
 /* GGUF files (src/model/gguf.c, docs/gguf.md)                              */
@@ -853,13 +867,13 @@ typedef enum {
 } dhsa_ggml_type;
 
 /* "UINT32", "STRING", ...; "?" for an id outside the enum. */
-const char *dhsa_gguf_type_name(dhsa_gguf_type t);
+DHSA_API const char *dhsa_gguf_type_name(dhsa_gguf_type t);
 /* "F32", "Q4_K", ...; "?" for an id dhsa does not know. */
-const char *dhsa_ggml_type_name(uint32_t ggml_type);
+DHSA_API const char *dhsa_ggml_type_name(uint32_t ggml_type);
 /* Bytes of a tensor of n_dims dims (fastest first) of a known type; dims[0]
  * must be a multiple of the type's block. DHSA_ERR_UNSUPPORTED for an
  * unknown type, DHSA_ERR_SHAPE / DHSA_ERR_TOO_LARGE for bad dims. */
-dhsa_status dhsa_ggml_tensor_bytes(uint32_t ggml_type, int n_dims, const int64_t *dims, int64_t *bytes);
+DHSA_API dhsa_status dhsa_ggml_tensor_bytes(uint32_t ggml_type, int n_dims, const int64_t *dims, int64_t *bytes);
 
 /* A string from a GGUF file: a NUL-terminated copy owned by the dhsa_gguf;
  * len is authoritative (the bytes may hold a NUL). */
@@ -912,48 +926,48 @@ typedef struct dhsa_gguf dhsa_gguf;
  * count, length, offset, type and alignment is checked against the file
  * size before use; a malformed file gives DHSA_ERR_FORMAT and a sentence
  * naming what is wrong and at which byte. *out is NULL on failure. */
-dhsa_status dhsa_gguf_open(const char *path, dhsa_gguf **out);
+DHSA_API dhsa_status dhsa_gguf_open(const char *path, dhsa_gguf **out);
 /* The same over a caller's buffer, which is borrowed: it must outlive the
  * dhsa_gguf (tensor data pointers point into it). */
-dhsa_status dhsa_gguf_open_memory(const void *data, size_t size, dhsa_gguf **out);
+DHSA_API dhsa_status dhsa_gguf_open_memory(const void *data, size_t size, dhsa_gguf **out);
 /* Unmaps and frees; every pointer obtained from g dies. NULL is allowed. */
-void dhsa_gguf_close(dhsa_gguf *g);
+DHSA_API void dhsa_gguf_close(dhsa_gguf *g);
 
-uint32_t dhsa_gguf_version(const dhsa_gguf *g);
-uint64_t dhsa_gguf_alignment(const dhsa_gguf *g);
+DHSA_API uint32_t dhsa_gguf_version(const dhsa_gguf *g);
+DHSA_API uint64_t dhsa_gguf_alignment(const dhsa_gguf *g);
 /* Byte offset of the (aligned) data section in the file. */
-uint64_t dhsa_gguf_data_offset(const dhsa_gguf *g);
-uint64_t dhsa_gguf_file_size(const dhsa_gguf *g);
+DHSA_API uint64_t dhsa_gguf_data_offset(const dhsa_gguf *g);
+DHSA_API uint64_t dhsa_gguf_file_size(const dhsa_gguf *g);
 
 /* Metadata, in file order (every key, known to dhsa or not). */
-int64_t dhsa_gguf_n_kv(const dhsa_gguf *g);
+DHSA_API int64_t dhsa_gguf_n_kv(const dhsa_gguf *g);
 /* NULL when i is out of range. */
-const dhsa_gguf_kv *dhsa_gguf_kv_at(const dhsa_gguf *g, int64_t i);
+DHSA_API const dhsa_gguf_kv *dhsa_gguf_kv_at(const dhsa_gguf *g, int64_t i);
 /* Index of key, or -1 when absent. */
-int64_t dhsa_gguf_find_kv(const dhsa_gguf *g, const char *key);
+DHSA_API int64_t dhsa_gguf_find_kv(const dhsa_gguf *g, const char *key);
 
 /* Typed getters. They fail with DHSA_ERR_FORMAT (sentence names the key)
  * when the key is absent or its type does not fit: the integer getters take
  * any integer type whose value fits the result; get_f32 takes FLOAT32 (and
  * FLOAT64, rounded); get_bool only BOOL; get_str only STRING (*len may be
  * NULL); get_arr only ARRAY. */
-dhsa_status dhsa_gguf_get_u32(const dhsa_gguf *g, const char *key, uint32_t *out);
-dhsa_status dhsa_gguf_get_u64(const dhsa_gguf *g, const char *key, uint64_t *out);
-dhsa_status dhsa_gguf_get_i64(const dhsa_gguf *g, const char *key, int64_t *out);
-dhsa_status dhsa_gguf_get_f32(const dhsa_gguf *g, const char *key, float *out);
-dhsa_status dhsa_gguf_get_bool(const dhsa_gguf *g, const char *key, int *out);
-dhsa_status dhsa_gguf_get_str(const dhsa_gguf *g, const char *key, const char **out, int64_t *len);
-dhsa_status dhsa_gguf_get_arr(const dhsa_gguf *g, const char *key, dhsa_gguf_array *out);
+DHSA_API dhsa_status dhsa_gguf_get_u32(const dhsa_gguf *g, const char *key, uint32_t *out);
+DHSA_API dhsa_status dhsa_gguf_get_u64(const dhsa_gguf *g, const char *key, uint64_t *out);
+DHSA_API dhsa_status dhsa_gguf_get_i64(const dhsa_gguf *g, const char *key, int64_t *out);
+DHSA_API dhsa_status dhsa_gguf_get_f32(const dhsa_gguf *g, const char *key, float *out);
+DHSA_API dhsa_status dhsa_gguf_get_bool(const dhsa_gguf *g, const char *key, int *out);
+DHSA_API dhsa_status dhsa_gguf_get_str(const dhsa_gguf *g, const char *key, const char **out, int64_t *len);
+DHSA_API dhsa_status dhsa_gguf_get_arr(const dhsa_gguf *g, const char *key, dhsa_gguf_array *out);
 
 /* Tensors, in file order. */
-int64_t dhsa_gguf_n_tensors(const dhsa_gguf *g);
+DHSA_API int64_t dhsa_gguf_n_tensors(const dhsa_gguf *g);
 /* NULL when i is out of range. */
-const dhsa_gguf_tensor *dhsa_gguf_tensor_at(const dhsa_gguf *g, int64_t i);
+DHSA_API const dhsa_gguf_tensor *dhsa_gguf_tensor_at(const dhsa_gguf *g, int64_t i);
 /* Index of the tensor, or -1 when absent. */
-int64_t dhsa_gguf_find_tensor(const dhsa_gguf *g, const char *name);
+DHSA_API int64_t dhsa_gguf_find_tensor(const dhsa_gguf *g, const char *name);
 /* The tensor's bytes; DHSA_ERR_UNSUPPORTED (sentence names the tensor and
  * the type id) when its type's size is unknown. */
-dhsa_status dhsa_gguf_tensor_data(const dhsa_gguf *g, int64_t i, const void **data, int64_t *bytes);
+DHSA_API dhsa_status dhsa_gguf_tensor_data(const dhsa_gguf *g, int64_t i, const void **data, int64_t *bytes);
 
 /* Writer: a builder of a GGUF v3 file (alignment 32, or general.alignment
  * when set as a UINT32 power of two). Keys and tensor names must be unique
@@ -961,43 +975,43 @@ dhsa_status dhsa_gguf_tensor_data(const dhsa_gguf *g, int64_t i, const void **da
  * data is borrowed until the write. */
 typedef struct dhsa_gguf_writer dhsa_gguf_writer;
 
-dhsa_status dhsa_gguf_writer_create(dhsa_gguf_writer **out);
-void dhsa_gguf_writer_free(dhsa_gguf_writer *w);
-dhsa_status dhsa_gguf_writer_set_u8(dhsa_gguf_writer *w, const char *key, uint8_t v);
-dhsa_status dhsa_gguf_writer_set_i8(dhsa_gguf_writer *w, const char *key, int8_t v);
-dhsa_status dhsa_gguf_writer_set_u16(dhsa_gguf_writer *w, const char *key, uint16_t v);
-dhsa_status dhsa_gguf_writer_set_i16(dhsa_gguf_writer *w, const char *key, int16_t v);
-dhsa_status dhsa_gguf_writer_set_u32(dhsa_gguf_writer *w, const char *key, uint32_t v);
-dhsa_status dhsa_gguf_writer_set_i32(dhsa_gguf_writer *w, const char *key, int32_t v);
-dhsa_status dhsa_gguf_writer_set_u64(dhsa_gguf_writer *w, const char *key, uint64_t v);
-dhsa_status dhsa_gguf_writer_set_i64(dhsa_gguf_writer *w, const char *key, int64_t v);
-dhsa_status dhsa_gguf_writer_set_f32(dhsa_gguf_writer *w, const char *key, float v);
-dhsa_status dhsa_gguf_writer_set_f64(dhsa_gguf_writer *w, const char *key, double v);
-dhsa_status dhsa_gguf_writer_set_bool(dhsa_gguf_writer *w, const char *key, int v);
+DHSA_API dhsa_status dhsa_gguf_writer_create(dhsa_gguf_writer **out);
+DHSA_API void dhsa_gguf_writer_free(dhsa_gguf_writer *w);
+DHSA_API dhsa_status dhsa_gguf_writer_set_u8(dhsa_gguf_writer *w, const char *key, uint8_t v);
+DHSA_API dhsa_status dhsa_gguf_writer_set_i8(dhsa_gguf_writer *w, const char *key, int8_t v);
+DHSA_API dhsa_status dhsa_gguf_writer_set_u16(dhsa_gguf_writer *w, const char *key, uint16_t v);
+DHSA_API dhsa_status dhsa_gguf_writer_set_i16(dhsa_gguf_writer *w, const char *key, int16_t v);
+DHSA_API dhsa_status dhsa_gguf_writer_set_u32(dhsa_gguf_writer *w, const char *key, uint32_t v);
+DHSA_API dhsa_status dhsa_gguf_writer_set_i32(dhsa_gguf_writer *w, const char *key, int32_t v);
+DHSA_API dhsa_status dhsa_gguf_writer_set_u64(dhsa_gguf_writer *w, const char *key, uint64_t v);
+DHSA_API dhsa_status dhsa_gguf_writer_set_i64(dhsa_gguf_writer *w, const char *key, int64_t v);
+DHSA_API dhsa_status dhsa_gguf_writer_set_f32(dhsa_gguf_writer *w, const char *key, float v);
+DHSA_API dhsa_status dhsa_gguf_writer_set_f64(dhsa_gguf_writer *w, const char *key, double v);
+DHSA_API dhsa_status dhsa_gguf_writer_set_bool(dhsa_gguf_writer *w, const char *key, int v);
 /* A NUL-terminated string. */
-dhsa_status dhsa_gguf_writer_set_str(dhsa_gguf_writer *w, const char *key, const char *s);
+DHSA_API dhsa_status dhsa_gguf_writer_set_str(dhsa_gguf_writer *w, const char *key, const char *s);
 /* A string of len bytes (may hold NULs). */
-dhsa_status dhsa_gguf_writer_set_strn(dhsa_gguf_writer *w, const char *key, const char *s, int64_t len);
+DHSA_API dhsa_status dhsa_gguf_writer_set_strn(dhsa_gguf_writer *w, const char *key, const char *s, int64_t len);
 /* An array of n numeric or BOOL elements of type elem, packed as C types
  * (BOOL as uint8_t). */
-dhsa_status dhsa_gguf_writer_set_arr(dhsa_gguf_writer *w, const char *key, dhsa_gguf_type elem,
-                                     const void *data, int64_t n);
+DHSA_API dhsa_status dhsa_gguf_writer_set_arr(dhsa_gguf_writer *w, const char *key, dhsa_gguf_type elem,
+                                              const void *data, int64_t n);
 /* An array of n NUL-terminated strings. */
-dhsa_status dhsa_gguf_writer_set_arr_str(dhsa_gguf_writer *w, const char *key, const char *const *strs,
-                                         int64_t n);
+DHSA_API dhsa_status dhsa_gguf_writer_set_arr_str(dhsa_gguf_writer *w, const char *key, const char *const *strs,
+                                                  int64_t n);
 /* A tensor of a known ggml type; bytes must equal dhsa_ggml_tensor_bytes. */
-dhsa_status dhsa_gguf_writer_add_tensor(dhsa_gguf_writer *w, const char *name, uint32_t ggml_type, int n_dims,
-                                        const int64_t *dims, const void *data, int64_t bytes);
+DHSA_API dhsa_status dhsa_gguf_writer_add_tensor(dhsa_gguf_writer *w, const char *name, uint32_t ggml_type, int n_dims,
+                                                 const int64_t *dims, const void *data, int64_t bytes);
 /* Exact size of the file the writer would write. */
-dhsa_status dhsa_gguf_writer_size(const dhsa_gguf_writer *w, size_t *bytes);
+DHSA_API dhsa_status dhsa_gguf_writer_size(const dhsa_gguf_writer *w, size_t *bytes);
 /* Writes the file into buf (cap >= dhsa_gguf_writer_size). */
-dhsa_status dhsa_gguf_writer_write_memory(const dhsa_gguf_writer *w, void *buf, size_t cap);
+DHSA_API dhsa_status dhsa_gguf_writer_write_memory(const dhsa_gguf_writer *w, void *buf, size_t cap);
 /* Writes the file at path (removed again if writing fails). */
 /* The file goes to a temporary in path's folder (PATH.part.PID.N), is
  * flushed, fsync'ed and renamed over path only when complete: a process
  * that has the old file mapped keeps its bytes, and a failure removes the
  * temporary and leaves the old file untouched (docs/files.md). */
-dhsa_status dhsa_gguf_writer_write_file(const dhsa_gguf_writer *w, const char *path);
+DHSA_API dhsa_status dhsa_gguf_writer_write_file(const dhsa_gguf_writer *w, const char *path);
 
 /* ---- GGUF block end ---- */
 
@@ -1044,28 +1058,28 @@ typedef struct dhsa_tokenizer dhsa_tokenizer;
  * needed is copied: g may be closed after. A malformed key is
  * DHSA_ERR_FORMAT naming the key. *out is NULL on failure; free with
  * dhsa_tokenizer_free. */
-dhsa_status dhsa_tokenizer_from_gguf(const dhsa_gguf *g, dhsa_tokenizer **out);
+DHSA_API dhsa_status dhsa_tokenizer_from_gguf(const dhsa_gguf *g, dhsa_tokenizer **out);
 /* NULL is allowed. */
-void dhsa_tokenizer_free(dhsa_tokenizer *t);
+DHSA_API void dhsa_tokenizer_free(dhsa_tokenizer *t);
 
-dhsa_tokenizer_kind dhsa_tokenizer_kind_of(const dhsa_tokenizer *t);
-int64_t dhsa_tokenizer_n_vocab(const dhsa_tokenizer *t);
+DHSA_API dhsa_tokenizer_kind dhsa_tokenizer_kind_of(const dhsa_tokenizer *t);
+DHSA_API int64_t dhsa_tokenizer_n_vocab(const dhsa_tokenizer *t);
 /* Ids from the metadata; -1 when the vocab has none. */
-int32_t dhsa_tokenizer_bos(const dhsa_tokenizer *t);
-int32_t dhsa_tokenizer_eos(const dhsa_tokenizer *t);
-int32_t dhsa_tokenizer_unk(const dhsa_tokenizer *t);
+DHSA_API int32_t dhsa_tokenizer_bos(const dhsa_tokenizer *t);
+DHSA_API int32_t dhsa_tokenizer_eos(const dhsa_tokenizer *t);
+DHSA_API int32_t dhsa_tokenizer_unk(const dhsa_tokenizer *t);
 /* DHSA_TOKENIZE_ADD_BOS / _ADD_EOS as tokenizer.ggml.add_bos_token /
  * add_eos_token say (defaults: SPM adds BOS, BPE nothing). */
-unsigned dhsa_tokenizer_default_flags(const dhsa_tokenizer *t);
+DHSA_API unsigned dhsa_tokenizer_default_flags(const dhsa_tokenizer *t);
 /* The vocabulary text of id as stored ('▁' for SPM spaces, the byte-to-
  * unicode mapping for BPE), NUL-terminated, owned by t; NULL when id is
  * out of range. len may be NULL. */
-const char *dhsa_tokenizer_text(const dhsa_tokenizer *t, int32_t id, int64_t *len);
+DHSA_API const char *dhsa_tokenizer_text(const dhsa_tokenizer *t, int32_t id, int64_t *len);
 /* Type of id (dhsa_token_type); 0 when id is out of range. */
-int dhsa_tokenizer_type(const dhsa_tokenizer *t, int32_t id);
+DHSA_API int dhsa_tokenizer_type(const dhsa_tokenizer *t, int32_t id);
 
 /* Upper bound on the ids dhsa_tokenize can produce for len bytes. */
-int64_t dhsa_tokenize_max_ids(int64_t len);
+DHSA_API int64_t dhsa_tokenize_max_ids(int64_t len);
 /* Tokenizes text[0..len) as llama.cpp does (docs/tokenizer.md). Special
  * tokens are cut out first, longest first: USER_DEFINED ones always, CONTROL
  * and UNKNOWN ones only with DHSA_TOKENIZE_PARSE_SPECIAL. Token types are
@@ -1080,14 +1094,14 @@ int64_t dhsa_tokenize_max_ids(int64_t len);
  * cap ids; *n_ids is always the full count, so ids = NULL, cap = 0 sizes
  * the buffer; a count above cap is DHSA_ERR_INVALID_ARG (the ids that fit
  * are written). Not a hot path: scratch comes from malloc for the call. */
-dhsa_status dhsa_tokenize(const dhsa_tokenizer *t, const char *text, int64_t len, unsigned flags, int32_t *ids,
-                          int64_t cap, int64_t *n_ids);
+DHSA_API dhsa_status dhsa_tokenize(const dhsa_tokenizer *t, const char *text, int64_t len, unsigned flags, int32_t *ids,
+                                   int64_t cap, int64_t *n_ids);
 /* The bytes of one token: SPM '▁' becomes ' ' and <0xXX> the byte; BPE
  * text is mapped back to bytes; CONTROL tokens are empty unless
  * DHSA_DETOKENIZE_SPECIAL. Writes at most cap bytes (no NUL); *len is the
  * full length; more than cap is DHSA_ERR_INVALID_ARG. */
-dhsa_status dhsa_token_to_piece(const dhsa_tokenizer *t, int32_t id, unsigned flags, char *out, int64_t cap,
-                                int64_t *len);
+DHSA_API dhsa_status dhsa_token_to_piece(const dhsa_tokenizer *t, int32_t id, unsigned flags, char *out, int64_t cap,
+                                         int64_t *len);
 /* The bytes of ids[0..n) concatenated; when the vocab adds a space prefix
  * (SPM), the leading space of the first non-empty piece, and of the first
  * piece after each CONTROL or USER_DEFINED token (where dhsa_tokenize adds
@@ -1095,8 +1109,8 @@ dhsa_status dhsa_token_to_piece(const dhsa_tokenizer *t, int32_t id, unsigned fl
  * detokenize(tokenize(x)) == x. Same cap /
  * len contract as dhsa_token_to_piece; an id out of range is
  * DHSA_ERR_INVALID_ARG. */
-dhsa_status dhsa_detokenize(const dhsa_tokenizer *t, const int32_t *ids, int64_t n, unsigned flags, char *out,
-                            int64_t cap, int64_t *len);
+DHSA_API dhsa_status dhsa_detokenize(const dhsa_tokenizer *t, const int32_t *ids, int64_t n, unsigned flags, char *out,
+                                     int64_t cap, int64_t *len);
 /* ---- Tokenizer block end ---- */
 
 /* ---- Chat block begin ---- */
@@ -1135,7 +1149,7 @@ typedef struct {
  * gemma/gemma2/gemma3 -> GEMMA, llama -> LLAMA3 when the vocabulary has a
  * <|start_header_id|> token, else MISTRAL when general.name says
  * "mistral", else LLAMA2. Anything else (or g = NULL) is NONE. */
-dhsa_chat_template dhsa_chat_detect(const dhsa_gguf *g);
+DHSA_API dhsa_chat_template dhsa_chat_detect(const dhsa_gguf *g);
 /* The format to write a model's conversations in, as the CLI and the
  * Python binding choose it: when the file has a tokenizer.chat_template,
  * only a template dhsa renders byte for byte as jinja2 does (known by the
@@ -1147,13 +1161,13 @@ dhsa_chat_template dhsa_chat_detect(const dhsa_gguf *g);
  * dhsa_chat_detect's choice by architecture (DHSA_ERR_UNSUPPORTED when it
  * is NONE). On success *how is a static sentence saying which way the
  * format was chosen. */
-dhsa_status dhsa_chat_choose(const dhsa_gguf *g, dhsa_chat_template *out, const char **how);
+DHSA_API dhsa_status dhsa_chat_choose(const dhsa_gguf *g, dhsa_chat_template *out, const char **how);
 /* "llama3", "chatml" (or "qwen2"), "qwen2.5", "smollm2", "gemma",
  * "mistral", "llama2", "phi3", "none";
  * another name is DHSA_ERR_UNSUPPORTED listing these. */
-dhsa_status dhsa_chat_template_from_name(const char *name, dhsa_chat_template *out);
+DHSA_API dhsa_status dhsa_chat_template_from_name(const char *name, dhsa_chat_template *out);
 /* "llama3", "chatml", ...; "none" for NONE; "?" outside the enum. */
-const char *dhsa_chat_template_name(dhsa_chat_template t);
+DHSA_API const char *dhsa_chat_template_name(dhsa_chat_template t);
 
 /* Writes msgs[0..n) in format t, then, with add_generation_prompt, the
  * opening of the assistant's turn (LLAMA3, CHATML, GEMMA; MISTRAL and
@@ -1172,8 +1186,8 @@ const char *dhsa_chat_template_name(dhsa_chat_template t);
  * content is DHSA_ERR_INVALID_ARG naming the message. Writes at most cap
  * bytes (no NUL); *len is the full length; more than cap is
  * DHSA_ERR_INVALID_ARG (out = NULL, cap = 0 sizes the buffer). */
-dhsa_status dhsa_chat_apply(dhsa_chat_template t, const dhsa_chat_message *msgs, int64_t n,
-                            int add_generation_prompt, char *out, int64_t cap, int64_t *len);
+DHSA_API dhsa_status dhsa_chat_apply(dhsa_chat_template t, const dhsa_chat_message *msgs, int64_t n,
+                                     int add_generation_prompt, char *out, int64_t cap, int64_t *len);
 
 /* The tokens of msgs in format t (the text dhsa_chat_apply writes) with
  * vocabulary tok: the template's own markers (<|im_start|>, <|eot_id|>,
@@ -1187,9 +1201,9 @@ dhsa_status dhsa_chat_apply(dhsa_chat_template t, const dhsa_chat_message *msgs,
  * DHSA_ERR_INVALID_ARG. Messages as dhsa_chat_apply takes them (same
  * errors). Writes at most cap ids; *n_ids is the full count; more than cap
  * is DHSA_ERR_INVALID_ARG (ids = NULL, cap = 0 sizes the buffer). */
-dhsa_status dhsa_chat_tokenize(dhsa_chat_template t, const dhsa_tokenizer *tok, const dhsa_chat_message *msgs,
-                               int64_t n, int add_generation_prompt, unsigned flags, int32_t *ids, int64_t cap,
-                               int64_t *n_ids);
+DHSA_API dhsa_status dhsa_chat_tokenize(dhsa_chat_template t, const dhsa_tokenizer *tok, const dhsa_chat_message *msgs,
+                                        int64_t n, int add_generation_prompt, unsigned flags, int32_t *ids, int64_t cap,
+                                        int64_t *n_ids);
 
 /* The ids that end a model's turn in format t with vocabulary tok: the
  * vocabulary's EOS, then those of the format's end-of-turn texts that are
@@ -1197,7 +1211,7 @@ dhsa_status dhsa_chat_tokenize(dhsa_chat_template t, const dhsa_tokenizer *tok, 
  * <|im_end|>, <|endoftext|>; GEMMA: <end_of_turn>, <eos>; MISTRAL,
  * LLAMA2, NONE: </s>), each once. Writes at most cap ids; *n is the full
  * count; more than cap is DHSA_ERR_INVALID_ARG. */
-dhsa_status dhsa_chat_stop_ids(dhsa_chat_template t, const dhsa_tokenizer *tok, int32_t *ids, int cap, int *n);
+DHSA_API dhsa_status dhsa_chat_stop_ids(dhsa_chat_template t, const dhsa_tokenizer *tok, int32_t *ids, int cap, int *n);
 /* ---- Chat block end ---- */
 
 /* ---- llama2.c block begin ---- */
@@ -1226,9 +1240,9 @@ typedef struct {
  * llama2.c "ak42" export (version 1/2) and a malformed header are
  * DHSA_ERR_FORMAT with a sentence naming the field; missing files
  * DHSA_ERR_IO. */
-dhsa_status dhsa_llama2c_read_config(const char *bin_path, dhsa_llama2c_config *out);
+DHSA_API dhsa_status dhsa_llama2c_read_config(const char *bin_path, dhsa_llama2c_config *out);
 /* The same over the checkpoint's bytes. */
-dhsa_status dhsa_llama2c_config_from_memory(const void *bin, size_t size, dhsa_llama2c_config *out);
+DHSA_API dhsa_status dhsa_llama2c_config_from_memory(const void *bin, size_t size, dhsa_llama2c_config *out);
 
 /* Converts a llama2.c checkpoint and its tokenizer file (tok*.bin: int32
  * max_token_length, then per token float score, int32 length, bytes) into
@@ -1241,18 +1255,18 @@ dhsa_status dhsa_llama2c_config_from_memory(const void *bin, size_t size, dhsa_l
  * A bad file is DHSA_ERR_FORMAT (DHSA_ERR_TOO_LARGE above a limit) with a
  * sentence that starts with the file's path. Memory: the checkpoint is
  * mapped, the image is about its size. *out is NULL on failure. */
-dhsa_status dhsa_llama2c_open(const char *bin_path, const char *tok_path, dhsa_gguf **out);
+DHSA_API dhsa_status dhsa_llama2c_open(const char *bin_path, const char *tok_path, dhsa_gguf **out);
 /* The same over the files' bytes, which are only read during the call.
  * name is general.name (NULL: "llama2.c"). */
-dhsa_status dhsa_llama2c_open_memory(const void *bin, size_t bin_size, const void *tok, size_t tok_size,
-                                     const char *name, dhsa_gguf **out);
+DHSA_API dhsa_status dhsa_llama2c_open_memory(const void *bin, size_t bin_size, const void *tok, size_t tok_size,
+                                              const char *name, dhsa_gguf **out);
 /* Writes the GGUF file dhsa_llama2c_open would build at out_gguf_path
  * (with dhsa_gguf_writer_write_file: a temporary renamed when complete, so
  * a failure leaves no partial file and the old one untouched);
  * general.name is the checkpoint's file name without directory and
  * extension. The output may not be either input. A NaN or infinite weight
  * is DHSA_ERR_NONFINITE, naming the tensor, before anything is written. */
-dhsa_status dhsa_convert_llama2c(const char *bin_path, const char *tok_path, const char *out_gguf_path);
+DHSA_API dhsa_status dhsa_convert_llama2c(const char *bin_path, const char *tok_path, const char *out_gguf_path);
 /* ---- llama2.c block end ---- */
 
 /* ---- Model block begin ---- */
@@ -1306,7 +1320,7 @@ typedef struct {
     int check_finite;           /* scan every weight for NaN/Inf (default 1) */
 } dhsa_model_params;
 
-dhsa_model_params dhsa_model_default_params(void);
+DHSA_API dhsa_model_params dhsa_model_default_params(void);
 /* A model is read-only once loaded: any number of sessions, on any threads
  * and ctxs, may use one at once ("Threads"). */
 /* Loads a GGUF model (mmap; weights are used in place) or a llama2.c
@@ -1317,20 +1331,20 @@ dhsa_model_params dhsa_model_default_params(void);
  * llama.cpp refuses such a file), since ignoring it would give wrong
  * results. Names from the file are escaped in every sentence. *out is
  * NULL on failure. */
-dhsa_status dhsa_model_load(const char *path, const dhsa_model_params *p, dhsa_model **out);
+DHSA_API dhsa_status dhsa_model_load(const char *path, const dhsa_model_params *p, dhsa_model **out);
 /* The same from an open GGUF, which the model takes over (it is closed
  * with the model, or at once on failure). */
-dhsa_status dhsa_model_from_gguf(dhsa_gguf *g, const dhsa_model_params *p, dhsa_model **out);
+DHSA_API dhsa_status dhsa_model_from_gguf(dhsa_gguf *g, const dhsa_model_params *p, dhsa_model **out);
 /* NULL is allowed. */
-void dhsa_model_free(dhsa_model *m);
-const dhsa_model_info *dhsa_model_get_info(const dhsa_model *m);
+DHSA_API void dhsa_model_free(dhsa_model *m);
+DHSA_API const dhsa_model_info *dhsa_model_get_info(const dhsa_model *m);
 /* Writes to buf (NUL-terminated, cut to n bytes) what the weight products
  * of a session with this `exact` setting run, per weight type of the
  * model's matrices, e.g. "Q4_K, Q6_K: int8 avx512-vnni; F32: f32 avx512". */
-dhsa_status dhsa_model_routes(const dhsa_model *m, int exact, char *buf, size_t n);
-const dhsa_gguf *dhsa_model_gguf(const dhsa_model *m);
+DHSA_API dhsa_status dhsa_model_routes(const dhsa_model *m, int exact, char *buf, size_t n);
+DHSA_API const dhsa_gguf *dhsa_model_gguf(const dhsa_model *m);
 /* The model's tokenizer (owned by the model). */
-const dhsa_tokenizer *dhsa_model_tokenizer(const dhsa_model *m);
+DHSA_API const dhsa_tokenizer *dhsa_model_tokenizer(const dhsa_model *m);
 
 /* How a session attends. */
 typedef enum {
@@ -1341,7 +1355,7 @@ typedef enum {
     DHSA_ATTN_ORACLE = 4  /* chunks by their true mass (evaluation only) */
 } dhsa_attn_method;
 /* "dense", "dhsa", ...; "?" otherwise. */
-const char *dhsa_attn_method_name(dhsa_attn_method m);
+DHSA_API const char *dhsa_attn_method_name(dhsa_attn_method m);
 
 typedef struct {
     int64_t n_ctx;          /* tokens the KV cache holds; 0 = the trained context */
@@ -1425,7 +1439,7 @@ typedef struct {
     double dist_fetch_share;
 } dhsa_session_params;
 
-dhsa_session_params dhsa_session_default_params(void);
+DHSA_API dhsa_session_params dhsa_session_default_params(void);
 
 /* The transport of a context-parallel session (dhsa_session_params.dist),
  * implemented by the caller (the CLI's over MPI: tools/dist_mpi.c). Every
@@ -1545,8 +1559,8 @@ typedef struct {
  * longer than the trained one is allowed (the caller warns). The measured
  * parts make two plans differ when the process's memory changed between
  * them; dhsa_session_create plans again and checks that one. */
-dhsa_status dhsa_session_plan(const dhsa_ctx *ctx, const dhsa_model *m, const dhsa_session_params *p,
-                              dhsa_mem_plan *out);
+DHSA_API dhsa_status dhsa_session_plan(const dhsa_ctx *ctx, const dhsa_model *m, const dhsa_session_params *p,
+                                       dhsa_mem_plan *out);
 
 typedef struct dhsa_session dhsa_session;
 
@@ -1557,17 +1571,17 @@ typedef struct dhsa_session dhsa_session;
  * thread's, or a call from the eval's own layer hook or progress callback)
  * is DHSA_ERR_BUSY and does nothing; sessions on one model or one ctx may
  * run at once ("Threads"). */
-dhsa_status dhsa_session_create(dhsa_ctx *ctx, const dhsa_model *m, const dhsa_session_params *p,
-                                dhsa_session **out);
-void dhsa_session_free(dhsa_session *s);
-const dhsa_mem_plan *dhsa_session_get_plan(const dhsa_session *s);
+DHSA_API dhsa_status dhsa_session_create(dhsa_ctx *ctx, const dhsa_model *m, const dhsa_session_params *p,
+                                         dhsa_session **out);
+DHSA_API void dhsa_session_free(dhsa_session *s);
+DHSA_API const dhsa_mem_plan *dhsa_session_get_plan(const dhsa_session *s);
 /* Tokens in the cache. */
-int64_t dhsa_session_length(const dhsa_session *s);
+DHSA_API int64_t dhsa_session_length(const dhsa_session *s);
 /* Empties the cache (and the routing indexes, made anew). DHSA_ERR_BUSY
  * while an eval runs on it (nothing done); DHSA_ERR_OUT_OF_MEMORY or
  * _MEMORY_BUDGET when the indexes could not be made again (the cache is
  * empty, and evals are refused until a reset succeeds). */
-dhsa_status dhsa_session_reset(dhsa_session *s);
+DHSA_API dhsa_status dhsa_session_reset(dhsa_session *s);
 /* Keeps the first n tokens of the cache (0 <= n <= length) and drops the
  * rest, so that the next eval continues from position n: a prompt cache
  * reuses a shared prefix this way (dhsa serve). The routing indexes are
@@ -1578,7 +1592,7 @@ dhsa_status dhsa_session_reset(dhsa_session *s);
  * done). When the indexes cannot be made again (DHSA_ERR_OUT_OF_MEMORY or
  * _MEMORY_BUDGET) the cache is left empty and evals are refused until a
  * dhsa_session_reset succeeds, as after a failed reset. */
-dhsa_status dhsa_session_truncate(dhsa_session *s, int64_t n);
+DHSA_API dhsa_status dhsa_session_truncate(dhsa_session *s, int64_t n);
 /* Runs ids[0..n) at positions length .. length + n - 1 in ubatches and
  * appends them to the cache. logits: [n][n_vocab] when logits_all, else
  * [n_vocab] for the last token; NULL skips the output projection where it
@@ -1596,7 +1610,7 @@ dhsa_status dhsa_session_truncate(dhsa_session *s, int64_t n);
  * failed call wrote into logits and reported through progress means
  * nothing. (Only if that undoing itself failed, a bug, is the eval
  * DHSA_ERR_INTERNAL, and then evals are refused until dhsa_session_reset.) */
-dhsa_status dhsa_session_eval(dhsa_session *s, const int32_t *ids, int64_t n, float *logits);
+DHSA_API dhsa_status dhsa_session_eval(dhsa_session *s, const int32_t *ids, int64_t n, float *logits);
 
 /* One decode step for n sessions at once: ids[t] is evaluated as the next
  * token of ss[t] (at its own length), and logits [n][n_vocab] (NULL: none)
@@ -1609,7 +1623,7 @@ dhsa_status dhsa_session_eval(dhsa_session *s, const int32_t *ids, int64_t n, fl
  * weight products block by rows), not bit for bit. A failure adds nothing
  * to any of them (as dhsa_session_eval); one of them busy is DHSA_ERR_BUSY
  * and nothing is done. dhsa serve batches its slots' decode steps so. */
-dhsa_status dhsa_session_eval_batch(dhsa_session *const *ss, int64_t n, const int32_t *ids, float *logits);
+DHSA_API dhsa_status dhsa_session_eval_batch(dhsa_session *const *ss, int64_t n, const int32_t *ids, float *logits);
 
 /* What attention really did: a sparse method is never dense without it
  * showing here. Sums over layer calls (layers x ubatches) and, for keys,
@@ -1631,10 +1645,10 @@ typedef struct {
  * Either may be NULL. */
 /* The routing the session runs (unset fields scaled to its n_ctx; method
  * and boundary set from attn), e.g. to print it. */
-dhsa_status dhsa_session_get_router(const dhsa_session *s, dhsa_router_params *out);
-dhsa_status dhsa_session_get_stats(const dhsa_session *s, dhsa_attn_stats *last_eval, dhsa_attn_stats *total);
+DHSA_API dhsa_status dhsa_session_get_router(const dhsa_session *s, dhsa_router_params *out);
+DHSA_API dhsa_status dhsa_session_get_stats(const dhsa_session *s, dhsa_attn_stats *last_eval, dhsa_attn_stats *total);
 /* Context parallelism: what this rank received (dhsa_dist_stats above). */
-dhsa_status dhsa_session_get_dist_stats(const dhsa_session *s, dhsa_dist_stats *out);
+DHSA_API dhsa_status dhsa_session_get_dist_stats(const dhsa_session *s, dhsa_dist_stats *out);
 
 /* Saved state (a prompt cache: docs/prompt-cache.md). dhsa_session_save
  * writes the session's state to path: the n_ids = dhsa_session_length ids
@@ -1667,12 +1681,12 @@ dhsa_status dhsa_session_get_dist_stats(const dhsa_session *s, dhsa_dist_stats *
  * prompt that starts with its tokens: load, dhsa_session_truncate to the
  * common prefix when shorter, eval the rest. _memory reads the same bytes
  * from data [size]. */
-dhsa_status dhsa_session_save(dhsa_session *s, const int32_t *ids, int64_t n_ids, const float *logits,
-                              const char *path);
-dhsa_status dhsa_session_load(dhsa_session *s, const char *path, int32_t *ids, int64_t cap, int64_t *n_ids,
-                              float *logits, int *has_logits);
-dhsa_status dhsa_session_load_memory(dhsa_session *s, const void *data, size_t size, int32_t *ids, int64_t cap,
-                                     int64_t *n_ids, float *logits, int *has_logits);
+DHSA_API dhsa_status dhsa_session_save(dhsa_session *s, const int32_t *ids, int64_t n_ids, const float *logits,
+                                       const char *path);
+DHSA_API dhsa_status dhsa_session_load(dhsa_session *s, const char *path, int32_t *ids, int64_t cap, int64_t *n_ids,
+                                       float *logits, int *has_logits);
+DHSA_API dhsa_status dhsa_session_load_memory(dhsa_session *s, const void *data, size_t size, int32_t *ids, int64_t cap,
+                                              int64_t *n_ids, float *logits, int *has_logits);
 
 /* Sampling. Order: repetition penalty, temperature (0 = greedy: argmax,
  * lowest id on ties), top-k, top-p, min-p, then a draw from the seeded
@@ -1688,15 +1702,15 @@ typedef struct {
 } dhsa_sampler_params;
 
 typedef struct dhsa_sampler dhsa_sampler;
-dhsa_sampler_params dhsa_sampler_default_params(void);
-dhsa_status dhsa_sampler_create(const dhsa_sampler_params *p, int64_t n_vocab, dhsa_sampler **out);
-void dhsa_sampler_free(dhsa_sampler *s);
+DHSA_API dhsa_sampler_params dhsa_sampler_default_params(void);
+DHSA_API dhsa_status dhsa_sampler_create(const dhsa_sampler_params *p, int64_t n_vocab, dhsa_sampler **out);
+DHSA_API void dhsa_sampler_free(dhsa_sampler *s);
 /* Picks the next id from logits[n_vocab] (not modified); history is the
  * sequence so far (for the repetition penalty; may be NULL with n = 0).
  * A NaN or +Inf logit, or every logit -Inf, is DHSA_ERR_NONFINITE with a
  * sentence saying which (greedy included): there is no token to pick. */
-dhsa_status dhsa_sampler_sample(dhsa_sampler *s, const float *logits, const int32_t *history, int64_t n_history,
-                                int32_t *out);
+DHSA_API dhsa_status dhsa_sampler_sample(dhsa_sampler *s, const float *logits, const int32_t *history, int64_t n_history,
+                                         int32_t *out);
 /* ---- Model block end ---- */
 
 /* ---- Structured output block begin (src/model/json_constraint.c, docs/server.md) ---- */
@@ -1736,46 +1750,46 @@ typedef struct dhsa_json_schema dhsa_json_schema;
  * properties, minItems > maxItems, an empty enum) DHSA_ERR_INVALID_ARG;
  * the error sentence names the keyword and its JSON pointer. At most 1 MiB
  * of text. The result is read-only: share it between constraints. */
-dhsa_status dhsa_json_schema_compile(const char *schema, int64_t len, dhsa_json_schema **out);
-void dhsa_json_schema_free(dhsa_json_schema *s);
+DHSA_API dhsa_status dhsa_json_schema_compile(const char *schema, int64_t len, dhsa_json_schema **out);
+DHSA_API void dhsa_json_schema_free(dhsa_json_schema *s);
 
 /* Each token's bytes (dhsa_token_to_piece without flags: CONTROL tokens
  * are empty and never allowed), indexed by first byte, made once per
  * tokenizer; read-only, shared by any number of constraints. */
 typedef struct dhsa_json_vocab dhsa_json_vocab;
-dhsa_status dhsa_json_vocab_create(const dhsa_tokenizer *t, dhsa_json_vocab **out);
-void dhsa_json_vocab_free(dhsa_json_vocab *v);
+DHSA_API dhsa_status dhsa_json_vocab_create(const dhsa_tokenizer *t, dhsa_json_vocab **out);
+DHSA_API void dhsa_json_vocab_free(dhsa_json_vocab *v);
 
 /* One generation's state. s and v must outlive it; v may be NULL for a
  * constraint fed bytes only (then _mask and _accept are
  * DHSA_ERR_INVALID_ARG). One thread at a time. */
 typedef struct dhsa_json_constraint dhsa_json_constraint;
-dhsa_status dhsa_json_constraint_create(const dhsa_json_schema *s, const dhsa_json_vocab *v,
-                                        dhsa_json_constraint **out);
-void dhsa_json_constraint_free(dhsa_json_constraint *c);
+DHSA_API dhsa_status dhsa_json_constraint_create(const dhsa_json_schema *s, const dhsa_json_vocab *v,
+                                                 dhsa_json_constraint **out);
+DHSA_API void dhsa_json_constraint_free(dhsa_json_constraint *c);
 /* Back to the start (no text). */
-void dhsa_json_constraint_reset(dhsa_json_constraint *c);
+DHSA_API void dhsa_json_constraint_reset(dhsa_json_constraint *c);
 /* Advances by bytes[0..n): DHSA_ERR_FORMAT, and the state as it was before
  * the call, when they cannot continue a valid value (the sentence says at
  * which byte). */
-dhsa_status dhsa_json_constraint_feed(dhsa_json_constraint *c, const char *bytes, int64_t n);
+DHSA_API dhsa_status dhsa_json_constraint_feed(dhsa_json_constraint *c, const char *bytes, int64_t n);
 /* 1 when the text so far is a complete value (ending here is valid). */
-int dhsa_json_constraint_can_end(const dhsa_json_constraint *c);
+DHSA_API int dhsa_json_constraint_can_end(const dhsa_json_constraint *c);
 /* 1 when the value is complete and no byte may follow (the generation is
  * over: a caller stops without sampling an end token). */
-int dhsa_json_constraint_finished(const dhsa_json_constraint *c);
+DHSA_API int dhsa_json_constraint_finished(const dhsa_json_constraint *c);
 /* Sets logits[id] = -Inf (logits: [n_vocab] of v) for every id whose bytes
  * cannot continue the text; end_ids[0..n_end) (EOS, end of turn) keep their
  * logits only when dhsa_json_constraint_can_end. *n_allowed (may be NULL):
  * the ids left. No id allowed is DHSA_ERR_UNSUPPORTED (the vocabulary has
  * no token to go on with: nothing to sample). Allocates nothing. */
-dhsa_status dhsa_json_constraint_mask(dhsa_json_constraint *c, float *logits, const int32_t *end_ids, int64_t n_end,
-                                      int64_t *n_allowed);
+DHSA_API dhsa_status dhsa_json_constraint_mask(dhsa_json_constraint *c, float *logits, const int32_t *end_ids, int64_t n_end,
+                                               int64_t *n_allowed);
 /* 1 when token id may come next (what _mask keeps), without the end ids. */
-int dhsa_json_constraint_allows(dhsa_json_constraint *c, int32_t id);
+DHSA_API int dhsa_json_constraint_allows(dhsa_json_constraint *c, int32_t id);
 /* Advances by the bytes of token id: as _feed (DHSA_ERR_FORMAT when the
  * mask would have removed it; an empty piece is refused too). */
-dhsa_status dhsa_json_constraint_accept(dhsa_json_constraint *c, int32_t id);
+DHSA_API dhsa_status dhsa_json_constraint_accept(dhsa_json_constraint *c, int32_t id);
 /* ---- Structured output block end ---- */
 
 /* ---- Retrieval tasks block begin (src/eval/retrieval.c, docs/eval.md) ---- */
@@ -1804,11 +1818,11 @@ dhsa_status dhsa_json_constraint_accept(dhsa_json_constraint *c, int32_t id);
  * key the model was trained on. */
 typedef enum { DHSA_TASK_PASSKEY = 1, DHSA_TASK_MULTIKEY = 2, DHSA_TASK_MULTIVALUE = 3 } dhsa_task_kind;
 /* "passkey", "multikey", "multivalue"; "?" otherwise. */
-const char *dhsa_task_kind_name(dhsa_task_kind k);
+DHSA_API const char *dhsa_task_kind_name(dhsa_task_kind k);
 /* Built-in filler: *n plain sentences written for dhsa (public domain),
  * free of numbers; a task built with filler NULL uses them, repeated in an
  * order drawn from its seed. */
-const char *const *dhsa_task_builtin_sentences(int64_t *n);
+DHSA_API const char *const *dhsa_task_builtin_sentences(int64_t *n);
 
 #define DHSA_TASK_MAX_NEEDLES 16
 
@@ -1840,19 +1854,19 @@ typedef struct {
                                 offset between the preamble and the question, 0..1 */
 } dhsa_task;
 
-dhsa_task_params dhsa_task_default_params(void);
+DHSA_API dhsa_task_params dhsa_task_default_params(void);
 /* Builds one task with the tokenizer's BOS; the filler span is cut at
  * word boundaries and sized so that n_ids <= length (and close to it).
  * A filler too short for the length is DHSA_ERR_INVALID_ARG. Free with
  * dhsa_task_free (also after a failure: *out is then empty). */
-dhsa_status dhsa_task_build(const dhsa_tokenizer *tok, const dhsa_task_params *p, dhsa_task *out);
-void dhsa_task_free(dhsa_task *t);
+DHSA_API dhsa_status dhsa_task_build(const dhsa_tokenizer *tok, const dhsa_task_params *p, dhsa_task *out);
+DHSA_API void dhsa_task_free(dhsa_task *t);
 /* 1 when the first numbers (maximal digit runs) of text[0..len) are the
  * task's numbers in order, 0 otherwise. */
-int dhsa_task_check(const dhsa_task *t, const char *text, int64_t len);
+DHSA_API int dhsa_task_check(const dhsa_task *t, const char *text, int64_t len);
 /* The share of the task's asked-number keys [span_lo, span_hi) that the
  * layout selects for query row `row` of KV head g (1 with layout NULL). */
-double dhsa_task_selected(const dhsa_task *t, const dhsa_layout *layout, int64_t g, int64_t row);
+DHSA_API double dhsa_task_selected(const dhsa_task *t, const dhsa_layout *layout, int64_t g, int64_t row);
 /* ---- Retrieval tasks block end ---- */
 
 /* ---- Evaluation block begin (src/eval/evaluate.c, docs/eval.md) ---- */
@@ -1871,7 +1885,7 @@ double dhsa_task_selected(const dhsa_task *t, const dhsa_layout *layout, int64_t
 /* The routing an evaluation at L tokens runs with by default:
  * dhsa_router_params_for(L, density), the routing every entry point runs
  * (docs/dhsa.md, "One set of routing defaults"). */
-dhsa_router_params dhsa_eval_router_params(int64_t L, double density);
+DHSA_API dhsa_router_params dhsa_eval_router_params(int64_t L, double density);
 
 /* A method as evaluated: the session's attn and its routing (the block
  * baseline is DHSA_ATTN_BLOCK; learned boundaries are DHSA_ATTN_DHSA with
@@ -1912,7 +1926,7 @@ typedef struct {
     int recall;           /* 1 (default): measure the per-layer recall */
 } dhsa_eval_fidelity_params;
 
-dhsa_eval_fidelity_params dhsa_eval_fidelity_default_params(void);
+DHSA_API dhsa_eval_fidelity_params dhsa_eval_fidelity_default_params(void);
 
 typedef struct {
     double kl, top1, ppl, ppl_dense;
@@ -1931,10 +1945,10 @@ typedef struct {
 
 /* results[n_methods] (each result's recall pointer set by the caller or
  * NULL); info may be NULL. */
-dhsa_status dhsa_eval_fidelity(dhsa_ctx *ctx, dhsa_model *m, const int32_t *ids, int64_t n_ids,
-                               const dhsa_eval_fidelity_params *p, const dhsa_eval_method *methods,
-                               int64_t n_methods, dhsa_eval_fidelity_result *results,
-                               dhsa_eval_fidelity_info *info);
+DHSA_API dhsa_status dhsa_eval_fidelity(dhsa_ctx *ctx, dhsa_model *m, const int32_t *ids, int64_t n_ids,
+                                        const dhsa_eval_fidelity_params *p, const dhsa_eval_method *methods,
+                                        int64_t n_methods, dhsa_eval_fidelity_result *results,
+                                        dhsa_eval_fidelity_info *info);
 
 /* A greedy answer: the prompt ids[0..n) in a fresh session of the method
  * (cache n_ctx, 0 = n + max_tokens), then argmax tokens until a stop id
@@ -1950,7 +1964,7 @@ typedef struct {
     unsigned detok_flags;   /* dhsa_detokenize flags (retrieval: KEEP_SPACE is added) */
 } dhsa_eval_answer_params;
 
-dhsa_eval_answer_params dhsa_eval_answer_default_params(void);
+DHSA_API dhsa_eval_answer_params dhsa_eval_answer_default_params(void);
 
 #define DHSA_EVAL_MAX_LAYERS 64   /* layers whose needle selection is reported */
 #define DHSA_EVAL_ANSWER_ROWS 64  /* answer rows whose needle selection is kept */
@@ -1988,11 +2002,11 @@ typedef struct {
     dhsa_eval_needle needle; /* from selected_at_wrong (meaningful for a miss) */
 } dhsa_eval_answer;
 
-dhsa_status dhsa_eval_generate(dhsa_ctx *ctx, dhsa_model *m, const int32_t *ids, int64_t n_ids,
-                               const dhsa_eval_answer_params *p, dhsa_eval_answer *out);
+DHSA_API dhsa_status dhsa_eval_generate(dhsa_ctx *ctx, dhsa_model *m, const int32_t *ids, int64_t n_ids,
+                                        const dhsa_eval_answer_params *p, dhsa_eval_answer *out);
 /* The task's prompt through dhsa_eval_generate, scored and explained. */
-dhsa_status dhsa_eval_retrieval(dhsa_ctx *ctx, dhsa_model *m, const dhsa_task *t,
-                                const dhsa_eval_answer_params *p, dhsa_eval_answer *out);
+DHSA_API dhsa_status dhsa_eval_retrieval(dhsa_ctx *ctx, dhsa_model *m, const dhsa_task *t,
+                                         const dhsa_eval_answer_params *p, dhsa_eval_answer *out);
 /* eval niah's prompts: a haystack of `sentences` (NULL: the built-in
  * ones, dhsa_task_builtin_sentences) taken in order, cycling, as many as
  * fit `length` tokens, with `needle` (e.g. "The secret number is 4821.")
@@ -2027,15 +2041,15 @@ typedef struct {
     int n_stop;
 } dhsa_niah_prompt;
 
-dhsa_niah_params dhsa_niah_default_params(void);
-dhsa_status dhsa_niah_build(const dhsa_tokenizer *tok, const dhsa_niah_params *p, dhsa_niah_prompt *out);
-void dhsa_niah_free(dhsa_niah_prompt *pr);
+DHSA_API dhsa_niah_params dhsa_niah_default_params(void);
+DHSA_API dhsa_status dhsa_niah_build(const dhsa_tokenizer *tok, const dhsa_niah_params *p, dhsa_niah_prompt *out);
+DHSA_API void dhsa_niah_free(dhsa_niah_prompt *pr);
 /* 1 when the answer's text answer[0..len) states the needle's number
  * (`number`: 1..32 ASCII digits), 0 when not, -1 for a bad number. A
  * number is a maximal run of digits with optional ",ddd" thousands groups
  * and no decimal part: "4821", "is 4821.", "4,821", "x4821y" state 4821;
  * "48210", "14821", "4821.5", "04821", "4 8 2 1" do not. */
-int dhsa_niah_answer_has(const char *answer, int64_t len, const char *number);
+DHSA_API int dhsa_niah_answer_has(const char *answer, int64_t len, const char *number);
 /* eval copy: a sequence [BOS] filler[0, f1) PASSAGE filler[f1, F)
  * PASSAGE of exactly L tokens (F = L - BOS - 2P, f1 = round(depth x F));
  * the spans it puts where (dhsa_eval_copy_sequence fills it in):
@@ -2048,8 +2062,8 @@ typedef struct {
     int64_t first, second, control, passage, n_ids;
 } dhsa_eval_copy_layout;
 
-dhsa_status dhsa_eval_copy_sequence(const int32_t *filler, int64_t n_filler, const int32_t *passage, int64_t P,
-                                    int64_t L, double depth, int32_t bos, int32_t *ids, dhsa_eval_copy_layout *at);
+DHSA_API dhsa_status dhsa_eval_copy_sequence(const int32_t *filler, int64_t n_filler, const int32_t *passage, int64_t P,
+                                             int64_t L, double depth, int32_t bos, int32_t *ids, dhsa_eval_copy_layout *at);
 
 /* One copy sequence under a method, one session with the logits of the
  * copies' rows only (64 rows at a time; the numbers are those of one eval
@@ -2071,20 +2085,20 @@ typedef struct {
     double copy_keys_selected, copy_mass, control_mass, copy_mass_kept;
 } dhsa_eval_copy_result;
 
-dhsa_status dhsa_eval_copy(dhsa_ctx *ctx, dhsa_model *m, const dhsa_eval_method *method, const int32_t *ids,
-                           const dhsa_eval_copy_layout *at, dhsa_eval_copy_result *r);
+DHSA_API dhsa_status dhsa_eval_copy(dhsa_ctx *ctx, dhsa_model *m, const dhsa_eval_method *method, const int32_t *ids,
+                                    const dhsa_eval_copy_layout *at, dhsa_eval_copy_result *r);
 
 /* Text the model writes itself, as eval copy's filler: n tokens from
  * stories sampled at temperature 1 (the sampler's other defaults), a fresh
  * session of 256 tokens per piece seeded seed x 1000003 + piece, BOS and
  * EOS dropped so the stories run on. */
-dhsa_status dhsa_eval_sample_tokens(dhsa_ctx *ctx, dhsa_model *m, int64_t n, uint64_t seed, int32_t *out);
+DHSA_API dhsa_status dhsa_eval_sample_tokens(dhsa_ctx *ctx, dhsa_model *m, int64_t n, uint64_t seed, int32_t *out);
 
 /* The ordinary tokens (DHSA_TOKEN_NORMAL) a passage is drawn from; with
  * words, only whole-word SPM pieces ("\u2581" and 2 or more ASCII
  * letters). *n is their count; more than cap is DHSA_ERR_INVALID_ARG
  * (cap 0 counts). */
-dhsa_status dhsa_eval_passage_tokens(const dhsa_tokenizer *tok, int words, int32_t *out, int64_t cap, int64_t *n);
+DHSA_API dhsa_status dhsa_eval_passage_tokens(const dhsa_tokenizer *tok, int words, int32_t *out, int64_t cap, int64_t *n);
 /* RULER-style tasks (src/eval/ruler.c; docs/eval.md "eval ruler"):
  * synthetic long-context tasks modelled on NVIDIA's RULER benchmark (task
  * definitions and scoring learned from it; every string is dhsa's own).
@@ -2174,37 +2188,37 @@ typedef struct {
     int n_stop;
 } dhsa_ruler_prompt;
 
-dhsa_ruler_params dhsa_ruler_default_params(void);
+DHSA_API dhsa_ruler_params dhsa_ruler_default_params(void);
 /* The suite's named configurations (RULER's, without QA): single_noise,
  * single_prose, single_uuid, single_word, multikey, multikey_needles,
  * multikey_uuid, multivalue, multiquery, vt, cwe, fwe. Sets task, kinds,
  * haystack and counts of *p (the rest is kept); an unknown name is
  * DHSA_ERR_INVALID_ARG naming them all. */
-dhsa_status dhsa_ruler_preset(const char *name, dhsa_ruler_params *p);
+DHSA_API dhsa_status dhsa_ruler_preset(const char *name, dhsa_ruler_params *p);
 /* Builds one prompt of at most length tokens: the haystack units are
  * counted up (a binary search over their number) to the most that fit,
  * the needles at the unit boundaries nearest their depths. A haystack or
  * word list too short for the length is DHSA_ERR_INVALID_ARG. Free with
  * dhsa_ruler_free (also after a failure). */
-dhsa_status dhsa_ruler_build(const dhsa_tokenizer *tok, const dhsa_ruler_params *p, dhsa_ruler_prompt *out);
-void dhsa_ruler_free(dhsa_ruler_prompt *pr);
+DHSA_API dhsa_status dhsa_ruler_build(const dhsa_tokenizer *tok, const dhsa_ruler_params *p, dhsa_ruler_prompt *out);
+DHSA_API void dhsa_ruler_free(dhsa_ruler_prompt *pr);
 /* RULER's string_match_all of one answer: the share (0..1) of
  * pr->expected[0..n_expected) found in answer[0..len) as substrings,
  * ASCII case folded; 0 when n_expected is 0. */
-double dhsa_ruler_score(const dhsa_ruler_prompt *pr, const char *answer, int64_t len);
+DHSA_API double dhsa_ruler_score(const dhsa_ruler_prompt *pr, const char *answer, int64_t len);
 /* The prose haystack from the Debian package gnu-standards (GFDL, in
  * main): the paragraphs (<p> elements, tags removed, entities decoded) of
  * dir/maintain.html for DEV and dir/standards.html for TEST, dir NULL =
  * /usr/share/doc/gnu-standards. *text (malloc'd, the caller frees it) holds
  * them one a line. A missing file is DHSA_ERR_IO whose sentence names the
  * package to install. */
-dhsa_status dhsa_ruler_load_prose(const char *dir, dhsa_ruler_split split, char **text, int64_t *len);
+DHSA_API dhsa_status dhsa_ruler_load_prose(const char *dir, dhsa_ruler_split split, char **text, int64_t *len);
 /* CWE's word list: path NULL = /usr/share/dict/words (Debian package
  * wamerican); a missing file is DHSA_ERR_IO naming the package. */
-dhsa_status dhsa_ruler_load_words(const char *path, char **text, int64_t *len);
+DHSA_API dhsa_status dhsa_ruler_load_words(const char *path, char **text, int64_t *len);
 /* Frees a text of dhsa_ruler_load_prose / _words (free() does too, from C
  * code linked against the same C library). NULL is fine. */
-void dhsa_ruler_text_free(char *text);
+DHSA_API void dhsa_ruler_text_free(char *text);
 /* ---- Evaluation block end ---- */
 
 #ifdef __cplusplus
