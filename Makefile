@@ -51,7 +51,11 @@ TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(sort $(wildcard tests/test_*.c)
 # The CLI's support code that tests link as build/libdhsa_cli.a (libc and
 # libm only, nothing of libdhsa): the JSON writer.
 CLI_LIB_SRCS := tools/cli_json.c
-TOOLS_SRCS := $(filter-out $(CLI_LIB_SRCS),$(sort $(wildcard tools/*.c tools/serve/*.c)))
+# The engine of dhsa serve (slots, queue, prompt cache, batcher; libdhsa and
+# pthreads only, no HTTP or JSON) as build/libdhsa_serve.a, which the CLI
+# and tests/test_serve_engine link.
+SERVE_ENGINE_SRCS := tools/serve/engine.c
+TOOLS_SRCS := $(filter-out $(CLI_LIB_SRCS) $(SERVE_ENGINE_SRCS),$(sort $(wildcard tools/*.c tools/serve/*.c)))
 # Small programs the tests drive (memory-probe targets and the like).
 PROGS := $(patsubst tests/progs/%.c,$(BUILD)/progs/%,$(sort $(wildcard tests/progs/*.c)))
 
@@ -154,8 +158,14 @@ $(BUILD)/libdhsa_cli.a: $(patsubst tools/%.c,$(BUILD)/obj/tools/%.o,$(CLI_LIB_SR
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/dhsa: $(TOOLS_SRCS) $(wildcard tools/*.h tools/serve/*.h) $(BUILD)/libdhsa_cli.a $(BUILD)/libdhsa.a $(HDRS) $(CLI_STAMP)
-	$(CC) $(CFLAGS_BASE) $(SERVE_CFLAGS) $(MPI_CFLAGS) $(LINE_CFLAGS) -Itools -o $@ $(TOOLS_SRCS) $(BUILD)/libdhsa_cli.a $(BUILD)/libdhsa.a $(SERVE_LIBS) $(MPI_LIBS) $(LINE_LIBS) $(LDLIBS)
+$(BUILD)/obj/tools/serve/engine.o: tools/serve/engine.h
+
+$(BUILD)/libdhsa_serve.a: $(patsubst tools/%.c,$(BUILD)/obj/tools/%.o,$(SERVE_ENGINE_SRCS))
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/dhsa: $(TOOLS_SRCS) $(wildcard tools/*.h tools/serve/*.h) $(BUILD)/libdhsa_cli.a $(BUILD)/libdhsa_serve.a $(BUILD)/libdhsa.a $(HDRS) $(CLI_STAMP)
+	$(CC) $(CFLAGS_BASE) $(SERVE_CFLAGS) $(MPI_CFLAGS) $(LINE_CFLAGS) -Itools -o $@ $(TOOLS_SRCS) $(BUILD)/libdhsa_cli.a $(BUILD)/libdhsa_serve.a $(BUILD)/libdhsa.a $(SERVE_LIBS) $(MPI_LIBS) $(LINE_LIBS) $(LDLIBS)
 
 $(BUILD)/progs/%: tests/progs/%.c $(BUILD)/libdhsa.a $(HDRS)
 	@mkdir -p $(dir $@)
@@ -169,6 +179,11 @@ $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/libdhsa.a $(HDRS)
 $(BUILD)/tests/test_serve: tests/test_serve.c tools/serve/request.c tools/serve/serve.h $(wildcard tests/*.h) $(BUILD)/libdhsa.a $(HDRS) $(CLI_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(SERVE_CFLAGS) -Itools -Itools/serve -o $@ tests/test_serve.c tools/serve/request.c $(BUILD)/libdhsa.a $(SERVE_LIBS) $(LDLIBS)
+
+# test_serve_engine drives the server's engine through its library, without a socket.
+$(BUILD)/tests/test_serve_engine: tests/test_serve_engine.c tools/serve/engine.h $(wildcard tests/*.h) $(BUILD)/libdhsa_serve.a $(BUILD)/libdhsa.a $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -Itools/serve -o $@ tests/test_serve_engine.c $(BUILD)/libdhsa_serve.a $(BUILD)/libdhsa.a $(LDLIBS)
 
 # test_cli_json drives the CLI's JSON writer through its library (no tools/ source).
 $(BUILD)/tests/test_cli_json: tests/test_cli_json.c tools/cli.h $(wildcard tests/*.h) $(BUILD)/libdhsa_cli.a $(BUILD)/libdhsa.a $(HDRS)

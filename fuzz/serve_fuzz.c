@@ -1,5 +1,5 @@
 /* serve_fuzz.c: libFuzzer harness for the request parser of dhsa serve
- * (serve_request_parse, tools/serve_req.c, compiled into this harness with
+ * (serve_request_parse, tools/serve/request.c, compiled into this harness with
  * jansson). Input: byte 0 picks the endpoint (chat, completions,
  * tokenize, detokenize), the rest is the body, as the server passes it (not
  * NUL-terminated). Checked on every input, beyond ASan and UBSan: a parse

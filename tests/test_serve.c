@@ -1,6 +1,6 @@
-/* test_serve.c: `dhsa serve` (tools/serve.c, docs/server.md).
+/* test_serve.c: `dhsa serve` (tools/serve/, docs/server.md).
  *
- * Part 1, the request parser (tools/serve_req.c) without a socket: a table
+ * Part 1, the request parser (tools/serve/request.c) without a socket: a table
  * of good bodies and what they parse to, and bad ones with the parameter
  * the 400 must name.
  * Part 2, the server over loopback, started from the built CLI on a free

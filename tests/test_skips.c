@@ -35,7 +35,7 @@ static const struct {
 } bins[] = {
     {"test_chat", 0},  {"test_gguf", 0},  {"test_tokenizer", 0}, {"test_llm_ref", 0},    {"test_llama2c", 1},
     {"test_eval", 1},  {"test_plots", 1}, {"test_train", 1},     {"test_tokenize_cli", 1}, {"test_model", 1},
-    {"test_tokenizer_peer", 0},
+    {"test_tokenizer_peer", 0}, {"test_serve_engine", 0},
 };
 #define N_BINS (int)(sizeof bins / sizeof bins[0])
 

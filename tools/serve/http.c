@@ -100,14 +100,86 @@ static int connection_fd(struct MHD_Connection *c) {
     return ci ? ci->connect_fd : -1;
 }
 
-int serve_client_gone(struct MHD_Connection *c) { return serve_client_gone_fd(connection_fd(c)); }
+/* 1 when the peer of socket fd has gone (EOF or an error; bytes waiting,
+ * a pipelined request, are not read). */
+static int client_gone_fd(int fd) {
+    if (fd < 0) return 0;
+    char b;
+    ssize_t r = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* ------------------------------------------------------ generations --- */
+
+/* The engine's callbacks (engine.h): text, finish and error on the
+ * connection's thread inside serve_gen_next, gone on the engine's. */
+static void on_text(void *user, const char *bytes, int64_t n) {
+    reply *r = user;
+    if (r->view_oom) return;
+    if (r->view_len + n + 1 > r->view_cap) {
+        int64_t cap = r->view_cap ? r->view_cap : 1024;
+        while (cap < r->view_len + n + 1) cap *= 2;
+        char *v = realloc(r->view, (size_t)cap);
+        if (!v) {
+            r->view_oom = 1;
+            return;
+        }
+        r->view = v;
+        r->view_cap = cap;
+    }
+    memcpy(r->view + r->view_len, bytes, (size_t)n);
+    r->view_len += n;
+    r->view[r->view_len] = 0;
+}
+
+static void on_finish(void *user, const char *reason) { ((reply *)user)->finish = reason; }
+
+static void on_error(void *user, const char *message) {
+    reply *r = user;
+    r->error = 1;
+    snprintf(r->err_msg, sizeof r->err_msg, "%s", message);
+}
+
+static int on_gone(void *user) { return client_gone_fd(((reply *)user)->fd); }
+
+static const serve_gen_callbacks reply_callbacks = {on_text, on_finish, on_error, on_gone};
+
+/* The next piece of the reply: serve_gen_next, and at the end the counts.
+ * Returns 1 while it goes on, 0 at the end (r->over). */
+static int reply_next(reply *r) {
+    if (r->over) return 0;
+    if (serve_gen_next(r->g)) return 1;
+    r->over = 1;
+    serve_gen_get_info(r->g, &r->info);
+    if (r->info.gone) r->error = 0; /* nobody to tell */
+    return 0;
+}
+
+static void reply_free(reply *r) {
+    if (!r) return;
+    serve_gen_free(r->g);
+    serve_request_free(&r->rq);
+    free(r->view);
+    free(r->pend);
+    serve_mem_give(&r->reserved);
+    free(r);
+}
+
+static void note_done(reply *r) {
+    if (!srv.verbose) return;
+    serve_gen_info in = r->info;
+    if (!r->over && r->g) serve_gen_get_info(r->g, &in);
+    fprintf(stderr, "dhsa serve: %s slot %d: prompt %lld (%lld cached), %lld generated, %s, ttft %.3f s\n", r->id,
+            in.slot, (long long)in.n_prompt, (long long)in.n_reused, (long long)in.n_gen,
+            in.error ? "error" : in.finish ? in.finish : "-", in.t_first > 0 ? in.t_first - r->t_start : 0.0);
+}
 
 /* Stream reader: each call sends what is pending, else makes the next
  * event from the text the generation has added (--batch off: after
  * running the next step here; on: after waiting for the batcher's). */
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
-    gen *g = cls;
+    reply *g = cls;
     for (;;) {
         if (g->pend_off < g->pend_len) {
             size_t n = g->pend_len - g->pend_off;
@@ -119,12 +191,9 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         }
         if (g->done_sent) return MHD_CONTENT_READER_END_OF_STREAM;
         if (!g->over) {
-            if (!srv.batch) {
-                if (serve_client_gone(g->conn)) return MHD_CONTENT_READER_END_WITH_ERROR; /* stream_free counts it */
-                serve_step_alone(g);
-            }
-            if (serve_gen_sync(g)) return MHD_CONTENT_READER_END_WITH_ERROR;
-            if (g->over && g->gone) return MHD_CONTENT_READER_END_WITH_ERROR;
+            reply_next(g);
+            if (g->view_oom) return MHD_CONTENT_READER_END_WITH_ERROR;
+            if (g->over && g->info.gone) return MHD_CONTENT_READER_END_WITH_ERROR; /* stream_free counts it */
         }
         const char *finish = g->over ? g->finish : NULL;
         int rc = 0;
@@ -179,7 +248,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             memcpy(p + g->pend_len, done, sizeof done - 1);
             g->pend_len += sizeof done - 1;
             g->done_sent = 1;
-            serve_note_done(g);
+            note_done(g);
         }
     }
 }
@@ -187,25 +256,24 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
 /* The response is done with: sent whole, or the connection closed (a
  * client that went away while its stream ran counts as a disconnect). */
 static void stream_free(void *cls) {
-    gen *g = cls;
+    reply *g = cls;
     if (!g->done_sent) {
         pthread_mutex_lock(&srv.mu);
         srv.n_disconnects++;
         pthread_mutex_unlock(&srv.mu);
-        serve_note_done(g);
+        note_done(g);
     }
-    serve_gen_free(g);
+    reply_free(g);
 }
 
-enum MHD_Result serve_handle_generate(struct MHD_Connection *c, request_ctx *rc, serve_req_kind kind) {
+static enum MHD_Result handle_generate(struct MHD_Connection *c, request_ctx *rc, serve_req_kind kind) {
     serve_limits lim = {srv.max_tokens, 2 * srv.n_ctx + 16, srv.in->n_vocab}; /* a longer prompt is refused below, naming --ctx */
-    gen *g = calloc(1, sizeof *g);
+    reply *g = calloc(1, sizeof *g);
     if (!g) return send_error(c, 500, "out of memory", NULL, NULL);
-    pthread_cond_init(&g->cv, NULL);
     g->fd = -1;
     serve_error e;
     if (serve_request_parse(kind, rc->body, rc->len, &lim, &g->rq, &e)) {
-        serve_gen_free(g);
+        reply_free(g);
         return send_error(c, 400, e.message, e.param, NULL);
     }
     free(rc->body); /* parsed: its bytes stay reserved until the answer is sent */
@@ -213,7 +281,6 @@ enum MHD_Result serve_handle_generate(struct MHD_Connection *c, request_ctx *rc,
     g->conn = c;
     g->fd = connection_fd(c);
     g->chat = kind == SERVE_REQ_CHAT;
-    g->first_piece = 1;
     g->created = time(NULL);
     g->t_start = serve_now_s();
     snprintf(g->id, sizeof g->id, "%s-%" PRIu64, g->chat ? "chatcmpl" : "cmpl", (uint64_t)atomic_fetch_add(&srv.id_counter, 1));
@@ -238,7 +305,7 @@ enum MHD_Result serve_handle_generate(struct MHD_Connection *c, request_ctx *rc,
     if (!status)
         status = serve_mem_take(rc, (size_t)(text_bytes + 64 * g->rq.n_messages) * TOKENIZE_WORK_PER_BYTE + 4096,
                           "tokenizing the prompt", msg, sizeof msg);
-    if (!status) status = serve_prompt_ids(g, &ids, &n, msg, sizeof msg, &param, &code);
+    if (!status) status = serve_prompt_ids(&g->rq, &ids, &n, msg, sizeof msg, &param, &code);
     if (!status && n > srv.n_ctx) {
         snprintf(msg, sizeof msg, "the prompt has %lld tokens; a slot's context holds %lld (--ctx)", (long long)n,
                  (long long)srv.n_ctx);
@@ -258,95 +325,64 @@ enum MHD_Result serve_handle_generate(struct MHD_Connection *c, request_ctx *rc,
     }
     if (status) {
         free(ids);
-        serve_gen_free(g);
+        reply_free(g);
         return send_error(c, status, msg, param, code);
     }
-    g->max_gen = want < srv.max_tokens ? want : srv.max_tokens;
-    g->n_prompt = n;
+    const int64_t max_gen = want < srv.max_tokens ? want : srv.max_tokens;
     /* the generation's own memory: the penalties' ids, the sampler (its
      * arrays over the vocabulary), the text and its copies (the
      * connection's view, UTF-8 cleaning, JSON escaping: 20 bytes a byte) */
-    status = serve_mem_take(rc, (size_t)(g->max_gen + 1) * 4 + (size_t)srv.in->n_vocab * (32 + (g->rq.json ? 1 : 0)) +
-                              (size_t)g->max_gen * (size_t)srv.max_piece * 20 + ((size_t)64 << 10),
+    status = serve_mem_take(rc, (size_t)(max_gen + 1) * 4 + (size_t)srv.in->n_vocab * (32 + (g->rq.json ? 1 : 0)) +
+                              (size_t)max_gen * (size_t)srv.max_piece * 20 + ((size_t)64 << 10),
                       "the generation", msg, sizeof msg);
     if (status) {
         free(ids);
-        serve_gen_free(g);
+        reply_free(g);
         return send_error(c, status, msg, NULL, NULL);
     }
-    /* stops: EOS, and the chat format's end-of-turn ids (with ignore_eos
-     * they are masked instead: serve_sample_next) */
-    if (dhsa_tokenizer_eos(srv.tok) >= 0) g->stop_ids[g->n_stop_ids++] = dhsa_tokenizer_eos(srv.tok);
-    if (g->chat)
-        for (int i = 0; i < srv.n_chat_stop && g->n_stop_ids < 20; i++) g->stop_ids[g->n_stop_ids++] = srv.chat_stop[i];
-    dhsa_sampler_params sp = dhsa_sampler_default_params();
-    sp.temperature = (float)g->rq.temperature;
-    sp.top_p = (float)g->rq.top_p;
-    sp.min_p = (float)g->rq.min_p;
-    sp.top_k = g->rq.top_k;
-    sp.repeat_penalty = (float)g->rq.repeat_penalty;
-    sp.repeat_last_n = g->rq.repeat_last_n;
-    if (g->rq.seed_set) sp.seed = g->rq.seed;
-    else { /* as OpenAI: a request without a seed gets its own */
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        sp.seed = ((uint64_t)ts.tv_sec * 1000000007u) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)atomic_load(&srv.id_counter) << 32);
-    }
-    g->touched = malloc((size_t)(g->max_gen + 1) * sizeof(int32_t));
-    if (!g->touched || dhsa_sampler_create(&sp, srv.in->n_vocab, &g->smp) ||
-        (g->rq.json && dhsa_json_constraint_create(g->rq.json_schema ? g->rq.json_schema : srv.json_object, srv.jvocab,
-                                                   &g->jc))) {
-        snprintf(msg, sizeof msg, "sampler: %s", g->touched ? dhsa_last_error() : "out of memory");
-        free(ids);
-        serve_gen_free(g);
-        return send_error(c, 500, msg, NULL, NULL);
-    }
-    const char *why = NULL;
-    g->sl = serve_acquire(ids, n, &why);
-    if (!g->sl) {
-        free(ids);
-        serve_gen_free(g);
-        if (strcmp(why, "stopping") == 0) return send_error(c, 503, "the server is shutting down", NULL, NULL);
-        snprintf(msg, sizeof msg, strcmp(why, "queue") == 0
+    serve_gen_params gp;
+    serve_gen_params_of(&g->rq, g->chat, ids, n, max_gen, &gp);
+    serve_status st = serve_engine_submit(srv.engine, &gp, &reply_callbacks, g, &g->g, msg, sizeof msg);
+    free(ids);
+    switch (st) {
+    case SERVE_OK:
+        break;
+    case SERVE_QUEUE_FULL:
+    case SERVE_QUEUE_TIMEOUT:
+        reply_free(g);
+        snprintf(msg, sizeof msg, st == SERVE_QUEUE_FULL
                                       ? "all %lld slots are busy and %lld requests wait already (--max-queue): retry later"
                                       : "all %lld slots stayed busy for --queue-timeout %lld s: retry later",
-                 (long long)srv.n_slots, strcmp(why, "queue") == 0 ? (long long)srv.max_queue : (long long)srv.queue_timeout);
+                 (long long)srv.n_slots, st == SERVE_QUEUE_FULL ? (long long)srv.max_queue : (long long)srv.queue_timeout);
         return send_error(c, 503, msg, NULL, NULL);
-    }
-    if (atomic_load(&srv.stopping)) { /* granted as the server began to stop: still a queued request */
-        free(ids);
-        serve_gen_free(g);
+    case SERVE_STOPPING:
+        reply_free(g);
         return send_error(c, 503, "the server is shutting down", NULL, NULL);
+    case SERVE_BAD_ATTN: {
+        const char *bad = g->rq.attn != SERVE_ATTN_UNSET ? "attn" : "density";
+        reply_free(g);
+        return send_error(c, 400, msg, bad, NULL);
     }
-    if (serve_slot_prepare(g->sl, g->rq.attn, g->rq.density, msg, sizeof msg)) {
-        free(ids);
-        serve_gen_free(g);
-        return send_error(c, 400, msg, g->rq.attn != SERVE_ATTN_UNSET ? "attn" : "density", NULL);
-    }
-    status = serve_prefill(g, ids, n, msg, sizeof msg);
-    free(ids);
-    if (status == 499) { /* nobody to answer */
+    case SERVE_GONE: /* the prefill was cut: nobody to answer, or a 503 while stopping */
         pthread_mutex_lock(&srv.mu);
         srv.n_disconnects++;
         pthread_mutex_unlock(&srv.mu);
-        serve_gen_free(g);
+        reply_free(g);
         return atomic_load(&srv.stopping) ? send_error(c, 503, msg, NULL, NULL) : MHD_NO;
+    case SERVE_FAILED:
+    default:
+        reply_free(g);
+        return send_error(c, 500, msg, NULL, NULL);
     }
-    if (status) {
-        serve_gen_free(g);
-        return send_error(c, status, msg, NULL, NULL);
-    }
-    /* --batch on: the first token here, the rest in the batcher's passes */
-    if (srv.batch && serve_advance(g, g->sl->logits)) serve_join(g);
     if (g->rq.stream) {
-        /* the stream outlives the request's handler: its memory goes with it (serve_gen_free) */
+        /* the stream outlives the request's handler: its memory goes with it (reply_free) */
         pthread_mutex_lock(&srv.mu);
         g->reserved = rc->reserved;
         rc->reserved = 0;
         pthread_mutex_unlock(&srv.mu);
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, g, stream_free);
         if (!r) {
-            serve_gen_free(g);
+            reply_free(g);
             return MHD_NO;
         }
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
@@ -357,35 +393,27 @@ enum MHD_Result serve_handle_generate(struct MHD_Connection *c, request_ctx *rc,
         return ret;
     }
     /* whole reply */
-    if (srv.batch) {
-        pthread_mutex_lock(&srv.mu);
-        while (g->joined) pthread_cond_wait(&g->cv, &srv.mu);
-        pthread_mutex_unlock(&srv.mu);
-    } else {
-        while (!g->finish && !g->error && !g->gone) {
-            if (serve_client_gone(c)) g->gone = 1;
-            else serve_step_alone(g);
-        }
+    while (reply_next(g)) {
     }
-    if (g->gone) {
+    if (g->info.gone) {
         pthread_mutex_lock(&srv.mu);
         srv.n_disconnects++;
         pthread_mutex_unlock(&srv.mu);
-        serve_note_done(g);
-        serve_gen_free(g);
+        note_done(g);
+        reply_free(g);
         return MHD_NO;
     }
-    serve_note_done(g);
-    if (g->error) {
-        snprintf(msg, sizeof msg, "%s", g->err_msg);
-        serve_gen_free(g);
+    note_done(g);
+    if (g->error || g->view_oom) {
+        snprintf(msg, sizeof msg, "%s", g->view_oom ? "out of memory" : g->err_msg);
+        reply_free(g);
         return send_error(c, atomic_load(&srv.stopping) ? 503 : 500, msg, NULL, NULL);
     }
     json_t *o = serve_envelope(g, 0), *ch = json_array();
-    json_array_append_new(ch, serve_choice(g, g->out ? g->out : "", g->out_len, 0, g->finish));
+    json_array_append_new(ch, serve_choice(g, g->view ? g->view : "", g->view_len, 0, g->finish));
     json_object_set_new(o, "choices", ch);
     json_object_set_new(o, "usage", serve_usage_json(g));
-    serve_gen_free(g);
+    reply_free(g);
     return send_json(c, 200, o);
 }
 
@@ -517,9 +545,9 @@ static enum MHD_Result handle_models(struct MHD_Connection *c) {
 }
 
 static enum MHD_Result handle_health(struct MHD_Connection *c) {
-    pthread_mutex_lock(&srv.mu);
-    int64_t busy = srv.n_busy, queued = srv.n_queued;
-    pthread_mutex_unlock(&srv.mu);
+    serve_engine_stats es;
+    serve_engine_get_stats(srv.engine, &es);
+    int64_t busy = es.n_busy, queued = es.n_queued;
     int stopping = atomic_load(&srv.stopping);
     json_t *o = json_object();
     json_object_set_new(o, "status", json_string(stopping ? "stopping" : "ok"));
@@ -533,6 +561,8 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c) {
     pthread_mutex_lock(&srv.mu);
     server m = srv; /* a copy of the counters */
     pthread_mutex_unlock(&srv.mu);
+    serve_engine_stats es;
+    serve_engine_get_stats(srv.engine, &es);
     size_t cap = 12288;
     char *b = malloc(cap);
     if (!b) return send_error(c, 500, "out of memory", NULL, NULL);
@@ -546,41 +576,41 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *c) {
     OUT("# HELP dhsa_client_disconnects_total Generations stopped because the client went away.\n"
         "# TYPE dhsa_client_disconnects_total counter\ndhsa_client_disconnects_total %" PRIu64 "\n", m.n_disconnects);
     OUT("# HELP dhsa_prompt_tokens_total Prompt tokens of the requests (cached ones included).\n"
-        "# TYPE dhsa_prompt_tokens_total counter\ndhsa_prompt_tokens_total %" PRIu64 "\n", m.prompt_tokens);
+        "# TYPE dhsa_prompt_tokens_total counter\ndhsa_prompt_tokens_total %" PRIu64 "\n", es.prompt_tokens);
     OUT("# HELP dhsa_prompt_tokens_cached_total Prompt tokens taken from a slot's cache.\n"
-        "# TYPE dhsa_prompt_tokens_cached_total counter\ndhsa_prompt_tokens_cached_total %" PRIu64 "\n", m.cached_tokens);
+        "# TYPE dhsa_prompt_tokens_cached_total counter\ndhsa_prompt_tokens_cached_total %" PRIu64 "\n", es.cached_tokens);
     OUT("# HELP dhsa_cache_hits_total Requests that reused a cached prefix.\n# TYPE dhsa_cache_hits_total counter\n"
-        "dhsa_cache_hits_total %" PRIu64 "\n", m.n_cache_hits);
+        "dhsa_cache_hits_total %" PRIu64 "\n", es.n_cache_hits);
     OUT("# HELP dhsa_generated_tokens_total Tokens generated.\n# TYPE dhsa_generated_tokens_total counter\n"
-        "dhsa_generated_tokens_total %" PRIu64 "\n", m.gen_tokens);
+        "dhsa_generated_tokens_total %" PRIu64 "\n", es.gen_tokens);
     OUT("# HELP dhsa_prefill_seconds_total Time in prompt evaluation.\n# TYPE dhsa_prefill_seconds_total counter\n"
-        "dhsa_prefill_seconds_total %.6f\n", m.prefill_s);
+        "dhsa_prefill_seconds_total %.6f\n", es.prefill_s);
     OUT("# HELP dhsa_decode_seconds_total Time in decode steps.\n# TYPE dhsa_decode_seconds_total counter\n"
-        "dhsa_decode_seconds_total %.6f\n", m.decode_s);
-    uint64_t evaluated = m.prompt_tokens - m.cached_tokens;
+        "dhsa_decode_seconds_total %.6f\n", es.decode_s);
+    uint64_t evaluated = es.prompt_tokens - es.cached_tokens;
     OUT("# HELP dhsa_prefill_tokens_per_second Evaluated prompt tokens per second of serve_prefill, since start.\n"
         "# TYPE dhsa_prefill_tokens_per_second gauge\ndhsa_prefill_tokens_per_second %.3f\n",
-        m.prefill_s > 0 ? (double)evaluated / m.prefill_s : 0.0);
+        es.prefill_s > 0 ? (double)evaluated / es.prefill_s : 0.0);
     OUT("# HELP dhsa_decode_tokens_per_second Decode steps per second of one slot, since start.\n"
         "# TYPE dhsa_decode_tokens_per_second gauge\ndhsa_decode_tokens_per_second %.3f\n",
-        m.decode_s > 0 ? (double)m.gen_tokens / m.decode_s : 0.0);
+        es.decode_s > 0 ? (double)es.gen_tokens / es.decode_s : 0.0);
     OUT("# HELP dhsa_decode_batches_total Batched decode passes (--batch on).\n# TYPE dhsa_decode_batches_total counter\n"
-        "dhsa_decode_batches_total %" PRIu64 "\n", m.n_batches);
+        "dhsa_decode_batches_total %" PRIu64 "\n", es.n_batches);
     OUT("# HELP dhsa_decode_batch_rows_total Decode steps run in those passes (rows / passes = mean batch).\n"
-        "# TYPE dhsa_decode_batch_rows_total counter\ndhsa_decode_batch_rows_total %" PRIu64 "\n", m.n_batch_rows);
+        "# TYPE dhsa_decode_batch_rows_total counter\ndhsa_decode_batch_rows_total %" PRIu64 "\n", es.n_batch_rows);
     OUT("# HELP dhsa_decode_batch_eval_seconds_total Time of those passes in dhsa_session_eval_batch.\n"
         "# TYPE dhsa_decode_batch_eval_seconds_total counter\ndhsa_decode_batch_eval_seconds_total %.6f\n",
-        m.batch_eval_s);
+        es.batch_eval_s);
     OUT("# HELP dhsa_decode_batch_sample_seconds_total Time the batcher spent between those passes on the rows' "
         "per-token work (sampling, stop checks, text).\n"
         "# TYPE dhsa_decode_batch_sample_seconds_total counter\ndhsa_decode_batch_sample_seconds_total %.6f\n",
-        m.batch_sample_s);
+        es.batch_sample_s);
     OUT("# HELP dhsa_slots Slots (sessions served at once).\n# TYPE dhsa_slots gauge\ndhsa_slots %lld\n",
-        (long long)m.n_slots);
+        (long long)es.n_slots);
     OUT("# HELP dhsa_slots_busy Slots serving a request.\n# TYPE dhsa_slots_busy gauge\ndhsa_slots_busy %lld\n",
-        (long long)m.n_busy);
+        (long long)es.n_busy);
     OUT("# HELP dhsa_requests_queued Requests waiting for a slot.\n# TYPE dhsa_requests_queued gauge\n"
-        "dhsa_requests_queued %lld\n", (long long)m.n_queued);
+        "dhsa_requests_queued %lld\n", (long long)es.n_queued);
     OUT("# HELP dhsa_request_memory_pool_bytes What --mem-limit leaves for requests (0: no limit).\n"
         "# TYPE dhsa_request_memory_pool_bytes gauge\ndhsa_request_memory_pool_bytes %zu\n", m.mem_pool);
     OUT("# HELP dhsa_request_memory_reserved_bytes Memory the requests in flight have reserved from it.\n"
@@ -887,7 +917,7 @@ enum MHD_Result serve_on_request(void *cls, struct MHD_Connection *c, const char
         unsigned st = serve_mem_take(r, serve_json_cost(r->body, r->len), "parsing the request body", msg, sizeof msg);
         if (st) return send_error(c, st, msg, NULL, NULL);
     }
-    if (ep == 0 || ep == 1) return serve_handle_generate(c, r, ep == 0 ? SERVE_REQ_CHAT : SERVE_REQ_COMPLETION);
+    if (ep == 0 || ep == 1) return handle_generate(c, r, ep == 0 ? SERVE_REQ_CHAT : SERVE_REQ_COMPLETION);
     if (ep == 2 || ep == 3) return handle_tokenize(c, r, ep == 2 ? SERVE_REQ_TOKENIZE : SERVE_REQ_DETOKENIZE);
     int known_get = strcmp(url, "/health") == 0 || strcmp(url, "/metrics") == 0 || strcmp(url, "/v1/models") == 0;
     if (known_get && !get) return send_error(c, 405, "this endpoint takes GET", NULL, NULL);

@@ -4,8 +4,13 @@
  * GET /v1/models, /health, /metrics (Prometheus text), POST /tokenize and
  * /detokenize.
  *
- * HTTP is libmicrohttpd's (one thread per connection), JSON jansson's
- * (request bodies in request.c); libdhsa knows neither. N slots,
+ * The files (docs/architecture.md, tools/serve): engine.c the slots,
+ * queue, prompt cache and batcher (no HTTP, no JSON); request.c the
+ * request bodies; openai.c the OpenAI mapping; http.c libmicrohttpd; this
+ * file the options, the model, the memory check and the clean stop.
+ *
+ * HTTP is libmicrohttpd's (one thread per connection), JSON jansson's;
+ * libdhsa knows neither. N slots,
  * each a session, serve requests; a request waits in a FIFO queue for a
  * free slot (--queue-timeout). With --batch on (the default for N > 1)
  * the slots share one ctx and a batcher thread runs the decode steps of
@@ -26,7 +31,8 @@
  *
  * Built with DHSA_HAVE_SERVE only (the Makefile sets it when pkg-config
  * finds libmicrohttpd and jansson); otherwise `dhsa serve` refuses, naming
- * the packages. Tested by tests/test_serve.c (HTTP, load, curl) and
+ * the packages. Tested by tests/test_serve_engine.c (the engine, no
+ * socket), tests/test_serve.c (HTTP, load, curl) and
  * python/tests/test_serve_openai.py (the openai package as the client).
  */
 #include "cli.h"
@@ -195,7 +201,7 @@ static void parse_args(int argc, char **argv) {
  * plan measures the process, so that plan would not count them). */
 static void check_memory(void) {
     dhsa_mem_plan pl;
-    if (dhsa_session_plan(srv.slots[0].ctx, srv.m, &srv.sp, &pl)) dhsa_cli_die(EXIT_RUN, "memory plan: %s", dhsa_last_error());
+    if (serve_engine_plan(srv.engine, &pl)) dhsa_cli_die(EXIT_RUN, "memory plan: %s", dhsa_last_error());
     size_t per_slot = pl.kv_cache + pl.activations + pl.attn_workspace + pl.matmul_workspace + pl.routing + pl.stacks +
                       (pl.slack > DHSA_PLAN_HEAP_MARGIN ? pl.slack - DHSA_PLAN_HEAP_MARGIN : 0);
     size_t total = pl.total + (size_t)(srv.n_slots - 1) * per_slot;
@@ -256,64 +262,17 @@ static void setup(void) {
     if (srv.tmpl != DHSA_CHAT_NONE && dhsa_chat_stop_ids(srv.tmpl, srv.tok, srv.chat_stop, 16, &srv.n_chat_stop))
         dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     if (srv.sp.n_ctx == 0) srv.sp.n_ctx = srv.in->n_ctx_train;
-    srv.slots = calloc((size_t)srv.n_slots, sizeof *srv.slots);
-    if (!srv.slots) dhsa_cli_die(EXIT_RUN, "out of memory");
-    for (int64_t i = 0; i < srv.n_slots; i++) {
-        dhsa_ctx_params cp = dhsa_ctx_default_params();
-        cp.n_threads = (int)srv.threads;
-        if (srv.batch && i > 0) {
-            srv.slots[i].ctx = srv.shared_ctx;
-            continue;
-        }
-        if (dhsa_ctx_create(&cp, &srv.slots[i].ctx)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
-        if (srv.batch) srv.shared_ctx = srv.slots[i].ctx;
-    }
+    serve_engine_params ep = {srv.n_slots, srv.batch, (int)srv.threads, srv.sp, srv.max_queue, (double)srv.queue_timeout};
+    char msg[600];
+    if (serve_engine_create(srv.m, &ep, &srv.engine, msg, sizeof msg)) dhsa_cli_die(EXIT_RUN, "%s", msg);
     find_max_piece();
-    if (dhsa_json_vocab_create(srv.tok, &srv.jvocab) || dhsa_json_schema_compile(NULL, 0, &srv.json_object))
-        dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
     check_memory();
-    size_t V = (size_t)srv.in->n_vocab;
-    for (int64_t i = 0; i < srv.n_slots; i++) {
-        slot *sl = &srv.slots[i];
-        sl->id = (int)i;
-        sl->tokens = malloc((size_t)(srv.n_ctx + 1) * sizeof(int32_t));
-        sl->logits = malloc(V * sizeof(float));
-        sl->scratch = malloc(V * sizeof(float));
-        sl->counts = calloc(V, sizeof(int32_t));
-        if (!sl->tokens || !sl->logits || !sl->scratch || !sl->counts) dhsa_cli_die(EXIT_RUN, "out of memory");
-        if (dhsa_session_create(sl->ctx, srv.m, &srv.sp, &sl->s)) dhsa_cli_die(EXIT_RUN, "slot %lld: %s", (long long)i, dhsa_last_error());
-        sl->sp = srv.sp;
-    }
-    if (srv.batch) {
-        srv.batch_ss = malloc((size_t)srv.n_slots * sizeof *srv.batch_ss);
-        srv.batch_sl = malloc((size_t)srv.n_slots * sizeof *srv.batch_sl);
-        srv.batch_g = malloc((size_t)srv.n_slots * sizeof *srv.batch_g);
-        srv.batch_next = malloc((size_t)srv.n_slots * sizeof *srv.batch_next);
-        srv.batch_ids = malloc((size_t)srv.n_slots * sizeof *srv.batch_ids);
-        srv.batch_logits = malloc((size_t)srv.n_slots * V * sizeof(float));
-        if (!srv.batch_ss || !srv.batch_sl || !srv.batch_g || !srv.batch_next || !srv.batch_ids || !srv.batch_logits) dhsa_cli_die(EXIT_RUN, "out of memory");
-    }
+    if (serve_engine_open(srv.engine, &srv.sp, msg, sizeof msg)) dhsa_cli_die(EXIT_RUN, "%s", msg);
 }
 
 static void teardown(void) {
-    for (int64_t i = 0; i < srv.n_slots; i++) dhsa_session_free(srv.slots[i].s); /* before any ctx: they may share one */
-    for (int64_t i = 0; i < srv.n_slots; i++) {
-        slot *sl = &srv.slots[i];
-        if (!srv.batch || i == 0) dhsa_ctx_free(sl->ctx);
-        free(sl->tokens);
-        free(sl->logits);
-        free(sl->scratch);
-        free(sl->counts);
-    }
-    free(srv.slots);
-    free(srv.batch_ss);
-    free(srv.batch_sl);
-    free(srv.batch_g);
-    free(srv.batch_next);
-    free(srv.batch_ids);
-    free(srv.batch_logits);
-    dhsa_json_vocab_free(srv.jvocab);
-    dhsa_json_schema_free(srv.json_object);
+    serve_engine_free(srv.engine);
+    srv.engine = NULL;
     dhsa_model_free(srv.m);
 }
 
@@ -330,11 +289,6 @@ int dhsa_cli_serve(int argc, char **argv) {
     setup();
     pthread_mutex_init(&srv.mu, NULL);
     pthread_mutex_init(&srv.conn_mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&srv.cv_work, &ca);
-    pthread_condattr_destroy(&ca);
     atomic_init(&srv.stopping, 0);
     atomic_init(&srv.id_counter, 1);
     srv.started = time(NULL);
@@ -346,10 +300,8 @@ int dhsa_cli_serve(int argc, char **argv) {
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
-    if (srv.batch) {
-        if (pthread_create(&srv.batcher, NULL, serve_batcher_main, NULL)) dhsa_cli_die(EXIT_RUN, "cannot start the batcher thread");
-        srv.batcher_started = 1;
-    }
+    char msg[200];
+    if (serve_engine_start(srv.engine, msg, sizeof msg)) dhsa_cli_die(EXIT_RUN, "%s", msg);
     struct MHD_Daemon *d = MHD_start_daemon(
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC | (srv.verbose ? MHD_USE_ERROR_LOG : 0),
         0, serve_on_accept, NULL, serve_on_request,
@@ -380,9 +332,7 @@ int dhsa_cli_serve(int argc, char **argv) {
     atomic_store(&srv.stopping, 1);
     MHD_socket lfd = MHD_quiesce_daemon(d);
     if (lfd != MHD_INVALID_SOCKET) shutdown(lfd, SHUT_RDWR); /* closed after MHD_stop_daemon, as its manual asks */
-    pthread_mutex_lock(&srv.mu);
-    for (waiter *w = srv.q_head; w; w = w->next) pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&srv.mu);
+    serve_engine_stop(srv.engine); /* queued requests leave (503), running ones end at their next token */
     const double drain_s = srv.timeout < 30 ? (double)srv.timeout : 30.0, drain_until = serve_now_s() + drain_s;
     int64_t active = 1;
     int again = 0;
@@ -404,13 +354,6 @@ int dhsa_cli_serve(int argc, char **argv) {
         fprintf(stderr, "dhsa serve: every request answered (%g s at most are waited for)\n", drain_s);
     MHD_stop_daemon(d); /* joins every connection's thread */
     if (lfd != MHD_INVALID_SOCKET) close(lfd);
-    if (srv.batcher_started) {
-        pthread_mutex_lock(&srv.mu);
-        srv.batcher_quit = 1;
-        pthread_cond_signal(&srv.cv_work);
-        pthread_mutex_unlock(&srv.mu);
-        pthread_join(srv.batcher, NULL);
-    }
     teardown();
     pthread_mutex_destroy(&srv.mu);
     fprintf(stderr, "dhsa serve: stopped\n");

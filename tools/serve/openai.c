@@ -1,21 +1,16 @@
-/* openai.c: the OpenAI mapping of `dhsa serve` (docs/server.md): the
- * prompt's ids from a request (chat templates), the JSON of replies,
- * stream chunks and errors, and UTF-8 cleaning of generated text.
+/* openai.c: the OpenAI mapping of `dhsa serve` (docs/server.md): a parsed
+ * request (request.c) into the prompt's ids (chat templates) and the
+ * engine's params (sampling, stops, response_format), and the JSON of
+ * replies, stream chunks, usage and errors, with UTF-8 cleaning of the
+ * generated text. Tested through the server by tests/test_serve.c and
+ * python/tests/test_serve_openai.py.
  */
 #ifdef DHSA_HAVE_SERVE
 #include "server.h"
 
-#include <arpa/inet.h>
-#include <errno.h>
-#include <inttypes.h>
-#include <math.h>
-#include <netinet/in.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <unistd.h>
 
 /* ---------------------------------------------------------- helpers --- */
 
@@ -93,18 +88,18 @@ json_t *serve_error_object(unsigned code, const char *message, const char *param
     return o;
 }
 
-json_t *serve_usage_json(const gen *g) {
+json_t *serve_usage_json(const reply *g) {
     json_t *u = json_object();
-    json_object_set_new(u, "prompt_tokens", json_integer(g->n_prompt));
-    json_object_set_new(u, "completion_tokens", json_integer(g->n_gen));
-    json_object_set_new(u, "total_tokens", json_integer(g->n_prompt + g->n_gen));
+    json_object_set_new(u, "prompt_tokens", json_integer(g->info.n_prompt));
+    json_object_set_new(u, "completion_tokens", json_integer(g->info.n_gen));
+    json_object_set_new(u, "total_tokens", json_integer(g->info.n_prompt + g->info.n_gen));
     json_t *d = json_object();
-    json_object_set_new(d, "cached_tokens", json_integer(g->n_reused));
+    json_object_set_new(d, "cached_tokens", json_integer(g->info.n_reused));
     json_object_set_new(u, "prompt_tokens_details", d);
     return u;
 }
 
-json_t *serve_envelope(const gen *g, int chunk) {
+json_t *serve_envelope(const reply *g, int chunk) {
     json_t *o = json_object();
     json_object_set_new(o, "id", json_string(g->id));
     json_object_set_new(o, "object", json_string(g->chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
@@ -116,7 +111,7 @@ json_t *serve_envelope(const gen *g, int chunk) {
 }
 
 /* The serve_choice of a stream chunk (text may be NULL) or of the whole reply. */
-json_t *serve_choice(const gen *g, const char *text, int64_t n, int chunk, const char *finish) {
+json_t *serve_choice(const reply *g, const char *text, int64_t n, int chunk, const char *finish) {
     json_t *c = json_object();
     json_object_set_new(c, "index", json_integer(0));
     if (g->chat) {
@@ -133,7 +128,7 @@ json_t *serve_choice(const gen *g, const char *text, int64_t n, int chunk, const
 }
 
 /* Adds "data: <json>\n\n" to the stream's pending bytes. */
-int serve_push_event(gen *g, json_t *j) {
+int serve_push_event(reply *g, json_t *j) {
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     if (!s) return -1;
@@ -154,9 +149,8 @@ int serve_push_event(gen *g, json_t *j) {
 
 /* Builds the prompt's ids for a chat or completion request. Returns 0 or
  * an HTTP status with msg/param/code. */
-unsigned serve_prompt_ids(gen *g, int32_t **ids, int64_t *n, char *msg, size_t cap, const char **param,
-                           const char **code) {
-    serve_request *r = &g->rq;
+unsigned serve_prompt_ids(const serve_request *r, int32_t **ids, int64_t *n, char *msg, size_t cap,
+                          const char **param, const char **code) {
     unsigned flags = dhsa_tokenizer_default_flags(srv.tok) & DHSA_TOKENIZE_ADD_BOS;
     *param = NULL;
     *code = NULL;
@@ -226,6 +220,48 @@ unsigned serve_prompt_ids(gen *g, int32_t **ids, int64_t *n, char *msg, size_t c
                400;
     }
     return 0;
+}
+/* The engine's params of a parsed request. */
+void serve_gen_params_of(const serve_request *rq, int chat, const int32_t *ids, int64_t n, int64_t max_gen,
+                         serve_gen_params *p) {
+    memset(p, 0, sizeof *p);
+    p->prompt = ids;
+    p->n_prompt = n;
+    p->max_gen = max_gen;
+    /* stops: EOS, and the chat format's end-of-turn ids (with ignore_eos
+     * they are masked instead: the engine's sample_next) */
+    if (dhsa_tokenizer_eos(srv.tok) >= 0) p->stop_ids[p->n_stop_ids++] = dhsa_tokenizer_eos(srv.tok);
+    if (chat)
+        for (int i = 0; i < srv.n_chat_stop && p->n_stop_ids < SERVE_ENGINE_MAX_STOP_IDS; i++)
+            p->stop_ids[p->n_stop_ids++] = srv.chat_stop[i];
+    dhsa_sampler_params sp = dhsa_sampler_default_params();
+    sp.temperature = (float)rq->temperature;
+    sp.top_p = (float)rq->top_p;
+    sp.min_p = (float)rq->min_p;
+    sp.top_k = rq->top_k;
+    sp.repeat_penalty = (float)rq->repeat_penalty;
+    sp.repeat_last_n = rq->repeat_last_n;
+    if (rq->seed_set) sp.seed = rq->seed;
+    else { /* as OpenAI: a request without a seed gets its own */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        sp.seed = ((uint64_t)ts.tv_sec * 1000000007u) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)atomic_load(&srv.id_counter) << 32);
+    }
+    p->sampler = sp;
+    p->presence_penalty = rq->presence_penalty;
+    p->frequency_penalty = rq->frequency_penalty;
+    p->ignore_eos = rq->ignore_eos;
+    for (int i = 0; i < rq->n_stop && i < SERVE_ENGINE_MAX_STOP; i++) {
+        p->stop[i] = rq->stop[i];
+        p->stop_len[i] = rq->stop_len[i];
+        p->n_stop++;
+    }
+    p->json = rq->json;
+    p->json_schema = rq->json_schema;
+    p->attn = rq->attn == SERVE_ATTN_UNSET ? SERVE_ENGINE_ATTN_UNSET : rq->attn;
+    p->density = rq->density;
+    p->strip_first_space = chat;
+    p->wake_on_text = rq->stream;
 }
 #else
 typedef int dhsa_serve_openai_unused; /* built without libmicrohttpd and jansson: main.c refuses */

@@ -1,7 +1,8 @@
-/* server.h: what the files of `dhsa serve` (tools/serve/) share: the
- * server's state (one value, srv), the slot, queue, connection, request and
- * generation records, and the functions one file calls in another
- * (docs/server.md). Built with DHSA_HAVE_SERVE only.
+/* server.h: what the HTTP side of `dhsa serve` shares (main.c, http.c,
+ * openai.c; docs/server.md, docs/architecture.md): the server's options,
+ * model and counters (one value, srv), the connection, request and reply
+ * records, and the functions one file calls in another. The engine
+ * (engine.h) knows none of it. Built with DHSA_HAVE_SERVE only.
  */
 #ifndef DHSA_TOOLS_SERVE_SERVER_H
 #define DHSA_TOOLS_SERVE_SERVER_H
@@ -16,40 +17,11 @@
 #include <time.h>
 
 #include "cli.h"
+#include "engine.h"
 #include "serve.h"
 
 #define EXIT_RUN DHSA_EXIT_RUN
 #define EXIT_USAGE DHSA_EXIT_USAGE
-
-/* ------------------------------------------------------------ state --- */
-
-typedef struct {
-    int id;
-    dhsa_ctx *ctx;
-    dhsa_session *s;
-    dhsa_session_params sp;  /* how s was made (attn, density) */
-    int32_t *tokens;         /* [n_ctx + 1]: what the cache holds, then the next sampled id */
-    int64_t n_cached;        /* = dhsa_session_length(s) */
-    float *logits, *scratch; /* [n_vocab] */
-    /* the generation whose own serve_prefill or decode step wrote logits; NULL
-     * when they are no one's (a request ended, an eval failed). Sampling
-     * from logits that are not the sampling request's own is refused
-     * (serve_sample_next): a request never continues from another's state. */
-    const struct gen *logits_of;
-    int32_t *counts;         /* [n_vocab]: generated ids, for presence/frequency penalties */
-    uint64_t last_used;
-    int busy;
-    /* --batch on: the generation whose steps the batcher runs (under srv.mu) */
-    struct gen *joined;
-} slot;
-
-typedef struct waiter {
-    struct waiter *next;
-    pthread_cond_t cv;
-    slot *granted;
-    const int32_t *prompt;
-    int64_t n_prompt;
-} waiter;
 
 /* An open connection (MHD_OPTION_NOTIFY_CONNECTION), for the limits on
  * connections: while the server is full, the connection idle the longest
@@ -72,7 +44,7 @@ typedef struct {
     char model_name[128];
     int64_t port, n_slots, n_ctx, threads, max_tokens, max_body, timeout, queue_timeout, max_queue, max_conn, max_conn_ip;
     dhsa_session_params sp; /* the server's session params */
-    int verbose;
+    int verbose, batch;
     /* model */
     dhsa_model *m;
     const dhsa_model_info *in;
@@ -81,39 +53,16 @@ typedef struct {
     const char *tmpl_how; /* why this format (dhsa_cli_chat_template) */
     int32_t chat_stop[16];
     int n_chat_stop;
-    /* response_format json_object / json_schema (docs/server.md,
-     * "Structured output"): each token's bytes, and the schema of any
-     * object */
-    dhsa_json_vocab *jvocab;
-    dhsa_json_schema *json_object;
-    /* slots and queue */
-    slot *slots;
-    pthread_mutex_t mu;
-    waiter *q_head, *q_tail;
-    int64_t n_queued, n_busy;
-    /* --batch on: every slot's session on one ctx; the batcher thread runs
-     * the posted decode steps of all slots as one dhsa_session_eval_batch */
-    int batch;
-    dhsa_ctx *shared_ctx;
-    pthread_t batcher;
-    int batcher_started, batcher_quit;
-    pthread_cond_t cv_work;        /* a generation joined the batcher */
-    dhsa_session **batch_ss;
-    slot **batch_sl;
-    struct gen **batch_g;
-    int32_t *batch_ids;
-    int *batch_next;               /* [n_slots]: the row's generation goes on (1) or ended (0) */
-    float *batch_logits;
-    uint64_t n_batches, n_batch_rows;
-    double batch_eval_s, batch_sample_s; /* batcher: in dhsa_session_eval_batch; in the rows' per-token work */
-    uint64_t use_clock;
+    /* slots, queue, prompt cache, batcher */
+    serve_engine *engine;
     atomic_int stopping;
+    pthread_mutex_t mu;
     /* --mem-limit for requests (docs/server.md, "Memory"): what the plan of
-     * the slots, the server's own buffers and the connections serve_leave
+     * the slots, the server's own buffers and the connections leave
      * (mem_pool, 0: no limit); mem_used is reserved by requests now (under
      * mu). max_piece: the most bytes of text one token covers. */
     size_t mem_pool, mem_used, mem_peak;
-    int64_t n_active;              /* requests between their first call and serve_request_done (under mu) */
+    int64_t n_active;              /* requests between their first call and request_done (under mu) */
     /* connections (under conn_mu) */
     pthread_mutex_t conn_mu;
     conn_rec *conns;
@@ -122,16 +71,12 @@ typedef struct {
     uint64_t n_mem_refused;
     int64_t max_piece;
     /* metrics (under mu) */
-    uint64_t n_requests[5], n_errors, n_disconnects, n_cache_hits;
-    uint64_t prompt_tokens, cached_tokens, gen_tokens;
-    double prefill_s, decode_s;
+    uint64_t n_requests[5], n_errors, n_disconnects;
     atomic_uint_fast64_t id_counter;
     time_t started;
 } server;
 
 extern server srv;
-
-/* --------------------------------------------------------- responses --- */
 
 typedef struct {
     char *body;
@@ -140,10 +85,8 @@ typedef struct {
     unsigned refused;         /* 413 / 503 from the memory pool while the body came */
     int handled;
     double t0;
-    size_t reserved;          /* bytes taken from srv.mem_pool, given back in serve_request_done */
+    size_t reserved;          /* bytes taken from srv.mem_pool, given back in request_done */
 } request_ctx;
-
-/* ----------------------------------------------------------- memory --- */
 
 /* The bytes a request may allocate beyond what it is told: the tokenizer's
  * work buffers and the ids per byte of text, allocated (src/model/
@@ -159,102 +102,60 @@ typedef struct {
 #define TOKENIZE_WORK_PER_BYTE 288
 #define CONNECTION_ALLOWANCE ((size_t)64 << 10)
 
-/* ------------------------------------------------------- generation --- */
-
-/* A generation's steps run on one thread at a time. With --batch off, its
- * connection's: sample, text, stop checks, decode step, send. With
- * --batch on the connection thread prefills and takes the first token,
- * then the generation joins the batcher, whose thread from then on runs
- * its decode steps together with the other joined slots' (one pass over
- * the weights) and, right after each pass, each row's per-token work
- * (client gone, sample, stop ids, text, stop strings, the limits), so that
- * the next pass starts at once; the connection thread only sends what the
- * text has grown by. While joined, the batcher alone writes the sampler,
- * the counts, n_gen, finish, error and the slot's cache; out, out_len and
- * safe_len change under srv.mu, where the connection thread copies
- * out[0..safe_len) into its view. It reads the rest only after the
- * batcher has let go (joined = 0, under srv.mu). */
-typedef struct gen {
+/* One chat or completion request on its connection: the parsed request,
+ * the engine's generation, and the text the engine has passed on (view,
+ * grown by the text callback on the connection's thread), of which
+ * view[0..sent) is sent. */
+typedef struct reply {
     struct MHD_Connection *conn;
-    int fd;                  /* the connection's socket, for serve_client_gone_fd (-1: unknown) */
+    int fd;                  /* the connection's socket, for the gone callback (-1: unknown) */
     serve_request rq;
-    slot *sl;
+    serve_gen *g;            /* NULL until submitted */
     int chat;
     char id[48];
     time_t created;
-    int64_t n_prompt, n_reused, n_gen, max_gen;
-    dhsa_sampler *smp;
-    dhsa_json_constraint *jc; /* response_format JSON: what may come next, else NULL */
-    int32_t stop_ids[20];
-    int n_stop_ids;
-    int32_t next_id;         /* sampled: what the next decode step evaluates */
-    char piece[512];         /* its text, until published */
-    int64_t piece_len;
-    /* text: out[0..out_len) generated bytes, of which out[0..safe_len) may
-     * be sent (a tail that could begin a stop string is held back) */
-    char *out;
-    int64_t out_len, out_cap, safe_len;
-    int first_piece;
-    const char *finish;      /* NULL while generating */
-    int error;               /* the generation failed: err_msg */
-    char err_msg[512];
-    int gone;                /* the client went away */
-    /* --batch on, under srv.mu */
-    int joined;              /* the batcher runs the steps */
-    int cancel;              /* the connection asks the batcher to let go */
-    pthread_cond_t cv;       /* the batcher published text (streams) or let go */
-    /* the connection thread's side */
-    char *view;              /* its copy of out[0..view_len) */
+    double t_start;
+    char *view;
     int64_t view_len, view_cap, sent;
-    int over;                /* the view is the whole text; finish / error are final */
+    int view_oom;            /* the text callback could not grow view */
+    int over;                /* the engine said the end: info holds the counts, finish or error is final */
+    serve_gen_info info;
+    const char *finish;      /* from the finish callback; "error" once an error event went out */
+    int error;               /* from the error callback: err_msg */
+    char err_msg[512];
     int done_sent;           /* stream: [DONE] written */
     int role_sent;
-    double t_start, t_first, t_prefill, t_decode;
-    int32_t touched_count;
-    int32_t *touched;        /* ids with counts[id] > 0 */
     /* stream: bytes waiting to go out */
     char *pend;
     size_t pend_len, pend_off;
     size_t reserved;         /* a stream's memory, taken over from its request_ctx */
-} gen;
+} reply;
 
-/* openai.c */
+/* openai.c: the OpenAI mapping */
 double serve_now_s(void);
 char *serve_utf8_clean(const char *s, int64_t n, int final, int64_t *used, int64_t *out_len);
 json_t *serve_json_text(const char *s, int64_t n);
 json_t *serve_error_object(unsigned code, const char *message, const char *param, const char *err_code);
-json_t *serve_usage_json(const gen *g);
-json_t *serve_envelope(const gen *g, int chunk);
-json_t *serve_choice(const gen *g, const char *text, int64_t n, int chunk, const char *finish);
-int serve_push_event(gen *g, json_t *j);
-unsigned serve_prompt_ids(gen *g, int32_t **ids, int64_t *n, char *msg, size_t cap, const char **param,
-                           const char **code);
+json_t *serve_usage_json(const reply *r);
+json_t *serve_envelope(const reply *r, int chunk);
+json_t *serve_choice(const reply *r, const char *text, int64_t n, int chunk, const char *finish);
+int serve_push_event(reply *r, json_t *j);
+unsigned serve_prompt_ids(const serve_request *r, int32_t **ids, int64_t *n, char *msg, size_t cap,
+                          const char **param, const char **code);
+/* The engine's params of a parsed request: sampling (a request without a
+ * seed gets its own), stops (EOS, a chat turn's end, the stop strings),
+ * response_format, attention. The strings point into rq. */
+void serve_gen_params_of(const serve_request *rq, int chat, const int32_t *ids, int64_t n, int64_t max_gen,
+                         serve_gen_params *p);
 
-/* engine.c */
-slot *serve_acquire(const int32_t *prompt, int64_t n, const char **why);
-int serve_slot_prepare(slot *sl, int attn, double density, char *msg, size_t cap);
-int serve_client_gone_fd(int fd);
-int serve_sample_next(gen *g, const float *logits, int32_t *next);
-int serve_advance(gen *g, const float *logits);
-void serve_step_alone(gen *g);
-void serve_join(gen *g);
-void serve_leave(gen *g);
-void *serve_batcher_main(void *arg);
-int serve_gen_sync(gen *g);
-void serve_gen_free(gen *g);
-void serve_note_done(gen *g);
-unsigned serve_prefill(gen *g, const int32_t *ids, int64_t n, char *msg, size_t cap);
-
-/* http.c */
+/* http.c: the HTTP layer */
 unsigned serve_mem_take(request_ctx *r, size_t bytes, const char *what, char *msg, size_t cap);
 void serve_mem_give(size_t *reserved);
-int serve_client_gone(struct MHD_Connection *c);
-enum MHD_Result serve_handle_generate(struct MHD_Connection *c, request_ctx *rc, serve_req_kind kind);
 void serve_on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
-                          enum MHD_ConnectionNotificationCode toe);
+                         enum MHD_ConnectionNotificationCode toe);
 enum MHD_Result serve_on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen);
 void serve_request_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode t);
 enum MHD_Result serve_on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
-                                  const char *version, const char *upload, size_t *upload_size, void **con_cls);
+                                 const char *version, const char *upload, size_t *upload_size, void **con_cls);
 
 #endif
