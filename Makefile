@@ -48,14 +48,19 @@ SRCS  := $(sort $(wildcard src/*/*.c))
 OBJS  := $(patsubst src/%.c,$(BUILD)/obj/%.o,$(SRCS))
 HDRS  := $(wildcard include/*.h src/*/*.h)
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(sort $(wildcard tests/test_*.c)))
-# The CLI's support code that tests link as build/libdhsa_cli.a (libc and
-# libm only, nothing of libdhsa): the JSON writer.
-CLI_LIB_SRCS := tools/cli_json.c
+# The CLI's support library build/libdhsa_cli.a (tools/lib/, docs/architecture.md):
+# the JSON writer, number parsing, the model line, SVG plots, the measured
+# peaks and the memory probe. The CLI and the tests link it (tests compile no
+# file of tools/); libdhsa does not contain it.
+CLI_LIB_SRCS := $(sort $(wildcard tools/lib/*.c))
+CLI_LIB_HDRS := tools/cli.h $(wildcard tools/lib/*.h)
 # The engine of dhsa serve (slots, queue, prompt cache, batcher; libdhsa and
-# pthreads only, no HTTP or JSON) as build/libdhsa_serve.a, which the CLI
-# and tests/test_serve_engine link.
+# pthreads only, no HTTP or JSON) and its request parser (tools/serve/request.c,
+# built with the server's flags) as build/libdhsa_serve.a, which the CLI,
+# tests/test_serve_engine and tests/test_serve link.
 SERVE_ENGINE_SRCS := tools/serve/engine.c
-TOOLS_SRCS := $(filter-out $(CLI_LIB_SRCS) $(SERVE_ENGINE_SRCS),$(sort $(wildcard tools/*.c tools/serve/*.c)))
+SERVE_LIB_SRCS := $(SERVE_ENGINE_SRCS) tools/serve/request.c
+TOOLS_SRCS := $(filter-out $(CLI_LIB_SRCS) $(SERVE_LIB_SRCS),$(sort $(wildcard tools/*.c tools/serve/*.c)))
 # Small programs the tests drive (memory-probe targets and the like).
 PROGS := $(patsubst tests/progs/%.c,$(BUILD)/progs/%,$(sort $(wildcard tests/progs/*.c)))
 
@@ -150,7 +155,15 @@ $(BUILD)/libdhsa.a: $(OBJS)
 $(BUILD)/libdhsa.so: $(OBJS)
 	$(CC) -shared -o $@ $^ $(LDLIBS)
 
-$(BUILD)/obj/tools/%.o: tools/%.c tools/cli.h $(HDRS)
+$(BUILD)/obj/tools/%_avx512.o: tools/%_avx512.c $(CLI_LIB_HDRS) $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(AVX512_FLAGS) -Itools -c $< -o $@
+
+$(BUILD)/obj/tools/%_avx2.o: tools/%_avx2.c $(CLI_LIB_HDRS) $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(AVX2_FLAGS) -Itools -c $< -o $@
+
+$(BUILD)/obj/tools/%.o: tools/%.c $(CLI_LIB_HDRS) $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -Itools -c $< -o $@
 
@@ -160,40 +173,37 @@ $(BUILD)/libdhsa_cli.a: $(patsubst tools/%.c,$(BUILD)/obj/tools/%.o,$(CLI_LIB_SR
 
 $(BUILD)/obj/tools/serve/engine.o: tools/serve/engine.h
 
-$(BUILD)/libdhsa_serve.a: $(patsubst tools/%.c,$(BUILD)/obj/tools/%.o,$(SERVE_ENGINE_SRCS))
+# The request parser needs jansson: built with the server's flags.
+$(BUILD)/obj/tools/serve/request.o: tools/serve/request.c tools/serve/serve.h $(CLI_LIB_HDRS) $(HDRS) $(CLI_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(SERVE_CFLAGS) -Itools -Itools/serve -c $< -o $@
+
+$(BUILD)/libdhsa_serve.a: $(patsubst tools/%.c,$(BUILD)/obj/tools/%.o,$(SERVE_LIB_SRCS))
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/dhsa: $(TOOLS_SRCS) $(wildcard tools/*.h tools/serve/*.h) $(BUILD)/libdhsa_cli.a $(BUILD)/libdhsa_serve.a $(BUILD)/libdhsa.a $(HDRS) $(CLI_STAMP)
+$(BUILD)/dhsa: $(TOOLS_SRCS) $(wildcard tools/*.h tools/serve/*.h) $(CLI_LIB_HDRS) $(BUILD)/libdhsa_cli.a $(BUILD)/libdhsa_serve.a $(BUILD)/libdhsa.a $(HDRS) $(CLI_STAMP)
 	$(CC) $(CFLAGS_BASE) $(SERVE_CFLAGS) $(MPI_CFLAGS) $(LINE_CFLAGS) -Itools -o $@ $(TOOLS_SRCS) $(BUILD)/libdhsa_cli.a $(BUILD)/libdhsa_serve.a $(BUILD)/libdhsa.a $(SERVE_LIBS) $(MPI_LIBS) $(LINE_LIBS) $(LDLIBS)
 
 $(BUILD)/progs/%: tests/progs/%.c $(BUILD)/libdhsa.a $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -o $@ $< $(BUILD)/libdhsa.a $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/libdhsa.a $(HDRS)
+# Tests link the libraries, never a tools/ source: libdhsa.a (internals
+# included) and the CLI's support library.
+$(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/libdhsa_cli.a $(BUILD)/libdhsa.a $(CLI_LIB_HDRS) $(HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) -o $@ $< $(BUILD)/libdhsa.a $(LDLIBS)
+	$(CC) $(CFLAGS_BASE) -Itools -o $@ $< $(BUILD)/libdhsa_cli.a $(BUILD)/libdhsa.a $(LDLIBS)
 
-# test_serve also drives the request parser of dhsa serve directly.
-$(BUILD)/tests/test_serve: tests/test_serve.c tools/serve/request.c tools/serve/serve.h $(wildcard tests/*.h) $(BUILD)/libdhsa.a $(HDRS) $(CLI_STAMP)
+# test_serve also drives the request parser of dhsa serve (build/libdhsa_serve.a).
+$(BUILD)/tests/test_serve: tests/test_serve.c tools/serve/serve.h $(wildcard tests/*.h) $(BUILD)/libdhsa_serve.a $(BUILD)/libdhsa.a $(HDRS) $(CLI_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) $(SERVE_CFLAGS) -Itools -Itools/serve -o $@ tests/test_serve.c tools/serve/request.c $(BUILD)/libdhsa.a $(SERVE_LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS_BASE) $(SERVE_CFLAGS) -Itools -Itools/serve -o $@ tests/test_serve.c $(BUILD)/libdhsa_serve.a $(BUILD)/libdhsa.a $(SERVE_LIBS) $(LDLIBS)
 
 # test_serve_engine drives the server's engine through its library, without a socket.
 $(BUILD)/tests/test_serve_engine: tests/test_serve_engine.c tools/serve/engine.h $(wildcard tests/*.h) $(BUILD)/libdhsa_serve.a $(BUILD)/libdhsa.a $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -Itools/serve -o $@ tests/test_serve_engine.c $(BUILD)/libdhsa_serve.a $(BUILD)/libdhsa.a $(LDLIBS)
-
-# test_cli_json drives the CLI's JSON writer through its library (no tools/ source).
-$(BUILD)/tests/test_cli_json: tests/test_cli_json.c tools/cli.h $(wildcard tests/*.h) $(BUILD)/libdhsa_cli.a $(BUILD)/libdhsa.a $(HDRS)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) -Itools -o $@ tests/test_cli_json.c $(BUILD)/libdhsa_cli.a $(BUILD)/libdhsa.a $(LDLIBS)
-
-# test_cli_small also drives the CLI's model naming (tools/cli_model.c) directly.
-$(BUILD)/tests/test_cli_small: tests/test_cli_small.c tools/cli_model.c tools/cli.h $(wildcard tests/*.h) $(BUILD)/libdhsa.a $(HDRS)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) -Itools -o $@ tests/test_cli_small.c tools/cli_model.c $(BUILD)/libdhsa.a $(LDLIBS)
 
 test: all $(TESTS) $(PROGS)
 	@sh tests/run.sh $(BUILD) $(TESTS)
@@ -228,7 +238,7 @@ ubsan:
 #   model      a model from GGUF bytes, loaded and run for 3 tokens
 #   tokenizer  any text through every vocabulary of ../shared/vocab, the
 #              shipped model's and stories260K's (absent ones are skipped)
-#   num        the CLI's number parsers (tools/cli_num.c)
+#   num        the CLI's number parsers (tools/lib/cli_num.c)
 #   state      a saved session state (dhsa_session_load_memory, also with
 #              its checksum fixed up) into a session of the shipped model
 #   json       JSON Schema text and JSON text through structured output's
@@ -263,7 +273,7 @@ fuzz: $(BUILD)/dhsa
 	$(FUZZ_LINK) -o build-fuzz/llama2c_fuzz fuzz/llama2c_fuzz.c build-fuzz/libdhsa.a -lpthread -lm
 	$(FUZZ_LINK) -o build-fuzz/model_fuzz fuzz/model_fuzz.c build-fuzz/libdhsa.a -lpthread -lm
 	$(FUZZ_LINK) -o build-fuzz/tokenizer_fuzz fuzz/tokenizer_fuzz.c build-fuzz/libdhsa.a -lpthread -lm
-	$(FUZZ_LINK) -Itools -o build-fuzz/num_fuzz fuzz/num_fuzz.c tools/cli_num.c -lm
+	$(FUZZ_LINK) -Itools -o build-fuzz/num_fuzz fuzz/num_fuzz.c tools/lib/cli_num.c -lm
 	$(FUZZ_LINK) -o build-fuzz/state_fuzz fuzz/state_fuzz.c build-fuzz/libdhsa.a -lpthread -lm
 	$(FUZZ_LINK) -o build-fuzz/json_fuzz fuzz/json_fuzz.c build-fuzz/libdhsa.a -lpthread -lm
 	@for h in $(FUZZ_HARNESSES); do mkdir -p build-fuzz/corpus-$$h; done

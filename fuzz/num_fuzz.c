@@ -1,5 +1,5 @@
 /* num_fuzz.c: libFuzzer harness for the CLI's strict number parsers
- * (dhsa_cli_parse_int / dhsa_cli_parse_real, tools/cli_num.c, compiled
+ * (dhsa_cli_parse_int / dhsa_cli_parse_real, tools/lib/cli_num.c, compiled
  * into this harness). Input: byte 0 picks the parser, the suffix flag and
  * the bounds (a pair the CLI uses, or two values read from the next 16
  * bytes), byte 1 the size of msg; the rest, up to its first NUL, is the

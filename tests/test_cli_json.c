@@ -1,4 +1,4 @@
-/* test_cli_json.c: the CLI's one JSON writer (tools/cli_json.c, linked as
+/* test_cli_json.c: the CLI's one JSON writer (tools/lib/cli_json.c, linked as
  * build/libdhsa_cli.a): string escaping in each style the CLI's outputs use
  * (quotes, backslash, control bytes, DEL, UTF-8 passed through or checked),
  * numbers (NaN and infinities as null, the caller's format), nesting and

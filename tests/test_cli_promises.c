@@ -25,7 +25,7 @@
 #include "dhsa.h"
 #include "t.h"
 #include "cli_run.h"
-#include "util/svg.h"
+#include "lib/svg.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -8,7 +8,7 @@
  *   - `-n 1` reports no decode speed ("n/a"), not "0.0 tok/s";
  *   - `-c` and `-t` are in the help of run, serve and eval;
  *   - the model line names the GGUF file type as llama.cpp does ("Q4_K -
- *     Medium") and the mix of tensor types (tools/cli_model.c, driven on
+ *     Medium") and the mix of tensor types (tools/lib/cli_model.c, driven on
  *     files written here in memory);
  *   - `make` rebuilds the CLI when its configuration changes (libmicrohttpd
  *     installed: HAVE_SERVE flips), with no `make clean` (the Makefile's

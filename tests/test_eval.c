@@ -1,6 +1,6 @@
 /* test_eval.c: the evaluation tools (`dhsa eval`, tools/eval.c; the NIAH
  * scoring and placement of src/eval/niah.c; the heat-map writer of
- * src/util/svg.c).
+ * tools/lib/svg.c).
  *
  *   - NIAH scoring on crafted answers: the number alone, inside text,
  *     punctuation, thousands separators, digits inside longer digit runs,
@@ -21,7 +21,7 @@
 #include "eval/niah.h"
 #include "t.h"
 #include "cli_run.h"
-#include "util/svg.h"
+#include "lib/svg.h"
 
 #include <math.h>
 #include <stdint.h>

@@ -4,7 +4,7 @@
  *   - num_fuzz: dhsa_cli_parse_real refused "0x1Ap-02028770111111111111"
  *     for [0, 1] as "out of range": strtod's ERANGE also flags underflow,
  *     where the value is the nearest double (here 0), a number in range.
- *     (tools/cli_num.c is compiled into this test.)
+ *     (tools/lib/cli_num.c, linked from build/libdhsa_cli.a.)
  *   - tokenizer_fuzz: with phi-3's vocabulary, whose "</s>" is a
  *     USER_DEFINED token, detokenize(tokenize(x)) != x for a text with
  *     "</s>" followed by more text: tokenize gives the text after a special
@@ -14,12 +14,13 @@
  *
  * Each case checks once that the old behaviour would fail the check.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../tools/cli_num.c"
+#include "cli.h"
 #include "dhsa.h"
 #include "t.h"
 

@@ -1,5 +1,5 @@
-/* test_memprobe.c: the memory probe (src/eval/memprobe.c, `dhsa memprobe`)
- * and the SVG writer (src/util/svg.c).
+/* test_memprobe.c: the memory probe (tools/lib/memprobe.c, `dhsa memprobe`)
+ * and the SVG writer (tools/lib/svg.c).
  *
  *   - The fit on exact synthetic data gives back the exact coefficients
  *     (also at n = 2^20, bytes = 2^40, where unscaled normal equations
@@ -23,9 +23,9 @@
  * Programs are found next to the CLI: $(dirname $DHSA_CLI)/progs/NAME.
  */
 #include "dhsa.h"
-#include "eval/memprobe.h"
+#include "lib/memprobe.h"
 #include "t.h"
-#include "util/svg.h"
+#include "lib/svg.h"
 
 #include <errno.h>
 #include <math.h>

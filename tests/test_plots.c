@@ -1,4 +1,4 @@
-/* test_plots.c: layout pictures (src/util/svg.c, dhsa_layout_picture_*),
+/* test_plots.c: layout pictures (tools/lib/svg.c, dhsa_layout_picture_*),
  * the routing's chunk starts (dhsa_route_boundaries), and the figures the
  * CLI writes: `dhsa bench sparse --svg`, `dhsa run --dump-layout`,
  * `dhsa bench model --svg`.
@@ -22,7 +22,7 @@
  */
 #include "dhsa.h"
 #include "t.h"
-#include "util/svg.h"
+#include "lib/svg.h"
 
 #include <errno.h>
 #include <math.h>

@@ -63,7 +63,7 @@ const char *dhsa_cli_bytes(double bytes, char *buf, size_t cap);
 size_t dhsa_cli_print_escaped(const char *s, int64_t n, unsigned flags);
 
 /* ------------------------------------------------------------------------ */
-/* JSON out (tools/cli_json.c): the one writer of every --json output.
+/* JSON out (tools/lib/cli_json.c): the one writer of every --json output.
  * Strings: '"' and '\\' backslashed, other bytes below 0x20 as \u00xx;
  * the style bits add what each output has always done:
  *   DHSA_CLI_JSON_CHECK_UTF8     bytes that are not valid UTF-8 become
@@ -129,7 +129,7 @@ void dhsa_cli_router_unset(dhsa_router_params *rp);
 void dhsa_cli_router_fill(dhsa_router_params *rp, int64_t L, double density);
 void dhsa_cli_print_router(FILE *f, const dhsa_router_params *rp, int64_t L);
 
-/* Strict numbers (tools/cli_num.c): the whole string must be the number;
+/* Strict numbers (tools/lib/cli_num.c): the whole string must be the number;
  * integers may take a K/M/G/T suffix (powers of 1024) when suffix != 0.
  * Return 0, or -1 with a sentence naming the option in msg. */
 int dhsa_cli_parse_int(const char *opt, const char *s, int64_t min, int64_t max, int suffix, int64_t *out,
@@ -269,7 +269,7 @@ extern const char dhsa_cli_eval_usage[];
 extern const char dhsa_cli_eval_usage_tasks[]; /* printed after it */
 
 /* ------------------------------------------------------------------------ */
-/* The model line's weights (tools/cli_model.c): the GGUF file type as
+/* The model line's weights (tools/lib/cli_model.c): the GGUF file type as
  * llama.cpp names it ("Q4_K - Medium weights"; without general.file_type
  * the type of most matrix bytes, most_type) and, when the matrices hold
  * more than that one type, their mix by bytes ("(matrix bytes: Q5_0 61%,

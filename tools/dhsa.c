@@ -17,7 +17,7 @@
  */
 #include "cli.h"
 #include "dhsa.h"
-#include "util/peak.h"
+#include "lib/peak.h"
 
 #include <ctype.h>
 #include <errno.h>

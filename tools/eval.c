@@ -18,7 +18,7 @@
  * dhsa_eval_copy, dhsa_niah_build; the layer hook of src/eval/probe.c);
  * this file parses the options, reads the input files, draws the copy
  * passages and NIAH numbers, calls them and prints tables, JSON and heat
- * maps (src/util/svg.c).
+ * maps (tools/lib/svg.c).
  * Tested by tests/test_eval.c (CLI part through DHSA_CLI, on stories260K).
  */
 #include <errno.h>
@@ -33,7 +33,7 @@
 #include "cli.h"
 #include "dhsa.h"
 #include "eval/niah.h"
-#include "util/svg.h"
+#include "lib/svg.h"
 
 #define EXIT_RUN DHSA_EXIT_RUN
 #define EXIT_USAGE DHSA_EXIT_USAGE

@@ -21,7 +21,7 @@
 #include "matmul/bf16.h"
 #include "matmul/int8.h"
 #include "matmul/quant.h"
-#include "util/peak.h"
+#include "lib/peak.h"
 
 const char dhsa_cli_bench_matmul_usage[] =
     "usage: dhsa bench matmul [--type TYPE|all] [--n-in N] [--n-out N]\n"

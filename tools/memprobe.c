@@ -3,7 +3,7 @@
  * memory in a fresh process, fits peak = a*n^2 + b*n + c, and prints the
  * table, the verdict (linear / quadratic / ...), the bytes per n and per
  * n^2, and the largest n a budget allows; or one JSON object; and an SVG.
- * The measuring and the fitting are in src/eval/memprobe.c; the method and
+ * The measuring and the fitting are in tools/lib/memprobe.c; the method and
  * the verdict rules are in docs/memprobe.md.
  *
  * Exit status: 0 when every run succeeded and a fit was possible, 1 when a
@@ -13,8 +13,8 @@
  */
 #include "cli.h"
 #include "dhsa.h"
-#include "eval/memprobe.h"
-#include "util/svg.h"
+#include "lib/memprobe.h"
+#include "lib/svg.h"
 
 #include <ctype.h>
 #include <errno.h>

@@ -18,7 +18,7 @@
 #include "cli.h"
 #include "dhsa.h"
 #include "dist.h"
-#include "util/svg.h"
+#include "lib/svg.h"
 
 #define EXIT_RUN DHSA_EXIT_RUN
 #define EXIT_USAGE DHSA_EXIT_USAGE

@@ -15,7 +15,7 @@
 
 #include "cli.h"
 #include "dhsa.h"
-#include "util/svg.h"
+#include "lib/svg.h"
 
 const char dhsa_cli_bench_sparse_usage[] =
     "usage: dhsa bench sparse --L N [--heads H] [--kv-heads H] [--dim D]\n"

@@ -3,7 +3,8 @@
  * library side of `dhsa memprobe` (tools/memprobe.c): running one command
  * in a fresh process and measuring it, the least-squares fit
  * peak = a*n^2 + b*n + c, the log-log growth slope, the verdict, and the
- * largest n a memory budget allows. Internal: not in the public header.
+ * largest n a memory budget allows. Part of the CLI's support library
+ * build/libdhsa_cli.a, not of libdhsa (docs/architecture.md).
  * How it works and why: docs/memprobe.md.
  *
  * Contract:

@@ -10,7 +10,7 @@
  * range is at most two decades.
  * Tested by tests/test_memprobe.c.
  */
-#include "util/svg.h"
+#include "lib/svg.h"
 
 #include "core/internal.h"
 #include "util/outfile.h"

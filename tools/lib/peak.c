@@ -9,7 +9,7 @@
  * parallel region, is one repetition; the best repetition wins.
  * Run: build/dhsa peak [--threads T]. Tested by tests/test_cli.c.
  */
-#include "util/peak.h"
+#include "lib/peak.h"
 
 #include "core/internal.h"
 

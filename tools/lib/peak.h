@@ -1,6 +1,7 @@
 /* peak.h: the machine's measured peaks, for benchmarks that report the share
- * of the machine they reach (STYLE.md item 10). Internal: not in the public
- * header; the CLI (`dhsa peak`, `dhsa bench attn`) is the user.
+ * of the machine they reach (STYLE.md item 10). Part of the CLI's support
+ * library build/libdhsa_cli.a, not of libdhsa (docs/architecture.md); the
+ * CLI (`dhsa peak`, `dhsa bench attn`) is the user.
  *
  * Both numbers are measured, never derived from a spec sheet: AVX-512 on
  * Zen 4 is double-pumped, turbo depends on how many cores run, and a VM may

@@ -6,7 +6,7 @@
  * and leave 4 of the 16 registers for the constants, so nothing spills.
  * Run: DHSA_FORCE_SCALAR=0 build/dhsa peak on an AVX2-only machine.
  */
-#include "util/peak.h"
+#include "lib/peak.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>

@@ -7,7 +7,7 @@
  * Intel, fewer on double-pumped Zen 4), with 8 of the 32 registers spare so
  * nothing spills. Run: build/dhsa peak.
  */
-#include "util/peak.h"
+#include "lib/peak.h"
 
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__FMA__)
 #include <immintrin.h>

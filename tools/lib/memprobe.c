@@ -13,7 +13,7 @@
  * ln(peak - baseline) on ln(n).
  * Tested by tests/test_memprobe.c.
  */
-#include "eval/memprobe.h"
+#include "lib/memprobe.h"
 
 #include "core/internal.h"
 

@@ -1,8 +1,8 @@
 /* svg.h: a small SVG plot writer for the tools' figures (memory probe,
  * benchmarks, fidelity sweeps): line and scatter series on one pair of
  * axes, linear or log scales, ticks with labels (plain numbers or bytes in
- * binary units), grid, title, subtitle and legend. Internal: not in the
- * public header.
+ * binary units), grid, title, subtitle and legend. Part of the CLI's
+ * support library build/libdhsa_cli.a, not of libdhsa (docs/architecture.md).
  *
  * Contract:
  *   - A plot owns copies of everything given to it (titles, labels, series
