@@ -198,7 +198,8 @@ static int make_q(const char *build, const char *vars) {
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
              "env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s -q BUILD='%s' %s -o '%s/libdhsa.a' "
-             "-o '%s/libdhsa_cli.a' '%s/dhsa' >/dev/null 2>&1", build, vars, build, build, build);
+             "-o '%s/libdhsa_cli.a' -o '%s/libdhsa_serve.a' '%s/dhsa' >/dev/null 2>&1",
+             build, vars, build, build, build, build);
     int st = system(cmd);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
@@ -219,6 +220,8 @@ static void test_make_tracks_config(void) {
     snprintf(path, sizeof path, "%s/libdhsa.a", build);
     fclose(fopen(path, "w"));
     snprintf(path, sizeof path, "%s/libdhsa_cli.a", build); /* the CLI's support library */
+    fclose(fopen(path, "w"));
+    snprintf(path, sizeof path, "%s/libdhsa_serve.a", build); /* the server's engine and parser */
     fclose(fopen(path, "w"));
     const char *without = "HAVE_SERVE= HAVE_MPI=", *with = "HAVE_SERVE=1 HAVE_MPI=";
     int first = make_q(build, without); /* writes the stamp; no CLI yet */
