@@ -333,6 +333,24 @@ DHSA_API dhsa_status dhsa_attn_workspace_size(const dhsa_ctx *ctx, const dhsa_at
  * written. */
 DHSA_API dhsa_status dhsa_attention(dhsa_ctx *ctx, const dhsa_attn_desc *a);
 
+/* Merges n_parts >= 1 partial attentions of the same queries over disjoint
+ * key sets into the attention over their union, exactly: part k is the
+ * softmax output o_parts[k] [B, H, L, dv] of its keys with their
+ * log-sum-exp lse_parts[k] [B, H, L, 1] (as dhsa_attention writes o and
+ * lse), and the result is o = sum_k e^lse_k o_k / sum_k e^lse_k, lse =
+ * log sum_k e^lse_k, written to o and lse. All views F32, same shapes.
+ * A part whose row has lse = -inf (no allowed key) weighs nothing; a row
+ * no part has keys for keeps part 0's (o = 0, lse = -inf from
+ * dhsa_attention). The weights are in double, relative to the larger LSE;
+ * parts are merged left to right into the running result, rounded to F32
+ * after each, so merge(A, B, C) gives the same bits as merge(merge(A, B),
+ * C): parts may be merged as they arrive. o and lse may be part 0's own
+ * views (merging in place); no other part may share their memory. Nothing
+ * is allocated. Context parallelism merges its ranks' partials with it
+ * (docs/dist.md). */
+DHSA_API dhsa_status dhsa_attn_merge(const dhsa_tensor *o_parts, const dhsa_tensor *lse_parts, int64_t n_parts,
+                                     const dhsa_tensor *o, const dhsa_tensor *lse);
+
 /* The backend AUTO resolves to in this process (after DHSA_ATTN). */
 DHSA_API dhsa_backend dhsa_attn_resolve_backend(dhsa_backend b);
 DHSA_API const char *dhsa_backend_name(dhsa_backend b);
