@@ -28,6 +28,7 @@
 
 #include "attn/stats.h"
 #include "core/internal.h"
+#include "core/procmem.h"
 #include "route/kv_index_internal.h"
 #include "route/layout_internal.h"
 
@@ -219,8 +220,7 @@ const dhsa_dist_stats *dhsa__dist_stats(const dhsa__dist *s) { return &s->dst; }
 /* ------------------------------------------------------- layer helpers --- */
 
 /* The view of the running layer's cache holding its first n keys. */
-static dhsa_tensor cache_view(const dhsa__dist *s, int64_t l, int is_v, int64_t n) {
-    (void)l; /* always the running layer's (s->io) */
+static dhsa_tensor cache_view(const dhsa__dist *s, int is_v, int64_t n) {
     dhsa_tensor t = is_v ? s->io->v : s->io->k;
     t.shape[2] = n;
     return t;
@@ -300,7 +300,7 @@ static size_t shard_bytes(const dhsa__dist *s, int64_t n) {
  * KV head, then V, head-major, head g taking list g (nl = Hkv) or the one
  * list (nl = 1: a shard of its total length). Returns the key rows packed
  * (summed over the KV heads). */
-static int64_t pack_lists(const dhsa__dist *s, int64_t l, const int64_t *rg, const int64_t *n, int64_t nl,
+static int64_t pack_lists(const dhsa__dist *s, const int64_t *rg, const int64_t *n, int64_t nl,
                           char *buf) {
     const dhsa_model_info *in = s->in;
     const int64_t Hkv = in->n_head_kv;
@@ -313,7 +313,7 @@ static int64_t pack_lists(const dhsa__dist *s, int64_t l, const int64_t *rg, con
     }
     for (int is_v = 0; is_v < 2; is_v++) {
         const int64_t hd = is_v ? in->head_dim_v : in->head_dim_k;
-        const char *c = (const char *)cache_view(s, l, is_v, s->cap).data;
+        const char *c = (const char *)cache_view(s, is_v, s->cap).data;
         char *dst = buf + (is_v ? (size_t)(rows * in->head_dim_k) * es : 0);
         const int64_t *r = rg;
         for (int64_t g = 0; g < Hkv; g++) {
@@ -457,7 +457,7 @@ static void *scratch(dhsa__dist *s, int i, size_t bytes, void **own) {
  * position order, stripe piece by stripe piece: the piece's rank appends
  * them from its cache and broadcasts what changed (the chunks it closed,
  * the open chunk's sums, the rings). */
-static dhsa_status dist_relay(dhsa__dist *s, int64_t l, int64_t from, int64_t to) {
+static dhsa_status dist_relay(dhsa__dist *s, int64_t from, int64_t to) {
     const dhsa_dist *d = s->dist;
     const int64_t S = s->stripe, R = d->size, me = d->rank;
     const int64_t hk = s->in->head_dim_k;
@@ -470,7 +470,7 @@ static dhsa_status dist_relay(dhsa__dist *s, int64_t l, int64_t from, int64_t to
         dhsa_status st;
         if (owner == me) {
             int64_t l0 = dist_count_before(S, R, me, g);
-            dhsa_tensor kn = cache_view(s, l, 0, s->cap);
+            dhsa_tensor kn = cache_view(s, 0, s->cap);
             kn.data = (char *)kn.data + (size_t)l0 * (size_t)hk * dhsa_type_size(s->kv_type);
             kn.shape[2] = g1 - g;
             if ((st = dhsa_kv_index_append(ix, &kn))) return st;
@@ -497,7 +497,7 @@ static dhsa_status dist_relay(dhsa__dist *s, int64_t l, int64_t from, int64_t to
 /* The routing call of piece i at layer l: its query rows over the whole
  * context's keys (the index holds them all; the key tensors only carry
  * the shape). */
-static dhsa_attn_desc piece_desc(const dhsa__dist *s, int64_t l, int64_t i) {
+static dhsa_attn_desc piece_desc(const dhsa__dist *s, int64_t i) {
     const dhsa_model_info *in = s->in;
     const int64_t Hq = in->n_head, hk = in->head_dim_k, hv = in->head_dim_v, Lk = dhsa_kv_index_length(s->io->ix);
     dhsa_attn_desc a = dhsa_attn_default_desc();
@@ -577,7 +577,7 @@ static int cmp_weight_desc(const void *x, const void *y) {
  * is left of q's budget, floor(F x q's visible keys) less the keys read
  * anyway; a chunk that does not fit is passed over for smaller ones; a
  * chunk held by this rank alone costs nothing. */
-static dhsa_status fetch_plan(dhsa__dist *s, int64_t l, unsigned char **out) {
+static dhsa_status fetch_plan(dhsa__dist *s, unsigned char **out) {
     const dhsa_kv_index *ix = s->io->ix;
     const int64_t S = s->stripe, R = s->dist->size, me = s->dist->rank, G = dhsa__kv_index_groups(ix);
     const int64_t *starts;
@@ -596,7 +596,7 @@ static dhsa_status fetch_plan(dhsa__dist *s, int64_t l, unsigned char **out) {
     }
     for (int64_t x = 0; x < G * nc; x++) agg[x] = -INFINITY;
     for (int64_t i = 0; i < s->n_pieces && !st; i++) {
-        dhsa_attn_desc a = piece_desc(s, l, i);
+        dhsa_attn_desc a = piece_desc(s, i);
         dhsa_layout *fx = NULL;
         if ((st = dhsa__kv_index_route_masked(s->ctx, ix, &a, none, agg, &fx))) break;
         for (int64_t g = 0; g < G && !st; g++)
@@ -672,14 +672,14 @@ done:
  * of the selection, ask each other rank for the keys it holds of the
  * union of this rank's selections (with dist_fetch_share, one union per
  * KV head: each head fetches its own), and attend those as they arrive. */
-static dhsa_status dist_prefill_dhsa(dhsa__dist *s, int64_t l) {
+static dhsa_status dist_prefill_dhsa(dhsa__dist *s) {
     const dhsa_model_info *in = s->in;
     const dhsa_dist *d = s->dist;
     const int64_t S = s->stripe, R = d->size, me = d->rank, Hq = in->n_head, hv = in->head_dim_v;
     const int64_t Hkv = in->n_head_kv, nl = s->fetch_share > 0 ? Hkv : 1; /* request lists per rank */
     const size_t row_bytes = (size_t)(in->head_dim_k + hv) * dhsa_type_size(s->kv_type);
     char why[256] = "";
-    dhsa_status st = dist_relay(s, l, s->len, s->dist_end);
+    dhsa_status st = dist_relay(s, s->len, s->dist_end);
     if (st) return st;
     const int64_t np = s->n_pieces;
     dhsa_layout **gl = calloc((size_t)(np ? np : 1), sizeof *gl);
@@ -692,10 +692,10 @@ static dhsa_status dist_prefill_dhsa(dhsa__dist *s, int64_t l) {
         st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
         goto done;
     }
-    if (s->fetch_share > 0) st = fetch_plan(s, l, &allowed);
+    if (s->fetch_share > 0) st = fetch_plan(s, &allowed);
     /* route every piece over the whole context (the index holds it all) */
     for (int64_t i = 0; i < np && !st; i++) {
-        dhsa_attn_desc a = piece_desc(s, l, i);
+        dhsa_attn_desc a = piece_desc(s, i);
         if ((st = dhsa__kv_index_route_masked(s->ctx, s->io->ix, &a, allowed, NULL, &gl[i]))) break;
         a.layout = gl[i];
         count_attention(s, &a);
@@ -705,7 +705,7 @@ static dhsa_status dist_prefill_dhsa(dhsa__dist *s, int64_t l) {
         int64_t r0 = s->pieces[i][0], m = s->pieces[i][1], l0 = s->len_loc + r0;
         dhsa_layout *ll = NULL;
         if ((st = sub_layout(s, gl[i], me, NULL, NULL, NULL, 1, l0 + m, &ll))) break;
-        st = dist_call(s, r0, m, cache_view(s, l, 0, l0 + m), cache_view(s, l, 1, l0 + m), 1, l0, ll, s->att, s->lse1);
+        st = dist_call(s, r0, m, cache_view(s, 0, l0 + m), cache_view(s, 1, l0 + m), 1, l0, ll, s->att, s->lse1);
         dhsa_layout_free(ll);
     }
     /* what to ask of each rank: the union of the pieces' selections it
@@ -771,7 +771,7 @@ static dhsa_status dist_prefill_dhsa(dhsa__dist *s, int64_t l) {
         int64_t to = (me + k) % R, from = (me - k + R) % R;
         int64_t off = 0;
         for (int64_t x = 0; x < to * nl; x++) off += x / nl == me ? 0 : ngot[x];
-        int64_t rows_out = pack_lists(s, l, inbox + 2 * off, ngot + to * nl, nl, s->dbuf[0]);
+        int64_t rows_out = pack_lists(s, inbox + 2 * off, ngot + to * nl, nl, s->dbuf[0]);
         for (int64_t q = 0; q < R; q++) sb[q] = rb[q] = 0;
         sb[to] = (size_t)rows_out * row_bytes;
         /* the keys coming from `from`, per KV head, and the most of one head */
@@ -830,14 +830,14 @@ done:
 /* The dense part of a sharded prefill at layer l: local keys causal, then
  * every other rank's shard as it comes round the ring, the next transfer
  * running while this one is attended. */
-static dhsa_status dist_prefill_dense(dhsa__dist *s, int64_t l) {
+static dhsa_status dist_prefill_dense(dhsa__dist *s) {
     const dhsa_model_info *in = s->in;
     const dhsa_dist *d = s->dist;
     const int64_t S = s->stripe, R = d->size, me = d->rank, Hq = in->n_head, hv = in->head_dim_v;
     char why[256] = "";
     dhsa_status st = DHSA_OK;
     int64_t mine[2] = {0, dist_count_before(S, R, me, s->dist_end)}, one = 1;
-    pack_lists(s, l, mine, &one, 1, s->dbuf[0]);
+    pack_lists(s, mine, &one, 1, s->dbuf[0]);
     char *cur = s->dbuf[0], *nxt = s->dbuf[1];
     for (int64_t k = 1; k <= R; k++) {
         int64_t held = (me - k + 1 + R) % R, coming = (me - k + R) % R; /* cur holds held's shard */
@@ -848,7 +848,7 @@ static dhsa_status dist_prefill_dense(dhsa__dist *s, int64_t l) {
             int64_t r0 = s->pieces[i][0], m = s->pieces[i][1], g0 = s->pieces[i][2];
             if (k == 1) { /* the local keys: every earlier slot, the piece's own causal */
                 int64_t l0 = s->len_loc + r0;
-                st = dist_call(s, r0, m, cache_view(s, l, 0, l0 + m), cache_view(s, l, 1, l0 + m), 1, l0, NULL, s->att,
+                st = dist_call(s, r0, m, cache_view(s, 0, l0 + m), cache_view(s, 1, l0 + m), 1, l0, NULL, s->att,
                                s->lse1);
                 continue;
             }
@@ -877,7 +877,7 @@ static dhsa_status dist_prefill_dense(dhsa__dist *s, int64_t l) {
  * rank attends its own keys (DHSA: its part of the one routing every rank
  * computes alike), and the partials are gathered and merged in rank order,
  * so that every rank holds the same output. */
-static dhsa_status dist_decode(dhsa__dist *s, int64_t l) {
+static dhsa_status dist_decode(dhsa__dist *s) {
     const dhsa_model_info *in = s->in;
     const dhsa_dist *d = s->dist;
     const int64_t S = s->stripe, R = d->size, me = d->rank, Hq = in->n_head, hk = in->head_dim_k, hv = in->head_dim_v,
@@ -914,7 +914,7 @@ static dhsa_status dist_decode(dhsa__dist *s, int64_t l) {
     const int64_t row = Hq * (hv + 1);
     float *mine = s->o2; /* [Hq][hv] then lse [Hq] */
     if (!st && cnt > 0) {
-        st = dist_call(s, 0, 1, cache_view(s, l, 0, cnt), cache_view(s, l, 1, cnt), 1, cnt - 1, ll, mine, mine + Hq * hv);
+        st = dist_call(s, 0, 1, cache_view(s, 0, cnt), cache_view(s, 1, cnt), 1, cnt - 1, ll, mine, mine + Hq * hv);
     } else {
         for (int64_t x = 0; x < Hq * hv; x++) mine[x] = 0.0f;
         for (int64_t x = 0; x < Hq; x++) mine[Hq * hv + x] = -INFINITY;
@@ -942,7 +942,7 @@ static dhsa_status dist_decode(dhsa__dist *s, int64_t l) {
 /* ------------------------------------------------------------- an eval --- */
 
 dhsa_status dhsa__dist_layer(dhsa__dist *s, const dhsa__dist_layer_io *io) {
-    const int64_t l = io->l, n = s->n_rows, S = s->stripe, R = s->dist->size;
+    const int64_t n = s->n_rows, S = s->stripe, R = s->dist->size;
     s->io = io;
     if (s->mode == 2) {
         const int64_t p = s->rowpos[0];
@@ -951,7 +951,7 @@ dhsa_status dhsa__dist_layer(dhsa__dist *s, const dhsa__dist_layer_io *io) {
             store_rows(&io->v, s->vt, 1, s->len_loc);
         }
         s->dst.decode_layers++;
-        return dist_decode(s, l);
+        return dist_decode(s);
     }
     if (s->mode != 1) return dhsa__fail(DHSA_ERR_INTERNAL, "context parallel: a layer outside an eval");
     if (n > 0) {
@@ -959,11 +959,11 @@ dhsa_status dhsa__dist_layer(dhsa__dist *s, const dhsa__dist_layer_io *io) {
         store_rows(&io->v, s->vt, n, s->len_loc);
     }
     s->dst.prefill_layers++;
-    if (io->ix) return dist_prefill_dhsa(s, l);
-    if (n == 0) return dist_prefill_dense(s, l);
+    if (io->ix) return dist_prefill_dhsa(s);
+    if (n == 0) return dist_prefill_dense(s);
     const dhsa_model_info *in = s->in;
     dhsa_attn_desc a = dhsa_attn_default_desc(); /* for the statistics: the rows' causal keys */
-    dhsa_status st = dist_prefill_dense(s, l);
+    dhsa_status st = dist_prefill_dense(s);
     for (int64_t i = 0; !st && i < s->n_pieces; i++) {
         a.q = dhsa_tensor_blhd(s->q, DHSA_F32, 1, s->pieces[i][1], in->n_head, in->head_dim_k);
         a.k = dhsa_tensor_bhld(s->kv, s->kv_type, 1, in->n_head_kv, s->dist_end, in->head_dim_k);

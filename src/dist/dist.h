@@ -70,12 +70,12 @@ typedef struct {
 dhsa_status dhsa__dist_begin(dhsa__dist *d, int64_t len, const int32_t *ids, int64_t n, int want_logits,
                              dhsa__dist_rows *rows);
 
-/* Layer l of the running eval: rows n (dhsa__dist_rows.n) with q, kt, vt in
- * the buffers. k, v: the layer's cache, [1][Hkv][cap][hd] views; ix: its
- * routing index (DHSA, BLOCK) or NULL (dense). Writes att and adds every
- * attention call to the statistics stats[0] (the eval's) and stats[1]. */
+/* The next layer of the running eval: its rows (dhsa__dist_rows.n) with
+ * q, kt, vt in the buffers. k, v: the layer's cache, [1][Hkv][cap][hd]
+ * views; ix: its routing index (DHSA, BLOCK) or NULL (dense). Writes att
+ * and adds every attention call to the statistics stats[0] (the eval's)
+ * and stats[1]. */
 typedef struct {
-    int64_t l;
     dhsa_tensor k, v;
     dhsa_kv_index *ix;
     dhsa_attn_stats *stats[2];

@@ -957,7 +957,7 @@ static dhsa_status attend_rows(dhsa_session *host, dhsa_session *o, int64_t l, i
  * and values of the rows and attends them (dist/dist.h). */
 static dhsa_status attend_dist(dhsa_session *s, int64_t l) {
     const int64_t cap = s->lc[l].rows;
-    const dhsa__dist_layer_io io = {l, cache_view(s, l, 0, cap), cache_view(s, l, 1, cap), s->ix ? s->ix[l] : NULL,
+    const dhsa__dist_layer_io io = {cache_view(s, l, 0, cap), cache_view(s, l, 1, cap), s->ix ? s->ix[l] : NULL,
                                     {&s->st_last, &s->st_total}};
     return dhsa__dist_layer(s->dist, &io);
 }
