@@ -57,6 +57,26 @@ struct dhsa__dist {
     int32_t *own;               /* [cap] the rows' ids */
     float *o2, *lse1, *lse2;    /* partial outputs and LSEs */
     float *krow;                /* [n_head_kv][hd_k] a decode key as the cache holds it */
+    float *gather;              /* [R][Hq (hv + 1)] every rank's decode partial */
+    /* a DHSA prefill's lists (work_bytes: how many of each) */
+    int64_t nl, rmax, tmp_cap;  /* request lists per rank; ranges in one list; sub_layout's ranges */
+    dhsa_layout **gl;           /* [max_pieces] the pieces' routed layouts */
+    int64_t *nreq, *ngot;       /* [R nl] ranges asked of each rank (per list), and asked of this one */
+    int64_t **req, **pre;       /* [R nl] each list's ranges and prefix sums, in reqs / pres */
+    int64_t *reqs, *pres;       /* [R nl rmax][2] the lists back to back, in rank order (the outbox); [R nl (rmax + 1)] */
+    int64_t *inbox;             /* [R nl rmax][2] the lists other ranks ask of this one */
+    size_t *sb, *rb;            /* [R] bytes sent to / received from each rank */
+    int64_t *nh;                /* [Hkv] keys received per KV head */
+    int32_t *marks;             /* [cap + 1] coverage deltas of one union (zero between uses) */
+    int64_t *tmp;               /* [tmp_cap][2] one block's ranges in another rank's slots */
+    /* a fetch budget's (fetch_share > 0) */
+    int64_t groups, max_chunks;
+    unsigned char *allowed, *none; /* [groups][max_chunks]: the chunks a block may select; none, all 0 */
+    double *agg;                /* [groups][max_chunks] the blocks' summed per-key weight of each chunk */
+    void *order;                /* [max_chunks] chunk_weight */
+    int32_t *fmarks;            /* [groups][R][cap + 1] coverage deltas of what is read anyway */
+    int64_t *fixed, *nfixed;    /* [groups][R][rmax][2] those ranges, [groups][R] their counts */
+    int64_t *left;              /* [2 R] budget left, keys needed, per rank */
     void *block;                /* the ctx allocation holding the buffers above */
     char *dbuf[2];              /* two shard buffers: one layer's K and V of cap positions */
     size_t dbuf_bytes;
@@ -121,14 +141,97 @@ dhsa_status dhsa__dist_check(const dhsa_model_info *in, const dhsa_session_param
     return DHSA_OK;
 }
 
-/* The bytes of dhsa__dist_create's ctx block and shard buffers. */
-static void buffer_bytes(const dhsa_model_info *in, const dhsa_session_params *p, int64_t n_ctx, int64_t cap,
-                         size_t *block, size_t *shard) {
-    (void)n_ctx;
-    const size_t es = dhsa_type_size(p->kv_type);
-    *shard = (size_t)in->n_head_kv * (size_t)cap * (size_t)(in->head_dim_k + in->head_dim_v) * es;
-    *block = ((size_t)cap * (size_t)in->n_head * (size_t)(in->head_dim_v + 2) + (size_t)(in->n_head_kv * in->head_dim_k)) *
-                 sizeof(float) + (size_t)cap * 8 + 64 * 8;
+typedef struct {
+    double w;
+    int64_t c;
+} chunk_weight;
+
+/* The shapes dhsa__dist_create sizes its buffers by: every bound below is
+ * what one prefill or decode step of n_ctx positions can need, so that no
+ * eval allocates. */
+typedef struct {
+    int64_t R, Hq, Hkv, hk, hv, cap, pieces, nl, rmax, tmp_cap, groups, max_chunks;
+    int index;
+} dist_dims;
+
+static dist_dims dims_of(const dhsa_model_info *in, const dhsa_session_params *p, const dhsa_router_params *rp,
+                         int64_t n_ctx, int64_t cap) {
+    dist_dims m;
+    memset(&m, 0, sizeof m);
+    const int64_t S = dist_stripe_of(p, n_ctx);
+    m.R = p->dist->size;
+    m.Hq = in->n_head;
+    m.Hkv = in->n_head_kv;
+    m.hk = in->head_dim_k;
+    m.hv = in->head_dim_v;
+    m.cap = cap;
+    m.pieces = n_ctx / S + 3; /* a prefill of n tokens: at most n / S + 2 runs of one rank */
+    m.index = uses_index(p);
+    if (!m.index) return m;
+    m.nl = p->dist_fetch_share > 0 ? m.Hkv : 1;
+    m.rmax = cap / 2 + 1; /* disjoint ranges that do not touch, of cap slots */
+    int64_t min_len, max_chunks, max_ranges;
+    dhsa__route_limits(rp, n_ctx, &min_len, &max_chunks, &max_ranges);
+    /* a block's ranges, each split where it crosses another rank's stripes */
+    m.tmp_cap = 2 * max_ranges + n_ctx / (S * m.R) + 4;
+    if (p->dist_fetch_share > 0) {
+        m.groups = rp->share_heads ? 1 : m.Hkv;
+        m.max_chunks = max_chunks;
+    }
+    return m;
+}
+
+/* Carves the buffers of dims m out of base (64-byte aligned each) into s;
+ * with s NULL only counts. Returns the bytes. */
+static size_t carve(dhsa__dist *s, char *base, const dist_dims *m) {
+    size_t at = 0;
+#define TAKE(field, count, type)                                            \
+    do {                                                                    \
+        if (s) s->field = (void *)(base + at);                              \
+        at += dhsa__align_up((size_t)(count) * sizeof(type), 64);           \
+    } while (0)
+    const int64_t lists = m->R * m->nl, cap = m->cap;
+    TAKE(o2, cap * m->Hq * m->hv, float);
+    TAKE(lse1, cap * m->Hq, float);
+    TAKE(lse2, cap * m->Hq, float);
+    TAKE(krow, m->Hkv * m->hk, float);
+    TAKE(gather, m->R * m->Hq * (m->hv + 1), float);
+    TAKE(rowpos, cap, int64_t);
+    TAKE(own, cap, int32_t);
+    TAKE(pieces, m->pieces, int64_t[3]);
+    if (m->index) {
+        TAKE(gl, m->pieces, dhsa_layout *);
+        TAKE(nreq, lists, int64_t);
+        TAKE(ngot, lists, int64_t);
+        TAKE(req, lists, int64_t *);
+        TAKE(pre, lists, int64_t *);
+        TAKE(reqs, lists * m->rmax * 2, int64_t);
+        TAKE(pres, lists * (m->rmax + 1), int64_t);
+        TAKE(inbox, lists * m->rmax * 2, int64_t);
+        TAKE(sb, m->R, size_t);
+        TAKE(rb, m->R, size_t);
+        TAKE(nh, m->Hkv, int64_t);
+        TAKE(marks, cap + 1, int32_t);
+        TAKE(tmp, m->tmp_cap * 2, int64_t);
+    }
+    if (m->groups) {
+        const int64_t gc = m->groups * m->max_chunks, gr = m->groups * m->R;
+        TAKE(allowed, gc, unsigned char);
+        TAKE(none, gc, unsigned char);
+        TAKE(agg, gc, double);
+        TAKE(order, m->max_chunks * (int64_t)sizeof(chunk_weight), char);
+        TAKE(fmarks, gr * (cap + 1), int32_t);
+        TAKE(fixed, gr * m->rmax * 2, int64_t);
+        TAKE(nfixed, gr, int64_t);
+        TAKE(left, 2 * m->R, int64_t);
+    }
+#undef TAKE
+    return at;
+}
+
+/* The shard buffers' bytes: one layer's K and V of cap positions. */
+static size_t shard_buffer_bytes(const dhsa_model_info *in, const dhsa_session_params *p, int64_t cap) {
+    return (size_t)in->n_head_kv * (size_t)cap * (size_t)(in->head_dim_k + in->head_dim_v) * dhsa_type_size(p->kv_type);
 }
 
 dhsa_status dhsa__dist_plan(const dhsa_model_info *in, const dhsa_session_params *p, const dhsa_router_params *rp,
@@ -142,22 +245,15 @@ dhsa_status dhsa__dist_plan(const dhsa_model_info *in, const dhsa_session_params
             (st = dhsa_kv_index_size(rp, in->n_head_kv, in->head_dim_k, n_ctx, &ix_all)))
             return st;
         *routing += (size_t)in->n_layer * (ix_all - ix_loc);
-        if (p->dist_fetch_share > 0) { /* fetch_plan: per chunk a weight, a mask, an order; the fixed ranges */
-            int64_t min_len, max_chunks, max_ranges;
-            dhsa__route_limits(rp, n_ctx, &min_len, &max_chunks, &max_ranges);
-            const size_t G = rp->share_heads ? 1 : (size_t)in->n_head_kv;
-            *work += G * (size_t)max_chunks * (sizeof(double) + 2) + (size_t)max_chunks * 16 +
-                     G * (size_t)p->dist->size * (size_t)(cap / 64 + 1) * 4 * 2 * sizeof(int64_t);
-        }
     }
-    size_t block, shard;
-    buffer_bytes(in, p, n_ctx, cap, &block, &shard);
-    *work += 2 * dhsa__align_up(shard, DHSA__PAGE) + block;
+    const dist_dims m = dims_of(in, p, rp, n_ctx, cap);
+    *work += 2 * dhsa__align_up(shard_buffer_bytes(in, p, cap), DHSA__PAGE) + carve(NULL, NULL, &m);
     return DHSA_OK;
 }
 
-dhsa_status dhsa__dist_create(dhsa_ctx *ctx, const dhsa_model_info *in, const dhsa_session_params *p, int64_t n_ctx,
-                              const dhsa__dist_buffers *buf, dhsa__dist **out) {
+dhsa_status dhsa__dist_create(dhsa_ctx *ctx, const dhsa_model_info *in, const dhsa_session_params *p,
+                              const dhsa_router_params *rp, int64_t n_ctx, const dhsa__dist_buffers *buf,
+                              dhsa__dist **out) {
     *out = NULL;
     int64_t cap;
     dhsa_status st = dhsa__dist_check(in, p, n_ctx, &cap);
@@ -177,18 +273,25 @@ dhsa_status dhsa__dist_create(dhsa_ctx *ctx, const dhsa_model_info *in, const dh
     s->vt = buf->vt;
     s->att = buf->att;
     s->kv = buf->kv;
-    const int64_t ub = cap;
-    size_t block, shard;
-    buffer_bytes(in, p, n_ctx, cap, &block, &shard);
-    float *a = dhsa__alloc(ctx, block, &st);
+    const dist_dims m = dims_of(in, p, rp, n_ctx, cap);
+    const size_t block = carve(NULL, NULL, &m);
+    char *a = dhsa__alloc(ctx, block, &st);
     if (!a) goto fail;
     s->block = a;
-    s->o2 = a;
-    s->lse1 = s->o2 + dhsa__align_up((size_t)ub * (size_t)(in->n_head * in->head_dim_v), 16);
-    s->lse2 = s->lse1 + dhsa__align_up((size_t)ub * (size_t)in->n_head, 16);
-    s->krow = s->lse2 + dhsa__align_up((size_t)ub * (size_t)in->n_head, 16);
-    s->rowpos = (int64_t *)(s->krow + dhsa__align_up((size_t)(in->n_head_kv * in->head_dim_k), 16));
-    s->dbuf_bytes = shard;
+    carve(s, a, &m);
+    /* the marks and the fetch budget's "none" start (and stay) zero */
+    if (m.index) memset(s->marks, 0, (size_t)(cap + 1) * sizeof *s->marks);
+    if (m.groups) {
+        memset(s->none, 0, (size_t)(m.groups * m.max_chunks));
+        memset(s->fmarks, 0, (size_t)(m.groups * m.R) * (size_t)(cap + 1) * sizeof *s->fmarks);
+    }
+    s->max_pieces = m.pieces;
+    s->nl = m.nl;
+    s->rmax = m.rmax;
+    s->tmp_cap = m.tmp_cap;
+    s->groups = m.groups;
+    s->max_chunks = m.max_chunks;
+    s->dbuf_bytes = shard_buffer_bytes(in, p, cap);
     for (int i = 0; i < 2; i++)
         if (!(s->dbuf[i] = dhsa_buffer_alloc(s->dbuf_bytes))) {
             st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory for the shard buffers");
@@ -373,22 +476,6 @@ static int64_t map_ranges(int64_t S, int64_t R, int64_t q, const int64_t *rg, in
     return k;
 }
 
-/* map_ranges over every query block's selection of KV heads [g0, g1) in
- * the np layouts gl: what rank q holds of them (out NULL: only counted). */
-static int64_t rank_ranges(dhsa_layout *const *gl, int64_t np, int64_t g0, int64_t g1, int64_t S, int64_t R,
-                           int64_t q, int64_t *out) {
-    int64_t k = 0;
-    for (int64_t i = 0; i < np; i++)
-        for (int64_t g = g0; g < g1; g++)
-            for (int64_t qb = 0; qb < gl[i]->n_blocks; qb++) {
-                const int64_t *rg;
-                int64_t n;
-                dhsa_layout_get(gl[i], 0, g, qb, &rg, &n);
-                k += map_ranges(S, R, q, rg, n, out ? out + 2 * k : NULL);
-            }
-    return k;
-}
-
 /* Where local slot x of a requested list req (n sorted disjoint ranges,
  * prefix[i] = keys before range i) sits in the packed shard. */
 static int64_t compact_of(const int64_t *req, const int64_t *prefix, int64_t n, int64_t x) {
@@ -420,8 +507,10 @@ static dhsa_status sub_layout(dhsa__dist *s, const dhsa_layout *gl, int64_t q, i
             if (c > maxr) maxr = c;
             if (n > maxin) maxin = n;
         }
-    int64_t *tmp = malloc((size_t)maxr * 2 * sizeof(int64_t));
-    if (!tmp) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
+    int64_t *tmp = s->tmp;
+    if (maxr > s->tmp_cap) /* dims_of's bound: a bug if it is passed */
+        return dhsa__fail(DHSA_ERR_INTERNAL, "context parallel: a block's %lld ranges on rank %lld exceed the %lld "
+                          "planned", (long long)maxr, (long long)q, (long long)s->tmp_cap);
     dhsa_status st = dhsa_layout_create(s->ctx, 1, gl->Hkv, gl->Lq, lk, gl->q_block, maxr, out);
     for (int64_t g = 0; !st && g < gl->Hkv; g++)
         for (int64_t qb = 0; !st && qb < gl->n_blocks; qb++) {
@@ -437,7 +526,6 @@ static dhsa_status sub_layout(dhsa__dist *s, const dhsa_layout *gl, int64_t q, i
                 }
             st = dhsa_layout_set(*out, 0, g, qb, tmp, c);
         }
-    free(tmp);
     if (st) {
         dhsa_layout_free(*out);
         *out = NULL;
@@ -446,7 +534,8 @@ static dhsa_status sub_layout(dhsa__dist *s, const dhsa_layout *gl, int64_t q, i
 }
 
 /* A scratch of at least bytes: shard buffer i when it is large enough,
- * else *own (malloc, the caller frees). */
+ * else *own (malloc, the caller frees): a routing-index delta larger than
+ * one layer's K and V of a rank, which needs chunks of a key or two. */
 static void *scratch(dhsa__dist *s, int i, size_t bytes, void **own) {
     *own = NULL;
     if (bytes <= s->dbuf_bytes) return s->dbuf[i];
@@ -522,21 +611,38 @@ static int64_t dist_visible(const dhsa__dist *s, int64_t q) {
 
 /* ------------------------------------------------ a fetch budget per rank --- */
 
-/* A growing list of ranges [n][2]. */
-typedef struct {
-    int64_t *r;
-    int64_t n, cap;
-} range_list;
+/* Marks on marks [cap + 1] the part of the n global ranges rg that rank q
+ * holds, in q's local slots (map_ranges' pieces): +1 where a piece starts,
+ * -1 where it ends. */
+static void mark_ranges(int64_t S, int64_t R, int64_t q, const int64_t *rg, int64_t n, int32_t *marks) {
+    for (int64_t i = 0; i < n; i++) {
+        int64_t a = rg[2 * i], b = rg[2 * i + 1];
+        int64_t st = a / S;
+        st += ((q - st % R) % R + R) % R;
+        for (; st * S < b; st += R) {
+            int64_t x0 = st * S > a ? st * S : a, x1 = (st + 1) * S < b ? (st + 1) * S : b;
+            if (x0 >= x1) continue;
+            const int64_t y0 = dist_count_before(S, R, q, x0);
+            marks[y0]++;
+            marks[y0 + (x1 - x0)]--;
+        }
+    }
+}
 
-/* Room for more ranges in l; 0 when out of memory. */
-static int list_reserve(range_list *l, int64_t more) {
-    if (l->n + more <= l->cap) return 1;
-    int64_t cap = 2 * (l->n + more) + 16;
-    int64_t *r = realloc(l->r, (size_t)cap * 2 * sizeof(int64_t));
-    if (!r) return 0;
-    l->r = r;
-    l->cap = cap;
-    return 1;
+/* The union of what marks [n + 1] covers as sorted disjoint ranges, those
+ * that touch joined (dhsa__ranges_normalise's form), into out; marks is
+ * zero again after. Returns the count (at most n / 2 + 1). */
+static int64_t collect_ranges(int32_t *marks, int64_t n, int64_t *out) {
+    int64_t k = 0, c = 0;
+    for (int64_t x = 0; x <= n; x++) {
+        if (!marks[x]) continue;
+        const int64_t was = c;
+        c += marks[x];
+        marks[x] = 0;
+        if (!was && c) out[2 * k] = x;
+        else if (was && !c) out[2 * k++ + 1] = x;
+    }
+    return k;
 }
 
 /* How many of the keys [x0, x1) the sorted disjoint ranges r [n] cover. */
@@ -555,11 +661,6 @@ static int64_t covered(const int64_t *r, int64_t n, int64_t x0, int64_t x1) {
     return c;
 }
 
-typedef struct {
-    double w;
-    int64_t c;
-} chunk_weight;
-
 static int cmp_weight_desc(const void *x, const void *y) {
     const chunk_weight *a = x, *b = y;
     if (a->w != b->w) return a->w > b->w ? -1 : 1;
@@ -567,8 +668,8 @@ static int cmp_weight_desc(const void *x, const void *y) {
 }
 
 /* dist_fetch_share F > 0 (docs/dist.md, "A fetch budget per rank"): which
- * of layer l's chunks this rank's blocks may select, allowed [groups]
- * [n_chunks] (malloc; the caller frees). Every piece is routed once with
+ * of layer l's chunks this rank's blocks may select, *out = allowed
+ * [groups][n_chunks] (s->allowed). Every piece is routed once with
  * no chunk a candidate, which gives the ranges its blocks read whatever
  * they select (sinks, local keys, open tail, dense blocks) and sums each
  * chunk's estimated attention weight per key over the blocks. Then, per
@@ -584,49 +685,41 @@ static dhsa_status fetch_plan(dhsa__dist *s, unsigned char **out) {
     const int64_t nc = dhsa_kv_index_chunks(ix, &starts);
     const double F = s->fetch_share;
     *out = NULL;
-    unsigned char *allowed = malloc((size_t)(G * nc + 1)), *none = calloc((size_t)(G * nc + 1), 1);
-    double *agg = malloc((size_t)(G * nc + 1) * sizeof(double));
-    chunk_weight *order = malloc((size_t)(nc + 1) * sizeof *order);
-    range_list *fixed = calloc((size_t)(G * R), sizeof *fixed); /* [group][rank]: what is read anyway */
-    int64_t *left = malloc((size_t)(2 * R) * sizeof(int64_t)), *need = left + R;
+    if (G > s->groups || nc > s->max_chunks) /* dims_of's bounds: a bug if they are passed */
+        return dhsa__fail(DHSA_ERR_INTERNAL, "context parallel: %lld chunks in %lld groups, %lld in %lld planned",
+                          (long long)nc, (long long)G, (long long)s->max_chunks, (long long)s->groups);
+    unsigned char *allowed = s->allowed, *none = s->none;
+    double *agg = s->agg;
+    chunk_weight *order = s->order;
+    int64_t *left = s->left, *need = left + R;
     dhsa_status st = DHSA_OK;
-    if (!allowed || !none || !agg || !order || !fixed || !left) {
-        st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory for the fetch budget");
-        goto done;
-    }
     for (int64_t x = 0; x < G * nc; x++) agg[x] = -INFINITY;
+    /* what each group reads anyway of each other rank: the union over the
+     * pieces' blocks, marked per (group, rank), then collected */
     for (int64_t i = 0; i < s->n_pieces && !st; i++) {
         dhsa_attn_desc a = piece_desc(s, i);
         dhsa_layout *fx = NULL;
         if ((st = dhsa__kv_index_route_masked(s->ctx, ix, &a, none, agg, &fx))) break;
-        for (int64_t g = 0; g < G && !st; g++)
-            for (int64_t qb = 0; qb < fx->n_blocks && !st; qb++) {
+        for (int64_t g = 0; g < G; g++)
+            for (int64_t qb = 0; qb < fx->n_blocks; qb++) {
                 const int64_t *rg;
                 int64_t n;
                 dhsa_layout_get(fx, 0, g, qb, &rg, &n); /* G = 1: head 0 routes for all */
-                for (int64_t q = 0; q < R; q++) {
-                    if (q == me) continue;
-                    range_list *f = &fixed[g * R + q];
-                    int64_t c = map_ranges(S, R, q, rg, n, NULL);
-                    if (!list_reserve(f, c)) {
-                        st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory for the fetch budget");
-                        break;
-                    }
-                    f->n += map_ranges(S, R, q, rg, n, f->r + 2 * f->n);
-                }
+                for (int64_t q = 0; q < R; q++)
+                    if (q != me) mark_ranges(S, R, q, rg, n, s->fmarks + (size_t)(g * R + q) * (size_t)(s->cap + 1));
             }
         dhsa_layout_free(fx);
-        for (int64_t x = 0; x < G * R && !st; x++)
-            if (fixed[x].n) fixed[x].n = dhsa__ranges_normalise(fixed[x].r, fixed[x].n);
     }
+    for (int64_t x = 0; x < G * R; x++) /* always: the marks are zero again after */
+        s->nfixed[x] = collect_ranges(s->fmarks + (size_t)x * (size_t)(s->cap + 1), s->cap, s->fixed + 2 * x * s->rmax);
     for (int64_t g = 0; g < G && !st; g++) {
         for (int64_t q = 0; q < R; q++) {
             const int64_t vis = dist_visible(s, q);
             int64_t budget = (int64_t)floor(F * (double)vis);
             while (budget > 0 && (double)budget / (double)vis > F) budget--; /* the share, as counted, <= F */
-            const range_list *f = &fixed[g * R + q];
+            const int64_t *f = s->fixed + 2 * (g * R + q) * s->rmax, nf = s->nfixed[g * R + q];
             left[q] = budget;
-            for (int64_t k = 0; k < f->n; k++) left[q] -= f->r[2 * k + 1] - f->r[2 * k];
+            for (int64_t k = 0; k < nf; k++) left[q] -= f[2 * k + 1] - f[2 * k];
         }
         int64_t n = 0;
         for (int64_t c = 0; c < nc; c++) {
@@ -644,8 +737,7 @@ static dhsa_status fetch_plan(dhsa__dist *s, unsigned char **out) {
                 const int64_t q = p % R, x0 = p * S > a ? p * S : a, x1 = (p + 1) * S < b ? (p + 1) * S : b;
                 if (q == me || x0 >= x1) continue;
                 const int64_t y0 = dist_count_before(S, R, q, x0), y1 = y0 + (x1 - x0);
-                const range_list *f = &fixed[g * R + q];
-                need[q] += (y1 - y0) - covered(f->r, f->n, y0, y1);
+                need[q] += (y1 - y0) - covered(s->fixed + 2 * (g * R + q) * s->rmax, s->nfixed[g * R + q], y0, y1);
             }
             int fits = 1;
             for (int64_t q = 0; q < R; q++) fits &= need[q] == 0 || need[q] <= left[q];
@@ -654,15 +746,7 @@ static dhsa_status fetch_plan(dhsa__dist *s, unsigned char **out) {
             allowed[g * nc + c] = 1;
         }
     }
-done:
-    for (int64_t x = 0; fixed && x < G * R; x++) free(fixed[x].r);
-    free(fixed);
-    free(left);
-    free(order);
-    free(agg);
-    free(none);
-    if (st) free(allowed);
-    else *out = allowed;
+    if (!st) *out = allowed;
     return st;
 }
 
@@ -682,17 +766,23 @@ static dhsa_status dist_prefill_dhsa(dhsa__dist *s) {
     dhsa_status st = dist_relay(s, s->len, s->dist_end);
     if (st) return st;
     const int64_t np = s->n_pieces;
-    dhsa_layout **gl = calloc((size_t)(np ? np : 1), sizeof *gl);
-    int64_t *nreq = calloc((size_t)(R * nl), sizeof *nreq), *ngot = calloc((size_t)(R * nl), sizeof *ngot);
-    int64_t **req = calloc((size_t)(R * nl), sizeof *req), **pre = calloc((size_t)(R * nl), sizeof *pre);
-    size_t *sb = calloc((size_t)R, sizeof *sb), *rb = calloc((size_t)R, sizeof *rb);
-    int64_t *inbox = NULL, *outbox = NULL, *nh = calloc((size_t)Hkv, sizeof *nh);
-    unsigned char *allowed = NULL;
-    if (!gl || !nreq || !ngot || !req || !pre || !sb || !rb || !nh) {
-        st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
-        goto done;
+    dhsa_layout **gl = s->gl;
+    int64_t *nreq = s->nreq, *ngot = s->ngot, **req = s->req, **pre = s->pre;
+    size_t *sb = s->sb, *rb = s->rb;
+    int64_t *inbox = s->inbox, *outbox = s->reqs, *nh = s->nh;
+    const unsigned char *allowed = NULL;
+    for (int64_t i = 0; i < np; i++) gl[i] = NULL;
+    for (int64_t x = 0; x < R * nl; x++) { /* list x: rank x / nl, its KV head x % nl (nl = Hkv) */
+        nreq[x] = ngot[x] = 0;
+        req[x] = s->reqs;
+        pre[x] = s->pres + x;
+        pre[x][0] = 0;
     }
-    if (s->fetch_share > 0) st = fetch_plan(s, &allowed);
+    if (s->fetch_share > 0) {
+        unsigned char *al = NULL;
+        st = fetch_plan(s, &al);
+        allowed = al;
+    }
     /* route every piece over the whole context (the index holds it all) */
     for (int64_t i = 0; i < np && !st; i++) {
         dhsa_attn_desc a = piece_desc(s, i);
@@ -710,26 +800,23 @@ static dhsa_status dist_prefill_dhsa(dhsa__dist *s) {
     }
     /* what to ask of each rank: the union of the pieces' selections it
      * holds, over the KV heads (nl = 1) or per head (nl = Hkv) */
-    for (int64_t q = 0; q < R && !st; q++) {
+    for (int64_t x = 0, at = 0; x < R * nl && !st; x++) { /* back to back in the outbox, in rank order */
+        const int64_t q = x / nl, h = x % nl, g0 = nl == 1 ? 0 : h, g1 = nl == 1 ? Hkv : h + 1;
+        req[x] = s->reqs + 2 * at;
+        pre[x] = s->pres + at + x;
+        pre[x][0] = 0;
         if (q == me) continue;
-        for (int64_t h = 0; h < nl && !st; h++) {
-            const int64_t g0 = nl == 1 ? 0 : h, g1 = nl == 1 ? Hkv : h + 1, x = q * nl + h;
-            int64_t tot = rank_ranges(gl, np, g0, g1, S, R, q, NULL);
-            req[x] = malloc((size_t)(tot + 1) * 2 * sizeof(int64_t));
-            if (!req[x]) {
-                st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
-                break;
-            }
-            int64_t k = rank_ranges(gl, np, g0, g1, S, R, q, req[x]);
-            nreq[x] = dhsa__ranges_normalise(req[x], k);
-            pre[x] = malloc((size_t)(nreq[x] + 1) * sizeof(int64_t));
-            if (!pre[x]) {
-                st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
-                break;
-            }
-            pre[x][0] = 0;
-            for (int64_t j = 0; j < nreq[x]; j++) pre[x][j + 1] = pre[x][j] + req[x][2 * j + 1] - req[x][2 * j];
-        }
+        for (int64_t i = 0; i < np; i++)
+            for (int64_t g = g0; g < g1; g++)
+                for (int64_t qb = 0; qb < gl[i]->n_blocks; qb++) {
+                    const int64_t *rg;
+                    int64_t n;
+                    dhsa_layout_get(gl[i], 0, g, qb, &rg, &n);
+                    mark_ranges(S, R, q, rg, n, s->marks);
+                }
+        nreq[x] = collect_ranges(s->marks, s->cap, req[x]);
+        for (int64_t j = 0; j < nreq[x]; j++) pre[x][j + 1] = pre[x][j] + req[x][2 * j + 1] - req[x][2 * j];
+        at += nreq[x];
     }
     /* A failure above still takes part in the exchanges (with nothing
      * asked), so that the other ranks are not left waiting. */
@@ -743,17 +830,15 @@ static dhsa_status dist_prefill_dhsa(dhsa__dist *s) {
         n_out += x / nl == me ? 0 : nreq[x];
         n_in += x / nl == me ? 0 : ngot[x];
     }
-    outbox = malloc((size_t)(n_out + 1) * 2 * sizeof(int64_t));
-    inbox = malloc((size_t)(n_in + 1) * 2 * sizeof(int64_t));
-    if (!outbox || !inbox) {
-        st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
+    (void)n_out;
+    if (n_in > R * nl * s->rmax) { /* each list is normalised in this rank's cap slots: a bug if passed */
+        st = dhsa__fail(DHSA_ERR_INTERNAL, "context parallel: %lld key ranges asked of rank %lld, %lld planned",
+                        (long long)n_in, (long long)me, (long long)(R * nl * s->rmax));
         goto done;
     }
-    for (int64_t q = 0, k = 0; q < R; q++) {
+    for (int64_t q = 0; q < R; q++) {
         int64_t n_q = 0, g_q = 0;
         for (int64_t h = 0; q != me && h < nl; h++) {
-            if (nreq[q * nl + h]) memcpy(outbox + 2 * k, req[q * nl + h], (size_t)nreq[q * nl + h] * 2 * sizeof(int64_t));
-            k += nreq[q * nl + h];
             n_q += nreq[q * nl + h];
             g_q += ngot[q * nl + h];
         }
@@ -778,7 +863,7 @@ static dhsa_status dist_prefill_dhsa(dhsa__dist *s) {
         int64_t rows_in = 0, n_most = 0;
         for (int64_t g = 0; g < Hkv; g++) {
             const int64_t x = from * nl + (nl == 1 ? 0 : g);
-            nh[g] = from == me || !pre[x] ? 0 : pre[x][nreq[x]];
+            nh[g] = from == me ? 0 : pre[x][nreq[x]];
             rows_in += nh[g];
             n_most = nh[g] > n_most ? nh[g] : n_most;
         }
@@ -808,22 +893,7 @@ static dhsa_status dist_prefill_dhsa(dhsa__dist *s) {
         }
     }
 done:
-    for (int64_t i = 0; gl && i < np; i++) dhsa_layout_free(gl[i]);
-    for (int64_t x = 0; x < R * nl; x++) {
-        if (req) free(req[x]);
-        if (pre) free(pre[x]);
-    }
-    free(gl);
-    free(nreq);
-    free(ngot);
-    free(req);
-    free(pre);
-    free(sb);
-    free(rb);
-    free(inbox);
-    free(outbox);
-    free(nh);
-    free(allowed);
+    for (int64_t i = 0; i < np; i++) dhsa_layout_free(gl[i]);
     return st;
 }
 
@@ -921,13 +991,9 @@ static dhsa_status dist_decode(dhsa__dist *s) {
     }
     dhsa_layout_free(ll);
     dhsa_layout_free(gl);
-    void *own;
-    float *all = scratch(s, 0, (size_t)(R * row) * sizeof(float), &own);
-    if (!all) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
-    if (d->allgather(d->user, mine, (size_t)row * sizeof(float), all, why)) {
-        free(own);
+    float *all = s->gather;
+    if (d->allgather(d->user, mine, (size_t)row * sizeof(float), all, why))
         return dist_fail("gathering the decode partials", why);
-    }
     s->dst.partial += (double)((R - 1) * row) * sizeof(float);
     memcpy(s->att, all, (size_t)(Hq * hv) * sizeof(float));
     memcpy(s->lse1, all + Hq * hv, (size_t)Hq * sizeof(float));
@@ -935,7 +1001,6 @@ static dhsa_status dist_decode(dhsa__dist *s) {
         dhsa_status ms = lse_merge(s->att, s->lse1, all + q * row, all + q * row + Hq * hv, 1, Hq, hv);
         if (!st) st = ms;
     }
-    free(own);
     return st;
 }
 
@@ -992,15 +1057,9 @@ dhsa_status dhsa__dist_begin(dhsa__dist *s, int64_t len, const int32_t *ids, int
     if (n_own > s->cap)
         return dhsa__fail(DHSA_ERR_TOO_LARGE, "context parallel: %lld positions of this prefill are rank %lld's, its "
                           "buffers hold %lld", (long long)n_own, (long long)me, (long long)s->cap);
-    s->own = malloc((size_t)(n_own + 1) * sizeof *s->own);
-    s->pieces = malloc((size_t)(n / S + 3) * sizeof *s->pieces);
-    if (!s->own || !s->pieces) {
-        free(s->own);
-        free(s->pieces);
-        s->own = NULL;
-        s->pieces = NULL;
-        return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
-    }
+    if (n / S + 3 > s->max_pieces) /* n <= n_ctx - len: a bug if passed */
+        return dhsa__fail(DHSA_ERR_INTERNAL, "context parallel: a prefill of %lld tokens in pieces of %lld",
+                          (long long)n, (long long)S);
     s->n_pieces = 0;
     int64_t r = 0;
     for (int64_t g = len; g < end;) {
@@ -1038,10 +1097,6 @@ dhsa_status dhsa__dist_end(dhsa__dist *s, dhsa_status st, float *logits) {
         s->len++;
         return DHSA_OK;
     }
-    free(s->own);
-    free(s->pieces);
-    s->own = NULL;
-    s->pieces = NULL;
     if (st) return st;
     char why[256] = "";
     const int64_t last_owner = ((s->dist_end - 1) / S) % R;

@@ -49,10 +49,12 @@ typedef struct {
 } dhsa__dist_buffers;
 
 /* One rank's state for a session of params p (dhsa__dist_on) over n_ctx
- * positions; its buffers come from ctx (and two page-aligned shard
- * buffers), freed by dhsa__dist_free. */
-dhsa_status dhsa__dist_create(dhsa_ctx *ctx, const dhsa_model_info *in, const dhsa_session_params *p, int64_t n_ctx,
-                              const dhsa__dist_buffers *buf, dhsa__dist **out);
+ * positions, rp the method's router parameters: every buffer an eval uses
+ * (dhsa__dist_plan counted them) comes from one ctx allocation and two
+ * page-aligned shard buffers, made here and freed by dhsa__dist_free. */
+dhsa_status dhsa__dist_create(dhsa_ctx *ctx, const dhsa_model_info *in, const dhsa_session_params *p,
+                              const dhsa_router_params *rp, int64_t n_ctx, const dhsa__dist_buffers *buf,
+                              dhsa__dist **out);
 void dhsa__dist_free(dhsa__dist *d);
 /* An empty sequence again (the session's reset); the statistics too. */
 void dhsa__dist_reset(dhsa__dist *d);
