@@ -31,7 +31,7 @@
 #include "core/internal.h"
 #include "dhsa.h"
 #include "matmul/amx.h"
-#include "matmul/quant.h"
+#include "matmul/matmul.h"
 #include "rng.h"
 #include "t.h"
 

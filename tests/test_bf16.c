@@ -45,7 +45,7 @@
 #include "core/internal.h"
 #include "dhsa.h"
 #include "matmul/bf16.h"
-#include "matmul/quant.h"
+#include "matmul/matmul.h"
 #include "rng.h"
 #include "t.h"
 
@@ -503,7 +503,7 @@ static void test_dispatch(void) {
                            : !here ? NULL
                            : m == DHSA__BF16_OFF ? "f32 avx512 (DHSA_BF16=off)" : "f32 avx512 (avx512-bf16 slower here)";
         for (int ti = 0; ti < 2; ti++) {
-            const char *got = dhsa__matmul_route_name(DHSA_MM_FAST, ti ? DHSA_GGML_BF16 : DHSA_GGML_F16);
+            const char *got = dhsa__matmul_path_name(DHSA_MM_FAST, ti ? DHSA_GGML_BF16 : DHSA_GGML_F16);
             T_CHECK(want ? strcmp(got, want) == 0 : strncmp(got, "f32 ", 4) == 0 && !strchr(got, '('),
                     "mode %d, %s fast route (ISA %s): %s (want %s)", m, ti ? "BF16" : "F16", dhsa_isa_name(isa), got,
                     want ? want : "f32 and no reason");
@@ -513,19 +513,19 @@ static void test_dispatch(void) {
                 dhsa__bf16_kernels_active() != NULL, dhsa__bf16_off_reason() != NULL);
     }
     dhsa__set_bf16_mode(DHSA__BF16_ON);
-    T_CHECK(strncmp(dhsa__matmul_route_name(DHSA_MM_EXACT, DHSA_GGML_F16), "f32 ", 4) == 0 &&
-                strncmp(dhsa__matmul_route_name(DHSA_MM_EXACT, DHSA_GGML_BF16), "f32 ", 4) == 0 &&
-                strncmp(dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_F32), "f32 ", 4) == 0,
+    T_CHECK(strncmp(dhsa__matmul_path_name(DHSA_MM_EXACT, DHSA_GGML_F16), "f32 ", 4) == 0 &&
+                strncmp(dhsa__matmul_path_name(DHSA_MM_EXACT, DHSA_GGML_BF16), "f32 ", 4) == 0 &&
+                strncmp(dhsa__matmul_path_name(DHSA_MM_FAST, DHSA_GGML_F32), "f32 ", 4) == 0,
             "the exact route stays F32, and F32 weights take it");
     if (dhsa_set_isa(DHSA_ISA_AVX2) == DHSA_OK) {
-        T_CHECK(strcmp(dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_BF16), "f32 avx2") == 0,
+        T_CHECK(strcmp(dhsa__matmul_path_name(DHSA_MM_FAST, DHSA_GGML_BF16), "f32 avx2") == 0,
                 "ISA avx2, BF16 on: BF16 weights take the exact AVX2 route (%s)",
-                dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_BF16));
+                dhsa__matmul_path_name(DHSA_MM_FAST, DHSA_GGML_BF16));
     } else {
         T_SKIP(1, "no AVX2 here: the AVX2 ISA's route");
     }
     dhsa_set_isa(DHSA_ISA_SCALAR);
-    T_CHECK(strcmp(dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_F16), "f32 scalar") == 0,
+    T_CHECK(strcmp(dhsa__matmul_path_name(DHSA_MM_FAST, DHSA_GGML_F16), "f32 scalar") == 0,
             "ISA scalar, BF16 on: F16 weights take the exact scalar route");
     dhsa_set_isa(isa);
 
@@ -548,7 +548,7 @@ static void test_dispatch(void) {
         same &= memcmp(y, yr, sizeof(float) * (size_t)(nt * 70)) == 0;
     }
     T_CHECK(same, "dhsa__matmul_on: the fast route runs %s, the exact one dhsa__matmul (bitwise, 1 and 5 tokens)",
-            dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_F16));
+            dhsa__matmul_path_name(DHSA_MM_FAST, DHSA_GGML_F16));
     free(x);
     free(y);
     free(yr);

@@ -32,7 +32,7 @@
 #include "core/internal.h"
 #include "dhsa.h"
 #include "matmul/int8.h"
-#include "matmul/quant.h"
+#include "matmul/matmul.h"
 #include "t.h"
 
 #include <math.h>
@@ -681,13 +681,13 @@ static void test_multi(void) {
 
 static void test_dispatch(void) {
     const dhsa_isa isa = dhsa_active_isa();
-    const char *qk_name = dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_Q4_K);
+    const char *qk_name = dhsa__matmul_path_name(DHSA_MM_FAST, DHSA_GGML_Q4_K);
     /* (F16 and BF16 weights: tests/test_bf16.c) */
-    T_CHECK(strstr(dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_F32), "f32") != NULL &&
-                strstr(dhsa__matmul_route_name(DHSA_MM_EXACT, DHSA_GGML_Q4_K), "f32") != NULL,
+    T_CHECK(strstr(dhsa__matmul_path_name(DHSA_MM_FAST, DHSA_GGML_F32), "f32") != NULL &&
+                strstr(dhsa__matmul_path_name(DHSA_MM_EXACT, DHSA_GGML_Q4_K), "f32") != NULL,
             "F32 weights and the exact route name the F32 route");
     const dhsa__qi_kernels *act = dhsa__qi_kernels_active();
-    T_CHECK(strcmp(qk_name, act ? dhsa__qi_route_name(act) : qk_name) == 0 && (strstr(qk_name, "int8") != NULL) == (act != NULL),
+    T_CHECK(strcmp(qk_name, act ? dhsa__qi_path_name(act) : qk_name) == 0 && (strstr(qk_name, "int8") != NULL) == (act != NULL),
             "fast route for Q4_K: %s", qk_name);
     /* each cap, at the best ISA: the best kernel set within it */
     dhsa_set_isa(DHSA_ISA_AVX512);
@@ -704,7 +704,7 @@ static void test_dispatch(void) {
             if (runs && (l < DHSA__IDOT_AVX512VNNI || best == DHSA_ISA_AVX512) && (l > DHSA__IDOT_AVX2 || best >= DHSA_ISA_AVX2))
                 want = want_name[l];
         }
-        const char *got = dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_Q6_K);
+        const char *got = dhsa__matmul_path_name(DHSA_MM_FAST, DHSA_GGML_Q6_K);
         T_CHECK(want ? strcmp(got, want) == 0 : strncmp(got, "f32", 3) == 0,
                 "cap %s at ISA %s: fast route for Q6_K %s (want %s)", dhsa__idot_name((dhsa__idot)cap),
                 dhsa_isa_name(best), got, want ? want : "f32");
@@ -714,17 +714,17 @@ static void test_dispatch(void) {
     if (dhsa_set_isa(DHSA_ISA_AVX2) == DHSA_OK) {
         int vnni_runs;
         kset(1, &vnni_runs);
-        const char *got = dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_Q8_0);
+        const char *got = dhsa__matmul_path_name(DHSA_MM_FAST, DHSA_GGML_Q8_0);
         T_CHECK(strcmp(got, vnni_runs ? "int8 avx-vnni" : "int8 avx2") == 0, "ISA avx2: fast route for Q8_0 %s", got);
     } else {
         T_SKIP(1, "no AVX2 here: the AVX2 ISA's route");
     }
     dhsa_set_isa(DHSA_ISA_SCALAR);
-    T_CHECK(strcmp(dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_Q8_0), "f32 scalar") == 0,
+    T_CHECK(strcmp(dhsa__matmul_path_name(DHSA_MM_FAST, DHSA_GGML_Q8_0), "f32 scalar") == 0,
             "ISA scalar: the fast route is the exact scalar one");
     dhsa_set_isa(isa);
     dhsa__set_idot_cap(cap0);
-    T_CHECK(strcmp(dhsa__matmul_route_name(DHSA_MM_FAST, DHSA_GGML_Q4_K), qk_name) == 0, "ISA and cap restored: %s",
+    T_CHECK(strcmp(dhsa__matmul_path_name(DHSA_MM_FAST, DHSA_GGML_Q4_K), qk_name) == 0, "ISA and cap restored: %s",
             qk_name);
     /* decode of the types AVX512-VNNI does not read from the file takes the
      * exact route (quant.c), said in the route name; prefill stays integer */
@@ -736,10 +736,10 @@ static void test_dispatch(void) {
         for (size_t i = 0; i < sizeof slow / sizeof slow[0]; i++)
             ok &= dhsa__qi_fused_exact(act, slow[i]) && !dhsa__matmul_fast_covers(slow[i], 1) &&
                   !dhsa__matmul_fast_covers(slow[i], 4) && dhsa__matmul_fast_covers(slow[i], 5) &&
-                  strstr(dhsa__matmul_route_name(DHSA_MM_FAST, slow[i]), "decode f32") != NULL;
+                  strstr(dhsa__matmul_path_name(DHSA_MM_FAST, slow[i]), "decode f32") != NULL;
         for (size_t i = 0; i < sizeof filed / sizeof filed[0]; i++)
             ok &= !dhsa__qi_fused_exact(act, filed[i]) && dhsa__matmul_fast_covers(filed[i], 1) &&
-                  strstr(dhsa__matmul_route_name(DHSA_MM_FAST, filed[i]), "decode") == NULL;
+                  strstr(dhsa__matmul_path_name(DHSA_MM_FAST, filed[i]), "decode") == NULL;
         T_CHECK(ok, "avx512-vnni: decode of Q4_0 ... Q3_K on the exact route (named), of Q8_0 and Q4_K-Q6_K from the file");
         /* and the fast route's decode of Q4_0 is the exact route's, bitwise */
         dhsa_ctx_params cp = dhsa_ctx_default_params();

@@ -1,4 +1,4 @@
-/* test_quant.c: tests of the weight types and products (src/matmul/quant.h).
+/* test_quant.c: tests of the weight types and products (src/matmul/formats.h, matmul.h).
  *
  * Oracle: a slow decoder written here from the format description, reading
  * every code and scale by bit position (bits()), with its own f16/bf16
@@ -24,7 +24,7 @@
  */
 #include "dhsa.h"
 #include "llm_ref.h"
-#include "matmul/quant.h"
+#include "matmul/matmul.h"
 #include "t.h"
 
 #include <math.h>

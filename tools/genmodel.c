@@ -25,7 +25,7 @@
 
 #include "cli.h"
 #include "dhsa.h"
-#include "matmul/quant.h"
+#include "matmul/formats.h"
 
 #define EXIT_RUN DHSA_EXIT_RUN
 #define EXIT_USAGE DHSA_EXIT_USAGE

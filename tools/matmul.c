@@ -1,5 +1,5 @@
 /* matmul.c: `dhsa bench matmul`, the weight products of the model runner
- * (src/matmul/quant.h) on one shape, per weight type: checks the active ISA
+ * (src/matmul/matmul.h) on one shape, per weight type: checks the active ISA
  * against the scalar path first (refusing to time a wrong result), then
  * times dhsa__matmul and prints a table: median of --runs, GFLOP/s, the share
  * of the fp32 FMA peak measured in the same run and, for few tokens, the
@@ -20,7 +20,7 @@
 #include "matmul/amx.h"
 #include "matmul/bf16.h"
 #include "matmul/int8.h"
-#include "matmul/quant.h"
+#include "matmul/matmul.h"
 #include "lib/peak.h"
 
 const char dhsa_cli_bench_matmul_usage[] =
@@ -505,7 +505,7 @@ int dhsa_cli_bench_matmul(int argc, char **argv) {
                 if (ri == 1 && do_fast && !rr->covered) {
                     const int before = dhsa__set_amx_cap(0);
                     printf("%-6s %-16s (exact: %s)\n", dhsa_ggml_type_name(types[ti]), "fast",
-                           dhsa__matmul_route_name(DHSA_MM_FAST, types[ti]));
+                           dhsa__matmul_path_name(DHSA_MM_FAST, types[ti]));
                     dhsa__set_amx_cap(before);
                     continue;
                 }

@@ -1,7 +1,7 @@
-/* amx_amx.c: the AMX kernels of the AMX route (contract in amx.h).
+/* amx_amx.c: the AMX kernels of the AMX path (contract in amx.h).
  * Compiled with the AVX-512, AVX512-BF16 and AMX flags by the Makefile
  * where the compiler knows them; elsewhere this file leaves the kernels'
- * name NULL and prefill keeps the other routes. Chosen at run time
+ * name NULL and prefill keeps the other paths. Chosen at run time
  * (dhsa__amx_active: CPUID, XCR0, the kernel's grant of the tile data).
  *
  *   pack16  16 rows of BF16 into the B layout: per 32 columns a 16 x 16

@@ -1,4 +1,4 @@
-/* bf16.c: the BF16 route of the weight products (contract in bf16.h,
+/* bf16.c: the BF16 path of the weight products (contract in bf16.h,
  * numbers in docs/quant.md): the rounding of activations, the scalar
  * kernels that write the contract's order out in C (the reference of
  * bf16_avx512bf16.c), the choice of kernels (DHSA_BF16, the probe of
@@ -16,6 +16,7 @@
  * Run: make build/tests/test_bf16 && build/tests/test_bf16.
  */
 #include "matmul/bf16.h"
+#include "matmul/path.h"
 
 #include "core/internal.h"
 
@@ -61,7 +62,7 @@ static void to_bf16_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64_
     for (int64_t i = kn; i < kp; i++) dst[i] = 0;
 }
 
-/* quant.h's lane tree on 16 lanes */
+/* f32.h's lane tree on 16 lanes */
 static float tree16(const float *s) {
     float a[8], b[4];
     for (int j = 0; j < 8; j++) a[j] = s[j] + s[j + 8];
@@ -106,7 +107,7 @@ const dhsa__bf16_kernels dhsa__bf16_scalar = {"scalar", 4, S_MR, S_NR, round_act
 /* ------------------------------------------------------------- choice --- */
 
 /* A vdpbf16ps (32 multiply-adds) must cost at most this many FMA (16 each)
- * for the route to pay. */
+ * for the path to pay. */
 #define BF16_PAYS_RATIO 2.0
 
 static atomic_int mode = -1; /* -1: DHSA_BF16 not read yet */
@@ -168,30 +169,20 @@ const char *dhsa__bf16_off_reason(void) {
     return mode_now() == DHSA__BF16_OFF ? "DHSA_BF16=off" : "avx512-bf16 slower here";
 }
 
-const char *dhsa__bf16_route_name(const dhsa__bf16_kernels *k) {
+const char *dhsa__bf16_path_name(const dhsa__bf16_kernels *k) {
 #if defined(__x86_64__)
     if (k == &dhsa__bf16_avx512bf16) return "bf16 avx512-bf16";
 #endif
     return k == &dhsa__bf16_scalar ? "bf16 scalar" : "bf16";
 }
 
-/* ------------------------------------------------------------- driver --- */
+/* --------------------------------------------------------- the path --- */
 
-
-/* Rows per panel, and task sizes as the exact route's (quant.c). */
+/* Rows per panel, and task sizes as the exact path's (f32.c). */
 #define DHSA_BF_PANEL 64
 #define BF_FUSED_CHUNK_BYTES (64 * 1024)
 #define BF_FUSED_TASK_BYTES (128 * 1024)
 #define BF_PANEL_TASK_FLOPS (4.0e6)
-
-typedef struct {
-    int fused;
-    int64_t ldxb;          /* activation row stride, BF16 values */
-    size_t act_bytes;      /* all tokens' activations, 64-byte rounded */
-    int64_t unit_rows, n_units, n_tasks;
-    int64_t ldb;           /* panel buffer row stride, BF16 values */
-    size_t per_thread, ws;
-} bf_plan;
 
 /* A row stride of n values (a multiple of 32) that is not a multiple of
  * 4 KiB: rows read together then do not fight over the same L1 sets. */
@@ -200,20 +191,28 @@ static int64_t stride_of(int64_t n) {
     return (s * 2) % 4096 == 0 ? s + 32 : s;
 }
 
-static bf_plan bf_make_plan(const dhsa__bf16_kernels *k, int64_t n_in, int64_t n_out, int64_t n_tok, int n_threads) {
-    bf_plan p;
-    memset(&p, 0, sizeof p);
+/* Scratch: every token's activations as BF16 ([n_tok][lda]), then (panel
+ * form) each thread's panel of BF16 rows ([unit_rows][ldb]). */
+static void bf_plan(dhsa__mm_plan *pp, uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok, int n_threads) {
+    (void)type;
+    const dhsa__bf16_kernels *k = pp->k;
+    dhsa__mm_plan p = *pp;
     p.fused = n_tok <= k->max_tok_fused;
-    p.ldxb = stride_of(n_in);
-    p.act_bytes = (size_t)round_up(n_tok * p.ldxb * 2, 64);
+    p.lda = stride_of(n_in);
+    p.act_bytes = (size_t)round_up(n_tok * p.lda * 2, 64);
+    p.prep_tok = n_tok;
+    p.prep_inline = n_tok <= 8;
+    p.n_prep = n_tok <= 8 ? n_tok : n_tok < 64 ? n_tok : 64;
     const int64_t row_bytes = 2 * n_in;
     if (p.fused) {
+        p.span = 1;
         p.unit_rows = round_up(ceil_div(BF_FUSED_CHUNK_BYTES, row_bytes), 4);
         p.n_units = ceil_div(n_out, p.unit_rows);
         double t = (double)row_bytes * (double)n_out / BF_FUSED_TASK_BYTES;
         p.n_tasks = t < 1.0 ? 1 : t > (double)p.n_units ? p.n_units : (int64_t)t;
         p.ws = p.act_bytes;
-        return p;
+        *pp = p;
+        return;
     }
     int64_t rows = n_out < DHSA_BF_PANEL ? n_out : DHSA_BF_PANEL;
     p.unit_rows = round_up(rows, k->nr);
@@ -224,38 +223,21 @@ static bf_plan bf_make_plan(const dhsa__bf16_kernels *k, int64_t n_in, int64_t n
     p.per_thread = (size_t)round_up(p.unit_rows * p.ldb * 2, 64);
     int users = p.n_tasks == 1 || n_threads <= 1 ? 1 : n_threads;
     p.ws = p.act_bytes + (size_t)users * p.per_thread;
-    return p;
+    *pp = p;
 }
 
-typedef struct {
-    const dhsa__bf16_kernels *k;
-    const dhsa_wmat *W;
-    const float *x;
-    int64_t ldx, n_tok;
-    float *y;
-    int64_t ldy;
-    bf_plan p;
-    char *ws;
-    uint16_t *xb; /* [n_tok][ldxb] */
-} bf_job;
-
-static void round_task(void *arg, int64_t task, int thread) {
-    (void)thread;
-    const bf_job *j = arg;
-    int64_t t0 = task * j->n_tok / 64, t1 = (task + 1) * j->n_tok / 64;
-    if (j->n_tok < 64) {
-        t0 = task;
-        t1 = task + 1;
-    }
-    for (int64_t t = t0; t < t1; t++) j->k->round_act(j->x + t * j->ldx, j->W->n_in, j->p.ldxb, j->xb + t * j->p.ldxb);
+static void bf_prepare(const dhsa__mm_job *j, int64_t t0, int64_t t1) {
+    const dhsa__bf16_kernels *k = j->p->k;
+    for (int64_t t = t0; t < t1; t++)
+        k->round_act(j->x + t * j->ldx, j->W->n_in, j->p->lda, (uint16_t *)j->act + t * j->p->lda);
 }
 
 /* One panel: rows [o0, o0 + np), every K block, every token. */
-static void panel(const bf_job *j, int64_t o0, int64_t np, uint16_t *buf) {
-    const dhsa__bf16_kernels *k = j->k;
+static void panel(const dhsa__mm_job *j, int64_t o0, int64_t np, uint16_t *buf) {
+    const dhsa__bf16_kernels *k = j->p->k;
     const dhsa_wmat *W = j->W;
     const int mr = k->mr, nr = k->nr;
-    const int64_t ldb = j->p.ldb, n_in = W->n_in, n_tok = j->n_tok, np_pad = round_up(np, nr);
+    const int64_t ldb = j->p->ldb, n_in = W->n_in, n_tok = j->n_tok, np_pad = round_up(np, nr);
     float out[64]; /* mr * nr */
     const uint16_t *X[16]; /* mr token rows */
     for (int64_t k0 = 0; k0 < n_in; k0 += DHSA_QK_KC) {
@@ -267,7 +249,7 @@ static void panel(const bf_job *j, int64_t o0, int64_t np, uint16_t *buf) {
         for (int64_t t0 = 0; t0 < n_tok; t0 += mr) {
             const int nt = n_tok - t0 < mr ? (int)(n_tok - t0) : mr;
             /* tokens past the last repeat it, their results dropped */
-            for (int t = 0; t < mr; t++) X[t] = j->xb + (t0 + (t < nt ? t : nt - 1)) * j->p.ldxb + k0;
+            for (int t = 0; t < mr; t++) X[t] = (const uint16_t *)j->act + (t0 + (t < nt ? t : nt - 1)) * j->p->lda + k0;
             for (int64_t r0 = 0; r0 < np; r0 += nr) {
                 k->tile(buf + r0 * ldb, ldb, X, kp, out);
                 const int vr = np - r0 < nr ? (int)(np - r0) : nr;
@@ -280,31 +262,32 @@ static void panel(const bf_job *j, int64_t o0, int64_t np, uint16_t *buf) {
     }
 }
 
-static void mm_task(void *arg, int64_t task, int thread) {
-    const bf_job *j = arg;
-    const int64_t u0 = task * j->p.n_units / j->p.n_tasks, u1 = (task + 1) * j->p.n_units / j->p.n_tasks;
+static void bf_rows(dhsa__mm_job *j, int64_t o0, int64_t o1, char *buf) {
+    const dhsa__bf16_kernels *k = j->p->k;
     const dhsa_wmat *W = j->W;
-    if (j->p.fused) {
-        int64_t o0 = u0 * j->p.unit_rows, o1 = u1 * j->p.unit_rows;
-        if (o1 > W->n_out) o1 = W->n_out;
-        j->k->gemv(W->type, (const uint8_t *)W->data + o0 * W->row_bytes, W->row_bytes, o1 - o0, W->n_in, j->xb,
-                   j->p.ldxb, j->n_tok, j->y + o0, j->ldy);
+    if (j->p->fused) {
+        k->gemv(W->type, (const uint8_t *)W->data + o0 * W->row_bytes, W->row_bytes, o1 - o0, W->n_in,
+                (const uint16_t *)j->act, j->p->lda, j->n_tok, j->y + o0, j->ldy);
         return;
     }
-    uint16_t *buf = (uint16_t *)(j->ws + j->p.act_bytes + (j->p.n_tasks == 1 ? 0 : (size_t)thread * j->p.per_thread));
-    for (int64_t u = u0; u < u1; u++) {
-        const int64_t o0 = u * j->p.unit_rows;
-        const int64_t np = W->n_out - o0 < j->p.unit_rows ? W->n_out - o0 : j->p.unit_rows;
-        panel(j, o0, np, buf);
-    }
+    panel(j, o0, o1 - o0, (uint16_t *)buf);
 }
+
+/* F16 and BF16; x rounded to BF16 first. */
+const dhsa__path_impl dhsa__path_bf16 = {"dhsa__bf16_matmul", {0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, bf_plan,
+                                         bf_prepare, bf_rows, 0};
 
 int dhsa__bf16_fused(const dhsa__bf16_kernels *k, int64_t n_tok) { return k && n_tok <= k->max_tok_fused; }
 
+static dhsa__mm_plan plan_of(const dhsa__bf16_kernels *k, uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok,
+                             int n_threads) {
+    return dhsa__mm_plan_with(&dhsa__path_bf16, k, k ? dhsa__bf16_path_name(k) : NULL, type, n_in, n_out, n_tok,
+                              n_threads);
+}
+
 size_t dhsa__bf16_workspace(const dhsa__bf16_kernels *k, uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok,
                             int n_threads) {
-    if (!k || !dhsa__bf16_type(type) || n_in <= 0 || n_out <= 0 || n_tok <= 0) return 0;
-    return bf_make_plan(k, n_in, n_out, n_tok, n_threads).ws;
+    return plan_of(k, type, n_in, n_out, n_tok, n_threads).ws;
 }
 
 dhsa_status dhsa__bf16_matmul(dhsa_ctx *ctx, const dhsa__bf16_kernels *k, const dhsa_wmat *W, const float *x,
@@ -312,32 +295,8 @@ dhsa_status dhsa__bf16_matmul(dhsa_ctx *ctx, const dhsa__bf16_kernels *k, const 
     if (!ctx || !k || !W || !x || !y || !W->data)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__bf16_matmul: ctx, k, W, W->data, x and y must not be NULL");
     if (!dhsa__bf16_type(W->type))
-        return dhsa__fail(DHSA_ERR_UNSUPPORTED, "dhsa__bf16_matmul: weight type %u has no BF16 route", W->type);
+        return dhsa__fail(DHSA_ERR_UNSUPPORTED, "dhsa__bf16_matmul: weight type %u has no BF16 path", W->type);
     if (n_tok <= 0) return DHSA_OK;
-    bf_job j;
-    memset(&j, 0, sizeof j);
-    j.k = k;
-    j.W = W;
-    j.x = x;
-    j.ldx = ldx;
-    j.n_tok = n_tok;
-    j.y = y;
-    j.ldy = ldy;
-    j.p = bf_make_plan(k, W->n_in, W->n_out, n_tok, dhsa_ctx_n_threads(ctx));
-    dhsa_status st = DHSA_OK;
-    dhsa__ctx_lock(ctx);
-    j.ws = dhsa__scratch(ctx, j.p.ws, &st);
-    if (!j.ws) {
-        dhsa__ctx_unlock(ctx);
-        return st;
-    }
-    j.xb = (uint16_t *)j.ws;
-    /* few tokens: rounded here, sparing a second wake-up of the threads */
-    if (n_tok <= 8)
-        for (int64_t t = 0; t < n_tok; t++) round_task(&j, t, 0);
-    else
-        dhsa_parallel_for(ctx, n_tok < 64 ? n_tok : 64, round_task, &j);
-    dhsa_parallel_for(ctx, j.p.n_tasks, mm_task, &j);
-    dhsa__ctx_unlock(ctx);
-    return DHSA_OK;
+    const dhsa__mm_plan p = plan_of(k, W->type, W->n_in, W->n_out, n_tok, dhsa_ctx_n_threads(ctx));
+    return dhsa__mm_run(ctx, &p, W, x, ldx, n_tok, y, ldy);
 }

@@ -1,8 +1,8 @@
-/* bf16_avx512bf16.c: the AVX512-BF16 kernels of the BF16 route (contract
+/* bf16_avx512bf16.c: the AVX512-BF16 kernels of the BF16 path (contract
  * and summation order in bf16.h). Compiled with the AVX-512 flags and
  * -mavx512bf16 by the Makefile where the compiler knows it; elsewhere this
  * file leaves the kernels' name NULL and F16/BF16 weights take the exact
- * route. Chosen at run time (dhsa__bf16_isa_ok: CPUID, the active ISA; and
+ * path. Chosen at run time (dhsa__bf16_isa_ok: CPUID, the active ISA; and
  * whether they pay here, bf16.c).
  *
  * One vdpbf16ps multiplies 32 adjacent weights of a row, as pairs (k, k+1),
@@ -13,7 +13,7 @@
  *             padding past n_in from masked loads: zeros);
  *   fused     (decode) 4 rows x up to 4 tokens of accumulators, each row
  *             streamed once per 4 tokens and prefetched 2 row groups ahead
- *             into L2, as the exact route's fused kernels;
+ *             into L2, as the exact path's fused kernels;
  *   panel     (prefill) a 6 token x 4 row tile over a panel of BF16 rows:
  *             per 32 columns 4 weight loads, 6 activation loads and 24
  *             vdpbf16ps (24 accumulators, 29 of the 32 zmm).
@@ -165,7 +165,7 @@ static void tile(const uint16_t *W, int64_t ldw, const uint16_t *const *X, int64
 
 /* --------------------------------------------------------------- probe --- */
 
-/* Whether the route pays here is a property of the core, not of ISA flags:
+/* Whether the path pays here is a property of the core, not of ISA flags:
  * vdpbf16ps does 32 multiply-adds where vfmadd231ps does 16, but measured
  * on an Intel Xeon (Emerald Rapids) it issues once every 1.65 TSC ticks
  * against 0.41 for the FMA (half the F32 rate), where AMD documents Zen 4's
@@ -224,6 +224,6 @@ const dhsa__bf16_kernels dhsa__bf16_avx512bf16 = {"avx512-bf16", TMAX, MR, NR, r
 /* built without -mavx512bf16: no kernels (the name NULL says so) */
 const dhsa__bf16_kernels dhsa__bf16_avx512bf16 = {NULL, 0, 0, 0, NULL, NULL, NULL, NULL, NULL};
 #else
-typedef int dhsa__qbf16_avx512bf16_unused; /* ISO C forbids an empty file */
+typedef int dhsa__bf16_avx512bf16_unused; /* ISO C forbids an empty file */
 #endif
 #endif

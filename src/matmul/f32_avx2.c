@@ -1,5 +1,5 @@
 /* f32_avx2.c: AVX2 + FMA + F16C kernels of the weight products, for x86
- * machines without AVX-512 (contract and summation order in quant.h).
+ * machines without AVX-512 (contract and summation order in f32.h).
  * Compiled with -mavx2 -mfma -mf16c by the Makefile; elsewhere this file is
  * empty and the scalar path runs.
  *
@@ -7,9 +7,9 @@
  * go in with one FMA, (d*sc)*q - dmin*m, whose product is exact, so the
  * values are the format's exactly (the sign of zero included); so do
  * Q4_1/Q5_1's d*q + m and Q2_K/Q5_K's. IQ4_NL / IQ4_XS look their grid up
- * with pshufb on int8, then widen and scale (exact products). Fused route:
- * 4 rows x up to 2 tokens of accumulators (16 ymm registers). Panel route:
- * 3 tokens x 4 rows. Both reduce the 8 lanes by the tree of quant.c's
+ * with pshufb on int8, then widen and scale (exact products). Fused path:
+ * 4 rows x up to 2 tokens of accumulators (16 ymm registers). Panel path:
+ * 3 tokens x 4 rows. Both reduce the 8 lanes by the tree of f32.c's
  * scalar tile, so they agree bitwise with each other; they differ from the
  * scalar path only by FMA rounding.
  * Held to the scalar path by tests/test_quant.c.
@@ -18,12 +18,12 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "matmul/quant.h"
+#include "matmul/f32.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 16")
 #define R 4
-/* prefetch distance of the fused route, in row groups; into L2 (T1), so
+/* prefetch distance of the fused path, in row groups; into L2 (T1), so
  * that prefetches do not hold the L1 fill buffers the loads need */
 #define PF_GROUPS 2
 #define TMAX 2
@@ -127,7 +127,7 @@ INLINE void prep_q6_k(const uint8_t *blk, float *ds) {
     _mm256_storeu_ps(ds + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(sbytes8(blk + 200)), d));
 }
 
-/* Q6_K unit u (values 64u .. 64u+63) -> 8 vectors; see quant.c for the layout */
+/* Q6_K unit u (values 64u .. 64u+63) -> 8 vectors; see formats.c for the layout */
 INLINE void dec_q6_k(const uint8_t *blk, const float *ds, int u, __m256 w[8]) {
     const int n = u >> 1;
     __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * n));
@@ -158,7 +158,7 @@ INLINE void dec_q6_k(const uint8_t *blk, const float *ds, int u, __m256 w[8]) {
     }
 }
 
-/* ---- the types added for llama-quantize's mixes (layouts in quant.c) ---- */
+/* ---- the types added for llama-quantize's mixes (layouts in formats.c) ---- */
 
 INLINE int64_t blk_bytes(uint32_t type) {
     switch (type) {
@@ -508,74 +508,14 @@ INLINE void fused_tile(const uint32_t type, const int T, const uint8_t *const *w
     }
 }
 
-typedef void (*fused_fn)(const uint8_t *const *w, const float *x, int64_t ldx, int64_t n_in, int64_t pf, float *y,
-                         int64_t ldy, int nr);
+#include "matmul/f32_gemv.h"
 
-#define FUSED(NAME, TYPE)                                                                                           \
-    static void NAME##_1(const uint8_t *const *w, const float *x, int64_t ldx, int64_t n, int64_t pf, float *y,  \
-                         int64_t ldy, int nr) {                                                                      \
-        fused_tile(TYPE, 1, w, x, ldx, n, pf, y, ldy, nr);                                                          \
-    }                                                                                                               \
-    static void NAME##_2(const uint8_t *const *w, const float *x, int64_t ldx, int64_t n, int64_t pf, float *y,  \
-                         int64_t ldy, int nr) {                                                                      \
-        fused_tile(TYPE, 2, w, x, ldx, n, pf, y, ldy, nr);                                                          \
-    }                                                                                                               \
-    static const fused_fn NAME[TMAX + 1] = {NULL, NAME##_1, NAME##_2};
-
-FUSED(f_f32, DHSA_GGML_F32)
-FUSED(f_f16, DHSA_GGML_F16)
-FUSED(f_bf16, DHSA_GGML_BF16)
-FUSED(f_q8_0, DHSA_GGML_Q8_0)
-FUSED(f_q4_0, DHSA_GGML_Q4_0)
-FUSED(f_q4_k, DHSA_GGML_Q4_K)
-FUSED(f_q6_k, DHSA_GGML_Q6_K)
-FUSED(f_q4_1, DHSA_GGML_Q4_1)
-FUSED(f_q5_0, DHSA_GGML_Q5_0)
-FUSED(f_q5_1, DHSA_GGML_Q5_1)
-FUSED(f_q2_k, DHSA_GGML_Q2_K)
-FUSED(f_q3_k, DHSA_GGML_Q3_K)
-FUSED(f_q5_k, DHSA_GGML_Q5_K)
-FUSED(f_iq4_nl, DHSA_GGML_IQ4_NL)
-FUSED(f_iq4_xs, DHSA_GGML_IQ4_XS)
-
-static void gemv(uint32_t type, const uint8_t *w, int64_t row_bytes, int64_t nrows, int64_t n_in, const float *x,
-                 int64_t ldx, int64_t n_tok, float *y, int64_t ldy) {
-    const fused_fn *f;
-    switch (type) {
-    case DHSA_GGML_F32: f = f_f32; break;
-    case DHSA_GGML_F16: f = f_f16; break;
-    case DHSA_GGML_BF16: f = f_bf16; break;
-    case DHSA_GGML_Q8_0: f = f_q8_0; break;
-    case DHSA_GGML_Q4_0: f = f_q4_0; break;
-    case DHSA_GGML_Q4_K: f = f_q4_k; break;
-    case DHSA_GGML_Q6_K: f = f_q6_k; break;
-    case DHSA_GGML_Q4_1: f = f_q4_1; break;
-    case DHSA_GGML_Q5_0: f = f_q5_0; break;
-    case DHSA_GGML_Q5_1: f = f_q5_1; break;
-    case DHSA_GGML_Q2_K: f = f_q2_k; break;
-    case DHSA_GGML_Q3_K: f = f_q3_k; break;
-    case DHSA_GGML_Q5_K: f = f_q5_k; break;
-    case DHSA_GGML_IQ4_NL: f = f_iq4_nl; break;
-    case DHSA_GGML_IQ4_XS: f = f_iq4_xs; break;
-    default: return;
-    }
-    for (int64_t r0 = 0; r0 < nrows; r0 += R) {
-        const int nr = nrows - r0 < R ? (int)(nrows - r0) : R;
-        const uint8_t *rows[R];
-        for (int r = 0; r < R; r++) rows[r] = w + (r0 + (r < nr ? r : nr - 1)) * row_bytes;
-        for (int64_t t0 = 0; t0 < n_tok; t0 += TMAX) {
-            const int T = n_tok - t0 < TMAX ? (int)(n_tok - t0) : TMAX;
-            f[T](rows, x + t0 * ldx, ldx, n_in, PF_GROUPS * R * row_bytes, y + t0 * ldy + r0, ldy, nr);
-        }
-    }
-}
-
-/* fused-route limits in the order of DHSA_QK_TYPE_LIST (docs/quant.md): the
+/* fused-path limits in the order of DHSA_QK_TYPE_LIST (docs/quant.md): the
  * first seven measured, the others set by analogy (4, as for every 4- and
  * 6-bit type measured) */
-const dhsa__quant_kernels dhsa__quant_avx2 = {
+const dhsa__f32_kernels dhsa__f32_avx2 = {
     "avx2", MR, NR, {8, 4, 4, 8, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4}, dequant, gemv, tile};
 
 #else
-typedef int dhsa__quant_avx2_unused; /* ISO C forbids an empty file */
+typedef int dhsa__f32_avx2_unused; /* ISO C forbids an empty file */
 #endif

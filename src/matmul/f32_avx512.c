@@ -1,8 +1,8 @@
 /* f32_avx512.c: AVX-512 kernels of the weight products (contract and
- * summation order in quant.h). Compiled with -mavx512f/bw/dq/vl -mfma -mf16c
+ * summation order in f32.h). Compiled with -mavx512f/bw/dq/vl -mfma -mf16c
  * by the Makefile; elsewhere this file is empty and the scalar path runs.
  *
- * Dequantization in registers, exact (see quant.c's layout comment):
+ * Dequantization in registers, exact (see formats.c's layout comment):
  *   Q4_0 / Q4_K  a 16-entry table per (sub-)block, (q-8)*d or (d*sc)*q - dmin*m,
  *                indexed by the nibbles with vpermps (which reads only the
  *                low 4 bits of each index, so no masking);
@@ -15,8 +15,8 @@
  *                operations on one zmm (as Q6_K), then widened 16 at a time
  *                and scaled (Q2_K: one FMA with the scale and min);
  *   Q8_0, F16, BF16  widen and convert.
- * Fused route (decode): 4 rows x up to 4 tokens of accumulators, each row
- * streamed once; 2-4 tokens reduce all 16 in one tree16 (tree512.h). Panel route (prefill): a 6 token x 4 row tile over
+ * Fused path (decode): 4 rows x up to 4 tokens of accumulators, each row
+ * streamed once; 2-4 tokens reduce all 16 in one tree16 (tree512.h). Panel path (prefill): a 6 token x 4 row tile over
  * dequantized rows, 24 accumulators. Both sum lane j of a K block in column
  * order with FMA and reduce the 16 lanes by the same tree, so they agree
  * bitwise. Held to the scalar path by tests/test_quant.c.
@@ -26,13 +26,13 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "matmul/quant.h"
+#include "matmul/f32.h"
 #include "matmul/tree512.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 16")
 #define R 4    /* rows per fused tile */
-/* prefetch distance of the fused route, in row groups; into L2 (T1), so
+/* prefetch distance of the fused path, in row groups; into L2 (T1), so
  * that prefetches do not hold the L1 fill buffers the loads need */
 #define PF_GROUPS 2
 #define TMAX 4 /* tokens per fused tile */
@@ -153,7 +153,7 @@ INLINE void dec_q6_k(const uint8_t *blk, const float *ds, int u, __m512 w[4]) {
                          _mm512_set1_ps(ds[4 * u + 3]));
 }
 
-/* ---- the types added for llama-quantize's mixes (layouts in quant.c) ---- */
+/* ---- the types added for llama-quantize's mixes (layouts in formats.c) ---- */
 
 INLINE int64_t blk_bytes(uint32_t type) {
     switch (type) {
@@ -577,82 +577,14 @@ INLINE void fused_tile(const uint32_t type, const int T, const uint8_t *const *w
     }
 }
 
-typedef void (*fused_fn)(const uint8_t *const *w, const float *x, int64_t ldx, int64_t n_in, int64_t pf, float *y,
-                         int64_t ldy, int nr);
+#include "matmul/f32_gemv.h"
 
-#define FUSED(NAME, TYPE)                                                                                           \
-    static void NAME##_1(const uint8_t *const *w, const float *x, int64_t ldx, int64_t n, int64_t pf, float *y,  \
-                         int64_t ldy, int nr) {                                                                      \
-        fused_tile(TYPE, 1, w, x, ldx, n, pf, y, ldy, nr);                                                          \
-    }                                                                                                               \
-    static void NAME##_2(const uint8_t *const *w, const float *x, int64_t ldx, int64_t n, int64_t pf, float *y,  \
-                         int64_t ldy, int nr) {                                                                      \
-        fused_tile(TYPE, 2, w, x, ldx, n, pf, y, ldy, nr);                                                          \
-    }                                                                                                               \
-    static void NAME##_3(const uint8_t *const *w, const float *x, int64_t ldx, int64_t n, int64_t pf, float *y,  \
-                         int64_t ldy, int nr) {                                                                      \
-        fused_tile(TYPE, 3, w, x, ldx, n, pf, y, ldy, nr);                                                          \
-    }                                                                                                               \
-    static void NAME##_4(const uint8_t *const *w, const float *x, int64_t ldx, int64_t n, int64_t pf, float *y,  \
-                         int64_t ldy, int nr) {                                                                      \
-        fused_tile(TYPE, 4, w, x, ldx, n, pf, y, ldy, nr);                                                          \
-    }                                                                                                               \
-    static const fused_fn NAME[TMAX + 1] = {NULL, NAME##_1, NAME##_2, NAME##_3, NAME##_4};
-
-FUSED(f_f32, DHSA_GGML_F32)
-FUSED(f_f16, DHSA_GGML_F16)
-FUSED(f_bf16, DHSA_GGML_BF16)
-FUSED(f_q8_0, DHSA_GGML_Q8_0)
-FUSED(f_q4_0, DHSA_GGML_Q4_0)
-FUSED(f_q4_k, DHSA_GGML_Q4_K)
-FUSED(f_q6_k, DHSA_GGML_Q6_K)
-FUSED(f_q4_1, DHSA_GGML_Q4_1)
-FUSED(f_q5_0, DHSA_GGML_Q5_0)
-FUSED(f_q5_1, DHSA_GGML_Q5_1)
-FUSED(f_q2_k, DHSA_GGML_Q2_K)
-FUSED(f_q3_k, DHSA_GGML_Q3_K)
-FUSED(f_q5_k, DHSA_GGML_Q5_K)
-FUSED(f_iq4_nl, DHSA_GGML_IQ4_NL)
-FUSED(f_iq4_xs, DHSA_GGML_IQ4_XS)
-
-static void gemv(uint32_t type, const uint8_t *w, int64_t row_bytes, int64_t nrows, int64_t n_in, const float *x,
-                 int64_t ldx, int64_t n_tok, float *y, int64_t ldy) {
-    const fused_fn *f;
-    switch (type) {
-    case DHSA_GGML_F32: f = f_f32; break;
-    case DHSA_GGML_F16: f = f_f16; break;
-    case DHSA_GGML_BF16: f = f_bf16; break;
-    case DHSA_GGML_Q8_0: f = f_q8_0; break;
-    case DHSA_GGML_Q4_0: f = f_q4_0; break;
-    case DHSA_GGML_Q4_K: f = f_q4_k; break;
-    case DHSA_GGML_Q6_K: f = f_q6_k; break;
-    case DHSA_GGML_Q4_1: f = f_q4_1; break;
-    case DHSA_GGML_Q5_0: f = f_q5_0; break;
-    case DHSA_GGML_Q5_1: f = f_q5_1; break;
-    case DHSA_GGML_Q2_K: f = f_q2_k; break;
-    case DHSA_GGML_Q3_K: f = f_q3_k; break;
-    case DHSA_GGML_Q5_K: f = f_q5_k; break;
-    case DHSA_GGML_IQ4_NL: f = f_iq4_nl; break;
-    case DHSA_GGML_IQ4_XS: f = f_iq4_xs; break;
-    default: return;
-    }
-    for (int64_t r0 = 0; r0 < nrows; r0 += R) {
-        const int nr = nrows - r0 < R ? (int)(nrows - r0) : R;
-        const uint8_t *rows[R];
-        for (int r = 0; r < R; r++) rows[r] = w + (r0 + (r < nr ? r : nr - 1)) * row_bytes;
-        for (int64_t t0 = 0; t0 < n_tok; t0 += TMAX) {
-            const int T = n_tok - t0 < TMAX ? (int)(n_tok - t0) : TMAX;
-            f[T](rows, x + t0 * ldx, ldx, n_in, PF_GROUPS * R * row_bytes, y + t0 * ldy + r0, ldy, nr);
-        }
-    }
-}
-
-/* fused-route limits in the order of DHSA_QK_TYPE_LIST (docs/quant.md): the
+/* fused-path limits in the order of DHSA_QK_TYPE_LIST (docs/quant.md): the
  * first seven measured, the others set by analogy (Q4_1, Q5_0, Q5_1, IQ4_NL
  * as Q4_0; Q5_K, IQ4_XS as Q4_K; Q2_K, Q3_K as Q6_K) */
-const dhsa__quant_kernels dhsa__quant_avx512 = {
+const dhsa__f32_kernels dhsa__f32_avx512 = {
     "avx512", MR, NR, {16, 32, 32, 32, 32, 24, 12, 32, 32, 32, 12, 12, 24, 32, 24}, dequant, gemv, tile};
 
 #else
-typedef int dhsa__quant_avx512_unused; /* ISO C forbids an empty file */
+typedef int dhsa__f32_avx512_unused; /* ISO C forbids an empty file */
 #endif

@@ -1,4 +1,4 @@
-/* int8.c: the integer route of the weight products (contract in int8.h,
+/* int8.c: the integer path of the weight products (contract in int8.h,
  * numbers in docs/quant.md): the scalar definitions (unpacking each type
  * into codes and block scales, quantizing activations, the block-ordered
  * product), the scalar kernels that are the reference of the per-ISA ones
@@ -15,6 +15,7 @@
  * Run: make build/tests/test_qint && build/tests/test_qint.
  */
 #include "matmul/int8.h"
+#include "matmul/path.h"
 
 #include "core/internal.h"
 
@@ -23,80 +24,46 @@
 
 /* ------------------------------------------------------------ formats --- */
 
-static inline float half(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return dhsa_f16_to_f32(h);
-}
-
-static const int8_t iq4_grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-
-static inline void q4k_scale_min(const uint8_t *s, int j, int *sc, int *m) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
-
-static inline int q3k_scale(const uint8_t *s, int j) {
-    int lo = j < 8 ? s[j] & 15 : s[j - 8] >> 4;
-    return lo | ((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4;
-}
-
-static inline int iq4xs_scale(const uint8_t *blk, int ib) {
-    unsigned sh = (unsigned)blk[2] | (unsigned)blk[3] << 8;
-    return ((blk[4 + ib / 2] >> (4 * (ib % 2))) & 15) | ((sh >> (2 * ib)) & 3) << 4;
-}
+/* The integer path's reading of each weight type, by dhsa__wt_index (the
+ * order of DHSA_QK_TYPE_LIST): bw, the weight block of the path (0: not
+ * covered), sb, the activations' scale group, cmax, the largest code. */
+static const struct {
+    uint8_t bw;
+    uint16_t sb;
+    uint8_t cmax;
+} i8_types[DHSA_QK_N_TYPES] = {
+    /* F32 */ {0, 0, 0},       /* F16 */ {0, 0, 0},       /* BF16 */ {0, 0, 0},
+    /* Q8_0 */ {32, 32, 255},  /* Q4_0 */ {32, 32, 15},   /* Q4_K */ {32, 256, 15},
+    /* Q6_K */ {16, 256, 63},  /* Q4_1 */ {32, 32, 15},   /* Q5_0 */ {32, 32, 31},
+    /* Q5_1 */ {32, 32, 31},   /* Q2_K */ {16, 256, 3},   /* Q3_K */ {16, 256, 7},
+    /* Q5_K */ {32, 256, 31},  /* IQ4_NL */ {32, 32, 255}, /* IQ4_XS */ {32, 32, 255},
+};
 
 int dhsa__qi_type(uint32_t type) { return dhsa__qi_bw(type) != 0; }
 
 int dhsa__qi_bw(uint32_t type) {
-    switch (type) {
-    case DHSA_GGML_Q8_0:
-    case DHSA_GGML_Q4_0:
-    case DHSA_GGML_Q4_1:
-    case DHSA_GGML_Q5_0:
-    case DHSA_GGML_Q5_1:
-    case DHSA_GGML_IQ4_NL:
-    case DHSA_GGML_IQ4_XS:
-    case DHSA_GGML_Q4_K:
-    case DHSA_GGML_Q5_K: return 32;
-    case DHSA_GGML_Q2_K:
-    case DHSA_GGML_Q3_K:
-    case DHSA_GGML_Q6_K: return 16;
-    default: return 0;
-    }
+    const int i = dhsa__wt_index(type);
+    return i < 0 ? 0 : i8_types[i].bw;
 }
 
 int dhsa__qi_code_max(uint32_t type) {
-    switch (type) {
-    case DHSA_GGML_Q8_0:
-    case DHSA_GGML_IQ4_NL:
-    case DHSA_GGML_IQ4_XS: return 255;
-    case DHSA_GGML_Q6_K: return 63;
-    case DHSA_GGML_Q5_0:
-    case DHSA_GGML_Q5_1:
-    case DHSA_GGML_Q5_K: return 31;
-    case DHSA_GGML_Q4_0:
-    case DHSA_GGML_Q4_1:
-    case DHSA_GGML_Q4_K: return 15;
-    case DHSA_GGML_Q3_K: return 7;
-    case DHSA_GGML_Q2_K: return 3;
-    default: return 0;
-    }
+    const int i = dhsa__wt_index(type);
+    return i < 0 ? 0 : i8_types[i].cmax;
 }
 
-/* Block layouts: quant.c's comment above dequant_scalar. */
+int dhsa__qi_sb(uint32_t type) {
+    const int i = dhsa__wt_index(type);
+    return i < 0 ? 0 : i8_types[i].sb;
+}
+
+/* Block layouts: formats.c's comment above dhsa__wt_dequant_scalar. */
 void dhsa__qi_unpack_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, uint8_t *c, float *a,
                             float *b) {
     switch (type) {
     case DHSA_GGML_Q8_0:
         for (int64_t i = 0; i < kn / 32; i++, c += 32) {
             const uint8_t *blk = row + (k0 / 32 + i) * 34;
-            float d = half(blk);
+            float d = dhsa__wt_f16(blk);
             for (int j = 0; j < 32; j++) c[j] = (uint8_t)(blk[2 + j] ^ 0x80); /* int8 q + 128 */
             a[i] = d;
             b[i] = -128.0f * d;
@@ -110,7 +77,7 @@ void dhsa__qi_unpack_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64
         const int64_t bb = dhsa__wt_block_bytes(type);
         for (int64_t i = 0; i < kn / 32; i++, c += 32) {
             const uint8_t *blk = row + (k0 / 32 + i) * bb;
-            float d = half(blk);
+            float d = dhsa__wt_f16(blk);
             uint32_t qh = 0;
             if (type == DHSA_GGML_Q5_0) memcpy(&qh, blk + 2, 4);
             if (type == DHSA_GGML_Q5_1) memcpy(&qh, blk + 4, 4);
@@ -120,14 +87,14 @@ void dhsa__qi_unpack_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64
                                                                 : 2);
             for (int j = 0; j < 32; j++) {
                 int q = (j < 16 ? qs[j] & 15 : qs[j - 16] >> 4) | (int)((qh >> j) & 1u) << 4;
-                c[j] = (uint8_t)(type == DHSA_GGML_IQ4_NL ? iq4_grid[q] + 128 : q);
+                c[j] = (uint8_t)(type == DHSA_GGML_IQ4_NL ? dhsa__iq4_grid[q] + 128 : q);
             }
             a[i] = d;
             switch (type) {
             case DHSA_GGML_Q4_0: b[i] = -8.0f * d; break;
             case DHSA_GGML_Q5_0: b[i] = -16.0f * d; break;
             case DHSA_GGML_IQ4_NL: b[i] = -128.0f * d; break;
-            default: b[i] = half(blk + 2); break; /* Q4_1, Q5_1: m */
+            default: b[i] = dhsa__wt_f16(blk + 2); break; /* Q4_1, Q5_1: m */
             }
         }
         return;
@@ -137,12 +104,12 @@ void dhsa__qi_unpack_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64
         const int five = type == DHSA_GGML_Q5_K;
         for (int64_t i = 0; i < kn / 256; i++, c += 256, a += 8, b += 8) {
             const uint8_t *blk = row + (k0 / 256 + i) * (five ? 176 : 144);
-            float d = half(blk), dmin = half(blk + 2);
+            float d = dhsa__wt_f16(blk), dmin = dhsa__wt_f16(blk + 2);
             const uint8_t *qh = blk + 16, *qs = blk + (five ? 48 : 16);
             for (int u = 0; u < 4; u++)
                 for (int h = 0; h < 2; h++) {
                     int sc, m;
-                    q4k_scale_min(blk + 4, 2 * u + h, &sc, &m);
+                    dhsa__q4k_scale_min(blk + 4, 2 * u + h, &sc, &m);
                     a[2 * u + h] = d * (float)sc;
                     b[2 * u + h] = -(dmin * (float)m);
                     for (int l = 0; l < 32; l++) {
@@ -159,7 +126,7 @@ void dhsa__qi_unpack_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64
             const uint8_t *blk = row + (k0 / 256 + i) * 210;
             const uint8_t *ql = blk, *qh = blk + 128;
             const int8_t *sc = (const int8_t *)(blk + 192);
-            float d = half(blk + 208);
+            float d = dhsa__wt_f16(blk + 208);
             for (int n = 0; n < 2; n++)
                 for (int p = 0; p < 4; p++)
                     for (int l = 0; l < 32; l++) {
@@ -179,7 +146,7 @@ void dhsa__qi_unpack_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64
             const int q2 = type == DHSA_GGML_Q2_K;
             const uint8_t *blk = row + (k0 / 256 + i) * (q2 ? 84 : 110);
             const uint8_t *qs = blk + (q2 ? 16 : 32), *hm = blk;
-            float d = half(blk + (q2 ? 80 : 108)), dmin = q2 ? half(blk + 82) : 0.0f;
+            float d = dhsa__wt_f16(blk + (q2 ? 80 : 108)), dmin = q2 ? dhsa__wt_f16(blk + 82) : 0.0f;
             for (int v = 0; v < 256; v++) {
                 int n = v / 128, j = v % 128 / 32, h = v % 32 / 16, l = v % 16;
                 int q = qs[32 * n + 16 * h + l] >> (2 * j) & 3;
@@ -191,7 +158,7 @@ void dhsa__qi_unpack_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64
                     a[j] = d * (float)(blk[j] & 15);
                     b[j] = -(dmin * (float)(blk[j] >> 4));
                 } else {
-                    a[j] = d * (float)(q3k_scale(blk + 96, j) - 32);
+                    a[j] = d * (float)(dhsa__q3k_scale(blk + 96, j) - 32);
                     b[j] = -4.0f * a[j];
                 }
             }
@@ -200,30 +167,19 @@ void dhsa__qi_unpack_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64
     case DHSA_GGML_IQ4_XS:
         for (int64_t i = 0; i < kn / 256; i++, c += 256, a += 8, b += 8) {
             const uint8_t *blk = row + (k0 / 256 + i) * 136;
-            float d = half(blk);
+            float d = dhsa__wt_f16(blk);
             for (int ib = 0; ib < 8; ib++) {
                 const uint8_t *qs = blk + 8 + 16 * ib;
                 for (int j = 0; j < 16; j++) {
-                    c[32 * ib + j] = (uint8_t)(iq4_grid[qs[j] & 15] + 128);
-                    c[32 * ib + 16 + j] = (uint8_t)(iq4_grid[qs[j] >> 4] + 128);
+                    c[32 * ib + j] = (uint8_t)(dhsa__iq4_grid[qs[j] & 15] + 128);
+                    c[32 * ib + 16 + j] = (uint8_t)(dhsa__iq4_grid[qs[j] >> 4] + 128);
                 }
-                a[ib] = d * (float)(iq4xs_scale(blk, ib) - 32);
+                a[ib] = d * (float)(dhsa__iq4xs_scale(blk, ib) - 32);
                 b[ib] = -128.0f * a[ib];
             }
         }
         return;
     default: return;
-    }
-}
-
-int dhsa__qi_sb(uint32_t type) {
-    switch (type) {
-    case DHSA_GGML_Q2_K:
-    case DHSA_GGML_Q3_K:
-    case DHSA_GGML_Q4_K:
-    case DHSA_GGML_Q5_K:
-    case DHSA_GGML_Q6_K: return 256;
-    default: return dhsa__qi_bw(type) ? 32 : 0;
     }
 }
 
@@ -336,7 +292,7 @@ int dhsa__qi_fused_exact(const dhsa__qi_kernels *k, uint32_t type) {
     return 0;
 }
 
-const char *dhsa__qi_route_name(const dhsa__qi_kernels *k) {
+const char *dhsa__qi_path_name(const dhsa__qi_kernels *k) {
 #if defined(__x86_64__)
     if (k == &dhsa__qi_vnni) return "int8 avx512-vnni";
     if (k == &dhsa__qi_avxvnni) return "int8 avx-vnni";
@@ -345,38 +301,37 @@ const char *dhsa__qi_route_name(const dhsa__qi_kernels *k) {
     return k == &dhsa__qi_scalar ? "int8 scalar" : "int8";
 }
 
-/* ------------------------------------------------------------- driver --- */
-
+/* --------------------------------------------------------- the path --- */
 
 /* Task sizes. Fused (decode): 512 KB of weights a task where the product
  * is large, so that a thread's stream of rows (and the kernels' prefetch
  * far ahead, int8_vnni.c) runs on across few task boundaries (Q4_K 2048 x
  * 131072, 2 threads: 77-79% of a plain read with 128 KB tasks, 85-88% with
  * 512 KB); small products still cut into up to 4 tasks per thread of at
- * least 128 KB, as before. Panel: as the exact route's (quant.c). */
+ * least 128 KB, as before. Panel: as the exact path's (f32.c). */
 #define QI_FUSED_TASK_BYTES (512 * 1024)
 #define QI_FUSED_TASK_MIN (128 * 1024)
 #define QI_PANEL_TASK_FLOPS (4.0e6)
 
-typedef struct {
-    int fused;
-    int64_t ldq, nxd, nxs;  /* activation row: codes (bytes), scales, block sums */
-    size_t act_bytes;       /* all tokens' activations */
-    int64_t rows;           /* rows per unit: 1 (fused) or 16 ng (panel) */
-    int64_t unit_rows, n_units, n_tasks;
-    size_t per_thread, ws;
-} qi_plan;
-
-static qi_plan qi_make_plan(const dhsa__qi_kernels *k, uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok,
-                            int n_threads) {
-    qi_plan p;
-    memset(&p, 0, sizeof p);
+/* Scratch: the activations of every token (codes [n_tok][lda], scales
+ * [n_tok][nxd], block sums [n_tok][nxs]), then each thread's buffer: the
+ * fused form's fused_rows rows unpacked, or the panel form's panel. */
+static void i8_plan(dhsa__mm_plan *pp, uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok, int n_threads) {
+    const dhsa__qi_kernels *k = pp->k;
+    dhsa__mm_plan p = *pp;
     const int bw = dhsa__qi_bw(type);
+    p.bw = bw;
+    p.sb = dhsa__qi_sb(type);
+    p.cmax = dhsa__qi_code_max(type);
     p.fused = n_tok <= k->max_tok_fused;
-    p.ldq = round_up(n_in, 64);
+    p.lda = round_up(n_in, 64);
     p.nxd = round_up(n_in / 32, 16);
     p.nxs = round_up(n_in / 16, 16); /* the most a type needs: workspace alike for every type */
-    p.act_bytes = (size_t)n_tok * ((size_t)p.ldq + (size_t)(p.nxd + p.nxs) * sizeof(float));
+    p.act_bytes = (size_t)round_up(
+        (int64_t)((size_t)n_tok * ((size_t)p.lda + (size_t)(p.nxd + p.nxs) * sizeof(float))), 64);
+    p.prep_tok = n_tok;
+    p.prep_inline = n_tok <= 8;
+    p.n_prep = n_tok <= 8 ? n_tok : n_tok < 64 ? n_tok : 64;
     const int64_t nb = n_in / bw;
     int64_t row_bytes = dhsa__wt_row_bytes(type, n_in);
     if (p.fused) {
@@ -400,62 +355,46 @@ static qi_plan qi_make_plan(const dhsa__qi_kernels *k, uint32_t type, int64_t n_
     }
     p.per_thread = (size_t)round_up((int64_t)p.per_thread, 64);
     int users = p.n_tasks == 1 || n_threads <= 1 ? 1 : n_threads;
-    p.ws = round_up((int64_t)p.act_bytes, 64) + (size_t)users * p.per_thread;
-    return p;
+    p.ws = p.act_bytes + (size_t)users * p.per_thread;
+    *pp = p;
 }
 
-typedef struct {
-    const dhsa__qi_kernels *k;
-    const dhsa_wmat *W;
-    const float *x;
-    int64_t ldx, n_tok;
-    float *y;
-    int64_t ldy;
-    int bw, sb, cmax;
-    qi_plan p;
-    char *ws;
-    int8_t *q; /* [n_tok][ldq] */
-    float *xd; /* [n_tok][nxd] */
-    float *xs; /* [n_tok][nxs] */
-    int own_buf; /* each thread its own buffer even with one task (several products in one job) */
-} qi_job;
+static const dhsa__qi_kernels *K(const dhsa__mm_job *j) { return j->p->k; }
 
-static dhsa_qi_act act_of(const qi_job *j, int64_t t) {
-    dhsa_qi_act a = {j->q + t * j->p.ldq, j->xd + t * j->p.nxd, j->xs + t * j->p.nxs};
+static dhsa_qi_act act_of(const dhsa__mm_job *j, int64_t t) {
+    const dhsa__mm_plan *p = j->p;
+    const int8_t *q = (const int8_t *)j->act;
+    const float *xd = (const float *)(j->act + (size_t)j->n_tok * (size_t)p->lda), *xs = xd + j->n_tok * p->nxd;
+    dhsa_qi_act a = {q + t * p->lda, xd + t * p->nxd, xs + t * p->nxs};
     return a;
 }
 
-static void quant_task(void *arg, int64_t task, int thread) {
-    (void)thread;
-    const qi_job *j = arg;
-    int64_t t0 = task * j->n_tok / 64, t1 = (task + 1) * j->n_tok / 64;
-    if (j->n_tok < 64) {
-        t0 = task;
-        t1 = task + 1;
+static void i8_prepare(const dhsa__mm_job *j, int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; t++) {
+        dhsa_qi_act a = act_of(j, t);
+        K(j)->quant_act(j->x + t * j->ldx, j->W->n_in, j->p->bw, j->p->sb, (int8_t *)a.q, (float *)a.xd,
+                        (float *)a.xs);
     }
-    for (int64_t t = t0; t < t1; t++)
-        j->k->quant_act(j->x + t * j->ldx, j->W->n_in, j->bw, j->sb, j->q + t * j->p.ldq, j->xd + t * j->p.nxd,
-                        j->xs + t * j->p.nxs);
 }
 
-/* The fused route works on column chunks of QI_FUSED_KC: the rows of a
+/* The fused path works on column chunks of QI_FUSED_KC: the rows of a
  * group are unpacked and multiplied a chunk at a time, so that the loads of
  * the weights and the arithmetic interleave at a fine grain (a whole row
  * unpacked first leaves the memory system idle during its products). */
 #define QI_FUSED_KC 1024
 
-static void fused_rows(const qi_job *j, int64_t o0, int64_t o1, char *buf) {
+static void fused_rows(const dhsa__mm_job *j, int64_t o0, int64_t o1, char *buf) {
     const dhsa_wmat *W = j->W;
-    const int64_t n = W->n_in, nb = n / j->bw, ldc = round_up(n, 64), ldab = round_up(nb, 16);
-    const int R = j->k->fused_rows;
+    const int64_t n = W->n_in, nb = n / j->p->bw, ldc = round_up(n, 64), ldab = round_up(nb, 16);
+    const int R = K(j)->fused_rows;
     const int64_t blk = dhsa__wt_block(W->type), blk_bytes = dhsa__wt_block_bytes(W->type);
     uint8_t *c = (uint8_t *)buf;
     float *a = (float *)(buf + R * ldc), *b = a + R * ldab;
     const int nt = (int)j->n_tok;
-    if (j->k->dot_file) { /* whole rows from the file's blocks, no unpacked copy (int8.h): all of them in one call */
+    if (K(j)->dot_file) { /* whole rows from the file's blocks, no unpacked copy (int8.h): all of them in one call */
         dhsa_qi_act x[64];
         for (int t = 0; t < nt; t++) x[t] = act_of(j, t);
-        if (j->k->dot_file(W->type, (const uint8_t *)W->data + o0 * W->row_bytes, W->row_bytes, (int)(o1 - o0), n, x,
+        if (K(j)->dot_file(W->type, (const uint8_t *)W->data + o0 * W->row_bytes, W->row_bytes, (int)(o1 - o0), n, x,
                            nt, j->y + o0, j->ldy, 0))
             return;
     }
@@ -487,22 +426,22 @@ static void fused_rows(const qi_job *j, int64_t o0, int64_t o1, char *buf) {
                 x[t] = act_of(j, t);
                 x[t].q += k0;
                 x[t].xd += k0 / 32;
-                x[t].xs += k0 / j->bw;
+                x[t].xs += k0 / j->p->bw;
             }
             for (int r = 0; r < R; r++) /* past the last row: the last row again, its results dropped */
-                j->k->unpack(W->type, row + (r < nr ? r : nr - 1) * W->row_bytes, k0, kn, c + r * ldc,
+                K(j)->unpack(W->type, row + (r < nr ? r : nr - 1) * W->row_bytes, k0, kn, c + r * ldc,
                              a + r * ldab, b + r * ldab);
-            j->k->dot_rows(c, ldc, a, b, ldab, nr, kn, j->bw, j->cmax, x, nt, j->y + o, j->ldy, k0 > 0);
+            K(j)->dot_rows(c, ldc, a, b, ldab, nr, kn, j->p->bw, j->p->cmax, x, nt, j->y + o, j->ldy, k0 > 0);
         }
     }
 }
 
 /* Rows [o0, o0 + np) (np <= 16 ng; the rest of the panel is zero) into the
  * VNNI layout, then every token tile. */
-static void panel(const qi_job *j, int64_t o0, int64_t np, char *buf) {
-    const dhsa__qi_kernels *k = j->k;
+static void panel(const dhsa__mm_job *j, int64_t o0, int64_t np, char *buf) {
+    const dhsa__qi_kernels *k = K(j);
     const dhsa_wmat *W = j->W;
-    const int64_t n = W->n_in, nb = n / j->bw, rows = j->p.unit_rows;
+    const int64_t n = W->n_in, nb = n / j->p->bw, rows = j->p->unit_rows;
     uint8_t *pw = (uint8_t *)buf;                     /* [ng][n/4][16][4] */
     float *pa = (float *)(buf + rows * n), *pb = pa + rows * nb; /* [ng][nb][16] */
     uint8_t *rc = (uint8_t *)(pb + rows * nb);
@@ -531,31 +470,33 @@ static void panel(const qi_job *j, int64_t o0, int64_t np, char *buf) {
         const int nt = j->n_tok - t0 < mr ? (int)(j->n_tok - t0) : mr;
         for (int t = 0; t < mr; t++) x[t] = act_of(j, t0 + (t < nt ? t : nt - 1));
         memset(out, 0, (size_t)mr * (size_t)rows * sizeof(float));
-        k->tile(pw, pa, pb, n, j->bw, j->cmax, x, out);
+        k->tile(pw, pa, pb, n, j->p->bw, j->p->cmax, x, out);
         for (int t = 0; t < nt; t++) memcpy(j->y + (t0 + t) * j->ldy + o0, out + t * rows, (size_t)np * sizeof(float));
     }
 }
 
-static void mm_task(void *arg, int64_t task, int thread) {
-    const qi_job *j = arg;
-    int64_t u0 = task * j->p.n_units / j->p.n_tasks, u1 = (task + 1) * j->p.n_units / j->p.n_tasks;
-    char *buf = j->ws + round_up((int64_t)j->p.act_bytes, 64) + (size_t)thread * j->p.per_thread;
-    if (j->p.n_tasks == 1 && !j->own_buf) buf = j->ws + round_up((int64_t)j->p.act_bytes, 64);
-    for (int64_t u = u0; u < u1; u++) {
-        int64_t o0 = u * j->p.unit_rows;
-        int64_t np = j->W->n_out - o0 < j->p.unit_rows ? j->W->n_out - o0 : j->p.unit_rows;
-        if (j->p.fused)
-            fused_rows(j, o0, o0 + np, buf);
-        else
-            panel(j, o0, np, buf);
-    }
+static void i8_rows(dhsa__mm_job *j, int64_t o0, int64_t o1, char *buf) {
+    if (j->p->fused)
+        fused_rows(j, o0, o1, buf);
+    else
+        panel(j, o0, o1 - o0, buf);
+}
+
+/* Every quantized type (i8_types' bw); x quantized first. */
+const dhsa__path_impl dhsa__path_int8 = {"dhsa__qi_matmul", {0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, i8_plan,
+                                         i8_prepare, i8_rows, 1};
+
+static dhsa__mm_plan plan_of(const dhsa__qi_kernels *k, uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok,
+                             int n_threads) {
+    return dhsa__mm_plan_with(&dhsa__path_int8, k, k ? dhsa__qi_path_name(k) : NULL, type, n_in, n_out, n_tok,
+                              n_threads);
 }
 
 size_t dhsa__qi_workspace(const dhsa__qi_kernels *k, uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok,
                           int n_threads) {
-    if (!k || !dhsa__qi_type(type) || n_in <= 0 || n_out <= 0 || n_tok <= 0 || n_in % 32) return 0;
-    if (k->max_tok_fused > 64) return 0; /* the fused route keeps its token list on the stack */
-    return qi_make_plan(k, type, n_in, n_out, n_tok, n_threads).ws;
+    if (!k || n_in % 32) return 0;
+    if (k->max_tok_fused > 64) return 0; /* the fused form keeps its token list on the stack */
+    return plan_of(k, type, n_in, n_out, n_tok, n_threads).ws;
 }
 
 dhsa_status dhsa__qi_matmul(dhsa_ctx *ctx, const dhsa__qi_kernels *k, const dhsa_wmat *W, const float *x, int64_t ldx,
@@ -563,115 +504,20 @@ dhsa_status dhsa__qi_matmul(dhsa_ctx *ctx, const dhsa__qi_kernels *k, const dhsa
     if (!ctx || !k || !W || !x || !y || !W->data)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__qi_matmul: ctx, k, W, W->data, x and y must not be NULL");
     if (!dhsa__qi_type(W->type))
-        return dhsa__fail(DHSA_ERR_UNSUPPORTED, "dhsa__qi_matmul: weight type %u has no integer route", W->type);
+        return dhsa__fail(DHSA_ERR_UNSUPPORTED, "dhsa__qi_matmul: weight type %u has no integer path", W->type);
     if (n_tok == 0) return DHSA_OK;
-    qi_job j;
-    memset(&j, 0, sizeof j);
-    j.k = k;
-    j.W = W;
-    j.x = x;
-    j.ldx = ldx;
-    j.n_tok = n_tok;
-    j.y = y;
-    j.ldy = ldy;
-    j.bw = dhsa__qi_bw(W->type);
-    j.sb = dhsa__qi_sb(W->type);
-    j.cmax = dhsa__qi_code_max(W->type);
-    j.p = qi_make_plan(k, W->type, W->n_in, W->n_out, n_tok, dhsa_ctx_n_threads(ctx));
-    dhsa_status st = DHSA_OK;
-    dhsa__ctx_lock(ctx);
-    j.ws = dhsa__scratch(ctx, j.p.ws, &st);
-    if (!j.ws) {
-        dhsa__ctx_unlock(ctx);
-        return st;
-    }
-    j.q = (int8_t *)j.ws;
-    j.xd = (float *)(j.ws + (size_t)n_tok * (size_t)j.p.ldq);
-    j.xs = j.xd + n_tok * j.p.nxd;
-    /* few tokens: quantized here (about a microsecond a row), sparing a
-     * second wake-up of the threads; many: in parallel over tokens */
-    if (n_tok <= 8)
-        for (int64_t t = 0; t < n_tok; t++) quant_task(&j, t, 0);
-    else
-        dhsa_parallel_for(ctx, n_tok < 64 ? n_tok : 64, quant_task, &j);
-    dhsa_parallel_for(ctx, j.p.n_tasks, mm_task, &j);
-    dhsa__ctx_unlock(ctx);
-    return DHSA_OK;
-}
-
-/* Several products of one activation in one parallel job (the products of
- * a layer that read the same x: q, k, v; gate, up). A decode step is made
- * of small products: one job each costs a wake-up and a barrier each, and
- * a product under two tasks' worth (k and v of a small model) ran on the
- * calling thread alone while the others waited. Here the tasks of all the
- * products form one list and x is quantized once. Each product's tasks,
- * rows and sums are those of its own call, so every y is bitwise what
- * dhsa__qi_matmul gives. */
-#define QI_MULTI_MAX 4
-typedef struct {
-    qi_job j[QI_MULTI_MAX];
-    int64_t first[QI_MULTI_MAX + 1]; /* product i has tasks [first[i], first[i + 1]) */
-    int nw;
-} qi_multi_job;
-
-static void multi_task(void *arg, int64_t task, int thread) {
-    qi_multi_job *m = arg;
-    int i = 0;
-    while (task >= m->first[i + 1]) i++;
-    mm_task(&m->j[i], task - m->first[i], thread);
+    const dhsa__mm_plan p = plan_of(k, W->type, W->n_in, W->n_out, n_tok, dhsa_ctx_n_threads(ctx));
+    return dhsa__mm_run(ctx, &p, W, x, ldx, n_tok, y, ldy);
 }
 
 int dhsa__qi_matmul_multi(dhsa_ctx *ctx, const dhsa__qi_kernels *k, const dhsa_wmat *const *W, int nw, const float *x,
                           int64_t ldx, int64_t n_tok, float *const *y, dhsa_status *st) {
     *st = DHSA_OK;
-    if (!ctx || !k || nw < 1 || nw > QI_MULTI_MAX || n_tok < 1 || n_tok > k->max_tok_fused) return 0;
-    const int nth = dhsa_ctx_n_threads(ctx);
-    qi_multi_job m;
-    memset(&m, 0, sizeof m);
-    m.nw = nw;
-    size_t per_thread = 0, single_ws = 0;
+    if (!ctx || !k || nw < 1 || nw > 4 || n_tok < 1 || n_tok > k->max_tok_fused) return 0;
+    dhsa__mm_plan p[4];
     for (int i = 0; i < nw; i++) {
-        if (!W[i] || !W[i]->data || !y[i] || W[i]->type != W[0]->type || W[i]->n_in != W[0]->n_in ||
-            !dhsa__qi_type(W[i]->type))
-            return 0;
-        qi_job *j = &m.j[i];
-        j->k = k;
-        j->W = W[i];
-        j->x = x;
-        j->ldx = ldx;
-        j->n_tok = n_tok;
-        j->y = y[i];
-        j->ldy = W[i]->n_out;
-        j->bw = dhsa__qi_bw(W[i]->type);
-        j->sb = dhsa__qi_sb(W[i]->type);
-        j->cmax = dhsa__qi_code_max(W[i]->type);
-        j->p = qi_make_plan(k, W[i]->type, W[i]->n_in, W[i]->n_out, n_tok, nth);
-        j->own_buf = 1;
-        if (j->p.per_thread > per_thread) per_thread = j->p.per_thread;
-        if (j->p.ws > single_ws) single_ws = j->p.ws;
-        m.first[i + 1] = m.first[i] + j->p.n_tasks;
+        if (!W[i]) return 0;
+        p[i] = plan_of(k, W[i]->type, W[i]->n_in, W[i]->n_out, n_tok, dhsa_ctx_n_threads(ctx));
     }
-    /* the session planned its scratch for the single products: beyond it,
-     * make them one at a time */
-    const size_t act = (size_t)round_up((int64_t)m.j[0].p.act_bytes, 64);
-    const size_t ws = act + (size_t)nth * per_thread;
-    if (ws > single_ws || m.first[nw] < 2) return 0;
-    dhsa__ctx_lock(ctx);
-    char *buf = dhsa__scratch(ctx, ws, st);
-    if (!buf) {
-        dhsa__ctx_unlock(ctx);
-        return 1;
-    }
-    for (int i = 0; i < nw; i++) {
-        qi_job *j = &m.j[i];
-        j->ws = buf;
-        j->p.per_thread = per_thread;
-        j->q = (int8_t *)buf;
-        j->xd = (float *)(buf + (size_t)n_tok * (size_t)j->p.ldq);
-        j->xs = j->xd + n_tok * j->p.nxd;
-    }
-    for (int64_t t = 0; t < n_tok; t++) quant_task(&m.j[0], t, 0);
-    dhsa_parallel_for(ctx, m.first[nw], multi_task, &m);
-    dhsa__ctx_unlock(ctx);
-    return 1;
+    return dhsa__mm_run_multi(ctx, p, W, nw, x, ldx, n_tok, y, st);
 }

@@ -1,8 +1,8 @@
-/* int8.h: the integer route of the weight products (src/matmul/int8.c,
+/* int8.h: the integer path of the weight products (src/matmul/int8.c,
  * int8_vnni.c, int8_avx2.c, int8_avxvnni.c, int8_ymm.h): activations
  * quantized to 8 bits per block, integer dot products against the
- * weights' own codes. Private to the library; the exact F32 route
- * (quant.h) stays the reference and the `exact` option.
+ * weights' own codes. Private to the library; the exact F32 path
+ * (f32.h) stays the reference and the `exact` option.
  *
  * Weights, every quantized type: a row is read as blocks of bw values
  * (bw = 32, or 16 for Q2_K, Q3_K and Q6_K, whose scales are per 16), each
@@ -24,7 +24,7 @@
  * over the group (dhsa's own block form: like ggml's Q8_0 with an F32
  * scale for sb = 32, like its Q8_K for sb = 256); xd is kept once per 32
  * values (repeated over a group of 256). A group holding NaN or Inf gets
- * xd = NaN, so the products it feeds are NaN, as on the exact route.
+ * xd = NaN, so the products it feeds are NaN, as on the exact path.
  * xs[j] = xd * (sum of the codes of weight block j) is kept per weight
  * block. One scale per 256 lets a K-type kernel apply the super-block's
  * integer sub-block scales to integer sums and touch floats once per 256
@@ -35,9 +35,9 @@
  *   y = sum over weight blocks j, in order, of
  *         fl(a_j * xd_j) * isum_j  +  b_j * xs_j
  * with isum_j = sum of c*q over the block, an exact integer (at most
- * 32 * 255 * 127 < 2^31). The scalar route and the panel route (many
+ * 32 * 255 * 127 < 2^31). The scalar path and the panel path (many
  * tokens) evaluate this with two FMA per block, in block order, and agree
- * bitwise; the fused route (few tokens) sums the blocks in its lanes
+ * bitwise; the fused path (few tokens) sums the blocks in its lanes
  * first and differs from them by float rounding only (tests bound it at
  * 1e-6 relative to the sum of |terms|). Its error against the double
  * product of the same weights is the activations' rounding: at most
@@ -50,10 +50,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "matmul/quant.h"
+#include "matmul/formats.h"
 
 #define DHSA_QI_XBLOCK 32 /* activation block */
-#define DHSA_QI_GROUP 16  /* rows per VNNI group of the panel route */
+#define DHSA_QI_GROUP 16  /* rows per VNNI group of the panel path */
 
 /* A row of activations, quantized. */
 typedef struct {
@@ -62,10 +62,10 @@ typedef struct {
     const float *xs;   /* [n_in / bw] xd * (sum of codes of weight block j) */
 } dhsa_qi_act;
 
-/* 1 when the integer route covers this weight type (every quantized type;
- * F32, F16 and BF16 weights take the exact route). */
+/* 1 when the integer path covers this weight type (every quantized type;
+ * F32, F16 and BF16 weights take the exact path). */
 int dhsa__qi_type(uint32_t type);
-/* The weight block of the integer route: 16 or 32 (0 if not covered). */
+/* The weight block of the integer path: 16 or 32 (0 if not covered). */
 int dhsa__qi_bw(uint32_t type);
 /* The largest code the type's unpacking can give: 255 for Q8_0, IQ4_NL and
  * IQ4_XS (signed values + 128), 2^bits - 1 for the others (63 for Q6_K).
@@ -112,14 +112,14 @@ typedef struct {
     const char *name;
     int mr;        /* panel tile: tokens */
     int ng;        /* panel tile: row groups of 16 */
-    int max_tok_fused; /* n_tok up to which the fused route runs */
+    int max_tok_fused; /* n_tok up to which the fused path runs */
     int fused_rows;    /* rows per dot_rows call */
     /* as dhsa__qi_quant_act_scalar, bitwise */
     void (*quant_act)(const float *x, int64_t n, int bw, int sb, int8_t *q, float *xd, float *xs);
     /* as dhsa__qi_unpack_scalar, bitwise (types the kernel has no SIMD
      * unpacking for call the scalar one) */
     void (*unpack)(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, uint8_t *codes, float *a, float *b);
-    /* Fused route: y[t * ldy + r] (t < n_tok, r < nr <= fused_rows) = the
+    /* Fused path: y[t * ldy + r] (t < n_tok, r < nr <= fused_rows) = the
      * product of unpacked row r (codes at codes + r * ldc, a and b at
      * a / b + r * ldab; fused_rows rows are readable) with activation row
      * x[t], plus y's value when accumulate is set (the scalar kernel
@@ -127,14 +127,14 @@ typedef struct {
      * Every code is at most cmax (dhsa__qi_code_max of the type). */
     void (*dot_rows)(const uint8_t *codes, int64_t ldc, const float *a, const float *b, int64_t ldab, int nr, int64_t n,
                      int bw, int cmax, const dhsa_qi_act *x, int n_tok, float *y, int64_t ldy, int accumulate);
-    /* Panel route, one tile: out[t][r] (t < mr, r < 16 ng) starts from its
+    /* Panel path, one tile: out[t][r] (t < mr, r < 16 ng) starts from its
      * value and adds the block-ordered product of n values of rows in
      * VNNI layout (per group g: codes [n/4][16][4] at w + g * n * 16, a and b
      * [n/bw][16] at a + g * (n/bw) * 16) with activation rows x[t]; codes
      * at most cmax. */
     void (*tile)(const uint8_t *w, const float *a, const float *b, int64_t n, int bw, int cmax, const dhsa_qi_act *x,
                  float *out);
-    /* Fused route straight from the file's blocks, for the types the
+    /* Fused path straight from the file's blocks, for the types the
      * kernel set has it for (returns 0 and does nothing for the others:
      * unpack, then dot_rows): as dot_rows for whole rows r < nr (any
      * count: the kernels take them fused_rows at a time, every token per
@@ -162,29 +162,29 @@ extern const dhsa__qi_kernels dhsa__qi_avx2;    /* AVX2: vpmaddubsw + vpmaddwd *
 /* The integer kernels for the active ISA: avx512-vnni > avx-vnni > avx2 as
  * dhsa__idot_active allows (core/internal.h: the CPU, the active ISA,
  * DHSA_FORCE_ISA); NULL when it allows none (the scalar ISA, a CPU without
- * AVX2): the fast route is then the exact route, and
- * dhsa__matmul_route_name says so. */
+ * AVX2): the fast path is then the exact path, and
+ * dhsa__matmul_path_name says so. */
 const dhsa__qi_kernels *dhsa__qi_kernels_active(void);
-/* 1 when the fused route (n_tok <= max_tok_fused) of this type on these
- * kernels is not used because the exact route's fused kernels are faster:
+/* 1 when the fused path (n_tok <= max_tok_fused) of this type on these
+ * kernels is not used because the exact path's fused kernels are faster:
  * on AVX512-VNNI, the types its dot_file does not read from the file
- * (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K: the unpacked route
+ * (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K: the unpacked path
  * measured 0.45-0.9x the exact one at 1 and 4 tokens, docs/notes/results-models.md).
  * The 256-bit sets keep theirs (mixed there, and not measured on an
- * AVX2-only CPU). quant.c's route choice asks this; dhsa__qi_matmul
+ * AVX2-only CPU). matmul.c's path choice asks this; dhsa__qi_matmul
  * itself runs whatever it is given. */
 int dhsa__qi_fused_exact(const dhsa__qi_kernels *k, uint32_t type);
-/* "int8 " and the kernels' name (static storage): the route's name. */
-const char *dhsa__qi_route_name(const dhsa__qi_kernels *k);
+/* "int8 " and the kernels' name (static storage): the path's name. */
+const char *dhsa__qi_path_name(const dhsa__qi_kernels *k);
 
-/* The integer route of dhsa__matmul (same contract, quant.h), with the
+/* The integer path of dhsa__matmul (same contract, matmul.h), with the
  * given kernels (tests pass &dhsa__qi_scalar). Workspace from the ctx's
  * scratch: dhsa__qi_workspace bytes. */
 dhsa_status dhsa__qi_matmul(dhsa_ctx *ctx, const dhsa__qi_kernels *k, const dhsa_wmat *W, const float *x, int64_t ldx,
                             int64_t n_tok, float *y, int64_t ldy);
 /* The products of one x with nw (at most 4) weights of one type and n_in,
  * y[i] [n_tok][W[i]->n_out], in one parallel job: each y bitwise what
- * dhsa__qi_matmul gives. Only on the fused route, and only where the
+ * dhsa__qi_matmul gives. Only on the fused path, and only where the
  * scratch that dhsa__qi_workspace of the largest product asks is enough;
  * elsewhere it does nothing and returns 0 (make the products one by one).
  * Returns 1 when it ran them, *st the result. */

@@ -1,4 +1,4 @@
-/* int8_avx2.c: AVX2 kernels of the integer route (contract in int8.h; the
+/* int8_avx2.c: AVX2 kernels of the integer path (contract in int8.h; the
  * kernels, and why vpmaddubsw is exact here, in int8_ymm.h). Compiled with
  * -mavx2 -mfma -mf16c by the Makefile (files named *_avx2.c); chosen at run
  * time where the CPU has AVX2 but no VNNI, or DHSA_FORCE_ISA=avx2 says so.

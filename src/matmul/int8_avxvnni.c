@@ -1,4 +1,4 @@
-/* int8_avxvnni.c: AVX-VNNI kernels of the integer route (contract in
+/* int8_avxvnni.c: AVX-VNNI kernels of the integer path (contract in
  * int8.h; the kernels in int8_ymm.h, the AVX2 ones with vpdpbusd on ymm
  * for the dot). Compiled with -mavx2 -mfma -mf16c -mavxvnni by the Makefile
  * (files named *_avxvnni.c) where the compiler knows -mavxvnni (GCC >= 11,

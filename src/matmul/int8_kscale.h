@@ -1,6 +1,6 @@
 /* int8_kscale.h: the eight 6-bit scales and mins of a Q4_K/Q5_K super-block
  * (int8.c's q4k_scale_min, four at a time in 32-bit words) as the fast
- * route's a and b, shared by the SIMD unpackers (int8_ymm.h's AVX2 /
+ * path's a and b, shared by the SIMD unpackers (int8_ymm.h's AVX2 /
  * AVX-VNNI kernels and int8_vnni.c's AVX512-VNNI ones). Needs AVX2; include
  * only from files compiled with it. Tested through tests/test_qint.c
  * (unpacking bitwise = the scalar unpacker). */

@@ -1,4 +1,4 @@
-/* int8_vnni.c: AVX512-VNNI kernels of the integer route (contract in
+/* int8_vnni.c: AVX512-VNNI kernels of the integer path (contract in
  * int8.h). Compiled with the AVX-512 flags plus -mavx512vnni by the
  * Makefile (files named *_vnni.c); chosen at run time only where the CPU
  * has AVX512-VNNI; elsewhere this file is empty.
@@ -9,11 +9,11 @@
  *   unpack     Q8_0, Q4_K and Q6_K with byte operations here (64-byte
  *              stores); the other types by the AVX2 kernels' byte
  *              operations (int8_ymm.h).
- *   dot_rows   fused route, 4 rows x up to 4 tokens: per 64 codes one vpdpbusd (unsigned codes x
+ *   dot_rows   fused path, 4 rows x up to 4 tokens: per 64 codes one vpdpbusd (unsigned codes x
  *              signed activations) per token, its 16 lanes (4 or 2 per
  *              weight block) converted and scaled by a*xd per lane, the
  *              b*xs terms as a vector dot; lane order.
- *   dot_file   fused route from the file's blocks, no unpacked copy:
+ *   dot_file   fused path from the file's blocks, no unpacked copy:
  *              Q8_0: one gather of 16 block scales, then per block a ymm
  *              load of the codes (flipped to q + 128 in the register) and
  *              one ymm vpdpbusd per token (decode 1.2-1.3x,
@@ -21,7 +21,7 @@
  *              in the registers, vpdpbusd, the lanes' integer sub-block
  *              scales by vpmaddwd / vpdpwssd, one float step per 256
  *              values (the activations' scale group, int8.h).
- *   tile       panel route: 6 tokens x 32 rows (two groups of 16 in the
+ *   tile       panel path: 6 tokens x 32 rows (two groups of 16 in the
  *              lanes), 12 vpdpbusd per four columns on a broadcast of four
  *              activation codes; per weight block the two FMA of the
  *              contract per lane, in block order: bitwise the scalar tile.
@@ -39,14 +39,14 @@
 #define UNROLL _Pragma("GCC unroll 16")
 #define MR 6
 #define NG 2
-#define TMAX 4 /* fused route: tokens per pass over the unpacked rows */
+#define TMAX 4 /* fused path: tokens per pass over the unpacked rows */
 #ifndef PF_FAR
 #define PF_FAR 32 /* K types: the second, far prefetch into L2, in super-blocks */
 #endif
 #ifndef PF_FAR_Q8
 #define PF_FAR_Q8 128
 #endif
-#define MAX_TOK_FUSED 4 /* fused route up to this many tokens (16 measured slower: 0.81x the exact route at n_in 576) */
+#define MAX_TOK_FUSED 4 /* fused path up to this many tokens (16 measured slower: 0.81x the exact path at n_in 576) */
 
 static inline float half(const uint8_t *p) {
     uint16_t h;
@@ -164,7 +164,7 @@ static void unpack(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, ui
     }
 }
 
-/* -------------------------------------------------------- fused route --- */
+/* -------------------------------------------------------- fused path --- */
 
 /* R rows x NT tokens, weight blocks of BW (compile-time constants, so that
  * the R * NT accumulators live in registers and are independent chains). */
@@ -257,7 +257,7 @@ static void dot_rows(const uint8_t *c, int64_t ldc, const float *a, const float 
     }
 }
 
-/* ------------------------------------------------ fused route, Q8_0 --- */
+/* ------------------------------------------------ fused path, Q8_0 --- */
 
 /* The fused kernels from the file's blocks take whole rows and prefetch
  * ahead themselves (Q8_0: per 8 blocks the 8 that are 32 ahead, 1.05-1.07x
@@ -346,7 +346,7 @@ INLINE void q8_nt(const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const 
         for (int t = 0; t < NT; t++) y[t * ldy + r] = accumulate ? y[t * ldy + r] + res[r][t] : res[r][t];
 }
 
-/* ------------------------------------------- fused route, K types --- */
+/* ------------------------------------------- fused path, K types --- */
 
 /* The K types straight from the file's super-blocks (256 values, one
  * activation scale xd per 256: int8.h's sb), R rows x NT tokens: per 64
@@ -615,7 +615,7 @@ static int dot_file(uint32_t type, const uint8_t *w, int64_t row_bytes, int nr, 
     return 1;
 }
 
-/* -------------------------------------------------------- panel route --- */
+/* -------------------------------------------------------- panel path --- */
 
 /* One weight block of QPB four-column groups, unrolled: with a run-time
  * trip count GCC 12 kept the 12 integer sums in a rotating set of registers

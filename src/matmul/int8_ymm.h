@@ -1,4 +1,4 @@
-/* int8_ymm.h: the 256-bit kernels of the integer route (contract in
+/* int8_ymm.h: the 256-bit kernels of the integer path (contract in
  * int8.h), written once and compiled twice: by int8_avx2.c (-mavx2 -mfma
  * -mf16c: the dot of four unsigned codes with four signed activations is
  * vpmaddubsw + vpmaddwd) and by int8_avxvnni.c (plus -mavxvnni: one
@@ -29,10 +29,10 @@
  *              quantizer.
  *   unpack     every type with byte operations (bitwise the scalar
  *              unpacker, which any other type would call).
- *   dot_rows   fused route, 4 rows x up to 2 tokens per pass: per 32 codes
+ *   dot_rows   fused path, 4 rows x up to 2 tokens per pass: per 32 codes
  *              one dot per row and token, its 8 lanes (8 or 4 per weight
  *              block) converted and scaled by a*xd per lane; lane order.
- *   tile       panel route: 3 tokens x 16 rows (two ymm of 8 rows x 4
+ *   tile       panel path: 3 tokens x 16 rows (two ymm of 8 rows x 4
  *              codes per four columns) on a broadcast of four activation
  *              codes; per weight block the contract's two FMA per lane, in
  *              block order.
@@ -54,8 +54,8 @@
 #define GROUP_UNROLL _Pragma("GCC unroll 1")
 #endif
 
-#define R 4             /* fused route: rows per call */
-#define TMAX 2          /* fused route: tokens per pass over the unpacked rows (16 ymm) */
+#define R 4             /* fused path: rows per call */
+#define TMAX 2          /* fused path: tokens per pass over the unpacked rows (16 ymm) */
 #define MAX_TOK_FUSED 4 /* as the AVX512-VNNI kernels */
 #define NARROW_MAX 129  /* the largest code whose pairs cannot saturate vpmaddubsw */
 #define WIDE_OF(cmax) (!QI_YMM_VNNI && (cmax) > NARROW_MAX)
@@ -340,7 +340,7 @@ static void unpack(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, ui
     }
 }
 
-/* -------------------------------------------------------- fused route --- */
+/* -------------------------------------------------------- fused path --- */
 
 /* R rows x NT tokens, weight blocks of BW, narrow or WIDE (compile-time
  * constants: the R * NT accumulators stay in registers). */
@@ -423,7 +423,7 @@ static void dot_rows(const uint8_t *c, int64_t ldc, const float *a, const float 
     }
 }
 
-/* -------------------------------------------------------- panel route --- */
+/* -------------------------------------------------------- panel path --- */
 
 INLINE void tile_bw(const uint8_t *w, const float *a, const float *b, int64_t n, const int BW, const int WIDE,
                     const dhsa_qi_act *x, float *out) {
@@ -482,7 +482,7 @@ static void tile(const uint8_t *w, const float *a, const float *b, int64_t n, in
     else tile_bw(w, a, b, n, 16, 0, x, out);
 }
 
-/* -------------------------------------- fused route, Q4_K and Q5_K --- */
+/* -------------------------------------- fused path, Q4_K and Q5_K --- */
 
 /* Q4_K / Q5_K rows straight from the file's super-blocks (activations with
  * one scale per 256 values, int8.h), one row at a time, up to KT tokens

@@ -1,7 +1,7 @@
-/* tree512.h: the lane tree of the AVX-512 weight products (quant.h's
+/* tree512.h: the lane tree of the AVX-512 weight products (f32.h's
  * summation order: the 16 lanes of an accumulator summed by halves, then
  * quarters, ...), shared by f32_avx512.c and bf16_avx512bf16.c so that
- * the exact and the BF16 routes reduce alike. Include only from a file
+ * the exact and the BF16 paths reduce alike. Include only from a file
  * compiled with the AVX-512 flags (-mavx512f -mavx512dq).
  */
 #ifndef DHSA_MODEL_QUANT_TREE512_H

@@ -646,20 +646,20 @@ dhsa_status dhsa_model_routes(const dhsa_model *m, int exact, char *buf, size_t 
             if (!seen && nt < 32) types[nt++] = ms[i]->type;
         }
     }
-    /* group the types by route name */
+    /* group the types by path name */
     buf[0] = '\0';
     size_t used = 0;
     int done[32] = {0};
     for (int i = 0; i < nt; i++) {
         if (done[i]) continue;
-        const char *route = dhsa__matmul_route_name(exact ? DHSA_MM_EXACT : DHSA_MM_FAST, types[i]);
+        const char *path = dhsa__matmul_path_name(exact ? DHSA_MM_EXACT : DHSA_MM_FAST, types[i]);
         for (int j = i; j < nt; j++) {
-            if (done[j] || strcmp(route, dhsa__matmul_route_name(exact ? DHSA_MM_EXACT : DHSA_MM_FAST, types[j]))) continue;
+            if (done[j] || strcmp(path, dhsa__matmul_path_name(exact ? DHSA_MM_EXACT : DHSA_MM_FAST, types[j]))) continue;
             done[j] = 1;
             int w = snprintf(buf + used, n - used, "%s%s", j == i ? (used ? "; " : "") : ", ", dhsa_ggml_type_name(types[j]));
             used += w > 0 && (size_t)w < n - used ? (size_t)w : n - used - 1;
         }
-        int w = snprintf(buf + used, n - used, ": %s", route);
+        int w = snprintf(buf + used, n - used, ": %s", path);
         used += w > 0 && (size_t)w < n - used ? (size_t)w : n - used - 1;
     }
     /* prefill on the AMX tiles (matmul/amx.h): said once */

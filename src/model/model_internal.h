@@ -5,7 +5,7 @@
 #define DHSA_MODEL_INTERNAL_H
 
 #include "dhsa.h"
-#include "matmul/quant.h"
+#include "matmul/matmul.h"
 
 #include <stdatomic.h>
 

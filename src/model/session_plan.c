@@ -194,10 +194,10 @@ static dhsa_status plan_for(const dhsa_ctx *ctx, const dhsa_model *m, const dhsa
     const dhsa__layer *L = &m->layers[0];
     const dhsa_wmat *mats[8] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down, &m->output};
     for (int i = 0; i < 8; i++) {
-        const dhsa__mm_route route = p->exact ? DHSA_MM_EXACT : DHSA_MM_FAST;
-        size_t w = dhsa__matmul_workspace_on(route, mats[i]->type, mats[i]->n_in, mats[i]->n_out, i == 7 ? 1 : ub, nt);
+        const dhsa__mm_path path = p->exact ? DHSA_MM_EXACT : DHSA_MM_FAST;
+        size_t w = dhsa__matmul_workspace_on(path, mats[i]->type, mats[i]->n_in, mats[i]->n_out, i == 7 ? 1 : ub, nt);
         if (p->logits_all && i == 7)
-            w = dhsa__matmul_workspace_on(route, mats[i]->type, mats[i]->n_in, mats[i]->n_out, ub, nt);
+            w = dhsa__matmul_workspace_on(path, mats[i]->type, mats[i]->n_in, mats[i]->n_out, ub, nt);
         if (w > mw) mw = w;
     }
     pl->matmul_workspace = mw;

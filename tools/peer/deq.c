@@ -7,7 +7,7 @@
  * little-endian F32 values to stdout; exits 1 with a sentence on stderr if
  * dhsa refuses (an ISA the machine lacks included), 2 on a short read. */
 #include "dhsa.h"
-#include "matmul/quant.h"
+#include "matmul/f32.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,28 +1,12 @@
-/* quant.c: weight types of the model runner (ggml block formats) and the
- * matrix products over them; contract in quant.h, formats and numbers in
- * docs/quant.md.
+/* formats.c: the weight types (contract in formats.h, numbers in
+ * docs/quant.md): the type table, the scalar dequantization by each
+ * format's formulas (the reference every SIMD dequantizer is held to), the
+ * quantizers used for conversion and test fixtures, and the finite check.
+ * Includes nothing else of src/matmul.
  *
- * This file holds the scalar reference (dequantization by the format's
- * formulas, a plain-C micro-tile), the quantizers used for conversion and
- * test fixtures, the finite check, run-time dispatch, and the driver of
- * dhsa__matmul: argument checks, the choice of route, the split into tasks
- * and the workspace. The SIMD kernels live in f32_avx2.c / f32_avx512.c
- * and are compared with this file's by tests/test_quant.c.
- *
- * Routes (the same arithmetic per output element, see quant.h):
- *   fused  n_tok <= kernels->max_tok_fused: each task streams a chunk of
- *          rows once, dequantizing in registers (decode);
- *   panel  otherwise: a task dequantizes a panel of up to DHSA_QK_PANEL rows,
- *          one K block at a time, into an L2-sized F32 buffer and runs the
- *          mr x nr micro-tile against every token (prefill).
- *
- * Run: make build/tests/test_quant && build/tests/test_quant;
- *      build/dhsa bench matmul --help.
+ * Run: make build/tests/test_quant && build/tests/test_quant.
  */
-#include "matmul/quant.h"
-#include "matmul/amx.h"
-#include "matmul/bf16.h"
-#include "matmul/int8.h"
+#include "matmul/formats.h"
 
 #include "core/internal.h"
 
@@ -30,14 +14,6 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-
-/* Rows per panel of the panel route (a multiple of every ISA's nr). */
-#define DHSA_QK_PANEL 64
-/* Task sizes: fewer tasks than this much work each are not worth a thread
- * wake-up (a 64 x 64 matrix runs inline on the caller). */
-#define FUSED_CHUNK_BYTES (64 * 1024)
-#define FUSED_TASK_BYTES (128 * 1024)
-#define PANEL_TASK_FLOPS (4.0e6)
 
 /* ---------------------------------------------------------------- types --- */
 
@@ -47,7 +23,7 @@ typedef struct {
     int64_t block, bytes;
 } type_info;
 
-/* The order of max_tok_fused[] (quant.h). */
+/* The order of DHSA_QK_TYPE_LIST (formats.h). */
 static const type_info types[DHSA_QK_N_TYPES] = {
     {DHSA_GGML_F32, "F32", 1, 4},         {DHSA_GGML_F16, "F16", 1, 2},
     {DHSA_GGML_BF16, "BF16", 1, 2},       {DHSA_GGML_Q8_0, "Q8_0", 32, 34},
@@ -65,8 +41,8 @@ static const type_info *info(uint32_t type) {
     return NULL;
 }
 
-/* Index of a supported type in types[] (the order of max_tok_fused). */
-static int type_index(uint32_t type) { return (int)(info(type) - types); }
+int dhsa__wt_index(uint32_t type) { return info(type) ? (int)(info(type) - types) : -1; }
+const char *dhsa__wt_name(uint32_t type) { return info(type) ? info(type)->name : NULL; }
 
 int dhsa__wt_supported(uint32_t type) { return info(type) != NULL; }
 int64_t dhsa__wt_block(uint32_t type) { return info(type) ? info(type)->block : 0; }
@@ -89,53 +65,17 @@ static const char *type_label(uint32_t type, char *buf, size_t n) {
     return buf;
 }
 
-static dhsa_status unsupported(const char *fn, uint32_t type) {
+dhsa_status dhsa__wt_unsupported(const char *fn, uint32_t type) {
     char b[48];
     return dhsa__fail(DHSA_ERR_UNSUPPORTED,
                       "%s: weights of type %s are not supported (" DHSA_QK_TYPE_LIST " are)", fn,
                       type_label(type, b, sizeof b));
 }
 
-static inline float half(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return dhsa_f16_to_f32(h);
-}
-
 static inline uint32_t rd32(const uint8_t *p) {
     uint32_t v;
     memcpy(&v, p, 4);
     return v;
-}
-
-/* IQ4_NL / IQ4_XS: the 16 values a 4-bit code stands for (ggml's
- * kvalues_iq4nl, a fixed non-linear grid). */
-static const int8_t iq4_grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-
-/* Q3_K sub-block s (0..15): its 6-bit scale code (0..63; the scale is code - 32).
- * Low 4 bits: low nibble of scales[s] (s < 8) or high nibble of scales[s-8];
- * high 2 bits: bits 2(s/4), 2(s/4)+1 of scales[8 + s%4]. */
-static inline int q3k_scale(const uint8_t *s, int j) {
-    int lo = j < 8 ? s[j] & 15 : s[j - 8] >> 4;
-    return lo | ((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4;
-}
-
-/* IQ4_XS sub-block ib (0..7): 6-bit scale code (the scale is code - 32):
- * low 4 bits nibble ib%2 of scales_l[ib/2], high 2 bits 2ib.. of scales_h. */
-static inline int iq4xs_scale(const uint8_t *blk, int ib) {
-    unsigned sh = (unsigned)blk[2] | (unsigned)blk[3] << 8;
-    return ((blk[4 + ib / 2] >> (4 * (ib % 2))) & 15) | ((sh >> (2 * ib)) & 3) << 4;
-}
-
-/* Q4_K sub-block j (0..7): 6-bit scale and min from the 12 packed bytes. */
-static inline void q4k_scale_min(const uint8_t *s, int j, int *sc, int *m) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
 }
 
 /* ------------------------------------------------------ scalar dequant --- */
@@ -156,21 +96,21 @@ static inline void q4k_scale_min(const uint8_t *s, int j, int *sc, int *m) {
  *               j < 4, h < 2, l < 16): q = bits 2j, 2j+1 of qs[32n + 16h + l], sub-block i/16 with scale
  *               byte sc: x = (d*(sc&15))*q - dmin*(sc>>4)
  *   Q3_K [110]: hmask u8[32] @0, qs u8[64] @32, scales u8[12] @96, d @108; i as in Q2_K: low 2 bits as Q2_K,
- *               bit 2 = bit 4n+j of hmask[16h + l]; x = (d*(sc-32))*(q-4), sc of q3k_scale()
+ *               bit 2 = bit 4n+j of hmask[16h + l]; x = (d*(sc-32))*(q-4), sc of dhsa__q3k_scale()
  *   Q5_K [176]: d @0, dmin @2, scales[12] @4, qh u8[32] @16, qs u8[128] @48; as Q4_K, plus bit 2u+h of
  *               qh[l] as bit 4 of q: x = (d*sc)*q - dmin*m
  *   IQ4_XS [136]: d @0, scales_h u16 @2, scales_l u8[4] @4, qs u8[128] @8; sub-block ib of 32 as IQ4_NL
- *               on qs[16ib ..], x = (d*(ls-32))*grid[q], ls of iq4xs_scale()
+ *               on qs[16ib ..], x = (d*(ls-32))*grid[q], ls of dhsa__iq4xs_scale()
  * Every product here is exact in F32 (at most 24 significant bits; IQ4_XS
  * 11 + 5 + 7 = 23), and the types with an additive min round once (the
  * product before it is exact), so these formulas give the same floats
  * whatever the order or FMA. */
-static void dequant_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, float *dst) {
+void dhsa__wt_dequant_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64_t kn, float *dst) {
     switch (type) {
     case DHSA_GGML_F32: memcpy(dst, (const float *)row + k0, (size_t)kn * sizeof(float)); return;
     case DHSA_GGML_F16: {
         const uint8_t *p = row + 2 * k0;
-        for (int64_t i = 0; i < kn; i++) dst[i] = half(p + 2 * i);
+        for (int64_t i = 0; i < kn; i++) dst[i] = dhsa__wt_f16(p + 2 * i);
         return;
     }
     case DHSA_GGML_BF16: {
@@ -185,14 +125,14 @@ static void dequant_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64_
     case DHSA_GGML_Q8_0:
         for (int64_t b = 0; b < kn / 32; b++, dst += 32) {
             const uint8_t *blk = row + (k0 / 32 + b) * 34;
-            float d = half(blk);
+            float d = dhsa__wt_f16(blk);
             for (int j = 0; j < 32; j++) dst[j] = d * (float)(int8_t)blk[2 + j];
         }
         return;
     case DHSA_GGML_Q4_0:
         for (int64_t b = 0; b < kn / 32; b++, dst += 32) {
             const uint8_t *blk = row + (k0 / 32 + b) * 18;
-            float d = half(blk);
+            float d = dhsa__wt_f16(blk);
             for (int j = 0; j < 16; j++) {
                 dst[j] = d * (float)((blk[2 + j] & 15) - 8);
                 dst[j + 16] = d * (float)((blk[2 + j] >> 4) - 8);
@@ -202,12 +142,12 @@ static void dequant_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64_
     case DHSA_GGML_Q4_K:
         for (int64_t b = 0; b < kn / 256; b++, dst += 256) {
             const uint8_t *blk = row + (k0 / 256 + b) * 144;
-            float d = half(blk), dmin = half(blk + 2);
+            float d = dhsa__wt_f16(blk), dmin = dhsa__wt_f16(blk + 2);
             const uint8_t *qs = blk + 16;
             for (int u = 0; u < 4; u++)
                 for (int h = 0; h < 2; h++) {
                     int sc, m;
-                    q4k_scale_min(blk + 4, 2 * u + h, &sc, &m);
+                    dhsa__q4k_scale_min(blk + 4, 2 * u + h, &sc, &m);
                     float d1 = d * (float)sc, m1 = dmin * (float)m;
                     for (int l = 0; l < 32; l++) {
                         int q = h ? qs[32 * u + l] >> 4 : qs[32 * u + l] & 15;
@@ -221,7 +161,7 @@ static void dequant_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64_
             const uint8_t *blk = row + (k0 / 256 + b) * 210;
             const uint8_t *ql = blk, *qh = blk + 128;
             const int8_t *sc = (const int8_t *)(blk + 192);
-            float d = half(blk + 208);
+            float d = dhsa__wt_f16(blk + 208);
             for (int n = 0; n < 2; n++)
                 for (int p = 0; p < 4; p++)
                     for (int l = 0; l < 32; l++) {
@@ -239,8 +179,8 @@ static void dequant_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64_
         const int64_t bb = dhsa__wt_block_bytes(type);
         for (int64_t b = 0; b < kn / 32; b++, dst += 32) {
             const uint8_t *blk = row + (k0 / 32 + b) * bb;
-            float d = half(blk);
-            float m = type == DHSA_GGML_Q4_1 || type == DHSA_GGML_Q5_1 ? half(blk + 2) : 0.0f;
+            float d = dhsa__wt_f16(blk);
+            float m = type == DHSA_GGML_Q4_1 || type == DHSA_GGML_Q5_1 ? dhsa__wt_f16(blk + 2) : 0.0f;
             uint32_t qh = type == DHSA_GGML_Q5_0 ? rd32(blk + 2) : type == DHSA_GGML_Q5_1 ? rd32(blk + 4) : 0;
             const uint8_t *qs = blk + (type == DHSA_GGML_Q5_0 ? 6 : type == DHSA_GGML_Q5_1 ? 8 : type == DHSA_GGML_Q4_1 ? 4 : 2);
             for (int j = 0; j < 32; j++) {
@@ -249,7 +189,7 @@ static void dequant_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64_
                 case DHSA_GGML_Q4_1:
                 case DHSA_GGML_Q5_1: dst[j] = d * (float)q + m; break;
                 case DHSA_GGML_Q5_0: dst[j] = d * (float)(q - 16); break;
-                default: dst[j] = d * (float)iq4_grid[q]; break;
+                default: dst[j] = d * (float)dhsa__iq4_grid[q]; break;
                 }
             }
         }
@@ -261,7 +201,7 @@ static void dequant_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64_
             const int q2 = type == DHSA_GGML_Q2_K;
             const uint8_t *blk = row + (k0 / 256 + b) * (q2 ? 84 : 110);
             const uint8_t *qs = blk + (q2 ? 16 : 32), *hm = blk;
-            float d = half(blk + (q2 ? 80 : 108)), dmin = q2 ? half(blk + 82) : 0.0f;
+            float d = dhsa__wt_f16(blk + (q2 ? 80 : 108)), dmin = q2 ? dhsa__wt_f16(blk + 82) : 0.0f;
             for (int i = 0; i < 256; i++) {
                 int n = i / 128, j = i % 128 / 32, h = i % 32 / 16, l = i % 16;
                 int q = qs[32 * n + 16 * h + l] >> (2 * j) & 3;
@@ -270,7 +210,7 @@ static void dequant_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64_
                     dst[i] = d * (float)(sc & 15) * (float)q - dmin * (float)(sc >> 4);
                 } else {
                     q -= (hm[16 * h + l] >> (4 * n + j) & 1) ? 0 : 4;
-                    dst[i] = d * (float)(q3k_scale(blk + 96, i / 16) - 32) * (float)q;
+                    dst[i] = d * (float)(dhsa__q3k_scale(blk + 96, i / 16) - 32) * (float)q;
                 }
             }
         }
@@ -278,12 +218,12 @@ static void dequant_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64_
     case DHSA_GGML_Q5_K:
         for (int64_t b = 0; b < kn / 256; b++, dst += 256) {
             const uint8_t *blk = row + (k0 / 256 + b) * 176;
-            float d = half(blk), dmin = half(blk + 2);
+            float d = dhsa__wt_f16(blk), dmin = dhsa__wt_f16(blk + 2);
             const uint8_t *qh = blk + 16, *qs = blk + 48;
             for (int u = 0; u < 4; u++)
                 for (int h = 0; h < 2; h++) {
                     int sc, m;
-                    q4k_scale_min(blk + 4, 2 * u + h, &sc, &m);
+                    dhsa__q4k_scale_min(blk + 4, 2 * u + h, &sc, &m);
                     float d1 = d * (float)sc, m1 = dmin * (float)m;
                     for (int l = 0; l < 32; l++) {
                         int q = (h ? qs[32 * u + l] >> 4 : qs[32 * u + l] & 15) | (qh[l] >> (2 * u + h) & 1) << 4;
@@ -295,13 +235,13 @@ static void dequant_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64_
     case DHSA_GGML_IQ4_XS:
         for (int64_t b = 0; b < kn / 256; b++, dst += 256) {
             const uint8_t *blk = row + (k0 / 256 + b) * 136;
-            float d = half(blk);
+            float d = dhsa__wt_f16(blk);
             for (int ib = 0; ib < 8; ib++) {
-                float dl = d * (float)(iq4xs_scale(blk, ib) - 32);
+                float dl = d * (float)(dhsa__iq4xs_scale(blk, ib) - 32);
                 const uint8_t *qs = blk + 8 + 16 * ib;
                 for (int j = 0; j < 16; j++) {
-                    dst[32 * ib + j] = dl * (float)iq4_grid[qs[j] & 15];
-                    dst[32 * ib + 16 + j] = dl * (float)iq4_grid[qs[j] >> 4];
+                    dst[32 * ib + j] = dl * (float)dhsa__iq4_grid[qs[j] & 15];
+                    dst[32 * ib + 16 + j] = dl * (float)dhsa__iq4_grid[qs[j] >> 4];
                 }
             }
         }
@@ -310,75 +250,15 @@ static void dequant_scalar(uint32_t type, const uint8_t *row, int64_t k0, int64_
     }
 }
 
-/* ---------------------------------------------------- scalar micro-tile --- */
-
-/* 8 lanes summed by the tree (l0 + l4, l1 + l5, ...), then (a0 + a2) + (a1 + a3):
- * the AVX2 order, with multiply and add instead of FMA. */
-static float tree8(const float *s) {
-    float a0 = s[0] + s[4], a1 = s[1] + s[5], a2 = s[2] + s[6], a3 = s[3] + s[7];
-    return (a0 + a2) + (a1 + a3);
-}
-
-/* mr = 1 token x nr = 4 rows */
-static void tile_scalar(const float *W, int64_t ldw, const float *X, int64_t ldxp, int64_t kp, float *out) {
-    (void)ldxp;
-    float s[4][8] = {{0}};
-    for (int64_t k = 0; k < kp; k += 8)
-        for (int r = 0; r < 4; r++)
-            for (int j = 0; j < 8; j++) s[r][j] += W[r * ldw + k + j] * X[k + j];
-    for (int r = 0; r < 4; r++) out[r] = tree8(s[r]);
-}
-
-const dhsa__quant_kernels dhsa__quant_scalar = {"scalar", 1, 4, {0}, dequant_scalar, NULL, tile_scalar};
-
-const dhsa__quant_kernels *dhsa__quant_kernels_active(void) {
-    switch (dhsa_active_isa()) {
-#if defined(__x86_64__)
-    case DHSA_ISA_AVX512: return &dhsa__quant_avx512;
-    case DHSA_ISA_AVX2: return &dhsa__quant_avx2;
-#endif
-    default: return &dhsa__quant_scalar;
-    }
-}
-
-/* ------------------------------------------------- dequantize, row API --- */
-
-static dhsa_status check_n(const char *fn, uint32_t type, int64_t n) {
+dhsa_status dhsa__wt_check_n(const char *fn, uint32_t type, int64_t n) {
     const type_info *ti = info(type);
-    if (!ti) return unsupported(fn, type);
+    if (!ti) return dhsa__wt_unsupported(fn, type);
     if (n < 0 || n % ti->block)
         return dhsa__fail(DHSA_ERR_SHAPE, "%s: n = %lld is not a non-negative multiple of the %s block (%lld values)",
                           fn, (long long)n, ti->name, (long long)ti->block);
     if (dhsa__wt_row_bytes(type, n) < 0)
         return dhsa__fail(DHSA_ERR_TOO_LARGE, "%s: a row of %lld values is too large", fn, (long long)n);
     return DHSA_OK;
-}
-
-dhsa_status dhsa__dequantize_row(uint32_t type, const void *src, float *dst, int64_t n) {
-    dhsa_status st = check_n("dhsa__dequantize_row", type, n);
-    if (st != DHSA_OK) return st;
-    if (n && (!src || !dst)) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__dequantize_row: src or dst is NULL");
-    const dhsa__quant_kernels *k = dhsa__quant_kernels_active();
-    /* in K blocks, so every kernel sees the k0/kn it is written for */
-    for (int64_t k0 = 0; k0 < n; k0 += DHSA_QK_KC) {
-        int64_t kn = n - k0 < DHSA_QK_KC ? n - k0 : DHSA_QK_KC;
-        k->dequant(type, src, k0, kn, dst + k0);
-    }
-    return DHSA_OK;
-}
-
-dhsa_status dhsa__wmat_row(const dhsa_wmat *W, int64_t r, float *dst) {
-    if (!W || !W->data || !dst) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__wmat_row: W, its data or dst is NULL");
-    if (r < 0 || r >= W->n_out)
-        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__wmat_row: row %lld is outside [0, %lld)", (long long)r,
-                          (long long)W->n_out);
-    dhsa_status st = check_n("dhsa__wmat_row", W->type, W->n_in);
-    if (st != DHSA_OK) return st;
-    if (W->row_bytes < dhsa__wt_row_bytes(W->type, W->n_in))
-        return dhsa__fail(DHSA_ERR_SHAPE, "dhsa__wmat_row: row_bytes %lld is less than a row of %lld values (%lld)",
-                          (long long)W->row_bytes, (long long)W->n_in,
-                          (long long)dhsa__wt_row_bytes(W->type, W->n_in));
-    return dhsa__dequantize_row(W->type, (const uint8_t *)W->data + r * W->row_bytes, dst, W->n_in);
 }
 
 /* ----------------------------------------------------------- quantize --- */
@@ -611,10 +491,10 @@ static int iq4_nearest(float v) {
     int lo = 0, hi = 15;
     while (hi - lo > 1) {
         int mid = (lo + hi) / 2;
-        if (v < (float)iq4_grid[mid]) hi = mid;
+        if (v < (float)dhsa__iq4_grid[mid]) hi = mid;
         else lo = mid;
     }
-    return fabsf(v - (float)iq4_grid[lo]) <= fabsf(v - (float)iq4_grid[hi]) ? lo : hi;
+    return fabsf(v - (float)dhsa__iq4_grid[lo]) <= fabsf(v - (float)dhsa__iq4_grid[hi]) ? lo : hi;
 }
 
 /* Squared error of n values coded on the grid with scale s (codes nearest). */
@@ -623,7 +503,7 @@ static double iq4_err(const float *x, int n, float s, uint8_t *q) {
     for (int j = 0; j < n; j++) {
         int k = s != 0.0f ? iq4_nearest(x[j] / s) : 8;
         if (q) q[j] = (uint8_t)k;
-        double v = (double)(s * (float)iq4_grid[k]);
+        double v = (double)(s * (float)dhsa__iq4_grid[k]);
         e += ((double)x[j] - v) * ((double)x[j] - v);
     }
     return e;
@@ -648,8 +528,8 @@ static float iq4_scale(const float *x, int n) {
             best_s = starts[c];
         }
         for (int j = 0; j < n; j++) {
-            sxq += (double)x[j] * iq4_grid[q[j]];
-            sqq += (double)iq4_grid[q[j]] * iq4_grid[q[j]];
+            sxq += (double)x[j] * dhsa__iq4_grid[q[j]];
+            sqq += (double)dhsa__iq4_grid[q[j]] * dhsa__iq4_grid[q[j]];
         }
         float s = (float)(sxq / sqq);
         e = iq4_err(x, n, s, NULL);
@@ -747,7 +627,7 @@ static void quant_q6_k(const float *x, uint8_t *blk) {
 }
 
 dhsa_status dhsa__quantize_row(uint32_t type, const float *src, void *dst, int64_t n) {
-    dhsa_status st = check_n("dhsa__quantize_row", type, n);
+    dhsa_status st = dhsa__wt_check_n("dhsa__quantize_row", type, n);
     if (st != DHSA_OK) return st;
     if (n && (!src || !dst)) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__quantize_row: src or dst is NULL");
     uint8_t *out = dst;
@@ -856,7 +736,7 @@ static int64_t row_bad(uint32_t type, const uint8_t *row, int64_t n, const char 
 }
 
 dhsa_status dhsa__wt_check_finite(uint32_t type, const void *data, int64_t n_rows, int64_t n_cols) {
-    dhsa_status st = check_n("dhsa__wt_check_finite", type, n_cols);
+    dhsa_status st = dhsa__wt_check_n("dhsa__wt_check_finite", type, n_cols);
     if (st != DHSA_OK) return st;
     if (n_rows < 0) return dhsa__fail(DHSA_ERR_SHAPE, "dhsa__wt_check_finite: n_rows = %lld", (long long)n_rows);
     if (n_rows && n_cols && !data) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__wt_check_finite: data is NULL");
@@ -869,348 +749,4 @@ dhsa_status dhsa__wt_check_finite(uint32_t type, const void *data, int64_t n_row
                               info(type)->name, (long long)r, (long long)n_rows, what, (long long)c);
     }
     return DHSA_OK;
-}
-
-/* ------------------------------------------------------------- matmul --- */
-
-typedef struct {
-    int fused;
-    int64_t unit_rows; /* rows per unit: a fused chunk or a panel */
-    int64_t n_units, n_tasks;
-    int64_t ldb;       /* panel buffer row stride, floats */
-    size_t per_thread; /* bytes of scratch per thread (panel route) */
-    size_t ws;         /* bytes of scratch in all */
-} plan;
-
-
-static plan make_plan(const dhsa__quant_kernels *k, uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok,
-                      int n_threads) {
-    plan p;
-    memset(&p, 0, sizeof p);
-    int64_t row_bytes = dhsa__wt_row_bytes(type, n_in);
-    p.fused = n_tok <= k->max_tok_fused[type_index(type)] && k->gemv != NULL;
-    if (p.fused) {
-        p.unit_rows = round_up(ceil_div(FUSED_CHUNK_BYTES, row_bytes > 0 ? row_bytes : 1), 4);
-        p.n_units = ceil_div(n_out, p.unit_rows);
-        double bytes = (double)row_bytes * (double)n_out;
-        double t = bytes / FUSED_TASK_BYTES;
-        p.n_tasks = t < 1.0 ? 1 : t > (double)p.n_units ? p.n_units : (int64_t)t;
-        return p;
-    }
-    int64_t rows = n_out < DHSA_QK_PANEL ? n_out : DHSA_QK_PANEL;
-    p.unit_rows = round_up(rows, k->nr);
-    p.n_units = ceil_div(n_out, p.unit_rows);
-    double t = 2.0 * (double)n_in * (double)n_out * (double)n_tok / PANEL_TASK_FLOPS;
-    p.n_tasks = t < 1.0 ? 1 : t > (double)p.n_units ? p.n_units : (int64_t)t;
-    int64_t kc = n_in < DHSA_QK_KC ? n_in : DHSA_QK_KC;
-    /* +16 floats: rows 64 bytes apart modulo 4 KiB, so the tile's rows do not
-     * fight over the same L1 sets */
-    p.ldb = round_up(kc, 16) + 16;
-    p.per_thread = (size_t)(p.unit_rows + k->mr) * (size_t)p.ldb * sizeof(float);
-    int users = p.n_tasks == 1 || n_threads <= 1 ? 1 : n_threads;
-    p.ws = (size_t)users * p.per_thread;
-    return p;
-}
-
-typedef struct {
-    const dhsa__quant_kernels *k;
-    const dhsa_wmat *W;
-    const float *x;
-    int64_t ldx, n_tok;
-    float *y;
-    int64_t ldy;
-    plan p;
-    char *ws;
-} mm_job;
-
-static void fused_units(const mm_job *j, int64_t u0, int64_t u1) {
-    const dhsa_wmat *W = j->W;
-    int64_t o0 = u0 * j->p.unit_rows, o1 = u1 * j->p.unit_rows;
-    if (o1 > W->n_out) o1 = W->n_out;
-    j->k->gemv(W->type, (const uint8_t *)W->data + o0 * W->row_bytes, W->row_bytes, o1 - o0, W->n_in, j->x, j->ldx,
-               j->n_tok, j->y + o0, j->ldy);
-}
-
-/* Bytes of a row holding columns [k0, k0 + kn) (k0, kn multiples of the block). */
-static inline int64_t seg_bytes(uint32_t type, int64_t kn) {
-    return kn / dhsa__wt_block(type) * dhsa__wt_block_bytes(type);
-}
-
-/* Prefetches, a slice at a time, the W segments the next K block (or the
- * next panel's first) will dequantize: np short row segments that would
- * otherwise each wait on memory when there are few tokens to hide it. */
-typedef struct {
-    const uint8_t *base; /* first row's segment */
-    int64_t row_bytes, lines, total, done;
-} w_prefetch;
-
-static w_prefetch w_prefetch_next(const mm_job *j, int64_t o0, int64_t np, int64_t k0) {
-    const dhsa_wmat *W = j->W;
-    w_prefetch f = {NULL, W->row_bytes, 0, 0, 0};
-    int64_t nk0 = k0 + DHSA_QK_KC, no0 = o0, nnp = np;
-    if (nk0 >= W->n_in) { /* the next panel */
-        nk0 = 0;
-        no0 = o0 + np;
-        nnp = W->n_out - no0 < np ? W->n_out - no0 : np;
-        if (nnp <= 0) return f;
-    }
-    int64_t nkn = W->n_in - nk0 < DHSA_QK_KC ? W->n_in - nk0 : DHSA_QK_KC;
-    int64_t off = seg_bytes(W->type, nk0);
-    f.base = (const uint8_t *)W->data + no0 * W->row_bytes + off;
-    f.lines = ceil_div(seg_bytes(W->type, nkn), 64);
-    f.total = nnp * f.lines;
-    return f;
-}
-
-static inline void w_prefetch_some(w_prefetch *f, int64_t n) {
-    for (int64_t e = 0; e < n && f->done < f->total; e++, f->done++)
-        __builtin_prefetch(f->base + f->done / f->lines * f->row_bytes + 64 * (f->done % f->lines), 0, 2); /* to L2 */
-}
-
-/* One panel: rows [o0, o0 + np), every K block, every token. */
-static void panel(const mm_job *j, int64_t o0, int64_t np, float *buf, float *xp) {
-    const dhsa__quant_kernels *k = j->k;
-    const dhsa_wmat *W = j->W;
-    const int mr = k->mr, nr = k->nr;
-    const int64_t ldb = j->p.ldb, n_in = W->n_in, n_tok = j->n_tok;
-    const int64_t np_pad = round_up(np, nr);
-    const int64_t n_tiles = ceil_div(n_tok, mr) * ceil_div(np, nr);
-    float out[64]; /* mr * nr */
-    for (int64_t k0 = 0; k0 < n_in; k0 += DHSA_QK_KC) {
-        w_prefetch wpf = w_prefetch_next(j, o0, np, k0);
-        const int64_t wpf_per_tile = ceil_div(wpf.total, n_tiles);
-        const int64_t kn = n_in - k0 < DHSA_QK_KC ? n_in - k0 : DHSA_QK_KC, kp = round_up(kn, 16);
-        const int first = k0 == 0;
-        /* buf [np_pad][ldb]: W rows o0.., columns k0..k0+kn, zero padded */
-        for (int64_t r = 0; r < np; r++) {
-            float *b = buf + r * ldb;
-            k->dequant(W->type, (const uint8_t *)W->data + (o0 + r) * W->row_bytes, k0, kn, b);
-            for (int64_t c = kn; c < kp; c++) b[c] = 0.0f;
-        }
-        for (int64_t r = np; r < np_pad; r++) memset(buf + r * ldb, 0, (size_t)kp * sizeof(float));
-        for (int64_t t0 = 0; t0 < n_tok; t0 += mr) {
-            const int nt = n_tok - t0 < mr ? (int)(n_tok - t0) : mr;
-            /* xp [mr][ldb]: tokens t0.. (the last one repeated to fill the tile) */
-            for (int t = 0; t < mr; t++) {
-                const float *src = j->x + (t0 + (t < nt ? t : nt - 1)) * j->ldx + k0;
-                float *d = xp + t * ldb;
-                memcpy(d, src, (size_t)kn * sizeof(float));
-                for (int64_t c = kn; c < kp; c++) d[c] = 0.0f;
-            }
-            /* the next tile of tokens comes from L3 or memory (x of 512 tokens is
-             * megabytes): fetch it while this one computes, a slice per tile */
-            const int64_t t_next = t0 + mr, lines = ceil_div(kn, 16); /* 64-byte lines per x row */
-            const int64_t n_pf = t_next < n_tok ? mr * lines : 0, per_tile = ceil_div(n_pf, ceil_div(np, nr));
-            int64_t pf_i = 0;
-            for (int64_t r0 = 0; r0 < np; r0 += nr) {
-                for (int64_t e = 0; e < per_tile && pf_i < n_pf; e++, pf_i++) {
-                    int64_t tt = t_next + pf_i / lines;
-                    if (tt < n_tok) __builtin_prefetch(j->x + tt * j->ldx + k0 + 16 * (pf_i % lines));
-                }
-                w_prefetch_some(&wpf, wpf_per_tile);
-                k->tile(buf + r0 * ldb, ldb, xp, ldb, kp, out);
-                const int vr = np - r0 < nr ? (int)(np - r0) : nr;
-                for (int t = 0; t < nt; t++) {
-                    float *yr = j->y + (t0 + t) * j->ldy + o0 + r0;
-                    for (int r = 0; r < vr; r++) yr[r] = first ? out[t * nr + r] : yr[r] + out[t * nr + r];
-                }
-            }
-        }
-    }
-}
-
-static void mm_task(void *arg, int64_t task, int thread) {
-    const mm_job *j = arg;
-    int64_t u0 = task * j->p.n_units / j->p.n_tasks, u1 = (task + 1) * j->p.n_units / j->p.n_tasks;
-    if (j->p.fused) {
-        fused_units(j, u0, u1);
-        return;
-    }
-    float *buf = (float *)(j->ws + (size_t)thread * j->p.per_thread);
-    float *xp = buf + j->p.unit_rows * j->p.ldb;
-    for (int64_t u = u0; u < u1; u++) {
-        int64_t o0 = u * j->p.unit_rows;
-        int64_t np = j->W->n_out - o0 < j->p.unit_rows ? j->W->n_out - o0 : j->p.unit_rows;
-        panel(j, o0, np, buf, xp);
-    }
-}
-
-/* Checks shared by dhsa__matmul and the workspace query. */
-static dhsa_status check_mm(uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok) {
-    const type_info *ti = info(type);
-    if (!ti) return unsupported("dhsa__matmul", type);
-    if (n_in <= 0 || n_out <= 0 || n_tok < 0)
-        return dhsa__fail(DHSA_ERR_SHAPE, "dhsa__matmul: n_in = %lld, n_out = %lld, n_tok = %lld (need n_in, n_out >= 1, "
-                          "n_tok >= 0)", (long long)n_in, (long long)n_out, (long long)n_tok);
-    if (n_in % ti->block)
-        return dhsa__fail(DHSA_ERR_SHAPE, "dhsa__matmul: n_in = %lld is not a multiple of the %s block (%lld values)",
-                          (long long)n_in, ti->name, (long long)ti->block);
-    if (n_in > ((int64_t)1 << 40) || n_out > ((int64_t)1 << 40) || n_tok > ((int64_t)1 << 40))
-        return dhsa__fail(DHSA_ERR_TOO_LARGE, "dhsa__matmul: a dimension is above 2^40");
-    return DHSA_OK;
-}
-
-int dhsa__matmul_fused(uint32_t type, int64_t n_tok) {
-    const dhsa__quant_kernels *k = dhsa__quant_kernels_active();
-    return info(type) && k->gemv && n_tok <= k->max_tok_fused[type_index(type)];
-}
-
-size_t dhsa__matmul_workspace(uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok, int n_threads) {
-    if (check_mm(type, n_in, n_out, n_tok) != DHSA_OK || n_tok == 0) return 0;
-    plan p = make_plan(dhsa__quant_kernels_active(), type, n_in, n_out, n_tok, n_threads);
-    return p.fused ? 0 : p.ws;
-}
-
-/* The checks of a call, shared by every route (n_tok = 0 passes). */
-static dhsa_status check_call(dhsa_ctx *ctx, const dhsa_wmat *W, const float *x, int64_t ldx, int64_t n_tok,
-                              const float *y, int64_t ldy) {
-    if (!ctx || !W || !x || !y || !W->data)
-        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__matmul: ctx, W, W->data, x and y must not be NULL");
-    dhsa_status st = check_mm(W->type, W->n_in, W->n_out, n_tok);
-    if (st != DHSA_OK) return st;
-    if (ldx < W->n_in || ldy < W->n_out)
-        return dhsa__fail(DHSA_ERR_SHAPE, "dhsa__matmul: ldx = %lld must be >= n_in = %lld and ldy = %lld >= n_out = %lld",
-                          (long long)ldx, (long long)W->n_in, (long long)ldy, (long long)W->n_out);
-    int64_t rb = dhsa__wt_row_bytes(W->type, W->n_in);
-    if (W->row_bytes < rb)
-        return dhsa__fail(DHSA_ERR_SHAPE, "dhsa__matmul: row_bytes = %lld is less than a %s row of %lld values (%lld bytes)",
-                          (long long)W->row_bytes, info(W->type)->name, (long long)W->n_in, (long long)rb);
-    if (n_tok == 0) return DHSA_OK;
-    if (ldx > INT64_MAX / n_tok || ldy > INT64_MAX / n_tok || W->row_bytes > INT64_MAX / W->n_out)
-        return dhsa__fail(DHSA_ERR_TOO_LARGE, "dhsa__matmul: a buffer size overflows 64 bits");
-    /* x and y must not overlap (y is written while x is still read) */
-    uintptr_t xa = (uintptr_t)x, xb = (uintptr_t)(x + (n_tok - 1) * ldx + W->n_in);
-    uintptr_t ya = (uintptr_t)y, yb = (uintptr_t)(y + (n_tok - 1) * ldy + W->n_out);
-    if (xa < yb && ya < xb) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__matmul: x and y overlap");
-    return DHSA_OK;
-}
-
-dhsa_status dhsa__matmul(dhsa_ctx *ctx, const dhsa_wmat *W, const float *x, int64_t ldx, int64_t n_tok, float *y,
-                         int64_t ldy) {
-    dhsa_status st = check_call(ctx, W, x, ldx, n_tok, y, ldy);
-    if (st != DHSA_OK || n_tok == 0) return st;
-
-    mm_job j;
-    j.k = dhsa__quant_kernels_active();
-    j.W = W;
-    j.x = x;
-    j.ldx = ldx;
-    j.n_tok = n_tok;
-    j.y = y;
-    j.ldy = ldy;
-    j.p = make_plan(j.k, W->type, W->n_in, W->n_out, n_tok, dhsa_ctx_n_threads(ctx));
-    j.ws = NULL;
-    /* the scratch is the ctx's: one call at a time works in it */
-    dhsa__ctx_lock(ctx);
-    if (!j.p.fused) {
-        j.ws = dhsa__scratch(ctx, j.p.ws, &st);
-        if (!j.ws) {
-            dhsa__ctx_unlock(ctx);
-            return st;
-        }
-    }
-    dhsa_parallel_for(ctx, j.p.n_tasks, mm_task, &j);
-    dhsa__ctx_unlock(ctx);
-    return DHSA_OK;
-}
-
-/* ------------------------------------------------------------ routes --- */
-
-/* The fast route's kernels for a weight type: the integer ones (quantized
- * types, int8.h) or the BF16 ones (F16 and BF16, bf16.h), where the CPU
- * and the ISA allow; neither: the exact route. */
-typedef struct {
-    const dhsa__qi_kernels *qi;
-    const dhsa__bf16_kernels *bf;
-    const dhsa__amx_kernels *amx; /* prefill of many tokens (amx.h), set by fast_kernels_n */
-} fast_k;
-
-static fast_k fast_kernels(dhsa__mm_route route, uint32_t type) {
-    fast_k f = {NULL, NULL, NULL};
-    if (route != DHSA_MM_FAST) return f;
-    if (dhsa__qi_type(type)) f.qi = dhsa__qi_kernels_active();
-    if (dhsa__bf16_type(type)) f.bf = dhsa__bf16_kernels_active();
-    return f;
-}
-
-/* ... for a call of n_tok tokens: the few-token (decode) calls of the
- * types whose integer fused route is slower than the exact one take the
- * exact route (dhsa__qi_fused_exact; the route name says so) */
-static fast_k fast_kernels_n(dhsa__mm_route route, uint32_t type, int64_t n_tok) {
-    fast_k f = fast_kernels(route, type);
-    if (f.qi && n_tok <= f.qi->max_tok_fused && dhsa__qi_fused_exact(f.qi, type)) f.qi = NULL;
-    if (route == DHSA_MM_FAST && dhsa__amx_takes(type, n_tok)) f.amx = dhsa__amx_kernels_active();
-    return f;
-}
-
-int dhsa__matmul_fast_covers(uint32_t type, int64_t n_tok) {
-    const fast_k f = fast_kernels_n(DHSA_MM_FAST, type, n_tok);
-    return f.qi != NULL || f.bf != NULL || f.amx != NULL;
-}
-
-dhsa_status dhsa__matmul_on(dhsa_ctx *ctx, dhsa__mm_route route, const dhsa_wmat *W, const float *x, int64_t ldx,
-                            int64_t n_tok, float *y, int64_t ldy) {
-    const fast_k f = fast_kernels_n(route, W ? W->type : 0, n_tok);
-    if (!f.qi && !f.bf && !f.amx) return dhsa__matmul(ctx, W, x, ldx, n_tok, y, ldy);
-    dhsa_status st = check_call(ctx, W, x, ldx, n_tok, y, ldy);
-    if (st != DHSA_OK || n_tok == 0) return st;
-    if (f.amx) return dhsa__amx_matmul(ctx, f.amx, W, x, ldx, n_tok, y, ldy);
-    if (f.bf) return dhsa__bf16_matmul(ctx, f.bf, W, x, ldx, n_tok, y, ldy);
-    return dhsa__qi_matmul(ctx, f.qi, W, x, ldx, n_tok, y, ldy);
-}
-
-dhsa_status dhsa__matmul_multi_on(dhsa_ctx *ctx, dhsa__mm_route route, const dhsa_wmat *const *W, int nw,
-                                  const float *x, int64_t ldx, int64_t n_tok, float *const *y) {
-    const fast_k f = fast_kernels_n(route, nw > 0 && W[0] ? W[0]->type : 0, n_tok);
-    dhsa_status st = DHSA_OK;
-    if (f.qi && !f.amx) {
-        for (int i = 0; i < nw && st == DHSA_OK; i++)
-            st = check_call(ctx, W[i], x, ldx, n_tok, y[i], W[i] ? W[i]->n_out : 0);
-        if (st != DHSA_OK || n_tok == 0) return st;
-        if (dhsa__qi_matmul_multi(ctx, f.qi, W, nw, x, ldx, n_tok, y, &st)) return st;
-    }
-    for (int i = 0; i < nw && st == DHSA_OK; i++) st = dhsa__matmul_on(ctx, route, W[i], x, ldx, n_tok, y[i], W[i]->n_out);
-    return st;
-}
-
-size_t dhsa__matmul_workspace_on(dhsa__mm_route route, uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok,
-                                 int n_threads) {
-    const fast_k f = fast_kernels_n(route, type, n_tok);
-    if (!f.qi && !f.bf && !f.amx) return dhsa__matmul_workspace(type, n_in, n_out, n_tok, n_threads);
-    if (check_mm(type, n_in, n_out, n_tok) != DHSA_OK || n_tok == 0) return 0;
-    if (f.amx) return dhsa__amx_workspace(type, n_in, n_out, n_tok, n_threads);
-    if (f.bf) return dhsa__bf16_workspace(f.bf, type, n_in, n_out, n_tok, n_threads);
-    return dhsa__qi_workspace(f.qi, type, n_in, n_out, n_tok, n_threads);
-}
-
-const char *dhsa__matmul_prefill_name(dhsa__mm_route route, uint32_t type) {
-    return route == DHSA_MM_FAST && dhsa__amx_takes(type, DHSA__AMX_MIN_TOK) ? "bf16 amx" : NULL;
-}
-
-const char *dhsa__matmul_route_name(dhsa__mm_route route, uint32_t type) {
-    const fast_k f = fast_kernels(route, type);
-    if (f.qi && dhsa__qi_fused_exact(f.qi, type)) /* decode on the exact route (fast_kernels_n) */
-        return "int8 avx512-vnni, decode f32 avx512 (faster here)";
-    if (f.qi) return dhsa__qi_route_name(f.qi);
-    if (f.bf) return dhsa__bf16_route_name(f.bf);
-    /* F16/BF16 where the BF16 kernels could run but do not: say why */
-    const char *why = route == DHSA_MM_FAST && dhsa__bf16_type(type) ? dhsa__bf16_off_reason() : NULL;
-    if (why && strcmp(why, "DHSA_BF16=off") == 0) return "f32 avx512 (DHSA_BF16=off)";
-    if (why) return "f32 avx512 (avx512-bf16 slower here)";
-    switch (dhsa_active_isa()) {
-    case DHSA_ISA_AVX512: return "f32 avx512";
-    case DHSA_ISA_AVX2: return "f32 avx2";
-    default: return "f32 scalar";
-    }
-}
-
-/* The public Q8_0 row conversions (dhsa.h): the weight quantizer above,
- * so a Q8_0 KV cache holds exactly what a Q8_0 weight of the same values
- * would. */
-dhsa_status dhsa_q8_0_quantize_row(const float *src, void *dst, int64_t n) {
-    return dhsa__quantize_row(DHSA_GGML_Q8_0, src, dst, n);
-}
-
-dhsa_status dhsa_q8_0_dequantize_row(const void *src, float *dst, int64_t n) {
-    return dhsa__dequantize_row(DHSA_GGML_Q8_0, src, dst, n);
 }
