@@ -527,7 +527,7 @@ static dhsa_status matmul(dhsa_session *s, const dhsa_wmat *W, const float *x, i
 }
 
 /* Products of one x with several weights (q, k, v; gate, up): one
- * parallel job where the fast route can (quant.h), same results. */
+ * parallel job where the fast path can (matmul.h), same results. */
 static dhsa_status matmul_multi(dhsa_session *s, const dhsa_wmat *const *W, int nw, const float *x, int64_t n,
                                 float *const *y) {
     return dhsa__matmul_multi_on(s->ctx, s->p.exact ? DHSA_MM_EXACT : DHSA_MM_FAST, W, nw, x, W[0]->n_in, n, y);
