@@ -5,7 +5,7 @@
  * runs the backend. Tested by tests/test_attn.c.
  */
 #include "attn/attn_internal.h"
-#include "route/layout_internal.h"
+#include "attn/layout.h"
 
 #include <math.h>
 #include <stdlib.h>

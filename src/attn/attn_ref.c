@@ -7,7 +7,7 @@
  * type (a Q8_0 K/V element is d * q of its block, exact in F32).
  */
 #include "attn/attn_internal.h"
-#include "route/layout_internal.h"
+#include "attn/layout.h"
 
 size_t dhsa__attn_ref_workspace(const dhsa__attn_problem *p) {
     return (size_t)(p->Lq * p->Lk + p->dv) * sizeof(double);

@@ -33,7 +33,7 @@
  */
 #include "attn/attn_internal.h"
 #include "attn/kern.h"
-#include "route/layout_internal.h"
+#include "attn/layout.h"
 
 #define ALIGNF 16 /* floats per 64 bytes */
 

@@ -13,7 +13,7 @@
 
 #define UNROLL _Pragma("GCC unroll 16")
 
-#include "attn/exp_avx2.h"
+#include "core/exp_avx2.h"
 
 /* rows [0, MR) of a 16-column slice: S[r][0..16) = K[r] . Qt[:, 0..16) */
 #define QK_BLOCK(MR)                                                             \

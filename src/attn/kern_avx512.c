@@ -18,7 +18,7 @@
 #define PF 8
 #endif
 
-#include "attn/exp_avx512.h"
+#include "core/exp_avx512.h"
 
 /* ------------------------------------------------------------- scores --- */
 

@@ -26,11 +26,12 @@
  */
 #include "dist/dist.h"
 
+#include "attn/layout.h"
 #include "attn/stats.h"
 #include "core/internal.h"
 #include "core/procmem.h"
 #include "route/kv_index_internal.h"
-#include "route/layout_internal.h"
+#include "route/params.h"
 
 #include <math.h>
 #include <stdlib.h>

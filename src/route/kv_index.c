@@ -18,8 +18,9 @@
  * kept. Appends are processed in pieces of up to PIECE keys so that the
  * products go through the same micro-kernels in batches. The decisions are
  * the same online rule on a delay of w - 1 more keys, with the fixed
- * threshold learned_threshold; dhsa__learned_online_starts runs that rule
- * over dhsa_predictor_score's probabilities of a whole sequence, which is
+ * threshold learned_threshold (dhsa__decide, boundaries.c);
+ * dhsa__learned_online_starts runs that rule over dhsa_predictor_score's
+ * probabilities of a whole sequence, which is
  * what dhsa_route does for LEARNED with causal_boundaries = 1: both give the
  * same chunks, bit for bit, because the probabilities are the same bits
  * (predictor_internal.h).
@@ -44,8 +45,13 @@
  * tests/test_threads.c.
  */
 #include "route/kv_index_internal.h"
-#include "route/layout_internal.h"
+
+#include "attn/attn_internal.h"
+#include "attn/layout.h"
+#include "route/boundaries.h"
+#include "route/params.h"
 #include "route/predictor_internal.h"
+#include "route/select.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -53,20 +59,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attn/attn_internal.h"
-
 #define PIECE 64 /* keys of an append scored together (LEARNED) */
-
-/* The online boundary rule's state (shared by the index and
- * dhsa__learned_online_starts): the last 2 nms_window + 1 scores and,
- * for SIMILARITY, their running mean and variance. */
-typedef struct {
-    const dhsa_router_params *rp;
-    int learned;
-    float *score; /* [2 * nms_window + 1] ring of scores, candidate s at s % size */
-    int64_t score_size;
-    double s_n, s_mean, s_m2; /* running score statistics (Welford) */
-} decider;
 
 struct dhsa_kv_index {
     dhsa_ctx *ctx;
@@ -94,7 +87,7 @@ struct dhsa_kv_index {
     int64_t ring_len; /* keys kept: max(sim_window, nms_window) + 1;
                          LEARNED: nms_window + w */
     float *ring;      /* [ring_len][Hkv][d], key t at t % ring_len */
-    decider dc;       /* the scores and the online rule's state */
+    dhsa__decider dc; /* the scores and the online rule's state */
     float *score_hist; /* [capacity]: score of candidate s at s (s >= 1), what
                           truncation replays the running statistics from */
     int64_t delay;    /* keys after a candidate that its score needs:
@@ -377,48 +370,6 @@ static float causal_score(const dhsa_kv_index *ix, int64_t t) {
     return (float)(total / (double)ix->Hkv);
 }
 
-/* The online rule (include/dhsa.h, dhsa_kv_index). The score of candidate
- * s (s >= 1; s = 0 has none) has just become final; open is the start of
- * the open chunk. Returns where to close it (a boundary, or the max_chunk
- * cut), or -1. */
-static void record_score(decider *dc, int64_t s, float score) {
-    dc->score[s % dc->score_size] = score;
-    dc->s_n += 1;
-    double delta = score - dc->s_mean;
-    dc->s_mean += delta / dc->s_n;
-    dc->s_m2 += delta * (score - dc->s_mean);
-}
-
-static int64_t decide(decider *dc, int64_t open, int64_t s, float score) {
-    const dhsa_router_params *rp = dc->rp;
-    if (s >= 1) record_score(dc, s, score);
-    /* the candidate nms_window scores back can now be judged */
-    int64_t t = s - rp->nms_window;
-    if (t >= 1) {
-        float sc = dc->score[t % dc->score_size];
-        int keep;
-        if (dc->learned) {
-            keep = sc >= rp->learned_threshold;
-        } else {
-            double sd = dc->s_n > 1 ? sqrt(dc->s_m2 / dc->s_n) : 0.0;
-            keep = sc >= dc->s_mean + rp->threshold * sd;
-        }
-        keep = keep && t - open >= rp->min_chunk && t - open >= rp->nms_window + 1 && t - open <= rp->max_chunk;
-        for (int64_t u = t - rp->nms_window; keep && u <= s; u++) {
-            if (u < 1 || u == t) continue;
-            float su = dc->score[u % dc->score_size];
-            if (su > sc || (su == sc && u < t)) keep = 0; /* not the (earliest) maximum */
-        }
-        if (keep) return t;
-    }
-    /* A chunk longer than max_chunk is cut at max_chunk, but only once every
-     * candidate inside it has been judged (nms_window scores later): cutting
-     * at once could split a boundary about to be decided (seen at 128K: a
-     * 16-key needle passage starting 3 keys before the cut was lost). */
-    if (s + 1 - open >= rp->max_chunk + rp->nms_window) return open + rp->max_chunk;
-    return -1;
-}
-
 /* Key `now` has just entered the ring and the tail sum: decide. learned:
  * LEARNED, the probability of candidate now - delay (0 before key w). */
 static dhsa_status step(dhsa_kv_index *ix, int64_t now, float learned) {
@@ -433,33 +384,8 @@ static dhsa_status step(dhsa_kv_index *ix, int64_t now, float learned) {
     float score = 0.0f;
     if (s >= 1) score = ix->pr ? learned : causal_score(ix, now);
     if (s >= 1) ix->score_hist[s] = score;
-    int64_t cut = decide(&ix->dc, open, s, score);
+    int64_t cut = dhsa__decide(&ix->dc, open, s, score);
     return cut >= 0 ? close_chunk(ix, cut, now) : DHSA_OK;
-}
-
-int64_t dhsa__learned_online_starts(const dhsa_router_params *rp, const float *p, int64_t Lk, int64_t *starts,
-                                    dhsa_status *err) {
-    *err = DHSA_OK;
-    decider dc = {rp, 1, malloc((size_t)(2 * rp->nms_window + 1) * sizeof(float)), 2 * rp->nms_window + 1, 0, 0, 0};
-    if (!dc.score) {
-        *err = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory for the online boundaries");
-        return -1;
-    }
-    const int64_t delay = dhsa_predictor_window(rp->predictor) - 1;
-    int64_t n = 0, open = 0;
-    starts[0] = 0;
-    for (int64_t now = 0; now < Lk; now++) {
-        int64_t s = now - delay;
-        if (s < 0) continue;
-        int64_t cut = decide(&dc, open, s, s >= 1 ? p[s] : 0.0f);
-        if (cut >= 0) starts[++n] = open = cut;
-    }
-    free(dc.score);
-    /* the keys the index would still hold open: pieces of at most max_chunk */
-    int64_t len = Lk - open, parts = (len + rp->max_chunk - 1) / rp->max_chunk;
-    for (int64_t k = 1; k < parts; k++) starts[++n] = open + len * k / parts;
-    starts[++n] = Lk;
-    return n;
 }
 
 /* LEARNED: keys [j0, j0 + np) of k (np <= PIECE), about to be appended at
@@ -576,10 +502,10 @@ static void truncate_keys(dhsa_kv_index *ix, const dhsa_tensor *k, int64_t n) {
     for (int64_t t = n; t < ix->sink_n; t++) memset(ix->sinkk + t * hd, 0, (size_t)hd * sizeof(float));
     const int64_t open = ix->starts[nc];
     if (ix->rp.boundary != DHSA_BOUNDARY_FIXED) { /* candidates 1 .. n - 1 - delay had their scores */
-        decider *dc = &ix->dc;
+        dhsa__decider *dc = &ix->dc;
         dc->s_n = dc->s_mean = dc->s_m2 = 0;
         memset(dc->score, 0, (size_t)dc->score_size * sizeof(float));
-        for (int64_t s = 1; s <= n - 1 - ix->delay; s++) record_score(dc, s, ix->score_hist[s]);
+        for (int64_t s = 1; s <= n - 1 - ix->delay; s++) dhsa__decider_record(dc, s, ix->score_hist[s]);
     }
     /* the ring: keys n - ring_len .. n - 1, zero where an index of n keys
      * has written none */

@@ -20,7 +20,6 @@
  * kernel against the scalar one, parser fuzzing) and tests/test_train.c (the
  * trainer's forward agrees with this one).
  */
-#include "route/layout_internal.h"
 #include "route/predictor_internal.h"
 #include "util/outfile.h"
 

@@ -18,7 +18,7 @@
 #include "route/predictor_internal.h"
 
 
-#include "attn/exp_avx2.h" /* exp256: x < -87.3 gives 0 */
+#include "core/exp_avx2.h" /* exp256: x < -87.3 gives 0 */
 
 /* lanes [0, n) of an 8-lane vector as a mask, n >= 0 */
 static inline __m256i lanes(int64_t n) {

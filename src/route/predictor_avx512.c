@@ -20,7 +20,7 @@
 
 #include "route/predictor_internal.h"
 
-#include "attn/exp_avx512.h" /* exp512: x < -87.3 gives 0 */
+#include "core/exp_avx512.h" /* exp512: x < -87.3 gives 0 */
 
 /* lanes [0, n) of a 16-lane vector, n >= 0 */
 static inline __mmask16 lanes(int64_t n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u); }

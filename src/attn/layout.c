@@ -2,7 +2,7 @@
  * of disjoint key ranges, with an exact size known before anything is
  * routed. Contract in include/dhsa.h; tested by tests/test_route.c.
  */
-#include "route/layout_internal.h"
+#include "attn/layout.h"
 
 #include <stdlib.h>
 

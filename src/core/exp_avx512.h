@@ -1,13 +1,15 @@
-/* exp_avx512.h: the attention kernels' vector exp on 16 lanes, shared by
+/* exp_avx512.h: the kernels' vector exp on 16 lanes, shared by
  * the AVX-512 files (src/attn/kern_avx512.c, src/route/predictor_avx512.c).
- * Include only from files compiled with the AVX-512 flags, after kern.h
- * (its DHSA_EXP_* constants). */
-#ifndef DHSA_ATTN_EXP_AVX512_H
-#define DHSA_ATTN_EXP_AVX512_H
+ * Include only from files compiled with the AVX-512 flags (the
+ * scalar form and its constants: exp.h). */
+#ifndef DHSA_CORE_EXP_AVX512_H
+#define DHSA_CORE_EXP_AVX512_H
 
 #include <immintrin.h>
 
-/* exp as in dhsa__expf, except that x < DHSA_EXP_VLO (and -inf) gives 0 (kern.h). */
+#include "core/exp.h"
+
+/* exp as in dhsa__expf, except that x < DHSA_EXP_VLO (and -inf) gives 0 (exp.h). */
 static inline __m512 exp512(__m512 x) {
     __mmask16 ok = _mm512_cmp_ps_mask(x, _mm512_set1_ps(DHSA_EXP_VLO), _CMP_NLT_UQ);
     x = _mm512_max_ps(x, _mm512_set1_ps(DHSA_EXP_VLO));

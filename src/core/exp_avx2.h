@@ -1,13 +1,15 @@
-/* exp_avx2.h: the attention kernels' vector exp on 8 lanes, shared by the
+/* exp_avx2.h: the kernels' vector exp on 8 lanes, shared by the
  * AVX2 files (src/attn/kern_avx2.c, src/route/predictor_avx2.c). Include
- * only from files compiled with -mavx2 -mfma, after kern.h (its DHSA_EXP_*
- * constants). */
-#ifndef DHSA_ATTN_EXP_AVX2_H
-#define DHSA_ATTN_EXP_AVX2_H
+ * only from files compiled with -mavx2 -mfma (the scalar form and its
+ * constants: exp.h). */
+#ifndef DHSA_CORE_EXP_AVX2_H
+#define DHSA_CORE_EXP_AVX2_H
 
 #include <immintrin.h>
 
-/* exp as in dhsa__expf, except that x < DHSA_EXP_VLO (and -inf) gives 0 (kern.h). */
+#include "core/exp.h"
+
+/* exp as in dhsa__expf, except that x < DHSA_EXP_VLO (and -inf) gives 0 (exp.h). */
 static inline __m256 exp256(__m256 x) {
     __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(DHSA_EXP_VLO), _CMP_LT_OQ);
     x = _mm256_max_ps(x, _mm256_set1_ps(DHSA_EXP_VLO));
