@@ -62,12 +62,53 @@ dhsa_status dhsa_tok__set_pre(dhsa_tokenizer *t, const char *pre, int file_sets_
 /* The i-th name llama.cpp knows, in its order; NULL past the last. */
 const char *dhsa_tok__pre_name(size_t i);
 
+/* The pre-tokenizer's buffers (src/model/pretokenize.c), grown as needed
+ * and kept between calls by a tokenize call's work buffers: cap entries
+ * each, for a text of up to cap - 1 code points. */
+typedef struct {
+    uint32_t *cp;      /* (cap,) code points of the text */
+    int64_t *cp_off;   /* (cap,) byte offset of each, then the text's length */
+    uint8_t *cat;      /* (cap,) class of each (letter, number, space, other) */
+    int64_t *piece[2]; /* (cap,) piece ends, before / after a regex */
+    int64_t cap;
+} dhsa_tok_pre_scratch;
+
+/* Frees the buffers of s (not s). */
+void dhsa_tok__pre_scratch_free(dhsa_tok_pre_scratch *s);
+
 /* Splits text[0..len) into words: ends[i] is the byte offset where word i
  * ends (word 0 starts at 0). Writes at most cap ends; *n_words is the full
- * count. scratch is NULL (or the tokenizer's internal work buffers).
- * Exposed for tests. */
+ * count. scratch is NULL (buffers of this call only) or buffers kept by the
+ * caller (a tokenize call's). Exposed for tests. */
 dhsa_status dhsa_tok__pretokenize(dhsa_tok_pre pre, const char *text, int64_t len, int64_t *ends, int64_t cap,
-                                  int64_t *n_words, void *scratch);
+                                  int64_t *n_words, dhsa_tok_pre_scratch *scratch);
+
+/* "name, name, ..." of every tokenizer.ggml.pre name dhsa runs, cut to
+ * cap bytes (NUL included): for the refusal of one it does not. */
+void dhsa_tok__pre_supported_names(char *buf, size_t cap);
+
+/* UTF-8 as llama.cpp decodes it for byte-level BPE (unicode_cpt_from_utf8,
+ * and the U+FFFD unicode_cpts_from_utf8 puts for what that refuses): the
+ * lead byte gives the length and only the continuation bytes are checked,
+ * so overlong forms and surrogates pass as the code points they spell;
+ * anything else is U+FFFD for one byte (*n = 1). Above U+10FFFF (leads F4
+ * 90.. to F7), where llama.cpp fails when it encodes the word, U+FFFD too. */
+static inline uint32_t dhsa_tok__bpe_decode(const uint8_t *s, int64_t left, int64_t *n) {
+    uint8_t b = s[0];
+    *n = 1;
+    if (b < 0x80) return b;
+    int len = (b & 0xE0) == 0xC0 ? 2 : (b & 0xF0) == 0xE0 ? 3 : (b & 0xF8) == 0xF0 ? 4 : 0;
+    if (len == 0 || len > left) return 0xFFFD;
+    uint32_t cp = b & (0xFFu >> (len + 1));
+    for (int i = 1; i < len; i++) {
+        if ((s[i] & 0xC0) != 0x80) return 0xFFFD;
+        cp = (cp << 6) | (s[i] & 0x3F);
+    }
+    if (cp > 0x10FFFF) return 0xFFFD;
+    *n = len;
+    return cp;
+}
+
 
 /* Id of the token whose vocabulary text is text[0..len) (the last one when
  * the text repeats, as llama.cpp's map keeps it), or -1. For the chat
