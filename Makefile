@@ -46,7 +46,7 @@ endif
 
 SRCS  := $(sort $(wildcard src/*/*.c))
 OBJS  := $(patsubst src/%.c,$(BUILD)/obj/%.o,$(SRCS))
-HDRS  := $(wildcard include/*.h src/*/*.h)
+HDRS  := $(wildcard include/*.h include/dhsa/*.h src/*/*.h)
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(sort $(wildcard tests/test_*.c)))
 # The CLI's support library build/libdhsa_cli.a (tools/lib/, docs/architecture.md):
 # the JSON writer, number parsing, the model line, SVG plots, the measured

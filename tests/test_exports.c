@@ -269,14 +269,17 @@ static char *read_text(const char *path) {
     return b;
 }
 
-/* Parses dir/file and, once each, the headers of dir it includes with
- * #include "...". Returns 0, or -1 when one cannot be read or parsed. */
+/* Parses dir/file and, once each, the headers it includes with
+ * #include "...", each found as the compiler finds it: beside the file
+ * that includes it (include/dhsa.h's "dhsa/core.h" is include/dhsa/core.h,
+ * whose "attn.h" is include/dhsa/attn.h). Returns 0 or -1 (a file that
+ * cannot be read, or a parse error). */
 static int parse_public(const char *dir, const char *file, header *h, names *seen) {
-    for (int i = 0; i < seen->n; i++)
-        if (strcmp(seen->v[i], file) == 0) return 0;
-    names_add(seen, file, strlen(file));
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", dir, file);
+    for (int i = 0; i < seen->n; i++)
+        if (strcmp(seen->v[i], path) == 0) return 0;
+    names_add(seen, path, strlen(path));
     char *text = read_text(path);
     if (!text) {
         fprintf(stderr, "test_exports: cannot read %s\n", path);
@@ -290,10 +293,13 @@ static int parse_public(const char *dir, const char *file, header *h, names *see
         return -1;
     }
     int last_inc = h->includes.n;
+    char here[1024]; /* the folder of path */
+    const char *slash = strrchr(path, '/');
+    snprintf(here, sizeof here, "%.*s", (int)(slash - path), path);
     for (int i = first_inc; i < last_inc; i++) {
         char inc[512];
         snprintf(inc, sizeof inc, "%s", h->includes.v[i]);
-        if (parse_public(dir, inc, h, seen) != 0) return -1;
+        if (parse_public(here, inc, h, seen) != 0) return -1;
     }
     return 0;
 }

@@ -54,7 +54,6 @@ static const struct {
 static const char *const LONG_FILES[] = {
     "src/model/json_constraint.c", /* schema compiler / automaton split */
     "tools/eval.c",                /* one file per eval task */
-    "include/dhsa.h",              /* section headers under one umbrella */
     "tests/llm_ref.h",             /* the naive forward by architecture */
     "tests/test_serve.c",          /* parser tests apart from the loopback server */
     "tests/test_route.c",          /* by topic into test_route_*.c */
