@@ -56,7 +56,6 @@ static const char *const LONG_FILES[] = {
     "tools/eval.c",                /* one file per eval task */
     "tests/llm_ref.h",             /* the naive forward by architecture */
     "tests/test_serve.c",          /* parser tests apart from the loopback server */
-    "tests/test_route.c",          /* by topic into test_route_*.c */
     "tests/test_kv_index.c",       /* by topic into test_kv_index_*.c */
     "tests/test_attn.c",           /* by topic into test_attn_*.c */
 };

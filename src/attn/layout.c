@@ -1,6 +1,6 @@
 /* layout.c: sparse layouts. Per (batch, KV head, query block) a sorted list
  * of disjoint key ranges, with an exact size known before anything is
- * routed. Contract in include/dhsa.h; tested by tests/test_route.c.
+ * routed. Contract in include/dhsa.h; tested by tests/test_route_layout.c.
  */
 #include "attn/layout.h"
 

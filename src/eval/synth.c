@@ -1,7 +1,7 @@
 /* synth.c: synthetic long-context workloads with real chunk structure and
  * planted needles (contract in include/dhsa.h), and the fidelity metrics
  * that compare a sparse attention result with the dense one.
- * Used by `dhsa bench sparse` and tests/test_route.c.
+ * Used by `dhsa bench sparse` and tests/test_route*.c.
  */
 #include "core/internal.h"
 

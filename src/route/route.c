@@ -25,7 +25,7 @@
  * chunk, which costs two dense QK passes: evaluation only.
  *
  * Not looked at: key_mask, key_bias and attn_mask (routing sees raw q.k).
- * Tested by tests/test_route.c.
+ * Tested by tests/test_route*.c (route_t.h says which part tests what).
  */
 
 #include "attn/attn_internal.h"
