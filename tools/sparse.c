@@ -403,19 +403,38 @@ int dhsa_cli_bench_sparse(int argc, char **argv) {
         dhsa_layout_free(keep);
     }
     if (json) {
-        printf("{\"L\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"dim\": %lld, \"causal\": %s, "
-               "\"method\": \"%s\", \"boundary\": \"%s\", \"threads\": %d, \"q_block\": %lld, "
-               "\"budget\": %lld, \"target_density\": %g, \"dense_ms\": %.3f, \"route_ms\": %.3f, "
-               "\"kernel_ms\": %.3f, \"speedup\": %.3f, \"route_share\": %.4f, \"density\": %.5f, "
-               "\"recall\": %.5f, \"recall_min\": %.5f, \"rel_err\": %.5f, \"needle_hits\": %d, "
-               "\"needles\": %d, \"chunks\": %lld, \"chunk_mean\": %.2f, \"chunk_min\": %lld, "
-               "\"chunk_max\": %lld, \"dense_blocks\": %lld, \"ranges\": %lld}\n",
-               (long long)L, (long long)H, (long long)Hkv, (long long)D, causal ? "true" : "false", method_i,
-               bname, threads, (long long)rp.q_block, (long long)budget, density, dense_ms, route_ms,
-               kernel_ms, speedup, kernel_ms > 0 ? route_ms / kernel_ms : 0.0, st.density, fid.recall,
-               fid.recall_min, fid.rel_err, hits, total, (long long)st.chunks, st.chunk_mean,
-               (long long)st.chunk_min, (long long)st.chunk_max, (long long)st.dense_blocks,
-               (long long)st.ranges);
+        dhsa_cli_json j;
+        dhsa_cli_json_init(&j, stdout, 0, "%g");
+        dhsa_cli_json_object(&j, NULL);
+        dhsa_cli_json_int(&j, "L", L);
+        dhsa_cli_json_int(&j, "heads", H);
+        dhsa_cli_json_int(&j, "kv_heads", Hkv);
+        dhsa_cli_json_int(&j, "dim", D);
+        dhsa_cli_json_bool(&j, "causal", causal);
+        dhsa_cli_json_str(&j, "method", method_i);
+        dhsa_cli_json_str(&j, "boundary", bname);
+        dhsa_cli_json_int(&j, "threads", threads);
+        dhsa_cli_json_int(&j, "q_block", rp.q_block);
+        dhsa_cli_json_int(&j, "budget", budget);
+        dhsa_cli_json_num(&j, "target_density", density);
+        dhsa_cli_json_numf(&j, "dense_ms", "%.3f", dense_ms);
+        dhsa_cli_json_numf(&j, "route_ms", "%.3f", route_ms);
+        dhsa_cli_json_numf(&j, "kernel_ms", "%.3f", kernel_ms);
+        dhsa_cli_json_numf(&j, "speedup", "%.3f", speedup);
+        dhsa_cli_json_numf(&j, "route_share", "%.4f", kernel_ms > 0 ? route_ms / kernel_ms : 0.0);
+        dhsa_cli_json_numf(&j, "density", "%.5f", st.density);
+        dhsa_cli_json_numf(&j, "recall", "%.5f", fid.recall);
+        dhsa_cli_json_numf(&j, "recall_min", "%.5f", fid.recall_min);
+        dhsa_cli_json_numf(&j, "rel_err", "%.5f", fid.rel_err);
+        dhsa_cli_json_int(&j, "needle_hits", hits);
+        dhsa_cli_json_int(&j, "needles", total);
+        dhsa_cli_json_int(&j, "chunks", st.chunks);
+        dhsa_cli_json_numf(&j, "chunk_mean", "%.2f", st.chunk_mean);
+        dhsa_cli_json_int(&j, "chunk_min", st.chunk_min);
+        dhsa_cli_json_int(&j, "chunk_max", st.chunk_max);
+        dhsa_cli_json_int(&j, "dense_blocks", st.dense_blocks);
+        dhsa_cli_json_int(&j, "ranges", st.ranges);
+        dhsa_cli_json_close(&j);
     } else {
         printf("dhsa bench sparse: %s (%s boundaries) vs dense, %d thread%s\n", method_i, bname, threads,
                threads > 1 ? "s" : "");
@@ -606,17 +625,32 @@ int dhsa_cli_bench_decode(int argc, char **argv) {
     const int64_t *starts;
     int64_t chunks = dhsa_kv_index_chunks(ix, &starts);
     if (json) {
-        printf("{\"L\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"dim\": %lld, \"threads\": %d, "
-               "\"boundary\": \"%s\", \"ubatch\": %lld, \"append_us_per_token\": %.3f, \"dense_ms\": %.4f, "
-               "\"route_ms\": %.4f, \"kernel_ms\": %.4f, \"speedup\": %.3f, \"density\": %.5f, "
-               "\"kv_bytes_dense\": %.0f, \"kv_bytes_sparse\": %.0f, \"bytes_ratio\": %.3f, "
-               "\"recall\": %.5f, \"rel_err\": %.5f, \"needle_hits\": %d, \"needles\": %lld, \"chunks\": %lld, "
-               "\"dense_blocks\": %lld}\n",
-               (long long)L, (long long)H, (long long)Hkv, (long long)D, threads,
-               bname, (long long)ubatch, append_us,
-               dense_ms, route_ms, kernel_ms, speedup, st.density, bytes_dense, bytes_sparse,
-               bytes_dense / bytes_sparse, fid.recall, fid.rel_err, hits, (long long)Hkv, (long long)chunks,
-               (long long)st.dense_blocks);
+        dhsa_cli_json j;
+        dhsa_cli_json_init(&j, stdout, 0, "%g");
+        dhsa_cli_json_object(&j, NULL);
+        dhsa_cli_json_int(&j, "L", L);
+        dhsa_cli_json_int(&j, "heads", H);
+        dhsa_cli_json_int(&j, "kv_heads", Hkv);
+        dhsa_cli_json_int(&j, "dim", D);
+        dhsa_cli_json_int(&j, "threads", threads);
+        dhsa_cli_json_str(&j, "boundary", bname);
+        dhsa_cli_json_int(&j, "ubatch", ubatch);
+        dhsa_cli_json_numf(&j, "append_us_per_token", "%.3f", append_us);
+        dhsa_cli_json_numf(&j, "dense_ms", "%.4f", dense_ms);
+        dhsa_cli_json_numf(&j, "route_ms", "%.4f", route_ms);
+        dhsa_cli_json_numf(&j, "kernel_ms", "%.4f", kernel_ms);
+        dhsa_cli_json_numf(&j, "speedup", "%.3f", speedup);
+        dhsa_cli_json_numf(&j, "density", "%.5f", st.density);
+        dhsa_cli_json_numf(&j, "kv_bytes_dense", "%.0f", bytes_dense);
+        dhsa_cli_json_numf(&j, "kv_bytes_sparse", "%.0f", bytes_sparse);
+        dhsa_cli_json_numf(&j, "bytes_ratio", "%.3f", bytes_dense / bytes_sparse);
+        dhsa_cli_json_numf(&j, "recall", "%.5f", fid.recall);
+        dhsa_cli_json_numf(&j, "rel_err", "%.5f", fid.rel_err);
+        dhsa_cli_json_int(&j, "needle_hits", hits);
+        dhsa_cli_json_int(&j, "needles", Hkv);
+        dhsa_cli_json_int(&j, "chunks", chunks);
+        dhsa_cli_json_int(&j, "dense_blocks", st.dense_blocks);
+        dhsa_cli_json_close(&j);
     } else {
         printf("dhsa bench decode: one query at position %lld, %d thread%s\n", (long long)(L - 1), threads,
                threads > 1 ? "s" : "");

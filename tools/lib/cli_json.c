@@ -1,8 +1,8 @@
 /* cli_json.c: the one JSON writer behind every --json output of the dhsa
- * CLI (peak, bench attn, eval, memprobe). It writes to a FILE as it goes,
- * with the separators the CLI has always printed (", " between items, ": "
- * after a key) and one object per line, so scripts that read the old
- * outputs read these byte for byte.
+ * CLI (peak, bench attn, sparse and decode, eval, memprobe). It writes to a
+ * FILE as it goes, with the separators the CLI has always printed (", "
+ * between items, ": " after a key) and one object per line, so scripts
+ * that read the old outputs read these byte for byte.
  *
  * Depends on libc and libm only (no dhsa_cli_die, nothing of libdhsa), so
  * tests link it as build/libdhsa_cli.a without compiling tools/ sources:
