@@ -1,6 +1,6 @@
 /* test_eval.c: the evaluation tools (`dhsa eval`, tools/eval.c; the NIAH
  * scoring and placement of src/eval/niah.c; the heat-map writer of
- * tools/lib/svg.c).
+ * tools/lib/svg_heatmap.c).
  *
  *   - NIAH scoring on crafted answers: the number alone, inside text,
  *     punctuation, thousands separators, digits inside longer digit runs,

@@ -1,5 +1,5 @@
 /* test_memprobe.c: the memory probe (tools/lib/memprobe.c, `dhsa memprobe`)
- * and the SVG writer (tools/lib/svg.c).
+ * and the SVG writer (tools/lib/svg_plot.c).
  *
  *   - The fit on exact synthetic data gives back the exact coefficients
  *     (also at n = 2^20, bytes = 2^40, where unscaled normal equations

@@ -1,4 +1,4 @@
-/* test_plots.c: layout pictures (tools/lib/svg.c, dhsa_layout_picture_*),
+/* test_plots.c: layout pictures (tools/lib/svg_picture.c, dhsa_layout_picture_*),
  * the routing's chunk starts (dhsa_route_boundaries), and the figures the
  * CLI writes: `dhsa bench sparse --svg`, `dhsa run --dump-layout`,
  * `dhsa bench model --svg`.

@@ -18,7 +18,7 @@
  * dhsa_eval_copy, dhsa_niah_build; the layer hook of src/eval/probe.c);
  * this file parses the options, reads the input files, draws the copy
  * passages and NIAH numbers, calls them and prints tables, JSON and heat
- * maps (tools/lib/svg.c). The retrieval tasks (passkey, multikey,
+ * maps (tools/lib/svg_heatmap.c). The retrieval tasks (passkey, multikey,
  * multivalue) and ruler are tools/eval_tasks.c; tools/eval.h is what the
  * two files share.
  * Tested by tests/test_eval.c (CLI part through DHSA_CLI, on stories260K).

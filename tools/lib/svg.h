@@ -1,7 +1,11 @@
 /* svg.h: a small SVG plot writer for the tools' figures (memory probe,
  * benchmarks, fidelity sweeps): line and scatter series on one pair of
  * axes, linear or log scales, ticks with labels (plain numbers or bytes in
- * binary units), grid, title, subtitle and legend. Part of the CLI's
+ * binary units), grid, title, subtitle and legend; also the layout
+ * picture (what a sparse layout selects) and the heat map of `dhsa eval`.
+ * One header, one file per drawing: tools/lib/svg_plot.c (plots),
+ * svg_picture.c (layout pictures), svg_heatmap.c (heat maps), and
+ * svg_common.c for what they share (svg_internal.h). Part of the CLI's
  * support library build/libdhsa_cli.a, not of libdhsa (docs/architecture.md).
  *
  * Contract:
