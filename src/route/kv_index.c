@@ -41,7 +41,7 @@
  * O(n) appends for a rebuild (8.5 us per key and layer on the default model).
  * An append or truncation refuses to overlap any other call on the index
  * (DHSA_ERR_BUSY, through `users`); routes may overlap each other.
- * Tested by tests/test_kv_index.c, tests/test_session_fail.c and
+ * Tested by tests/test_kv_index*.c, tests/test_session_fail.c and
  * tests/test_threads.c.
  */
 #include "route/kv_index_internal.h"

@@ -7,7 +7,7 @@
  * fails, rewinds it to the mark, so that the index describes exactly the
  * keys committed before the call (include/dhsa.h, dhsa_session_eval); and
  * a state comparison for the tests of truncation.
- * Tested by tests/test_session_fail.c, tests/test_kv_index.c and
+ * Tested by tests/test_session_fail.c, tests/test_kv_index*.c and
  * tests/test_dist.c.
  */
 #ifndef DHSA_KV_INDEX_INTERNAL_H
