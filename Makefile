@@ -195,10 +195,10 @@ $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/libdhsa_cli.a $(BUILD
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -Itools -o $@ $< $(BUILD)/libdhsa_cli.a $(BUILD)/libdhsa.a $(LDLIBS)
 
-# test_serve also drives the request parser of dhsa serve (build/libdhsa_serve.a).
-$(BUILD)/tests/test_serve: tests/test_serve.c tools/serve/serve.h $(wildcard tests/*.h) $(BUILD)/libdhsa_serve.a $(BUILD)/libdhsa.a $(HDRS) $(CLI_STAMP)
+# test_serve (and test_serve_limits) also drive the request parser of dhsa serve (build/libdhsa_serve.a).
+$(BUILD)/tests/test_serve $(BUILD)/tests/test_serve_limits: $(BUILD)/tests/%: tests/%.c tools/serve/serve.h $(wildcard tests/*.h) $(BUILD)/libdhsa_serve.a $(BUILD)/libdhsa.a $(HDRS) $(CLI_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) $(SERVE_CFLAGS) -Itools -Itools/serve -o $@ tests/test_serve.c $(BUILD)/libdhsa_serve.a $(BUILD)/libdhsa.a $(SERVE_LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS_BASE) $(SERVE_CFLAGS) -Itools -Itools/serve -o $@ $< $(BUILD)/libdhsa_serve.a $(BUILD)/libdhsa.a $(SERVE_LIBS) $(LDLIBS)
 
 # test_serve_engine drives the server's engine through its library, without a socket.
 $(BUILD)/tests/test_serve_engine: tests/test_serve_engine.c tools/serve/engine.h $(wildcard tests/*.h) $(BUILD)/libdhsa_serve.a $(BUILD)/libdhsa.a $(HDRS)
