@@ -1,5 +1,5 @@
 /* json_fuzz.c: libFuzzer harness for structured output's parsers
- * (src/model/json_constraint.c): the schema reader and compiler, and the
+ * (src/model/json_schema.c, json_constraint.c): the schema reader and compiler, and the
  * byte automaton. Input: byte 0 picks the mode; with bit 0 clear the rest
  * is a schema (compiled; when it compiles, a constraint on it is fed a few
  * fixed texts and the input itself), with it set the rest is text fed byte

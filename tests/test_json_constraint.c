@@ -1,4 +1,4 @@
-/* test_json_constraint.c: sampling constrained to JSON (src/model/json_constraint.c).
+/* test_json_constraint.c: sampling constrained to JSON (src/model/json_schema.c, json_constraint.c).
  *
  *   - texts accepted and refused byte by byte: any object (json_object
  *     mode) and schema cases (required, enum, const, anyOf, lengths, item
