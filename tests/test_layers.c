@@ -52,9 +52,10 @@ static const struct {
  * is named, and leaves the list when its split lands. A listed file that
  * is back under the limit is reported so that its line can go. */
 static const char *const LONG_FILES[] = {
-    "tests/test_attn.c",           /* by topic into test_attn_*.c */
+    /* "path", followed by a comment on what splits it; none at present */
+    NULL, /* the end (C has no empty array) */
 };
-#define N_LONG (int)(sizeof LONG_FILES / sizeof LONG_FILES[0])
+#define N_LONG (int)(sizeof LONG_FILES / sizeof LONG_FILES[0] - 1)
 
 static int layer_of(const char *folder) {
     for (int i = 0; i < N_LAYERS; i++)
@@ -271,7 +272,7 @@ static void scan_includes(const char *path, void *arg) {
 
 typedef struct {
     int files, over;
-    int listed_seen[N_LONG];
+    int listed_seen[N_LONG + 1];
 } len_stats;
 
 static long count_lines(const char *path) {

@@ -2,7 +2,7 @@
  * any work (shapes, strides, mask polarity, sizes), resolves the backend
  * (AUTO = TILED; env DHSA_ATTN=tiled|reference overrides AUTO), reserves the
  * exact workspace from the ctx (so a budget refuses the call up front) and
- * runs the backend. Tested by tests/test_attn.c.
+ * runs the backend. Tested by tests/test_attn*.c.
  */
 #include "attn/attn_internal.h"
 #include "attn/layout.h"

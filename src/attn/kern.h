@@ -85,14 +85,14 @@ typedef struct {
      * z * sigmoid(2 c (z + 0.044715 z^3)), c = sqrt(2/pi): equal to
      * 0.5 z (1 + tanh(c (...))) and free of its cancellation for z < 0.
      * Both are z / (1 + exp(a)) with dhsa__expf's exp. out may be g or u.
-     * Errors against double: tests/test_attn.c ("glu"). */
+     * Errors against double: tests/test_attn_kern.c ("glu"). */
     void (*glu)(const float *g, const float *u, int64_t n, int gelu, float *out);
 
     /* The sampler's weights (not attention, the same exp): out[i] =
      * exp((x[i] - sub) * mul) for n values, dhsa__expf's exp, so -inf
      * gives 0, as do arguments below DHSA_EXP_VLO in the vector kernels (at
      * or below -104 in the scalar one). x has no NaN (the sampler refused
-     * it). Errors against double: tests/test_attn.c ("expw"). */
+     * it). Errors against double: tests/test_attn_kern.c ("expw"). */
     void (*expw)(const float *x, int64_t n, float sub, float mul, float *out);
 } dhsa_attn_kernels;
 
