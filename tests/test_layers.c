@@ -9,7 +9,8 @@
  *      table below lets it (a folder not in the table fails: add it, with
  *      what it may include);
  *   3. no circle of includes between the folders of src/ (checked on the
- *      includes as they are, not on the table);
+ *      includes as they are, not on the table); inside src/route, chunking
+ *      and selection include nothing of the decode index (ROUTE_LOWER);
  *   4. no source file (.c .h .py .sh) in src/ tools/ tests/ include/
  *      python/ bench/ fuzz/ is over 1,500 lines, except the named
  *      exceptions below while they are being split.
@@ -77,6 +78,23 @@ static int allowed(const char *from, const char *to) {
         s += w;
     }
     return 0;
+}
+
+/* Inside src/route the same rule by file (docs/architecture.md, src/route):
+ * the two halves at the bottom, chunking (boundaries, the predictor) and
+ * selection (select), with the params and rows they share, include
+ * nothing of the two siblings above them, prefill routing (route.c) and
+ * the decode index (kv_index.c; its header is the one a file could reach). */
+static const char *const ROUTE_LOWER[] = {"params", "rows", "boundaries", "predictor", "select"};
+#define N_ROUTE_LOWER (int)(sizeof ROUTE_LOWER / sizeof ROUTE_LOWER[0])
+
+/* 1 if file (a path under src/) may include target by the rule above. */
+static int route_file_allowed(const char *file, const char *target) {
+    if (strncmp(file, "src/route/", 10)) return 1;
+    for (int i = 0; i < N_ROUTE_LOWER; i++)
+        if (!strncmp(file + 10, ROUTE_LOWER[i], strlen(ROUTE_LOWER[i])))
+            return strcmp(target, "src/route/kv_index_internal.h") != 0;
+    return 1;
 }
 
 /* --------------------------------------------------------- the folders --- */
@@ -225,6 +243,10 @@ static void add_include(const char *file, int line, const char *from, const char
                 where, target, from, LAYERS[layer_of(from)].may_include[0] ? LAYERS[layer_of(from)].may_include : "itself",
                 LAYERS[layer_of(from)].may_include[0] ? " and itself" : "");
         s->broken++;
+    } else if (!route_file_allowed(file, target)) {
+        fprintf(stderr, "FAIL %s includes %s: chunking and selection include nothing of the decode index "
+                        "(src/route's file rule, tests/test_layers.c)\n", where, target);
+        s->broken++;
     }
 }
 
@@ -314,6 +336,10 @@ static void self_check(void) {
     T_CHECK(!allowed("core", "attn") && allowed("route", "attn") && allowed("model", "model"),
             "the table's rule is not the one written");
     T_CHECK(!allowed("newfolder", "core"), "a folder missing from the table passes");
+    T_CHECK(!route_file_allowed("src/route/select.c", "src/route/kv_index_internal.h") &&
+                route_file_allowed("src/route/kv_index.c", "src/route/select.h") &&
+                route_file_allowed("src/dist/dist.c", "src/route/kv_index_internal.h"),
+            "route's file rule is not the one written");
     n_folders = 0;
     memset(edge, 0, sizeof edge);
     int a = folder_id("attn"), r = folder_id("route"), c = folder_id("core");
