@@ -25,7 +25,10 @@
 #define OOM() dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "tokenizer: out of memory")
 
 /* --------------------------------------------------------------------- */
-/* Character classes                                                      */
+/* Character classes: letter, number, space, other for every code point
+ * (\p{L} and \p{N} from the generated tables of unicode_tables.c, \s as
+ * llama.cpp has it), and the classes single regexes name. */
+
 /* deepseek-llm's letter class (the Lu/Ll/Lt letters its tokenizer.json lists, copied
  * as code points, not glyphs: several have look-alikes): 84 ranges, sorted. */
 static const uint32_t ds_letter[][2] = {
@@ -77,6 +80,9 @@ static int cp_category(uint32_t cp) {
     if (in_ranges(dhsa__uni_number, dhsa__uni_number_n, cp)) return CAT_NUMBER;
     return CAT_OTHER;
 }
+
+/* --------------------------------------------------------------------- */
+/* The names: tokenizer.ggml.pre -> a list of regexes                     */
 
 /* Every tokenizer.ggml.pre name llama.cpp's loader knows (src/llama-vocab.cpp,
  * llama_vocab::impl::load, llama-cpp-python 0.3.36's vendored copy), in its
