@@ -134,7 +134,7 @@ def true_mass(k, q, starts, scale, n, r):
 def select(starts, score, n, r, density, sink, local):
     """keys selected for the block of the last r rows (route.c's rule, simplified)."""
     budget = int(np.ceil(density * n))
-    sink = min(sink, budget // 8)
+    sink = min(sink, max(budget // 8, 1))
     local = min(local, budget // 4)
     sel = np.zeros(n, bool)
     sel[:sink] = True

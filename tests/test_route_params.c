@@ -361,11 +361,82 @@ static void test_picked_sinks(void) {
     free(k);
 }
 
+/* A block never loses its sink (dhsa.h, scale_fixed): at density 0.0625 a
+ * block that may see fewer than 128 keys has a budget under 8, so budget /
+ * 8 sinks would be none; it must still read one, for DHSA, block and
+ * STREAM routing and for the decode index, with the first key as the sink
+ * (sink_window 0) and with picked sinks (the key at 5 scores highest
+ * against every query, so it is the one picked). Each non-dense block of
+ * the first 128 rows must read its sink key. */
+static void test_early_sink(void) {
+    const int64_t L = 256, d = 32, Hq = 2, Hkv = 1;
+    float *q = malloc((size_t)(L * Hq * d) * sizeof(float)), *k = malloc((size_t)(L * Hkv * d) * sizeof(float));
+    rng_t rs = {7};
+    for (int64_t i = 0; i < L * Hq * d; i++) q[i] = (float)(rng_unif(&rs) - 0.5) + (i % d == 0 ? 1.0f : 0.0f);
+    for (int64_t i = 0; i < L * Hkv * d; i++) k[i] = (float)(rng_unif(&rs) - 0.5);
+    k[5 * Hkv * d] = 8.0f;
+    dhsa_attn_desc a = dhsa_attn_default_desc();
+    a.q = dhsa_tensor_blhd(q, DHSA_F32, 1, L, Hq, d);
+    a.k = dhsa_tensor_blhd(k, DHSA_F32, 1, L, Hkv, d);
+    a.v = a.k;
+    a.o = a.q;
+    a.causal = 1;
+    int64_t checked = 0;
+    for (int variant = 0; variant < 8; variant++) {
+        dhsa_router_params rp = dhsa_router_params_for(4096, 0.0625); /* q_block 16, sink 4, local 32 */
+        rp.dense_below = 0;
+        rp.boundary = variant & 1 ? DHSA_BOUNDARY_FIXED : DHSA_BOUNDARY_SIMILARITY;
+        rp.sink_window = variant & 2 ? 64 : 0;
+        const int index = (variant & 4) != 0;
+        const int64_t sink_key = rp.sink_window ? 5 : 0;
+        dhsa_layout *lay = NULL;
+        dhsa_kv_index *ix = NULL;
+        if (index) {
+            T_CHECK(dhsa_kv_index_create(g_ctx, &rp, Hkv, d, L, &ix) == DHSA_OK, "index: %s", dhsa_last_error());
+            if (!ix) continue;
+            T_CHECK(dhsa_kv_index_append(ix, &a.k) == DHSA_OK, "append: %s", dhsa_last_error());
+            T_CHECK(dhsa_kv_index_route(g_ctx, ix, &a, &lay) == DHSA_OK, "index route: %s", dhsa_last_error());
+        } else {
+            T_CHECK(dhsa_route(g_ctx, &rp, &a, &lay) == DHSA_OK, "route: %s", dhsa_last_error());
+        }
+        if (!lay) {
+            dhsa_kv_index_free(ix);
+            continue;
+        }
+        int64_t missing = 0, blocks = 0;
+        for (int64_t qb = 0; qb * rp.q_block < 128; qb++) {
+            const int64_t r0 = qb * rp.q_block;
+            const int64_t *rg;
+            int64_t n;
+            dhsa_layout_get(lay, 0, 0, qb, &rg, &n);
+            int64_t keys = 0;
+            int has = 0;
+            for (int64_t i = 0; i < n; i++) {
+                keys += rg[2 * i + 1] - rg[2 * i];
+                has |= rg[2 * i] <= sink_key && sink_key < rg[2 * i + 1];
+            }
+            if (keys >= r0 + rp.q_block || r0 - rp.local_tokens <= sink_key) continue; /* dense, or local reaches it */
+            blocks++;
+            missing += !has;
+        }
+        T_CHECK(blocks >= 4 && missing == 0, "variant %d (%s, %s sinks, %s): %lld of %lld early blocks without their sink",
+                variant, variant & 1 ? "fixed" : "similarity", rp.sink_window ? "picked" : "first",
+                index ? "decode index" : "dhsa_route", (long long)missing, (long long)blocks);
+        checked += blocks;
+        dhsa_layout_free(lay);
+        dhsa_kv_index_free(ix);
+    }
+    T_CHECK(checked > 0, "no early block checked");
+    free(q);
+    free(k);
+}
+
 int main(void) {
     if (!open_ctx("test_route_params")) return t_report("test_route_params");
     test_route_params();
     test_route_sizes_budget();
     test_picked_sinks();
+    test_early_sink();
     /* Counted once, in test_route.c; reported here only when the routes
      * of this part break it. */
     if (g_budget_strict.bad)

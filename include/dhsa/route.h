@@ -255,11 +255,12 @@ typedef struct {
                               one per KV group (default 0) */
     dhsa_chunk_score score_mode; /* DHSA chunk score (default MOMENTS; a zeroed
                               struct gets POOLED) */
-    int scale_fixed;       /* 1: a block reads at most budget / 8 sinks and
-                              budget / 4 local keys before its diagonal (its
-                              own budget: density x the keys it may see), so
-                              the routed chunks always keep part of the
-                              budget; 0: sink_tokens and local_tokens as
+    int scale_fixed;       /* 1: a block reads at most budget / 8 sinks (but
+                              never fewer than one, when sink_tokens > 0: an
+                              early block keeps its sink) and budget / 4
+                              local keys before its diagonal (its own budget:
+                              density x the keys it may see), so the routed
+                              chunks always keep part of the budget; 0: sink_tokens and local_tokens as
                               given, which at 64 + 256 fill a 4K block's
                               whole budget at density 0.0625 (default 1; a
                               zeroed struct gets 0) */

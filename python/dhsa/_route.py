@@ -230,7 +230,8 @@ class RouterParams:
     budget: keys per query block (sinks and local included); None or 0 =
         use density (share of the keys each block may see).
     sink, local: sink_tokens, local_tokens; with scale_fixed (default)
-        each block reads at most budget / 8 sinks and budget / 4 local keys.
+        each block reads at most budget / 8 sinks (at least one) and
+        budget / 4 local keys.
     score: "moments" (default), "pooled", "heads", "bound" or "rows": the
         DHSA chunk score (include/dhsa.h, dhsa_chunk_score); score_rows: the
         rows "rows" scores per block and head (0 = all); sink_window: > sink

@@ -100,7 +100,11 @@ void dhsa__route_fixed_parts(const dhsa_router_params *rp, int64_t budget, int64
     *sink = rp->sink_tokens;
     *local = rp->local_tokens;
     if (!rp->scale_fixed) return;
-    if (*sink > budget / 8) *sink = budget / 8;
+    /* a block never loses its sink: below a budget of 8 keys, one sink
+     * key stays (real models put most of an early row's attention on it;
+     * without it a needle in the first rows is read wrongly, docs/dhsa.md
+     * "A block never loses its sink") */
+    if (*sink > budget / 8) *sink = budget / 8 > 0 ? budget / 8 : 1;
     if (*local > budget / 4) *local = budget / 4;
 }
 

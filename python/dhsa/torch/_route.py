@@ -751,7 +751,8 @@ def route(q, k, *, causal=True, window=0, q_pos0=0, params=None, scale=None, _tr
     sink = torch.full_like(avail, P.sink_tokens)
     local = torch.full_like(avail, P.local_tokens)
     if P.scale_fixed:
-        sink = torch.minimum(sink, torch.div(budget, 8, rounding_mode="floor"))
+        # at most budget / 8, but a block never loses its sink (select.c)
+        sink = torch.minimum(sink, torch.div(budget, 8, rounding_mode="floor").clamp(min=1))
         local = torch.minimum(local, torch.div(budget, 4, rounding_mode="floor"))
     s0 = alo
     s1 = torch.maximum(torch.minimum(sink, ahi), s0)
