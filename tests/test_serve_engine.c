@@ -285,9 +285,16 @@ static void test_cancel(const world *w, int batch, const char *what) {
         serve_gen_get_info(g, &z.info);
         serve_gen_free(g);
     }
-    T_CHECK(ss == SERVE_OK && z.info.gone && z.info.n_gen <= 2 && steps <= 2,
-            "%s: cancelled at once: status %d, gone %d, %lld ids, %d steps", what, (int)ss, z.info.gone,
-            (long long)z.info.n_gen, steps);
+    /* with batching the batcher thread runs steps on its own from submit
+     * on, and a loaded machine can hold this thread back between submit
+     * and the cancel for several of them (5 were seen): there the cancel
+     * must only end the generation well before max_gen (the exact "at the
+     * next token" is the cancel-after-3 check above, made from the
+     * callback) */
+    const int64_t most = batch ? pc.max_gen / 2 : 2;
+    T_CHECK(ss == SERVE_OK && z.info.gone && z.info.n_gen <= most && steps <= (batch ? most : 2),
+            "%s: cancelled at once: status %d, gone %d, %lld ids (at most %lld), %d steps", what, (int)ss,
+            z.info.gone, (long long)z.info.n_gen, (long long)most, steps);
     serve_engine_free(e);
 }
 
