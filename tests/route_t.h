@@ -20,6 +20,7 @@
 #define DHSA_TEST_ROUTE_T_H
 
 #include "dhsa.h"
+#include "route_rules.h"
 #include "t.h"
 
 #include <math.h>
@@ -30,17 +31,7 @@
 
 #define TWO_PI 6.283185307179586476925286766559
 
-/* The sinks and local keys a block with this budget reads (dhsa.h,
- * scale_fixed: at most budget / 8, but at least one sink, and at most
- * budget / 4), written here from the header's words, independently of
- * route.c. */
-static inline int64_t rule_sink(const dhsa_router_params *rp, int64_t budget) {
-    if (!rp->scale_fixed || rp->sink_tokens <= budget / 8) return rp->sink_tokens;
-    return budget / 8 > 0 ? budget / 8 : 1;
-}
-static inline int64_t rule_local(const dhsa_router_params *rp, int64_t budget) {
-    return rp->scale_fixed && rp->local_tokens > budget / 4 ? budget / 4 : rp->local_tokens;
-}
+/* rule_sink, rule_local: tests/route_rules.h */
 
 static dhsa_ctx *g_ctx; /* default ctx: n_threads = 0 (online CPUs) */
 
