@@ -263,7 +263,11 @@ typedef struct {
     int task, length_i, var;      /* indices into ruler_all, o->lengths, o->var */
     double depth, score, density_used;
     int64_t trial, prompt_tokens;
+    int needle; /* a sparse method's miss: dhsa_eval_needle; -1 for a full score,
+                   a method that does not route, or a line of an older file */
 } ruler_row;
+
+static const char *const needle_word[] = {"everywhere", "partly", "nowhere"};
 
 typedef struct {
     ruler_row *r;
@@ -316,7 +320,7 @@ static void tsv_str(FILE *f, const char *s) {
 }
 
 #define RULER_TSV_HEAD "task\tlength\tdepth\ttrial\tmethod\tdensity\tprompt_tokens\tdepth_used\tdensity_used\tscore\t" \
-                       "expected\tgot\tseconds\n"
+                       "expected\tgot\tseconds\tneedle\n"
 
 /* Reads a previous --out: its settings line must be `config`; every
  * complete line is a finished answer (a line cut by an interruption is
@@ -346,16 +350,17 @@ static FILE *ruler_open_out(const eval_opts *o, const char *config, ruler_done *
         if (ln == 2 && strncmp(line, "task\t", 5) != 0) dhsa_cli_die(EXIT_USAGE, "%s: line 2 is not the header", o->out_path);
         good += (long)n;
         if (ln <= 2) continue;
-        char *fld[13];
+        char *fld[14];
         int k = 0;
-        for (char *p = line; k < 13; k++) {
+        for (char *p = line; k < 14; k++) {
             fld[k] = p;
             char *tab = strchr(p, '\t');
             if (!tab) { k++; break; }
             *tab = 0;
             p = tab + 1;
         }
-        if (k != 13) dhsa_cli_die(EXIT_RUN, "%s line %d: %d fields, not 13", o->out_path, ln, k);
+        /* 13 fields: a file written before the needle column */
+        if (k != 13 && k != 14) dhsa_cli_die(EXIT_RUN, "%s line %d: %d fields, not 13 or 14", o->out_path, ln, k);
         char key[512];
         ruler_key(key, sizeof key, fld[0], strtoll(fld[1], NULL, 10), strtod(fld[2], NULL), strtoll(fld[3], NULL, 10),
                   fld[4]);
@@ -373,6 +378,9 @@ static FILE *ruler_open_out(const eval_opts *o, const char *config, ruler_done *
         row.prompt_tokens = strtoll(fld[6], NULL, 10);
         row.density_used = strtod(fld[8], NULL);
         row.score = strtod(fld[9], NULL);
+        row.needle = -1;
+        for (int w = 0; k == 14 && w < 3; w++)
+            if (strcmp(fld[13], needle_word[w]) == 0) row.needle = w;
         done_add(d, &row, key);
         (*n_old)++;
     }
@@ -530,11 +538,14 @@ int eval_cmd_ruler(eval_env *e) {
                         ap.n_stop = pr.n_stop;
                         eval_warn_ctx(e, pr.n_ids + cap_ans);
                         double ts = dhsa_cli_now();
-                        if (dhsa_eval_generate(e->ctx, e->m, pr.ids, pr.n_ids, &ap, res))
-                            dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
+                        if (dhsa_eval_ruler(e->ctx, e->m, &pr, &ap, res)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
                         double secs = dhsa_cli_now() - ts;
                         double score = dhsa_ruler_score(&pr, res->text, (int64_t)strlen(res->text));
-                        ruler_row row = {task, li, v, depth, score, res->density_used, tr, pr.n_ids};
+                        /* a miss of a routing method, explained by the layouts at the prompt's last row */
+                        const int routes = va->method == DHSA_ATTN_DHSA || va->method == DHSA_ATTN_BLOCK ||
+                                           va->method == DHSA_ATTN_STREAM || va->method == DHSA_ATTN_ORACLE;
+                        const int needle = score < 1.0 && routes && pr.n_spans > 0 ? (int)res->needle : -1;
+                        ruler_row row = {task, li, v, depth, score, res->density_used, tr, pr.n_ids, needle};
                         done_add(&d, &row, key);
                         n_new++;
                         if (out) {
@@ -544,13 +555,14 @@ int eval_cmd_ruler(eval_env *e) {
                             tsv_str(out, expected);
                             fputc('\t', out);
                             tsv_str(out, res->text);
-                            fprintf(out, "\t%.2f\n", secs);
+                            fprintf(out, "\t%.2f\t%s\n", secs, needle >= 0 ? needle_word[needle] : "-");
                             if (fflush(out) != 0) dhsa_cli_die(EXIT_RUN, "cannot write %s: %s", o->out_path, strerror(errno));
                         }
                         if (o->show && !o->json)
-                            printf("%-16s %-10s L %5lld depth %5.2f (at %.3f) score %.2f want %s got \"%s\"\n",
+                            printf("%-16s %-10s L %5lld depth %5.2f (at %.3f) score %.2f%s%s want %s got \"%s\"\n",
                                    ruler_all[task], va->name, (long long)pr.n_ids, depth, pr.depth_used, score,
-                                   expected, res->text);
+                                   needle >= 0 ? " needle " : "", needle >= 0 ? needle_word[needle] : "", expected,
+                                   res->text);
                     }
                     dhsa_ruler_free(&pr);
                 }
@@ -563,7 +575,10 @@ int eval_cmd_ruler(eval_env *e) {
     double *sum = calloc(n_cells, sizeof(double)), *dsum = calloc(n_cells, sizeof(double));
     double *cnt = calloc(n_cells, sizeof(double)), *plen = calloc((size_t)nL, sizeof(double)),
            *pcnt = calloc((size_t)nL, sizeof(double));
-    if (!sum || !dsum || !cnt || !plen || !pcnt) dhsa_cli_die(EXIT_RUN, "out of memory");
+    /* misses per cell: [0..2] explained as dhsa_eval_needle, [3] a routing method's miss without
+       an explanation (a line of an older file; CWE / FWE have nothing to explain by) */
+    int64_t *miss = calloc(n_cells * 4, sizeof(int64_t));
+    if (!sum || !dsum || !cnt || !plen || !pcnt || !miss) dhsa_cli_die(EXIT_RUN, "out of memory");
     int in_grid[RULER_N_ALL] = {0};
     for (int i = 0; i < n_tasks; i++) in_grid[tasks[i]] = 1;
     for (int64_t i = 0; i < d.n; i++) {
@@ -577,6 +592,8 @@ int eval_cmd_ruler(eval_env *e) {
         size_t c = ((size_t)r->var * RULER_N_ALL + (size_t)r->task) * nL + (size_t)r->length_i;
         sum[c] += r->score;
         dsum[c] += r->density_used;
+        const dhsa_attn_method am = o->var[r->var].method;
+        if (r->score < 1.0 && am != DHSA_ATTN_DENSE) miss[c * 4 + (r->needle >= 0 ? (size_t)r->needle : 3)]++;
         cnt[c] += 1;
         plen[r->length_i] += (double)r->prompt_tokens;
         pcnt[r->length_i] += 1;
@@ -603,6 +620,10 @@ int eval_cmd_ruler(eval_env *e) {
                     dhsa_cli_json_numf(&j, "answers", "%.0f", cnt[c]);
                     dhsa_cli_json_num(&j, "score", cnt[c] > 0 ? 100 * sum[c] / cnt[c] : NAN);
                     dhsa_cli_json_num(&j, "density_used", cnt[c] > 0 ? dsum[c] / cnt[c] : NAN);
+                    dhsa_cli_json_int(&j, "misses_needle_everywhere", miss[c * 4]);
+                    dhsa_cli_json_int(&j, "misses_needle_partly", miss[c * 4 + 1]);
+                    dhsa_cli_json_int(&j, "misses_needle_nowhere", miss[c * 4 + 2]);
+                    dhsa_cli_json_int(&j, "misses_unexplained", miss[c * 4 + 3]);
                     dhsa_cli_json_close(&j);
                 }
         dhsa_cli_json_close(&j);
@@ -634,9 +655,20 @@ int eval_cmd_ruler(eval_env *e) {
             printf("| mean of tasks |");
             for (int li = 0; li < nL; li++) printf(mcnt[li] > 0 ? " %.1f |" : " - |", msum[li] / (mcnt[li] > 0 ? mcnt[li] : 1));
             printf("\n");
+            int64_t mv[4] = {0, 0, 0, 0};
+            for (int ti = 0; ti < n_tasks; ti++)
+                for (int li = 0; li < nL; li++)
+                    for (int w = 0; w < 4; w++)
+                        mv[w] += miss[(((size_t)v * RULER_N_ALL + (size_t)tasks[ti]) * nL + (size_t)li) * 4 + (size_t)w];
+            if (mv[0] + mv[1] + mv[2] + mv[3])
+                printf("\nmisses (answers below a full score), by the asked needles' keys at the prompt's last row in "
+                       "the layers that route: %lld selected in every one, %lld in some, %lld in none; %lld not "
+                       "explained (lines of an older --out; cwe and fwe)\n",
+                       (long long)mv[0], (long long)mv[1], (long long)mv[2], (long long)mv[3]);
         }
         printf("\n(column heads: target length (mean prompt tokens)); %lld new answers, %.1f s\n", (long long)n_new, secs);
     }
+    free(miss);
     for (int64_t i = 0; i < d.n_keys; i++) free(d.keys[i]);
     free(d.keys);
     free(d.r);

@@ -212,7 +212,8 @@ typedef struct {
     double mean_chunk;      /* dhsa and block: keys per chunk of the boundaries
                                the method cut over the prompt (prompt keys /
                                chunks, summed over layers); 0 for the others */
-    /* dhsa_eval_retrieval only (dhsa_eval_generate: hit -1, the rest 0): */
+    /* dhsa_eval_retrieval and dhsa_eval_ruler only (dhsa_eval_generate:
+     * hit -1, the rest 0; dhsa_eval_ruler: see there): */
     int hit;                /* dhsa_task_check of text */
     int64_t first_wrong;    /* the first answer token whose text leaves the
                                expected answer; n_tokens when none does */
@@ -372,6 +373,7 @@ typedef enum { DHSA_RULER_NOISE = 0, DHSA_RULER_PROSE = 1, DHSA_RULER_NEEDLES = 
 typedef enum { DHSA_RULER_DEV = 0, DHSA_RULER_TEST = 1 } dhsa_ruler_split;
 
 #define DHSA_RULER_MAX_EXPECTED 16
+#define DHSA_RULER_MAX_SPANS 64
 
 typedef struct {
     dhsa_ruler_task task;
@@ -412,6 +414,14 @@ typedef struct {
     int64_t answer_tokens;        /* RULER's answer budget: 128 NIAH, 30 VT, 120 CWE, 50 FWE */
     int32_t stop[16];             /* ids that end an answer (as dhsa_niah_build's) */
     int n_stop;
+    /* where the needles state the expected strings: token ranges
+     * [span_lo, span_hi) of ids, each an occurrence of expected[span_of]
+     * inside a needle sentence (NIAH: the asked values; VT: the chain's
+     * variables), in prompt order; 0 spans for CWE and FWE (their answer
+     * is spread over the list). dhsa_eval_ruler explains a miss by them. */
+    int n_spans;
+    int span_of[DHSA_RULER_MAX_SPANS];
+    int64_t span_lo[DHSA_RULER_MAX_SPANS], span_hi[DHSA_RULER_MAX_SPANS];
 } dhsa_ruler_prompt;
 
 DHSA_API dhsa_ruler_params dhsa_ruler_default_params(void);
@@ -432,6 +442,18 @@ DHSA_API void dhsa_ruler_free(dhsa_ruler_prompt *pr);
  * pr->expected[0..n_expected) found in answer[0..len) as substrings,
  * ASCII case folded; 0 when n_expected is 0. */
 DHSA_API double dhsa_ruler_score(const dhsa_ruler_prompt *pr, const char *answer, int64_t len);
+/* One RULER prompt through dhsa_eval_generate (pr's ids; p's stops, or
+ * pr's when p->stop is NULL), scored and explained: out->hit is 1 when the
+ * answer holds every expected string (dhsa_ruler_score == 1), else 0; for
+ * a miss, needle_selected / selected_at_wrong / needle say whether the
+ * layouts selected the keys of pr's spans, per routed layer, at the
+ * prompt's last row (the row that decides the answer's first token:
+ * first_wrong is 0) and over all answer rows. Layers that do not route
+ * (dense, or a sliding-window layer reading its window) count as 1 and
+ * do not decide "partly" or "nowhere". A prompt without spans (CWE, FWE)
+ * is scored with needle EVERYWHERE and every share 1. */
+DHSA_API dhsa_status dhsa_eval_ruler(dhsa_ctx *ctx, dhsa_model *m, const dhsa_ruler_prompt *pr,
+                                     const dhsa_eval_answer_params *p, dhsa_eval_answer *out);
 /* The prose haystack from the Debian package gnu-standards (GFDL, in
  * main): the paragraphs (<p> elements, tags removed, entities decoded) of
  * dir/maintain.html for DEV and dir/standards.html for TEST, dir NULL =

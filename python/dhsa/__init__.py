@@ -29,8 +29,9 @@ task, method, density=) (greedy answer, hit, the per-miss explanation),
 dhsa.eval_generate, dhsa.eval_router, dhsa.niah_prompt, dhsa.niah_answer_has,
 dhsa.eval_copy with dhsa.copy_sequence, dhsa.sample_tokens, dhsa.passage_tokens;
 the RULER-style suite: dhsa.ruler_prompt(model, task, length=, depth=, split=)
-(dhsa.RULER_TASKS) answered with dhsa.eval_generate and scored by
-dhsa.ruler_score(expected, answer).
+(dhsa.RULER_TASKS), answered, scored and each miss explained by
+dhsa.eval_ruler(model, task, ..., method=, density=), or answered with
+dhsa.eval_generate and scored by dhsa.ruler_score(expected, answer).
 The model runner: dhsa.Model(path=None) (the shipped default model),
 .tokenize / .detokenize / .chat_template, dhsa.Session(model, ctx=, attn=,
 density=, kv=) with .eval(ids), .logits(), .generate(prompt, max_tokens,
@@ -47,7 +48,7 @@ from ._route import (KVIndex, Layout, Predictor, RouterParams, fidelity, layout_
                      route_sizes, synth)
 from ._eval import Task, Tokenizer, retrieval_task
 from ._runner import IncompleteJSONError, Model, Session
-from ._evaluate import (copy_sequence, eval_copy, eval_fidelity, eval_generate, eval_retrieval, eval_router,
+from ._evaluate import (copy_sequence, eval_copy, eval_fidelity, eval_generate, eval_retrieval, eval_router, eval_ruler,
                         niah_answer_has, niah_prompt, passage_tokens, RULER_TASKS, ruler_prompt, ruler_score,
                         sample_tokens)
 
@@ -58,7 +59,7 @@ __all__ = [
     "Tokenizer", "retrieval_task", "Task",
     "Model", "Session", "IncompleteJSONError",
     "eval_fidelity", "eval_retrieval", "eval_generate", "eval_router", "niah_prompt", "niah_answer_has",
-    "RULER_TASKS", "ruler_prompt", "ruler_score",
+    "RULER_TASKS", "ruler_prompt", "ruler_score", "eval_ruler",
     "eval_copy", "copy_sequence", "sample_tokens", "passage_tokens",
     "Context", "default_context", "mem_stats",
     "peak_rss", "rss", "reset_peak_rss",

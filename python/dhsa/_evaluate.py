@@ -98,7 +98,8 @@ class RulerPrompt(ctypes.Structure):
     """dhsa_ruler_prompt."""
     _fields_ = [("ids", _p(ctypes.c_int32)), ("n_ids", c_int64), ("text", c_void_p), ("n_expected", c_int),
                 ("expected", (ctypes.c_char * 48) * 16), ("depth_used", c_double), ("n_units", c_int64),
-                ("answer_tokens", c_int64), ("stop", ctypes.c_int32 * 16), ("n_stop", c_int)]
+                ("answer_tokens", c_int64), ("stop", ctypes.c_int32 * 16), ("n_stop", c_int),
+                ("n_spans", c_int), ("span_of", c_int * 64), ("span_lo", c_int64 * 64), ("span_hi", c_int64 * 64)]
 
 
 class CopyLayout(ctypes.Structure):
@@ -113,7 +114,7 @@ class CopyResult(ctypes.Structure):
 
 
 LP64_SIZES = {"CopyLayout": 40, "CopyResult": 64, "NiahParams": 48, "NiahPrompt": 104, "EvalMethod": 168, "FidelityParams": 24, "FidelityResult": 88, "FidelityInfo": 40,
-              "AnswerParams": 200, "Answer": 5176, "RulerParams": 128, "RulerPrompt": 896}
+              "AnswerParams": 200, "Answer": 5176, "RulerParams": 128, "RulerPrompt": 2176}
 
 _PROTOTYPES = {
     "dhsa_eval_router_params": (_capi.RouterParams, [c_int64, c_double]),
@@ -138,6 +139,7 @@ _PROTOTYPES = {
     "dhsa_ruler_build": (c_int, [c_void_p, _p(RulerParams), _p(RulerPrompt)]),
     "dhsa_ruler_free": (None, [_p(RulerPrompt)]),
     "dhsa_ruler_score": (c_double, [_p(RulerPrompt), ctypes.c_char_p, c_int64]),
+    "dhsa_eval_ruler": (c_int, [c_void_p, c_void_p, _p(RulerPrompt), _p(AnswerParams), _p(Answer)]),
     "dhsa_ruler_load_prose": (c_int, [ctypes.c_char_p, c_int, _p(c_void_p), _p(c_int64)]),
     "dhsa_ruler_load_words": (c_int, [ctypes.c_char_p, _p(c_void_p), _p(c_int64)]),
     "dhsa_ruler_text_free": (None, [c_void_p]),
@@ -421,16 +423,9 @@ def _ruler_data(kind, split, path):
         L.dhsa_ruler_text_free(buf)
 
 
-def ruler_prompt(model, task, length=4096, depth=0.5, seed=1, split="test", template=None, prose_dir=None,
-                 words=None, **counts):
-    """A prompt of `dhsa eval ruler` (dhsa_ruler_build) with the model's tokenizer:
-    dict ids (list), text, expected (the strings the answer should hold),
-    depth_used (-1 for cwe / fwe), n_units, answer_tokens (RULER's budget), stop.
-    task: one of dhsa.RULER_TASKS; split: "dev" or "test" (disjoint pools of
-    values and filler); template: None (plain completion prompt) or a chat
-    template name; prose_dir / words: the prose and word list (None: the
-    Debian packages gnu-standards and wamerican); counts: n_keys, n_values,
-    n_queries, n_chains, n_hops, n_common, freq_common, freq_uncommon, alpha."""
+def _ruler_build(model, task, length, depth, seed, split, template, prose_dir, words, counts):
+    """dhsa_ruler_build of one prompt: (RulerPrompt, buffers to keep alive
+    until dhsa_ruler_free)."""
     if not isinstance(model, Model):
         raise TypeError("model must be a dhsa.Model")
     if split not in ("dev", "test"):
@@ -459,14 +454,65 @@ def ruler_prompt(model, task, length=4096, depth=0.5, seed=1, split="test", temp
         p.tmpl = tm.value
     pr = RulerPrompt()
     model._handle()
+    check(L.dhsa_ruler_build(model._tok, ctypes.byref(p), ctypes.byref(pr)))
+    return pr, keep
+
+
+def _ruler_dict(pr):
+    exp = [pr.expected[i].value.decode() for i in range(pr.n_expected)]
+    return {"ids": list(pr.ids[:pr.n_ids]), "text": ctypes.string_at(pr.text).decode("utf-8", "replace"),
+            "expected": exp, "depth_used": pr.depth_used, "n_units": pr.n_units,
+            "answer_tokens": pr.answer_tokens, "stop": list(pr.stop[:pr.n_stop]),
+            "spans": [(pr.span_lo[i], pr.span_hi[i], exp[pr.span_of[i]]) for i in range(pr.n_spans)]}
+
+
+def ruler_prompt(model, task, length=4096, depth=0.5, seed=1, split="test", template=None, prose_dir=None,
+                 words=None, **counts):
+    """A prompt of `dhsa eval ruler` (dhsa_ruler_build) with the model's tokenizer:
+    dict ids (list), text, expected (the strings the answer should hold),
+    depth_used (-1 for cwe / fwe), n_units, answer_tokens (RULER's budget), stop,
+    spans (lo, hi, expected string): the token ranges where the needles state
+    the expected strings (none for cwe / fwe).
+    task: one of dhsa.RULER_TASKS; split: "dev" or "test" (disjoint pools of
+    values and filler); template: None (plain completion prompt) or a chat
+    template name; prose_dir / words: the prose and word list (None: the
+    Debian packages gnu-standards and wamerican); counts: n_keys, n_values,
+    n_queries, n_chains, n_hops, n_common, freq_common, freq_uncommon, alpha."""
+    pr, keep = _ruler_build(model, task, length, depth, seed, split, template, prose_dir, words, counts)
     try:
-        check(L.dhsa_ruler_build(model._tok, ctypes.byref(p), ctypes.byref(pr)))
-        return {"ids": list(pr.ids[:pr.n_ids]), "text": ctypes.string_at(pr.text).decode("utf-8", "replace"),
-                "expected": [pr.expected[i].value.decode() for i in range(pr.n_expected)],
-                "depth_used": pr.depth_used, "n_units": pr.n_units, "answer_tokens": pr.answer_tokens,
-                "stop": list(pr.stop[:pr.n_stop])}
+        return _ruler_dict(pr)
     finally:
-        L.dhsa_ruler_free(ctypes.byref(pr))
+        _lib().dhsa_ruler_free(ctypes.byref(pr))
+        del keep
+
+
+def eval_ruler(model, task, length=4096, depth=0.5, seed=1, split="test", template=None, method="dense",
+               density=0.125, max_tokens=None, ctx=None, threads=None, prose_dir=None, words=None, counts=None,
+               **routing):
+    """One RULER prompt (as ruler_prompt builds it) answered greedily under a
+    method, scored and explained (dhsa_eval_ruler): dict prompt (ruler_prompt's
+    dict), answer, n_tokens, density_used, mean_chunk, score (RULER's
+    string_match_all), hit (score 1), needle_selected / selected_at_wrong (per
+    layer, the share of the spans' keys the layouts selected: least over the
+    answer's rows / at the prompt's last row), needle ("everywhere", "partly",
+    "nowhere", over the layers that route). max_tokens None: RULER's budget
+    for the task; counts: a dict as ruler_prompt's keywords; routing: as
+    eval_generate's (the defaults scaled to `length`)."""
+    pr, keep = _ruler_build(model, task, length, depth, seed, split, template, prose_dir, words, counts or {})
+    try:
+        p, keep2 = _answer_params(model, method, density, int(length), max_tokens, None, routing)
+        a = Answer()
+        c = _ctx(ctx, threads)
+        with c._lock, model._use() as mh:
+            check(_lib().dhsa_eval_ruler(c._live_handle(), mh, ctypes.byref(pr), ctypes.byref(p), ctypes.byref(a)))
+        d = _answer_dict(a, True)
+        d.pop("first_wrong")
+        d["prompt"] = _ruler_dict(pr)
+        d["score"] = float(_lib().dhsa_ruler_score(ctypes.byref(pr), a.text, len(a.text)))
+        del keep2
+        return d
+    finally:
+        _lib().dhsa_ruler_free(ctypes.byref(pr))
         del keep
 
 

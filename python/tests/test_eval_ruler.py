@@ -87,3 +87,30 @@ def test_against_cli(model):
     got = row[11].replace("\\n", "\n").replace("\\t", "\t").replace("\\\\", "\\")
     assert abs(dhsa.ruler_score(expected, got) - float(row[9])) < 1e-4
     assert int(row[6]) <= 512
+
+
+def test_spans(model):
+    """The spans hold the expected strings, inside needle sentences."""
+    for task in ("vt", "multikey_uuid", "single_noise"):
+        p = dhsa.ruler_prompt(model, task, length=1024, depth=0.4, seed=5)
+        assert {e for _, _, e in p["spans"]} == set(p["expected"])
+        for lo, hi, e in p["spans"]:
+            assert 0 <= lo < hi <= len(p["ids"])
+            assert e in model.detokenize(p["ids"][lo:hi])
+    assert dhsa.ruler_prompt(model, "fwe", length=1024)["spans"] == []
+
+
+def test_eval_ruler(model):
+    """dhsa.eval_ruler: eval_generate's answer, RULER's score; a dense miss is
+    never put on the routing, a streaming one with the needle mid-prompt is
+    'nowhere'."""
+    for method, want in (("dense", "everywhere"), ("stream", "nowhere")):
+        r = dhsa.eval_ruler(model, "single_noise", length=1024, depth=0.5, seed=3, method=method,
+                            density=0.0625, max_tokens=8, threads=2)
+        p = r["prompt"]
+        g = dhsa.eval_generate(model, p["ids"], method=method, density=0.0625, max_tokens=8, stop=p["stop"],
+                               length=1024, threads=2)
+        assert r["answer"] == g["answer"]
+        assert r["score"] == dhsa.ruler_score(p["expected"], r["answer"])
+        assert r["hit"] == (r["score"] == 1.0)
+        assert r["needle"] == want

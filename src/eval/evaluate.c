@@ -231,7 +231,10 @@ done:
  * the share at each of the first DHSA_EVAL_ANSWER_ROWS of them (at). */
 typedef struct {
     dhsa__probe *acc;
-    const dhsa_task *task; /* NULL: no needle (dhsa_eval_generate) */
+    /* the needle: key ranges [span_lo, span_hi) of the prompt (n_spans 0:
+     * none, dhsa_eval_generate) */
+    int n_spans;
+    const int64_t *span_lo, *span_hi;
     int64_t from, n_layer;
     /* chunk lengths: the method's boundaries over the prompt's keys, at the
      * call holding the prompt's last row (rp NULL: no chunks, dense,
@@ -241,7 +244,21 @@ typedef struct {
     double chunk_keys, chunks;
     double sel[DHSA_EVAL_MAX_LAYERS];
     double at[DHSA_EVAL_MAX_LAYERS][DHSA_EVAL_ANSWER_ROWS];
+    int routed[DHSA_EVAL_MAX_LAYERS]; /* a layout was seen: the layer routes */
 } answer_hook;
+
+/* The share of the spans' keys the layout selects for query row `row` of
+ * KV head g (dhsa_task_selected's rule; 1 with layout NULL). */
+static double spans_selected(const answer_hook *h, const dhsa_layout *layout, int64_t g, int64_t row) {
+    if (!layout) return 1;
+    int64_t all = 0, sel = 0;
+    for (int s = 0; s < h->n_spans; s++)
+        for (int64_t k = h->span_lo[s]; k < h->span_hi[s]; k++) {
+            all++;
+            sel += dhsa_layout_selects(layout, 0, g, row, k) == 1;
+        }
+    return all ? (double)sel / (double)all : 0;
+}
 
 static int answer_hook_fn(void *user, int64_t layer, const dhsa_attn_desc *a) {
     answer_hook *h = user;
@@ -255,12 +272,13 @@ static int answer_hook_fn(void *user, int64_t layer, const dhsa_attn_desc *a) {
         h->chunk_keys += (double)Lk;
         h->chunks += (double)nc;
     }
-    if (!h->task || layer < 0 || layer >= h->n_layer || layer >= DHSA_EVAL_MAX_LAYERS) return 0;
+    if (!h->n_spans || layer < 0 || layer >= h->n_layer || layer >= DHSA_EVAL_MAX_LAYERS) return 0;
     const int64_t n = a->q.shape[2], Hkv = a->k.shape[1];
+    if (a->layout && a->q_pos0 + n > h->from) h->routed[layer] = 1;
     for (int64_t i = 0; i < n; i++) {
         if (a->q_pos0 + i < h->from) continue;
         double s = 0;
-        for (int64_t g = 0; g < Hkv; g++) s += dhsa_task_selected(h->task, a->layout, g, i);
+        for (int64_t g = 0; g < Hkv; g++) s += spans_selected(h, a->layout, g, i);
         s /= (double)Hkv;
         if (s < h->sel[layer]) h->sel[layer] = s;
         int64_t k = a->q_pos0 + i - h->from;
@@ -291,8 +309,8 @@ static int64_t first_wrong_token(const dhsa_tokenizer *tok, const int32_t *ans, 
 /* The greedy answer of dhsa_eval_generate / dhsa_eval_retrieval; with a
  * task, the needle's selection per layer and the score. */
 static dhsa_status answer(dhsa_ctx *ctx, dhsa_model *m, const int32_t *ids, int64_t n_ids, const dhsa_task *task,
-                          const dhsa_eval_answer_params *p, unsigned detok_flags, int64_t cap,
-                          dhsa_eval_answer *out) {
+                          const dhsa_ruler_prompt *pr, const dhsa_eval_answer_params *p, unsigned detok_flags,
+                          int64_t cap, dhsa_eval_answer *out) {
     const dhsa_model_info *in = dhsa_model_get_info(m);
     const dhsa_tokenizer *tok = dhsa_model_tokenizer(m);
     const int64_t V = in->n_vocab, NL = in->n_layer;
@@ -322,7 +340,15 @@ static dhsa_status answer(dhsa_ctx *ctx, dhsa_model *m, const int32_t *ids, int6
     st = dhsa__probe_init(&acc, ctx, NL, 0);
     if (st) goto done;
     rh->acc = &acc;
-    rh->task = task;
+    if (task) {
+        rh->n_spans = task->n_spans;
+        rh->span_lo = task->span_lo;
+        rh->span_hi = task->span_hi;
+    } else if (pr) {
+        rh->n_spans = pr->n_spans;
+        rh->span_lo = pr->span_lo;
+        rh->span_hi = pr->span_hi;
+    }
     rh->n_layer = NL;
     rh->from = n_ids - 1;
     /* the boundaries the session's indexes cut (session.c method_router) */
@@ -364,15 +390,21 @@ static dhsa_status answer(dhsa_ctx *ctx, dhsa_model *m, const int32_t *ids, int6
     out->n_tokens = na;
     out->density_used = dhsa__probe_density(&acc);
     out->mean_chunk = rh->chunks > 0 ? rh->chunk_keys / rh->chunks : 0.0;
-    if (task) {
-        out->hit = dhsa_task_check(task, out->text, alen);
-        out->first_wrong = first_wrong_token(tok, ans, na, task->answer);
+    if (task || pr) {
+        /* RULER: scored by its own rule; explained at the prompt's last row */
+        out->hit = task ? dhsa_task_check(task, out->text, alen) : dhsa_ruler_score(pr, out->text, alen) >= 1.0;
+        out->first_wrong = task ? first_wrong_token(tok, ans, na, task->answer) : 0;
         int64_t k = out->first_wrong < DHSA_EVAL_ANSWER_ROWS ? out->first_wrong : DHSA_EVAL_ANSWER_ROWS - 1;
         out->n_layer = NL < DHSA_EVAL_MAX_LAYERS ? NL : DHSA_EVAL_MAX_LAYERS;
         double smin = 1, smax = 0;
         for (int64_t l = 0; l < out->n_layer; l++) {
+            if (!rh->n_spans) { /* nothing to explain by (CWE, FWE) */
+                out->needle_selected[l] = out->selected_at_wrong[l] = 1;
+                continue;
+            }
             out->needle_selected[l] = rh->sel[l];
             out->selected_at_wrong[l] = rh->at[l][k];
+            if (!rh->routed[l]) continue; /* a layer that reads all it may: not the routing's doing */
             smin = rh->at[l][k] < smin ? rh->at[l][k] : smin;
             smax = rh->at[l][k] > smax ? rh->at[l][k] : smax;
         }
@@ -394,7 +426,7 @@ dhsa_status dhsa_eval_generate(dhsa_ctx *ctx, dhsa_model *m, const int32_t *ids,
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_eval_generate: ctx, model, params and out must not be NULL");
     if (p->max_tokens < 0)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "max_tokens %lld: negative (0 = the default)", (long long)p->max_tokens);
-    return answer(ctx, m, ids, n_ids, NULL, p, p->detok_flags, p->max_tokens > 0 ? p->max_tokens : 12, out);
+    return answer(ctx, m, ids, n_ids, NULL, NULL, p, p->detok_flags, p->max_tokens > 0 ? p->max_tokens : 12, out);
 }
 
 dhsa_status dhsa_eval_retrieval(dhsa_ctx *ctx, dhsa_model *m, const dhsa_task *t, const dhsa_eval_answer_params *p,
@@ -406,5 +438,29 @@ dhsa_status dhsa_eval_retrieval(dhsa_ctx *ctx, dhsa_model *m, const dhsa_task *t
     if (p->max_tokens < 0)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "max_tokens %lld: negative (0 = the default)", (long long)p->max_tokens);
     int64_t cap = p->max_tokens > 0 ? p->max_tokens : t->n_numbers > 1 ? 40 : 12;
-    return answer(ctx, m, t->ids, t->n_ids, t, p, p->detok_flags | DHSA_DETOKENIZE_KEEP_SPACE, cap, out);
+    return answer(ctx, m, t->ids, t->n_ids, t, NULL, p, p->detok_flags | DHSA_DETOKENIZE_KEEP_SPACE, cap, out);
+}
+
+dhsa_status dhsa_eval_ruler(dhsa_ctx *ctx, dhsa_model *m, const dhsa_ruler_prompt *pr, const dhsa_eval_answer_params *p,
+                            dhsa_eval_answer *out) {
+    if (!ctx || !m || !pr || !p || !out)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_eval_ruler: ctx, model, prompt, params and out must not be NULL");
+    if (!pr->ids || pr->n_ids < 1) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_eval_ruler: the prompt is empty");
+    if (pr->n_spans < 0 || pr->n_spans > DHSA_RULER_MAX_SPANS)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_eval_ruler: %d spans (0 .. %d)", pr->n_spans,
+                          DHSA_RULER_MAX_SPANS);
+    for (int s = 0; s < pr->n_spans; s++)
+        if (pr->span_lo[s] < 0 || pr->span_hi[s] <= pr->span_lo[s] || pr->span_hi[s] > pr->n_ids)
+            return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_eval_ruler: span %d [%lld, %lld) is outside the prompt's "
+                              "%lld ids", s, (long long)pr->span_lo[s], (long long)pr->span_hi[s], (long long)pr->n_ids);
+    if (p->max_tokens < 0)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "max_tokens %lld: negative (0 = the prompt's answer budget)",
+                          (long long)p->max_tokens);
+    dhsa_eval_answer_params q = *p;
+    if (!q.stop) {
+        q.stop = pr->stop;
+        q.n_stop = pr->n_stop;
+    }
+    int64_t cap = q.max_tokens > 0 ? q.max_tokens : pr->answer_tokens > 0 ? pr->answer_tokens : 128;
+    return answer(ctx, m, pr->ids, pr->n_ids, NULL, pr, &q, q.detok_flags, cap, out);
 }

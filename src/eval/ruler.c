@@ -867,6 +867,83 @@ static void builder_free(builder *b) {
     free(b->counts);
 }
 
+/* The token of ids whose piece holds byte `at` of their concatenation
+ * (off: each token's first byte, off[n] the end). */
+static int64_t token_at(const int64_t *off, int64_t n, int64_t at) {
+    int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int64_t mid = (lo + hi + 1) / 2;
+        if (off[mid] <= at) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+static int word_char(char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '-' || c == '_';
+}
+
+/* out->span_*: the needles found in order in the prompt's pieces (each
+ * token detokenized alone, specials and leading spaces kept), and in each
+ * needle sentence every whole-word occurrence of an expected string. A
+ * needle whose text is not found (a template that rewrites text) adds
+ * nothing; spans past DHSA_RULER_MAX_SPANS are dropped. */
+static dhsa_status find_spans(const builder *b, dhsa_ruler_prompt *out) {
+    const int64_t n = out->n_ids;
+    int64_t *off = malloc((size_t)(n + 1) * sizeof(int64_t));
+    size_t cap = (size_t)n * 8 + 64, len = 0;
+    char *text = malloc(cap);
+    if (!off || !text) {
+        free(off);
+        free(text);
+        return oom();
+    }
+    for (int64_t i = 0; i < n; i++) {
+        char piece[256];
+        int64_t pl = 0;
+        off[i] = (int64_t)len;
+        if (dhsa_detokenize(b->tok, &out->ids[i], 1, DHSA_DETOKENIZE_SPECIAL | DHSA_DETOKENIZE_KEEP_SPACE, piece,
+                            (int64_t)sizeof piece, &pl) != DHSA_OK || pl < 0 || pl > (int64_t)sizeof piece)
+            pl = 0; /* a piece too long for the buffer: none of the values' tokens */
+        if (len + (size_t)pl + 1 > cap) {
+            size_t nc = 2 * cap + (size_t)pl;
+            char *nt = realloc(text, nc);
+            if (!nt) {
+                free(off);
+                free(text);
+                return oom();
+            }
+            text = nt;
+            cap = nc;
+        }
+        memcpy(text + len, piece, (size_t)pl);
+        len += (size_t)pl;
+    }
+    off[n] = (int64_t)len;
+    text[len] = 0;
+    const char *cur = text;
+    for (int i = 0; i < b->n_nd; i++) {
+        const char *at = strstr(cur, b->nd[i].text);
+        if (!at) continue;
+        const char *end = at + strlen(b->nd[i].text);
+        for (const char *x = at; x < end; x++)
+            for (int k = 0; k < out->n_expected; k++) {
+                size_t el = strlen(out->expected[k]);
+                if (el == 0 || x + el > end || memcmp(x, out->expected[k], el) != 0) continue;
+                if ((x > at && word_char(x[-1])) || (x + el < end && word_char(x[el]))) continue;
+                if (out->n_spans == DHSA_RULER_MAX_SPANS) continue;
+                int s = out->n_spans++;
+                out->span_of[s] = k;
+                out->span_lo[s] = token_at(off, n, (int64_t)(x - text));
+                out->span_hi[s] = token_at(off, n, (int64_t)(x + el - 1 - text)) + 1;
+            }
+        cur = end;
+    }
+    free(off);
+    free(text);
+    return DHSA_OK;
+}
+
 dhsa_status dhsa_ruler_build(const dhsa_tokenizer *tok, const dhsa_ruler_params *p, dhsa_ruler_prompt *out) {
     if (out) memset(out, 0, sizeof *out);
     if (!tok || !p || !out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_ruler_build: NULL argument");
@@ -1005,6 +1082,7 @@ dhsa_status dhsa_ruler_build(const dhsa_tokenizer *tok, const dhsa_ruler_params 
     }
     st = prompt_tokens(&b, text, out->ids, n_tok + 1, &out->n_ids);
     if (st) goto done;
+    if (!words_task && (st = find_spans(&b, out))) goto done;
     out->n_units = lo;
     out->answer_tokens = p->task == DHSA_RULER_VT ? 30 : p->task == DHSA_RULER_CWE ? 120
                          : p->task == DHSA_RULER_FWE ? 50 : 128;
