@@ -16,6 +16,7 @@
 
 #include "core/internal.h"
 #include "dhsa.h"
+#include "eval/niah.h"
 #include "eval/probe.h"
 
 dhsa_router_params dhsa_eval_router_params(int64_t L, double density) {
@@ -247,19 +248,6 @@ typedef struct {
     int routed[DHSA_EVAL_MAX_LAYERS]; /* a layout was seen: the layer routes */
 } answer_hook;
 
-/* The share of the spans' keys the layout selects for query row `row` of
- * KV head g (dhsa_task_selected's rule; 1 with layout NULL). */
-static double spans_selected(const answer_hook *h, const dhsa_layout *layout, int64_t g, int64_t row) {
-    if (!layout) return 1;
-    int64_t all = 0, sel = 0;
-    for (int s = 0; s < h->n_spans; s++)
-        for (int64_t k = h->span_lo[s]; k < h->span_hi[s]; k++) {
-            all++;
-            sel += dhsa_layout_selects(layout, 0, g, row, k) == 1;
-        }
-    return all ? (double)sel / (double)all : 0;
-}
-
 static int answer_hook_fn(void *user, int64_t layer, const dhsa_attn_desc *a) {
     answer_hook *h = user;
     if (dhsa__probe_hook(h->acc, layer, a)) return 1;
@@ -278,7 +266,7 @@ static int answer_hook_fn(void *user, int64_t layer, const dhsa_attn_desc *a) {
     for (int64_t i = 0; i < n; i++) {
         if (a->q_pos0 + i < h->from) continue;
         double s = 0;
-        for (int64_t g = 0; g < Hkv; g++) s += spans_selected(h, a->layout, g, i);
+        for (int64_t g = 0; g < Hkv; g++) s += dhsa__spans_selected(a->layout, g, i, h->n_spans, h->span_lo, h->span_hi);
         s /= (double)Hkv;
         if (s < h->sel[layer]) h->sel[layer] = s;
         int64_t k = a->q_pos0 + i - h->from;

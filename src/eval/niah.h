@@ -67,4 +67,10 @@ int64_t dhsa__split_sentences(char *text, int64_t len, char ***out);
  * base model starts a new document). stop has room for 16. */
 dhsa_status dhsa__answer_stop_ids(const dhsa_tokenizer *tok, dhsa_chat_template tmpl, int32_t *stop, int *n_stop);
 
+/* The share of the key ranges [lo[s], hi[s]), s < n, that the layout
+ * selects for query row `row` of KV head g: 1 with layout NULL (a layer
+ * that reads every key), 0 for no keys. dhsa_task_selected's rule, and
+ * dhsa_eval_ruler's on a RULER prompt's spans. */
+double dhsa__spans_selected(const dhsa_layout *layout, int64_t g, int64_t row, int n, const int64_t *lo,
+                            const int64_t *hi);
 #endif

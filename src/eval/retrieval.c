@@ -422,14 +422,19 @@ int dhsa_task_check(const dhsa_task *t, const char *text, int64_t len) {
     return 1;
 }
 
-double dhsa_task_selected(const dhsa_task *t, const dhsa_layout *layout, int64_t g, int64_t row) {
-    if (!t || t->n_spans == 0) return 0;
+double dhsa__spans_selected(const dhsa_layout *layout, int64_t g, int64_t row, int n, const int64_t *lo,
+                            const int64_t *hi) {
     if (!layout) return 1;
     int64_t all = 0, sel = 0;
-    for (int s = 0; s < t->n_spans; s++)
-        for (int64_t k = t->span_lo[s]; k < t->span_hi[s]; k++) {
+    for (int s = 0; s < n; s++)
+        for (int64_t k = lo[s]; k < hi[s]; k++) {
             all++;
             sel += dhsa_layout_selects(layout, 0, g, row, k) == 1;
         }
     return all ? (double)sel / (double)all : 0;
+}
+
+double dhsa_task_selected(const dhsa_task *t, const dhsa_layout *layout, int64_t g, int64_t row) {
+    if (!t || t->n_spans == 0) return 0;
+    return dhsa__spans_selected(layout, g, row, t->n_spans, t->span_lo, t->span_hi);
 }
