@@ -294,8 +294,9 @@ static int64_t first_wrong_token(const dhsa_tokenizer *tok, const int32_t *ans, 
     return n;
 }
 
-/* The greedy answer of dhsa_eval_generate / dhsa_eval_retrieval; with a
- * task, the needle's selection per layer and the score. */
+/* The greedy answer of dhsa_eval_generate / _retrieval / _ruler; with a
+ * task (its numbers' spans) or a RULER prompt (its spans), the needle's
+ * selection per layer and the score. */
 static dhsa_status answer(dhsa_ctx *ctx, dhsa_model *m, const int32_t *ids, int64_t n_ids, const dhsa_task *task,
                           const dhsa_ruler_prompt *pr, const dhsa_eval_answer_params *p, unsigned detok_flags,
                           int64_t cap, dhsa_eval_answer *out) {
