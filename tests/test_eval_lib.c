@@ -6,6 +6,8 @@
  *     rows under causality), the recall against the softmax mass on the
  *     selected keys in double precision, a dense call as recall 1; a
  *     wrong layout gives a recall the check tells apart;
+ *   - dhsa_eval_fidelity over a window of two ubatches (run a step at a
+ *     time) scored as whole-window sessions;
  *   - dhsa_eval_fidelity on the shipped default model: dense against itself
  *     is KL 0, top-1 1, recall 1, density 1; a sparse method's KL, top-1,
  *     perplexities (whole and second half) against sessions run and scored
@@ -174,6 +176,68 @@ static int run_logits(dhsa_ctx *ctx, dhsa_model *m, const dhsa_eval_method *me, 
     int bad = dhsa_session_eval(s, ids, n, out) != DHSA_OK;
     dhsa_session_free(s);
     return bad;
+}
+
+/* A window longer than one step (600 tokens: 512 + 88): the evaluation
+ * runs dense and the method side by side a step at a time, holding one
+ * step of logits; the scores must be those of whole-window sessions. */
+static void test_fidelity_steps(dhsa_ctx *ctx, dhsa_model *m) {
+    const dhsa_model_info *in = dhsa_model_get_info(m);
+    const dhsa_tokenizer *tok = dhsa_model_tokenizer(m);
+    const int64_t V = in->n_vocab, W = 600;
+    static const char text[] =
+        "The keeper of the lighthouse wrote every evening in a thick book: the wind, the ships that passed, "
+        "the colour of the water and the birds that rested on the rail. ";
+    char *buf = malloc(100 * sizeof text);
+    buf[0] = 0;
+    for (int i = 0; i < 100; i++) strcat(buf, text);
+    int64_t n = 0;
+    dhsa_tokenize(tok, buf, (int64_t)strlen(buf), 0, NULL, 0, &n);
+    int32_t *ids = malloc((size_t)n * sizeof(int32_t));
+    T_CHECK(ids && dhsa_tokenize(tok, buf, (int64_t)strlen(buf), 0, ids, n, &n) == DHSA_OK && n >= W,
+            "text: %lld tokens", (long long)n);
+    free(buf);
+    if (n < W) {
+        free(ids);
+        return;
+    }
+    dhsa_eval_method me[2] = {{DHSA_ATTN_DENSE, dhsa_eval_router_params(W, 1.0)},
+                              {DHSA_ATTN_DHSA, dhsa_eval_router_params(W, 0.125)}};
+    dhsa_eval_fidelity_result res[2] = {{0}};
+    dhsa_eval_fidelity_params fp = dhsa_eval_fidelity_default_params();
+    fp.window = W;
+    fp.max_windows = 1;
+    fp.recall = 0;
+    dhsa_status st = dhsa_eval_fidelity(ctx, m, ids, n, &fp, me, 2, res, NULL);
+    T_CHECK(st == DHSA_OK, "fidelity over two steps: %s", dhsa_last_error());
+    float *ld = malloc((size_t)(W * V) * sizeof(float)), *lm = malloc((size_t)(W * V) * sizeof(float));
+    double *pd = malloc((size_t)V * sizeof(double)), *pm = malloc((size_t)V * sizeof(double));
+    int32_t *win = malloc((size_t)W * sizeof(int32_t));
+    win[0] = dhsa_tokenizer_bos(tok);
+    memcpy(win + 1, ids, (size_t)(W - 1) * sizeof(int32_t));
+    double kl = 0, top = 0, cnt = 0;
+    if (!st && run_logits(ctx, m, &me[0], win, W, ld) == 0 && run_logits(ctx, m, &me[1], win, W, lm) == 0) {
+        for (int64_t t = 0; t + 1 < W; t++) {
+            log_softmax(ld + t * V, V, pd);
+            log_softmax(lm + t * V, V, pm);
+            for (int64_t x = 0; x < V; x++) kl += exp(pd[x]) * (pd[x] - pm[x]);
+            top += argmax(ld + t * V, V) == argmax(lm + t * V, V);
+            cnt++;
+        }
+        T_CHECK(res[0].kl == 0 && res[0].top1 == 1, "two steps: dense against itself KL %g", res[0].kl);
+        T_CHECK(fabs(res[1].kl - kl / cnt) <= 1e-9 * kl / cnt && res[1].kl > 0 && res[1].top1 == top / cnt &&
+                    res[1].n_predicted == W - 1,
+                "two steps: dhsa KL %.12g (whole-window sessions %.12g), top-1 %g (%g)", res[1].kl, kl / cnt,
+                res[1].top1, top / cnt);
+    } else {
+        T_CHECK(0, "reference sessions: %s", dhsa_last_error());
+    }
+    free(ld);
+    free(lm);
+    free(pd);
+    free(pm);
+    free(win);
+    free(ids);
 }
 
 static void test_fidelity(dhsa_ctx *ctx, dhsa_model *m) {
@@ -601,6 +665,7 @@ int main(void) {
     dhsa_model_params mp = dhsa_model_default_params();
     if (dhsa_model_load(path, &mp, &m) == DHSA_OK) {
         test_fidelity(ctx, m);
+        test_fidelity_steps(ctx, m);
         test_answers(ctx, m);
         test_niah(m);
         test_copy(ctx, m);

@@ -143,9 +143,12 @@ typedef struct {
  *              (dhsa_fidelity_compare), over the method's own q/k/v;
  *              dense calls count 1; mean over windows. NaN with
  *              params.recall 0.
- * Cost: two extra attention calls per routed layer call (recall), and
- * 2 x window x n_vocab floats of logits. A text shorter than one window
- * is DHSA_ERR_INVALID_ARG. */
+ * Dense and every method run side by side over a window, one ubatch of
+ * min(window, 512) tokens at a time (the scores are those of whole-window
+ * runs). Cost: two extra attention calls per routed layer call (recall);
+ * memory: the sessions of dense and every method at once (a KV cache of
+ * `window` tokens each) and 2 x min(window, 512) x n_vocab floats of
+ * logits. A text shorter than one window is DHSA_ERR_INVALID_ARG. */
 typedef struct {
     int64_t window;       /* tokens per window, BOS included (>= 2); 0 = the trained context */
     int64_t max_windows;  /* default 8 */

@@ -54,18 +54,6 @@ static dhsa_session_params method_session(const dhsa_eval_method *me, int64_t n_
     return sp;
 }
 
-/* Runs ids[0..n) in a fresh session; logits [n][V] into out. */
-static dhsa_status run_all(dhsa_ctx *ctx, dhsa_model *m, const dhsa_session_params *sp, const int32_t *ids,
-                           int64_t n, float *out, const dhsa__probe *probe) {
-    dhsa_session *s;
-    dhsa_status st = dhsa_session_create(ctx, m, sp, &s);
-    if (st) return st;
-    st = dhsa_session_eval(s, ids, n, out);
-    if (st) st = dhsa__probe_fail(probe, st);
-    dhsa_session_free(s);
-    return st;
-}
-
 /* log-softmax of one row into lp (double). */
 static void log_softmax(const float *x, int64_t V, double *lp) {
     double mx = -INFINITY;
@@ -131,19 +119,25 @@ dhsa_status dhsa_eval_fidelity(dhsa_ctx *ctx, dhsa_model *m, const int32_t *ids,
         if (rec)
             for (int64_t l = 0; l < NL; l++) rec[l] = p->recall ? 0.0 : NAN;
     }
-    float *ld = malloc((size_t)W * (size_t)V * sizeof(float)), *lm = malloc((size_t)W * (size_t)V * sizeof(float));
+    /* dense and every method run side by side over the window, one
+     * ubatch at a time (the step each session takes anyway: the same
+     * results as one call over the window), so only one ubatch of logits
+     * per side is held: 2 x U x V floats, not 2 x W x V (a 16K window of a
+     * 262K vocabulary would be 34 GB) */
+    const int64_t U = W < 512 ? W : 512;
+    float *ld = malloc((size_t)U * (size_t)V * sizeof(float)), *lm = malloc((size_t)U * (size_t)V * sizeof(float));
     double *pd = malloc((size_t)V * sizeof(double)), *pm = malloc((size_t)V * sizeof(double));
     int32_t *win = malloc((size_t)W * sizeof(int32_t));
     /* per method: sums over predicted positions (the means at the end) */
     double *sums = calloc((size_t)(n_methods > 0 ? n_methods : 1) * 9, sizeof(double));
-    dhsa__probe acc;
-    memset(&acc, 0, sizeof acc);
-    if (!ld || !lm || !pd || !pm || !win || !sums) {
+    dhsa__probe *acc = calloc((size_t)(n_methods > 0 ? n_methods : 1), sizeof *acc);
+    dhsa_session **sm = calloc((size_t)(n_methods + 1), sizeof *sm);
+    if (!ld || !lm || !pd || !pm || !win || !sums || !acc || !sm) {
         st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory for fidelity's logits (2 x %lld x %lld floats)",
-                        (long long)W, (long long)V);
+                        (long long)U, (long long)V);
         goto done;
     }
-    st = dhsa__probe_init(&acc, ctx, NL, p->recall);
+    for (int64_t vi = 0; vi < n_methods && !st; vi++) st = dhsa__probe_init(&acc[vi], ctx, NL, p->recall);
     if (st) goto done;
     double dense_nll = 0, dense_n = 0;
     for (int64_t w = 0; w < n_win && !st; w++) {
@@ -151,45 +145,66 @@ dhsa_status dhsa_eval_fidelity(dhsa_ctx *ctx, dhsa_model *m, const int32_t *ids,
         if (bos >= 0) win[n++] = bos;
         memcpy(win + n, ids + w * body, (size_t)body * sizeof(int32_t));
         n += body;
+        /* sm[0] dense, sm[1 + vi] method vi */
         dhsa_eval_method dense = {DHSA_ATTN_DENSE, dhsa_eval_router_params(W, 1.0)};
         dhsa_session_params sp = method_session(&dense, W, 1, NULL, NULL);
-        st = run_all(ctx, m, &sp, win, n, ld, NULL);
-        if (st) break;
-        for (int64_t t = 0; t + 1 < n; t++) {
-            log_softmax(ld + t * V, V, pd);
-            dense_nll -= pd[win[t + 1]];
-            dense_n += 1;
-        }
+        sp.n_ubatch = U;
+        st = dhsa_session_create(ctx, m, &sp, &sm[0]);
         for (int64_t vi = 0; vi < n_methods && !st; vi++) {
-            double *r = sums + vi * 9; /* kl top1 nll nll_dense n kl2 top1_2 n2 (unused) */
-            dhsa_eval_fidelity_result *res = &results[vi];
-            dhsa__probe_clear(&acc);
-            acc.late_from = n / 2;
-            sp = method_session(&methods[vi], W, 1, dhsa__probe_hook, &acc);
-            st = run_all(ctx, m, &sp, win, n, lm, &acc);
+            dhsa__probe_clear(&acc[vi]);
+            acc[vi].late_from = n / 2;
+            sp = method_session(&methods[vi], W, 1, dhsa__probe_hook, &acc[vi]);
+            sp.n_ubatch = U;
+            st = dhsa_session_create(ctx, m, &sp, &sm[1 + vi]);
+        }
+        for (int64_t t0 = 0; t0 < n && !st; t0 += U) {
+            const int64_t u = n - t0 < U ? n - t0 : U;
+            st = dhsa_session_eval(sm[0], win + t0, u, ld);
             if (st) break;
-            for (int64_t t = 0; t + 1 < n; t++) {
-                log_softmax(ld + t * V, V, pd);
-                log_softmax(lm + t * V, V, pm);
-                double kl = 0;
-                for (int64_t v = 0; v < V; v++) kl += exp(pd[v]) * (pd[v] - pm[v]);
-                int agree = argmax_f(ld + t * V, V) == argmax_f(lm + t * V, V);
-                r[0] += kl;
-                r[1] += agree;
-                r[2] -= pm[win[t + 1]];
-                r[3] -= pd[win[t + 1]];
-                r[4] += 1;
-                if (t >= n / 2) {
-                    r[5] += kl;
-                    r[6] += agree;
-                    r[7] += 1;
+            for (int64_t t = t0; t < t0 + u && t + 1 < n; t++) {
+                log_softmax(ld + (t - t0) * V, V, pd);
+                dense_nll -= pd[win[t + 1]];
+                dense_n += 1;
+            }
+            for (int64_t vi = 0; vi < n_methods && !st; vi++) {
+                double *r = sums + vi * 9; /* kl top1 nll nll_dense n kl2 top1_2 n2 (unused) */
+                st = dhsa_session_eval(sm[1 + vi], win + t0, u, lm);
+                if (st) {
+                    st = dhsa__probe_fail(&acc[vi], st);
+                    break;
+                }
+                for (int64_t t = t0; t < t0 + u && t + 1 < n; t++) {
+                    const float *xd = ld + (t - t0) * V, *xm = lm + (t - t0) * V;
+                    log_softmax(xd, V, pd);
+                    log_softmax(xm, V, pm);
+                    double kl = 0;
+                    for (int64_t v = 0; v < V; v++) kl += exp(pd[v]) * (pd[v] - pm[v]);
+                    int agree = argmax_f(xd, V) == argmax_f(xm, V);
+                    r[0] += kl;
+                    r[1] += agree;
+                    r[2] -= pm[win[t + 1]];
+                    r[3] -= pd[win[t + 1]];
+                    r[4] += 1;
+                    if (t >= n / 2) {
+                        r[5] += kl;
+                        r[6] += agree;
+                        r[7] += 1;
+                    }
                 }
             }
-            /* density and recall: means over windows */
-            res->density_used += dhsa__probe_density(&acc) / (double)n_win;
-            res->density_used_late += dhsa__probe_late_density(&acc) / (double)n_win;
+        }
+        for (int64_t i = 0; i <= n_methods; i++) {
+            dhsa_session_free(sm[i]);
+            sm[i] = NULL;
+        }
+        if (st) break;
+        /* density and recall: means over windows */
+        for (int64_t vi = 0; vi < n_methods; vi++) {
+            dhsa_eval_fidelity_result *res = &results[vi];
+            res->density_used += dhsa__probe_density(&acc[vi]) / (double)n_win;
+            res->density_used_late += dhsa__probe_late_density(&acc[vi]) / (double)n_win;
             if (res->recall && p->recall)
-                for (int64_t l = 0; l < NL; l++) res->recall[l] += dhsa__probe_recall(&acc, l) / (double)n_win;
+                for (int64_t l = 0; l < NL; l++) res->recall[l] += dhsa__probe_recall(&acc[vi], l) / (double)n_win;
         }
     }
     if (st) goto done;
@@ -213,7 +228,9 @@ dhsa_status dhsa_eval_fidelity(dhsa_ctx *ctx, dhsa_model *m, const int32_t *ids,
         info->ppl_dense = exp(dense_nll / dense_n);
     }
 done:
-    dhsa__probe_free(&acc);
+    for (int64_t vi = 0; acc && vi < n_methods; vi++) dhsa__probe_free(&acc[vi]);
+    free(acc);
+    free(sm);
     free(ld);
     free(lm);
     free(pd);
