@@ -539,14 +539,29 @@ static void check_cli(void) {
     free(out);
     int nl = count_lines(tsv, &complete);
     T_CHECK(nl == 8 && complete, "after a cut line: %d lines, complete %d", nl, complete);
-    /* the table form has a row per task */
+    /* the table form has a row per task; --svg a heat map with a panel per method, from the file's answers */
+    char svg[sizeof tsv + 8];
+    snprintf(svg, sizeof svg, "%s.svg", tsv);
     snprintf(args, sizeof args,
              "eval ruler -m " MODEL " --tasks single_noise,vt,fwe --lengths 512 --depths 0.5 --samples 1 "
-             "--attn dense,dhsa --density 0.125 --answer-tokens 8 --threads 2 --out %s", tsv);
+             "--attn dense,dhsa --density 0.125 --answer-tokens 8 --threads 2 --out %s --svg %s", tsv, svg);
     rc = cli_run(args, 1, &out);
-    T_CHECK(rc == 0 && strstr(out, "| vt |") && strstr(out, "| fwe |") && strstr(out, "mean of tasks"),
+    T_CHECK(rc == 0 && strstr(out, "| vt |") && strstr(out, "| fwe |") && strstr(out, "mean of tasks") &&
+                strstr(out, "wrote "),
             "table: %.300s", out);
     free(out);
+    {
+        FILE *sf = fopen(svg, "r");
+        char head[8] = "", body[65536];
+        size_t got = sf ? fread(body, 1, sizeof body - 1, sf) : 0;
+        body[got] = 0;
+        if (sf) fclose(sf);
+        memcpy(head, body, 4);
+        T_CHECK(strcmp(head, "<svg") == 0 && strstr(body, ">dense<") && strstr(body, ">dhsa<") &&
+                    strstr(body, "tasks single_noise, vt;") == NULL && strstr(body, "tasks single_noise, vt"),
+                "heat map: %zu bytes, a panel per method, the depth tasks named", got);
+        unlink(svg);
+    }
     /* a file written before the needle column (13 fields a line) resumes: nothing redone, its misses
        counted as not explained */
     {

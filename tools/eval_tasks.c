@@ -668,6 +668,40 @@ int eval_cmd_ruler(eval_env *e) {
         }
         printf("\n(column heads: target length (mean prompt tokens)); %lld new answers, %.1f s\n", (long long)n_new, secs);
     }
+    if (o->svg) { /* per method: mean score over the run's tasks that have a depth, per depth and length */
+        size_t nh = (size_t)n_var * (size_t)o->n_depths * (size_t)nL;
+        double *hv = calloc(nh, sizeof(double)), *hn = calloc(nh, sizeof(double));
+        const char *names[MAX_VAR];
+        if (!hv || !hn) dhsa_cli_die(EXIT_RUN, "out of memory");
+        for (int64_t i = 0; i < d.n; i++) {
+            const ruler_row *r = &d.r[i];
+            if (r->task < 0 || !in_grid[r->task] || r->length_i < 0 || r->var < 0 || r->trial >= o->trials ||
+                r->depth < 0)
+                continue;
+            for (int di = 0; di < o->n_depths; di++)
+                if (fabs(o->depths[di] - r->depth) < 1e-9) {
+                    size_t c = ((size_t)r->var * (size_t)o->n_depths + (size_t)di) * (size_t)nL + (size_t)r->length_i;
+                    hv[c] += r->score;
+                    hn[c] += 1;
+                }
+        }
+        for (size_t c = 0; c < nh; c++) hv[c] = hn[c] > 0 ? hv[c] / hn[c] : NAN;
+        for (int v = 0; v < n_var; v++) names[v] = o->var[v].name;
+        char sub[1024], list[512] = "";
+        for (int ti = 0; ti < n_tasks; ti++) {
+            dhsa_ruler_params tp = dhsa_ruler_default_params();
+            dhsa_ruler_preset(ruler_all[tasks[ti]], &tp);
+            if (tp.task == DHSA_RULER_CWE || tp.task == DHSA_RULER_FWE) continue;
+            size_t l = strlen(list);
+            snprintf(list + l, sizeof list - l, "%s%s", l ? ", " : "", ruler_all[tasks[ti]]);
+        }
+        snprintf(sub, sizeof sub, "%s; split %s; %lld samples per cell and task; tasks %s", o->model, split_name,
+                 (long long)o->trials, list);
+        eval_write_heatmap(o, "RULER: mean score over the tasks (share of expected strings in the answer)", sub,
+                           "score", 0, 1, 2, hv, names, n_var);
+        free(hv);
+        free(hn);
+    }
     free(miss);
     for (int64_t i = 0; i < d.n_keys; i++) free(d.keys[i]);
     free(d.keys);
