@@ -850,9 +850,10 @@ static inline int layouts_equal(const dhsa_layout *x, const dhsa_layout *y) {
  * keys / sqrt(len) (share_heads: also averaged over KV heads); pooled query
  * q~(g, qb) = sum of the block's rows / sqrt(rows), averaged over the query
  * heads of the group (share_heads: all heads); score = q~ . k~ (MOMENTS,
- * include/dhsa.h: s mean(q) . mean(k) + s^2/2 mean(q*q) . var(k), the
+ * include/dhsa.h: s mean(q) . mean(k) + cap(s^2/2 mean(q*q) . var(k)), the
  * variance about each head's own mean, both averaged over the KV heads
- * when shared; s = 1/sqrt(d); HEADS: the MOMENTS score of each query head
+ * when shared, cap(v) = min(v, 2 sqrt(v ln 2n)) for a chunk of n keys; s =
+ * 1/sqrt(d); HEADS: the MOMENTS score of each query head
  * of the group alone, e_h(c), and score = log sum over heads of
  * exp(e_h(c)) / sum over the block's candidate chunks c' of len(c')
  * exp(e_h(c')); BOUND: e_h(c) = s (q_h+ . max(k) + q_h- . min(k)) with the
@@ -864,6 +865,14 @@ static inline int layouts_equal(const dhsa_layout *x, const dhsa_layout *y) {
  * of its new keys, being passed over. order = -1 ranks ascending instead (a
  * deliberately wrong router, which must not match). Returns the number of
  * blocks whose key sets differ from the library's; *first describes one. */
+/* The variance term's cap, from its definition (docs/dhsa.md, "The
+ * variance term, capped"): min(v, sigma sqrt(2 ln 2n)) with sigma^2 = 2v. */
+static inline double ref_var_cap(double v, int64_t n) {
+    if (v <= 0) return v;
+    double sigma = sqrt(2.0 * v), cap = sigma * sqrt(2.0 * log(2.0 * (double)n));
+    return v < cap ? v : cap;
+}
+
 static inline int64_t fixed_selection_mismatches(const dhsa_layout *lay, const dhsa_router_params *rp, const rdata *R,
                                           int order, char *first, size_t first_len) {
     const dhsa_attn_desc *a = &R->a;
@@ -967,8 +976,10 @@ static inline int64_t fixed_selection_mismatches(const dhsa_layout *lay, const d
                             for (int64_t c = 0; c < nc; c++) {
                                 int64_t s = c * C, e = s + C < Lk ? s + C : Lk;
                                 if (e <= alo || s >= ahi) continue;
-                                eh[c] = 0;
-                                for (int64_t x = 0; x < dk; x++) eh[c] += qp[x] * kg[c * dk + x];
+                                double mt = 0, vt = 0;
+                                for (int64_t x = 0; x < d; x++) mt += qp[x] * kg[c * dk + x];
+                                for (int64_t x = d; x < dk; x++) vt += qp[x] * kg[c * dk + x];
+                                eh[c] = mt + (bound ? vt : ref_var_cap(vt, e - s));
                                 z += (bound ? 1.0 : (double)(e - s)) * exp(eh[c]);
                             }
                             for (int64_t c = 0; c < nc; c++) {
@@ -998,9 +1009,10 @@ static inline int64_t fixed_selection_mismatches(const dhsa_layout *lay, const d
                     for (int64_t c = 0; c < nc && !per_head; c++) {
                         int64_t s = c * C, e = s + C < Lk ? s + C : Lk;
                         if (e <= alo || s >= ahi) continue;
-                        double dot = 0;
-                        for (int64_t x = 0; x < dk; x++) dot += qp[x] * kg[c * dk + x];
-                        score[c] = dot * order;
+                        double dot = 0, vt = 0;
+                        for (int64_t x = 0; x < d; x++) dot += qp[x] * kg[c * dk + x];
+                        for (int64_t x = d; x < dk; x++) vt += qp[x] * kg[c * dk + x];
+                        score[c] = (dot + (moments ? ref_var_cap(vt, e - s) : 0.0)) * order;
                         idx[m++] = c;
                     }
                     for (int64_t u = 1; u < m; u++) /* insertion sort: score desc, index asc */

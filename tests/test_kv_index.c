@@ -379,6 +379,80 @@ static void test_score_crafted(void) {
     free(q), free(k), free(v);
 }
 
+/* The variance term capped (docs/dhsa.md, "The variance term, capped").
+ * 16 FIXED chunks of 16 keys, d = 16, scale 1/4, the last block asks
+ * along e0 (q = 8 e0: a key's scaled score is 2 k[0]). Chunk J's keys
+ * alternate 0 and -20 along e0 (scores 0 and -40: mean -20, variance
+ * term s^2/2 q^2 var = 200), chunk T's are all 20 (score 40), the others
+ * 0. T holds nearly all the attention; an estimate without the cap puts
+ * J at -20 + 200 = 180, 140 nats above its best key, and picks it; with
+ * the cap J stays below T. The budget buys one chunk: MOMENTS and HEADS
+ * must pick T, in dhsa_route and in the index alike. */
+static void test_score_capped(void) {
+    const char *label = "capped variance term";
+    const int64_t L = 256, C = 16, d = 16, Hq = 2, J = 3, T = 9;
+    float *q = xcalloc((size_t)(Hq * L * d), sizeof(float)), *k = xcalloc((size_t)(L * d), sizeof(float));
+    float *v = xcalloc((size_t)(L * d), sizeof(float));
+    rng_t r = {7};
+    for (int64_t t = 0; t < L; t++) {
+        float *kt = k + t * d;
+        kt[0] = t / C == J ? (t % 2 ? -20.0f : 0.0f) : t / C == T ? 20.0f : 0.0f;
+        for (int64_t x = 1; x < d; x++) kt[x] = (float)(0.01 * rng_normal(&r));
+        for (int64_t x = 0; x < d; x++) v[t * d + x] = (float)rng_normal(&r);
+    }
+    for (int64_t h = 0; h < Hq; h++)
+        for (int64_t t = L - C; t < L; t++) q[(h * L + t) * d] = 8.0f;
+    /* the case: without the cap J outranks T; T holds the attention */
+    double mj = 0, vj = 0;
+    for (int64_t t = J * C; t < (J + 1) * C; t++) mj += 2.0 * k[t * d] / (double)C;
+    for (int64_t t = J * C; t < (J + 1) * C; t++) vj += (2.0 * k[t * d] - mj) * (2.0 * k[t * d] - mj) / (double)C;
+    T_CHECK(mj + vj / 2.0 > 40.0 + 100.0, "%s: the uncapped estimate of J (%.1f) does not outrank T: the case is wrong",
+            label, mj + vj / 2.0);
+    double zt = 0, zall = 0;
+    for (int64_t j = 0; j < L; j++) {
+        double w = exp(2.0 * k[j * d] - 40.0);
+        zall += w;
+        if (j / C == T) zt += w;
+    }
+    T_CHECK(zt / zall > 0.99, "%s: chunk T holds only %.3f of the attention: the case is wrong", label, zt / zall);
+    dhsa_attn_desc a = dhsa_attn_default_desc();
+    a.q = dhsa_tensor_bhld(q, DHSA_F32, 1, Hq, L, d);
+    a.k = dhsa_tensor_bhld(k, DHSA_F32, 1, 1, L, d);
+    a.v = dhsa_tensor_bhld(v, DHSA_F32, 1, 1, L, d);
+    a.causal = 1;
+    for (int mode = 1; mode <= 2; mode++) {
+        dhsa_router_params rp = dhsa_router_default_params();
+        rp.score_mode = mode == 1 ? DHSA_SCORE_MOMENTS : DHSA_SCORE_HEADS;
+        rp.boundary = DHSA_BOUNDARY_FIXED;
+        rp.chunk = C;
+        rp.q_block = C;
+        rp.budget_tokens = 2 * C;
+        rp.sink_tokens = 0;
+        rp.local_tokens = 0;
+        rp.dense_below = 0;
+        const char *name = mode == 2 ? "HEADS" : "MOMENTS";
+        dhsa_layout *lr = NULL, *li = NULL;
+        dhsa_kv_index *ix = ix_new(g_ctx, &rp, 1, d, L, label);
+        dhsa_status st = dhsa_route(g_ctx, &rp, &a, &lr);
+        T_CHECK(st == DHSA_OK, "%s (%s): dhsa_route: %s", label, name, dhsa_last_error());
+        if (ix && dhsa_kv_index_append(ix, &a.k) == DHSA_OK) {
+            st = dhsa_kv_index_route(g_ctx, ix, &a, &li);
+            T_CHECK(st == DHSA_OK, "%s (%s): kv_index_route: %s", label, name, dhsa_last_error());
+        }
+        for (int which = 0; which < 2; which++) {
+            const dhsa_layout *lay = which ? li : lr;
+            if (!lay) continue;
+            int on_t = dhsa_layout_selects(lay, 0, 0, L - 1, T * C + 5), on_j = dhsa_layout_selects(lay, 0, 0, L - 1, J * C);
+            T_CHECK(on_t == 1 && on_j == 0, "%s (%s, %s): chunk T %s, chunk J %s (want T, not J)", label, name,
+                    which ? "index" : "dhsa_route", on_t ? "selected" : "left out", on_j ? "selected" : "left out");
+        }
+        dhsa_layout_free(lr);
+        dhsa_layout_free(li);
+        dhsa_kv_index_free(ix);
+    }
+    free(q), free(k), free(v);
+}
+
 /* Keys stored as F16 and BF16, and batch-first (strided) views: the index
  * reads them as the F32 values they hold. */
 static void test_types_strides(void) {
@@ -627,6 +701,7 @@ int main(void) {
     test_incremental(4096 + 37, 4, 4, 64, DHSA_BOUNDARY_FIXED, 0.0625, 700, 3);
     g_score = DHSA_SCORE_MOMENTS;
     test_score_crafted();
+    test_score_capped();
     test_decode_vs_prefill(4096, 5, 0, 256);
     test_decode_vs_prefill(4096, 6, 1, 256);
     test_decode_vs_prefill(4096, 7, 0, 16);

@@ -45,8 +45,11 @@ typedef enum {
                               k_var the keys' variance per dimension: the second-
                               order (Gaussian) estimate of the rows' mean
                               log(mean over the chunk's keys of exp(s q.k)), the
-                              attention weight per key that a key budget buys
-                              (default) */
+                              attention weight per key that a key budget buys,
+                              its variance term v capped at 2 sqrt(v ln 2n) for
+                              a chunk of n keys (about the largest of 2n
+                              Gaussian draws: docs/dhsa.md, "The variance
+                              term, capped") (default) */
     DHSA_SCORE_HEADS = 2,  /* MOMENTS per query head of the group (the head's
                               mean row, not the heads' mean), turned into the
                               share of that head's estimated attention one key

@@ -665,7 +665,9 @@ static void heads_scores(const dhsa_kv_index *ix, const dhsa_attn_desc *a, int64
         }
         double m = -INFINITY, z = 0;
         for (int64_t c = 0; c < visible; c++) {
-            eh[c] = dot_f64(qp, ix->pooled + (c * Hkv + g) * d, d) + dot_f64(qp + d, ix->spread + (c * Hkv + g) * d, d);
+            eh[c] = dot_f64(qp, ix->pooled + (c * Hkv + g) * d, d);
+            double v = dot_f64(qp + d, ix->spread + (c * Hkv + g) * d, d);
+            eh[c] += ix->bound ? v : dhsa__var_term(v, ix->starts[c + 1] - ix->starts[c]);
             m = eh[c] > m ? eh[c] : m;
         }
         if (!(m > -INFINITY)) continue;
@@ -702,14 +704,16 @@ static void pooled_scores(const dhsa_kv_index *ix, const dhsa_attn_desc *a, doub
         }
     }
     /* score = mean over the KV heads routed together of qp . pooled
-     * (MOMENTS: + qp[d..] . spread) */
+     * (MOMENTS: + the capped variance term of the mean of qp[d..] . spread,
+     * dhsa__var_term, as route.c caps the heads' averaged variance) */
     for (int64_t c = 0; c < visible; c++) {
-        double s = 0;
+        double s = 0, v = 0;
         for (int64_t gg = k0; gg < k1; gg++) {
             s += dot_f64(qp, ix->pooled + (c * Hkv + gg) * d, d);
-            if (moments) s += dot_f64(qp + d, ix->spread + (c * Hkv + gg) * d, d);
+            if (moments) v += dot_f64(qp + d, ix->spread + (c * Hkv + gg) * d, d);
         }
         s /= (double)(k1 - k0);
+        if (moments) s += dhsa__var_term(v / (double)(k1 - k0), ix->starts[c + 1] - ix->starts[c]);
         sc[c] = (float)(moments ? s : s * norm);
     }
 }

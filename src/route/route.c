@@ -50,6 +50,7 @@ typedef struct {
     int64_t min_len;     /* shortest chunk boundaries can make */
     int64_t dk;          /* floats per pooled key: d (POOLED) or 2d (MOMENTS, HEADS, BOUND) */
     int per_head;        /* HEADS or BOUND: a per-thread sum [nc][64] */
+    int var_cap;         /* MOMENTS or HEADS: the variance terms apart, [nc][64] (dhsa__var_term) */
     int similarity;      /* SIMILARITY boundaries: per-head score rows */
     int sinks;           /* sinks picked per block (dhsa__sink_picked) */
     int64_t sink_window;
@@ -77,6 +78,7 @@ static dhsa_status check(const dhsa_router_params *rp, const dhsa_attn_desc *a, 
     pl->dk = rp->score_mode == DHSA_SCORE_POOLED ? p->d : 2 * p->d;
     pl->per_head = rp->score_mode == DHSA_SCORE_HEADS || rp->score_mode == DHSA_SCORE_BOUND ||
                    rp->score_mode == DHSA_SCORE_ROWS;
+    pl->var_cap = rp->score_mode == DHSA_SCORE_MOMENTS || rp->score_mode == DHSA_SCORE_HEADS;
     pl->similarity = rp->boundary == DHSA_BOUNDARY_SIMILARITY;
     pl->sinks = dhsa__sink_picked(rp);
     pl->sink_window = rp->sink_window;
@@ -119,12 +121,13 @@ static ws_plan workspace(const dhsa_ctx *ctx, const plan *pl) {
     w.scores = scores_bytes(pl);
     w.starts = dhsa__align_up((nc + 1) * sizeof(int64_t), 64);
     w.kp = dhsa__align_up((size_t)p->Hkv * nc * (size_t)pl->dk * sizeof(float), 64);
-    /* per thread: Qt [dk][64], S [nc][64], the HEADS/BOUND sum [nc][64],
+    /* per thread: Qt [dk][64], S [nc][64], the HEADS/BOUND sum [nc][64], the variance terms [nc][64],
      * candidate order [nc], one block's scores [nc], ranges, the oracle's score tile [BC][64] and
      * keys [BC][d] */
     w.per_thread = dhsa__align_up((size_t)(pl->dk > p->d ? pl->dk : p->d) * GROUP * sizeof(float), 64) +
                    dhsa__align_up(nc * GROUP * sizeof(float), 64) +
                    (pl->per_head ? dhsa__align_up(nc * GROUP * sizeof(float), 64) : 0) +
+                   (pl->var_cap ? dhsa__align_up(nc * GROUP * sizeof(float), 64) : 0) +
                    dhsa__align_up(nc * sizeof(int64_t), 64) + dhsa__align_up(nc * sizeof(float), 64) +
                    dhsa__align_up((size_t)(pl->max_ranges + 8) * 2 * sizeof(int64_t), 64) +
                    dhsa__align_up((size_t)DHSA_BC * GROUP * sizeof(float), 64) +
@@ -250,7 +253,7 @@ typedef struct {
 } sel_job;
 
 typedef struct {
-    float *qt, *S, *acc, *sblk, *kbuf, *col, *sbuf;
+    float *qt, *S, *acc, *var, *sblk, *kbuf, *col, *sbuf;
     int64_t *order, *rg, *srank;
 } thread_bufs;
 
@@ -265,6 +268,8 @@ static thread_bufs bufs_of(const sel_job *j, int thread) {
     w += dhsa__align_up(nc * GROUP * sizeof(float), 64);
     t.acc = pl->per_head ? (float *)w : NULL;
     if (pl->per_head) w += dhsa__align_up(nc * GROUP * sizeof(float), 64);
+    t.var = pl->var_cap ? (float *)w : NULL;
+    if (pl->var_cap) w += dhsa__align_up(nc * GROUP * sizeof(float), 64);
     t.order = (int64_t *)w;
     w += dhsa__align_up(nc * sizeof(int64_t), 64);
     t.col = (float *)w;
@@ -409,6 +414,21 @@ static void oracle_scores(sel_job *j, thread_bufs *t, int64_t g, int64_t qb0, in
     }
 }
 
+/* S[c][i] = s q . k_mean(c) + dhsa__var_term(s^2/2 q^2 . k_var(c), n(c))
+ * for the chunks c < ncg and the GROUP pooled queries in t->qt ([q, q^2]
+ * rows, already scaled), kp the chunks' [mean, variance] rows: the two
+ * halves as two products (the same flops as one over 2d), then the cap. */
+static void qk_capped(sel_job *j, thread_bufs *t, const float *kp, int64_t ncg) {
+    const int64_t d = j->pl->p.d, dk = j->pl->dk;
+    j->kern->qk(kp, dk, (int)ncg, (int)d, t->qt, GROUP, t->S);
+    j->kern->qk(kp + d, dk, (int)ncg, (int)d, t->qt + d * GROUP, GROUP, t->var);
+    for (int64_t c = 0; c < ncg; c++) {
+        const int64_t n = j->starts[c + 1] - j->starts[c];
+        for (int64_t i = 0; i < GROUP; i++)
+            t->S[c * GROUP + i] += (float)dhsa__var_term((double)t->var[c * GROUP + i], n);
+    }
+}
+
 /* HEADS and BOUND scores of blocks [qb0, qb1) of KV head g into t->S[c][i]: for each
  * query head h of the group, e_h(c) = s q_h . k_mean(c) + s^2/2 (q_h*q_h) .
  * k_var(c) (q_h the mean of the block's rows of head h: MOMENTS for one
@@ -468,8 +488,10 @@ static void heads_scores(sel_job *j, thread_bufs *t, int64_t g, int64_t qb0, int
                     t->qt[(d + x) * GROUP + i] = v < 0.0f ? v : 0.0f;
                 }
         }
-        /* S[c][i] = e_h(c) for block qb0 + i */
-        j->kern->qk(j->kp + g * nc * dk, dk, (int)ncg, (int)dk, t->qt, GROUP, t->S);
+        /* S[c][i] = e_h(c) for block qb0 + i (HEADS: the mean and the
+         * capped variance terms, qk_capped) */
+        if (bound) j->kern->qk(j->kp + g * nc * dk, dk, (int)ncg, (int)dk, t->qt, GROUP, t->S);
+        else qk_capped(j, t, j->kp + g * nc * dk, ncg);
         for (int64_t i = 0; i < GROUP && qb0 + i < qb1; i++) {
             double m = -INFINITY, z = 0;
             for (int64_t c = lo[i]; c < hi[i]; c++) m = t->S[c * GROUP + i] > m ? t->S[c * GROUP + i] : m;
@@ -556,7 +578,8 @@ static void select_task(void *arg, int64_t task, int thread) {
             dhsa__block_span(j->a, p->Lk, r0, r1, &alo, &ahi);
             while (ncg < j->nc && j->starts[ncg] < ahi) ncg++;
         }
-        j->kern->qk(j->kp + (rp->share_heads ? 0 : g) * j->nc * dk, dk, (int)ncg, (int)dk, t.qt, GROUP, t.S);
+        if (moments) qk_capped(j, &t, j->kp + (rp->share_heads ? 0 : g) * j->nc * dk, ncg);
+        else j->kern->qk(j->kp + (rp->share_heads ? 0 : g) * j->nc * dk, dk, (int)ncg, (int)dk, t.qt, GROUP, t.S);
     }
     if (rp->method == DHSA_ROUTE_ORACLE && p->Lk >= rp->dense_below) oracle_scores(j, &t, g, qb0, qb1);
     for (int64_t qb = qb0; qb < qb1; qb++) select_block(j, &t, g, qb, t.S + (qb - qb0), thread);

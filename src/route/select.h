@@ -6,11 +6,28 @@
 #ifndef DHSA_ROUTE_SELECT_H
 #define DHSA_ROUTE_SELECT_H
 
+#include <math.h>
+
 #include "core/internal.h"
 
 /* Columns of one qk tile (attn/kern.h): the query blocks, or ROWS' scored
  * rows, scored together. */
 #define DHSA__SCORE_COLS 64
+
+/* The variance term of a MOMENTS or HEADS estimate of a chunk of n keys:
+ * v = s^2/2 q^2 . var(k), the Gaussian correction log E exp(X) - E X of
+ * the keys' scaled scores X, capped at 2 sqrt(v ln 2n) = sigma sqrt(2 ln
+ * 2n), about the largest of 2n Gaussian draws above their mean: a
+ * chunk's mean of exp(X) over its n keys never exceeds its largest, and
+ * keys that spread widely along a few dimensions (SmolLM2's layer 18
+ * puts v near 67 nats on chunks whose best key scores 54 below that)
+ * would otherwise outrank the chunk the query reads (docs/dhsa.md,
+ * "The variance term, capped"). */
+static inline double dhsa__var_term(double v, int64_t n) {
+    if (!(v > 0.0) || n < 1) return v;
+    double cap = 2.0 * sqrt(v * log(2.0 * (double)n));
+    return v < cap ? v : cap;
+}
 
 /* Keys the rows [r0, r1) may attend to, together: [*lo, *hi) within [0, Lk). */
 void dhsa__block_span(const dhsa_attn_desc *a, int64_t Lk, int64_t r0, int64_t r1, int64_t *lo, int64_t *hi);

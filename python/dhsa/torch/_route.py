@@ -355,6 +355,14 @@ def _pool_keys(kb, starts, p):
     return torch.stack([(s / torch.sqrt(ln)[:, None]).to(torch.float32) for s in outs]).to(wd)
 
 
+def _var_term(v, n):
+    """The variance term of a MOMENTS estimate, v = s^2/2 q^2 . var(k),
+    capped at 2 sqrt(v ln 2n) for a chunk of n keys (src/route/select.h,
+    dhsa__var_term; docs/dhsa.md, "The variance term, capped")."""
+    cap = 2.0 * torch.sqrt(v.clamp(min=0) * torch.log(2.0 * n))
+    return torch.where(v > 0, torch.minimum(v, cap), v)
+
+
 def _pool_queries(qb_, Hkv, p, scale):
     """qt [Hkv or 1, nqb, dk] float64 for the queries of one batch qb_
     [Hq, Lq, d]: per query block the rows (and the group's heads, or all
@@ -804,7 +812,13 @@ def route(q, k, *, causal=True, window=0, q_pos0=0, params=None, scale=None, _tr
         if score_them and bool(routed.any()):
             kp = _pool_keys(k[b], starts, P)                               # [G_, nc, dk]
             qt = _pool_queries(q[b], Hkv, P, scale)                        # [G_, nqb, dk]
-            S = torch.matmul(qt, kp.transpose(1, 2))                       # [G_, nqb, nc]
+            if P.moments:  # mean term + the capped variance term (route.c qk_capped)
+                d_ = qt.shape[-1] // 2
+                S = torch.matmul(qt[..., :d_], kp[..., :d_].transpose(1, 2))  # [G_, nqb, nc]
+                V = torch.matmul(qt[..., d_:], kp[..., d_:].transpose(1, 2))
+                S = S + _var_term(V, (starts[1:] - starts[:-1]).to(V.dtype))
+            else:
+                S = torch.matmul(qt, kp.transpose(1, 2))                   # [G_, nqb, nc]
             cst, cen = starts[:-1][None, :], starts[1:][None, :]
             cand = (cen > alo[:, None]) & (cst < ahi[:, None])             # [nqb, nc]
             S = torch.where(cand[None], S, torch.full_like(S, -math.inf))
