@@ -286,6 +286,31 @@ out:
     work_free(&W);
 }
 
+/* The crafted cases' routing (one KV head, d from a.k): FIXED chunks of
+ * C keys, blocks of C rows, a budget of 2C keys (the block's own chunk
+ * and one more), no sinks or local keys; *lr dhsa_route's layout and *li
+ * the index's (NULL where a call failed, which is a failed check). */
+static void crafted_layouts(dhsa_chunk_score mode, int64_t C, int64_t L, const dhsa_attn_desc *a, const char *label,
+                            const char *name, dhsa_layout **lr, dhsa_layout **li) {
+    dhsa_router_params rp = dhsa_router_default_params();
+    rp.score_mode = mode;
+    rp.boundary = DHSA_BOUNDARY_FIXED;
+    rp.chunk = C;
+    rp.q_block = C;
+    rp.budget_tokens = 2 * C;
+    rp.sink_tokens = 0;
+    rp.local_tokens = 0;
+    rp.dense_below = 0;
+    dhsa_kv_index *ix = ix_new(g_ctx, &rp, 1, a->k.shape[3], L, label);
+    dhsa_status st = dhsa_route(g_ctx, &rp, a, lr);
+    T_CHECK(st == DHSA_OK, "%s (%s): dhsa_route: %s", label, name, dhsa_last_error());
+    if (ix && dhsa_kv_index_append(ix, &a->k) == DHSA_OK) {
+        st = dhsa_kv_index_route(g_ctx, ix, a, li);
+        T_CHECK(st == DHSA_OK, "%s (%s): kv_index_route: %s", label, name, dhsa_last_error());
+    }
+    dhsa_kv_index_free(ix);
+}
+
 /* The chunk score on a crafted copy-like case (include/dhsa.h
  * dhsa_chunk_score). 16 FIXED chunks of 16 keys, d = 16, scale 1/4; the
  * last query block (16 rows, 2 query heads) asks along e0 (q = 8 e0).
@@ -341,24 +366,9 @@ static void test_score_crafted(void) {
     a.v = dhsa_tensor_bhld(v, DHSA_F32, 1, 1, L, d);
     a.causal = 1;
     for (int mode = 0; mode < 4; mode++) {
-        dhsa_router_params rp = dhsa_router_default_params();
-        rp.score_mode = (dhsa_chunk_score)mode; /* POOLED, MOMENTS, HEADS, BOUND */
-        rp.boundary = DHSA_BOUNDARY_FIXED;
-        rp.chunk = C;
-        rp.q_block = C;
-        rp.budget_tokens = 2 * C;
-        rp.sink_tokens = 0;
-        rp.local_tokens = 0;
-        rp.dense_below = 0;
         const char *name = mode == 3 ? "BOUND" : mode == 2 ? "HEADS" : mode ? "MOMENTS" : "POOLED";
         dhsa_layout *lr = NULL, *li = NULL;
-        dhsa_kv_index *ix = ix_new(g_ctx, &rp, 1, d, L, label);
-        dhsa_status st = dhsa_route(g_ctx, &rp, &a, &lr);
-        T_CHECK(st == DHSA_OK, "%s (%s): dhsa_route: %s", label, name, dhsa_last_error());
-        if (ix && dhsa_kv_index_append(ix, &a.k) == DHSA_OK) {
-            st = dhsa_kv_index_route(g_ctx, ix, &a, &li);
-            T_CHECK(st == DHSA_OK, "%s (%s): kv_index_route: %s", label, name, dhsa_last_error());
-        }
+        crafted_layouts((dhsa_chunk_score)mode, C, L, &a, label, name, &lr, &li); /* POOLED, MOMENTS, HEADS, BOUND */
         if (lr && li) {
             char what[120];
             snprintf(what, sizeof what, "%s (%s): index vs dhsa_route", label, name);
@@ -374,7 +384,6 @@ static void test_score_crafted(void) {
         }
         dhsa_layout_free(lr);
         dhsa_layout_free(li);
-        dhsa_kv_index_free(ix);
     }
     free(q), free(k), free(v);
 }
@@ -421,24 +430,9 @@ static void test_score_capped(void) {
     a.v = dhsa_tensor_bhld(v, DHSA_F32, 1, 1, L, d);
     a.causal = 1;
     for (int mode = 1; mode <= 2; mode++) {
-        dhsa_router_params rp = dhsa_router_default_params();
-        rp.score_mode = mode == 1 ? DHSA_SCORE_MOMENTS : DHSA_SCORE_HEADS;
-        rp.boundary = DHSA_BOUNDARY_FIXED;
-        rp.chunk = C;
-        rp.q_block = C;
-        rp.budget_tokens = 2 * C;
-        rp.sink_tokens = 0;
-        rp.local_tokens = 0;
-        rp.dense_below = 0;
         const char *name = mode == 2 ? "HEADS" : "MOMENTS";
         dhsa_layout *lr = NULL, *li = NULL;
-        dhsa_kv_index *ix = ix_new(g_ctx, &rp, 1, d, L, label);
-        dhsa_status st = dhsa_route(g_ctx, &rp, &a, &lr);
-        T_CHECK(st == DHSA_OK, "%s (%s): dhsa_route: %s", label, name, dhsa_last_error());
-        if (ix && dhsa_kv_index_append(ix, &a.k) == DHSA_OK) {
-            st = dhsa_kv_index_route(g_ctx, ix, &a, &li);
-            T_CHECK(st == DHSA_OK, "%s (%s): kv_index_route: %s", label, name, dhsa_last_error());
-        }
+        crafted_layouts(mode == 1 ? DHSA_SCORE_MOMENTS : DHSA_SCORE_HEADS, C, L, &a, label, name, &lr, &li);
         for (int which = 0; which < 2; which++) {
             const dhsa_layout *lay = which ? li : lr;
             if (!lay) continue;
@@ -448,7 +442,6 @@ static void test_score_capped(void) {
         }
         dhsa_layout_free(lr);
         dhsa_layout_free(li);
-        dhsa_kv_index_free(ix);
     }
     free(q), free(k), free(v);
 }
