@@ -423,9 +423,9 @@ static void qk_capped(sel_job *j, thread_bufs *t, const float *kp, int64_t ncg) 
     j->kern->qk(kp, dk, (int)ncg, (int)d, t->qt, GROUP, t->S);
     j->kern->qk(kp + d, dk, (int)ncg, (int)d, t->qt + d * GROUP, GROUP, t->var);
     for (int64_t c = 0; c < ncg; c++) {
-        const int64_t n = j->starts[c + 1] - j->starts[c];
+        const double ln2n = log(2.0 * (double)(j->starts[c + 1] - j->starts[c]));
         for (int64_t i = 0; i < GROUP; i++)
-            t->S[c * GROUP + i] += (float)dhsa__var_term((double)t->var[c * GROUP + i], n);
+            t->S[c * GROUP + i] += (float)dhsa__var_term_l((double)t->var[c * GROUP + i], ln2n);
     }
 }
 

@@ -14,19 +14,23 @@
  * rows, scored together. */
 #define DHSA__SCORE_COLS 64
 
-/* The variance term of a MOMENTS or HEADS estimate of a chunk of n keys:
+/* The variance term of a MOMENTS or HEADS estimate of a chunk of n keys
+ * (dhsa__var_term_l: with ln 2n computed once per chunk):
  * v = s^2/2 q^2 . var(k), the Gaussian correction log E exp(X) - E X of
  * the keys' scaled scores X, capped at 2 sqrt(v ln 2n) = sigma sqrt(2 ln
  * 2n), about the largest of 2n Gaussian draws above their mean: a
  * chunk's mean of exp(X) over its n keys never exceeds its largest, and
- * keys that spread widely along a few dimensions (SmolLM2's layer 18
- * puts v near 67 nats on chunks whose best key scores 54 below that)
- * would otherwise outrank the chunk the query reads (docs/dhsa.md,
- * "The variance term, capped"). */
+ * keys that spread widely along a few dimensions would otherwise outrank
+ * the chunk the query reads (SmolLM2's layer 18: v = 67, an estimate 54
+ * nats above the chunk's best key; docs/dhsa.md, "The variance term,
+ * capped"). */
+static inline double dhsa__var_term_l(double v, double ln2n) {
+    /* v <= 2 sqrt(v ln 2n) exactly when v <= 4 ln 2n: the square root
+     * only where the cap binds (a few % of chunk scores) */
+    return v <= 4.0 * ln2n ? v : 2.0 * sqrt(v * ln2n);
+}
 static inline double dhsa__var_term(double v, int64_t n) {
-    if (!(v > 0.0) || n < 1) return v;
-    double cap = 2.0 * sqrt(v * log(2.0 * (double)n));
-    return v < cap ? v : cap;
+    return n < 1 ? v : dhsa__var_term_l(v, log(2.0 * (double)n));
 }
 
 /* Keys the rows [r0, r1) may attend to, together: [*lo, *hi) within [0, Lk). */
