@@ -175,7 +175,8 @@ def test_a_near_tie_is_shown_not_hidden():
     assert gaps and max(gaps) < 1e-6
 
 
-VARIANTS = [dict(score="pooled"), dict(method="block"), dict(method="stream"),
+VARIANTS = [dict(score="pooled"), dict(score="heads"), dict(score="heads", q_block=1),
+            dict(method="block", score="heads"), dict(method="block"), dict(method="stream"),
             dict(share_heads=True), dict(causal_boundaries=True), dict(boundary="fixed", chunk=48),
             dict(budget=100, sink=0), dict(scale_fixed=False, local=300, sink=70),
             dict(threshold=-0.5, nms_window=0, min_chunk=1, max_chunk=5),
@@ -242,9 +243,10 @@ def test_random_router_settings_equal_c_router():
                   max_chunk=rs.randint(mn, 80), chunk=rs.randint(1, 64),
                   nms_window=rs.randint(0, 12), sim_window=rs.randint(1, 12),
                   threshold=rs.choice([-1.0, 0.0, 1.0, 2.0]), scale_fixed=rs.random() < 0.7,
-                  share_heads=rs.random() < 0.2, score=rs.choice(["moments", "pooled"]),
+                  score=rs.choice(["moments", "pooled", "heads"]),
                   method=rs.choice(["dhsa", "dhsa", "block", "stream"]),
                   sink_window=rs.choice([0, 0, 16, 64]))
+        kw["share_heads"] = kw["score"] != "heads" and rs.random() < 0.2
         if rs.random() < 0.3:
             kw["budget"] = rs.randint(1, 200)
         q, k = make(rs.choice([1, 2]), Hkv * G, Hkv, Lq, Lk, rs.choice([8, 33, 64]), seed=it,
@@ -429,8 +431,10 @@ def test_refusals():
     q, k = make(1, 4, 2, 64, 64, 16, seed=0)
     with pytest.raises(ValueError, match="oracle"):
         _route.route(q, k, method="oracle")
-    with pytest.raises(ValueError, match="'heads' chunk score"):
-        _route.route(q, k, score="heads")
+    with pytest.raises(ValueError, match="'rows' chunk score"):
+        _route.route(q, k, score="rows")
+    with pytest.raises(ValueError, match="cannot share one routing"):
+        _route.route(q, k, score="heads", share_heads=True)
     with dhsa.Predictor.random(32, w=2, hidden=8) as pred:
         with pytest.raises(ValueError, match="learned boundaries with causal_boundaries"):
             _route.route(q, k, boundary=pred, causal_boundaries=True)

@@ -10,14 +10,14 @@ Contract (docs/torch.md, "DHSA in the torch back end"):
     router keywords and defaults of dhsa.route() (RouterParams). Supported:
     methods "dhsa", "block" and "stream"; boundaries "similarity" (with
     NMS, min_chunk, max_chunk, causal_boundaries) and "fixed"; chunk scores
-    "moments" (default) and "pooled"; share_heads; budget or density with
+    "moments" (default), "heads" and "pooled"; share_heads; budget or density with
     sinks, local keys, scale_fixed, dense_below; causal, window, q_pos0.
     Learned boundaries (a dhsa.Predictor): its network ported
     (_learned_score, the same file's weights), non-causal boundaries only.
     Refused with a sentence (ValueError): the oracle baseline (two dense QK
     passes, evaluation only), learned boundaries with causal_boundaries
-    (the decode index's online rule, sequential) and the "heads", "bound"
-    and "rows" scores; route those with dhsa.route() on the CPU and pass
+    (the decode index's online rule, sequential) and the "bound" and
+    "rows" scores; route those with dhsa.route() on the CPU and pass
     the dhsa.Layout as sparse=.
   - Same layout as C: the steps of route.c in the same order with the same
     rules (candidates, NMS in score order, even splits, per-block greedy
@@ -63,9 +63,9 @@ class _P:
                              "which runs in the C router only: route with dhsa.route(..., "
                              "boundary=predictor, causal_boundaries=True) on CPU tensors and "
                              "pass the dhsa.Layout as sparse=, or use causal_boundaries=False")
-        if params.score not in ("moments", "pooled"):
+        if params.score not in ("moments", "heads", "pooled"):
             raise ValueError("dhsa.torch: the %r chunk score runs in the C router only (the torch "
-                             "router has 'moments', the default, and 'pooled'): route with "
+                             "router has 'moments', 'heads' and 'pooled'): route with "
                              "dhsa.route() on CPU tensors and pass the dhsa.Layout as sparse="
                              % (params.score,))
         rp, _ = params.to_c()
@@ -76,6 +76,8 @@ class _P:
         self.picked = self.sink_window > self.sink_tokens  # dhsa__sink_picked
         self.fixed = rp.boundary == _capi.DHSA_BOUNDARY_FIXED
         self.moments = rp.score_mode == _capi.DHSA_SCORE_MOMENTS
+        self.heads = rp.score_mode == _capi.DHSA_SCORE_HEADS
+        self.two = self.moments or self.heads  # keys pooled as [mean, variance]
         bad = None
         if not 1 <= self.q_block <= (1 << 20):
             bad = "q_block = %d: use 1..2^20" % self.q_block
@@ -93,6 +95,9 @@ class _P:
             bad = "budget, sink, local and dense_below must be >= 0"
         elif self.budget_tokens == 0 and not 0.0 < self.density <= 1.0:
             bad = "density = %g: give budget > 0 or a density in (0, 1]" % self.density
+        elif self.heads and self.share_heads:
+            bad = ("the heads chunk score weighs each query head against its own KV head's "
+                   "chunks: it cannot share one routing over all heads (share_heads = 1)")
         if bad:
             raise ValueError("dhsa.torch.route: " + bad)
 
@@ -320,7 +325,7 @@ def _boundaries(kb, p):
 
 def _pool_keys(kb, starts, p):
     """kp [Hkv or 1, nc, dk] float64 (values rounded to float32, as C
-    stores them): MOMENTS [mean key, per-dimension variance about it];
+    stores them): MOMENTS and HEADS [mean key, per-dimension variance about it];
     POOLED the keys' sum / sqrt(len); averaged over KV heads with
     share_heads."""
     Hkv, Lk, d = kb.shape
@@ -333,13 +338,13 @@ def _pool_keys(kb, starts, p):
     for g in range(Hkv):
         x = kb[g].to(wd)
         s = torch.zeros(nc, d, dtype=wd, device=dev).index_add_(0, cid, x)
-        if p.moments:
+        if p.two:
             m = s / ln[:, None]
             v = torch.zeros(nc, d, dtype=wd, device=dev).index_add_(0, cid, (x - m[cid]) ** 2)
             outs.append((m, v))
         else:
             outs.append(s)
-    if p.moments:
+    if p.two:
         if p.share_heads:  # C adds the heads' float32 terms in order
             om = torch.zeros(nc, d, dtype=torch.float32, device=dev)
             ov = torch.zeros(nc, d, dtype=torch.float32, device=dev)
@@ -363,11 +368,31 @@ def _var_term(v, n):
     return torch.where(v > 0, torch.minimum(v, cap), v)
 
 
+def _heads_scores(qt, kp, starts, cand):
+    """HEADS chunk scores [Hkv, nqb, nc] (route.c heads_scores): for each
+    query head h of a group, e_h(c) = the MOMENTS estimate of one key of
+    chunk c (mean term + capped variance term) minus the log of head h's
+    estimated total, sum over the block's candidate chunks c' of
+    n(c') exp(e_h(c')); the score is the log of the heads' summed shares.
+    qt [Hkv, G, nqb, 2d], kp [Hkv, nc, 2d], cand [nqb, nc]."""
+    d_ = qt.shape[-1] // 2
+    n = (starts[1:] - starts[:-1]).to(qt.dtype)                   # [nc]
+    kt = kp.transpose(1, 2)[:, None]                              # [Hkv, 1, 2d, nc]
+    E = torch.matmul(qt[..., :d_], kt[..., :d_, :])               # [Hkv, G, nqb, nc]
+    E = E + _var_term(torch.matmul(qt[..., d_:], kt[..., d_:, :]), n)
+    E = E.to(torch.float32).to(qt.dtype)  # C's tile is float32
+    E = torch.where(cand[None, None], E, torch.full_like(E, -math.inf))
+    lz = torch.logsumexp(E + torch.log(n), dim=-1, keepdim=True)  # [Hkv, G, nqb, 1]
+    e = torch.where(cand[None, None], E - lz, torch.full_like(E, -math.inf))
+    return torch.logsumexp(e, dim=1)                              # [Hkv, nqb, nc]
+
+
 def _pool_queries(qb_, Hkv, p, scale):
     """qt [Hkv or 1, nqb, dk] float64 for the queries of one batch qb_
     [Hq, Lq, d]: per query block the rows (and the group's heads, or all
     heads with share_heads) pooled: MOMENTS [s * mean row, s^2 / 2 * mean
-    of the rows' squares], POOLED sum / (sqrt(rows) * heads)."""
+    of the rows' squares], POOLED sum / (sqrt(rows) * heads). HEADS: the
+    MOMENTS form per query head, [Hkv, G, nqb, dk] (route.c heads_scores)."""
     Hq, Lq, d = qb_.shape
     dev = qb_.device
     wd = _wide(dev)
@@ -381,9 +406,14 @@ def _pool_queries(qb_, Hkv, p, scale):
     groups = 1 if p.share_heads else Hkv
     heads = Hq // groups
     x = x.view(groups, heads, nqb, qbk, d)
-    s1 = x.sum(dim=(1, 3))                                        # [groups, nqb, d]
     rows = torch.full((nqb,), float(qbk), dtype=wd, device=dev)
     rows[-1] = float(Lq - (nqb - 1) * qbk)
+    if p.heads:  # one head's rows: C's (float)(sc / rows), (float)(0.5 sc^2 / rows)
+        n1 = (float(scale) / rows).to(torch.float32).to(wd)
+        n2 = (0.5 * float(scale) * float(scale) / rows).to(torch.float32).to(wd)
+        return torch.cat([x.sum(dim=3) * n1[None, None, :, None],
+                          (x * x).sum(dim=3) * n2[None, None, :, None]], -1)
+    s1 = x.sum(dim=(1, 3))                                        # [groups, nqb, d]
     if p.moments:
         s2 = (x * x).sum(dim=(1, 3))
         # C's norms are float32: (float)(sc / (rows * heads)), (float)(0.5 sc^2 / (rows * heads))
@@ -812,15 +842,17 @@ def route(q, k, *, causal=True, window=0, q_pos0=0, params=None, scale=None, _tr
         if score_them and bool(routed.any()):
             kp = _pool_keys(k[b], starts, P)                               # [G_, nc, dk]
             qt = _pool_queries(q[b], Hkv, P, scale)                        # [G_, nqb, dk]
-            if P.moments:  # mean term + the capped variance term (route.c qk_capped)
+            cst, cen = starts[:-1][None, :], starts[1:][None, :]
+            cand = (cen > alo[:, None]) & (cst < ahi[:, None])             # [nqb, nc]
+            if P.heads:
+                S = _heads_scores(qt, kp, starts, cand)
+            elif P.moments:  # mean term + the capped variance term (route.c qk_capped)
                 d_ = qt.shape[-1] // 2
                 S = torch.matmul(qt[..., :d_], kp[..., :d_].transpose(1, 2))  # [G_, nqb, nc]
                 V = torch.matmul(qt[..., d_:], kp[..., d_:].transpose(1, 2))
                 S = S + _var_term(V, (starts[1:] - starts[:-1]).to(V.dtype))
             else:
                 S = torch.matmul(qt, kp.transpose(1, 2))                   # [G_, nqb, nc]
-            cst, cen = starts[:-1][None, :], starts[1:][None, :]
-            cand = (cen > alo[:, None]) & (cst < ahi[:, None])             # [nqb, nc]
             S = torch.where(cand[None], S, torch.full_like(S, -math.inf))
             order = torch.sort(S, dim=-1, descending=True, stable=True).indices
             cs = torch.maximum(cst, alo[:, None])
