@@ -22,7 +22,9 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include "cli_run.h"
@@ -588,6 +590,20 @@ static void check_cli(void) {
                 "a 13-column file resumed: rc %d: %.300s", rc, out);
         free(out);
         unlink(old);
+    }
+    /* a file another run is writing (holding its lock) is refused, untouched */
+    {
+        FILE *held = fopen(tsv, "r+b");
+        T_CHECK(held && flock(fileno(held), LOCK_EX | LOCK_NB) == 0, "lock %s: %s", tsv, strerror(errno));
+        snprintf(args, sizeof args,
+                 "eval ruler -m " MODEL " --tasks single_noise,vt,fwe --lengths 512 --depths 0.5 --samples 1 "
+                 "--attn dense,dhsa --density 0.125 --answer-tokens 8 --threads 2 --out %s", tsv);
+        rc = cli_run(args, 0, &out);
+        T_CHECK(rc != 0 && strstr(out, "another run (it holds the file's lock)"), "a locked --out: rc %d: %.300s", rc,
+                out);
+        free(out);
+        T_CHECK(count_lines(tsv, &complete) == 8, "the refused run left the locked file as it was");
+        if (held) fclose(held);
     }
     /* another run's file is refused, untouched */
     snprintf(args, sizeof args,

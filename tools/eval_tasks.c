@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -322,15 +323,27 @@ static void tsv_str(FILE *f, const char *s) {
 #define RULER_TSV_HEAD "task\tlength\tdepth\ttrial\tmethod\tdensity\tprompt_tokens\tdepth_used\tdensity_used\tscore\t" \
                        "expected\tgot\tseconds\tneedle\n"
 
+/* One writer per --out: an exclusive lock held while the file is open
+ * (two runs appending to one file would interleave their rows). */
+static void ruler_lock_out(FILE *f, const char *path) {
+    if (flock(fileno(f), LOCK_EX | LOCK_NB) == 0) return;
+    if (errno == EWOULDBLOCK)
+        dhsa_cli_die(EXIT_RUN, "%s is being written by another run (it holds the file's lock): wait for that run to "
+                     "end, or give another --out", path);
+    dhsa_cli_die(EXIT_RUN, "cannot lock %s: %s", path, strerror(errno));
+}
+
 /* Reads a previous --out: its settings line must be `config`; every
  * complete line is a finished answer (a line cut by an interruption is
- * cut off the file). Returns the file opened for appending. */
+ * cut off the file). Returns the file opened for appending, locked. */
 static FILE *ruler_open_out(const eval_opts *o, const char *config, ruler_done *d, int64_t *n_old) {
     *n_old = 0;
     FILE *f = fopen(o->out_path, "r+b");
+    if (f) ruler_lock_out(f, o->out_path);
     if (!f) {
         f = fopen(o->out_path, "wb");
         if (!f) dhsa_cli_die(EXIT_RUN, "cannot write %s: %s", o->out_path, strerror(errno));
+        ruler_lock_out(f, o->out_path);
         fprintf(f, "%s\n" RULER_TSV_HEAD, config);
         fflush(f);
         return f;
@@ -385,10 +398,9 @@ static FILE *ruler_open_out(const eval_opts *o, const char *config, ruler_done *
         (*n_old)++;
     }
     free(line);
-    if (ln == 0) { /* empty file: start it */
-        fclose(f);
-        f = fopen(o->out_path, "wb");
-        if (!f) dhsa_cli_die(EXIT_RUN, "cannot write %s: %s", o->out_path, strerror(errno));
+    if (ln == 0) { /* empty file: start it (still holding its lock) */
+        if (fflush(f) != 0 || ftruncate(fileno(f), 0) != 0 || fseek(f, 0, SEEK_SET) != 0)
+            dhsa_cli_die(EXIT_RUN, "cannot write %s: %s", o->out_path, strerror(errno));
         fprintf(f, "%s\n" RULER_TSV_HEAD, config);
         fflush(f);
         return f;
