@@ -19,10 +19,10 @@
  * Run: make build/tests/test_eval_ruler && DHSA_CLI=build/dhsa build/tests/test_eval_ruler
  */
 #include <ctype.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <errno.h>
 #include <string.h>
 #include <sys/file.h>
 #include <unistd.h>

@@ -338,16 +338,11 @@ static void ruler_lock_out(FILE *f, const char *path) {
  * cut off the file). Returns the file opened for appending, locked. */
 static FILE *ruler_open_out(const eval_opts *o, const char *config, ruler_done *d, int64_t *n_old) {
     *n_old = 0;
-    FILE *f = fopen(o->out_path, "r+b");
-    if (f) ruler_lock_out(f, o->out_path);
-    if (!f) {
-        f = fopen(o->out_path, "wb");
-        if (!f) dhsa_cli_die(EXIT_RUN, "cannot write %s: %s", o->out_path, strerror(errno));
-        ruler_lock_out(f, o->out_path);
-        fprintf(f, "%s\n" RULER_TSV_HEAD, config);
-        fflush(f);
-        return f;
-    }
+    /* created if absent, never truncated before the lock is held; reads
+     * start at the beginning, writes go to the end */
+    FILE *f = fopen(o->out_path, "a+b");
+    if (!f) dhsa_cli_die(EXIT_RUN, "cannot write %s: %s", o->out_path, strerror(errno));
+    ruler_lock_out(f, o->out_path);
     char *line = NULL;
     size_t cap = 0;
     ssize_t n;
