@@ -472,12 +472,12 @@ int eval_cmd_ruler(eval_env *e) {
         snprintf(config, sizeof config,
                  "# dhsa eval ruler: model %s, split %s, seed %llu, template %s, answer tokens %s%lld, boundary %d, "
                  "budget %lld, routing at 4K: q_block %lld sink %lld local %lld dense_below %lld min_chunk %lld "
-                 "max_chunk %lld chunk %lld sim_window %lld nms_window %lld score %d",
+                 "max_chunk %lld chunk %lld sim_window %lld nms_window %lld score %d carry %g",
                  o->model, split_name, (unsigned long long)o->seed, tmpl_name, o->answer_tokens_set ? "" : "task ",
                  o->answer_tokens_set ? (long long)o->answer_tokens : 0LL, (int)o->boundary, (long long)o->budget,
                  (long long)rp.q_block, (long long)rp.sink_tokens, (long long)rp.local_tokens,
                  (long long)rp.dense_below, (long long)rp.min_chunk, (long long)rp.max_chunk, (long long)rp.chunk,
-                 (long long)rp.sim_window, (long long)rp.nms_window, (int)rp.score_mode);
+                 (long long)rp.sim_window, (long long)rp.nms_window, (int)rp.score_mode, rp.carry);
     }
     ruler_done d;
     memset(&d, 0, sizeof d);

@@ -117,7 +117,8 @@ const char dhsa_cli_run_usage[] =
     "  --dense-below N     a block seeing fewer keys runs dense (default\n"
     "                      0: all routed); the run says the density used\n"
     "  --q-block N         rows per block (default 16; 64 past 16K tokens)\n"
-    "  (defaults: dhsa_router_params_for, as every command; -v prints them)\n"
+
+    "  --carry F (0.1)     (defaults: dhsa_router_params_for; -v prints them)\n"
     "Output:\n"
     "  --ids               print token ids (prompt, then generated) instead of text\n"
     "  --verbose           print the model, the plan and the timings\n"
@@ -294,6 +295,7 @@ static void parse(int argc, char **argv, run_opts *o) {
             } else dhsa_cli_die(EXIT_USAGE, "--boundary is fixed, similarity or learned:FILE, not \"%s\"", v);
         } else if (strcmp(a, "--sink") == 0) o->ses.router.sink_tokens = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--sink-window") == 0) o->ses.router.sink_window = dhsa_cli_int(a, v, 0, 4096, 0);
+        else if (strcmp(a, "--carry") == 0) o->ses.router.carry = dhsa_cli_real(a, v, 0, 1);
         else if (strcmp(a, "--local") == 0) o->ses.router.local_tokens = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--dense-below") == 0) o->ses.router.dense_below = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--q-block") == 0) o->ses.router.q_block = dhsa_cli_int(a, v, 1, 65536, 0);

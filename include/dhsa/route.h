@@ -278,7 +278,23 @@ typedef struct {
                               "Sinks where the model puts them"). <=
                               sink_tokens: the first sink_tokens keys
                               (default 0 here; 64 in dhsa_router_params_for) */
+    double carry;          /* > 0: a session's decode step (a one-token eval)
+                              reads again the chunks that held at least this
+                              share of the previous step's attention (mean
+                              over a KV group's query heads; at most
+                              DHSA_CARRY_MAX per group, the largest first),
+                              before the chunks its score ranks: a number
+                              copied token by token keeps its chunk from one
+                              step to the next (docs/dhsa.md, "Chunks carried
+                              from one decode step to the next"). Only a
+                              session applies it (it knows the previous
+                              step); dhsa_route and dhsa_kv_index_route, which
+                              see one call, ignore it. 0: off. In [0, 1]
+                              (default 0 here; 0.1 in dhsa_router_params_for) */
 } dhsa_router_params;
+
+/* The most chunks a decode step carries per KV group (dhsa_router_params.carry). */
+#define DHSA_CARRY_MAX 16
 
 /* The neutral defaults of the routing primitives (dhsa_route, the decode
  * index), listed field by field above; not what sessions and tools run,

@@ -139,6 +139,7 @@ class RouterParams(ctypes.Structure):
         ("scale_fixed", c_int),
         ("score_rows", c_int64),
         ("sink_window", c_int64),
+        ("carry", ctypes.c_double),
     ]
 
 

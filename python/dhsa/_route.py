@@ -237,6 +237,9 @@ class RouterParams:
         rows "rows" scores per block and head (0 = all); sink_window: > sink
         picks the sink keys among the first sink_window by the block's mean
         query (0 = the first `sink` keys).
+    carry: a session's decode step reads again the chunks that held at
+        least this share of the previous step's attention (0 = off; 0.1 in
+        for_length). Only sessions apply it; route() sees one call.
     RouterParams.for_length(n, density): the routing every entry point runs
         by default for n tokens (dhsa_router_params_for; sessions get it
         for their context unless given other router params).
@@ -263,6 +266,7 @@ class RouterParams:
     scale_fixed: bool = True
     score_rows: int = 0
     sink_window: int = 0
+    carry: float = 0.0
 
     @classmethod
     def for_length(cls, n, density=0.0625):
@@ -275,7 +279,7 @@ class RouterParams:
                    q_block=c.q_block, budget=None, density=c.density, sink=c.sink_tokens,
                    local=c.local_tokens, dense_below=c.dense_below, share_heads=bool(c.share_heads),
                    score=names[c.score_mode], scale_fixed=bool(c.scale_fixed), score_rows=c.score_rows,
-                   sink_window=c.sink_window)
+                   sink_window=c.sink_window, carry=c.carry)
 
     def to_c(self):
         """(the _capi.RouterParams struct, the Predictor or None). Keep the
@@ -319,6 +323,7 @@ class RouterParams:
         rp.scale_fixed = 1 if self.scale_fixed else 0
         rp.score_rows = _i64("score_rows", self.score_rows)
         rp.sink_window = _i64("sink_window", self.sink_window)
+        rp.carry = float(self.carry)
         return rp, pred
 
 

@@ -30,6 +30,7 @@
 #include "dist/dist.h"
 #include "model/model_internal.h"
 #include "model/session_plan.h"
+#include "route/carry.h"
 #include "route/kv_index_internal.h"
 
 #include <math.h>
@@ -81,6 +82,10 @@ struct dhsa_session {
     float *koff;                /* [n_layer][n_head_kv][hd_k] Q8_0 keys' offsets (key_offsets), after the cache; or NULL */
     struct layer_cache *lc;     /* [n_layer] where each layer's K / V live (a sliding layer's: a ring) */
     int64_t len0_eval;          /* the committed length when the running eval began */
+    int64_t *carry;             /* [2][n_layer][n_head_kv][DHSA_CARRY_MAX]: the chunks the last one-token
+                                   eval carries to the next (0) and the running one's (1), -1 = none; NULL:
+                                   rp.carry off (route/carry.h) */
+    int carry_ok;               /* carry[0] is the last eval's: it had one token and succeeded */
 };
 
 /* Layer l's key offsets [n_head_kv][hd_k], or NULL (keys stored as they are). */
@@ -241,6 +246,17 @@ dhsa_status dhsa_session_create(dhsa_ctx *ctx, const dhsa_model *m, const dhsa_s
         fill_key_offsets(s);
     }
     if (p->attn != DHSA_ATTN_DENSE && dhsa__session_uses_index(p) && (st = make_indexes(s))) goto fail;
+    /* chunks carried between decode steps: the sessions whose index ranks
+     * chunks by score, one process (a rank holds part of the keys), one
+     * routing per KV group */
+    if (s->dist || s->rp.share_heads || s->rp.method != DHSA_ROUTE_DHSA) s->rp.carry = 0;
+    if (s->ix && s->rp.carry > 0) {
+        s->carry = malloc((size_t)(2 * in->n_layer * in->n_head_kv * DHSA_CARRY_MAX) * sizeof(int64_t));
+        if (!s->carry) {
+            st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory (the chunks decode steps carry)");
+            goto fail;
+        }
+    }
     *out = s;
     return DHSA_OK;
 fail:
@@ -255,6 +271,7 @@ void dhsa_session_free(dhsa_session *s) {
     dhsa__dist_free(s->dist);
     dhsa_buffer_free(s->kv);
     free(s->lc);
+    free(s->carry);
     free(s);
 }
 
@@ -297,6 +314,7 @@ dhsa_status dhsa_session_reset(dhsa_session *s) {
     for (int64_t l = 0; l < s->m->info.n_layer; l++) s->lc[l].base = 0;
     if (s->dist) dhsa__dist_reset(s->dist);
     s->broken = 0;
+    s->carry_ok = 0;
     memset(&s->st_last, 0, sizeof s->st_last);
     memset(&s->st_total, 0, sizeof s->st_total);
     s->st_last.density = s->st_total.density = 1.0;
@@ -507,7 +525,10 @@ static dhsa_status attend(dhsa_session *s, int64_t l, int64_t n, int64_t pos0) {
     if (s->p.attn != DHSA_ATTN_DENSE && !L->window) {
         if (s->ix) {
             if (!s->ix[l]) return dhsa__fail(DHSA_ERR_INTERNAL, "routing index of layer %lld missing", (long long)l);
-            st = dhsa_kv_index_route(s->ctx, s->ix[l], &a, &lay);
+            const int64_t per = in->n_head_kv * DHSA_CARRY_MAX;
+            st = n == 1 && s->carry && s->carry_ok
+                     ? dhsa__kv_index_route_keep(s->ctx, s->ix[l], &a, s->carry + l * per, &lay)
+                     : dhsa_kv_index_route(s->ctx, s->ix[l], &a, &lay);
         } else {
             st = dhsa_route(s->ctx, &s->rp, &a, &lay);
         }
@@ -515,6 +536,11 @@ static dhsa_status attend(dhsa_session *s, int64_t l, int64_t n, int64_t pos0) {
         a.layout = lay;
     }
     st = dhsa_attention(s->ctx, &a);
+    if (!st && n == 1 && s->carry && lay) { /* what this step hands the next (carry.h) */
+        const int64_t *starts;
+        const int64_t nc = dhsa_kv_index_chunks(s->ix[l], &starts), per = in->n_head_kv * DHSA_CARRY_MAX;
+        st = dhsa__carry_chunks(&a, lay, starts, nc, s->rp.carry, s->carry + (in->n_layer + l) * per);
+    }
     if (!st) count_attention(s, &a);
     if (!st && s->p.layer_hook && s->p.layer_hook(s->p.layer_hook_user, l, &a))
         st = dhsa__fail(DHSA_ERR_INVALID_ARG, "the layer hook stopped the eval at layer %lld", (long long)l);
@@ -671,6 +697,16 @@ static dhsa_status forward(dhsa_session *s, dhsa_session *const *batch, const in
     return DHSA_OK;
 }
 
+/* After an eval that succeeded: a one-token eval's carried chunks become
+ * the next step's; any other eval leaves none (its rows were routed as a
+ * prefill). A failed eval changes nothing. */
+static void carry_commit(dhsa_session *s, int one_token) {
+    if (!s->carry) return;
+    const int64_t per = s->m->info.n_layer * s->m->info.n_head_kv * DHSA_CARRY_MAX;
+    if (one_token) memcpy(s->carry, s->carry + per, (size_t)per * sizeof(int64_t));
+    s->carry_ok = one_token;
+}
+
 /* Undoes a failed eval (include/dhsa.h, dhsa_session_eval): the length and
  * every layer's index go back to len0. The keys and values the failed
  * ubatches wrote past len0 are never read, and the next eval overwrites
@@ -774,6 +810,7 @@ static dhsa_status eval_tokens(dhsa_session *s, const int32_t *ids, int64_t n, f
         done += step;
         if (s->p.progress) s->p.progress(s->p.progress_user, done, n);
     }
+    carry_commit(s, n == 1);
     return DHSA_OK;
 }
 
@@ -822,6 +859,7 @@ static dhsa_status batch_eval(dhsa_session *const *ss, int64_t n, const int32_t 
             o->st_last.density = 1.0;
         } else {
             o->len++;
+            carry_commit(o, 1);
         }
     }
     return st;
@@ -883,6 +921,7 @@ static dhsa_status truncate_tokens(dhsa_session *s, int64_t n) {
     }
     if (n == 0)
         for (int64_t l = 0; l < s->m->info.n_layer; l++) s->lc[l].base = 0;
+    s->carry_ok = 0; /* its chunks may be gone; the next step routes as after a prefill */
     memset(&s->st_last, 0, sizeof s->st_last);
     s->st_last.density = 1.0;
     for (int64_t l = 0; s->ix && l < s->m->info.n_layer; l++) {
@@ -963,6 +1002,7 @@ void dhsa__session_state_layer(const dhsa_session *s, int64_t l, dhsa__state_lay
 /* An empty cache, as after a reset (the busy flag is the caller's). */
 static dhsa_status state_clear(dhsa_session *s) {
     s->len = 0;
+    s->carry_ok = 0;
     for (int64_t l = 0; l < s->m->info.n_layer; l++) {
         s->lc[l].base = 0;
         s->lc[l].saved = 0;

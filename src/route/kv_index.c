@@ -739,7 +739,7 @@ static void add_shares(const dhsa_kv_index *ix, const float *sc, int64_t visible
 /* dhsa_kv_index_route, and dhsa__kv_index_route_masked with allowed / agg
  * (kv_index_internal.h). */
 static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
-                               const unsigned char *allowed, double *agg, dhsa_layout **out) {
+                               const unsigned char *allowed, double *agg, const int64_t *keep, dhsa_layout **out) {
     if (!a->causal) return dhsa__fail(DHSA_ERR_UNSUPPORTED, "the decode index routes causal attention only");
     dhsa_attn_desc dd = *a;
     dd.v = a->k;
@@ -810,6 +810,12 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
             else if (heads_mode) heads_scores(ix, a, p.G, p.scale, h0, h1, r0, r1, visible, qp, eh, sc);
             else pooled_scores(ix, a, p.scale, moments, h0, h1, k0, k1, r0, r1, visible, qp, sc);
             if (agg) add_shares(ix, sc, visible, agg + g * nc);
+            /* carried chunks first, in their order (kv_index_internal.h):
+             * distinct finite scores above any estimate */
+            for (int64_t i = 0; keep && i < DHSA_CARRY_MAX; i++) {
+                int64_t c = keep[g * DHSA_CARRY_MAX + i];
+                if (c >= 0 && c < visible) sc[c] = 1e30f * (float)(DHSA_CARRY_MAX + 1 - i);
+            }
             int64_t alo, ahi;
             dhsa__block_span(a, p.Lk, r0, r1, &alo, &ahi);
             int dense;
@@ -866,13 +872,13 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
 
 /* Routes only read the index: they may overlap each other, not an append. */
 static dhsa_status route_shared(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
-                                const unsigned char *allowed, double *agg, dhsa_layout **out) {
+                                const unsigned char *allowed, double *agg, const int64_t *keep, dhsa_layout **out) {
     atomic_int *users = (atomic_int *)&ix->users;
     int v = atomic_load(users);
     do {
         if (v < 0) return busy();
     } while (!atomic_compare_exchange_weak(users, &v, v + 1));
-    dhsa_status st = route_index(ctx, ix, a, allowed, agg, out);
+    dhsa_status st = route_index(ctx, ix, a, allowed, agg, keep, out);
     atomic_fetch_sub(users, 1);
     return st;
 }
@@ -881,7 +887,14 @@ dhsa_status dhsa_kv_index_route(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dh
                                 dhsa_layout **out) {
     if (!ctx || !ix || !a || !out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_kv_index_route: NULL argument");
     *out = NULL;
-    return route_shared(ctx, ix, a, NULL, NULL, out);
+    return route_shared(ctx, ix, a, NULL, NULL, NULL, out);
+}
+
+dhsa_status dhsa__kv_index_route_keep(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
+                                      const int64_t *keep, dhsa_layout **out) {
+    if (!ctx || !ix || !a || !out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__kv_index_route_keep: NULL argument");
+    *out = NULL;
+    return route_shared(ctx, ix, a, NULL, NULL, keep, out);
 }
 
 int64_t dhsa__kv_index_groups(const dhsa_kv_index *ix) { return ix->rp.share_heads ? 1 : ix->Hkv; }
@@ -891,7 +904,7 @@ dhsa_status dhsa__kv_index_route_masked(dhsa_ctx *ctx, const dhsa_kv_index *ix, 
     if (!ctx || !ix || !a || !out)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__kv_index_route_masked: NULL argument");
     *out = NULL;
-    return route_shared(ctx, ix, a, allowed, agg, out);
+    return route_shared(ctx, ix, a, allowed, agg, NULL, out);
 }
 
 /* ------------------------------------------------------------ delta --- */

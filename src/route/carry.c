@@ -1,0 +1,127 @@
+/* carry.c: the chunks a decode step carries to the next (carry.h).
+ *
+ * Why: a model copies a number token by token, each decode step reading
+ * the needle's next token. A step routes on its own chunk scores, and a
+ * chunk the previous step read with most of its attention can fall out of
+ * the next step's budget; the copy then derails after a few digits
+ * ("27560." for 2756021). The attention a step actually paid is exact
+ * where the scores are estimates, so the session hands the chunks that
+ * held a share of it to the next step first.
+ */
+#include "route/carry.h"
+
+#include "attn/kern.h"
+#include "route/rows.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The scores of heads [h0, h0 + nq) (nq <= DHSA_NARROW) against keys [j0,
+ * j0 + n) of KV head g (n <= DHSA_BC): Sr [nq][DHSA_BC], Qr the scaled
+ * queries [nq][dq]. */
+static void tile_scores(const dhsa_attn_kernels *kern, const dhsa_attn_desc *a, int64_t g, int64_t j0, int n,
+                        int64_t d, const float *Qr, int64_t dq, int nq, float *Kbuf, float *Sr) {
+    const dhsa_tensor *k = &a->k;
+    if (k->type == DHSA_Q8_0 && kern->qk_rows_q8) {
+        kern->qk_rows_q8(dhsa__at(k, 0, g, j0), k->stride[2], n, (int)d, Qr, dq, nq, Sr);
+    } else if ((k->type == DHSA_F16 || k->type == DHSA_BF16) && k->stride[3] == 1 && kern->qk_rows16) {
+        kern->qk_rows16(dhsa__at(k, 0, g, j0), k->type == DHSA_BF16, k->stride[2], n, (int)d, Qr, dq, nq, Sr);
+    } else if (k->type == DHSA_F32 && k->stride[3] == 1) {
+        kern->qk_rows(dhsa__at(k, 0, g, j0), k->stride[2], n, (int)d, Qr, dq, nq, Sr);
+    } else {
+        for (int j = 0; j < n; j++) {
+            const float *row = dhsa__row_f32(k, 0, g, j0 + j, d, Kbuf + (size_t)j * (size_t)d);
+            if (row != Kbuf + (size_t)j * (size_t)d) memcpy(Kbuf + (size_t)j * (size_t)d, row, (size_t)d * sizeof(float));
+        }
+        kern->qk_rows(Kbuf, d, n, (int)d, Qr, dq, nq, Sr);
+    }
+    if (a->softcap > 0) kern->softcap(Sr, (int64_t)nq * DHSA_BC, a->softcap);
+}
+
+/* The chunk holding key t, searching from c (starts ascending); nc when t
+ * lies past the last closed chunk. */
+static int64_t chunk_of(const int64_t *starts, int64_t nc, int64_t c, int64_t t) {
+    if (t >= starts[nc]) return nc;
+    while (c + 1 <= nc && starts[c + 1] <= t) c++;
+    return c;
+}
+
+dhsa_status dhsa__carry_chunks(const dhsa_attn_desc *a, const dhsa_layout *lay, const int64_t *starts, int64_t nc,
+                               double share, int64_t *out) {
+    const int64_t Hq = a->q.shape[1], Hkv = a->k.shape[1], d = a->q.shape[3], G = Hq / Hkv;
+    for (int64_t x = 0; x < Hkv * DHSA_CARRY_MAX; x++) out[x] = -1;
+    if (nc <= 0 || !(share > 0)) return DHSA_OK;
+    const int64_t Lk = a->k.shape[2], dq = (int64_t)dhsa__align_up((size_t)d, 16);
+    const dhsa_attn_kernels *kern = dhsa__attn_kernels();
+    float *logit = malloc((size_t)(G * Lk) * sizeof(float)), *Qr = calloc((size_t)(DHSA_NARROW * dq), sizeof(float));
+    float *Sr = malloc((size_t)(DHSA_NARROW * DHSA_BC) * sizeof(float)), *Kbuf = malloc((size_t)(DHSA_BC * d) * sizeof(float));
+    float *qbuf = malloc((size_t)d * sizeof(float));
+    double *mass = malloc((size_t)(nc + 1) * sizeof(double));
+    dhsa_status st = DHSA_OK;
+    if (!logit || !Qr || !Sr || !Kbuf || !qbuf || !mass) {
+        st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory finding the chunks a decode step carries");
+        goto out;
+    }
+    for (int64_t g = 0; g < Hkv; g++) {
+        const int64_t *r;
+        int64_t nr;
+        if (dhsa_layout_get(lay, 0, g, 0, &r, &nr) || nr <= 0) continue;
+        int64_t n_sel = 0;
+        for (int64_t i = 0; i < nr; i++) n_sel += r[2 * i + 1] - r[2 * i];
+        /* logit[h][k]: head h of the group, the k-th key read */
+        for (int64_t h0 = 0; h0 < G; h0 += DHSA_NARROW) {
+            const int nq = (int)(G - h0 < DHSA_NARROW ? G - h0 : DHSA_NARROW);
+            for (int i = 0; i < nq; i++) {
+                const float *q = dhsa__row_f32(&a->q, 0, g * G + h0 + i, 0, d, qbuf);
+                for (int64_t x = 0; x < d; x++) Qr[i * dq + x] = q[x] * a->scale;
+            }
+            int64_t at = 0;
+            for (int64_t i = 0; i < nr; i++)
+                for (int64_t j0 = r[2 * i]; j0 < r[2 * i + 1]; j0 += DHSA_BC) {
+                    int n = (int)(r[2 * i + 1] - j0 < DHSA_BC ? r[2 * i + 1] - j0 : DHSA_BC);
+                    tile_scores(kern, a, g, j0, n, d, Qr, dq, nq, Kbuf, Sr);
+                    for (int h = 0; h < nq; h++)
+                        memcpy(logit + (size_t)(h0 + h) * (size_t)Lk + at, Sr + (size_t)h * DHSA_BC,
+                               (size_t)n * sizeof(float));
+                    at += n;
+                }
+        }
+        for (int64_t c = 0; c <= nc; c++) mass[c] = 0;
+        for (int64_t h = 0; h < G; h++) {
+            const float *lg = logit + (size_t)h * (size_t)Lk;
+            double m = -INFINITY, z = 0;
+            for (int64_t k = 0; k < n_sel; k++) m = lg[k] > m ? lg[k] : m;
+            if (!(m > -INFINITY) || !isfinite(m)) continue;
+            for (int64_t k = 0; k < n_sel; k++) z += exp((double)lg[k] - m);
+            int64_t k = 0, c = 0;
+            for (int64_t i = 0; i < nr; i++)
+                for (int64_t t = r[2 * i]; t < r[2 * i + 1]; t++, k++) {
+                    c = chunk_of(starts, nc, c, t);
+                    mass[c] += exp((double)lg[k] - m) / z / (double)G;
+                }
+        }
+        /* the chunks at or above the share, largest first (ties: earlier) */
+        int64_t *o = out + g * DHSA_CARRY_MAX;
+        int64_t n_out = 0;
+        for (int64_t c = 0; c < nc; c++) {
+            if (!(mass[c] >= share)) continue;
+            int64_t at = n_out < DHSA_CARRY_MAX ? n_out++ : DHSA_CARRY_MAX;
+            if (at == DHSA_CARRY_MAX && !(mass[c] > mass[o[DHSA_CARRY_MAX - 1]])) continue;
+            if (at == DHSA_CARRY_MAX) at = DHSA_CARRY_MAX - 1;
+            while (at > 0 && mass[c] > mass[o[at - 1]]) {
+                o[at] = o[at - 1];
+                at--;
+            }
+            o[at] = c;
+        }
+    }
+out:
+    free(logit);
+    free(Qr);
+    free(Sr);
+    free(Kbuf);
+    free(qbuf);
+    free(mass);
+    return st;
+}

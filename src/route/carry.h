@@ -1,0 +1,28 @@
+/* carry.h: the chunks a decode step carries to the next
+ * (dhsa_router_params.carry, include/dhsa/route.h; docs/dhsa.md, "Chunks
+ * carried from one decode step to the next"). A session computes them
+ * after each one-token eval's attention (carry.c) and routes the next
+ * step with them first (dhsa__kv_index_route_keep).
+ * Tested by tests/test_carry.c.
+ */
+#ifndef DHSA_ROUTE_CARRY_H
+#define DHSA_ROUTE_CARRY_H
+
+#include "core/internal.h"
+
+/* For the one-row attention call a (q [1, Hq, 1, d], its keys k, scale and
+ * softcap; no mask, bias or window) that read the keys of lay (one block
+ * per KV group), and the chunks [starts[c], starts[c + 1]) for c < nc:
+ * the share of the row's attention each chunk held, the mean over the
+ * group's query heads of each head's softmax over the keys it read; the
+ * chunks holding at least `share` go to out[g * DHSA_CARRY_MAX + i],
+ * largest share first (ties: the earlier chunk), at most DHSA_CARRY_MAX,
+ * the rest of the row -1. Keys after starts[nc] (the index's open tail)
+ * belong to no chunk. The scores go through the attention's micro-kernels
+ * (F32, F16, BF16 and Q8_0 keys read in place where the ISA has them),
+ * the sums in double. Scratch from malloc; DHSA_ERR_OUT_OF_MEMORY leaves
+ * out all -1. */
+dhsa_status dhsa__carry_chunks(const dhsa_attn_desc *a, const dhsa_layout *lay, const int64_t *starts, int64_t nc,
+                               double share, int64_t *out);
+
+#endif
