@@ -194,7 +194,7 @@ class Fidelity(ctypes.Structure):
 # Sizes on LP64 (x86-64 / aarch64 Linux), computed by hand from dhsa.h and
 # checked by the tests against both ctypes and a compiled C program.
 LP64_SIZES = {"Tensor": 80, "AttnDesc": 584, "CtxParams": 16, "MemStats": 40,
-              "RouterParams": 160, "LayoutStats": 152, "SynthParams": 600,
+              "RouterParams": 168, "LayoutStats": 152, "SynthParams": 600,
               "SynthNeedle": 32, "Fidelity": 32}
 
 # ------------------------------------------------------------ prototypes ---

@@ -8,7 +8,9 @@
  * routing indexes made again from those keys (an index is a function of
  * the keys it was given, in order, whatever the evals' sizes: the same
  * rule dhsa_session_truncate relies on), so the file carries no index and
- * nothing of it needs trusting. Everything else that decides the state is
+ * nothing of it needs trusting. The chunks a one-token eval carries to the
+ * next (dhsa_router_params.carry) are not saved: a loaded session has none,
+ * as after a prefill (docs/prompt-cache.md). Everything else that decides the state is
  * checked before a byte goes into the session: the model (its file's
  * bytes hashed), the KV type, the attention method and every router
  * parameter, the weight products' route and the CPU kernels, the ubatch,
