@@ -17,7 +17,14 @@
  *    keys in the layout) even when they rank last by score; with keep =
  *    NULL, or -1 entries, or a chunk not yet closed, the layout is exactly
  *    dhsa_kv_index_route's.
- * 3. The parameter: dhsa_router_params_for gives 0.1, the primitives' 0;
+ * 3. Sessions (the shipped default model, routing active: dense_below 0,
+ *    a budget of 48 keys, blocks of 16 rows): decoding with carry 0.1 and
+ *    0 gives other logits (the carried chunks change a step's routing:
+ *    without that the checks below could not fail); a truncation to the
+ *    session's own length drops the carried chunks: the next step gives,
+ *    bit for bit, what a session loaded from a state saved at that point
+ *    gives (a load holds none), and not what the untruncated session gives.
+ * 4. The parameter: dhsa_router_params_for gives 0.1, the primitives' 0;
  *    a carry outside [0, 1] is refused by dhsa_route with a sentence.
  *
  * Run: make build/tests/test_carry && build/tests/test_carry
@@ -33,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static uint64_t g_rng = 88172645463325252ull;
 static double urand(void) {
@@ -276,6 +284,109 @@ static void test_keep(void) {
     dhsa_ctx_free(ctx);
 }
 
+#define MODEL "models/dhsa-retrieval-8m.gguf"
+#define N_P 200
+#define N_STEP 8
+
+static dhsa_session_params sparams(double carry) {
+    dhsa_session_params sp = dhsa_session_default_params();
+    sp.n_ctx = 256;
+    sp.n_ubatch = 32;
+    sp.kv_type = DHSA_F32;
+    sp.attn = DHSA_ATTN_DHSA;
+    sp.router.dense_below = 0;
+    sp.router.budget_tokens = 48;
+    sp.router.sink_tokens = 4;
+    sp.router.local_tokens = 16;
+    sp.router.q_block = 16;
+    sp.router.min_chunk = 8;
+    sp.router.nms_window = 4;
+    sp.router.carry = carry;
+    return sp;
+}
+
+/* prefill ids[0, N_P), then the steps ids[N_P + i] one at a time; out [N_STEP][V] */
+static dhsa_status decode_steps(dhsa_session *s, const int32_t *ids, int64_t V, float *out) {
+    dhsa_status st = dhsa_session_eval(s, ids, N_P, NULL);
+    for (int i = 0; i < N_STEP && !st; i++) st = dhsa_session_eval(s, ids + N_P + i, 1, out + (size_t)i * (size_t)V);
+    return st;
+}
+
+static void test_session(void) {
+    FILE *f = fopen(MODEL, "rb");
+    if (!f) {
+        T_SKIP(4, MODEL " absent (run from the repository root)");
+        return;
+    }
+    fclose(f);
+    dhsa_ctx *ctx = NULL;
+    dhsa_model *m = NULL;
+    dhsa_ctx_create(NULL, &ctx);
+    if (dhsa_model_load(MODEL, NULL, &m) != DHSA_OK) {
+        T_CHECK(0, "load %s: %s", MODEL, dhsa_last_error());
+        dhsa_ctx_free(ctx);
+        return;
+    }
+    const int64_t V = dhsa_model_get_info(m)->n_vocab;
+    int32_t ids[N_P + N_STEP + 1];
+    for (int i = 0; i < N_P + N_STEP + 1; i++) ids[i] = (int32_t)(1 + (int64_t)(urand() * (double)(V - 1)));
+    float *on = malloc((size_t)(N_STEP * V) * sizeof(float)), *off = malloc((size_t)(N_STEP * V) * sizeof(float));
+    dhsa_session *a = NULL, *b = NULL;
+    dhsa_session_params p1 = sparams(0.1), p0 = sparams(0.0);
+    dhsa_status st = dhsa_session_create(ctx, m, &p1, &a);
+    if (!st) st = dhsa_session_create(ctx, m, &p0, &b);
+    if (!st) st = decode_steps(a, ids, V, on);
+    if (!st) st = decode_steps(b, ids, V, off);
+    T_CHECK(st == DHSA_OK, "sessions: %s", dhsa_last_error());
+    int differ = 0;
+    for (int i = 1; i < N_STEP; i++) differ |= memcmp(on + (size_t)i * (size_t)V, off + (size_t)i * (size_t)V, (size_t)V * sizeof(float)) != 0;
+    T_CHECK(!st && differ, "carry 0.1 changes some decode step's logits against carry 0");
+    T_CHECK(!st && memcmp(on, off, (size_t)V * sizeof(float)) == 0, "the first step after a prefill carries nothing");
+    dhsa_session_free(a);
+    dhsa_session_free(b);
+    a = b = NULL;
+    /* truncation to its own length, against a load of the same point */
+    char dir[] = "/tmp/dhsa_test_carry_XXXXXX", path[300];
+    if (!mkdtemp(dir)) {
+        T_CHECK(0, "mkdtemp");
+    } else {
+        snprintf(path, sizeof path, "%s/state", dir);
+        float *la = malloc((size_t)V * sizeof(float)), *lb = malloc((size_t)V * sizeof(float)),
+              *lc = malloc((size_t)V * sizeof(float));
+        dhsa_session *c = NULL;
+        st = dhsa_session_create(ctx, m, &p1, &a);
+        if (!st) st = dhsa_session_create(ctx, m, &p1, &b);
+        if (!st) st = dhsa_session_create(ctx, m, &p1, &c);
+        if (!st) st = decode_steps(a, ids, V, on);  /* a: prefill + N_STEP steps */
+        if (!st) st = decode_steps(c, ids, V, off); /* c: the same, then a step without truncating */
+        if (!st) st = dhsa_session_save(a, ids, N_P + N_STEP, NULL, path);
+        int64_t n = 0;
+        int32_t back[N_P + N_STEP];
+        if (!st) st = dhsa_session_load(b, path, back, N_P + N_STEP, &n, NULL, NULL);
+        if (!st) st = dhsa_session_truncate(a, dhsa_session_length(a));
+        if (!st) st = dhsa_session_eval(a, ids + N_P + N_STEP, 1, la);
+        if (!st) st = dhsa_session_eval(b, ids + N_P + N_STEP, 1, lb);
+        if (!st) st = dhsa_session_eval(c, ids + N_P + N_STEP, 1, lc);
+        T_CHECK(st == DHSA_OK, "truncate / save / load: %s", dhsa_last_error());
+        T_CHECK(!st && memcmp(la, lb, (size_t)V * sizeof(float)) == 0,
+                "after a truncation to its own length the step is the loaded session's, bit for bit");
+        T_CHECK(!st && memcmp(la, lc, (size_t)V * sizeof(float)) != 0,
+                "and not the untruncated session's (which carries: the check can fail)");
+        dhsa_session_free(c);
+        remove(path);
+        rmdir(dir);
+        free(la);
+        free(lb);
+        free(lc);
+    }
+    dhsa_session_free(a);
+    dhsa_session_free(b);
+    free(on);
+    free(off);
+    dhsa_model_free(m);
+    dhsa_ctx_free(ctx);
+}
+
 static void test_param(void) {
     T_CHECK(dhsa_router_params_for(4096, 0.0625).carry == 0.1, "dhsa_router_params_for: carry 0.1");
     T_CHECK(dhsa_router_default_params().carry == 0.0, "dhsa_router_default_params: carry 0");
@@ -302,5 +413,6 @@ int main(void) {
     test_param();
     test_chunks();
     test_keep();
+    test_session();
     return t_report("test_carry");
 }

@@ -259,7 +259,9 @@ DHSA_API dhsa_status dhsa_session_reset(dhsa_session *s);
  * reuses a shared prefix this way (dhsa serve). The routing indexes are
  * rebuilt from the kept keys in the cache (no forward pass: O(n) per
  * layer), so evals after it give what they would give had only those n
- * tokens been evaluated. n = length does nothing; n outside [0, length] is
+ * tokens been evaluated. n = length keeps every token (and, as any n,
+ * drops the chunks the last decode step carries, dhsa_router_params.carry:
+ * the next eval routes as after a prefill); n outside [0, length] is
  * DHSA_ERR_INVALID_ARG; DHSA_ERR_BUSY while an eval runs on it (nothing
  * done). When the indexes cannot be made again (DHSA_ERR_OUT_OF_MEMORY or
  * _MEMORY_BUDGET) the cache is left empty and evals are refused until a

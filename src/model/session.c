@@ -909,6 +909,10 @@ static dhsa_status truncate_tokens(dhsa_session *s, int64_t n) {
                           (long long)n, (long long)s->len);
     if (s->broken)
         return dhsa__fail(DHSA_ERR_INTERNAL, "an earlier failed eval could not be undone: dhsa_session_reset first");
+    /* even to its own length: what follows a truncation routes as after a
+     * prefill, whatever evals came before (a server's next request starts
+     * here; no request's carried chunks reach another) */
+    s->carry_ok = 0;
     if (n == s->len) return DHSA_OK;
     for (int64_t l = 0; l < s->m->info.n_layer && n > 0; l++) {
         const struct layer_cache *c = &s->lc[l];
@@ -921,7 +925,6 @@ static dhsa_status truncate_tokens(dhsa_session *s, int64_t n) {
     }
     if (n == 0)
         for (int64_t l = 0; l < s->m->info.n_layer; l++) s->lc[l].base = 0;
-    s->carry_ok = 0; /* its chunks may be gone; the next step routes as after a prefill */
     memset(&s->st_last, 0, sizeof s->st_last);
     s->st_last.density = 1.0;
     for (int64_t l = 0; s->ix && l < s->m->info.n_layer; l++) {
