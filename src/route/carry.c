@@ -29,6 +29,13 @@ static void tile_scores(const dhsa_attn_kernels *kern, const dhsa_attn_desc *a, 
         kern->qk_rows16(dhsa__at(k, 0, g, j0), k->type == DHSA_BF16, k->stride[2], n, (int)d, Qr, dq, nq, Sr);
     } else if (k->type == DHSA_F32 && k->stride[3] == 1) {
         kern->qk_rows(dhsa__at(k, 0, g, j0), k->stride[2], n, (int)d, Qr, dq, nq, Sr);
+    } else if ((k->type == DHSA_F16 || k->type == DHSA_BF16) && k->stride[3] == 1) {
+        for (int j = 0; j < n; j++) /* widened in vectors, then the F32 kernel */
+            kern->widen(dhsa__at(k, 0, g, j0 + j), k->type == DHSA_BF16, d, Kbuf + (size_t)j * (size_t)d);
+        kern->qk_rows(Kbuf, d, n, (int)d, Qr, dq, nq, Sr);
+    } else if (k->type == DHSA_Q8_0) {
+        for (int j = 0; j < n; j++) kern->widen_q8(dhsa__at(k, 0, g, j0 + j), d, Kbuf + (size_t)j * (size_t)d);
+        kern->qk_rows(Kbuf, d, n, (int)d, Qr, dq, nq, Sr);
     } else {
         for (int j = 0; j < n; j++) {
             const float *row = dhsa__row_f32(k, 0, g, j0 + j, d, Kbuf + (size_t)j * (size_t)d);
@@ -89,16 +96,19 @@ dhsa_status dhsa__carry_chunks(const dhsa_attn_desc *a, const dhsa_layout *lay, 
         }
         for (int64_t c = 0; c <= nc; c++) mass[c] = 0;
         for (int64_t h = 0; h < G; h++) {
-            const float *lg = logit + (size_t)h * (size_t)Lk;
-            double m = -INFINITY, z = 0;
+            float *lg = logit + (size_t)h * (size_t)Lk;
+            float m = -INFINITY;
             for (int64_t k = 0; k < n_sel; k++) m = lg[k] > m ? lg[k] : m;
             if (!(m > -INFINITY) || !isfinite(m)) continue;
-            for (int64_t k = 0; k < n_sel; k++) z += exp((double)lg[k] - m);
+            kern->expw(lg, n_sel, m, 1.0f, lg); /* exp(lg - m), the attention's own exp */
+            double z = 0;
+            for (int64_t k = 0; k < n_sel; k++) z += lg[k];
+            const double w = 1.0 / (z * (double)G);
             int64_t k = 0, c = 0;
             for (int64_t i = 0; i < nr; i++)
                 for (int64_t t = r[2 * i]; t < r[2 * i + 1]; t++, k++) {
                     c = chunk_of(starts, nc, c, t);
-                    mass[c] += exp((double)lg[k] - m) / z / (double)G;
+                    mass[c] += (double)lg[k] * w;
                 }
         }
         /* the chunks at or above the share, largest first (ties: earlier) */

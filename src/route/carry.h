@@ -19,8 +19,9 @@
  * largest share first (ties: the earlier chunk), at most DHSA_CARRY_MAX,
  * the rest of the row -1. Keys after starts[nc] (the index's open tail)
  * belong to no chunk. The scores go through the attention's micro-kernels
- * (F32, F16, BF16 and Q8_0 keys read in place where the ISA has them),
- * the sums in double. Scratch from malloc; DHSA_ERR_OUT_OF_MEMORY leaves
+ * (F32, F16, BF16 and Q8_0 keys read in place where the ISA has them,
+ * else widened by its vector widen), the exponentials through its exp
+ * (kern->expw), the sums in double. Scratch from malloc; DHSA_ERR_OUT_OF_MEMORY leaves
  * out all -1. */
 dhsa_status dhsa__carry_chunks(const dhsa_attn_desc *a, const dhsa_layout *lay, const int64_t *starts, int64_t nc,
                                double share, int64_t *out);
