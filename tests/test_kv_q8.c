@@ -518,6 +518,10 @@ static int mirror_run(const dhsa_model *m, dhsa_type kv, int requant, const int3
     sp.attn = DHSA_ATTN_DHSA;
     sp.router.dense_below = 0;
     sp.router.density = 0.25;
+    /* the mirror routes each call alone (dhsa_kv_index_route): decode steps
+     * that carry chunks from the step before (docs/dhsa.md) would differ
+     * by those; this checks the index's keys, so without carry */
+    sp.router.carry = 0;
     sp.layer_hook = mirror_hook;
     sp.layer_hook_user = mr;
     /* session.c's method_router for DHSA, the unset fields scaled to n_ctx as the session does */
