@@ -520,8 +520,11 @@ static int mirror_run(const dhsa_model *m, dhsa_type kv, int requant, const int3
     sp.router.density = 0.25;
     /* the mirror routes each call alone (dhsa_kv_index_route): decode steps
      * that carry chunks from the step before (docs/dhsa.md) would differ
-     * by those; this checks the index's keys, so without carry */
+     * by those, and a prefill's last rows ranked by their exact attention
+     * (exact_rows) by theirs; this checks the index's keys, so without
+     * either */
     sp.router.carry = 0;
+    sp.router.exact_rows = 0;
     sp.layer_hook = mirror_hook;
     sp.layer_hook_user = mr;
     /* session.c's method_router for DHSA, the unset fields scaled to n_ctx as the session does */

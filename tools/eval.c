@@ -77,7 +77,7 @@ const char dhsa_cli_eval_usage[] =
     "  --q-block N  --sink N  --local N  --dense-below N  --min-chunk N\n"
     "  --max-chunk N  --chunk N (block's)  --sim-window N  --nms-window N\n"
     "  --score pooled|moments|heads|bound|rows  --score-rows N (rows: 0 = all)\n"
-    "  --sink-window N (best of the first N keys)  --carry F (decode; 0.1)\n"
+    "  --sink-window N (best of first N)  --carry F (0.1)  --exact-rows N (64)\n"
     "fidelity:\n"
     "  -f FILE             the text   -c, --ctx N  window (default: trained context)\n"
     "  --windows N         most windows (default 8)\n"
@@ -173,6 +173,7 @@ static void parse(int argc, char **argv, eval_opts *o, const char *sub) {
     o->score_rows = -1;
     o->sink_window = -1;
     o->carry = -1;
+    o->exact_rows = -1;
     char buf[1024], *items[MAX_LIST];
     for (int i = 3; i < argc; i++) {
         const char *a = argv[i];
@@ -236,6 +237,7 @@ static void parse(int argc, char **argv, eval_opts *o, const char *sub) {
         else if (strcmp(a, "--score-rows") == 0) o->score_rows = dhsa_cli_int(a, v, 0, 1 << 20, 0);
         else if (strcmp(a, "--sink-window") == 0) o->sink_window = dhsa_cli_int(a, v, 0, 4096, 0);
         else if (strcmp(a, "--carry") == 0) o->carry = dhsa_cli_real(a, v, 0, 1);
+        else if (strcmp(a, "--exact-rows") == 0) o->exact_rows = dhsa_cli_int(a, v, 0, DHSA_EXACT_ROWS_MAX, 0);
         else if (strcmp(a, "--boundary") == 0) {
             if (strcmp(v, "fixed") == 0) o->boundary = DHSA_BOUNDARY_FIXED;
             else if (strcmp(v, "similarity") == 0) o->boundary = DHSA_BOUNDARY_SIMILARITY;
@@ -331,6 +333,7 @@ dhsa_router_params eval_router_for(const eval_opts *o, int64_t L, double density
     if (o->score_rows >= 0) rp.score_rows = o->score_rows;
     if (o->sink_window >= 0) rp.sink_window = o->sink_window;
     if (o->carry >= 0) rp.carry = o->carry;
+    if (o->exact_rows >= 0) rp.exact_rows = o->exact_rows;
     return rp;
 }
 

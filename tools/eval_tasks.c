@@ -478,6 +478,10 @@ int eval_cmd_ruler(eval_env *e) {
                  (long long)rp.q_block, (long long)rp.sink_tokens, (long long)rp.local_tokens,
                  (long long)rp.dense_below, (long long)rp.min_chunk, (long long)rp.max_chunk, (long long)rp.chunk,
                  (long long)rp.sim_window, (long long)rp.nms_window, (int)rp.score_mode, rp.carry);
+        /* files written before exact_rows existed (= 0) still resume with --exact-rows 0 */
+        if (rp.exact_rows)
+            snprintf(config + strlen(config), sizeof config - strlen(config), " exact_rows %lld",
+                     (long long)rp.exact_rows);
     }
     ruler_done d;
     memset(&d, 0, sizeof d);

@@ -291,10 +291,25 @@ typedef struct {
                               step); dhsa_route and dhsa_kv_index_route, which
                               see one call, ignore it. 0: off. In [0, 1]
                               (default 0 here; 0.1 in dhsa_router_params_for) */
+    int64_t exact_rows;    /* > 0: a session's eval of more than one token
+                              ranks the chunks for its last exact_rows rows
+                              (a prompt's question and the row that answers)
+                              by the exact attention mass each chunk holds
+                              for them, not by the estimate: the scores read
+                              every key for those rows (exact_rows x L per
+                              head, O(L)); the keys attended stay the budget's
+                              (docs/dhsa.md, "The prompt's last rows ranked
+                              by their exact attention"). Only a session
+                              applies it (it knows which rows end a call);
+                              dhsa_route and dhsa_kv_index_route ignore it.
+                              0: off. At most 4096 (default 0 here; 64 in
+                              dhsa_router_params_for) */
 } dhsa_router_params;
 
 /* The most chunks a decode step carries per KV group (dhsa_router_params.carry). */
 #define DHSA_CARRY_MAX 16
+/* The most rows dhsa_router_params.exact_rows may name. */
+#define DHSA_EXACT_ROWS_MAX 4096
 
 /* The neutral defaults of the routing primitives (dhsa_route, the decode
  * index), listed field by field above; not what sessions and tools run,

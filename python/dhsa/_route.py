@@ -240,6 +240,9 @@ class RouterParams:
     carry: a session's decode step reads again the chunks that held at
         least this share of the previous step's attention (0 = off; 0.1 in
         for_length). Only sessions apply it; route() sees one call.
+    exact_rows: a session's eval of more than one token ranks the chunks for
+        its last exact_rows rows by their exact attention mass (0 = off; 64
+        in for_length). Only sessions apply it.
     RouterParams.for_length(n, density): the routing every entry point runs
         by default for n tokens (dhsa_router_params_for; sessions get it
         for their context unless given other router params).
@@ -267,6 +270,7 @@ class RouterParams:
     score_rows: int = 0
     sink_window: int = 0
     carry: float = 0.0
+    exact_rows: int = 0
 
     @classmethod
     def for_length(cls, n, density=0.0625):
@@ -279,7 +283,7 @@ class RouterParams:
                    q_block=c.q_block, budget=None, density=c.density, sink=c.sink_tokens,
                    local=c.local_tokens, dense_below=c.dense_below, share_heads=bool(c.share_heads),
                    score=names[c.score_mode], scale_fixed=bool(c.scale_fixed), score_rows=c.score_rows,
-                   sink_window=c.sink_window, carry=c.carry)
+                   sink_window=c.sink_window, carry=c.carry, exact_rows=c.exact_rows)
 
     def to_c(self):
         """(the _capi.RouterParams struct, the Predictor or None). Keep the
@@ -324,6 +328,7 @@ class RouterParams:
         rp.score_rows = _i64("score_rows", self.score_rows)
         rp.sink_window = _i64("sink_window", self.sink_window)
         rp.carry = float(self.carry)
+        rp.exact_rows = _i64("exact_rows", self.exact_rows)
         return rp, pred
 
 

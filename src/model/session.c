@@ -86,6 +86,8 @@ struct dhsa_session {
                                    eval carries to the next (0) and the running one's (1), -1 = none; NULL:
                                    rp.carry off (route/carry.h) */
     int carry_ok;               /* carry[0] is the last eval's: it had one token and succeeded */
+    int64_t exact_from;         /* rows of the ubatch being run from which chunks are ranked by their
+                                   exact attention (rp.exact_rows: the eval's last rows); INT64_MAX: none */
 };
 
 /* Layer l's key offsets [n_head_kv][hd_k], or NULL (keys stored as they are). */
@@ -250,6 +252,9 @@ dhsa_status dhsa_session_create(dhsa_ctx *ctx, const dhsa_model *m, const dhsa_s
      * chunks by score, one process (a rank holds part of the keys), one
      * routing per KV group */
     if (s->dist || s->rp.share_heads || s->rp.method != DHSA_ROUTE_DHSA) s->rp.carry = 0;
+    /* the eval's last rows ranked by exact attention: the same sessions */
+    if (s->dist || s->rp.share_heads || s->rp.method != DHSA_ROUTE_DHSA || !s->ix) s->rp.exact_rows = 0;
+    s->exact_from = INT64_MAX;
     if (s->ix && s->rp.carry > 0) {
         s->carry = malloc((size_t)(2 * in->n_layer * in->n_head_kv * DHSA_CARRY_MAX) * sizeof(int64_t));
         if (!s->carry) {
@@ -505,17 +510,20 @@ static void ring_begin(dhsa_session *s) {
     for (int64_t l = 0; l < s->m->info.n_layer; l++) s->lc[l].saved = 0;
 }
 
-static dhsa_status attend(dhsa_session *s, int64_t l, int64_t n, int64_t pos0) {
+/* Rows [r0, r0 + n) of the ubatch at pos0 of n_all rows attend the keys
+ * up to its end (causal); exact: their chunks ranked by exact attention. */
+static dhsa_status attend_part(dhsa_session *s, int64_t l, int64_t r0, int64_t n, int64_t pos0, int64_t n_all,
+                               int exact) {
     const dhsa_model_info *in = &s->m->info;
     const dhsa__layer *L = &s->m->layers[l];
     dhsa_attn_desc a = dhsa_attn_default_desc();
-    a.q = dhsa_tensor_blhd(s->q, DHSA_F32, 1, n, in->n_head, in->head_dim_k);
+    a.q = dhsa_tensor_blhd(s->q + r0 * in->n_head * in->head_dim_k, DHSA_F32, 1, n, in->n_head, in->head_dim_k);
     const int64_t base = s->lc[l].base;
-    a.k = cache_view(s, l, 0, pos0 + n - base);
-    a.v = cache_view(s, l, 1, pos0 + n - base);
-    a.o = dhsa_tensor_blhd(s->att, DHSA_F32, 1, n, in->n_head, in->head_dim_v);
+    a.k = cache_view(s, l, 0, pos0 + n_all - base);
+    a.v = cache_view(s, l, 1, pos0 + n_all - base);
+    a.o = dhsa_tensor_blhd(s->att + r0 * in->n_head * in->head_dim_v, DHSA_F32, 1, n, in->n_head, in->head_dim_v);
     a.causal = 1;
-    a.q_pos0 = pos0;
+    a.q_pos0 = pos0 + r0;
     a.k_pos0 = base;
     a.window = L->window;
     a.softcap = in->attn_softcap;
@@ -526,7 +534,8 @@ static dhsa_status attend(dhsa_session *s, int64_t l, int64_t n, int64_t pos0) {
         if (s->ix) {
             if (!s->ix[l]) return dhsa__fail(DHSA_ERR_INTERNAL, "routing index of layer %lld missing", (long long)l);
             const int64_t per = in->n_head_kv * DHSA_CARRY_MAX;
-            st = n == 1 && s->carry && s->carry_ok
+            st = exact ? dhsa__kv_index_route_exact(s->ctx, s->ix[l], &a, &lay)
+                 : n_all == 1 && s->carry && s->carry_ok
                      ? dhsa__kv_index_route_keep(s->ctx, s->ix[l], &a, s->carry + l * per, &lay)
                      : dhsa_kv_index_route(s->ctx, s->ix[l], &a, &lay);
         } else {
@@ -536,7 +545,7 @@ static dhsa_status attend(dhsa_session *s, int64_t l, int64_t n, int64_t pos0) {
         a.layout = lay;
     }
     st = dhsa_attention(s->ctx, &a);
-    if (!st && n == 1 && s->carry && lay) { /* what this step hands the next (carry.h) */
+    if (!st && n_all == 1 && s->carry && lay) { /* what this step hands the next (carry.h) */
         const int64_t *starts;
         const int64_t nc = dhsa_kv_index_chunks(s->ix[l], &starts), per = in->n_head_kv * DHSA_CARRY_MAX;
         st = dhsa__carry_chunks(&a, lay, starts, nc, s->rp.carry, s->carry + (in->n_layer + l) * per);
@@ -546,6 +555,18 @@ static dhsa_status attend(dhsa_session *s, int64_t l, int64_t n, int64_t pos0) {
         st = dhsa__fail(DHSA_ERR_INVALID_ARG, "the layer hook stopped the eval at layer %lld", (long long)l);
     dhsa_layout_free(lay);
     return st;
+}
+
+/* A ubatch's attention in layer l: one call, or two where its last rows
+ * rank chunks by their exact attention (exact_from, rp.exact_rows). The
+ * split falls on a query block's start, so the rows before it route in
+ * the same blocks as without it. */
+static dhsa_status attend(dhsa_session *s, int64_t l, int64_t n, int64_t pos0) {
+    const int64_t qb = s->rp.q_block > 0 ? s->rp.q_block : 1;
+    const int64_t r = s->exact_from > 0 ? s->exact_from - s->exact_from % qb : 0;
+    if (r >= n || !s->ix || !s->ix[l]) return attend_part(s, l, 0, n, pos0, n, 0);
+    dhsa_status st = r > 0 ? attend_part(s, l, 0, r, pos0, n, 0) : DHSA_OK;
+    return st ? st : attend_part(s, l, r, n - r, pos0, n, 1);
 }
 
 static dhsa_status matmul(dhsa_session *s, const dhsa_wmat *W, const float *x, int64_t n, float *y) {
@@ -796,7 +817,10 @@ static dhsa_status eval_tokens(dhsa_session *s, const int32_t *ids, int64_t n, f
             out = logits;
             rows = 1;
         }
+        /* the eval's last rp.exact_rows rows (not a decode step's one) */
+        s->exact_from = n > 1 && s->rp.exact_rows > 0 ? n - s->rp.exact_rows - done : INT64_MAX;
         dhsa_status st = forward(s, NULL, ids + done, step, s->len, out, rows);
+        s->exact_from = INT64_MAX;
         if (st) {
             /* the call's earlier ubatches are undone too, and this one may
              * have reached some layers' indexes: all of it goes */

@@ -10,6 +10,7 @@
  */
 #include "route/carry.h"
 
+#include "attn/attn_internal.h"
 #include "attn/kern.h"
 #include "route/rows.h"
 
@@ -133,5 +134,67 @@ out:
     free(Kbuf);
     free(qbuf);
     free(mass);
+    return st;
+}
+
+dhsa_status dhsa__exact_mass(const dhsa_attn_desc *a, int64_t g, int64_t r0, int64_t r1, const int64_t *starts,
+                             int64_t nc, double *mass) {
+    const int64_t Hq = a->q.shape[1], Hkv = a->k.shape[1], d = a->q.shape[3], G = Hq / Hkv;
+    for (int64_t c = 0; c < nc; c++) mass[c] = 0;
+    if (nc <= 0 || r1 <= r0) return DHSA_OK;
+    const int64_t Lk = a->k.shape[2], dq = (int64_t)dhsa__align_up((size_t)d, 16);
+    const dhsa_attn_kernels *kern = dhsa__attn_kernels();
+    float *logit = malloc((size_t)(G * Lk) * sizeof(float)), *Qr = calloc((size_t)(DHSA_NARROW * dq), sizeof(float));
+    float *Sr = malloc((size_t)(DHSA_NARROW * DHSA_BC) * sizeof(float));
+    float *Kbuf = malloc((size_t)(DHSA_BC * d) * sizeof(float)), *qbuf = malloc((size_t)d * sizeof(float));
+    dhsa_status st = DHSA_OK;
+    if (!logit || !Qr || !Sr || !Kbuf || !qbuf) {
+        st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory ranking chunks by their exact attention");
+        goto out;
+    }
+    const double w_row = 1.0 / ((double)(r1 - r0) * (double)G);
+    for (int64_t row = r0; row < r1; row++) {
+        int64_t lo, hi;
+        dhsa__attn_key_range(a, Lk, a->q_pos0 + row, &lo, &hi);
+        if (hi <= lo) continue;
+        /* logit[h][k - lo]: head h of the group against key k */
+        for (int64_t h0 = 0; h0 < G; h0 += DHSA_NARROW) {
+            const int nq = (int)(G - h0 < DHSA_NARROW ? G - h0 : DHSA_NARROW);
+            for (int i = 0; i < nq; i++) {
+                const float *q = dhsa__row_f32(&a->q, 0, g * G + h0 + i, row, d, qbuf);
+                for (int64_t x = 0; x < d; x++) Qr[i * dq + x] = q[x] * a->scale;
+            }
+            for (int64_t j0 = lo; j0 < hi; j0 += DHSA_BC) {
+                int n = (int)(hi - j0 < DHSA_BC ? hi - j0 : DHSA_BC);
+                tile_scores(kern, a, g, j0, n, d, Qr, dq, nq, Kbuf, Sr);
+                for (int h = 0; h < nq; h++)
+                    memcpy(logit + (size_t)(h0 + h) * (size_t)Lk + (j0 - lo), Sr + (size_t)h * DHSA_BC,
+                           (size_t)n * sizeof(float));
+            }
+        }
+        const int64_t nk = hi - lo;
+        for (int64_t h = 0; h < G; h++) {
+            float *lg = logit + (size_t)h * (size_t)Lk;
+            float m = -INFINITY;
+            for (int64_t k = 0; k < nk; k++) m = lg[k] > m ? lg[k] : m;
+            if (!(m > -INFINITY) || !isfinite(m)) continue;
+            kern->expw(lg, nk, m, 1.0f, lg); /* exp(lg - m), the attention's own exp */
+            double z = 0;
+            for (int64_t k = 0; k < nk; k++) z += lg[k];
+            const double w = w_row / z;
+            for (int64_t c = chunk_of(starts, nc, 0, lo); c < nc && starts[c] < hi; c++) {
+                int64_t k0 = starts[c] > lo ? starts[c] : lo, k1 = starts[c + 1] < hi ? starts[c + 1] : hi;
+                double sum = 0;
+                for (int64_t k = k0; k < k1; k++) sum += lg[k - lo];
+                mass[c] += sum * w;
+            }
+        }
+    }
+out:
+    free(logit);
+    free(Qr);
+    free(Sr);
+    free(Kbuf);
+    free(qbuf);
     return st;
 }

@@ -26,4 +26,17 @@
 dhsa_status dhsa__carry_chunks(const dhsa_attn_desc *a, const dhsa_layout *lay, const int64_t *starts, int64_t nc,
                                double share, int64_t *out);
 
+/* The chunks' exact attention mass for rows [r0, r1) of the call a (q
+ * [1, Hq, Lq, d], its keys k of KV head g from position 0, causal or not,
+ * window, scale and softcap as the attention applies them; no mask or
+ * bias): mass[c] for c < nc is the mean, over those rows and the group's
+ * query heads, of the share of the row's softmax over every key it may
+ * see that the keys [starts[c], starts[c + 1]) hold (keys past starts[nc]
+ * enter the softmax and belong to no chunk). The scores through the
+ * attention's micro-kernels as dhsa__carry_chunks', the sums in double.
+ * Scratch from malloc (G x Lk floats); DHSA_ERR_OUT_OF_MEMORY leaves mass
+ * zero. dhsa_router_params.exact_rows ranks by it (kv_index.c). */
+dhsa_status dhsa__exact_mass(const dhsa_attn_desc *a, int64_t g, int64_t r0, int64_t r1, const int64_t *starts,
+                             int64_t nc, double *mass);
+
 #endif

@@ -49,6 +49,7 @@
 #include "attn/attn_internal.h"
 #include "attn/layout.h"
 #include "route/boundaries.h"
+#include "route/carry.h"
 #include "route/params.h"
 #include "route/predictor_internal.h"
 #include "route/select.h"
@@ -739,7 +740,8 @@ static void add_shares(const dhsa_kv_index *ix, const float *sc, int64_t visible
 /* dhsa_kv_index_route, and dhsa__kv_index_route_masked with allowed / agg
  * (kv_index_internal.h). */
 static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
-                               const unsigned char *allowed, double *agg, const int64_t *keep, dhsa_layout **out) {
+                               const unsigned char *allowed, double *agg, const int64_t *keep, int exact,
+                               dhsa_layout **out) {
     if (!a->causal) return dhsa__fail(DHSA_ERR_UNSUPPORTED, "the decode index routes causal attention only");
     dhsa_attn_desc dd = *a;
     dd.v = a->k;
@@ -777,12 +779,14 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
     double *eh = heads_mode || rows_mode ? malloc((size_t)(nc + 1) * sizeof(double)) : NULL;
     float *tile = rows_mode ? malloc((size_t)(nc + 1) * 64 * sizeof(float)) : NULL;
     int64_t *order = malloc((size_t)(nc + 1) * sizeof(int64_t));
+    double *mass = exact ? malloc((size_t)(nc + 1) * sizeof(double)) : NULL;
     int64_t *rg = malloc((size_t)(max_ranges + 8) * 2 * sizeof(int64_t));
     const int picks = dhsa__sink_picked(rp);
     float *sbuf = picks ? malloc((size_t)(2 * d + rp->sink_window) * sizeof(float)) : NULL;
     int64_t *srank = picks ? malloc((size_t)rp->sink_window * sizeof(int64_t)) : NULL;
     if (!qp || !sc || !order || !rg || ((heads_mode || rows_mode) && !eh) || (rows_mode && !tile) ||
-        (picks && (!sbuf || !srank))) {
+        (picks && (!sbuf || !srank)) || (exact && !mass)) {
+        free(mass);
         free(sbuf);
         free(srank);
         free(tile);
@@ -804,7 +808,11 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
             /* chunks this block may know: closed at or before its last position */
             int64_t visible = nc;
             while (visible > 0 && ix->decided[visible - 1] > last) visible--;
-            if (rows_mode)
+            if (exact) {
+                /* the rows' true attention mass per chunk (carry.h) */
+                if ((st = dhsa__exact_mass(a, g, r0, r1, ix->starts, visible, mass))) break;
+                for (int64_t c = 0; c < visible; c++) sc[c] = (float)mass[c];
+            } else if (rows_mode)
                 dhsa__rows_scores(a, 0, h0, h1, r0, r1, rp, p.scale, ix->pooled + g * d, ix->Hkv * d, ix->starts, 0,
                                   visible, qp, tile, eh, sc, 1);
             else if (heads_mode) heads_scores(ix, a, p.G, p.scale, h0, h1, r0, r1, visible, qp, eh, sc);
@@ -854,6 +862,7 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
         }
         lay->chunk_mean = (double)ix->starts[nc] / (double)nc;
     }
+    free(mass);
     free(sbuf);
     free(srank);
     free(tile);
@@ -872,13 +881,14 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
 
 /* Routes only read the index: they may overlap each other, not an append. */
 static dhsa_status route_shared(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
-                                const unsigned char *allowed, double *agg, const int64_t *keep, dhsa_layout **out) {
+                                const unsigned char *allowed, double *agg, const int64_t *keep, int exact,
+                                dhsa_layout **out) {
     atomic_int *users = (atomic_int *)&ix->users;
     int v = atomic_load(users);
     do {
         if (v < 0) return busy();
     } while (!atomic_compare_exchange_weak(users, &v, v + 1));
-    dhsa_status st = route_index(ctx, ix, a, allowed, agg, keep, out);
+    dhsa_status st = route_index(ctx, ix, a, allowed, agg, keep, exact, out);
     atomic_fetch_sub(users, 1);
     return st;
 }
@@ -887,14 +897,24 @@ dhsa_status dhsa_kv_index_route(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dh
                                 dhsa_layout **out) {
     if (!ctx || !ix || !a || !out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_kv_index_route: NULL argument");
     *out = NULL;
-    return route_shared(ctx, ix, a, NULL, NULL, NULL, out);
+    return route_shared(ctx, ix, a, NULL, NULL, NULL, 0, out);
 }
 
 dhsa_status dhsa__kv_index_route_keep(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
                                       const int64_t *keep, dhsa_layout **out) {
     if (!ctx || !ix || !a || !out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__kv_index_route_keep: NULL argument");
     *out = NULL;
-    return route_shared(ctx, ix, a, NULL, NULL, keep, out);
+    return route_shared(ctx, ix, a, NULL, NULL, keep, 0, out);
+}
+
+dhsa_status dhsa__kv_index_route_exact(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
+                                       dhsa_layout **out) {
+    if (!ctx || !ix || !a || !out)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__kv_index_route_exact: NULL argument");
+    *out = NULL;
+    if (ix->rp.share_heads)
+        return dhsa__fail(DHSA_ERR_UNSUPPORTED, "exact chunk ranking routes each KV group alone (not share_heads)");
+    return route_shared(ctx, ix, a, NULL, NULL, NULL, 1, out);
 }
 
 int64_t dhsa__kv_index_groups(const dhsa_kv_index *ix) { return ix->rp.share_heads ? 1 : ix->Hkv; }
@@ -904,7 +924,7 @@ dhsa_status dhsa__kv_index_route_masked(dhsa_ctx *ctx, const dhsa_kv_index *ix, 
     if (!ctx || !ix || !a || !out)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__kv_index_route_masked: NULL argument");
     *out = NULL;
-    return route_shared(ctx, ix, a, allowed, agg, NULL, out);
+    return route_shared(ctx, ix, a, allowed, agg, NULL, 0, out);
 }
 
 /* ------------------------------------------------------------ delta --- */

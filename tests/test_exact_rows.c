@@ -1,0 +1,364 @@
+/* test_exact_rows.c: a session's last rows rank chunks by their exact
+ * attention (dhsa_router_params.exact_rows; src/route/carry.h,
+ * dhsa__exact_mass; src/route/kv_index.c, dhsa__kv_index_route_exact;
+ * docs/dhsa.md "The prompt's last rows ranked by their exact attention").
+ *
+ * 1. dhsa__exact_mass against a double-precision reference written here:
+ *    random calls of several rows (G = 1, 3 and 8 query heads per KV
+ *    head, d = 40 and 64, F32, F16 and Q8_0 keys as stored, causal with a
+ *    query offset, with and without softcap and a window), random chunks
+ *    and an open tail: each chunk's mass is the mean over the rows and the
+ *    group's heads of the share of the row's softmax over every key it may
+ *    see. Within 2e-6 + 1e-4 relative; the comparison is shown to fail on
+ *    a mass moved by 1e-3.
+ * 2. dhsa__kv_index_route_exact: a chunk whose one key matches the query
+ *    while its other keys turn away (its mean key scores below the
+ *    haystack's, so the estimate ranks it low) holds most of the exact
+ *    mass; the exact route reads it in every group, and the estimate's
+ *    route (dhsa_kv_index_route) does not (the check can fail). share_heads
+ *    is refused.
+ * 3. Sessions (the shipped default model, routing active, ubatches of 32,
+ *    blocks of 16): with logits for every row, exact_rows 20 and 0 give the
+ *    same logits bit for bit on the rows before the tail's query block
+ *    (the split falls on a block's start) and other logits on some tail
+ *    row (the checks can fail); exact_rows 40 reaches back into the
+ *    previous ubatch alike. A dense session and an oracle one report
+ *    exact_rows 0; a DHSA one the value given.
+ * 4. The parameter: dhsa_router_params_for gives 64, the primitives' 0; -1
+ *    and DHSA_EXACT_ROWS_MAX + 1 are refused by dhsa_route with a sentence.
+ *
+ * Run: make build/tests/test_exact_rows && build/tests/test_exact_rows
+ * Ends with "test_exact_rows: P passed, F failed, S skipped".
+ */
+#include "dhsa.h"
+#include "route/carry.h"
+#include "route/kv_index_internal.h"
+#include "t.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
+static double urand(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (double)(g_rng >> 11) / 9007199254740992.0;
+}
+static double nrand(void) {
+    double u = urand() + 1e-12, v = urand();
+    return sqrt(-2 * log(u)) * cos(6.283185307179586 * v);
+}
+
+/* The reference: mass per chunk of KV head g for rows [r0, r1) (double),
+ * keys kf as stored [Hkv][Lk][d], queries q [Lq][Hq][d] (BLHD). */
+static void ref_mass(const float *q, const float *kf, int64_t Hq, int64_t G, int64_t Lk, int64_t d, float scale,
+                     float softcap, int64_t window, int64_t q_pos0, int64_t g, int64_t r0, int64_t r1,
+                     const int64_t *starts, int64_t nc, double *mass) {
+    for (int64_t c = 0; c < nc; c++) mass[c] = 0;
+    double *lg = malloc((size_t)Lk * sizeof(double));
+    for (int64_t row = r0; row < r1; row++) {
+        const int64_t pos = q_pos0 + row;
+        int64_t lo = 0, hi = pos + 1 < Lk ? pos + 1 : Lk;
+        if (window > 0 && pos - window + 1 > lo) lo = pos - window + 1;
+        for (int64_t h = g * G; h < (g + 1) * G; h++) {
+            double m = -INFINITY, z = 0;
+            for (int64_t t = lo; t < hi; t++) {
+                double x = 0;
+                for (int64_t e = 0; e < d; e++) x += (double)q[(row * Hq + h) * d + e] * (double)kf[(g * Lk + t) * d + e];
+                x *= scale;
+                if (softcap > 0) x = softcap * tanh(x / softcap);
+                lg[t] = x;
+                m = x > m ? x : m;
+            }
+            for (int64_t t = lo; t < hi; t++) z += exp(lg[t] - m);
+            for (int64_t t = lo, c = 0; t < hi && t < starts[nc]; t++) {
+                while (starts[c + 1] <= t) c++;
+                mass[c] += exp(lg[t] - m) / z / (double)(G * (r1 - r0));
+            }
+        }
+    }
+    free(lg);
+}
+
+/* 1 when got equals want within the tolerance; why: the first difference. */
+static int same_mass(const double *got, const double *want, int64_t nc, char *why, size_t cap) {
+    for (int64_t c = 0; c < nc; c++)
+        if (!(fabs(got[c] - want[c]) <= 2e-6 + 1e-4 * fabs(want[c])))
+            return snprintf(why, cap, "chunk %lld: %.9f, reference %.9f", (long long)c, got[c], want[c]), 0;
+    return 1;
+}
+
+static void test_mass(void) {
+    const int64_t Gs[] = {1, 3, 8}, ds[] = {40, 64};
+    const dhsa_type types[] = {DHSA_F32, DHSA_F16, DHSA_Q8_0};
+    int judged = 0, failed_shown = 0;
+    for (int gi = 0; gi < 3; gi++)
+        for (int di = 0; di < 2; di++)
+            for (int ti = 0; ti < 3; ti++)
+                for (int variant = 0; variant < 2; variant++) {
+                    const int64_t G = Gs[gi], d = ds[di], Hkv = 2, Hq = Hkv * G, Lk = 300, Lq = 24;
+                    const int64_t q_pos0 = Lk - Lq - 5; /* the last rows see every key; 5 later keys unseen */
+                    const dhsa_type kt = types[ti];
+                    if (kt == DHSA_Q8_0 && d % 32) continue; /* Q8_0 rows are whole blocks of 32 */
+                    float *q = malloc((size_t)(Lq * Hq * d) * sizeof(float));
+                    float *kf = malloc((size_t)(Hkv * Lk * d) * sizeof(float));
+                    const size_t rb = dhsa_type_row_bytes(kt, d);
+                    unsigned char *kraw = malloc((size_t)(Hkv * Lk) * rb);
+                    for (int64_t x = 0; x < Lq * Hq * d; x++) q[x] = (float)nrand();
+                    for (int64_t x = 0; x < Hkv * Lk * d; x++) kf[x] = (float)(0.8 * nrand());
+                    for (int64_t g = 0; g < Hkv; g++) /* a planted key: some chunk holds real mass */
+                        for (int64_t e = 0; e < d; e++) kf[(g * Lk + 77) * d + e] = 0.6f * q[((Lq - 1) * Hq + g * G) * d + e];
+                    for (int64_t row = 0; row < Hkv * Lk; row++) {
+                        float *src = kf + row * d;
+                        unsigned char *dst = kraw + (size_t)row * rb;
+                        if (kt == DHSA_F32) memcpy(dst, src, (size_t)d * sizeof(float));
+                        else if (kt == DHSA_F16)
+                            for (int64_t e = 0; e < d; e++) {
+                                uint16_t h = dhsa_f32_to_f16(src[e]);
+                                memcpy(dst + 2 * e, &h, 2);
+                                src[e] = dhsa_f16_to_f32(h);
+                            }
+                        else {
+                            dhsa_q8_0_quantize_row(src, dst, d);
+                            dhsa_q8_0_dequantize_row(dst, src, d);
+                        }
+                    }
+                    int64_t starts[200], nc = 0;
+                    starts[0] = 0;
+                    while (starts[nc] + 30 < Lk - 12) {
+                        starts[nc + 1] = starts[nc] + 5 + (int64_t)(urand() * 26);
+                        nc++;
+                    }
+                    dhsa_attn_desc a = dhsa_attn_default_desc();
+                    a.q = dhsa_tensor_blhd(q, DHSA_F32, 1, Lq, Hq, d);
+                    a.k = dhsa_tensor_bhld(kraw, kt, 1, Hkv, Lk, d);
+                    a.causal = 1;
+                    a.q_pos0 = q_pos0;
+                    a.scale = 1.0f / (float)sqrt((double)d);
+                    a.softcap = variant ? 6.0f : 0.0f;
+                    a.window = variant ? 120 : 0;
+                    const int64_t spans[][2] = {{0, Lq}, {7, 8}, {16, Lq}};
+                    for (int si = 0; si < 3; si++)
+                        for (int64_t g = 0; g < Hkv; g++) {
+                            double got[200], want[200];
+                            dhsa_status st = dhsa__exact_mass(&a, g, spans[si][0], spans[si][1], starts, nc, got);
+                            T_CHECK(st == DHSA_OK, "exact_mass: %s", dhsa_last_error());
+                            ref_mass(q, kf, Hq, G, Lk, d, a.scale, a.softcap, a.window, q_pos0, g, spans[si][0],
+                                     spans[si][1], starts, nc, want);
+                            char why[256] = "";
+                            T_CHECK(same_mass(got, want, nc, why, sizeof why),
+                                    "G %lld d %lld %s variant %d rows [%lld, %lld) group %lld: %s", (long long)G,
+                                    (long long)d, dhsa_type_name(kt), variant, (long long)spans[si][0],
+                                    (long long)spans[si][1], (long long)g, why);
+                            judged++;
+                            if (!failed_shown) { /* the comparator can fail */
+                                got[nc / 2] += 1e-3;
+                                T_CHECK(!same_mass(got, want, nc, why, sizeof why), "a mass moved by 1e-3 is told apart");
+                                failed_shown = 1;
+                            }
+                        }
+                    free(q);
+                    free(kf);
+                    free(kraw);
+                }
+    T_CHECK(judged == (3 * 2 * 3 - 3) * 2 * 3 * 2, "masses judged: %d", judged);
+}
+
+/* FIXED chunks of `seg` keys; chunk `hid` holds one key along the query
+ * and seg - 1 keys against it. */
+static void test_route(void) {
+    dhsa_ctx *ctx = NULL;
+    T_CHECK(dhsa_ctx_create(NULL, &ctx) == DHSA_OK, "ctx");
+    if (!ctx) return;
+    const int64_t Hkv = 2, G = 2, Hq = 4, d = 32, L = 2048, seg = 16, hid = 40, Lq = 16;
+    dhsa_router_params rp = dhsa_router_params_for(L, 0.0625);
+    rp.boundary = DHSA_BOUNDARY_FIXED;
+    rp.chunk = seg;
+    dhsa_kv_index *ix = NULL;
+    T_CHECK(dhsa_kv_index_create(ctx, &rp, Hkv, d, L + 1, &ix) == DHSA_OK, "index: %s", dhsa_last_error());
+    float *k = malloc((size_t)(Hkv * L * d) * sizeof(float)), *q = malloc((size_t)(Lq * Hq * d) * sizeof(float));
+    float u[32];
+    double nu = 0;
+    for (int64_t e = 0; e < d; e++) {
+        u[e] = (float)nrand();
+        nu += (double)u[e] * (double)u[e];
+    }
+    for (int64_t e = 0; e < d; e++) u[e] = (float)(u[e] / sqrt(nu)); /* unit */
+    for (int64_t g = 0; g < Hkv; g++)
+        for (int64_t t = 0; t < L; t++)
+            for (int64_t e = 0; e < d; e++) {
+                float x = 0.3f * (float)nrand();
+                if (t / seg == hid) x = (t % seg == 0 ? 6.0f : -3.0f) * u[e];
+                k[(g * L + t) * d + e] = x;
+            }
+    /* |q| = sqrt(d) along u: s q . k = 6 on the matching key, -3 on the others */
+    for (int64_t r = 0; r < Lq; r++)
+        for (int64_t h = 0; h < Hq; h++)
+            for (int64_t e = 0; e < d; e++) q[(r * Hq + h) * d + e] = u[e] * (float)d;
+    dhsa_tensor kt = dhsa_tensor_bhld(k, DHSA_F32, 1, Hkv, L, d);
+    T_CHECK(dhsa_kv_index_append(ix, &kt) == DHSA_OK, "append: %s", dhsa_last_error());
+    dhsa_attn_desc a = dhsa_attn_default_desc();
+    a.q = dhsa_tensor_blhd(q, DHSA_F32, 1, Lq, Hq, d);
+    a.k = kt;
+    a.v = kt;
+    a.causal = 1;
+    a.q_pos0 = L - Lq;
+    a.scale = 1.0f / (float)sqrt((double)d);
+    dhsa_layout *plain = NULL, *ex = NULL;
+    T_CHECK(dhsa_kv_index_route(ctx, ix, &a, &plain) == DHSA_OK, "route: %s", dhsa_last_error());
+    T_CHECK(dhsa__kv_index_route_exact(ctx, ix, &a, &ex) == DHSA_OK, "route exact: %s", dhsa_last_error());
+    if (plain && ex) {
+        for (int64_t g = 0; g < Hkv; g++) {
+            const int64_t *r0, *r1;
+            int64_t n0, n1;
+            dhsa_layout_get(plain, 0, g, 0, &r0, &n0);
+            dhsa_layout_get(ex, 0, g, 0, &r1, &n1);
+            int has0 = 0, has1 = 0;
+            for (int64_t i = 0; i < n0; i++) has0 |= r0[2 * i] <= hid * seg && r0[2 * i + 1] >= (hid + 1) * seg;
+            for (int64_t i = 0; i < n1; i++) has1 |= r1[2 * i] <= hid * seg && r1[2 * i + 1] >= (hid + 1) * seg;
+            T_CHECK(!has0, "group %lld: the estimate does not read the hidden chunk (the test can fail)", (long long)g);
+            T_CHECK(has1, "group %lld: the exact ranking reads it", (long long)g);
+            int64_t k0 = 0, k1 = 0;
+            for (int64_t i = 0; i < n0; i++) k0 += r0[2 * i + 1] - r0[2 * i];
+            for (int64_t i = 0; i < n1; i++) k1 += r1[2 * i + 1] - r1[2 * i];
+            T_CHECK(k1 <= k0 + seg / 2 + 1, "group %lld: the same budget (%lld keys against %lld)", (long long)g,
+                    (long long)k1, (long long)k0);
+        }
+    }
+    dhsa_layout_free(plain);
+    dhsa_layout_free(ex);
+    dhsa_kv_index_free(ix);
+    rp.share_heads = 1;
+    rp.score_mode = DHSA_SCORE_POOLED;
+    ix = NULL;
+    T_CHECK(dhsa_kv_index_create(ctx, &rp, Hkv, d, L + 1, &ix) == DHSA_OK, "index: %s", dhsa_last_error());
+    T_CHECK(dhsa_kv_index_append(ix, &kt) == DHSA_OK, "append: %s", dhsa_last_error());
+    ex = NULL;
+    T_CHECK(dhsa__kv_index_route_exact(ctx, ix, &a, &ex) == DHSA_ERR_UNSUPPORTED && !ex, "share_heads refused");
+    dhsa_kv_index_free(ix);
+    free(k);
+    free(q);
+    (void)G;
+    dhsa_ctx_free(ctx);
+}
+
+#define MODEL "models/dhsa-retrieval-8m.gguf"
+#define N_P 200
+
+static dhsa_session_params sparams(int64_t exact_rows) {
+    dhsa_session_params sp = dhsa_session_default_params();
+    sp.n_ctx = 256;
+    sp.n_ubatch = 32;
+    sp.kv_type = DHSA_F32;
+    sp.attn = DHSA_ATTN_DHSA;
+    sp.logits_all = 1;
+    sp.router.dense_below = 0;
+    sp.router.budget_tokens = 48;
+    sp.router.sink_tokens = 4;
+    sp.router.local_tokens = 16;
+    sp.router.q_block = 16;
+    sp.router.min_chunk = 8;
+    sp.router.nms_window = 4;
+    sp.router.exact_rows = exact_rows;
+    return sp;
+}
+
+/* The first row of the prompt whose logits differ, or N_P. */
+static int64_t first_diff(const float *x, const float *y, int64_t V) {
+    for (int64_t r = 0; r < N_P; r++)
+        if (memcmp(x + r * V, y + r * V, (size_t)V * sizeof(float))) return r;
+    return N_P;
+}
+
+static void test_session(void) {
+    FILE *f = fopen(MODEL, "rb");
+    if (!f) {
+        T_SKIP(6, MODEL " absent (run from the repository root)");
+        return;
+    }
+    fclose(f);
+    dhsa_ctx *ctx = NULL;
+    dhsa_model *m = NULL;
+    dhsa_ctx_create(NULL, &ctx);
+    if (dhsa_model_load(MODEL, NULL, &m) != DHSA_OK) {
+        T_CHECK(0, "load %s: %s", MODEL, dhsa_last_error());
+        dhsa_ctx_free(ctx);
+        return;
+    }
+    const int64_t V = dhsa_model_get_info(m)->n_vocab;
+    int32_t ids[N_P];
+    for (int i = 0; i < N_P; i++) ids[i] = (int32_t)(1 + (int64_t)(urand() * (double)(V - 1)));
+    float *lg[3];
+    const int64_t rows[3] = {0, 20, 40};
+    dhsa_status st = DHSA_OK;
+    for (int i = 0; i < 3; i++) {
+        lg[i] = malloc((size_t)(N_P * V) * sizeof(float));
+        dhsa_session *s = NULL;
+        dhsa_session_params p = sparams(rows[i]);
+        if (!st) st = dhsa_session_create(ctx, m, &p, &s);
+        if (!st) st = dhsa_session_eval(s, ids, N_P, lg[i]);
+        dhsa_router_params got;
+        if (!st && dhsa_session_get_router(s, &got) == DHSA_OK)
+            T_CHECK(got.exact_rows == rows[i], "a DHSA session reports exact_rows %lld (%lld)", (long long)rows[i],
+                    (long long)got.exact_rows);
+        dhsa_session_free(s);
+    }
+    T_CHECK(st == DHSA_OK, "sessions: %s", dhsa_last_error());
+    if (!st) {
+        /* 200 = 6 x 32 + 8; exact_rows 20: rows 180.., the split at block
+         * start 176 of the ubatch at 160; 40: rows 160.., all of it */
+        int64_t d20 = first_diff(lg[0], lg[1], V), d40 = first_diff(lg[0], lg[2], V);
+        T_CHECK(d20 >= 176 && d20 < N_P, "exact_rows 20: rows before 176 as without, a later one not (first diff %lld)",
+                (long long)d20);
+        T_CHECK(d40 >= 160 && d40 < N_P, "exact_rows 40: rows before 160 as without, a later one not (first diff %lld)",
+                (long long)d40);
+    }
+    for (int i = 0; i < 3; i++) free(lg[i]);
+    const dhsa_attn_method other[] = {DHSA_ATTN_DENSE, DHSA_ATTN_ORACLE};
+    for (int i = 0; i < 2; i++) {
+        dhsa_session *s = NULL;
+        dhsa_session_params p = sparams(64);
+        p.attn = other[i];
+        dhsa_router_params got;
+        T_CHECK(dhsa_session_create(ctx, m, &p, &s) == DHSA_OK && dhsa_session_get_router(s, &got) == DHSA_OK &&
+                    got.exact_rows == 0,
+                "a %s session reports exact_rows 0 (it routes without the index)", dhsa_attn_method_name(other[i]));
+        dhsa_session_free(s);
+    }
+    dhsa_model_free(m);
+    dhsa_ctx_free(ctx);
+}
+
+static void test_param(void) {
+    T_CHECK(dhsa_router_params_for(4096, 0.0625).exact_rows == 64, "dhsa_router_params_for: exact_rows 64");
+    T_CHECK(dhsa_router_default_params().exact_rows == 0, "dhsa_router_default_params: exact_rows 0");
+    dhsa_ctx *ctx = NULL;
+    dhsa_ctx_create(NULL, &ctx);
+    float q[4 * 8] = {0}, k[4 * 8] = {0};
+    dhsa_attn_desc a = dhsa_attn_default_desc();
+    a.q = dhsa_tensor_bhld(q, DHSA_F32, 1, 1, 4, 8);
+    a.k = a.v = dhsa_tensor_bhld(k, DHSA_F32, 1, 1, 4, 8);
+    const int64_t bad[] = {-1, DHSA_EXACT_ROWS_MAX + 1};
+    for (int i = 0; i < 2; i++) {
+        dhsa_router_params rp = dhsa_router_params_for(4, 0.5);
+        rp.exact_rows = bad[i];
+        dhsa_layout *lay = NULL;
+        dhsa_status st = dhsa_route(ctx, &rp, &a, &lay);
+        T_CHECK(st == DHSA_ERR_INVALID_ARG && strstr(dhsa_last_error(), "exact_rows"), "exact_rows %lld refused: %s",
+                (long long)bad[i], dhsa_last_error());
+        dhsa_layout_free(lay);
+    }
+    dhsa_ctx_free(ctx);
+}
+
+int main(void) {
+    test_param();
+    test_mass();
+    test_route();
+    test_session();
+    return t_report("test_exact_rows");
+}
