@@ -737,6 +737,24 @@ static void add_shares(const dhsa_kv_index *ix, const float *sc, int64_t visible
     }
 }
 
+/* Exact ranking: each row's mass per chunk (dhsa__exact_mass), one task
+ * per KV group and row, so every thread works even with one KV head. */
+typedef struct {
+    const dhsa_attn_desc *a;
+    const int64_t *starts;
+    int64_t nc, Lq;
+    double *mass; /* [Hkv][Lq][nc + 1] */
+    int failed;   /* a task ran out of memory */
+} exact_job;
+
+static void exact_task(void *arg, int64_t task, int thread) {
+    exact_job *j = arg;
+    (void)thread;
+    const int64_t g = task / j->Lq, r = task % j->Lq;
+    if (dhsa__exact_mass(j->a, g, r, r + 1, j->starts, j->nc, j->mass + (size_t)task * (size_t)(j->nc + 1)))
+        j->failed = 1; /* racy writes of the same value */
+}
+
 /* dhsa_kv_index_route, and dhsa__kv_index_route_masked with allowed / agg
  * (kv_index_internal.h). */
 static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
@@ -779,7 +797,7 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
     double *eh = heads_mode || rows_mode ? malloc((size_t)(nc + 1) * sizeof(double)) : NULL;
     float *tile = rows_mode ? malloc((size_t)(nc + 1) * 64 * sizeof(float)) : NULL;
     int64_t *order = malloc((size_t)(nc + 1) * sizeof(int64_t));
-    double *mass = exact ? malloc((size_t)(nc + 1) * sizeof(double)) : NULL;
+    double *mass = exact ? malloc((size_t)(p.Hkv * p.Lq) * (size_t)(nc + 1) * sizeof(double)) : NULL;
     int64_t *rg = malloc((size_t)(max_ranges + 8) * 2 * sizeof(int64_t));
     const int picks = dhsa__sink_picked(rp);
     float *sbuf = picks ? malloc((size_t)(2 * d + rp->sink_window) * sizeof(float)) : NULL;
@@ -798,8 +816,13 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
         dhsa_layout_free(lay);
         return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory routing with the index");
     }
+    if (exact) {
+        exact_job ej = {a, ix->starts, nc, p.Lq, mass, 0};
+        dhsa_parallel_for(ctx, p.Hkv * p.Lq, exact_task, &ej);
+        if (ej.failed) st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory ranking chunks by their exact attention");
+    }
     int64_t heads = rp->share_heads ? 1 : p.Hkv;
-    for (int64_t g = 0; g < heads; g++) {
+    for (int64_t g = 0; g < heads && !st; g++) {
         int64_t h0 = rp->share_heads ? 0 : g * p.G, h1 = rp->share_heads ? p.Hq : (g + 1) * p.G;
         int64_t k0 = rp->share_heads ? 0 : g, k1 = rp->share_heads ? p.Hkv : g + 1;
         for (int64_t qb = 0; qb < n_qb; qb++) {
@@ -808,10 +831,12 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
             /* chunks this block may know: closed at or before its last position */
             int64_t visible = nc;
             while (visible > 0 && ix->decided[visible - 1] > last) visible--;
-            if (exact) {
-                /* the rows' true attention mass per chunk (carry.h) */
-                if ((st = dhsa__exact_mass(a, g, r0, r1, ix->starts, visible, mass))) break;
-                for (int64_t c = 0; c < visible; c++) sc[c] = (float)mass[c];
+            if (exact) { /* the block's mean over its rows of their true mass per chunk */
+                for (int64_t c = 0; c < visible; c++) {
+                    double m = 0;
+                    for (int64_t r = r0; r < r1; r++) m += mass[(size_t)(g * p.Lq + r) * (size_t)(nc + 1) + (size_t)c];
+                    sc[c] = (float)(m / (double)(r1 - r0));
+                }
             } else if (rows_mode)
                 dhsa__rows_scores(a, 0, h0, h1, r0, r1, rp, p.scale, ix->pooled + g * d, ix->Hkv * d, ix->starts, 0,
                                   visible, qp, tile, eh, sc, 1);
