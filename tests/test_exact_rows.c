@@ -18,12 +18,16 @@
  *    route (dhsa_kv_index_route) does not (the check can fail). share_heads
  *    is refused.
  * 3. Sessions (the shipped default model, routing active, ubatches of 32,
- *    blocks of 16): with logits for every row, exact_rows 20 and 0 give the
- *    same logits bit for bit on the rows before the tail's query block
- *    (the split falls on a block's start) and other logits on some tail
- *    row (the checks can fail); exact_rows 40 reaches back into the
- *    previous ubatch alike. A dense session and an oracle one report
- *    exact_rows 0; a DHSA one the value given.
+ *    blocks of 16; every layer's attention output recorded by the layer
+ *    hook): an answering eval (the last row's logits) with exact_rows 20
+ *    and with 0 give the same outputs bit for bit on the rows before the
+ *    tail's query block (the split falls on a block's start) and other
+ *    outputs on some tail row (the checks can fail); exact_rows 40
+ *    reaches back into the previous ubatch alike; a layer attending in two
+ *    calls counts as one layer call; an eval with every row's logits
+ *    (logits_all) or with none (a prefill part) ranks no row exactly. A
+ *    dense session and an oracle one report exact_rows 0; a DHSA one the
+ *    value given.
  * 4. The parameter: dhsa_router_params_for gives 64, the primitives' 0; -1
  *    and DHSA_EXACT_ROWS_MAX + 1 are refused by dhsa_route with a sentence.
  *
@@ -255,7 +259,6 @@ static dhsa_session_params sparams(int64_t exact_rows) {
     sp.n_ubatch = 32;
     sp.kv_type = DHSA_F32;
     sp.attn = DHSA_ATTN_DHSA;
-    sp.logits_all = 1;
     sp.router.dense_below = 0;
     sp.router.budget_tokens = 48;
     sp.router.sink_tokens = 4;
@@ -267,17 +270,55 @@ static dhsa_session_params sparams(int64_t exact_rows) {
     return sp;
 }
 
-/* The first row of the prompt whose logits differ, or N_P. */
-static int64_t first_diff(const float *x, const float *y, int64_t V) {
+/* The layer hook's record: every layer's attention output per position. */
+typedef struct {
+    int64_t n_layer, width; /* width = n_head x hd_v */
+    float *o;               /* [n_layer][N_P][width] */
+} outs;
+
+static int hook(void *user, int64_t layer, const dhsa_attn_desc *a) {
+    outs *h = user;
+    const int64_t n = a->q.shape[2];
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t pos = a->q_pos0 + i;
+        if (pos < N_P) memcpy(h->o + (layer * N_P + pos) * h->width, (const float *)a->o.data + i * h->width,
+                              (size_t)h->width * sizeof(float));
+    }
+    return 0;
+}
+
+/* The first position whose output differs in some layer, or N_P. */
+static int64_t first_diff(const outs *x, const outs *y) {
     for (int64_t r = 0; r < N_P; r++)
-        if (memcmp(x + r * V, y + r * V, (size_t)V * sizeof(float))) return r;
+        for (int64_t l = 0; l < x->n_layer; l++)
+            if (memcmp(x->o + (l * N_P + r) * x->width, y->o + (l * N_P + r) * x->width, (size_t)x->width * sizeof(float)))
+                return r;
     return N_P;
+}
+
+/* One prompt eval of ids under exact_rows; mode 0: the last row's logits
+ * (an answering eval), 1: logits_all, 2: no logits (a prefill part). */
+static dhsa_status run(dhsa_ctx *ctx, const dhsa_model *m, const int32_t *ids, int64_t rows, int mode, outs *h,
+                       float *logits, dhsa_attn_stats *last, int64_t *reported) {
+    dhsa_session *s = NULL;
+    dhsa_session_params p = sparams(rows);
+    p.logits_all = mode == 1;
+    p.layer_hook = hook;
+    p.layer_hook_user = h;
+    dhsa_status st = dhsa_session_create(ctx, m, &p, &s);
+    if (!st) st = dhsa_session_eval(s, ids, N_P, mode == 2 ? NULL : logits);
+    dhsa_router_params got;
+    if (!st) st = dhsa_session_get_router(s, &got);
+    if (!st) *reported = got.exact_rows;
+    if (!st) st = dhsa_session_get_stats(s, last, NULL);
+    dhsa_session_free(s);
+    return st;
 }
 
 static void test_session(void) {
     FILE *f = fopen(MODEL, "rb");
     if (!f) {
-        T_SKIP(6, MODEL " absent (run from the repository root)");
+        T_SKIP(9, MODEL " absent (run from the repository root)");
         return;
     }
     fclose(f);
@@ -289,35 +330,48 @@ static void test_session(void) {
         dhsa_ctx_free(ctx);
         return;
     }
-    const int64_t V = dhsa_model_get_info(m)->n_vocab;
+    const dhsa_model_info *in = dhsa_model_get_info(m);
+    const int64_t V = in->n_vocab;
     int32_t ids[N_P];
     for (int i = 0; i < N_P; i++) ids[i] = (int32_t)(1 + (int64_t)(urand() * (double)(V - 1)));
-    float *lg[3];
-    const int64_t rows[3] = {0, 20, 40};
-    dhsa_status st = DHSA_OK;
-    for (int i = 0; i < 3; i++) {
+    outs h[6];
+    float *lg[6];
+    for (int i = 0; i < 6; i++) {
+        h[i].n_layer = in->n_layer;
+        h[i].width = in->n_head * in->head_dim_v;
+        h[i].o = calloc((size_t)(in->n_layer * N_P * h[i].width), sizeof(float));
         lg[i] = malloc((size_t)(N_P * V) * sizeof(float));
-        dhsa_session *s = NULL;
-        dhsa_session_params p = sparams(rows[i]);
-        if (!st) st = dhsa_session_create(ctx, m, &p, &s);
-        if (!st) st = dhsa_session_eval(s, ids, N_P, lg[i]);
-        dhsa_router_params got;
-        if (!st && dhsa_session_get_router(s, &got) == DHSA_OK)
-            T_CHECK(got.exact_rows == rows[i], "a DHSA session reports exact_rows %lld (%lld)", (long long)rows[i],
-                    (long long)got.exact_rows);
-        dhsa_session_free(s);
     }
+    /* 0: off, 1: 20 rows, 2: 40 rows (answering evals); 3 / 4: logits_all
+     * off / 64; 5: no logits, 64 */
+    const int64_t rows[6] = {0, 20, 40, 0, 64, 64};
+    const int mode[6] = {0, 0, 0, 1, 1, 2};
+    dhsa_attn_stats last[6];
+    int64_t rep[6] = {0};
+    dhsa_status st = DHSA_OK;
+    for (int i = 0; i < 6 && !st; i++) st = run(ctx, m, ids, rows[i], mode[i], &h[i], lg[i], &last[i], &rep[i]);
     T_CHECK(st == DHSA_OK, "sessions: %s", dhsa_last_error());
     if (!st) {
-        /* 200 = 6 x 32 + 8; exact_rows 20: rows 180.., the split at block
+        /* 200 = 6 x 32 + 8; exact_rows 20: rows 180.., split at the block
          * start 176 of the ubatch at 160; 40: rows 160.., all of it */
-        int64_t d20 = first_diff(lg[0], lg[1], V), d40 = first_diff(lg[0], lg[2], V);
-        T_CHECK(d20 >= 176 && d20 < N_P, "exact_rows 20: rows before 176 as without, a later one not (first diff %lld)",
-                (long long)d20);
-        T_CHECK(d40 >= 160 && d40 < N_P, "exact_rows 40: rows before 160 as without, a later one not (first diff %lld)",
-                (long long)d40);
+        int64_t d20 = first_diff(&h[0], &h[1]), d40 = first_diff(&h[0], &h[2]);
+        T_CHECK(d20 >= 176 && d20 < N_P, "exact_rows 20: every layer's output before row 176 as without, a later "
+                                         "one not (first difference at %lld)", (long long)d20);
+        T_CHECK(d40 >= 160 && d40 < N_P, "exact_rows 40: before row 160 as without, a later one not (first "
+                                         "difference at %lld)", (long long)d40);
+        T_CHECK(rep[1] == 20 && rep[2] == 40, "a DHSA session reports exact_rows as given (%lld, %lld)",
+                (long long)rep[1], (long long)rep[2]);
+        T_CHECK(last[1].layer_calls == 7 * in->n_layer && last[2].layer_calls == 7 * in->n_layer,
+                "a layer attending in two calls counts once: %lld and %lld layer calls (want 7 ubatches x %lld)",
+                (long long)last[1].layer_calls, (long long)last[2].layer_calls, (long long)in->n_layer);
+        T_CHECK(first_diff(&h[3], &h[4]) == N_P && memcmp(lg[3], lg[4], (size_t)(N_P * V) * sizeof(float)) == 0,
+                "an eval with every row's logits (logits_all) ranks no row exactly");
+        T_CHECK(first_diff(&h[0], &h[5]) == N_P, "an eval without logits (a prefill part) ranks no row exactly");
     }
-    for (int i = 0; i < 3; i++) free(lg[i]);
+    for (int i = 0; i < 6; i++) {
+        free(h[i].o);
+        free(lg[i]);
+    }
     const dhsa_attn_method other[] = {DHSA_ATTN_DENSE, DHSA_ATTN_ORACLE};
     for (int i = 0; i < 2; i++) {
         dhsa_session *s = NULL;

@@ -291,9 +291,11 @@ typedef struct {
                               step); dhsa_route and dhsa_kv_index_route, which
                               see one call, ignore it. 0: off. In [0, 1]
                               (default 0 here; 0.1 in dhsa_router_params_for) */
-    int64_t exact_rows;    /* > 0: a session's eval of more than one token
-                              ranks the chunks for its last exact_rows rows
-                              (a prompt's question and the row that answers)
+    int64_t exact_rows;    /* > 0: a session's answering eval (more than one
+                              token, the last row's logits asked for; not
+                              logits_all, not an eval without logits) ranks
+                              the chunks for its last exact_rows rows (a
+                              prompt's question and the row that answers)
                               by the exact attention mass each chunk holds
                               for them, not by the estimate: the scores read
                               every key for those rows (exact_rows x L per

@@ -71,7 +71,11 @@ typedef struct {
      * a sliding-window layer, whose cache is a ring of its last window - 1
      * + n_ubatch positions: row j is position k_pos0 + j), a->o the output,
      * a->layout the routing (NULL when dense), a->q_pos0, window, softcap,
-     * scale as used. Everything is read-only and valid during the call only. For
+     * scale as used. Where a ubatch's last rows rank chunks by their exact
+     * attention (router.exact_rows) a routed layer attends in two calls,
+     * rows before and the tail, and the hook sees each (a->q the call's
+     * rows, a->q_pos0 its first; a->k / a->v up to the ubatch's end).
+     * Everything is read-only and valid during the call only. For
      * evaluation and training (attention recall, boundary labels, layout
      * pictures); a nonzero return stops the eval with DHSA_ERR_INVALID_ARG. */
     int (*layer_hook)(void *user, int64_t layer, const dhsa_attn_desc *a);

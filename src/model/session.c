@@ -565,8 +565,14 @@ static dhsa_status attend(dhsa_session *s, int64_t l, int64_t n, int64_t pos0) {
     const int64_t qb = s->rp.q_block > 0 ? s->rp.q_block : 1;
     const int64_t r = s->exact_from > 0 ? s->exact_from - s->exact_from % qb : 0;
     if (r >= n || !s->ix || !s->ix[l]) return attend_part(s, l, 0, n, pos0, n, 0);
-    dhsa_status st = r > 0 ? attend_part(s, l, 0, r, pos0, n, 0) : DHSA_OK;
-    return st ? st : attend_part(s, l, r, n - r, pos0, n, 1);
+    if (r == 0) return attend_part(s, l, 0, n, pos0, n, 1);
+    dhsa_status st = attend_part(s, l, 0, r, pos0, n, 0);
+    if (!st) st = attend_part(s, l, r, n - r, pos0, n, 1);
+    if (!st) { /* one layer's attention in two calls counts as one */
+        s->st_last.layer_calls--;
+        s->st_total.layer_calls--;
+    }
+    return st;
 }
 
 static dhsa_status matmul(dhsa_session *s, const dhsa_wmat *W, const float *x, int64_t n, float *y) {
@@ -817,8 +823,12 @@ static dhsa_status eval_tokens(dhsa_session *s, const int32_t *ids, int64_t n, f
             out = logits;
             rows = 1;
         }
-        /* the eval's last rp.exact_rows rows (not a decode step's one) */
-        s->exact_from = n > 1 && s->rp.exact_rows > 0 ? n - s->rp.exact_rows - done : INT64_MAX;
+        /* the last rp.exact_rows rows of an eval that answers (more than one
+         * token, the last row's logits asked for): not a decode step's one
+         * row, not a scoring eval's every row, not a prefill part's */
+        s->exact_from = n > 1 && s->rp.exact_rows > 0 && logits && !s->p.logits_all
+                            ? n - s->rp.exact_rows - done
+                            : INT64_MAX;
         dhsa_status st = forward(s, NULL, ids + done, step, s->len, out, rows);
         s->exact_from = INT64_MAX;
         if (st) {

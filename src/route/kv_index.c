@@ -744,7 +744,7 @@ typedef struct {
     const int64_t *starts;
     int64_t nc, Lq;
     double *mass; /* [Hkv][Lq][nc + 1] */
-    int failed;   /* a task ran out of memory */
+    atomic_int failed; /* a task ran out of memory */
 } exact_job;
 
 static void exact_task(void *arg, int64_t task, int thread) {
@@ -752,7 +752,7 @@ static void exact_task(void *arg, int64_t task, int thread) {
     (void)thread;
     const int64_t g = task / j->Lq, r = task % j->Lq;
     if (dhsa__exact_mass(j->a, g, r, r + 1, j->starts, j->nc, j->mass + (size_t)task * (size_t)(j->nc + 1)))
-        j->failed = 1; /* racy writes of the same value */
+        atomic_store(&j->failed, 1);
 }
 
 /* dhsa_kv_index_route, and dhsa__kv_index_route_masked with allowed / agg
@@ -819,7 +819,7 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
     if (exact) {
         exact_job ej = {a, ix->starts, nc, p.Lq, mass, 0};
         dhsa_parallel_for(ctx, p.Hkv * p.Lq, exact_task, &ej);
-        if (ej.failed) st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory ranking chunks by their exact attention");
+        if (atomic_load(&ej.failed)) st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory ranking chunks by their exact attention");
     }
     int64_t heads = rp->share_heads ? 1 : p.Hkv;
     for (int64_t g = 0; g < heads && !st; g++) {

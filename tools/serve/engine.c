@@ -703,9 +703,15 @@ static serve_status prefill(serve_gen *g, const int32_t *ids, int64_t n, char *m
     g->n_reused = keep;
     memcpy(sl->tokens + keep, ids + keep, (size_t)(n - keep) * sizeof(int32_t));
     const int64_t piece = 4 * dhsa_session_get_plan(sl->s)->n_ubatch;
+    /* the last piece (the one that answers) holds the rows the session
+     * ranks by their exact attention (router.exact_rows), as one eval of
+     * the whole prompt would */
+    dhsa_router_params rp;
+    const int64_t tail = dhsa_session_get_router(sl->s, &rp) == DHSA_OK && rp.exact_rows < piece ? rp.exact_rows : 0;
     double t = now_s();
     for (int64_t at = keep; at < n;) {
-        int64_t k = n - at < piece ? n - at : piece;
+        const int64_t rest = n - at;
+        int64_t k = rest <= piece ? rest : rest - piece < tail ? rest - tail : piece;
         if (dhsa_session_eval(sl->s, ids + at, k, at + k == n ? sl->logits : NULL)) {
             snprintf(msg, cap, "prefill: %s", dhsa_last_error());
             sl->n_cached = dhsa_session_length(sl->s);
