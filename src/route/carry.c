@@ -47,6 +47,18 @@ static void tile_scores(const dhsa_attn_kernels *kern, const dhsa_attn_desc *a, 
     if (a->softcap > 0) kern->softcap(Sr, (int64_t)nq * DHSA_BC, a->softcap);
 }
 
+/* lg[0, n) <- exp(lg - max) through the attention's own exp; returns their
+ * sum (double), 0 when no score is finite (lg then untouched). */
+static double exp_row(const dhsa_attn_kernels *kern, float *lg, int64_t n) {
+    float m = -INFINITY;
+    for (int64_t k = 0; k < n; k++) m = lg[k] > m ? lg[k] : m;
+    if (!(m > -INFINITY) || !isfinite(m)) return 0;
+    kern->expw(lg, n, m, 1.0f, lg);
+    double z = 0;
+    for (int64_t k = 0; k < n; k++) z += lg[k];
+    return z;
+}
+
 /* The chunk holding key t, searching from c (starts ascending); nc when t
  * lies past the last closed chunk. */
 static int64_t chunk_of(const int64_t *starts, int64_t nc, int64_t c, int64_t t) {
@@ -98,12 +110,8 @@ dhsa_status dhsa__carry_chunks(const dhsa_attn_desc *a, const dhsa_layout *lay, 
         for (int64_t c = 0; c <= nc; c++) mass[c] = 0;
         for (int64_t h = 0; h < G; h++) {
             float *lg = logit + (size_t)h * (size_t)Lk;
-            float m = -INFINITY;
-            for (int64_t k = 0; k < n_sel; k++) m = lg[k] > m ? lg[k] : m;
-            if (!(m > -INFINITY) || !isfinite(m)) continue;
-            kern->expw(lg, n_sel, m, 1.0f, lg); /* exp(lg - m), the attention's own exp */
-            double z = 0;
-            for (int64_t k = 0; k < n_sel; k++) z += lg[k];
+            const double z = exp_row(kern, lg, n_sel);
+            if (!(z > 0)) continue;
             const double w = 1.0 / (z * (double)G);
             int64_t k = 0, c = 0;
             for (int64_t i = 0; i < nr; i++)
@@ -175,12 +183,8 @@ dhsa_status dhsa__exact_mass(const dhsa_attn_desc *a, int64_t g, int64_t r0, int
         const int64_t nk = hi - lo;
         for (int64_t h = 0; h < G; h++) {
             float *lg = logit + (size_t)h * (size_t)Lk;
-            float m = -INFINITY;
-            for (int64_t k = 0; k < nk; k++) m = lg[k] > m ? lg[k] : m;
-            if (!(m > -INFINITY) || !isfinite(m)) continue;
-            kern->expw(lg, nk, m, 1.0f, lg); /* exp(lg - m), the attention's own exp */
-            double z = 0;
-            for (int64_t k = 0; k < nk; k++) z += lg[k];
+            const double z = exp_row(kern, lg, nk);
+            if (!(z > 0)) continue;
             const double w = w_row / z;
             for (int64_t c = chunk_of(starts, nc, 0, lo); c < nc && starts[c] < hi; c++) {
                 int64_t k0 = starts[c] > lo ? starts[c] : lo, k1 = starts[c + 1] < hi ? starts[c + 1] : hi;
