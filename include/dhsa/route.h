@@ -306,6 +306,21 @@ typedef struct {
                               dhsa_route and dhsa_kv_index_route ignore it.
                               0: off. At most 4096 (default 0 here; 64 in
                               dhsa_router_params_for) */
+    int64_t rest;          /* 1: a session's routed call also attends, per
+                              query block, every earlier chunk it left out as
+                              one summary (the chunk's mean key and mean
+                              value, weighed by its key count), merged with
+                              the kept keys through their log-sum-exp: heads
+                              whose attention is spread over the whole
+                              context keep the weight the dropped keys held
+                              (docs/dhsa.md, "The rest of the keys,
+                              summarised"). Costs one key per chunk left out
+                              (O(L / chunk) per row) and the summaries'
+                              store (chunks x KV heads x (dk + dv)). Only a
+                              session applies it (it keeps the summaries in
+                              step with its cache); dhsa_route and
+                              dhsa_kv_index_route ignore it. 0: off (default
+                              0 here; 1 in dhsa_router_params_for) */
 } dhsa_router_params;
 
 /* The most chunks a decode step carries per KV group (dhsa_router_params.carry). */

@@ -32,6 +32,7 @@
 #include "model/session_plan.h"
 #include "route/carry.h"
 #include "route/kv_index_internal.h"
+#include "route/rest.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -72,6 +73,8 @@ struct dhsa_session {
     size_t k_layer, v_layer;    /* bytes of one layer's K / V */
     float *x, *xb, *q, *kt, *vt, *att, *hb, *hb2, *rc, *rs, *inv_freq; /* one ctx allocation */
     dhsa_kv_index **ix;         /* [n_layer] or NULL */
+    dhsa__rest **rest;          /* [n_layer] or NULL: the summaries of the keys left out (rp.rest) */
+    float *rest_buf;            /* [n_ubatch][n_head][head_dim_v + 2]: their output and both log-sum-exps */
     dhsa_router_params rp;      /* routing of the sparse methods */
     int broken;                 /* a failed eval could not be undone: reset first */
     atomic_int busy;            /* 1 while an eval or a reset runs on it */
@@ -120,10 +123,38 @@ static void fill_key_offsets(dhsa_session *s) {
 /* ----------------------------------------------------------- create --- */
 
 static void free_indexes(dhsa_session *s) {
+    if (s->rest) {
+        for (int64_t l = 0; l < s->m->info.n_layer; l++) dhsa__rest_free(s->rest[l]);
+        free(s->rest);
+        s->rest = NULL;
+    }
+    if (s->rest_buf) dhsa_ctx_release(s->ctx, s->rest_buf);
+    s->rest_buf = NULL;
     if (!s->ix) return;
     for (int64_t l = 0; l < s->m->info.n_layer; l++) dhsa_kv_index_free(s->ix[l]);
     free(s->ix);
     s->ix = NULL;
+}
+
+static size_t rest_buf_floats(const dhsa_session *s) {
+    const dhsa_model_info *in = &s->m->info;
+    return (size_t)s->plan.n_ubatch * (size_t)in->n_head * (size_t)(in->head_dim_v + 2);
+}
+
+/* The summaries of the keys left out, one store per routed layer (rest.h). */
+static dhsa_status make_rest(dhsa_session *s) {
+    const dhsa_model_info *in = &s->m->info;
+    s->rest = calloc((size_t)in->n_layer, sizeof *s->rest);
+    dhsa_status st = DHSA_OK;
+    if (!s->rest) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
+    s->rest_buf = dhsa__alloc(s->ctx, rest_buf_floats(s) * sizeof(float), &st);
+    if (!s->rest_buf) return st;
+    const int64_t cap = dhsa__rest_max_chunks(&s->rp, s->plan.n_ctx);
+    for (int64_t l = 0; l < in->n_layer && !st; l++)
+        if (s->ix[l])
+            st = dhsa__rest_create(s->ctx, in->n_head_kv, in->head_dim_k, in->head_dim_v, cap,
+                                   s->p.kv_type == DHSA_F32, &s->rest[l]);
+    return st;
 }
 
 static dhsa_status make_indexes(dhsa_session *s) {
@@ -133,6 +164,13 @@ static dhsa_status make_indexes(dhsa_session *s) {
     for (int64_t l = 0; l < in->n_layer; l++) {
         if (s->m->layers[l].window) continue;
         dhsa_status st = dhsa_kv_index_create(s->ctx, &s->rp, in->n_head_kv, in->head_dim_k, s->plan.n_ctx, &s->ix[l]);
+        if (st) {
+            free_indexes(s);
+            return st;
+        }
+    }
+    if (s->rp.rest) {
+        dhsa_status st = make_rest(s);
         if (st) {
             free_indexes(s);
             return st;
@@ -247,6 +285,10 @@ dhsa_status dhsa_session_create(dhsa_ctx *ctx, const dhsa_model *m, const dhsa_s
         s->koff = (float *)((char *)s->kv + dhsa__align_up(cache, 64));
         fill_key_offsets(s);
     }
+    /* the keys left out, summarised: sessions routing DHSA through an index in one process
+     * (a rank holds part of the keys) */
+    if (s->dist || s->rp.method != DHSA_ROUTE_DHSA || p->attn == DHSA_ATTN_DENSE || !dhsa__session_uses_index(p))
+        s->rp.rest = 0;
     if (p->attn != DHSA_ATTN_DENSE && dhsa__session_uses_index(p) && (st = make_indexes(s))) goto fail;
     /* chunks carried between decode steps: the sessions whose index ranks
      * chunks by score, one process (a rank holds part of the keys), one
@@ -530,6 +572,14 @@ static dhsa_status attend_part(dhsa_session *s, int64_t l, int64_t r0, int64_t n
     a.scale = in->attn_scale; /* 1/sqrt(hd_k); gemma2 27B 1/sqrt(n_embd / n_head) */
     dhsa_layout *lay = NULL;
     dhsa_status st = DHSA_OK;
+    dhsa__rest *rest = s->rest && s->p.attn != DHSA_ATTN_DENSE && !L->window ? s->rest[l] : NULL;
+    float *o2 = rest ? s->rest_buf : NULL, *lse2 = o2 ? o2 + n * in->n_head * in->head_dim_v : NULL;
+    if (rest) { /* the summaries in step with the index's chunks, the call's lse for the merge */
+        const int64_t *starts;
+        const int64_t nc = dhsa_kv_index_chunks(s->ix[l], &starts);
+        if ((st = dhsa__rest_sync(rest, starts, nc, &a.k, &a.v))) return st;
+        a.lse = dhsa_tensor_blhd(lse2 + n * in->n_head, DHSA_F32, 1, n, in->n_head, 1);
+    }
     if (s->p.attn != DHSA_ATTN_DENSE && !L->window) {
         if (s->ix) {
             if (!s->ix[l]) return dhsa__fail(DHSA_ERR_INTERNAL, "routing index of layer %lld missing", (long long)l);
@@ -545,6 +595,8 @@ static dhsa_status attend_part(dhsa_session *s, int64_t l, int64_t r0, int64_t n
         a.layout = lay;
     }
     st = dhsa_attention(s->ctx, &a);
+    if (!st && rest && lay) st = dhsa__rest_attend(s->ctx, rest, &a, lay, o2, lse2);
+    a.lse = dhsa_attn_default_desc().lse;
     if (!st && n_all == 1 && s->carry && lay) { /* what this step hands the next (carry.h) */
         const int64_t *starts;
         const int64_t nc = dhsa_kv_index_chunks(s->ix[l], &starts), per = in->n_head_kv * DHSA_CARRY_MAX;
@@ -746,6 +798,7 @@ static void roll_back(dhsa_session *s, int64_t len0) {
     snprintf(why, sizeof why, "%s", dhsa_last_error());
     for (int64_t l = 0; l < s->m->info.n_layer && !s->broken; l++) {
         if (!s->ix[l]) continue;
+        if (s->rest) dhsa__rest_forget(s->rest[l], len0);
         dhsa_tensor k = cache_view(s, l, 0, len0);
         if (dhsa__kv_index_rewind(s->ix[l], &k) != DHSA_OK) s->broken = 1;
     }
@@ -963,6 +1016,7 @@ static dhsa_status truncate_tokens(dhsa_session *s, int64_t n) {
     s->st_last.density = 1.0;
     for (int64_t l = 0; s->ix && l < s->m->info.n_layer; l++) {
         if (!s->ix[l]) continue;
+        if (s->rest) dhsa__rest_forget(s->rest[l], n);
         dhsa_tensor k = cache_view(s, l, 0, s->len);
         dhsa_status st = dhsa_kv_index_truncate(s->ix[l], &k, n);
         if (st) { /* as a failed reset: empty, and evals refused until a reset succeeds */

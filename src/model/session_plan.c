@@ -8,6 +8,7 @@
  * Tested by tests/test_memlimit.c, tests/test_model.c and tests/test_dist.c.
  */
 #include "model/session_plan.h"
+#include "route/rest.h"
 
 #include "core/internal.h"
 #include "core/procmem.h"
@@ -209,6 +210,13 @@ static dhsa_status plan_for(const dhsa_ctx *ctx, const dhsa_model *m, const dhsa
             size_t ixb;
             if ((st = dhsa_kv_index_size(&rp, in->n_head_kv, in->head_dim_k, n_ctx, &ixb))) return st;
             pl->routing = (size_t)in->n_layer * ixb + layout_bytes;
+            if (rp.rest && rp.method == DHSA_ROUTE_DHSA && !dhsa__dist_on(p)) /* rest.h: summaries, their scratch, a layout */
+                pl->routing += (size_t)in->n_layer * (dhsa__rest_bytes(in->n_head_kv, in->head_dim_k, in->head_dim_v,
+                                                                      dhsa__rest_max_chunks(&rp, n_ctx),
+                                                                      p->kv_type == DHSA_F32) +
+                                                     DHSA__PAGE + 64) +
+                               (size_t)ub * (size_t)in->n_head * (size_t)(in->head_dim_v + 2) * sizeof(float) +
+                               layout_bytes;
         } else {
             pl->routing = layout_bytes + route_ws;
         }
