@@ -482,6 +482,8 @@ int eval_cmd_ruler(eval_env *e) {
         if (rp.exact_rows)
             snprintf(config + strlen(config), sizeof config - strlen(config), " exact_rows %lld",
                      (long long)rp.exact_rows);
+        /* and before rest existed (= 0) with --rest 0 */
+        if (rp.rest) snprintf(config + strlen(config), sizeof config - strlen(config), " rest %lld", (long long)rp.rest);
     }
     ruler_done d;
     memset(&d, 0, sizeof d);

@@ -243,6 +243,9 @@ class RouterParams:
     exact_rows: a session's eval of more than one token ranks the chunks for
         its last exact_rows rows by their exact attention mass (0 = off; 64
         in for_length). Only sessions apply it.
+    rest: 1 = a session's routed call also attends every earlier chunk it
+        left out as one summary (mean key and value, weighed by its key
+        count; 0 = off; 1 in for_length). Only sessions apply it.
     RouterParams.for_length(n, density): the routing every entry point runs
         by default for n tokens (dhsa_router_params_for; sessions get it
         for their context unless given other router params).
@@ -271,6 +274,7 @@ class RouterParams:
     sink_window: int = 0
     carry: float = 0.0
     exact_rows: int = 0
+    rest: int = 0
 
     @classmethod
     def for_length(cls, n, density=0.0625):
@@ -283,7 +287,8 @@ class RouterParams:
                    q_block=c.q_block, budget=None, density=c.density, sink=c.sink_tokens,
                    local=c.local_tokens, dense_below=c.dense_below, share_heads=bool(c.share_heads),
                    score=names[c.score_mode], scale_fixed=bool(c.scale_fixed), score_rows=c.score_rows,
-                   sink_window=c.sink_window, carry=c.carry, exact_rows=c.exact_rows)
+                   sink_window=c.sink_window, carry=c.carry, exact_rows=c.exact_rows,
+                   rest=c.rest)
 
     def to_c(self):
         """(the _capi.RouterParams struct, the Predictor or None). Keep the
@@ -329,6 +334,7 @@ class RouterParams:
         rp.sink_window = _i64("sink_window", self.sink_window)
         rp.carry = float(self.carry)
         rp.exact_rows = _i64("exact_rows", self.exact_rows)
+        rp.rest = _i64("rest", self.rest)
         return rp, pred
 
 

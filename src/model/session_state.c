@@ -150,7 +150,7 @@ enum {
     F_R_METHOD, F_R_BOUNDARY, F_R_LEARNED_THRESHOLD, F_R_CHUNK, F_R_SIM_WINDOW, F_R_THRESHOLD, F_R_NMS_WINDOW,
     F_R_MIN_CHUNK, F_R_MAX_CHUNK, F_R_CAUSAL, F_R_Q_BLOCK, F_R_BUDGET, F_R_DENSITY, F_R_SINK, F_R_LOCAL,
     F_R_DENSE_BELOW, F_R_SHARE_HEADS, F_R_SCORE_MODE, F_R_SCALE_FIXED, F_R_SINK_WINDOW, F_R_SCORE_ROWS,
-    F_R_CARRY, F_R_EXACT_ROWS,
+    F_R_CARRY, F_R_EXACT_ROWS, F_R_REST,
     N_FIELDS = 48 /* the rest reserved (zero) */
 };
 
@@ -236,6 +236,7 @@ static void make_fields(const dhsa__state_info *i, int has_logits, uint64_t *f) 
     f[F_R_SCORE_ROWS] = (uint64_t)rp->score_rows;
     f[F_R_CARRY] = dbits(rp->carry);
     f[F_R_EXACT_ROWS] = (uint64_t)rp->exact_rows;
+    f[F_R_REST] = (uint64_t)rp->rest;
 }
 
 static const char *type_word(uint64_t t) {
@@ -256,7 +257,7 @@ static const char *mismatch(const uint64_t *f, const uint64_t *g, char *why, siz
         {F_R_LOCAL, "--local"}, {F_R_DENSE_BELOW, "--dense-below"}, {F_R_SHARE_HEADS, "shared heads"},
         {F_R_SCORE_MODE, "chunk score"}, {F_R_SCALE_FIXED, "fixed sink/local scaling"},
         {F_R_SINK_WINDOW, "--sink-window"}, {F_R_SCORE_ROWS, "--score-rows"}, {F_R_CARRY, "--carry"},
-        {F_R_EXACT_ROWS, "--exact-rows"},
+        {F_R_EXACT_ROWS, "--exact-rows"}, {F_R_REST, "--rest"},
         {F_PREDICTOR_HASH, "the learned boundary predictor (another file)"}};
     if (f[F_MODEL_HASH] != g[F_MODEL_HASH] || f[F_MODEL_BYTES] != g[F_MODEL_BYTES] || f[F_N_LAYER] != g[F_N_LAYER] ||
         f[F_N_HEAD_KV] != g[F_N_HEAD_KV] || f[F_HD_K] != g[F_HD_K] || f[F_HD_V] != g[F_HD_V] ||
@@ -482,7 +483,7 @@ static dhsa_status load_locked(dhsa_session *s, source *src, int32_t *ids, int64
     char why[400];
     if (mismatch(f, g, why, sizeof why))
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "state file \"%s\" does not fit this session: %s", name, why);
-    for (int x = F_R_EXACT_ROWS + 1; x < N_FIELDS; x++)
+    for (int x = F_R_REST + 1; x < N_FIELDS; x++)
         if (f[x]) return dhsa__fail(DHSA_ERR_FORMAT, "state file \"%s\": reserved header field %d is set", name, x);
     if (f[F_HAS_LOGITS] > 1) return dhsa__fail(DHSA_ERR_FORMAT, "state file \"%s\": bad logits flag", name);
     const int64_t n_ctx = i.plan->n_ctx;
