@@ -151,11 +151,15 @@ dhsa__idot dhsa__idot_active(void) {
     const dhsa_isa isa = dhsa_active_isa();
     const int cap = idot_cap_now();
     const int f = idot_cpu_flags();
-    int best = DHSA__IDOT_NONE;
-    if (isa == DHSA_ISA_AVX512 && (f & 2)) best = DHSA__IDOT_AVX512VNNI;
-    else if (isa >= DHSA_ISA_AVX2 && (f & 1)) best = DHSA__IDOT_AVXVNNI;
-    else if (isa >= DHSA_ISA_AVX2) best = DHSA__IDOT_AVX2;
-    return (dhsa__idot)(best < cap ? best : cap);
+    /* the best level within the cap that this CPU and ISA run: a CPU with
+     * AVX512-VNNI may lack AVX-VNNI (AMD Zen 4), so a cap below AVX512-VNNI
+     * steps down past the levels the CPU does not have */
+    for (int l = cap < DHSA__IDOT_AVX512VNNI ? cap : DHSA__IDOT_AVX512VNNI; l > DHSA__IDOT_NONE; l--) {
+        if (l == DHSA__IDOT_AVX512VNNI && isa == DHSA_ISA_AVX512 && (f & 2)) return DHSA__IDOT_AVX512VNNI;
+        if (l == DHSA__IDOT_AVXVNNI && isa >= DHSA_ISA_AVX2 && (f & 1)) return DHSA__IDOT_AVXVNNI;
+        if (l == DHSA__IDOT_AVX2 && isa >= DHSA_ISA_AVX2) return DHSA__IDOT_AVX2;
+    }
+    return DHSA__IDOT_NONE;
 }
 
 dhsa__idot dhsa__set_idot_cap(dhsa__idot cap) {
