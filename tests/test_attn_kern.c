@@ -1,7 +1,8 @@
 /* test_attn_kern.c: the attention micro-kernels of attn/kern.h on their
  * own, on every ISA: decode over an F16 / BF16 cache read in place
  * bitwise equal to the same values widened to F32, the GLU (SiLU, GELU)
- * and the exp-weight kernels against double references. Harness: attn_t.h.
+ * and the exp-weight kernels against double references, the score kernel
+ * (qk) at every tile width. Harness: attn_t.h.
  *
  * Run: make build/tests/test_attn_kern && build/tests/test_attn_kern
  * (or `make test`). Ends with "test_attn_kern: P passed, F failed, S skipped".
@@ -217,6 +218,52 @@ static void each_isa(int (*f)(const dhsa_attn_kernels *, const char *), const ch
 
 static void test_expw(void) { each_isa(test_expw_isa, "expw"); }
 
+/* The score micro-kernel (kern.h qk) at every width it takes (W = 16, 32,
+ * 48, 64: the chunk scores' tiles of 1-4 strips) and row counts past each
+ * blocking: against double sums, within 1e-5 relative to the sum of
+ * |terms|, and every element the same bits as the same product at W = 16
+ * (a strip's sums do not depend on the width: routing compares tiles of
+ * other widths). Returns the checks made. */
+static int test_qk_isa(const dhsa_attn_kernels *k, const char *isa) {
+    const int d = 40, n = 29, Ws[4] = {16, 32, 48, 64};
+    float *K = malloc(sizeof(float) * (size_t)(n * d)), *Qt = malloc(sizeof(float) * (size_t)(d * 64));
+    float *S = malloc(sizeof(float) * (size_t)(n * 64)), *S16 = malloc(sizeof(float) * (size_t)(n * 16));
+    float *Q16 = malloc(sizeof(float) * (size_t)(d * 16));
+    rng_t seed = {7};
+    for (int i = 0; i < n * d; i++) K[i] = (float)rng_normal(&seed);
+    for (int i = 0; i < d * 64; i++) Qt[i] = (float)rng_normal(&seed);
+    int checks = 0;
+    for (int wi = 0; wi < 4; wi++) {
+        const int W = Ws[wi];
+        for (int i = 0; i < n * W; i++) S[i] = NAN;
+        k->qk(K, d, n, d, Qt, W, S);
+        double worst = 0;
+        int same = 1;
+        for (int x = 0; x < W; x += 16) {
+            for (int c = 0; c < d; c++) memcpy(Q16 + c * 16, Qt + c * W + x, 16 * sizeof(float));
+            k->qk(K, d, n, d, Q16, 16, S16);
+            for (int j = 0; j < n; j++)
+                for (int i = 0; i < 16; i++) {
+                    double ref = 0, mag = 0;
+                    for (int c = 0; c < d; c++) {
+                        ref += (double)K[j * d + c] * Qt[c * W + x + i];
+                        mag += fabs((double)K[j * d + c] * Qt[c * W + x + i]);
+                    }
+                    const double e = fabs(S[j * W + x + i] - ref) / (mag + 1e-30);
+                    worst = e > worst || e != e ? e : worst;
+                    same &= memcmp(&S[j * W + x + i], &S16[j * 16 + i], sizeof(float)) == 0;
+                }
+        }
+        T_CHECK(worst <= 1e-5, "qk %s W %d: worst error %.3g of the terms' magnitude", isa, W, worst);
+        T_CHECK(same, "qk %s W %d: every strip the bits of the same product at W 16", isa, W);
+        checks += 2;
+    }
+    free(K); free(Qt); free(S); free(S16); free(Q16);
+    return checks;
+}
+
+static void test_qk(void) { each_isa(test_qk_isa, "qk"); }
+
 static void test_glu(void) {
     /* the reference's GELU against the tanh form where that is exact enough */
     double dmax = 0;
@@ -238,6 +285,7 @@ int main(void) {
     test_cache16_bitwise();
     test_glu();
     test_expw();
+    test_qk();
 
     dhsa_ctx_free(g_ctx);
     return t_report("test_attn_kern");

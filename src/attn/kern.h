@@ -26,7 +26,7 @@
 #define DHSA_BC 64 /* keys per block */
 
 typedef struct {
-    /* S[j][i] = sum_k K[j][k] * Qt[k][i],  j < n, i < W */
+    /* S[j][i] = sum_k K[j][k] * Qt[k][i],  j < n, i < W (a multiple of 16) */
     void (*qk)(const float *K, int64_t ldk, int n, int d, const float *Qt, int W, float *S);
     /* Online-softmax step over S (n rows): per column i, m_new =
      * max(m[i], max_j S[j][i]); alpha[i] = exp(m[i] - m_new);

@@ -51,6 +51,26 @@ QK_BLOCK(12, 1)
 QK_BLOCK(4, 1)
 QK_BLOCK(1, 1)
 
+/* MR rows of S (row stride W) for the 16 columns at Qt / S: the other
+ * widths (32, 48: the ROWS chunk score's tiles), each strip of 16 columns
+ * with the same sums in the same order as the blocks above */
+#define QK_STRIP(MR)                                                             \
+    static inline void qks_##MR(const float *K, int64_t ldk, int d,             \
+                                const float *Qt, int W, float *S) {              \
+        __m512 acc[MR];                                                          \
+        UNROLL for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();        \
+        for (int c = 0; c < d; c++) {                                            \
+            __m512 q = _mm512_loadu_ps(Qt + (int64_t)c * W);                     \
+            UNROLL for (int r = 0; r < MR; r++) acc[r] =                         \
+                _mm512_fmadd_ps(_mm512_set1_ps(K[r * ldk + c]), q, acc[r]);      \
+        }                                                                        \
+        UNROLL for (int r = 0; r < MR; r++) _mm512_storeu_ps(S + (int64_t)r * W, acc[r]); \
+    }
+
+QK_STRIP(4)
+QK_STRIP(1)
+
+/* W: a multiple of 16 (kern.h) */
 static void qk(const float *K, int64_t ldk, int n, int d, const float *Qt, int W, float *S) {
     int j = 0;
     if (W == 64) {
@@ -58,10 +78,15 @@ static void qk(const float *K, int64_t ldk, int n, int d, const float *Qt, int W
         if (j + 4 <= n) qk_4_4(K + j * ldk, ldk, d, Qt, S + (int64_t)j * W), j += 4;
         if (j + 2 <= n) qk_2_4(K + j * ldk, ldk, d, Qt, S + (int64_t)j * W), j += 2;
         if (j < n) qk_1_4(K + j * ldk, ldk, d, Qt, S + (int64_t)j * W);
-    } else {
+    } else if (W == 16) {
         for (; j + 12 <= n; j += 12) qk_12_1(K + j * ldk, ldk, d, Qt, S + (int64_t)j * W);
         for (; j + 4 <= n; j += 4) qk_4_1(K + j * ldk, ldk, d, Qt, S + (int64_t)j * W);
         for (; j < n; j++) qk_1_1(K + j * ldk, ldk, d, Qt, S + (int64_t)j * W);
+    } else {
+        for (int x = 0; x < W; x += 16) {
+            for (j = 0; j + 4 <= n; j += 4) qks_4(K + j * ldk, ldk, d, Qt + x, W, S + (int64_t)j * W + x);
+            for (; j < n; j++) qks_1(K + j * ldk, ldk, d, Qt + x, W, S + (int64_t)j * W + x);
+        }
     }
 }
 
