@@ -244,8 +244,23 @@ static void test_attend(void) {
                                 "reference with the summaries");
                         shown = 1;
                     }
-                    if (!st) st = dhsa__rest_attend(ctx, r, &a, lay, o2, o2 + Lq * Hq * d);
+                    double summaries = -1, want_summaries = 0;
+                    if (!st) st = dhsa__rest_attend(ctx, r, &a, lay, o2, o2 + Lq * Hq * d, &summaries);
                     T_CHECK(st == DHSA_OK && dhsa__rest_chunks(r) == nc, "sync and attend: %s", dhsa_last_error());
+                    for (int64_t g = 0; g < Hkv; g++) /* the chunks each row's summaries stood for, counted here */
+                        for (int64_t i = 0; i < Lq; i++) {
+                            const int64_t b = i / qb, first = q_pos0 + b * qb;
+                            const int64_t *rg;
+                            int64_t nr;
+                            dhsa_layout_get(lay, 0, g, b, &rg, &nr);
+                            for (int64_t ch = 0; ch < nc && starts[ch + 1] <= first; ch++) {
+                                int touched = 0;
+                                for (int64_t x = 0; x < nr; x++) touched |= rg[2 * x] < starts[ch + 1] && rg[2 * x + 1] > starts[ch];
+                                want_summaries += !touched;
+                            }
+                        }
+                    T_CHECK(summaries == want_summaries && summaries > 0, "summaries attended: %.0f, want %.0f", summaries,
+                            want_summaries);
                     if (st) goto next;
                     ref_attend(&rc, 1, want);
                     double w = worst(o, want, Lq * Hq * d, 1e-5, rtol);
@@ -268,7 +283,7 @@ static void test_attend(void) {
                         if (!stale) dhsa__rest_forget(r, 150);
                         st = dhsa__rest_sync(r, starts, nc, &a.k, &a.v);
                         if (!st) st = dhsa_attention(ctx, &a);
-                        if (!st) st = dhsa__rest_attend(ctx, r, &a, lay, o2, o2 + Lq * Hq * d);
+                        if (!st) st = dhsa__rest_attend(ctx, r, &a, lay, o2, o2 + Lq * Hq * d, NULL);
                         T_CHECK(st == DHSA_OK, "after the truncation: %s", dhsa_last_error());
                         if (st) break;
                         if (stale) { /* the reference of the new keys tells the stale summaries apart */

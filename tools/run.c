@@ -597,6 +597,9 @@ static void density_line(const char *what, const dhsa_attn_stats *st) {
     if (st->blocks > 0)
         n += snprintf(line + n, sizeof line - (size_t)n, ", %lld of %lld query blocks x KV heads ran dense",
                       (long long)st->dense_blocks, (long long)st->blocks);
+    if (st->summaries > 0 && st->available > 0) /* the rest's reads (docs/dhsa.md) */
+        n += snprintf(line + n, sizeof line - (size_t)n, "; chunk summaries %.4f of the keys besides",
+                      st->summaries / st->available);
     fprintf(stderr, "%s\n", line);
 }
 

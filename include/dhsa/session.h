@@ -316,6 +316,9 @@ typedef struct {
     double selected;      /* keys attended */
     double available;     /* causal keys the rows could attend to */
     double density;       /* selected / available (1 when none) */
+    double summaries;     /* chunk summaries attended besides the selected
+                             keys (dhsa_router_params.rest: one per chunk a
+                             block left out), summed like selected */
 } dhsa_attn_stats;
 /* last_eval: the most recent dhsa_session_eval (zero if it failed: a failed
  * eval adds nothing, here as in the cache); total: every eval since the

@@ -595,7 +595,10 @@ static dhsa_status attend_part(dhsa_session *s, int64_t l, int64_t r0, int64_t n
         a.layout = lay;
     }
     st = dhsa_attention(s->ctx, &a);
-    if (!st && rest && lay) st = dhsa__rest_attend(s->ctx, rest, &a, lay, o2, lse2);
+    double summaries = 0;
+    if (!st && rest && lay) st = dhsa__rest_attend(s->ctx, rest, &a, lay, o2, lse2, &summaries);
+    s->st_last.summaries += summaries;
+    s->st_total.summaries += summaries;
     a.lse = dhsa_attn_default_desc().lse;
     if (!st && n_all == 1 && s->carry && lay) { /* what this step hands the next (carry.h) */
         const int64_t *starts;

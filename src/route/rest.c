@@ -151,7 +151,8 @@ static int64_t left_out(const dhsa__rest *r, const int64_t *rg, int64_t nr, int6
 }
 
 dhsa_status dhsa__rest_attend(dhsa_ctx *ctx, const dhsa__rest *r, const dhsa_attn_desc *a, const dhsa_layout *lay,
-                              float *o2, float *lse2) {
+                              float *o2, float *lse2, double *summaries) {
+    if (summaries) *summaries = 0;
     if (!r || r->n == 0) return DHSA_OK;
     if (!a->lse.data || !a->causal || a->window || a->k_pos0)
         return dhsa__fail(DHSA_ERR_INTERNAL, "rest: the routed call needs its lse, causal, no window, keys from 0");
@@ -172,6 +173,8 @@ dhsa_status dhsa__rest_attend(dhsa_ctx *ctx, const dhsa__rest *r, const dhsa_att
             if ((st = dhsa_layout_get(lay, 0, g, b, &rg, &nr))) break;
             const int64_t n = left_out(r, rg, nr, a->q_pos0 + b * qb, runs);
             if (n && !(st = dhsa_layout_set(l2, 0, g, b, runs, n))) any = 1;
+            for (int64_t i = 0; summaries && i < n; i++) /* x the block's rows */
+                *summaries += (double)(runs[2 * i + 1] - runs[2 * i]) * (double)((b + 1) * qb < Lq ? qb : Lq - b * qb);
         }
     free(runs);
     if (!st && any) {

@@ -62,8 +62,10 @@ int64_t dhsa__rest_chunks(const dhsa__rest *r);
  * chunks that end at or before the block's first row and share no key with
  * the block's ranges are attended as summaries, and the result is merged
  * into a's o and lse. o2 [Lq][Hq][dv] and lse2 [Lq][Hq] are the caller's
- * scratch (F32). Nothing is merged when no block leaves a chunk out. */
+ * scratch (F32). Nothing is merged when no block leaves a chunk out.
+ * *summaries (may be NULL) gets the summaries attended, summed over (KV
+ * head, query row) as dhsa_attn_stats counts keys. */
 dhsa_status dhsa__rest_attend(dhsa_ctx *ctx, const dhsa__rest *r, const dhsa_attn_desc *a, const dhsa_layout *lay,
-                              float *o2, float *lse2);
+                              float *o2, float *lse2, double *summaries);
 
 #endif
