@@ -24,7 +24,8 @@
  *    chunk left out); prompt X, truncate to 100, Y gives the same logits
  *    bit for bit as X, truncate, Z, truncate, Y (the summaries of Z's
  *    chunks are forgotten). A dense session and an oracle one report rest
- *    0, a DHSA one 1.
+ *    0, a DHSA one 1. A prompt's eval attends summaries, a decode step
+ *    (one token) none (dhsa_attn_stats.summaries).
  * 3. The parameter: dhsa_router_params_for gives 1, the primitives' 0; 2
  *    and -1 are refused by dhsa_route with a sentence.
  *
@@ -335,12 +336,15 @@ static dhsa_session_params sparams(int64_t rest, int64_t budget) {
 /* Evals of `parts` pieces (ids, length, truncate to before it or -1);
  * the last eval's last logits to lg. */
 static dhsa_status run(dhsa_ctx *ctx, const dhsa_model *m, dhsa_session_params p, const int32_t *const *ids,
-                       const int64_t *lens, const int64_t *cut, int parts, float *lg) {
+                       const int64_t *lens, const int64_t *cut, int parts, float *lg, double *summaries) {
     dhsa_session *s = NULL;
     dhsa_status st = dhsa_session_create(ctx, m, &p, &s);
+    dhsa_attn_stats last;
     for (int i = 0; i < parts && !st; i++) {
         if (cut[i] >= 0) st = dhsa_session_truncate(s, cut[i]);
         if (!st) st = dhsa_session_eval(s, ids[i], lens[i], lg);
+        if (!st && summaries) st = dhsa_session_get_stats(s, &last, NULL);
+        if (!st && summaries) summaries[i] = last.summaries;
     }
     dhsa_session_free(s);
     return st;
@@ -349,7 +353,7 @@ static dhsa_status run(dhsa_ctx *ctx, const dhsa_model *m, dhsa_session_params p
 static void test_session(void) {
     FILE *f = fopen(MODEL, "rb");
     if (!f) {
-        T_SKIP(7, MODEL " absent (run from the repository root)");
+        T_SKIP(8, MODEL " absent (run from the repository root)");
         return;
     }
     fclose(f);
@@ -372,19 +376,25 @@ static void test_session(void) {
     for (int i = 0; i < 6; i++) lg[i] = malloc((size_t)V * sizeof(float));
     const int32_t *one[1] = {x};
     const int64_t n_one[1] = {N_P}, no_cut[1] = {-1};
-    dhsa_status st = run(ctx, m, sparams(1, 48), one, n_one, no_cut, 1, lg[0]);
-    if (!st) st = run(ctx, m, sparams(0, 48), one, n_one, no_cut, 1, lg[1]);
-    if (!st) st = run(ctx, m, sparams(1, 256), one, n_one, no_cut, 1, lg[2]);
-    if (!st) st = run(ctx, m, sparams(0, 256), one, n_one, no_cut, 1, lg[3]);
+    dhsa_status st = run(ctx, m, sparams(1, 48), one, n_one, no_cut, 1, lg[0], NULL);
+    if (!st) st = run(ctx, m, sparams(0, 48), one, n_one, no_cut, 1, lg[1], NULL);
+    if (!st) st = run(ctx, m, sparams(1, 256), one, n_one, no_cut, 1, lg[2], NULL);
+    if (!st) st = run(ctx, m, sparams(0, 256), one, n_one, no_cut, 1, lg[3], NULL);
     const int32_t *xy[2] = {x, y + 100}, *xzy[3] = {x, z + 100, y + 100};
     const int64_t n_xy[2] = {150, 100}, c_xy[2] = {-1, 100}, n_xzy[3] = {150, 50, 100}, c_xzy[3] = {-1, 100, 100};
-    if (!st) st = run(ctx, m, sparams(1, 48), xy, n_xy, c_xy, 2, lg[4]);
-    if (!st) st = run(ctx, m, sparams(1, 48), xzy, n_xzy, c_xzy, 3, lg[5]);
+    if (!st) st = run(ctx, m, sparams(1, 48), xy, n_xy, c_xy, 2, lg[4], NULL);
+    if (!st) st = run(ctx, m, sparams(1, 48), xzy, n_xzy, c_xzy, 3, lg[5], NULL);
+    const int32_t *pd[2] = {x, y};
+    const int64_t n_pd[2] = {N_P, 1}, c_pd[2] = {-1, -1};
+    double sums[2] = {-1, -1};
+    if (!st) st = run(ctx, m, sparams(1, 48), pd, n_pd, c_pd, 2, lg[0], sums);
     T_CHECK(st == DHSA_OK, "sessions: %s", dhsa_last_error());
     if (!st) {
         const size_t b = (size_t)V * sizeof(float);
         T_CHECK(memcmp(lg[0], lg[1], b) != 0, "rest 1 and rest 0 give other logits (the summaries are attended)");
         T_CHECK(memcmp(lg[2], lg[3], b) == 0, "a budget holding every key: rest changes nothing, bit for bit");
+        T_CHECK(sums[0] > 0 && sums[1] == 0, "a prompt attends summaries (%.0f), a decode step none (%.0f)", sums[0],
+                sums[1]);
         T_CHECK(memcmp(lg[4], lg[5], b) == 0, "X, truncate, Y as X, truncate, Z, truncate, Y: bit for bit (Z's "
                                               "summaries forgotten)");
     }

@@ -306,8 +306,11 @@ typedef struct {
                               dhsa_route and dhsa_kv_index_route ignore it.
                               0: off. At most 4096 (default 0 here; 64 in
                               dhsa_router_params_for) */
-    int64_t rest;          /* 1: a session's routed call also attends, per
-                              query block, every earlier chunk it left out as
+    int64_t rest;          /* 1: a session's eval of more than one token (a
+                              prompt, a chat turn, a prefill part; not a
+                              decode step) also attends, per query block of
+                              each routed call, every earlier chunk it left
+                              out as
                               one summary (the chunk's mean key and mean
                               value, weighed by its key count), merged with
                               the kept keys through their log-sum-exp: heads

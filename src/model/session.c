@@ -89,6 +89,8 @@ struct dhsa_session {
                                    eval carries to the next (0) and the running one's (1), -1 = none; NULL:
                                    rp.carry off (route/carry.h) */
     int carry_ok;               /* carry[0] is the last eval's: it had one token and succeeded */
+    int rest_now;               /* the eval being run attends the summaries (rp.rest: evals of more than
+                                   one token; decode steps do not) */
     int64_t exact_from;         /* rows of the ubatch being run from which chunks are ranked by their
                                    exact attention (rp.exact_rows: the eval's last rows); INT64_MAX: none */
 };
@@ -572,7 +574,7 @@ static dhsa_status attend_part(dhsa_session *s, int64_t l, int64_t r0, int64_t n
     a.scale = in->attn_scale; /* 1/sqrt(hd_k); gemma2 27B 1/sqrt(n_embd / n_head) */
     dhsa_layout *lay = NULL;
     dhsa_status st = DHSA_OK;
-    dhsa__rest *rest = s->rest && s->p.attn != DHSA_ATTN_DENSE && !L->window ? s->rest[l] : NULL;
+    dhsa__rest *rest = s->rest && s->rest_now && s->p.attn != DHSA_ATTN_DENSE && !L->window ? s->rest[l] : NULL;
     float *o2 = rest ? s->rest_buf : NULL, *lse2 = o2 ? o2 + n * in->n_head * in->head_dim_v : NULL;
     if (rest) { /* the summaries in step with the index's chunks, the call's lse for the merge */
         const int64_t *starts;
@@ -885,8 +887,10 @@ static dhsa_status eval_tokens(dhsa_session *s, const int32_t *ids, int64_t n, f
         s->exact_from = n > 1 && s->rp.exact_rows > 0 && logits && !s->p.logits_all
                             ? n - s->rp.exact_rows - done
                             : INT64_MAX;
+        s->rest_now = n > 1;
         dhsa_status st = forward(s, NULL, ids + done, step, s->len, out, rows);
         s->exact_from = INT64_MAX;
+        s->rest_now = 0;
         if (st) {
             /* the call's earlier ubatches are undone too, and this one may
              * have reached some layers' indexes: all of it goes */

@@ -14,9 +14,12 @@
  * are merged exactly through their log-sum-exp (dhsa_attn_merge).
  *
  * A session keeps one dhsa__rest per routed layer, in step with the
- * layer's decode index (dhsa__rest_sync after every append), and after a
- * routed call's attention (which wrote its lse) merges the summaries of
- * the chunks that call's blocks left out (dhsa__rest_attend).
+ * layer's decode index (dhsa__rest_sync before each routed call of an eval
+ * of more than one token), and after such a call's attention (which wrote
+ * its lse) merges the summaries of the chunks its blocks left out
+ * (dhsa__rest_attend). Decode steps do not: a copy of a number token by
+ * token reads the needle sharply, and a chunk of the needle's other
+ * digits blurred into one summary derailed it (SmolLM2, docs/dhsa.md).
  * Tested by tests/test_rest.c.
  */
 #ifndef DHSA_ROUTE_REST_H
