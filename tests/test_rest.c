@@ -17,8 +17,9 @@
  *    after a truncation: dhsa__rest_forget and a new sync match the
  *    reference of the new keys; without the forget the stale summaries
  *    do not (the check can fail).
- * 2. Sessions (the shipped default model, F32 cache, FIXED chunks so that
- *    a truncation can close chunks of the same bounds over other keys):
+ * 2. Sessions (the shipped default model, F32 cache; Z differs from Y in
+ *    its first token only, so that it closes chunks of Y's bounds over
+ *    other keys):
  *    rest 1 and rest 0 give other logits (the summaries are attended); a
  *    budget that holds every key gives the same logits bit for bit (no
  *    chunk left out); prompt X, truncate to 100, Y gives the same logits
@@ -322,8 +323,6 @@ static dhsa_session_params sparams(int64_t rest, int64_t budget) {
     sp.n_ubatch = 32;
     sp.kv_type = DHSA_F32;
     sp.attn = DHSA_ATTN_DHSA;
-    sp.router.boundary = DHSA_BOUNDARY_FIXED;
-    sp.router.chunk = 8;
     sp.router.dense_below = 0;
     sp.router.budget_tokens = budget;
     sp.router.sink_tokens = 4;
@@ -370,8 +369,11 @@ static void test_session(void) {
     for (int i = 0; i < N_P; i++) {
         x[i] = (int32_t)(1 + (int64_t)(urand() * (double)(V - 1)));
         y[i] = (int32_t)(1 + (int64_t)(urand() * (double)(V - 1)));
-        z[i] = (int32_t)(1 + (int64_t)(urand() * (double)(V - 1)));
     }
+    /* Z: Y but its first token, so that its keys close chunks of the
+     * same bounds as Y's with other values (the summaries to forget) */
+    memcpy(z, y, sizeof z);
+    z[100] = y[100] % (int32_t)(V - 1) + 1;
     float *lg[6];
     for (int i = 0; i < 6; i++) lg[i] = malloc((size_t)V * sizeof(float));
     const int32_t *one[1] = {x};
