@@ -20,9 +20,10 @@
  * other rank, in every layer, within 0.125 of the keys its queries could
  * see, with the same ids on every rank. Skipped, saying so, without mpirun
  * or with a CLI built without MPI.
- * The DHSA runs give --carry 0 --exact-rows 0: a context-parallel session
- * carries no chunks between decode steps and ranks no rows by their exact
- * attention (docs/dist.md), one process does both by default.
+ * The DHSA runs give --carry 0 --exact-rows 0 --rest 0: a context-parallel session
+ * carries no chunks between decode steps, ranks no rows by their exact
+ * attention and attends no summaries of the chunks left out (docs/dist.md),
+ * one process does all three by default.
  * The runs compared with one process use --exact (F32 weight products): on
  * the fast route's BF16 and AMX products (activations rounded to BF16) the
  * ranks' logits differ from one process's by about 1e-3 relative, measured
@@ -320,7 +321,7 @@ static void test_fetch_budget(const char *dir) {
     snprintf(refl, sizeof refl, "%s/long_ref.f32", dir);
     snprintf(gotl, sizeof gotl, "%s/long_got.f32", dir);
     T_CHECK(write_long_prompt(prompt), "writing %s", prompt);
-    const char *common = "--exact -n 4 --temp 0 --ids -t 1 --ctx 2560 --kv f32 --attn dhsa --dense-below 0 --q-block 64 --carry 0 --exact-rows 0";
+    const char *common = "--exact -n 4 --temp 0 --ids -t 1 --ctx 2560 --kv f32 --attn dhsa --dense-below 0 --q-block 64 --carry 0 --exact-rows 0 --rest 0";
     char *out = NULL;
     snprintf(args, sizeof args, "run -f %s %s --logits-out %s", prompt, common, refl);
     int rc = cli_run(args, 1, &out);
@@ -446,7 +447,7 @@ int main(void) {
     char prompt[256], refl[256], gotl[256];
     snprintf(prompt, sizeof prompt, "%s/prompt.txt", dir);
     T_CHECK(write_prompt(prompt), "writing %s", prompt);
-    const char *methods[2] = {"--attn dense", "--attn dhsa --dense-below 0 --density 0.25 --q-block 64 --carry 0 --exact-rows 0"};
+    const char *methods[2] = {"--attn dense", "--attn dhsa --dense-below 0 --density 0.25 --q-block 64 --carry 0 --exact-rows 0 --rest 0"};
     const int stripes[2] = {0, 64}, nps[3] = {1, 2, 4};
     for (int mi = 0; mi < 2; mi++) {
         char args[1024];
