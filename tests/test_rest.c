@@ -417,7 +417,7 @@ static void test_session(void) {
 }
 
 static void test_param(void) {
-    T_CHECK(dhsa_router_params_for(4096, 0.0625).rest == 1, "dhsa_router_params_for: rest 1");
+    T_CHECK(dhsa_router_params_for(4096, 0.0625).rest == 3, "dhsa_router_params_for: rest 3 (from layer 2)");
     T_CHECK(dhsa_router_default_params().rest == 0, "dhsa_router_default_params: rest 0");
     dhsa_ctx *ctx = NULL;
     dhsa_ctx_create(NULL, &ctx);
@@ -425,7 +425,7 @@ static void test_param(void) {
     dhsa_attn_desc a = dhsa_attn_default_desc();
     a.q = dhsa_tensor_bhld(q, DHSA_F32, 1, 1, 4, 8);
     a.k = a.v = dhsa_tensor_bhld(k, DHSA_F32, 1, 1, 4, 8);
-    const int64_t bad[] = {-1, 2};
+    const int64_t bad[] = {-1, DHSA_REST_MAX + 1};
     for (int i = 0; i < 2; i++) {
         dhsa_router_params rp = dhsa_router_params_for(4, 0.5);
         rp.rest = bad[i];

@@ -77,7 +77,7 @@ const char dhsa_cli_eval_usage[] =
     "  --q-block N  --sink N  --local N  --dense-below N  --min-chunk N\n"
     "  --max-chunk N  --chunk N (block's)  --sim-window N  --nms-window N\n"
     "  --score pooled|moments|heads|bound|rows  --score-rows N (rows: 0 = all)\n"
-    "  --sink-window N  --carry F (0.1)  --exact-rows N (64)  --rest 0|1 (1)\n"
+    "  --sink-window N  --carry F (0.1)  --exact-rows N (64)  --rest N (3)\n"
     "fidelity:\n"
     "  -f FILE             the text   -c, --ctx N  window (default: trained context)\n"
     "  --windows N         most windows (default 8)\n"
@@ -239,7 +239,7 @@ static void parse(int argc, char **argv, eval_opts *o, const char *sub) {
         else if (strcmp(a, "--sink-window") == 0) o->sink_window = dhsa_cli_int(a, v, 0, 4096, 0);
         else if (strcmp(a, "--carry") == 0) o->carry = dhsa_cli_real(a, v, 0, 1);
         else if (strcmp(a, "--exact-rows") == 0) o->exact_rows = dhsa_cli_int(a, v, 0, DHSA_EXACT_ROWS_MAX, 0);
-        else if (strcmp(a, "--rest") == 0) o->rest = dhsa_cli_int(a, v, 0, 1, 0);
+        else if (strcmp(a, "--rest") == 0) o->rest = dhsa_cli_int(a, v, 0, DHSA_REST_MAX, 0);
         else if (strcmp(a, "--boundary") == 0) {
             if (strcmp(v, "fixed") == 0) o->boundary = DHSA_BOUNDARY_FIXED;
             else if (strcmp(v, "similarity") == 0) o->boundary = DHSA_BOUNDARY_SIMILARITY;

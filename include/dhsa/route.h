@@ -306,12 +306,12 @@ typedef struct {
                               dhsa_route and dhsa_kv_index_route ignore it.
                               0: off. At most 4096 (default 0 here; 64 in
                               dhsa_router_params_for) */
-    int64_t rest;          /* 1: a session's eval of more than one token (a
-                              prompt, a chat turn, a prefill part; not a
-                              decode step) also attends, per query block of
-                              each routed call, every earlier chunk it left
-                              out as
-                              one summary (the chunk's mean key and mean
+    int64_t rest;          /* n > 0: in layers n - 1 and after (counting
+                              from 0), a session's eval of more than one
+                              token (a prompt, a chat turn, a prefill part;
+                              not a decode step) also attends, per query
+                              block of each routed call, every earlier chunk
+                              it left out as one summary (the chunk's mean key and mean
                               value, weighed by its key count), merged with
                               the kept keys through their log-sum-exp: heads
                               whose attention is spread over the whole
@@ -322,10 +322,16 @@ typedef struct {
                               store (chunks x KV heads x (dk + dv)). Only a
                               session applies it (it keeps the summaries in
                               step with its cache); dhsa_route and
-                              dhsa_kv_index_route ignore it. 0: off (default
-                              0 here; 1 in dhsa_router_params_for) */
+                              dhsa_kv_index_route ignore it. The first two
+                              layers are left out by default: their
+                              attention is broad but positional, and
+                              summaries there derailed SmolLM2's copies.
+                              0: off; at most DHSA_REST_MAX (default 0 here;
+                              3 in dhsa_router_params_for) */
 } dhsa_router_params;
 
+/* The largest dhsa_router_params.rest (a layer number + 1). */
+#define DHSA_REST_MAX 65536
 /* The most chunks a decode step carries per KV group (dhsa_router_params.carry). */
 #define DHSA_CARRY_MAX 16
 /* The most rows dhsa_router_params.exact_rows may name. */

@@ -243,9 +243,10 @@ class RouterParams:
     exact_rows: a session's eval of more than one token ranks the chunks for
         its last exact_rows rows by their exact attention mass (0 = off; 64
         in for_length). Only sessions apply it.
-    rest: 1 = a session's routed call also attends every earlier chunk it
-        left out as one summary (mean key and value, weighed by its key
-        count; 0 = off; 1 in for_length). Only sessions apply it.
+    rest: n > 0 = in layers n - 1 and after, a session's eval of more than
+        one token also attends every earlier chunk a block left out as one
+        summary (mean key and value, weighed by its key count; 0 = off; 3
+        in for_length: from layer 2). Only sessions apply it.
     RouterParams.for_length(n, density): the routing every entry point runs
         by default for n tokens (dhsa_router_params_for; sessions get it
         for their context unless given other router params).

@@ -152,7 +152,7 @@ static dhsa_status make_rest(dhsa_session *s) {
     s->rest_buf = dhsa__alloc(s->ctx, rest_buf_floats(s) * sizeof(float), &st);
     if (!s->rest_buf) return st;
     const int64_t cap = dhsa__rest_max_chunks(&s->rp, s->plan.n_ctx);
-    for (int64_t l = 0; l < in->n_layer && !st; l++)
+    for (int64_t l = s->rp.rest - 1; l < in->n_layer && !st; l++) /* the layers that attend them */
         if (s->ix[l])
             st = dhsa__rest_create(s->ctx, in->n_head_kv, in->head_dim_k, in->head_dim_v, cap,
                                    s->p.kv_type == DHSA_F32, &s->rest[l]);
@@ -574,7 +574,9 @@ static dhsa_status attend_part(dhsa_session *s, int64_t l, int64_t r0, int64_t n
     a.scale = in->attn_scale; /* 1/sqrt(hd_k); gemma2 27B 1/sqrt(n_embd / n_head) */
     dhsa_layout *lay = NULL;
     dhsa_status st = DHSA_OK;
-    dhsa__rest *rest = s->rest && s->rest_now && s->p.attn != DHSA_ATTN_DENSE && !L->window ? s->rest[l] : NULL;
+    dhsa__rest *rest = s->rest && s->rest_now && l + 1 >= s->rp.rest && s->p.attn != DHSA_ATTN_DENSE && !L->window
+                           ? s->rest[l]
+                           : NULL;
     float *o2 = rest ? s->rest_buf : NULL, *lse2 = o2 ? o2 + n * in->n_head * in->head_dim_v : NULL;
     if (rest) { /* the summaries in step with the index's chunks, the call's lse for the merge */
         const int64_t *starts;

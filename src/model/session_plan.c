@@ -210,8 +210,9 @@ static dhsa_status plan_for(const dhsa_ctx *ctx, const dhsa_model *m, const dhsa
             size_t ixb;
             if ((st = dhsa_kv_index_size(&rp, in->n_head_kv, in->head_dim_k, n_ctx, &ixb))) return st;
             pl->routing = (size_t)in->n_layer * ixb + layout_bytes;
+            const int64_t rest_layers = rp.rest > 0 && rp.rest <= in->n_layer ? in->n_layer - (rp.rest - 1) : 0;
             if (rp.rest && rp.method == DHSA_ROUTE_DHSA && !dhsa__dist_on(p)) /* rest.h: summaries, their scratch, a layout */
-                pl->routing += (size_t)in->n_layer * (dhsa__rest_bytes(in->n_head_kv, in->head_dim_k, in->head_dim_v,
+                pl->routing += (size_t)rest_layers * (dhsa__rest_bytes(in->n_head_kv, in->head_dim_k, in->head_dim_v,
                                                                       dhsa__rest_max_chunks(&rp, n_ctx),
                                                                       p->kv_type == DHSA_F32) +
                                                      DHSA__PAGE + 64) +
