@@ -69,7 +69,8 @@ typedef struct {
      * [1, n_head, n, hd_k], a->k / a->v the layer's cache up to the last
      * of them [1, n_head_kv, q_pos0 + n - k_pos0, hd] (k_pos0 > 0 only in
      * a sliding-window layer, whose cache is a ring of its last window - 1
-     * + n_ubatch positions: row j is position k_pos0 + j), a->o the output,
+     * + n_ubatch positions: row j is position k_pos0 + j), a->o the output
+     * (the summaries of the chunks left out merged in: router.rest),
      * a->layout the routing (NULL when dense), a->q_pos0, window, softcap,
      * scale as used. Where a ubatch's last rows rank chunks by their exact
      * attention (router.exact_rows) a routed layer attends in two calls,
