@@ -411,7 +411,14 @@ static void *req_client(void *p) {
  * with each other on the server's 2 slots, the rest queued and joining the
  * batcher while others decode): the batcher samples every row with the
  * row's own sampler and penalties, so the same seed gives the same text
- * either way; a stop string ends a streamed reply in a batch as alone. */
+ * either way; a stop string ends a streamed reply in a batch as alone.
+ * The sampled prompts share no prefix beyond the BOS with each other or
+ * with the greedy one: a slot's prompt cache would serve a prompt whole
+ * (or in part) when another ran before it on that slot, which depends on
+ * timing when they run at once, and such a split of a prompt into evals
+ * may differ from a cold prefill in the last bits (docs/server.md, the
+ * prompt cache): "The pass key is" served from PK's cache did, at
+ * temperature 1.0, on the AVX-512 VM of 2026-12-06. */
 static void test_concurrent_seeds(const char *want, const char *stop) {
     enum { N = 5 };
     req_arg alone[N], together[N];
@@ -419,14 +426,14 @@ static void test_concurrent_seeds(const char *want, const char *stop) {
     snprintf(alone[0].body, sizeof alone[0].body,
              "{\"prompt\":\"Once upon a time\",\"max_tokens\":24,\"temperature\":0.9,\"seed\":11}");
     snprintf(alone[1].body, sizeof alone[1].body,
-             "{\"prompt\":\"Once upon a time\",\"max_tokens\":24,\"temperature\":0.9,\"seed\":12,"
+             "{\"prompt\":\"Long ago in a quiet town\",\"max_tokens\":24,\"temperature\":0.9,\"seed\":12,"
              "\"presence_penalty\":0.8,\"frequency_penalty\":0.6,\"stream\":true}");
     alone[1].stream = 1;
     snprintf(alone[2].body, sizeof alone[2].body,
-             "{\"prompt\":\"" PK "\",\"max_tokens\":24,\"temperature\":0.8,\"top_k\":0,\"seed\":13,"
+             "{\"prompt\":\"Remember the number 40913 well.\",\"max_tokens\":24,\"temperature\":0.8,\"top_k\":0,\"seed\":13,"
              "\"repeat_penalty\":1.3}");
     snprintf(alone[3].body, sizeof alone[3].body,
-             "{\"prompt\":\"The pass key is\",\"max_tokens\":24,\"temperature\":1.0,\"seed\":14,\"stream\":true}");
+             "{\"prompt\":\"Here is a pass key\",\"max_tokens\":24,\"temperature\":1.0,\"seed\":14,\"stream\":true}");
     alone[3].stream = 1;
     snprintf(alone[4].body, sizeof alone[4].body,
              "{\"prompt\":\"" PK "\",\"max_tokens\":8,\"temperature\":0,\"stop\":[\"%s\"],\"stream\":true}", stop);

@@ -582,24 +582,20 @@ static void dump_begin(layout_dump *d, const run_opts *o, const dhsa_model_info 
 }
 
 /* Writes the picture (after the prefill) and frees the dump. */
-/* What a sparse run really did (the session's statistics): the keys
- * selected against the causal keys available, the layer calls that ran
- * without a layout, the query blocks that ran dense. Said for the prefill
- * and for the whole run; a run in which nothing was routed says DENSE. */
+/* What a sparse run really did (the session's statistics), for the prefill and the whole run: keys selected
+ * against those available, calls without a layout, blocks run dense, the chunk summaries read (the rest). */
 static void density_line(const char *what, const dhsa_attn_stats *st) {
     /* one write: stderr is unbuffered, and under mpirun the ranks share it */
     char line[320];
     int n = snprintf(line, sizeof line, "  %s: density used %.4f over %lld layer calls", what, st->density,
                      (long long)st->layer_calls);
     if (st->dense_calls > 0)
-        n += snprintf(line + n, sizeof line - (size_t)n, ", %lld of them without a layout (dense)",
-                      (long long)st->dense_calls);
+        n += snprintf(line + n, sizeof line - (size_t)n, ", %lld of them without a layout (dense)", (long long)st->dense_calls);
     if (st->blocks > 0)
         n += snprintf(line + n, sizeof line - (size_t)n, ", %lld of %lld query blocks x KV heads ran dense",
                       (long long)st->dense_blocks, (long long)st->blocks);
     if (st->summaries > 0 && st->available > 0) /* the rest's reads (docs/dhsa.md) */
-        n += snprintf(line + n, sizeof line - (size_t)n, "; chunk summaries %.4f of the keys besides",
-                      st->summaries / st->available);
+        n += snprintf(line + n, sizeof line - (size_t)n, "; chunk summaries %.4f of the keys besides", st->summaries / st->available);
     fprintf(stderr, "%s\n", line);
 }
 
