@@ -72,7 +72,7 @@ int main(void) {
     T_CHECK(r4.q_block == 16 && r4.sink_tokens == 4 && r4.local_tokens == 32 && r4.dense_below == 0 &&
                 r4.min_chunk == 8 && r4.max_chunk == 32 && r4.chunk == 16 && r4.nms_window == 4 &&
                 r4.score_mode == DHSA_SCORE_MOMENTS && r4.score_rows == 4 && r4.sink_window == 64 && r4.density == 0.0625 && r4.carry == 0.1 &&
-                r4.exact_rows == 64 && r4.rest == 3,
+                r4.exact_rows == 64 && r4.rest == 0,
             "dhsa_router_params_for(4096, 0.0625) is not the documented set");
     dhsa_router_params r32 = dhsa_router_params_for(32768, 0.0625);
     T_CHECK(r32.q_block == 64 && r32.local_tokens == 256 && r32.dense_below == 0 && r32.min_chunk == 16 &&

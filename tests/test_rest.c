@@ -417,7 +417,7 @@ static void test_session(void) {
 }
 
 static void test_param(void) {
-    T_CHECK(dhsa_router_params_for(4096, 0.0625).rest == 3, "dhsa_router_params_for: rest 3 (from layer 2)");
+    T_CHECK(dhsa_router_params_for(4096, 0.0625).rest == 0, "dhsa_router_params_for: rest 0 (off)");
     T_CHECK(dhsa_router_default_params().rest == 0, "dhsa_router_default_params: rest 0");
     dhsa_ctx *ctx = NULL;
     dhsa_ctx_create(NULL, &ctx);

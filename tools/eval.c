@@ -77,7 +77,7 @@ const char dhsa_cli_eval_usage[] =
     "  --q-block N  --sink N  --local N  --dense-below N  --min-chunk N\n"
     "  --max-chunk N  --chunk N (block's)  --sim-window N  --nms-window N\n"
     "  --score pooled|moments|heads|bound|rows  --score-rows N (rows: 0 = all)\n"
-    "  --sink-window N  --carry F (0.1)  --exact-rows N (64)  --rest N (3)\n"
+    "  --sink-window N  --carry F (0.1)  --exact-rows N (64)  --rest N (0)\n"
     "fidelity:\n"
     "  -f FILE             the text   -c, --ctx N  window (default: trained context)\n"
     "  --windows N         most windows (default 8)\n"

@@ -118,7 +118,7 @@ const char dhsa_cli_run_usage[] =
     "                      0: all routed); the run says the density used\n"
     "  --q-block N         rows per block (default 16; 64 past 16K tokens)\n"
 
-    "  --carry F (0.1)  --exact-rows N (64)  --rest N (3: from layer 2; 0 off)\n"
+    "  --carry F (0.1)  --exact-rows N (64)  --rest N (0 off; 3: layer 2 on)\n"
     "Output:\n"
     "  --ids               print token ids (prompt, then generated) instead of text\n"
     "  --verbose           print the model, the plan and the timings\n"

@@ -322,12 +322,15 @@ typedef struct {
                               store (chunks x KV heads x (dk + dv)). Only a
                               session applies it (it keeps the summaries in
                               step with its cache); dhsa_route and
-                              dhsa_kv_index_route ignore it. The first two
-                              layers are left out by default: their
+                              dhsa_kv_index_route ignore it. With 3 the
+                              first two layers are left out: their
                               attention is broad but positional, and
                               summaries there derailed SmolLM2's copies.
-                              0: off; at most DHSA_REST_MAX (default 0 here;
-                              3 in dhsa_router_params_for) */
+                              0: off; at most DHSA_REST_MAX (default 0 here
+                              and in dhsa_router_params_for: it helps
+                              gemma-3 and hurts SmolLM2 on held-out
+                              prompts; 3, from layer 2, is the value the
+                              development prompts chose) */
 } dhsa_router_params;
 
 /* The largest dhsa_router_params.rest (a layer number + 1). */

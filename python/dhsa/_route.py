@@ -245,8 +245,9 @@ class RouterParams:
         in for_length). Only sessions apply it.
     rest: n > 0 = in layers n - 1 and after, a session's eval of more than
         one token also attends every earlier chunk a block left out as one
-        summary (mean key and value, weighed by its key count; 0 = off; 3
-        in for_length: from layer 2). Only sessions apply it.
+        summary (mean key and value, weighed by its key count; 0 = off,
+        also in for_length; 3, from layer 2, the value development prompts
+        chose). Only sessions apply it.
     RouterParams.for_length(n, density): the routing every entry point runs
         by default for n tokens (dhsa_router_params_for; sessions get it
         for their context unless given other router params).

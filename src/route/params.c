@@ -61,7 +61,8 @@ dhsa_router_params dhsa_router_params_for(int64_t n, double density) {
     rp.score_mode = DHSA_SCORE_MOMENTS; /* ROWS measured and not taken: docs/dhsa.md */
     rp.carry = 0.1; /* docs/dhsa.md, "Chunks carried from one decode step to the next" */
     rp.exact_rows = 64; /* docs/dhsa.md, "The prompt's last rows ranked by their exact attention" */
-    rp.rest = 3;        /* from layer 2: docs/dhsa.md, "The rest of the keys, summarised" */
+    rp.rest = 0;        /* off: held-out prompts did not confirm it for every model (docs/dhsa.md, "The rest of
+                           the keys, summarised"); --rest 3 turns it on from layer 2 */
     rp.sim_window = 8;
     rp.q_block = rp.sink_tokens = rp.local_tokens = rp.dense_below = -1;
     rp.min_chunk = rp.max_chunk = rp.chunk = rp.nms_window = rp.score_rows = rp.sink_window = -1;
