@@ -17,9 +17,8 @@
  * layer's decode index (dhsa__rest_sync before each routed call of an eval
  * of more than one token), and after such a call's attention (which wrote
  * its lse) merges the summaries of the chunks its blocks left out
- * (dhsa__rest_attend). Decode steps do not: a copy of a number token by
- * token reads the needle sharply, and a chunk of the needle's other
- * digits blurred into one summary derailed it (SmolLM2, docs/dhsa.md).
+ * (dhsa__rest_attend). Decode steps do not (the choice and what was
+ * measured of it: docs/dhsa.md, "The rest of the keys, summarised").
  * Tested by tests/test_rest.c.
  */
 #ifndef DHSA_ROUTE_REST_H
