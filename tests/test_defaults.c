@@ -29,23 +29,30 @@ static const char *score_name(int s) {
 /* The parameter part of the CLI's routing line (tools/cli_base.c,
  * dhsa_cli_print_router), written independently here. */
 static void params_text(const dhsa_router_params *rp, char *buf, size_t cap) {
+    char rest[24] = "hybrid";
+    if (rp->rest != DHSA_REST_HYBRID) snprintf(rest, sizeof rest, "%lld", (long long)rp->rest);
     snprintf(buf, cap,
              "q_block %lld, sink %lld, local %lld, dense_below %lld, min_chunk %lld, max_chunk %lld, block chunk "
-             "%lld, sim_window %lld, nms_window %lld, score %s, score_rows %lld, sink_window %lld, carry %g, exact_rows %lld, rest %lld",
+             "%lld, sim_window %lld, nms_window %lld, score %s, score_rows %lld, sink_window %lld, carry %g, exact_rows %lld, rest %s",
              (long long)rp->q_block, (long long)rp->sink_tokens, (long long)rp->local_tokens,
              (long long)rp->dense_below, (long long)rp->min_chunk, (long long)rp->max_chunk, (long long)rp->chunk,
              (long long)rp->sim_window, (long long)rp->nms_window, score_name(rp->score_mode),
-             (long long)rp->score_rows, (long long)rp->sink_window, rp->carry, (long long)rp->exact_rows, (long long)rp->rest);
+             (long long)rp->score_rows, (long long)rp->sink_window, rp->carry, (long long)rp->exact_rows, rest);
 }
 
-static void lib_text(int64_t L, double density, char *buf, size_t cap) {
+/* hybrid_as >= 0: rest DHSA_REST_HYBRID as a session on a model resolves it
+ * (0: the model has no sliding-window layers) */
+static void lib_text_as(int64_t L, double density, int64_t hybrid_as, char *buf, size_t cap) {
     dhsa_router_params rp = dhsa_router_params_for(L, density);
+    if (hybrid_as >= 0 && rp.rest == DHSA_REST_HYBRID) rp.rest = hybrid_as;
     params_text(&rp, buf, cap);
 }
 
+static void lib_text(int64_t L, double density, char *buf, size_t cap) { lib_text_as(L, density, -1, buf, cap); }
+
 /* Every "routing at L = X: P" line of out: P must be the library's for X
  * at the density. Returns the lines found; *seen_L the last X. */
-static int check_lines(const char *what, const char *out, double density, int64_t *seen_L) {
+static int check_lines(const char *what, const char *out, double density, int64_t hybrid_as, int64_t *seen_L) {
     int n = 0;
     for (const char *p = out ? strstr(out, "routing at L = ") : NULL; p; p = strstr(p + 1, "routing at L = ")) {
         long long L;
@@ -56,7 +63,7 @@ static int check_lines(const char *what, const char *out, double density, int64_
         size_t len = (size_t)(eol - colon - 2) < sizeof got - 1 ? (size_t)(eol - colon - 2) : sizeof got - 1;
         memcpy(got, colon + 2, len);
         got[len] = 0;
-        lib_text(L, density, want, sizeof want);
+        lib_text_as(L, density, hybrid_as, want, sizeof want);
         T_CHECK(strcmp(got, want) == 0, "%s: at L = %lld it runs\n  %s\n  the library's defaults are\n  %s", what,
                 L, got, want);
         *seen_L = L;
@@ -72,7 +79,7 @@ int main(void) {
     T_CHECK(r4.q_block == 16 && r4.sink_tokens == 4 && r4.local_tokens == 32 && r4.dense_below == 0 &&
                 r4.min_chunk == 8 && r4.max_chunk == 32 && r4.chunk == 16 && r4.nms_window == 4 &&
                 r4.score_mode == DHSA_SCORE_MOMENTS && r4.score_rows == 4 && r4.sink_window == 64 && r4.density == 0.0625 && r4.carry == 0.1 &&
-                r4.exact_rows == 64 && r4.rest == 0,
+                r4.exact_rows == 64 && r4.rest == DHSA_REST_HYBRID,
             "dhsa_router_params_for(4096, 0.0625) is not the documented set");
     dhsa_router_params r32 = dhsa_router_params_for(32768, 0.0625);
     T_CHECK(r32.q_block == 64 && r32.local_tokens == 256 && r32.dense_below == 0 && r32.min_chunk == 16 &&
@@ -112,7 +119,7 @@ int main(void) {
                 continue;
             }
             params_text(&used, a, sizeof a);
-            lib_text(lens[i], 0.125, b, sizeof b);
+            lib_text_as(lens[i], 0.125, 0, b, sizeof b); /* the model has no sliding-window layers */
             T_CHECK(strcmp(a, b) == 0 && used.density == 0.125,
                     "a default session of n_ctx %lld routes with\n  %s\n  the library's defaults are\n  %s",
                     (long long)lens[i], a, b);
@@ -130,23 +137,25 @@ int main(void) {
         const char *what, *args;
         int64_t want_L; /* the length the line must name; 0: any */
         double density;
+        int64_t hybrid_as; /* a session's report: rest hybrid resolved for the model; -1: the parameters */
     } cmds[] = {
         {"dhsa eval passkey", "eval passkey -m " MODEL " --lengths 1024 --depths 0.5 --trials 1 --attn dhsa "
-                              "--density 0.125 --threads 1", 1024, 0.125},
+                              "--density 0.125 --threads 1", 1024, 0.125, -1},
         {"dhsa plan", "plan -m " MODEL " --ctx 1024 -n 5000 -p 'Once upon a time' --attn dhsa --density 0.125",
-         1024, 0.125},
+         1024, 0.125, -1},
+        /* the session's routing (no sliding layers: rest hybrid runs as 0) */
         {"dhsa run --verbose", "run -m " MODEL " -n 4 -p 'Once upon a time' --attn dhsa --verbose --threads 1", 0,
-         0.0625},
+         0.0625, 0},
         {"dhsa bench sparse", "bench sparse --L 1024 --heads 4 --kv-heads 2 --dim 32 --runs 1 --dense-runs 1 "
-                              "--density 0.125 --threads 1", 1024, 0.125},
+                              "--density 0.125 --threads 1", 1024, 0.125, -1},
         {"dhsa bench decode", "bench decode --L 2048 --heads 4 --kv-heads 2 --dim 32 --runs 1 --threads 1", 2048,
-         0.0625},
+         0.0625, -1},
     };
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         char *out = NULL;
         int rc = cli_run(cmds[i].args, 0, &out);
         int64_t L = -1;
-        int n = check_lines(cmds[i].what, out, cmds[i].density, &L);
+        int n = check_lines(cmds[i].what, out, cmds[i].density, cmds[i].hybrid_as, &L);
         T_CHECK(rc == 0 && n > 0 && (cmds[i].want_L == 0 || L == cmds[i].want_L),
                 "%s: exit %d, %d routing lines (last at L = %lld, want %lld); output:\n%s", cmds[i].what, rc, n,
                 (long long)L, (long long)cmds[i].want_L, out ? out : "(none)");
@@ -160,8 +169,8 @@ int main(void) {
         FILE *p = popen("cd python && DHSA_LIB=../build/libdhsa.so python3 -c \"import dhsa; r = "
                         "dhsa.RouterParams.for_length(1024, 0.125); print('routing at L = 1024: q_block %d, sink "
                         "%d, local %d, dense_below %d, min_chunk %d, max_chunk %d, block chunk %d, sim_window %d, "
-                        "nms_window %d, score %s, score_rows %d, sink_window %d, carry %g, exact_rows %d, rest %d' % (r.q_block, r.sink, r.local, r.dense_below, "
-                        "r.min_chunk, r.max_chunk, r.chunk, r.sim_window, r.nms_window, r.score, r.score_rows, r.sink_window, r.carry, r.exact_rows, r.rest))\" "
+                        "nms_window %d, score %s, score_rows %d, sink_window %d, carry %g, exact_rows %d, rest %s' % (r.q_block, r.sink, r.local, r.dense_below, "
+                        "r.min_chunk, r.max_chunk, r.chunk, r.sim_window, r.nms_window, r.score, r.score_rows, r.sink_window, r.carry, r.exact_rows, 'hybrid' if r.rest == dhsa.REST_HYBRID else r.rest))\" "
                         "2>&1",
                         "r");
         char buf[2048] = "";
@@ -169,7 +178,7 @@ int main(void) {
         buf[got] = 0;
         if (p) pclose(p);
         int64_t L = -1;
-        int n = check_lines("python dhsa.RouterParams.for_length", buf, 0.125, &L);
+        int n = check_lines("python dhsa.RouterParams.for_length", buf, 0.125, -1, &L);
         T_CHECK(n == 1 && L == 1024, "python: no routing line: %s", buf);
     }
     return t_report("test_defaults");

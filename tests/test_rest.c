@@ -34,6 +34,7 @@
  * Ends with "test_rest: P passed, F failed, S skipped".
  */
 #include "dhsa.h"
+#include "llm_ref.h"
 #include "route/rest.h"
 #include "t.h"
 
@@ -416,8 +417,72 @@ static void test_session(void) {
     dhsa_ctx_free(ctx);
 }
 
+/* DHSA_REST_HYBRID, the default: a gemma3 model whose layers 0, 2, 4
+ * slide (window 16) and 1, 3 do not runs as rest 1, the same model
+ * without a window as rest 0: the logits bit for bit, the summaries
+ * attended, the reported routing and the memory plan. */
+static void test_hybrid(void) {
+    llmref_spec sp = llmref_spec_default("gemma3", LLMREF_F32);
+    sp.n_layer = 5;
+    sp.sliding_window = 16;
+    sp.seed = 71;
+    int32_t x[N_P];
+    for (int i = 0; i < N_P; i++) x[i] = (int32_t)(3 + (int64_t)(urand() * 300.0));
+    dhsa_ctx *ctx = NULL;
+    dhsa_ctx_create(NULL, &ctx);
+    for (int hybrid = 1; hybrid >= 0; hybrid--) {
+        sp.sliding_window = hybrid ? 16 : 0;
+        uint8_t *bytes = NULL;
+        size_t size = 0;
+        dhsa_gguf *g = NULL;
+        dhsa_model *m = NULL;
+        if (llmref_fixture_build(&sp, &bytes, &size) || dhsa_gguf_open_memory(bytes, size, &g) ||
+            dhsa_model_from_gguf(g, NULL, &m)) {
+            T_CHECK(0, "gemma3 fixture (window %lld): %s %s", (long long)sp.sliding_window, llmref_error(),
+                    dhsa_last_error());
+            free(bytes);
+            continue;
+        }
+        const int64_t V = dhsa_model_get_info(m)->n_vocab, want = hybrid;
+        T_CHECK(dhsa_model_get_info(m)->n_swa_layers == (hybrid ? 3 : 0), "sliding layers: %lld",
+                (long long)dhsa_model_get_info(m)->n_swa_layers);
+        float *lg[2] = {malloc((size_t)V * sizeof(float)), malloc((size_t)V * sizeof(float))};
+        double sums[2] = {-1, -1};
+        const int32_t *one[1] = {x};
+        const int64_t n_one[1] = {N_P}, no_cut[1] = {-1};
+        dhsa_status st = run(ctx, m, sparams(DHSA_REST_HYBRID, 48), one, n_one, no_cut, 1, lg[0], &sums[0]);
+        if (!st) st = run(ctx, m, sparams(want, 48), one, n_one, no_cut, 1, lg[1], &sums[1]);
+        T_CHECK(st == DHSA_OK, "window %lld: %s", (long long)sp.sliding_window, dhsa_last_error());
+        if (!st) {
+            T_CHECK(memcmp(lg[0], lg[1], (size_t)V * sizeof(float)) == 0 && sums[0] == sums[1] &&
+                        (sums[0] > 0) == hybrid,
+                    "window %lld: rest hybrid runs as rest %lld (summaries %.0f and %.0f)",
+                    (long long)sp.sliding_window, (long long)want, sums[0], sums[1]);
+        }
+        dhsa_session_params p = sparams(DHSA_REST_HYBRID, 48), q = sparams(want, 48), r = sparams(0, 48);
+        dhsa_session *s = NULL;
+        dhsa_router_params got;
+        T_CHECK(dhsa_session_create(ctx, m, &p, &s) == DHSA_OK && dhsa_session_get_router(s, &got) == DHSA_OK &&
+                    got.rest == want,
+                "window %lld: the session reports rest %lld, want %lld", (long long)sp.sliding_window,
+                (long long)got.rest, (long long)want);
+        dhsa_session_free(s);
+        dhsa_mem_plan a, b, c;
+        T_CHECK(dhsa_session_plan(ctx, m, &p, &a) == DHSA_OK && dhsa_session_plan(ctx, m, &q, &b) == DHSA_OK &&
+                    dhsa_session_plan(ctx, m, &r, &c) == DHSA_OK && a.total == b.total &&
+                    (a.routing > c.routing) == hybrid,
+                "window %lld: the plan of rest hybrid %zu, of rest %lld %zu, of rest 0 %zu",
+                (long long)sp.sliding_window, a.routing, (long long)want, b.routing, c.routing);
+        free(lg[0]);
+        free(lg[1]);
+        dhsa_model_free(m); /* and g */
+        free(bytes);
+    }
+    dhsa_ctx_free(ctx);
+}
+
 static void test_param(void) {
-    T_CHECK(dhsa_router_params_for(4096, 0.0625).rest == 0, "dhsa_router_params_for: rest 0 (off)");
+    T_CHECK(dhsa_router_params_for(4096, 0.0625).rest == DHSA_REST_HYBRID, "dhsa_router_params_for: rest hybrid");
     T_CHECK(dhsa_router_default_params().rest == 0, "dhsa_router_default_params: rest 0");
     dhsa_ctx *ctx = NULL;
     dhsa_ctx_create(NULL, &ctx);
@@ -425,7 +490,7 @@ static void test_param(void) {
     dhsa_attn_desc a = dhsa_attn_default_desc();
     a.q = dhsa_tensor_bhld(q, DHSA_F32, 1, 1, 4, 8);
     a.k = a.v = dhsa_tensor_bhld(k, DHSA_F32, 1, 1, 4, 8);
-    const int64_t bad[] = {-1, DHSA_REST_MAX + 1};
+    const int64_t bad[] = {-2, DHSA_REST_MAX + 1};
     for (int i = 0; i < 2; i++) {
         dhsa_router_params rp = dhsa_router_params_for(4, 0.5);
         rp.rest = bad[i];
@@ -442,5 +507,6 @@ int main(void) {
     test_param();
     test_attend();
     test_session();
+    test_hybrid();
     return t_report("test_rest");
 }

@@ -128,6 +128,11 @@ const char *dhsa_cli_chunk_score_name(int score);
 void dhsa_cli_router_unset(dhsa_router_params *rp);
 void dhsa_cli_router_fill(dhsa_router_params *rp, int64_t L, double density);
 void dhsa_cli_print_router(FILE *f, const dhsa_router_params *rp, int64_t L);
+/* --rest's value: "hybrid" (DHSA_REST_HYBRID) or 0 .. DHSA_REST_MAX; and
+ * back to text (buf for numbers). */
+#define DHSA_CLI_REST_UNSET INT64_MIN
+int64_t dhsa_cli_rest(const char *opt, const char *v);
+const char *dhsa_cli_rest_text(int64_t rest, char *buf, size_t cap);
 
 /* Strict numbers (tools/lib/cli_num.c): the whole string must be the number;
  * integers may take a K/M/G/T suffix (powers of 1024) when suffix != 0.

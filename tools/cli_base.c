@@ -238,26 +238,37 @@ void dhsa_cli_router_unset(dhsa_router_params *rp) {
     rp->score_mode = (dhsa_chunk_score)-1;
     rp->carry = -1;
     rp->exact_rows = -1;
-    rp->rest = -1;
+    rp->rest = DHSA_CLI_REST_UNSET;
+}
+
+int64_t dhsa_cli_rest(const char *opt, const char *v) {
+    return v && strcmp(v, "hybrid") == 0 ? DHSA_REST_HYBRID : dhsa_cli_int(opt, v, 0, DHSA_REST_MAX, 0);
+}
+
+const char *dhsa_cli_rest_text(int64_t rest, char *buf, size_t cap) {
+    if (rest == DHSA_REST_HYBRID) return "hybrid";
+    snprintf(buf, cap, "%lld", (long long)rest);
+    return buf;
 }
 
 void dhsa_cli_router_fill(dhsa_router_params *rp, int64_t L, double density) {
     if ((int)rp->score_mode < 0) rp->score_mode = dhsa_router_params_for(0, density).score_mode;
     if (rp->carry < 0) rp->carry = dhsa_router_params_for(0, density).carry;
     if (rp->exact_rows < 0) rp->exact_rows = dhsa_router_params_for(0, density).exact_rows;
-    if (rp->rest < 0) rp->rest = dhsa_router_params_for(0, density).rest;
+    if (rp->rest == DHSA_CLI_REST_UNSET) rp->rest = dhsa_router_params_for(0, density).rest;
     rp->density = density;
     dhsa_router_scale(rp, L);
 }
 
 void dhsa_cli_print_router(FILE *f, const dhsa_router_params *rp, int64_t L) {
+    char rest[24];
     fprintf(f, "routing at L = %lld: q_block %lld, sink %lld, local %lld, dense_below %lld, min_chunk %lld, "
-            "max_chunk %lld, block chunk %lld, sim_window %lld, nms_window %lld, score %s, score_rows %lld, sink_window %lld, carry %g, exact_rows %lld, rest %lld\n",
+            "max_chunk %lld, block chunk %lld, sim_window %lld, nms_window %lld, score %s, score_rows %lld, sink_window %lld, carry %g, exact_rows %lld, rest %s\n",
             (long long)L, (long long)rp->q_block, (long long)rp->sink_tokens, (long long)rp->local_tokens,
             (long long)rp->dense_below, (long long)rp->min_chunk, (long long)rp->max_chunk, (long long)rp->chunk,
             (long long)rp->sim_window, (long long)rp->nms_window, dhsa_cli_chunk_score_name(rp->score_mode),
             (long long)rp->score_rows, (long long)rp->sink_window, rp->carry, (long long)rp->exact_rows,
-            (long long)rp->rest);
+            dhsa_cli_rest_text(rp->rest, rest, sizeof rest));
 }
 
 /* ------------------------------------------------------------ chat format --- */

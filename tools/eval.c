@@ -77,7 +77,7 @@ const char dhsa_cli_eval_usage[] =
     "  --q-block N  --sink N  --local N  --dense-below N  --min-chunk N\n"
     "  --max-chunk N  --chunk N (block's)  --sim-window N  --nms-window N\n"
     "  --score pooled|moments|heads|bound|rows  --score-rows N (rows: 0 = all)\n"
-    "  --sink-window N  --carry F (0.1)  --exact-rows N (64)  --rest N (0)\n"
+    "  --sink-window N  --carry F (0.1)  --exact-rows N (64)  --rest N|hybrid\n"
     "fidelity:\n"
     "  -f FILE             the text   -c, --ctx N  window (default: trained context)\n"
     "  --windows N         most windows (default 8)\n"
@@ -174,7 +174,7 @@ static void parse(int argc, char **argv, eval_opts *o, const char *sub) {
     o->sink_window = -1;
     o->carry = -1;
     o->exact_rows = -1;
-    o->rest = -1;
+    o->rest = DHSA_CLI_REST_UNSET;
     char buf[1024], *items[MAX_LIST];
     for (int i = 3; i < argc; i++) {
         const char *a = argv[i];
@@ -239,7 +239,7 @@ static void parse(int argc, char **argv, eval_opts *o, const char *sub) {
         else if (strcmp(a, "--sink-window") == 0) o->sink_window = dhsa_cli_int(a, v, 0, 4096, 0);
         else if (strcmp(a, "--carry") == 0) o->carry = dhsa_cli_real(a, v, 0, 1);
         else if (strcmp(a, "--exact-rows") == 0) o->exact_rows = dhsa_cli_int(a, v, 0, DHSA_EXACT_ROWS_MAX, 0);
-        else if (strcmp(a, "--rest") == 0) o->rest = dhsa_cli_int(a, v, 0, DHSA_REST_MAX, 0);
+        else if (strcmp(a, "--rest") == 0) o->rest = dhsa_cli_rest(a, v);
         else if (strcmp(a, "--boundary") == 0) {
             if (strcmp(v, "fixed") == 0) o->boundary = DHSA_BOUNDARY_FIXED;
             else if (strcmp(v, "similarity") == 0) o->boundary = DHSA_BOUNDARY_SIMILARITY;
@@ -336,7 +336,7 @@ dhsa_router_params eval_router_for(const eval_opts *o, int64_t L, double density
     if (o->sink_window >= 0) rp.sink_window = o->sink_window;
     if (o->carry >= 0) rp.carry = o->carry;
     if (o->exact_rows >= 0) rp.exact_rows = o->exact_rows;
-    if (o->rest >= 0) rp.rest = o->rest;
+    if (o->rest != DHSA_CLI_REST_UNSET) rp.rest = o->rest;
     return rp;
 }
 

@@ -52,7 +52,7 @@ typedef struct {
     int64_t sink_window; /* -1 = the default */
     double carry;        /* < 0 = the default */
     int64_t exact_rows;  /* < 0 = the default */
-    int64_t rest;        /* < 0 = the default */
+    int64_t rest;        /* DHSA_CLI_REST_UNSET = the default */
     int json, show, passage_kind; /* 0 tokens, 1 words, 2 text */
     variant var[MAX_VAR];
     int n_var;

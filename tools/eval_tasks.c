@@ -483,7 +483,10 @@ int eval_cmd_ruler(eval_env *e) {
             snprintf(config + strlen(config), sizeof config - strlen(config), " exact_rows %lld",
                      (long long)rp.exact_rows);
         /* and before rest existed (= 0) with --rest 0 */
-        if (rp.rest) snprintf(config + strlen(config), sizeof config - strlen(config), " rest %lld", (long long)rp.rest);
+        char rest[24];
+        if (rp.rest)
+            snprintf(config + strlen(config), sizeof config - strlen(config), " rest %s",
+                     dhsa_cli_rest_text(rp.rest, rest, sizeof rest));
     }
     ruler_done d;
     memset(&d, 0, sizeof d);

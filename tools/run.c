@@ -118,7 +118,7 @@ const char dhsa_cli_run_usage[] =
     "                      0: all routed); the run says the density used\n"
     "  --q-block N         rows per block (default 16; 64 past 16K tokens)\n"
 
-    "  --carry F (0.1)  --exact-rows N (64)  --rest N (0 off; 3: layer 2 on)\n"
+    "  --carry F (0.1)  --exact-rows N (64)  --rest N|hybrid (hybrid)\n"
     "Output:\n"
     "  --ids               print token ids (prompt, then generated) instead of text\n"
     "  --verbose           print the model, the plan and the timings\n"
@@ -297,7 +297,7 @@ static void parse(int argc, char **argv, run_opts *o) {
         else if (strcmp(a, "--sink-window") == 0) o->ses.router.sink_window = dhsa_cli_int(a, v, 0, 4096, 0);
         else if (strcmp(a, "--carry") == 0) o->ses.router.carry = dhsa_cli_real(a, v, 0, 1);
         else if (strcmp(a, "--exact-rows") == 0) o->ses.router.exact_rows = dhsa_cli_int(a, v, 0, DHSA_EXACT_ROWS_MAX, 0);
-        else if (strcmp(a, "--rest") == 0) o->ses.router.rest = dhsa_cli_int(a, v, 0, DHSA_REST_MAX, 0);
+        else if (strcmp(a, "--rest") == 0) o->ses.router.rest = dhsa_cli_rest(a, v);
         else if (strcmp(a, "--local") == 0) o->ses.router.local_tokens = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--dense-below") == 0) o->ses.router.dense_below = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--q-block") == 0) o->ses.router.q_block = dhsa_cli_int(a, v, 1, 65536, 0);

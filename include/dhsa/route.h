@@ -322,17 +322,21 @@ typedef struct {
                               store (chunks x KV heads x (dk + dv)). Only a
                               session applies it (it keeps the summaries in
                               step with its cache); dhsa_route and
-                              dhsa_kv_index_route ignore it. With 3 the
-                              first two layers are left out: their
-                              attention is broad but positional, and
-                              summaries there derailed SmolLM2's copies.
-                              0: off; at most DHSA_REST_MAX (default 0 here
-                              and in dhsa_router_params_for: it helps
-                              gemma-3 and hurts SmolLM2 on held-out
-                              prompts; 3, from layer 2, is the value the
-                              development prompts chose) */
+                              dhsa_kv_index_route ignore it. Sliding-window
+                              layers never attend them. DHSA_REST_HYBRID
+                              (-1): in every global layer of a model that
+                              interleaves sliding-window layers with global
+                              ones (gemma-2/3: their few global layers hold
+                              every long-range read, and spread it), off in
+                              other models (their held-out answers did not
+                              gain). 0: off; n at most DHSA_REST_MAX
+                              (default 0 here; DHSA_REST_HYBRID in
+                              dhsa_router_params_for) */
 } dhsa_router_params;
 
+/* dhsa_router_params.rest: summaries in the global layers of a model with
+ * sliding-window layers, none in other models. */
+#define DHSA_REST_HYBRID (-1)
 /* The largest dhsa_router_params.rest (a layer number + 1). */
 #define DHSA_REST_MAX 65536
 /* The most chunks a decode step carries per KV group (dhsa_router_params.carry). */

@@ -44,7 +44,7 @@ from ._context import (Context, active_isa, default_context, mem_stats, peak_rss
                        reset_peak_rss, rss, set_isa)
 from ._attention import (attention, backend_in_use, from_bfloat16, to_bfloat16,
                          workspace_size)
-from ._route import (KVIndex, Layout, Predictor, RouterParams, fidelity, layout_size, route,
+from ._route import (KVIndex, Layout, Predictor, REST_HYBRID, RouterParams, fidelity, layout_size, route,
                      route_sizes, synth)
 from ._eval import Task, Tokenizer, retrieval_task
 from ._runner import IncompleteJSONError, Model, Session
@@ -54,7 +54,7 @@ from ._evaluate import (copy_sequence, eval_copy, eval_fidelity, eval_generate, 
 
 __all__ = [
     "attention", "workspace_size", "backend_in_use",
-    "route", "route_sizes", "RouterParams", "Layout", "layout_size",
+    "route", "route_sizes", "RouterParams", "REST_HYBRID", "Layout", "layout_size",
     "Predictor", "KVIndex", "synth", "fidelity",
     "Tokenizer", "retrieval_task", "Task",
     "Model", "Session", "IncompleteJSONError",

@@ -245,9 +245,10 @@ class RouterParams:
         in for_length). Only sessions apply it.
     rest: n > 0 = in layers n - 1 and after, a session's eval of more than
         one token also attends every earlier chunk a block left out as one
-        summary (mean key and value, weighed by its key count; 0 = off,
-        also in for_length; 3, from layer 2, the value development prompts
-        chose). Only sessions apply it.
+        summary (mean key and value, weighed by its key count; 0 = off).
+        REST_HYBRID (-1; for_length's): in the global layers of a model
+        that interleaves sliding-window layers (gemma-2/3), off in others.
+        Only sessions apply it.
     RouterParams.for_length(n, density): the routing every entry point runs
         by default for n tokens (dhsa_router_params_for; sessions get it
         for their context unless given other router params).
@@ -339,6 +340,8 @@ class RouterParams:
         rp.rest = _i64("rest", self.rest)
         return rp, pred
 
+
+REST_HYBRID = -1  # RouterParams.rest: include/dhsa/route.h DHSA_REST_HYBRID
 
 _PARAM_NAMES = frozenset(f.name for f in dataclasses.fields(RouterParams))
 

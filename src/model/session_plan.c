@@ -54,7 +54,14 @@ dhsa_session_params dhsa__session_resolve(const dhsa_model *m, const dhsa_sessio
     dhsa_session_params q = *p;
     if (q.dist && q.dist->size > 1 && q.router.q_block < 0) q.router.q_block = 64;
     dhsa_router_scale(&q.router, q.n_ctx > 0 ? q.n_ctx : m->info.n_ctx_train);
+    if (q.router.rest == DHSA_REST_HYBRID) q.router.rest = dhsa__model_hybrid(m) ? 1 : 0;
     return q;
+}
+
+/* A model that interleaves sliding-window layers with global ones
+ * (gemma-2/3): DHSA_REST_HYBRID's summaries run in its global layers. */
+int dhsa__model_hybrid(const dhsa_model *m) {
+    return m->info.n_swa_layers > 0 && m->info.n_swa_layers < m->info.n_layer;
 }
 
 const char *dhsa_attn_method_name(dhsa_attn_method m) {
@@ -210,7 +217,8 @@ static dhsa_status plan_for(const dhsa_ctx *ctx, const dhsa_model *m, const dhsa
             size_t ixb;
             if ((st = dhsa_kv_index_size(&rp, in->n_head_kv, in->head_dim_k, n_ctx, &ixb))) return st;
             pl->routing = (size_t)in->n_layer * ixb + layout_bytes;
-            const int64_t rest_layers = rp.rest > 0 && rp.rest <= in->n_layer ? in->n_layer - (rp.rest - 1) : 0;
+            int64_t rest_layers = 0; /* the routed layers from rest - 1 (session.c, make_rest) */
+            for (int64_t l = rp.rest > 0 ? rp.rest - 1 : in->n_layer; l < in->n_layer; l++) rest_layers += !m->layers[l].window;
             if (rp.rest && rp.method == DHSA_ROUTE_DHSA && !dhsa__dist_on(p)) /* rest.h: summaries, their scratch, a layout */
                 pl->routing += (size_t)rest_layers * (dhsa__rest_bytes(in->n_head_kv, in->head_dim_k, in->head_dim_v,
                                                                       dhsa__rest_max_chunks(&rp, n_ctx),

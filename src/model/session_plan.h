@@ -32,9 +32,12 @@
 
 
 /* p with the router's unset fields scaled to the context (the defaults
- * plumbing: dhsa_router_scale). Context parallelism runs query blocks of
+ * plumbing: dhsa_router_scale) and rest DHSA_REST_HYBRID made 1 (a
+ * hybrid model: dhsa__model_hybrid) or 0. Context parallelism runs query blocks of
  * 64 rows. */
 dhsa_session_params dhsa__session_resolve(const dhsa_model *m, const dhsa_session_params *p);
+/* Whether m interleaves sliding-window layers with global ones. */
+int dhsa__model_hybrid(const dhsa_model *m);
 /* The router parameters a method runs with. */
 dhsa_router_params dhsa__session_router(const dhsa_session_params *p);
 /* Whether the method routes through per-layer indexes (DHSA, BLOCK). */

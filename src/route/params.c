@@ -61,8 +61,8 @@ dhsa_router_params dhsa_router_params_for(int64_t n, double density) {
     rp.score_mode = DHSA_SCORE_MOMENTS; /* ROWS measured and not taken: docs/dhsa.md */
     rp.carry = 0.1; /* docs/dhsa.md, "Chunks carried from one decode step to the next" */
     rp.exact_rows = 64; /* docs/dhsa.md, "The prompt's last rows ranked by their exact attention" */
-    rp.rest = 0;        /* off: held-out prompts did not confirm it for every model (docs/dhsa.md, "The rest of
-                           the keys, summarised"); --rest 3 turns it on from layer 2 */
+    rp.rest = DHSA_REST_HYBRID; /* the global layers of hybrid models only: docs/dhsa.md, "The rest of the
+                                   keys, summarised" */
     rp.sim_window = 8;
     rp.q_block = rp.sink_tokens = rp.local_tokens = rp.dense_below = -1;
     rp.min_chunk = rp.max_chunk = rp.chunk = rp.nms_window = rp.score_rows = rp.sink_window = -1;
@@ -132,8 +132,9 @@ dhsa_status dhsa__route_check_params(const dhsa_router_params *rp) {
     if (rp->exact_rows < 0 || rp->exact_rows > DHSA_EXACT_ROWS_MAX)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "exact_rows = %lld: use 0 (off) to %d rows", (long long)rp->exact_rows,
                           DHSA_EXACT_ROWS_MAX);
-    if (rp->rest < 0 || rp->rest > DHSA_REST_MAX)
-        return dhsa__fail(DHSA_ERR_INVALID_ARG, "rest = %lld: use 0 (off) or n in [1, %d] (summaries from layer n - 1)",
+    if (rp->rest < DHSA_REST_HYBRID || rp->rest > DHSA_REST_MAX)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "rest = %lld: use 0 (off), n in [1, %d] (summaries from layer n - 1) "
+                          "or DHSA_REST_HYBRID (-1)",
                           (long long)rp->rest, DHSA_REST_MAX);
     if (!isfinite(rp->threshold))
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "threshold must be finite");
