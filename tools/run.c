@@ -1060,6 +1060,7 @@ const char dhsa_cli_bench_model_usage[] =
     "                        [--attn dense,dhsa] [--decode N] [--density F | --budget N]\n"
     "                        [--boundary learned:FILE] [--runs N] [--mem-limit SIZE]\n"
     "                        [--kv f32|f16|q8_0] [--exact] [--threads T] [--seed S] [--svg FILE]\n"
+    "                        [--rest N|hybrid] (the routing's, as dhsa run's)\n"
     "       mpirun -np R dhsa bench model [the same options] [--dist-stripe N] [--dist-fetch F]\n"
     "\n"
     "For each length L and attention method, in one process: a fresh session\n"
@@ -1154,7 +1155,7 @@ static void write_model_plots(const char *file, const char *model, const char *c
  * makes one session's params from it, the same for the plan checked before
  * the first run and for the run. */
 typedef struct {
-    int64_t n_dec, budget, stripe;
+    int64_t n_dec, budget, stripe, rest;
     double density, fetch;
     dhsa_type kv;
     int exact;
@@ -1175,6 +1176,7 @@ static dhsa_session_params bench_params(const bench_setup *b, int64_t L, dhsa_at
     }
     if (b->density > 0) sp.router.density = b->density;
     if (b->budget > 0) sp.router.budget_tokens = b->budget;
+    if (b->rest != DHSA_CLI_REST_UNSET) sp.router.rest = b->rest;
     sp.mem_limit = b->mem_limit;
     sp.dist = b->dist;
     sp.dist_stripe = b->stripe;
@@ -1185,8 +1187,7 @@ static dhsa_session_params bench_params(const bench_setup *b, int64_t L, dhsa_at
 /* The largest of x [n]. */
 static double max_of(const double *x, int n) {
     double m = x[0];
-    for (int i = 1; i < n; i++)
-        if (x[i] > m) m = x[i];
+    for (int i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
     return m;
 }
 
@@ -1212,7 +1213,7 @@ int dhsa_cli_bench_model(int argc, char **argv) {
     const int rank0 = !dist || dist->rank == 0, R = dist ? dist->size : 1;
     const char *model = NULL, *tokp = NULL, *lengths = "4K,16K,32K", *methods = NULL, *svg = NULL;
     const char *pred_path = NULL;
-    int64_t n_dec = 16, threads = 0, seed = 1, budget = 0, runs = 1, stripe = 0;
+    int64_t n_dec = 16, threads = 0, seed = 1, budget = 0, runs = 1, stripe = 0, rest = DHSA_CLI_REST_UNSET;
     double density = 0, fetch = 0;
     size_t mem_limit = 0;
     dhsa_type kv = DHSA_F16; /* dhsa_session_default_params' */
@@ -1225,10 +1226,7 @@ int dhsa_cli_bench_model(int argc, char **argv) {
             dhsa_cli_dist_finish();
             return 0;
         }
-        if (strcmp(a, "--exact") == 0) {
-            exact = 1;
-            continue;
-        }
+        if (strcmp(a, "--exact") == 0 && (exact = 1)) continue;
         if (i + 1 >= argc) dhsa_cli_die(EXIT_USAGE, "%s needs a value (or is unknown)", a);
         const char *v = argv[++i];
         if (strcmp(a, "-m") == 0) model = dhsa_cli_model_arg(v);
@@ -1241,6 +1239,7 @@ int dhsa_cli_bench_model(int argc, char **argv) {
         else if (strcmp(a, "--density") == 0) density = dhsa_cli_real(a, v, 1e-6, 1);
         else if (strcmp(a, "--budget") == 0) budget = dhsa_cli_int(a, v, 1, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--runs") == 0) runs = dhsa_cli_int(a, v, 1, 1000, 1);
+        else if (strcmp(a, "--rest") == 0) rest = dhsa_cli_rest(a, v);
         else if (strcmp(a, "--mem-limit") == 0) mem_limit = (size_t)dhsa_cli_int(a, v, 1, INT64_MAX, 1);
         else if (strcmp(a, "--dist-stripe") == 0) stripe = dist_stripe_arg(a, v);
         else if (strcmp(a, "--dist-fetch") == 0) fetch = dist_fetch_arg(a, v);
@@ -1323,7 +1322,7 @@ int dhsa_cli_bench_model(int argc, char **argv) {
     cp.n_threads = (int)threads;
     dhsa_ctx *ctx;
     if (dhsa_ctx_create(&cp, &ctx)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
-    const bench_setup bs = {n_dec, budget, stripe, density, fetch, kv, exact, mem_limit, pred, dist};
+    const bench_setup bs = {n_dec, budget, stripe, rest, density, fetch, kv, exact, mem_limit, pred, dist};
     /* What cannot run across ranks (a method, learned boundaries, the KV
      * type, the stripe) is refused before anything runs, in the library's
      * words: never replaced by something that can. */
