@@ -461,6 +461,22 @@ static void test_hybrid(void) {
         }
         dhsa_session_params p = sparams(DHSA_REST_HYBRID, 48), q = sparams(want, 48), r = sparams(0, 48);
         dhsa_session *s = NULL;
+        /* the session's allocations stay within its plan (sliding-window
+         * layers keep no index and no summaries, and the plan counts none) */
+        dhsa_ctx_trim(ctx);
+        dhsa_mem_stats before = dhsa_ctx_mem_stats(ctx);
+        dhsa_ctx_reset_peak(ctx);
+        if (dhsa_session_create(ctx, m, &p, &s) == DHSA_OK) {
+            st = dhsa_session_eval(s, x, N_P, lg[0]);
+            dhsa_mem_stats after = dhsa_ctx_mem_stats(ctx);
+            const dhsa_mem_plan *pl = dhsa_session_get_plan(s);
+            size_t tracked = pl->activations + pl->attn_workspace + pl->matmul_workspace + pl->routing;
+            T_CHECK(st == DHSA_OK && after.peak - before.in_use <= tracked,
+                    "window %lld: the ctx peaked %zu bytes above its base, the plan holds %zu", (long long)sp.sliding_window,
+                    after.peak - before.in_use, tracked);
+        }
+        dhsa_session_free(s);
+        s = NULL;
         dhsa_router_params got;
         T_CHECK(dhsa_session_create(ctx, m, &p, &s) == DHSA_OK && dhsa_session_get_router(s, &got) == DHSA_OK &&
                     got.rest == want,

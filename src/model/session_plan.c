@@ -216,9 +216,12 @@ static dhsa_status plan_for(const dhsa_ctx *ctx, const dhsa_model *m, const dhsa
         if (dhsa__session_uses_index(p)) {
             size_t ixb;
             if ((st = dhsa_kv_index_size(&rp, in->n_head_kv, in->head_dim_k, n_ctx, &ixb))) return st;
-            pl->routing = (size_t)in->n_layer * ixb + layout_bytes;
-            int64_t rest_layers = 0; /* the routed layers from rest - 1 (session.c, make_rest) */
-            for (int64_t l = rp.rest > 0 ? rp.rest - 1 : in->n_layer; l < in->n_layer; l++) rest_layers += !m->layers[l].window;
+            int64_t routed = 0, rest_layers = 0; /* sliding-window layers keep no index (session.c, make_indexes) */
+            for (int64_t l = 0; l < in->n_layer; l++) {
+                routed += !m->layers[l].window;
+                rest_layers += !m->layers[l].window && rp.rest > 0 && l >= rp.rest - 1; /* make_rest */
+            }
+            pl->routing = (size_t)routed * ixb + layout_bytes;
             if (rp.rest && rp.method == DHSA_ROUTE_DHSA && !dhsa__dist_on(p)) /* rest.h: summaries, their scratch, a layout */
                 pl->routing += (size_t)rest_layers * (dhsa__rest_bytes(in->n_head_kv, in->head_dim_k, in->head_dim_v,
                                                                       dhsa__rest_max_chunks(&rp, n_ctx),
