@@ -330,6 +330,11 @@ static void test_workspace(void) {
 }
 
 int main(void) {
+    /* off by default (cpu.c: DHSA_AMX=1 opts in); on here wherever it can run */
+    const char *on = getenv("DHSA_AMX"), *isa = getenv("DHSA_FORCE_ISA");
+    T_CHECK((on && strcmp(on, "1") == 0) || dhsa__amx_kernels_active() == NULL,
+            "the AMX route runs without DHSA_AMX=1");
+    if (!(isa && strcmp(isa, "avx512-vnni") == 0)) dhsa__set_amx_cap(1);
     test_pack();
     test_tile();
     test_route();

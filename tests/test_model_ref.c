@@ -283,6 +283,8 @@ static void check_fast(dhsa_model *m, const char *name, const int32_t *ids, int6
         return;
     }
     const dhsa__idot cap0 = dhsa__set_idot_cap(DHSA__IDOT_AVX512VNNI); /* the cap the environment set */
+    const char *isa_env = getenv("DHSA_FORCE_ISA");
+    const int amx_ok = !(isa_env && strcmp(isa_env, "avx512-vnni") == 0); /* AMX is opt-in: test it where it runs */
     const int amx0 = dhsa__set_amx_cap(1);
     const int quantized = strcmp(name, "F32") != 0;
     char seen[4][160];
@@ -292,7 +294,7 @@ static void check_fast(dhsa_model *m, const char *name, const int32_t *ids, int6
     for (int cap = DHSA__IDOT_AVX512VNNI + 1; cap >= DHSA__IDOT_AVX2; cap--) {
         const int c = cap > DHSA__IDOT_AVX512VNNI ? DHSA__IDOT_AVX512VNNI : cap;
         dhsa__set_idot_cap((dhsa__idot)(c < (int)cap0 ? c : (int)cap0));
-        dhsa__set_amx_cap(amx0 && cap > DHSA__IDOT_AVX512VNNI);
+        dhsa__set_amx_cap(amx_ok && cap > DHSA__IDOT_AVX512VNNI);
         char routes[160];
         dhsa_model_routes(m, 0, routes, sizeof routes);
         int dup = 0;

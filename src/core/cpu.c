@@ -9,8 +9,12 @@
  *   DHSA_FORCE_ISA=avx-vnni   AVX2 kernels, the integer ones on AVX-VNNI;
  *   DHSA_FORCE_ISA=avx512-vnni AVX-512 without the AMX tiles (the prefill
  *                             route of matmul/amx.h off);
- *   DHSA_FORCE_ISA=avx512     the default on an AVX-512 CPU (AMX where the
- *                             CPU, the OS and the build have it).
+ *   DHSA_FORCE_ISA=avx512     the default on an AVX-512 CPU;
+ *   DHSA_AMX=1                the prefill route of matmul/amx.h on the AMX
+ *                             tiles where the CPU, the OS and the build have
+ *                             them (off by default: a row's result then
+ *                             depends on the size of the call it is in;
+ *                             docs/quant.md, "The AMX route").
  * A value above what the CPU has gives the CPU's best. The integer
  * dot-product level (dhsa__idot_active) follows the active ISA and that cap;
  * AVX512-BF16 (dhsa__bf16_isa_ok, the fast route's F16/BF16 kernels) runs
@@ -232,8 +236,13 @@ int dhsa__amx_cpu_has(void) {
 static int amx_env_on(void) {
     int v = atomic_load(&amx_cap);
     if (v < 0) {
-        const char *e = getenv("DHSA_FORCE_ISA");
-        v = !(e && strcmp(e, "avx512-vnni") == 0);
+        /* Opt-in: the tiles' BF16 products run for calls of 5 or more
+         * tokens only, so with them the same token's row differs in its
+         * last bits between a prefill and a decode step, a prompt-cache
+         * hit's short suffix or a server's batch of other clients' rows;
+         * an answer would depend on how (and beside whom) it was run. */
+        const char *e = getenv("DHSA_FORCE_ISA"), *on = getenv("DHSA_AMX");
+        v = on && strcmp(on, "1") == 0 && !(e && strcmp(e, "avx512-vnni") == 0);
         int expected = -1;
         if (!atomic_compare_exchange_strong(&amx_cap, &expected, v)) v = expected;
     }

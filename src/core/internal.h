@@ -49,7 +49,8 @@ int dhsa__bf16_cpu_has(void);
  * the CPU has them, the OS saves their state and Linux granted this
  * process the tile data (asked on the first call). */
 int dhsa__amx_cpu_has(void);
-/* ... and the active ISA is AVX-512, AVX512-BF16 is there and neither
+/* ... and the active ISA is AVX-512, AVX512-BF16 is there, DHSA_AMX=1 or
+ * dhsa__set_amx_cap(1) turned it on (it is off by default) and neither
  * DHSA_FORCE_ISA=avx512-vnni nor dhsa__set_amx_cap(0) turned it off. */
 int dhsa__amx_active(void);
 /* Sets the cap (0 off, 1 on where the CPU allows), returns the one before
