@@ -401,6 +401,24 @@ static inline int llmref_fixture_build(const llmref_spec *s, uint8_t **bytes, si
     return fx.failed ? -1 : 0;
 }
 
+/* The fixture of s as a dhsa model in memory: *bytes (the caller frees it
+ * after dhsa_model_free(*m), which also closes the GGUF view). On failure
+ * -1 with *m NULL and *bytes freed; llmref_error() and dhsa_last_error()
+ * say why. */
+static inline int llmref_fixture_model(const llmref_spec *s, uint8_t **bytes, dhsa_model **m) {
+    size_t n = 0;
+    dhsa_gguf *g = NULL;
+    *bytes = NULL;
+    *m = NULL;
+    if (llmref_fixture_build(s, bytes, &n) == 0 && dhsa_gguf_open_memory(*bytes, n, &g) == DHSA_OK &&
+        dhsa_model_from_gguf(g, NULL, m) == DHSA_OK)
+        return 0;
+    free(*bytes);
+    *bytes = NULL;
+    *m = NULL;
+    return -1;
+}
+
 /* The fixture of s written to path. */
 static inline int llmref_fixture_write_file(const llmref_spec *s, const char *path) {
     uint8_t *b;

@@ -33,11 +33,13 @@ static void params_text(const dhsa_router_params *rp, char *buf, size_t cap) {
     if (rp->rest != DHSA_REST_HYBRID) snprintf(rest, sizeof rest, "%lld", (long long)rp->rest);
     snprintf(buf, cap,
              "q_block %lld, sink %lld, local %lld, dense_below %lld, min_chunk %lld, max_chunk %lld, block chunk "
-             "%lld, sim_window %lld, nms_window %lld, score %s, score_rows %lld, sink_window %lld, carry %g, exact_rows %lld, rest %s",
+             "%lld, sim_window %lld, nms_window %lld, score %s, score_rows %lld, sink_window %lld, carry %g, exact_rows %lld, rest %s, "
+             "hybrid_max_chunk %lld",
              (long long)rp->q_block, (long long)rp->sink_tokens, (long long)rp->local_tokens,
              (long long)rp->dense_below, (long long)rp->min_chunk, (long long)rp->max_chunk, (long long)rp->chunk,
              (long long)rp->sim_window, (long long)rp->nms_window, score_name(rp->score_mode),
-             (long long)rp->score_rows, (long long)rp->sink_window, rp->carry, (long long)rp->exact_rows, rest);
+             (long long)rp->score_rows, (long long)rp->sink_window, rp->carry, (long long)rp->exact_rows, rest,
+             (long long)rp->hybrid_max_chunk);
 }
 
 /* hybrid_as >= 0: rest DHSA_REST_HYBRID as a session on a model resolves it
@@ -79,7 +81,7 @@ int main(void) {
     T_CHECK(r4.q_block == 16 && r4.sink_tokens == 4 && r4.local_tokens == 32 && r4.dense_below == 0 &&
                 r4.min_chunk == 8 && r4.max_chunk == 32 && r4.chunk == 16 && r4.nms_window == 4 &&
                 r4.score_mode == DHSA_SCORE_MOMENTS && r4.score_rows == 4 && r4.sink_window == 64 && r4.density == 0.0625 && r4.carry == 0.1 &&
-                r4.exact_rows == 64 && r4.rest == DHSA_REST_HYBRID,
+                r4.exact_rows == 64 && r4.rest == DHSA_REST_HYBRID && r4.hybrid_max_chunk == 16,
             "dhsa_router_params_for(4096, 0.0625) is not the documented set");
     dhsa_router_params r32 = dhsa_router_params_for(32768, 0.0625);
     T_CHECK(r32.q_block == 64 && r32.local_tokens == 256 && r32.dense_below == 0 && r32.min_chunk == 16 &&
@@ -169,8 +171,8 @@ int main(void) {
         FILE *p = popen("cd python && DHSA_LIB=../build/libdhsa.so python3 -c \"import dhsa; r = "
                         "dhsa.RouterParams.for_length(1024, 0.125); print('routing at L = 1024: q_block %d, sink "
                         "%d, local %d, dense_below %d, min_chunk %d, max_chunk %d, block chunk %d, sim_window %d, "
-                        "nms_window %d, score %s, score_rows %d, sink_window %d, carry %g, exact_rows %d, rest %s' % (r.q_block, r.sink, r.local, r.dense_below, "
-                        "r.min_chunk, r.max_chunk, r.chunk, r.sim_window, r.nms_window, r.score, r.score_rows, r.sink_window, r.carry, r.exact_rows, 'hybrid' if r.rest == dhsa.REST_HYBRID else r.rest))\" "
+                        "nms_window %d, score %s, score_rows %d, sink_window %d, carry %g, exact_rows %d, rest %s, hybrid_max_chunk %d' % (r.q_block, r.sink, r.local, r.dense_below, "
+                        "r.min_chunk, r.max_chunk, r.chunk, r.sim_window, r.nms_window, r.score, r.score_rows, r.sink_window, r.carry, r.exact_rows, 'hybrid' if r.rest == dhsa.REST_HYBRID else r.rest, r.hybrid_max_chunk))\" "
                         "2>&1",
                         "r");
         char buf[2048] = "";

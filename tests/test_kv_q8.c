@@ -720,13 +720,9 @@ static void test_qwen_shapes(void) {
     sp.rope_base = 1e6;
     sp.k_bias_big = 150;
     uint8_t *bytes = NULL;
-    size_t size = 0;
-    dhsa_gguf *g = NULL;
     dhsa_model *m = NULL;
-    if (llmref_fixture_build(&sp, &bytes, &size) || dhsa_gguf_open_memory(bytes, size, &g) ||
-        dhsa_model_from_gguf(g, NULL, &m)) {
+    if (llmref_fixture_model(&sp, &bytes, &m)) {
         T_CHECK(0, "qwen2-shaped fixture: %s / %s", llmref_error(), dhsa_last_error());
-        free(bytes);
         return;
     }
     enum { N = 40 };

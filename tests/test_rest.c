@@ -433,14 +433,10 @@ static void test_hybrid(void) {
     for (int hybrid = 1; hybrid >= 0; hybrid--) {
         sp.sliding_window = hybrid ? 16 : 0;
         uint8_t *bytes = NULL;
-        size_t size = 0;
-        dhsa_gguf *g = NULL;
         dhsa_model *m = NULL;
-        if (llmref_fixture_build(&sp, &bytes, &size) || dhsa_gguf_open_memory(bytes, size, &g) ||
-            dhsa_model_from_gguf(g, NULL, &m)) {
+        if (llmref_fixture_model(&sp, &bytes, &m)) {
             T_CHECK(0, "gemma3 fixture (window %lld): %s %s", (long long)sp.sliding_window, llmref_error(),
                     dhsa_last_error());
-            free(bytes);
             continue;
         }
         const int64_t V = dhsa_model_get_info(m)->n_vocab, want = hybrid;
@@ -492,7 +488,81 @@ static void test_hybrid(void) {
                 (long long)sp.sliding_window, a.routing, (long long)want, b.routing, c.routing);
         free(lg[0]);
         free(lg[1]);
-        dhsa_model_free(m); /* and g */
+        dhsa_model_free(m); /* and its GGUF view */
+        free(bytes);
+    }
+    dhsa_ctx_free(ctx);
+}
+
+/* The longest chunk any routed layer's layout held (layer hook). */
+static int widest_chunk(void *user, int64_t layer, const dhsa_attn_desc *a) {
+    (void)layer;
+    dhsa_layout_stats ls;
+    if (a->layout && dhsa_layout_get_stats(a->layout, &ls) == DHSA_OK && ls.chunks > 0) {
+        int64_t *w = user;
+        if (ls.chunk_max > *w) *w = ls.chunk_max;
+    }
+    return 0;
+}
+
+/* hybrid_max_chunk (16 by default): a session on a gemma3 model whose
+ * layers 0, 2, 4 slide cuts chunks of at most 16 keys (max_chunk 32 at
+ * this length), reports the values it runs, and gives the logits of the
+ * same chunk limits set by hand bit for bit; off (0) or on a model
+ * without sliding layers, the chunks reach past 16 keys. */
+static void test_hybrid_chunks(void) {
+    llmref_spec sp = llmref_spec_default("gemma3", LLMREF_F32);
+    sp.n_layer = 5;
+    sp.seed = 73;
+    int32_t x[N_P];
+    for (int i = 0; i < N_P; i++) x[i] = (int32_t)(3 + (int64_t)(urand() * 300.0));
+    dhsa_ctx *ctx = NULL;
+    dhsa_ctx_create(NULL, &ctx);
+    for (int hybrid = 1; hybrid >= 0; hybrid--) {
+        sp.sliding_window = hybrid ? 16 : 0;
+        uint8_t *bytes = NULL;
+        dhsa_model *m = NULL;
+        if (llmref_fixture_model(&sp, &bytes, &m)) {
+            T_CHECK(0, "gemma3 fixture (window %lld): %s %s", (long long)sp.sliding_window, llmref_error(),
+                    dhsa_last_error());
+            continue;
+        }
+        const int64_t V = dhsa_model_get_info(m)->n_vocab;
+        /* the default (16), off, by hand (max 16, rule off), a min_chunk above the limit */
+        const int64_t hyb[4] = {16, 0, 0, 16}, max_hand[4] = {-1, -1, 16, -1}, min_hand[4] = {-1, -1, -1, 24};
+        const int64_t want_max[4] = {hybrid ? 16 : 32, 32, 16, hybrid ? 16 : 32},
+                      want_min[4] = {8, 8, 8, hybrid ? 16 : 24};
+        float *lg[4];
+        int64_t widest[4] = {0, 0, 0, 0};
+        for (int c = 0; c < 4; c++) {
+            lg[c] = malloc((size_t)V * sizeof(float));
+            dhsa_session_params p = sparams(0, 48);
+            p.router.hybrid_max_chunk = hyb[c];
+            if (max_hand[c] > 0) p.router.max_chunk = max_hand[c];
+            if (min_hand[c] > 0) p.router.min_chunk = min_hand[c];
+            p.layer_hook = widest_chunk;
+            p.layer_hook_user = &widest[c];
+            dhsa_session *s = NULL;
+            dhsa_router_params got;
+            dhsa_status st = dhsa_session_create(ctx, m, &p, &s);
+            if (!st) st = dhsa_session_get_router(s, &got);
+            if (!st) st = dhsa_session_eval(s, x, N_P, lg[c]);
+            T_CHECK(st == DHSA_OK && got.max_chunk == want_max[c] && got.min_chunk == want_min[c],
+                    "window %lld, case %d: %s; the session reports chunks %lld-%lld, want %lld-%lld",
+                    (long long)sp.sliding_window, c, st ? dhsa_last_error() : "ran", (long long)got.min_chunk,
+                    (long long)got.max_chunk, (long long)want_min[c], (long long)want_max[c]);
+            T_CHECK(widest[c] > 0 && widest[c] <= want_max[c], "window %lld, case %d: a chunk of %lld keys (at most %lld)",
+                    (long long)sp.sliding_window, c, (long long)widest[c], (long long)want_max[c]);
+            dhsa_session_free(s);
+        }
+        /* the limit binds: without it some chunk is longer than 16 keys */
+        T_CHECK(widest[1] > 16, "window %lld: no chunk past 16 keys without the rule (%lld): the check cannot fail",
+                (long long)sp.sliding_window, (long long)widest[1]);
+        T_CHECK(memcmp(lg[0], lg[hybrid ? 2 : 1], (size_t)V * sizeof(float)) == 0,
+                "window %lld: the default's logits differ from those of its chunk limits set by hand",
+                (long long)sp.sliding_window);
+        for (int c = 0; c < 4; c++) free(lg[c]);
+        dhsa_model_free(m);
         free(bytes);
     }
     dhsa_ctx_free(ctx);
@@ -501,6 +571,9 @@ static void test_hybrid(void) {
 static void test_param(void) {
     T_CHECK(dhsa_router_params_for(4096, 0.0625).rest == DHSA_REST_HYBRID, "dhsa_router_params_for: rest hybrid");
     T_CHECK(dhsa_router_default_params().rest == 0, "dhsa_router_default_params: rest 0");
+    T_CHECK(dhsa_router_params_for(4096, 0.0625).hybrid_max_chunk == 16 &&
+                dhsa_router_default_params().hybrid_max_chunk == 0,
+            "hybrid_max_chunk: 16 in dhsa_router_params_for, 0 in dhsa_router_default_params");
     dhsa_ctx *ctx = NULL;
     dhsa_ctx_create(NULL, &ctx);
     float q[4 * 8] = {0}, k[4 * 8] = {0};
@@ -517,6 +590,16 @@ static void test_param(void) {
                 (long long)bad[i], dhsa_last_error());
         dhsa_layout_free(lay);
     }
+    const int64_t bad_h[] = {-1, ((int64_t)1 << 40) + 1};
+    for (int i = 0; i < 2; i++) {
+        dhsa_router_params rp = dhsa_router_params_for(4, 0.5);
+        rp.hybrid_max_chunk = bad_h[i];
+        dhsa_layout *lay = NULL;
+        dhsa_status st = dhsa_route(ctx, &rp, &a, &lay);
+        T_CHECK(st == DHSA_ERR_INVALID_ARG && strstr(dhsa_last_error(), "hybrid_max_chunk"),
+                "hybrid_max_chunk %lld refused: %s", (long long)bad_h[i], dhsa_last_error());
+        dhsa_layout_free(lay);
+    }
     dhsa_ctx_free(ctx);
 }
 
@@ -525,5 +608,6 @@ int main(void) {
     test_attend();
     test_session();
     test_hybrid();
+    test_hybrid_chunks();
     return t_report("test_rest");
 }

@@ -239,6 +239,7 @@ void dhsa_cli_router_unset(dhsa_router_params *rp) {
     rp->carry = -1;
     rp->exact_rows = -1;
     rp->rest = DHSA_CLI_REST_UNSET;
+    rp->hybrid_max_chunk = -1;
 }
 
 int64_t dhsa_cli_rest(const char *opt, const char *v) {
@@ -256,6 +257,7 @@ void dhsa_cli_router_fill(dhsa_router_params *rp, int64_t L, double density) {
     if (rp->carry < 0) rp->carry = dhsa_router_params_for(0, density).carry;
     if (rp->exact_rows < 0) rp->exact_rows = dhsa_router_params_for(0, density).exact_rows;
     if (rp->rest == DHSA_CLI_REST_UNSET) rp->rest = dhsa_router_params_for(0, density).rest;
+    if (rp->hybrid_max_chunk < 0) rp->hybrid_max_chunk = dhsa_router_params_for(0, density).hybrid_max_chunk;
     rp->density = density;
     dhsa_router_scale(rp, L);
 }
@@ -263,12 +265,12 @@ void dhsa_cli_router_fill(dhsa_router_params *rp, int64_t L, double density) {
 void dhsa_cli_print_router(FILE *f, const dhsa_router_params *rp, int64_t L) {
     char rest[24];
     fprintf(f, "routing at L = %lld: q_block %lld, sink %lld, local %lld, dense_below %lld, min_chunk %lld, "
-            "max_chunk %lld, block chunk %lld, sim_window %lld, nms_window %lld, score %s, score_rows %lld, sink_window %lld, carry %g, exact_rows %lld, rest %s\n",
+            "max_chunk %lld, block chunk %lld, sim_window %lld, nms_window %lld, score %s, score_rows %lld, sink_window %lld, carry %g, exact_rows %lld, rest %s, hybrid_max_chunk %lld\n",
             (long long)L, (long long)rp->q_block, (long long)rp->sink_tokens, (long long)rp->local_tokens,
             (long long)rp->dense_below, (long long)rp->min_chunk, (long long)rp->max_chunk, (long long)rp->chunk,
             (long long)rp->sim_window, (long long)rp->nms_window, dhsa_cli_chunk_score_name(rp->score_mode),
             (long long)rp->score_rows, (long long)rp->sink_window, rp->carry, (long long)rp->exact_rows,
-            dhsa_cli_rest_text(rp->rest, rest, sizeof rest));
+            dhsa_cli_rest_text(rp->rest, rest, sizeof rest), (long long)rp->hybrid_max_chunk);
 }
 
 /* ------------------------------------------------------------ chat format --- */

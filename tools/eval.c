@@ -55,8 +55,8 @@ const char dhsa_cli_eval_usage[] =
     "  per layer, and the density used (selected / available keys).\n"
     "copy: per length and depth, [BOS] filler, a passage of --passage random\n"
     "  tokens at the depth, filler, the passage again at the end. Score = mean\n"
-    "  loss on the first occurrence minus mean loss on the repetition (nats per\n"
-    "  token, the passage's first token left out). A method keeps the copy where\n"
+    "  loss on the first occurrence minus that on the repetition (nats/token,\n"
+    "  not the passage's first). A method keeps the copy where\n"
     "  dense's score is at least --min-score and the method's is at least half\n"
     "  of dense's. Filler: --filler FILE, or stories sampled from the model\n"
     "  itself (fixed seed).\n"
@@ -78,6 +78,7 @@ const char dhsa_cli_eval_usage[] =
     "  --max-chunk N  --chunk N (block's)  --sim-window N  --nms-window N\n"
     "  --score pooled|moments|heads|bound|rows  --score-rows N (rows: 0 = all)\n"
     "  --sink-window N  --carry F (0.1)  --exact-rows N (64)  --rest N|hybrid\n"
+    "  --hybrid-max-chunk N (16; 0 off; --min/--max-chunk set it to 0)\n"
     "fidelity:\n"
     "  -f FILE             the text   -c, --ctx N  window (default: trained context)\n"
     "  --windows N         most windows (default 8)\n"
@@ -89,10 +90,10 @@ const char dhsa_cli_eval_usage[] =
     "  --seed S            (default 1)\n"
     "  --svg FILE          heat map (length x depth, a panel per method)\n"
     "  --passage N         copy: passage tokens (default 32)\n"
-    "  --passage-kind K    copy: tokens (random ordinary tokens, default), words\n"
-    "                      (random whole-word tokens) or text (model-sampled text)\n"
-    "  --svg-attn FILE     copy: heat map of the share of dense's attention on the\n"
-    "                      first copy that each method keeps\n"
+    "  --passage-kind K    copy: tokens (random, default), words (whole-word\n"
+    "                      tokens) or text (model-sampled)\n"
+    "  --svg-attn FILE     copy: heat map of dense's attention on the first copy\n"
+    "                      that each method keeps\n"
     "  --min-score S       copy: dense must reach this score (default 1.0 nats)\n"
     "  --filler FILE       copy: filler text instead of model samples; passkey etc.: the filler\n"
     "  --haystack FILE     niah: haystack text instead of the built-in sentences\n"
@@ -175,6 +176,7 @@ static void parse(int argc, char **argv, eval_opts *o, const char *sub) {
     o->carry = -1;
     o->exact_rows = -1;
     o->rest = DHSA_CLI_REST_UNSET;
+    o->hybrid_max_chunk = -1;
     char buf[1024], *items[MAX_LIST];
     for (int i = 3; i < argc; i++) {
         const char *a = argv[i];
@@ -240,6 +242,7 @@ static void parse(int argc, char **argv, eval_opts *o, const char *sub) {
         else if (strcmp(a, "--carry") == 0) o->carry = dhsa_cli_real(a, v, 0, 1);
         else if (strcmp(a, "--exact-rows") == 0) o->exact_rows = dhsa_cli_int(a, v, 0, DHSA_EXACT_ROWS_MAX, 0);
         else if (strcmp(a, "--rest") == 0) o->rest = dhsa_cli_rest(a, v);
+        else if (strcmp(a, "--hybrid-max-chunk") == 0) o->hybrid_max_chunk = dhsa_cli_int(a, v, 0, 1 << 30, 0);
         else if (strcmp(a, "--boundary") == 0) {
             if (strcmp(v, "fixed") == 0) o->boundary = DHSA_BOUNDARY_FIXED;
             else if (strcmp(v, "similarity") == 0) o->boundary = DHSA_BOUNDARY_SIMILARITY;
@@ -337,6 +340,9 @@ dhsa_router_params eval_router_for(const eval_opts *o, int64_t L, double density
     if (o->carry >= 0) rp.carry = o->carry;
     if (o->exact_rows >= 0) rp.exact_rows = o->exact_rows;
     if (o->rest != DHSA_CLI_REST_UNSET) rp.rest = o->rest;
+    /* chunk sizes given: they are what runs, on hybrid models too */
+    if (o->hybrid_max_chunk >= 0) rp.hybrid_max_chunk = o->hybrid_max_chunk;
+    else if (o->min_chunk >= 0 || o->max_chunk >= 0) rp.hybrid_max_chunk = 0;
     return rp;
 }
 

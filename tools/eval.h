@@ -53,6 +53,7 @@ typedef struct {
     double carry;        /* < 0 = the default */
     int64_t exact_rows;  /* < 0 = the default */
     int64_t rest;        /* DHSA_CLI_REST_UNSET = the default */
+    int64_t hybrid_max_chunk; /* < 0 = the default (0 when --min/--max-chunk are given) */
     int json, show, passage_kind; /* 0 tokens, 1 words, 2 text */
     variant var[MAX_VAR];
     int n_var;

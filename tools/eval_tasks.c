@@ -487,6 +487,10 @@ int eval_cmd_ruler(eval_env *e) {
         if (rp.rest)
             snprintf(config + strlen(config), sizeof config - strlen(config), " rest %s",
                      dhsa_cli_rest_text(rp.rest, rest, sizeof rest));
+        /* and before hybrid_max_chunk existed (= 0) with --hybrid-max-chunk 0 */
+        if (rp.hybrid_max_chunk)
+            snprintf(config + strlen(config), sizeof config - strlen(config), " hybrid_max_chunk %lld",
+                     (long long)rp.hybrid_max_chunk);
     }
     ruler_done d;
     memset(&d, 0, sizeof d);

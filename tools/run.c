@@ -2,9 +2,8 @@
  * routed attention, under a memory limit) and `dhsa plan` (the memory plan
  * of the same command line, without running). See `dhsa help run`.
  * Tested by tests/test_model.c (CLI part); docs/model.md, docs/results.md (docs/notes/).
- * --dump-layout (run) and --svg (bench model) write figures; tested by
- * tests/test_plots.c. run and bench model started by mpirun -np R > 1 run
- * context parallel (docs/dist.md); tested by tests/test_dist.c.
+ * --dump-layout (run) and --svg (bench model) write figures (tests/test_plots.c); run and
+ * bench model under mpirun -np R > 1 run context parallel (docs/dist.md; tests/test_dist.c).
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -100,11 +99,9 @@ const char dhsa_cli_run_usage[] =
     "                      --mem-limit and no --kv, q8_0 when f16 does not fit)\n"
     "  --exact             weight products in F32 (default: the fast route)\n"
     "  --mem-limit SIZE    the most the process may hold, its peak RSS (K/M/G\n"
-    "                      suffix); refused before running if the plan exceeds it.\n"
-    "                      The plan counts the model file and heap, the session's\n"
-    "                      buffers, and the process: other mapped files, memory it\n"
-    "                      holds, 128 KiB stack per thread, allocator slack (dhsa\n"
-    "                      plan lists each; not --dump-layout's picture and index)\n"
+    "                      suffix); refused before running if the plan exceeds it\n"
+    "                      (the model, the session's buffers, the process: stacks,\n"
+    "                      allocator slack; dhsa plan lists each; docs/model.md)\n"
     "  -t, --threads T     (default: online CPUs)\n"
     "Attention:\n"
     "  --attn dense|dhsa|block|stream|oracle   (default dense)\n"
@@ -117,8 +114,8 @@ const char dhsa_cli_run_usage[] =
     "  --dense-below N     a block seeing fewer keys runs dense (default\n"
     "                      0: all routed); the run says the density used\n"
     "  --q-block N         rows per block (default 16; 64 past 16K tokens)\n"
-
     "  --carry F (0.1)  --exact-rows N (64)  --rest N|hybrid (hybrid)\n"
+    "  --hybrid-max-chunk N (16; 0: off): chunks of <= N keys on sliding-window models\n"
     "Output:\n"
     "  --ids               print token ids (prompt, then generated) instead of text\n"
     "  --verbose           print the model, the plan and the timings\n"
@@ -298,6 +295,7 @@ static void parse(int argc, char **argv, run_opts *o) {
         else if (strcmp(a, "--carry") == 0) o->ses.router.carry = dhsa_cli_real(a, v, 0, 1);
         else if (strcmp(a, "--exact-rows") == 0) o->ses.router.exact_rows = dhsa_cli_int(a, v, 0, DHSA_EXACT_ROWS_MAX, 0);
         else if (strcmp(a, "--rest") == 0) o->ses.router.rest = dhsa_cli_rest(a, v);
+        else if (strcmp(a, "--hybrid-max-chunk") == 0) o->ses.router.hybrid_max_chunk = dhsa_cli_int(a, v, 0, 1 << 30, 0);
         else if (strcmp(a, "--local") == 0) o->ses.router.local_tokens = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--dense-below") == 0) o->ses.router.dense_below = dhsa_cli_int(a, v, 0, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--q-block") == 0) o->ses.router.q_block = dhsa_cli_int(a, v, 1, 65536, 0);
@@ -1060,7 +1058,7 @@ const char dhsa_cli_bench_model_usage[] =
     "                        [--attn dense,dhsa] [--decode N] [--density F | --budget N]\n"
     "                        [--boundary learned:FILE] [--runs N] [--mem-limit SIZE]\n"
     "                        [--kv f32|f16|q8_0] [--exact] [--threads T] [--seed S] [--svg FILE]\n"
-    "                        [--rest N|hybrid] (the routing's, as dhsa run's)\n"
+    "                        [--rest N|hybrid] [--hybrid-max-chunk N] (the routing's, as dhsa run's)\n"
     "       mpirun -np R dhsa bench model [the same options] [--dist-stripe N] [--dist-fetch F]\n"
     "\n"
     "For each length L and attention method, in one process: a fresh session\n"
@@ -1155,7 +1153,7 @@ static void write_model_plots(const char *file, const char *model, const char *c
  * makes one session's params from it, the same for the plan checked before
  * the first run and for the run. */
 typedef struct {
-    int64_t n_dec, budget, stripe, rest;
+    int64_t n_dec, budget, stripe, rest, hybrid;
     double density, fetch;
     dhsa_type kv;
     int exact;
@@ -1177,6 +1175,7 @@ static dhsa_session_params bench_params(const bench_setup *b, int64_t L, dhsa_at
     if (b->density > 0) sp.router.density = b->density;
     if (b->budget > 0) sp.router.budget_tokens = b->budget;
     if (b->rest != DHSA_CLI_REST_UNSET) sp.router.rest = b->rest;
+    if (b->hybrid >= 0) sp.router.hybrid_max_chunk = b->hybrid;
     sp.mem_limit = b->mem_limit;
     sp.dist = b->dist;
     sp.dist_stripe = b->stripe;
@@ -1213,7 +1212,7 @@ int dhsa_cli_bench_model(int argc, char **argv) {
     const int rank0 = !dist || dist->rank == 0, R = dist ? dist->size : 1;
     const char *model = NULL, *tokp = NULL, *lengths = "4K,16K,32K", *methods = NULL, *svg = NULL;
     const char *pred_path = NULL;
-    int64_t n_dec = 16, threads = 0, seed = 1, budget = 0, runs = 1, stripe = 0, rest = DHSA_CLI_REST_UNSET;
+    int64_t n_dec = 16, threads = 0, seed = 1, budget = 0, runs = 1, stripe = 0, rest = DHSA_CLI_REST_UNSET, hybrid = -1;
     double density = 0, fetch = 0;
     size_t mem_limit = 0;
     dhsa_type kv = DHSA_F16; /* dhsa_session_default_params' */
@@ -1240,6 +1239,7 @@ int dhsa_cli_bench_model(int argc, char **argv) {
         else if (strcmp(a, "--budget") == 0) budget = dhsa_cli_int(a, v, 1, (int64_t)1 << 31, 1);
         else if (strcmp(a, "--runs") == 0) runs = dhsa_cli_int(a, v, 1, 1000, 1);
         else if (strcmp(a, "--rest") == 0) rest = dhsa_cli_rest(a, v);
+        else if (strcmp(a, "--hybrid-max-chunk") == 0) hybrid = dhsa_cli_int(a, v, 0, (int64_t)1 << 30, 0);
         else if (strcmp(a, "--mem-limit") == 0) mem_limit = (size_t)dhsa_cli_int(a, v, 1, INT64_MAX, 1);
         else if (strcmp(a, "--dist-stripe") == 0) stripe = dist_stripe_arg(a, v);
         else if (strcmp(a, "--dist-fetch") == 0) fetch = dist_fetch_arg(a, v);
@@ -1322,7 +1322,7 @@ int dhsa_cli_bench_model(int argc, char **argv) {
     cp.n_threads = (int)threads;
     dhsa_ctx *ctx;
     if (dhsa_ctx_create(&cp, &ctx)) dhsa_cli_die(EXIT_RUN, "%s", dhsa_last_error());
-    const bench_setup bs = {n_dec, budget, stripe, rest, density, fetch, kv, exact, mem_limit, pred, dist};
+    const bench_setup bs = {n_dec, budget, stripe, rest, hybrid, density, fetch, kv, exact, mem_limit, pred, dist};
     /* What cannot run across ranks (a method, learned boundaries, the KV
      * type, the stripe) is refused before anything runs, in the library's
      * words: never replaced by something that can. */

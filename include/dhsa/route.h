@@ -332,6 +332,19 @@ typedef struct {
                               gain). 0: off; n at most DHSA_REST_MAX
                               (default 0 here; DHSA_REST_HYBRID in
                               dhsa_router_params_for) */
+    int64_t hybrid_max_chunk; /* n > 0: a session on a model that
+                              interleaves sliding-window layers with global
+                              ones (gemma-2/3) cuts its chunks at most n keys
+                              long: max_chunk is lowered to n and min_chunk
+                              to at most max_chunk when the session resolves
+                              its routing (dhsa_session_get_router reports
+                              the values run). Those few global layers carry
+                              every read beyond the window; finer chunks
+                              choose among them more precisely (docs/dhsa.md,
+                              "Finer chunks on hybrid models"). Other models
+                              and dhsa_route ignore it. 0: off; at most
+                              2^40 (default 0 here; 16 in
+                              dhsa_router_params_for) */
 } dhsa_router_params;
 
 /* dhsa_router_params.rest: summaries in the global layers of a model with
@@ -353,7 +366,8 @@ DHSA_API dhsa_router_params dhsa_router_default_params(void);
  * a density: dhsa_router_default_params() (MOMENTS chunk scores), then
  * the length-scaled fields of dhsa_router_scale(n). n = 0 leaves those
  * fields unset (-1): a session scales them to its n_ctx when it is planned
- * or created (dhsa_session_default_params uses this). Chosen on
+ * or created (dhsa_session_default_params uses this), then applies the
+ * rules that depend on the model (rest, hybrid_max_chunk). Chosen on
  * development prompts of real pretrained models (docs/dhsa.md, "One set
  * of routing defaults"). */
 DHSA_API dhsa_router_params dhsa_router_params_for(int64_t n, double density);

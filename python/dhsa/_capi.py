@@ -142,6 +142,7 @@ class RouterParams(ctypes.Structure):
         ("carry", ctypes.c_double),
         ("exact_rows", c_int64),
         ("rest", c_int64),
+        ("hybrid_max_chunk", c_int64),
     ]
 
 
@@ -196,7 +197,7 @@ class Fidelity(ctypes.Structure):
 # Sizes on LP64 (x86-64 / aarch64 Linux), computed by hand from dhsa.h and
 # checked by the tests against both ctypes and a compiled C program.
 LP64_SIZES = {"Tensor": 80, "AttnDesc": 584, "CtxParams": 16, "MemStats": 40,
-              "RouterParams": 184, "LayoutStats": 152, "SynthParams": 600,
+              "RouterParams": 192, "LayoutStats": 152, "SynthParams": 600,
               "SynthNeedle": 32, "Fidelity": 32}
 
 # ------------------------------------------------------------ prototypes ---

@@ -113,8 +113,8 @@ class CopyResult(ctypes.Structure):
                                         "copy_mass", "control_mass", "copy_mass_kept")]
 
 
-LP64_SIZES = {"CopyLayout": 40, "CopyResult": 64, "NiahParams": 48, "NiahPrompt": 104, "EvalMethod": 192, "FidelityParams": 24, "FidelityResult": 88, "FidelityInfo": 40,
-              "AnswerParams": 224, "Answer": 5176, "RulerParams": 128, "RulerPrompt": 2176}
+LP64_SIZES = {"CopyLayout": 40, "CopyResult": 64, "NiahParams": 48, "NiahPrompt": 104, "EvalMethod": 200, "FidelityParams": 24, "FidelityResult": 88, "FidelityInfo": 40,
+              "AnswerParams": 232, "Answer": 5176, "RulerParams": 128, "RulerPrompt": 2176}
 
 _PROTOTYPES = {
     "dhsa_eval_router_params": (_capi.RouterParams, [c_int64, c_double]),

@@ -249,6 +249,10 @@ class RouterParams:
         REST_HYBRID (-1; for_length's): in the global layers of a model
         that interleaves sliding-window layers (gemma-2/3), off in others.
         Only sessions apply it.
+    hybrid_max_chunk: n > 0 = a session on a model that interleaves
+        sliding-window layers cuts its chunks at most n keys long (max_chunk
+        lowered to n, min_chunk to at most that; 0 = off; 16 in for_length).
+        Only sessions apply it.
     RouterParams.for_length(n, density): the routing every entry point runs
         by default for n tokens (dhsa_router_params_for; sessions get it
         for their context unless given other router params).
@@ -278,6 +282,7 @@ class RouterParams:
     carry: float = 0.0
     exact_rows: int = 0
     rest: int = 0
+    hybrid_max_chunk: int = 0
 
     @classmethod
     def for_length(cls, n, density=0.0625):
@@ -291,7 +296,7 @@ class RouterParams:
                    local=c.local_tokens, dense_below=c.dense_below, share_heads=bool(c.share_heads),
                    score=names[c.score_mode], scale_fixed=bool(c.scale_fixed), score_rows=c.score_rows,
                    sink_window=c.sink_window, carry=c.carry, exact_rows=c.exact_rows,
-                   rest=c.rest)
+                   rest=c.rest, hybrid_max_chunk=c.hybrid_max_chunk)
 
     def to_c(self):
         """(the _capi.RouterParams struct, the Predictor or None). Keep the
@@ -338,6 +343,7 @@ class RouterParams:
         rp.carry = float(self.carry)
         rp.exact_rows = _i64("exact_rows", self.exact_rows)
         rp.rest = _i64("rest", self.rest)
+        rp.hybrid_max_chunk = _i64("hybrid_max_chunk", self.hybrid_max_chunk)
         return rp, pred
 
 

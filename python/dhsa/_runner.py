@@ -104,7 +104,7 @@ class ChatMessage(ctypes.Structure):
     _fields_ = [("role", c_char_p), ("content", c_char_p)]
 
 
-LP64_SIZES = {"ModelParams": 16, "ModelInfo": 208, "SessionParams": 288, "MemPlan": 136,
+LP64_SIZES = {"ModelParams": 16, "ModelInfo": 208, "SessionParams": 296, "MemPlan": 136,
               "SamplerParams": 48, "ChatMessage": 16}
 
 _PROTOTYPES = {

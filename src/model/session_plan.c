@@ -55,6 +55,11 @@ dhsa_session_params dhsa__session_resolve(const dhsa_model *m, const dhsa_sessio
     if (q.dist && q.dist->size > 1 && q.router.q_block < 0) q.router.q_block = 64;
     dhsa_router_scale(&q.router, q.n_ctx > 0 ? q.n_ctx : m->info.n_ctx_train);
     if (q.router.rest == DHSA_REST_HYBRID) q.router.rest = dhsa__model_hybrid(m) ? 1 : 0;
+    const int64_t h = q.router.hybrid_max_chunk; /* finer chunks on hybrid models (route.h) */
+    if (h > 0 && dhsa__model_hybrid(m)) {
+        if (q.router.max_chunk > h) q.router.max_chunk = h;
+        if (q.router.min_chunk > q.router.max_chunk) q.router.min_chunk = q.router.max_chunk;
+    }
     return q;
 }
 

@@ -63,6 +63,7 @@ dhsa_router_params dhsa_router_params_for(int64_t n, double density) {
     rp.exact_rows = 64; /* docs/dhsa.md, "The prompt's last rows ranked by their exact attention" */
     rp.rest = DHSA_REST_HYBRID; /* the global layers of hybrid models only: docs/dhsa.md, "The rest of the
                                    keys, summarised" */
+    rp.hybrid_max_chunk = 16; /* docs/dhsa.md, "Finer chunks on hybrid models" */
     rp.sim_window = 8;
     rp.q_block = rp.sink_tokens = rp.local_tokens = rp.dense_below = -1;
     rp.min_chunk = rp.max_chunk = rp.chunk = rp.nms_window = rp.score_rows = rp.sink_window = -1;
@@ -136,6 +137,9 @@ dhsa_status dhsa__route_check_params(const dhsa_router_params *rp) {
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "rest = %lld: use 0 (off), n in [1, %d] (summaries from layer n - 1) "
                           "or DHSA_REST_HYBRID (-1)",
                           (long long)rp->rest, DHSA_REST_MAX);
+    if (rp->hybrid_max_chunk < 0 || rp->hybrid_max_chunk > ((int64_t)1 << 40))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "hybrid_max_chunk = %lld: use 0 (off) .. 2^40 keys",
+                          (long long)rp->hybrid_max_chunk);
     if (!isfinite(rp->threshold))
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "threshold must be finite");
     if (rp->budget_tokens < 0 || rp->sink_tokens < 0 || rp->local_tokens < 0 || rp->dense_below < 0)
