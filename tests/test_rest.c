@@ -417,28 +417,35 @@ static void test_session(void) {
     dhsa_ctx_free(ctx);
 }
 
+/* A 5-layer gemma3 fixture whose layers 0, 2, 4 slide (window 16) when
+ * hybrid, with no sliding layer otherwise; NULL (a failed check) when it
+ * cannot be built. *bytes is freed after dhsa_model_free. */
+static dhsa_model *gemma3_fixture(uint64_t seed, int hybrid, uint8_t **bytes) {
+    llmref_spec sp = llmref_spec_default("gemma3", LLMREF_F32);
+    sp.n_layer = 5;
+    sp.sliding_window = hybrid ? 16 : 0;
+    sp.seed = seed;
+    dhsa_model *m = NULL;
+    if (llmref_fixture_model(&sp, bytes, &m))
+        T_CHECK(0, "gemma3 fixture (window %lld): %s %s", (long long)sp.sliding_window, llmref_error(),
+                dhsa_last_error());
+    return m;
+}
+
 /* DHSA_REST_HYBRID, the default: a gemma3 model whose layers 0, 2, 4
  * slide (window 16) and 1, 3 do not runs as rest 1, the same model
  * without a window as rest 0: the logits bit for bit, the summaries
  * attended, the reported routing and the memory plan. */
 static void test_hybrid(void) {
-    llmref_spec sp = llmref_spec_default("gemma3", LLMREF_F32);
-    sp.n_layer = 5;
-    sp.sliding_window = 16;
-    sp.seed = 71;
     int32_t x[N_P];
     for (int i = 0; i < N_P; i++) x[i] = (int32_t)(3 + (int64_t)(urand() * 300.0));
     dhsa_ctx *ctx = NULL;
     dhsa_ctx_create(NULL, &ctx);
     for (int hybrid = 1; hybrid >= 0; hybrid--) {
-        sp.sliding_window = hybrid ? 16 : 0;
+        const int64_t win = hybrid ? 16 : 0;
         uint8_t *bytes = NULL;
-        dhsa_model *m = NULL;
-        if (llmref_fixture_model(&sp, &bytes, &m)) {
-            T_CHECK(0, "gemma3 fixture (window %lld): %s %s", (long long)sp.sliding_window, llmref_error(),
-                    dhsa_last_error());
-            continue;
-        }
+        dhsa_model *m = gemma3_fixture(71, hybrid, &bytes);
+        if (!m) continue;
         const int64_t V = dhsa_model_get_info(m)->n_vocab, want = hybrid;
         T_CHECK(dhsa_model_get_info(m)->n_swa_layers == (hybrid ? 3 : 0), "sliding layers: %lld",
                 (long long)dhsa_model_get_info(m)->n_swa_layers);
@@ -448,12 +455,12 @@ static void test_hybrid(void) {
         const int64_t n_one[1] = {N_P}, no_cut[1] = {-1};
         dhsa_status st = run(ctx, m, sparams(DHSA_REST_HYBRID, 48), one, n_one, no_cut, 1, lg[0], &sums[0]);
         if (!st) st = run(ctx, m, sparams(want, 48), one, n_one, no_cut, 1, lg[1], &sums[1]);
-        T_CHECK(st == DHSA_OK, "window %lld: %s", (long long)sp.sliding_window, dhsa_last_error());
+        T_CHECK(st == DHSA_OK, "window %lld: %s", (long long)win, dhsa_last_error());
         if (!st) {
             T_CHECK(memcmp(lg[0], lg[1], (size_t)V * sizeof(float)) == 0 && sums[0] == sums[1] &&
                         (sums[0] > 0) == hybrid,
                     "window %lld: rest hybrid runs as rest %lld (summaries %.0f and %.0f)",
-                    (long long)sp.sliding_window, (long long)want, sums[0], sums[1]);
+                    (long long)win, (long long)want, sums[0], sums[1]);
         }
         dhsa_session_params p = sparams(DHSA_REST_HYBRID, 48), q = sparams(want, 48), r = sparams(0, 48);
         dhsa_session *s = NULL;
@@ -468,7 +475,7 @@ static void test_hybrid(void) {
             const dhsa_mem_plan *pl = dhsa_session_get_plan(s);
             size_t tracked = pl->activations + pl->attn_workspace + pl->matmul_workspace + pl->routing;
             T_CHECK(st == DHSA_OK && after.peak - before.in_use <= tracked,
-                    "window %lld: the ctx peaked %zu bytes above its base, the plan holds %zu", (long long)sp.sliding_window,
+                    "window %lld: the ctx peaked %zu bytes above its base, the plan holds %zu", (long long)win,
                     after.peak - before.in_use, tracked);
         }
         dhsa_session_free(s);
@@ -476,7 +483,7 @@ static void test_hybrid(void) {
         dhsa_router_params got;
         T_CHECK(dhsa_session_create(ctx, m, &p, &s) == DHSA_OK && dhsa_session_get_router(s, &got) == DHSA_OK &&
                     got.rest == want,
-                "window %lld: the session reports rest %lld, want %lld", (long long)sp.sliding_window,
+                "window %lld: the session reports rest %lld, want %lld", (long long)win,
                 (long long)got.rest, (long long)want);
         dhsa_session_free(s);
         dhsa_mem_plan a, b, c; /* (process: the RSS around the call, which moves) */
@@ -485,7 +492,7 @@ static void test_hybrid(void) {
                     a.total - a.process == b.total - b.process && a.routing == b.routing &&
                     (a.routing > c.routing) == hybrid,
                 "window %lld: the plan of rest hybrid %zu, of rest %lld %zu, of rest 0 %zu",
-                (long long)sp.sliding_window, a.routing, (long long)want, b.routing, c.routing);
+                (long long)win, a.routing, (long long)want, b.routing, c.routing);
         free(lg[0]);
         free(lg[1]);
         dhsa_model_free(m); /* and its GGUF view */
@@ -511,22 +518,15 @@ static int widest_chunk(void *user, int64_t layer, const dhsa_attn_desc *a) {
  * same chunk limits set by hand bit for bit; off (0) or on a model
  * without sliding layers, the chunks reach past 16 keys. */
 static void test_hybrid_chunks(void) {
-    llmref_spec sp = llmref_spec_default("gemma3", LLMREF_F32);
-    sp.n_layer = 5;
-    sp.seed = 73;
     int32_t x[N_P];
     for (int i = 0; i < N_P; i++) x[i] = (int32_t)(3 + (int64_t)(urand() * 300.0));
     dhsa_ctx *ctx = NULL;
     dhsa_ctx_create(NULL, &ctx);
     for (int hybrid = 1; hybrid >= 0; hybrid--) {
-        sp.sliding_window = hybrid ? 16 : 0;
+        const int64_t win = hybrid ? 16 : 0;
         uint8_t *bytes = NULL;
-        dhsa_model *m = NULL;
-        if (llmref_fixture_model(&sp, &bytes, &m)) {
-            T_CHECK(0, "gemma3 fixture (window %lld): %s %s", (long long)sp.sliding_window, llmref_error(),
-                    dhsa_last_error());
-            continue;
-        }
+        dhsa_model *m = gemma3_fixture(73, hybrid, &bytes);
+        if (!m) continue;
         const int64_t V = dhsa_model_get_info(m)->n_vocab;
         /* the default (16), off, by hand (max 16, rule off), a min_chunk above the limit */
         const int64_t hyb[4] = {16, 0, 0, 16}, max_hand[4] = {-1, -1, 16, -1}, min_hand[4] = {-1, -1, -1, 24};
@@ -549,18 +549,18 @@ static void test_hybrid_chunks(void) {
             if (!st) st = dhsa_session_eval(s, x, N_P, lg[c]);
             T_CHECK(st == DHSA_OK && got.max_chunk == want_max[c] && got.min_chunk == want_min[c],
                     "window %lld, case %d: %s; the session reports chunks %lld-%lld, want %lld-%lld",
-                    (long long)sp.sliding_window, c, st ? dhsa_last_error() : "ran", (long long)got.min_chunk,
+                    (long long)win, c, st ? dhsa_last_error() : "ran", (long long)got.min_chunk,
                     (long long)got.max_chunk, (long long)want_min[c], (long long)want_max[c]);
             T_CHECK(widest[c] > 0 && widest[c] <= want_max[c], "window %lld, case %d: a chunk of %lld keys (at most %lld)",
-                    (long long)sp.sliding_window, c, (long long)widest[c], (long long)want_max[c]);
+                    (long long)win, c, (long long)widest[c], (long long)want_max[c]);
             dhsa_session_free(s);
         }
         /* the limit binds: without it some chunk is longer than 16 keys */
         T_CHECK(widest[1] > 16, "window %lld: no chunk past 16 keys without the rule (%lld): the check cannot fail",
-                (long long)sp.sliding_window, (long long)widest[1]);
+                (long long)win, (long long)widest[1]);
         T_CHECK(memcmp(lg[0], lg[hybrid ? 2 : 1], (size_t)V * sizeof(float)) == 0,
                 "window %lld: the default's logits differ from those of its chunk limits set by hand",
-                (long long)sp.sliding_window);
+                (long long)win);
         for (int c = 0; c < 4; c++) free(lg[c]);
         dhsa_model_free(m);
         free(bytes);
