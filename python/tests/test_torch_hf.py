@@ -13,6 +13,7 @@ runs and, dense, gives eager's tokens; at density 6.25% routing is active
 [B, 1, L, L] mask of transformers' SDPA path).
 """
 
+import dataclasses
 import warnings
 
 import pytest
@@ -28,6 +29,7 @@ except Exception as e:
     pytest.skip("transformers is not importable: %s (make test-torch makes a venv with it)" % e,
                 allow_module_level=True)
 
+import dhsa  # noqa: E402
 import dhsa.torch as dt  # noqa: E402
 
 L, B, VOCAB = 200, 2, 256
@@ -46,6 +48,11 @@ def make(arch, seed=0):
                                        max_window_layers=1,
                                        layer_types=["full_attention", "sliding_attention"])
         cls = transformers.Qwen2ForCausalLM
+    elif arch == "gemma3":
+        cfg = transformers.Gemma3TextConfig(**common, head_dim=16, sliding_window=48,
+                                            query_pre_attn_scalar=16,
+                                            layer_types=["sliding_attention", "full_attention"])
+        cls = transformers.Gemma3ForCausalLM
     else:
         cfg = transformers.Gemma2Config(**common, head_dim=16, sliding_window=48,
                                         attn_logit_softcapping=5.0, final_logit_softcapping=30.0,
@@ -65,7 +72,7 @@ def batch(seed=1):
     return ids, am
 
 
-ARCHS = ["llama", "qwen2", "gemma2"]
+ARCHS = ["llama", "qwen2", "gemma2", "gemma3"]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -108,10 +115,61 @@ def test_generation_and_routing(arch, capsys):
     assert out.shape == (1, L + 8)
     st = dt.model_stats(m)
     assert st["calls"] == 2 * 8, st  # 2 layers x (prefill + 7 decode steps)
+    # the global layers' calls (a sliding-window layer reads its window
+    # densely, as dhsa's sessions do, and counts as density 1)
+    routed = [s for s in m._dhsa_stats if s["window"] == 0]
+    slid = [s for s in m._dhsa_stats if s["window"] > 0]
+    dens = sum(s["selected"] for s in routed) / sum(s["available"] for s in routed)
     with capsys.disabled():
         print("\n%s: DHSA at density 0.0625, L = %d + 8 generated: measured density %.4f over %d "
-              "routed calls" % (arch, L, st["density"], st["calls"]))
-    assert 0.0 < st["density"] < 0.35, st
+              "calls, %.4f over the %d routed ones" % (arch, L, st["density"], st["calls"], dens,
+                                                       len(routed)))
+    assert len(slid) == (8 if arch != "llama" else 0) and all(s["density"] == 1.0 for s in slid)
+    assert 0.0 < dens < 0.35, st
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_routing_is_the_sessions(arch, monkeypatch):
+    """Every routed call runs what a dhsa session runs for its keys
+    (docs/torch.md): RouterParams.for_length(Lk, density), causal
+    boundaries, the caller's keywords over them, and on a model that
+    interleaves sliding-window layers (here qwen2, gemma2, gemma3: one
+    sliding layer of two) chunks of at most hybrid_max_chunk keys unless
+    min/max_chunk are given; sliding-window layers are not routed."""
+    from dhsa.torch import _hf
+    m = make(arch)
+    ids, _ = batch()
+    seen = []
+    real_route = _hf.route
+
+    def spy(q, k, **kw):
+        seen.append((k.shape[2], kw["window"], kw["sparse"]))
+        return real_route(q, k, **kw)
+
+    monkeypatch.setattr(_hf, "route", spy)
+    hybrid = arch != "llama"
+    with torch.inference_mode():
+        dt.patch_transformers(m, method="dhsa", density=0.0625)
+        m.generate(ids[:1, :150], max_new_tokens=3, do_sample=False)
+    assert len(seen) == (3 if hybrid else 6)  # (prefill + 2 decode steps) x global layers
+    for n, window, p in seen:
+        assert window == 0 and p == dt.router_params(m, n)
+        want = dataclasses.replace(dhsa.RouterParams.for_length(n, 0.0625), causal_boundaries=True)
+        if hybrid:
+            want = dataclasses.replace(want, max_chunk=min(want.max_chunk, 16),
+                                       min_chunk=min(want.min_chunk, 16))
+        assert p == want, (n, p, want)
+    # the user's keywords over the defaults; min/max_chunk given keep the sizes given
+    dt.patch_transformers(m, method="block", density=0.125, q_block=32, max_chunk=48)
+    p = dt.router_params(m, 4096)
+    base = dhsa.RouterParams.for_length(4096, 0.125)
+    assert (p.method, p.density, p.q_block, p.max_chunk, p.min_chunk, p.local) == \
+        ("block", 0.125, 32, 48, base.min_chunk, base.local)
+    assert p.causal_boundaries
+    dt.patch_transformers(m, method="dhsa", hybrid_max_chunk=0)
+    assert dt.router_params(m, 16384).max_chunk == dhsa.RouterParams.for_length(16384).max_chunk
+    dt.patch_transformers(m, method="dense")
+    assert dt.router_params(m, 100) is None
 
 
 def test_no_square_mask_when_patched():
@@ -129,7 +187,7 @@ def test_no_square_mask_when_patched():
 
 def test_refusals():
     from transformers import masking_utils as mu
-    with pytest.raises(TypeError, match="Llama, Qwen2 and Gemma2"):
+    with pytest.raises(TypeError, match="Llama, Qwen2, Gemma2 and Gemma3"):
         dt.patch_transformers(torch.nn.Linear(2, 2))
     m = make("llama")
     with pytest.raises(ValueError, match="method"):

@@ -14,6 +14,7 @@ on any other device or with backend="torch".
     dhsa.torch.replace_multihead_attention(m)  swaps every instance in place
     dhsa.torch.scaled_dot_product_attention    F.scaled_dot_product_attention (+ sparse=)
     dhsa.torch.patch_transformers(model, method="dhsa", density=0.0625)
+    dhsa.torch.router_params(model, n)         the routing its calls over n keys run
     dhsa.torch.route(q, k, causal=True, density=0.0625)   DHSA routing in torch ops
                                                           (any device; dhsa.route's layout)
 
@@ -36,6 +37,7 @@ _EXPORTS = {
     "patch_transformers": "_hf",
     "unpatch_transformers": "_hf",
     "model_stats": "_hf",
+    "router_params": "_hf",
     "route": "_route",
     "TorchLayout": "_route",
 }

@@ -1,5 +1,5 @@
 """_hf.py: patch_transformers(model, method=..., density=...), dhsa as the
-attention of Hugging Face transformers Llama, Qwen2 and Gemma2 models, on the
+attention of Hugging Face transformers Llama, Qwen2, Gemma2 and Gemma3 models, on the
 CPU through dhsa's kernels and on other devices through PyTorch's (backend=)
 (the plug-in mode of the DHSA reference code: the model's own projections
 and RoPE, dhsa between them and the output projection).
@@ -17,20 +17,27 @@ Contract (docs/torch.md, "Hugging Face transformers"):
     sliding window (packed sequences, custom overlays, bidirectional) is
     refused (NotImplementedError), never approximated.
   - method "dense": dhsa's dense tiled kernel; "dhsa", "block", "stream",
-    "oracle": dhsa.route() per layer and call (prefill and every decode
-    step) with `density` and the router keywords, then the sparse kernel.
-    The stats() of every layout are kept (model_stats(model)).
+    "oracle": dhsa.route() per global layer and call (prefill and every
+    decode step) with what a dhsa session runs for the call's keys
+    (_params: the length-scaled defaults of every entry point, causal
+    boundaries, the router keywords over them, the hybrid chunk rule),
+    then the sparse kernel; sliding-window layers read their window
+    densely in every method, as sessions do. The stats() of every layout
+    are kept (model_stats(model)); a sliding layer's as density 1.
 Tested by python/tests/test_torch_hf.py.
 """
+
+import dataclasses
 
 import torch
 
 import dhsa
 
+from . import _ops
 from ._ops import attention, pick_backend, route
 
 NAME = "dhsa"
-_SUPPORTED = ("LlamaAttention", "Qwen2Attention", "Gemma2Attention")
+_SUPPORTED = ("LlamaAttention", "Qwen2Attention", "Gemma2Attention", "Gemma3Attention")
 METHODS = ("dense", "dhsa", "block", "stream", "oracle")
 
 
@@ -142,10 +149,13 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
         kw["attn_mask"] = attention_mask  # per key, True = keep
     lay = None
     try:
-        if cfg["method"] != "dense":
+        if cfg["method"] != "dense" and window > 0:
+            # a sliding-window layer reads its window densely in every
+            # method, as dhsa's sessions do (src/model/session.c)
+            cfg["stats"].append(_window_stats(B, key.shape[1], Lq, Lk, q_pos0, window))
+        elif cfg["method"] != "dense":
             lay = route(query, key, causal=True, q_pos0=q_pos0, window=window,
-                        sparse=dict(cfg["router"], method=cfg["method"]),
-                        backend=cfg.get("backend"))
+                        sparse=_params(cfg, Lk), backend=cfg.get("backend"))
             cfg["stats"].append(lay.stats())
             kw["sparse"] = lay
         # BLHD views of the BHLD tensors: dhsa writes o as [B, Lq, Hq, d],
@@ -156,6 +166,46 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
         if lay is not None:
             lay.close()
     return o, None
+
+def _window_stats(B, Hkv, Lq, Lk, q_pos0, window):
+    """The stats() dict of a sliding-window layer read densely: every key
+    each row may see (rows q_pos0.. under causality and the window), as a
+    dhsa session counts such a layer (density 1)."""
+    avail = 0
+    for i in range(q_pos0, q_pos0 + Lq):
+        avail += min(i + 1, window, Lk)
+    avail = float(avail * B * Hkv)
+    return {"B": B, "Hkv": Hkv, "Lq": Lq, "Lk": Lk, "q_block": Lq, "n_blocks": 1, "max_ranges": 1,
+            "q_pos0": q_pos0, "causal": True, "window": window, "selected": avail,
+            "available": avail, "density": 1.0 if avail else float("nan"), "ranges": B * Hkv,
+            "dense_blocks": B * Hkv, "chunks": 0, "chunk_mean": 0.0, "chunk_min": 0, "chunk_max": 0}
+
+
+def _params(cfg, n):
+    """The RouterParams a global layer of the patched model routes a call
+    over n keys with: what a dhsa session runs (docs/torch.md): the
+    defaults of every entry point for n keys (RouterParams.for_length),
+    causal boundaries (a session's, so a prefill and the decode steps
+    after it cut the same chunks), the caller's keywords over them, the
+    method, and on a model that interleaves sliding-window layers chunks
+    of at most hybrid_max_chunk keys unless min_chunk / max_chunk or
+    params= were given."""
+    r = dict(cfg["router"])
+    given = set(r)
+    if "params" not in r:
+        r.setdefault("causal_boundaries", True)
+    p = _ops.default_params(n, dict(r, method=cfg["method"]))
+    if cfg.get("hybrid") and p.hybrid_max_chunk > 0 and not given & {"min_chunk", "max_chunk", "params"}:
+        mx = min(p.max_chunk, p.hybrid_max_chunk)
+        p = dataclasses.replace(p, max_chunk=mx, min_chunk=min(p.min_chunk, mx))
+    return p
+
+
+def _hybrid(mods):
+    """Whether the model interleaves sliding-window layers with global
+    ones (gemma-2/3; dhsa__model_hybrid in C)."""
+    w = [bool(getattr(m, "sliding_window", None)) for _, m in mods]
+    return any(w) and not all(w)
 
 # ------------------------------------------------------------------- API ---
 
@@ -180,7 +230,7 @@ def _set_implementation(model, name):
 
 
 def patch_transformers(model, method="dhsa", density=0.0625, backend=None, **router):
-    """Makes a transformers Llama, Qwen2 or Gemma2 model (…ForCausalLM or
+    """Makes a transformers Llama, Qwen2, Gemma2 or Gemma3 model (…ForCausalLM or
     the bare model) run its attention on dhsa, in place, on CPU tensors.
 
     method: "dense" (dhsa's dense kernel), "dhsa" (DHSA routing), "block",
@@ -201,7 +251,7 @@ def patch_transformers(model, method="dhsa", density=0.0625, backend=None, **rou
     mods = _attention_modules(model)
     if not mods:
         raise TypeError("patch_transformers: %s has no %s module: supported are transformers' "
-                        "Llama, Qwen2 and Gemma2 models" % (type(model).__name__,
+                        "Llama, Qwen2, Gemma2 and Gemma3 models" % (type(model).__name__,
                                                             " / ".join(_SUPPORTED)))
     router = dict(router)
     if method != "dense":
@@ -220,12 +270,25 @@ def patch_transformers(model, method="dhsa", density=0.0625, backend=None, **rou
     if prev == NAME:
         prev = getattr(model, "_dhsa_previous_attn", prev)
     stats = []
+    hybrid = _hybrid(mods)
     for _, m in mods:
-        m._dhsa = {"method": method, "router": router, "stats": stats, "backend": backend}
+        m._dhsa = {"method": method, "router": router, "stats": stats, "backend": backend,
+                   "hybrid": hybrid}
     model._dhsa_previous_attn = prev
     model._dhsa_stats = stats
     _set_implementation(model, NAME)
     return [p for p, _ in mods]
+
+
+def router_params(model, n):
+    """The dhsa.RouterParams the patched model's global (not sliding-window)
+    layers route a call over n keys with (prefill: the prompt's length;
+    a decode step: the keys in the cache), or None for method "dense"."""
+    mods = [m for _, m in _attention_modules(model) if hasattr(m, "_dhsa")]
+    if not mods:
+        raise ValueError("router_params: the model was not patched by patch_transformers")
+    cfg = mods[0]._dhsa
+    return None if cfg["method"] == "dense" else _params(cfg, n)
 
 
 def model_stats(model):

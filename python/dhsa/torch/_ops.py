@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 import dhsa
+from dhsa._route import _router_params
 
 _BF16 = torch.bfloat16
 
@@ -169,14 +170,30 @@ def _router_kwargs(sparse):
                     % type(sparse).__name__)
 
 
+def default_params(n, router):
+    """The RouterParams every entry point runs by default for n keys,
+    dhsa.RouterParams.for_length(n, density) (density: router's, else
+    0.0625), with the keywords in `router` over it; router["params"], a
+    RouterParams, replaces that base (used as the caller gave it)."""
+    r = dict(router)
+    base = r.pop("params", None)
+    if base is None:
+        base = dhsa.RouterParams.for_length(max(int(n), 1), r.get("density", 0.0625))
+    elif not isinstance(base, dhsa.RouterParams):
+        raise TypeError("params must be a dhsa.RouterParams, not %s" % type(base).__name__)
+    return _router_params(base, r, "the router settings")
+
+
 def route(q, k, *, causal, sparse, q_pos0=0, window=0, backend=None):
     """A layout for q [B, Hq, Lq, d] over k [B, Hkv, Lk, d] (torch, BHLD)
-    under the router settings `sparse` (see _router_kwargs). The back end
+    under the router settings `sparse` (see _router_kwargs; a method name
+    or a dict routes with default_params(Lk, ...), the defaults every
+    entry point runs; a RouterParams as given). The back end
     (pick_backend) routes: "c", dhsa.route() (a dhsa.Layout; bfloat16 q/k
     converted to float32 first, one copy each, linear in L); "torch", the
     torch router on the tensors' device (_route.py: a TorchLayout, the same
     layout)."""
-    kw = _router_kwargs(sparse)
+    kw = {"params": default_params(k.shape[-2], _router_kwargs(sparse))}
     if pick_backend(backend, q, k) == "torch":
         from . import _route
         return _route.route(q, k, causal=causal, q_pos0=q_pos0, window=window, **kw)
