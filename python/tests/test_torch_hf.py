@@ -204,3 +204,116 @@ def test_refusals():
     with pytest.raises(ValueError, match="dropout"):
         _hf._attention(m.model.layers[0].self_attn, torch.zeros(1, 4, 3, 16),
                        torch.zeros(1, 2, 3, 16), torch.zeros(1, 2, 3, 16), None, dropout=0.1)
+
+
+def _rest_reference(q, k, v, lay, starts, scale, softcap):
+    """float64: per row, softmax over the layout's keys (causal) and the
+    chunks its block leaves out (ending at or before the block's first row,
+    no key in the block's ranges) as mean key / mean value / + log n."""
+    B, Hq, L, d = q.shape
+    Hkv = k.shape[1]
+    G = Hq // Hkv
+    q, k, v = q.double(), k.double(), v.double()
+    out = torch.zeros(B, L, Hq, v.shape[-1], dtype=torch.float64)
+    for b in range(B):
+        st = starts[b]
+        for g in range(Hkv):
+            for blk in range(lay.n_blocks):
+                rg = lay.ranges(b, g, blk)
+                taken = torch.zeros(L, dtype=torch.bool)
+                for s0, e0 in rg:
+                    taken[s0:e0] = True
+                first = blk * lay.q_block
+                chunks = [(st[c], st[c + 1]) for c in range(len(st) - 1)
+                          if st[c + 1] <= first and not bool(taken[st[c]:st[c + 1]].any())]
+                for i in range(first, min(L, first + lay.q_block)):
+                    keys = torch.nonzero(taken[:i + 1]).flatten()
+                    for h in range(g * G, (g + 1) * G):
+                        sc = (k[b, g, keys] @ q[b, h, i]) * scale
+                        vs = [v[b, g, keys]]
+                        if chunks:
+                            mk = torch.stack([k[b, g, c0:c1].mean(0) for c0, c1 in chunks])
+                            mv = torch.stack([v[b, g, c0:c1].mean(0) for c0, c1 in chunks])
+                            ss = (mk @ q[b, h, i]) * scale
+                            if softcap:
+                                ss = softcap * torch.tanh(ss / softcap)
+                            ss = ss + torch.log(torch.tensor([float(c1 - c0) for c0, c1 in chunks],
+                                                             dtype=torch.float64))
+                            vs.append(mv)
+                        else:
+                            ss = torch.zeros(0, dtype=torch.float64)
+                        if softcap:
+                            sc = softcap * torch.tanh(sc / softcap)
+                        w = torch.softmax(torch.cat([sc, ss]), 0)
+                        out[b, i, h] = w @ torch.cat(vs)
+    return out
+
+
+@pytest.mark.parametrize("softcap", [0.0, 5.0])
+def test_rest_summaries_against_reference(softcap, close):
+    """_rest.attend (the summaries of the chunks a block leaves out, merged
+    with the sparse attention through the log-sum-exps) against a float64
+    reference written from the rule (src/route/rest.c's)."""
+    from dhsa.torch import _rest, _ops, _route
+    torch.manual_seed(3)
+    B, Hq, Hkv, L, d = 2, 4, 2, 260, 16
+    q, k, v = torch.randn(B, Hq, L, d), torch.randn(B, Hkv, L, d), torch.randn(B, Hkv, L, d)
+    k[:, :, 100:140] += 2.0 * torch.randn(1, Hkv, 1, d)  # some structure for the boundaries
+    p = dataclasses.replace(dhsa.RouterParams.for_length(L, 0.0625), causal_boundaries=True)
+    scale = 0.3
+    lay = dhsa.route(q.numpy(), k.numpy(), causal=True, params=p)
+    o, lse = _ops.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True,
+                            sparse=lay, layout="BLHD", scale=scale, softcap=softcap,
+                            return_lse=True)
+    sparse_only = o.clone()
+    n = _rest.attend(o, lse, q, k, v, lay, p, scale, softcap, 0)
+    starts = [_route._boundaries(k[b], _route._P(p)).tolist() for b in range(B)]
+    assert all(len(s) > 10 for s in starts), starts
+    ref = _rest_reference(q, k, v, lay, starts, scale, softcap)
+    close(o.double().numpy(), ref.numpy(), what="rest merge", atol=2e-5, rtol=2e-5)
+    assert n > 0
+    with pytest.raises(AssertionError, match="out of tolerance"):  # the summaries change it
+        close(sparse_only.double().numpy(), ref.numpy(), atol=2e-5, rtol=2e-5)
+    lay.close()
+
+
+def test_rest_in_the_plugin(monkeypatch):
+    """Summaries run where a session runs them: prompts (not decode steps)
+    in the global layers of a hybrid model by default (gemma3 here), in
+    layers rest - 1 and after with rest = n, nowhere with rest = 0 or on a
+    model that does not slide (llama)."""
+    def prefill_summaries(arch, **router):
+        m = make(arch)
+        ids, _ = batch()
+        with torch.inference_mode():
+            dt.patch_transformers(m, method="dhsa", density=0.0625, **router)
+            m.generate(ids[:1, :180], max_new_tokens=2, do_sample=False)
+        rows = [(s["Lq"], s["window"], s["summaries"]) for s in m._dhsa_stats]
+        return rows, dt.model_stats(m)
+
+    rows, st = prefill_summaries("gemma3")
+    assert [r for r in rows if r[1] == 0 and r[0] > 1][0][2] > 0, rows  # the prompt's global layer
+    assert all(r[2] == 0 for r in rows if r[0] == 1 or r[1] > 0), rows  # decode steps, sliding layer
+    assert 0 < st["summaries"] < 0.2, st
+    rows, _ = prefill_summaries("gemma3", rest=0)
+    assert all(r[2] == 0 for r in rows), rows
+    rows, _ = prefill_summaries("llama")
+    assert all(r[2] == 0 for r in rows), rows
+    rows, _ = prefill_summaries("llama", rest=2)  # layer 1 of 0, 1
+    pre = [r for r in rows if r[0] > 1]
+    assert pre[0][2] == 0 and pre[1][2] > 0, rows
+
+
+def test_rest_on_both_backends(close):
+    """The torch back end (its TorchLayout) gives the C back end's logits
+    with the summaries on (gemma3, a prompt of 180)."""
+    m = make("gemma3")
+    ids, _ = batch()
+    out = {}
+    with torch.inference_mode():
+        for be in ("c", "torch"):
+            dt.patch_transformers(m, method="dhsa", density=0.0625, backend=be)
+            out[be] = m(ids[:1, :180]).logits
+            assert dt.model_stats(m)["summaries"] > 0
+    close(out["c"].numpy(), out["torch"].numpy(), what="gemma3 c vs torch, summaries",
+          atol=1e-4, rtol=1e-4)

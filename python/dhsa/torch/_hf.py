@@ -33,7 +33,7 @@ import torch
 
 import dhsa
 
-from . import _ops
+from . import _ops, _rest
 from ._ops import attention, pick_backend, route
 
 NAME = "dhsa"
@@ -154,14 +154,24 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
             # method, as dhsa's sessions do (src/model/session.c)
             cfg["stats"].append(_window_stats(B, key.shape[1], Lq, Lk, q_pos0, window))
         elif cfg["method"] != "dense":
+            p = _params(cfg, Lk)
             lay = route(query, key, causal=True, q_pos0=q_pos0, window=window,
-                        sparse=_params(cfg, Lk), backend=cfg.get("backend"))
-            cfg["stats"].append(lay.stats())
+                        sparse=p, backend=cfg.get("backend"))
+            st = lay.stats()
+            st["summaries"] = 0
+            cfg["stats"].append(st)
             kw["sparse"] = lay
+            if _rest_on(cfg, module, p, Lq):
+                kw["return_lse"] = True
         # BLHD views of the BHLD tensors: dhsa writes o as [B, Lq, Hq, d],
         # the layout transformers wants, so nothing is transposed after.
         o = attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                       backend=cfg.get("backend"), **kw)
+        if kw.get("return_lse"):
+            o, lse = o
+            sc = float(scaling) if scaling else 1.0 / d ** 0.5
+            st["summaries"] = _rest.attend(o, lse, query, key, value, lay, p, sc,
+                                           float(softcap or 0.0), q_pos0)
     finally:
         if lay is not None:
             lay.close()
@@ -178,7 +188,8 @@ def _window_stats(B, Hkv, Lq, Lk, q_pos0, window):
     return {"B": B, "Hkv": Hkv, "Lq": Lq, "Lk": Lk, "q_block": Lq, "n_blocks": 1, "max_ranges": 1,
             "q_pos0": q_pos0, "causal": True, "window": window, "selected": avail,
             "available": avail, "density": 1.0 if avail else float("nan"), "ranges": B * Hkv,
-            "dense_blocks": B * Hkv, "chunks": 0, "chunk_mean": 0.0, "chunk_min": 0, "chunk_max": 0}
+            "dense_blocks": B * Hkv, "chunks": 0, "chunk_mean": 0.0, "chunk_min": 0, "chunk_max": 0,
+            "summaries": 0}
 
 
 def _params(cfg, n):
@@ -199,6 +210,18 @@ def _params(cfg, n):
         mx = min(p.max_chunk, p.hybrid_max_chunk)
         p = dataclasses.replace(p, max_chunk=mx, min_chunk=min(p.min_chunk, mx))
     return p
+
+
+def _rest_on(cfg, module, p, Lq):
+    """Whether this routed call also attends the chunks its blocks leave
+    out, summarised (_rest.py), as a session's would: DHSA or block, a
+    call of more than one row (a prompt, not a decode step), and p.rest:
+    REST_HYBRID (-1) in every global layer of a hybrid model, n > 0 in
+    layers n - 1 and after, 0 never."""
+    if cfg["method"] not in ("dhsa", "block") or Lq < 2:
+        return False
+    n = (1 if cfg.get("hybrid") else 0) if p.rest == dhsa.REST_HYBRID else p.rest
+    return n > 0 and int(getattr(module, "layer_idx", 0) or 0) + 1 >= n
 
 
 def _hybrid(mods):
@@ -292,17 +315,21 @@ def router_params(model, n):
 
 
 def model_stats(model):
-    """The stats() dicts of every layout routed since patch_transformers
-    (one per layer and forward call), and their mean density as
-    {"calls": n, "density": mean, "selected": sum, "available": sum}
-    where density = selected / available over all calls."""
+    """The stats() dicts of every routed call since patch_transformers
+    (one per layer and forward call; a sliding-window layer's window read
+    densely counts as density 1), summed as {"calls": n, "density":
+    mean, "selected": sum, "available": sum, "summaries": share} where
+    density = selected / available over all calls and summaries = the
+    chunk summaries read (rows x KV heads x chunks) / available."""
     stats = getattr(model, "_dhsa_stats", None)
     if stats is None:
         raise ValueError("model_stats: the model was not patched by patch_transformers")
     sel = sum(s["selected"] for s in stats)
     avail = sum(s["available"] for s in stats)
+    summ = sum(s.get("summaries", 0) for s in stats)
     return {"calls": len(stats), "selected": sel, "available": avail,
-            "density": (sel / avail) if avail else float("nan")}
+            "density": (sel / avail) if avail else float("nan"),
+            "summaries": (summ / avail) if avail else float("nan")}
 
 
 def unpatch_transformers(model):
