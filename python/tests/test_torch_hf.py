@@ -317,3 +317,23 @@ def test_rest_on_both_backends(close):
             assert dt.model_stats(m)["summaries"] > 0
     close(out["c"].numpy(), out["torch"].numpy(), what="gemma3 c vs torch, summaries",
           atol=1e-4, rtol=1e-4)
+
+
+def test_rest_with_c_only_routing():
+    """The summaries' chunks where the torch router cannot cut them: learned
+    boundaries cut causally (from the C decode index) and a chunk score only
+    the C router has ("rows": the boundaries do not depend on it)."""
+    from dhsa.torch import _rest, _ops
+    torch.manual_seed(0)
+    B, Hq, Hkv, L, d = 1, 4, 2, 300, 16
+    q, k, v = torch.randn(B, Hq, L, d), torch.randn(B, Hkv, L, d), torch.randn(B, Hkv, L, d)
+    base = dataclasses.replace(dhsa.RouterParams.for_length(L), causal_boundaries=True)
+    for p in (dataclasses.replace(base, boundary=dhsa.Predictor.random(Hkv * d)),
+              dataclasses.replace(base, score="rows")):
+        lay = dhsa.route(q.numpy(), k.numpy(), causal=True, params=p)
+        o, lse = _ops.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                causal=True, sparse=lay, layout="BLHD", return_lse=True)
+        before = o.clone()
+        assert _rest.attend(o, lse, q, k, v, lay, p, d ** -0.5, 0.0, 0) > 0
+        assert not torch.allclose(o, before)
+        lay.close()

@@ -20,10 +20,13 @@ Contract (docs/torch.md, "The routing a dhsa session runs"):
 Tested by python/tests/test_torch_hf.py against a float64 reference.
 """
 
+import dataclasses
 import math
 
 import numpy as np
 import torch
+
+import dhsa
 
 from ._route import _P, _boundaries
 
@@ -54,16 +57,36 @@ def _left_out(starts, ranges, end):
     return free
 
 
+def _starts(kb, p, P):
+    """Chunk starts [nc + 1] (int64 tensor) of one batch's keys kb [Hkv,
+    Lk, d] under p: the torch router's boundary rule (dhsa_route's), or,
+    for learned boundaries cut causally (the decode index's online rule,
+    which the torch router does not run), the C decode index's chunks
+    (its last closed chunk, whose end the index does not list, joined to
+    the open tail: never summarised)."""
+    if P is not None:
+        return _boundaries(kb, P)
+    Hkv, Lk, d = kb.shape
+    with dhsa.KVIndex(Hkv, d, Lk, params=p) as ix:
+        ix.append(kb.detach().float().cpu().numpy()[None])
+        c = [int(x) for x in ix.chunks()]
+    ends = sorted(set([0] + c + [Lk]))
+    return torch.tensor(ends, dtype=torch.int64, device=kb.device)
+
+
 def attend(o, lse, q, k, v, lay, p, scale, softcap, q_pos0):
     B, Hq, Lq, d = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     G = Hq // Hkv
-    P = _P(p)
+    # the boundaries do not depend on the chunk score: the torch router's
+    # _P accepts "moments" for any score the C router runs
+    learned_causal = isinstance(p.boundary, dhsa.Predictor) and p.causal_boundaries
+    P = None if learned_causal else _P(dataclasses.replace(p, score="moments"))
     qb, nb = lay.q_block, lay.n_blocks
     wd = torch.float64 if q.device.type == "cpu" else torch.float32
     count = 0
     for b in range(B):
-        starts_t = _boundaries(k[b], P)
+        starts_t = _starts(k[b], p, P)
         starts = starts_t.cpu().numpy()
         nc = len(starts) - 1
         if nc < 2:
