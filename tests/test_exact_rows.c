@@ -1,6 +1,6 @@
 /* test_exact_rows.c: a session's last rows rank chunks by their exact
  * attention (dhsa_router_params.exact_rows; src/route/carry.h,
- * dhsa__exact_mass; src/route/kv_index.c, dhsa__kv_index_route_exact;
+ * dhsa__exact_mass; src/route/kv_index.c, dhsa_kv_index_route_exact;
  * docs/dhsa.md "The prompt's last rows ranked by their exact attention").
  *
  * 1. dhsa__exact_mass against a double-precision reference written here:
@@ -11,7 +11,7 @@
  *    group's heads of the share of the row's softmax over every key it may
  *    see. Within 2e-6 + 1e-4 relative; the comparison is shown to fail on
  *    a mass moved by 1e-3.
- * 2. dhsa__kv_index_route_exact: a chunk whose one key matches the query
+ * 2. dhsa_kv_index_route_exact: a chunk whose one key matches the query
  *    while its other keys turn away (its mean key scores below the
  *    haystack's, so the estimate ranks it low) holds most of the exact
  *    mass; the exact route reads it in every group, and the estimate's
@@ -214,7 +214,7 @@ static void test_route(void) {
     a.scale = 1.0f / (float)sqrt((double)d);
     dhsa_layout *plain = NULL, *ex = NULL;
     T_CHECK(dhsa_kv_index_route(ctx, ix, &a, &plain) == DHSA_OK, "route: %s", dhsa_last_error());
-    T_CHECK(dhsa__kv_index_route_exact(ctx, ix, &a, &ex) == DHSA_OK, "route exact: %s", dhsa_last_error());
+    T_CHECK(dhsa_kv_index_route_exact(ctx, ix, &a, &ex) == DHSA_OK, "route exact: %s", dhsa_last_error());
     if (plain && ex) {
         for (int64_t g = 0; g < Hkv; g++) {
             const int64_t *r0, *r1;
@@ -242,7 +242,7 @@ static void test_route(void) {
     T_CHECK(dhsa_kv_index_create(ctx, &rp, Hkv, d, L + 1, &ix) == DHSA_OK, "index: %s", dhsa_last_error());
     T_CHECK(dhsa_kv_index_append(ix, &kt) == DHSA_OK, "append: %s", dhsa_last_error());
     ex = NULL;
-    T_CHECK(dhsa__kv_index_route_exact(ctx, ix, &a, &ex) == DHSA_ERR_UNSUPPORTED && !ex, "share_heads refused");
+    T_CHECK(dhsa_kv_index_route_exact(ctx, ix, &a, &ex) == DHSA_ERR_UNSUPPORTED && !ex, "share_heads refused");
     dhsa_kv_index_free(ix);
     free(k);
     free(q);

@@ -460,7 +460,8 @@ DHSA_API int64_t dhsa_kv_index_length(const dhsa_kv_index *ix);
  * dhsa_kv_index_size). Refused with DHSA_ERR_BUSY while another call runs
  * on the index; on any error the index is unchanged. */
 DHSA_API dhsa_status dhsa_kv_index_truncate(dhsa_kv_index *ix, const dhsa_tensor *k, int64_t n);
-/* Closed chunks so far; with starts != NULL, their first positions. */
+/* Closed chunks so far (n); with starts != NULL, their first positions and,
+ * at starts[n], the end of the last closed chunk (the open tail's start). */
 DHSA_API int64_t dhsa_kv_index_chunks(const dhsa_kv_index *ix, const int64_t **starts);
 /* Routes the queries of `a` (q [1, Hq, Lq, d] at positions q_pos0 ..;
  * routes of one index may run at once; one that would overlap an append is
@@ -470,6 +471,17 @@ DHSA_API int64_t dhsa_kv_index_chunks(const dhsa_kv_index *ix, const int64_t **s
  * (a->causal = 1) is supported. */
 DHSA_API dhsa_status dhsa_kv_index_route(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
                                          dhsa_layout **out);
+/* dhsa_kv_index_route with each block's chunks ranked by the true attention
+ * mass its rows and the KV group's heads put on them (exact scores, reading
+ * every key the rows may see: rows x L per head) instead of the score's
+ * estimate; the same candidates, budget, sinks and local keys. What a
+ * session runs for an answering eval's last exact_rows rows
+ * (dhsa_router_params.exact_rows; docs/dhsa.md, "The prompt's last rows
+ * ranked by their exact attention"), for a caller that routes those rows
+ * itself (dhsa.torch's transformers plug-in). Refuses share_heads
+ * (DHSA_ERR_UNSUPPORTED). */
+DHSA_API dhsa_status dhsa_kv_index_route_exact(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
+                                               dhsa_layout **out);
 
 /* Whether query row `row` of (batch b, KV head g) may attend to key `key`
  * under the layout (its block's ranges; causality/window not applied).

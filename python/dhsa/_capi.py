@@ -272,6 +272,7 @@ _ROUTE_PROTOTYPES = {
     "dhsa_kv_index_length": (c_int64, [c_void_p]),
     "dhsa_kv_index_chunks": (c_int64, [c_void_p, _p(_p(c_int64))]),
     "dhsa_kv_index_route": (c_int, [c_void_p, c_void_p, _p(AttnDesc), _p(c_void_p)]),
+    "dhsa_kv_index_route_exact": (c_int, [c_void_p, c_void_p, _p(AttnDesc), _p(c_void_p)]),
     "dhsa_synth_default_params": (SynthParams, []),
     "dhsa_synth_generate": (c_int, [_p(SynthParams), c_void_p, c_void_p, c_void_p,
                                     _p(SynthNeedle)]),

@@ -633,11 +633,24 @@ class KVIndex:
                 return np.zeros(0, dtype=np.int64)
             return np.ctypeslib.as_array(ptr, shape=(n,)).copy()
 
-    def route(self, q, k_cache, q_pos0=None, *, window=0, layout="BHLD", ctx=None, threads=None):
+    def bounds(self):
+        """The closed chunks' bounds (int64 array of n + 1: chunk c is
+        [bounds[c], bounds[c + 1]); the open tail starts at bounds[n]),
+        the chunks a session summarises."""
+        ptr = ctypes.POINTER(ctypes.c_int64)()
+        with self._use() as h:
+            n = int(lib().dhsa_kv_index_chunks(h, ctypes.byref(ptr)))
+            return np.ctypeslib.as_array(ptr, shape=(n + 1,)).copy()
+
+    def route(self, q, k_cache, q_pos0=None, *, window=0, layout="BHLD", ctx=None, threads=None,
+              exact=False):
         """A Layout for causal attention of q [1, Hq, Lq, d] at positions
         q_pos0 .. (None = length - Lq: the newest Lq positions) over the
         cache k_cache [1, Hkv, length, d] the index describes. Allocated
-        from ctx (default: the index's context)."""
+        from ctx (default: the index's context). exact=True ranks each
+        block's chunks by the exact attention mass its rows put on them
+        (dhsa_kv_index_route_exact: what a session runs for a prompt's
+        last exact_rows rows; reads every key those rows may see)."""
         _check_layout_name(layout)
         if q_pos0 is None:
             q_pos0 = self.length - _logical_shape(np.asarray(q), layout)[2]
@@ -645,8 +658,8 @@ class KVIndex:
         c = self._ctx if ctx is None and threads is None else resolve(ctx, threads)
         out = ctypes.c_void_p()
         with c._lock, self._use() as h:
-            check(lib().dhsa_kv_index_route(c._live_handle(), h, ctypes.byref(desc),
-                                            ctypes.byref(out)))
+            fn = lib().dhsa_kv_index_route_exact if exact else lib().dhsa_kv_index_route
+            check(fn(c._live_handle(), h, ctypes.byref(desc), ctypes.byref(out)))
             lay = Layout(out.value, c)
         del keep
         return lay

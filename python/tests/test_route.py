@@ -704,3 +704,32 @@ def test_fidelity(work):
         dhsa.fidelity(od, ld, os_[:, :, :10], ls[:, :, :10])
     with pytest.raises(ValueError, match="lse_dense must be"):
         dhsa.fidelity(od, ld[..., None, None], os_, ls)
+
+
+def test_kv_index_bounds_and_exact_route():
+    """bounds() is chunks() with the last closed chunk's end; route(exact=True)
+    (dhsa_kv_index_route_exact) gives a layout of the same shape that can
+    differ from the estimate's, and refuses share_heads."""
+    rng = np.random.default_rng(4)
+    Hkv, d, L = 2, 16, 300
+    k = rng.standard_normal((1, Hkv, L, d)).astype(np.float32)
+    q = rng.standard_normal((1, 4, L, d)).astype(np.float32)
+    t = q[:, ::2, -8:].mean(2)
+    t /= np.linalg.norm(t, axis=-1, keepdims=True)
+    k[:, :, 30:60] -= 0.9 * t[:, :, None]
+    k[:, :, 44] = 3.0 * t  # a key the last rows attend, hidden among keys that point away
+    p = dhsa.RouterParams.for_length(L)
+    with dhsa.KVIndex(Hkv, d, L, params=p) as ix:
+        ix.append(k)
+        c, b = ix.chunks(), ix.bounds()
+        assert len(b) == len(c) + 1 and (b[:-1] == c).all() and c[-1] < b[-1] <= L
+        le = ix.route(q[:, :, 192:], k, 192)
+        lx = ix.route(q[:, :, 192:], k, 192, exact=True)
+        assert (lx.n_blocks, lx.q_block) == (le.n_blocks, le.q_block)
+        diff = sum(lx.ranges(0, g, i).tolist() != le.ranges(0, g, i).tolist()
+                   for g in range(Hkv) for i in range(lx.n_blocks))
+        assert diff > 0
+    with dhsa.KVIndex(Hkv, d, L, params=p, share_heads=True) as ix:
+        ix.append(k)
+        with pytest.raises(dhsa.DhsaError, match="share_heads"):
+            ix.route(q[:, :, 192:], k, 192, exact=True)

@@ -140,20 +140,21 @@ def test_routing_is_the_sessions(arch, monkeypatch):
     m = make(arch)
     ids, _ = batch()
     seen = []
-    real_route = _hf.route
+    real_params = _hf._params
 
-    def spy(q, k, **kw):
-        seen.append((k.shape[2], kw["window"], kw["sparse"]))
-        return real_route(q, k, **kw)
+    def spy(cfg, n):
+        got = real_params(cfg, n)
+        seen.append((n, 0, got))
+        return got
 
-    monkeypatch.setattr(_hf, "route", spy)
+    monkeypatch.setattr(_hf, "_params", spy)
     hybrid = arch != "llama"
     with torch.inference_mode():
         dt.patch_transformers(m, method="dhsa", density=0.0625)
         m.generate(ids[:1, :150], max_new_tokens=3, do_sample=False)
     assert len(seen) == (3 if hybrid else 6)  # (prefill + 2 decode steps) x global layers
     for n, window, p in seen:
-        assert window == 0 and p == dt.router_params(m, n)
+        assert p == real_params(m.model.layers[-1].self_attn._dhsa, n)
         want = dataclasses.replace(dhsa.RouterParams.for_length(n, 0.0625), causal_boundaries=True)
         if hybrid:
             want = dataclasses.replace(want, max_chunk=min(want.max_chunk, 16),
@@ -305,18 +306,32 @@ def test_rest_in_the_plugin(monkeypatch):
 
 
 def test_rest_on_both_backends(close):
-    """The torch back end (its TorchLayout) gives the C back end's logits
-    with the summaries on (gemma3, a prompt of 180)."""
+    """The summaries over the torch back end's layout (a TorchLayout, as the
+    plug-in's torch back end routes) equal those over the C router's
+    layout for the same call; and on a model the torch back end runs them
+    (gemma3, a prompt of 180; the C back end routes by the session's decode
+    index instead, docs/torch.md)."""
+    from dhsa.torch import _rest, _ops
+    torch.manual_seed(5)
+    B, Hq, Hkv, L, d = 1, 4, 2, 240, 16
+    q, k, v = torch.randn(B, Hq, L, d), torch.randn(B, Hkv, L, d), torch.randn(B, Hkv, L, d)
+    p = dataclasses.replace(dhsa.RouterParams.for_length(L), causal_boundaries=True)
+    out = {}
+    for be in ("c", "torch"):
+        lay = _ops.route(q, k, causal=True, sparse=p, backend=be)
+        o, lse = _ops.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True,
+                                sparse=lay, layout="BLHD", return_lse=True, backend=be)
+        assert _rest.attend(o, lse, q, k, v, lay, p, d ** -0.5, 0.0, 0) > 0
+        out[be] = o
+        lay.close()
+    close(out["c"].numpy(), out["torch"].numpy(), what="summaries, c vs torch layouts",
+          atol=1e-4, rtol=1e-4)
     m = make("gemma3")
     ids, _ = batch()
-    out = {}
     with torch.inference_mode():
-        for be in ("c", "torch"):
-            dt.patch_transformers(m, method="dhsa", density=0.0625, backend=be)
-            out[be] = m(ids[:1, :180]).logits
-            assert dt.model_stats(m)["summaries"] > 0
-    close(out["c"].numpy(), out["torch"].numpy(), what="gemma3 c vs torch, summaries",
-          atol=1e-4, rtol=1e-4)
+        dt.patch_transformers(m, method="dhsa", density=0.0625, backend="torch")
+        m(ids[:1, :180])
+        assert dt.model_stats(m)["summaries"] > 0
 
 
 def test_rest_with_c_only_routing():
@@ -337,3 +352,54 @@ def test_rest_with_c_only_routing():
         assert _rest.attend(o, lse, q, k, v, lay, p, d ** -0.5, 0.0, 0) > 0
         assert not torch.allclose(o, before)
         lay.close()
+
+
+def test_exact_rows_in_the_plugin(close):
+    """The plug-in routes as a session does (C back end): by a decode index
+    over the call's keys, and a prompt call's last rows rank their chunks by
+    their exact attention: rows from the start of the query block holding
+    row Lq - exact_rows by the index's exact ranking
+    (dhsa_kv_index_route_exact), the rows before by its estimate; checked
+    against that composition written out here, against exact_rows=0, and on
+    decode steps (none)."""
+    from dhsa.torch import _hf, _ops
+    m = make("llama")
+    torch.manual_seed(7)
+    Lq, d = 200, 16
+    q, k, v = torch.randn(1, 4, Lq, d), torch.randn(1, 2, Lq, d), torch.randn(1, 2, Lq, d)
+    t = q[:, ::2, -8:, :].mean(2)
+    t = t / t.norm(dim=-1, keepdim=True)
+    k[:, :, 30:60] -= 0.9 * t[:, :, None, :]  # a needle the last rows attend, among keys that hide it
+    k[:, :, 44] = 3.0 * t
+    mod = m.model.layers[0].self_attn
+    with torch.inference_mode():
+        dt.patch_transformers(m, method="dhsa", density=0.0625)
+        got, _ = _hf._attention(mod, q, k, v, None, scaling=0.25)
+        st = m._dhsa_stats[-1]
+        p = dt.router_params(m, Lq)
+        r = (Lq - p.exact_rows) - (Lq - p.exact_rows) % p.q_block
+        assert st["exact_rows"] == Lq - r > 0, (st, r)
+        with dhsa.KVIndex(2, d, Lq, params=p) as ix:  # a session's routing: its decode index
+            ix.append(k.numpy())
+            lay = ix.route(q[:, :, :r].numpy(), k.numpy(), 0)
+            lx = ix.route(q[:, :, r:].numpy(), k.numpy(), r, exact=True)
+            le = ix.route(q[:, :, r:].numpy(), k.numpy(), r)
+        head = _ops.attention(q[:, :, :r].transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                              causal=True, sparse=lay, scale=0.25, layout="BLHD")
+        tail = _ops.attention(q[:, :, r:].transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                              causal=True, q_pos0=r, sparse=lx, scale=0.25, layout="BLHD")
+        est = _ops.attention(q[:, :, r:].transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                             causal=True, q_pos0=r, sparse=le, scale=0.25, layout="BLHD")
+        close(got[:, :r].numpy(), head.numpy(), what="rows before", atol=1e-6, rtol=1e-6)
+        close(got[:, r:].numpy(), tail.numpy(), what="exact rows", atol=1e-6, rtol=1e-6)
+        with pytest.raises(AssertionError, match="out of tolerance"):  # the ranking matters here
+            close(est.numpy(), tail.numpy(), atol=1e-6, rtol=1e-6)
+        dt.patch_transformers(m, method="dhsa", density=0.0625, exact_rows=0)
+        off, _ = _hf._attention(mod, q, k, v, None, scaling=0.25)
+        assert m._dhsa_stats[-1]["exact_rows"] == 0
+        close(off[:, r:].numpy(), est.numpy(), what="exact_rows=0", atol=1e-6, rtol=1e-6)
+        dt.patch_transformers(m, method="dhsa", density=0.0625)
+        _hf._attention(mod, q[:, :, -1:], k, v, None, scaling=0.25)  # a decode step
+        assert m._dhsa_stats[-1]["exact_rows"] == 0
+    for s in (lay, lx, le):
+        s.close()

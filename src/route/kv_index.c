@@ -932,10 +932,10 @@ dhsa_status dhsa__kv_index_route_keep(dhsa_ctx *ctx, const dhsa_kv_index *ix, co
     return route_shared(ctx, ix, a, NULL, NULL, keep, 0, out);
 }
 
-dhsa_status dhsa__kv_index_route_exact(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
-                                       dhsa_layout **out) {
+dhsa_status dhsa_kv_index_route_exact(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
+                                      dhsa_layout **out) {
     if (!ctx || !ix || !a || !out)
-        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__kv_index_route_exact: NULL argument");
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_kv_index_route_exact: NULL argument");
     *out = NULL;
     if (ix->rp.share_heads)
         return dhsa__fail(DHSA_ERR_UNSUPPORTED, "exact chunk ranking routes each KV group alone (not share_heads)");

@@ -69,15 +69,6 @@ dhsa_status dhsa__kv_index_route_masked(dhsa_ctx *ctx, const dhsa_kv_index *ix, 
 dhsa_status dhsa__kv_index_route_keep(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
                                       const int64_t *keep, dhsa_layout **out);
 
-/* The rows of a session's call that end it (dhsa_router_params.exact_rows):
- * dhsa_kv_index_route with each block's chunks ranked by the true attention
- * mass its rows and the group's heads put on them (dhsa__exact_mass,
- * route/carry.h) instead of the score's estimate; the same candidates,
- * budget, sinks and local keys. Reads every key the rows may see. Refuses
- * share_heads (DHSA_ERR_UNSUPPORTED). */
-dhsa_status dhsa__kv_index_route_exact(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
-                                       dhsa_layout **out);
-
 /* For tests: 0 when the two indexes (same parameters and sizes) hold the
  * same state, every field a later append or route reads (length, chunk
  * starts, decisions and summaries, the open chunk's sums, the ring of recent

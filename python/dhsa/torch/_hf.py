@@ -147,35 +147,102 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
                                       "function gives None or [B, 1, 1, Lk]"
                                       % (tuple(attention_mask.shape),))
         kw["attn_mask"] = attention_mask  # per key, True = keep
-    lay = None
-    try:
-        if cfg["method"] != "dense" and window > 0:
+    sc = float(scaling) if scaling else 1.0 / d ** 0.5
+    if cfg["method"] == "dense" or window > 0:
+        if cfg["method"] != "dense":
             # a sliding-window layer reads its window densely in every
             # method, as dhsa's sessions do (src/model/session.c)
             cfg["stats"].append(_window_stats(B, key.shape[1], Lq, Lk, q_pos0, window))
-        elif cfg["method"] != "dense":
-            p = _params(cfg, Lk)
-            lay = route(query, key, causal=True, q_pos0=q_pos0, window=window,
-                        sparse=p, backend=cfg.get("backend"))
-            st = lay.stats()
-            st["summaries"] = 0
-            cfg["stats"].append(st)
-            kw["sparse"] = lay
-            if _rest_on(cfg, module, p, Lq):
-                kw["return_lse"] = True
         # BLHD views of the BHLD tensors: dhsa writes o as [B, Lq, Hq, d],
         # the layout transformers wants, so nothing is transposed after.
         o = attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                       backend=cfg.get("backend"), **kw)
-        if kw.get("return_lse"):
-            o, lse = o
-            sc = float(scaling) if scaling else 1.0 / d ** 0.5
-            st["summaries"] = _rest.attend(o, lse, query, key, value, lay, p, sc,
-                                           float(softcap or 0.0), q_pos0)
-    finally:
-        if lay is not None:
-            lay.close()
+        return o, None
+    p = _params(cfg, Lk)
+    rest = _rest_on(cfg, module, p, Lq)
+    r = _exact_from(cfg, p, Lq)  # rows r.. rank their chunks exactly (Lq: none)
+    st = {"B": B, "Hkv": key.shape[1], "Lq": Lq, "Lk": Lk, "q_block": p.q_block, "q_pos0": q_pos0,
+          "causal": True, "window": window, "selected": 0.0, "available": 0.0, "summaries": 0,
+          "exact_rows": (Lq - r) * B}
+    if cfg["method"] in ("dhsa", "block") and pick_backend(cfg.get("backend"), query, key, value) == "c":
+        # as a session: the decode index's chunks and routing, per sequence
+        outs = [_index_rows(query[b:b + 1], key[b:b + 1], value[b:b + 1],
+                            None if attention_mask is None else attention_mask[b:b + 1],
+                            p, sc, kw["softcap"], q_pos0, r, rest, st) for b in range(B)]
+        o = outs[0] if B == 1 else torch.cat(outs, 0)
+    else:
+        # stream / oracle (sessions route them without the index), or the
+        # torch back end: dhsa_route's layout (the torch router's), whose
+        # chunks and local keys can differ from the index's in some blocks
+        parts = []
+        if r > 0:
+            qm = query[:, :, :r]
+            lay = route(qm, key, causal=True, q_pos0=q_pos0, window=window, sparse=p,
+                        backend=cfg.get("backend"))
+            try:
+                ls = lay.stats()
+                st["selected"] += ls["selected"]
+                st["available"] += ls["available"]
+                om = attention(qm.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                               backend=cfg.get("backend"), sparse=lay, return_lse=rest, **kw)
+                if rest:
+                    om, lse = om
+                    st["summaries"] += _rest.attend(om, lse, qm, key, value, lay, p, sc, kw["softcap"],
+                                                    q_pos0)
+            finally:
+                lay.close()
+            parts.append(om)
+        if r < Lq:  # the exact rows through the C index, on the CPU
+            ox = torch.cat([_index_rows(query[b:b + 1, :, r:].detach().cpu(), key[b:b + 1].detach().cpu(),
+                                        value[b:b + 1].detach().cpu(),
+                                        None if attention_mask is None else attention_mask[b:b + 1].cpu(),
+                                        p, sc, kw["softcap"], q_pos0 + r, 0, rest, st)
+                            for b in range(B)], 0)
+            parts.append(ox.to(device=query.device, dtype=parts[0].dtype if parts else query.dtype))
+        o = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+    st["density"] = st["selected"] / st["available"] if st["available"] else float("nan")
+    cfg["stats"].append(st)
     return o, None
+
+
+def _index_rows(q, k, v, mask, p, scale, softcap, q_pos0, r, rest, st):
+    """Attention of one sequence's rows q [1, Hq, n, d] (positions q_pos0..)
+    over k, v [1, Hkv, Lk, d] (CPU), routed as a dhsa session routes them:
+    by a decode index over the keys (dhsa.KVIndex: its chunks, candidates,
+    sinks and local keys), rows r.. with each block's chunks ranked by
+    their exact attention (dhsa_kv_index_route_exact), with the summaries
+    of the index's closed chunks when rest. Adds the layouts' selected /
+    available keys and the summaries to st. Returns o [1, n, Hq, dv]."""
+    n, d, Hkv, Lk = q.shape[2], q.shape[3], k.shape[1], k.shape[2]
+    kf = k.detach().float().numpy() if k.dtype == torch.bfloat16 else k.detach().numpy()
+    parts = []
+    with dhsa.KVIndex(Hkv, d, Lk, params=p) as ix:
+        ix.append(kf)
+        bounds = ix.bounds()
+        for a, z, exact in ((0, r, False), (r, n, True)):
+            if z <= a:
+                continue
+            qp = q[:, :, a:z]
+            qf = qp.detach().float().numpy() if qp.dtype == torch.bfloat16 else qp.detach().numpy()
+            lay = ix.route(qf, kf, q_pos0 + a, exact=exact)
+            try:
+                ls = lay.stats()
+                st["selected"] += ls["selected"]
+                st["available"] += ls["available"]
+                kw = dict(causal=True, q_pos0=q_pos0 + a, scale=scale, softcap=softcap, layout="BLHD",
+                          sparse=lay, return_lse=rest)
+                if mask is not None:
+                    kw["attn_mask"] = mask
+                o = attention(qp.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), backend="c", **kw)
+                if rest:
+                    o, lse = o
+                    st["summaries"] += _rest.attend(o, lse, qp, k, v, lay, p, scale, softcap, q_pos0 + a,
+                                                    starts=[bounds])
+            finally:
+                lay.close()
+            parts.append(o)
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+
 
 def _window_stats(B, Hkv, Lq, Lk, q_pos0, window):
     """The stats() dict of a sliding-window layer read densely: every key
@@ -189,7 +256,7 @@ def _window_stats(B, Hkv, Lq, Lk, q_pos0, window):
             "q_pos0": q_pos0, "causal": True, "window": window, "selected": avail,
             "available": avail, "density": 1.0 if avail else float("nan"), "ranges": B * Hkv,
             "dense_blocks": B * Hkv, "chunks": 0, "chunk_mean": 0.0, "chunk_min": 0, "chunk_max": 0,
-            "summaries": 0}
+            "summaries": 0, "exact_rows": 0}
 
 
 def _params(cfg, n):
@@ -222,6 +289,18 @@ def _rest_on(cfg, module, p, Lq):
         return False
     n = (1 if cfg.get("hybrid") else 0) if p.rest == dhsa.REST_HYBRID else p.rest
     return n > 0 and int(getattr(module, "layer_idx", 0) or 0) + 1 >= n
+
+
+def _exact_from(cfg, p, Lq):
+    """The first row of this routed call whose block ranks its chunks by
+    the exact attention its rows put on them, as a session's answering
+    eval does (src/model/session.c, attend): the start of the query block
+    that holds row Lq - exact_rows, for a call of more than one row, DHSA
+    or block, exact_rows > 0, not share_heads; Lq (none) otherwise."""
+    if cfg["method"] not in ("dhsa", "block") or Lq < 2 or p.exact_rows <= 0 or p.share_heads:
+        return Lq
+    first = Lq - p.exact_rows
+    return first - first % p.q_block if first > 0 else 0
 
 
 def _hybrid(mods):

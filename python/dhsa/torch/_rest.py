@@ -4,15 +4,17 @@ dhsa.torch's transformers plug-in: what a dhsa session's `rest` does
 for one call that holds its keys from position 0.
 
 Contract (docs/torch.md, "The routing a dhsa session runs"):
-  - attend(o, lse, q, k, v, lay, p, scale, softcap, q_pos0): o [B, Lq, Hq,
+  - attend(o, lse, q, k, v, lay, p, scale, softcap, q_pos0, starts=None): o [B, Lq, Hq,
     dv] (the sparse attention's output, BLHD) and lse [B, Hq, Lq] (its
     log-sum-exp) become the attention over the kept keys and, per query
     block, every chunk of the call's keys that ends at or before the
     block's first row and shares no key with the block's ranges, attended
     as one key: its mean key, its mean value, and a bias of log(its key
     count) after the softcap; the two merged exactly through their
-    log-sum-exps. The chunks are the router's for these keys and
-    parameters (the torch router's boundary rule, dhsa_route's); means in
+    log-sum-exps. The chunks: starts[b] (bounds, e.g. a decode index's
+    closed chunks, dhsa.KVIndex.bounds(): what a session summarises), or
+    the router's for these keys and parameters (the torch router's
+    boundary rule, dhsa_route's); means in
     float64, used in float32. Returns the summaries read (rows x KV heads x
     chunks, as dhsa_attn_stats.summaries counts them).
   - Cost: the mean keys and values, O(Lk d Hkv); the summaries' scores,
@@ -74,7 +76,7 @@ def _starts(kb, p, P):
     return torch.tensor(ends, dtype=torch.int64, device=kb.device)
 
 
-def attend(o, lse, q, k, v, lay, p, scale, softcap, q_pos0):
+def attend(o, lse, q, k, v, lay, p, scale, softcap, q_pos0, starts=None):
     B, Hq, Lq, d = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     G = Hq // Hkv
@@ -86,22 +88,25 @@ def attend(o, lse, q, k, v, lay, p, scale, softcap, q_pos0):
     wd = torch.float64 if q.device.type == "cpu" else torch.float32
     count = 0
     for b in range(B):
-        starts_t = _starts(k[b], p, P)
-        starts = starts_t.cpu().numpy()
-        nc = len(starts) - 1
-        if nc < 2:
+        starts_t = _starts(k[b], p, P) if starts is None else \
+            torch.as_tensor(starts[b], dtype=torch.int64, device=k.device)
+        bnd = starts_t.cpu().numpy()
+        nc = len(bnd) - 1
+        if nc < 1:
             continue
         ln = starts_t[1:] - starts_t[:-1]
         cid = torch.repeat_interleave(torch.arange(nc, device=k.device), ln)
         n = ln.to(wd)
-        mk = torch.zeros(Hkv, nc, d, dtype=wd, device=k.device).index_add_(1, cid, k[b].to(wd))
-        mv = torch.zeros(Hkv, nc, v.shape[-1], dtype=wd, device=k.device).index_add_(1, cid, v[b].to(wd))
+        k0, k1 = int(bnd[0]), int(bnd[-1])  # the chunks' keys (a decode index's closed ones)
+        mk = torch.zeros(Hkv, nc, d, dtype=wd, device=k.device).index_add_(1, cid, k[b, :, k0:k1].to(wd))
+        mv = torch.zeros(Hkv, nc, v.shape[-1], dtype=wd, device=k.device).index_add_(
+            1, cid, v[b, :, k0:k1].to(wd))
         mk = (mk / n[None, :, None]).float()
         mv = (mv / n[None, :, None]).float()
         bias = torch.log(n).float()
         for g in range(Hkv):
             rg = _block_ranges(lay, b, g)
-            free = np.stack([_left_out(starts, rg[i], q_pos0 + i * qb) for i in range(nb)])  # [nb, nc]
+            free = np.stack([_left_out(bnd, rg[i], q_pos0 + i * qb) for i in range(nb)])  # [nb, nc]
             if not free.any():
                 continue
             rows_per = np.minimum(qb, Lq - np.arange(nb) * qb)
