@@ -9,7 +9,10 @@ ids = torch.tensor([ids])
 m = transformers.AutoModelForCausalLM.from_pretrained("/work/scratch/g30/hf", gguf_file="gemma-3-270m-q4_k_m.gguf", dtype=torch.float32).eval()
 SET = {"dense": dict(method="dense"), "dhsa": dict(method="dhsa", density=0.0625),
        "block": dict(method="block", density=0.0625),
-       "dhsa_rest0": dict(method="dhsa", density=0.0625, rest=0)}
+       "dhsa_rest0": dict(method="dhsa", density=0.0625, rest=0),
+       "dhsa_ex0": dict(method="dhsa", density=0.0625, exact_rows=0),
+       "dhsa_rest0_ex0": dict(method="dhsa", density=0.0625, rest=0, exact_rows=0),
+       "block_ex0": dict(method="block", density=0.0625, exact_rows=0)}
 caches = {k: transformers.DynamicCache(config=m.config) for k in ["dense"] + methods}
 stats = {k: [] for k in methods}
 acc = {k: dict(kl=0.0, top1=0, nll=0.0) for k in methods}
