@@ -248,10 +248,9 @@ def _window_stats(B, Hkv, Lq, Lk, q_pos0, window):
     """The stats() dict of a sliding-window layer read densely: every key
     each row may see (rows q_pos0.. under causality and the window), as a
     dhsa session counts such a layer (density 1)."""
-    avail = 0
-    for i in range(q_pos0, q_pos0 + Lq):
-        avail += min(i + 1, window, Lk)
-    avail = float(avail * B * Hkv)
+    a, z = q_pos0 + 1, min(q_pos0 + Lq, Lk)  # row i sees min(i + 1, window) keys
+    t = max(0, min(z, window) - a + 1)        # rows whose window is not yet full
+    avail = float((t * (2 * a + t - 1) // 2 + (Lq - t) * window) * B * Hkv)
     return {"B": B, "Hkv": Hkv, "Lq": Lq, "Lk": Lk, "q_block": Lq, "n_blocks": 1, "max_ranges": 1,
             "q_pos0": q_pos0, "causal": True, "window": window, "selected": avail,
             "available": avail, "density": 1.0 if avail else float("nan"), "ranges": B * Hkv,
