@@ -179,19 +179,8 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
             qm = query[:, :, :r]
             lay = route(qm, key, causal=True, q_pos0=q_pos0, window=window, sparse=p,
                         backend=cfg.get("backend"))
-            try:
-                ls = lay.stats()
-                st["selected"] += ls["selected"]
-                st["available"] += ls["available"]
-                om = attention(qm.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                               backend=cfg.get("backend"), sparse=lay, return_lse=rest, **kw)
-                if rest:
-                    om, lse = om
-                    st["summaries"] += _rest.attend(om, lse, qm, key, value, lay, p, sc, kw["softcap"],
-                                                    q_pos0)
-            finally:
-                lay.close()
-            parts.append(om)
+            parts.append(_attend_part(qm, key, value, lay, p, sc, rest, st, None,
+                                      backend=cfg.get("backend"), **kw))
         if r < Lq:  # the exact rows through the C index, on the CPU
             ox = torch.cat([_index_rows(query[b:b + 1, :, r:].detach().cpu(), key[b:b + 1].detach().cpu(),
                                         value[b:b + 1].detach().cpu(),
@@ -203,6 +192,28 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     st["density"] = st["selected"] / st["available"] if st["available"] else float("nan")
     cfg["stats"].append(st)
     return o, None
+
+
+def _attend_part(q, k, v, lay, p, sm_scale, rest, st, starts, **kw):
+    """Attention of rows q [B, Hq, n, d] (BHLD) over k, v under the layout
+    lay (closed here) and the attention keywords kw (q_pos0, softcap,
+    mask, back end: BLHD output), with the summaries of the rest when rest
+    (chunks: starts, or the router's; sm_scale the softmax scale resolved);
+    adds the layout's selected /
+    available keys and the summaries to st. Returns o [B, n, Hq, dv]."""
+    try:
+        ls = lay.stats()
+        st["selected"] += ls["selected"]
+        st["available"] += ls["available"]
+        o = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), sparse=lay,
+                      return_lse=rest, **kw)
+        if rest:
+            o, lse = o
+            st["summaries"] += _rest.attend(o, lse, q, k, v, lay, p, sm_scale, kw["softcap"], kw["q_pos0"],
+                                            starts=starts)
+        return o
+    finally:
+        lay.close()
 
 
 def _index_rows(q, k, v, mask, p, scale, softcap, q_pos0, r, rest, st):
@@ -225,22 +236,10 @@ def _index_rows(q, k, v, mask, p, scale, softcap, q_pos0, r, rest, st):
             qp = q[:, :, a:z]
             qf = qp.detach().float().numpy() if qp.dtype == torch.bfloat16 else qp.detach().numpy()
             lay = ix.route(qf, kf, q_pos0 + a, exact=exact)
-            try:
-                ls = lay.stats()
-                st["selected"] += ls["selected"]
-                st["available"] += ls["available"]
-                kw = dict(causal=True, q_pos0=q_pos0 + a, scale=scale, softcap=softcap, layout="BLHD",
-                          sparse=lay, return_lse=rest)
-                if mask is not None:
-                    kw["attn_mask"] = mask
-                o = attention(qp.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), backend="c", **kw)
-                if rest:
-                    o, lse = o
-                    st["summaries"] += _rest.attend(o, lse, qp, k, v, lay, p, scale, softcap, q_pos0 + a,
-                                                    starts=[bounds])
-            finally:
-                lay.close()
-            parts.append(o)
+            kw = dict(causal=True, q_pos0=q_pos0 + a, scale=scale, softcap=softcap, layout="BLHD")
+            if mask is not None:
+                kw["attn_mask"] = mask
+            parts.append(_attend_part(qp, k, v, lay, p, scale, rest, st, [bounds], backend="c", **kw))
     return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
 
