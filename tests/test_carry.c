@@ -13,7 +13,7 @@
  *    1e-4 of the threshold are not judged (the kernels' float sums differ
  *    from double there). A planted key makes each list non-empty. The
  *    comparison is shown to fail on a list with one chunk left out.
- * 2. dhsa__kv_index_route_keep: a decode step's kept chunks are read (their
+ * 2. dhsa_kv_index_route_keep: a decode step's kept chunks are read (their
  *    keys in the layout) even when they rank last by score; with keep =
  *    NULL, or -1 entries, or a chunk not yet closed, the layout is exactly
  *    dhsa_kv_index_route's.
@@ -24,7 +24,13 @@
  *    session's own length drops the carried chunks: the next step gives,
  *    bit for bit, what a session loaded from a state saved at that point
  *    gives (a load holds none), and not what the untruncated session gives.
- * 4. The parameter: dhsa_router_params_for gives 0.1, the primitives' 0;
+ * 4. The public entry dhsa_kv_index_carry (what a caller with its own
+ *    decode loop runs, dhsa.torch's plug-in): the index's chunks, the
+ *    default scale, a key mask of either polarity leaving keys out (a
+ *    masked chunk the planted key makes carried without the mask is not
+ *    carried with it), and its refusals (share outside [0, 1] or NaN, a
+ *    window, more than one row, other keys, NULL, share_heads).
+ * 5. The parameter: dhsa_router_params_for gives 0.1, the primitives' 0;
  *    a carry outside [0, 1] is refused by dhsa_route with a sentence.
  *
  * Run: make build/tests/test_carry && build/tests/test_carry
@@ -54,10 +60,11 @@ static double nrand(void) {
     return sqrt(-2 * log(u)) * cos(6.283185307179586 * v);
 }
 
-/* The reference: shares per chunk of KV head g (double), keys as stored. */
+/* The reference: shares per chunk of KV head g (double), keys as stored;
+ * keys with skip[t] nonzero (skip may be NULL) take no part. */
 static void ref_shares(const float *q, const float *kf, int64_t Hkv, int64_t G, int64_t Lk, int64_t d, float scale,
                        float softcap, int64_t g, const int64_t *r, int64_t nr, const int64_t *starts, int64_t nc,
-                       double *share) {
+                       const unsigned char *skip, double *share) {
     (void)Hkv;
     for (int64_t c = 0; c <= nc; c++) share[c] = 0;
     double *lg = malloc((size_t)Lk * sizeof(double));
@@ -69,6 +76,7 @@ static void ref_shares(const float *q, const float *kf, int64_t Hkv, int64_t G, 
                 for (int64_t e = 0; e < d; e++) x += (double)q[h * d + e] * (double)kf[(g * Lk + t) * d + e];
                 x *= scale;
                 if (softcap > 0) x = softcap * tanh(x / softcap);
+                if (skip && skip[t]) x = -INFINITY;
                 lg[t] = x;
                 m = x > m ? x : m;
             }
@@ -182,7 +190,7 @@ static void test_chunks(void) {
                             const int64_t *r;
                             int64_t nr;
                             dhsa_layout_get(lay, 0, g, 0, &r, &nr);
-                            ref_shares(q, kf, Hkv, G, Lk, d, a.scale, a.softcap, g, r, nr, starts, nc, share);
+                            ref_shares(q, kf, Hkv, G, Lk, d, a.scale, a.softcap, g, r, nr, starts, nc, NULL, share);
                             char why[256] = "";
                             int ok = same_list(out + g * DHSA_CARRY_MAX, share, nc, thr[s], why, sizeof why);
                             T_CHECK(ok, "G %lld d %lld %s softcap %d share %.2f group %lld: %s", (long long)G,
@@ -253,8 +261,8 @@ static void test_keep(void) {
     keep[DHSA_CARRY_MAX] = 100000;    /* group 1: no such chunk (ignored) */
     nokeep[0] = L / seg + 3;          /* never a candidate */
     T_CHECK(dhsa_kv_index_route(ctx, ix, &a, &plain) == DHSA_OK, "route: %s", dhsa_last_error());
-    T_CHECK(dhsa__kv_index_route_keep(ctx, ix, &a, keep, &kept) == DHSA_OK, "route keep: %s", dhsa_last_error());
-    T_CHECK(dhsa__kv_index_route_keep(ctx, ix, &a, nokeep, &none) == DHSA_OK, "route keep none: %s", dhsa_last_error());
+    T_CHECK(dhsa_kv_index_route_keep(ctx, ix, &a, keep, &kept) == DHSA_OK, "route keep: %s", dhsa_last_error());
+    T_CHECK(dhsa_kv_index_route_keep(ctx, ix, &a, nokeep, &none) == DHSA_OK, "route keep none: %s", dhsa_last_error());
     if (plain && kept && none) {
         for (int64_t g = 0; g < Hkv; g++) {
             const int64_t *r0, *r1, *r2;
@@ -281,6 +289,107 @@ static void test_keep(void) {
     free(q);
     free(dir);
     (void)G;
+    dhsa_ctx_free(ctx);
+}
+
+/* The public entry, dhsa_kv_index_carry: the index's own chunks, the
+ * default scale resolved, a key mask of either polarity leaving keys out
+ * (against the reference with those keys skipped; the masked chunk is
+ * carried without the mask, so the check can fail), and its refusals. */
+static void test_public(void) {
+    dhsa_ctx *ctx = NULL;
+    T_CHECK(dhsa_ctx_create(NULL, &ctx) == DHSA_OK, "ctx");
+    if (!ctx) return;
+    const int64_t Hkv = 2, G = 3, Hq = 6, d = 32, L = 400;
+    dhsa_router_params rp = dhsa_router_params_for(L, 0.25);
+    rp.boundary = DHSA_BOUNDARY_FIXED;
+    rp.chunk = 16;
+    rp.dense_below = 0;
+    dhsa_kv_index *ix = NULL;
+    T_CHECK(dhsa_kv_index_create(ctx, &rp, Hkv, d, L, &ix) == DHSA_OK, "index: %s", dhsa_last_error());
+    float *k = malloc((size_t)(Hkv * L * d) * sizeof(float)), *q = malloc((size_t)(Hq * d) * sizeof(float));
+    for (int64_t x = 0; x < Hq * d; x++) q[x] = (float)nrand();
+    for (int64_t x = 0; x < Hkv * L * d; x++) k[x] = (float)nrand();
+    const int64_t planted = 200; /* in chunk 12, past the sinks, before the local keys */
+    for (int64_t g = 0; g < Hkv; g++)
+        for (int64_t e = 0; e < d; e++) k[(g * L + planted) * d + e] = 2.0f * q[g * G * d + e];
+    dhsa_tensor kt = dhsa_tensor_bhld(k, DHSA_F32, 1, Hkv, L, d);
+    T_CHECK(ix && dhsa_kv_index_append(ix, &kt) == DHSA_OK, "append: %s", dhsa_last_error());
+    dhsa_attn_desc a = dhsa_attn_default_desc();
+    a.q = dhsa_tensor_bhld(q, DHSA_F32, 1, Hq, 1, d);
+    a.k = kt;
+    a.v = kt;
+    a.causal = 1;
+    a.q_pos0 = L - 1;
+    dhsa_layout *lay = NULL;
+    T_CHECK(ix && dhsa_kv_index_route(ctx, ix, &a, &lay) == DHSA_OK, "route: %s", dhsa_last_error());
+    if (!ix || !lay) goto done;
+    const int64_t *starts;
+    const int64_t nc = dhsa_kv_index_chunks(ix, &starts);
+    const int64_t pc = planted / 16;
+    unsigned char skip[400], keepm[400];
+    int seen = 0;
+    for (int64_t t = 0; t < L; t++) {
+        skip[t] = t >= pc * 16 && t < (pc + 1) * 16;
+        keepm[t] = !skip[t];
+    }
+    for (int m = 0; m < 3; m++) { /* no mask, TRUE_IGNORES, TRUE_KEEPS */
+        a.key_mask = m == 0 ? NULL : m == 1 ? skip : keepm;
+        a.key_mask_polarity = m == 0 ? DHSA_MASK_NO_POLARITY : m == 1 ? DHSA_MASK_TRUE_IGNORES : DHSA_MASK_TRUE_KEEPS;
+        int64_t out[2 * DHSA_CARRY_MAX];
+        T_CHECK(dhsa_kv_index_carry(ix, &a, lay, 0.05, out) == DHSA_OK, "carry (mask %d): %s", m, dhsa_last_error());
+        for (int64_t g = 0; g < Hkv; g++) {
+            const int64_t *r;
+            int64_t nr;
+            double share[64];
+            dhsa_layout_get(lay, 0, g, 0, &r, &nr);
+            int reads = 0;
+            for (int64_t i = 0; i < nr; i++) reads |= r[2 * i] <= planted && planted < r[2 * i + 1];
+            ref_shares(q, k, Hkv, G, L, d, 1.0f / sqrtf((float)d), 0.0f, g, r, nr, starts, nc, m ? skip : NULL, share);
+            char why[256] = "";
+            T_CHECK(same_list(out + g * DHSA_CARRY_MAX, share, nc, 0.05, why, sizeof why), "mask %d group %lld: %s", m,
+                    (long long)g, why);
+            int has = 0;
+            for (int i = 0; i < DHSA_CARRY_MAX; i++) has |= out[g * DHSA_CARRY_MAX + i] == pc;
+            if (reads) T_CHECK(has == (m == 0), "mask %d group %lld: the planted chunk carried %d", m, (long long)g, has);
+            seen += reads;
+        }
+    }
+    T_CHECK(seen == 3 * Hkv, "every group's layout reads the planted key (%d of %d)", seen, (int)(3 * Hkv));
+    a.key_mask = NULL;
+    a.key_mask_polarity = DHSA_MASK_NO_POLARITY;
+    int64_t out[2 * DHSA_CARRY_MAX];
+    T_CHECK(dhsa_kv_index_carry(ix, &a, lay, 1.5, out) == DHSA_ERR_INVALID_ARG, "a share above 1 is refused");
+    T_CHECK(dhsa_kv_index_carry(ix, &a, lay, NAN, out) == DHSA_ERR_INVALID_ARG, "a NaN share is refused");
+    a.window = 64;
+    T_CHECK(dhsa_kv_index_carry(ix, &a, lay, 0.1, out) == DHSA_ERR_UNSUPPORTED, "a window is refused");
+    a.window = 0;
+    a.q = dhsa_tensor_bhld(q, DHSA_F32, 1, Hkv, 3, d); /* three rows */
+    T_CHECK(dhsa_kv_index_carry(ix, &a, lay, 0.1, out) == DHSA_ERR_SHAPE, "more than one row is refused: %s",
+            dhsa_last_error());
+    a.q = dhsa_tensor_bhld(q, DHSA_F32, 1, Hq, 1, d);
+    a.k = dhsa_tensor_bhld(k, DHSA_F32, 1, Hkv, L - 1, d);
+    T_CHECK(dhsa_kv_index_carry(ix, &a, lay, 0.1, out) == DHSA_ERR_SHAPE, "keys other than the index's are refused");
+    T_CHECK(dhsa_kv_index_carry(NULL, &a, lay, 0.1, out) == DHSA_ERR_INVALID_ARG, "NULL index");
+    dhsa_layout_free(lay);
+done:
+    dhsa_kv_index_free(ix);
+    {
+        dhsa_router_params sh = dhsa_router_params_for(L, 0.25);
+        sh.share_heads = 1;
+        dhsa_kv_index *ix2 = NULL;
+        T_CHECK(dhsa_kv_index_create(ctx, &sh, Hkv, d, L, &ix2) == DHSA_OK, "share_heads index");
+        if (ix2 && dhsa_kv_index_append(ix2, &kt) == DHSA_OK) {
+            dhsa_layout *l2 = NULL;
+            a.k = kt;
+            if (dhsa_kv_index_route(ctx, ix2, &a, &l2) == DHSA_OK)
+                T_CHECK(dhsa_kv_index_carry(ix2, &a, l2, 0.1, out) == DHSA_ERR_UNSUPPORTED, "share_heads is refused");
+            dhsa_layout_free(l2);
+        }
+        dhsa_kv_index_free(ix2);
+    }
+    free(k);
+    free(q);
     dhsa_ctx_free(ctx);
 }
 
@@ -413,6 +522,7 @@ int main(void) {
     test_param();
     test_chunks();
     test_keep();
+    test_public();
     test_session();
     return t_report("test_carry");
 }

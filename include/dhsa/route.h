@@ -482,6 +482,35 @@ DHSA_API dhsa_status dhsa_kv_index_route(dhsa_ctx *ctx, const dhsa_kv_index *ix,
  * (DHSA_ERR_UNSUPPORTED). */
 DHSA_API dhsa_status dhsa_kv_index_route_exact(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
                                                dhsa_layout **out);
+/* Decode steps that carry chunks (dhsa_router_params.carry; docs/dhsa.md,
+ * "Chunks carried from one decode step to the next"), for a caller that
+ * runs its own decode loop (a session does this itself; dhsa.torch's
+ * transformers plug-in).
+ *
+ * dhsa_kv_index_carry: after a one-row call `a` (q [1, Hq, 1, d] at the
+ * newest position, k the index's cache; scale 0 = 1/sqrt(d), softcap and a
+ * key_mask as the attention applied them; no key_bias, dense mask or
+ * window) that read the keys of lay (one block per KV head), the index's
+ * closed chunks that held at least `share` of the row's attention (the
+ * mean over each KV head's query heads of each head's softmax over the
+ * keys it read; keys in the open tail belong to no chunk):
+ * out[g * DHSA_CARRY_MAX + i] for KV head g, largest share first (ties:
+ * the earlier chunk), at most DHSA_CARRY_MAX, the rest -1 (out holds
+ * Hkv * DHSA_CARRY_MAX entries). share in [0, 1]; 0 carries nothing.
+ * Refuses share_heads (DHSA_ERR_UNSUPPORTED); DHSA_ERR_BUSY during an
+ * append.
+ *
+ * dhsa_kv_index_route_keep: dhsa_kv_index_route with the chunks keep[g *
+ * DHSA_CARRY_MAX + i] (-1: none; what dhsa_kv_index_carry gave the step
+ * before, over the same closed chunks: chunk numbers stay valid while
+ * keys are only appended) ranked before every other candidate of KV head
+ * g, in that order, wherever they are candidates (closed before the
+ * block's last row); they are then read like any chunk, within the
+ * block's budget. keep = NULL: exactly dhsa_kv_index_route. */
+DHSA_API dhsa_status dhsa_kv_index_carry(const dhsa_kv_index *ix, const dhsa_attn_desc *a, const dhsa_layout *lay,
+                                         double share, int64_t *out);
+DHSA_API dhsa_status dhsa_kv_index_route_keep(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
+                                              const int64_t *keep, dhsa_layout **out);
 
 /* Whether query row `row` of (batch b, KV head g) may attend to key `key`
  * under the layout (its block's ranges; causality/window not applied).

@@ -112,6 +112,7 @@ DHSA_BOUNDARY_FIXED, DHSA_BOUNDARY_SIMILARITY, DHSA_BOUNDARY_LEARNED = 0, 1, 2
 DHSA_ROUTE_DHSA, DHSA_ROUTE_STREAM, DHSA_ROUTE_ORACLE = 0, 1, 2
 DHSA_SCORE_POOLED, DHSA_SCORE_MOMENTS, DHSA_SCORE_HEADS, DHSA_SCORE_BOUND, DHSA_SCORE_ROWS = 0, 1, 2, 3, 4
 DHSA_SYNTH_MAX_NEEDLES = 64
+DHSA_CARRY_MAX = 16  # chunks a decode step carries per KV head (include/dhsa/route.h)
 
 
 class RouterParams(ctypes.Structure):
@@ -273,6 +274,8 @@ _ROUTE_PROTOTYPES = {
     "dhsa_kv_index_chunks": (c_int64, [c_void_p, _p(_p(c_int64))]),
     "dhsa_kv_index_route": (c_int, [c_void_p, c_void_p, _p(AttnDesc), _p(c_void_p)]),
     "dhsa_kv_index_route_exact": (c_int, [c_void_p, c_void_p, _p(AttnDesc), _p(c_void_p)]),
+    "dhsa_kv_index_route_keep": (c_int, [c_void_p, c_void_p, _p(AttnDesc), _p(c_int64), _p(c_void_p)]),
+    "dhsa_kv_index_carry": (c_int, [c_void_p, _p(AttnDesc), c_void_p, ctypes.c_double, _p(c_int64)]),
     "dhsa_synth_default_params": (SynthParams, []),
     "dhsa_synth_generate": (c_int, [_p(SynthParams), c_void_p, c_void_p, c_void_p,
                                     _p(SynthNeedle)]),

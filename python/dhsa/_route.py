@@ -643,26 +643,74 @@ class KVIndex:
             return np.ctypeslib.as_array(ptr, shape=(n + 1,)).copy()
 
     def route(self, q, k_cache, q_pos0=None, *, window=0, layout="BHLD", ctx=None, threads=None,
-              exact=False):
+              exact=False, keep=None):
         """A Layout for causal attention of q [1, Hq, Lq, d] at positions
         q_pos0 .. (None = length - Lq: the newest Lq positions) over the
         cache k_cache [1, Hkv, length, d] the index describes. Allocated
         from ctx (default: the index's context). exact=True ranks each
         block's chunks by the exact attention mass its rows put on them
         (dhsa_kv_index_route_exact: what a session runs for a prompt's
-        last exact_rows rows; reads every key those rows may see)."""
+        last exact_rows rows; reads every key those rows may see).
+        keep: the chunks the previous decode step carries (carry()'s
+        [Hkv, DHSA_CARRY_MAX] array, -1 = none), ranked before every
+        other candidate of their KV head (dhsa_kv_index_route_keep: what
+        a session runs for a decode step)."""
         _check_layout_name(layout)
+        if exact and keep is not None:
+            raise ValueError("KVIndex.route: exact=True and keep= together (a session ranks a "
+                             "prompt's last rows exactly and carries chunks between decode steps)")
         if q_pos0 is None:
             q_pos0 = self.length - _logical_shape(np.asarray(q), layout)[2]
-        desc, keep = _qk_desc(q, k_cache, layout, True, window, q_pos0)
+        desc, hold = _qk_desc(q, k_cache, layout, True, window, q_pos0)
+        kp = None
+        if keep is not None:
+            kp = np.ascontiguousarray(np.asarray(keep), dtype=np.int64)
+            if kp.shape != (self.Hkv, _capi.DHSA_CARRY_MAX):
+                raise ValueError("keep must be [Hkv, %d] = [%d, %d] (carry()'s array), got shape %s"
+                                 % (_capi.DHSA_CARRY_MAX, self.Hkv, _capi.DHSA_CARRY_MAX, kp.shape))
         c = self._ctx if ctx is None and threads is None else resolve(ctx, threads)
         out = ctypes.c_void_p()
         with c._lock, self._use() as h:
-            fn = lib().dhsa_kv_index_route_exact if exact else lib().dhsa_kv_index_route
-            check(fn(c._live_handle(), h, ctypes.byref(desc), ctypes.byref(out)))
+            if kp is not None:
+                check(lib().dhsa_kv_index_route_keep(
+                    c._live_handle(), h, ctypes.byref(desc),
+                    kp.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)), ctypes.byref(out)))
+            else:
+                fn = lib().dhsa_kv_index_route_exact if exact else lib().dhsa_kv_index_route
+                check(fn(c._live_handle(), h, ctypes.byref(desc), ctypes.byref(out)))
             lay = Layout(out.value, c)
-        del keep
+        del hold
         return lay
+
+    def carry(self, q, k_cache, lay, share, *, scale=None, softcap=0.0, attn_mask=None,
+              key_padding_mask=None, layout="BHLD"):
+        """The chunks a decode step hands the next (dhsa_kv_index_carry):
+        for one row q [1, Hq, 1, d] at the newest position that attended
+        k_cache (the index's cache) through the Layout lay, with scale
+        (None = 1/sqrt(d)), softcap and masks as that attention applied
+        them (attn_mask / key_padding_mask as in attention(), per key), the
+        index's closed chunks that held at least `share` of the row's
+        attention (mean over each KV head's query heads): an int64 array
+        [Hkv, DHSA_CARRY_MAX], largest share first, -1 after. Pass it to
+        the next step's route(keep=)."""
+        from ._attention import _set_masks
+        if not isinstance(lay, Layout):
+            raise TypeError("lay must be a dhsa.Layout, not %s" % type(lay).__name__)
+        desc, hold = _qk_desc(q, k_cache, layout, True, 0, self.length - 1)
+        hold = list(hold)
+        if scale is not None:
+            if float(scale) <= 0:
+                raise ValueError("scale must be > 0 (None = 1/sqrt(d)), not %r" % (scale,))
+            desc.scale = float(scale)
+        desc.softcap = float(softcap)
+        B, Hq, Lq, _ = _logical_shape(np.asarray(q), layout)
+        _set_masks(desc, hold, key_padding_mask, attn_mask, B, Hq, Lq, self.length, False)
+        out = np.full((self.Hkv, _capi.DHSA_CARRY_MAX), -1, dtype=np.int64)
+        with self._use() as h, lay._use() as lh:
+            check(lib().dhsa_kv_index_carry(h, ctypes.byref(desc), lh, float(share),
+                                            out.ctypes.data_as(ctypes.POINTER(ctypes.c_int64))))
+        del hold
+        return out
 
     def __repr__(self):
         if self.closed:

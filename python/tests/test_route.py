@@ -13,6 +13,9 @@ small (L <= 4096, d = 32) so the file runs in a few seconds.
 """
 
 import ctypes
+import dataclasses
+import os
+import re
 import shutil
 import subprocess
 
@@ -733,3 +736,52 @@ def test_kv_index_bounds_and_exact_route():
         ix.append(k)
         with pytest.raises(dhsa.DhsaError, match="share_heads"):
             ix.route(q[:, :, 192:], k, 192, exact=True)
+
+
+def test_kv_index_carry_and_keep():
+    """carry() (dhsa_kv_index_carry) gives [Hkv, DHSA_CARRY_MAX] chunk
+    numbers, the largest share first: the chunk of a key the row points
+    at comes first; masked out (attn_mask False / key_padding_mask True)
+    it is not carried. route(keep=) (dhsa_kv_index_route_keep) reads the
+    kept chunks; its arguments are checked. (The shares against a float64
+    reference: tests/test_carry.c.)"""
+    rng = np.random.default_rng(5)
+    Hkv, d, L = 2, 16, 600
+    with open(os.path.join(REPO, "include", "dhsa", "route.h")) as f:
+        assert _capi.DHSA_CARRY_MAX == int(re.search(r"#define DHSA_CARRY_MAX (\d+)", f.read()).group(1))
+    k = rng.standard_normal((1, Hkv, L, d)).astype(np.float32)
+    t = rng.standard_normal((Hkv, d)).astype(np.float32)
+    t /= np.linalg.norm(t, axis=-1, keepdims=True)
+    k[0, :, 300] = 12.0 * t
+    q = np.repeat(3.0 * t, 2, axis=0)[None, :, None, :].astype(np.float32)
+    p = dataclasses.replace(dhsa.RouterParams.for_length(L), causal_boundaries=True)
+    with dhsa.KVIndex(Hkv, d, L, params=p) as ix:
+        ix.append(k)
+        b = ix.bounds()
+        lay = ix.route(q, k)
+        got = ix.carry(q, k, lay, 0.1, scale=0.25)
+        assert got.shape == (Hkv, _capi.DHSA_CARRY_MAX) and got.dtype == np.int64
+        assert all(b[got[g, 0]] <= 300 < b[got[g, 0] + 1] for g in range(Hkv)), got
+        hide = np.ones((1, L), dtype=bool)
+        hide[0, b[got[0, 0]]:b[got[0, 0] + 1]] = False
+        for kw in (dict(attn_mask=hide), dict(key_padding_mask=~hide)):
+            masked = ix.carry(q, k, lay, 0.1, scale=0.25, **kw)
+            assert got[0, 0] not in masked[0], (kw, masked)
+        assert (ix.carry(q, k, lay, 0.0) == -1).all()
+        q2 = (-q + 0.3 * rng.standard_normal(q.shape)).astype(np.float32)
+        kept, plain = ix.route(q2, k, keep=got), ix.route(q2, k)
+        c = got[0, 0]
+        assert kept.selects(0, 0, 0, int(b[c])) == 1
+        assert kept.ranges(0, 0, 0).tolist() != plain.ranges(0, 0, 0).tolist()
+        with pytest.raises(ValueError, match="keep must be"):
+            ix.route(q2, k, keep=got[:1])
+        with pytest.raises(ValueError, match="exact=True and keep="):
+            ix.route(q2, k, exact=True, keep=got)
+        with pytest.raises(dhsa.DhsaError, match="share"):
+            ix.carry(q, k, lay, 1.5)
+        with pytest.raises(ValueError, match="scale"):
+            ix.carry(q, k, lay, 0.1, scale=0)
+        with pytest.raises(TypeError, match="Layout"):
+            ix.carry(q, k, got, 0.1)
+        for x in (lay, kept, plain):
+            x.close()

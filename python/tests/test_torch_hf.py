@@ -403,3 +403,87 @@ def test_exact_rows_in_the_plugin(close):
         assert m._dhsa_stats[-1]["exact_rows"] == 0
     for s in (lay, lx, le):
         s.close()
+
+
+def test_carry_in_the_plugin(close):
+    """Decode steps carry chunks as a session's do (RouterParams.carry, C
+    back end): a one-row call hands the next the index's chunks that held
+    at least `carry` of its attention (dhsa_kv_index_carry), and the next
+    step of the same sequence, one key on, routes with them ranked first
+    (dhsa_kv_index_route_keep). Checked against that composition written
+    out here (a needle chunk the first step reads and the second's
+    estimate leaves out: without the carry the second step's output
+    differs, so the check can fail); nothing is carried to a first step,
+    after a prompt call, to a step whose cache is another sequence's, per
+    sequence in a batch, with carry=0 or method "block"."""
+    from dhsa.torch import _hf, _ops
+    m = make("llama")
+    torch.manual_seed(11)
+    Lk, d = 600, 16
+    k, v = torch.randn(1, 2, Lk + 1, d), torch.randn(1, 2, Lk + 1, d)
+    t = torch.randn(2, d)
+    t = t / t.norm(dim=-1, keepdim=True)
+    k[0, :, 300] = 12.0 * t  # the needle: the first step's queries point at it
+    q1 = (3.0 * t).repeat_interleave(2, 0)[None, :, None, :]  # [1, 4, 1, d]
+    q2 = -q1 + 0.3 * torch.randn(1, 4, 1, d)  # the second step's estimate turns away from it
+    mod = m.model.layers[0].self_attn
+    sc = 0.25
+
+    def step(q, n, mask=None, kk=None, vv=None):
+        kk, vv = k if kk is None else kk, v if vv is None else vv
+        o, _ = _hf._attention(mod, q, kk[:, :, :n], vv[:, :, :n], mask, scaling=sc)
+        return o, m._dhsa_stats[-1]
+
+    with torch.inference_mode():
+        dt.patch_transformers(m, method="dhsa", density=0.0625)
+        p1, p2 = dt.router_params(m, Lk), dt.router_params(m, Lk + 1)
+        assert p1.carry > 0
+        step(torch.randn(1, 4, 8, d), Lk - 1)  # a prompt call: nothing to carry
+        _, s1 = step(q1, Lk)
+        o2, s2 = step(q2, Lk + 1)
+        assert s1["carried"] == 0 and s2["carried"] > 0, (s1["carried"], s2["carried"])
+        with dhsa.KVIndex(2, d, Lk, params=p1) as ix:
+            ix.append(k[:, :, :Lk].numpy())
+            lay1 = ix.route(q1.numpy(), k[:, :, :Lk].numpy())
+            got = ix.carry(q1.numpy(), k[:, :, :Lk].numpy(), lay1, p1.carry, scale=sc)
+            bounds = ix.bounds()
+        assert (got[:, 0] >= 0).all() and s2["carried"] == int((got >= 0).sum())
+        assert all(bounds[got[g, 0]] <= 300 < bounds[got[g, 0] + 1] for g in range(2)), got
+        with dhsa.KVIndex(2, d, Lk + 1, params=p2) as ix:
+            ix.append(k.numpy())
+            kept = ix.route(q2.numpy(), k.numpy(), keep=got)
+            plain = ix.route(q2.numpy(), k.numpy())
+        want = _ops.attention(q2.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True,
+                              q_pos0=Lk, sparse=kept, scale=sc, layout="BLHD")
+        other = _ops.attention(q2.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True,
+                               q_pos0=Lk, sparse=plain, scale=sc, layout="BLHD")
+        close(o2.numpy(), want.numpy(), what="carried step", atol=1e-6, rtol=1e-6)
+        with pytest.raises(AssertionError, match="out of tolerance"):  # the carry matters here
+            close(other.numpy(), want.numpy(), atol=1e-6, rtol=1e-6)
+        # another sequence's cache one key on: nothing carried
+        step(q1, Lk)
+        k_other = k.clone()
+        k_other[:, :, Lk - 1] += 1.0
+        _, s = step(q2, Lk + 1, kk=k_other)
+        assert s["carried"] == 0
+        # a prompt call between: nothing carried
+        step(q1, Lk)
+        step(torch.randn(1, 4, 8, d), Lk + 1)
+        _, s = step(q2, Lk + 1)
+        assert s["carried"] == 0
+        # a batch: each sequence its own (the second sequence left-padded)
+        kb, vb = torch.cat([k, k.flip(2)]), torch.cat([v, v])
+        mask = torch.ones(2, 1, 1, Lk + 1, dtype=torch.bool)
+        mask[1, :, :, :5] = False
+        _hf._attention(mod, torch.cat([q1, q1]), kb[:, :, :Lk], vb[:, :, :Lk], mask[..., :Lk], scaling=sc)
+        ob, sb = step(torch.cat([q2, q2]), Lk + 1, mask=mask, kk=kb, vv=vb)
+        assert sb["carried"] >= s2["carried"]
+        close(ob[:1].numpy(), want.numpy(), what="batch row 0", atol=1e-6, rtol=1e-6)
+        # off: carry=0, or block
+        for kw in (dict(method="dhsa", carry=0.0), dict(method="block")):
+            dt.patch_transformers(m, density=0.0625, **kw)
+            step(q1, Lk)
+            _, s = step(q2, Lk + 1)
+            assert s["carried"] == 0, kw
+    for s in (lay1, kept, plain):
+        s.close()

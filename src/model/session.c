@@ -590,7 +590,7 @@ static dhsa_status attend_part(dhsa_session *s, int64_t l, int64_t r0, int64_t n
             const int64_t per = in->n_head_kv * DHSA_CARRY_MAX;
             st = exact ? dhsa_kv_index_route_exact(s->ctx, s->ix[l], &a, &lay)
                  : n_all == 1 && s->carry && s->carry_ok
-                     ? dhsa__kv_index_route_keep(s->ctx, s->ix[l], &a, s->carry + l * per, &lay)
+                     ? dhsa_kv_index_route_keep(s->ctx, s->ix[l], &a, s->carry + l * per, &lay)
                      : dhsa_kv_index_route(s->ctx, s->ix[l], &a, &lay);
         } else {
             st = dhsa_route(s->ctx, &s->rp, &a, &lay);

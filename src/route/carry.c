@@ -110,6 +110,13 @@ dhsa_status dhsa__carry_chunks(const dhsa_attn_desc *a, const dhsa_layout *lay, 
         for (int64_t c = 0; c <= nc; c++) mass[c] = 0;
         for (int64_t h = 0; h < G; h++) {
             float *lg = logit + (size_t)h * (size_t)Lk;
+            if (a->key_mask) { /* keys the mask leaves out take no share */
+                const int keeps = a->key_mask_polarity == DHSA_MASK_TRUE_KEEPS;
+                int64_t k = 0;
+                for (int64_t i = 0; i < nr; i++)
+                    for (int64_t t = r[2 * i]; t < r[2 * i + 1]; t++, k++)
+                        if ((a->key_mask[t] != 0) != keeps) lg[k] = -INFINITY;
+            }
             const double z = exp_row(kern, lg, n_sel);
             if (!(z > 0)) continue;
             const double w = 1.0 / (z * (double)G);

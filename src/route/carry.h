@@ -2,7 +2,8 @@
  * (dhsa_router_params.carry, include/dhsa/route.h; docs/dhsa.md, "Chunks
  * carried from one decode step to the next"). A session computes them
  * after each one-token eval's attention (carry.c) and routes the next
- * step with them first (dhsa__kv_index_route_keep).
+ * step with them first (dhsa_kv_index_route_keep). dhsa_kv_index_carry
+ * is the public entry (kv_index.c).
  * Tested by tests/test_carry.c.
  */
 #ifndef DHSA_ROUTE_CARRY_H
@@ -10,9 +11,10 @@
 
 #include "core/internal.h"
 
-/* For the one-row attention call a (q [1, Hq, 1, d], its keys k, scale and
- * softcap; no mask, bias or window) that read the keys of lay (one block
- * per KV group), and the chunks [starts[c], starts[c + 1]) for c < nc:
+/* For the one-row attention call a (q [1, Hq, 1, d], its keys k, scale
+ * (resolved: not 0) and softcap; no bias or window; a key_mask of batch 0
+ * leaves keys out) that read the keys of lay (one block per KV group), and
+ * the chunks [starts[c], starts[c + 1]) for c < nc:
  * the share of the row's attention each chunk held, the mean over the
  * group's query heads of each head's softmax over the keys it read; the
  * chunks holding at least `share` go to out[g * DHSA_CARRY_MAX + i],

@@ -905,16 +905,24 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
 }
 
 /* Routes only read the index: they may overlap each other, not an append. */
-static dhsa_status route_shared(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
-                                const unsigned char *allowed, double *agg, const int64_t *keep, int exact,
-                                dhsa_layout **out) {
+static dhsa_status read_begin(const dhsa_kv_index *ix) {
     atomic_int *users = (atomic_int *)&ix->users;
     int v = atomic_load(users);
     do {
         if (v < 0) return busy();
     } while (!atomic_compare_exchange_weak(users, &v, v + 1));
-    dhsa_status st = route_index(ctx, ix, a, allowed, agg, keep, exact, out);
-    atomic_fetch_sub(users, 1);
+    return DHSA_OK;
+}
+
+static void read_end(const dhsa_kv_index *ix) { atomic_fetch_sub((atomic_int *)&ix->users, 1); }
+
+static dhsa_status route_shared(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
+                                const unsigned char *allowed, double *agg, const int64_t *keep, int exact,
+                                dhsa_layout **out) {
+    dhsa_status st = read_begin(ix);
+    if (st) return st;
+    st = route_index(ctx, ix, a, allowed, agg, keep, exact, out);
+    read_end(ix);
     return st;
 }
 
@@ -925,11 +933,50 @@ dhsa_status dhsa_kv_index_route(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dh
     return route_shared(ctx, ix, a, NULL, NULL, NULL, 0, out);
 }
 
-dhsa_status dhsa__kv_index_route_keep(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
-                                      const int64_t *keep, dhsa_layout **out) {
-    if (!ctx || !ix || !a || !out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__kv_index_route_keep: NULL argument");
+dhsa_status dhsa_kv_index_route_keep(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
+                                     const int64_t *keep, dhsa_layout **out) {
+    if (!ctx || !ix || !a || !out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_kv_index_route_keep: NULL argument");
     *out = NULL;
     return route_shared(ctx, ix, a, NULL, NULL, keep, 0, out);
+}
+
+dhsa_status dhsa_kv_index_carry(const dhsa_kv_index *ix, const dhsa_attn_desc *a, const dhsa_layout *lay,
+                                double share, int64_t *out) {
+    if (!ix || !a || !lay || !out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_kv_index_carry: NULL argument");
+    if (!(share >= 0 && share <= 1))
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_kv_index_carry: share %g is not in [0, 1]", share);
+    if (ix->rp.share_heads)
+        return dhsa__fail(DHSA_ERR_UNSUPPORTED, "dhsa_kv_index_carry: chunks are carried per KV group (not "
+                                                "share_heads)");
+    if (a->key_bias || a->attn_mask.data || a->window > 0)
+        return dhsa__fail(DHSA_ERR_UNSUPPORTED, "dhsa_kv_index_carry: a key bias, dense mask or window is not "
+                                                "supported (a decode step of a global layer has none)");
+    dhsa_attn_desc dd = *a; /* what the check needs of a full call: v and o shaped from k and q */
+    dd.v = a->k;
+    dd.o = a->q;
+    dd.o.shape[3] = a->k.shape[3];
+    dd.lse.data = NULL;
+    dd.layout = NULL;
+    dhsa__attn_problem p;
+    dhsa_status st = dhsa__attn_check(&dd, &p);
+    if (st) return st;
+    if (p.B != 1 || p.Lq != 1 || p.Hkv != ix->Hkv || p.d != ix->d || p.Lk != ix->len)
+        return dhsa__fail(DHSA_ERR_SHAPE,
+                          "dhsa_kv_index_carry: one row of one sequence over the index's %lld keys of "
+                          "[1, %lld, *, %lld]; the call has B=%lld Lq=%lld Hkv=%lld Lk=%lld d=%lld",
+                          (long long)ix->len, (long long)ix->Hkv, (long long)ix->d, (long long)p.B,
+                          (long long)p.Lq, (long long)p.Hkv, (long long)p.Lk, (long long)p.d);
+    if (lay->B != 1 || lay->Hkv != p.Hkv || lay->Lq != 1 || lay->Lk != p.Lk)
+        return dhsa__fail(DHSA_ERR_SHAPE,
+                          "dhsa_kv_index_carry: the layout is for B=%lld Hkv=%lld Lq=%lld Lk=%lld, the call "
+                          "B=1 Hkv=%lld Lq=1 Lk=%lld",
+                          (long long)lay->B, (long long)lay->Hkv, (long long)lay->Lq, (long long)lay->Lk,
+                          (long long)p.Hkv, (long long)p.Lk);
+    if (!(dd.scale > 0)) dd.scale = 1.0f / sqrtf((float)p.d);
+    if ((st = read_begin(ix))) return st; /* reads the chunks: not during an append */
+    st = dhsa__carry_chunks(&dd, lay, ix->starts, ix->n_chunks, share, out);
+    read_end(ix);
+    return st;
 }
 
 dhsa_status dhsa_kv_index_route_exact(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,

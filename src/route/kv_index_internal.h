@@ -59,16 +59,6 @@ int64_t dhsa__kv_index_groups(const dhsa_kv_index *ix);
 dhsa_status dhsa__kv_index_route_masked(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
                                         const unsigned char *allowed, double *agg, dhsa_layout **out);
 
-/* Decode steps that carry chunks (dhsa_router_params.carry; the session
- * decides which, src/route/carry.c): dhsa_kv_index_route, with the chunks
- * keep[g * DHSA_CARRY_MAX + i] (i < DHSA_CARRY_MAX; -1: none) of routed
- * group g ranked before every other candidate, in that order, wherever
- * they are candidates (closed before the block's last row); they are then
- * read like any chunk, within the block's budget. keep = NULL: exactly
- * dhsa_kv_index_route. groups as dhsa__kv_index_groups. */
-dhsa_status dhsa__kv_index_route_keep(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
-                                      const int64_t *keep, dhsa_layout **out);
-
 /* For tests: 0 when the two indexes (same parameters and sizes) hold the
  * same state, every field a later append or route reads (length, chunk
  * starts, decisions and summaries, the open chunk's sums, the ring of recent

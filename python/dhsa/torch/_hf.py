@@ -163,12 +163,24 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     r = _exact_from(cfg, p, Lq)  # rows r.. rank their chunks exactly (Lq: none)
     st = {"B": B, "Hkv": key.shape[1], "Lq": Lq, "Lk": Lk, "q_block": p.q_block, "q_pos0": q_pos0,
           "causal": True, "window": window, "selected": 0.0, "available": 0.0, "summaries": 0,
-          "exact_rows": (Lq - r) * B}
+          "exact_rows": (Lq - r) * B, "carried": 0}
+    if Lq > 1:
+        cfg["carry"].clear()  # a prompt's rows: the next step carries nothing (as a session)
     if cfg["method"] in ("dhsa", "block") and pick_backend(cfg.get("backend"), query, key, value) == "c":
-        # as a session: the decode index's chunks and routing, per sequence
-        outs = [_index_rows(query[b:b + 1], key[b:b + 1], value[b:b + 1],
-                            None if attention_mask is None else attention_mask[b:b + 1],
-                            p, sc, kw["softcap"], q_pos0, r, rest, st) for b in range(B)]
+        # as a session: the decode index's chunks and routing, per sequence,
+        # a decode step with the chunks the sequence's previous step carries
+        share = p.carry if cfg["method"] == "dhsa" and Lq == 1 and not p.share_heads else 0.0
+        outs = []
+        for b in range(B):
+            keep = _carried(cfg, b, key[b], Lk) if share > 0 else None
+            if keep is not None:
+                st["carried"] += int((keep >= 0).sum())
+            o, got = _index_rows(query[b:b + 1], key[b:b + 1], value[b:b + 1],
+                                 None if attention_mask is None else attention_mask[b:b + 1],
+                                 p, sc, kw["softcap"], q_pos0, r, rest, st, keep=keep, share=share)
+            if share > 0:
+                cfg["carry"][b] = (Lk, key[b, :, Lk - 1].detach().clone(), got)
+            outs.append(o)
         o = outs[0] if B == 1 else torch.cat(outs, 0)
     else:
         # stream / oracle (sessions route them without the index), or the
@@ -185,7 +197,7 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
             ox = torch.cat([_index_rows(query[b:b + 1, :, r:].detach().cpu(), key[b:b + 1].detach().cpu(),
                                         value[b:b + 1].detach().cpu(),
                                         None if attention_mask is None else attention_mask[b:b + 1].cpu(),
-                                        p, sc, kw["softcap"], q_pos0 + r, 0, rest, st)
+                                        p, sc, kw["softcap"], q_pos0 + r, 0, rest, st)[0]
                             for b in range(B)], 0)
             parts.append(ox.to(device=query.device, dtype=parts[0].dtype if parts else query.dtype))
         o = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
@@ -216,17 +228,21 @@ def _attend_part(q, k, v, lay, p, sm_scale, rest, st, starts, **kw):
         lay.close()
 
 
-def _index_rows(q, k, v, mask, p, scale, softcap, q_pos0, r, rest, st):
+def _index_rows(q, k, v, mask, p, scale, softcap, q_pos0, r, rest, st, keep=None, share=0.0):
     """Attention of one sequence's rows q [1, Hq, n, d] (positions q_pos0..)
     over k, v [1, Hkv, Lk, d] (CPU), routed as a dhsa session routes them:
     by a decode index over the keys (dhsa.KVIndex: its chunks, candidates,
     sinks and local keys), rows r.. with each block's chunks ranked by
-    their exact attention (dhsa_kv_index_route_exact), with the summaries
-    of the index's closed chunks when rest. Adds the layouts' selected /
-    available keys and the summaries to st. Returns o [1, n, Hq, dv]."""
+    their exact attention (dhsa_kv_index_route_exact), a decode step with
+    the chunks keep the previous step carried ranked first
+    (dhsa_kv_index_route_keep), with the summaries of the index's closed
+    chunks when rest. Adds the layouts' selected / available keys and the
+    summaries to st. Returns (o [1, n, Hq, dv], carried): carried, for a
+    one-row call with share > 0, the chunks this step hands the next
+    (dhsa_kv_index_carry: [Hkv, DHSA_CARRY_MAX], -1 after), else None."""
     n, d, Hkv, Lk = q.shape[2], q.shape[3], k.shape[1], k.shape[2]
     kf = k.detach().float().numpy() if k.dtype == torch.bfloat16 else k.detach().numpy()
-    parts = []
+    parts, carried = [], None
     with dhsa.KVIndex(Hkv, d, Lk, params=p) as ix:
         ix.append(kf)
         bounds = ix.bounds()
@@ -235,12 +251,26 @@ def _index_rows(q, k, v, mask, p, scale, softcap, q_pos0, r, rest, st):
                 continue
             qp = q[:, :, a:z]
             qf = qp.detach().float().numpy() if qp.dtype == torch.bfloat16 else qp.detach().numpy()
-            lay = ix.route(qf, kf, q_pos0 + a, exact=exact)
+            lay = ix.route(qf, kf, q_pos0 + a, exact=exact, keep=None if exact else keep)
+            if share > 0 and n == 1:
+                carried = ix.carry(qf, kf, lay, share, scale=scale, softcap=softcap, attn_mask=mask)
             kw = dict(causal=True, q_pos0=q_pos0 + a, scale=scale, softcap=softcap, layout="BLHD")
             if mask is not None:
                 kw["attn_mask"] = mask
             parts.append(_attend_part(qp, k, v, lay, p, scale, rest, st, [bounds], backend="c", **kw))
-    return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+    return (parts[0] if len(parts) == 1 else torch.cat(parts, 1)), carried
+
+
+def _carried(cfg, b, k, Lk):
+    """The chunks sequence b's previous decode step carries to this one
+    (Lk keys k [Hkv, Lk, d]): those the step over Lk - 1 keys handed on,
+    when its newest key is this cache's key Lk - 2 (the same sequence, one
+    token on: a new prompt, a batch reordered by beam search or a cache
+    cut back carries nothing), else None."""
+    prev = cfg["carry"].get(b)
+    if prev is None or prev[0] != Lk - 1 or prev[2] is None or Lk < 2:
+        return None
+    return prev[2] if torch.equal(prev[1], k[:, Lk - 2]) else None
 
 
 def _window_stats(B, Hkv, Lq, Lk, q_pos0, window):
@@ -254,7 +284,7 @@ def _window_stats(B, Hkv, Lq, Lk, q_pos0, window):
             "q_pos0": q_pos0, "causal": True, "window": window, "selected": avail,
             "available": avail, "density": 1.0 if avail else float("nan"), "ranges": B * Hkv,
             "dense_blocks": B * Hkv, "chunks": 0, "chunk_mean": 0.0, "chunk_min": 0, "chunk_max": 0,
-            "summaries": 0, "exact_rows": 0}
+            "summaries": 0, "exact_rows": 0, "carried": 0}
 
 
 def _params(cfg, n):
@@ -373,7 +403,7 @@ def patch_transformers(model, method="dhsa", density=0.0625, backend=None, **rou
     hybrid = _hybrid(mods)
     for _, m in mods:
         m._dhsa = {"method": method, "router": router, "stats": stats, "backend": backend,
-                   "hybrid": hybrid}
+                   "hybrid": hybrid, "carry": {}}
     model._dhsa_previous_attn = prev
     model._dhsa_stats = stats
     _set_implementation(model, NAME)
@@ -395,9 +425,11 @@ def model_stats(model):
     """The stats() dicts of every routed call since patch_transformers
     (one per layer and forward call; a sliding-window layer's window read
     densely counts as density 1), summed as {"calls": n, "density":
-    mean, "selected": sum, "available": sum, "summaries": share} where
-    density = selected / available over all calls and summaries = the
-    chunk summaries read (rows x KV heads x chunks) / available."""
+    mean, "selected": sum, "available": sum, "summaries": share,
+    "carried": n} where density = selected / available over all calls,
+    summaries = the chunk summaries read (rows x KV heads x chunks) /
+    available, and carried = the chunks decode steps ranked first because
+    the step before carried them (RouterParams.carry)."""
     stats = getattr(model, "_dhsa_stats", None)
     if stats is None:
         raise ValueError("model_stats: the model was not patched by patch_transformers")
@@ -406,7 +438,8 @@ def model_stats(model):
     summ = sum(s.get("summaries", 0) for s in stats)
     return {"calls": len(stats), "selected": sel, "available": avail,
             "density": (sel / avail) if avail else float("nan"),
-            "summaries": (summ / avail) if avail else float("nan")}
+            "summaries": (summ / avail) if avail else float("nan"),
+            "carried": sum(s.get("carried", 0) for s in stats)}
 
 
 def unpatch_transformers(model):
