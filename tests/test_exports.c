@@ -64,7 +64,7 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *
 
 /* Sorts and drops repeats (a function declared twice is one export). */
 static void names_sort(names *s) {
-    qsort(s->v, (size_t)s->n, sizeof *s->v, cmp_str);
+    if (s->n > 1) qsort(s->v, (size_t)s->n, sizeof *s->v, cmp_str);
     int k = 0;
     for (int i = 0; i < s->n; i++) {
         if (k > 0 && strcmp(s->v[k - 1], s->v[i]) == 0) {
