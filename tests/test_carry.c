@@ -14,7 +14,8 @@
  *    from double there). A planted key makes each list non-empty. The
  *    comparison is shown to fail on a list with one chunk left out.
  * 2. dhsa_kv_index_route_keep: a decode step's kept chunks are read (their
- *    keys in the layout) even when they rank last by score; with keep =
+ *    keys in the layout) even when they rank last by score, and so is
+ *    the chunk after each (read in neither without the carry); with keep =
  *    NULL, or -1 entries, or a chunk not yet closed, the layout is exactly
  *    dhsa_kv_index_route's.
  * 3. Sessions (the shipped default model, routing active: dense_below 0,
@@ -229,7 +230,7 @@ static void test_keep(void) {
     dhsa_ctx *ctx = NULL;
     T_CHECK(dhsa_ctx_create(NULL, &ctx) == DHSA_OK, "ctx");
     if (!ctx) return;
-    const int64_t Hkv = 2, G = 2, Hq = 4, d = 32, L = 512, seg = 16;
+    const int64_t Hkv = 2, G = 2, Hq = 4, d = 32, L = 1024, seg = 16; /* budget 64: room for two chunks */
     dhsa_router_params rp = dhsa_router_params_for(L, 0.0625);
     rp.boundary = DHSA_BOUNDARY_FIXED;
     rp.chunk = seg;
@@ -242,9 +243,9 @@ static void test_keep(void) {
     for (int64_t g = 0; g < Hkv; g++)
         for (int64_t t = 0; t < L; t++)
             for (int64_t e = 0; e < d; e++) k[(g * L + t) * d + e] = dir[(t / seg) * d + e] + 0.05f * (float)nrand();
-    const int64_t low = 7; /* the chunk the query turns away from */
+    const int64_t low = 7; /* the chunk the query turns away from, and the one after it */
     for (int64_t h = 0; h < Hq; h++)
-        for (int64_t e = 0; e < d; e++) q[h * d + e] = -2.0f * dir[low * d + e];
+        for (int64_t e = 0; e < d; e++) q[h * d + e] = -2.0f * (dir[low * d + e] + dir[(low + 1) * d + e]);
     dhsa_tensor kt = dhsa_tensor_bhld(k, DHSA_F32, 1, Hkv, L, d);
     T_CHECK(dhsa_kv_index_append(ix, &kt) == DHSA_OK, "append: %s", dhsa_last_error());
     dhsa_attn_desc a = dhsa_attn_default_desc();
@@ -270,11 +271,15 @@ static void test_keep(void) {
             dhsa_layout_get(plain, 0, g, 0, &r0, &n0);
             dhsa_layout_get(kept, 0, g, 0, &r1, &n1);
             dhsa_layout_get(none, 0, g, 0, &r2, &n2);
-            int has0 = 0, has1 = 0;
+            int has0 = 0, has1 = 0, next0 = 0, next1 = 0;
             for (int64_t i = 0; i < n0; i++) has0 |= r0[2 * i] <= low * seg && r0[2 * i + 1] >= (low + 1) * seg;
             for (int64_t i = 0; i < n1; i++) has1 |= r1[2 * i] <= low * seg && r1[2 * i + 1] >= (low + 1) * seg;
+            for (int64_t i = 0; i < n0; i++) next0 |= r0[2 * i] < (low + 2) * seg && r0[2 * i + 1] > (low + 1) * seg;
+            for (int64_t i = 0; i < n1; i++) next1 |= r1[2 * i] < (low + 2) * seg && r1[2 * i + 1] > (low + 1) * seg;
             T_CHECK(!has0, "group %lld: the turned-away chunk is not read without carry (the test can fail)", (long long)g);
+            T_CHECK(!next0, "group %lld: nor the chunk after it", (long long)g);
             if (g == 0) T_CHECK(has1, "group 0: the kept chunk is read");
+            if (g == 0) T_CHECK(next1, "group 0: the chunk after the kept one is read (where a copy goes on)");
             else T_CHECK(n1 == n0 && memcmp(r1, r0, (size_t)(2 * n0) * sizeof(int64_t)) == 0,
                          "group 1: a keep entry past the chunks changes nothing");
             T_CHECK(n2 == n0 && memcmp(r2, r0, (size_t)(2 * n0) * sizeof(int64_t)) == 0,

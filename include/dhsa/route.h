@@ -283,10 +283,12 @@ typedef struct {
                               share of the previous step's attention (mean
                               over a KV group's query heads; at most
                               DHSA_CARRY_MAX per group, the largest first),
-                              before the chunks its score ranks: a number
-                              copied token by token keeps its chunk from one
-                              step to the next (docs/dhsa.md, "Chunks carried
-                              from one decode step to the next"). Only a
+                              before the chunks its score ranks, and then
+                              the chunk after each of them: a number copied
+                              token by token keeps its chunk from one step
+                              to the next and reads on into the next chunk
+                              (docs/dhsa.md, "Chunks carried from one decode
+                              step to the next"). Only a
                               session applies it (it knows the previous
                               step); dhsa_route and dhsa_kv_index_route, which
                               see one call, ignore it. 0: off. In [0, 1]
@@ -504,7 +506,8 @@ DHSA_API dhsa_status dhsa_kv_index_route_exact(dhsa_ctx *ctx, const dhsa_kv_inde
  * DHSA_CARRY_MAX + i] (-1: none; what dhsa_kv_index_carry gave the step
  * before, over the same closed chunks: chunk numbers stay valid while
  * keys are only appended) ranked before every other candidate of KV head
- * g, in that order, wherever they are candidates (closed before the
+ * g, in that order, then the chunk after each of them (c + 1: a copy
+ * reads on into it), wherever they are candidates (closed before the
  * block's last row); they are then read like any chunk, within the
  * block's budget. keep = NULL: exactly dhsa_kv_index_route. */
 DHSA_API dhsa_status dhsa_kv_index_carry(const dhsa_kv_index *ix, const dhsa_attn_desc *a, const dhsa_layout *lay,

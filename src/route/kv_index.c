@@ -843,11 +843,16 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
             else if (heads_mode) heads_scores(ix, a, p.G, p.scale, h0, h1, r0, r1, visible, qp, eh, sc);
             else pooled_scores(ix, a, p.scale, moments, h0, h1, k0, k1, r0, r1, visible, qp, sc);
             if (agg) add_shares(ix, sc, visible, agg + g * nc);
-            /* carried chunks first, in their order (kv_index_internal.h):
+            /* carried chunks first, in their order, then the chunk after
+             * each (a copy reads on into it; include/dhsa/route.h):
              * distinct finite scores above any estimate */
             for (int64_t i = 0; keep && i < DHSA_CARRY_MAX; i++) {
                 int64_t c = keep[g * DHSA_CARRY_MAX + i];
-                if (c >= 0 && c < visible) sc[c] = 1e30f * (float)(DHSA_CARRY_MAX + 1 - i);
+                if (c >= 0 && c < visible) sc[c] = 1e30f * (float)(2 * DHSA_CARRY_MAX + 1 - i);
+            }
+            for (int64_t i = 0; keep && i < DHSA_CARRY_MAX; i++) {
+                int64_t c = keep[g * DHSA_CARRY_MAX + i] + 1;
+                if (c >= 1 && c < visible && sc[c] < 1e30f) sc[c] = 1e30f * (float)(DHSA_CARRY_MAX + 1 - i);
             }
             int64_t alo, ahi;
             dhsa__block_span(a, p.Lk, r0, r1, &alo, &ahi);
