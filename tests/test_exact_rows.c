@@ -387,6 +387,121 @@ static void test_session(void) {
     dhsa_ctx_free(ctx);
 }
 
+/* The first decode step after an answering eval: the hook routes each
+ * one-row call itself on an index built from the call's keys with the
+ * session's parameters (exactly, and by the estimate) and records which
+ * of the two the session's layout equals, layer by layer. */
+typedef struct {
+    dhsa_ctx *ctx;
+    dhsa_router_params rp;
+    int64_t n_layer;
+    int *as_exact, *as_estimate; /* [n_layer]: the session's layout is the exact route's / the estimate's */
+    int armed, failed;
+} step_rec;
+
+static int same_layout(const dhsa_layout *x, const dhsa_layout *y, int64_t Hkv) {
+    for (int64_t g = 0; g < Hkv; g++) {
+        const int64_t *r1, *r2;
+        int64_t n1, n2;
+        if (dhsa_layout_get(x, 0, g, 0, &r1, &n1) || dhsa_layout_get(y, 0, g, 0, &r2, &n2)) return 0;
+        if (n1 != n2 || memcmp(r1, r2, (size_t)(2 * n1) * sizeof(int64_t))) return 0;
+    }
+    return 1;
+}
+
+static int step_hook(void *user, int64_t layer, const dhsa_attn_desc *a) {
+    step_rec *r = user;
+    if (!r->armed || a->q.shape[2] != 1 || !a->layout) return 0;
+    const int64_t Hkv = a->k.shape[1], d = a->k.shape[3], Lk = a->k.shape[2];
+    dhsa_kv_index *ix = NULL;
+    dhsa_layout *ex = NULL, *es = NULL;
+    if (dhsa_kv_index_create(r->ctx, &r->rp, Hkv, d, Lk, &ix) || dhsa_kv_index_append(ix, &a->k) ||
+        dhsa_kv_index_route_exact(r->ctx, ix, a, &ex) || dhsa_kv_index_route(r->ctx, ix, a, &es))
+        r->failed = 1;
+    else {
+        r->as_exact[layer] = same_layout(a->layout, ex, Hkv);
+        r->as_estimate[layer] = same_layout(a->layout, es, Hkv);
+    }
+    dhsa_layout_free(ex);
+    dhsa_layout_free(es);
+    dhsa_kv_index_free(ix);
+    return 0;
+}
+
+/* How the first one-token eval after a prompt eval routed, per layer:
+ * prompt mode 0: an answering eval (the last row's logits), 2: no logits
+ * (a prefill part); batch: the step through dhsa_session_eval_batch. */
+static dhsa_status first_step(dhsa_ctx *ctx, const dhsa_model *m, const int32_t *ids, int64_t rows, int mode,
+                              int batch, step_rec *r, float *logits) {
+    dhsa_session *s = NULL;
+    dhsa_session_params p = sparams(rows);
+    p.layer_hook = step_hook;
+    p.layer_hook_user = r;
+    r->ctx = ctx;
+    dhsa_status st = dhsa_session_create(ctx, m, &p, &s);
+    if (!st) st = dhsa_session_eval(s, ids, N_P - 1, mode == 2 ? NULL : logits);
+    if (!st) st = dhsa_session_get_router(s, &r->rp);
+    if (!st) {
+        r->armed = 1; /* the step only */
+        st = batch ? dhsa_session_eval_batch(&s, 1, ids + N_P - 1, logits)
+                   : dhsa_session_eval(s, ids + N_P - 1, 1, logits);
+    }
+    dhsa_session_free(s);
+    return st;
+}
+
+static void test_first_step(void) {
+    FILE *f = fopen(MODEL, "rb");
+    if (!f) {
+        T_SKIP(5, MODEL " absent (run from the repository root)");
+        return;
+    }
+    fclose(f);
+    dhsa_ctx *ctx = NULL;
+    dhsa_model *m = NULL;
+    dhsa_ctx_create(NULL, &ctx);
+    if (dhsa_model_load(MODEL, NULL, &m) != DHSA_OK) {
+        T_CHECK(0, "load %s: %s", MODEL, dhsa_last_error());
+        dhsa_ctx_free(ctx);
+        return;
+    }
+    const dhsa_model_info *in = dhsa_model_get_info(m);
+    int32_t ids[N_P];
+    for (int i = 0; i < N_P; i++) ids[i] = (int32_t)(1 + (int64_t)(urand() * (double)(in->n_vocab - 1)));
+    float *lg = malloc((size_t)in->n_vocab * sizeof(float));
+    /* answering eval + one step, alone and batched; exact_rows 0; a prefill part */
+    const int64_t rows[4] = {20, 20, 0, 20};
+    const int mode[4] = {0, 0, 0, 2}, batch[4] = {0, 1, 0, 0};
+    int ex[4] = {0}, es[4] = {0}, differ = 0;
+    for (int i = 0; i < 4; i++) {
+        step_rec r = {0};
+        r.n_layer = in->n_layer;
+        r.as_exact = calloc((size_t)in->n_layer, sizeof(int));
+        r.as_estimate = calloc((size_t)in->n_layer, sizeof(int));
+        dhsa_status st = first_step(ctx, m, ids, rows[i], mode[i], batch[i], &r, lg);
+        T_CHECK(st == DHSA_OK && !r.failed, "case %d: %s", i, dhsa_last_error());
+        for (int64_t l = 0; l < in->n_layer; l++) {
+            ex[i] += r.as_exact[l];
+            es[i] += r.as_estimate[l];
+            if (i == 0) differ += !(r.as_exact[l] && r.as_estimate[l]);
+        }
+        free(r.as_exact);
+        free(r.as_estimate);
+    }
+    const int L = (int)in->n_layer;
+    T_CHECK(ex[0] == L, "the first decode step after an answering eval ranks its chunks exactly in every layer "
+                        "(%d of %d)", ex[0], L);
+    T_CHECK(ex[1] == L, "the same step through dhsa_session_eval_batch (%d of %d)", ex[1], L);
+    T_CHECK(differ > 0, "in some layer the exact ranking and the estimate route the step differently (so the "
+                        "checks can fail)");
+    T_CHECK(es[2] == L, "with exact_rows 0 the step routes by the estimate (%d of %d layers)", es[2], L);
+    T_CHECK(es[3] == L, "after an eval without logits (a prefill part) it routes by the estimate (%d of %d)", es[3],
+            L);
+    free(lg);
+    dhsa_model_free(m);
+    dhsa_ctx_free(ctx);
+}
+
 static void test_param(void) {
     T_CHECK(dhsa_router_params_for(4096, 0.0625).exact_rows == 64, "dhsa_router_params_for: exact_rows 64");
     T_CHECK(dhsa_router_default_params().exact_rows == 0, "dhsa_router_default_params: exact_rows 0");
@@ -414,5 +529,6 @@ int main(void) {
     test_mass();
     test_route();
     test_session();
+    test_first_step();
     return t_report("test_exact_rows");
 }

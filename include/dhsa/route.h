@@ -299,9 +299,12 @@ typedef struct {
                               the chunks for its last exact_rows rows (a
                               prompt's question and the row that answers)
                               by the exact attention mass each chunk holds
-                              for them, not by the estimate: the scores read
-                              every key for those rows (exact_rows x L per
-                              head, O(L)); the keys attended stay the budget's
+                              for them, not by the estimate, and so does the
+                              one-token eval right after it (the first
+                              decode step, the row that writes the answer's
+                              second token): the scores read every key for
+                              those rows (exact_rows x L per head, O(L));
+                              the keys attended stay the budget's
                               (docs/dhsa.md, "The prompt's last rows ranked
                               by their exact attention"). Only a session
                               applies it (it knows which rows end a call);
@@ -480,7 +483,8 @@ DHSA_API dhsa_status dhsa_kv_index_route(dhsa_ctx *ctx, const dhsa_kv_index *ix,
  * session runs for an answering eval's last exact_rows rows
  * (dhsa_router_params.exact_rows; docs/dhsa.md, "The prompt's last rows
  * ranked by their exact attention"), for a caller that routes those rows
- * itself (dhsa.torch's transformers plug-in). Refuses share_heads
+ * itself (dhsa.torch's transformers plug-in). The scores use a's scale
+ * (0 = 1/sqrt(d)) and softcap, as the attention will. Refuses share_heads
  * (DHSA_ERR_UNSUPPORTED). */
 DHSA_API dhsa_status dhsa_kv_index_route_exact(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
                                                dhsa_layout **out);

@@ -643,15 +643,16 @@ class KVIndex:
             return np.ctypeslib.as_array(ptr, shape=(n + 1,)).copy()
 
     def route(self, q, k_cache, q_pos0=None, *, window=0, layout="BHLD", ctx=None, threads=None,
-              exact=False, keep=None):
+              exact=False, keep=None, scale=None, softcap=0.0):
         """A Layout for causal attention of q [1, Hq, Lq, d] at positions
         q_pos0 .. (None = length - Lq: the newest Lq positions) over the
         cache k_cache [1, Hkv, length, d] the index describes. Allocated
         from ctx (default: the index's context). exact=True ranks each
         block's chunks by the exact attention mass its rows put on them
         (dhsa_kv_index_route_exact: what a session runs for a prompt's
-        last exact_rows rows; reads every key those rows may see).
-        keep: the chunks the previous decode step carries (carry()'s
+        last exact_rows rows and its first decode step; reads every key
+        those rows may see), with the scale (None = 1/sqrt(d)) and softcap
+        the attention will apply. keep: the chunks the previous decode step carries (carry()'s
         [Hkv, DHSA_CARRY_MAX] array, -1 = none), ranked before every
         other candidate of their KV head (dhsa_kv_index_route_keep: what
         a session runs for a decode step)."""
@@ -662,6 +663,11 @@ class KVIndex:
         if q_pos0 is None:
             q_pos0 = self.length - _logical_shape(np.asarray(q), layout)[2]
         desc, hold = _qk_desc(q, k_cache, layout, True, window, q_pos0)
+        if scale is not None:
+            if float(scale) <= 0:
+                raise ValueError("scale must be > 0 (None = 1/sqrt(d)), not %r" % (scale,))
+            desc.scale = float(scale)
+        desc.softcap = float(softcap)
         kp = None
         if keep is not None:
             kp = np.ascontiguousarray(np.asarray(keep), dtype=np.int64)

@@ -768,6 +768,13 @@ def test_kv_index_carry_and_keep():
             masked = ix.carry(q, k, lay, 0.1, scale=0.25, **kw)
             assert got[0, 0] not in masked[0], (kw, masked)
         assert (ix.carry(q, k, lay, 0.0) == -1).all()
+        # the exact ranking scores with the attention's scale (None and 0 in C:
+        # 1/sqrt(d)); it reads the chunk that holds the row's attention
+        lx, lx2 = ix.route(q, k, exact=True), ix.route(q, k, exact=True, scale=d ** -0.5)
+        assert all(lx.selects(0, g, 0, 300) == 1 for g in range(Hkv))
+        assert all(lx.ranges(0, g, 0).tolist() == lx2.ranges(0, g, 0).tolist() for g in range(Hkv))
+        lx.close()
+        lx2.close()
         q2 = (-q + 0.3 * rng.standard_normal(q.shape)).astype(np.float32)
         kept, plain = ix.route(q2, k, keep=got), ix.route(q2, k)
         c = got[0, 0]

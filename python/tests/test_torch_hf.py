@@ -382,7 +382,7 @@ def test_exact_rows_in_the_plugin(close):
         with dhsa.KVIndex(2, d, Lq, params=p) as ix:  # a session's routing: its decode index
             ix.append(k.numpy())
             lay = ix.route(q[:, :, :r].numpy(), k.numpy(), 0)
-            lx = ix.route(q[:, :, r:].numpy(), k.numpy(), r, exact=True)
+            lx = ix.route(q[:, :, r:].numpy(), k.numpy(), r, exact=True, scale=0.25)
             le = ix.route(q[:, :, r:].numpy(), k.numpy(), r)
         head = _ops.attention(q[:, :, :r].transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                               causal=True, sparse=lay, scale=0.25, layout="BLHD")
@@ -439,12 +439,13 @@ def test_carry_in_the_plugin(close):
         p1, p2 = dt.router_params(m, Lk), dt.router_params(m, Lk + 1)
         assert p1.carry > 0
         step(torch.randn(1, 4, 8, d), Lk - 1)  # a prompt call: nothing to carry
-        _, s1 = step(q1, Lk)
+        _, s1 = step(q1, Lk)  # the first step after it ranks its chunks exactly (as a session's)
         o2, s2 = step(q2, Lk + 1)
         assert s1["carried"] == 0 and s2["carried"] > 0, (s1["carried"], s2["carried"])
+        assert s1["exact_rows"] == 1 and s2["exact_rows"] == 0, (s1["exact_rows"], s2["exact_rows"])
         with dhsa.KVIndex(2, d, Lk, params=p1) as ix:
             ix.append(k[:, :, :Lk].numpy())
-            lay1 = ix.route(q1.numpy(), k[:, :, :Lk].numpy())
+            lay1 = ix.route(q1.numpy(), k[:, :, :Lk].numpy(), exact=True, scale=sc)
             got = ix.carry(q1.numpy(), k[:, :, :Lk].numpy(), lay1, p1.carry, scale=sc)
             bounds = ix.bounds()
         assert (got[:, 0] >= 0).all() and s2["carried"] == int((got >= 0).sum())

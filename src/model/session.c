@@ -93,6 +93,8 @@ struct dhsa_session {
                                    one token; decode steps do not) */
     int64_t exact_from;         /* rows of the ubatch being run from which chunks are ranked by their
                                    exact attention (rp.exact_rows: the eval's last rows); INT64_MAX: none */
+    int exact_next;             /* the last eval answered with exact rows: the next one-token eval (the
+                                   first decode step) ranks its chunks exactly too */
 };
 
 /* Layer l's key offsets [n_head_kv][hd_k], or NULL (keys stored as they are). */
@@ -364,6 +366,7 @@ dhsa_status dhsa_session_reset(dhsa_session *s) {
     if (s->dist) dhsa__dist_reset(s->dist);
     s->broken = 0;
     s->carry_ok = 0;
+    s->exact_next = 0;
     memset(&s->st_last, 0, sizeof s->st_last);
     memset(&s->st_total, 0, sizeof s->st_total);
     s->st_last.density = s->st_total.density = 1.0;
@@ -886,9 +889,9 @@ static dhsa_status eval_tokens(dhsa_session *s, const int32_t *ids, int64_t n, f
         /* the last rp.exact_rows rows of an eval that answers (more than one
          * token, the last row's logits asked for): not a decode step's one
          * row, not a scoring eval's every row, not a prefill part's */
-        s->exact_from = n > 1 && s->rp.exact_rows > 0 && logits && !s->p.logits_all
-                            ? n - s->rp.exact_rows - done
-                            : INT64_MAX;
+        s->exact_from = n > 1 && s->rp.exact_rows > 0 && logits && !s->p.logits_all ? n - s->rp.exact_rows - done
+                        : n == 1 && s->exact_next                                 ? 0
+                                                                                  : INT64_MAX;
         s->rest_now = n > 1;
         dhsa_status st = forward(s, NULL, ids + done, step, s->len, out, rows);
         s->exact_from = INT64_MAX;
@@ -907,6 +910,7 @@ static dhsa_status eval_tokens(dhsa_session *s, const int32_t *ids, int64_t n, f
         if (s->p.progress) s->p.progress(s->p.progress_user, done, n);
     }
     carry_commit(s, n == 1);
+    s->exact_next = n > 1 && s->rp.exact_rows > 0 && logits && !s->p.logits_all;
     return DHSA_OK;
 }
 
@@ -941,6 +945,7 @@ static dhsa_status batch_eval(dhsa_session *const *ss, int64_t n, const int32_t 
         total0[t] = o->st_total;
         memset(&o->st_last, 0, sizeof o->st_last);
         o->st_last.density = 1.0;
+        o->exact_from = o->exact_next ? 0 : INT64_MAX; /* a first decode step ranks exactly */
         if (o->ix)
             for (int64_t l = 0; l < in->n_layer; l++)
                 if (o->ix[l]) dhsa__kv_index_mark(o->ix[l]);
@@ -948,6 +953,8 @@ static dhsa_status batch_eval(dhsa_session *const *ss, int64_t n, const int32_t 
     dhsa_status st = forward(h, ss, ids, n, 0, logits, logits ? n : 0);
     for (int64_t t = 0; t < n; t++) {
         dhsa_session *o = ss[t];
+        o->exact_from = INT64_MAX;
+        if (!st) o->exact_next = 0;
         if (st) {
             roll_back(o, len0[t]);
             o->st_total = total0[t];
@@ -1009,6 +1016,7 @@ static dhsa_status truncate_tokens(dhsa_session *s, int64_t n) {
      * prefill, whatever evals came before (a server's next request starts
      * here; no request's carried chunks reach another) */
     s->carry_ok = 0;
+    s->exact_next = 0;
     if (n == s->len) return DHSA_OK;
     for (int64_t l = 0; l < s->m->info.n_layer && n > 0; l++) {
         const struct layer_cache *c = &s->lc[l];
@@ -1103,6 +1111,7 @@ void dhsa__session_state_layer(const dhsa_session *s, int64_t l, dhsa__state_lay
 static dhsa_status state_clear(dhsa_session *s) {
     s->len = 0;
     s->carry_ok = 0;
+    s->exact_next = 0;
     for (int64_t l = 0; l < s->m->info.n_layer; l++) {
         s->lc[l].base = 0;
         s->lc[l].saved = 0;

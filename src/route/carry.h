@@ -30,7 +30,8 @@ dhsa_status dhsa__carry_chunks(const dhsa_attn_desc *a, const dhsa_layout *lay, 
 
 /* The chunks' exact attention mass for rows [r0, r1) of the call a (q
  * [1, Hq, Lq, d], its keys k of KV head g from position 0, causal or not,
- * window, scale and softcap as the attention applies them; no mask or
+ * window, scale (resolved: not 0) and softcap as the attention applies
+ * them; no mask or
  * bias): mass[c] for c < nc is the mean, over those rows and the group's
  * query heads, of the share of the row's softmax over every key it may
  * see that the keys [starts[c], starts[c + 1]) hold (keys past starts[nc]

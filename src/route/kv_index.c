@@ -817,7 +817,9 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
         return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory routing with the index");
     }
     if (exact) {
-        exact_job ej = {a, ix->starts, nc, p.Lq, mass, 0};
+        dhsa_attn_desc ax = *a; /* the scale the attention applies: 0 = 1/sqrt(d) */
+        if (!(ax.scale > 0)) ax.scale = 1.0f / sqrtf((float)p.d);
+        exact_job ej = {&ax, ix->starts, nc, p.Lq, mass, 0};
         dhsa_parallel_for(ctx, p.Hkv * p.Lq, exact_task, &ej);
         if (atomic_load(&ej.failed)) st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory ranking chunks by their exact attention");
     }

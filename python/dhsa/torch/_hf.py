@@ -161,6 +161,13 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     p = _params(cfg, Lk)
     rest = _rest_on(cfg, module, p, Lq)
     r = _exact_from(cfg, p, Lq)  # rows r.. rank their chunks exactly (Lq: none)
+    first = cfg.setdefault("first", {})
+    if Lq == 1 and first and all(_continues(first.get(b), key[b], Lk) for b in range(B)):
+        r = 0  # the first decode step after a prompt call that ranked rows exactly (as a session)
+    first.clear()
+    if r < Lq and Lq > 1:
+        for b in range(B):
+            first[b] = (Lk, key[b, :, Lk - 1].detach().clone())
     st = {"B": B, "Hkv": key.shape[1], "Lq": Lq, "Lk": Lk, "q_block": p.q_block, "q_pos0": q_pos0,
           "causal": True, "window": window, "selected": 0.0, "available": 0.0, "summaries": 0,
           "exact_rows": (Lq - r) * B, "carried": 0}
@@ -251,7 +258,8 @@ def _index_rows(q, k, v, mask, p, scale, softcap, q_pos0, r, rest, st, keep=None
                 continue
             qp = q[:, :, a:z]
             qf = qp.detach().float().numpy() if qp.dtype == torch.bfloat16 else qp.detach().numpy()
-            lay = ix.route(qf, kf, q_pos0 + a, exact=exact, keep=None if exact else keep)
+            lay = ix.route(qf, kf, q_pos0 + a, exact=exact, keep=None if exact else keep, scale=scale,
+                           softcap=softcap)
             if share > 0 and n == 1:
                 carried = ix.carry(qf, kf, lay, share, scale=scale, softcap=softcap, attn_mask=mask)
             kw = dict(causal=True, q_pos0=q_pos0 + a, scale=scale, softcap=softcap, layout="BLHD")
@@ -261,16 +269,21 @@ def _index_rows(q, k, v, mask, p, scale, softcap, q_pos0, r, rest, st, keep=None
     return (parts[0] if len(parts) == 1 else torch.cat(parts, 1)), carried
 
 
+def _continues(prev, k, Lk):
+    """Whether a call over Lk keys k [Hkv, Lk, d] is one token on from the
+    call prev = (its Lk, its newest key, ...) recorded: prev's newest key
+    is this cache's key Lk - 2 (the same sequence: a new prompt, a batch
+    reordered by beam search or a cache cut back is not)."""
+    return (prev is not None and prev[0] == Lk - 1 and Lk >= 2
+            and torch.equal(prev[1], k[:, Lk - 2]))
+
+
 def _carried(cfg, b, k, Lk):
     """The chunks sequence b's previous decode step carries to this one
-    (Lk keys k [Hkv, Lk, d]): those the step over Lk - 1 keys handed on,
-    when its newest key is this cache's key Lk - 2 (the same sequence, one
-    token on: a new prompt, a batch reordered by beam search or a cache
-    cut back carries nothing), else None."""
+    (Lk keys k [Hkv, Lk, d]): those the step over Lk - 1 keys handed on
+    when this call continues it (_continues), else None."""
     prev = cfg["carry"].get(b)
-    if prev is None or prev[0] != Lk - 1 or prev[2] is None or Lk < 2:
-        return None
-    return prev[2] if torch.equal(prev[1], k[:, Lk - 2]) else None
+    return prev[2] if _continues(prev, k, Lk) and prev[2] is not None else None
 
 
 def _window_stats(B, Hkv, Lq, Lk, q_pos0, window):
@@ -403,7 +416,7 @@ def patch_transformers(model, method="dhsa", density=0.0625, backend=None, **rou
     hybrid = _hybrid(mods)
     for _, m in mods:
         m._dhsa = {"method": method, "router": router, "stats": stats, "backend": backend,
-                   "hybrid": hybrid, "carry": {}}
+                   "hybrid": hybrid, "carry": {}, "first": {}}
     model._dhsa_previous_attn = prev
     model._dhsa_stats = stats
     _set_implementation(model, NAME)
