@@ -315,21 +315,30 @@ static dhsa_status run(dhsa_ctx *ctx, const dhsa_model *m, const int32_t *ids, i
     return st;
 }
 
-static void test_session(void) {
+/* The shipped default model and a context, or 0 (skipped with `skips`
+ * checks, or failed) when it cannot be loaded. */
+static int open_model(int skips, dhsa_ctx **ctx, dhsa_model **m) {
     FILE *f = fopen(MODEL, "rb");
     if (!f) {
-        T_SKIP(9, MODEL " absent (run from the repository root)");
-        return;
+        T_SKIP(skips, MODEL " absent (run from the repository root)");
+        return 0;
     }
     fclose(f);
-    dhsa_ctx *ctx = NULL;
-    dhsa_model *m = NULL;
-    dhsa_ctx_create(NULL, &ctx);
-    if (dhsa_model_load(MODEL, NULL, &m) != DHSA_OK) {
+    *ctx = NULL;
+    *m = NULL;
+    dhsa_ctx_create(NULL, ctx);
+    if (dhsa_model_load(MODEL, NULL, m) != DHSA_OK) {
         T_CHECK(0, "load %s: %s", MODEL, dhsa_last_error());
-        dhsa_ctx_free(ctx);
-        return;
+        dhsa_ctx_free(*ctx);
+        return 0;
     }
+    return 1;
+}
+
+static void test_session(void) {
+    dhsa_ctx *ctx;
+    dhsa_model *m;
+    if (!open_model(9, &ctx, &m)) return;
     const dhsa_model_info *in = dhsa_model_get_info(m);
     const int64_t V = in->n_vocab;
     int32_t ids[N_P];
@@ -451,20 +460,9 @@ static dhsa_status first_step(dhsa_ctx *ctx, const dhsa_model *m, const int32_t 
 }
 
 static void test_first_step(void) {
-    FILE *f = fopen(MODEL, "rb");
-    if (!f) {
-        T_SKIP(5, MODEL " absent (run from the repository root)");
-        return;
-    }
-    fclose(f);
-    dhsa_ctx *ctx = NULL;
-    dhsa_model *m = NULL;
-    dhsa_ctx_create(NULL, &ctx);
-    if (dhsa_model_load(MODEL, NULL, &m) != DHSA_OK) {
-        T_CHECK(0, "load %s: %s", MODEL, dhsa_last_error());
-        dhsa_ctx_free(ctx);
-        return;
-    }
+    dhsa_ctx *ctx;
+    dhsa_model *m;
+    if (!open_model(9, &ctx, &m)) return;
     const dhsa_model_info *in = dhsa_model_get_info(m);
     int32_t ids[N_P];
     for (int i = 0; i < N_P; i++) ids[i] = (int32_t)(1 + (int64_t)(urand() * (double)(in->n_vocab - 1)));

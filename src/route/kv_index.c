@@ -755,20 +755,28 @@ static void exact_task(void *arg, int64_t task, int thread) {
         atomic_store(&j->failed, 1);
 }
 
+/* Checks a call that gives only q and k (what routing reads): *dd is a
+ * with v and o shaped from k and q, no lse or layout, as the attention's
+ * check wants a full call; *p its sizes. */
+static dhsa_status qk_check(const dhsa_attn_desc *a, dhsa_attn_desc *dd, dhsa__attn_problem *p) {
+    *dd = *a;
+    dd->v = a->k;
+    dd->o = a->q;
+    dd->o.shape[3] = a->k.shape[3];
+    dd->lse.data = NULL;
+    dd->layout = NULL;
+    return dhsa__attn_check(dd, p);
+}
+
 /* dhsa_kv_index_route, and dhsa__kv_index_route_masked with allowed / agg
  * (kv_index_internal.h). */
 static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
                                const unsigned char *allowed, double *agg, const int64_t *keep, int exact,
                                dhsa_layout **out) {
     if (!a->causal) return dhsa__fail(DHSA_ERR_UNSUPPORTED, "the decode index routes causal attention only");
-    dhsa_attn_desc dd = *a;
-    dd.v = a->k;
-    dd.o = a->q;
-    dd.o.shape[3] = a->k.shape[3];
-    dd.lse.data = NULL;
-    dd.layout = NULL;
+    dhsa_attn_desc dd;
     dhsa__attn_problem p;
-    dhsa_status st = dhsa__attn_check(&dd, &p);
+    dhsa_status st = qk_check(a, &dd, &p);
     if (st) return st;
     if (p.B != 1 || p.Hkv != ix->Hkv || p.d != ix->d || p.Lk != ix->len)
         return dhsa__fail(DHSA_ERR_SHAPE,
@@ -958,14 +966,9 @@ dhsa_status dhsa_kv_index_carry(const dhsa_kv_index *ix, const dhsa_attn_desc *a
     if (a->key_bias || a->attn_mask.data || a->window > 0)
         return dhsa__fail(DHSA_ERR_UNSUPPORTED, "dhsa_kv_index_carry: a key bias, dense mask or window is not "
                                                 "supported (a decode step of a global layer has none)");
-    dhsa_attn_desc dd = *a; /* what the check needs of a full call: v and o shaped from k and q */
-    dd.v = a->k;
-    dd.o = a->q;
-    dd.o.shape[3] = a->k.shape[3];
-    dd.lse.data = NULL;
-    dd.layout = NULL;
+    dhsa_attn_desc dd;
     dhsa__attn_problem p;
-    dhsa_status st = dhsa__attn_check(&dd, &p);
+    dhsa_status st = qk_check(a, &dd, &p);
     if (st) return st;
     if (p.B != 1 || p.Lq != 1 || p.Hkv != ix->Hkv || p.d != ix->d || p.Lk != ix->len)
         return dhsa__fail(DHSA_ERR_SHAPE,
