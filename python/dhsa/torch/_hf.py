@@ -176,7 +176,7 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     if cfg["method"] in ("dhsa", "block") and pick_backend(cfg.get("backend"), query, key, value) == "c":
         # as a session: the decode index's chunks and routing, per sequence,
         # a decode step with the chunks the sequence's previous step carries
-        share = p.carry if cfg["method"] == "dhsa" and Lq == 1 and not p.share_heads else 0.0
+        share = p.carry if Lq == 1 and not p.share_heads else 0.0  # DHSA and block, as a session
         outs = []
         for b in range(B):
             keep = _carried(cfg, b, key[b], Lk) if share > 0 else None
