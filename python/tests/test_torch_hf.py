@@ -488,3 +488,35 @@ def test_carry_in_the_plugin(close):
             assert (s["carried"] > 0) == want, (kw, s["carried"])
     for s in (lay1, kept, plain):
         s.close()
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_torch_backend_routes_as_the_c_one(arch, close):
+    """The torch back end (the one a model on a GPU gets) routes as the C
+    back end does, that is as a session: the decode index's chunks, the
+    prompt's last rows and the first decode step ranked exactly, the
+    chunks carried between decode steps, the summaries of the rest on a
+    hybrid model; only the attention kernel differs. Checked here on CPU
+    tensors with backend="torch" (PyTorch's gather kernel on dhsa's
+    layouts): the same logits, step by step, as backend="c" on a padded
+    batch, and the same stats for every call."""
+    m = make(arch)
+    ids, am = batch()
+    runs = {}
+    with torch.inference_mode():
+        for be in ("c", "torch"):
+            dt.patch_transformers(m, method="dhsa", density=0.0625, backend=be, **ROUTER)
+            out = m.generate(ids, attention_mask=am, max_new_tokens=6, do_sample=False,
+                             output_scores=True, return_dict_in_generate=True)
+            runs[be] = (out.sequences, torch.stack(out.scores), list(m._dhsa_stats))
+    (sc, lc, stc), (st_, lt, stt) = runs["c"], runs["torch"]
+    assert torch.equal(sc, st_), (sc[:, L:], st_[:, L:])
+    close(lt.numpy(), lc.numpy(), what="logits, torch vs c back end", atol=2e-4, rtol=2e-4)
+    assert len(stc) == len(stt)
+    keys = ("selected", "available", "exact_rows", "carried", "summaries")
+    for a, b in zip(stc, stt):
+        assert all(a[x] == b[x] for x in keys), ([a[x] for x in keys], [b[x] for x in keys])
+    routed = [s for s in stt if s["window"] == 0]
+    assert sum(s["carried"] for s in routed) > 0 and sum(s["exact_rows"] for s in routed) > 0
+    if arch == "gemma3":
+        assert sum(s["summaries"] for s in routed) > 0

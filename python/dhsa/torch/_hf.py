@@ -16,9 +16,10 @@ Contract (docs/torch.md, "Hugging Face transformers"):
     by the kernel. A mask function that is neither causal nor causal with a
     sliding window (packed sequences, custom overlays, bidirectional) is
     refused (NotImplementedError), never approximated.
-  - method "dense": dhsa's dense tiled kernel; "dhsa", "block", "stream",
-    "oracle": dhsa.route() per global layer and call (prefill and every
-    decode step) with what a dhsa session runs for the call's keys
+  - method "dense": dhsa's dense tiled kernel; "dhsa", "block": a decode
+    index over the call's keys per global layer, call and sequence (as a
+    session routes; on the host for tensors elsewhere), "stream",
+    "oracle": dhsa.route(); each with what a dhsa session runs for the call's keys
     (_params: the length-scaled defaults of every entry point, causal
     boundaries, the router keywords over them, the hybrid chunk rule),
     then the sparse kernel; sliding-window layers read their window
@@ -173,9 +174,11 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
           "exact_rows": (Lq - r) * B, "carried": 0}
     if Lq > 1:
         cfg["carry"].clear()  # a prompt's rows: the next step carries nothing (as a session)
-    if cfg["method"] in ("dhsa", "block") and pick_backend(cfg.get("backend"), query, key, value) == "c":
+    if cfg["method"] in ("dhsa", "block"):
         # as a session: the decode index's chunks and routing, per sequence,
-        # a decode step with the chunks the sequence's previous step carries
+        # a decode step with the chunks the sequence's previous step carries;
+        # routed on the CPU (host copies of q and k on another device),
+        # attended by the call's back end on the tensors' device
         share = p.carry if Lq == 1 and not p.share_heads else 0.0  # DHSA and block, as a session
         outs = []
         for b in range(B):
@@ -184,30 +187,18 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
                 st["carried"] += int((keep >= 0).sum())
             o, got = _index_rows(query[b:b + 1], key[b:b + 1], value[b:b + 1],
                                  None if attention_mask is None else attention_mask[b:b + 1],
-                                 p, sc, kw["softcap"], q_pos0, r, rest, st, keep=keep, share=share)
+                                 p, sc, kw["softcap"], q_pos0, r, rest, st, keep=keep, share=share,
+                                 backend=cfg.get("backend"))
             if share > 0:
                 cfg["carry"][b] = (Lk, key[b, :, Lk - 1].detach().clone(), got)
             outs.append(o)
         o = outs[0] if B == 1 else torch.cat(outs, 0)
     else:
-        # stream / oracle (sessions route them without the index), or the
-        # torch back end: dhsa_route's layout (the torch router's), whose
-        # chunks and local keys can differ from the index's in some blocks
-        parts = []
-        if r > 0:
-            qm = query[:, :, :r]
-            lay = route(qm, key, causal=True, q_pos0=q_pos0, window=window, sparse=p,
-                        backend=cfg.get("backend"))
-            parts.append(_attend_part(qm, key, value, lay, p, sc, rest, st, None,
-                                      backend=cfg.get("backend"), **kw))
-        if r < Lq:  # the exact rows through the C index, on the CPU
-            ox = torch.cat([_index_rows(query[b:b + 1, :, r:].detach().cpu(), key[b:b + 1].detach().cpu(),
-                                        value[b:b + 1].detach().cpu(),
-                                        None if attention_mask is None else attention_mask[b:b + 1].cpu(),
-                                        p, sc, kw["softcap"], q_pos0 + r, 0, rest, st)[0]
-                            for b in range(B)], 0)
-            parts.append(ox.to(device=query.device, dtype=parts[0].dtype if parts else query.dtype))
-        o = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+        # stream and oracle: sessions route them without the index
+        # (dhsa_route's layout; the oracle in the C router only)
+        lay = route(query, key, causal=True, q_pos0=q_pos0, window=window, sparse=p,
+                    backend=cfg.get("backend"))
+        o = _attend_part(query, key, value, lay, p, sc, rest, st, None, backend=cfg.get("backend"), **kw)
     st["density"] = st["selected"] / st["available"] if st["available"] else float("nan")
     cfg["stats"].append(st)
     return o, None
@@ -235,9 +226,19 @@ def _attend_part(q, k, v, lay, p, sm_scale, rest, st, starts, **kw):
         lay.close()
 
 
-def _index_rows(q, k, v, mask, p, scale, softcap, q_pos0, r, rest, st, keep=None, share=0.0):
+def _host(t):
+    """t as a numpy array for dhsa's C router: a view of a CPU tensor; a
+    float32 host copy of a bfloat16 tensor or of one on another device."""
+    t = t.detach()
+    if t.device.type == "cpu" and t.dtype != torch.bfloat16:
+        return t.numpy()
+    return t.to(device="cpu", dtype=torch.float32).numpy()
+
+
+def _index_rows(q, k, v, mask, p, scale, softcap, q_pos0, r, rest, st, keep=None, share=0.0,
+                backend=None):
     """Attention of one sequence's rows q [1, Hq, n, d] (positions q_pos0..)
-    over k, v [1, Hkv, Lk, d] (CPU), routed as a dhsa session routes them:
+    over k, v [1, Hkv, Lk, d], routed as a dhsa session routes them:
     by a decode index over the keys (dhsa.KVIndex: its chunks, candidates,
     sinks and local keys), rows r.. with each block's chunks ranked by
     their exact attention (dhsa_kv_index_route_exact), a decode step with
@@ -246,9 +247,12 @@ def _index_rows(q, k, v, mask, p, scale, softcap, q_pos0, r, rest, st, keep=None
     chunks when rest. Adds the layouts' selected / available keys and the
     summaries to st. Returns (o [1, n, Hq, dv], carried): carried, for a
     one-row call with share > 0, the chunks this step hands the next
-    (dhsa_kv_index_carry: [Hkv, DHSA_CARRY_MAX], -1 after), else None."""
+    (dhsa_kv_index_carry: [Hkv, DHSA_CARRY_MAX], -1 after), else None.
+    Routed on the CPU (host copies of q, k and the mask), attended by
+    `backend` (pick_backend) where the tensors are."""
     n, d, Hkv, Lk = q.shape[2], q.shape[3], k.shape[1], k.shape[2]
-    kf = k.detach().float().numpy() if k.dtype == torch.bfloat16 else k.detach().numpy()
+    kf = _host(k)
+    hmask = None if mask is None else mask.detach().cpu()
     parts, carried = [], None
     with dhsa.KVIndex(Hkv, d, Lk, params=p) as ix:
         ix.append(kf)
@@ -257,15 +261,15 @@ def _index_rows(q, k, v, mask, p, scale, softcap, q_pos0, r, rest, st, keep=None
             if z <= a:
                 continue
             qp = q[:, :, a:z]
-            qf = qp.detach().float().numpy() if qp.dtype == torch.bfloat16 else qp.detach().numpy()
+            qf = _host(qp)
             lay = ix.route(qf, kf, q_pos0 + a, exact=exact, keep=None if exact else keep, scale=scale,
                            softcap=softcap)
             if share > 0 and n == 1:
-                carried = ix.carry(qf, kf, lay, share, scale=scale, softcap=softcap, attn_mask=mask)
+                carried = ix.carry(qf, kf, lay, share, scale=scale, softcap=softcap, attn_mask=hmask)
             kw = dict(causal=True, q_pos0=q_pos0 + a, scale=scale, softcap=softcap, layout="BLHD")
             if mask is not None:
                 kw["attn_mask"] = mask
-            parts.append(_attend_part(qp, k, v, lay, p, scale, rest, st, [bounds], backend="c", **kw))
+            parts.append(_attend_part(qp, k, v, lay, p, scale, rest, st, [bounds], backend=backend, **kw))
     return (parts[0] if len(parts) == 1 else torch.cat(parts, 1)), carried
 
 
@@ -378,14 +382,16 @@ def patch_transformers(model, method="dhsa", density=0.0625, backend=None, **rou
 
     method: "dense" (dhsa's dense kernel), "dhsa" (DHSA routing), "block",
     "stream" or "oracle" (dhsa.route() baselines; the torch back end routes
-    with dhsa.torch.route, which refuses "oracle" and causal learned
-    boundaries). density: the share of keys each query block may see
+    them with dhsa.torch.route, which refuses "oracle" and causal learned
+    boundaries). "dhsa" and "block" route as a session on either back end
+    (a decode index over the call's keys, built on the host). density: the share of keys each query block may see
     (routed methods); router: any other dhsa.route() keyword (budget=,
     q_block=, sink=, local=, dense_below=, boundary=, ...:
     docs/python.md). Returns the paths of the attention modules patched.
     backend: None (dhsa's C kernels for a model on the CPU, PyTorch's
-    kernels on any other device: SDPA for "dense", the torch router and
-    FlexAttention / the gather kernel otherwise), "c" or "torch".
+    kernels on any other device: SDPA for "dense", the gather kernel over
+    the index's layouts for "dhsa" and "block", the torch router and
+    FlexAttention / the gather kernel for "stream"), "c" or "torch".
     model_stats(model) gives the routed densities;
     unpatch_transformers(model) restores the previous implementation."""
     _transformers()
