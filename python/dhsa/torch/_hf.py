@@ -19,7 +19,8 @@ Contract (docs/torch.md, "Hugging Face transformers"):
   - method "dense": dhsa's dense tiled kernel; "dhsa", "block": a decode
     index over the call's keys per global layer, call and sequence (as a
     session routes; on the host for tensors elsewhere), "stream",
-    "oracle": dhsa.route(); each with what a dhsa session runs for the call's keys
+    "oracle": dhsa.route(); each with what a dhsa session runs for the
+    call's keys
     (_params: the length-scaled defaults of every entry point, causal
     boundaries, the router keywords over them, the hybrid chunk rule),
     then the sparse kernel; sliding-window layers read their window
@@ -383,9 +384,9 @@ def patch_transformers(model, method="dhsa", density=0.0625, backend=None, **rou
     method: "dense" (dhsa's dense kernel), "dhsa" (DHSA routing), "block",
     "stream" or "oracle" (dhsa.route() baselines; the torch back end routes
     them with dhsa.torch.route, which refuses "oracle" and causal learned
-    boundaries). "dhsa" and "block" route as a session on either back end
-    (a decode index over the call's keys, built on the host). density: the share of keys each query block may see
-    (routed methods); router: any other dhsa.route() keyword (budget=,
+    boundaries); "dhsa" and "block" route as a session on either back end
+    (a decode index over the call's keys, built on the host). density:
+    the share of keys each query block may see (routed methods); router: any other dhsa.route() keyword (budget=,
     q_block=, sink=, local=, dense_below=, boundary=, ...:
     docs/python.md). Returns the paths of the attention modules patched.
     backend: None (dhsa's C kernels for a model on the CPU, PyTorch's
