@@ -19,6 +19,10 @@
  *     NaN and Inf in an activation block make its outputs NaN; edge shapes
  *     (n_in = 32, a 32-value tail, n_out not a multiple of 16 or 32, 1 to 9
  *     tokens and token tails, chunks past 256 blocks);
+ *   - the K types' super-block panel (ktile) called directly: bitwise its
+ *     scalar reference, which is held to the double product of the
+ *     weights it reads; through the route, within 1e-6 of the scalar
+ *     route and within the bound of the double product;
  *   - the kernels called directly on codes at the saturation edge of
  *     vpmaddubsw (every code 255 or 129 against activations of +-127):
  *     bitwise the scalar tile; and the AVX2 kernels told a wrong (narrow)
@@ -337,9 +341,13 @@ static void test_products(void) {
                 ok = run_route(ctx2, simd, &m, x, n_tok, yv) && run_route(ctx1, simd, &m, x, n_tok, yv2);
                 T_CHECK(ok && memcmp(yv, yv2, ny * sizeof(float)) == 0, "%s %lld tokens: %s, 1 and 2 threads bitwise",
                         qnames[ti], (long long)n_tok, simd->name);
-                int panel = n_tok > simd->max_tok_fused;
+                int panel = n_tok > simd->max_tok_fused, kz, kmin;
+                int kpanel = panel && simd->ktile && dhsa__qi_kform(type, &kz, &kmin) && n_in % 256 == 0;
                 double d = rel_diff(&m, x, n_tok, yv, ys);
-                if (panel)
+                if (kpanel) /* the super-block form (int8.h, ktile): integer sums, other float steps */
+                    T_CHECK(d <= 1e-6, "%s %lldx%lld, %lld tokens: %s K panel within 1e-6 sum|w x| of the scalar (%.2g)",
+                            qnames[ti], (long long)n_out, (long long)n_in, (long long)n_tok, simd->name, d);
+                else if (panel)
                     T_CHECK(memcmp(yv, ys, ny * sizeof(float)) == 0, "%s %lldx%lld, %lld tokens: %s panel route bitwise the scalar",
                             qnames[ti], (long long)n_out, (long long)n_in, (long long)n_tok, simd->name);
                 else
@@ -596,6 +604,147 @@ static void test_kernels_direct(void) {
             "its saturated sums fail the comparison");
 }
 
+/* The K types' super-block panel (int8.h, ktile) called directly: each
+ * kernel set that has one against dhsa__qi_ktile_scalar, bitwise, and
+ * that against the double product of the weights d S_j (c - z) - dmin M_j
+ * it reads with the activation codes (1e-6 of sum |terms|: one rounding
+ * of each super-block's integer sums and the float steps). Readings: Q4_K /
+ * Q5_K (bw 32, a min), Q6_K (bw 16, z 32), Q3_K (bw 16, z 4), Q2_K (bw 16, a
+ * min); fill 0: random codes, scales, mins; fill 1: the largest codes,
+ * scales and mins against activations of +127 (the integer sums at
+ * their largest: |I| near 2^27 for Q6_K); fill 2: as 1 with -128 scales
+ * (Q6_K's int8 sc) and activations of -127. n = 2560 (10 super-blocks).
+ * Each also with an output stride past the rows and a second call adding
+ * to the first's outputs (the driver's sub-panels). */
+enum { KT_N = 2560 };
+static int direct_ktile(const dhsa__qi_kernels *k, int bw, int z, int has_min, int cmax, int smin, int smax, int mmax,
+                        int fill, uint64_t seed, double *worst) {
+    const int64_t n = KT_N, nb = n / bw, ns = n / 256, rows = 16 * (int64_t)k->ng, ng = k->ng;
+    rng_t rg = {seed};
+    uint8_t *c = malloc((size_t)(rows * n)), *w = aligned_alloc(64, (size_t)(rows * n) + 64);
+    int32_t *S = malloc(sizeof(int32_t) * (size_t)(rows * nb)), *M = malloc(sizeof(int32_t) * (size_t)(rows * nb));
+    float *d = malloc(sizeof(float) * (size_t)(rows * ns)), *dm = malloc(sizeof(float) * (size_t)(rows * ns));
+    int32_t *pS = malloc(sizeof(int32_t) * (size_t)(rows * nb)), *pM = malloc(sizeof(int32_t) * (size_t)(rows * nb / 2));
+    float *pD = malloc(sizeof(float) * (size_t)(rows * ns)), *pDm = malloc(sizeof(float) * (size_t)(rows * ns));
+    float *xf = malloc(sizeof(float) * (size_t)n), *xd = malloc(sizeof(float) * (size_t)(16 * n / 32)),
+          *xs = malloc(sizeof(float) * (size_t)(16 * n / 16));
+    int8_t *q = malloc((size_t)(16 * n));
+    int32_t *qz = malloc(sizeof(int32_t) * (size_t)(16 * nb));
+    int16_t *qs = malloc(sizeof(int16_t) * (size_t)(16 * nb));
+    int ok = c && w && S && M && d && dm && pS && pM && pD && pDm && xf && xd && xs && q && qz && qs;
+    dhsa_qi_act x[16];
+    for (int t = 0; t < 16 && ok; t++) {
+        for (int64_t i = 0; i < n; i++)
+            xf[i] = fill == 0 ? (float)rng_normal(&rg) : fill == 1 ? 1.0f : -1.0f;
+        dhsa__qi_quant_act_scalar(xf, n, bw, 256, q + t * n, xd + t * n / 32, xs + t * n / 16);
+        for (int64_t j = 0; j < nb; j++) {
+            int32_t sum = 0;
+            for (int l = 0; l < bw; l++) sum += q[t * n + j * bw + l];
+            qs[t * nb + j] = (int16_t)sum;
+            qz[t * nb + j] = -z * sum;
+        }
+        x[t] = (dhsa_qi_act){q + t * n, xd + t * n / 32, xs + t * n / 16, qz + t * nb, qs + t * nb};
+    }
+    for (int64_t r = 0; r < rows && ok; r++) {
+        for (int64_t i = 0; i < n; i++)
+            c[r * n + i] = (uint8_t)(fill ? cmax : (int)(rng_u64(&rg) % (uint64_t)(cmax + 1)));
+        for (int64_t j = 0; j < nb; j++) {
+            S[r * nb + j] = fill == 1 ? smax : fill == 2 ? smin : smin + (int)(rng_u64(&rg) % (uint64_t)(smax - smin + 1));
+            M[r * nb + j] = has_min ? (fill ? mmax : (int)(rng_u64(&rg) % (uint64_t)(mmax + 1))) : 0;
+        }
+        for (int64_t s = 0; s < ns; s++) {
+            d[r * ns + s] = (float)(1e-3 * (1.0 + 0.1 * rng_normal(&rg)));
+            dm[r * ns + s] = has_min ? (float)(1e-3 * (1.0 + 0.1 * rng_normal(&rg))) : 0.0f;
+        }
+        const int64_t g = r / 16, rr = r % 16;
+        for (int64_t qd = 0; qd < n / 4; qd++) memcpy(w + g * n * 16 + qd * 64 + rr * 4, c + r * n + 4 * qd, 4);
+        for (int64_t j = 0; j < nb; j++) pS[(g * nb + j) * 16 + rr] = S[r * nb + j];
+        for (int64_t j = 0; j < nb / 2; j++)
+            pM[(g * nb / 2 + j) * 16 + rr] =
+                (int32_t)((uint32_t)(uint16_t)M[r * nb + 2 * j] | (uint32_t)M[r * nb + 2 * j + 1] << 16);
+        for (int64_t s = 0; s < ns; s++) {
+            pD[(g * ns + s) * 16 + rr] = d[r * ns + s];
+            pDm[(g * ns + s) * 16 + rr] = -dm[r * ns + s];
+        }
+    }
+    int same = ok;
+    if (ok) {
+        const int mr = k->kmr;
+        float out[16 * 64], ref[16 * 64];
+        for (int e = 0; e < mr * (int)rows; e++) out[e] = ref[e] = 0.5f; /* overwritten */
+        k->ktile(w, pS, pM, pD, pDm, n, bw, z, has_min, x, out, rows, 0);
+        dhsa__qi_ktile_scalar(w, pS, pM, pD, pDm, n, bw, z, has_min, x, mr, (int)ng, ref, rows, 0);
+        same = memcmp(out, ref, sizeof(float) * (size_t)(mr * rows)) == 0;
+        /* a stride past the rows, and a second call adding to the first's outputs */
+        const int64_t ldo = rows + 3;
+        float out2[16 * 67], ref2[16 * 67];
+        for (int e = 0; e < 16 * 67; e++) out2[e] = ref2[e] = 0.25f;
+        k->ktile(w, pS, pM, pD, pDm, n, bw, z, has_min, x, out2, ldo, 0);
+        k->ktile(w, pS, pM, pD, pDm, n, bw, z, has_min, x, out2, ldo, 1);
+        dhsa__qi_ktile_scalar(w, pS, pM, pD, pDm, n, bw, z, has_min, x, mr, (int)ng, ref2, ldo, 0);
+        dhsa__qi_ktile_scalar(w, pS, pM, pD, pDm, n, bw, z, has_min, x, mr, (int)ng, ref2, ldo, 1);
+        same &= memcmp(out2, ref2, sizeof out2) == 0;
+        for (int t = 0; t < mr; t++)
+            for (int64_t r = 0; r < rows; r++) {
+                double y = 0.0, mag = 1e-30;
+                for (int64_t i = 0; i < n; i++) {
+                    const int64_t j = i / bw, s = i / 256;
+                    double wv = (double)d[r * ns + s] * S[r * nb + j] * (c[r * n + i] - z) - (double)dm[r * ns + s] * M[r * nb + j];
+                    double term = wv * q[t * n + i] * xd[t * n / 32 + i / 32];
+                    y += term;
+                    mag += fabs(term);
+                }
+                double e = fabs(ref[t * rows + r] - y) / (1e-6 * mag);
+                if (!(e <= *worst)) *worst = e;
+            }
+    }
+    free(c), free(w), free(S), free(M), free(d), free(dm), free(pS), free(pM), free(pD), free(pDm);
+    free(xf), free(xd), free(xs), free(q), free(qz), free(qs);
+    return same;
+}
+
+/* the reference as a kernel set (4 tokens x 16 rows), for CPUs without one */
+static void kref_tile(const uint8_t *w, const int32_t *S, const int32_t *M2, const float *D, const float *Dm, int64_t n,
+                      int bw, int z, int has_min, const dhsa_qi_act *x, float *out, int64_t ldo, int accumulate) {
+    dhsa__qi_ktile_scalar(w, S, M2, D, Dm, n, bw, z, has_min, x, 4, 1, out, ldo, accumulate);
+}
+
+static void test_ktile_direct(void) {
+    static const struct {
+        const char *name;
+        int bw, z, has_min, cmax, smin, smax, mmax;
+    } rd[5] = {{"Q4_K", 32, 0, 1, 15, 0, 63, 63}, {"Q5_K", 32, 0, 1, 31, 0, 63, 63}, {"Q6_K", 16, 32, 0, 63, -128, 127, 0},
+               {"Q3_K", 16, 4, 0, 7, -32, 31, 0},  {"Q2_K", 16, 0, 1, 3, 0, 15, 15}};
+    double worst = 0.0;
+    int any = 0;
+    for (int ki = 0; ki < N_KSETS; ki++) {
+        int runs;
+        const dhsa__qi_kernels *k = kset(ki, &runs);
+        if (!runs || !k->ktile) continue;
+        any = 1;
+        for (int i = 0; i < 5; i++)
+            for (int fill = 0; fill < 3; fill++) {
+                int ok = direct_ktile(k, rd[i].bw, rd[i].z, rd[i].has_min, rd[i].cmax, rd[i].smin, rd[i].smax, rd[i].mmax,
+                                      fill, 500 + (uint64_t)(i * 3 + fill), &worst);
+                T_CHECK(ok, "%s K panel directly, %s reading, %s: bitwise dhsa__qi_ktile_scalar", k->name, rd[i].name,
+                        fill == 0 ? "random codes" : fill == 1 ? "largest codes, scales, mins, x +127"
+                                                               : "largest codes, smallest scales, x -127");
+            }
+    }
+    if (!any) {
+        T_SKIP(15, "K panel directly: no kernel set with one on this CPU or build (avx512-vnni)");
+        /* the scalar reference is still held to the double product */
+        dhsa__qi_kernels kref = dhsa__qi_scalar;
+        kref.ng = 1;
+        kref.ktile = kref_tile;
+        kref.kmr = 4;
+        direct_ktile(&kref, 32, 0, 1, 15, 0, 63, 63, 0, 9, &worst);
+        direct_ktile(&kref, 16, 32, 0, 63, -128, 127, 0, 2, 10, &worst);
+    }
+    T_CHECK(worst <= 1.0, "K panel reference vs the double product of the weights it reads: within 1e-6 sum|terms| (%.3f of it)",
+            worst);
+}
+
 /* ------------------------------------------------ several products --- */
 
 /* dhsa__qi_matmul_multi (q, k, v and gate, up of a decode step in one job):
@@ -777,6 +926,7 @@ int main(void) {
     test_k_extremes();
     test_products();
     test_kernels_direct();
+    test_ktile_direct();
     test_multi();
     test_dispatch();
     printf("test_qint: products vs double: largest error %.3f of the bound\n", g_worst);

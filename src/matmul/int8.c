@@ -10,7 +10,9 @@
  *   panel  otherwise: a task unpacks a panel of 16 ng rows, all columns, in
  *          the VNNI layout (four codes of one row side by side, sixteen
  *          rows per 64 bytes) into an L2 buffer and runs the mr x 16 ng
- *          tile over every token (prefill).
+ *          tile over every token (prefill); the K types on kernels with a
+ *          ktile take the super-block panel instead (kpanel: integer
+ *          sub-block scales and mins, int8.h).
  *
  * Run: make build/tests/test_qint && build/tests/test_qint.
  */
@@ -224,6 +226,97 @@ float dhsa__qi_dot_scalar(const uint8_t *c, const float *a, const float *b, int6
     return y;
 }
 
+/* ------------------------------------------- K types, super-block form --- */
+
+int dhsa__qi_kform(uint32_t type, int *z, int *has_min) {
+    switch (type) {
+    case DHSA_GGML_Q4_K:
+    case DHSA_GGML_Q5_K:
+    case DHSA_GGML_Q2_K: *z = 0, *has_min = 1; return 1;
+    case DHSA_GGML_Q6_K: *z = 32, *has_min = 0; return 1;
+    case DHSA_GGML_Q3_K: *z = 4, *has_min = 0; return 1;
+    default: return 0;
+    }
+}
+
+void dhsa__qi_kunpack_scalar(uint32_t type, const uint8_t *row, int64_t n, int32_t *S, int32_t *M, float *d,
+                             float *dmin) {
+    for (int64_t i = 0; i < n / 256; i++) {
+        switch (type) {
+        case DHSA_GGML_Q4_K:
+        case DHSA_GGML_Q5_K: {
+            const uint8_t *blk = row + i * (type == DHSA_GGML_Q5_K ? 176 : 144);
+            d[i] = dhsa__wt_f16(blk);
+            dmin[i] = dhsa__wt_f16(blk + 2);
+            for (int j = 0; j < 8; j++) {
+                int sc, m;
+                dhsa__q4k_scale_min(blk + 4, j, &sc, &m);
+                S[8 * i + j] = sc;
+                M[8 * i + j] = m;
+            }
+            break;
+        }
+        case DHSA_GGML_Q6_K: {
+            const uint8_t *blk = row + i * 210;
+            d[i] = dhsa__wt_f16(blk + 208);
+            dmin[i] = 0.0f;
+            for (int j = 0; j < 16; j++) {
+                S[16 * i + j] = (int8_t)blk[192 + j];
+                M[16 * i + j] = 0;
+            }
+            break;
+        }
+        case DHSA_GGML_Q2_K:
+        case DHSA_GGML_Q3_K: {
+            const int q2 = type == DHSA_GGML_Q2_K;
+            const uint8_t *blk = row + i * (q2 ? 84 : 110);
+            d[i] = dhsa__wt_f16(blk + (q2 ? 80 : 108));
+            dmin[i] = q2 ? dhsa__wt_f16(blk + 82) : 0.0f;
+            for (int j = 0; j < 16; j++) {
+                S[16 * i + j] = q2 ? blk[j] & 15 : dhsa__q3k_scale(blk + 96, j) - 32;
+                M[16 * i + j] = q2 ? blk[j] >> 4 : 0;
+            }
+            break;
+        }
+        default: return;
+        }
+    }
+}
+
+void dhsa__qi_ktile_scalar(const uint8_t *w, const int32_t *S, const int32_t *M2, const float *D, const float *Dm,
+                           int64_t n, int bw, int z, int has_min, const dhsa_qi_act *x, int mr, int ng, float *out,
+                           int64_t ldo, int accumulate) {
+    (void)z; /* in x[t].qz */
+    const int64_t nb = n / bw, ns = n / 256, bps = 256 / bw;
+    for (int t = 0; t < mr; t++)
+        for (int r = 0; r < 16 * ng; r++) {
+            const int64_t g = r / 16, rr = r % 16;
+            const uint8_t *wg = w + g * n * 16;
+            const int32_t *Sg = S + g * nb * 16, *Mg = M2 + g * (nb / 2) * 16;
+            const float *Dg = D + g * ns * 16, *Dmg = Dm + g * ns * 16;
+            float y = accumulate ? out[t * ldo + r] : 0.0f;
+            for (int64_t s = 0; s < ns; s++) {
+                int32_t I = 0, Mq = 0;
+                for (int64_t j = s * bps; j < (s + 1) * bps; j++) {
+                    int32_t isum = x[t].qz[j];
+                    for (int l = 0; l < bw; l++) {
+                        int64_t k = j * bw + l;
+                        isum += (int32_t)wg[(k / 4) * 64 + rr * 4 + k % 4] * (int32_t)x[t].q[k];
+                    }
+                    I += Sg[j * 16 + rr] * isum;
+                    if (has_min) { /* M_j from its 16-bit half */
+                        const uint32_t m2 = (uint32_t)Mg[j / 2 * 16 + rr];
+                        Mq += (int32_t)(int16_t)(uint16_t)(j % 2 ? m2 >> 16 : m2) * x[t].qs[j];
+                    }
+                }
+                const float xd = x[t].xd[s * 8];
+                y = fmaf((float)I, Dg[s * 16 + rr] * xd, y);
+                if (has_min) y = fmaf((float)Mq, Dmg[s * 16 + rr] * xd, y);
+            }
+            out[t * ldo + r] = y;
+        }
+}
+
 /* ------------------------------------------------------ scalar kernels --- */
 
 #define S_MR 4
@@ -268,7 +361,7 @@ static void tile_scalar(const uint8_t *w, const float *a, const float *b, int64_
 }
 
 const dhsa__qi_kernels dhsa__qi_scalar = {"scalar", S_MR, S_NG, 4, 1, dhsa__qi_quant_act_scalar, unpack_scalar,
-                                          dot_rows_scalar, tile_scalar, NULL};
+                                          dot_rows_scalar, tile_scalar, NULL, NULL, 0};
 
 const dhsa__qi_kernels *dhsa__qi_kernels_active(void) {
 #if defined(__x86_64__)
@@ -327,8 +420,11 @@ static void i8_plan(dhsa__mm_plan *pp, uint32_t type, int64_t n_in, int64_t n_ou
     p.lda = round_up(n_in, 64);
     p.nxd = round_up(n_in / 32, 16);
     p.nxs = round_up(n_in / 16, 16); /* the most a type needs: workspace alike for every type */
+    p.kpanel = !p.fused && k->ktile && dhsa__qi_kform(type, &p.kz, &p.kmin) && n_in % 256 == 0;
+    /* the K panel's integer block sums qz, qs after the scales */
+    const size_t ksums = p.kpanel ? (size_t)p.nxs * (sizeof(int32_t) + sizeof(int16_t)) : 0;
     p.act_bytes = (size_t)round_up(
-        (int64_t)((size_t)n_tok * ((size_t)p.lda + (size_t)(p.nxd + p.nxs) * sizeof(float))), 64);
+        (int64_t)((size_t)n_tok * ((size_t)p.lda + (size_t)(p.nxd + p.nxs) * sizeof(float) + ksums)), 64);
     p.prep_tok = n_tok;
     p.prep_inline = n_tok <= 8;
     p.n_prep = n_tok <= 8 ? n_tok : n_tok < 64 ? n_tok : 64;
@@ -348,9 +444,12 @@ static void i8_plan(dhsa__mm_plan *pp, uint32_t type, int64_t n_in, int64_t n_ou
         p.n_units = ceil_div(n_out, p.unit_rows);
         double t = 2.0 * (double)n_in * (double)n_out * (double)n_tok / QI_PANEL_TASK_FLOPS;
         p.n_tasks = t < 1.0 ? 1 : t > (double)p.n_units ? p.n_units : (int64_t)t;
-        /* the panel (codes, a, b), one row's unpacked codes/a/b, the out tile */
+        /* the panel (codes, a, b; the K panel's S, M2, d, -dmin fit in a
+         * and b's room), one row's unpacked codes/a/b (and the K panel's d,
+         * dmin), the out tile */
         p.per_thread = (size_t)p.unit_rows * (size_t)n_in + 2 * (size_t)p.unit_rows * (size_t)nb * sizeof(float) +
                        (size_t)round_up(n_in, 64) + 2 * (size_t)round_up(nb, 16) * sizeof(float) +
+                       (p.kpanel ? 2 * (size_t)round_up(n_in / 256, 16) * sizeof(float) : 0) +
                        (size_t)k->mr * (size_t)p.unit_rows * sizeof(float) + 64;
     }
     p.per_thread = (size_t)round_up((int64_t)p.per_thread, 64);
@@ -361,19 +460,32 @@ static void i8_plan(dhsa__mm_plan *pp, uint32_t type, int64_t n_in, int64_t n_ou
 
 static const dhsa__qi_kernels *K(const dhsa__mm_job *j) { return j->p->k; }
 
-static dhsa_qi_act act_of(const dhsa__mm_job *j, int64_t t) {
+static inline __attribute__((always_inline)) dhsa_qi_act act_of(const dhsa__mm_job *j, int64_t t) {
     const dhsa__mm_plan *p = j->p;
     const int8_t *q = (const int8_t *)j->act;
     const float *xd = (const float *)(j->act + (size_t)j->n_tok * (size_t)p->lda), *xs = xd + j->n_tok * p->nxd;
-    dhsa_qi_act a = {q + t * p->lda, xd + t * p->nxd, xs + t * p->nxs};
+    dhsa_qi_act a = {q + t * p->lda, xd + t * p->nxd, xs + t * p->nxs, NULL, NULL};
+    if (p->kpanel) {
+        const int32_t *qz = (const int32_t *)(xs + j->n_tok * p->nxs);
+        const int16_t *qs = (const int16_t *)(qz + j->n_tok * p->nxs);
+        a.qz = qz + t * p->nxs;
+        a.qs = qs + t * p->nxs;
+    }
     return a;
 }
 
 static void i8_prepare(const dhsa__mm_job *j, int64_t t0, int64_t t1) {
+    const int bw = j->p->bw;
     for (int64_t t = t0; t < t1; t++) {
         dhsa_qi_act a = act_of(j, t);
-        K(j)->quant_act(j->x + t * j->ldx, j->W->n_in, j->p->bw, j->p->sb, (int8_t *)a.q, (float *)a.xd,
-                        (float *)a.xs);
+        K(j)->quant_act(j->x + t * j->ldx, j->W->n_in, bw, j->p->sb, (int8_t *)a.q, (float *)a.xd, (float *)a.xs);
+        if (j->p->kpanel)
+            for (int64_t b = 0; b < j->W->n_in / bw; b++) {
+                int32_t sum = 0;
+                for (int l = 0; l < bw; l++) sum += a.q[b * bw + l];
+                ((int16_t *)a.qs)[b] = (int16_t)sum; /* |sum| <= 32 * 127 */
+                ((int32_t *)a.qz)[b] = -j->p->kz * sum;
+            }
     }
 }
 
@@ -436,6 +548,68 @@ static void fused_rows(const dhsa__mm_job *j, int64_t o0, int64_t o1, char *buf)
     }
 }
 
+/* The K panel (int8.h, ktile): rows [o0, o0 + np) into the VNNI layout
+ * with each row's integer sub-block scales and mins and its super-blocks'
+ * d and -dmin, then every token tile, its outputs straight into y (full
+ * panels and token tiles; the rest through the thread's buffer).
+ * Measured (Zen 4, 2 threads, 512 tokens, Q4_K and Q6_K at 1536 x 8960
+ * and 8960 x 1536): cutting the panel along n_in into sub-panels that stay
+ * in L1 over all the tokens (512 values) was slower than streaming the
+ * whole panel from L2 for every tile, 0.8-0.95x. */
+static void kpanel(const dhsa__mm_job *j, int64_t o0, int64_t np, char *buf) {
+    const dhsa__qi_kernels *k = K(j);
+    const dhsa_wmat *W = j->W;
+    const int bw = j->p->bw;
+    const int64_t n = W->n_in, nb = n / bw, ns = n / 256, rows = j->p->unit_rows;
+    uint8_t *pw = (uint8_t *)buf; /* [ng][n/4][16][4] */
+    int32_t *pS = (int32_t *)(buf + rows * n), *pM = pS + rows * nb; /* [ng][nb][16], [ng][nb/2][16] */
+    float *pD = (float *)(pM + rows * (nb / 2)), *pDm = pD + rows * ns; /* [ng][ns][16] */
+    uint8_t *rc = (uint8_t *)(buf + rows * n + 2 * rows * nb * (int64_t)sizeof(float));
+    float *ra = (float *)(rc + round_up(n, 64)), *rb = ra + round_up(nb, 16);
+    int32_t *rS = (int32_t *)ra, *rM = (int32_t *)rb;
+    float *rd = rb + round_up(nb, 16), *rdm = rd + round_up(ns, 16);
+    float *out = rdm + round_up(ns, 16); /* [kmr][rows] */
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t g = r / 16, rr = r % 16;
+        uint8_t *wg = pw + g * n * 16;
+        if (r < np) {
+            const uint8_t *row = (const uint8_t *)W->data + (o0 + r) * W->row_bytes;
+            k->unpack(W->type, row, 0, n, rc, ra, rb); /* the codes (a and b are overwritten below) */
+            dhsa__qi_kunpack_scalar(W->type, row, n, rS, rM, rd, rdm);
+        } else {
+            memset(rc, 0, (size_t)n);
+            memset(rS, 0, (size_t)nb * sizeof(int32_t));
+            memset(rM, 0, (size_t)nb * sizeof(int32_t));
+            memset(rd, 0, (size_t)ns * sizeof(float));
+            memset(rdm, 0, (size_t)ns * sizeof(float));
+        }
+        for (int64_t qd = 0; qd < n / 4; qd++) memcpy(wg + qd * 64 + rr * 4, rc + 4 * qd, 4);
+        for (int64_t b = 0; b < nb; b++) pS[(g * nb + b) * 16 + rr] = rS[b];
+        for (int64_t b = 0; b < nb / 2; b++)
+            pM[(g * (nb / 2) + b) * 16 + rr] = (int32_t)((uint32_t)(uint16_t)rM[2 * b] | (uint32_t)rM[2 * b + 1] << 16);
+        for (int64_t s = 0; s < ns; s++) {
+            pD[(g * ns + s) * 16 + rr] = rd[s];
+            pDm[(g * ns + s) * 16 + rr] = -rdm[s];
+        }
+    }
+    const int mr = k->kmr;
+    dhsa_qi_act x[16];
+    for (int64_t t0 = 0; t0 < j->n_tok; t0 += mr) {
+        const int nt = j->n_tok - t0 < mr ? (int)(j->n_tok - t0) : mr;
+        for (int t = 0; t < mr; t++) x[t] = act_of(j, t0 + (t < nt ? t : nt - 1));
+        /* the next tile's output lines, for writing, while this one computes */
+        for (int64_t t = t0 + mr; t < t0 + 2 * mr && t < j->n_tok; t++)
+            for (int64_t e = 0; e < np; e += 16) __builtin_prefetch(j->y + t * j->ldy + o0 + e, 1, 3);
+        if (np == rows && nt == mr) {
+            k->ktile(pw, pS, pM, pD, pDm, n, bw, j->p->kz, j->p->kmin, x, j->y + t0 * j->ldy + o0, j->ldy, 0);
+        } else {
+            k->ktile(pw, pS, pM, pD, pDm, n, bw, j->p->kz, j->p->kmin, x, out, rows, 0);
+            for (int t = 0; t < nt; t++)
+                memcpy(j->y + (t0 + t) * j->ldy + o0, out + t * rows, (size_t)np * sizeof(float));
+        }
+    }
+}
+
 /* Rows [o0, o0 + np) (np <= 16 ng; the rest of the panel is zero) into the
  * VNNI layout, then every token tile. */
 static void panel(const dhsa__mm_job *j, int64_t o0, int64_t np, char *buf) {
@@ -478,6 +652,8 @@ static void panel(const dhsa__mm_job *j, int64_t o0, int64_t np, char *buf) {
 static void i8_rows(dhsa__mm_job *j, int64_t o0, int64_t o1, char *buf) {
     if (j->p->fused)
         fused_rows(j, o0, o1, buf);
+    else if (j->p->kpanel)
+        kpanel(j, o0, o1 - o0, buf);
     else
         panel(j, o0, o1 - o0, buf);
 }

@@ -37,7 +37,9 @@
  * with isum_j = sum of c*q over the block, an exact integer (at most
  * 32 * 255 * 127 < 2^31). The scalar path and the panel path (many
  * tokens) evaluate this with two FMA per block, in block order, and agree
- * bitwise; the fused path (few tokens) sums the blocks in its lanes
+ * bitwise (except the K types' super-block panel, ktile below, on the
+ * kernel sets that have one: integer sums per 256 values, within float
+ * rounding); the fused path (few tokens) sums the blocks in its lanes
  * first and differs from them by float rounding only (tests bound it at
  * 1e-6 relative to the sum of |terms|). Its error against the double
  * product of the same weights is the activations' rounding: at most
@@ -60,6 +62,11 @@ typedef struct {
     const int8_t *q;   /* [n_in] codes */
     const float *xd;   /* [n_in / 32] scales */
     const float *xs;   /* [n_in / bw] xd * (sum of codes of weight block j) */
+    /* the K types' super-block panel only (NULL elsewhere): per weight
+     * block j, the sum of its codes (qs) and -z times it (qz; z the
+     * type's code offset, dhsa__qi_kform) */
+    const int32_t *qz; /* [n_in / bw] */
+    const int16_t *qs; /* [n_in / bw] */
 } dhsa_qi_act;
 
 /* 1 when the integer path covers this weight type (every quantized type;
@@ -107,6 +114,36 @@ static inline void dhsa__qi_put_nan_block(int8_t *q, float *xd, float *xs, int64
 float dhsa__qi_dot_scalar(const uint8_t *codes, const float *a, const float *b, int64_t n, int bw,
                           const dhsa_qi_act *x, float y0);
 
+/* The K types' super-block panel (ktile below). Q2_K..Q6_K read as
+ *   w = d S_j (c - z) - dmin M_j
+ * with the file's integers: the sub-block scale S_j (Q6_K: its int8 sc;
+ * Q3_K: sc - 32; Q4_K, Q5_K: the 6-bit sc; Q2_K: sc & 15), the min M_j
+ * (Q4_K, Q5_K: the 6-bit m; Q2_K: sc >> 4; 0 for Q3_K and Q6_K), the
+ * unpacked codes c (as above), the code offset z (Q6_K 32, Q3_K 4, 0 for
+ * the others) and the super-block's F16 d and dmin. A super-block's
+ * product with a token's codes q (one scale xd per 256, sb) is then
+ *   fl(d xd) * I + fl(-dmin xd) * Mq,
+ *   I  = sum_j S_j (sum_{k in j} c_k q_k - z qsum_j),  Mq = sum_j M_j qsum_j
+ * (qsum_j the sum of the block's codes), both exact in 32 bits (|I| <
+ * 16 * 127 * 16 * 32 * 127 < 2^31 for Q6_K, the largest). The tile adds
+ * y = fma((float)I, fl(d xd), y), then, where the type has a min,
+ * y = fma((float)Mq, fl(-dmin xd), y), per super-block in order: two float
+ * steps per 256 values instead of two per block of 16 or 32, and integer
+ * sums the per-block form rounds (within float rounding of it; the fused
+ * dot_file's reading, int8_vnni.c). Returns 1 and sets *z, *has_min for
+ * Q2_K..Q6_K, 0 for the others. */
+int dhsa__qi_kform(uint32_t type, int *z, int *has_min);
+/* S[0..n/bw), M[0..n/bw) (the 16-bit pairs the tile reads are packed by
+ * the driver), d[0..n/256), dmin[0..n/256) of a whole K-type row of n
+ * values. */
+void dhsa__qi_kunpack_scalar(uint32_t type, const uint8_t *row, int64_t n, int32_t *S, int32_t *M, float *d,
+                             float *dmin);
+/* The reference of the kernels' ktile (below), bitwise: mr tokens x 16 ng
+ * rows. */
+void dhsa__qi_ktile_scalar(const uint8_t *w, const int32_t *S, const int32_t *M2, const float *D, const float *Dm,
+                           int64_t n, int bw, int z, int has_min, const dhsa_qi_act *x, int mr, int ng, float *out,
+                           int64_t ldo, int accumulate);
+
 /* ---- Per-ISA kernels (private to int8.c and int8_*.c) ---- */
 typedef struct {
     const char *name;
@@ -150,6 +187,19 @@ typedef struct {
      * nr <= 0 it reads nothing and only says whether it covers the type. */
     int (*dot_file)(uint32_t type, const uint8_t *w, int64_t row_bytes, int nr, int64_t n, const dhsa_qi_act *x,
                     int n_tok, float *y, int64_t ldy, int accumulate);
+    /* The K types' super-block panel (dhsa__qi_kform), one tile of kmr
+     * tokens x 16 ng rows: out[t * ldo + r] = the product of n values (a multiple of 256) of rows in the VNNI layout,
+     * per group g of 16 rows: codes [n/4][16][4] at w + g * n * 16, S
+     * [n/bw][16] at S + g * (n/bw) * 16, M2 [n/bw/2][16] at M2 + g *
+     * (n/bw/2) * 16 (M_2i in the low 16 bits, M_2i+1 in the high; read only
+     * where has_min), d [n/256][16] at D + g * (n/256) * 16 and -dmin
+     * likewise at Dm; x[t].qz and x[t].qs set; with accumulate, added to
+     * out's value (after its own super-blocks, as one more super-block
+     * step each), else written (out is not read). Bitwise
+     * dhsa__qi_ktile_scalar. NULL: the K types take tile. */
+    void (*ktile)(const uint8_t *w, const int32_t *S, const int32_t *M2, const float *D, const float *Dm, int64_t n,
+                  int bw, int z, int has_min, const dhsa_qi_act *x, float *out, int64_t ldo, int accumulate);
+    int kmr; /* ktile's tokens (<= mr) */
 } dhsa__qi_kernels;
 
 extern const dhsa__qi_kernels dhsa__qi_scalar;

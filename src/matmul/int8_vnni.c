@@ -25,6 +25,9 @@
  *              lanes), 12 vpdpbusd per four columns on a broadcast of four
  *              activation codes; per weight block the two FMA of the
  *              contract per lane, in block order: bitwise the scalar tile.
+ *   ktile      the K types' super-block panel: the same products, each
+ *              block's integer sums times its integer scales (vpmulld),
+ *              floats once per 256 values: bitwise dhsa__qi_ktile_scalar.
  * Held to the scalar kernels by tests/test_qint.c.
  */
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
@@ -675,13 +678,99 @@ static void tile(const uint8_t *w, const float *a, const float *b, int64_t n, in
         tile_bw(w, a, b, n, 16, x, out);
 }
 
+/* ------------------------------------------------------- K panel --- */
+
+/* The K types' super-block panel (int8.h, ktile): KMR tokens x 32 rows.
+ * Per weight block: the 16-lane integer sums start from the token's
+ * -z qsum_j (Q6_K, Q3_K), take qpb vpdpbusd per token and group as the
+ * tile's, and are multiplied by the block's integer scales (vpmulld) into
+ * the super-block's sum I; per super-block one conversion and FMA with
+ * fl(d xd) per token and group, and for the types with a min its integer
+ * sum of M_j qsum_j (vpdpwssd on pairs of blocks) likewise. vpdpbusd,
+ * vpmulld, vpdpwssd and FMA share two pipes on Zen 4 and vpaddd does not
+ * (docs/quant.md, "The K types' super-block panel"):
+ * the float steps of the per-block tile (a conversion, a multiply and two
+ * FMA per block of 32 or 16) become one vpmulld per block. Bitwise
+ * dhsa__qi_ktile_scalar. */
+#define KMR 6
+
+INLINE void ktile_bw(const uint8_t *w, const int32_t *S, const int32_t *M2, const float *D, const float *Dm,
+                     int64_t n, const int bw, const int Z, const int MIN, const dhsa_qi_act *x, float *out, int64_t ldo,
+                     int accumulate) {
+    const int qpb = bw / 4, bps = 256 / bw;
+    const int64_t nb = n / bw, ns = n / 256;
+    const uint8_t *w0 = w, *w1 = w + n * 16;
+    const int32_t *S0 = S, *S1 = S + nb * 16, *M0 = M2, *M1 = M2 + (nb / 2) * 16;
+    const float *D0 = D, *D1 = D + ns * 16, *Dm0 = Dm, *Dm1 = Dm + ns * 16;
+    for (int64_t s = 0; s < ns; s++) {
+        __m512i I[KMR][NG];
+        UNROLL for (int t = 0; t < KMR; t++) I[t][0] = I[t][1] = _mm512_setzero_si512();
+        for (int64_t j = s * bps; j < (s + 1) * bps; j++) {
+            __m512i a[KMR][NG];
+            UNROLL for (int t = 0; t < KMR; t++) a[t][0] = a[t][1] = Z ? _mm512_set1_epi32(x[t].qz[j]) : _mm512_setzero_si512();
+            const uint8_t *wj0 = w0 + j * qpb * 64, *wj1 = w1 + j * qpb * 64;
+            const int64_t xo = j * bw;
+            UNROLL for (int u = 0; u < qpb; u++) {
+                const __m512i v0 = _mm512_load_si512(wj0 + u * 64), v1 = _mm512_load_si512(wj1 + u * 64);
+                UNROLL for (int t = 0; t < KMR; t++) {
+                    int32_t four;
+                    memcpy(&four, x[t].q + xo + 4 * u, 4);
+                    const __m512i xb = _mm512_set1_epi32(four);
+                    a[t][0] = _mm512_dpbusd_epi32(a[t][0], v0, xb);
+                    a[t][1] = _mm512_dpbusd_epi32(a[t][1], v1, xb);
+                }
+            }
+            const __m512i s0 = _mm512_loadu_si512(S0 + j * 16), s1 = _mm512_loadu_si512(S1 + j * 16);
+            UNROLL for (int t = 0; t < KMR; t++) {
+                I[t][0] = _mm512_add_epi32(I[t][0], _mm512_mullo_epi32(a[t][0], s0));
+                I[t][1] = _mm512_add_epi32(I[t][1], _mm512_mullo_epi32(a[t][1], s1));
+            }
+        }
+        const __m512 d0 = _mm512_loadu_ps(D0 + s * 16), d1 = _mm512_loadu_ps(D1 + s * 16);
+        UNROLL for (int t = 0; t < KMR; t++) {
+            const __m512 xdv = _mm512_set1_ps(x[t].xd[s * 8]);
+            float *o = out + t * ldo;
+            const int rd = s > 0 || accumulate;
+            const __m512 o0 = rd ? _mm512_loadu_ps(o) : _mm512_setzero_ps(), o1 = rd ? _mm512_loadu_ps(o + 16) : o0;
+            __m512 f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[t][0]), _mm512_mul_ps(d0, xdv), o0);
+            __m512 f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[t][1]), _mm512_mul_ps(d1, xdv), o1);
+            if (MIN) {
+                __m512i m0 = _mm512_setzero_si512(), m1 = _mm512_setzero_si512();
+                for (int64_t p = s * bps / 2; p < (s + 1) * bps / 2; p++) {
+                    int32_t pair;
+                    memcpy(&pair, x[t].qs + 2 * p, 4);
+                    const __m512i qp = _mm512_set1_epi32(pair);
+                    m0 = _mm512_dpwssd_epi32(m0, _mm512_loadu_si512(M0 + p * 16), qp);
+                    m1 = _mm512_dpwssd_epi32(m1, _mm512_loadu_si512(M1 + p * 16), qp);
+                }
+                f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m0), _mm512_mul_ps(_mm512_loadu_ps(Dm0 + s * 16), xdv), f0);
+                f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m1), _mm512_mul_ps(_mm512_loadu_ps(Dm1 + s * 16), xdv), f1);
+            }
+            _mm512_storeu_ps(o, f0);
+            _mm512_storeu_ps(o + 16, f1);
+        }
+    }
+}
+
+/* the three readings of dhsa__qi_kform */
+static void ktile(const uint8_t *w, const int32_t *S, const int32_t *M2, const float *D, const float *Dm, int64_t n,
+                  int bw, int z, int has_min, const dhsa_qi_act *x, float *out, int64_t ldo, int accumulate) {
+    (void)has_min;
+    if (bw == 32) /* Q4_K, Q5_K: z 0, a min */
+        ktile_bw(w, S, M2, D, Dm, n, 32, 0, 1, x, out, ldo, accumulate);
+    else if (z) /* Q6_K, Q3_K: no min */
+        ktile_bw(w, S, M2, D, Dm, n, 16, 1, 0, x, out, ldo, accumulate);
+    else /* Q2_K: z 0, a min */
+        ktile_bw(w, S, M2, D, Dm, n, 16, 0, 1, x, out, ldo, accumulate);
+}
+
 const dhsa__qi_kernels dhsa__qi_vnni = {"avx512-vnni", MR, NG, MAX_TOK_FUSED, R, quant_act, unpack, dot_rows, tile,
-                                        dot_file};
+                                        dot_file, ktile, KMR};
 
 #elif defined(__x86_64__)
 #include "matmul/int8.h"
 /* Built without AVX512-VNNI: no kernels (dhsa__qi_kernels_active sees the NULL name). */
-const dhsa__qi_kernels dhsa__qi_vnni = {NULL, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL};
+const dhsa__qi_kernels dhsa__qi_vnni = {NULL, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, 0};
 #else
 typedef int dhsa__qi_vnni_unused; /* ISO C forbids an empty file */
 #endif

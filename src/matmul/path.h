@@ -49,6 +49,7 @@ typedef struct {
     int64_t nxd, nxs;            /* int8: scales and block sums per activation row */
     int64_t ldb;                 /* f32, bf16: panel buffer row stride */
     int bw, sb, cmax;            /* int8: weight block, activation scale group, largest code */
+    int kpanel, kz, kmin;        /* int8: the K types' super-block panel (int8.h: ktile), its code offset, min term */
 } dhsa__mm_plan;
 
 /* One call in flight: what every task reads. */
