@@ -745,6 +745,30 @@ static void test_ktile_direct(void) {
             worst);
 }
 
+/* Each kernel set's pack16 (the panel's VNNI layout) against the scalar
+ * copy, bitwise, with widths past the 64-column transposes' step. */
+static void test_pack16(void) {
+    static const int64_t widths[4] = {32, 96, 1536, 8960 + 32};
+    for (int ki = 0; ki < N_KSETS; ki++) {
+        int runs;
+        const dhsa__qi_kernels *k = kset(ki, &runs);
+        if (!runs || !k->pack16) continue;
+        for (int wi = 0; wi < 4; wi++) {
+            const int64_t n = widths[wi], ldr = n + 64;
+            uint8_t *rc = malloc((size_t)(16 * ldr)), *a = malloc((size_t)(16 * n)), *b = malloc((size_t)(16 * n));
+            rng_t rg = {(uint64_t)(40 + wi)};
+            for (int64_t i = 0; i < 16 * ldr; i++) rc[i] = (uint8_t)rng_u64(&rg);
+            memset(a, 1, (size_t)(16 * n));
+            memset(b, 2, (size_t)(16 * n));
+            k->pack16(rc, ldr, n, a);
+            dhsa__qi_pack16(rc, ldr, n, b);
+            T_CHECK(memcmp(a, b, (size_t)(16 * n)) == 0, "%s pack16, 16 rows of %lld codes: bitwise the scalar copy",
+                    k->name, (long long)n);
+            free(rc), free(a), free(b);
+        }
+    }
+}
+
 /* ------------------------------------------------ several products --- */
 
 /* dhsa__qi_matmul_multi (q, k, v and gate, up of a decode step in one job):
@@ -927,6 +951,7 @@ int main(void) {
     test_products();
     test_kernels_direct();
     test_ktile_direct();
+    test_pack16();
     test_multi();
     test_dispatch();
     printf("test_qint: products vs double: largest error %.3f of the bound\n", g_worst);

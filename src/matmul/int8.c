@@ -361,7 +361,7 @@ static void tile_scalar(const uint8_t *w, const float *a, const float *b, int64_
 }
 
 const dhsa__qi_kernels dhsa__qi_scalar = {"scalar", S_MR, S_NG, 4, 1, dhsa__qi_quant_act_scalar, unpack_scalar,
-                                          dot_rows_scalar, tile_scalar, NULL, NULL, 0};
+                                          dot_rows_scalar, tile_scalar, NULL, NULL, 0, NULL};
 
 const dhsa__qi_kernels *dhsa__qi_kernels_active(void) {
 #if defined(__x86_64__)
@@ -445,10 +445,10 @@ static void i8_plan(dhsa__mm_plan *pp, uint32_t type, int64_t n_in, int64_t n_ou
         double t = 2.0 * (double)n_in * (double)n_out * (double)n_tok / QI_PANEL_TASK_FLOPS;
         p.n_tasks = t < 1.0 ? 1 : t > (double)p.n_units ? p.n_units : (int64_t)t;
         /* the panel (codes, a, b; the K panel's S, M2, d, -dmin fit in a
-         * and b's room), one row's unpacked codes/a/b (and the K panel's d,
-         * dmin), the out tile */
+         * and b's room), a group's 16 unpacked rows of codes, one row's a/b
+         * (and the K panel's d, dmin), the out tile */
         p.per_thread = (size_t)p.unit_rows * (size_t)n_in + 2 * (size_t)p.unit_rows * (size_t)nb * sizeof(float) +
-                       (size_t)round_up(n_in, 64) + 2 * (size_t)round_up(nb, 16) * sizeof(float) +
+                       16 * (size_t)round_up(n_in, 64) + 2 * (size_t)round_up(nb, 16) * sizeof(float) +
                        (p.kpanel ? 2 * (size_t)round_up(n_in / 256, 16) * sizeof(float) : 0) +
                        (size_t)k->mr * (size_t)p.unit_rows * sizeof(float) + 64;
     }
@@ -474,6 +474,17 @@ static inline __attribute__((always_inline)) dhsa_qi_act act_of(const dhsa__mm_j
     return a;
 }
 
+/* The sum of 8 int8 codes, eight at a time in a 64-bit word: biased to
+ * unsigned (q + 128), summed by pairs into 16-bit lanes, the four lanes
+ * by one multiply (at most 8 * 255 < 2^16). */
+static inline int32_t sum8(const int8_t *q) {
+    uint64_t v;
+    memcpy(&v, q, 8);
+    const uint64_t u = v ^ 0x8080808080808080ull, m = 0x00FF00FF00FF00FFull;
+    const uint64_t pairs = (u & m) + (u >> 8 & m);
+    return (int32_t)((pairs * 0x0001000100010001ull) >> 48) - 8 * 128;
+}
+
 static void i8_prepare(const dhsa__mm_job *j, int64_t t0, int64_t t1) {
     const int bw = j->p->bw;
     for (int64_t t = t0; t < t1; t++) {
@@ -482,7 +493,7 @@ static void i8_prepare(const dhsa__mm_job *j, int64_t t0, int64_t t1) {
         if (j->p->kpanel)
             for (int64_t b = 0; b < j->W->n_in / bw; b++) {
                 int32_t sum = 0;
-                for (int l = 0; l < bw; l++) sum += a.q[b * bw + l];
+                for (int l = 0; l < bw; l += 8) sum += sum8(a.q + b * bw + l);
                 ((int16_t *)a.qs)[b] = (int16_t)sum; /* |sum| <= 32 * 127 */
                 ((int32_t *)a.qz)[b] = -j->p->kz * sum;
             }
@@ -548,6 +559,20 @@ static void fused_rows(const dhsa__mm_job *j, int64_t o0, int64_t o1, char *buf)
     }
 }
 
+/* A group's 16 unpacked rows of codes (row rr at rc + rr * ldr) into the
+ * VNNI layout at wg: per four columns 64 contiguous bytes, written in
+ * order (row by row, each store went to another line of the panel: 53%
+ * of building a K panel in a 32K prefill's profile); the kernels' own
+ * where they have one (AVX512-VNNI: 16 x 16 transposes of 32-bit words). */
+void dhsa__qi_pack16(const uint8_t *rc, int64_t ldr, int64_t n, uint8_t *wg) {
+    for (int64_t qd = 0; qd < n / 4; qd++)
+        for (int rr = 0; rr < 16; rr++) memcpy(wg + qd * 64 + rr * 4, rc + rr * ldr + 4 * qd, 4);
+}
+
+static void pack16(const dhsa__qi_kernels *k, const uint8_t *rc, int64_t ldr, int64_t n, uint8_t *wg) {
+    (k->pack16 ? k->pack16 : dhsa__qi_pack16)(rc, ldr, n, wg);
+}
+
 /* The K panel (int8.h, ktile): rows [o0, o0 + np) into the VNNI layout
  * with each row's integer sub-block scales and mins and its super-blocks'
  * d and -dmin, then every token tile, its outputs straight into y (full
@@ -564,14 +589,15 @@ static void kpanel(const dhsa__mm_job *j, int64_t o0, int64_t np, char *buf) {
     uint8_t *pw = (uint8_t *)buf; /* [ng][n/4][16][4] */
     int32_t *pS = (int32_t *)(buf + rows * n), *pM = pS + rows * nb; /* [ng][nb][16], [ng][nb/2][16] */
     float *pD = (float *)(pM + rows * (nb / 2)), *pDm = pD + rows * ns; /* [ng][ns][16] */
-    uint8_t *rc = (uint8_t *)(buf + rows * n + 2 * rows * nb * (int64_t)sizeof(float));
-    float *ra = (float *)(rc + round_up(n, 64)), *rb = ra + round_up(nb, 16);
+    const int64_t ldr = round_up(n, 64);
+    uint8_t *rc16 = (uint8_t *)(buf + rows * n + 2 * rows * nb * (int64_t)sizeof(float)); /* [16][ldr] */
+    float *ra = (float *)(rc16 + 16 * ldr), *rb = ra + round_up(nb, 16);
     int32_t *rS = (int32_t *)ra, *rM = (int32_t *)rb;
     float *rd = rb + round_up(nb, 16), *rdm = rd + round_up(ns, 16);
     float *out = rdm + round_up(ns, 16); /* [kmr][rows] */
     for (int64_t r = 0; r < rows; r++) {
         const int64_t g = r / 16, rr = r % 16;
-        uint8_t *wg = pw + g * n * 16;
+        uint8_t *rc = rc16 + rr * ldr;
         if (r < np) {
             const uint8_t *row = (const uint8_t *)W->data + (o0 + r) * W->row_bytes;
             k->unpack(W->type, row, 0, n, rc, ra, rb); /* the codes (a and b are overwritten below) */
@@ -583,7 +609,7 @@ static void kpanel(const dhsa__mm_job *j, int64_t o0, int64_t np, char *buf) {
             memset(rd, 0, (size_t)ns * sizeof(float));
             memset(rdm, 0, (size_t)ns * sizeof(float));
         }
-        for (int64_t qd = 0; qd < n / 4; qd++) memcpy(wg + qd * 64 + rr * 4, rc + 4 * qd, 4);
+        if (rr == 15) pack16(k, rc16, ldr, n, pw + g * n * 16);
         for (int64_t b = 0; b < nb; b++) pS[(g * nb + b) * 16 + rr] = rS[b];
         for (int64_t b = 0; b < nb / 2; b++)
             pM[(g * (nb / 2) + b) * 16 + rr] = (int32_t)((uint32_t)(uint16_t)rM[2 * b] | (uint32_t)rM[2 * b + 1] << 16);
@@ -618,12 +644,13 @@ static void panel(const dhsa__mm_job *j, int64_t o0, int64_t np, char *buf) {
     const int64_t n = W->n_in, nb = n / j->p->bw, rows = j->p->unit_rows;
     uint8_t *pw = (uint8_t *)buf;                     /* [ng][n/4][16][4] */
     float *pa = (float *)(buf + rows * n), *pb = pa + rows * nb; /* [ng][nb][16] */
-    uint8_t *rc = (uint8_t *)(pb + rows * nb);
-    float *ra = (float *)(rc + round_up(n, 64)), *rb = ra + round_up(nb, 16);
+    const int64_t ldr = round_up(n, 64);
+    uint8_t *rc16 = (uint8_t *)(pb + rows * nb); /* [16][ldr] */
+    float *ra = (float *)(rc16 + 16 * ldr), *rb = ra + round_up(nb, 16);
     float *out = rb + round_up(nb, 16);
     for (int64_t r = 0; r < rows; r++) {
         const int64_t g = r / 16, rr = r % 16;
-        uint8_t *wg = pw + g * n * 16;
+        uint8_t *rc = rc16 + rr * ldr;
         float *ag = pa + g * nb * 16, *bg = pb + g * nb * 16;
         if (r < np) {
             k->unpack(W->type, (const uint8_t *)W->data + (o0 + r) * W->row_bytes, 0, n, rc, ra, rb);
@@ -632,7 +659,7 @@ static void panel(const dhsa__mm_job *j, int64_t o0, int64_t np, char *buf) {
             memset(ra, 0, (size_t)nb * sizeof(float));
             memset(rb, 0, (size_t)nb * sizeof(float));
         }
-        for (int64_t qd = 0; qd < n / 4; qd++) memcpy(wg + qd * 64 + rr * 4, rc + 4 * qd, 4);
+        if (rr == 15) pack16(k, rc16, ldr, n, pw + g * n * 16);
         for (int64_t b = 0; b < nb; b++) {
             ag[b * 16 + rr] = ra[b];
             bg[b * 16 + rr] = rb[b];

@@ -200,7 +200,14 @@ typedef struct {
     void (*ktile)(const uint8_t *w, const int32_t *S, const int32_t *M2, const float *D, const float *Dm, int64_t n,
                   int bw, int z, int has_min, const dhsa_qi_act *x, float *out, int64_t ldo, int accumulate);
     int kmr; /* ktile's tokens (<= mr) */
+    /* A group's 16 unpacked rows of n codes (row rr at rc + rr * ldr) into
+     * the panel's VNNI layout at wg ([n/4][16][4]), as dhsa__qi_pack16
+     * does (bitwise: a copy). NULL: dhsa__qi_pack16. */
+    void (*pack16)(const uint8_t *rc, int64_t ldr, int64_t n, uint8_t *wg);
 } dhsa__qi_kernels;
+
+/* The scalar form of pack16 (above). */
+void dhsa__qi_pack16(const uint8_t *rc, int64_t ldr, int64_t n, uint8_t *wg);
 
 extern const dhsa__qi_kernels dhsa__qi_scalar;
 #if defined(__x86_64__)

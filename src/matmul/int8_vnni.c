@@ -752,6 +752,49 @@ INLINE void ktile_bw(const uint8_t *w, const int32_t *S, const int32_t *M2, cons
     }
 }
 
+/* dhsa__qi_pack16 by 16 x 16 transposes of 32-bit words: per 64 columns
+ * one zmm load per row, two rounds of unpacks and two of 128-bit lane
+ * shuffles, one zmm store per four columns (their 16 rows); columns past
+ * the last 64 by the scalar copy. */
+static void pack16(const uint8_t *rc, int64_t ldr, int64_t n, uint8_t *wg) {
+    int64_t c0 = 0;
+    for (; c0 + 64 <= n; c0 += 64) {
+        __m512i r[16], t[16];
+        UNROLL for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(rc + i * ldr + c0);
+        /* words (row i, column group q) -> out[q] lane i */
+        UNROLL for (int i = 0; i < 16; i += 2) {
+            t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+            t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+        }
+        UNROLL for (int i = 0; i < 16; i += 4) {
+            r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+            r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+            r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+            r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+        }
+        /* r[4b + k] holds, per 128-bit lane L, rows 4b..4b+3 of column group 4L + k */
+        UNROLL for (int k = 0; k < 4; k++) {
+            t[k] = _mm512_shuffle_i32x4(r[k], r[4 + k], 0x88);      /* lanes 0, 2 of rows 0-3 and 4-7 */
+            t[4 + k] = _mm512_shuffle_i32x4(r[k], r[4 + k], 0xDD);  /* lanes 1, 3 */
+            t[8 + k] = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0x88);
+            t[12 + k] = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0xDD);
+        }
+        UNROLL for (int k = 0; k < 4; k++) {
+            /* column group 4L + k: rows 0-7 from t[k] / t[4 + k], rows 8-15 from t[8 + k] / t[12 + k] */
+            const __m512i g0 = _mm512_shuffle_i32x4(t[k], t[8 + k], 0x88);      /* L 0 */
+            const __m512i g2 = _mm512_shuffle_i32x4(t[k], t[8 + k], 0xDD);      /* L 2 */
+            const __m512i g1 = _mm512_shuffle_i32x4(t[4 + k], t[12 + k], 0x88); /* L 1 */
+            const __m512i g3 = _mm512_shuffle_i32x4(t[4 + k], t[12 + k], 0xDD); /* L 3 */
+            uint8_t *o = wg + (c0 / 4) * 64;
+            _mm512_storeu_si512(o + (0 + k) * 64, g0);
+            _mm512_storeu_si512(o + (4 + k) * 64, g1);
+            _mm512_storeu_si512(o + (8 + k) * 64, g2);
+            _mm512_storeu_si512(o + (12 + k) * 64, g3);
+        }
+    }
+    if (c0 < n) dhsa__qi_pack16(rc + c0, ldr, n - c0, wg + (c0 / 4) * 64);
+}
+
 /* the three readings of dhsa__qi_kform */
 static void ktile(const uint8_t *w, const int32_t *S, const int32_t *M2, const float *D, const float *Dm, int64_t n,
                   int bw, int z, int has_min, const dhsa_qi_act *x, float *out, int64_t ldo, int accumulate) {
@@ -765,12 +808,12 @@ static void ktile(const uint8_t *w, const int32_t *S, const int32_t *M2, const f
 }
 
 const dhsa__qi_kernels dhsa__qi_vnni = {"avx512-vnni", MR, NG, MAX_TOK_FUSED, R, quant_act, unpack, dot_rows, tile,
-                                        dot_file, ktile, KMR};
+                                        dot_file, ktile, KMR, pack16};
 
 #elif defined(__x86_64__)
 #include "matmul/int8.h"
 /* Built without AVX512-VNNI: no kernels (dhsa__qi_kernels_active sees the NULL name). */
-const dhsa__qi_kernels dhsa__qi_vnni = {NULL, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, 0};
+const dhsa__qi_kernels dhsa__qi_vnni = {NULL, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL};
 #else
 typedef int dhsa__qi_vnni_unused; /* ISO C forbids an empty file */
 #endif
