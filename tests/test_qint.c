@@ -37,6 +37,7 @@
 #include "dhsa.h"
 #include "matmul/int8.h"
 #include "matmul/matmul.h"
+#include "matmul/path.h"
 #include "t.h"
 
 #include <math.h>
@@ -745,6 +746,26 @@ static void test_ktile_direct(void) {
             worst);
 }
 
+/* Which products take the K panel: on a kernel set with a ktile, every K
+ * type past the fused route's tokens (not Q8_0, not decode), so the
+ * route's checks above ran it and a plan that dropped it would show. */
+static void test_kpanel_taken(void) {
+    static const uint32_t kt[5] = {DHSA_GGML_Q4_K, DHSA_GGML_Q5_K, DHSA_GGML_Q6_K, DHSA_GGML_Q3_K, DHSA_GGML_Q2_K};
+    for (int ki = 0; ki < N_KSETS; ki++) {
+        int runs;
+        const dhsa__qi_kernels *k = kset(ki, &runs);
+        if (!runs) continue;
+        int all = 1, none = 1;
+        for (int i = 0; i < 5; i++) {
+            all &= dhsa__mm_plan_with(&dhsa__path_int8, k, k->name, kt[i], 1536, 256, 16, 2).kpanel == (k->ktile != NULL);
+            none &= !dhsa__mm_plan_with(&dhsa__path_int8, k, k->name, kt[i], 1536, 256, k->max_tok_fused, 2).kpanel;
+        }
+        none &= !dhsa__mm_plan_with(&dhsa__path_int8, k, k->name, DHSA_GGML_Q8_0, 1536, 256, 16, 2).kpanel;
+        T_CHECK(all && none, "%s: the K types' prefill takes the K panel %s; decode and Q8_0 never", k->name,
+                k->ktile ? "(it has one)" : "nowhere (it has none)");
+    }
+}
+
 /* Each kernel set's pack16 (the panel's VNNI layout) against the scalar
  * copy, bitwise, with widths past the 64-column transposes' step. */
 static void test_pack16(void) {
@@ -952,6 +973,7 @@ int main(void) {
     test_kernels_direct();
     test_ktile_direct();
     test_pack16();
+    test_kpanel_taken();
     test_multi();
     test_dispatch();
     printf("test_qint: products vs double: largest error %.3f of the bound\n", g_worst);
