@@ -5,7 +5,8 @@
 #
 # Sources are found by wildcard: src/*/*.c. Files named *_avx512.c,
 # *_vnni.c (AVX-512 and VNNI), *_avx512bf16.c (AVX-512 and AVX512-BF16),
-# *_amx.c (those and the AMX tiles with BF16),
+# *_amx.c (those and the AMX tiles with BF16), *_amxi8.c (AVX512-VNNI and
+# the AMX tiles with int8),
 # *_avxvnni.c and *_avx2.c are per-ISA kernels compiled with their own flags (x86-64 only;
 # on other machines they compile to nothing and the scalar path runs).
 #
@@ -35,8 +36,12 @@ ifeq ($(ARCH),x86_64)
   # amx_amx.c; without them it builds empty and prefill stays on the
   # integer or exact route.
   AMX_FLAGS := $(BF16_FLAGS) $(shell echo | $(CC) -mamx-tile -mamx-bf16 -E -x c - >/dev/null 2>&1 && echo -mamx-tile -mamx-bf16)
+  # AMX tiles with int8 products (GCC >= 11, clang >= 12): the K panel of
+  # int8_amxi8.c; without them it builds empty and the VNNI kernels run.
+  AMXI8_FLAGS := $(VNNI_FLAGS) $(shell echo | $(CC) -mamx-tile -mamx-int8 -E -x c - >/dev/null 2>&1 && echo -mamx-tile -mamx-int8)
 else
   AMX_FLAGS    =
+  AMXI8_FLAGS  =
   BF16_FLAGS   =
   VNNI_FLAGS   =
   AVXVNNI_FLAGS =
@@ -135,6 +140,10 @@ $(BUILD)/obj/%_avx512bf16.o: src/%_avx512bf16.c $(HDRS)
 $(BUILD)/obj/%_amx.o: src/%_amx.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(AMX_FLAGS) -c $< -o $@
+
+$(BUILD)/obj/%_amxi8.o: src/%_amxi8.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(AMXI8_FLAGS) -c $< -o $@
 
 $(BUILD)/obj/%_avxvnni.o: src/%_avxvnni.c $(HDRS)
 	@mkdir -p $(dir $@)

@@ -97,20 +97,21 @@ static float *rand_x(int64_t n, uint64_t seed) {
 }
 
 /* The SIMD kernel sets of this build, and whether this CPU runs them. */
-#define N_KSETS 3
+#define N_KSETS 4
 static const dhsa__qi_kernels *kset(int i, int *runs) {
     *runs = 0;
 #if defined(__x86_64__)
-    static const dhsa__idot level[N_KSETS] = {DHSA__IDOT_AVX2, DHSA__IDOT_AVXVNNI, DHSA__IDOT_AVX512VNNI};
-    const dhsa__qi_kernels *k[N_KSETS] = {&dhsa__qi_avx2, &dhsa__qi_avxvnni, &dhsa__qi_vnni};
-    *runs = k[i]->name != NULL && dhsa__idot_cpu_has(level[i]);
+    static const dhsa__idot level[N_KSETS] = {DHSA__IDOT_AVX2, DHSA__IDOT_AVXVNNI, DHSA__IDOT_AVX512VNNI,
+                                              DHSA__IDOT_AVX512VNNI};
+    const dhsa__qi_kernels *k[N_KSETS] = {&dhsa__qi_avx2, &dhsa__qi_avxvnni, &dhsa__qi_vnni, dhsa__qi_amxi8()};
+    *runs = k[i]->name != NULL && dhsa__idot_cpu_has(level[i]) && (i < 3 || dhsa__amx_int8_active());
     return k[i];
 #else
     (void)i;
     return NULL;
 #endif
 }
-static const char *const kset_names[N_KSETS] = {"avx2", "avx-vnni", "avx512-vnni"};
+static const char *const kset_names[N_KSETS] = {"avx2", "avx-vnni", "avx512-vnni", "avx512-vnni amx-int8"};
 
 /* Kernel set ki where this CPU runs it; else a skip ("WHAT: no SET here")
  * and NULL. */
@@ -668,20 +669,36 @@ static int direct_ktile(const dhsa__qi_kernels *k, int bw, int z, int has_min, i
             pDm[(g * ns + s) * 16 + rr] = -dm[r * ns + s];
         }
     }
+    /* a kernel set that splits the scales into the codes (int8.h: ksplit)
+     * reads the lows, then the highs, for Q4_K and Q5_K */
+    const int split = ok && k->ksplit && bw == 32 && z == 0 && has_min;
+    uint8_t *wk = split ? aligned_alloc(64, (size_t)(2 * rows * n) + 64) : w;
+    if (split && wk) {
+        memcpy(wk, w, (size_t)(rows * n));
+        for (int64_t g = 0; g < ng; g++) k->ksplit(wk + g * n * 16, pS + g * nb * 16, n, wk + rows * n + g * n * 16);
+    }
+    ok &= wk != NULL;
     int same = ok;
     if (ok) {
         const int mr = k->kmr;
         float out[16 * 64], ref[16 * 64];
         for (int e = 0; e < mr * (int)rows; e++) out[e] = ref[e] = 0.5f; /* overwritten */
-        k->ktile(w, pS, pM, pD, pDm, n, bw, z, has_min, x, out, rows, 0);
+        k->ktile(wk, pS, pM, pD, pDm, n, bw, z, has_min, x, out, rows, 0);
         dhsa__qi_ktile_scalar(w, pS, pM, pD, pDm, n, bw, z, has_min, x, mr, (int)ng, ref, rows, 0);
         same = memcmp(out, ref, sizeof(float) * (size_t)(mr * rows)) == 0;
+        /* a tile whose last tokens repeat one (the driver's last tile) */
+        dhsa_qi_act xr[16];
+        float outr[16 * 64], refr[16 * 64];
+        for (int t = 0; t < 16; t++) xr[t] = x[t < mr - 3 ? t : mr - 4 > 0 ? mr - 4 : 0];
+        k->ktile(wk, pS, pM, pD, pDm, n, bw, z, has_min, xr, outr, rows, 0);
+        dhsa__qi_ktile_scalar(w, pS, pM, pD, pDm, n, bw, z, has_min, xr, mr, (int)ng, refr, rows, 0);
+        same &= memcmp(outr, refr, sizeof(float) * (size_t)(mr * rows)) == 0;
         /* a stride past the rows, and a second call adding to the first's outputs */
         const int64_t ldo = rows + 3;
         float out2[16 * 67], ref2[16 * 67];
         for (int e = 0; e < 16 * 67; e++) out2[e] = ref2[e] = 0.25f;
-        k->ktile(w, pS, pM, pD, pDm, n, bw, z, has_min, x, out2, ldo, 0);
-        k->ktile(w, pS, pM, pD, pDm, n, bw, z, has_min, x, out2, ldo, 1);
+        k->ktile(wk, pS, pM, pD, pDm, n, bw, z, has_min, x, out2, ldo, 0);
+        k->ktile(wk, pS, pM, pD, pDm, n, bw, z, has_min, x, out2, ldo, 1);
         dhsa__qi_ktile_scalar(w, pS, pM, pD, pDm, n, bw, z, has_min, x, mr, (int)ng, ref2, ldo, 0);
         dhsa__qi_ktile_scalar(w, pS, pM, pD, pDm, n, bw, z, has_min, x, mr, (int)ng, ref2, ldo, 1);
         same &= memcmp(out2, ref2, sizeof out2) == 0;
@@ -699,6 +716,7 @@ static int direct_ktile(const dhsa__qi_kernels *k, int bw, int z, int has_min, i
                 if (!(e <= *worst)) *worst = e;
             }
     }
+    if (wk != w) free(wk);
     free(c), free(w), free(S), free(M), free(d), free(dm), free(pS), free(pM), free(pD), free(pDm);
     free(xf), free(xd), free(xs), free(q), free(qz), free(qs);
     return same;
@@ -764,6 +782,70 @@ static void test_kpanel_taken(void) {
         T_CHECK(all && none, "%s: the K types' prefill takes the K panel %s; decode and Q8_0 never", k->name,
                 k->ktile ? "(it has one)" : "nowhere (it has none)");
     }
+}
+
+/* The K panel on the AMX tiles (int8_amxi8.c) against the AVX512-VNNI
+ * kernels through the whole route: bitwise equal for Q4_K and Q5_K (the
+ * split panel) and Q6_K (the VNNI ktile six tokens at a time), token
+ * counts with and without a last partial tile of 16, rows past the last
+ * panel, 1 and 2 threads; and ksplit's digits times their scale. */
+static void test_amxi8_route(void) {
+    int runs;
+    const dhsa__qi_kernels *a = kset(3, &runs);
+    if (!runs) {
+        T_SKIP(2, "no AMX-INT8 here (or not in this build): the K panel on the tiles");
+        return;
+    }
+    static const uint32_t types[3] = {DHSA_GGML_Q4_K, DHSA_GGML_Q5_K, DHSA_GGML_Q6_K};
+    static const int64_t toks[4] = {5, 16, 21, 40};
+    int same = 1, cases = 0;
+    for (int th = 1; th <= 2; th++) {
+        dhsa_ctx_params cp = dhsa_ctx_default_params();
+        cp.n_threads = th;
+        dhsa_ctx *ctx = NULL;
+        if (dhsa_ctx_create(&cp, &ctx) != DHSA_OK) {
+            same = 0;
+            break;
+        }
+        for (int ti = 0; ti < 3; ti++)
+            for (int ni = 0; ni < 2; ni++) {
+                const int64_t n_in = ni ? 768 : 512, n_out = 70;
+                qmat m;
+                if (qmat_make(&m, types[ti], n_in, n_out, 900 + (uint64_t)(ti * 2 + ni))) {
+                    same = 0;
+                    continue;
+                }
+                for (int k = 0; k < 4; k++) {
+                    const int64_t nt = toks[k];
+                    float *x = rand_x(n_in * nt, 910 + (uint64_t)k), *ya = malloc(sizeof(float) * (size_t)(nt * n_out)),
+                          *yb = malloc(sizeof(float) * (size_t)(nt * n_out));
+                    same &= x && ya && yb && dhsa__qi_matmul(ctx, a, &m.W, x, n_in, nt, ya, n_out) == DHSA_OK &&
+                            dhsa__qi_matmul(ctx, &dhsa__qi_vnni, &m.W, x, n_in, nt, yb, n_out) == DHSA_OK &&
+                            memcmp(ya, yb, sizeof(float) * (size_t)(nt * n_out)) == 0;
+                    cases++;
+                    free(x), free(ya), free(yb);
+                }
+                qmat_free(&m);
+            }
+        dhsa_ctx_free(ctx);
+    }
+    T_CHECK(same && cases == 48, "avx512-vnni amx-int8 route bitwise avx512-vnni: Q4_K, Q5_K, Q6_K, n_in 512 / 768, "
+            "5 / 16 / 21 / 40 tokens, 70 rows, 1 and 2 threads (%d cases)", cases);
+    /* ksplit: lows and highs of every code and scale the types can hold */
+    _Alignas(64) uint8_t w[64 * 8], wl[64 * 8], wh[64 * 8];
+    int32_t S[16];
+    int digits = 1;
+    for (int rep = 0; rep < 4; rep++) {
+        for (int i = 0; i < 64 * 8; i++) w[i] = (uint8_t)((i * 7 + rep * 13) % 32);
+        for (int r = 0; r < 16; r++) S[r] = (r * 5 + rep * 17) % 64;
+        memcpy(wl, w, sizeof w);
+        a->ksplit(wl, S, 32, wh);
+        for (int i = 0; i < 64 * 8; i++) {
+            const int r = (i % 64) / 4;
+            digits &= wl[i] == w[i] * (S[r] & 7) && wh[i] == w[i] * (S[r] >> 3);
+        }
+    }
+    T_CHECK(digits, "ksplit: codes 0..31 times scales 0..63 in two digits, c (S & 7) and c (S >> 3)");
 }
 
 /* Each kernel set's pack16 (the panel's VNNI layout) against the scalar
@@ -881,14 +963,14 @@ static void test_dispatch(void) {
                 strstr(dhsa__matmul_path_name(DHSA_MM_EXACT, DHSA_GGML_Q4_K), "f32") != NULL,
             "F32 weights and the exact route name the F32 route");
     const dhsa__qi_kernels *act = dhsa__qi_kernels_active();
-    T_CHECK(strcmp(qk_name, act ? dhsa__qi_path_name(act) : qk_name) == 0 && (strstr(qk_name, "int8") != NULL) == (act != NULL),
+    T_CHECK(strcmp(qk_name, act ? dhsa__qi_path_name(act, DHSA_GGML_Q4_K) : qk_name) == 0 && (strstr(qk_name, "int8") != NULL) == (act != NULL),
             "fast route for Q4_K: %s", qk_name);
     /* each cap, at the best ISA: the best kernel set within it */
     dhsa_set_isa(DHSA_ISA_AVX512);
     dhsa__idot cap0 = dhsa__set_idot_cap(DHSA__IDOT_AVX512VNNI);
     const dhsa_isa best = dhsa_active_isa() == DHSA_ISA_AVX512 ? DHSA_ISA_AVX512 : isa;
     dhsa_set_isa(best);
-    static const char *const want_name[4] = {NULL, "int8 avx2", "int8 avx-vnni", "int8 avx512-vnni"};
+    static const char *const want_name[4] = {NULL, "int8 avx2", "int8 avx-vnni", "int8 avx512-vnni"}; /* Q6_K's */
     for (int cap = DHSA__IDOT_NONE; cap <= DHSA__IDOT_AVX512VNNI; cap++) {
         dhsa__set_idot_cap((dhsa__idot)cap);
         const char *want = NULL;
@@ -922,7 +1004,7 @@ static void test_dispatch(void) {
             qk_name);
     /* decode of the types AVX512-VNNI does not read from the file takes the
      * exact route (quant.c), said in the route name; prefill stays integer */
-    if (act == &dhsa__qi_vnni) {
+    if (act == &dhsa__qi_vnni || (act && act->ksplit)) {
         static const uint32_t slow[] = {DHSA_GGML_Q4_0, DHSA_GGML_Q4_1, DHSA_GGML_Q5_0, DHSA_GGML_Q5_1,
                                         DHSA_GGML_IQ4_NL, DHSA_GGML_IQ4_XS, DHSA_GGML_Q2_K, DHSA_GGML_Q3_K};
         static const uint32_t filed[] = {DHSA_GGML_Q8_0, DHSA_GGML_Q4_K, DHSA_GGML_Q5_K, DHSA_GGML_Q6_K};
@@ -974,6 +1056,7 @@ int main(void) {
     test_ktile_direct();
     test_pack16();
     test_kpanel_taken();
+    test_amxi8_route();
     test_multi();
     test_dispatch();
     printf("test_qint: products vs double: largest error %.3f of the bound\n", g_worst);

@@ -253,6 +253,45 @@ int dhsa__amx_active(void) {
     return dhsa_active_isa() == DHSA_ISA_AVX512 && dhsa__bf16_cpu_has() && amx_env_on() && dhsa__amx_cpu_has();
 }
 
+/* AMX-INT8 (CPUID.(7,0):EDX bit 25) beside the tiles dhsa__amx_cpu_has
+ * found (every CPU with one has the other so far). */
+static atomic_int amx_i8_cpu = -1, amx_i8_cap = -1;
+
+static int amx_i8_probe(void) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    unsigned a, b, c, d;
+    return dhsa__amx_cpu_has() && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 25));
+#else
+    return 0;
+#endif
+}
+
+static int amx_i8_cap_get(void) {
+    int cap = atomic_load(&amx_i8_cap);
+    if (cap < 0) { /* on unless DHSA_FORCE_ISA names a set without the tiles */
+        const char *e = getenv("DHSA_FORCE_ISA");
+        cap = !(e && e[0]);
+        int expected = -1;
+        if (!atomic_compare_exchange_strong(&amx_i8_cap, &expected, cap)) cap = expected;
+    }
+    return cap;
+}
+
+int dhsa__amx_int8_active(void) {
+    int cpu = atomic_load(&amx_i8_cpu);
+    if (cpu < 0) {
+        cpu = amx_i8_probe();
+        atomic_store(&amx_i8_cpu, cpu);
+    }
+    return cpu && amx_i8_cap_get() && dhsa_active_isa() == DHSA_ISA_AVX512;
+}
+
+int dhsa__set_amx_int8_cap(int on) {
+    const int before = amx_i8_cap_get();
+    atomic_store(&amx_i8_cap, on ? 1 : 0);
+    return before;
+}
+
 int dhsa__set_amx_cap(int on) {
     const int before = amx_env_on();
     atomic_store(&amx_cap, on ? 1 : 0);

@@ -56,6 +56,15 @@ int dhsa__amx_active(void);
 /* Sets the cap (0 off, 1 on where the CPU allows), returns the one before
  * (tests and `dhsa bench matmul`: both prefill routes). */
 int dhsa__set_amx_cap(int on);
+/* The K panel of Q4_K and Q5_K on the tiles' integer products
+ * (matmul/int8.h: dhsa__qi_amxi8; bitwise the AVX512-VNNI kernels, so on
+ * by default): 1 when the CPU has AMX-INT8 and the tiles as above, the
+ * active ISA is AVX-512 and neither DHSA_FORCE_ISA (any value: a named
+ * kernel set, e.g. avx512-vnni, runs as named) nor
+ * dhsa__set_amx_int8_cap(0) turned it off. */
+int dhsa__amx_int8_active(void);
+/* Sets that cap (0 off, 1 on where the CPU allows); returns the one before. */
+int dhsa__set_amx_int8_cap(int on);
 
 /* Untrusted text for a terminal (src/core/escape.c has the rules): control
  * bytes, invalid UTF-8 and the code points a terminal acts on become \xNN

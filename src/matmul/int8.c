@@ -361,14 +361,18 @@ static void tile_scalar(const uint8_t *w, const float *a, const float *b, int64_
 }
 
 const dhsa__qi_kernels dhsa__qi_scalar = {"scalar", S_MR, S_NG, 4, 1, dhsa__qi_quant_act_scalar, unpack_scalar,
-                                          dot_rows_scalar, tile_scalar, NULL, NULL, 0, NULL};
+                                          dot_rows_scalar, tile_scalar, NULL, NULL, 0, NULL, NULL};
 
 const dhsa__qi_kernels *dhsa__qi_kernels_active(void) {
 #if defined(__x86_64__)
     /* the best the level allows and the build has (a kernel file built
      * without its flags leaves a NULL name) */
     const dhsa__idot d = dhsa__idot_active();
-    if (d >= DHSA__IDOT_AVX512VNNI && dhsa__qi_vnni.name) return &dhsa__qi_vnni;
+    if (d >= DHSA__IDOT_AVX512VNNI && dhsa__qi_vnni.name) {
+        /* the K panel on the tiles where they are: bitwise the same results */
+        const dhsa__qi_kernels *a = dhsa__amx_int8_active() ? dhsa__qi_amxi8() : NULL;
+        return a && a->name ? a : &dhsa__qi_vnni;
+    }
     if (d >= DHSA__IDOT_AVXVNNI && dhsa__qi_avxvnni.name) return &dhsa__qi_avxvnni;
     if (d >= DHSA__IDOT_AVX2 && dhsa__qi_avx2.name) return &dhsa__qi_avx2;
 #endif
@@ -377,7 +381,7 @@ const dhsa__qi_kernels *dhsa__qi_kernels_active(void) {
 
 int dhsa__qi_fused_exact(const dhsa__qi_kernels *k, uint32_t type) {
 #if defined(__x86_64__)
-    if (k == &dhsa__qi_vnni)
+    if (k == &dhsa__qi_vnni || (k && k->ksplit))
         return !(k->dot_file && k->dot_file(type, NULL, 0, 0, 0, NULL, 0, NULL, 0, 0));
 #endif
     (void)k;
@@ -385,11 +389,15 @@ int dhsa__qi_fused_exact(const dhsa__qi_kernels *k, uint32_t type) {
     return 0;
 }
 
-const char *dhsa__qi_path_name(const dhsa__qi_kernels *k) {
+const char *dhsa__qi_path_name(const dhsa__qi_kernels *k, uint32_t type) {
 #if defined(__x86_64__)
     if (k == &dhsa__qi_vnni) return "int8 avx512-vnni";
+    if (k && k->ksplit)
+        return type == DHSA_GGML_Q4_K || type == DHSA_GGML_Q5_K ? "int8 avx512-vnni amx-int8" : "int8 avx512-vnni";
     if (k == &dhsa__qi_avxvnni) return "int8 avx-vnni";
     if (k == &dhsa__qi_avx2) return "int8 avx2";
+#else
+    (void)type;
 #endif
     return k == &dhsa__qi_scalar ? "int8 scalar" : "int8";
 }
@@ -421,6 +429,7 @@ static void i8_plan(dhsa__mm_plan *pp, uint32_t type, int64_t n_in, int64_t n_ou
     p.nxd = round_up(n_in / 32, 16);
     p.nxs = round_up(n_in / 16, 16); /* the most a type needs: workspace alike for every type */
     p.kpanel = !p.fused && k->ktile && dhsa__qi_kform(type, &p.kz, &p.kmin) && n_in % 256 == 0;
+    p.ksplit = p.kpanel && k->ksplit && bw == 32 && p.kz == 0 && p.kmin; /* Q4_K, Q5_K: int8.h */
     /* the K panel's integer block sums qz, qs after the scales */
     const size_t ksums = p.kpanel ? (size_t)p.nxs * (sizeof(int32_t) + sizeof(int16_t)) : 0;
     p.act_bytes = (size_t)round_up(
@@ -444,13 +453,16 @@ static void i8_plan(dhsa__mm_plan *pp, uint32_t type, int64_t n_in, int64_t n_ou
         p.n_units = ceil_div(n_out, p.unit_rows);
         double t = 2.0 * (double)n_in * (double)n_out * (double)n_tok / QI_PANEL_TASK_FLOPS;
         p.n_tasks = t < 1.0 ? 1 : t > (double)p.n_units ? p.n_units : (int64_t)t;
-        /* the panel (codes, a, b; the K panel's S, M2, d, -dmin fit in a
-         * and b's room), a group's 16 unpacked rows of codes, one row's a/b
-         * (and the K panel's d, dmin), the out tile */
-        p.per_thread = (size_t)p.unit_rows * (size_t)n_in + 2 * (size_t)p.unit_rows * (size_t)nb * sizeof(float) +
-                       16 * (size_t)round_up(n_in, 64) + 2 * (size_t)round_up(nb, 16) * sizeof(float) +
+        /* the panel (codes, twice with ksplit's digits; a, b; the K
+         * panel's S, M2, d, -dmin fit in a and b's room), a group's 16
+         * unpacked rows of codes, one row's a/b (and the K panel's d,
+         * dmin), the out tile */
+        const int64_t tmr = p.kpanel && k->kmr > k->mr ? k->kmr : k->mr;
+        p.per_thread = (size_t)(p.ksplit ? 2 : 1) * (size_t)p.unit_rows * (size_t)n_in +
+                       2 * (size_t)p.unit_rows * (size_t)nb * sizeof(float) + 16 * (size_t)round_up(n_in, 64) +
+                       2 * (size_t)round_up(nb, 16) * sizeof(float) +
                        (p.kpanel ? 2 * (size_t)round_up(n_in / 256, 16) * sizeof(float) : 0) +
-                       (size_t)k->mr * (size_t)p.unit_rows * sizeof(float) + 64;
+                       (size_t)tmr * (size_t)p.unit_rows * sizeof(float) + 64;
     }
     p.per_thread = (size_t)round_up((int64_t)p.per_thread, 64);
     int users = p.n_tasks == 1 || n_threads <= 1 ? 1 : n_threads;
@@ -586,11 +598,12 @@ static void kpanel(const dhsa__mm_job *j, int64_t o0, int64_t np, char *buf) {
     const dhsa_wmat *W = j->W;
     const int bw = j->p->bw;
     const int64_t n = W->n_in, nb = n / bw, ns = n / 256, rows = j->p->unit_rows;
+    const int64_t wbytes = (j->p->ksplit ? 2 : 1) * rows * n; /* ksplit: the lows, then the highs */
     uint8_t *pw = (uint8_t *)buf; /* [ng][n/4][16][4] */
-    int32_t *pS = (int32_t *)(buf + rows * n), *pM = pS + rows * nb; /* [ng][nb][16], [ng][nb/2][16] */
+    int32_t *pS = (int32_t *)(buf + wbytes), *pM = pS + rows * nb; /* [ng][nb][16], [ng][nb/2][16] */
     float *pD = (float *)(pM + rows * (nb / 2)), *pDm = pD + rows * ns; /* [ng][ns][16] */
     const int64_t ldr = round_up(n, 64);
-    uint8_t *rc16 = (uint8_t *)(buf + rows * n + 2 * rows * nb * (int64_t)sizeof(float)); /* [16][ldr] */
+    uint8_t *rc16 = (uint8_t *)(buf + wbytes + 2 * rows * nb * (int64_t)sizeof(float)); /* [16][ldr] */
     float *ra = (float *)(rc16 + 16 * ldr), *rb = ra + round_up(nb, 16);
     int32_t *rS = (int32_t *)ra, *rM = (int32_t *)rb;
     float *rd = rb + round_up(nb, 16), *rdm = rd + round_up(ns, 16);
@@ -611,6 +624,7 @@ static void kpanel(const dhsa__mm_job *j, int64_t o0, int64_t np, char *buf) {
         }
         if (rr == 15) pack16(k, rc16, ldr, n, pw + g * n * 16);
         for (int64_t b = 0; b < nb; b++) pS[(g * nb + b) * 16 + rr] = rS[b];
+        if (rr == 15 && j->p->ksplit) k->ksplit(pw + g * n * 16, pS + g * nb * 16, n, pw + rows * n + g * n * 16);
         for (int64_t b = 0; b < nb / 2; b++)
             pM[(g * (nb / 2) + b) * 16 + rr] = (int32_t)((uint32_t)(uint16_t)rM[2 * b] | (uint32_t)rM[2 * b + 1] << 16);
         for (int64_t s = 0; s < ns; s++) {
@@ -691,7 +705,7 @@ const dhsa__path_impl dhsa__path_int8 = {"dhsa__qi_matmul", {0, 0, 0, 1, 1, 1, 1
 
 static dhsa__mm_plan plan_of(const dhsa__qi_kernels *k, uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tok,
                              int n_threads) {
-    return dhsa__mm_plan_with(&dhsa__path_int8, k, k ? dhsa__qi_path_name(k) : NULL, type, n_in, n_out, n_tok,
+    return dhsa__mm_plan_with(&dhsa__path_int8, k, k ? dhsa__qi_path_name(k, type) : NULL, type, n_in, n_out, n_tok,
                               n_threads);
 }
 

@@ -199,11 +199,19 @@ typedef struct {
      * dhsa__qi_ktile_scalar. NULL: the K types take tile. */
     void (*ktile)(const uint8_t *w, const int32_t *S, const int32_t *M2, const float *D, const float *Dm, int64_t n,
                   int bw, int z, int has_min, const dhsa_qi_act *x, float *out, int64_t ldo, int accumulate);
-    int kmr; /* ktile's tokens (<= mr) */
+    int kmr; /* ktile's tokens (at most 16) */
     /* A group's 16 unpacked rows of n codes (row rr at rc + rr * ldr) into
      * the panel's VNNI layout at wg ([n/4][16][4]), as dhsa__qi_pack16
      * does (bitwise: a copy). NULL: dhsa__qi_pack16. */
     void (*pack16)(const uint8_t *rc, int64_t ldr, int64_t n, uint8_t *wg);
+    /* The K panel of Q4_K and Q5_K (kform: bw 32, z 0, a min) with the
+     * scales in the codes: a group's codes w ([n/4][16][4], after pack16)
+     * times their block's scale S ([n/32][16], 0..63) in two digits, in
+     * place c (S & 7), into wh (the same layout) c (S >> 3); the driver
+     * puts the highs of group g at w + 16 ng n + g 16 n, after every
+     * group's lows, and ktile reads that panel for these types (and the
+     * codes as above for the others). NULL: the panel holds the codes. */
+    void (*ksplit)(uint8_t *w, const int32_t *S, int64_t n, uint8_t *wh);
 } dhsa__qi_kernels;
 
 /* The scalar form of pack16 (above). */
@@ -215,6 +223,10 @@ extern const dhsa__qi_kernels dhsa__qi_scalar;
 extern const dhsa__qi_kernels dhsa__qi_vnni;    /* AVX512-VNNI: vpdpbusd on zmm */
 extern const dhsa__qi_kernels dhsa__qi_avxvnni; /* AVX-VNNI: vpdpbusd on ymm */
 extern const dhsa__qi_kernels dhsa__qi_avx2;    /* AVX2: vpmaddubsw + vpmaddwd */
+/* AVX512-VNNI with the K panel of Q4_K and Q5_K on the AMX tiles' integer
+ * products (int8_amxi8.c; bitwise dhsa__qi_vnni): built on first use, its
+ * name NULL where the build or the VNNI set lacks it. */
+const dhsa__qi_kernels *dhsa__qi_amxi8(void);
 #endif
 /* The integer kernels for the active ISA: avx512-vnni > avx-vnni > avx2 as
  * dhsa__idot_active allows (core/internal.h: the CPU, the active ISA,
@@ -231,8 +243,10 @@ const dhsa__qi_kernels *dhsa__qi_kernels_active(void);
  * AVX2-only CPU). matmul.c's path choice asks this; dhsa__qi_matmul
  * itself runs whatever it is given. */
 int dhsa__qi_fused_exact(const dhsa__qi_kernels *k, uint32_t type);
-/* "int8 " and the kernels' name (static storage): the path's name. */
-const char *dhsa__qi_path_name(const dhsa__qi_kernels *k);
+/* "int8 " and the kernels' name (static storage): the path's name for
+ * the weight type (a set with ksplit names the tiles only for the types
+ * whose prefill runs on them, Q4_K and Q5_K). */
+const char *dhsa__qi_path_name(const dhsa__qi_kernels *k, uint32_t type);
 
 /* The integer path of dhsa__matmul (same contract, matmul.h), with the
  * given kernels (tests pass &dhsa__qi_scalar). Workspace from the ctx's

@@ -11,7 +11,7 @@
 #elif defined(__x86_64__)
 #include "matmul/int8.h"
 /* Built without AVX2: no kernels (dhsa__qi_kernels_active sees the NULL name). */
-const dhsa__qi_kernels dhsa__qi_avx2 = {NULL, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL};
+const dhsa__qi_kernels dhsa__qi_avx2 = {NULL, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL};
 #else
 typedef int dhsa__qi_avx2_unused; /* ISO C forbids an empty file */
 #endif

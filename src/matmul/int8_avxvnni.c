@@ -13,7 +13,7 @@
 #elif defined(__x86_64__)
 #include "matmul/int8.h"
 /* Built without AVX-VNNI: no kernels (dhsa__qi_kernels_active sees the NULL name). */
-const dhsa__qi_kernels dhsa__qi_avxvnni = {NULL, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL};
+const dhsa__qi_kernels dhsa__qi_avxvnni = {NULL, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL};
 #else
 typedef int dhsa__qi_avxvnni_unused; /* ISO C forbids an empty file */
 #endif

@@ -808,12 +808,12 @@ static void ktile(const uint8_t *w, const int32_t *S, const int32_t *M2, const f
 }
 
 const dhsa__qi_kernels dhsa__qi_vnni = {"avx512-vnni", MR, NG, MAX_TOK_FUSED, R, quant_act, unpack, dot_rows, tile,
-                                        dot_file, ktile, KMR, pack16};
+                                        dot_file, ktile, KMR, pack16, NULL};
 
 #elif defined(__x86_64__)
 #include "matmul/int8.h"
 /* Built without AVX512-VNNI: no kernels (dhsa__qi_kernels_active sees the NULL name). */
-const dhsa__qi_kernels dhsa__qi_vnni = {NULL, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL};
+const dhsa__qi_kernels dhsa__qi_vnni = {NULL, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL};
 #else
 typedef int dhsa__qi_vnni_unused; /* ISO C forbids an empty file */
 #endif

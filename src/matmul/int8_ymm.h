@@ -661,4 +661,4 @@ static int dot_file(uint32_t type, const uint8_t *w, int64_t row_bytes, int nr, 
 }
 
 const dhsa__qi_kernels QI_YMM_KERNELS = {QI_YMM_VNNI ? "avx-vnni" : "avx2", MR, NG, MAX_TOK_FUSED, R, quant_act, unpack,
-                                         dot_rows, tile, dot_file, NULL, 0, NULL};
+                                         dot_rows, tile, dot_file, NULL, 0, NULL, NULL};

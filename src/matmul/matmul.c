@@ -87,7 +87,7 @@ static choice choose(dhsa__mm_path path, uint32_t type, int64_t n_tok) {
         if (dhsa__path_covers(&dhsa__path_int8, type)) {
             const dhsa__qi_kernels *k = dhsa__qi_kernels_active();
             if (k && !(n_tok <= k->max_tok_fused && dhsa__qi_fused_exact(k, type)))
-                return (choice){&dhsa__path_int8, k, dhsa__qi_path_name(k)};
+                return (choice){&dhsa__path_int8, k, dhsa__qi_path_name(k, type)};
         }
     }
     return (choice){&dhsa__path_f32, dhsa__f32_kernels_active(), dhsa__f32_path_name()};
@@ -162,7 +162,7 @@ const char *dhsa__matmul_path_name(dhsa__mm_path path, uint32_t type) {
         const dhsa__qi_kernels *k = dhsa__qi_kernels_active();
         if (k && dhsa__qi_fused_exact(k, type)) /* decode on the exact path (choose) */
             return "int8 avx512-vnni, decode f32 avx512 (faster here)";
-        if (k) return dhsa__qi_path_name(k);
+        if (k) return dhsa__qi_path_name(k, type);
     }
     if (path == DHSA_MM_FAST && dhsa__path_covers(&dhsa__path_bf16, type)) {
         const dhsa__bf16_kernels *k = dhsa__bf16_kernels_active();

@@ -50,6 +50,7 @@ typedef struct {
     int64_t ldb;                 /* f32, bf16: panel buffer row stride */
     int bw, sb, cmax;            /* int8: weight block, activation scale group, largest code */
     int kpanel, kz, kmin;        /* int8: the K types' super-block panel (int8.h: ktile), its code offset, min term */
+    int ksplit;                  /* int8: that panel with the scales in the codes (int8.h: ksplit) */
 } dhsa__mm_plan;
 
 /* One call in flight: what every task reads. */
