@@ -8,7 +8,10 @@
  *                             CPU runs;
  *   DHSA_FORCE_ISA=avx-vnni   AVX2 kernels, the integer ones on AVX-VNNI;
  *   DHSA_FORCE_ISA=avx512-vnni AVX-512 without the AMX tiles (the prefill
- *                             route of matmul/amx.h off);
+ *                             route of matmul/amx.h off, and the K panel of
+ *                             Q4_K / Q5_K on the tiles' int8 products,
+ *                             matmul/int8.h, on the VNNI kernels: the same
+ *                             bits, slower);
  *   DHSA_FORCE_ISA=avx512     the default on an AVX-512 CPU;
  *   DHSA_AMX=1                the prefill route of matmul/amx.h on the AMX
  *                             tiles where the CPU, the OS and the build have
@@ -268,9 +271,9 @@ static int amx_i8_probe(void) {
 
 static int amx_i8_cap_get(void) {
     int cap = atomic_load(&amx_i8_cap);
-    if (cap < 0) { /* on unless DHSA_FORCE_ISA names a set without the tiles */
+    if (cap < 0) { /* on unless DHSA_FORCE_ISA=avx512-vnni (lower ISAs: dhsa_active_isa) */
         const char *e = getenv("DHSA_FORCE_ISA");
-        cap = !(e && e[0]);
+        cap = !(e && strcmp(e, "avx512-vnni") == 0);
         int expected = -1;
         if (!atomic_compare_exchange_strong(&amx_i8_cap, &expected, cap)) cap = expected;
     }

@@ -59,8 +59,7 @@ int dhsa__set_amx_cap(int on);
 /* The K panel of Q4_K and Q5_K on the tiles' integer products
  * (matmul/int8.h: dhsa__qi_amxi8; bitwise the AVX512-VNNI kernels, so on
  * by default): 1 when the CPU has AMX-INT8 and the tiles as above, the
- * active ISA is AVX-512 and neither DHSA_FORCE_ISA (any value: a named
- * kernel set, e.g. avx512-vnni, runs as named) nor
+ * active ISA is AVX-512 and neither DHSA_FORCE_ISA=avx512-vnni nor
  * dhsa__set_amx_int8_cap(0) turned it off. */
 int dhsa__amx_int8_active(void);
 /* Sets that cap (0 off, 1 on where the CPU allows); returns the one before. */
