@@ -20,13 +20,7 @@
 #include <string.h>
 
 #include "matmul/amx.h"
-
-typedef struct {
-    uint8_t palette, start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_cfg;
+#include "matmul/amx_cfg.h"
 
 static void pack16(const uint16_t *rows, int64_t ldr, int64_t kp, uint16_t *dst) {
     for (int64_t k = 0; k < kp; k += 32) {
@@ -58,13 +52,8 @@ static void pack16(const uint16_t *rows, int64_t ldr, int64_t kp, uint16_t *dst)
 }
 
 static void tile(const uint16_t *pw, int64_t kp, const uint16_t *xb, int64_t ldxb, int nt, float *out, int64_t ldo) {
-    tile_cfg c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int i = 0; i < 8; i++) {
-        c.rows[i] = 16;
-        c.colsb[i] = 64;
-    }
+    dhsa__tile_cfg c;
+    dhsa__tile_cfg_16x64(&c);
     _tile_loadconfig(&c);
     const uint16_t *w0 = pw, *w1 = pw + kp * 16;
     const size_t sx = (size_t)ldxb * 2, so = (size_t)ldo * 4;

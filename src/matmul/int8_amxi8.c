@@ -34,16 +34,10 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "matmul/amx_cfg.h"
 #include "matmul/int8.h"
 
 #define KMR 16 /* tokens per tile: the rows of an A tile */
-
-typedef struct {
-    uint8_t palette, start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_cfg;
 
 /* w (a group's codes, [n/4][16][4]) times its blocks' scales S ([n/32][16]),
  * in place the low digit, into wh the high digit. Per line of 64 bytes
@@ -84,13 +78,8 @@ static void ktile_amx(const uint8_t *w, const int32_t *M2, const float *D, const
     for (int t = 2; t < KMR && strided; t++) strided = x[t].q - x[t - 1].q == lda;
     _Alignas(64) int8_t A[KMR * 64];
     _Alignas(64) int32_t C[4][KMR * 16];
-    tile_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int i = 0; i < 8; i++) {
-        cfg.rows[i] = 16;
-        cfg.colsb[i] = 64;
-    }
+    dhsa__tile_cfg cfg;
+    dhsa__tile_cfg_16x64(&cfg);
     _tile_loadconfig(&cfg);
     for (int64_t s = 0; s < ns; s++) {
         _tile_zero(0);
