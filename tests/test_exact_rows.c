@@ -11,12 +11,19 @@
  *    group's heads of the share of the row's softmax over every key it may
  *    see. Within 2e-6 + 1e-4 relative; the comparison is shown to fail on
  *    a mass moved by 1e-3.
+ *    dhsa__exact_part (context parallelism, src/dist): the keys dealt
+ *    to 3 "ranks" in stripes of 32 positions, each rank's largest score
+ *    and sum merged, then each rank's masses summed: the same reference,
+ *    same tolerance, for rows [0, Lq) (no window: the ranks run no
+ *    sliding-window layer), softcap on for G = 3.
  * 2. dhsa_kv_index_route_exact: a chunk whose one key matches the query
  *    while its other keys turn away (its mean key scores below the
  *    haystack's, so the estimate ranks it low) holds most of the exact
  *    mass; the exact route reads it in every group, and the estimate's
  *    route (dhsa_kv_index_route) does not (the check can fail). share_heads
- *    is refused.
+ *    is refused. dhsa__kv_index_route_mass given dhsa__exact_mass's block
+ *    mean reads what the exact route reads, range for range; a row that
+ *    is not a block's start is refused.
  * 3. Sessions (the shipped default model, routing active, ubatches of 32,
  *    blocks of 16; every layer's attention output recorded by the layer
  *    hook): an answering eval (the last row's logits) with exact_rows 20
@@ -99,7 +106,7 @@ static int same_mass(const double *got, const double *want, int64_t nc, char *wh
 static void test_mass(void) {
     const int64_t Gs[] = {1, 3, 8}, ds[] = {40, 64};
     const dhsa_type types[] = {DHSA_F32, DHSA_F16, DHSA_Q8_0};
-    int judged = 0, failed_shown = 0;
+    int judged = 0, judged_parts = 0, failed_shown = 0;
     for (int gi = 0; gi < 3; gi++)
         for (int di = 0; di < 2; di++)
             for (int ti = 0; ti < 3; ti++)
@@ -165,11 +172,51 @@ static void test_mass(void) {
                                 failed_shown = 1;
                             }
                         }
+                    if (!variant) { /* the ranks' parts, merged (softcap on for G = 3) */
+                        const int64_t R = 3, S = 32, rows = Lq;
+                        a.window = 0;
+                        a.softcap = G == 3 ? 6.0f : 0.0f;
+                        int64_t runs[3][16][3], nr[3] = {0, 0, 0};
+                        for (int64_t p = 0; p < Lk; p += S) { /* slot = position: a.k holds every key */
+                            int64_t r = (p / S) % R, *x = runs[r][nr[r]++];
+                            x[0] = p;
+                            x[1] = Lk - p < S ? Lk - p : S;
+                            x[2] = p;
+                        }
+                        for (int64_t g = 0; g < Hkv; g++) {
+                            double got[200] = {0}, want[200], mz[3][8][2], norm[8][2];
+                            dhsa_status st = DHSA_OK;
+                            for (int64_t row = 0; row < rows && !st; row++) {
+                                for (int64_t r = 0; r < R && !st; r++)
+                                    st = dhsa__exact_part(&a, g, row, q_pos0 + row, &runs[r][0][0], nr[r], starts, nc,
+                                                          NULL, &mz[r][0][0], NULL);
+                                for (int64_t h = 0; h < G; h++) {
+                                    double M = -INFINITY, Z = 0;
+                                    for (int64_t r = 0; r < R; r++) M = mz[r][h][0] > M ? mz[r][h][0] : M;
+                                    for (int64_t r = 0; r < R; r++)
+                                        if (mz[r][h][1] > 0) Z += mz[r][h][1] * exp(mz[r][h][0] - M);
+                                    norm[h][0] = M;
+                                    norm[h][1] = Z;
+                                }
+                                for (int64_t r = 0; r < R && !st; r++)
+                                    st = dhsa__exact_part(&a, g, row, q_pos0 + row, &runs[r][0][0], nr[r], starts, nc,
+                                                          &norm[0][0], NULL, got);
+                            }
+                            T_CHECK(st == DHSA_OK, "exact_part: %s", dhsa_last_error());
+                            for (int64_t c = 0; c < nc; c++) got[c] /= (double)rows;
+                            ref_mass(q, kf, Hq, G, Lk, d, a.scale, a.softcap, 0, q_pos0, g, 0, rows, starts, nc, want);
+                            char why[256] = "";
+                            T_CHECK(same_mass(got, want, nc, why, sizeof why), "parts: G %lld d %lld %s group %lld: %s",
+                                    (long long)G, (long long)d, dhsa_type_name(kt), (long long)g, why);
+                            judged_parts++;
+                        }
+                    }
                     free(q);
                     free(kf);
                     free(kraw);
                 }
     T_CHECK(judged == (3 * 2 * 3 - 3) * 2 * 3 * 2, "masses judged: %d", judged);
+    T_CHECK(judged_parts == (3 * 2 * 3 - 3) * 2, "merged parts judged: %d", judged_parts);
 }
 
 /* FIXED chunks of `seg` keys; chunk `hid` holds one key along the query
@@ -232,6 +279,34 @@ static void test_route(void) {
             T_CHECK(k1 <= k0 + seg / 2 + 1, "group %lld: the same budget (%lld keys against %lld)", (long long)g,
                     (long long)k1, (long long)k0);
         }
+    }
+    /* a caller's masses (context parallelism's merged parts): the block mean
+     * of dhsa__exact_mass routes as the exact route */
+    {
+        const int64_t *starts;
+        const int64_t nc = dhsa_kv_index_chunks(ix, &starts);
+        double *mass = calloc((size_t)(Hkv * (nc + 1)), sizeof(double));
+        dhsa_layout *em = NULL;
+        T_CHECK(rp.q_block >= Lq, "one query block (q_block %lld)", (long long)rp.q_block);
+        for (int64_t g = 0; mass && g < Hkv; g++)
+            T_CHECK(dhsa__exact_mass(&a, g, 0, Lq, starts, nc, mass + g * (nc + 1)) == DHSA_OK, "mass");
+        T_CHECK(mass && dhsa__kv_index_route_mass(ctx, ix, &a, NULL, 0, mass, 1, NULL, &em) == DHSA_OK,
+                "route_mass: %s", dhsa_last_error());
+        int same = em && ex;
+        for (int64_t g = 0; same && g < Hkv; g++) {
+            const int64_t *r0, *r1;
+            int64_t n0, n1;
+            dhsa_layout_get(ex, 0, g, 0, &r0, &n0);
+            dhsa_layout_get(em, 0, g, 0, &r1, &n1);
+            same = n0 == n1 && memcmp(r0, r1, (size_t)(2 * n0) * sizeof(int64_t)) == 0;
+        }
+        T_CHECK(same, "route_mass with the exact masses reads the exact route's ranges");
+        dhsa_layout_free(em);
+        em = NULL;
+        T_CHECK(mass && dhsa__kv_index_route_mass(ctx, ix, &a, NULL, 3, mass, 1, NULL, &em) == DHSA_ERR_INVALID_ARG &&
+                    !em,
+                "route_mass from row 3 (not a block's start) refused");
+        free(mass);
     }
     dhsa_layout_free(plain);
     dhsa_layout_free(ex);

@@ -21,6 +21,7 @@
  *   rowpos [cap], own [cap]                 the eval's rows: positions, ids
  *   pieces [max_pieces][3]                  runs of consecutive positions
  *   dbuf[2]                                 shard buffers, one layer's K+V of cap
+ *   xq, xmz.., xm..                         the exact ranking's rows, norms, masses
  * Tested by tests/test_dist.c (mpirun: the same ids and logits as one
  * process) and tests/test_attn_merge.c (the merge).
  */
@@ -30,10 +31,12 @@
 #include "attn/stats.h"
 #include "core/internal.h"
 #include "core/procmem.h"
+#include "route/carry.h"
 #include "route/kv_index_internal.h"
 #include "route/params.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -78,6 +81,17 @@ struct dhsa__dist {
     int32_t *fmarks;            /* [groups][R][cap + 1] coverage deltas of what is read anyway */
     int64_t *fixed, *nfixed;    /* [groups][R][rmax][2] those ranges, [groups][R] their counts */
     int64_t *left;              /* [2 R] budget left, keys needed, per rank */
+    /* the exact ranking of an answering eval's last rows (exact_rows, dist_exact) */
+    int64_t exact_rows;         /* the router's exact_rows; 0: off */
+    int64_t xmax, xbmax, ncmax; /* the most rows, query blocks and chunks of one ranking */
+    int64_t nx, nxb, nxs;       /* the running eval's: rows (0: none), blocks, segments */
+    float *xq;                  /* [xmax][Hq][hk] the rows' queries, position order */
+    int64_t *xpos;              /* [xmax] their positions */
+    int64_t (*xblk)[2];         /* [xbmax] each block's first row, rows */
+    int64_t (*xseg)[5];         /* [xbmax] position, rows, owner rank, first row, first block */
+    int64_t (*xruns)[3];        /* [cap / S + 2] this rank's keys: first slot, count, position */
+    double *xmz, *xmz_all;      /* [xmax][Hq][2], [R][xmax][Hq][2]: largest score and sum, here / every rank's */
+    double *xm, *xm_all;        /* [Hkv][xbmax][ncmax + 1], [R][...]: the blocks' masses, here / every rank's */
     void *block;                /* the ctx allocation holding the buffers above */
     char *dbuf[2];              /* two shard buffers: one layer's K and V of cap positions */
     size_t dbuf_bytes;
@@ -102,6 +116,20 @@ static int64_t dist_stripe_of(const dhsa_session_params *p, int64_t n_ctx) {
 
 static int uses_index(const dhsa_session_params *p) {
     return p->attn == DHSA_ATTN_DHSA || p->attn == DHSA_ATTN_BLOCK;
+}
+
+/* Whether a session of p carries chunks between decode steps (route.h,
+ * carry): as one process, the same sessions as exact_on's. */
+static int carry_on(const dhsa_session_params *p, const dhsa_router_params *rp) {
+    return uses_index(p) && rp->method == DHSA_ROUTE_DHSA && !rp->share_heads && rp->carry > 0;
+}
+
+/* Whether a session of p ranks an answering eval's last rows by their
+ * exact attention (include/dhsa/route.h, exact_rows): as one process, the
+ * sessions whose index ranks chunks by score, one routing per KV group. */
+static int exact_on(const dhsa_session_params *p, const dhsa_router_params *rp) {
+    return uses_index(p) && rp->method == DHSA_ROUTE_DHSA && !rp->share_heads && rp->exact_rows > 0 &&
+           rp->q_block == 64;
 }
 
 /* -------------------------------------------------------- plan, create --- */
@@ -152,6 +180,7 @@ typedef struct {
  * eval allocates. */
 typedef struct {
     int64_t R, Hq, Hkv, hk, hv, cap, pieces, nl, rmax, tmp_cap, groups, max_chunks;
+    int64_t xmax, xbmax, ncmax, runs; /* the exact ranking (dist_exact) */
     int index;
 } dist_dims;
 
@@ -178,6 +207,16 @@ static dist_dims dims_of(const dhsa_model_info *in, const dhsa_session_params *p
     if (p->dist_fetch_share > 0) {
         m.groups = rp->share_heads ? 1 : m.Hkv;
         m.max_chunks = max_chunks;
+    }
+    if (exact_on(p, rp) || carry_on(p, rp)) {
+        /* the last X rows from each piece's block holding the first: at
+         * most X / 64 + 2 pieces (stripes >= 64), each adding < 64 rows
+         * and up to 2 blocks; the index's chunks as kv_index.c bounds them */
+        const int64_t X = rp->exact_rows, seg = X / 64 + 2;
+        m.xmax = X + 63 * seg < n_ctx ? X + 63 * seg : n_ctx; /* >= 1: a decode row */
+        m.xbmax = X / 64 + 2 * seg;
+        m.ncmax = n_ctx / (rp->boundary == DHSA_BOUNDARY_FIXED ? rp->chunk : rp->min_chunk) + 2;
+        m.runs = cap / S + 2;
     }
     return m;
 }
@@ -225,6 +264,18 @@ static size_t carve(dhsa__dist *s, char *base, const dist_dims *m) {
         TAKE(fixed, gr * m->rmax * 2, int64_t);
         TAKE(nfixed, gr, int64_t);
         TAKE(left, 2 * m->R, int64_t);
+    }
+    if (m->xmax) {
+        const int64_t nm = m->Hkv * m->xbmax * (m->ncmax + 1);
+        TAKE(xq, m->xmax * m->Hq * m->hk, float);
+        TAKE(xpos, m->xmax, int64_t);
+        TAKE(xblk, m->xbmax, int64_t[2]);
+        TAKE(xseg, m->xbmax, int64_t[5]);
+        TAKE(xruns, m->runs, int64_t[3]);
+        TAKE(xmz, m->xmax * m->Hq * 2, double);
+        TAKE(xmz_all, m->R * m->xmax * m->Hq * 2, double);
+        TAKE(xm, nm, double);
+        TAKE(xm_all, m->R * nm, double);
     }
 #undef TAKE
     return at;
@@ -292,6 +343,10 @@ dhsa_status dhsa__dist_create(dhsa_ctx *ctx, const dhsa_model_info *in, const dh
     s->tmp_cap = m.tmp_cap;
     s->groups = m.groups;
     s->max_chunks = m.max_chunks;
+    s->exact_rows = exact_on(p, rp) ? rp->exact_rows : 0;
+    s->xmax = m.xmax;
+    s->xbmax = m.xbmax;
+    s->ncmax = m.ncmax;
     s->dbuf_bytes = shard_buffer_bytes(in, p, cap);
     for (int i = 0; i < 2; i++)
         if (!(s->dbuf[i] = dhsa_buffer_alloc(s->dbuf_bytes))) {
@@ -610,6 +665,277 @@ static int64_t dist_visible(const dhsa__dist *s, int64_t q) {
     return dist_count_before(s->stripe, s->dist->size, q, last[2] + last[1]);
 }
 
+/* ------------------------------------------- the exact ranking (exact_rows) --- */
+
+/* Where an answering eval's last rows rank their chunks by exact attention
+ * (include/dhsa/route.h, exact_rows; docs/dist.md): every rank holds some
+ * of each row's keys, so each works out its part over its own keys and the
+ * parts are merged, every rank alike:
+ *   the rows' queries are broadcast by their owners (a decode row is on
+ *     every rank);
+ *   pass A: each rank's largest score and sum of exponentials per row and
+ *     head over its keys (dhsa__exact_part), all-gathered and merged into
+ *     the row's own (max M, sum Z);
+ *   pass B: each rank's masses per chunk with those, summed over each query
+ *     block's rows, all-gathered and summed in rank order, then divided by
+ *     the block's rows: the block's mean of its rows' exact mass, as
+ *     dhsa__exact_mass gives it in one process (sums in another order).
+ * The blocks then route by them (dhsa__kv_index_route_mass). */
+
+/* The rows an eval of positions [len, end) ranks exactly: none, or the
+ * last exact_rows, from the start of the query block (of its piece)
+ * holding the first; a decode row (end = len + 1) alone. */
+static void exact_rows_of(dhsa__dist *s, int64_t len, int64_t end, int exact) {
+    const int64_t S = s->stripe, R = s->dist->size;
+    s->nx = s->nxb = s->nxs = 0;
+    if (!exact || !s->exact_rows) return;
+    const int64_t x0 = end - s->exact_rows > len ? end - s->exact_rows : len;
+    for (int64_t g = len; g < end;) {
+        int64_t g1 = (g / S + 1) * S < end ? (g / S + 1) * S : end;
+        if (g1 > x0) {
+            int64_t e = g + ((x0 > g ? x0 : g) - g) / 64 * 64;
+            int64_t *sg = s->xseg[s->nxs++];
+            sg[0] = e;
+            sg[1] = g1 - e;
+            sg[2] = end - len == 1 ? -1 : (g / S) % R; /* a decode row: every rank's */
+            sg[3] = s->nx;
+            sg[4] = s->nxb;
+            for (int64_t b = e; b < g1; b += 64) {
+                s->xblk[s->nxb][0] = s->nx + b - e;
+                s->xblk[s->nxb][1] = g1 - b < 64 ? g1 - b : 64;
+                s->nxb++;
+            }
+            for (int64_t x = e; x < g1; x++) s->xpos[s->nx++] = x;
+        }
+        g = g1;
+    }
+}
+
+typedef struct {
+    dhsa__dist *s;
+    dhsa_attn_desc a;
+    const int64_t *starts;
+    int64_t nc, nr, G, pass;
+    atomic_int failed;
+} exact_job;
+
+/* pass A: task = (KV group, row); pass B: task = (KV group, block) */
+static void exact_task(void *arg, int64_t task, int thread) {
+    exact_job *j = arg;
+    dhsa__dist *s = j->s;
+    const int64_t Hq = s->in->n_head, G = j->G;
+    (void)thread;
+    dhsa_status st = DHSA_OK;
+    if (j->pass == 0) {
+        const int64_t g = task / s->nx, x = task % s->nx;
+        st = dhsa__exact_part(&j->a, g, x, s->xpos[x], &s->xruns[0][0], j->nr, j->starts, j->nc, NULL,
+                              s->xmz + (x * Hq + g * G) * 2, NULL);
+    } else {
+        const int64_t g = task / s->nxb, b = task % s->nxb;
+        double *m = s->xm + (g * s->nxb + b) * (j->nc + 1);
+        for (int64_t c = 0; c <= j->nc; c++) m[c] = 0;
+        for (int64_t x = s->xblk[b][0]; x < s->xblk[b][0] + s->xblk[b][1] && !st; x++)
+            st = dhsa__exact_part(&j->a, g, x, s->xpos[x], &s->xruns[0][0], j->nr, j->starts, j->nc,
+                                  s->xmz + (x * Hq + g * G) * 2, NULL, m);
+    }
+    if (st) atomic_store(&j->failed, 1);
+}
+
+/* The running layer's exact masses of the eval's rows into xm [Hkv][nxb][nc
+ * + 1] (every rank the same), nc and starts the index's chunks; cnt: the
+ * keys this rank holds now. Every rank takes part in every exchange, a
+ * failure included. */
+static dhsa_status dist_exact(dhsa__dist *s, int64_t cnt, const int64_t *starts, int64_t nc) {
+    const dhsa_model_info *in = s->in;
+    const dhsa_dist *d = s->dist;
+    const int64_t S = s->stripe, R = d->size, me = d->rank, Hq = in->n_head, hk = in->head_dim_k,
+                  Hkv = in->n_head_kv, nx = s->nx, row = Hq * hk;
+    char why[256] = "";
+    if (nc > s->ncmax) /* every rank's index holds the same chunks: they fail together */
+        return dhsa__fail(DHSA_ERR_INTERNAL, "context parallel: %lld chunks to rank exactly, %lld planned",
+                          (long long)nc, (long long)s->ncmax);
+    /* the rows' queries: a decode row's every rank has; a prefill's, from its owner */
+    for (int64_t i = 0; i < s->nxs; i++) {
+        const int64_t *sg = s->xseg[i];
+        float *dst = s->xq + sg[3] * row;
+        if (sg[2] < 0) {
+            memcpy(dst, s->q, (size_t)row * sizeof(float));
+            continue;
+        }
+        if (sg[2] == me)
+            for (int64_t p = 0; p < s->n_pieces; p++)
+                if (s->pieces[p][2] <= sg[0] && sg[0] < s->pieces[p][2] + s->pieces[p][1])
+                    memcpy(dst, s->q + (s->pieces[p][0] + sg[0] - s->pieces[p][2]) * row,
+                           (size_t)(sg[1] * row) * sizeof(float));
+        if (d->bcast(d->user, dst, (size_t)(sg[1] * row) * sizeof(float), (int)sg[2], why))
+            return dist_fail("sharing the rows ranked exactly", why);
+        if (sg[2] != me) s->dst.index += (double)(sg[1] * row) * sizeof(float);
+    }
+    /* this rank's keys: runs of a stripe each */
+    int64_t nr = 0;
+    for (int64_t j = 0; j < cnt; j += S, nr++) {
+        s->xruns[nr][0] = j;
+        s->xruns[nr][1] = cnt - j < S ? cnt - j : S;
+        s->xruns[nr][2] = ((j / S) * R + me) * S;
+    }
+    exact_job job;
+    memset(&job, 0, sizeof job);
+    job.s = s;
+    job.a = dhsa_attn_default_desc();
+    job.a.q = dhsa_tensor_blhd(s->xq, DHSA_F32, 1, nx, Hq, hk);
+    job.a.k = cache_view(s, 0, cnt);
+    job.a.causal = 1;
+    job.a.softcap = in->attn_softcap;
+    job.a.scale = in->attn_scale > 0 ? in->attn_scale : 1.0f / sqrtf((float)hk);
+    job.starts = starts;
+    job.nc = nc;
+    job.nr = nr;
+    job.G = Hq / Hkv;
+    atomic_init(&job.failed, 0);
+    dhsa_parallel_for(s->ctx, Hkv * nx, exact_task, &job);
+    dhsa_status st = atomic_load(&job.failed)
+                         ? dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory ranking chunks by their exact attention")
+                         : DHSA_OK;
+    const size_t mz_bytes = (size_t)(nx * Hq * 2) * sizeof(double);
+    if (d->allgather(d->user, s->xmz, mz_bytes, s->xmz_all, why)) return dist_fail("merging the exact ranking", why);
+    s->dst.index += (double)(R - 1) * (double)mz_bytes;
+    for (int64_t x = 0; x < nx * Hq; x++) { /* the row's largest score and its sum, over the ranks */
+        double M = -INFINITY, Z = 0;
+        for (int64_t q = 0; q < R; q++) {
+            const double m = s->xmz_all[(q * nx * Hq + x) * 2];
+            M = m > M ? m : M;
+        }
+        for (int64_t q = 0; q < R && M > -INFINITY; q++) {
+            const double *mz = s->xmz_all + (q * nx * Hq + x) * 2;
+            if (mz[1] > 0) Z += mz[1] * exp(mz[0] - M);
+        }
+        s->xmz[2 * x] = M;
+        s->xmz[2 * x + 1] = Z;
+    }
+    job.pass = 1;
+    dhsa_parallel_for(s->ctx, Hkv * s->nxb, exact_task, &job);
+    if (!st && atomic_load(&job.failed))
+        st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory ranking chunks by their exact attention");
+    const int64_t nm = Hkv * s->nxb * (nc + 1);
+    if (d->allgather(d->user, s->xm, (size_t)nm * sizeof(double), s->xm_all, why))
+        return dist_fail("merging the exact ranking", why);
+    s->dst.index += (double)(R - 1) * (double)nm * sizeof(double);
+    for (int64_t g = 0; g < Hkv; g++)
+        for (int64_t b = 0; b < s->nxb; b++) {
+            double *m = s->xm + (g * s->nxb + b) * (nc + 1);
+            for (int64_t c = 0; c <= nc; c++) {
+                double t = 0;
+                for (int64_t q = 0; q < R; q++) t += s->xm_all[q * nm + (g * s->nxb + b) * (nc + 1) + c];
+                m[c] = t / (double)s->xblk[b][1];
+            }
+        }
+    return st;
+}
+
+/* Rank me's keys among the global ranges rg [n][2] (ascending), in its
+ * first cnt slots, as runs (first slot, count, position) into out (NULL:
+ * only counted); returns how many. */
+static int64_t my_runs(const dhsa__dist *s, const int64_t *rg, int64_t n, int64_t cnt, int64_t (*out)[3]) {
+    const int64_t S = s->stripe, R = s->dist->size, me = s->dist->rank;
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t x = rg[2 * i]; x < rg[2 * i + 1];) {
+            const int64_t x1 = (x / S + 1) * S < rg[2 * i + 1] ? (x / S + 1) * S : rg[2 * i + 1];
+            const int64_t slot = (x / S / R) * S + x % S;
+            if ((x / S) % R == me && slot < cnt) {
+                if (out) {
+                    out[k][0] = slot;
+                    out[k][1] = (x1 - x < cnt - slot ? x1 - x : cnt - slot);
+                    out[k][2] = x;
+                }
+                k++;
+            }
+            x = x1;
+        }
+    return k;
+}
+
+/* The chunks a decode step hands the next (route/carry.h; docs/dhsa.md,
+ * "Chunks carried from one decode step to the next"), the step's row
+ * (position p, query s->q) having read the keys of gl: each group's share
+ * of the row's attention per chunk, as dhsa__carry_chunks works it out in
+ * one process, from the ranks' parts (dhsa__exact_part over the keys of
+ * gl each holds) merged as dist_exact merges them. out [Hkv][DHSA_CARRY_MAX]
+ * (every rank the same). Every rank takes part in every exchange. */
+static dhsa_status dist_carry(dhsa__dist *s, const dhsa_layout *gl, int64_t p, int64_t cnt, const int64_t *starts,
+                              int64_t nc, double share, int64_t *out) {
+    const dhsa_model_info *in = s->in;
+    const dhsa_dist *d = s->dist;
+    const int64_t R = d->size, Hq = in->n_head, hk = in->head_dim_k, Hkv = in->n_head_kv, G = Hq / Hkv;
+    char why[256] = "";
+    dhsa_status st = DHSA_OK;
+    for (int64_t x = 0; x < Hkv * DHSA_CARRY_MAX; x++) out[x] = -1;
+    if (nc > s->ncmax)
+        return dhsa__fail(DHSA_ERR_INTERNAL, "context parallel: %lld chunks to carry from, %lld planned", (long long)nc,
+                          (long long)s->ncmax);
+    dhsa_attn_desc a = dhsa_attn_default_desc();
+    a.q = dhsa_tensor_blhd(s->q, DHSA_F32, 1, 1, Hq, hk);
+    a.k = cache_view(s, 0, cnt);
+    a.causal = 1;
+    a.softcap = in->attn_softcap;
+    a.scale = in->attn_scale > 0 ? in->attn_scale : 1.0f / sqrtf((float)hk);
+    int64_t(*runs)[3] = NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int64_t g = 0; g < Hkv; g++) {
+            double *mz = s->xmz + g * G * 2, *m = s->xm + g * (nc + 1);
+            if (pass == 0)
+                for (int64_t h = 0; h < G; h++) {
+                    mz[2 * h] = -INFINITY;
+                    mz[2 * h + 1] = 0;
+                }
+            else
+                for (int64_t c = 0; c <= nc; c++) m[c] = 0;
+            const int64_t *rg;
+            int64_t n;
+            if (st || dhsa_layout_get(gl, 0, g, 0, &rg, &n) || n <= 0) continue;
+            const int64_t k = my_runs(s, rg, n, cnt, NULL);
+            if (k == 0) continue;
+            runs = malloc((size_t)k * sizeof *runs);
+            if (!runs) {
+                st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory finding the chunks a decode step carries");
+                continue;
+            }
+            my_runs(s, rg, n, cnt, runs);
+            st = dhsa__exact_part(&a, g, 0, p, &runs[0][0], k, starts, nc, pass ? s->xmz + g * G * 2 : NULL,
+                                  pass ? NULL : mz, pass ? m : NULL);
+            free(runs);
+            runs = NULL;
+        }
+        if (pass == 0) {
+            const size_t bytes = (size_t)(Hq * 2) * sizeof(double);
+            if (d->allgather(d->user, s->xmz, bytes, s->xmz_all, why)) return dist_fail("merging the carried chunks", why);
+            s->dst.partial += (double)(R - 1) * (double)bytes;
+            for (int64_t x = 0; x < Hq; x++) {
+                double M = -INFINITY, Z = 0;
+                for (int64_t q = 0; q < R; q++) M = s->xmz_all[(q * Hq + x) * 2] > M ? s->xmz_all[(q * Hq + x) * 2] : M;
+                for (int64_t q = 0; q < R && M > -INFINITY; q++) {
+                    const double *e = s->xmz_all + (q * Hq + x) * 2;
+                    if (e[1] > 0) Z += e[1] * exp(e[0] - M);
+                }
+                s->xmz[2 * x] = M;
+                s->xmz[2 * x + 1] = Z;
+            }
+        }
+    }
+    const int64_t nm = Hkv * (nc + 1);
+    if (d->allgather(d->user, s->xm, (size_t)nm * sizeof(double), s->xm_all, why))
+        return dist_fail("merging the carried chunks", why);
+    s->dst.partial += (double)(R - 1) * (double)nm * sizeof(double);
+    if (st) return st;
+    for (int64_t x = 0; x < nm; x++) {
+        double t = 0;
+        for (int64_t q = 0; q < R; q++) t += s->xm_all[q * nm + x];
+        s->xm[x] = t;
+    }
+    for (int64_t g = 0; g < Hkv; g++) dhsa__carry_pick(s->xm + g * (nc + 1), nc, share, out + g * DHSA_CARRY_MAX);
+    return DHSA_OK;
+}
+
 /* ------------------------------------------------ a fetch budget per rank --- */
 
 /* Marks on marks [cap + 1] the part of the n global ranges rg that rank q
@@ -784,10 +1110,24 @@ static dhsa_status dist_prefill_dhsa(dhsa__dist *s) {
         st = fetch_plan(s, &al);
         allowed = al;
     }
+    /* the last rows' exact masses (every rank takes part) */
+    const int64_t *starts;
+    const int64_t nc = dhsa_kv_index_chunks(s->io->ix, &starts);
+    if (s->nx > 0) {
+        dhsa_status xs = dist_exact(s, s->len_loc + s->n_rows, starts, nc);
+        if (!st) st = xs;
+        if (xs && xs != DHSA_ERR_OUT_OF_MEMORY && xs != DHSA_ERR_INTERNAL) return xs; /* the transport failed */
+    }
     /* route every piece over the whole context (the index holds it all) */
     for (int64_t i = 0; i < np && !st; i++) {
         dhsa_attn_desc a = piece_desc(s, i);
-        if ((st = dhsa__kv_index_route_masked(s->ctx, s->io->ix, &a, allowed, NULL, &gl[i]))) break;
+        const int64_t *sg = NULL;
+        for (int64_t x = 0; x < s->nxs; x++)
+            if (s->xseg[x][0] >= a.q_pos0 && s->xseg[x][0] < a.q_pos0 + s->pieces[i][1]) sg = s->xseg[x];
+        if (sg) st = dhsa__kv_index_route_mass(s->ctx, s->io->ix, &a, allowed, sg[0] - a.q_pos0,
+                                               s->xm + sg[4] * (nc + 1), s->nxb, NULL, &gl[i]);
+        else st = dhsa__kv_index_route_masked(s->ctx, s->io->ix, &a, allowed, NULL, &gl[i]);
+        if (st) break;
         a.layout = gl[i];
         count_attention(s, &a);
     }
@@ -974,7 +1314,16 @@ static dhsa_status dist_decode(dhsa__dist *s) {
         if ((st = dhsa_kv_index_append(s->io->ix, &kn))) return st;
         a.k = dhsa_tensor_bhld(s->kv, s->kv_type, 1, Hkv, p + 1, hk);
         a.v = dhsa_tensor_bhld(s->kv, s->kv_type, 1, Hkv, p + 1, hv);
-        if ((st = dhsa_kv_index_route(s->ctx, s->io->ix, &a, &gl))) return st;
+        if (s->nx > 0) { /* the first decode step after an answering eval: exact (every rank takes part) */
+            const int64_t *starts;
+            const int64_t nc = dhsa_kv_index_chunks(s->io->ix, &starts);
+            if ((st = dist_exact(s, cnt, starts, nc))) return st;
+            st = dhsa__kv_index_route_mass(s->ctx, s->io->ix, &a, NULL, 0, s->xm, s->nxb, s->io->keep, &gl);
+        } else {
+            st = s->io->keep ? dhsa_kv_index_route_keep(s->ctx, s->io->ix, &a, s->io->keep, &gl)
+                             : dhsa_kv_index_route(s->ctx, s->io->ix, &a, &gl);
+        }
+        if (st) return st;
         a.layout = gl;
         st = sub_layout(s, gl, me, NULL, NULL, NULL, 1, cnt, &ll);
     } else {
@@ -991,10 +1340,11 @@ static dhsa_status dist_decode(dhsa__dist *s) {
         for (int64_t x = 0; x < Hq; x++) mine[Hq * hv + x] = -INFINITY;
     }
     dhsa_layout_free(ll);
-    dhsa_layout_free(gl);
     float *all = s->gather;
-    if (d->allgather(d->user, mine, (size_t)row * sizeof(float), all, why))
+    if (d->allgather(d->user, mine, (size_t)row * sizeof(float), all, why)) {
+        dhsa_layout_free(gl);
         return dist_fail("gathering the decode partials", why);
+    }
     s->dst.partial += (double)((R - 1) * row) * sizeof(float);
     memcpy(s->att, all, (size_t)(Hq * hv) * sizeof(float));
     memcpy(s->lse1, all + Hq * hv, (size_t)Hq * sizeof(float));
@@ -1002,6 +1352,13 @@ static dhsa_status dist_decode(dhsa__dist *s) {
         dhsa_status ms = lse_merge(s->att, s->lse1, all + q * row, all + q * row + Hq * hv, 1, Hq, hv);
         if (!st) st = ms;
     }
+    if (s->io->carry && gl) { /* what this step hands the next (every rank takes part) */
+        const int64_t *starts;
+        const int64_t nc = dhsa_kv_index_chunks(s->io->ix, &starts);
+        dhsa_status cs = dist_carry(s, gl, p, cnt, starts, nc, s->io->carry_share, s->io->carry);
+        if (!st) st = cs;
+    }
+    dhsa_layout_free(gl);
     return st;
 }
 
@@ -1039,11 +1396,12 @@ dhsa_status dhsa__dist_layer(dhsa__dist *s, const dhsa__dist_layer_io *io) {
     return st;
 }
 
-dhsa_status dhsa__dist_begin(dhsa__dist *s, int64_t len, const int32_t *ids, int64_t n, int want_logits,
+dhsa_status dhsa__dist_begin(dhsa__dist *s, int64_t len, const int32_t *ids, int64_t n, int want_logits, int exact,
                              dhsa__dist_rows *rows) {
     const int64_t S = s->stripe, R = s->dist->size, me = s->dist->rank;
     memset(rows, 0, sizeof *rows);
     s->len = len;
+    exact_rows_of(s, len, len + n, exact);
     if (n == 1) {
         s->mode = 2;
         s->n_rows = 1;

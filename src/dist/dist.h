@@ -62,14 +62,16 @@ const dhsa_dist_stats *dhsa__dist_stats(const dhsa__dist *d);
 
 /* The rows this rank runs for an eval of n tokens ids at positions len..:
  * one token runs on every rank; more are a prefill, each rank running its
- * own positions. */
+ * own positions. exact: the eval ranks its last rows' chunks by their
+ * exact attention (the session's call, as in one process: an answering
+ * eval's last exact_rows rows, or the decode step right after it). */
 typedef struct {
     const int32_t *ids;   /* [n] this rank's tokens */
     const int64_t *pos;   /* [n] their positions */
     int64_t n;            /* 0: none of this prefill's positions are this rank's */
     int logits;           /* this rank computes the last position's logits */
 } dhsa__dist_rows;
-dhsa_status dhsa__dist_begin(dhsa__dist *d, int64_t len, const int32_t *ids, int64_t n, int want_logits,
+dhsa_status dhsa__dist_begin(dhsa__dist *d, int64_t len, const int32_t *ids, int64_t n, int want_logits, int exact,
                              dhsa__dist_rows *rows);
 
 /* The next layer of the running eval: its rows (dhsa__dist_rows.n) with
@@ -81,6 +83,12 @@ typedef struct {
     dhsa_tensor k, v;
     dhsa_kv_index *ix;
     dhsa_attn_stats *stats[2];
+    /* a decode step's carried chunks (route/carry.h; NULL: none): keep
+     * [Hkv][DHSA_CARRY_MAX] the previous step's, routed first; carry the
+     * same for the next step, the chunks holding carry_share of this one */
+    const int64_t *keep;
+    int64_t *carry;
+    double carry_share;
 } dhsa__dist_layer_io;
 dhsa_status dhsa__dist_layer(dhsa__dist *d, const dhsa__dist_layer_io *io);
 

@@ -89,6 +89,7 @@ struct dhsa_session {
                                    eval carries to the next (0) and the running one's (1), -1 = none; NULL:
                                    rp.carry off (route/carry.h) */
     int carry_ok;               /* carry[0] is the last eval's: it had one token and succeeded */
+    int dist_decode;            /* a context-parallel eval of one token is running */
     int rest_now;               /* the eval being run attends the summaries (rp.rest: evals of more than
                                    one token; decode steps do not) */
     int64_t exact_from;         /* rows of the ubatch being run from which chunks are ranked by their
@@ -297,9 +298,9 @@ dhsa_status dhsa_session_create(dhsa_ctx *ctx, const dhsa_model *m, const dhsa_s
     /* chunks carried between decode steps: the sessions whose index ranks
      * chunks by score, one process (a rank holds part of the keys), one
      * routing per KV group */
-    if (s->dist || s->rp.share_heads || s->rp.method != DHSA_ROUTE_DHSA) s->rp.carry = 0;
+    if (s->rp.share_heads || s->rp.method != DHSA_ROUTE_DHSA) s->rp.carry = 0;
     /* the eval's last rows ranked by exact attention: the same sessions */
-    if (s->dist || s->rp.share_heads || s->rp.method != DHSA_ROUTE_DHSA || !s->ix) s->rp.exact_rows = 0;
+    if (s->rp.share_heads || s->rp.method != DHSA_ROUTE_DHSA || !s->ix) s->rp.exact_rows = 0;
     s->exact_from = INT64_MAX;
     if (s->ix && s->rp.carry > 0) {
         s->carry = malloc((size_t)(2 * in->n_layer * in->n_head_kv * DHSA_CARRY_MAX) * sizeof(int64_t));
@@ -689,9 +690,15 @@ static dhsa_status attend_rows(dhsa_session *host, dhsa_session *o, int64_t l, i
 /* Layer l of a context-parallel forward: src/dist stores this rank's keys
  * and values of the rows and attends them (dist/dist.h). */
 static dhsa_status attend_dist(dhsa_session *s, int64_t l) {
-    const int64_t cap = s->lc[l].rows;
-    const dhsa__dist_layer_io io = {cache_view(s, l, 0, cap), cache_view(s, l, 1, cap), s->ix ? s->ix[l] : NULL,
-                                    {&s->st_last, &s->st_total}};
+    const int64_t cap = s->lc[l].rows, per = s->m->info.n_head_kv * DHSA_CARRY_MAX;
+    const int decode = s->dist_decode && s->carry && s->ix && s->ix[l];
+    const dhsa__dist_layer_io io = {cache_view(s, l, 0, cap),
+                                    cache_view(s, l, 1, cap),
+                                    s->ix ? s->ix[l] : NULL,
+                                    {&s->st_last, &s->st_total},
+                                    decode && s->carry_ok ? s->carry + l * per : NULL,
+                                    decode ? s->carry + (s->m->info.n_layer + l) * per : NULL,
+                                    s->rp.carry};
     return dhsa__dist_layer(s->dist, &io);
 }
 
@@ -824,13 +831,19 @@ static void roll_back(dhsa_session *s, int64_t len0) {
  * dhsa_session_reset first. */
 static dhsa_status dist_eval(dhsa_session *s, const int32_t *ids, int64_t n, float *logits) {
     dhsa__dist_rows rows;
-    dhsa_status st = dhsa__dist_begin(s->dist, s->len, ids, n, logits != NULL, &rows);
+    /* the last rows ranked exactly: as one process's eval_tokens says */
+    const int exact = n > 1 ? s->rp.exact_rows > 0 && logits : s->exact_next;
+    dhsa_status st = dhsa__dist_begin(s->dist, s->len, ids, n, logits != NULL, exact, &rows);
     if (st) return st;
     s->rowpos = rows.pos;
+    s->dist_decode = n == 1;
     st = forward(s, NULL, rows.ids, rows.n, 0, rows.logits ? logits : NULL, rows.logits ? 1 : 0);
     s->rowpos = NULL;
+    s->dist_decode = 0;
     if ((st = dhsa__dist_end(s->dist, st, logits))) return st;
     s->len += n;
+    s->exact_next = n > 1 && s->rp.exact_rows > 0 && logits;
+    carry_commit(s, n == 1);
     if (n > 1 && s->p.progress) s->p.progress(s->p.progress_user, n, n);
     return DHSA_OK;
 }

@@ -67,6 +67,21 @@ static int64_t chunk_of(const int64_t *starts, int64_t nc, int64_t c, int64_t t)
     return c;
 }
 
+void dhsa__carry_pick(const double *mass, int64_t nc, double share, int64_t *o) {
+    int64_t n_out = 0;
+    for (int64_t c = 0; c < nc; c++) {
+        if (!(mass[c] >= share)) continue;
+        int64_t at = n_out < DHSA_CARRY_MAX ? n_out++ : DHSA_CARRY_MAX;
+        if (at == DHSA_CARRY_MAX && !(mass[c] > mass[o[DHSA_CARRY_MAX - 1]])) continue;
+        if (at == DHSA_CARRY_MAX) at = DHSA_CARRY_MAX - 1;
+        while (at > 0 && mass[c] > mass[o[at - 1]]) {
+            o[at] = o[at - 1];
+            at--;
+        }
+        o[at] = c;
+    }
+}
+
 dhsa_status dhsa__carry_chunks(const dhsa_attn_desc *a, const dhsa_layout *lay, const int64_t *starts, int64_t nc,
                                double share, int64_t *out) {
     const int64_t Hq = a->q.shape[1], Hkv = a->k.shape[1], d = a->q.shape[3], G = Hq / Hkv;
@@ -127,20 +142,7 @@ dhsa_status dhsa__carry_chunks(const dhsa_attn_desc *a, const dhsa_layout *lay, 
                     mass[c] += (double)lg[k] * w;
                 }
         }
-        /* the chunks at or above the share, largest first (ties: earlier) */
-        int64_t *o = out + g * DHSA_CARRY_MAX;
-        int64_t n_out = 0;
-        for (int64_t c = 0; c < nc; c++) {
-            if (!(mass[c] >= share)) continue;
-            int64_t at = n_out < DHSA_CARRY_MAX ? n_out++ : DHSA_CARRY_MAX;
-            if (at == DHSA_CARRY_MAX && !(mass[c] > mass[o[DHSA_CARRY_MAX - 1]])) continue;
-            if (at == DHSA_CARRY_MAX) at = DHSA_CARRY_MAX - 1;
-            while (at > 0 && mass[c] > mass[o[at - 1]]) {
-                o[at] = o[at - 1];
-                at--;
-            }
-            o[at] = c;
-        }
+        dhsa__carry_pick(mass, nc, share, out + g * DHSA_CARRY_MAX);
     }
 out:
     free(logit);
@@ -198,6 +200,87 @@ dhsa_status dhsa__exact_mass(const dhsa_attn_desc *a, int64_t g, int64_t r0, int
                 double sum = 0;
                 for (int64_t k = k0; k < k1; k++) sum += lg[k - lo];
                 mass[c] += sum * w;
+            }
+        }
+    }
+out:
+    free(logit);
+    free(Qr);
+    free(Sr);
+    free(Kbuf);
+    free(qbuf);
+    return st;
+}
+
+dhsa_status dhsa__exact_part(const dhsa_attn_desc *a, int64_t g, int64_t row, int64_t pos, const int64_t *runs,
+                             int64_t n_runs, const int64_t *starts, int64_t nc, const double *norm, double *mz,
+                             double *mass) {
+    const int64_t Hq = a->q.shape[1], Hkv = a->k.shape[1], d = a->q.shape[3], G = Hq / Hkv;
+    if (!norm)
+        for (int64_t h = 0; h < G; h++) {
+            mz[2 * h] = -INFINITY;
+            mz[2 * h + 1] = 0;
+        }
+    int64_t nk = 0; /* the keys the row sees here */
+    for (int64_t i = 0; i < n_runs; i++) {
+        int64_t n = runs[3 * i + 1], p0 = runs[3 * i + 2];
+        nk += p0 > pos ? 0 : pos - p0 + 1 < n ? pos - p0 + 1 : n;
+    }
+    if (nk == 0) return DHSA_OK;
+    const int64_t dq = (int64_t)dhsa__align_up((size_t)d, 16);
+    const dhsa_attn_kernels *kern = dhsa__attn_kernels();
+    float *logit = malloc((size_t)(G * nk) * sizeof(float)), *Qr = calloc((size_t)(DHSA_NARROW * dq), sizeof(float));
+    float *Sr = malloc((size_t)(DHSA_NARROW * DHSA_BC) * sizeof(float));
+    float *Kbuf = malloc((size_t)(DHSA_BC * d) * sizeof(float)), *qbuf = malloc((size_t)d * sizeof(float));
+    dhsa_status st = DHSA_OK;
+    if (!logit || !Qr || !Sr || !Kbuf || !qbuf) {
+        st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory ranking chunks by their exact attention");
+        goto out;
+    }
+    /* logit[h][k]: head h of the group, the k-th key seen, in run order */
+    for (int64_t h0 = 0; h0 < G; h0 += DHSA_NARROW) {
+        const int nq = (int)(G - h0 < DHSA_NARROW ? G - h0 : DHSA_NARROW);
+        for (int i = 0; i < nq; i++) {
+            const float *q = dhsa__row_f32(&a->q, 0, g * G + h0 + i, row, d, qbuf);
+            for (int64_t x = 0; x < d; x++) Qr[i * dq + x] = q[x] * a->scale;
+        }
+        int64_t at = 0;
+        for (int64_t i = 0; i < n_runs; i++) {
+            const int64_t j = runs[3 * i], p0 = runs[3 * i + 2];
+            const int64_t n = p0 > pos ? 0 : pos - p0 + 1 < runs[3 * i + 1] ? pos - p0 + 1 : runs[3 * i + 1];
+            for (int64_t j0 = j; j0 < j + n; j0 += DHSA_BC) {
+                int m = (int)(j + n - j0 < DHSA_BC ? j + n - j0 : DHSA_BC);
+                tile_scores(kern, a, g, j0, m, d, Qr, dq, nq, Kbuf, Sr);
+                for (int h = 0; h < nq; h++)
+                    memcpy(logit + (size_t)(h0 + h) * (size_t)nk + at, Sr + (size_t)h * DHSA_BC, (size_t)m * sizeof(float));
+                at += m;
+            }
+        }
+    }
+    for (int64_t h = 0; h < G; h++) {
+        float *lg = logit + (size_t)h * (size_t)nk;
+        if (!norm) {
+            float m = -INFINITY;
+            for (int64_t k = 0; k < nk; k++) m = lg[k] > m ? lg[k] : m;
+            if (!(m > -INFINITY) || !isfinite(m)) continue;
+            kern->expw(lg, nk, m, 1.0f, lg);
+            double z = 0;
+            for (int64_t k = 0; k < nk; k++) z += lg[k];
+            mz[2 * h] = m;
+            mz[2 * h + 1] = z;
+            continue;
+        }
+        const double M = norm[2 * h], Z = norm[2 * h + 1];
+        if (!(Z > 0) || !isfinite(M)) continue;
+        kern->expw(lg, nk, (float)M, 1.0f, lg);
+        const double w = 1.0 / (Z * (double)G);
+        int64_t k = 0, c = 0;
+        for (int64_t i = 0; i < n_runs; i++) {
+            const int64_t p0 = runs[3 * i + 2];
+            const int64_t n = p0 > pos ? 0 : pos - p0 + 1 < runs[3 * i + 1] ? pos - p0 + 1 : runs[3 * i + 1];
+            for (int64_t t = p0; t < p0 + n; t++, k++) {
+                c = chunk_of(starts, nc, c, t);
+                if (c < nc) mass[c] += (double)lg[k] * w;
             }
         }
     }

@@ -28,6 +28,11 @@
 dhsa_status dhsa__carry_chunks(const dhsa_attn_desc *a, const dhsa_layout *lay, const int64_t *starts, int64_t nc,
                                double share, int64_t *out);
 
+/* o [DHSA_CARRY_MAX] (all -1 on entry) <- the chunks c < nc whose mass[c]
+ * is at least share, largest first (ties: the earlier chunk), at most
+ * DHSA_CARRY_MAX: dhsa__carry_chunks' choice from its masses. */
+void dhsa__carry_pick(const double *mass, int64_t nc, double share, int64_t *o);
+
 /* The chunks' exact attention mass for rows [r0, r1) of the call a (q
  * [1, Hq, Lq, d], its keys k of KV head g from position 0, causal or not,
  * window, scale (resolved: not 0) and softcap as the attention applies
@@ -41,5 +46,25 @@ dhsa_status dhsa__carry_chunks(const dhsa_attn_desc *a, const dhsa_layout *lay, 
  * zero. dhsa_router_params.exact_rows ranks by it (kv_index.c). */
 dhsa_status dhsa__exact_mass(const dhsa_attn_desc *a, int64_t g, int64_t r0, int64_t r1, const int64_t *starts,
                              int64_t nc, double *mass);
+
+/* One rank's part of dhsa__exact_mass under context parallelism (src/dist:
+ * a rank holds some of the keys, docs/dist.md). Row `row` of the call a
+ * (q [1, Hq, Lq, d]; scale resolved, softcap; k [1, Hkv, n, d] the rank's
+ * keys in its local slots) at position pos, against the keys of KV head g
+ * in the runs [n_runs][3] (first local slot, count, position of the
+ * first), those at positions <= pos (causal). Two passes:
+ *   norm NULL: mz[2 h], mz[2 h + 1] <- for head g G + h (h < G) the largest
+ *     score over those keys and the sum of exp(score - it) (-inf and 0
+ *     where there are none);
+ *   norm [G][2] (the row's largest score and its sum of exponentials over
+ *     every rank's keys): mass[c] += for c < nc the sum over the group's
+ *     heads of exp(score - norm max) / (norm sum G) over the keys of chunk
+ *     [starts[c], starts[c + 1]) here.
+ * Summed over the ranks, the second pass is dhsa__exact_mass's row (the
+ * same scores and exponentials; sums in another order). Scratch from
+ * malloc (G x the keys). */
+dhsa_status dhsa__exact_part(const dhsa_attn_desc *a, int64_t g, int64_t row, int64_t pos, const int64_t *runs,
+                             int64_t n_runs, const int64_t *starts, int64_t nc, const double *norm, double *mz,
+                             double *mass);
 
 #endif

@@ -770,9 +770,17 @@ static dhsa_status qk_check(const dhsa_attn_desc *a, dhsa_attn_desc *dd, dhsa__a
 
 /* dhsa_kv_index_route, and dhsa__kv_index_route_masked with allowed / agg
  * (kv_index_internal.h). */
+/* ext (NULL: none): the blocks from row ext_from (a block's start) on rank
+ * by ext[(g ext_gstride + qb - ext_from / q_block) (n_chunks + 1) + c], a
+ * mass worked out by the caller (dhsa__kv_index_route_mass). */
+typedef struct {
+    int64_t from, gstride;
+    const double *mass;
+} ext_mass;
+
 static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
                                const unsigned char *allowed, double *agg, const int64_t *keep, int exact,
-                               dhsa_layout **out) {
+                               const ext_mass *ext, dhsa_layout **out) {
     if (!a->causal) return dhsa__fail(DHSA_ERR_UNSUPPORTED, "the decode index routes causal attention only");
     dhsa_attn_desc dd;
     dhsa__attn_problem p;
@@ -841,7 +849,10 @@ static dhsa_status route_index(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhs
             /* chunks this block may know: closed at or before its last position */
             int64_t visible = nc;
             while (visible > 0 && ix->decided[visible - 1] > last) visible--;
-            if (exact) { /* the block's mean over its rows of their true mass per chunk */
+            if (ext && r0 >= ext->from) {
+                const double *em = ext->mass + (size_t)(g * ext->gstride + qb - ext->from / rp->q_block) * (size_t)(nc + 1);
+                for (int64_t c = 0; c < visible; c++) sc[c] = (float)em[c];
+            } else if (exact) { /* the block's mean over its rows of their true mass per chunk */
                 for (int64_t c = 0; c < visible; c++) {
                     double m = 0;
                     for (int64_t r = r0; r < r1; r++) m += mass[(size_t)(g * p.Lq + r) * (size_t)(nc + 1) + (size_t)c];
@@ -933,10 +944,10 @@ static void read_end(const dhsa_kv_index *ix) { atomic_fetch_sub((atomic_int *)&
 
 static dhsa_status route_shared(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
                                 const unsigned char *allowed, double *agg, const int64_t *keep, int exact,
-                                dhsa_layout **out) {
+                                const ext_mass *ext, dhsa_layout **out) {
     dhsa_status st = read_begin(ix);
     if (st) return st;
-    st = route_index(ctx, ix, a, allowed, agg, keep, exact, out);
+    st = route_index(ctx, ix, a, allowed, agg, keep, exact, ext, out);
     read_end(ix);
     return st;
 }
@@ -945,14 +956,14 @@ dhsa_status dhsa_kv_index_route(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dh
                                 dhsa_layout **out) {
     if (!ctx || !ix || !a || !out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_kv_index_route: NULL argument");
     *out = NULL;
-    return route_shared(ctx, ix, a, NULL, NULL, NULL, 0, out);
+    return route_shared(ctx, ix, a, NULL, NULL, NULL, 0, NULL, out);
 }
 
 dhsa_status dhsa_kv_index_route_keep(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
                                      const int64_t *keep, dhsa_layout **out) {
     if (!ctx || !ix || !a || !out) return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa_kv_index_route_keep: NULL argument");
     *out = NULL;
-    return route_shared(ctx, ix, a, NULL, NULL, keep, 0, out);
+    return route_shared(ctx, ix, a, NULL, NULL, keep, 0, NULL, out);
 }
 
 dhsa_status dhsa_kv_index_carry(const dhsa_kv_index *ix, const dhsa_attn_desc *a, const dhsa_layout *lay,
@@ -996,7 +1007,7 @@ dhsa_status dhsa_kv_index_route_exact(dhsa_ctx *ctx, const dhsa_kv_index *ix, co
     *out = NULL;
     if (ix->rp.share_heads)
         return dhsa__fail(DHSA_ERR_UNSUPPORTED, "exact chunk ranking routes each KV group alone (not share_heads)");
-    return route_shared(ctx, ix, a, NULL, NULL, NULL, 1, out);
+    return route_shared(ctx, ix, a, NULL, NULL, NULL, 1, NULL, out);
 }
 
 int64_t dhsa__kv_index_groups(const dhsa_kv_index *ix) { return ix->rp.share_heads ? 1 : ix->Hkv; }
@@ -1006,7 +1017,7 @@ dhsa_status dhsa__kv_index_route_masked(dhsa_ctx *ctx, const dhsa_kv_index *ix, 
     if (!ctx || !ix || !a || !out)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__kv_index_route_masked: NULL argument");
     *out = NULL;
-    return route_shared(ctx, ix, a, allowed, agg, NULL, 0, out);
+    return route_shared(ctx, ix, a, allowed, agg, NULL, 0, NULL, out);
 }
 
 /* ------------------------------------------------------------ delta --- */
@@ -1120,4 +1131,19 @@ dhsa_status dhsa__kv_index_delta_read(dhsa_kv_index *ix, const void *buf, size_t
     if (nk) GET(ix->sinkk + (size_t)(t1 - nk) * hd, (size_t)nk * hd * 4);
 #undef GET
     return DHSA_OK;
+}
+
+dhsa_status dhsa__kv_index_route_mass(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
+                                      const unsigned char *allowed, int64_t from, const double *mass,
+                                      int64_t gstride, const int64_t *keep, dhsa_layout **out) {
+    if (!ctx || !ix || !a || !out || !mass)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__kv_index_route_mass: NULL argument");
+    *out = NULL;
+    if (ix->rp.share_heads)
+        return dhsa__fail(DHSA_ERR_UNSUPPORTED, "exact chunk ranking routes each KV group alone (not share_heads)");
+    if (from < 0 || from % ix->rp.q_block)
+        return dhsa__fail(DHSA_ERR_INVALID_ARG, "dhsa__kv_index_route_mass: row %lld is not a query block's start",
+                          (long long)from);
+    const ext_mass e = {from, gstride, mass};
+    return route_shared(ctx, ix, a, allowed, NULL, keep, 0, &e, out);
 }

@@ -66,4 +66,14 @@ dhsa_status dhsa__kv_index_route_masked(dhsa_ctx *ctx, const dhsa_kv_index *ix, 
  * bit for bit; otherwise 1 and the first difference in why. */
 int dhsa__kv_index_diff(const dhsa_kv_index *a, const dhsa_kv_index *b, char *why, size_t cap);
 
+/* dhsa__kv_index_route_masked (agg NULL) with keep as
+ * dhsa_kv_index_route_keep's, where the query blocks from row `from` (a
+ * block's start) on rank their chunks by a mass the caller worked out:
+ * block qb of KV group g by mass[(g gstride + qb - from / q_block)
+ * (n_chunks + 1) + c] for chunk c (context parallelism's exact ranking,
+ * src/dist: the ranks' parts of dhsa__exact_mass merged). Not share_heads. */
+dhsa_status dhsa__kv_index_route_mass(dhsa_ctx *ctx, const dhsa_kv_index *ix, const dhsa_attn_desc *a,
+                                      const unsigned char *allowed, int64_t from, const double *mass,
+                                      int64_t gstride, const int64_t *keep, dhsa_layout **out);
+
 #endif
