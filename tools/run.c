@@ -878,7 +878,6 @@ static int run_main(int argc, char **argv, int plan_only) {
     /* the routing every entry point runs for the tokens this run holds
      * (dhsa_router_params_for), with the options given over it */
     const int64_t run_len = cap - 1;
-    if (o.ses.dist && dhsa_cli_dist_size() > 1 && o.ses.router.q_block < 0) o.ses.router.q_block = 64;
     dhsa_cli_router_fill(&o.ses.router, run_len, o.ses.router.density);
     dhsa_mem_plan plan;
     dhsa_status st = fit_plan(ctx, m, &o, ctx_set, n_prompt, &plan);

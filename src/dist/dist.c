@@ -83,6 +83,7 @@ struct dhsa__dist {
     int64_t *left;              /* [2 R] budget left, keys needed, per rank */
     /* the exact ranking of an answering eval's last rows (exact_rows, dist_exact) */
     int64_t exact_rows;         /* the router's exact_rows; 0: off */
+    int64_t q_block;            /* the router's query block (divides 64) */
     int64_t xmax, xbmax, ncmax; /* the most rows, query blocks and chunks of one ranking */
     int64_t nx, nxb, nxs;       /* the running eval's: rows (0: none), blocks, segments */
     float *xq;                  /* [xmax][Hq][hk] the rows' queries, position order */
@@ -128,8 +129,7 @@ static int carry_on(const dhsa_session_params *p, const dhsa_router_params *rp) 
  * exact attention (include/dhsa/route.h, exact_rows): as one process, the
  * sessions whose index ranks chunks by score, one routing per KV group. */
 static int exact_on(const dhsa_session_params *p, const dhsa_router_params *rp) {
-    return uses_index(p) && rp->method == DHSA_ROUTE_DHSA && !rp->share_heads && rp->exact_rows > 0 &&
-           rp->q_block == 64;
+    return uses_index(p) && rp->method == DHSA_ROUTE_DHSA && !rp->share_heads && rp->exact_rows > 0;
 }
 
 /* -------------------------------------------------------- plan, create --- */
@@ -157,8 +157,10 @@ dhsa_status dhsa__dist_check(const dhsa_model_info *in, const dhsa_session_param
     if (p->dist_stripe < 0 || p->dist_stripe % 64)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "context parallel: a stripe of %lld tokens (a multiple of 64, the "
                           "query block; 0 = contiguous)", (long long)p->dist_stripe);
-    if (p->attn != DHSA_ATTN_DENSE && p->router.q_block != 64 && p->router.q_block > 0)
-        return dhsa__fail(DHSA_ERR_UNSUPPORTED, "context parallel: query blocks of 64 rows only");
+    if (p->attn != DHSA_ATTN_DENSE && p->router.q_block > 0 && 64 % p->router.q_block)
+        return dhsa__fail(DHSA_ERR_UNSUPPORTED, "context parallel: query blocks of %lld rows (16, 32 or 64 and the "
+                          "like: blocks that divide 64, so that every stripe holds whole blocks)",
+                          (long long)p->router.q_block);
     if (p->dist_fetch_share > 0 && !uses_index(p))
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "context parallel: dist_fetch_share %g budgets what dhsa and block "
                           "attention fetch; %s attention passes every key round the ring", p->dist_fetch_share,
@@ -210,11 +212,12 @@ static dist_dims dims_of(const dhsa_model_info *in, const dhsa_session_params *p
     }
     if (exact_on(p, rp) || carry_on(p, rp)) {
         /* the last X rows from each piece's block holding the first: at
-         * most X / 64 + 2 pieces (stripes >= 64), each adding < 64 rows
+         * most X / 64 + 2 pieces (stripes >= 64), each adding < qb rows
          * and up to 2 blocks; the index's chunks as kv_index.c bounds them */
-        const int64_t X = rp->exact_rows, seg = X / 64 + 2;
-        m.xmax = X + 63 * seg < n_ctx ? X + 63 * seg : n_ctx; /* >= 1: a decode row */
-        m.xbmax = X / 64 + 2 * seg;
+        const int64_t X = rp->exact_rows, seg = X / 64 + 2, qb = rp->q_block > 0 ? rp->q_block : 1;
+        m.xmax = X + (qb - 1) * seg < n_ctx ? X + (qb - 1) * seg : n_ctx; /* >= 1: a decode row */
+        if (m.xmax < 1) m.xmax = 1;
+        m.xbmax = X / qb + 2 * seg;
         m.ncmax = n_ctx / (rp->boundary == DHSA_BOUNDARY_FIXED ? rp->chunk : rp->min_chunk) + 2;
         m.runs = cap / S + 2;
     }
@@ -344,6 +347,7 @@ dhsa_status dhsa__dist_create(dhsa_ctx *ctx, const dhsa_model_info *in, const dh
     s->groups = m.groups;
     s->max_chunks = m.max_chunks;
     s->exact_rows = exact_on(p, rp) ? rp->exact_rows : 0;
+    s->q_block = rp->q_block > 0 ? rp->q_block : 64;
     s->xmax = m.xmax;
     s->xbmax = m.xbmax;
     s->ncmax = m.ncmax;
@@ -686,23 +690,23 @@ static int64_t dist_visible(const dhsa__dist *s, int64_t q) {
  * last exact_rows, from the start of the query block (of its piece)
  * holding the first; a decode row (end = len + 1) alone. */
 static void exact_rows_of(dhsa__dist *s, int64_t len, int64_t end, int exact) {
-    const int64_t S = s->stripe, R = s->dist->size;
+    const int64_t S = s->stripe, R = s->dist->size, qb = s->q_block;
     s->nx = s->nxb = s->nxs = 0;
     if (!exact || !s->exact_rows) return;
     const int64_t x0 = end - s->exact_rows > len ? end - s->exact_rows : len;
     for (int64_t g = len; g < end;) {
         int64_t g1 = (g / S + 1) * S < end ? (g / S + 1) * S : end;
         if (g1 > x0) {
-            int64_t e = g + ((x0 > g ? x0 : g) - g) / 64 * 64;
+            int64_t e = g + ((x0 > g ? x0 : g) - g) / qb * qb;
             int64_t *sg = s->xseg[s->nxs++];
             sg[0] = e;
             sg[1] = g1 - e;
             sg[2] = end - len == 1 ? -1 : (g / S) % R; /* a decode row: every rank's */
             sg[3] = s->nx;
             sg[4] = s->nxb;
-            for (int64_t b = e; b < g1; b += 64) {
+            for (int64_t b = e; b < g1; b += qb) {
                 s->xblk[s->nxb][0] = s->nx + b - e;
-                s->xblk[s->nxb][1] = g1 - b < 64 ? g1 - b : 64;
+                s->xblk[s->nxb][1] = g1 - b < qb ? g1 - b : qb;
                 s->nxb++;
             }
             for (int64_t x = e; x < g1; x++) s->xpos[s->nx++] = x;

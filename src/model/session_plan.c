@@ -48,11 +48,9 @@ dhsa_session_params dhsa_session_default_params(void) {
 }
 
 /* p with the router's unset fields scaled to the context (the defaults
- * plumbing: dhsa_router_scale). Context parallelism runs query blocks of
- * 64 rows. */
+ * plumbing: dhsa_router_scale), with or without ranks alike. */
 dhsa_session_params dhsa__session_resolve(const dhsa_model *m, const dhsa_session_params *p) {
     dhsa_session_params q = *p;
-    if (q.dist && q.dist->size > 1 && q.router.q_block < 0) q.router.q_block = 64;
     dhsa_router_scale(&q.router, q.n_ctx > 0 ? q.n_ctx : m->info.n_ctx_train);
     if (q.router.rest == DHSA_REST_HYBRID) q.router.rest = dhsa__model_hybrid(m) ? 1 : 0;
     const int64_t h = q.router.hybrid_max_chunk; /* finer chunks on hybrid models (route.h) */
