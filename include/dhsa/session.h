@@ -150,8 +150,10 @@ typedef struct {
     double kv;        /* keys and values: the dense ring's shards, DHSA's
                          fetched ranges */
     double index;     /* DHSA: routing-index deltas (chunk summaries) and the
-                         range requests */
-    double partial;   /* decode: partial outputs and their LSE */
+                         range requests; an answering eval's rows ranked
+                         exactly: their queries and the merged masses */
+    double partial;   /* decode: partial outputs and their LSE; the
+                         carried chunks' merged shares */
     double logits;    /* the last row's logits from its rank after a prefill */
     int64_t prefill_layers, decode_layers; /* layer steps that sent them */
     double kv_keys;   /* keys whose K and V were sent (a key: its K and V

@@ -92,7 +92,8 @@ struct dhsa__dist {
     int64_t (*xseg)[5];         /* [xbmax] position, rows, owner rank, first row, first block */
     int64_t (*xruns)[3];        /* [cap / S + 2] this rank's keys: first slot, count, position */
     double *xmz, *xmz_all;      /* [xmax][Hq][2], [R][xmax][Hq][2]: largest score and sum, here / every rank's */
-    double *xm, *xm_all;        /* [Hkv][xbmax][ncmax + 1], [R][...]: the blocks' masses, here / every rank's */
+    double *xm, *xm_all;        /* [Hkv][xbmax][ncmax + 1], [R + 1][...]: the blocks' masses, here / every rank's */
+    int64_t *xlist;             /* [Hkv][ncmax + 1] the carried chunks' candidates (dist_carry) */
     void *block;                /* the ctx allocation holding the buffers above */
     char *dbuf[2];              /* two shard buffers: one layer's K and V of cap positions */
     size_t dbuf_bytes;
@@ -278,7 +279,8 @@ static size_t carve(dhsa__dist *s, char *base, const dist_dims *m) {
         TAKE(xmz, m->xmax * m->Hq * 2, double);
         TAKE(xmz_all, m->R * m->xmax * m->Hq * 2, double);
         TAKE(xm, nm, double);
-        TAKE(xm_all, m->R * nm, double);
+        TAKE(xm_all, (m->R + 1) * nm, double);
+        TAKE(xlist, m->Hkv * (m->ncmax + 1), int64_t);
     }
 #undef TAKE
     return at;
@@ -836,6 +838,19 @@ static dhsa_status dist_exact(dhsa__dist *s, int64_t cnt, const int64_t *starts,
     return st;
 }
 
+/* The chunk holding position t (starts [nc + 1] ascending); nc past the
+ * last closed chunk. */
+static int64_t chunk_at(const int64_t *starts, int64_t nc, int64_t t) {
+    if (t >= starts[nc]) return nc;
+    int64_t lo = 0, hi = nc; /* starts[lo] <= t < starts[hi] */
+    while (hi - lo > 1) {
+        const int64_t mid = (lo + hi) / 2;
+        if (starts[mid] <= t) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
 /* Rank me's keys among the global ranges rg [n][2] (ascending), in its
  * first cnt slots, as runs (first slot, count, position) into out (NULL:
  * only counted); returns how many. */
@@ -926,17 +941,34 @@ static dhsa_status dist_carry(dhsa__dist *s, const dhsa_layout *gl, int64_t p, i
             }
         }
     }
-    const int64_t nm = Hkv * (nc + 1);
+    /* only the chunks the step read can hold a share: the same list on
+     * every rank (gl is every rank's), packed in place (an entry never
+     * moves up), exchanged, summed in rank order */
+    int64_t nm = 0;
+    for (int64_t g = 0; g < Hkv; g++) {
+        const int64_t *rg;
+        int64_t n, last = -1;
+        if (dhsa_layout_get(gl, 0, g, 0, &rg, &n)) n = 0;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t c = chunk_at(starts, nc, rg[2 * i]); c < nc && starts[c] < rg[2 * i + 1]; c++) {
+                if (c == last) continue;
+                s->xlist[nm] = g * (nc + 1) + c;
+                s->xm[nm++] = s->xm[g * (nc + 1) + c];
+                last = c;
+            }
+    }
     if (d->allgather(d->user, s->xm, (size_t)nm * sizeof(double), s->xm_all, why))
         return dist_fail("merging the carried chunks", why);
     s->dst.partial += (double)(R - 1) * (double)nm * sizeof(double);
     if (st) return st;
+    for (int64_t x = 0; x < Hkv * (nc + 1); x++) s->xm_all[R * nm + x] = 0;
     for (int64_t x = 0; x < nm; x++) {
         double t = 0;
         for (int64_t q = 0; q < R; q++) t += s->xm_all[q * nm + x];
-        s->xm[x] = t;
+        s->xm_all[R * nm + s->xlist[x]] = t;
     }
-    for (int64_t g = 0; g < Hkv; g++) dhsa__carry_pick(s->xm + g * (nc + 1), nc, share, out + g * DHSA_CARRY_MAX);
+    for (int64_t g = 0; g < Hkv; g++)
+        dhsa__carry_pick(s->xm_all + R * nm + g * (nc + 1), nc, share, out + g * DHSA_CARRY_MAX);
     return DHSA_OK;
 }
 
