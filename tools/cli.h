@@ -252,6 +252,8 @@ int dhsa_cli_run(int argc, char **argv);
 int dhsa_cli_plan(int argc, char **argv);
 extern const char dhsa_cli_run_usage[];
 int dhsa_cli_bench_model(int argc, char **argv);
+/* The model line run and bench model print (tools/run.c). */
+void dhsa_cli_print_model(FILE *f, const char *path, const dhsa_model *m, const dhsa_model_info *in);
 extern const char dhsa_cli_bench_model_usage[];
 extern const char dhsa_cli_dist_usage[]; /* printed after run's and bench model's */
 extern const char dhsa_cli_run_cache_usage[]; /* --prompt-cache, printed after run's */

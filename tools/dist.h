@@ -29,4 +29,25 @@ int dhsa_cli_dist_same_ids(const int32_t *ids, int64_t n);
 /* Ends MPI (after the last use of the transport). */
 void dhsa_cli_dist_finish(void);
 
+/* The context-parallel parts of run's and bench model's command lines
+ * (tools/run.c). dhsa_cli_dist_begin: starts this rank's transport and
+ * sends stdout of every rank but 0 to /dev/null (NULL: one process). */
+const dhsa_dist *dhsa_cli_dist_begin(int *argc, char ***argv);
+/* --dist-stripe N (0 or N tokens), --dist-fetch F (0 < F <= 1), and
+ * --dist-fetch refused with one process. */
+int64_t dhsa_cli_dist_stripe_arg(const char *opt, const char *v);
+double dhsa_cli_dist_fetch_arg(const char *opt, const char *v);
+void dhsa_cli_dist_fetch_needs_ranks(double f);
+/* What crossed the wire in a context-parallel session since it was
+ * created: each kind summed over the ranks (dhsa_dist_stats). Collective:
+ * every rank calls it, in the same order as its other reductions. */
+typedef struct {
+    double kv, index, partial;
+    double keys, visible, share_max; /* DHSA: keys fetched, keys the queries could see, the largest share */
+} dhsa_cli_dist_wire;
+dhsa_cli_dist_wire dhsa_cli_dist_wire_sum(const dhsa_dist_stats *mine);
+/* The wire in words into buf (returned). */
+const char *dhsa_cli_dist_wire_text(const dhsa_cli_dist_wire *w, int64_t n_layer, int64_t n_prompt, int64_t n_dec,
+                                    char *buf, size_t cap);
+
 #endif

@@ -22,83 +22,22 @@
  *   pieces [max_pieces][3]                  runs of consecutive positions
  *   dbuf[2]                                 shard buffers, one layer's K+V of cap
  *   xq, xmz.., xm..                         the exact ranking's rows, norms, masses
+ * The rows ranked exactly and the carried chunks: dist_route.c.
  * Tested by tests/test_dist.c (mpirun: the same ids and logits as one
  * process) and tests/test_attn_merge.c (the merge).
  */
-#include "dist/dist.h"
+#include "dist/dist_internal.h"
 
 #include "attn/layout.h"
 #include "attn/stats.h"
 #include "core/internal.h"
 #include "core/procmem.h"
-#include "route/carry.h"
 #include "route/kv_index_internal.h"
 #include "route/params.h"
 
 #include <math.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-
-struct dhsa__dist {
-    dhsa_ctx *ctx;
-    const dhsa_model_info *in;
-    const dhsa_dist *dist;      /* the transport */
-    dhsa_type kv_type;
-    double fetch_share;         /* dhsa_session_params.dist_fetch_share */
-    int64_t n_ctx, cap;         /* the job's context; the most positions of one rank */
-    int64_t stripe;             /* position p is rank (p / stripe) % size's */
-    float *q, *kt, *vt, *att;   /* the session's forward buffers (dist.h) */
-    void *kv;                   /* the session's cache base: a placeholder for routing calls */
-    const dhsa__dist_layer_io *io; /* the running layer */
-    int64_t len, len_loc;       /* positions committed, and of those, this rank's */
-    int mode;                   /* the running eval: 1 a sharded prefill, 2 a decode row on every rank */
-    int64_t dist_end;           /* a sharded prefill: the context's length after it */
-    int64_t n_rows;             /* this rank's rows in it */
-    int64_t n_pieces, max_pieces; /* ... and its runs of consecutive positions in it */
-    int64_t (*pieces)[3];       /* [max_pieces]: first row, rows, first position */
-    int64_t *rowpos;            /* [cap] the rows' positions */
-    int32_t *own;               /* [cap] the rows' ids */
-    float *o2, *lse1, *lse2;    /* partial outputs and LSEs */
-    float *krow;                /* [n_head_kv][hd_k] a decode key as the cache holds it */
-    float *gather;              /* [R][Hq (hv + 1)] every rank's decode partial */
-    /* a DHSA prefill's lists (work_bytes: how many of each) */
-    int64_t nl, rmax, tmp_cap;  /* request lists per rank; ranges in one list; sub_layout's ranges */
-    dhsa_layout **gl;           /* [max_pieces] the pieces' routed layouts */
-    int64_t *nreq, *ngot;       /* [R nl] ranges asked of each rank (per list), and asked of this one */
-    int64_t **req, **pre;       /* [R nl] each list's ranges and prefix sums, in reqs / pres */
-    int64_t *reqs, *pres;       /* [R nl rmax][2] the lists back to back, in rank order (the outbox); [R nl (rmax + 1)] */
-    int64_t *inbox;             /* [R nl rmax][2] the lists other ranks ask of this one */
-    size_t *sb, *rb;            /* [R] bytes sent to / received from each rank */
-    int64_t *nh;                /* [Hkv] keys received per KV head */
-    int32_t *marks;             /* [cap + 1] coverage deltas of one union (zero between uses) */
-    int64_t *tmp;               /* [tmp_cap][2] one block's ranges in another rank's slots */
-    /* a fetch budget's (fetch_share > 0) */
-    int64_t groups, max_chunks;
-    unsigned char *allowed, *none; /* [groups][max_chunks]: the chunks a block may select; none, all 0 */
-    double *agg;                /* [groups][max_chunks] the blocks' summed per-key weight of each chunk */
-    void *order;                /* [max_chunks] chunk_weight */
-    int32_t *fmarks;            /* [groups][R][cap + 1] coverage deltas of what is read anyway */
-    int64_t *fixed, *nfixed;    /* [groups][R][rmax][2] those ranges, [groups][R] their counts */
-    int64_t *left;              /* [2 R] budget left, keys needed, per rank */
-    /* the exact ranking of an answering eval's last rows (exact_rows, dist_exact) */
-    int64_t exact_rows;         /* the router's exact_rows; 0: off */
-    int64_t q_block;            /* the router's query block (divides 64) */
-    int64_t xmax, xbmax, ncmax; /* the most rows, query blocks and chunks of one ranking */
-    int64_t nx, nxb, nxs;       /* the running eval's: rows (0: none), blocks, segments */
-    float *xq;                  /* [xmax][Hq][hk] the rows' queries, position order */
-    int64_t *xpos;              /* [xmax] their positions */
-    int64_t (*xblk)[2];         /* [xbmax] each block's first row, rows */
-    int64_t (*xseg)[5];         /* [xbmax] position, rows, owner rank, first row, first block */
-    int64_t (*xruns)[3];        /* [cap / S + 2] this rank's keys: first slot, count, position */
-    double *xmz, *xmz_all;      /* [xmax][Hq][2], [R][xmax][Hq][2]: largest score and sum, here / every rank's */
-    double *xm, *xm_all;        /* [Hkv][xbmax][ncmax + 1], [R + 1][...]: the blocks' masses, here / every rank's */
-    int64_t *xlist;             /* [Hkv][ncmax + 1] the carried chunks' candidates (dist_carry) */
-    void *block;                /* the ctx allocation holding the buffers above */
-    char *dbuf[2];              /* two shard buffers: one layer's K and V of cap positions */
-    size_t dbuf_bytes;
-    dhsa_dist_stats dst;
-};
 
 /* Position p belongs to rank (p / S) % R, where it is local slot
  * (p / (S R)) S + p % S: each rank's positions in order, so a rank's cache
@@ -385,7 +324,7 @@ const dhsa_dist_stats *dhsa__dist_stats(const dhsa__dist *s) { return &s->dst; }
 /* ------------------------------------------------------- layer helpers --- */
 
 /* The view of the running layer's cache holding its first n keys. */
-static dhsa_tensor cache_view(const dhsa__dist *s, int is_v, int64_t n) {
+dhsa_tensor dhsa__dist_cache_view(const dhsa__dist *s, int is_v, int64_t n) {
     dhsa_tensor t = is_v ? s->io->v : s->io->k;
     t.shape[2] = n;
     return t;
@@ -421,7 +360,7 @@ static dhsa_status lse_merge(float *o1, float *l1, float *o2, float *l2, int64_t
     return dhsa_attn_merge(o, l, 2, &o[0], &l[0]);
 }
 
-static dhsa_status dist_fail(const char *what, const char *why) {
+dhsa_status dhsa__dist_fail(const char *what, const char *why) {
     return dhsa__fail(DHSA_ERR_INTERNAL, "context parallel, %s: %s", what, why);
 }
 
@@ -478,7 +417,7 @@ static int64_t pack_lists(const dhsa__dist *s, const int64_t *rg, const int64_t 
     }
     for (int is_v = 0; is_v < 2; is_v++) {
         const int64_t hd = is_v ? in->head_dim_v : in->head_dim_k;
-        const char *c = (const char *)cache_view(s, is_v, s->cap).data;
+        const char *c = (const char *)dhsa__dist_cache_view(s, is_v, s->cap).data;
         char *dst = buf + (is_v ? (size_t)(rows * in->head_dim_k) * es : 0);
         const int64_t *r = rg;
         for (int64_t g = 0; g < Hkv; g++) {
@@ -621,13 +560,13 @@ static dhsa_status dist_relay(dhsa__dist *s, int64_t from, int64_t to) {
         dhsa_status st;
         if (owner == me) {
             int64_t l0 = dist_count_before(S, R, me, g);
-            dhsa_tensor kn = cache_view(s, 0, s->cap);
+            dhsa_tensor kn = dhsa__dist_cache_view(s, 0, s->cap);
             kn.data = (char *)kn.data + (size_t)l0 * (size_t)hk * dhsa_type_size(s->kv_type);
             kn.shape[2] = g1 - g;
             if ((st = dhsa_kv_index_append(ix, &kn))) return st;
             bytes = dhsa__kv_index_delta_bytes(ix, c0);
         }
-        if (d->bcast(d->user, &bytes, sizeof bytes, (int)owner, why)) return dist_fail("relaying the routing index", why);
+        if (d->bcast(d->user, &bytes, sizeof bytes, (int)owner, why)) return dhsa__dist_fail("relaying the routing index", why);
         void *own, *buf = scratch(s, 0, (size_t)bytes, &own);
         if (!buf) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory for a routing-index delta");
         if (owner == me) dhsa__kv_index_delta_write(ix, c0, buf);
@@ -638,7 +577,7 @@ static dhsa_status dist_relay(dhsa__dist *s, int64_t from, int64_t to) {
             s->dst.index += (double)bytes + sizeof bytes;
         }
         free(own);
-        if (bad) return dist_fail("relaying the routing index", why);
+        if (bad) return dhsa__dist_fail("relaying the routing index", why);
         if (st) return st;
         g = g1;
     }
@@ -669,307 +608,6 @@ static int64_t dist_visible(const dhsa__dist *s, int64_t q) {
     if (s->n_pieces == 0) return 0;
     const int64_t *last = s->pieces[s->n_pieces - 1];
     return dist_count_before(s->stripe, s->dist->size, q, last[2] + last[1]);
-}
-
-/* ------------------------------------------- the exact ranking (exact_rows) --- */
-
-/* Where an answering eval's last rows rank their chunks by exact attention
- * (include/dhsa/route.h, exact_rows; docs/dist.md): every rank holds some
- * of each row's keys, so each works out its part over its own keys and the
- * parts are merged, every rank alike:
- *   the rows' queries are broadcast by their owners (a decode row is on
- *     every rank);
- *   pass A: each rank's largest score and sum of exponentials per row and
- *     head over its keys (dhsa__exact_part), all-gathered and merged into
- *     the row's own (max M, sum Z);
- *   pass B: each rank's masses per chunk with those, summed over each query
- *     block's rows, all-gathered and summed in rank order, then divided by
- *     the block's rows: the block's mean of its rows' exact mass, as
- *     dhsa__exact_mass gives it in one process (sums in another order).
- * The blocks then route by them (dhsa__kv_index_route_mass). */
-
-/* The rows an eval of positions [len, end) ranks exactly: none, or the
- * last exact_rows, from the start of the query block (of its piece)
- * holding the first; a decode row (end = len + 1) alone. */
-static void exact_rows_of(dhsa__dist *s, int64_t len, int64_t end, int exact) {
-    const int64_t S = s->stripe, R = s->dist->size, qb = s->q_block;
-    s->nx = s->nxb = s->nxs = 0;
-    if (!exact || !s->exact_rows) return;
-    const int64_t x0 = end - s->exact_rows > len ? end - s->exact_rows : len;
-    for (int64_t g = len; g < end;) {
-        int64_t g1 = (g / S + 1) * S < end ? (g / S + 1) * S : end;
-        if (g1 > x0) {
-            int64_t e = g + ((x0 > g ? x0 : g) - g) / qb * qb;
-            int64_t *sg = s->xseg[s->nxs++];
-            sg[0] = e;
-            sg[1] = g1 - e;
-            sg[2] = end - len == 1 ? -1 : (g / S) % R; /* a decode row: every rank's */
-            sg[3] = s->nx;
-            sg[4] = s->nxb;
-            for (int64_t b = e; b < g1; b += qb) {
-                s->xblk[s->nxb][0] = s->nx + b - e;
-                s->xblk[s->nxb][1] = g1 - b < qb ? g1 - b : qb;
-                s->nxb++;
-            }
-            for (int64_t x = e; x < g1; x++) s->xpos[s->nx++] = x;
-        }
-        g = g1;
-    }
-}
-
-typedef struct {
-    dhsa__dist *s;
-    dhsa_attn_desc a;
-    const int64_t *starts;
-    int64_t nc, nr, G, pass;
-    atomic_int failed;
-} exact_job;
-
-/* pass A: task = (KV group, row); pass B: task = (KV group, block) */
-static void exact_task(void *arg, int64_t task, int thread) {
-    exact_job *j = arg;
-    dhsa__dist *s = j->s;
-    const int64_t Hq = s->in->n_head, G = j->G;
-    (void)thread;
-    dhsa_status st = DHSA_OK;
-    if (j->pass == 0) {
-        const int64_t g = task / s->nx, x = task % s->nx;
-        st = dhsa__exact_part(&j->a, g, x, s->xpos[x], &s->xruns[0][0], j->nr, j->starts, j->nc, NULL,
-                              s->xmz + (x * Hq + g * G) * 2, NULL);
-    } else {
-        const int64_t g = task / s->nxb, b = task % s->nxb;
-        double *m = s->xm + (g * s->nxb + b) * (j->nc + 1);
-        for (int64_t c = 0; c <= j->nc; c++) m[c] = 0;
-        for (int64_t x = s->xblk[b][0]; x < s->xblk[b][0] + s->xblk[b][1] && !st; x++)
-            st = dhsa__exact_part(&j->a, g, x, s->xpos[x], &s->xruns[0][0], j->nr, j->starts, j->nc,
-                                  s->xmz + (x * Hq + g * G) * 2, NULL, m);
-    }
-    if (st) atomic_store(&j->failed, 1);
-}
-
-/* The running layer's exact masses of the eval's rows into xm [Hkv][nxb][nc
- * + 1] (every rank the same), nc and starts the index's chunks; cnt: the
- * keys this rank holds now. Every rank takes part in every exchange, a
- * failure included. */
-static dhsa_status dist_exact(dhsa__dist *s, int64_t cnt, const int64_t *starts, int64_t nc) {
-    const dhsa_model_info *in = s->in;
-    const dhsa_dist *d = s->dist;
-    const int64_t S = s->stripe, R = d->size, me = d->rank, Hq = in->n_head, hk = in->head_dim_k,
-                  Hkv = in->n_head_kv, nx = s->nx, row = Hq * hk;
-    char why[256] = "";
-    if (nc > s->ncmax) /* every rank's index holds the same chunks: they fail together */
-        return dhsa__fail(DHSA_ERR_INTERNAL, "context parallel: %lld chunks to rank exactly, %lld planned",
-                          (long long)nc, (long long)s->ncmax);
-    /* the rows' queries: a decode row's every rank has; a prefill's, from its owner */
-    for (int64_t i = 0; i < s->nxs; i++) {
-        const int64_t *sg = s->xseg[i];
-        float *dst = s->xq + sg[3] * row;
-        if (sg[2] < 0) {
-            memcpy(dst, s->q, (size_t)row * sizeof(float));
-            continue;
-        }
-        if (sg[2] == me)
-            for (int64_t p = 0; p < s->n_pieces; p++)
-                if (s->pieces[p][2] <= sg[0] && sg[0] < s->pieces[p][2] + s->pieces[p][1])
-                    memcpy(dst, s->q + (s->pieces[p][0] + sg[0] - s->pieces[p][2]) * row,
-                           (size_t)(sg[1] * row) * sizeof(float));
-        if (d->bcast(d->user, dst, (size_t)(sg[1] * row) * sizeof(float), (int)sg[2], why))
-            return dist_fail("sharing the rows ranked exactly", why);
-        if (sg[2] != me) s->dst.index += (double)(sg[1] * row) * sizeof(float);
-    }
-    /* this rank's keys: runs of a stripe each */
-    int64_t nr = 0;
-    for (int64_t j = 0; j < cnt; j += S, nr++) {
-        s->xruns[nr][0] = j;
-        s->xruns[nr][1] = cnt - j < S ? cnt - j : S;
-        s->xruns[nr][2] = ((j / S) * R + me) * S;
-    }
-    exact_job job;
-    memset(&job, 0, sizeof job);
-    job.s = s;
-    job.a = dhsa_attn_default_desc();
-    job.a.q = dhsa_tensor_blhd(s->xq, DHSA_F32, 1, nx, Hq, hk);
-    job.a.k = cache_view(s, 0, cnt);
-    job.a.causal = 1;
-    job.a.softcap = in->attn_softcap;
-    job.a.scale = in->attn_scale > 0 ? in->attn_scale : 1.0f / sqrtf((float)hk);
-    job.starts = starts;
-    job.nc = nc;
-    job.nr = nr;
-    job.G = Hq / Hkv;
-    atomic_init(&job.failed, 0);
-    dhsa_parallel_for(s->ctx, Hkv * nx, exact_task, &job);
-    dhsa_status st = atomic_load(&job.failed)
-                         ? dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory ranking chunks by their exact attention")
-                         : DHSA_OK;
-    const size_t mz_bytes = (size_t)(nx * Hq * 2) * sizeof(double);
-    if (d->allgather(d->user, s->xmz, mz_bytes, s->xmz_all, why)) return dist_fail("merging the exact ranking", why);
-    s->dst.index += (double)(R - 1) * (double)mz_bytes;
-    for (int64_t x = 0; x < nx * Hq; x++) { /* the row's largest score and its sum, over the ranks */
-        double M = -INFINITY, Z = 0;
-        for (int64_t q = 0; q < R; q++) {
-            const double m = s->xmz_all[(q * nx * Hq + x) * 2];
-            M = m > M ? m : M;
-        }
-        for (int64_t q = 0; q < R && M > -INFINITY; q++) {
-            const double *mz = s->xmz_all + (q * nx * Hq + x) * 2;
-            if (mz[1] > 0) Z += mz[1] * exp(mz[0] - M);
-        }
-        s->xmz[2 * x] = M;
-        s->xmz[2 * x + 1] = Z;
-    }
-    job.pass = 1;
-    dhsa_parallel_for(s->ctx, Hkv * s->nxb, exact_task, &job);
-    if (!st && atomic_load(&job.failed))
-        st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory ranking chunks by their exact attention");
-    const int64_t nm = Hkv * s->nxb * (nc + 1);
-    if (d->allgather(d->user, s->xm, (size_t)nm * sizeof(double), s->xm_all, why))
-        return dist_fail("merging the exact ranking", why);
-    s->dst.index += (double)(R - 1) * (double)nm * sizeof(double);
-    for (int64_t g = 0; g < Hkv; g++)
-        for (int64_t b = 0; b < s->nxb; b++) {
-            double *m = s->xm + (g * s->nxb + b) * (nc + 1);
-            for (int64_t c = 0; c <= nc; c++) {
-                double t = 0;
-                for (int64_t q = 0; q < R; q++) t += s->xm_all[q * nm + (g * s->nxb + b) * (nc + 1) + c];
-                m[c] = t / (double)s->xblk[b][1];
-            }
-        }
-    return st;
-}
-
-/* The chunk holding position t (starts [nc + 1] ascending); nc past the
- * last closed chunk. */
-static int64_t chunk_at(const int64_t *starts, int64_t nc, int64_t t) {
-    if (t >= starts[nc]) return nc;
-    int64_t lo = 0, hi = nc; /* starts[lo] <= t < starts[hi] */
-    while (hi - lo > 1) {
-        const int64_t mid = (lo + hi) / 2;
-        if (starts[mid] <= t) lo = mid;
-        else hi = mid;
-    }
-    return lo;
-}
-
-/* Rank me's keys among the global ranges rg [n][2] (ascending), in its
- * first cnt slots, as runs (first slot, count, position) into out (NULL:
- * only counted); returns how many. */
-static int64_t my_runs(const dhsa__dist *s, const int64_t *rg, int64_t n, int64_t cnt, int64_t (*out)[3]) {
-    const int64_t S = s->stripe, R = s->dist->size, me = s->dist->rank;
-    int64_t k = 0;
-    for (int64_t i = 0; i < n; i++)
-        for (int64_t x = rg[2 * i]; x < rg[2 * i + 1];) {
-            const int64_t x1 = (x / S + 1) * S < rg[2 * i + 1] ? (x / S + 1) * S : rg[2 * i + 1];
-            const int64_t slot = (x / S / R) * S + x % S;
-            if ((x / S) % R == me && slot < cnt) {
-                if (out) {
-                    out[k][0] = slot;
-                    out[k][1] = (x1 - x < cnt - slot ? x1 - x : cnt - slot);
-                    out[k][2] = x;
-                }
-                k++;
-            }
-            x = x1;
-        }
-    return k;
-}
-
-/* The chunks a decode step hands the next (route/carry.h; docs/dhsa.md,
- * "Chunks carried from one decode step to the next"), the step's row
- * (position p, query s->q) having read the keys of gl: each group's share
- * of the row's attention per chunk, as dhsa__carry_chunks works it out in
- * one process, from the ranks' parts (dhsa__exact_part over the keys of
- * gl each holds) merged as dist_exact merges them. out [Hkv][DHSA_CARRY_MAX]
- * (every rank the same). Every rank takes part in every exchange. */
-static dhsa_status dist_carry(dhsa__dist *s, const dhsa_layout *gl, int64_t p, int64_t cnt, const int64_t *starts,
-                              int64_t nc, double share, int64_t *out) {
-    const dhsa_model_info *in = s->in;
-    const dhsa_dist *d = s->dist;
-    const int64_t R = d->size, Hq = in->n_head, hk = in->head_dim_k, Hkv = in->n_head_kv, G = Hq / Hkv;
-    char why[256] = "";
-    dhsa_status st = DHSA_OK;
-    for (int64_t x = 0; x < Hkv * DHSA_CARRY_MAX; x++) out[x] = -1;
-    if (nc > s->ncmax)
-        return dhsa__fail(DHSA_ERR_INTERNAL, "context parallel: %lld chunks to carry from, %lld planned", (long long)nc,
-                          (long long)s->ncmax);
-    dhsa_attn_desc a = dhsa_attn_default_desc();
-    a.q = dhsa_tensor_blhd(s->q, DHSA_F32, 1, 1, Hq, hk);
-    a.k = cache_view(s, 0, cnt);
-    a.causal = 1;
-    a.softcap = in->attn_softcap;
-    a.scale = in->attn_scale > 0 ? in->attn_scale : 1.0f / sqrtf((float)hk);
-    int64_t(*runs)[3] = NULL;
-    for (int pass = 0; pass < 2; pass++) {
-        for (int64_t g = 0; g < Hkv; g++) {
-            double *mz = s->xmz + g * G * 2, *m = s->xm + g * (nc + 1);
-            if (pass == 0)
-                for (int64_t h = 0; h < G; h++) {
-                    mz[2 * h] = -INFINITY;
-                    mz[2 * h + 1] = 0;
-                }
-            else
-                for (int64_t c = 0; c <= nc; c++) m[c] = 0;
-            const int64_t *rg;
-            int64_t n;
-            if (st || dhsa_layout_get(gl, 0, g, 0, &rg, &n) || n <= 0) continue;
-            const int64_t k = my_runs(s, rg, n, cnt, NULL);
-            if (k == 0) continue;
-            runs = malloc((size_t)k * sizeof *runs);
-            if (!runs) {
-                st = dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory finding the chunks a decode step carries");
-                continue;
-            }
-            my_runs(s, rg, n, cnt, runs);
-            st = dhsa__exact_part(&a, g, 0, p, &runs[0][0], k, starts, nc, pass ? s->xmz + g * G * 2 : NULL,
-                                  pass ? NULL : mz, pass ? m : NULL);
-            free(runs);
-            runs = NULL;
-        }
-        if (pass == 0) {
-            const size_t bytes = (size_t)(Hq * 2) * sizeof(double);
-            if (d->allgather(d->user, s->xmz, bytes, s->xmz_all, why)) return dist_fail("merging the carried chunks", why);
-            s->dst.partial += (double)(R - 1) * (double)bytes;
-            for (int64_t x = 0; x < Hq; x++) {
-                double M = -INFINITY, Z = 0;
-                for (int64_t q = 0; q < R; q++) M = s->xmz_all[(q * Hq + x) * 2] > M ? s->xmz_all[(q * Hq + x) * 2] : M;
-                for (int64_t q = 0; q < R && M > -INFINITY; q++) {
-                    const double *e = s->xmz_all + (q * Hq + x) * 2;
-                    if (e[1] > 0) Z += e[1] * exp(e[0] - M);
-                }
-                s->xmz[2 * x] = M;
-                s->xmz[2 * x + 1] = Z;
-            }
-        }
-    }
-    /* only the chunks the step read can hold a share: the same list on
-     * every rank (gl is every rank's), packed in place (an entry never
-     * moves up), exchanged, summed in rank order */
-    int64_t nm = 0;
-    for (int64_t g = 0; g < Hkv; g++) {
-        const int64_t *rg;
-        int64_t n, last = -1;
-        if (dhsa_layout_get(gl, 0, g, 0, &rg, &n)) n = 0;
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t c = chunk_at(starts, nc, rg[2 * i]); c < nc && starts[c] < rg[2 * i + 1]; c++) {
-                if (c == last) continue;
-                s->xlist[nm] = g * (nc + 1) + c;
-                s->xm[nm++] = s->xm[g * (nc + 1) + c];
-                last = c;
-            }
-    }
-    if (d->allgather(d->user, s->xm, (size_t)nm * sizeof(double), s->xm_all, why))
-        return dist_fail("merging the carried chunks", why);
-    s->dst.partial += (double)(R - 1) * (double)nm * sizeof(double);
-    if (st) return st;
-    for (int64_t x = 0; x < Hkv * (nc + 1); x++) s->xm_all[R * nm + x] = 0;
-    for (int64_t x = 0; x < nm; x++) {
-        double t = 0;
-        for (int64_t q = 0; q < R; q++) t += s->xm_all[q * nm + x];
-        s->xm_all[R * nm + s->xlist[x]] = t;
-    }
-    for (int64_t g = 0; g < Hkv; g++)
-        dhsa__carry_pick(s->xm_all + R * nm + g * (nc + 1), nc, share, out + g * DHSA_CARRY_MAX);
-    return DHSA_OK;
 }
 
 /* ------------------------------------------------ a fetch budget per rank --- */
@@ -1150,7 +788,7 @@ static dhsa_status dist_prefill_dhsa(dhsa__dist *s) {
     const int64_t *starts;
     const int64_t nc = dhsa_kv_index_chunks(s->io->ix, &starts);
     if (s->nx > 0) {
-        dhsa_status xs = dist_exact(s, s->len_loc + s->n_rows, starts, nc);
+        dhsa_status xs = dhsa__dist_exact(s, s->len_loc + s->n_rows, starts, nc);
         if (!st) st = xs;
         if (xs && xs != DHSA_ERR_OUT_OF_MEMORY && xs != DHSA_ERR_INTERNAL) return xs; /* the transport failed */
     }
@@ -1172,7 +810,7 @@ static dhsa_status dist_prefill_dhsa(dhsa__dist *s) {
         int64_t r0 = s->pieces[i][0], m = s->pieces[i][1], l0 = s->len_loc + r0;
         dhsa_layout *ll = NULL;
         if ((st = sub_layout(s, gl[i], me, NULL, NULL, NULL, 1, l0 + m, &ll))) break;
-        st = dist_call(s, r0, m, cache_view(s, 0, l0 + m), cache_view(s, 1, l0 + m), 1, l0, ll, s->att, s->lse1);
+        st = dist_call(s, r0, m, dhsa__dist_cache_view(s, 0, l0 + m), dhsa__dist_cache_view(s, 1, l0 + m), 1, l0, ll, s->att, s->lse1);
         dhsa_layout_free(ll);
     }
     /* what to ask of each rank: the union of the pieces' selections it
@@ -1199,7 +837,7 @@ static dhsa_status dist_prefill_dhsa(dhsa__dist *s) {
      * asked), so that the other ranks are not left waiting. */
     for (int64_t q = 0; q < R; q++) sb[q] = rb[q] = (size_t)nl * sizeof(int64_t);
     if (d->alltoallv(d->user, nreq, sb, ngot, rb, why)) {
-        st = dist_fail("exchanging the key requests", why);
+        st = dhsa__dist_fail("exchanging the key requests", why);
         goto done;
     }
     int64_t n_out = 0, n_in = 0;
@@ -1224,7 +862,7 @@ static dhsa_status dist_prefill_dhsa(dhsa__dist *s) {
         s->dst.index += (double)rb[q] + (q == me ? 0 : (double)nl * sizeof(int64_t));
     }
     if (d->alltoallv(d->user, outbox, sb, inbox, rb, why)) {
-        st = dist_fail("exchanging the key requests", why);
+        st = dhsa__dist_fail("exchanging the key requests", why);
         goto done;
     }
     /* R - 1 rounds: in round k this rank serves rank me + k and is served
@@ -1246,7 +884,7 @@ static dhsa_status dist_prefill_dhsa(dhsa__dist *s) {
         }
         rb[from] = (size_t)rows_in * row_bytes;
         if (d->alltoallv(d->user, s->dbuf[0], sb, s->dbuf[1], rb, why)) {
-            st = dist_fail("fetching the selected keys", why);
+            st = dhsa__dist_fail("fetching the selected keys", why);
             goto done;
         }
         const int64_t vis = dist_visible(s, from);
@@ -1290,12 +928,12 @@ static dhsa_status dist_prefill_dense(dhsa__dist *s) {
         int64_t held = (me - k + 1 + R) % R, coming = (me - k + R) % R; /* cur holds held's shard */
         int64_t n_held = dist_count_before(S, R, held, s->dist_end), n_coming = dist_count_before(S, R, coming, s->dist_end);
         if (k < R && d->ring_start(d->user, cur, shard_bytes(s, n_held), nxt, shard_bytes(s, n_coming), why))
-            return dist_fail("passing K/V round the ring", why);
+            return dhsa__dist_fail("passing K/V round the ring", why);
         for (int64_t i = 0; i < s->n_pieces && !st; i++) {
             int64_t r0 = s->pieces[i][0], m = s->pieces[i][1], g0 = s->pieces[i][2];
             if (k == 1) { /* the local keys: every earlier slot, the piece's own causal */
                 int64_t l0 = s->len_loc + r0;
-                st = dist_call(s, r0, m, cache_view(s, 0, l0 + m), cache_view(s, 1, l0 + m), 1, l0, NULL, s->att,
+                st = dist_call(s, r0, m, dhsa__dist_cache_view(s, 0, l0 + m), dhsa__dist_cache_view(s, 1, l0 + m), 1, l0, NULL, s->att,
                                s->lse1);
                 continue;
             }
@@ -1308,7 +946,7 @@ static dhsa_status dist_prefill_dense(dhsa__dist *s) {
                 st = lse_merge(s->att + r0 * Hq * hv, s->lse1 + r0 * Hq, s->o2 + r0 * Hq * hv, s->lse2 + r0 * Hq, m, Hq, hv);
         }
         if (k < R) { /* always completed, even after a failure: the peers are waiting on it */
-            if (d->ring_wait(d->user, why)) return dist_fail("passing K/V round the ring", why);
+            if (d->ring_wait(d->user, why)) return dhsa__dist_fail("passing K/V round the ring", why);
             s->dst.kv += (double)shard_bytes(s, n_coming);
             s->dst.kv_keys += (double)n_coming;
             char *t = cur;
@@ -1353,7 +991,7 @@ static dhsa_status dist_decode(dhsa__dist *s) {
         if (s->nx > 0) { /* the first decode step after an answering eval: exact (every rank takes part) */
             const int64_t *starts;
             const int64_t nc = dhsa_kv_index_chunks(s->io->ix, &starts);
-            if ((st = dist_exact(s, cnt, starts, nc))) return st;
+            if ((st = dhsa__dist_exact(s, cnt, starts, nc))) return st;
             st = dhsa__kv_index_route_mass(s->ctx, s->io->ix, &a, NULL, 0, s->xm, s->nxb, s->io->keep, &gl);
         } else {
             st = s->io->keep ? dhsa_kv_index_route_keep(s->ctx, s->io->ix, &a, s->io->keep, &gl)
@@ -1370,7 +1008,7 @@ static dhsa_status dist_decode(dhsa__dist *s) {
     const int64_t row = Hq * (hv + 1);
     float *mine = s->o2; /* [Hq][hv] then lse [Hq] */
     if (!st && cnt > 0) {
-        st = dist_call(s, 0, 1, cache_view(s, 0, cnt), cache_view(s, 1, cnt), 1, cnt - 1, ll, mine, mine + Hq * hv);
+        st = dist_call(s, 0, 1, dhsa__dist_cache_view(s, 0, cnt), dhsa__dist_cache_view(s, 1, cnt), 1, cnt - 1, ll, mine, mine + Hq * hv);
     } else {
         for (int64_t x = 0; x < Hq * hv; x++) mine[x] = 0.0f;
         for (int64_t x = 0; x < Hq; x++) mine[Hq * hv + x] = -INFINITY;
@@ -1379,7 +1017,7 @@ static dhsa_status dist_decode(dhsa__dist *s) {
     float *all = s->gather;
     if (d->allgather(d->user, mine, (size_t)row * sizeof(float), all, why)) {
         dhsa_layout_free(gl);
-        return dist_fail("gathering the decode partials", why);
+        return dhsa__dist_fail("gathering the decode partials", why);
     }
     s->dst.partial += (double)((R - 1) * row) * sizeof(float);
     memcpy(s->att, all, (size_t)(Hq * hv) * sizeof(float));
@@ -1391,7 +1029,7 @@ static dhsa_status dist_decode(dhsa__dist *s) {
     if (s->io->carry && gl) { /* what this step hands the next (every rank takes part) */
         const int64_t *starts;
         const int64_t nc = dhsa_kv_index_chunks(s->io->ix, &starts);
-        dhsa_status cs = dist_carry(s, gl, p, cnt, starts, nc, s->io->carry_share, s->io->carry);
+        dhsa_status cs = dhsa__dist_carry(s, gl, p, cnt, starts, nc, s->io->carry_share, s->io->carry);
         if (!st) st = cs;
     }
     dhsa_layout_free(gl);
@@ -1437,7 +1075,7 @@ dhsa_status dhsa__dist_begin(dhsa__dist *s, int64_t len, const int32_t *ids, int
     const int64_t S = s->stripe, R = s->dist->size, me = s->dist->rank;
     memset(rows, 0, sizeof *rows);
     s->len = len;
-    exact_rows_of(s, len, len + n, exact);
+    dhsa__dist_exact_rows(s, len, len + n, exact);
     if (n == 1) {
         s->mode = 2;
         s->n_rows = 1;
@@ -1497,7 +1135,7 @@ dhsa_status dhsa__dist_end(dhsa__dist *s, dhsa_status st, float *logits) {
     const int64_t last_owner = ((s->dist_end - 1) / S) % R;
     if (logits) {
         if (s->dist->bcast(s->dist->user, logits, (size_t)V * sizeof(float), (int)last_owner, why))
-            return dist_fail("broadcasting the logits", why);
+            return dhsa__dist_fail("broadcasting the logits", why);
         if (last_owner != me) s->dst.logits += (double)V * sizeof(float);
     }
     s->len_loc += s->n_rows;
