@@ -296,8 +296,8 @@ dhsa_status dhsa_session_create(dhsa_ctx *ctx, const dhsa_model *m, const dhsa_s
         s->rp.rest = 0;
     if (p->attn != DHSA_ATTN_DENSE && dhsa__session_uses_index(p) && (st = make_indexes(s))) goto fail;
     /* chunks carried between decode steps: the sessions whose index ranks
-     * chunks by score, one process (a rank holds part of the keys), one
-     * routing per KV group */
+     * chunks by score, one routing per KV group (with ranks too: src/dist
+     * merges their parts, dist_route.c) */
     if (s->rp.share_heads || s->rp.method != DHSA_ROUTE_DHSA) s->rp.carry = 0;
     /* the eval's last rows ranked by exact attention: the same sessions */
     if (s->rp.share_heads || s->rp.method != DHSA_ROUTE_DHSA || !s->ix) s->rp.exact_rows = 0;
