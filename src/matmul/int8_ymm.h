@@ -36,6 +36,9 @@
  *              codes per four columns) on a broadcast of four activation
  *              codes; per weight block the contract's two FMA per lane, in
  *              block order.
+ *   ktile      the K types' super-block panel: 3 tokens x 16 rows, integer
+ *              sums per 256 values, one float step per super-block;
+ *              bitwise dhsa__qi_ktile_scalar (docs/quant.md).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -660,5 +663,99 @@ static int dot_file(uint32_t type, const uint8_t *w, int64_t row_bytes, int nr, 
     return 1;
 }
 
+/* ------------------------------------ the K types' super-block panel --- */
+
+/* The K types' super-block panel (int8.h, ktile): KMR tokens x 16 rows
+ * (one group: two ymm of 8 rows). Per weight block the 8-lane integer
+ * sums start from the token's -z qsum_j (Q6_K, Q3_K), take the tile's dot
+ * (vpmaddubsw and vpmaddwd; AVX-VNNI vpdpbusd) and are multiplied by the
+ * block's integer scales (vpmulld) into the super-block's sum I; per
+ * super-block one conversion and FMA with fl(d xd) per token and half,
+ * and for the types with a min its integer sum of M_j qsum_j (vpmaddwd on
+ * pairs of blocks; AVX-VNNI vpdpwssd) likewise: the per-block float steps
+ * of tile (a conversion, a multiply and two FMA per block of 32 or 16)
+ * become one vpmulld per block, as int8_vnni.c's ktile. Every K type's
+ * codes are narrow (at most 63: its pairs cannot saturate vpmaddubsw).
+ * Bitwise dhsa__qi_ktile_scalar (tests/test_qint.c). KMR: 3 tokens keep
+ * the 12 integer sums and the two weight vectors in the 16 ymm. */
+#define KMR 3
+
+INLINE __m256i pair_dot(__m256i acc, __m256i m, __m256i q) {
+#if QI_YMM_VNNI
+    return _mm256_dpwssd_avx_epi32(acc, m, q);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(m, q));
+#endif
+}
+
+INLINE void ktile_bw(const uint8_t *w, const int32_t *S, const int32_t *M2, const float *D, const float *Dm,
+                     int64_t n, const int bw, const int Z, const int MIN, const dhsa_qi_act *x, float *out, int64_t ldo,
+                     int accumulate) {
+    const int qpb = bw / 4, bps = 256 / bw;
+    const int64_t ns = n / 256;
+    for (int64_t s = 0; s < ns; s++) {
+        __m256i I[KMR][2];
+        UNROLL for (int t = 0; t < KMR; t++) I[t][0] = I[t][1] = _mm256_setzero_si256();
+        for (int64_t j = s * bps; j < (s + 1) * bps; j++) {
+            __m256i a[KMR][2];
+            UNROLL for (int t = 0; t < KMR; t++) a[t][0] = a[t][1] = Z ? _mm256_set1_epi32(x[t].qz[j]) : _mm256_setzero_si256();
+            const uint8_t *wj = w + j * qpb * 64;
+            const int64_t xo = j * bw;
+            GROUP_UNROLL for (int u = 0; u < qpb; u++) {
+                const wvec v0 = wprep(_mm256_loadu_si256((const __m256i *)(wj + u * 64)), 0);
+                const wvec v1 = wprep(_mm256_loadu_si256((const __m256i *)(wj + u * 64 + 32)), 0);
+                UNROLL for (int t = 0; t < KMR; t++) {
+                    int32_t four;
+                    memcpy(&four, x[t].q + xo + 4 * u, 4);
+                    const __m256i xb = _mm256_set1_epi32(four);
+                    a[t][0] = dot(a[t][0], v0, xb, 0);
+                    a[t][1] = dot(a[t][1], v1, xb, 0);
+                }
+            }
+            const __m256i s0 = _mm256_loadu_si256((const __m256i *)(S + j * 16));
+            const __m256i s1 = _mm256_loadu_si256((const __m256i *)(S + j * 16 + 8));
+            UNROLL for (int t = 0; t < KMR; t++) {
+                I[t][0] = _mm256_add_epi32(I[t][0], _mm256_mullo_epi32(a[t][0], s0));
+                I[t][1] = _mm256_add_epi32(I[t][1], _mm256_mullo_epi32(a[t][1], s1));
+            }
+        }
+        const __m256 d0 = _mm256_loadu_ps(D + s * 16), d1 = _mm256_loadu_ps(D + s * 16 + 8);
+        UNROLL for (int t = 0; t < KMR; t++) {
+            const __m256 xdv = _mm256_set1_ps(x[t].xd[s * 8]);
+            float *o = out + t * ldo;
+            const int rd = s > 0 || accumulate;
+            const __m256 o0 = rd ? _mm256_loadu_ps(o) : _mm256_setzero_ps(), o1 = rd ? _mm256_loadu_ps(o + 8) : o0;
+            __m256 f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[t][0]), _mm256_mul_ps(d0, xdv), o0);
+            __m256 f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[t][1]), _mm256_mul_ps(d1, xdv), o1);
+            if (MIN) {
+                __m256i m0 = _mm256_setzero_si256(), m1 = _mm256_setzero_si256();
+                for (int64_t p = s * bps / 2; p < (s + 1) * bps / 2; p++) {
+                    int32_t pair;
+                    memcpy(&pair, x[t].qs + 2 * p, 4);
+                    const __m256i qp = _mm256_set1_epi32(pair);
+                    m0 = pair_dot(m0, _mm256_loadu_si256((const __m256i *)(M2 + p * 16)), qp);
+                    m1 = pair_dot(m1, _mm256_loadu_si256((const __m256i *)(M2 + p * 16 + 8)), qp);
+                }
+                f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m0), _mm256_mul_ps(_mm256_loadu_ps(Dm + s * 16), xdv), f0);
+                f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m1), _mm256_mul_ps(_mm256_loadu_ps(Dm + s * 16 + 8), xdv), f1);
+            }
+            _mm256_storeu_ps(o, f0);
+            _mm256_storeu_ps(o + 8, f1);
+        }
+    }
+}
+
+/* the three readings of dhsa__qi_kform */
+static void ktile(const uint8_t *w, const int32_t *S, const int32_t *M2, const float *D, const float *Dm, int64_t n,
+                  int bw, int z, int has_min, const dhsa_qi_act *x, float *out, int64_t ldo, int accumulate) {
+    (void)has_min;
+    if (bw == 32) /* Q4_K, Q5_K: z 0, a min */
+        ktile_bw(w, S, M2, D, Dm, n, 32, 0, 1, x, out, ldo, accumulate);
+    else if (z) /* Q6_K, Q3_K: no min */
+        ktile_bw(w, S, M2, D, Dm, n, 16, 1, 0, x, out, ldo, accumulate);
+    else /* Q2_K: z 0, a min */
+        ktile_bw(w, S, M2, D, Dm, n, 16, 0, 1, x, out, ldo, accumulate);
+}
+
 const dhsa__qi_kernels QI_YMM_KERNELS = {QI_YMM_VNNI ? "avx-vnni" : "avx2", MR, NG, MAX_TOK_FUSED, R, quant_act, unpack,
-                                         dot_rows, tile, dot_file, NULL, 0, NULL, NULL};
+                                         dot_rows, tile, dot_file, ktile, KMR, NULL, NULL};
