@@ -677,7 +677,8 @@ static int dot_file(uint32_t type, const uint8_t *w, int64_t row_bytes, int nr, 
  * become one vpmulld per block, as int8_vnni.c's ktile. Every K type's
  * codes are narrow (at most 63: its pairs cannot saturate vpmaddubsw).
  * Bitwise dhsa__qi_ktile_scalar (tests/test_qint.c). KMR: 3 tokens keep
- * the 12 integer sums and the two weight vectors in the 16 ymm. */
+ * the 12 integer sums and the two weight vectors in the 16 ymm (2 tokens
+ * measured 0.92-0.96x on AVX2: docs/eval-real/ktile_ymm_2026-12-07/). */
 #define KMR 3
 
 INLINE __m256i pair_dot(__m256i acc, __m256i m, __m256i q) {
