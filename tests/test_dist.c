@@ -41,9 +41,9 @@
 /* every check main makes where it runs: the prompt, 2 methods x (the
  * reference + 2 stripes x 3 rank counts x 3), 12 logits, one process
  * without carry and without exact rows 2, the wrong
- * prompt, 3 faults x 4, the error lines' 3, bench model: 2 rank counts x 6 + --dist-fetch's 1
+ * prompt, 3 faults x 4, the error lines' 3, test_sliding's, bench model: 2 rank counts x 6 + --dist-fetch's 1
  * + the refusal's 3, the fetch budget's 16 */
-#define N_CHECKS (1 + 2 * (1 + 2 * 3 * 3) + 12 + 2 + 1 + 3 * 4 + 3 + 2 * 6 + 1 + 3 + 16)
+#define N_CHECKS (1 + 2 * (1 + 2 * 3 * 3) + 12 + 2 + 1 + 3 * 4 + 3 + SLIDING_CHECKS + 2 * 6 + 1 + 3 + 16)
 #define MPIRUN "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 mpirun --oversubscribe"
 
 /* The generated ids: the last n_gen numbers of the --ids output line. */
@@ -253,6 +253,67 @@ static int mpirun_run(int np, const char *args, const char *dir, int *ids, int c
     err[nb] = 0;
     if (e) fclose(e);
     return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Sliding-window layers (gemma3: 5 in 6 slide) and the summaries of the
+ * keys left out (route/rest.h, on by default on such hybrid models): a
+ * generated gemma3 file with a window of 100 keys (so that stripes of 64
+ * reach back two stripes, and 4 ranks stop the ring after 3 steps), dense
+ * and DHSA at the defaults, np 2 and 4, contiguous and stripes of 64:
+ * the same ids as one process and logits within 1e-5. One process with
+ * --rest 0 must differ by more than 1e-3, so that the match needs the
+ * ranks' summaries; the ranks must say they attended some. */
+#define SLIDING_CHECKS (1 + 2 + 2 * 2 * 2 * 3 + 1 + 1)
+static void test_sliding(const char *dir, const char *prompt) {
+    char args[2048], model[300], refl[300], gotl[300];
+    static char err[1 << 16];
+    char *out = NULL;
+    snprintf(model, sizeof model, "%s/g3.gguf", dir);
+    snprintf(args, sizeof args, "gen-model -o %s --preset tiny --arch gemma3 --window 100 --type F32 --n-layer 7", model);
+    int rc = cli_run(args, 1, &out);
+    free(out);
+    T_CHECK(rc == 0, "gen-model --arch gemma3: exit %d", rc);
+    const char *methods[2] = {"--attn dense", "--attn dhsa --dense-below 0 --density 0.25"};
+    const int stripes[2] = {0, 64}, nps[2] = {2, 4};
+    for (int mi = 0; mi < 2; mi++) {
+        snprintf(refl, sizeof refl, "%s/sref%d.f32", dir, mi);
+        snprintf(args, sizeof args, "run -m %s --exact -f %s -n 6 --temp 0 --ids -t 1 --ctx 4096 --kv f32 %s "
+                 "--logits-out %s", model, prompt, methods[mi], refl);
+        rc = cli_run(args, 1, &out);
+        int ref[4096], n_ref = out ? read_ids(out, ref, 4096) : 0;
+        free(out);
+        T_CHECK(rc == 0 && n_ref > 1000, "gemma3 %s: one process: exit %d, %d ids", methods[mi], rc, n_ref);
+        for (int si = 0; si < 2; si++)
+            for (int ni = 0; ni < 2; ni++) {
+                static int ids[4096];
+                int n = 0;
+                snprintf(gotl, sizeof gotl, "%s/sgot%d%d%d.f32", dir, mi, si, ni);
+                snprintf(args, sizeof args, "-m %s --exact -f %s -n 6 --temp 0 --ids -t 1 --ctx 4096 --kv f32 %s "
+                         "--dist-stripe %d --logits-out %s", model, prompt, methods[mi], stripes[si], gotl);
+                rc = mpirun_run(nps[ni], args, dir, ids, 4096, &n, err, sizeof err);
+                int same = n == n_ref;
+                for (int i = 0; same && i < n; i++) same = ids[i] == ref[i];
+                T_CHECK(rc == 0, "gemma3 %s stripe %d np %d: exit %d:\n%.2000s", methods[mi], stripes[si], nps[ni],
+                        rc, err);
+                T_CHECK(same, "gemma3 %s stripe %d np %d: %d ids, not the one process's %d", methods[mi],
+                        stripes[si], nps[ni], n, n_ref);
+                double e = logits_err(refl, gotl);
+                T_CHECK(e >= 0 && e <= 1e-5, "gemma3 %s stripe %d np %d: logits differ by %.3g relative (1e-5)",
+                        methods[mi], stripes[si], nps[ni], e);
+                if (mi == 1 && si == 1 && ni == 1)
+                    T_CHECK(strstr(err, "chunk summaries") && !strstr(err, "chunk summaries 0 "),
+                            "gemma3 dhsa np 4: no chunk summaries attended:\n%.2000s", err);
+            }
+    }
+    snprintf(gotl, sizeof gotl, "%s/srest0.f32", dir);
+    snprintf(args, sizeof args, "run -m %s --exact -f %s -n 6 --temp 0 --ids -t 1 --ctx 4096 --kv f32 %s --rest 0 "
+             "--logits-out %s", model, prompt, methods[1], gotl);
+    rc = cli_run(args, 1, &out);
+    free(out);
+    snprintf(refl, sizeof refl, "%s/sref1.f32", dir);
+    double e = logits_err(refl, gotl);
+    T_CHECK(rc == 0 && e > 1e-3, "gemma3: one process with --rest 0 within %.3g of the defaults (the comparison "
+            "cannot tell)", e);
 }
 
 /* From run's stderr: every rank's "at most S" (the largest share of one
@@ -555,6 +616,7 @@ int main(void) {
         fprintf(stderr, "test_dist: %s ended the job in %.1f s\n", faults[f], secs);
     }
     test_error_lines(cli);
+    test_sliding(dir, prompt);
     test_bench_model(dir);
     test_fetch_budget(dir);
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

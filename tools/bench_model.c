@@ -398,7 +398,7 @@ int dhsa_cli_bench_model(int argc, char **argv) {
             }
             double td = dhsa_cli_now() - t1;
             double rss = (double)dhsa_proc_peak_rss(), plan_b = (double)dhsa_session_get_plan(s)->total;
-            dhsa_cli_dist_wire w = {0, 0, 0, 0, 0, 0};
+            dhsa_cli_dist_wire w = {0, 0, 0, 0, 0, 0, 0};
             int same = 1;
             if (dist) { /* collective, on every rank in the same order */
                 dhsa_dist_stats ds;

@@ -44,6 +44,7 @@ void dhsa_cli_dist_fetch_needs_ranks(double f);
 typedef struct {
     double kv, index, partial;
     double keys, visible, share_max; /* DHSA: keys fetched, keys the queries could see, the largest share */
+    double window;                   /* sliding-window layers: the keys their windows reached on other ranks */
 } dhsa_cli_dist_wire;
 dhsa_cli_dist_wire dhsa_cli_dist_wire_sum(const dhsa_dist_stats *mine);
 /* The wire in words into buf (returned). */

@@ -189,6 +189,7 @@ dhsa_cli_dist_wire dhsa_cli_dist_wire_sum(const dhsa_dist_stats *mine) {
     w.keys = dhsa_cli_dist_sum(mine->kv_keys);
     w.visible = dhsa_cli_dist_sum(mine->kv_visible);
     w.share_max = dhsa_cli_dist_max(mine->kv_share_max);
+    w.window = dhsa_cli_dist_sum(mine->kv_window);
     return w;
 }
 
@@ -203,9 +204,12 @@ const char *dhsa_cli_dist_wire_text(const dhsa_cli_dist_wire *w, int64_t n_layer
                      n_prompt > 0 ? w->kv / (double)n_layer / (double)n_prompt : 0.0, w->index / 1048576.0,
                      w->partial / 1048576.0, n_dec > 0 ? w->partial / (double)n_layer / (double)n_dec : 0.0);
     if (w->visible > 0 && k > 0 && (size_t)k < cap)
-        snprintf(buf + k, cap - (size_t)k, "; fetched %.0f of the %.0f keys of other ranks the queries could see "
-                 "(%.2f%%; from one rank in one layer at most %.6f)", w->keys, w->visible,
-                 100.0 * w->keys / w->visible, w->share_max);
+        k += snprintf(buf + k, cap - (size_t)k, "; fetched %.0f of the %.0f keys of other ranks the queries could see "
+                      "(%.2f%%; from one rank in one layer at most %.6f)", w->keys, w->visible,
+                      100.0 * w->keys / w->visible, w->share_max);
+    if (w->window > 0 && k > 0 && (size_t)k < cap)
+        snprintf(buf + k, cap - (size_t)k, "; sliding-window layers: %.0f keys of other ranks' stripes their windows "
+                 "reach", w->window);
     return buf;
 }
 
@@ -739,10 +743,13 @@ static int dist_report(const dhsa_session *s, const dhsa_model_info *in, const i
     dhsa_session_get_dist_stats(s, &ds);
     const int r = dhsa_cli_dist_rank(), R = dhsa_cli_dist_size();
     const int64_t L = in->n_layer;
-    char vis[160] = "";
+    char vis[224] = "";
+    int nv = 0;
     if (ds.kv_visible > 0)
-        snprintf(vis, sizeof vis, " of the %.0f its queries could see, from one rank in one layer at most %.6f",
-                 ds.kv_visible, ds.kv_share_max);
+        nv = snprintf(vis, sizeof vis, " of the %.0f its queries could see, from one rank in one layer at most %.6f",
+                      ds.kv_visible, ds.kv_share_max);
+    if (ds.kv_window > 0 && nv >= 0 && (size_t)nv < sizeof vis)
+        snprintf(vis + nv, sizeof vis - (size_t)nv, "; %.0f more for sliding windows", ds.kv_window);
     fprintf(stderr, "dist rank %d/%d: received K/V %.3f MiB (%.0f keys%s), index %.3f MiB, decode partials %.3f MiB, "
             "logits %.3f MiB; peak RSS %.1f MiB; KV cache %.1f MiB\n", r, R, ds.kv / 1048576.0, ds.kv_keys, vis,
             ds.index / 1048576.0, ds.partial / 1048576.0, ds.logits / 1048576.0, mib(dhsa_proc_peak_rss()),

@@ -167,6 +167,10 @@ typedef struct {
      * the fixed parts fit) */
     double kv_visible;
     double kv_share_max;
+    /* sliding-window layers (gemma2/3): the keys of other ranks' stripes
+     * their windows reach (each stripe's last window - 1 at most), in kv
+     * and not in kv_keys */
+    double kv_window;
 } dhsa_dist_stats;
 
 /* Memory of a session and of the process around it, computed before the

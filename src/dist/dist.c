@@ -76,6 +76,7 @@ static int exact_on(const dhsa_session_params *p, const dhsa_router_params *rp) 
 
 dhsa_status dhsa__dist_check(const dhsa_model_info *in, const dhsa_session_params *p, int64_t n_ctx, int64_t *cap) {
     const dhsa_dist *d = p->dist;
+    (void)in; /* every architecture the runner reads splits (sliding windows too) */
     if (d->rank < 0 || d->rank >= d->size || !d->allgather || !d->bcast || !d->alltoallv || !d->ring_start ||
         !d->ring_wait)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "context parallel: rank %d of %d, or a transport function missing",
@@ -91,9 +92,6 @@ dhsa_status dhsa__dist_check(const dhsa_model_info *in, const dhsa_session_param
         return dhsa__fail(DHSA_ERR_UNSUPPORTED, "context parallel: a Q8_0 KV cache is not split between ranks yet "
                           "(shards and fetched ranges are packed per element); use --kv f16 or f32");
     if (p->layer_hook) return dhsa__fail(DHSA_ERR_UNSUPPORTED, "context parallel: no layer hook (a rank sees part of a layer)");
-    if (in->n_swa_layers > 0)
-        return dhsa__fail(DHSA_ERR_UNSUPPORTED, "context parallel: sliding-window layers (%s) are not split yet",
-                          "gemma2/gemma3");
     if (p->dist_stripe < 0 || p->dist_stripe % 64)
         return dhsa__fail(DHSA_ERR_INVALID_ARG, "context parallel: a stripe of %lld tokens (a multiple of 64, the "
                           "query block; 0 = contiguous)", (long long)p->dist_stripe);
@@ -123,6 +121,7 @@ typedef struct {
 typedef struct {
     int64_t R, Hq, Hkv, hk, hv, cap, pieces, nl, rmax, tmp_cap, groups, max_chunks;
     int64_t xmax, xbmax, ncmax, runs; /* the exact ranking (dist_exact) */
+    int64_t wruns;                    /* sliding windows: the tails of a rank's stripes */
     int index;
 } dist_dims;
 
@@ -138,6 +137,7 @@ static dist_dims dims_of(const dhsa_model_info *in, const dhsa_session_params *p
     m.hv = in->head_dim_v;
     m.cap = cap;
     m.pieces = n_ctx / S + 3; /* a prefill of n tokens: at most n / S + 2 runs of one rank */
+    m.wruns = in->n_swa_layers > 0 ? cap / S + 2 : 0; /* a rank's stripes */
     m.index = uses_index(p);
     if (!m.index) return m;
     m.nl = p->dist_fetch_share > 0 ? m.Hkv : 1;
@@ -182,6 +182,7 @@ static size_t carve(dhsa__dist *s, char *base, const dist_dims *m) {
     TAKE(rowpos, cap, int64_t);
     TAKE(own, cap, int32_t);
     TAKE(pieces, m->pieces, int64_t[3]);
+    TAKE(wrg, m->wruns, int64_t[2]);
     if (m->index) {
         TAKE(gl, m->pieces, dhsa_layout *);
         TAKE(nreq, lists, int64_t);
@@ -364,11 +365,11 @@ dhsa_status dhsa__dist_fail(const char *what, const char *why) {
     return dhsa__fail(DHSA_ERR_INTERNAL, "context parallel, %s: %s", what, why);
 }
 
-/* One partial attention: the forward's query rows [r0, r0 + m) over the
- * keys k / v (views), causal at q_pos0 or not, with an optional layout;
- * output rows into o [ub][Hq][hv] and lse [ub][Hq] at r0. */
-static dhsa_status dist_call(dhsa__dist *s, int64_t r0, int64_t m, dhsa_tensor k, dhsa_tensor v, int causal,
-                             int64_t q_pos0, const dhsa_layout *lay, float *o, float *lse) {
+/* The call of the forward's query rows [r0, r0 + m) over the keys k / v
+ * (views), output rows into o [ub][Hq][hv] and lse [ub][Hq] at r0; not
+ * causal, no layout. */
+static dhsa_attn_desc call_desc(const dhsa__dist *s, int64_t r0, int64_t m, dhsa_tensor k, dhsa_tensor v, float *o,
+                                float *lse) {
     const dhsa_model_info *in = s->in;
     const int64_t Hq = in->n_head, hk = in->head_dim_k, hv = in->head_dim_v;
     dhsa_attn_desc a = dhsa_attn_default_desc();
@@ -377,12 +378,72 @@ static dhsa_status dist_call(dhsa__dist *s, int64_t r0, int64_t m, dhsa_tensor k
     a.v = v;
     a.o = dhsa_tensor_blhd(o + r0 * Hq * hv, DHSA_F32, 1, m, Hq, hv);
     a.lse = dhsa_tensor_blhd(lse + r0 * Hq, DHSA_F32, 1, m, Hq, 1);
-    a.causal = causal;
-    a.q_pos0 = q_pos0;
     a.softcap = in->attn_softcap;
     a.scale = in->attn_scale;
+    return a;
+}
+
+/* One partial attention (call_desc), causal at q_pos0 or not, with an
+ * optional layout. */
+static dhsa_status dist_call(dhsa__dist *s, int64_t r0, int64_t m, dhsa_tensor k, dhsa_tensor v, int causal,
+                             int64_t q_pos0, const dhsa_layout *lay, float *o, float *lse) {
+    dhsa_attn_desc a = call_desc(s, r0, m, k, v, o, lse);
+    a.causal = causal;
+    a.q_pos0 = q_pos0;
     a.layout = lay;
     return dhsa_attention(s->ctx, &a);
+}
+
+/* Key rows [from, from + n) of a [1][Hkv][len][d] view. */
+static dhsa_tensor key_rows(dhsa_tensor t, int64_t from, int64_t n) {
+    t.data = (char *)t.data + (size_t)(from * t.stride[2]) * dhsa_type_size(t.type);
+    t.shape[2] = n;
+    return t;
+}
+
+/* The rows a sliding-window layer (window w) passes of a rank's n keys:
+ * of each of its stripes, the last w - 1 at most (a later position's
+ * window reaches no further back). */
+static int64_t window_rows(int64_t S, int64_t n, int64_t w) {
+    int64_t rows = 0;
+    for (int64_t t0 = 0; t0 < n; t0 += S) {
+        const int64_t c = n - t0 < S ? n - t0 : S;
+        rows += c < w - 1 ? c : w - 1;
+    }
+    return rows;
+}
+
+/* A sliding-window layer (the running layer's window w): rows [r0, r0 + m)
+ * at positions g0.. over the keys of rank q's first n slots that any row's
+ * window holds, one call per stripe of q's (consecutive positions there:
+ * k_pos0), in position order. k / v hold those n slots, or (tails) only
+ * each stripe's last w - 1 keys at most, packed (window_rows). The first
+ * call writes (o, lse) at r0, the next ones (o2, lse2) at r0, merged into
+ * (o, lse). *calls counts the calls (0: o and lse untouched). */
+static dhsa_status window_part(dhsa__dist *s, int64_t r0, int64_t m, int64_t g0, int64_t q, dhsa_tensor k,
+                               dhsa_tensor v, int64_t n, int tails, float *o, float *lse, float *o2, float *lse2,
+                               int *calls) {
+    const int64_t S = s->stripe, R = s->dist->size, w = s->io->window, Hq = s->in->n_head, hv = s->in->head_dim_v;
+    const int64_t last = g0 + m - 1; /* the last row's position */
+    dhsa_status st = DHSA_OK;
+    for (int64_t t0 = 0, row = 0; t0 < n && !st; t0 += S) {
+        const int64_t c = n - t0 < S ? n - t0 : S, kept = tails && c > w - 1 ? w - 1 : c;
+        const int64_t p0 = (t0 / S * R + q) * S + c - kept, at = tails ? row : t0; /* first key held, its row */
+        row += kept;
+        if (p0 > last) break;
+        if (p0 + kept - 1 <= g0 - w) continue; /* before every row's window (the first row's reaches furthest) */
+        const int64_t cnt = p0 + kept - 1 > last ? last - p0 + 1 : kept;
+        const int first = *calls == 0;
+        dhsa_attn_desc a = call_desc(s, r0, m, key_rows(k, at, cnt), key_rows(v, at, cnt), first ? o : o2, first ? lse : lse2);
+        a.causal = 1;
+        a.q_pos0 = g0;
+        a.k_pos0 = p0;
+        a.window = w;
+        st = dhsa_attention(s->ctx, &a);
+        if (!st && !first) st = lse_merge(o + r0 * Hq * hv, lse + r0 * Hq, o2 + r0 * Hq * hv, lse2 + r0 * Hq, m, Hq, hv);
+        ++*calls;
+    }
+    return st;
 }
 
 /* Views of a packed shard of n keys: K [Hkv][n][hk] then V [Hkv][n][hv]. */
@@ -537,7 +598,7 @@ static dhsa_status sub_layout(dhsa__dist *s, const dhsa_layout *gl, int64_t q, i
 /* A scratch of at least bytes: shard buffer i when it is large enough,
  * else *own (malloc, the caller frees): a routing-index delta larger than
  * one layer's K and V of a rank, which needs chunks of a key or two. */
-static void *scratch(dhsa__dist *s, int i, size_t bytes, void **own) {
+void *dhsa__dist_scratch(dhsa__dist *s, int i, size_t bytes, void **own) {
     *own = NULL;
     if (bytes <= s->dbuf_bytes) return s->dbuf[i];
     return *own = malloc(bytes);
@@ -567,7 +628,7 @@ static dhsa_status dist_relay(dhsa__dist *s, int64_t from, int64_t to) {
             bytes = dhsa__kv_index_delta_bytes(ix, c0);
         }
         if (d->bcast(d->user, &bytes, sizeof bytes, (int)owner, why)) return dhsa__dist_fail("relaying the routing index", why);
-        void *own, *buf = scratch(s, 0, (size_t)bytes, &own);
+        void *own, *buf = dhsa__dist_scratch(s, 0, (size_t)bytes, &own);
         if (!buf) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory for a routing-index delta");
         if (owner == me) dhsa__kv_index_delta_write(ix, c0, buf);
         int bad = d->bcast(d->user, buf, (size_t)bytes, (int)owner, why);
@@ -787,6 +848,11 @@ static dhsa_status dist_prefill_dhsa(dhsa__dist *s) {
     /* the last rows' exact masses (every rank takes part) */
     const int64_t *starts;
     const int64_t nc = dhsa_kv_index_chunks(s->io->ix, &starts);
+    if (s->io->rest) { /* the summaries of the chunks left out, in step with the index (every rank takes part) */
+        dhsa_status rs = dhsa__dist_rest(s, s->len_loc + s->n_rows, starts, nc);
+        if (!st) st = rs;
+        if (rs && rs != DHSA_ERR_INTERNAL) return rs; /* the transport failed, or out of memory */
+    }
     if (s->nx > 0) {
         dhsa_status xs = dhsa__dist_exact(s, s->len_loc + s->n_rows, starts, nc);
         if (!st) st = xs;
@@ -907,6 +973,17 @@ static dhsa_status dist_prefill_dhsa(dhsa__dist *s) {
             if (!st) st = lse_merge(s->att + r0 * Hq * hv, s->lse1 + r0 * Hq, s->o2 + r0 * Hq * hv, s->lse2 + r0 * Hq, m, Hq, hv);
         }
     }
+    /* the chunks each block left out, summarised, merged in (route/rest.h: as one process) */
+    for (int64_t i = 0; i < np && !st && s->io->rest; i++) {
+        const int64_t r0 = s->pieces[i][0], m = s->pieces[i][1];
+        dhsa_attn_desc a = call_desc(s, r0, m, dhsa__dist_cache_view(s, 0, 1), dhsa__dist_cache_view(s, 1, 1), s->att, s->lse1);
+        a.causal = 1;
+        a.q_pos0 = s->pieces[i][2];
+        double summaries = 0;
+        st = dhsa__rest_attend(s->ctx, s->io->rest, &a, gl[i], s->o2 + r0 * Hq * hv, s->lse2 + r0 * Hq, &summaries);
+        s->io->stats[0]->summaries += summaries;
+        s->io->stats[1]->summaries += summaries;
+    }
 done:
     for (int64_t i = 0; i < np; i++) dhsa_layout_free(gl[i]);
     return st;
@@ -921,16 +998,41 @@ static dhsa_status dist_prefill_dense(dhsa__dist *s) {
     const int64_t S = s->stripe, R = d->size, me = d->rank, Hq = in->n_head, hv = in->head_dim_v;
     char why[256] = "";
     dhsa_status st = DHSA_OK;
-    int64_t mine[2] = {0, dist_count_before(S, R, me, s->dist_end)}, one = 1;
-    pack_lists(s, mine, &one, 1, s->dbuf[0]);
+    /* a sliding window of w keys (gemma2/3): each stripe's last w - 1 keys
+     * at most, as far round the ring as a window reaches back,
+     * ceil((w - 1) / S) stripes (every rank the same) */
+    const int64_t w = s->io->window, steps = w > 0 && (w - 1 + S - 1) / S + 1 < R ? (w - 1 + S - 1) / S + 1 : R;
+    const int64_t n_mine = dist_count_before(S, R, me, s->dist_end);
+    int64_t mine[2] = {0, n_mine}, one = 1;
+    if (w > 0 && steps > 1) {
+        one = 0;
+        for (int64_t t0 = 0; t0 < n_mine; t0 += S, one++) {
+            const int64_t c = n_mine - t0 < S ? n_mine - t0 : S;
+            s->wrg[one][0] = t0 + c - (c > w - 1 ? w - 1 : c);
+            s->wrg[one][1] = t0 + c;
+        }
+        pack_lists(s, &s->wrg[0][0], &one, 1, s->dbuf[0]);
+    } else if (steps > 1) {
+        pack_lists(s, mine, &one, 1, s->dbuf[0]);
+    }
     char *cur = s->dbuf[0], *nxt = s->dbuf[1];
-    for (int64_t k = 1; k <= R; k++) {
+    for (int64_t k = 1; k <= steps; k++) {
         int64_t held = (me - k + 1 + R) % R, coming = (me - k + R) % R; /* cur holds held's shard */
         int64_t n_held = dist_count_before(S, R, held, s->dist_end), n_coming = dist_count_before(S, R, coming, s->dist_end);
-        if (k < R && d->ring_start(d->user, cur, shard_bytes(s, n_held), nxt, shard_bytes(s, n_coming), why))
+        int64_t rows_held = w > 0 ? window_rows(S, n_held, w) : n_held, rows_coming = w > 0 ? window_rows(S, n_coming, w) : n_coming;
+        if (k < steps && d->ring_start(d->user, cur, shard_bytes(s, rows_held), nxt, shard_bytes(s, rows_coming), why))
             return dhsa__dist_fail("passing K/V round the ring", why);
         for (int64_t i = 0; i < s->n_pieces && !st; i++) {
             int64_t r0 = s->pieces[i][0], m = s->pieces[i][1], g0 = s->pieces[i][2];
+            if (w > 0) { /* the stripes the window reaches: the local ones first (their first call writes) */
+                const int64_t l1 = s->len_loc + r0 + m;
+                dhsa_tensor kk = dhsa__dist_cache_view(s, 0, l1), vv = dhsa__dist_cache_view(s, 1, l1);
+                int calls = k == 1 ? 0 : 1;
+                if (k > 1) shard_views(s, cur, rows_held, &kk, &vv);
+                st = window_part(s, r0, m, g0, held, kk, vv, k == 1 ? l1 : n_held, k > 1, s->att, s->lse1, s->o2,
+                                 s->lse2, &calls);
+                continue;
+            }
             if (k == 1) { /* the local keys: every earlier slot, the piece's own causal */
                 int64_t l0 = s->len_loc + r0;
                 st = dist_call(s, r0, m, dhsa__dist_cache_view(s, 0, l0 + m), dhsa__dist_cache_view(s, 1, l0 + m), 1, l0, NULL, s->att,
@@ -945,10 +1047,11 @@ static dhsa_status dist_prefill_dense(dhsa__dist *s) {
             if (!(st = dist_call(s, r0, m, kk, vv, 0, 0, NULL, s->o2, s->lse2)))
                 st = lse_merge(s->att + r0 * Hq * hv, s->lse1 + r0 * Hq, s->o2 + r0 * Hq * hv, s->lse2 + r0 * Hq, m, Hq, hv);
         }
-        if (k < R) { /* always completed, even after a failure: the peers are waiting on it */
+        if (k < steps) { /* always completed, even after a failure: the peers are waiting on it */
             if (d->ring_wait(d->user, why)) return dhsa__dist_fail("passing K/V round the ring", why);
-            s->dst.kv += (double)shard_bytes(s, n_coming);
-            s->dst.kv_keys += (double)n_coming;
+            s->dst.kv += (double)shard_bytes(s, rows_coming);
+            if (w > 0) s->dst.kv_window += (double)rows_coming;
+            else s->dst.kv_keys += (double)rows_coming;
             char *t = cur;
             cur = nxt;
             nxt = t;
@@ -976,6 +1079,7 @@ static dhsa_status dist_decode(dhsa__dist *s) {
     a.o = dhsa_tensor_blhd(s->att, DHSA_F32, 1, 1, Hq, hv);
     a.causal = 1;
     a.q_pos0 = p;
+    a.window = s->io->window;
     a.softcap = in->attn_softcap;
     a.scale = in->attn_scale;
     if (s->io->ix) {
@@ -1007,9 +1111,15 @@ static dhsa_status dist_decode(dhsa__dist *s) {
     if (!st) count_attention(s, &a);
     const int64_t row = Hq * (hv + 1);
     float *mine = s->o2; /* [Hq][hv] then lse [Hq] */
-    if (!st && cnt > 0) {
+    int calls = 0;
+    if (!st && cnt > 0 && a.window > 0) { /* a sliding window: this rank's stripes in it (att, lse1: scratch) */
+        st = window_part(s, 0, 1, p, me, dhsa__dist_cache_view(s, 0, cnt), dhsa__dist_cache_view(s, 1, cnt), cnt, 0,
+                         mine, mine + Hq * hv, s->att, s->lse1, &calls);
+    } else if (!st && cnt > 0) {
+        calls = 1;
         st = dist_call(s, 0, 1, dhsa__dist_cache_view(s, 0, cnt), dhsa__dist_cache_view(s, 1, cnt), 1, cnt - 1, ll, mine, mine + Hq * hv);
-    } else {
+    }
+    if (calls == 0) {
         for (int64_t x = 0; x < Hq * hv; x++) mine[x] = 0.0f;
         for (int64_t x = 0; x < Hq; x++) mine[Hq * hv + x] = -INFINITY;
     }
@@ -1051,6 +1161,7 @@ dhsa_status dhsa__dist_layer(dhsa__dist *s, const dhsa__dist_layer_io *io) {
         return dist_decode(s);
     }
     if (s->mode != 1) return dhsa__fail(DHSA_ERR_INTERNAL, "context parallel: a layer outside an eval");
+    if (io->ix && io->window) return dhsa__fail(DHSA_ERR_INTERNAL, "context parallel: a routed sliding-window layer");
     if (n > 0) {
         store_rows(&io->k, s->kt, n, s->len_loc);
         store_rows(&io->v, s->vt, n, s->len_loc);
@@ -1065,6 +1176,7 @@ dhsa_status dhsa__dist_layer(dhsa__dist *s, const dhsa__dist_layer_io *io) {
         a.q = dhsa_tensor_blhd(s->q, DHSA_F32, 1, s->pieces[i][1], in->n_head, in->head_dim_k);
         a.k = dhsa_tensor_bhld(s->kv, s->kv_type, 1, in->n_head_kv, s->dist_end, in->head_dim_k);
         a.q_pos0 = s->pieces[i][2];
+        a.window = io->window;
         count_attention(s, &a);
     }
     return st;

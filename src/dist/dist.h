@@ -20,6 +20,7 @@
 #define DHSA_DIST_H
 
 #include "dhsa.h"
+#include "route/rest.h"
 
 typedef struct dhsa__dist dhsa__dist;
 
@@ -89,6 +90,12 @@ typedef struct {
     const int64_t *keep;
     int64_t *carry;
     double carry_share;
+    /* a sliding-window layer's window (0: none): it attends dense within
+     * it, whatever the method (as one process) */
+    int64_t window;
+    /* the summaries of the chunks a prefill's blocks leave out (route/
+     * rest.h; NULL: none): kept in step with ix across the ranks */
+    dhsa__rest *rest;
 } dhsa__dist_layer_io;
 dhsa_status dhsa__dist_layer(dhsa__dist *d, const dhsa__dist_layer_io *io);
 

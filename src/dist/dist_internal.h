@@ -26,6 +26,7 @@ struct dhsa__dist {
     int64_t n_rows;             /* this rank's rows in it */
     int64_t n_pieces, max_pieces; /* ... and its runs of consecutive positions in it */
     int64_t (*pieces)[3];       /* [max_pieces]: first row, rows, first position */
+    int64_t (*wrg)[2];          /* [cap / S + 2] sliding windows: the tails of this rank's stripes, local slots */
     int64_t *rowpos;            /* [cap] the rows' positions */
     int32_t *own;               /* [cap] the rows' ids */
     float *o2, *lse1, *lse2;    /* partial outputs and LSEs */
@@ -69,6 +70,9 @@ struct dhsa__dist {
     dhsa_dist_stats dst;
 };
 
+/* Shard buffer i (0, 1) where bytes fit in it, else a malloc'd block
+ * (*own, freed by the caller; NULL when out of memory). */
+void *dhsa__dist_scratch(dhsa__dist *s, int i, size_t bytes, void **own);
 /* The view of the running layer's cache holding its first n keys. */
 dhsa_tensor dhsa__dist_cache_view(const dhsa__dist *s, int is_v, int64_t n);
 /* A transport failure's status, its sentence naming what failed. */
@@ -86,5 +90,10 @@ dhsa_status dhsa__dist_exact(dhsa__dist *s, int64_t cnt, const int64_t *starts, 
  * [Hkv][DHSA_CARRY_MAX], every rank the same. Every rank takes part. */
 dhsa_status dhsa__dist_carry(dhsa__dist *s, const dhsa_layout *gl, int64_t p, int64_t cnt, const int64_t *starts,
                              int64_t nc, double share, int64_t *out);
+
+/* The running layer's summaries (io->rest) in step with the index's
+ * chunks starts / nc, made from the ranks' sums over their own keys (cnt
+ * of them). Every rank takes part in every exchange. */
+dhsa_status dhsa__dist_rest(dhsa__dist *s, int64_t cnt, const int64_t *starts, int64_t nc);
 
 #endif

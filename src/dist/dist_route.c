@@ -9,6 +9,7 @@
 #include "dist/dist_internal.h"
 
 #include "route/carry.h"
+#include "route/rows.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -312,4 +313,72 @@ dhsa_status dhsa__dist_carry(dhsa__dist *s, const dhsa_layout *gl, int64_t p, in
     for (int64_t g = 0; g < Hkv; g++)
         dhsa__carry_pick(s->xm_all + R * nm + g * (nc + 1), nc, share, out + g * DHSA_CARRY_MAX);
     return DHSA_OK;
+}
+
+/* ------------------------------------------------- the keys left out --- */
+
+/* As one process's dhsa__rest_sync (route/rest.h), where every rank holds
+ * some of each chunk's keys: each rank sums its own keys and values per
+ * stale chunk and KV head (in double, in position order), the sums are
+ * all-gathered and added in rank order, and every rank makes the same
+ * summaries from them. In batches of chunks that fit the shard buffers. */
+dhsa_status dhsa__dist_rest(dhsa__dist *s, int64_t cnt, const int64_t *starts, int64_t nc) {
+    dhsa__rest *r = s->io->rest;
+    const dhsa_dist *d = s->dist;
+    const int64_t S = s->stripe, R = d->size, me = d->rank, Hkv = s->in->n_head_kv, dk = s->in->head_dim_k,
+                  dv = s->in->head_dim_v, per = Hkv * (dk + dv);
+    const int64_t from = dhsa__rest_stale(r, starts, nc);
+    int64_t batch = (int64_t)(s->dbuf_bytes / ((size_t)(R * per) * sizeof(double)));
+    if (batch < 1) batch = 1;
+    const dhsa_tensor kc = dhsa__dist_cache_view(s, 0, cnt), vc = dhsa__dist_cache_view(s, 1, cnt);
+    float *row = malloc((size_t)(dk > dv ? dk : dv) * sizeof(float));
+    char why[256] = "";
+    dhsa_status st = DHSA_OK;
+    if (from == nc) st = dhsa__rest_set(r, starts, nc, from, from, NULL);
+    for (int64_t c0 = from; c0 < nc; c0 += batch) { /* the same batches on every rank (the index is alike) */
+        const int64_t c1 = nc - c0 < batch ? nc : c0 + batch;
+        const size_t bytes = (size_t)((c1 - c0) * per) * sizeof(double);
+        void *own0, *own1;
+        double *mine = dhsa__dist_scratch(s, 0, bytes, &own0), *all = dhsa__dist_scratch(s, 1, (size_t)R * bytes, &own1);
+        if (!mine || !all || !row) {
+            free(own0);
+            free(own1);
+            free(row);
+            return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory for the summaries' sums");
+        }
+        memset(mine, 0, bytes);
+        for (int64_t j = 0; j < cnt; j += S) { /* this rank's stripes, in position order */
+            const int64_t p0 = ((j / S) * R + me) * S, n = cnt - j < S ? cnt - j : S;
+            const int64_t x0 = p0 > starts[c0] ? p0 : starts[c0], x1 = p0 + n < starts[c1] ? p0 + n : starts[c1];
+            for (int64_t x = x0, c = c0; x < x1; x++) {
+                while (starts[c + 1] <= x) c++;
+                for (int64_t g = 0; g < Hkv; g++) {
+                    double *acc = mine + ((c - c0) * Hkv + g) * (dk + dv);
+                    const float *kr = dhsa__row_f32(&kc, 0, g, j + x - p0, dk, row);
+                    for (int64_t e = 0; e < dk; e++) acc[e] += kr[e];
+                    const float *vr = dhsa__row_f32(&vc, 0, g, j + x - p0, dv, row);
+                    for (int64_t e = 0; e < dv; e++) acc[dk + e] += vr[e];
+                }
+            }
+        }
+        const int bad = d->allgather(d->user, mine, bytes, all, why);
+        if (!bad) {
+            const int64_t nv = (c1 - c0) * per;
+            for (int64_t i = 0; i < nv; i++) {
+                double t = 0;
+                for (int64_t q = 0; q < R; q++) t += all[q * nv + i];
+                mine[i] = t;
+            }
+            s->dst.index += (double)((R - 1) * (int64_t)bytes);
+            if (!st) st = dhsa__rest_set(r, starts, nc, c0, c1, mine);
+        }
+        free(own0);
+        free(own1);
+        if (bad) {
+            free(row);
+            return dhsa__dist_fail("gathering the summaries' sums", why);
+        }
+    }
+    free(row);
+    return st;
 }

@@ -152,8 +152,10 @@ static dhsa_status make_rest(dhsa_session *s) {
     s->rest = calloc((size_t)in->n_layer, sizeof *s->rest);
     dhsa_status st = DHSA_OK;
     if (!s->rest) return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory");
-    s->rest_buf = dhsa__alloc(s->ctx, rest_buf_floats(s) * sizeof(float), &st);
-    if (!s->rest_buf) return st;
+    if (!s->dist) { /* the ranks merge the summaries in src/dist's buffers */
+        s->rest_buf = dhsa__alloc(s->ctx, rest_buf_floats(s) * sizeof(float), &st);
+        if (!s->rest_buf) return st;
+    }
     const int64_t cap = dhsa__rest_max_chunks(&s->rp, s->plan.n_ctx);
     for (int64_t l = s->rp.rest - 1; l < in->n_layer && !st; l++) /* the layers that attend them */
         if (s->ix[l])
@@ -292,7 +294,7 @@ dhsa_status dhsa_session_create(dhsa_ctx *ctx, const dhsa_model *m, const dhsa_s
     }
     /* the keys left out, summarised: sessions routing DHSA through an index in one process
      * (a rank holds part of the keys) */
-    if (s->dist || s->rp.method != DHSA_ROUTE_DHSA || p->attn == DHSA_ATTN_DENSE || !dhsa__session_uses_index(p))
+    if (s->rp.method != DHSA_ROUTE_DHSA || p->attn == DHSA_ATTN_DENSE || !dhsa__session_uses_index(p))
         s->rp.rest = 0;
     if (p->attn != DHSA_ATTN_DENSE && dhsa__session_uses_index(p) && (st = make_indexes(s))) goto fail;
     /* chunks carried between decode steps: the sessions whose index ranks
@@ -698,7 +700,9 @@ static dhsa_status attend_dist(dhsa_session *s, int64_t l) {
                                     {&s->st_last, &s->st_total},
                                     decode && s->carry_ok ? s->carry + l * per : NULL,
                                     decode ? s->carry + (s->m->info.n_layer + l) * per : NULL,
-                                    s->rp.carry};
+                                    s->rp.carry,
+                                    s->m->layers[l].window,
+                                    s->rest && s->rest_now && l + 1 >= s->rp.rest ? s->rest[l] : NULL};
     return dhsa__dist_layer(s->dist, &io);
 }
 
@@ -837,9 +841,11 @@ static dhsa_status dist_eval(dhsa_session *s, const int32_t *ids, int64_t n, flo
     if (st) return st;
     s->rowpos = rows.pos;
     s->dist_decode = n == 1;
+    s->rest_now = n > 1; /* as eval_tokens: a prefill attends the summaries (src/dist keeps them alike) */
     st = forward(s, NULL, rows.ids, rows.n, 0, rows.logits ? logits : NULL, rows.logits ? 1 : 0);
     s->rowpos = NULL;
     s->dist_decode = 0;
+    s->rest_now = 0;
     if ((st = dhsa__dist_end(s->dist, st, logits))) return st;
     s->len += n;
     s->exact_next = n > 1 && s->rp.exact_rows > 0 && logits;

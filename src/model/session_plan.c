@@ -299,8 +299,22 @@ static dhsa_status dist_plan(const dhsa_ctx *ctx, const dhsa_model *m, const dhs
     lp.n_ubatch = cap;
     lp.mem_limit = 0;
     if ((st = dhsa_session_plan(ctx, m, &lp, out))) return st;
-    const dhsa_router_params rp = dhsa__session_router(p);
+    const dhsa_router_params rp = dhsa__session_router(p), lrp = dhsa__session_router(&lp);
     if ((st = dhsa__dist_plan(&m->info, p, &rp, n_ctx, &out->routing, &out->activations))) return st;
+    if (lrp.rest && lrp.method == DHSA_ROUTE_DHSA && p->attn != DHSA_ATTN_DENSE && dhsa__session_uses_index(p)) {
+        /* the summaries: the whole context's chunks on every rank, and none of one process's
+         * scratch of ub rows (src/dist merges them in its own buffers) */
+        const dhsa_model_info *in = &m->info;
+        const int f32 = p->kv_type == DHSA_F32;
+        int64_t layers = 0;
+        for (int64_t l = 0; l < in->n_layer; l++) layers += !m->layers[l].window && l >= lrp.rest - 1;
+        const size_t loc = dhsa__rest_bytes(in->n_head_kv, in->head_dim_k, in->head_dim_v,
+                                            dhsa__rest_max_chunks(&lrp, cap), f32),
+                     all = dhsa__rest_bytes(in->n_head_kv, in->head_dim_k, in->head_dim_v,
+                                            dhsa__rest_max_chunks(&rp, n_ctx), f32);
+        out->routing += (size_t)layers * (all - loc);
+        out->routing -= (size_t)cap * (size_t)in->n_head * (size_t)(in->head_dim_v + 2) * sizeof(float);
+    }
     out->n_ctx = n_ctx;
     out->total = out->weights + out->kv_cache + out->activations + out->attn_workspace + out->matmul_workspace +
                  out->routing + out->process;

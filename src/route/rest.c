@@ -91,6 +91,26 @@ static void put(void *base, int f32, size_t i, double x) {
     else ((uint16_t *)base)[i] = dhsa_f32_to_f16((float)x);
 }
 
+/* Chunk c's summary for KV head g from the sums acc [dk + dv] of its keys
+ * [j0, j1) and values. */
+static void set_summary(dhsa__rest *r, int64_t c, int64_t g, int64_t j0, int64_t j1, const double *acc) {
+    const int64_t dk = r->dk, dv = r->dv;
+    const double inv = j1 > j0 ? 1.0 / (double)(j1 - j0) : 0.0;
+    const size_t at = (size_t)(c * r->Hkv + g);
+    for (int64_t e = 0; e < dk; e++) put(r->k, r->f32, at * (size_t)dk + (size_t)e, acc[e] * inv);
+    for (int64_t e = 0; e < dv; e++) put(r->v, r->f32, at * (size_t)dv + (size_t)e, acc[dk + e] * inv);
+    r->bias[c] = j1 > j0 ? logf((float)(j1 - j0)) : -INFINITY;
+    r->starts[c] = j0;
+    r->starts[c + 1] = j1;
+}
+
+int64_t dhsa__rest_stale(const dhsa__rest *r, const int64_t *starts, int64_t nc) {
+    int64_t keep = 0; /* summaries whose chunk kept its bounds */
+    while (keep < r->n && keep < nc && r->starts[keep] == starts[keep] && r->starts[keep + 1] == starts[keep + 1])
+        keep++;
+    return keep;
+}
+
 dhsa_status dhsa__rest_sync(dhsa__rest *r, const int64_t *starts, int64_t nc, const dhsa_tensor *k,
                             const dhsa_tensor *v) {
     if (nc > r->cap)
@@ -99,11 +119,8 @@ dhsa_status dhsa__rest_sync(dhsa__rest *r, const int64_t *starts, int64_t nc, co
     if (nc > 0 && (starts[nc] > k->shape[2] || starts[nc] > v->shape[2]))
         return dhsa__fail(DHSA_ERR_INTERNAL, "chunks up to key %lld, the cache holds %lld", (long long)starts[nc],
                           (long long)k->shape[2]);
-    int64_t keep = 0; /* summaries whose chunk kept its bounds */
-    while (keep < r->n && keep < nc && r->starts[keep] == starts[keep] && r->starts[keep + 1] == starts[keep + 1])
-        keep++;
     const int64_t dk = r->dk, dv = r->dv;
-    for (int64_t c = keep; c < nc; c++) {
+    for (int64_t c = dhsa__rest_stale(r, starts, nc); c < nc; c++) {
         const int64_t j0 = starts[c], j1 = starts[c + 1];
         for (int64_t g = 0; g < r->Hkv; g++) {
             memset(r->acc, 0, (size_t)(dk + dv) * sizeof(double));
@@ -113,16 +130,23 @@ dhsa_status dhsa__rest_sync(dhsa__rest *r, const int64_t *starts, int64_t nc, co
                 const float *vr = dhsa__row_f32(v, 0, g, j, dv, r->row);
                 for (int64_t e = 0; e < dv; e++) r->acc[dk + e] += vr[e];
             }
-            const double inv = j1 > j0 ? 1.0 / (double)(j1 - j0) : 0.0;
-            const size_t at = (size_t)(c * r->Hkv + g);
-            for (int64_t e = 0; e < dk; e++) put(r->k, r->f32, at * (size_t)dk + (size_t)e, r->acc[e] * inv);
-            for (int64_t e = 0; e < dv; e++) put(r->v, r->f32, at * (size_t)dv + (size_t)e, r->acc[dk + e] * inv);
+            set_summary(r, c, g, j0, j1, r->acc);
         }
-        r->bias[c] = j1 > j0 ? logf((float)(j1 - j0)) : -INFINITY;
-        r->starts[c] = j0;
-        r->starts[c + 1] = j1;
     }
     r->n = nc;
+    return DHSA_OK;
+}
+
+dhsa_status dhsa__rest_set(dhsa__rest *r, const int64_t *starts, int64_t nc, int64_t from, int64_t to,
+                           const double *sums) {
+    if (to > r->cap || from < 0 || from > to || to > nc || from > r->n)
+        return dhsa__fail(DHSA_ERR_INTERNAL, "rest: chunks %lld..%lld of %lld set, %lld held, room for %lld",
+                          (long long)from, (long long)to, (long long)nc, (long long)r->n, (long long)r->cap);
+    const int64_t per = r->dk + r->dv;
+    for (int64_t c = from; c < to; c++)
+        for (int64_t g = 0; g < r->Hkv; g++)
+            set_summary(r, c, g, starts[c], starts[c + 1], sums + ((c - from) * r->Hkv + g) * per);
+    r->n = to;
     return DHSA_OK;
 }
 

@@ -52,6 +52,19 @@ void dhsa__rest_free(dhsa__rest *r);
 dhsa_status dhsa__rest_sync(dhsa__rest *r, const int64_t *starts, int64_t nc, const dhsa_tensor *k,
                             const dhsa_tensor *v);
 
+/* The first of the chunks [starts[c], starts[c + 1]), c < nc, whose
+ * summary dhsa__rest_sync would make again (new, or its bounds moved);
+ * nc when none. */
+int64_t dhsa__rest_stale(const dhsa__rest *r, const int64_t *starts, int64_t nc);
+
+/* dhsa__rest_sync's summaries of chunks [from, to) (from <=
+ * dhsa__rest_stale, to <= nc) from the sums of their keys and values:
+ * sums [to - from][Hkv][dk + dv] in double, keys first (src/dist: each
+ * rank adds its own keys', the ranks' parts summed in rank order). The
+ * summaries end at chunk to. */
+dhsa_status dhsa__rest_set(dhsa__rest *r, const int64_t *starts, int64_t nc, int64_t from, int64_t to,
+                           const double *sums);
+
 /* Drops the summaries of chunks that reach past key len (a truncation or an
  * undone eval rewrites the keys from len on). */
 void dhsa__rest_forget(dhsa__rest *r, int64_t len);
