@@ -100,7 +100,7 @@ const char dhsa_cli_eval_usage[] =
     "  --answer-tokens N   niah: longest answer (default 12)\n"
     "  --template auto|plain|NAME  niah: chat template (auto: the model's when its\n"
     "                      GGUF has tokenizer.chat_template, else a plain prompt)\n"
-    "  --show              niah: print every answer\n"
+    "  --show              niah, ruler: every answer\n"
     "Output:\n"
     "  --json              one JSON object instead of the tables\n";
 

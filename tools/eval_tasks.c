@@ -578,11 +578,17 @@ int eval_cmd_ruler(eval_env *e) {
                             fprintf(out, "\t%.2f\t%s\n", secs, needle >= 0 ? needle_word[needle] : "-");
                             if (fflush(out) != 0) dhsa_cli_die(EXIT_RUN, "cannot write %s: %s", o->out_path, strerror(errno));
                         }
-                        if (o->show && !o->json)
-                            printf("%-16s %-10s L %5lld depth %5.2f (at %.3f) score %.2f%s%s want %s got \"%s\"\n",
+                        if (o->show && !o->json) {
+                            printf("%-16s %-10s L %5lld depth %5.2f (at %.3f) score %.2f%s%s want %s got \"%s\"",
                                    ruler_all[task], va->name, (long long)pr.n_ids, depth, pr.depth_used, score,
                                    needle >= 0 ? " needle " : "", needle >= 0 ? needle_word[needle] : "", expected,
                                    res->text);
+                            if (needle >= 0) { /* the share of the needle's keys each layer selected at the last row */
+                                printf("; needle keys selected per layer at the prompt's last row:");
+                                for (int64_t l = 0; l < res->n_layer; l++) printf(" %.2f", res->selected_at_wrong[l]);
+                            }
+                            printf("\n");
+                        }
                     }
                     dhsa_ruler_free(&pr);
                 }
