@@ -347,10 +347,11 @@ dhsa_status dhsa__dist_rest(dhsa__dist *s, int64_t cnt, const int64_t *starts, i
             return dhsa__fail(DHSA_ERR_OUT_OF_MEMORY, "out of memory for the summaries' sums");
         }
         memset(mine, 0, bytes);
+        int64_t c = c0; /* the chunk of position x: positions ascend over the stripes */
         for (int64_t j = 0; j < cnt; j += S) { /* this rank's stripes, in position order */
             const int64_t p0 = ((j / S) * R + me) * S, n = cnt - j < S ? cnt - j : S;
             const int64_t x0 = p0 > starts[c0] ? p0 : starts[c0], x1 = p0 + n < starts[c1] ? p0 + n : starts[c1];
-            for (int64_t x = x0, c = c0; x < x1; x++) {
+            for (int64_t x = x0; x < x1; x++) {
                 while (starts[c + 1] <= x) c++;
                 for (int64_t g = 0; g < Hkv; g++) {
                     double *acc = mine + ((c - c0) * Hkv + g) * (dk + dv);
