@@ -103,8 +103,14 @@ static const dhsa__qi_kernels *kset(int i, int *runs) {
 #if defined(__x86_64__)
     static const dhsa__idot level[N_KSETS] = {DHSA__IDOT_AVX2, DHSA__IDOT_AVXVNNI, DHSA__IDOT_AVX512VNNI,
                                               DHSA__IDOT_AVX512VNNI};
-    const dhsa__qi_kernels *k[N_KSETS] = {&dhsa__qi_avx2, &dhsa__qi_avxvnni, &dhsa__qi_vnni, dhsa__qi_amxi8()};
-    *runs = k[i]->name != NULL && dhsa__idot_cpu_has(level[i]) && (i < 3 || dhsa__amx_int8_active());
+    if (i == 3) { /* dhsa__qi_amxi8 builds its set in AVX-512 code: call it only where that runs */
+        if (!dhsa__idot_cpu_has(level[i])) return &dhsa__qi_vnni; /* runs stays 0 */
+        const dhsa__qi_kernels *a = dhsa__qi_amxi8();
+        *runs = a->name != NULL && dhsa__amx_int8_active();
+        return a;
+    }
+    const dhsa__qi_kernels *k[3] = {&dhsa__qi_avx2, &dhsa__qi_avxvnni, &dhsa__qi_vnni};
+    *runs = k[i]->name != NULL && dhsa__idot_cpu_has(level[i]);
     return k[i];
 #else
     (void)i;

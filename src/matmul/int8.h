@@ -225,7 +225,9 @@ extern const dhsa__qi_kernels dhsa__qi_avxvnni; /* AVX-VNNI: vpdpbusd on ymm */
 extern const dhsa__qi_kernels dhsa__qi_avx2;    /* AVX2: vpmaddubsw + vpmaddwd */
 /* AVX512-VNNI with the K panel of Q4_K and Q5_K on the AMX tiles' integer
  * products (int8_amxi8.c; bitwise dhsa__qi_vnni): built on first use, its
- * name NULL where the build or the VNNI set lacks it. */
+ * name NULL where the build or the VNNI set lacks it. Its first call runs
+ * AVX-512 code: call it only on a CPU with AVX512-VNNI (int8.c calls it
+ * where AMX-INT8 is active). */
 const dhsa__qi_kernels *dhsa__qi_amxi8(void);
 #endif
 /* The integer kernels for the active ISA: avx512-vnni > avx-vnni > avx2 as
