@@ -87,6 +87,13 @@ int main(void) {
     T_CHECK(r32.q_block == 64 && r32.local_tokens == 256 && r32.dense_below == 0 && r32.min_chunk == 16 &&
                 r32.max_chunk == 64,
             "dhsa_router_params_for(32768, 0.0625) is not the documented set");
+    /* rest's rule: the summaries in every model from 32K (n rounding to 32K) */
+    T_CHECK(r32.rest == DHSA_REST_LONG && dhsa_router_params_for(23171, 0.0625).rest == DHSA_REST_LONG &&
+                dhsa_router_params_for(23170, 0.0625).rest == DHSA_REST_HYBRID &&
+                dhsa_router_params_for(16384, 0.0625).rest == DHSA_REST_HYBRID,
+            "rest: want DHSA_REST_LONG from 32K (n >= 23,171), DHSA_REST_HYBRID below; got %lld at 32768, %lld at "
+            "23171, %lld at 23170", (long long)r32.rest, (long long)dhsa_router_params_for(23171, 0.0625).rest,
+            (long long)dhsa_router_params_for(23170, 0.0625).rest);
     /* the comparison can fail: two lengths that must differ */
     lib_text(1024, 0.0625, a, sizeof a);
     lib_text(32768, 0.0625, b, sizeof b);
@@ -107,8 +114,8 @@ int main(void) {
         dhsa_ctx_params cp = dhsa_ctx_default_params();
         cp.n_threads = 1;
         T_CHECK(dhsa_ctx_create(&cp, &ctx) == DHSA_OK, "ctx: %s", dhsa_last_error());
-        const int64_t lens[] = {1024, 4096, 3000};
-        for (int i = 0; i < 3 && ctx; i++) {
+        const int64_t lens[] = {1024, 4096, 3000, 32768}; /* 32768: rest DHSA_REST_LONG */
+        for (int i = 0; i < 4 && ctx; i++) {
             dhsa_session_params sp = dhsa_session_default_params();
             sp.n_ctx = lens[i];
             sp.attn = DHSA_ATTN_DHSA;

@@ -43,7 +43,7 @@
  * without carry and without exact rows 2, the wrong
  * prompt, 3 faults x 4, the error lines' 3, test_sliding's, bench model: 2 rank counts x 6 + --dist-fetch's 1
  * + the refusal's 3, the fetch budget's 16 */
-#define N_CHECKS (1 + 2 * (1 + 2 * 3 * 3) + 12 + 2 + 1 + 3 * 4 + 3 + SLIDING_CHECKS + 2 * 6 + 1 + 3 + 16)
+#define N_CHECKS (1 + 2 * (1 + 2 * 3 * 3) + 12 + 2 + 1 + 3 * 4 + 3 + SLIDING_CHECKS + REST_CHECKS + 2 * 6 + 1 + 3 + 16)
 #define MPIRUN "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 mpirun --oversubscribe"
 
 /* The generated ids: the last n_gen numbers of the --ids output line. */
@@ -314,6 +314,51 @@ static void test_sliding(const char *dir, const char *prompt) {
     double e = logits_err(refl, gotl);
     T_CHECK(rc == 0 && e > 1e-3, "gemma3: one process with --rest 0 within %.3g of the defaults (the comparison "
             "cannot tell)", e);
+}
+
+/* The summaries on a model whose every layer is global (the defaults run
+ * them from 32K: rest DHSA_REST_LONG; here asked for with --rest 3): a
+ * generated llama file, DHSA, np 2, stripes of 64: the one process's ids
+ * and logits within 1e-5, the ranks say they attended summaries, and one
+ * process with --rest 0 differs by more than 1e-3 (the match needs them). */
+#define REST_CHECKS 5
+static void test_rest_global(const char *dir, const char *prompt) {
+    char args[2048], model[300], refl[300], gotl[300];
+    static char err[1 << 16];
+    static int ids[4096];
+    char *out = NULL;
+    const char *method = "--attn dhsa --dense-below 0 --density 0.25";
+    snprintf(model, sizeof model, "%s/l.gguf", dir);
+    snprintf(args, sizeof args, "gen-model -o %s --preset tiny --type F32 --n-layer 4", model);
+    int rc = cli_run(args, 1, &out);
+    free(out);
+    snprintf(refl, sizeof refl, "%s/gref.f32", dir);
+    snprintf(args, sizeof args, "run -m %s --exact -f %s -n 6 --temp 0 --ids -t 1 --ctx 4096 --kv f32 %s --rest 3 "
+             "--logits-out %s", model, prompt, method, refl);
+    if (rc == 0) rc = cli_run(args, 1, &out);
+    int ref[4096], n_ref = out ? read_ids(out, ref, 4096) : 0;
+    free(out);
+    T_CHECK(rc == 0 && n_ref > 1000, "llama --rest 3: one process: exit %d, %d ids", rc, n_ref);
+    int n = 0;
+    snprintf(gotl, sizeof gotl, "%s/ggot.f32", dir);
+    snprintf(args, sizeof args, "-m %s --exact -f %s -n 6 --temp 0 --ids -t 1 --ctx 4096 --kv f32 %s --rest 3 "
+             "--dist-stripe 64 --logits-out %s", model, prompt, method, gotl);
+    rc = mpirun_run(2, args, dir, ids, 4096, &n, err, sizeof err);
+    int same = n == n_ref;
+    for (int i = 0; same && i < n; i++) same = ids[i] == ref[i];
+    T_CHECK(rc == 0 && same, "llama --rest 3 np 2: exit %d, %d ids (one process: %d):\n%.2000s", rc, n, n_ref, err);
+    double e = logits_err(refl, gotl);
+    T_CHECK(e >= 0 && e <= 1e-5, "llama --rest 3 np 2: logits differ by %.3g relative (1e-5)", e);
+    T_CHECK(strstr(err, "chunk summaries") && !strstr(err, "chunk summaries 0 "),
+            "llama --rest 3 np 2: no chunk summaries attended:\n%.2000s", err);
+    snprintf(gotl, sizeof gotl, "%s/grest0.f32", dir);
+    snprintf(args, sizeof args, "run -m %s --exact -f %s -n 6 --temp 0 --ids -t 1 --ctx 4096 --kv f32 %s --rest 0 "
+             "--logits-out %s", model, prompt, method, gotl);
+    rc = cli_run(args, 1, &out);
+    free(out);
+    e = logits_err(refl, gotl);
+    T_CHECK(rc == 0 && e > 1e-3, "llama: one process with --rest 0 within %.3g of --rest 3 (the comparison cannot "
+            "tell)", e);
 }
 
 /* From run's stderr: every rank's "at most S" (the largest share of one
@@ -617,6 +662,7 @@ int main(void) {
     }
     test_error_lines(cli);
     test_sliding(dir, prompt);
+    test_rest_global(dir, prompt);
     test_bench_model(dir);
     test_fetch_budget(dir);
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

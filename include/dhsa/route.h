@@ -334,7 +334,9 @@ typedef struct {
                               ones (gemma-2/3: their few global layers hold
                               every long-range read, and spread it), off in
                               other models (their held-out answers did not
-                              gain). 0: off; n at most DHSA_REST_MAX
+                              gain at 4K), and from 32K (dhsa_router_scale)
+                              DHSA_REST_LONG in every model (a head spread
+                              over the 94% of keys dropped). 0: off; n at most DHSA_REST_MAX
                               (default 0 here; DHSA_REST_HYBRID in
                               dhsa_router_params_for) */
     int64_t hybrid_max_chunk; /* n > 0: a session on a model that
@@ -353,8 +355,12 @@ typedef struct {
 } dhsa_router_params;
 
 /* dhsa_router_params.rest: summaries in the global layers of a model with
- * sliding-window layers, none in other models. */
+ * sliding-window layers, none in other models; from 32K (dhsa_router_scale)
+ * DHSA_REST_LONG in every model. */
 #define DHSA_REST_HYBRID (-1)
+/* The rest dhsa_router_scale gives DHSA_REST_HYBRID for contexts that round
+ * to 32K or more: summaries in layers 2 and after of every model. */
+#define DHSA_REST_LONG 3
 /* The largest dhsa_router_params.rest (a layer number + 1). */
 #define DHSA_REST_MAX 65536
 /* The most chunks a decode step carries per KV group (dhsa_router_params.carry). */
@@ -382,7 +388,8 @@ DHSA_API dhsa_router_params dhsa_router_params_for(int64_t n, double density);
  * q_block 16 (nb <= 8K), 32 (16K), 64 (longer); sink_tokens 4;
  * local_tokens B / 8 rounded to 16, within [16, 256]; dense_below 0;
  * min_chunk / max_chunk / chunk / nms_window 8 / 32 / 16 / 4 up to 8K,
- * 16 / 64 / 32 / 8 beyond; score_rows 4; sink_window 64. */
+ * 16 / 64 / 32 / 8 beyond; score_rows 4; sink_window 64; rest
+ * DHSA_REST_HYBRID becomes DHSA_REST_LONG from 32K (nb >= 32768). */
 DHSA_API void dhsa_router_scale(dhsa_router_params *rp, int64_t n);
 
 /* Checks the params and gives the exact layout size and routing workspace

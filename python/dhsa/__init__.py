@@ -44,8 +44,8 @@ from ._context import (Context, active_isa, default_context, mem_stats, peak_rss
                        reset_peak_rss, rss, set_isa)
 from ._attention import (attention, backend_in_use, from_bfloat16, to_bfloat16,
                          workspace_size)
-from ._route import (KVIndex, Layout, Predictor, REST_HYBRID, RouterParams, fidelity, layout_size, route,
-                     route_sizes, synth)
+from ._route import (KVIndex, Layout, Predictor, REST_HYBRID, REST_LONG, RouterParams, fidelity, layout_size,
+                     route, route_sizes, synth)
 from ._eval import Task, Tokenizer, retrieval_task
 from ._runner import IncompleteJSONError, Model, Session
 from ._evaluate import (copy_sequence, eval_copy, eval_fidelity, eval_generate, eval_retrieval, eval_router, eval_ruler,
@@ -54,7 +54,7 @@ from ._evaluate import (copy_sequence, eval_copy, eval_fidelity, eval_generate, 
 
 __all__ = [
     "attention", "workspace_size", "backend_in_use",
-    "route", "route_sizes", "RouterParams", "REST_HYBRID", "Layout", "layout_size",
+    "route", "route_sizes", "RouterParams", "REST_HYBRID", "REST_LONG", "Layout", "layout_size",
     "Predictor", "KVIndex", "synth", "fidelity",
     "Tokenizer", "retrieval_task", "Task",
     "Model", "Session", "IncompleteJSONError",

@@ -246,8 +246,10 @@ class RouterParams:
     rest: n > 0 = in layers n - 1 and after, a session's eval of more than
         one token also attends every earlier chunk a block left out as one
         summary (mean key and value, weighed by its key count; 0 = off).
-        REST_HYBRID (-1; for_length's): in the global layers of a model
-        that interleaves sliding-window layers (gemma-2/3), off in others.
+        REST_HYBRID (-1; for_length's below 32K): in the global layers of a
+        model that interleaves sliding-window layers (gemma-2/3), off in
+        others; for_length gives REST_LONG (3: layers 2 and after, every
+        model) from 32K.
         Only sessions apply it.
     hybrid_max_chunk: n > 0 = a session on a model that interleaves
         sliding-window layers cuts its chunks at most n keys long (max_chunk
@@ -348,6 +350,7 @@ class RouterParams:
 
 
 REST_HYBRID = -1  # RouterParams.rest: include/dhsa/route.h DHSA_REST_HYBRID
+REST_LONG = 3  # RouterParams.rest from 32K: include/dhsa/route.h DHSA_REST_LONG
 
 _PARAM_NAMES = frozenset(f.name for f in dataclasses.fields(RouterParams))
 

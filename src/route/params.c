@@ -53,6 +53,9 @@ void dhsa_router_scale(dhsa_router_params *rp, int64_t n) {
     SCALED(score_rows, 4);
     SCALED(sink_window, 64);
 #undef SCALED
+    /* rest's rule (DHSA_REST_HYBRID) turns the summaries on in every model
+     * from 32K: docs/dhsa.md, "The rest of the keys, summarised" */
+    if (rp->rest == DHSA_REST_HYBRID && longest) rp->rest = DHSA_REST_LONG;
 }
 
 dhsa_router_params dhsa_router_params_for(int64_t n, double density) {
