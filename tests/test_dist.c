@@ -41,8 +41,9 @@
 /* every check main makes where it runs: the prompt, 2 methods x (the
  * reference + 2 stripes x 3 rank counts x 3), 12 logits, one process
  * without carry and without exact rows 2, the wrong
- * prompt, 3 faults x 4, the error lines' 3, test_sliding's, bench model: 2 rank counts x 6 + --dist-fetch's 1
- * + the refusal's 3, the fetch budget's 16 */
+ * prompt, 3 faults x 4, the error lines' 3, test_sliding's, test_rest_global's,
+ * bench model: 2 rank counts x 6 + --dist-fetch's 1 + the refusal's 3, the
+ * fetch budget's 16 */
 #define N_CHECKS (1 + 2 * (1 + 2 * 3 * 3) + 12 + 2 + 1 + 3 * 4 + 3 + SLIDING_CHECKS + REST_CHECKS + 2 * 6 + 1 + 3 + 16)
 #define MPIRUN "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 mpirun --oversubscribe"
 
